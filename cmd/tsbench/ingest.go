@@ -1,0 +1,190 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/spf13/pflag"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/tsproxy/tsproxy/rules"
+)
+
+// ingestRules buckets tsbench.events: 1-second data in 1-hour buckets.
+func ingestRules() ([]rules.Rule, error) {
+	dir, err := os.MkdirTemp("", "tsbench-config-*")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	file := filepath.Join(dir, "config.yaml")
+	yaml := `rules:
+  - namespace: tsbench.events
+    timeField: ts
+    metaField: sensor
+    bucket: {span: 1h, maxEvents: 3600}
+    aggregates: [value]
+`
+	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
+		return nil, err
+	}
+	cfg, err := rules.Load(rules.LoadOptions{ConfigFile: file, Flags: pflag.NewFlagSet("x", pflag.ContinueOnError)})
+	if err != nil {
+		return nil, err
+	}
+	return cfg.Rules, nil
+}
+
+type ingestCase struct{ batch, conc int }
+
+// benchIngest inserts the same events through the proxy into buckets and
+// directly as plain documents, for each batch size and concurrency, and
+// reports events/s and what each layout stores.
+func benchIngest(e *benchEnv, runs, events int) error {
+	ctx := context.Background()
+	proxyC, err := mongo.Connect(options.Client().ApplyURI(e.proxyURI).SetMaxPoolSize(32).SetTimeout(10 * time.Minute))
+	if err != nil {
+		return err
+	}
+	defer proxyC.Disconnect(ctx)
+	directC, err := mongo.Connect(options.Client().ApplyURI(e.upstreamURI).SetMaxPoolSize(32).SetTimeout(10 * time.Minute))
+	if err != nil {
+		return err
+	}
+	defer directC.Disconnect(ctx)
+	cases := []ingestCase{{1000, 1}, {1000, 16}, {100, 1}, {100, 16}, {1, 1}, {1, 16}}
+	type key struct {
+		c    ingestCase
+		path string
+	}
+	rates := map[key][]float64{}
+	var lastStats map[string]collStats
+	for r := 0; r < runs; r++ {
+		for _, c := range cases {
+			n := events
+			if c.batch == 1 {
+				n = min(events, 2000*c.conc) // batch 1 is slow by nature; see README
+			}
+			for _, path := range []string{"direct", "proxy"} {
+				client, coll := directC, "plain"
+				if path == "proxy" {
+					client, coll = proxyC, "events"
+				}
+				dropIngest(ctx, directC)
+				rate, err := ingest(ctx, client.Database("tsbench").Collection(coll), n, c)
+				if err != nil {
+					return fmt.Errorf("%s batch %d conc %d: %w", path, c.batch, c.conc, err)
+				}
+				rates[key{c, path}] = append(rates[key{c, path}], rate)
+			}
+		}
+		fmt.Printf("run %d/%d done\n", r+1, runs)
+	}
+	// Storage, measured once on the full event count with batch 1000.
+	dropIngest(ctx, directC)
+	if _, err := ingest(ctx, directC.Database("tsbench").Collection("plain"), events, ingestCase{1000, 1}); err != nil {
+		return err
+	}
+	if _, err := ingest(ctx, proxyC.Database("tsbench").Collection("events"), events, ingestCase{1000, 1}); err != nil {
+		return err
+	}
+	lastStats = map[string]collStats{}
+	for _, coll := range []string{"plain", "events.buckets"} {
+		st, err := stats(ctx, directC.Database("tsbench"), coll)
+		if err != nil {
+			return err
+		}
+		lastStats[coll] = st
+	}
+	fmt.Printf("\nmedians of %d runs; %d events per case (batch 1: %d per client), 1-second data, 10 series\n\n", runs, events, 2000)
+	fmt.Println("| batch | clients | direct events/s | proxy events/s | proxy/direct |")
+	fmt.Println("|---:|---:|---:|---:|---:|")
+	for _, c := range cases {
+		d, p := median(rates[key{c, "direct"}]), median(rates[key{c, "proxy"}])
+		fmt.Printf("| %d | %d | %.0f | %.0f | %.2f |\n", c.batch, c.conc, d, p, p/d)
+	}
+	pl, bu := lastStats["plain"], lastStats["events.buckets"]
+	fmt.Printf("\n%d events, collStats:\n\n", events)
+	fmt.Println("| layout | documents | data bytes | index bytes |")
+	fmt.Println("|---|---:|---:|---:|")
+	fmt.Printf("| plain (direct) | %d | %d | %d |\n", pl.count, pl.size, pl.indexSize)
+	fmt.Printf("| buckets (proxy) | %d | %d | %d |\n", bu.count, bu.size, bu.indexSize)
+	fmt.Printf("| ratio plain/buckets | %.0fx | %.1fx | %.1fx |\n", ratio(pl.count, bu.count), ratio(pl.size, bu.size), ratio(pl.indexSize, bu.indexSize))
+	return nil
+}
+
+func ratio(a, b int64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+func dropIngest(ctx context.Context, c *mongo.Client) {
+	db := c.Database("tsbench")
+	_ = db.Collection("plain").Drop(ctx)
+	_ = db.Collection("events.buckets").Drop(ctx)
+}
+
+// ingest writes n events of 10 series at 1-second cadence, split among
+// conc clients, in batches; it returns events per second.
+func ingest(ctx context.Context, coll *mongo.Collection, n int, c ingestCase) (float64, error) {
+	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	per := n / c.conc
+	var wg sync.WaitGroup
+	errs := make(chan error, c.conc)
+	t0 := time.Now()
+	for g := 0; g < c.conc; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			batch := make([]any, 0, c.batch)
+			for i := 0; i < per; i++ {
+				k := g*per + i
+				// series = k%10, one event per second per series
+				ev := bson.D{
+					{Key: "ts", Value: base.Add(time.Duration(k/10) * time.Second)},
+					{Key: "sensor", Value: fmt.Sprintf("s%02d", k%10)},
+					{Key: "value", Value: float64(k%1000) / 10},
+				}
+				batch = append(batch, ev)
+				if len(batch) == c.batch || i == per-1 {
+					var err error
+					if len(batch) == 1 {
+						_, err = coll.InsertOne(ctx, batch[0])
+					} else {
+						_, err = coll.InsertMany(ctx, batch)
+					}
+					if err != nil {
+						errs <- err
+						return
+					}
+					batch = batch[:0]
+				}
+			}
+		}(g)
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return 0, err
+	}
+	return float64(per*c.conc) / time.Since(t0).Seconds(), nil
+}
+
+type collStats struct{ count, size, indexSize int64 }
+
+func stats(ctx context.Context, db *mongo.Database, coll string) (collStats, error) {
+	var r bson.Raw
+	if err := db.RunCommand(ctx, bson.D{{Key: "collStats", Value: coll}}).Decode(&r); err != nil {
+		return collStats{}, fmt.Errorf("collStats %s: %w", coll, err)
+	}
+	get := func(k string) int64 { v, _ := r.Lookup(k).AsInt64OK(); return v }
+	return collStats{count: get("count"), size: get("size"), indexSize: get("totalIndexSize")}, nil
+}

@@ -1,0 +1,127 @@
+// Command tsbench measures tsproxy against the direct path to the same
+// upstream, in one run, and prints medians over several runs and the
+// ratios. The machines it runs on are shared and noisy: read the medians.
+//
+//	tsbench passthrough   ping and a small find: p50/p99 latency and throughput
+//	tsbench ingest        bucketed inserts vs plain inserts: events/s, documents, sizes
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sort"
+	"time"
+
+	"github.com/tsproxy/tsproxy/proxy"
+	"github.com/tsproxy/tsproxy/rules"
+	"github.com/tsproxy/tsproxy/upstream"
+)
+
+type benchEnv struct {
+	upstreamURI string
+	proxyURI    string
+	stop        func()
+}
+
+func main() {
+	fs := flag.NewFlagSet("tsbench", flag.ExitOnError)
+	upstreamURI := fs.String("upstream", "", "upstream URI (default: an embedded FerretDB in a temp dir)")
+	runs := fs.Int("runs", 5, "runs; medians are reported")
+	n := fs.Int("n", 5000, "operations per latency run")
+	dur := fs.Duration("dur", 2*time.Second, "duration of each throughput run")
+	events := fs.Int("events", 100_000, "ingest: events per configuration")
+	fs.Usage = func() {
+		fmt.Fprintln(os.Stderr, "usage: tsbench [flags] passthrough|ingest")
+		fs.PrintDefaults()
+	}
+	_ = fs.Parse(os.Args[1:])
+	if fs.NArg() != 1 {
+		fs.Usage()
+		os.Exit(2)
+	}
+	mode := fs.Arg(0)
+	var err error
+	switch mode {
+	case "passthrough":
+		err = withEnv(*upstreamURI, nil, func(e *benchEnv) error { return benchPassthrough(e, *runs, *n, *dur) })
+	case "ingest":
+		var rs []rules.Rule
+		if rs, err = ingestRules(); err == nil {
+			err = withEnv(*upstreamURI, rs, func(e *benchEnv) error { return benchIngest(e, *runs, *events) })
+		}
+	default:
+		fs.Usage()
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "tsbench:", err)
+		os.Exit(1)
+	}
+}
+
+// withEnv starts the upstream (unless given) and a proxy with rules, runs
+// f, and stops them.
+func withEnv(upURI string, rs []rules.Rule, f func(*benchEnv) error) error {
+	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	e := &benchEnv{upstreamURI: upURI}
+	if upURI == "" {
+		dir, err := os.MkdirTemp("", "tsbench-*")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		emb, err := upstream.StartEmbedded(upstream.EmbeddedOptions{DataDir: dir, Logger: quiet})
+		if err != nil {
+			return err
+		}
+		defer emb.Close()
+		e.upstreamURI = emb.URI()
+	}
+	dialer, err := upstream.NewDialer(upstream.Options{URI: e.upstreamURI})
+	if err != nil {
+		return err
+	}
+	srv, err := proxy.New(proxy.Options{Dialer: dialer, Rules: rules.NewSet(rs), Logger: quiet})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	go func() { _ = srv.Serve(ln) }()
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}()
+	e.proxyURI = "mongodb://" + ln.Addr().String() + "/"
+	fmt.Printf("upstream %s, proxy %s, %s\n", redactURI(e.upstreamURI), e.proxyURI, time.Now().UTC().Format(time.RFC3339))
+	return f(e)
+}
+
+func redactURI(s string) string { return rules.Redact(s) }
+
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(float64(len(sorted)-1) * p)
+	return sorted[i]
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}

@@ -1,0 +1,161 @@
+// Command tsproxy is a MongoDB wire-protocol proxy that stores the events of
+// the namespaces named by its rules as time-series buckets, and passes all
+// other traffic through unchanged.
+//
+//	tsproxy --config FILE [--listen HOST:PORT] [--upstream URI|embedded] [--data DIR]
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/tsproxy/tsproxy/proxy"
+	"github.com/tsproxy/tsproxy/rules"
+	"github.com/tsproxy/tsproxy/upstream"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stderr, nil); err != nil {
+		fmt.Fprintln(os.Stderr, "tsproxy:", err)
+		os.Exit(1)
+	}
+}
+
+// run starts the proxy and serves until ctx ends; ready, when not nil,
+// receives the proxy's address once it accepts clients.
+func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- string) error {
+	fs := pflag.NewFlagSet("tsproxy", pflag.ContinueOnError)
+	rules.RegisterFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg, err := rules.Load(rules.LoadOptions{Flags: fs})
+	if err != nil {
+		return err
+	}
+	log := newLogger(cfg.Telemetry, logOut)
+	slog.SetDefault(log)
+
+	tel, err := setupTelemetry(ctx, cfg.Telemetry)
+	if err != nil {
+		return err
+	}
+	defer tel.shutdown()
+
+	uri := cfg.Upstream.URI
+	if cfg.Upstream.Embedded() {
+		emb, err := upstream.StartEmbedded(upstream.EmbeddedOptions{DataDir: cfg.Upstream.DataDir, Logger: embeddedLogger(log)})
+		if err != nil {
+			return err
+		}
+		defer emb.Close()
+		uri = emb.URI()
+		log.Info("embedded upstream started (FerretDB, SQLite)", "data", cfg.Upstream.DataDir, "addr", emb.Addr())
+	}
+	upTLS, err := upstreamTLS(cfg.Upstream)
+	if err != nil {
+		return err
+	}
+	dialer, err := upstream.NewDialer(upstream.Options{URI: uri, DialTimeout: cfg.Upstream.DialTimeout, TLS: upTLS})
+	if err != nil {
+		return err
+	}
+	lnTLS, err := listenerTLS(cfg.ListenTLS)
+	if err != nil {
+		return err
+	}
+	srv, err := proxy.New(proxy.Options{
+		Dialer:          dialer,
+		Rules:           cfg.RuleSet(),
+		TLS:             lnTLS,
+		MaxConnections:  cfg.Limits.MaxConnections,
+		MaxMessageBytes: cfg.Limits.MaxMessageBytes,
+		MaxCursors:      cfg.Limits.MaxCursors,
+		CursorTTL:       cfg.Limits.CursorTTL,
+		Logger:          log,
+		Tracing:         tel.tracing,
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
+	}
+	httpSrv, err := serveHTTP(cfg.Telemetry.MetricsListen, tel, srv, log)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	if httpSrv != nil {
+		defer httpSrv.Close()
+	}
+
+	checkCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	srv.CheckRules(checkCtx)
+	cancel()
+
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	log.Info("tsproxy listening", "addr", ln.Addr().String(), "upstream", rules.Redact(cfg.Upstream.URI), "rules", len(cfg.Rules), "tls", lnTLS != nil)
+	if ready != nil {
+		ready <- ln.Addr().String()
+	}
+	select {
+	case err := <-serveErr:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("shutting down: no new connections; finishing in-flight requests", "timeout", cfg.ShutdownTimeout.String())
+	sctx, scancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer scancel()
+	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	log.Info("shutdown complete")
+	return nil
+}
+
+func newLogger(t rules.Telemetry, out io.Writer) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(t.LogLevel))
+	opts := &slog.HandlerOptions{Level: level}
+	if t.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(out, opts))
+	}
+	return slog.New(slog.NewTextHandler(out, opts))
+}
+
+// embeddedLogger quiets FerretDB, which logs every connection at info and
+// every error reply, document included, at warn.
+func embeddedLogger(log *slog.Logger) *slog.Logger {
+	return slog.New(levelFloor{h: log.Handler(), min: slog.LevelError}).With("component", "embedded-upstream")
+}
+
+type levelFloor struct {
+	h   slog.Handler
+	min slog.Level
+}
+
+func (l levelFloor) Enabled(ctx context.Context, lv slog.Level) bool {
+	return lv >= l.min && l.h.Enabled(ctx, lv)
+}
+func (l levelFloor) Handle(ctx context.Context, r slog.Record) error { return l.h.Handle(ctx, r) }
+func (l levelFloor) WithAttrs(a []slog.Attr) slog.Handler {
+	return levelFloor{h: l.h.WithAttrs(a), min: l.min}
+}
+func (l levelFloor) WithGroup(n string) slog.Handler {
+	return levelFloor{h: l.h.WithGroup(n), min: l.min}
+}

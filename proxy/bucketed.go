@@ -1,0 +1,179 @@
+package proxy
+
+import (
+	"fmt"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rules"
+	"github.com/tsproxy/tsproxy/upstream"
+	"github.com/tsproxy/tsproxy/wire"
+)
+
+// handleBucketed serves a command on a bucketed namespace: rewritten, or
+// refused with an error naming the rule. It never reaches the upstream
+// collection of the app's namespace, which stays empty.
+func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
+	if err := c.ensureUpstream(); err != nil {
+		return c.replyUpstreamDown(req, err)
+	}
+	switch req.name {
+	case "insert":
+		return c.rewriteInsert(req, rule)
+	}
+	if req.msg.Flags&wire.MoreToCome != 0 {
+		return nil
+	}
+	return c.replyError(req, codeNotImplemented, "NotImplemented",
+		fmt.Sprintf("tsproxy rule %s: command %q is not supported on a bucketed namespace", rule.Namespace, req.name))
+}
+
+// rewriteInsert stores the events of an insert as buckets.
+func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
+	caps, err := c.upstreamCaps()
+	if err != nil {
+		return err
+	}
+	c.ensureBucketIndex(rule)
+	plan, err := rewrite.Insert(commandOf(req), rule, rewrite.InsertOptions{Caps: caps, NewObjectID: bson.NewObjectID})
+	if err != nil {
+		if req.msg.Flags&wire.MoreToCome != 0 {
+			c.log.Warn("unacknowledged insert rejected", "rule", rule.Namespace, "err", err.Error())
+			return nil
+		}
+		return c.replyError(req, codeFailedToParse, "FailedToParse", err.Error())
+	}
+	span := c.s.tel.startCommand(req, routeRewrite)
+	var upTime time.Duration
+	unacked := req.msg.Flags&wire.MoreToCome != 0
+	replies := make([][]byte, 0, len(plan.Commands))
+	for i, cmd := range plan.Commands {
+		flags := wire.MsgFlags(0)
+		if unacked {
+			flags = wire.MoreToCome
+		}
+		frame := wire.AppendMsg(c.outBuf[:0], upstream.NextRequestID(), 0, flags, cmd)
+		c.outBuf = frame[:0]
+		t0 := time.Now()
+		if unacked {
+			err = c.up.Write(frame)
+			upTime += time.Since(t0)
+			if err != nil {
+				span.end(req, upTime, err)
+				return err
+			}
+			continue
+		}
+		body, err := c.roundTripBody(frame)
+		upTime += time.Since(t0)
+		if err != nil {
+			span.end(req, upTime, err)
+			return err
+		}
+		replies = append(replies, body)
+		if !plan.Continue(i, body) {
+			break
+		}
+	}
+	span.end(req, upTime, nil)
+	if unacked {
+		return nil
+	}
+	return c.replyBody(req, plan.ReplyFromRaw(replies))
+}
+
+// roundTripBody sends a frame the proxy built and returns a copy of the
+// reply's body (the frame's buffer is reused by the next read).
+func (c *conn) roundTripBody(frame []byte) ([]byte, error) {
+	_, rf, err := c.up.RoundTrip(frame)
+	if err != nil {
+		return nil, err
+	}
+	var m wire.Msg
+	if err := m.Decode(rf); err != nil {
+		return nil, fmt.Errorf("upstream reply: %w", err)
+	}
+	return append([]byte(nil), m.Body...), nil
+}
+
+// commandOf is the request as rewrite takes it.
+func commandOf(req *request) rewrite.Command {
+	cmd := rewrite.Command{Body: req.msg.Body}
+	for _, s := range req.msg.Sequences {
+		seq := rewrite.Sequence{Identifier: s.Identifier}
+		for _, d := range s.Documents {
+			seq.Documents = append(seq.Documents, d)
+		}
+		cmd.Sequences = append(cmd.Sequences, seq)
+	}
+	return cmd
+}
+
+// upstreamCaps detects once what the upstream supports, on this client's
+// connection (so with its privileges: buildInfo needs none on MongoDB).
+func (c *conn) upstreamCaps() (rewrite.Caps, error) {
+	st := c.s.state
+	st.mu.Lock()
+	if st.caps != nil {
+		caps := *st.caps
+		st.mu.Unlock()
+		return caps, nil
+	}
+	st.mu.Unlock()
+	reply, err := c.up.Command(bson.D{{Key: "buildInfo", Value: 1}, {Key: "$db", Value: "admin"}})
+	if err != nil {
+		return rewrite.Caps{}, err
+	}
+	caps := rewrite.DetectCaps(reply)
+	st.mu.Lock()
+	st.caps = &caps
+	st.mu.Unlock()
+	c.log.Info("upstream capabilities detected", "caps", fmt.Sprintf("%+v", caps))
+	return caps, nil
+}
+
+// indexRetry is how long after a failed index creation the proxy tries
+// again (the next client may have the privilege the last one lacked).
+const indexRetry = time.Minute
+
+// ensureBucketIndex creates the bucket collection's {meta: 1, start: 1}
+// index the first time the proxy writes to it, on the client's connection
+// and so with the client's privileges. A failure is logged, not fatal: the
+// write is still correct, reads are only slower.
+func (c *conn) ensureBucketIndex(rule *rules.Rule) {
+	st := c.s.state
+	ns := rule.BucketNamespace()
+	st.mu.Lock()
+	last, seen := st.indexes[ns]
+	if seen && (last.IsZero() || time.Since(last) < indexRetry) {
+		st.mu.Unlock()
+		return
+	}
+	st.indexes[ns] = time.Now() // a failed attempt: retried after indexRetry
+	st.mu.Unlock()
+	reply, err := c.up.Command(bson.D{
+		{Key: "createIndexes", Value: rule.BucketCollection},
+		{Key: "indexes", Value: bson.A{bson.D{
+			{Key: "key", Value: bson.D{{Key: rules.BucketMeta, Value: 1}, {Key: rules.BucketStart, Value: 1}}},
+			{Key: "name", Value: "meta_1_start_1"},
+		}}},
+		{Key: "$db", Value: rule.DB},
+	})
+	if err == nil {
+		if ok, _ := reply.Lookup("ok").AsFloat64OK(); ok != 1 {
+			err = fmt.Errorf("%s", reply.Lookup("errmsg").StringValue())
+		}
+	}
+	if err != nil {
+		c.log.Error("could not create the bucket index {meta: 1, start: 1}; writes are stored, reads will be slow. Grant createIndex on the bucket collection, or create the index yourself",
+			"rule", rule.Namespace, "collection", ns, "err", err.Error())
+		return
+	}
+	st.mu.Lock()
+	st.indexes[ns] = time.Time{} // done
+	st.mu.Unlock()
+	c.log.Info("bucket index ensured", "rule", rule.Namespace, "collection", ns)
+}
+

@@ -1,0 +1,351 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"runtime/debug"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/tsproxy/tsproxy/upstream"
+	"github.com/tsproxy/tsproxy/wire"
+)
+
+const maxMsgLen = wire.MaxMsgLen
+
+// conn serves one client connection. Its methods run on the connection's
+// own goroutine, one request at a time (MongoDB clients wait for each reply
+// before the next request on a connection), so its state needs no locks.
+// The exceptions, touched by Shutdown from another goroutine, are atomic.
+//
+// Buffer lifetimes: a request frame aliases c.inBuf and is valid until the
+// next client read; an upstream reply aliases the upstream connection's
+// buffer and is valid until the next upstream read. A reply is written to
+// the client before either is reused.
+type conn struct {
+	s   *Server
+	id  uint64
+	nc  net.Conn
+	r   *bufio.Reader
+	w   *bufio.Writer
+	log *slog.Logger
+
+	up         *upstream.Conn
+	upRef      atomic.Pointer[upstream.Conn] // c.up, for abort from Shutdown
+	inBuf      []byte
+	outBuf     []byte
+	compressor uint8 // compressor negotiated with this client (0: none)
+
+	busy   atomic.Bool // serving a request
+	closed atomic.Bool
+}
+
+func newConn(s *Server, nc net.Conn, id uint64) *conn {
+	return &conn{
+		s:   s,
+		id:  id,
+		nc:  nc,
+		r:   bufio.NewReaderSize(nc, 64<<10),
+		w:   bufio.NewWriterSize(nc, 64<<10),
+		log: s.log.With("conn", id, "client", nc.RemoteAddr().String()),
+	}
+}
+
+// request is one client message, decoded as far as routing needs.
+type request struct {
+	h          wire.Header
+	frame      []byte // the (decompressed) frame as the client sent it
+	msg        wire.Msg
+	legacy     bool  // came as OP_QUERY: answer with OP_REPLY
+	compressor uint8 // came as OP_COMPRESSED with this compressor: answer alike
+	name       string
+	db         string
+	start      time.Time
+}
+
+// serve reads and answers requests until the client goes away, a frame
+// cannot be read (the stream is out of step then), the upstream
+// connection breaks, or the server shuts down.
+func (c *conn) serve() {
+	defer c.forceClose()
+	defer func() {
+		// The one recover of the proxy: a bug in serving one client must
+		// not take the others down. It logs and closes this connection.
+		if r := recover(); r != nil {
+			c.log.Error("connection closed after internal error", "panic", r, "stack", string(debug.Stack()))
+		}
+	}()
+	for {
+		if c.s.closing.Load() {
+			return
+		}
+		h, frame, err := wire.ReadMessage(c.r, c.inBuf, c.s.opts.MaxMessageBytes)
+		if err != nil {
+			c.logReadError(err)
+			return
+		}
+		if cap(frame) > cap(c.inBuf) && cap(frame) <= 1<<20 {
+			c.inBuf = frame[:0] // keep ordinary buffers; let huge ones go
+		}
+		c.busy.Store(true)
+		c.s.tel.bytesIn(len(frame))
+		err = c.handle(h, frame)
+		c.busy.Store(false)
+		if err != nil {
+			c.log.Warn("closing client connection", "reason", err.Error())
+			return
+		}
+	}
+}
+
+func (c *conn) logReadError(err error) {
+	switch {
+	case errors.Is(err, io.EOF), c.closed.Load(), c.s.closing.Load():
+		c.log.Debug("client disconnected")
+	case errors.Is(err, net.ErrClosed):
+		c.log.Debug("client connection closed")
+	default:
+		c.s.tel.errorSeen("bad_frame")
+		c.log.Warn("closing client connection: bad frame", "reason", err.Error())
+	}
+}
+
+// handle serves one frame. A returned error closes the connection; errors
+// a reply can carry are answered and return nil.
+func (c *conn) handle(h wire.Header, frame []byte) error {
+	req := &request{h: h, frame: frame, start: time.Now()}
+	if h.OpCode == wire.OpCompressed {
+		var cm wire.Compressed
+		if err := cm.Decode(frame); err != nil {
+			return fmt.Errorf("OP_COMPRESSED: %w", err)
+		}
+		if c.compressor == 0 || cm.CompressorID != c.compressor {
+			// Answering with a compressor the client did not negotiate
+			// would leave it unable to read the reply.
+			if cm.CompressorID != 0 {
+				return fmt.Errorf("OP_COMPRESSED with compressor %d, which was not negotiated", cm.CompressorID)
+			}
+		}
+		inner, err := wire.Decompress(frame)
+		if err != nil {
+			return fmt.Errorf("OP_COMPRESSED: %w", err)
+		}
+		ih, err := wire.ParseHeader(inner)
+		if err != nil {
+			return fmt.Errorf("OP_COMPRESSED: %w", err)
+		}
+		req.h, req.frame, req.compressor = ih, inner, cm.CompressorID
+	}
+	switch req.h.OpCode {
+	case wire.OpMsg:
+		if err := req.msg.Decode(req.frame); err != nil {
+			c.s.tel.errorSeen("bad_message")
+			c.log.Warn("rejected message", "reason", err.Error())
+			if req.msg.Flags&wire.MoreToCome != 0 {
+				return nil // the client reads no reply
+			}
+			return c.replyError(req, codeInvalidBSON, "InvalidBSON", "tsproxy: "+err.Error())
+		}
+	case wire.OpQuery:
+		if err := c.decodeQuery(req); err != nil {
+			c.s.tel.errorSeen("bad_message")
+			c.log.Warn("rejected message", "reason", err.Error())
+			return c.replyError(req, codeInvalidBSON, "InvalidBSON", "tsproxy: "+err.Error())
+		}
+	default:
+		return fmt.Errorf("unsupported opcode %s from a client", req.h.OpCode)
+	}
+	req.name = req.msg.CommandName()
+	req.db = req.msg.DB()
+	return c.route(req)
+}
+
+// decodeQuery turns a legacy OP_QUERY command (drivers still send their
+// first isMaster this way) into an OP_MSG-shaped request; the reply goes
+// back as OP_REPLY.
+func (c *conn) decodeQuery(req *request) error {
+	var q wire.Query
+	if err := q.Decode(req.frame); err != nil {
+		return err
+	}
+	db, ok := strings.CutSuffix(q.FullCollectionName, ".$cmd")
+	if !ok || db == "" {
+		return fmt.Errorf("OP_QUERY on %q: only commands (db.$cmd) are supported; use OP_MSG", q.FullCollectionName)
+	}
+	cmd := bson.Raw(q.Query)
+	// Old drivers wrap the command with read preference as {$query: cmd}.
+	if inner, ok := cmd.Lookup("$query").DocumentOK(); ok {
+		cmd = inner
+	}
+	body, err := appendDB(cmd, db)
+	if err != nil {
+		return fmt.Errorf("OP_QUERY command: %w", err)
+	}
+	req.legacy = true
+	req.msg = wire.Msg{Body: body}
+	req.frame = nil
+	return nil
+}
+
+// appendDB returns cmd with "$db" set to db (replacing any present).
+func appendDB(cmd bson.Raw, db string) ([]byte, error) {
+	elems, err := cmd.Elements()
+	if err != nil {
+		return nil, err
+	}
+	d := make(bson.D, 0, len(elems)+1)
+	for _, e := range elems {
+		if e.Key() == "$db" {
+			continue
+		}
+		d = append(d, bson.E{Key: e.Key(), Value: e.Value()})
+	}
+	d = append(d, bson.E{Key: "$db", Value: db})
+	return bson.Marshal(d)
+}
+
+// route sends a request where it belongs.
+func (c *conn) route(req *request) error {
+	switch req.name {
+	case "hello", "isMaster", "ismaster":
+		return c.handleHello(req)
+	}
+	if rule, route := c.bucketedTarget(req); route != routePassthrough {
+		return c.handleBucketed(req, rule, route)
+	}
+	return c.passthrough(req)
+}
+
+// ensureUpstream dials this client's upstream connection on first use.
+func (c *conn) ensureUpstream() error {
+	if c.up != nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	up, err := c.s.opts.Dialer.Dial(ctx)
+	if err != nil {
+		c.s.tel.errorSeen("upstream_unreachable")
+		return err
+	}
+	c.up = up
+	c.upRef.Store(up)
+	return nil
+}
+
+// passthrough forwards the client's bytes unchanged (but for the exhaust
+// flag) and the upstream's reply unchanged.
+func (c *conn) passthrough(req *request) error {
+	if err := c.ensureUpstream(); err != nil {
+		return c.replyUpstreamDown(req, err)
+	}
+	fwd := req.frame
+	if req.legacy {
+		fwd = wire.AppendMsg(c.outBuf[:0], req.h.RequestID, 0, 0, req.msg.Body)
+		c.outBuf = fwd[:0]
+	} else if req.msg.Flags&wire.ExhaustAllowed != 0 {
+		// The proxy answers one request with one reply; without the flag
+		// the upstream never streams.
+		f, err := wire.SetMsgFlags(req.frame, req.msg.Flags&^wire.ExhaustAllowed)
+		if err != nil {
+			return err
+		}
+		fwd = f
+	}
+	span := c.s.tel.startCommand(req, routePassthrough)
+	upStart := time.Now()
+	if req.msg.Flags&wire.MoreToCome != 0 {
+		err := c.up.Write(fwd)
+		span.end(req, time.Since(upStart), err)
+		return err
+	}
+	_, reply, err := c.up.RoundTrip(fwd)
+	span.end(req, time.Since(upStart), err)
+	if err != nil {
+		// The client's session and authentication live on this upstream
+		// connection; a new one would not have them, so the client must
+		// reconnect.
+		return err
+	}
+	if req.legacy {
+		var m wire.Msg
+		if err := m.Decode(reply); err != nil {
+			return fmt.Errorf("upstream reply: %w", err)
+		}
+		return c.replyBody(req, m.Body)
+	}
+	return c.writeFrame(req, reply)
+}
+
+// writeFrame sends a whole reply frame, compressed if the request was.
+func (c *conn) writeFrame(req *request, frame []byte) error {
+	if req.compressor != 0 {
+		cf, err := wire.Compress(frame, req.compressor)
+		if err != nil {
+			return fmt.Errorf("compress reply: %w", err)
+		}
+		frame = cf
+	}
+	if _, err := c.w.Write(frame); err != nil {
+		return err
+	}
+	c.s.tel.bytesOut(len(frame))
+	return c.w.Flush()
+}
+
+// replyBody sends body as the reply to req, in the opcode the client used.
+func (c *conn) replyBody(req *request, body []byte) error {
+	var frame []byte
+	if req.legacy {
+		frame = wire.AppendReply(c.outBuf[:0], upstream.NextRequestID(), req.h.RequestID, body)
+	} else {
+		frame = wire.AppendMsg(c.outBuf[:0], upstream.NextRequestID(), req.h.RequestID, 0, body)
+	}
+	c.outBuf = frame[:0]
+	return c.writeFrame(req, frame)
+}
+
+// refuse answers the first request of a connection over the limit with an
+// error and closes it.
+func (c *conn) refuse(msg string) {
+	defer c.forceClose()
+	c.log.Warn("refusing client connection", "reason", msg)
+	_ = c.nc.SetDeadline(time.Now().Add(5 * time.Second))
+	h, frame, err := wire.ReadMessage(c.r, nil, c.s.opts.MaxMessageBytes)
+	if err != nil {
+		return
+	}
+	req := &request{h: h, frame: frame}
+	if h.OpCode == wire.OpQuery {
+		req.legacy = true
+	}
+	_ = c.replyError(req, codeTooManyConnections, "TooManyConnections", msg)
+}
+
+// closeIfIdle closes the connection now if it is between requests; a busy
+// one closes itself after its reply (serve checks Server.closing).
+func (c *conn) closeIfIdle() {
+	if !c.busy.Load() {
+		// Unblock the read; serve then sees closing and returns.
+		_ = c.nc.SetReadDeadline(time.Now())
+	}
+}
+
+// forceClose closes both sides; safe from any goroutine.
+func (c *conn) forceClose() {
+	if c.closed.Swap(true) {
+		return
+	}
+	c.nc.Close()
+	if up := c.upRef.Load(); up != nil {
+		up.Close()
+	}
+}

@@ -1,0 +1,54 @@
+package proxy
+
+import (
+	"time"
+
+	"github.com/hashicorp/golang-lru/v2/expirable"
+
+	"github.com/tsproxy/tsproxy/rules"
+)
+
+// cursorRegistry remembers the upstream cursors that rewritten reads
+// opened, so that a getMore or killCursors for one, on whichever client
+// connection the driver sends it, is mapped to the bucket collection and
+// its batches reshaped. Upstream cursor ids are unique per upstream, so the
+// proxy hands them to clients unchanged. It is bounded in size (least
+// recently used cursors are forgotten first) and in time (cursors idle
+// past the TTL are forgotten; the upstream times them out on its side too).
+type cursorRegistry struct {
+	lru *expirable.LRU[int64, *cursorEntry]
+}
+
+type cursorEntry struct {
+	rule *rules.Rule
+	// reshape is how the rewritten read turns upstream documents into the
+	// app's; kept per cursor so getMore batches come out as the first did.
+	reshape any
+}
+
+func newCursorRegistry(size int, ttl time.Duration) *cursorRegistry {
+	return &cursorRegistry{lru: expirable.NewLRU[int64, *cursorEntry](size, nil, ttl)}
+}
+
+func (r *cursorRegistry) add(id int64, e *cursorEntry) {
+	if id != 0 {
+		r.lru.Add(id, e)
+	}
+}
+
+func (r *cursorRegistry) get(id int64) *cursorEntry {
+	e, _ := r.lru.Get(id)
+	return e
+}
+
+func (r *cursorRegistry) rule(id int64) *rules.Rule {
+	if e := r.get(id); e != nil {
+		return e.rule
+	}
+	return nil
+}
+
+func (r *cursorRegistry) forget(id int64) { r.lru.Remove(id) }
+
+// Len is the number of cursors remembered.
+func (r *cursorRegistry) Len() int { return r.lru.Len() }

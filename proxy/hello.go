@@ -1,0 +1,101 @@
+package proxy
+
+import (
+	"fmt"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/wire"
+)
+
+// handleHello forwards the client's hello (its authentication mechanisms
+// and speculative authentication reach the upstream) and presents the proxy
+// as a router in the reply, so drivers never learn of, nor connect to,
+// anything but the proxy. The proxy negotiates compression itself.
+func (c *conn) handleHello(req *request) error {
+	body, offers, err := rewrite.HelloRequest(req.msg.Body)
+	if err != nil {
+		return c.replyError(req, codeInvalidBSON, "InvalidBSON", "tsproxy: "+err.Error())
+	}
+	chosen := ""
+	for _, name := range offers {
+		if id, ok := wire.CompressorID(name); ok && id != 0 {
+			chosen, c.compressor = name, id
+			break
+		}
+	}
+	if err := c.ensureUpstream(); err != nil {
+		// Answer as a router anyway so that drivers select the proxy and
+		// the commands that follow fail at once with the upstream error,
+		// instead of each waiting out server selection.
+		c.log.Warn("upstream unreachable; answering hello alone", "err", err.Error())
+		reply := rewrite.RouterHello(req.name != "hello", c.s.state.helloLimits(), time.Now().UnixMilli(), chosen)
+		return c.replyBody(req, reply)
+	}
+	frame := wire.AppendMsg(c.outBuf[:0], req.h.RequestID, 0, 0, body)
+	c.outBuf = frame[:0]
+	span := c.s.tel.startCommand(req, routePassthrough)
+	upStart := time.Now()
+	_, rf, err := c.up.RoundTrip(frame)
+	span.end(req, time.Since(upStart), err)
+	if err != nil {
+		return err
+	}
+	var m wire.Msg
+	if err := m.Decode(rf); err != nil {
+		return fmt.Errorf("upstream hello reply: %w", err)
+	}
+	c.s.state.rememberHello(bson.Raw(m.Body))
+	reply, err := rewrite.HelloReply(m.Body, chosen)
+	if err != nil {
+		return fmt.Errorf("upstream hello reply: %w", err)
+	}
+	return c.replyBody(req, reply)
+}
+
+// replyUpstreamDown answers a request the upstream could not be reached for.
+func (c *conn) replyUpstreamDown(req *request, err error) error {
+	if req.msg.Flags&wire.MoreToCome != 0 {
+		return nil
+	}
+	return c.replyError(req, codeHostUnreachable, "HostUnreachable", "tsproxy: "+err.Error())
+}
+
+// MongoDB error codes the proxy answers with.
+const (
+	codeBadValue           = 2
+	codeHostUnreachable    = 6
+	codeFailedToParse      = 9
+	codeInvalidBSON        = 22
+	codeCommandNotFound    = 59
+	codeInvalidNamespace   = 73
+	codeOperationFailed    = 96
+	codeNotImplemented     = 238
+	codeTooManyConnections = 8001 // not a server code; the proxy's own
+)
+
+// replyError answers req with {ok: 0, errmsg, code, codeName}.
+func (c *conn) replyError(req *request, code int32, codeName, msg string) error {
+	body, err := bson.Marshal(bson.D{
+		{Key: "ok", Value: 0.0},
+		{Key: "errmsg", Value: msg},
+		{Key: "code", Value: code},
+		{Key: "codeName", Value: codeName},
+	})
+	if err != nil {
+		return err
+	}
+	c.s.tel.errorSeen(codeName)
+	return c.replyBody(req, body)
+}
+
+// routerLimits is what a synthetic hello says before any upstream hello
+// was seen: MongoDB 7.0's values (what FerretDB 1.24 also reports).
+var defaultLimits = rewrite.RouterHelloLimits{
+	MinWireVersion: 0, MaxWireVersion: 21,
+	MaxBSONObjectSize: 16 * 1024 * 1024, MaxMessageSizeBytes: 48_000_000,
+	MaxWriteBatchSize: 100_000, LogicalSessionTimeoutMinutes: 30,
+}
+

@@ -1,0 +1,73 @@
+package proxy
+
+import (
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/tsproxy/tsproxy/rules"
+)
+
+// route says how a request is served.
+type route uint8
+
+const (
+	routePassthrough route = iota // bytes through unchanged
+	routeRewrite                  // a command on a bucketed namespace
+	routeCursor                   // getMore/killCursors of a rewritten read's cursor
+)
+
+func (r route) String() string {
+	switch r {
+	case routeRewrite:
+		return "rewritten"
+	case routeCursor:
+		return "cursor"
+	}
+	return "passthrough"
+}
+
+// bucketedTarget finds the rule a request is subject to. Commands name
+// their collection as the value of their first field; getMore names a
+// cursor, which is the proxy's if a rewritten read opened it; explain
+// wraps another command.
+func (c *conn) bucketedTarget(req *request) (*rules.Rule, route) {
+	if c.s.opts.Rules.Len() == 0 {
+		return nil, routePassthrough
+	}
+	body := bson.Raw(req.msg.Body)
+	first, err := body.IndexErr(0)
+	if err != nil {
+		return nil, routePassthrough
+	}
+	switch req.name {
+	case "getMore":
+		id, ok := first.Value().Int64OK()
+		if !ok {
+			return nil, routePassthrough
+		}
+		if rule := c.s.cursors.rule(id); rule != nil {
+			return rule, routeCursor
+		}
+		return nil, routePassthrough
+	case "explain":
+		inner, ok := first.Value().DocumentOK()
+		if !ok {
+			return nil, routePassthrough
+		}
+		if ie, err := inner.IndexErr(0); err == nil {
+			if coll, ok := ie.Value().StringValueOK(); ok {
+				if rule := c.s.opts.Rules.Lookup(req.db, coll); rule != nil {
+					return rule, routeRewrite
+				}
+			}
+		}
+		return nil, routePassthrough
+	}
+	coll, ok := first.Value().StringValueOK()
+	if !ok {
+		return nil, routePassthrough
+	}
+	if rule := c.s.opts.Rules.Lookup(req.db, coll); rule != nil {
+		return rule, routeRewrite
+	}
+	return nil, routePassthrough
+}

@@ -1,0 +1,217 @@
+// Package proxy accepts client connections, routes each message (through
+// unchanged, or rewritten for a bucketed namespace), and keeps the state
+// that spans messages: one upstream connection per client, the cursor
+// registry, what the upstream supports. It knows nothing of bucket math.
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tsproxy/tsproxy/rules"
+	"github.com/tsproxy/tsproxy/upstream"
+)
+
+// Options configures a Server.
+type Options struct {
+	// Dialer opens the upstream connection of each client connection.
+	Dialer *upstream.Dialer
+	// Rules says which namespaces are bucketed; nil means none.
+	Rules *rules.Set
+	// TLS, when non-nil, is required of every client.
+	TLS *tls.Config
+	// MaxConnections bounds concurrent client connections (0: 10000).
+	MaxConnections int
+	// MaxMessageBytes bounds one client message (0: 48,000,000).
+	MaxMessageBytes int
+	// MaxCursors bounds the cursor registry of rewritten reads (0: 100000).
+	MaxCursors int
+	// CursorTTL forgets registered cursors idle this long (0: 10m).
+	CursorTTL time.Duration
+	// Logger receives structured logs; slog.Default() when nil.
+	Logger *slog.Logger
+	// Tracing makes a span per command; off by default because a span per
+	// command costs microseconds the proxy otherwise does not spend.
+	Tracing bool
+}
+
+// Server is a running proxy.
+type Server struct {
+	opts    Options
+	log     *slog.Logger
+	tel     *telemetry
+	state   *upstreamState
+	cursors *cursorRegistry
+
+	mu       sync.Mutex
+	ln       net.Listener
+	conns    map[*conn]struct{}
+	closing  atomic.Bool
+	connWG   sync.WaitGroup
+	nextID   atomic.Uint64
+	numConns atomic.Int64
+}
+
+// New checks opts and returns a Server ready to Serve.
+func New(opts Options) (*Server, error) {
+	if opts.Dialer == nil {
+		return nil, errors.New("proxy: Options.Dialer is required")
+	}
+	if opts.Rules == nil {
+		opts.Rules = rules.NewSet(nil)
+	}
+	if opts.MaxConnections <= 0 {
+		opts.MaxConnections = 10000
+	}
+	if opts.MaxMessageBytes <= 0 || opts.MaxMessageBytes > maxMsgLen {
+		opts.MaxMessageBytes = maxMsgLen
+	}
+	if opts.MaxCursors <= 0 {
+		opts.MaxCursors = 100000
+	}
+	if opts.CursorTTL <= 0 {
+		opts.CursorTTL = 10 * time.Minute
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	tel, err := newTelemetry(opts.Tracing)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: telemetry: %w", err)
+	}
+	return &Server{
+		opts:    opts,
+		log:     opts.Logger,
+		tel:     tel,
+		state:   newUpstreamState(),
+		cursors: newCursorRegistry(opts.MaxCursors, opts.CursorTTL),
+		conns:   make(map[*conn]struct{}),
+	}, nil
+}
+
+// Serve accepts clients on ln until Shutdown; it returns nil after a
+// Shutdown and the accept error otherwise.
+func (s *Server) Serve(ln net.Listener) error {
+	if s.opts.TLS != nil {
+		ln = tls.NewListener(ln, s.opts.TLS)
+	}
+	s.mu.Lock()
+	s.ln = ln
+	s.mu.Unlock()
+	var backoff time.Duration
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			if s.closing.Load() {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				time.Sleep(backoff)
+				continue
+			}
+			return fmt.Errorf("proxy: accept: %w", err)
+		}
+		backoff = 0
+		s.startConn(nc)
+	}
+}
+
+func (s *Server) startConn(nc net.Conn) {
+	if tc, ok := nc.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true)
+	}
+	c := newConn(s, nc, s.nextID.Add(1))
+	over := s.numConns.Add(1) > int64(s.opts.MaxConnections)
+	s.mu.Lock()
+	if s.closing.Load() {
+		s.mu.Unlock()
+		s.numConns.Add(-1)
+		nc.Close()
+		return
+	}
+	s.conns[c] = struct{}{}
+	s.connWG.Add(1)
+	s.mu.Unlock()
+	s.tel.connOpened()
+	go func() {
+		defer func() {
+			s.mu.Lock()
+			delete(s.conns, c)
+			s.mu.Unlock()
+			s.numConns.Add(-1)
+			s.tel.connClosed()
+			s.connWG.Done()
+		}()
+		if over {
+			c.refuse(fmt.Sprintf("tsproxy: connection limit of %d reached", s.opts.MaxConnections))
+			return
+		}
+		c.serve()
+	}()
+}
+
+// Addr is the address Serve listens on (nil before Serve).
+func (s *Server) Addr() net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ln == nil {
+		return nil
+	}
+	return s.ln.Addr()
+}
+
+// Shutdown stops accepting, lets each connection finish the request it is
+// serving, closes idle ones, and waits until all are gone or ctx ends (then
+// it closes the rest).
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.closing.Store(true)
+	s.mu.Lock()
+	if s.ln != nil {
+		s.ln.Close()
+	}
+	for c := range s.conns {
+		c.closeIfIdle()
+	}
+	s.mu.Unlock()
+	done := make(chan struct{})
+	go func() { s.connWG.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		s.mu.Lock()
+		for c := range s.conns {
+			c.forceClose()
+		}
+		s.mu.Unlock()
+		<-done
+		return ctx.Err()
+	}
+}
+
+// Ready reports whether the upstream can be reached now (for /readyz).
+func (s *Server) Ready(ctx context.Context) error {
+	if s.closing.Load() {
+		return errors.New("shutting down")
+	}
+	up, err := s.opts.Dialer.Dial(ctx)
+	if err != nil {
+		return err
+	}
+	return up.Close()
+}
+
+// OpenCursors is the number of rewritten-read cursors the proxy tracks.
+func (s *Server) OpenCursors() int { return s.cursors.Len() }
+
+// Connections is the number of open client connections.
+func (s *Server) Connections() int { return int(s.numConns.Load()) }

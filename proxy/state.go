@@ -1,0 +1,53 @@
+package proxy
+
+import (
+	"sync"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/tsproxy/tsproxy/rewrite"
+)
+
+// upstreamState is what the proxy learns about its upstream and shares
+// across client connections: its limits (from hello), what it supports
+// (detected once, on the first rewrite), and which bucket collections
+// have their index.
+type upstreamState struct {
+	mu       sync.Mutex
+	limits   rewrite.RouterHelloLimits
+	caps     *rewrite.Caps
+	indexes  map[string]time.Time // bucket namespace -> when its index was ensured
+	isFerret bool
+}
+
+func newUpstreamState() *upstreamState {
+	return &upstreamState{limits: defaultLimits, indexes: make(map[string]time.Time)}
+}
+
+func (u *upstreamState) rememberHello(r bson.Raw) {
+	if ok, _ := r.Lookup("ok").AsFloat64OK(); ok != 1 {
+		return
+	}
+	l := u.helloLimits()
+	set := func(dst *int32, key string) {
+		if v, ok := r.Lookup(key).AsInt64OK(); ok {
+			*dst = int32(v)
+		}
+	}
+	set(&l.MinWireVersion, "minWireVersion")
+	set(&l.MaxWireVersion, "maxWireVersion")
+	set(&l.MaxBSONObjectSize, "maxBsonObjectSize")
+	set(&l.MaxMessageSizeBytes, "maxMessageSizeBytes")
+	set(&l.MaxWriteBatchSize, "maxWriteBatchSize")
+	set(&l.LogicalSessionTimeoutMinutes, "logicalSessionTimeoutMinutes")
+	u.mu.Lock()
+	u.limits = l
+	u.mu.Unlock()
+}
+
+func (u *upstreamState) helloLimits() rewrite.RouterHelloLimits {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.limits
+}

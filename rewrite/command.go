@@ -1,0 +1,224 @@
+// Package rewrite turns a command on a bucketed namespace into the
+// commands to run upstream on the bucket collection, and maps their
+// replies back to the reply the client expects from a plain collection.
+//
+// It is pure: no I/O, no clock, no randomness except what the caller
+// injects (ObjectId generation), so every case has a table test.
+package rewrite
+
+import (
+	"fmt"
+
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+// Sequence is an OP_MSG kind-1 section: documents sent outside the body
+// under a field name (drivers send insert's "documents" this way).
+type Sequence struct {
+	Identifier string
+	Documents  []bsoncore.Document
+}
+
+// Command is an OP_MSG command as the client sent it.
+type Command struct {
+	Body      bsoncore.Document
+	Sequences []Sequence
+}
+
+// maxNestingDepth bounds document nesting, like the server's own limit,
+// so validation of hostile input cannot recurse without end.
+const maxNestingDepth = 200
+
+// validateDeep checks that doc, and every document, array and scope
+// nested in it, is well-formed BSON. bsoncore's Validate checks only the
+// outer layer; the rewrite reads and copies nested values, so it checks
+// all of them once, up front.
+func validateDeep(doc []byte, depth int) error {
+	if depth > maxNestingDepth {
+		return fmt.Errorf("nested deeper than %d levels", maxNestingDepth)
+	}
+	if err := bsoncore.Document(doc).Validate(); err != nil {
+		return err
+	}
+	elems, err := bsoncore.Document(doc).Elements()
+	if err != nil {
+		return err
+	}
+	for _, e := range elems {
+		if err := validateNestedValue(e.Value(), depth); err != nil {
+			return fmt.Errorf("field %q: %w", e.Key(), err)
+		}
+	}
+	return nil
+}
+
+func validateNestedValue(v bsoncore.Value, depth int) error {
+	switch v.Type {
+	case bsoncore.TypeEmbeddedDocument, bsoncore.TypeArray:
+		return validateDeep(v.Data, depth+1)
+	case bsoncore.TypeCodeWithScope:
+		_, scope, ok := v.CodeWithScopeOK()
+		if !ok {
+			return fmt.Errorf("malformed code with scope")
+		}
+		return validateDeep(scope, depth+1)
+	}
+	return nil
+}
+
+// lookupTop returns the first top-level field named key, without
+// descending into dotted paths (bsoncore's Lookup would not either, but
+// this says so and never panics on a malformed document).
+func lookupTop(doc bsoncore.Document, key string) (bsoncore.Value, bool) {
+	v, err := doc.LookupErr(key)
+	if err != nil {
+		return bsoncore.Value{}, false
+	}
+	return v, true
+}
+
+// commandDocuments returns the documents of the array field name, taken
+// from the body or from a document sequence of that name (not both).
+func commandDocuments(cmd Command, name string) ([]bsoncore.Document, error) {
+	inBody, hasBody := lookupTop(cmd.Body, name)
+	var seq *Sequence
+	for i := range cmd.Sequences {
+		s := &cmd.Sequences[i]
+		if s.Identifier != name {
+			return nil, commandErrorf(CodeBadValue, "unexpected document sequence %q", s.Identifier)
+		}
+		if seq != nil {
+			return nil, commandErrorf(CodeBadValue, "duplicate document sequence %q", name)
+		}
+		seq = s
+	}
+	switch {
+	case hasBody && seq != nil:
+		return nil, commandErrorf(CodeBadValue, "field %q is both in the body and in a document sequence", name)
+	case seq != nil:
+		return sequenceDocuments(seq)
+	case hasBody:
+		return arrayDocuments(inBody, name)
+	}
+	return nil, commandErrorf(CodeBadValue, "missing field %q", name)
+}
+
+func sequenceDocuments(seq *Sequence) ([]bsoncore.Document, error) {
+	for i, d := range seq.Documents {
+		if err := validateDeep(d, 1); err != nil {
+			return nil, commandErrorf(CodeInvalidBSON, "document sequence %q document %d is not valid BSON: %v", seq.Identifier, i, err)
+		}
+	}
+	return seq.Documents, nil
+}
+
+func arrayDocuments(v bsoncore.Value, name string) ([]bsoncore.Document, error) {
+	arr, ok := v.ArrayOK()
+	if !ok {
+		return nil, commandErrorf(CodeTypeMismatch, "field %q must be an array, got %s", name, typeName(v.Type))
+	}
+	values, err := arr.Values()
+	if err != nil {
+		return nil, commandErrorf(CodeInvalidBSON, "field %q is not valid BSON: %v", name, err)
+	}
+	docs := make([]bsoncore.Document, 0, len(values))
+	for i, item := range values {
+		doc, ok := item.DocumentOK()
+		if !ok {
+			return nil, commandErrorf(CodeTypeMismatch, "%s.%d must be a document, got %s", name, i, typeName(item.Type))
+		}
+		docs = append(docs, doc)
+	}
+	return docs, nil
+}
+
+// commandBool reads an optional boolean argument such as "ordered". Like
+// the server, it accepts numbers as booleans (non-zero is true).
+func commandBool(body bsoncore.Document, key string, def bool) (bool, error) {
+	v, ok := lookupTop(body, key)
+	if !ok {
+		return def, nil
+	}
+	if b, ok := v.BooleanOK(); ok {
+		return b, nil
+	}
+	if v.IsNumber() {
+		f, ok := v.AsFloat64OK()
+		return ok && f != 0, nil
+	}
+	return false, commandErrorf(CodeTypeMismatch, "field %q must be a boolean, got %s", key, typeName(v.Type))
+}
+
+// Fields carried from the client's command to every rewritten command.
+// Anything else the client sent is not carried: a field the rewrite does
+// not understand could change the meaning of the rewritten command.
+var carriedFields = []string{
+	"lsid",                     // the session: retryable writes and transactions
+	"txnNumber",                // retryable write / transaction number
+	"autocommit",               // present (false) inside a transaction
+	"writeConcern",             // acknowledged with the client's write concern
+	"bypassDocumentValidation", //
+	"comment",                  //
+	"maxTimeMS",                // the client's time budget for the write
+	"$readPreference",          // mongos / routing
+	"$clusterTime",             // causal consistency gossip
+	"apiVersion",               // Stable API: required by servers that enforce it
+	"apiStrict",                //
+	"apiDeprecationErrors",     //
+}
+
+// Fields carried only to the first rewritten command: the server accepts
+// them only on the first statement of a transaction.
+var firstCommandFields = []string{
+	"startTransaction",
+	"readConcern",
+}
+
+// carriedArgs holds the client's generic arguments, each as a raw element,
+// in the order carriedFields lists them.
+type carriedArgs struct {
+	always []bsoncore.Element
+	first  []bsoncore.Element
+}
+
+func readCarriedArgs(body bsoncore.Document) carriedArgs {
+	var c carriedArgs
+	c.always = lookupElements(body, carriedFields)
+	c.first = lookupElements(body, firstCommandFields)
+	return c
+}
+
+func lookupElements(body bsoncore.Document, keys []string) []bsoncore.Element {
+	elems, _ := body.Elements()
+	var out []bsoncore.Element
+	for _, key := range keys {
+		for _, e := range elems {
+			if e.Key() == key {
+				out = append(out, e)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// appendCarried appends the carried arguments to a command under
+// construction; first says whether it is the first upstream command.
+func (c carriedArgs) appendTo(dst []byte, first bool) []byte {
+	for _, e := range c.always {
+		dst = append(dst, e...)
+	}
+	if first {
+		for _, e := range c.first {
+			dst = append(dst, e...)
+		}
+	}
+	return dst
+}
+
+// inTransaction reports whether the command is part of a multi-document
+// transaction (drivers send autocommit:false on every statement of one).
+func inTransaction(body bsoncore.Document) bool {
+	_, ok := lookupTop(body, "autocommit")
+	return ok
+}

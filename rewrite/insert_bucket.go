@@ -1,0 +1,327 @@
+package rewrite
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"math"
+	"strconv"
+
+	"github.com/tsproxy/tsproxy/rules"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+// chunkSummary is what a bucket records about a chunk of events besides
+// the events themselves.
+type chunkSummary struct {
+	count            int
+	bytes            int64
+	minTime, maxTime int64
+	aggs             []aggSummary // per limits.aggregates
+}
+
+type aggSummary struct {
+	present  bool // some event of the chunk has the field
+	min, max bsoncore.Value
+	sum      numValue
+}
+
+// summarize computes count, bytes, time range and the aggregates' min, max
+// and sum of a chunk exactly as $min, $max and $inc would if its events
+// were applied one by one, in order (ties keep the first value, as $min
+// and $max replace only on strictly smaller or larger).
+func summarize(chunk []event, lim limits) chunkSummary {
+	s := chunkSummary{aggs: make([]aggSummary, len(lim.aggregates))}
+	for n, ev := range chunk {
+		s.count++
+		s.bytes += int64(len(ev.stored))
+		if n == 0 || ev.time < s.minTime {
+			s.minTime = ev.time
+		}
+		if n == 0 || ev.time > s.maxTime {
+			s.maxTime = ev.time
+		}
+		for i, v := range ev.aggs {
+			if v.Type == 0 {
+				continue
+			}
+			a := &s.aggs[i]
+			if !a.present {
+				*a = aggSummary{present: true, min: v, max: v, sum: numFrom(v)}
+				continue
+			}
+			if CompareValues(v, a.min) < 0 {
+				a.min = v
+			}
+			if CompareValues(v, a.max) > 0 {
+				a.max = v
+			}
+			a.sum = addNums(a.sum, numFrom(v))
+		}
+	}
+	return s
+}
+
+// numValue is a BSON number being summed with $inc's type rules.
+type numValue struct {
+	t bsoncore.Type // TypeInt32, TypeInt64 or TypeDouble
+	i int64
+	f float64
+}
+
+func numFrom(v bsoncore.Value) numValue {
+	switch v.Type {
+	case bsoncore.TypeInt32:
+		i, _ := v.Int32OK()
+		return numValue{t: bsoncore.TypeInt32, i: int64(i)}
+	case bsoncore.TypeInt64:
+		i, _ := v.Int64OK()
+		return numValue{t: bsoncore.TypeInt64, i: i}
+	default:
+		f, _ := v.DoubleOK()
+		return numValue{t: bsoncore.TypeDouble, f: f}
+	}
+}
+
+func (n numValue) float() float64 {
+	if n.t == bsoncore.TypeDouble {
+		return n.f
+	}
+	return float64(n.i)
+}
+
+// addNums adds as MongoDB's $inc does: any double makes a double;
+// int32+int32 is an int32 unless it overflows into an int64; a sum with an
+// int64 is an int64 unless it overflows into a double.
+func addNums(a, b numValue) numValue {
+	if a.t == bsoncore.TypeDouble || b.t == bsoncore.TypeDouble {
+		return numValue{t: bsoncore.TypeDouble, f: a.float() + b.float()}
+	}
+	sum := a.i + b.i
+	if a.t == bsoncore.TypeInt32 && b.t == bsoncore.TypeInt32 {
+		if sum >= math.MinInt32 && sum <= math.MaxInt32 {
+			return numValue{t: bsoncore.TypeInt32, i: sum}
+		}
+		return numValue{t: bsoncore.TypeInt64, i: sum} // cannot overflow int64
+	}
+	if (a.i >= 0) == (b.i >= 0) && (sum >= 0) != (a.i >= 0) {
+		return numValue{t: bsoncore.TypeDouble, f: float64(a.i) + float64(b.i)}
+	}
+	return numValue{t: bsoncore.TypeInt64, i: sum}
+}
+
+func appendNumElement(dst []byte, key string, n numValue) []byte {
+	switch n.t {
+	case bsoncore.TypeInt32:
+		return bsoncore.AppendInt32Element(dst, key, int32(n.i))
+	case bsoncore.TypeInt64:
+		return bsoncore.AppendInt64Element(dst, key, n.i)
+	default:
+		return bsoncore.AppendDoubleElement(dst, key, n.f)
+	}
+}
+
+// appendEventsArray appends the chunk's stored events as an array.
+func appendEventsArray(dst []byte, key string, chunk []event) []byte {
+	idx, dst := bsoncore.AppendArrayElementStart(dst, key)
+	for i, ev := range chunk {
+		dst = bsoncore.AppendDocumentElement(dst, strconv.Itoa(i), ev.stored)
+	}
+	dst, _ = bsoncore.AppendArrayEnd(dst, idx)
+	return dst
+}
+
+// appendSummaryDoc appends {prefix<timeField>: date, prefix<agg>: v, ...}
+// for the min (pick<0) or max side; prefix is "" inside a complete
+// bucket's min/max documents and "min."/"max." in a $min/$max update.
+func appendExtremes(dst []byte, prefix, timeField string, s chunkSummary, lim limits, useMax bool) []byte {
+	t := s.minTime
+	if useMax {
+		t = s.maxTime
+	}
+	dst = bsoncore.AppendDateTimeElement(dst, prefix+timeField, t)
+	for i, a := range s.aggs {
+		if !a.present {
+			continue
+		}
+		v := a.min
+		if useMax {
+			v = a.max
+		}
+		dst = bsoncore.AppendValueElement(dst, prefix+lim.aggregates[i], v)
+	}
+	return dst
+}
+
+func appendSums(dst []byte, prefix string, s chunkSummary, lim limits) []byte {
+	for i, a := range s.aggs {
+		if a.present {
+			dst = appendNumElement(dst, prefix+lim.aggregates[i], a.sum)
+		}
+	}
+	return dst
+}
+
+func hasAggregates(s chunkSummary) bool {
+	for _, a := range s.aggs {
+		if a.present {
+			return true
+		}
+	}
+	return false
+}
+
+// completeBucket builds a whole bucket document for a chunk large enough to
+// stand alone (see DESIGN.md). "sum" is left out when no event carries an
+// aggregate, as the upsert path would leave it out.
+func completeBucket(id bson.ObjectID, chunk []event, rule *rules.Rule, lim limits) bsoncore.Document {
+	s := summarize(chunk, lim)
+	idx, doc := bsoncore.AppendDocumentStart(nil)
+	doc = bsoncore.AppendObjectIDElement(doc, rules.BucketID, id)
+	doc = bsoncore.AppendValueElement(doc, rules.BucketMeta, chunk[0].meta)
+	doc = bsoncore.AppendDateTimeElement(doc, rules.BucketStart, chunk[0].start)
+	doc = bsoncore.AppendInt32Element(doc, rules.BucketCount, int32(s.count))
+	doc = bsoncore.AppendInt32Element(doc, rules.BucketBytes, int32(s.bytes))
+
+	sub, doc := bsoncore.AppendDocumentElementStart(doc, rules.BucketMin)
+	doc = appendExtremes(doc, "", rule.TimeField, s, lim, false)
+	doc, _ = bsoncore.AppendDocumentEnd(doc, sub)
+	sub, doc = bsoncore.AppendDocumentElementStart(doc, rules.BucketMax)
+	doc = appendExtremes(doc, "", rule.TimeField, s, lim, true)
+	doc, _ = bsoncore.AppendDocumentEnd(doc, sub)
+	if hasAggregates(s) {
+		sub, doc = bsoncore.AppendDocumentElementStart(doc, rules.BucketSum)
+		doc = appendSums(doc, "", s, lim)
+		doc, _ = bsoncore.AppendDocumentEnd(doc, sub)
+	}
+	doc = appendEventsArray(doc, rules.BucketEvents, chunk)
+	doc, _ = bsoncore.AppendDocumentEnd(doc, idx)
+	return doc
+}
+
+// upsertStatement builds the update statement that adds a chunk to an open
+// bucket of its series and window, or creates one:
+//
+//	q: {meta: M, start: S, count: {$lte: maxEvents-k}, bytes: {$lte: maxBytes-b}}
+//	u: {$push: {events: {$each: [...]}}, $inc: {count: k, bytes: b, sum.<agg>: s},
+//	    $min: {min.<time>: t, min.<agg>: v}, $max: {...}}
+//	upsert: true
+//
+// An upsert that inserts copies the equality parts of q (meta and start:
+// meta is stored even when null, so {meta: null} matches only null-meta
+// buckets of ours), and $inc/$push/$min/$max create the rest.
+func upsertStatement(chunk []event, lim limits, timeField string) bsoncore.Document {
+	s := summarize(chunk, lim)
+	idx, doc := bsoncore.AppendDocumentStart(nil)
+
+	q, doc := bsoncore.AppendDocumentElementStart(doc, "q")
+	doc = bsoncore.AppendValueElement(doc, rules.BucketMeta, chunk[0].meta)
+	doc = bsoncore.AppendDateTimeElement(doc, rules.BucketStart, chunk[0].start)
+	doc = appendLTE(doc, rules.BucketCount, int64(lim.maxEvents-s.count))
+	doc = appendLTE(doc, rules.BucketBytes, lim.maxBytes-s.bytes)
+	doc, _ = bsoncore.AppendDocumentEnd(doc, q)
+
+	u, doc := bsoncore.AppendDocumentElementStart(doc, "u")
+	op, doc := bsoncore.AppendDocumentElementStart(doc, "$push")
+	each, doc := bsoncore.AppendDocumentElementStart(doc, rules.BucketEvents)
+	doc = appendEventsArray(doc, "$each", chunk)
+	doc, _ = bsoncore.AppendDocumentEnd(doc, each)
+	doc, _ = bsoncore.AppendDocumentEnd(doc, op)
+
+	op, doc = bsoncore.AppendDocumentElementStart(doc, "$inc")
+	doc = bsoncore.AppendInt32Element(doc, rules.BucketCount, int32(s.count))
+	doc = bsoncore.AppendInt32Element(doc, rules.BucketBytes, int32(s.bytes))
+	doc = appendSums(doc, rules.BucketSum+".", s, lim)
+	doc, _ = bsoncore.AppendDocumentEnd(doc, op)
+
+	op, doc = bsoncore.AppendDocumentElementStart(doc, "$min")
+	doc = appendExtremes(doc, rules.BucketMin+".", timeField, s, lim, false)
+	doc, _ = bsoncore.AppendDocumentEnd(doc, op)
+	op, doc = bsoncore.AppendDocumentElementStart(doc, "$max")
+	doc = appendExtremes(doc, rules.BucketMax+".", timeField, s, lim, true)
+	doc, _ = bsoncore.AppendDocumentEnd(doc, op)
+	doc, _ = bsoncore.AppendDocumentEnd(doc, u)
+
+	doc = bsoncore.AppendBooleanElement(doc, "upsert", true)
+	doc, _ = bsoncore.AppendDocumentEnd(doc, idx)
+	return doc
+}
+
+// appendLTE appends key: {$lte: n}, n as an int32 when it fits (it does
+// for every valid rule) so filters look like what a person would write.
+func appendLTE(dst []byte, key string, n int64) []byte {
+	sub, dst := bsoncore.AppendDocumentElementStart(dst, key)
+	if n >= math.MinInt32 && n <= math.MaxInt32 {
+		dst = bsoncore.AppendInt32Element(dst, "$lte", int32(n))
+	} else {
+		dst = bsoncore.AppendInt64Element(dst, "$lte", n)
+	}
+	dst, _ = bsoncore.AppendDocumentEnd(dst, sub)
+	return dst
+}
+
+// session is what of the client's session the rewrite uses.
+type session struct {
+	lsidID        bsoncore.Value // lsid.id; Type 0 when absent
+	txnNumber     int64
+	hasTxnNumber  bool
+	inTransaction bool
+}
+
+func readSession(body bsoncore.Document) session {
+	var s session
+	if lsid, ok := lookupTop(body, "lsid"); ok {
+		if doc, ok := lsid.DocumentOK(); ok {
+			s.lsidID, _ = lookupTop(doc, "id")
+		}
+	}
+	if v, ok := lookupTop(body, "txnNumber"); ok && (v.Type == bsoncore.TypeInt64 || v.Type == bsoncore.TypeInt32) {
+		s.txnNumber, s.hasTxnNumber = v.AsInt64OK()
+	}
+	s.inTransaction = inTransaction(body)
+	return s
+}
+
+// retryable: a retryable write (not a transaction statement), the only case
+// where the server may see the same statements twice and must recognise
+// them.
+func (s session) retryable() bool { return s.hasTxnNumber && !s.inTransaction }
+
+// derivedBucketID is a bucket _id that a retry of the same statement
+// reproduces: the window start as the 4-byte timestamp (as MongoDB's own
+// time-series buckets do), then 8 bytes of a hash of the session id, the
+// txnNumber, the bucket namespace, and the statement (its first event's
+// index in the app's batch). A retry on an upstream without retryable
+// writes then hits a duplicate key instead of storing the events twice.
+// Never used inside a transaction, where one txnNumber covers many
+// commands whose statement indexes would collide.
+func derivedBucketID(s session, bucketNS string, stmt int, start int64) bson.ObjectID {
+	h := sha256.New()
+	h.Write([]byte{byte(s.lsidID.Type)})
+	h.Write(s.lsidID.Data)
+	var buf [8]byte
+	binary.BigEndian.PutUint64(buf[:], uint64(s.txnNumber))
+	h.Write(buf[:])
+	h.Write([]byte(bucketNS))
+	h.Write([]byte{0})
+	binary.BigEndian.PutUint64(buf[:], uint64(stmt))
+	h.Write(buf[:])
+	var id bson.ObjectID
+	putWindowTimestamp(&id, start)
+	copy(id[4:], h.Sum(nil))
+	return id
+}
+
+// putWindowTimestamp stores the window start, in seconds (floored, and
+// wrapped to 32 bits outside 1970-2106), as the ObjectId's timestamp.
+func putWindowTimestamp(id *bson.ObjectID, startMillis int64) {
+	binary.BigEndian.PutUint32(id[:4], uint32(rules.FloorMillis(startMillis, 1000)/1000))
+}
+
+// newBucketID is a fresh bucket _id from the injected generator, with the
+// window start as its timestamp.
+func newBucketID(newID func() bson.ObjectID, start int64) bson.ObjectID {
+	id := newID()
+	putWindowTimestamp(&id, start)
+	return id
+}

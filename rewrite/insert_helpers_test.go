@@ -1,0 +1,204 @@
+package rewrite
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/tsproxy/tsproxy/rules"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+const hour = int64(3600_000)
+
+// testRule: hourly buckets of at most 3 events; chunks of 3 are inserted
+// whole, smaller ones upserted.
+func testRule() *rules.Rule {
+	return &rules.Rule{
+		Namespace:        "iot.readings",
+		DB:               "iot",
+		Collection:       "readings",
+		TimeField:        "ts",
+		MetaField:        "sensorId",
+		Span:             time.Hour,
+		MaxEvents:        3,
+		MaxBytes:         1 << 20,
+		InsertThreshold:  3,
+		Aggregates:       []string{"value"},
+		BucketCollection: "readings.buckets",
+		Layout:           rules.LayoutEvents,
+	}
+}
+
+// idGen returns a deterministic ObjectId generator: 0xEE..., n.
+func idGen() func() bson.ObjectID {
+	n := byte(0)
+	return func() bson.ObjectID {
+		n++
+		return oid(n)
+	}
+}
+
+func oid(n byte) bson.ObjectID {
+	return bson.ObjectID{0xEE, 0xEE, 0xEE, 0xEE, 0, 0, 0, 0, 0, 0, 0, n}
+}
+
+// windowOID is oid(n) with the timestamp of a window start.
+func windowOID(n byte, startMillis int64) bson.ObjectID {
+	id := oid(n)
+	putWindowTimestamp(&id, startMillis)
+	return id
+}
+
+func opts() InsertOptions { return InsertOptions{NewObjectID: idGen()} }
+
+func mustDoc(t testing.TB, v any) bsoncore.Document {
+	t.Helper()
+	b, err := bson.Marshal(v)
+	if err != nil {
+		t.Fatalf("marshal %v: %v", v, err)
+	}
+	return b
+}
+
+func dt(ms int64) bson.DateTime { return bson.DateTime(ms) }
+
+// ev builds an event document {_id: id, ts, sensorId: meta, value}; a nil
+// field is left out.
+func ev(id any, ts any, meta any, value any) bson.D {
+	var d bson.D
+	if id != nil {
+		d = append(d, bson.E{Key: "_id", Value: id})
+	}
+	if ts != nil {
+		d = append(d, bson.E{Key: "ts", Value: ts})
+	}
+	if meta != nil {
+		d = append(d, bson.E{Key: "sensorId", Value: meta})
+	}
+	if value != nil {
+		d = append(d, bson.E{Key: "value", Value: value})
+	}
+	return d
+}
+
+// stored is ev as kept in a bucket: meta replaced by a null marker.
+func stored(id any, ts any, hasMeta bool, value any) bson.D {
+	d := bson.D{{Key: "_id", Value: id}, {Key: "ts", Value: ts}}
+	if hasMeta {
+		d = append(d, bson.E{Key: "sensorId", Value: nil})
+	}
+	if value != nil {
+		d = append(d, bson.E{Key: "value", Value: value})
+	}
+	return d
+}
+
+// bodyCmd is an insert with the events in the body, plus extra fields.
+func bodyCmd(t testing.TB, events []bson.D, extra ...bson.E) Command {
+	t.Helper()
+	arr := bson.A{}
+	for _, e := range events {
+		arr = append(arr, e)
+	}
+	d := bson.D{{Key: "insert", Value: "readings"}, {Key: "documents", Value: arr}}
+	d = append(d, extra...)
+	d = append(d, bson.E{Key: "$db", Value: "iot"})
+	return Command{Body: mustDoc(t, d)}
+}
+
+// seqCmd is the same insert with the events in a document sequence.
+func seqCmd(t testing.TB, events []bson.D, extra ...bson.E) Command {
+	t.Helper()
+	d := bson.D{{Key: "insert", Value: "readings"}}
+	d = append(d, extra...)
+	d = append(d, bson.E{Key: "$db", Value: "iot"})
+	seq := Sequence{Identifier: "documents"}
+	for _, e := range events {
+		seq.Documents = append(seq.Documents, mustDoc(t, e))
+	}
+	return Command{Body: mustDoc(t, d), Sequences: []Sequence{seq}}
+}
+
+// assertDoc compares got with want byte for byte (types and field order
+// included) and prints both as extended JSON when they differ.
+func assertDoc(t testing.TB, what string, got bsoncore.Document, want any) {
+	t.Helper()
+	w := mustDoc(t, want)
+	if !bytes.Equal(got, w) {
+		t.Errorf("%s:\n got: %s\nwant: %s", what, bson.Raw(got).String(), bson.Raw(w).String())
+	}
+}
+
+func assertCommands(t testing.TB, p *InsertPlan, want ...bson.D) {
+	t.Helper()
+	if len(p.Commands) != len(want) {
+		for i, c := range p.Commands {
+			t.Logf("command %d: %s", i, bson.Raw(c).String())
+		}
+		t.Fatalf("got %d commands, want %d", len(p.Commands), len(want))
+	}
+	for i := range want {
+		assertDoc(t, "command "+string(rune('0'+i)), p.Commands[i], want[i])
+	}
+}
+
+// insertCmd is the expected upstream insert of complete buckets.
+func insertCmd(ordered bool, buckets []bson.D, tail ...bson.E) bson.D {
+	arr := bson.A{}
+	for _, b := range buckets {
+		arr = append(arr, b)
+	}
+	d := bson.D{{Key: "insert", Value: "readings.buckets"}, {Key: "documents", Value: arr}, {Key: "ordered", Value: ordered}}
+	d = append(d, tail...)
+	return append(d, bson.E{Key: "$db", Value: "iot"})
+}
+
+// updateCmd is the expected upstream update of upsert statements.
+func updateCmd(ordered bool, stmts []bson.D, tail ...bson.E) bson.D {
+	arr := bson.A{}
+	for _, s := range stmts {
+		arr = append(arr, s)
+	}
+	d := bson.D{{Key: "update", Value: "readings.buckets"}, {Key: "updates", Value: arr}, {Key: "ordered", Value: ordered}}
+	d = append(d, tail...)
+	return append(d, bson.E{Key: "$db", Value: "iot"})
+}
+
+// upsert is an expected upsert statement (rule limits 3 events, 1 MiB).
+func upsert(meta any, start int64, count int32, nbytes int32, events bson.A, inc, minD, maxD bson.D) bson.D {
+	incAll := append(bson.D{{Key: "count", Value: count}, {Key: "bytes", Value: nbytes}}, inc...)
+	return bson.D{
+		{Key: "q", Value: bson.D{
+			{Key: "meta", Value: meta},
+			{Key: "start", Value: dt(start)},
+			{Key: "count", Value: bson.D{{Key: "$lte", Value: int32(3) - count}}},
+			{Key: "bytes", Value: bson.D{{Key: "$lte", Value: int32(1<<20) - nbytes}}},
+		}},
+		{Key: "u", Value: bson.D{
+			{Key: "$push", Value: bson.D{{Key: "events", Value: bson.D{{Key: "$each", Value: events}}}}},
+			{Key: "$inc", Value: incAll},
+			{Key: "$min", Value: minD},
+			{Key: "$max", Value: maxD},
+		}},
+		{Key: "upsert", Value: true},
+	}
+}
+
+func size(t testing.TB, docs ...bson.D) int32 {
+	n := 0
+	for _, d := range docs {
+		n += len(mustDoc(t, d))
+	}
+	return int32(n)
+}
+
+func mustInsert(t testing.TB, cmd Command, rule *rules.Rule, o InsertOptions) *InsertPlan {
+	t.Helper()
+	p, err := Insert(cmd, rule, o)
+	if err != nil {
+		t.Fatalf("Insert: %v", err)
+	}
+	return p
+}

@@ -1,0 +1,103 @@
+// Package rules owns the configuration schema of tsproxy, its validation,
+// the lookup from a namespace to the rule that buckets it, the bucket math
+// (which window a timestamp falls in) and the names of the fields of the
+// stored bucket document. It knows nothing of sockets.
+package rules
+
+import (
+	"time"
+)
+
+// Layouts a rule may choose. Only LayoutEvents is implemented today; the
+// others are reserved so a config that names them fails with a clear error
+// rather than being read as something else.
+const (
+	LayoutEvents = "events"
+)
+
+// Field names of the stored bucket document (see DESIGN.md). Changing any of
+// them changes the stored format and needs a migration.
+const (
+	BucketID     = "_id"
+	BucketMeta   = "meta"
+	BucketStart  = "start"
+	BucketCount  = "count"
+	BucketBytes  = "bytes" // summed BSON size of the stored events; bounds bucket growth (maxBytes)
+	BucketMin    = "min"
+	BucketMax    = "max"
+	BucketSum    = "sum"
+	BucketEvents = "events"
+)
+
+// Defaults for a rule's bucket settings.
+const (
+	DefaultSpan      = time.Hour
+	DefaultMaxEvents = 1000
+	DefaultMaxBytes  = 1 << 20 // 1 MiB
+	// MaxBucketBytes is the largest maxBytes a rule may ask for: well under
+	// the upstream's 16 MiB document limit, leaving room for the summaries.
+	MaxBucketBytes = 8 << 20
+	// BucketCollectionSuffix names the default bucket collection:
+	// iot.readings is stored in iot.readings.buckets.
+	BucketCollectionSuffix = ".buckets"
+)
+
+// Rule says how one namespace is bucketed.
+type Rule struct {
+	// Namespace is "db.collection", the namespace applications use.
+	Namespace string
+	// DB and Collection are Namespace split at its first dot.
+	DB         string
+	Collection string
+
+	// TimeField names the event's BSON date field. Required.
+	TimeField string
+	// MetaField names the event field that identifies the series; empty
+	// when the rule has none (all events share the null series).
+	MetaField string
+
+	// Span is the bucket window: an event at time t goes to the bucket
+	// whose start is t floored to a multiple of Span since the Unix epoch.
+	Span time.Duration
+	// MaxEvents bounds the events in one bucket.
+	MaxEvents int
+	// MaxBytes bounds the summed BSON size of the events in one bucket.
+	MaxBytes int64
+	// InsertThreshold: a group of at least this many events (same series,
+	// same window) in one insert batch is written as a complete bucket
+	// document with a plain insert; smaller groups join an open bucket with
+	// an upsert. See DESIGN.md for why (update cost on the embedded upstream).
+	InsertThreshold int
+
+	// Aggregates are event fields that get sum/min/max in the bucket.
+	Aggregates []string
+
+	// BucketCollection is the collection, in DB, that holds the buckets.
+	BucketCollection string
+
+	// Layout is the bucket layout; LayoutEvents unless configured.
+	Layout string
+}
+
+// BucketNamespace is "db.bucketCollection".
+func (r *Rule) BucketNamespace() string { return r.DB + "." + r.BucketCollection }
+
+// SpanMillis is Span in milliseconds.
+func (r *Rule) SpanMillis() int64 { return r.Span.Milliseconds() }
+
+// WindowStartMillis returns the start, in milliseconds since the Unix epoch,
+// of the window that holds the instant ms. It floors toward negative
+// infinity so that dates before 1970 fall into the right window too.
+func (r *Rule) WindowStartMillis(ms int64) int64 {
+	return FloorMillis(ms, r.SpanMillis())
+}
+
+// FloorMillis floors ms to a multiple of span (span > 0), toward negative
+// infinity.
+func FloorMillis(ms, span int64) int64 {
+	q := ms / span
+	if ms%span != 0 && ms < 0 {
+		q--
+	}
+	return q * span
+}

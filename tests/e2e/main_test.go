@@ -1,0 +1,244 @@
+// Package e2e drives tsproxy end to end: a real upstream (the embedded
+// FerretDB with SQLite, started in-process on a free port, or the MongoDB
+// named by TSPROXY_E2E_UPSTREAM), the proxy in-process on another free
+// port, and real clients: the official Go driver and mongosh.
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/tsproxy/tsproxy/proxy"
+	"github.com/tsproxy/tsproxy/rules"
+	"github.com/tsproxy/tsproxy/upstream"
+)
+
+// env is the shared upstream of the whole run.
+var env struct {
+	upstreamURI string // what the proxies dial
+	external    bool   // TSPROXY_E2E_UPSTREAM: a real MongoDB, not the embedded FerretDB
+	emb         *upstream.Embedded
+}
+
+func TestMain(m *testing.M) {
+	os.Exit(runMain(m))
+}
+
+func runMain(m *testing.M) int {
+	if uri := os.Getenv("TSPROXY_E2E_UPSTREAM"); uri != "" {
+		env.upstreamURI, env.external = uri, true
+	} else {
+		dir, err := os.MkdirTemp("", "tsproxy-e2e-*")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		emb, err := upstream.StartEmbedded(upstream.EmbeddedOptions{DataDir: dir, Logger: quietLogger()})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "start embedded upstream:", err)
+			return 1
+		}
+		defer emb.Close()
+		env.emb, env.upstreamURI = emb, emb.URI()
+	}
+	return m.Run()
+}
+
+func quietLogger() *slog.Logger {
+	level := slog.LevelWarn
+	if os.Getenv("TSPROXY_E2E_DEBUG") != "" {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}
+
+// proxyOptions tunes startProxy.
+type proxyOptions struct {
+	// yaml is extra config (e.g. a rules: block) read through the real
+	// config loader.
+	yaml string
+	// upstreamURI overrides the shared upstream (a fault-injecting relay).
+	upstreamURI string
+	// edit changes the proxy options after the config is applied.
+	edit func(*proxy.Options)
+}
+
+// testProxy is a proxy running for one test.
+type testProxy struct {
+	srv  *proxy.Server
+	addr string
+	cfg  *rules.Config
+}
+
+// URI is a connection string with only the proxy's address.
+func (p *testProxy) URI() string { return "mongodb://" + p.addr + "/" }
+
+// startProxy runs a proxy in-process on a free port until the test ends.
+func startProxy(t testing.TB, po proxyOptions) *testProxy {
+	t.Helper()
+	dir := t.TempDir()
+	file := filepath.Join(dir, "config.yaml")
+	yaml := "listen: 127.0.0.1:0\ntelemetry:\n  metricsListen: \"\"\n" + po.yaml
+	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := rules.Load(rules.LoadOptions{ConfigFile: file, Flags: pflag.NewFlagSet("none", pflag.ContinueOnError)})
+	if err != nil {
+		t.Fatalf("config: %v", err)
+	}
+	uri := env.upstreamURI
+	if po.upstreamURI != "" {
+		uri = po.upstreamURI
+	}
+	dialer, err := upstream.NewDialer(upstream.Options{URI: uri, DialTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := proxy.Options{
+		Dialer:          dialer,
+		Rules:           cfg.RuleSet(),
+		MaxConnections:  cfg.Limits.MaxConnections,
+		MaxMessageBytes: cfg.Limits.MaxMessageBytes,
+		MaxCursors:      cfg.Limits.MaxCursors,
+		CursorTTL:       cfg.Limits.CursorTTL,
+		Logger:          quietLogger(),
+	}
+	if po.edit != nil {
+		po.edit(&opts)
+	}
+	srv, err := proxy.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		<-done
+	})
+	return &testProxy{srv: srv, addr: ln.Addr().String(), cfg: cfg}
+}
+
+// connect opens a Go driver client; extra is appended to the URI options.
+func connect(t testing.TB, uri string, extra ...string) *mongo.Client {
+	t.Helper()
+	if len(extra) > 0 {
+		sep := "?"
+		if strings.Contains(uri, "?") {
+			sep = "&"
+		}
+		uri += sep + strings.Join(extra, "&")
+	}
+	c, err := mongo.Connect(options.Client().ApplyURI(uri).SetServerSelectionTimeout(10 * time.Second).SetTimeout(60 * time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Disconnect(context.Background()) })
+	return c
+}
+
+// direct is a client straight to the upstream, bypassing the proxy, for
+// checking what the proxy stored.
+func direct(t testing.TB) *mongo.Client {
+	return connect(t, env.upstreamURI)
+}
+
+// uniqueDB names a database of its own for a test.
+func uniqueDB(t testing.TB) string {
+	name := strings.NewReplacer("/", "_", " ", "_", "#", "_").Replace(t.Name())
+	if len(name) > 40 {
+		name = name[:40]
+	}
+	return fmt.Sprintf("e2e_%s_%d", name, time.Now().UnixNano()%1_000_000)
+}
+
+func ctxFor(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+var mongoshOnce struct {
+	sync.Once
+	path string
+	err  error
+}
+
+// mongosh returns the path of the real mongosh, installing it from npm
+// (pinned in package.json) on first use.
+func mongosh(t testing.TB) string {
+	t.Helper()
+	mongoshOnce.Do(func() {
+		wd, err := os.Getwd()
+		if err != nil {
+			mongoshOnce.err = err
+			return
+		}
+		bin := filepath.Join(wd, "node_modules", ".bin", "mongosh")
+		if _, err := os.Stat(bin); err != nil {
+			cmd := exec.Command("npm", "install", "--no-audit", "--no-fund", "--loglevel=error")
+			cmd.Dir = wd
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				mongoshOnce.err = fmt.Errorf("npm install mongosh: %v\n%s", err, out)
+				return
+			}
+		}
+		mongoshOnce.path = bin
+	})
+	if mongoshOnce.err != nil {
+		t.Fatal(mongoshOnce.err)
+	}
+	return mongoshOnce.path
+}
+
+// runMongosh runs a script with the real mongosh against uri and returns
+// its output; it fails the test if mongosh exits non-zero.
+func runMongosh(t testing.TB, uri, script string) string {
+	t.Helper()
+	bin := mongosh(t)
+	f := filepath.Join(t.TempDir(), "script.js")
+	if err := os.WriteFile(f, []byte(script), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "--nodb", "--quiet", "--norc", f)
+	cmd.Env = append(os.Environ(), "TSPROXY_URI="+uri, "MONGOSH_SKIP_NODE_VERSION_CHECK=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("mongosh: %v\n%s", err, out)
+	}
+	return string(out)
+}
+
+// mustD unmarshals a raw document for comparisons.
+func mustD(t testing.TB, raw bson.Raw) bson.D {
+	t.Helper()
+	var d bson.D
+	if err := bson.Unmarshal(raw, &d); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}

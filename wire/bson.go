@@ -1,0 +1,111 @@
+package wire
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+// readDoc reads one length-prefixed BSON document from the front of src,
+// checks its length against MaxDocLen and validates it (structure, nesting
+// depth, every element). what names the document in errors.
+func readDoc(src []byte, what string) (doc, rem []byte, err error) {
+	if len(src) < 4 {
+		return nil, src, malformed("truncated %s: %d bytes left, need at least 5", what, len(src))
+	}
+	n := int32(binary.LittleEndian.Uint32(src))
+	if n < 5 {
+		return nil, src, fmt.Errorf("%s: %w", what, &LimitError{What: "document length", Size: int64(n), Limit: 5, Min: true})
+	}
+	if n > MaxDocLen {
+		return nil, src, fmt.Errorf("%s: %w", what, &LimitError{What: "document length", Size: int64(n), Limit: MaxDocLen})
+	}
+	d, rem, ok := bsoncore.ReadDocument(src)
+	if !ok {
+		return nil, src, malformed("truncated %s: document length %d but %d bytes left", what, n, len(src))
+	}
+	if err := validateDoc(d); err != nil {
+		return nil, src, malformed("invalid BSON in %s: %w", what, err)
+	}
+	return d, rem, nil
+}
+
+// validateDoc validates a document whose length prefix equals len(d).
+func validateDoc(d []byte) error {
+	if err := checkDepth(d, MaxDepth); err != nil {
+		return err
+	}
+	return bsoncore.Document(d).Validate()
+}
+
+// checkDepth fails if d nests documents, arrays or code-with-scope scopes
+// more than max levels deep. It walks iteratively, so an adversarial
+// document cannot exhaust the stack; it stops quietly at anything it cannot
+// read, leaving the error to Validate. A document too small to hold max
+// levels is not walked at all.
+func checkDepth(d []byte, max int) error {
+	// The smallest nesting level is type byte + empty key + 5-byte document.
+	const minLevel = 7
+	if len(d) <= minLevel*max {
+		return nil
+	}
+	stack := make([][]byte, 0, 16)
+	stack = append(stack, d[4:len(d)-1])
+	for len(stack) > 0 {
+		top := len(stack) - 1
+		elem, rem, ok := bsoncore.ReadElement(stack[top])
+		if !ok {
+			stack = stack[:top]
+			continue
+		}
+		stack[top] = rem
+		var inner []byte
+		switch v := elem.Value(); v.Type {
+		case bsoncore.TypeEmbeddedDocument:
+			inner, _ = v.DocumentOK()
+		case bsoncore.TypeArray:
+			a, _ := v.ArrayOK()
+			inner = a
+		case bsoncore.TypeCodeWithScope:
+			_, inner, _ = v.CodeWithScopeOK()
+		}
+		if len(inner) >= 5 {
+			if len(stack) >= max {
+				return fmt.Errorf("documents nested more than %d levels deep", max)
+			}
+			stack = append(stack, inner[4:len(inner)-1])
+		}
+	}
+	return nil
+}
+
+// firstKey returns the first key of a valid document, or "".
+func firstKey(d []byte) string {
+	if len(d) < 5 {
+		return ""
+	}
+	e, err := bsoncore.Document(d).IndexErr(0)
+	if err != nil {
+		return ""
+	}
+	k, err := e.KeyErr()
+	if err != nil {
+		return ""
+	}
+	return k
+}
+
+// lookupString returns the string value of a top-level key of d.
+func lookupString(d []byte, key string) (string, bool) {
+	if len(d) < 5 {
+		return "", false
+	}
+	v, err := bsoncore.Document(d).LookupErr(key)
+	if err != nil {
+		return "", false
+	}
+	return v.StringValueOK()
+}
+
+func bsoncoreDoc(d []byte) bsoncore.Document { return bsoncore.Document(d) }
