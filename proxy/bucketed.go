@@ -22,6 +22,16 @@ func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
 	switch req.name {
 	case "insert":
 		return c.rewriteInsert(req, rule)
+	case "find", "aggregate", "count", "distinct", "explain":
+		return c.rewriteRead(req, rule)
+	case "getMore":
+		return c.rewriteGetMore(req, rule)
+	case "killCursors":
+		return c.rewriteKillCursors(req, rule)
+	case "collStats":
+		return c.rewriteCollStats(req, rule)
+	case "drop":
+		return c.rewriteDrop(req, rule)
 	}
 	if req.msg.Flags&wire.MoreToCome != 0 {
 		return nil

@@ -10,4 +10,9 @@ type Caps struct {
 	// rewritten commands sharing one txnNumber would then look like
 	// retries of each other.
 	StmtIDs bool
+	// FullAggregation: the upstream runs any aggregation stage, and
+	// $replaceWith in particular (MongoDB 4.2+), so a bucketed aggregate
+	// with stages the proxy cannot translate can run upstream on the
+	// rebuilt events. FerretDB v1.24 cannot.
+	FullAggregation bool
 }

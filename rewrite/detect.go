@@ -10,7 +10,7 @@ func DetectCaps(buildInfo []byte) Caps {
 	if _, err := doc.LookupErr("ferretdbVersion"); err == nil {
 		return Caps{}
 	}
-	return Caps{StmtIDs: true}
+	return Caps{StmtIDs: true, FullAggregation: true}
 }
 
 // docs views raw reply bodies as documents (no copy).

@@ -131,8 +131,8 @@ func appendEventsArray(dst []byte, key string, chunk []event) []byte {
 	return dst
 }
 
-// appendSummaryDoc appends {prefix<timeField>: date, prefix<agg>: v, ...}
-// for the min (pick<0) or max side; prefix is "" inside a complete
+// appendExtremes appends {prefix<timeField>: date, prefix<agg>: v, ...} for
+// the min side, or the max side when useMax; prefix is "" inside a complete
 // bucket's min/max documents and "min."/"max." in a $min/$max update.
 func appendExtremes(dst []byte, prefix, timeField string, s chunkSummary, lim limits, useMax bool) []byte {
 	t := s.minTime

@@ -21,7 +21,10 @@ type event struct {
 
 // seriesKey identifies the event's (series, window). Two metas are the
 // same series when their BSON bytes (type and value) are equal, so
-// {a:1,b:2} and {b:2,a:1}, or 1 and 1.0, are different series in a batch.
+// {a:1,b:2} and {b:2,a:1} are different series, as in MongoDB. So are 1
+// and 1.0 within a batch; but the upstream's {meta: 1} also matches a
+// bucket whose meta is 1.0 (MongoDB compares numbers by value), so such
+// events may share a bucket and read back with that bucket's numeric type.
 func (e *event) seriesKey() string {
 	var b strings.Builder
 	b.WriteByte(byte(e.meta.Type))

@@ -20,10 +20,10 @@ type upstreamError struct {
 type stmtState int
 
 const (
-	stmtWritten    stmtState = iota // all its events are stored
-	stmtFailed                      // the upstream refused it
-	stmtNotRun                      // an ordered command stopped before it
-	stmtUnknown                     // no reply: the connection failed
+	stmtWritten stmtState = iota // all its events are stored
+	stmtFailed                   // the upstream refused it
+	stmtNotRun                   // an ordered command stopped before it
+	stmtUnknown                  // no reply: the connection failed
 )
 
 type stmtResult struct {

@@ -103,7 +103,9 @@ func TestInsertCommands(t *testing.T) {
 		ev(oid(3), dt(3), "m", 1.5),
 		ev(oid(4), dt(4), "m", nil),
 	}
-	mxst := func(i int) bson.D { return stored(oid(byte(i+1)), mixed[i][1].Value, true, mixed[i][len(mixed[i])-1].Value) }
+	mxst := func(i int) bson.D {
+		return stored(oid(byte(i+1)), mixed[i][1].Value, true, mixed[i][len(mixed[i])-1].Value)
+	}
 	mxst3 := stored(oid(4), dt(4), true, nil)
 
 	// Size-bounded chunks: 2 stored events fit in 120 bytes, 3 do not.
@@ -375,7 +377,7 @@ func TestInsertValidation(t *testing.T) {
 		aggDec   = `tsproxy rule iot.readings: aggregate field "value" must be a number (int, long or double), got decimal`
 		metaArr  = `tsproxy rule iot.readings: metaField "sensorId": values of type array are not supported`
 		metaOp   = `tsproxy rule iot.readings: metaField "sensorId": documents whose first field is $-prefixed ("$gt") are not supported`
-		tooBig   = `tsproxy rule iot.readings: event is 129 bytes as stored, more than the bucket limit maxBytes 100`
+		tooBig   = `tsproxy rule iot.readings: event is 124 bytes as stored, more than the bucket limit maxBytes 120`
 		outRange = `tsproxy rule iot.readings: timeField "ts" date -9223372036854775808 is out of the supported range`
 	)
 	good := func(i byte) bson.D { return ev(oid(i), dt(int64(i)), "s", int32(i)) }
@@ -410,7 +412,7 @@ func TestInsertValidation(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			rule := testRule()
 			rule.InsertThreshold = 100
-			rule.MaxBytes = 100
+			rule.MaxBytes = 120
 			var extra []bson.E
 			if tc.ordered != nil {
 				extra = append(extra, bson.E{Key: "ordered", Value: *tc.ordered})
@@ -471,6 +473,13 @@ func TestInsertCommandErrors(t *testing.T) {
 			code: CodeTypeMismatch, msg: `field "ordered" must be a boolean, got string`},
 		{name: "truncated body", cmd: func(t testing.TB) Command { b := bodyCmd(t, docs).Body; return Command{Body: b[:len(b)-3]} },
 			code: CodeInvalidBSON, msg: "command is not valid BSON"},
+		{name: "malformed nested document in a sequence", cmd: func(t testing.TB) Command {
+			c := seqCmd(t, docs)
+			d := mustDoc(t, bson.D{{Key: "ts", Value: dt(1)}, {Key: "m", Value: bson.D{{Key: "x", Value: int32(1)}}}})
+			d[len(d)-2-4-2-1] = 0x77 // the inner element's type byte: an unknown type
+			c.Sequences[0].Documents = append(c.Sequences[0].Documents, d)
+			return c
+		}, code: CodeInvalidBSON, msg: `document sequence "documents" document 1 is not valid BSON`},
 		{name: "no id generator", cmd: func(t testing.TB) Command { return bodyCmd(t, docs) }, opts: func(o *InsertOptions) { o.NewObjectID = nil },
 			code: CodeInternalError, msg: "NewObjectID is nil"},
 		{name: "dotted aggregate", cmd: func(t testing.TB) Command { return bodyCmd(t, docs) }, rule: func(r *rules.Rule) { r.Aggregates = []string{"a.b"} },

@@ -146,14 +146,14 @@ type TLSClient struct {
 // Limits bound the resources one proxy uses (key "limits").
 type Limits struct {
 	// MaxConnections is the most client connections served at once
-	// ("limits.maxConnections"); more are refused. Default 10000.
+	// ("limits.maxConnections"); more are refused. 1..1000000, default 10000.
 	MaxConnections int
 	// MaxMessageBytes is the largest wire message accepted from a client or
 	// an upstream ("limits.maxMessageBytes"), between MinMessageBytes and
 	// MaxMessageBytes (48000000, the default). Also announced in hello.
 	MaxMessageBytes int
 	// MaxCursors is the most open proxy cursors over all clients
-	// ("limits.maxCursors"). Default 100000.
+	// ("limits.maxCursors"), 1..100000000. Default 100000.
 	MaxCursors int
 	// CursorTTL closes a proxy cursor left idle this long
 	// ("limits.cursorTTL"). Default 10m; at least 1s.

@@ -726,3 +726,39 @@ func TestRedact(t *testing.T) {
 		}
 	}
 }
+
+func TestEnvMistakes(t *testing.T) {
+	for _, tc := range []struct {
+		env  map[string]string
+		want []string // all the messages, in order
+	}{
+		{map[string]string{"TSPROXY_UPSTREAM": "mongodb://x/"},
+			[]string{"config: $TSPROXY_UPSTREAM: upstream is a section, not a value; set its keys, e.g. $TSPROXY_UPSTREAM_URI"}},
+		{map[string]string{"TSPROXY_UPSTREAM_TLS": "true"},
+			[]string{"config: $TSPROXY_UPSTREAM_TLS: upstream.tls is a section, not a value; set its keys, e.g. $TSPROXY_UPSTREAM_TLS_ENABLED"}},
+		{map[string]string{"TSPROXY_UPSTREAM_URII": "x", "TSPROXY_UPSTREAM_TLS_ENABLE": "true", "TSPROXY_LIMITS_MAXCONNS": "1"},
+			[]string{
+				"config: unknown variable $TSPROXY_LIMITS_MAXCONNS",
+				"config: unknown variable $TSPROXY_UPSTREAM_TLS_ENABLE",
+				"config: unknown variable $TSPROXY_UPSTREAM_URII",
+			}},
+		// not meant for a key: left alone
+		{map[string]string{"TSPROXY_E2E_UPSTREAM": "mongodb://x/", "TSPROXY_LISTEN": ":1", "TSPROXY_UPSTREAM_TLS_ENABLED": "false"}, nil},
+	} {
+		setup(t)
+		for k, v := range tc.env {
+			t.Setenv(k, v)
+		}
+		c, err := Load(LoadOptions{})
+		var got []string
+		if err != nil {
+			got = strings.Split(err.Error(), "\n")
+		}
+		if !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("env %v:\n got %q\nwant %q", tc.env, got, tc.want)
+		}
+		if err == nil && c.Upstream.URI != "embedded" {
+			t.Errorf("env %v: upstream %q", tc.env, c.Upstream.URI)
+		}
+	}
+}

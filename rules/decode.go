@@ -12,7 +12,7 @@ import (
 
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
-	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/connstring"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
 
 // decoder turns viper's merged values into a Config, collecting an *Error
@@ -360,7 +360,8 @@ func (d *decoder) checkUpstream(u *Upstream) {
 	case strings.HasPrefix(u.URI, "mongodb+srv://"):
 		d.fail("upstream.uri", "mongodb+srv:// is not supported yet; list the hosts in a mongodb://host1,host2/ URI")
 	case strings.HasPrefix(u.URI, "mongodb://"):
-		if _, err := connstring.ParseAndValidate(u.URI); err != nil {
+		// The driver's public options parse the URI as drivers will.
+		if err := options.Client().ApplyURI(u.URI).Validate(); err != nil {
 			d.fail("upstream.uri", "%q: %v", Redact(u.URI), err)
 		}
 		t := u.TLS

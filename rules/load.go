@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sort"
 	"strings"
 
 	"github.com/spf13/pflag"
@@ -52,7 +53,7 @@ func RegisterFlags(fs *pflag.FlagSet) {
 	fs.String(FlagListen, "", "`HOST:PORT` to accept MongoDB clients on (key listen; default "+DefaultListen+")")
 	fs.String(FlagUpstream, "", "upstream `URI`: \"embedded\" or mongodb://host[:port][,host...]/?options (key upstream.uri; default "+DefaultUpstreamURI+")")
 	fs.String(FlagData, "", "data `DIR` of the embedded upstream (key upstream.dataDir; default "+DefaultDataDir+")")
-	fs.String(FlagMetrics, "", "`HOST:PORT` of the Prometheus /metrics endpoint (key telemetry.metricsListen; default "+DefaultMetricsListen+")")
+	fs.String(FlagMetrics, "", "`HOST:PORT` of the Prometheus /metrics endpoint (key telemetry.metricsListen; default "+DefaultMetricsListen+"; \"\" disables)")
 	fs.String(FlagLogLevel, "", "log `level`: debug, info, warn or error (key telemetry.logLevel; default "+DefaultLogLevel+")")
 }
 
@@ -116,7 +117,13 @@ func Load(opts LoadOptions) (*Config, error) {
 	v.SetEnvPrefix(EnvPrefix)
 	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
 	v.AllowEmptyEnv(true)
-	v.AutomaticEnv()
+	// Bind each key rather than viper.AutomaticEnv: with AutomaticEnv a
+	// variable named like a section (TSPROXY_UPSTREAM) hides every key in it.
+	for _, k := range envKeys() {
+		if err := v.BindEnv(k); err != nil {
+			return nil, fmt.Errorf("config: %w", err)
+		}
+	}
 	for k, def := range defaults {
 		v.SetDefault(k, def)
 	}
@@ -137,6 +144,7 @@ func Load(opts LoadOptions) (*Config, error) {
 
 	file, must := configFile(opts)
 	var errs []error
+	envErrs := checkEnv(os.Environ())
 	if file != "" {
 		b, err := os.ReadFile(file)
 		switch {
@@ -162,6 +170,7 @@ func Load(opts LoadOptions) (*Config, error) {
 
 	cfg := d.config()
 	cfg.File = file
+	errs = append(errs, envErrs...)
 	errs = append(errs, d.errs...)
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
@@ -184,4 +193,88 @@ func configFile(opts LoadOptions) (string, bool) {
 		return p, true
 	}
 	return DefaultConfigFile, false
+}
+
+// envKeys lists the keys read from the environment: every key of the
+// schema outside the rules, and "rules" itself (to say it is file-only).
+func envKeys() []string {
+	var out []string
+	var walk func(prefix string, specs []keySpec)
+	walk = func(prefix string, specs []keySpec) {
+		for _, s := range specs {
+			k := join(prefix, s.name)
+			if s.kind == mapping {
+				walk(k, s.children)
+			} else {
+				out = append(out, k)
+			}
+		}
+	}
+	walk("", schema)
+	return out
+}
+
+// envName is the variable of key.
+func envName(key string) string {
+	return EnvPrefix + "_" + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
+}
+
+// checkEnv reports TSPROXY_ variables that look meant for a key but name
+// none: a section (TSPROXY_UPSTREAM) or a misspelt key in a section
+// (TSPROXY_UPSTREAM_URII). Other TSPROXY_ variables (TSPROXY_E2E_UPSTREAM
+// of the tests) are left alone.
+func checkEnv(environ []string) []error {
+	known := map[string]bool{envName(""): true, EnvConfigFile: true}
+	for _, k := range envKeys() {
+		known[envName(k)] = true
+	}
+	var sections []string
+	var walk func(prefix string, specs []keySpec)
+	walk = func(prefix string, specs []keySpec) {
+		for _, s := range specs {
+			if s.kind == mapping {
+				k := join(prefix, s.name)
+				sections = append(sections, k)
+				walk(k, s.children)
+			}
+		}
+	}
+	walk("", schema)
+
+	var names []string
+	for _, kv := range environ {
+		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, EnvPrefix+"_") && !known[name] {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	var errs []error
+	for _, name := range names {
+		// the deepest section the variable falls in
+		sec := ""
+		for _, c := range sections {
+			if cn := envName(c); (name == cn || strings.HasPrefix(name, cn+"_")) && len(c) > len(sec) {
+				sec = c
+			}
+		}
+		switch {
+		case sec == "":
+		case name == envName(sec):
+			errs = append(errs, &Error{Key: "$" + name, Msg: fmt.Sprintf(
+				"$%s: %s is a section, not a value; set its keys, e.g. $%s",
+				name, sec, envName(sec+"."+firstLeaf(sec)))})
+		default:
+			errs = append(errs, &Error{Key: "$" + name, Msg: fmt.Sprintf("unknown variable $%s", name)})
+		}
+	}
+	return errs
+}
+
+func firstLeaf(section string) string {
+	specs := schema
+	for _, part := range strings.Split(section, ".") {
+		s, _ := findKey(specs, part)
+		specs = s.children
+	}
+	return specs[0].name
 }

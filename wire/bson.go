@@ -7,10 +7,28 @@ import (
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
+// docName names a document in errors. It is formatted only when an error
+// is built, so the success path allocates nothing.
+type docName struct {
+	what string // "body", "query", ...
+	seq  string // or the identifier of the document sequence holding it
+}
+
+func (n docName) String() string {
+	if n.seq != "" {
+		return fmt.Sprintf("document sequence %q", n.seq)
+	}
+	return n.what
+}
+
 // readDoc reads one length-prefixed BSON document from the front of src,
 // checks its length against MaxDocLen and validates it (structure, nesting
 // depth, every element). what names the document in errors.
 func readDoc(src []byte, what string) (doc, rem []byte, err error) {
+	return readDocNamed(src, docName{what: what})
+}
+
+func readDocNamed(src []byte, what docName) (doc, rem []byte, err error) {
 	if len(src) < 4 {
 		return nil, src, malformed("truncated %s: %d bytes left, need at least 5", what, len(src))
 	}

@@ -12,10 +12,10 @@ import (
 
 // Compressor ids of OP_COMPRESSED.
 const (
-	CompressorNoop   uint8 = uint8(wiremessage.CompressorNoOp) // 0
-	CompressorSnappy uint8 = uint8(wiremessage.CompressorSnappy)
-	CompressorZlib   uint8 = uint8(wiremessage.CompressorZLib)
-	CompressorZstd   uint8 = uint8(wiremessage.CompressorZstd)
+	CompressorNoop   uint8 = 0
+	CompressorSnappy uint8 = 1
+	CompressorZlib   uint8 = 2
+	CompressorZstd   uint8 = 3
 )
 
 var compressorNames = [...]string{"noop", "snappy", "zlib", "zstd"}

@@ -29,10 +29,10 @@ type OpCode int32
 // Opcodes this package understands. Others still frame (ReadMessage) and
 // can be forwarded untouched.
 const (
-	OpReply      OpCode = OpCode(wiremessage.OpReply)      // 1
-	OpQuery      OpCode = OpCode(wiremessage.OpQuery)      // 2004
-	OpCompressed OpCode = OpCode(wiremessage.OpCompressed) // 2012
-	OpMsg        OpCode = OpCode(wiremessage.OpMsg)        // 2013
+	OpReply      OpCode = 1
+	OpQuery      OpCode = 2004
+	OpCompressed OpCode = 2012
+	OpMsg        OpCode = 2013
 )
 
 // String returns the protocol name of the opcode ("OP_MSG") or

@@ -56,14 +56,16 @@ func withChecksum(f []byte) []byte {
 
 // nested returns a document nested depth levels deep: {a:{a:{...}}}.
 func nested(depth int) []byte {
-	d := []byte{5, 0, 0, 0, 0}
-	for i := 1; i < depth; i++ {
-		n := make([]byte, 0, len(d)+8)
-		n = append(n, 0, 0, 0, 0, 3, 'a', 0)
-		n = append(n, d...)
-		n = append(n, 0)
-		binary.LittleEndian.PutUint32(n, uint32(len(n)))
-		d = n
+	// Each level wraps the inner document in length(4) type(1) "a\x00"(2) ... NUL(1).
+	total := 5 + 8*(depth-1)
+	d := make([]byte, 0, total)
+	for i := 0; i < depth-1; i++ {
+		d = binary.LittleEndian.AppendUint32(d, uint32(total-8*i))
+		d = append(d, 3, 'a', 0)
+	}
+	d = append(d, 5, 0, 0, 0, 0)
+	for i := 0; i < depth-1; i++ {
+		d = append(d, 0)
 	}
 	return d
 }
@@ -75,4 +77,13 @@ func crafted37() []byte {
 	body := []byte{16, 0, 0, 0, 0x10, 'a', 0, 1, 0, 0, 0, 0} // {a: int32 1} missing 4 bytes
 	f := frame(OpMsg, 1, 0, u32(uint32(ChecksumPresent)), kind0(body))
 	return withChecksum(f)
+}
+
+// D builds a bson.D from key, value pairs.
+func D(kv ...any) bson.D {
+	d := make(bson.D, 0, len(kv)/2)
+	for i := 0; i+1 < len(kv); i += 2 {
+		d = append(d, bson.E{Key: kv[i].(string), Value: kv[i+1]})
+	}
+	return d
 }

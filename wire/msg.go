@@ -15,9 +15,9 @@ type MsgFlags uint32
 // OP_MSG flags. Bits 0-15 are required: a receiver must reject a message
 // with one it does not know. Bits 16-31 are optional.
 const (
-	ChecksumPresent MsgFlags = MsgFlags(wiremessage.ChecksumPresent) // 1 << 0
-	MoreToCome      MsgFlags = MsgFlags(wiremessage.MoreToCome)      // 1 << 1
-	ExhaustAllowed  MsgFlags = MsgFlags(wiremessage.ExhaustAllowed)  // 1 << 16
+	ChecksumPresent MsgFlags = 1 << 0
+	MoreToCome      MsgFlags = 1 << 1
+	ExhaustAllowed  MsgFlags = 1 << 16
 
 	requiredFlags = 0xffff
 	knownRequired = ChecksumPresent | MoreToCome
@@ -50,10 +50,14 @@ type Msg struct {
 }
 
 // Decode decodes a whole OP_MSG frame (header included) into m, replacing
-// its contents. When ChecksumPresent is set it verifies the CRC-32C and cuts
-// it off before reading sections; then it checks every structural rule
-// (see checkSections). The checksum is not kept: Encode recomputes it when
-// m.Flags has ChecksumPresent.
+// its contents. When ChecksumPresent is set it verifies the CRC-32C and
+// cuts it off before reading any section; then it checks every structural
+// rule (see checkSections). The checksum is not kept: Encode recomputes it
+// when m.Flags has ChecksumPresent.
+//
+// Decode reuses the memory of m.Sequences and of their Documents slices, so
+// slices taken from m before are overwritten. On error the contents of m
+// are unspecified.
 func (m *Msg) Decode(frame []byte) error {
 	*m = Msg{Sequences: m.Sequences[:0]}
 	_, rest, err := checkFrame(frame, OpMsg)
@@ -109,7 +113,11 @@ func (m *Msg) checkSections(src []byte) error {
 			}
 			src = rem
 		case sectionSequence:
-			seq, rem, err := readSequence(src)
+			var reuse [][]byte
+			if n := len(m.Sequences); n < cap(m.Sequences) {
+				reuse = m.Sequences[:n+1][n].Documents
+			}
+			seq, rem, err := readSequence(src, reuse)
 			if err != nil {
 				return err
 			}
@@ -128,8 +136,9 @@ func (m *Msg) checkSections(src []byte) error {
 	return checkIdentifiers(m.Body, m.Sequences)
 }
 
-// readSequence reads one kind-1 section (after the kind byte).
-func readSequence(src []byte) (Sequence, []byte, error) {
+// readSequence reads one kind-1 section (after the kind byte), appending
+// its documents to docs[:0].
+func readSequence(src []byte, docs [][]byte) (Sequence, []byte, error) {
 	if len(src) < 4 {
 		return Sequence{}, src, malformed("OP_MSG: truncated document sequence: %d bytes left for its size", len(src))
 	}
@@ -144,10 +153,9 @@ func readSequence(src []byte) (Sequence, []byte, error) {
 	if id == "" {
 		return Sequence{}, src, malformed("OP_MSG: document sequence with empty identifier")
 	}
-	seq := Sequence{Identifier: id}
-	what := fmt.Sprintf("document sequence %q", id)
+	seq := Sequence{Identifier: id, Documents: docs[:0]}
 	for len(data) > 0 {
-		doc, r, err := readDoc(data, what)
+		doc, r, err := readDocNamed(data, docName{seq: id})
 		if err != nil {
 			return Sequence{}, src, fmt.Errorf("OP_MSG: document %d: %w", len(seq.Documents), err)
 		}

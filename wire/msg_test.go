@@ -10,13 +10,14 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/wiremessage"
 )
 
 func TestMsgDecodeGood(t *testing.T) {
-	body := mdoc(t, bson.D{{"insert", "events"}, {"ordered", true}, {"$db", "test"}})
-	d1 := mdoc(t, bson.D{{"_id", 1}, {"v", 1.5}})
-	d2 := mdoc(t, bson.D{{"_id", 2}, {"v", "x"}})
-	upd := mdoc(t, bson.D{{"q", bson.D{}}, {"u", bson.D{{"$set", bson.D{{"a", 1}}}}}})
+	body := mdoc(t, D("insert", "events", "ordered", true, "$db", "test"))
+	d1 := mdoc(t, D("_id", 1, "v", 1.5))
+	d2 := mdoc(t, D("_id", 2, "v", "x"))
+	upd := mdoc(t, D("q", D(), "u", D("$set", D("a", 1))))
 
 	for _, tc := range []struct {
 		name  string
@@ -77,9 +78,9 @@ func TestMsgDecodeGood(t *testing.T) {
 }
 
 func TestMsgDecodeBad(t *testing.T) {
-	body := mdoc(t, bson.D{{"insert", "events"}, {"$db", "test"}})
-	withDocs := mdoc(t, bson.D{{"insert", "events"}, {"documents", bson.A{}}, {"$db", "test"}})
-	d1 := mdoc(t, bson.D{{"_id", 1}})
+	body := mdoc(t, D("insert", "events", "$db", "test"))
+	withDocs := mdoc(t, D("insert", "events", "documents", bson.A{}, "$db", "test"))
+	d1 := mdoc(t, D("_id", 1))
 	badBSON := append([]byte(nil), d1...)
 	badBSON[4] = 0x7f // unknown element type
 	big := u32(MaxDocLen + 1)
@@ -185,8 +186,8 @@ func TestDeepNestingNoStackExhaustion(t *testing.T) {
 }
 
 func TestMsgEncode(t *testing.T) {
-	body := mdoc(t, bson.D{{"insert", "c"}, {"$db", "db"}})
-	d1 := mdoc(t, bson.D{{"_id", 1}})
+	body := mdoc(t, D("insert", "c", "$db", "db"))
+	d1 := mdoc(t, D("_id", 1))
 	h := Header{RequestID: 5, ResponseTo: 4, MessageLength: 999, OpCode: OpQuery} // length and opcode ignored
 
 	m := Msg{Flags: ChecksumPresent, Body: body, Sequences: []Sequence{{"documents", [][]byte{d1, d1}}}}
@@ -231,7 +232,7 @@ func TestMsgEncode(t *testing.T) {
 }
 
 func TestAppendMsgAndAccessors(t *testing.T) {
-	body := mdoc(t, bson.D{{"find", "events"}, {"filter", bson.D{}}, {"$db", "metrics"}})
+	body := mdoc(t, D("find", "events", "filter", D(), "$db", "metrics"))
 	for _, flags := range []MsgFlags{0, ChecksumPresent, MoreToCome | ExhaustAllowed} {
 		f := AppendMsg([]byte("abc"), 9, 8, flags, body)[3:]
 		var m Msg
@@ -250,15 +251,15 @@ func TestAppendMsgAndAccessors(t *testing.T) {
 	if empty.CommandName() != "" || empty.DB() != "" {
 		t.Fatal("empty Msg accessors")
 	}
-	m := Msg{Body: mdoc(t, bson.D{{"ping", 1}, {"$db", 1}})}
+	m := Msg{Body: mdoc(t, D("ping", 1, "$db", 1))}
 	if m.CommandName() != "ping" || m.DB() != "" {
 		t.Fatal("non-string $db")
 	}
 }
 
 func TestSetMsgFlags(t *testing.T) {
-	body := mdoc(t, bson.D{{"hello", 1}, {"$db", "admin"}})
-	d1 := mdoc(t, bson.D{{"_id", 1}})
+	body := mdoc(t, D("hello", 1, "$db", "admin"))
+	d1 := mdoc(t, D("_id", 1))
 	plain := frame(OpMsg, 3, 0, u32(uint32(ExhaustAllowed)), kind0(body), kind1("documents", d1))
 	summed := withChecksum(frame(OpMsg, 3, 0, u32(uint32(ExhaustAllowed|ChecksumPresent)), kind0(body), kind1("documents", d1)))
 
@@ -310,15 +311,7 @@ func TestOpCodeString(t *testing.T) {
 }
 
 func typicalFind(tb testing.TB) []byte {
-	body := mdoc(tb, bson.D{
-		{"find", "events"},
-		{"filter", bson.D{{"ts", bson.D{{"$gte", time.Unix(1700000000, 0)}, {"$lt", time.Unix(1700003600, 0)}}}, {"meta.sensor", "a"}}},
-		{"sort", bson.D{{"ts", 1}}},
-		{"limit", int64(100)},
-		{"lsid", bson.D{{"id", bson.Binary{Subtype: 4, Data: bytes.Repeat([]byte{0xab}, 16)}}}},
-		{"$clusterTime", bson.D{{"clusterTime", bson.Timestamp{T: 1700000000, I: 1}}, {"signature", bson.D{{"hash", bson.Binary{Data: make([]byte, 20)}}, {"keyId", int64(0)}}}}},
-		{"$db", "metrics"},
-	})
+	body := mdoc(tb, D("find", "events", "filter", D("ts", D("$gte", time.Unix(1700000000, 0), "$lt", time.Unix(1700003600, 0)), "meta.sensor", "a"), "sort", D("ts", 1), "limit", int64(100), "lsid", D("id", bson.Binary{Subtype: 4, Data: bytes.Repeat([]byte{0xab}, 16)}), "$clusterTime", D("clusterTime", bson.Timestamp{T: 1700000000, I: 1}, "signature", D("hash", bson.Binary{Data: make([]byte, 20)}, "keyId", int64(0))), "$db", "metrics"))
 	return AppendMsg(nil, 1, 0, 0, body)
 }
 
@@ -335,10 +328,10 @@ func BenchmarkMsgDecode(b *testing.B) {
 }
 
 func BenchmarkMsgDecodeInsert10(b *testing.B) {
-	body := mdoc(b, bson.D{{"insert", "events"}, {"ordered", true}, {"$db", "metrics"}})
+	body := mdoc(b, D("insert", "events", "ordered", true, "$db", "metrics"))
 	var docs [][]byte
 	for i := range 10 {
-		docs = append(docs, mdoc(b, bson.D{{"_id", bson.NewObjectID()}, {"ts", time.Unix(1700000000+int64(i), 0)}, {"meta", bson.D{{"sensor", "a"}}}, {"v", float64(i)}}))
+		docs = append(docs, mdoc(b, D("_id", bson.NewObjectID(), "ts", time.Unix(1700000000+int64(i), 0), "meta", D("sensor", "a"), "v", float64(i))))
 	}
 	f := frame(OpMsg, 1, 0, u32(0), kind0(body), kind1("documents", docs...))
 	b.SetBytes(int64(len(f)))
@@ -348,5 +341,21 @@ func BenchmarkMsgDecodeInsert10(b *testing.B) {
 		if err := m.Decode(f); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// The public constants match the driver's wire values.
+func TestConstantsMatchDriver(t *testing.T) {
+	if OpReply != OpCode(wiremessage.OpReply) || OpQuery != OpCode(wiremessage.OpQuery) ||
+		OpCompressed != OpCode(wiremessage.OpCompressed) || OpMsg != OpCode(wiremessage.OpMsg) {
+		t.Error("opcodes")
+	}
+	if ChecksumPresent != MsgFlags(wiremessage.ChecksumPresent) || MoreToCome != MsgFlags(wiremessage.MoreToCome) ||
+		ExhaustAllowed != MsgFlags(wiremessage.ExhaustAllowed) {
+		t.Error("flags")
+	}
+	if CompressorSnappy != uint8(wiremessage.CompressorSnappy) || CompressorZlib != uint8(wiremessage.CompressorZLib) ||
+		CompressorZstd != uint8(wiremessage.CompressorZstd) || CompressorNoop != uint8(wiremessage.CompressorNoOp) {
+		t.Error("compressors")
 	}
 }

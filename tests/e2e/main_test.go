@@ -48,7 +48,9 @@ func runMain(m *testing.M) int {
 			return 1
 		}
 		defer os.RemoveAll(dir)
-		emb, err := upstream.StartEmbedded(upstream.EmbeddedOptions{DataDir: dir, Logger: quietLogger()})
+		// FerretDB logs every error reply, document included, at warn.
+		embLog := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+		emb, err := upstream.StartEmbedded(upstream.EmbeddedOptions{DataDir: dir, Logger: embLog})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "start embedded upstream:", err)
 			return 1

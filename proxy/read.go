@@ -1,0 +1,223 @@
+package proxy
+
+import (
+	"fmt"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rules"
+	"github.com/tsproxy/tsproxy/upstream"
+	"github.com/tsproxy/tsproxy/wire"
+)
+
+// This file serves the read path of a bucketed namespace: find, aggregate,
+// count, distinct and explain become aggregates on the bucket collection
+// (rewrite.PlanRead), their cursors are remembered in the registry so
+// getMore and killCursors on any connection are mapped back, and
+// collStats, drop and listCollections show the buckets as the app's
+// collection.
+
+// upCommand sends one command body the proxy built to the upstream and
+// returns a copy of the reply body.
+func (c *conn) upCommand(cmd []byte) ([]byte, error) {
+	frame := wire.AppendMsg(c.outBuf[:0], upstream.NextRequestID(), 0, 0, cmd)
+	c.outBuf = frame[:0]
+	return c.roundTripBody(frame)
+}
+
+// replyRewriteError answers with a rewrite error (its own code).
+func (c *conn) replyRewriteError(req *request, err error) error {
+	c.s.tel.errorSeen("unsupported")
+	return c.replyBody(req, rewrite.ErrorReply(err))
+}
+
+// rewriteRead serves find, aggregate, count, distinct and explain.
+func (c *conn) rewriteRead(req *request, rule *rules.Rule) error {
+	caps, err := c.upstreamCaps()
+	if err != nil {
+		return err
+	}
+	plan, err := rewrite.PlanRead(req.msg.Body, rule, rewrite.ReadOptions{Caps: caps})
+	if err != nil {
+		return c.replyRewriteError(req, err)
+	}
+	span := c.s.tel.startCommand(req, routeRewrite)
+	t0 := time.Now()
+	reply, err := c.upCommand(plan.Command)
+	if err != nil {
+		span.end(req, time.Since(t0), err)
+		return err
+	}
+	switch {
+	case plan.Passthrough:
+		span.end(req, time.Since(t0), nil)
+		return c.replyBody(req, reply)
+	case plan.Drain:
+		for next := plan.Feed(reply); next != nil; next = plan.Feed(reply) {
+			if reply, err = c.upCommand(next); err != nil {
+				span.end(req, time.Since(t0), err)
+				return err
+			}
+		}
+		span.end(req, time.Since(t0), nil)
+		return c.replyBody(req, plan.Result())
+	}
+	out, id, err := plan.Cursor.MapReply(reply)
+	if err != nil {
+		span.end(req, time.Since(t0), err)
+		return c.replyRewriteError(req, err)
+	}
+	if id != 0 {
+		if plan.Cursor.SingleBatch {
+			c.killUpstreamCursor(rule, id)
+		} else {
+			c.s.cursors.add(id, &cursorEntry{rule: rule, reshape: plan.Cursor})
+		}
+	}
+	span.end(req, time.Since(t0), nil)
+	return c.replyBody(req, out)
+}
+
+// killUpstreamCursor kills a cursor the app will never read on; a failure
+// only leaves it to the upstream's timeout.
+func (c *conn) killUpstreamCursor(rule *rules.Rule, id int64) {
+	if _, err := c.upCommand(rewrite.KillCursorsCommand(rule, id)); err != nil {
+		c.log.Debug("killCursors of a single-batch cursor failed", "rule", rule.Namespace, "err", err.Error())
+	}
+}
+
+// rewriteGetMore continues a rewritten read's cursor.
+func (c *conn) rewriteGetMore(req *request, rule *rules.Rule) error {
+	id, _ := bson.Raw(req.msg.Body).Lookup("getMore").AsInt64OK()
+	entry := c.s.cursors.get(id)
+	shape, _ := entryShape(entry)
+	if shape == nil {
+		return c.replyError(req, codeCursorNotFound, "CursorNotFound", fmt.Sprintf("tsproxy rule %s: cursor id %d not found", rule.Namespace, id))
+	}
+	cmd, err := rewrite.GetMore(req.msg.Body, rule)
+	if err != nil {
+		return c.replyRewriteError(req, err)
+	}
+	span := c.s.tel.startCommand(req, routeCursor)
+	t0 := time.Now()
+	reply, err := c.upCommand(cmd)
+	span.end(req, time.Since(t0), err)
+	if err != nil {
+		return err
+	}
+	out, next, err := shape.MapReply(reply)
+	if err != nil {
+		c.s.cursors.forget(id)
+		return c.replyRewriteError(req, err)
+	}
+	if next == 0 {
+		c.s.cursors.forget(id)
+	}
+	return c.replyBody(req, out)
+}
+
+func entryShape(e *cursorEntry) (*rewrite.CursorShape, bool) {
+	if e == nil {
+		return nil, false
+	}
+	s, ok := e.reshape.(*rewrite.CursorShape)
+	return s, ok
+}
+
+// rewriteKillCursors kills cursors of the app's namespace: they are the
+// bucket collection's upstream.
+func (c *conn) rewriteKillCursors(req *request, rule *rules.Rule) error {
+	cmd, ids, err := rewrite.KillCursors(req.msg.Body, rule)
+	if err != nil {
+		return c.replyRewriteError(req, err)
+	}
+	for _, id := range ids {
+		c.s.cursors.forget(id)
+	}
+	reply, err := c.upCommand(cmd)
+	if err != nil {
+		return err
+	}
+	return c.replyBody(req, reply)
+}
+
+// rewriteCollStats reports the bucket collection's statistics under the
+// app's namespace, with the number of events as count.
+func (c *conn) rewriteCollStats(req *request, rule *rules.Rule) error {
+	plan, err := rewrite.PlanCollStats(req.msg.Body, rule)
+	if err != nil {
+		return c.replyRewriteError(req, err)
+	}
+	stats, err := c.upCommand(plan.Stats)
+	if err != nil {
+		return err
+	}
+	count := int64(-1)
+	reply, err := c.upCommand(plan.Count)
+	if err != nil {
+		return err
+	}
+	if n, ok := plan.CountFrom(reply); ok {
+		count = n
+	} else {
+		if reply, err = c.upCommand(plan.CountFallback); err != nil {
+			return err
+		}
+		if n, ok := plan.CountFrom(reply); ok {
+			count = n
+		}
+	}
+	return c.replyBody(req, plan.Reply(stats, count))
+}
+
+// rewriteDrop drops the bucket collection and forgets that its index was
+// ensured, so the next write creates it again.
+func (c *conn) rewriteDrop(req *request, rule *rules.Rule) error {
+	cmd, err := rewrite.PlanDrop(req.msg.Body, rule)
+	if err != nil {
+		return c.replyRewriteError(req, err)
+	}
+	reply, err := c.upCommand(cmd)
+	st := c.s.state
+	st.mu.Lock()
+	delete(st.indexes, rule.BucketNamespace())
+	st.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return c.replyBody(req, rewrite.DropReply(reply, rule))
+}
+
+// rewriteListCollections lists a database holding bucketed namespaces as
+// the app sees it. It is reached for listCollections on a database where
+// Rules.InDB is true.
+func (c *conn) rewriteListCollections(req *request) error {
+	if err := c.ensureUpstream(); err != nil {
+		return c.replyUpstreamDown(req, err)
+	}
+	var rs []*rules.Rule
+	all := c.s.opts.Rules.All()
+	for i := range all {
+		if all[i].DB == req.db {
+			rs = append(rs, &all[i])
+		}
+	}
+	plan, err := rewrite.PlanListCollections(req.msg.Body, req.db, rs)
+	if err != nil {
+		return c.replyRewriteError(req, err)
+	}
+	reply, err := c.upCommand(plan.Command)
+	if err != nil {
+		return err
+	}
+	for next := plan.Feed(reply); next != nil; next = plan.Feed(reply) {
+		if reply, err = c.upCommand(next); err != nil {
+			return err
+		}
+	}
+	return c.replyBody(req, plan.Result())
+}
+
+const codeCursorNotFound = 43

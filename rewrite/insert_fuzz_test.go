@@ -1,0 +1,44 @@
+package rewrite
+
+import (
+	"testing"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+// FuzzInsert: no body, however malformed, makes Insert, Continue or Reply
+// panic, and every upstream command produced is valid BSON.
+func FuzzInsert(f *testing.F) {
+	seed := func(events []bson.D, extra ...bson.E) []byte { return bodyCmd(f, events, extra...).Body }
+	f.Add(seed([]bson.D{ev(nil, dt(1), "s", int32(1))}))
+	f.Add(seed([]bson.D{ev(oid(1), dt(-1), bson.D{{Key: "a", Value: int32(1)}}, 2.5), ev(oid(2), dt(1), nil, int64(3)), ev(oid(3), "x", nil, nil)},
+		bson.E{Key: "ordered", Value: false}, bson.E{Key: "lsid", Value: bson.D{{Key: "id", Value: bson.Binary{Subtype: 4, Data: make([]byte, 16)}}}},
+		bson.E{Key: "txnNumber", Value: int64(1)}))
+	f.Add(seed([]bson.D{ev(oid(1), dt(1), "s", int32(1)), ev(oid(2), dt(2), "s", int32(2)), ev(oid(3), dt(3), "s", int32(3)), ev(oid(4), dt(4), "s", "v")}))
+	f.Add([]byte{5, 0, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, body []byte) {
+		for _, caps := range []Caps{{}, {StmtIDs: true}} {
+			p, err := Insert(Command{Body: body}, testRule(), InsertOptions{Caps: caps, NewObjectID: idGen()})
+			if err != nil {
+				_ = ErrorReply(err)
+				continue
+			}
+			replies := okReplies(t, p)
+			for i, c := range p.Commands {
+				if err := bsoncore.Document(c).Validate(); err != nil {
+					t.Fatalf("command %d is not valid BSON: %v", i, err)
+				}
+				if err := validateDeep(c, 0); err != nil {
+					t.Fatalf("command %d is not deeply valid BSON: %v", i, err)
+				}
+				_ = p.Continue(i, replies[i])
+			}
+			for _, r := range []bsoncore.Document{p.Reply(replies), p.Reply(nil), p.Reply([]bsoncore.Document{body})} {
+				if err := validateDeep(r, 0); err != nil {
+					t.Fatalf("reply is not valid BSON: %v", err)
+				}
+			}
+		}
+	})
+}

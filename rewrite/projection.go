@@ -1,0 +1,345 @@
+package rewrite
+
+import (
+	"strconv"
+	"strings"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+// projection is a find projection (or a $project stage) of inclusions or
+// exclusions, applied by the proxy to each reshaped event. Computed fields,
+// positional paths and the $slice/$elemMatch/$meta operators are refused.
+type projection struct {
+	inclusion bool
+	excludeID bool // inclusion: _id: 0 given
+	root      *projNode
+}
+
+type projNode struct {
+	leaf     bool
+	children map[string]*projNode
+}
+
+func (n *projNode) child(name string) *projNode {
+	if n == nil || n.children == nil {
+		return nil
+	}
+	return n.children[name]
+}
+
+// parseProjection reads a projection document; nil (no error) means no
+// projection at all ({} or absent). what names it in errors ("find option
+// \"projection\"" or "$project").
+func (rc *readCtx) parseProjection(spec bsoncore.Document, what string) (*projection, error) {
+	if len(spec) == 0 {
+		return nil, nil
+	}
+	type entry struct {
+		path    string
+		include bool
+	}
+	var entries []entry
+	var walk func(prefix string, d bsoncore.Document, depth int) error
+	walk = func(prefix string, d bsoncore.Document, depth int) error {
+		if depth > maxNestingDepth {
+			return rc.badValue(CodeBadValue, "%s nested too deep", what)
+		}
+		elems, err := d.Elements()
+		if err != nil {
+			return rc.badValue(CodeInvalidBSON, "%s is not valid BSON: %v", what, err)
+		}
+		for _, e := range elems {
+			k := e.Key()
+			path := k
+			if prefix != "" {
+				path = prefix + "." + k
+			}
+			if strings.HasPrefix(k, "$") || strings.Contains(k, ".$") || k == "" || strings.HasPrefix(k, ".") || strings.HasSuffix(k, ".") || strings.Contains(k, "..") {
+				return rc.unsupported("%s path %q (positional or $-prefixed paths) is not supported on a bucketed namespace", what, path)
+			}
+			v := e.Value()
+			switch v.Type {
+			case bsoncore.TypeBoolean:
+				entries = append(entries, entry{path, v.Boolean()})
+			case bsoncore.TypeInt32, bsoncore.TypeInt64, bsoncore.TypeDouble, bsoncore.TypeDecimal128:
+				f, ok := v.AsFloat64OK()
+				if v.Type == bsoncore.TypeDecimal128 {
+					f, ok = 1, true
+					if h, l, okD := v.Decimal128OK(); okD {
+						if d, _, err := bson.NewDecimal128(h, l).BigInt(); err == nil && d.Sign() == 0 {
+							f = 0
+						}
+					}
+				}
+				entries = append(entries, entry{path, !ok || f != 0})
+			case bsoncore.TypeEmbeddedDocument:
+				sub := bsoncore.Document(v.Data)
+				if se, err := sub.Elements(); err == nil && len(se) > 0 && strings.HasPrefix(se[0].Key(), "$") {
+					return rc.unsupported("%s operator %q on %q is not supported on a bucketed namespace", what, se[0].Key(), path)
+				}
+				if err := walk(path, sub, depth+1); err != nil {
+					return err
+				}
+			default:
+				return rc.unsupported("%s: computed field %q (a %s value) is not supported on a bucketed namespace; use 1/true or 0/false", what, path, typeName(v.Type))
+			}
+		}
+		return nil
+	}
+	if err := walk("", spec, 0); err != nil {
+		return nil, err
+	}
+	if len(entries) == 0 {
+		if what == "$project" {
+			return nil, rc.badValue(CodeBadValue, "$project specification must have at least one field")
+		}
+		return nil, nil
+	}
+	p := &projection{root: &projNode{children: map[string]*projNode{}}}
+	mode := 0 // 0 unknown, 1 inclusion, -1 exclusion
+	idIncluded, idGiven := true, false
+	for _, en := range entries {
+		if en.path == "_id" {
+			idGiven, idIncluded = true, en.include
+			continue
+		}
+		m := -1
+		if en.include {
+			m = 1
+		}
+		if mode != 0 && m != mode {
+			kind := "exclusion"
+			where := "inclusion"
+			if m == 1 {
+				kind, where = "inclusion", "exclusion"
+			}
+			return nil, rc.badValue(CodeProjectionMixed, "Cannot do %s on field %s in %s projection", kind, en.path, where)
+		}
+		mode = m
+	}
+	if mode == 0 { // only _id
+		if idIncluded {
+			mode = 1
+		} else {
+			mode = -1
+		}
+	}
+	p.inclusion = mode == 1
+	for _, en := range entries {
+		if en.path == "_id" {
+			continue
+		}
+		if err := rc.insertPath(p.root, en.path); err != nil {
+			return nil, err
+		}
+	}
+	if p.inclusion {
+		p.excludeID = idGiven && !idIncluded
+		if idGiven && idIncluded && p.root.children["_id"] == nil {
+			p.root.children["_id"] = &projNode{leaf: true}
+		}
+	} else if idGiven && !idIncluded {
+		if err := rc.insertPath(p.root, "_id"); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+func (rc *readCtx) insertPath(root *projNode, path string) error {
+	parts := strings.Split(path, ".")
+	n := root
+	for i, part := range parts {
+		if n.leaf {
+			return rc.badValue(CodeProjectionCollide, "Path collision at %s remaining portion %s", path, strings.Join(parts[i:], "."))
+		}
+		if n.children == nil {
+			n.children = map[string]*projNode{}
+		}
+		c := n.children[part]
+		if c == nil {
+			c = &projNode{}
+			n.children[part] = c
+		}
+		n = c
+	}
+	if n.leaf || len(n.children) > 0 {
+		return rc.badValue(CodeProjectionCollide, "Path collision at %s", path)
+	}
+	n.leaf = true
+	return nil
+}
+
+// apply projects one document.
+func (p *projection) apply(doc bsoncore.Document) (bsoncore.Document, error) {
+	if p == nil {
+		return doc, nil
+	}
+	idx, out := bsoncore.AppendDocumentStart(make([]byte, 0, len(doc)))
+	var err error
+	if p.inclusion {
+		out, err = includeFields(out, doc, p.root, true, p.excludeID, 0)
+	} else {
+		out, err = excludeFields(out, doc, p.root, 0)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return bsoncore.AppendDocumentEnd(out, idx)
+}
+
+func includeFields(dst []byte, doc bsoncore.Document, n *projNode, top, excludeID bool, depth int) ([]byte, error) {
+	if depth > maxNestingDepth {
+		return nil, commandErrorf(CodeBadValue, "document nested too deep to project")
+	}
+	elems, err := doc.Elements()
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range elems {
+		k := e.Key()
+		c := n.child(k)
+		if top && k == "_id" && c == nil {
+			if !excludeID {
+				dst = append(dst, e...)
+			}
+			continue
+		}
+		if c == nil {
+			continue
+		}
+		if c.leaf {
+			dst = append(dst, e...)
+			continue
+		}
+		v := e.Value()
+		switch v.Type {
+		case bsoncore.TypeEmbeddedDocument:
+			idx, out := bsoncore.AppendDocumentElementStart(dst, k)
+			out, err = includeFields(out, v.Data, c, false, false, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			dst, _ = bsoncore.AppendDocumentEnd(out, idx)
+		case bsoncore.TypeArray:
+			idx, out := bsoncore.AppendArrayElementStart(dst, k)
+			out, err = includeArray(out, v.Data, c, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			dst, _ = bsoncore.AppendArrayEnd(out, idx)
+		}
+		// Scalars under a path that goes deeper are left out.
+	}
+	return dst, nil
+}
+
+// includeArray projects each document of an array (and of nested arrays);
+// other elements are left out, as MongoDB does.
+func includeArray(dst []byte, arr []byte, n *projNode, depth int) ([]byte, error) {
+	if depth > maxNestingDepth {
+		return nil, commandErrorf(CodeBadValue, "document nested too deep to project")
+	}
+	vals, err := bsoncore.Array(arr).Values()
+	if err != nil {
+		return nil, err
+	}
+	i := 0
+	for _, v := range vals {
+		key := strconv.Itoa(i)
+		switch v.Type {
+		case bsoncore.TypeEmbeddedDocument:
+			idx, out := bsoncore.AppendDocumentElementStart(dst, key)
+			out, err = includeFields(out, v.Data, n, false, false, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			dst, _ = bsoncore.AppendDocumentEnd(out, idx)
+			i++
+		case bsoncore.TypeArray:
+			idx, out := bsoncore.AppendArrayElementStart(dst, key)
+			out, err = includeArray(out, v.Data, n, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			dst, _ = bsoncore.AppendArrayEnd(out, idx)
+			i++
+		}
+	}
+	return dst, nil
+}
+
+func excludeFields(dst []byte, doc bsoncore.Document, n *projNode, depth int) ([]byte, error) {
+	if depth > maxNestingDepth {
+		return nil, commandErrorf(CodeBadValue, "document nested too deep to project")
+	}
+	elems, err := doc.Elements()
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range elems {
+		k := e.Key()
+		c := n.child(k)
+		if c == nil {
+			dst = append(dst, e...)
+			continue
+		}
+		if c.leaf {
+			continue
+		}
+		v := e.Value()
+		switch v.Type {
+		case bsoncore.TypeEmbeddedDocument:
+			idx, out := bsoncore.AppendDocumentElementStart(dst, k)
+			out, err = excludeFields(out, v.Data, c, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			dst, _ = bsoncore.AppendDocumentEnd(out, idx)
+		case bsoncore.TypeArray:
+			idx, out := bsoncore.AppendArrayElementStart(dst, k)
+			out, err = excludeArray(out, v.Data, c, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			dst, _ = bsoncore.AppendArrayEnd(out, idx)
+		default:
+			dst = append(dst, e...)
+		}
+	}
+	return dst, nil
+}
+
+func excludeArray(dst []byte, arr []byte, n *projNode, depth int) ([]byte, error) {
+	if depth > maxNestingDepth {
+		return nil, commandErrorf(CodeBadValue, "document nested too deep to project")
+	}
+	vals, err := bsoncore.Array(arr).Values()
+	if err != nil {
+		return nil, err
+	}
+	for i, v := range vals {
+		key := strconv.Itoa(i)
+		switch v.Type {
+		case bsoncore.TypeEmbeddedDocument:
+			idx, out := bsoncore.AppendDocumentElementStart(dst, key)
+			out, err = excludeFields(out, v.Data, n, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			dst, _ = bsoncore.AppendDocumentEnd(out, idx)
+		case bsoncore.TypeArray:
+			idx, out := bsoncore.AppendArrayElementStart(dst, key)
+			out, err = excludeArray(out, v.Data, n, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			dst, _ = bsoncore.AppendArrayEnd(out, idx)
+		default:
+			dst = bsoncore.AppendValueElement(dst, key, v)
+		}
+	}
+	return dst, nil
+}

@@ -1,0 +1,330 @@
+package rewrite
+
+import (
+	"strings"
+
+	"github.com/tsproxy/tsproxy/rules"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+// planAggregate rewrites an aggregate on the app's namespace. A pipeline
+// of $match, $sort, $skip, $limit, then optionally one $count, $project,
+// $unset or countDocuments' $group as its last stage, is translated to an
+// event read (the leading $match stages feed the bucket-level filter). Any
+// other stage needs an upstream that runs full aggregation (MongoDB): the
+// events are rebuilt upstream with $replaceWith and the app's pipeline
+// runs unchanged after it; elsewhere it is refused by name.
+func (rc *readCtx) planAggregate(body bsoncore.Document, opts ReadOptions, forExplain bool) (*ReadPlan, error) {
+	const cmd = "aggregate"
+	if err := rc.checkOptions(body, cmd, "pipeline", "cursor", "allowDiskUse", "explain", "bypassDocumentValidation"); err != nil {
+		return nil, err
+	}
+	stages, err := rc.pipelineStages(body)
+	if err != nil {
+		return nil, err
+	}
+	explain, err := commandBool(body, "explain", false)
+	if err != nil {
+		return nil, rc.badValue(CodeTypeMismatch, "aggregate option \"explain\" must be a boolean")
+	}
+	batchSize := int64(-1)
+	cursor, err := rc.readDoc(body, "cursor", cmd)
+	if err != nil {
+		return nil, err
+	}
+	if cursor == nil && !explain && !forExplain {
+		return nil, rc.badValue(CodeFailedToParse, "The 'cursor' option is required, except for aggregate with the explain argument")
+	}
+	if cursor != nil {
+		elems, _ := cursor.Elements()
+		for _, e := range elems {
+			if e.Key() != "batchSize" {
+				return nil, rc.unsupported("aggregate cursor option %q is not supported on a bucketed namespace", e.Key())
+			}
+		}
+		n, has, err := rc.readInt(cursor, "batchSize", "aggregate cursor")
+		if err != nil {
+			return nil, err
+		}
+		if n < 0 {
+			return nil, rc.badValue(CodeBadValue, "aggregate cursor batchSize must be non-negative")
+		}
+		if has {
+			batchSize = n
+		}
+	}
+
+	i := 0
+	var filters []bsoncore.Document
+	for i < len(stages) && stages[i].name == "$match" {
+		d, ok := stages[i].value.DocumentOK()
+		if !ok {
+			return nil, rc.badValue(CodeTypeMismatch, "the match filter must be an expression in an object")
+		}
+		filters = append(filters, d)
+		i++
+	}
+	sf, err := rc.split(andOf(filters))
+	if err != nil {
+		return nil, err
+	}
+	pipeline := eventPipeline(sf)
+	shape := &CursorShape{ns: rc.ns, metaField: rc.metaField, mode: shapeEvent}
+	last := ""
+	for ; i < len(stages); i++ {
+		st := stages[i]
+		if last != "" {
+			if opts.Caps.FullAggregation {
+				return rc.fullAggregate(body, stages, sf, batchSize, opts, explain, forExplain)
+			}
+			return nil, rc.unsupported("aggregation stage %q after %q is not supported on a bucketed namespace on this upstream (only $match, $sort, $skip, $limit, then one $count, $project, $unset or count $group as the last stage)", st.name, last)
+		}
+		switch st.name {
+		case "$match":
+			d, ok := st.value.DocumentOK()
+			if !ok {
+				return nil, rc.badValue(CodeTypeMismatch, "the match filter must be an expression in an object")
+			}
+			if err := validateDeep(d, 1); err != nil {
+				return nil, rc.badValue(CodeInvalidBSON, "$match is not valid BSON: %v", err)
+			}
+			t, err := rc.translateFilter(d, 1)
+			if err != nil {
+				return nil, err
+			}
+			pipeline = append(pipeline, stage("$match", docValue(t)))
+		case "$sort":
+			d, ok := st.value.DocumentOK()
+			if !ok {
+				return nil, rc.badValue(CodeTypeMismatch, "the $sort key specification must be an object")
+			}
+			s, err := rc.translateSort(d, "$sort")
+			if err != nil {
+				return nil, err
+			}
+			if s == nil {
+				return nil, rc.badValue(CodeBadValue, "$sort stage must have at least one sort key")
+			}
+			pipeline = append(pipeline, stage("$sort", docValue(s)))
+		case "$skip", "$limit":
+			n, ok := wholeNumber(st.value)
+			if !ok || n < 0 || (st.name == "$limit" && n == 0) {
+				return nil, rc.badValue(CodeBadValue, "%s needs a positive whole number, got %s", st.name, st.value.String())
+			}
+			pipeline = append(pipeline, stage(st.name, int64Value(n)))
+		case "$count":
+			name, ok := st.value.StringValueOK()
+			if !ok || name == "" || strings.HasPrefix(name, "$") || strings.Contains(name, ".") || strings.ContainsRune(name, 0) {
+				return nil, rc.badValue(CodeBadValue, "the $count field name must be a non-empty string without '.' or a leading '$'")
+			}
+			pipeline = append(pipeline, stage("$count", stringValue(name)))
+			shape.mode = shapeAsIs
+			last = st.name
+		case "$project", "$unset":
+			if i != len(stages)-1 {
+				if opts.Caps.FullAggregation {
+					return rc.fullAggregate(body, stages, sf, batchSize, opts, explain, forExplain)
+				}
+				return nil, rc.unsupported("aggregation stage %q is supported on a bucketed namespace only as the last stage on this upstream", st.name)
+			}
+			spec, err := rc.projectSpec(st)
+			if err != nil {
+				return nil, err
+			}
+			proj, err := rc.parseProjection(spec, "$project")
+			if err != nil {
+				return nil, err
+			}
+			shape.proj = proj
+			last = st.name
+		case "$group":
+			key, ok := countGroup(st.value)
+			if !ok || i != len(stages)-1 {
+				if opts.Caps.FullAggregation {
+					return rc.fullAggregate(body, stages, sf, batchSize, opts, explain, forExplain)
+				}
+				return nil, rc.unsupported("aggregation stage \"$group\" is supported on a bucketed namespace on this upstream only as a last-stage count ({_id: <constant>, n: {$sum: 1}})")
+			}
+			gid, _ := st.value.Document().LookupErr("_id")
+			pipeline = append(pipeline, stage("$count", stringValue(key)))
+			shape.mode = shapeGroupCount
+			shape.groupID = bsoncore.Value{Type: gid.Type, Data: append([]byte(nil), gid.Data...)}
+			shape.groupKey = key
+			last = st.name
+		default:
+			if opts.Caps.FullAggregation {
+				return rc.fullAggregate(body, stages, sf, batchSize, opts, explain, forExplain)
+			}
+			return nil, rc.unsupported("aggregation stage %q is not supported on a bucketed namespace on this upstream (FerretDB); supported: $match, $sort, $skip, $limit, and as the last stage $count, $project, $unset, or a count $group", st.name)
+		}
+	}
+	return rc.aggregatePlan(body, pipeline, batchSize, shape, explain, forExplain), nil
+}
+
+func (rc *readCtx) aggregatePlan(body bsoncore.Document, pipeline []bsoncore.Document, batchSize int64, shape *CursorShape, explain, forExplain bool) *ReadPlan {
+	extra := lookupElements(body, []string{"allowDiskUse"})
+	p := &ReadPlan{rc: rc, Cursor: shape}
+	if explain && !forExplain {
+		inner := rc.aggregateCommand(pipeline, batchSize, body, extra, true)
+		idx, d := bsoncore.AppendDocumentStart(nil)
+		d = bsoncore.AppendDocumentElement(d, "explain", inner)
+		d = appendElems(d, lookupElements(body, readCarried))
+		d = bsoncore.AppendStringElement(d, "$db", rc.rule.DB)
+		d, _ = bsoncore.AppendDocumentEnd(d, idx)
+		p.Command, p.Passthrough, p.Cursor = d, true, nil
+		return p
+	}
+	p.Command = rc.aggregateCommand(pipeline, batchSize, body, extra, forExplain)
+	return p
+}
+
+// fullAggregate runs the app's pipeline upstream on the events rebuilt
+// there: for upstreams with full aggregation only.
+func (rc *readCtx) fullAggregate(body bsoncore.Document, stages []pipelineStage, sf splitFilter, batchSize int64, opts ReadOptions, explain, forExplain bool) (*ReadPlan, error) {
+	var pipeline []bsoncore.Document
+	if sf.bucket != nil {
+		pipeline = append(pipeline, stage("$match", docValue(sf.bucket)))
+	}
+	pipeline = append(pipeline, unwindStage(), rc.replaceWithEvent())
+	for _, st := range stages {
+		pipeline = append(pipeline, st.doc)
+	}
+	shape := &CursorShape{ns: rc.ns, metaField: rc.metaField, mode: shapeAsIs}
+	return rc.aggregatePlan(body, pipeline, batchSize, shape, explain, forExplain), nil
+}
+
+// replaceWithEvent rebuilds the event upstream (MongoDB 4.2+):
+// {$replaceWith: {$mergeObjects: ["$events", {$cond: [marker missing, {},
+// {<metaField>: "$meta"}]}]}}; $mergeObjects keeps the marker's position.
+func (rc *readCtx) replaceWithEvent() bsoncore.Document {
+	if rc.metaField == "" {
+		return stage("$replaceWith", stringValue("$"+rules.BucketEvents))
+	}
+	b := bsoncore.NewDocumentBuilder
+	a := bsoncore.NewArrayBuilder
+	typeOf := b().AppendString("$type", "$"+rc.markerPath()).Build()
+	eq := b().AppendArray("$eq", a().AppendDocument(typeOf).AppendString("missing").Build()).Build()
+	metaDoc := b().AppendString(rc.metaField, "$"+rules.BucketMeta).Build()
+	cond := b().AppendArray("$cond", a().AppendDocument(eq).AppendDocument(b().Build()).AppendDocument(metaDoc).Build()).Build()
+	merge := b().AppendArray("$mergeObjects", a().AppendString("$"+rules.BucketEvents).AppendDocument(cond).Build()).Build()
+	return stage("$replaceWith", docValue(merge))
+}
+
+type pipelineStage struct {
+	name  string
+	value bsoncore.Value
+	doc   bsoncore.Document
+}
+
+func (rc *readCtx) pipelineStages(body bsoncore.Document) ([]pipelineStage, error) {
+	v, ok := lookupTop(body, "pipeline")
+	if !ok {
+		return nil, rc.badValue(CodeFailedToParse, "aggregate needs a \"pipeline\"")
+	}
+	arr, ok := v.ArrayOK()
+	if !ok {
+		return nil, rc.badValue(CodeTypeMismatch, "aggregate \"pipeline\" must be an array, got %s", typeName(v.Type))
+	}
+	vals, err := arr.Values()
+	if err != nil {
+		return nil, rc.badValue(CodeInvalidBSON, "pipeline is not valid BSON: %v", err)
+	}
+	out := make([]pipelineStage, 0, len(vals))
+	for i, item := range vals {
+		d, ok := item.DocumentOK()
+		if !ok {
+			return nil, rc.badValue(CodeTypeMismatch, "pipeline stage %d must be a document", i)
+		}
+		elems, err := d.Elements()
+		if err != nil || len(elems) != 1 {
+			return nil, rc.badValue(CodeBadValue, "a pipeline stage specification object must contain exactly one field (stage %d)", i)
+		}
+		out = append(out, pipelineStage{name: elems[0].Key(), value: elems[0].Value(), doc: d})
+	}
+	return out, nil
+}
+
+// projectSpec is a $project's document, or $unset's fields as an
+// exclusion projection.
+func (rc *readCtx) projectSpec(st pipelineStage) (bsoncore.Document, error) {
+	if st.name == "$project" {
+		d, ok := st.value.DocumentOK()
+		if !ok {
+			return nil, rc.badValue(CodeTypeMismatch, "$project specification must be an object")
+		}
+		return d, nil
+	}
+	var names []string
+	if s, ok := st.value.StringValueOK(); ok {
+		names = []string{s}
+	} else if arr, ok := st.value.ArrayOK(); ok {
+		vals, _ := arr.Values()
+		for _, v := range vals {
+			s, ok := v.StringValueOK()
+			if !ok {
+				return nil, rc.badValue(CodeBadValue, "$unset specification must be a string or an array of strings")
+			}
+			names = append(names, s)
+		}
+	}
+	if len(names) == 0 {
+		return nil, rc.badValue(CodeBadValue, "$unset specification must be a string or a non-empty array of strings")
+	}
+	b := bsoncore.NewDocumentBuilder()
+	for _, n := range names {
+		b.AppendInt32(n, 0)
+	}
+	return b.Build(), nil
+}
+
+// countGroup recognises {_id: <constant>, <key>: {$sum: 1}}, the stage
+// drivers end countDocuments with, and returns key.
+func countGroup(v bsoncore.Value) (string, bool) {
+	d, ok := v.DocumentOK()
+	if !ok {
+		return "", false
+	}
+	elems, err := d.Elements()
+	if err != nil || len(elems) != 2 || elems[0].Key() != "_id" {
+		return "", false
+	}
+	id := elems[0].Value()
+	switch id.Type {
+	case bsoncore.TypeInt32, bsoncore.TypeInt64, bsoncore.TypeDouble, bsoncore.TypeNull, bsoncore.TypeBoolean:
+	case bsoncore.TypeString:
+		if s := id.StringValue(); strings.HasPrefix(s, "$") {
+			return "", false
+		}
+	default:
+		return "", false
+	}
+	key := elems[1].Key()
+	if key == "" || strings.HasPrefix(key, "$") || strings.Contains(key, ".") {
+		return "", false
+	}
+	acc, ok := elems[1].Value().DocumentOK()
+	if !ok {
+		return "", false
+	}
+	ae, err := acc.Elements()
+	if err != nil || len(ae) != 1 || ae[0].Key() != "$sum" {
+		return "", false
+	}
+	n, ok := ae[0].Value().AsFloat64OK()
+	return key, ok && n == 1
+}
+
+func wholeNumber(v bsoncore.Value) (int64, bool) {
+	switch v.Type {
+	case bsoncore.TypeInt32:
+		return int64(v.Int32()), true
+	case bsoncore.TypeInt64:
+		return v.Int64(), true
+	case bsoncore.TypeDouble:
+		f := v.Double()
+		if f == float64(int64(f)) && f > -9.2e18 && f < 9.2e18 {
+			return int64(f), true
+		}
+	}
+	return 0, false
+}

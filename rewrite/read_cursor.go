@@ -1,0 +1,155 @@
+package rewrite
+
+import (
+	"strconv"
+
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+type shapeMode uint8
+
+const (
+	shapeEvent      shapeMode = iota // unwound bucket → event, then projection
+	shapeAsIs                        // documents the pipeline computed ($count, full aggregation)
+	shapeGroupCount                  // {n: N} from $count → {_id: C, n: N} as $group gave
+)
+
+// CursorShape is how the batches of one rewritten read's cursor are turned
+// into the app's: kept with the cursor so getMore batches come out as the
+// first did.
+type CursorShape struct {
+	ns        string
+	metaField string
+	mode      shapeMode
+	proj      *projection
+	groupID   bsoncore.Value // shapeGroupCount: the $group _id
+	groupKey  string         // shapeGroupCount: the counted field
+	// SingleBatch: the app asked for one batch; the proxy kills the
+	// upstream cursor after the first and answers with id 0.
+	SingleBatch bool
+}
+
+// NS is the app's namespace, the cursor's ns in replies.
+func (s *CursorShape) NS() string { return s.ns }
+
+// MapReply maps an aggregate or getMore reply from the bucket collection
+// to the app's: batches reshaped, ns the app's. It returns the upstream
+// cursor id (0 when exhausted). An error reply comes back unchanged.
+func (s *CursorShape) MapReply(reply []byte) ([]byte, int64, error) {
+	doc := bsoncore.Document(reply)
+	if err := doc.Validate(); err != nil {
+		return nil, 0, commandErrorf(CodeInternalError, "upstream reply is not valid BSON: %v", err)
+	}
+	if !replyOK(doc) {
+		return reply, 0, nil
+	}
+	elems, _ := doc.Elements()
+	var id int64
+	idx, out := bsoncore.AppendDocumentStart(make([]byte, 0, len(reply)))
+	for _, e := range elems {
+		if e.Key() != "cursor" {
+			out = append(out, e...)
+			continue
+		}
+		cur, ok := e.Value().DocumentOK()
+		if !ok {
+			return nil, 0, commandErrorf(CodeInternalError, "upstream cursor is a %s", typeName(e.Value().Type))
+		}
+		var err error
+		out, id, err = s.appendCursor(out, cur)
+		if err != nil {
+			return nil, 0, err
+		}
+	}
+	out, _ = bsoncore.AppendDocumentEnd(out, idx)
+	return out, id, nil
+}
+
+func (s *CursorShape) appendCursor(dst []byte, cur bsoncore.Document) ([]byte, int64, error) {
+	elems, err := cur.Elements()
+	if err != nil {
+		return nil, 0, commandErrorf(CodeInternalError, "upstream cursor is not valid BSON: %v", err)
+	}
+	var id int64
+	cidx, dst := bsoncore.AppendDocumentElementStart(dst, "cursor")
+	for _, e := range elems {
+		switch k := e.Key(); k {
+		case "firstBatch", "nextBatch":
+			arr, ok := e.Value().ArrayOK()
+			if !ok {
+				return nil, 0, commandErrorf(CodeInternalError, "upstream %s is a %s", k, typeName(e.Value().Type))
+			}
+			vals, err := arr.Values()
+			if err != nil {
+				return nil, 0, commandErrorf(CodeInternalError, "upstream %s is not valid BSON: %v", k, err)
+			}
+			aidx, a := bsoncore.AppendArrayElementStart(dst, k)
+			i := 0
+			for _, v := range vals {
+				d, ok := v.DocumentOK()
+				if !ok {
+					return nil, 0, commandErrorf(CodeInternalError, "upstream %s holds a %s", k, typeName(v.Type))
+				}
+				m, err := s.mapDoc(d)
+				if err != nil {
+					return nil, 0, err
+				}
+				a = bsoncore.AppendDocumentElement(a, itoa(i), m)
+				i++
+			}
+			dst, _ = bsoncore.AppendArrayEnd(a, aidx)
+		case "id":
+			id, _ = e.Value().AsInt64OK()
+			out := id
+			if s.SingleBatch {
+				out = 0
+			}
+			dst = bsoncore.AppendInt64Element(dst, "id", out)
+		case "ns":
+			dst = bsoncore.AppendStringElement(dst, "ns", s.ns)
+		default:
+			dst = append(dst, e...)
+		}
+	}
+	dst, _ = bsoncore.AppendDocumentEnd(dst, cidx)
+	return dst, id, nil
+}
+
+func (s *CursorShape) mapDoc(d bsoncore.Document) (bsoncore.Document, error) {
+	switch s.mode {
+	case shapeEvent:
+		ev, err := reshapeEvent(d, s.metaField)
+		if err != nil {
+			return nil, err
+		}
+		return s.proj.apply(ev)
+	case shapeGroupCount:
+		v, err := d.LookupErr("n")
+		if err != nil {
+			return nil, commandErrorf(CodeInternalError, "upstream $count gave no n")
+		}
+		idx, out := bsoncore.AppendDocumentStart(nil)
+		out = bsoncore.AppendValueElement(out, "_id", s.groupID)
+		out = bsoncore.AppendValueElement(out, s.groupKey, v)
+		return bsoncore.AppendDocumentEnd(out, idx)
+	default:
+		return d, nil
+	}
+}
+
+var smallInts = func() []string {
+	s := make([]string, 1024)
+	for i := range s {
+		s[i] = itoaSlow(i)
+	}
+	return s
+}()
+
+func itoa(i int) string {
+	if i >= 0 && i < len(smallInts) {
+		return smallInts[i]
+	}
+	return itoaSlow(i)
+}
+
+func itoaSlow(i int) string { return strconv.Itoa(i) }

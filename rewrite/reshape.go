@@ -1,0 +1,41 @@
+package rewrite
+
+import (
+	"github.com/tsproxy/tsproxy/rules"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+// reshapeEvent turns one unwound bucket document {_id, meta, start, ...,
+// events: {<stored event>}} back into the event the app inserted: the
+// stored event with the bucket's meta put back at the marker's position
+// under the metaField's name. No marker: the event had no metaField.
+func reshapeEvent(unwound bsoncore.Document, metaField string) (bsoncore.Document, error) {
+	ev, err := unwound.LookupErr(rules.BucketEvents)
+	if err != nil {
+		return nil, commandErrorf(CodeInternalError, "upstream document has no %q field", rules.BucketEvents)
+	}
+	stored, ok := ev.DocumentOK()
+	if !ok {
+		return nil, commandErrorf(CodeInternalError, "upstream document's %q is a %s, not an event document", rules.BucketEvents, typeName(ev.Type))
+	}
+	if metaField == "" {
+		return stored, nil
+	}
+	elems, err := stored.Elements()
+	if err != nil {
+		return nil, commandErrorf(CodeInternalError, "stored event is not valid BSON: %v", err)
+	}
+	meta, err := unwound.LookupErr(rules.BucketMeta)
+	if err != nil {
+		meta = bsoncore.Value{Type: bsoncore.TypeNull}
+	}
+	idx, out := bsoncore.AppendDocumentStart(make([]byte, 0, len(stored)+len(meta.Data)+8))
+	for _, e := range elems {
+		if e.Key() == metaField {
+			out = bsoncore.AppendValueElement(out, metaField, meta)
+			continue
+		}
+		out = append(out, e...)
+	}
+	return bsoncore.AppendDocumentEnd(out, idx)
+}

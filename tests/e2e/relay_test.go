@@ -1,0 +1,210 @@
+package e2e
+
+import (
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tsproxy/tsproxy/upstream"
+)
+
+// relay is a TCP forwarder put between a proxy and the upstream to inject
+// faults: Stop closes its listener and every relayed connection (the
+// upstream "goes down"); Start listens again on the same port (it "comes
+// back"); SetDelay holds back every chunk the upstream sends (a slow
+// upstream).
+type relay struct {
+	t      testing.TB
+	target string
+	addr   string // 127.0.0.1:port, fixed for the relay's life
+
+	delay atomic.Int64 // nanoseconds added before each upstream→client chunk
+
+	mu      sync.Mutex
+	ln      net.Listener
+	quit    chan struct{} // closed by Stop: cuts delays short
+	conns   map[net.Conn]struct{}
+	wg      sync.WaitGroup
+	accepts atomic.Int64 // connections accepted over the relay's life
+}
+
+// newRelay starts a relay to target on a free loopback port; it is stopped
+// when the test ends.
+func newRelay(t testing.TB, target string) *relay {
+	t.Helper()
+	r := &relay{t: t, target: target, conns: map[net.Conn]struct{}{}}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.addr = ln.Addr().String()
+	r.serve(ln)
+	t.Cleanup(r.Stop)
+	return r
+}
+
+// URI is a mongodb:// URI naming the relay.
+func (r *relay) URI() string { return "mongodb://" + r.addr + "/" }
+
+// SetDelay makes every chunk from the upstream wait d before it is passed on.
+func (r *relay) SetDelay(d time.Duration) { r.delay.Store(int64(d)) }
+
+// Start listens again on the relay's port after Stop.
+func (r *relay) Start() {
+	r.t.Helper()
+	var ln net.Listener
+	var err error
+	// The port was ours a moment ago; retry briefly in case the kernel
+	// has not released it yet.
+	for i := 0; i < 50; i++ {
+		if ln, err = net.Listen("tcp", r.addr); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		r.t.Fatalf("relay: listen again on %s: %v", r.addr, err)
+	}
+	r.serve(ln)
+}
+
+// Stop closes the listener and every relayed connection, and waits for the
+// relay's goroutines to end. Stopping a stopped relay does nothing.
+func (r *relay) Stop() {
+	r.mu.Lock()
+	if r.ln != nil {
+		r.ln.Close()
+		r.ln = nil
+		close(r.quit)
+	}
+	for c := range r.conns {
+		c.Close()
+	}
+	r.mu.Unlock()
+	r.wg.Wait()
+}
+
+func (r *relay) serve(ln net.Listener) {
+	quit := make(chan struct{})
+	r.mu.Lock()
+	r.ln, r.quit = ln, quit
+	r.mu.Unlock()
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			r.accepts.Add(1)
+			up, err := net.DialTimeout("tcp", r.target, 5*time.Second)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			if !r.track(c, up) {
+				return
+			}
+			r.wg.Add(2)
+			go r.pipe(up, c, nil)
+			go r.pipe(c, up, quit)
+		}
+	}()
+}
+
+// track registers a relayed pair; false (and both closed) if the relay
+// was stopped meanwhile.
+func (r *relay) track(c, up net.Conn) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ln == nil {
+		c.Close()
+		up.Close()
+		return false
+	}
+	r.conns[c] = struct{}{}
+	r.conns[up] = struct{}{}
+	return true
+}
+
+// pipe copies src to dst until either ends, then closes both. With quit
+// not nil the copy is the delayed direction; quit cuts a delay short.
+func (r *relay) pipe(dst, src net.Conn, quit chan struct{}) {
+	defer r.wg.Done()
+	defer func() {
+		r.mu.Lock()
+		delete(r.conns, src)
+		delete(r.conns, dst)
+		r.mu.Unlock()
+		src.Close()
+		dst.Close()
+	}()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if d := time.Duration(r.delay.Load()); quit != nil && d > 0 {
+				select {
+				case <-time.After(d):
+				case <-quit:
+					return
+				}
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+				r.t.Logf("relay: %v", err)
+			}
+			return
+		}
+	}
+}
+
+// TestRelayForwardsAndStops checks the fault injector itself: traffic goes
+// through it, Stop refuses and cuts connections, Start restores service on
+// the same port.
+func TestRelayForwardsAndStops(t *testing.T) {
+	t.Parallel()
+	r := newRelay(t, upstreamAddr(t))
+	c := connect(t, r.URI(), "directConnection=true", "serverSelectionTimeoutMS=3000")
+	ctx := ctxFor(t)
+	if err := c.Ping(ctx, nil); err != nil {
+		t.Fatalf("ping through relay: %v", err)
+	}
+	if r.accepts.Load() == 0 {
+		t.Fatal("relay accepted no connection, yet the ping succeeded")
+	}
+	addr := r.addr
+	r.Stop()
+	if nc, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+		nc.Close()
+		t.Fatal("stopped relay still accepts connections")
+	}
+	r.Start()
+	if r.addr != addr {
+		t.Fatalf("relay moved from %s to %s", addr, r.addr)
+	}
+	nc, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		t.Fatalf("restarted relay: %v", err)
+	}
+	nc.Close()
+}
+
+// upstreamAddr is host:port of the shared upstream (its first host).
+func upstreamAddr(t testing.TB) string {
+	t.Helper()
+	u, err := upstream.ParseURI(env.upstreamURI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u.Hosts[0]
+}
