@@ -40,52 +40,93 @@ func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
 		fmt.Sprintf("tsproxy rule %s: command %q is not supported on a bucketed namespace", rule.Namespace, req.name))
 }
 
-// rewriteInsert stores the events of an insert as buckets.
+// rewriteInsert stores the events of an insert as buckets: it locks the
+// insert's (series, window) keys, loads the fills it does not know by point
+// reads, plans against them, runs the commands on the client's connection,
+// re-plans statements that met a duplicate key (a full bucket, or a seq
+// another writer took), and keeps the new fills for the next insert.
+//
+// An unacknowledged insert (moreToCome) is run acknowledged upstream all
+// the same, without answering the client: the proxy needs the replies to
+// keep its fills exact and to retry duplicate keys.
 func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
+	unacked := req.msg.Flags&wire.MoreToCome != 0
 	caps, err := c.upstreamCaps()
 	if err != nil {
 		return err
 	}
 	c.ensureBucketIndex(rule)
-	plan, err := rewrite.Insert(commandOf(req), rule, rewrite.InsertOptions{Caps: caps, NewObjectID: bson.NewObjectID})
-	if err != nil {
-		if req.msg.Flags&wire.MoreToCome != 0 {
+	cmd := commandOf(req)
+	refuse := func(err error) error {
+		if unacked {
 			c.log.Warn("unacknowledged insert rejected", "rule", rule.Namespace, "err", err.Error())
 			return nil
 		}
 		return c.replyError(req, codeFailedToParse, "FailedToParse", err.Error())
 	}
+	keys, err := rewrite.InsertKeys(cmd, rule)
+	if err != nil {
+		return refuse(err)
+	}
+	locked := c.s.state.bucketCache().lock(rule.BucketNamespace(), keys)
+	defer locked.unlock()
+
 	span := c.s.tel.startCommand(req, routeRewrite)
 	var upTime time.Duration
-	unacked := req.msg.Flags&wire.MoreToCome != 0
-	replies := make([][]byte, 0, len(plan.Commands))
-	for i, cmd := range plan.Commands {
-		flags := wire.MsgFlags(0)
-		if unacked {
-			flags = wire.MoreToCome
-		}
-		frame := wire.AppendMsg(c.outBuf[:0], upstream.NextRequestID(), 0, flags, cmd)
-		c.outBuf = frame[:0]
-		t0 := time.Now()
-		if unacked {
-			err = c.up.Write(frame)
+	t0 := time.Now()
+	err = c.loadFills(rule, locked)
+	upTime += time.Since(t0)
+	if err != nil {
+		span.end(req, upTime, err)
+		return err
+	}
+	plan, err := rewrite.Insert(cmd, rule, rewrite.InsertOptions{Caps: caps, NewObjectID: bson.NewObjectID, Buckets: locked.fill})
+	if err != nil {
+		span.end(req, upTime, nil)
+		return refuse(err)
+	}
+	var replies [][]byte
+	for {
+		replies = make([][]byte, 0, len(plan.Commands))
+		for i, cmd := range plan.Commands {
+			frame := wire.AppendMsg(c.outBuf[:0], upstream.NextRequestID(), 0, 0, cmd)
+			c.outBuf = frame[:0]
+			t0 := time.Now()
+			if caps.MaxUpdateStatements > 0 {
+				c.s.state.writeSlots <- struct{}{}
+			}
+			body, err := c.roundTripBody(frame)
+			if caps.MaxUpdateStatements > 0 {
+				<-c.s.state.writeSlots
+			}
 			upTime += time.Since(t0)
 			if err != nil {
+				locked.forgetAll()
 				span.end(req, upTime, err)
 				return err
 			}
-			continue
+			replies = append(replies, body)
+			if !plan.Continue(i, body) {
+				break
+			}
 		}
-		body, err := c.roundTripBody(frame)
+		locked.store(plan.FillsFromRaw(replies))
+		if !plan.RetriableRaw(replies) {
+			break
+		}
+		t0 := time.Now()
+		err := c.loadFills(rule, locked)
 		upTime += time.Since(t0)
 		if err != nil {
 			span.end(req, upTime, err)
 			return err
 		}
-		replies = append(replies, body)
-		if !plan.Continue(i, body) {
+		next := plan.RetryFromRaw(replies, locked.fill)
+		if next == nil {
 			break
 		}
+		c.log.Debug("bucket insert retried after a duplicate key", "rule", rule.Namespace, "round", next.Round())
+		plan = next
 	}
 	span.end(req, upTime, nil)
 	if unacked {
@@ -186,4 +227,3 @@ func (c *conn) ensureBucketIndex(rule *rules.Rule) {
 	st.mu.Unlock()
 	c.log.Info("bucket index ensured", "rule", rule.Namespace, "collection", ns)
 }
-

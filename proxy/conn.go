@@ -155,6 +155,8 @@ func (c *conn) handle(h wire.Header, frame []byte) error {
 			return c.replyError(req, codeInvalidBSON, "InvalidBSON", "tsproxy: "+err.Error())
 		}
 	case wire.OpQuery:
+		// A legacy client reads only OP_REPLY, error replies included.
+		req.legacy = true
 		if err := c.decodeQuery(req); err != nil {
 			c.s.tel.errorSeen("bad_message")
 			c.log.Warn("rejected message", "reason", err.Error())
@@ -241,8 +243,8 @@ func (c *conn) ensureUpstream() error {
 	return nil
 }
 
-// passthrough forwards the client's bytes unchanged (but for the exhaust
-// flag) and the upstream's reply unchanged.
+// passthrough forwards the client's bytes unchanged (but for the
+// exhaustAllowed and moreToCome flags) and the upstream's reply unchanged.
 func (c *conn) passthrough(req *request) error {
 	if err := c.ensureUpstream(); err != nil {
 		return c.replyUpstreamDown(req, err)
@@ -251,10 +253,13 @@ func (c *conn) passthrough(req *request) error {
 	if req.legacy {
 		fwd = wire.AppendMsg(c.outBuf[:0], req.h.RequestID, 0, 0, req.msg.Body)
 		c.outBuf = fwd[:0]
-	} else if req.msg.Flags&wire.ExhaustAllowed != 0 {
+	} else if req.msg.Flags&(wire.ExhaustAllowed|wire.MoreToCome) != 0 {
 		// The proxy answers one request with one reply; without the flag
-		// the upstream never streams.
-		f, err := wire.SetMsgFlags(req.frame, req.msg.Flags&^wire.ExhaustAllowed)
+		// the upstream never streams. A moreToCome request goes upstream
+		// as an ordinary one and its reply is dropped: some upstreams
+		// (FerretDB 1.24) answer moreToCome messages all the same, and a
+		// reply left unread would be taken for the next request's.
+		f, err := wire.SetMsgFlags(req.frame, req.msg.Flags&^(wire.ExhaustAllowed|wire.MoreToCome))
 		if err != nil {
 			return err
 		}
@@ -262,11 +267,6 @@ func (c *conn) passthrough(req *request) error {
 	}
 	span := c.s.tel.startCommand(req, routePassthrough)
 	upStart := time.Now()
-	if req.msg.Flags&wire.MoreToCome != 0 {
-		err := c.up.Write(fwd)
-		span.end(req, time.Since(upStart), err)
-		return err
-	}
 	_, reply, err := c.up.RoundTrip(fwd)
 	span.end(req, time.Since(upStart), err)
 	if err != nil {
@@ -274,6 +274,9 @@ func (c *conn) passthrough(req *request) error {
 		// connection; a new one would not have them, so the client must
 		// reconnect.
 		return err
+	}
+	if req.msg.Flags&wire.MoreToCome != 0 {
+		return nil // the client reads no reply
 	}
 	if req.legacy {
 		var m wire.Msg

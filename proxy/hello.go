@@ -98,4 +98,3 @@ var defaultLimits = rewrite.RouterHelloLimits{
 	MaxBSONObjectSize: 16 * 1024 * 1024, MaxMessageSizeBytes: 48_000_000,
 	MaxWriteBatchSize: 100_000, LogicalSessionTimeoutMinutes: 30,
 }
-

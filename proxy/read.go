@@ -55,7 +55,15 @@ func (c *conn) rewriteRead(req *request, rule *rules.Rule) error {
 		span.end(req, time.Since(t0), nil)
 		return c.replyBody(req, reply)
 	case plan.Drain:
-		for next := plan.Feed(reply); next != nil; next = plan.Feed(reply) {
+		for {
+			if err := c.resolveMetas(plan.MetaQuery(reply), plan.AddMetas); err != nil {
+				span.end(req, time.Since(t0), err)
+				return err
+			}
+			next := plan.Feed(reply)
+			if next == nil {
+				break
+			}
 			if reply, err = c.upCommand(next); err != nil {
 				span.end(req, time.Since(t0), err)
 				return err
@@ -63,6 +71,10 @@ func (c *conn) rewriteRead(req *request, rule *rules.Rule) error {
 		}
 		span.end(req, time.Since(t0), nil)
 		return c.replyBody(req, plan.Result())
+	}
+	if err := c.resolveMetas(plan.Cursor.MetaQuery(reply), plan.Cursor.AddMetas); err != nil {
+		span.end(req, time.Since(t0), err)
+		return err
 	}
 	out, id, err := plan.Cursor.MapReply(reply)
 	if err != nil {
@@ -78,6 +90,22 @@ func (c *conn) rewriteRead(req *request, rule *rules.Rule) error {
 	}
 	span.end(req, time.Since(t0), nil)
 	return c.replyBody(req, out)
+}
+
+// resolveMetas runs the lookups of bucket metas a batch needs (FerretDB's
+// $unwind drops them); an upstream refusal shows up when the batch is
+// mapped, as an unknown meta.
+func (c *conn) resolveMetas(queries [][]byte, add func([]byte) error) error {
+	for _, q := range queries {
+		reply, err := c.upCommand(q)
+		if err != nil {
+			return err
+		}
+		if err := add(reply); err != nil {
+			c.log.Warn("bucket meta lookup failed", "err", err.Error())
+		}
+	}
+	return nil
 }
 
 // killUpstreamCursor kills a cursor the app will never read on; a failure
@@ -105,6 +133,9 @@ func (c *conn) rewriteGetMore(req *request, rule *rules.Rule) error {
 	reply, err := c.upCommand(cmd)
 	span.end(req, time.Since(t0), err)
 	if err != nil {
+		return err
+	}
+	if err := c.resolveMetas(shape.MetaQuery(reply), shape.AddMetas); err != nil {
 		return err
 	}
 	out, next, err := shape.MapReply(reply)

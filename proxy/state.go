@@ -19,10 +19,15 @@ type upstreamState struct {
 	caps     *rewrite.Caps
 	indexes  map[string]time.Time // bucket namespace -> when its index was ensured
 	isFerret bool
+	buckets  *bucketCache // fills of open buckets; see buckets.go
+	// writeSlots bounds the bucket write commands running at once on an
+	// upstream with Caps.MaxUpdateStatements (FerretDB); see buckets.go.
+	writeSlots chan struct{}
 }
 
 func newUpstreamState() *upstreamState {
-	return &upstreamState{limits: defaultLimits, indexes: make(map[string]time.Time)}
+	return &upstreamState{limits: defaultLimits, indexes: make(map[string]time.Time),
+		writeSlots: make(chan struct{}, rewrite.FerretDBWriteSlots)}
 }
 
 func (u *upstreamState) rememberHello(r bson.Raw) {

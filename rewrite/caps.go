@@ -15,4 +15,23 @@ type Caps struct {
 	// with stages the proxy cannot translate can run upstream on the
 	// rebuilt events. FerretDB v1.24 cannot.
 	FullAggregation bool
+	// UnwindKeepsFields: $unwind keeps the other fields of the document
+	// (MongoDB). FerretDB v1.24 keeps only _id and the unwound field, so
+	// there the bucket's meta is looked up by bucket _id, and filters and
+	// sorts that need it after the unwind are refused.
+	UnwindKeepsFields bool
+	// IDOnlyFilters: the upstream reads a document by index only when an
+	// update's filter is exactly {_id: X}; any other filter scans (and
+	// decodes) the whole collection per statement. FerretDB v1.24 with
+	// SQLite is such an upstream. Bucket upserts then filter on _id alone
+	// and rely on the proxy's exact fills (one proxy owns the data) instead
+	// of a {count, bytes} guard.
+	IDOnlyFilters bool
+	// MaxUpdateStatements bounds the statements of one rewritten update
+	// command (0: only the server's own limits). FerretDB v1.24 keeps each
+	// update statement's query open until its command ends, one SQLite
+	// connection each out of a pool of 100: an update of 100 statements
+	// waits forever for a connection. The proxy also bounds how many such
+	// commands run at once (see proxy/buckets.go).
+	MaxUpdateStatements int
 }

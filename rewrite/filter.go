@@ -50,6 +50,10 @@ type readCtx struct {
 	metaField string
 	timeField string
 	span      int64
+	caps      Caps
+	// usedMeta is set when a translation renames a path to the bucket's
+	// meta (FerretDB's $unwind drops it: only the bucket-level filter may).
+	usedMeta bool
 }
 
 func newReadCtx(rule *rules.Rule) (*readCtx, error) {
@@ -94,6 +98,7 @@ func (rc *readCtx) metaPath(path string) (rest string, ok bool) {
 // upstreamPath renames an event path to its path in an unwound bucket.
 func (rc *readCtx) upstreamPath(path string) string {
 	if rest, ok := rc.metaPath(path); ok {
+		rc.usedMeta = true
 		return rules.BucketMeta + rest
 	}
 	return rules.BucketEvents + "." + path
@@ -382,6 +387,7 @@ func (rc *readCtx) appendMetaOperators(dst []byte, ops bsoncore.Document) ([]byt
 		}
 	}
 	if len(onMeta) > 0 {
+		rc.usedMeta = true
 		idx, out := bsoncore.AppendDocumentElementStart(dst, rules.BucketMeta)
 		for _, e := range onMeta {
 			out = append(out, e...)
@@ -550,6 +556,7 @@ func (rc *readCtx) split(filter bsoncore.Document) (splitFilter, error) {
 	var tb timeBounds
 	var bucketDocs, eventDocs []bsoncore.Document
 	for _, e := range conj {
+		rc.usedMeta = false
 		idx, d := bsoncore.AppendDocumentStart(nil)
 		d, err := rc.appendTranslatedElem(d, e, 1)
 		if err != nil {
@@ -560,9 +567,21 @@ func (rc *readCtx) split(filter bsoncore.Document) (splitFilter, error) {
 		if k == rc.timeField {
 			rc.addTime(&tb, e.Value())
 		}
-		if _, isMeta := rc.metaPath(k); isMeta && onlyMeta(d) {
-			bucketDocs = append(bucketDocs, d) // exact on meta: no need to repeat it per event
+		if _, isMeta := rc.metaPath(k); isMeta {
+			// A predicate on the metaField holds for all events of a
+			// bucket or none: its meta part is the bucket's filter, its
+			// marker part ($exists, $type) the events'.
+			onMeta, rest := splitMetaElems(d)
+			if onMeta != nil {
+				bucketDocs = append(bucketDocs, onMeta)
+			}
+			if rest != nil {
+				eventDocs = append(eventDocs, rest)
+			}
 			continue
+		}
+		if rc.usedMeta && !rc.caps.UnwindKeepsFields {
+			return sf, rc.unsupported("a filter on the metaField %q inside %q is not supported on a bucketed namespace on this upstream (FerretDB): put metaField conditions at the top level of the filter", rc.metaField, k)
 		}
 		if len(d) > 5 {
 			eventDocs = append(eventDocs, d)
@@ -574,6 +593,31 @@ func (rc *readCtx) split(filter bsoncore.Document) (splitFilter, error) {
 	sf.bucket = andOf(bucketDocs)
 	sf.event = andOf(eventDocs)
 	return sf, nil
+}
+
+// splitMetaElems splits a translated predicate in its elements on the
+// bucket's meta and the others; either may be nil.
+func splitMetaElems(d bsoncore.Document) (onMeta, rest bsoncore.Document) {
+	elems, _ := d.Elements()
+	var m, r []bsoncore.Element
+	for _, e := range elems {
+		k := e.Key()
+		if k == rules.BucketMeta || strings.HasPrefix(k, rules.BucketMeta+".") {
+			m = append(m, e)
+		} else {
+			r = append(r, e)
+		}
+	}
+	build := func(es []bsoncore.Element) bsoncore.Document {
+		if len(es) == 0 {
+			return nil
+		}
+		idx, out := bsoncore.AppendDocumentStart(nil)
+		out = appendElems(out, es)
+		out, _ = bsoncore.AppendDocumentEnd(out, idx)
+		return out
+	}
+	return build(m), build(r)
 }
 
 // onlyMeta reports whether a translated predicate reads only the bucket's

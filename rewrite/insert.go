@@ -2,6 +2,7 @@ package rewrite
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/tsproxy/tsproxy/rules"
@@ -13,15 +14,26 @@ import (
 type InsertOptions struct {
 	// Caps describes the upstream the commands will run on.
 	Caps Caps
-	// NewObjectID makes the _id of an event that has none (as mongod would)
-	// and of a complete bucket when no retry-stable _id can be derived.
-	// Injected so that output is deterministic under test. Required.
+	// NewObjectID makes the _id of an event that has none (as mongod
+	// would). Injected so that output is deterministic under test. Required.
 	NewObjectID func() bson.ObjectID
+	// Buckets returns what the caller knows of a key's open bucket (the
+	// highest seq and how full it is). The caller loads the keys that
+	// InsertKeys returns before planning; nil, or an unknown fill, means
+	// "no bucket yet" (seq 0 is the first one written).
+	Buckets func(key BucketKey) BucketFill
 }
+
+// maxInsertRounds bounds the rounds of one insert: the first plan and its
+// retries after duplicate keys (see Retry).
+const maxInsertRounds = 8
 
 // InsertPlan is the rewrite of one client insert: the upstream commands to
 // run, in order, on the client's upstream connection, and what is needed
-// to map their replies back to the client's reply.
+// to map their replies back to the client's reply. A plan is one round; a
+// duplicate key on a bucket _id (the bucket was full, or another writer
+// took that seq) is retried with a new plan from Retry, which carries what
+// the earlier rounds wrote.
 type InsertPlan struct {
 	// Commands are complete upstream command bodies, "$db" included: at
 	// most one insert of complete buckets and one update of upsert
@@ -33,6 +45,16 @@ type InsertPlan struct {
 	ordered   bool         // the client's "ordered"
 	rejected  []writeError // events refused before anything was sent
 	upstream  []plannedCommand
+	fills     []plannedFill // per key, in plan order: the fill once every statement succeeded
+
+	// For retries.
+	rule  *rules.Rule
+	lim   limits
+	opts  InsertOptions
+	body  bsoncore.Document
+	inTxn bool
+	round int
+	prior priorOutcome // what earlier rounds wrote and reported
 }
 
 // plannedCommand records, for one entry of Commands, which events of the
@@ -44,11 +66,15 @@ type plannedCommand struct {
 }
 
 type plannedStatement struct {
-	events []int // indexes in the app's batch, in order
-	// derivedID: a complete bucket whose _id is derived from the session
-	// and statement, so a duplicate key on it means a retry already
-	// wrote it.
-	derivedID bool
+	events []int   // indexes in the app's batch, in order
+	chunk  []event // the events themselves, for a retry
+	key    int     // index in InsertPlan.fills
+	seq    int     // the bucket's seq
+}
+
+type plannedFill struct {
+	key  BucketKey
+	fill BucketFill
 }
 
 // Insert rewrites an insert on rule's namespace into bucket writes on the
@@ -60,47 +86,94 @@ type plannedStatement struct {
 // non-numeric aggregate, too large) become writeErrors in the plan's Reply,
 // as a plain collection reports a document it refuses.
 func Insert(cmd Command, rule *rules.Rule, opts InsertOptions) (*InsertPlan, error) {
-	ns := "<nil rule>"
-	if rule != nil {
-		ns = rule.Namespace
-	}
 	p, err := planInsert(cmd, rule, opts)
 	if err != nil {
-		return nil, fmt.Errorf("rewrite insert %s: %w", ns, err)
+		return nil, fmt.Errorf("rewrite insert %s: %w", ruleName(rule), err)
 	}
 	return p, nil
 }
 
-func planInsert(cmd Command, rule *rules.Rule, opts InsertOptions) (*InsertPlan, error) {
+func ruleName(rule *rules.Rule) string {
+	if rule == nil {
+		return "<nil rule>"
+	}
+	return rule.Namespace
+}
+
+// InsertKeys returns the (series, window) keys of the events of an insert,
+// sorted and without duplicates, so the caller can lock them in that order
+// and load their fills before calling Insert. It validates the command as
+// Insert does; events Insert would refuse for their time or meta field
+// have no key.
+func InsertKeys(cmd Command, rule *rules.Rule) ([]BucketKey, error) {
+	keys, err := insertKeys(cmd, rule)
+	if err != nil {
+		return nil, fmt.Errorf("rewrite insert %s: %w", ruleName(rule), err)
+	}
+	return keys, nil
+}
+
+func insertKeys(cmd Command, rule *rules.Rule) ([]BucketKey, error) {
+	lim, docs, _, err := checkInsert(cmd, rule)
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	var keys []BucketKey
+	for _, doc := range docs {
+		meta, _, start, werr := eventTimeMeta(doc, 0, rule, lim)
+		if werr != nil {
+			continue
+		}
+		k := eventKey(meta, start)
+		if s := k.String(); !seen[s] {
+			seen[s] = true
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(keys, compareKeys)
+	return keys, nil
+}
+
+// checkInsert validates the command and the rule: the limits, the events
+// and the client's ordered.
+func checkInsert(cmd Command, rule *rules.Rule) (limits, []bsoncore.Document, bool, error) {
 	lim, err := checkRule(rule)
+	if err != nil {
+		return lim, nil, false, err
+	}
+	if err := validateDeep(cmd.Body, 0); err != nil {
+		return lim, nil, false, commandErrorf(CodeInvalidBSON, "command is not valid BSON: %v", err)
+	}
+	if err := checkInsertTarget(cmd.Body, rule); err != nil {
+		return lim, nil, false, err
+	}
+	docs, err := commandDocuments(cmd, "documents")
+	if err != nil {
+		return lim, nil, false, err
+	}
+	if len(docs) == 0 {
+		return lim, nil, false, commandErrorf(CodeInvalidLength, "insert has no documents")
+	}
+	ordered, err := commandBool(cmd.Body, "ordered", true)
+	if err != nil {
+		return lim, nil, false, err
+	}
+	return lim, docs, ordered, nil
+}
+
+func planInsert(cmd Command, rule *rules.Rule, opts InsertOptions) (*InsertPlan, error) {
+	lim, docs, ordered, err := checkInsert(cmd, rule)
 	if err != nil {
 		return nil, err
 	}
 	if opts.NewObjectID == nil {
 		return nil, commandErrorf(CodeInternalError, "InsertOptions.NewObjectID is nil")
 	}
-	if err := validateDeep(cmd.Body, 0); err != nil {
-		return nil, commandErrorf(CodeInvalidBSON, "command is not valid BSON: %v", err)
-	}
-	if err := checkInsertTarget(cmd.Body, rule); err != nil {
-		return nil, err
-	}
-	docs, err := commandDocuments(cmd, "documents")
-	if err != nil {
-		return nil, err
-	}
-	if len(docs) == 0 {
-		return nil, commandErrorf(CodeInvalidLength, "insert has no documents")
-	}
-	ordered, err := commandBool(cmd.Body, "ordered", true)
-	if err != nil {
-		return nil, err
-	}
-
-	p := &InsertPlan{namespace: rule.Namespace, ordered: ordered}
+	p := &InsertPlan{namespace: rule.Namespace, ordered: ordered, rule: rule, lim: lim, opts: opts,
+		body: cmd.Body, inTxn: inTransaction(cmd.Body)}
 	events := p.prepareEvents(docs, rule, lim, opts.NewObjectID)
-	chunks := chunkGroups(groupEvents(events), lim)
-	p.buildCommands(chunks, cmd.Body, rule, lim, opts)
+	p.buildCommands(events)
 	return p, nil
 }
 

@@ -1,8 +1,6 @@
 package rewrite
 
 import (
-	"crypto/sha256"
-	"encoding/binary"
 	"math"
 	"strconv"
 
@@ -199,30 +197,51 @@ func completeBucket(id bson.ObjectID, chunk []event, rule *rules.Rule, lim limit
 	return doc
 }
 
-// upsertStatement builds the update statement that adds a chunk to an open
-// bucket of its series and window, or creates one:
+// upsertStatement builds the update statement that adds a chunk to the
+// bucket with _id id, creating it when it does not exist:
 //
-//	q: {meta: M, start: S, count: {$lte: maxEvents-k}, bytes: {$lte: maxBytes-b}}
-//	u: {$push: {events: {$each: [...]}}, $inc: {count: k, bytes: b, sum.<agg>: s},
+//	q: {_id: id, count: {$lte: maxEvents-k}, bytes: {$lte: maxBytes-b}}
+//	u: {$setOnInsert: {meta: M, start: S}, $push: {events: {$each: [...]}},
+//	    $inc: {count: k, bytes: b, sum.<agg>: s},
 //	    $min: {min.<time>: t, min.<agg>: v}, $max: {...}}
 //	upsert: true
 //
-// An upsert that inserts copies the equality parts of q (meta and start:
-// meta is stored even when null, so {meta: null} matches only null-meta
-// buckets of ours), and $inc/$push/$min/$max create the rest.
-func upsertStatement(chunk []event, lim limits, timeField string) bsoncore.Document {
+// With idOnly (an upstream that pushes only {_id: X} filters down to its
+// storage, see Caps.IDOnlyFilters) q is {_id: id} alone: the caller's fill
+// is exact there. Otherwise the count/bytes guard makes an upsert into a
+// bucket that turned out full try to insert _id id again: a duplicate key,
+// which Retry re-plans at the next seq, so no bucket ever overfills.
+//
+// A null meta is set with $set rather than $setOnInsert: FerretDB's
+// $setOnInsert skips null values, and $set of the same null on an existing
+// bucket changes nothing.
+func upsertStatement(id bson.ObjectID, chunk []event, lim limits, timeField string, idOnly bool) bsoncore.Document {
 	s := summarize(chunk, lim)
 	idx, doc := bsoncore.AppendDocumentStart(nil)
 
 	q, doc := bsoncore.AppendDocumentElementStart(doc, "q")
-	doc = bsoncore.AppendValueElement(doc, rules.BucketMeta, chunk[0].meta)
-	doc = bsoncore.AppendDateTimeElement(doc, rules.BucketStart, chunk[0].start)
-	doc = appendLTE(doc, rules.BucketCount, int64(lim.maxEvents-s.count))
-	doc = appendLTE(doc, rules.BucketBytes, lim.maxBytes-s.bytes)
+	doc = bsoncore.AppendObjectIDElement(doc, rules.BucketID, id)
+	if !idOnly {
+		doc = appendLTE(doc, rules.BucketCount, int64(lim.maxEvents-s.count))
+		doc = appendLTE(doc, rules.BucketBytes, lim.maxBytes-s.bytes)
+	}
 	doc, _ = bsoncore.AppendDocumentEnd(doc, q)
 
 	u, doc := bsoncore.AppendDocumentElementStart(doc, "u")
-	op, doc := bsoncore.AppendDocumentElementStart(doc, "$push")
+	meta := chunk[0].meta
+	if meta.Type == bsoncore.TypeNull {
+		op, d := bsoncore.AppendDocumentElementStart(doc, "$set")
+		d = bsoncore.AppendNullElement(d, rules.BucketMeta)
+		doc, _ = bsoncore.AppendDocumentEnd(d, op)
+	}
+	op, doc := bsoncore.AppendDocumentElementStart(doc, "$setOnInsert")
+	if meta.Type != bsoncore.TypeNull {
+		doc = bsoncore.AppendValueElement(doc, rules.BucketMeta, meta)
+	}
+	doc = bsoncore.AppendDateTimeElement(doc, rules.BucketStart, chunk[0].start)
+	doc, _ = bsoncore.AppendDocumentEnd(doc, op)
+
+	op, doc = bsoncore.AppendDocumentElementStart(doc, "$push")
 	each, doc := bsoncore.AppendDocumentElementStart(doc, rules.BucketEvents)
 	doc = appendEventsArray(doc, "$each", chunk)
 	doc, _ = bsoncore.AppendDocumentEnd(doc, each)
@@ -262,21 +281,14 @@ func appendLTE(dst []byte, key string, n int64) []byte {
 
 // session is what of the client's session the rewrite uses.
 type session struct {
-	lsidID        bsoncore.Value // lsid.id; Type 0 when absent
-	txnNumber     int64
 	hasTxnNumber  bool
 	inTransaction bool
 }
 
 func readSession(body bsoncore.Document) session {
 	var s session
-	if lsid, ok := lookupTop(body, "lsid"); ok {
-		if doc, ok := lsid.DocumentOK(); ok {
-			s.lsidID, _ = lookupTop(doc, "id")
-		}
-	}
 	if v, ok := lookupTop(body, "txnNumber"); ok && (v.Type == bsoncore.TypeInt64 || v.Type == bsoncore.TypeInt32) {
-		s.txnNumber, s.hasTxnNumber = v.AsInt64OK()
+		_, s.hasTxnNumber = v.AsInt64OK()
 	}
 	s.inTransaction = inTransaction(body)
 	return s
@@ -284,44 +296,5 @@ func readSession(body bsoncore.Document) session {
 
 // retryable: a retryable write (not a transaction statement), the only case
 // where the server may see the same statements twice and must recognise
-// them.
+// them by their stmtIds.
 func (s session) retryable() bool { return s.hasTxnNumber && !s.inTransaction }
-
-// derivedBucketID is a bucket _id that a retry of the same statement
-// reproduces: the window start as the 4-byte timestamp (as MongoDB's own
-// time-series buckets do), then 8 bytes of a hash of the session id, the
-// txnNumber, the bucket namespace, and the statement (its first event's
-// index in the app's batch). A retry on an upstream without retryable
-// writes then hits a duplicate key instead of storing the events twice.
-// Never used inside a transaction, where one txnNumber covers many
-// commands whose statement indexes would collide.
-func derivedBucketID(s session, bucketNS string, stmt int, start int64) bson.ObjectID {
-	h := sha256.New()
-	h.Write([]byte{byte(s.lsidID.Type)})
-	h.Write(s.lsidID.Data)
-	var buf [8]byte
-	binary.BigEndian.PutUint64(buf[:], uint64(s.txnNumber))
-	h.Write(buf[:])
-	h.Write([]byte(bucketNS))
-	h.Write([]byte{0})
-	binary.BigEndian.PutUint64(buf[:], uint64(stmt))
-	h.Write(buf[:])
-	var id bson.ObjectID
-	putWindowTimestamp(&id, start)
-	copy(id[4:], h.Sum(nil))
-	return id
-}
-
-// putWindowTimestamp stores the window start, in seconds (floored, and
-// wrapped to 32 bits outside 1970-2106), as the ObjectId's timestamp.
-func putWindowTimestamp(id *bson.ObjectID, startMillis int64) {
-	binary.BigEndian.PutUint32(id[:4], uint32(rules.FloorMillis(startMillis, 1000)/1000))
-}
-
-// newBucketID is a fresh bucket _id from the injected generator, with the
-// window start as its timestamp.
-func newBucketID(newID func() bson.ObjectID, start int64) bson.ObjectID {
-	id := newID()
-	putWindowTimestamp(&id, start)
-	return id
-}

@@ -4,7 +4,6 @@ import (
 	"strconv"
 
 	"github.com/tsproxy/tsproxy/rules"
-	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
@@ -25,44 +24,75 @@ type statementDoc struct {
 	plan plannedStatement
 }
 
-// buildCommands turns chunks into statements — complete-bucket inserts for
-// chunks of at least the insert threshold, upserts for the rest — and the
-// statements into upstream commands: inserts first, then updates.
-func (p *InsertPlan) buildCommands(chunks [][]event, body bsoncore.Document, rule *rules.Rule, lim limits, opts InsertOptions) {
-	sess := readSession(body)
-	deriveIDs := sess.retryable() && sess.lsidID.Type != 0
+// buildCommands plans the events, group by group (series and window, in
+// order of first appearance), against the fills of their keys: the open
+// bucket (seq n) takes, with one upsert, the events that fit in it; the
+// rest goes, chunk by chunk, to new buckets n+1, n+2, ... — inserted whole
+// when a chunk has at least the insert threshold of events, else created
+// by an upsert. Statements become upstream commands: inserts first, then
+// updates.
+func (p *InsertPlan) buildCommands(events []event) {
+	rule, lim := p.rule, p.lim
+	ns := rule.BucketNamespace()
+	idOnly := p.opts.Caps.IDOnlyFilters
 	var inserts, updates []statementDoc
-	for _, chunk := range chunks {
-		st := plannedStatement{events: eventIndexes(chunk)}
-		if len(chunk) >= lim.threshold {
-			id := newBucketIDFor(chunk, sess, deriveIDs, rule, opts)
-			st.derivedID = deriveIDs
-			inserts = append(inserts, statementDoc{doc: completeBucket(id, chunk, rule, lim), plan: st})
-			continue
+	for _, g := range groupEvents(events) {
+		key := eventKey(g[0].meta, g[0].start)
+		fill := BucketFill{Seq: -1}
+		if p.opts.Buckets != nil {
+			if f := p.opts.Buckets(key); f.Known && f.Seq >= 0 {
+				fill = f
+			}
 		}
-		updates = append(updates, statementDoc{doc: upsertStatement(chunk, lim, rule.TimeField), plan: st})
+		ki := len(p.fills)
+		rest := g
+		if fill.Seq >= 0 {
+			k, b := 0, int64(0)
+			for k < len(rest) {
+				size := int64(len(rest[k].stored))
+				if fill.Count+k+1 > lim.maxEvents || fill.Bytes+b+size > lim.maxBytes {
+					break
+				}
+				k++
+				b += size
+			}
+			if k > 0 {
+				chunk := rest[:k]
+				st := plannedStatement{events: eventIndexes(chunk), chunk: chunk, key: ki, seq: fill.Seq}
+				id := BucketID(ns, g[0].meta, g[0].start, fill.Seq)
+				updates = append(updates, statementDoc{doc: upsertStatement(id, chunk, lim, rule.TimeField, idOnly), plan: st})
+				fill.Count += k
+				fill.Bytes += b
+			}
+			rest = rest[k:]
+		}
+		for _, chunk := range chunkEvents(rest, lim) {
+			fill = BucketFill{Seq: fill.Seq + 1, Count: len(chunk), Bytes: chunkBytes(chunk)}
+			st := plannedStatement{events: eventIndexes(chunk), chunk: chunk, key: ki, seq: fill.Seq}
+			id := BucketID(ns, g[0].meta, g[0].start, fill.Seq)
+			if len(chunk) >= lim.threshold {
+				inserts = append(inserts, statementDoc{doc: completeBucket(id, chunk, rule, lim), plan: st})
+			} else {
+				updates = append(updates, statementDoc{doc: upsertStatement(id, chunk, lim, rule.TimeField, idOnly), plan: st})
+			}
+		}
+		fill.Known = true
+		p.fills = append(p.fills, plannedFill{key: key, fill: fill})
 	}
 
-	args := readCarriedArgs(body)
-	withStmtIDs := opts.Caps.StmtIDs && sess.retryable()
-	// A retry of a partly applied batch meets duplicate keys on the buckets
-	// already written; an ordered insert would stop at the first of them and
-	// skip the rest, so bucket inserts with derived _ids go unordered. The
-	// client's ordered still decides whether later commands run (Continue).
-	insertOrdered := p.ordered && !deriveIDs
-	for _, batch := range splitStatements(inserts) {
-		p.addCommand("insert", "documents", insertOrdered, batch, rule, args, withStmtIDs)
+	sess := readSession(p.body)
+	args := readCarriedArgs(p.body)
+	withStmtIDs := p.opts.Caps.StmtIDs && sess.retryable()
+	for _, batch := range splitStatements(inserts, maxCommandStatements) {
+		p.addCommand("insert", "documents", p.ordered, batch, rule, args, withStmtIDs)
 	}
-	for _, batch := range splitStatements(updates) {
+	maxUpdates := maxCommandStatements
+	if n := p.opts.Caps.MaxUpdateStatements; n > 0 {
+		maxUpdates = min(n, maxUpdates)
+	}
+	for _, batch := range splitStatements(updates, maxUpdates) {
 		p.addCommand("update", "updates", p.ordered, batch, rule, args, withStmtIDs)
 	}
-}
-
-func newBucketIDFor(chunk []event, sess session, derive bool, rule *rules.Rule, opts InsertOptions) bson.ObjectID {
-	if derive {
-		return derivedBucketID(sess, rule.BucketNamespace(), chunk[0].index, chunk[0].start)
-	}
-	return newBucketID(opts.NewObjectID, chunk[0].start)
 }
 
 func eventIndexes(chunk []event) []int {
@@ -75,12 +105,12 @@ func eventIndexes(chunk []event) []int {
 
 // splitStatements cuts statements, in order, into batches that fit one
 // upstream command each.
-func splitStatements(stmts []statementDoc) [][]statementDoc {
+func splitStatements(stmts []statementDoc, maxStatements int) [][]statementDoc {
 	var batches [][]statementDoc
 	var cur []statementDoc
 	size := 0
 	for _, st := range stmts {
-		if len(cur) > 0 && (len(cur) >= maxCommandStatements || size+len(st.doc) > maxCommandStatementBytes) {
+		if len(cur) > 0 && (len(cur) >= maxStatements || size+len(st.doc) > maxCommandStatementBytes) {
 			batches = append(batches, cur)
 			cur, size = nil, 0
 		}
@@ -99,9 +129,12 @@ func splitStatements(stmts []statementDoc) [][]statementDoc {
 //
 // stmtIds give each statement the index in the app's batch of its first
 // event: distinct across all the rewritten commands of one client command
-// (their events are disjoint) and the same on a retry.
+// (their events are disjoint), and kept by a statement that Retry plans
+// again from the same first event. The first-command-only arguments
+// (startTransaction, readConcern) go on the first command of the first
+// round.
 func (p *InsertPlan) addCommand(kind, arrayField string, ordered bool, batch []statementDoc, rule *rules.Rule, args carriedArgs, withStmtIDs bool) {
-	first := len(p.Commands) == 0
+	first := len(p.Commands) == 0 && p.round == 0
 	idx, doc := bsoncore.AppendDocumentStart(nil)
 	doc = bsoncore.AppendStringElement(doc, kind, rule.BucketCollection)
 	arr, doc := bsoncore.AppendArrayElementStart(doc, arrayField)

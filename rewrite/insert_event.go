@@ -55,33 +55,13 @@ func (p *InsertPlan) prepareEvents(docs []bsoncore.Document, rule *rules.Rule, l
 
 func prepareEvent(doc bsoncore.Document, index int, rule *rules.Rule, lim limits, newID func() bson.ObjectID) (event, *writeError) {
 	reject := func(code int32, format string, args ...any) (event, *writeError) {
-		msg := fmt.Sprintf("tsproxy rule %s: ", rule.Namespace) + fmt.Sprintf(format, args...)
-		return event{}, &writeError{index: index, code: code, errmsg: msg}
+		return event{}, eventError(index, rule, code, format, args...)
 	}
-	ev := event{index: index, meta: bsoncore.Value{Type: bsoncore.TypeNull}}
-
-	t, ok := lookupTop(doc, rule.TimeField)
-	if !ok {
-		return reject(CodeBadValue, "event has no timeField %q", rule.TimeField)
+	meta, ms, start, werr := eventTimeMeta(doc, index, rule, lim)
+	if werr != nil {
+		return event{}, werr
 	}
-	ms, ok := t.DateTimeOK()
-	if !ok {
-		return reject(CodeBadValue, "timeField %q must be a BSON date, got %s", rule.TimeField, typeName(t.Type))
-	}
-	ev.time = ms
-	ev.start = rules.FloorMillis(ms, lim.spanMillis)
-	if ev.start > ms { // flooring wrapped around the int64 range
-		return reject(CodeBadValue, "timeField %q date %d is out of the supported range", rule.TimeField, ms)
-	}
-
-	if rule.MetaField != "" {
-		if m, ok := lookupTop(doc, rule.MetaField); ok {
-			if why := unsupportedMeta(m); why != "" {
-				return reject(CodeBadValue, "metaField %q: %s", rule.MetaField, why)
-			}
-			ev.meta = m
-		}
-	}
+	ev := event{index: index, meta: meta, time: ms, start: start}
 
 	for _, name := range lim.aggregates {
 		v, ok := lookupTop(doc, name)
@@ -100,6 +80,39 @@ func prepareEvent(doc bsoncore.Document, index int, rule *rules.Rule, lim limits
 	}
 	ev.stored = stored
 	return ev, nil
+}
+
+func eventError(index int, rule *rules.Rule, code int32, format string, args ...any) *writeError {
+	msg := fmt.Sprintf("tsproxy rule %s: ", rule.Namespace) + fmt.Sprintf(format, args...)
+	return &writeError{index: index, code: code, errmsg: msg}
+}
+
+// eventTimeMeta reads and checks the fields that place an event in its
+// bucket: the metaField value (null when absent), the time and the window
+// start.
+func eventTimeMeta(doc bsoncore.Document, index int, rule *rules.Rule, lim limits) (meta bsoncore.Value, ms, start int64, werr *writeError) {
+	meta = bsoncore.Value{Type: bsoncore.TypeNull}
+	t, ok := lookupTop(doc, rule.TimeField)
+	if !ok {
+		return meta, 0, 0, eventError(index, rule, CodeBadValue, "event has no timeField %q", rule.TimeField)
+	}
+	ms, ok = t.DateTimeOK()
+	if !ok {
+		return meta, 0, 0, eventError(index, rule, CodeBadValue, "timeField %q must be a BSON date, got %s", rule.TimeField, typeName(t.Type))
+	}
+	start = rules.FloorMillis(ms, lim.spanMillis)
+	if start > ms { // flooring wrapped around the int64 range
+		return meta, 0, 0, eventError(index, rule, CodeBadValue, "timeField %q date %d is out of the supported range", rule.TimeField, ms)
+	}
+	if rule.MetaField != "" {
+		if m, ok := lookupTop(doc, rule.MetaField); ok {
+			if why := unsupportedMeta(m); why != "" {
+				return meta, 0, 0, eventError(index, rule, CodeBadValue, "metaField %q: %s", rule.MetaField, why)
+			}
+			meta = m
+		}
+	}
+	return meta, ms, start, nil
 }
 
 // unsupportedMeta says why a meta value cannot identify a series, or "".
@@ -168,25 +181,31 @@ func groupEvents(events []event) [][]event {
 	return groups
 }
 
-// chunkGroups cuts each group, in order, into chunks of at most maxEvents
-// events and maxBytes stored bytes: each chunk fits in one bucket.
-func chunkGroups(groups [][]event, lim limits) [][]event {
+// chunkEvents cuts a group's events, in order, into chunks of at most
+// maxEvents events and maxBytes stored bytes: each chunk fits in one bucket.
+func chunkEvents(g []event, lim limits) [][]event {
 	var chunks [][]event
-	for _, g := range groups {
-		var cur []event
-		var curBytes int64
-		for _, ev := range g {
-			size := int64(len(ev.stored))
-			if len(cur) > 0 && (len(cur) >= lim.maxEvents || curBytes+size > lim.maxBytes) {
-				chunks = append(chunks, cur)
-				cur, curBytes = nil, 0
-			}
-			cur = append(cur, ev)
-			curBytes += size
-		}
-		if len(cur) > 0 {
+	var cur []event
+	var curBytes int64
+	for _, ev := range g {
+		size := int64(len(ev.stored))
+		if len(cur) > 0 && (len(cur) >= lim.maxEvents || curBytes+size > lim.maxBytes) {
 			chunks = append(chunks, cur)
+			cur, curBytes = nil, 0
 		}
+		cur = append(cur, ev)
+		curBytes += size
+	}
+	if len(cur) > 0 {
+		chunks = append(chunks, cur)
 	}
 	return chunks
+}
+
+func chunkBytes(chunk []event) int64 {
+	var n int64
+	for _, ev := range chunk {
+		n += int64(len(ev.stored))
+	}
+	return n
 }

@@ -44,11 +44,17 @@ func oid(n byte) bson.ObjectID {
 	return bson.ObjectID{0xEE, 0xEE, 0xEE, 0xEE, 0, 0, 0, 0, 0, 0, 0, n}
 }
 
-// windowOID is oid(n) with the timestamp of a window start.
-func windowOID(n byte, startMillis int64) bson.ObjectID {
-	id := oid(n)
-	putWindowTimestamp(&id, startMillis)
-	return id
+// bid is the BucketID of bucket seq of meta's series in window start.
+func bid(meta any, start int64, seq int) bson.ObjectID {
+	v := bsoncore.Value{Type: bsoncore.TypeNull}
+	if meta != nil {
+		t, data, err := bson.MarshalValue(meta)
+		if err != nil {
+			panic(err)
+		}
+		v = bsoncore.Value{Type: bsoncore.Type(t), Data: data}
+	}
+	return BucketID("iot.readings.buckets", v, start, seq)
 }
 
 func opts() InsertOptions { return InsertOptions{NewObjectID: idGen()} }
@@ -166,24 +172,35 @@ func updateCmd(ordered bool, stmts []bson.D, tail ...bson.E) bson.D {
 	return append(d, bson.E{Key: "$db", Value: "iot"})
 }
 
-// upsert is an expected upsert statement (rule limits 3 events, 1 MiB).
+// upsert is an expected upsert statement creating bucket seq 0 (rule
+// limits 3 events, 1 MiB, count/bytes guard).
 func upsert(meta any, start int64, count int32, nbytes int32, events bson.A, inc, minD, maxD bson.D) bson.D {
+	return upsertAt(0, false, 3, 1<<20, meta, start, count, nbytes, events, inc, minD, maxD)
+}
+
+// upsertAt is an expected upsert statement into bucket seq.
+func upsertAt(seq int, idOnly bool, maxEvents, maxBytes int32, meta any, start int64, count int32, nbytes int32, events bson.A, inc, minD, maxD bson.D) bson.D {
 	incAll := append(bson.D{{Key: "count", Value: count}, {Key: "bytes", Value: nbytes}}, inc...)
-	return bson.D{
-		{Key: "q", Value: bson.D{
-			{Key: "meta", Value: meta},
-			{Key: "start", Value: dt(start)},
-			{Key: "count", Value: bson.D{{Key: "$lte", Value: int32(3) - count}}},
-			{Key: "bytes", Value: bson.D{{Key: "$lte", Value: int32(1<<20) - nbytes}}},
-		}},
-		{Key: "u", Value: bson.D{
-			{Key: "$push", Value: bson.D{{Key: "events", Value: bson.D{{Key: "$each", Value: events}}}}},
-			{Key: "$inc", Value: incAll},
-			{Key: "$min", Value: minD},
-			{Key: "$max", Value: maxD},
-		}},
-		{Key: "upsert", Value: true},
+	q := bson.D{{Key: "_id", Value: bid(meta, start, seq)}}
+	if !idOnly {
+		q = append(q,
+			bson.E{Key: "count", Value: bson.D{{Key: "$lte", Value: maxEvents - count}}},
+			bson.E{Key: "bytes", Value: bson.D{{Key: "$lte", Value: maxBytes - nbytes}}})
 	}
+	var u bson.D
+	onInsert := bson.D{{Key: "meta", Value: meta}, {Key: "start", Value: dt(start)}}
+	if meta == nil {
+		u = append(u, bson.E{Key: "$set", Value: bson.D{{Key: "meta", Value: nil}}})
+		onInsert = onInsert[1:]
+	}
+	u = append(u,
+		bson.E{Key: "$setOnInsert", Value: onInsert},
+		bson.E{Key: "$push", Value: bson.D{{Key: "events", Value: bson.D{{Key: "$each", Value: events}}}}},
+		bson.E{Key: "$inc", Value: incAll},
+		bson.E{Key: "$min", Value: minD},
+		bson.E{Key: "$max", Value: maxD},
+	)
+	return bson.D{{Key: "q", Value: q}, {Key: "u", Value: u}, {Key: "upsert", Value: true}}
 }
 
 func size(t testing.TB, docs ...bson.D) int32 {

@@ -24,6 +24,7 @@ const (
 	stmtFailed                   // the upstream refused it
 	stmtNotRun                   // an ordered command stopped before it
 	stmtUnknown                  // no reply: the connection failed
+	stmtDupKey                   // a duplicate key on the bucket _id: nothing written, Retry re-plans it
 )
 
 type stmtResult struct {
@@ -63,9 +64,10 @@ func (p *InsertPlan) Continue(i int, reply bsoncore.Document) bool {
 	return !p.ordered || !p.readReply(i, reply).failed()
 }
 
-// readReply reads the reply to command i. A duplicate key on a complete
-// bucket whose _id was derived from the statement means a retry already
-// stored that bucket: it counts as written.
+// readReply reads the reply to command i (nil: no reply). A duplicate key
+// on a statement means its bucket _id was taken (a full bucket met by a
+// guarded upsert, or a seq another writer created): nothing of it was
+// written, and Retry can place its events again.
 func (p *InsertPlan) readReply(i int, reply bsoncore.Document) commandOutcome {
 	pc := p.upstream[i]
 	out := commandOutcome{stmts: make([]stmtResult, len(pc.statements))}
@@ -98,10 +100,12 @@ func (p *InsertPlan) readReply(i int, reply bsoncore.Document) commandOutcome {
 	for j := range pc.statements {
 		e, failed := failures[j]
 		switch {
-		case failed && e.code == CodeDuplicateKey && pc.statements[j].derivedID:
-			out.stmts[j].state = stmtWritten
 		case failed:
-			out.stmts[j] = stmtResult{state: stmtFailed, err: e}
+			state := stmtFailed
+			if e.code == CodeDuplicateKey {
+				state = stmtDupKey
+			}
+			out.stmts[j] = stmtResult{state: state, err: e}
 			if pc.ordered && j < stopAt {
 				stopAt = j
 			}
@@ -178,63 +182,201 @@ func replyWriteErrors(reply bsoncore.Document) map[int]upstreamError {
 
 const maxInt = int64(^uint(0) >> 1)
 
+// outcomes reads the replies of this round's commands; commands without a
+// reply (len(replies) <= i) did not run.
+func (p *InsertPlan) outcomes(replies []bsoncore.Document) []*commandOutcome {
+	outs := make([]*commandOutcome, len(p.upstream))
+	for i := range p.upstream {
+		if i < len(replies) {
+			o := p.readReply(i, replies[i])
+			outs[i] = &o
+		}
+	}
+	return outs
+}
+
+// priorOutcome is what the earlier rounds of an insert wrote and report.
+type priorOutcome struct {
+	written   int
+	errs      []writeError
+	cmdErr    *upstreamError
+	wce       bsoncore.Value
+	labels    bsoncore.Value
+	lastError *upstreamError // why statements did not run, for messages
+}
+
 // Reply builds the client's reply from the replies of the commands that
 // ran, in order (len(replies) <= len(Commands); a nil entry is a transport
-// error). It is {n: <events written>, writeErrors?, writeConcernError?,
-// errorLabels?, ok: 1}, writeErrors sorted by the index of the event in
-// the app's batch: the events refused before sending, and every event of a
-// statement that was not written (with the upstream's code and errmsg, or
-// a note that it was not attempted). When a command failed as a whole and
-// nothing at all was written, the reply is that command error.
+// error), merged with what the earlier rounds of a retried plan wrote. It
+// is {n: <events written>, writeErrors?, writeConcernError?, errorLabels?,
+// ok: 1}, writeErrors sorted by the index of the event in the app's batch:
+// the events refused before sending, and every event of a statement that
+// was not written (with the upstream's code and errmsg, or a note that it
+// was not attempted). When a command failed as a whole and nothing at all
+// was written, the reply is that command error.
 func (p *InsertPlan) Reply(replies []bsoncore.Document) bsoncore.Document {
-	written := 0
-	errs := slices.Clone(p.rejected)
-	var firstCmdErr *upstreamError
-	var wce, labels bsoncore.Value
-	var stop *upstreamError // why later statements did not run
-	for i, pc := range p.upstream {
-		if i >= len(replies) {
-			errs = p.appendNotRun(errs, pc.statements, stop)
+	r, _ := p.settle(replies, false)
+	if r.cmdErr != nil && r.written == 0 {
+		return commandErrorReply(r.cmdErr.code, r.cmdErr.codeName, r.cmdErr.errmsg, r.cmdErr.labels)
+	}
+	return writeReply(r.written, r.errs, r.wce, r.labels)
+}
+
+// settle folds this round's replies into the prior outcome. With retrying,
+// the statements that Retry places again (duplicate keys, and those an
+// ordered batch did not run after one) are left out and returned.
+func (p *InsertPlan) settle(replies []bsoncore.Document, retrying bool) (out priorOutcome, retry []plannedStatement) {
+	out = p.prior
+	out.errs = append(slices.Clone(p.prior.errs), p.rejected...)
+	stop := out.lastError
+	for i, o := range p.outcomes(replies) {
+		pc := p.upstream[i]
+		if o == nil {
+			if retrying {
+				retry = append(retry, pc.statements...)
+			} else {
+				out.errs = p.appendNotRun(out.errs, pc.statements, stop)
+			}
 			continue
 		}
-		out := p.readReply(i, replies[i])
-		if out.cmdErr != nil && firstCmdErr == nil {
-			firstCmdErr = out.cmdErr
+		if o.cmdErr != nil && out.cmdErr == nil {
+			out.cmdErr = o.cmdErr
 		}
-		if wce.Type == 0 && out.wce.Type != 0 {
-			wce = out.wce
+		if out.wce.Type == 0 && o.wce.Type != 0 {
+			out.wce = o.wce
 		}
-		if labels.Type == 0 && out.labels.Type == bsoncore.TypeArray {
-			labels = out.labels
+		if out.labels.Type == 0 && o.labels.Type == bsoncore.TypeArray {
+			out.labels = o.labels
 		}
 		for j, st := range pc.statements {
-			res := out.stmts[j]
+			res := o.stmts[j]
 			switch res.state {
 			case stmtWritten:
-				written += len(st.events)
+				out.written += len(st.events)
+			case stmtDupKey:
+				if retrying {
+					retry = append(retry, st)
+					continue
+				}
+				// Not retried (rounds spent, or the caller does not retry).
+				out.errs = appendEventErrors(out.errs, st.events, res.err.code, res.err.errmsg)
+				if stop == nil {
+					stop = &res.err
+				}
 			case stmtFailed:
-				errs = appendEventErrors(errs, st.events, res.err.code, res.err.errmsg)
+				out.errs = appendEventErrors(out.errs, st.events, res.err.code, res.err.errmsg)
 				if stop == nil {
 					stop = &res.err
 				}
 			case stmtUnknown:
 				msg := fmt.Sprintf("tsproxy rule %s: no reply from the upstream for this write (it may or may not have been applied)", p.namespace)
-				if out.cmdErr != nil {
-					msg = out.cmdErr.errmsg
+				if o.cmdErr != nil {
+					msg = o.cmdErr.errmsg
 				}
-				errs = appendEventErrors(errs, st.events, CodeHostUnreachable, msg)
+				out.errs = appendEventErrors(out.errs, st.events, CodeHostUnreachable, msg)
 				if stop == nil {
 					stop = &upstreamError{code: CodeHostUnreachable, errmsg: msg}
 				}
 			case stmtNotRun:
-				errs = p.appendNotRun(errs, []plannedStatement{st}, stop)
+				if retrying {
+					retry = append(retry, st)
+					continue
+				}
+				out.errs = p.appendNotRun(out.errs, []plannedStatement{st}, stop)
 			}
 		}
 	}
-	if firstCmdErr != nil && written == 0 {
-		return commandErrorReply(firstCmdErr.code, firstCmdErr.codeName, firstCmdErr.errmsg, firstCmdErr.labels)
+	out.lastError = stop
+	return out, retry
+}
+
+// Retry is the next round of the insert after a round whose replies show
+// a duplicate key on a bucket _id (the bucket was full, or another writer
+// took that seq): the events of those statements — and, for an ordered
+// insert, of the statements it did not run after them — planned again
+// against fresh fills from buckets (the caller reloads the keys whose
+// fills Fills reported unknown). Each statement either wrote all its
+// events or none, so no event is written twice or lost. The new plan's
+// Reply reports the whole insert, earlier rounds included.
+//
+// Retry returns nil when there is nothing to retry: no duplicate key, a
+// statement failed otherwise or got no reply (the batch stops there, as a
+// plain collection's would), the insert is part of a transaction (a write
+// error aborts it upstream), or the rounds are spent (maxInsertRounds); the
+// caller then answers with Reply(replies).
+func (p *InsertPlan) Retry(replies []bsoncore.Document, buckets func(BucketKey) BucketFill) *InsertPlan {
+	if !p.Retriable(replies) {
+		return nil
 	}
-	return writeReply(written, errs, wce, labels)
+	prior, retry := p.settle(replies, true)
+	var events []event
+	for _, st := range retry {
+		events = append(events, st.chunk...)
+	}
+	slices.SortFunc(events, func(a, b event) int { return a.index - b.index })
+	next := &InsertPlan{namespace: p.namespace, ordered: p.ordered, rule: p.rule, lim: p.lim, opts: p.opts,
+		body: p.body, inTxn: p.inTxn, round: p.round + 1, prior: prior}
+	next.opts.Buckets = buckets
+	next.buildCommands(events)
+	return next
+}
+
+// Retriable reports whether Retry would return a plan for these replies:
+// the caller then reloads the unknown fills and calls Retry.
+func (p *InsertPlan) Retriable(replies []bsoncore.Document) bool {
+	if p.inTxn || p.round+1 >= maxInsertRounds {
+		return false
+	}
+	dup := false
+	for _, o := range p.outcomes(replies) {
+		if o == nil {
+			continue
+		}
+		for _, r := range o.stmts {
+			switch r.state {
+			case stmtDupKey:
+				dup = true
+			case stmtFailed, stmtUnknown:
+				if p.ordered {
+					return false
+				}
+			}
+		}
+	}
+	return dup
+}
+
+// Round is the plan's round: 0 for the plan Insert returns, then 1, 2, ...
+// for the plans Retry returns.
+func (p *InsertPlan) Round() int { return p.round }
+
+// Fills reports, for every key this round wrote to, the key's fill after
+// the round: the planned fill (Known) when every statement of the key was
+// written; unknown when any was not (or its outcome is unknown), and
+// always unknown inside a transaction, whose writes may yet be aborted.
+// The caller keeps the known fills for the next insert and reloads the
+// unknown ones before planning again.
+func (p *InsertPlan) Fills(replies []bsoncore.Document) []KeyFill {
+	ok := make([]bool, len(p.fills))
+	for i := range ok {
+		ok[i] = !p.inTxn
+	}
+	outs := p.outcomes(replies)
+	for i, pc := range p.upstream {
+		for j, st := range pc.statements {
+			if outs[i] == nil || outs[i].stmts[j].state != stmtWritten {
+				ok[st.key] = false
+			}
+		}
+	}
+	out := make([]KeyFill, len(p.fills))
+	for i, f := range p.fills {
+		out[i] = KeyFill{Key: f.key, Fill: f.fill}
+		if !ok[i] {
+			out[i].Fill = BucketFill{Seq: -1}
+		}
+	}
+	return out
 }
 
 // appendNotRun reports the events of statements that never ran because an

@@ -93,13 +93,13 @@ func TestInsertReply(t *testing.T) {
 			want: reply(2, we{0, 2, "no"}, we{1, 2, "no"}, we{2, 2, "no"}),
 		},
 		{
-			name:  "duplicate key on a derived bucket _id is a retry already written",
-			extra: []bson.E{lsid, txn},
+			name:  "duplicate key not retried (unordered) is reported on its events",
+			extra: []bson.E{lsid, txn, unordered},
 			replies: func(t testing.TB) []bsoncore.Document {
 				return []bsoncore.Document{upReply(t, 0, bson.A{upErr(0, 11000, dup)}), upReply(t, 2, nil)}
 			},
 			cont: []bool{true, false},
-			want: reply(5),
+			want: reply(2, we{0, 11000, dup}, we{1, 11000, dup}, we{2, 11000, dup}),
 		},
 		{
 			name: "writeConcernError passed through",
@@ -184,25 +184,6 @@ func TestInsertDeterministic(t *testing.T) {
 		t.Errorf("%d events planned, want %d", len(seen), len(events))
 	}
 	assertDoc(t, "reply", first.Reply(okReplies(t, first)), reply(500))
-}
-
-func TestDerivedBucketID(t *testing.T) {
-	id := func(lsidByte byte, txn int64, stmt int) bson.ObjectID {
-		s := session{lsidID: bsoncore.Value{Type: bsoncore.TypeBinary, Data: []byte{1, 0, 0, 0, 4, lsidByte}}, txnNumber: txn, hasTxnNumber: true}
-		return derivedBucketID(s, "iot.readings.buckets", stmt, 7200_000)
-	}
-	base := id(1, 1, 0)
-	if base != id(1, 1, 0) {
-		t.Errorf("derived id not stable")
-	}
-	for _, other := range []bson.ObjectID{id(2, 1, 0), id(1, 2, 0), id(1, 1, 1)} {
-		if other == base {
-			t.Errorf("derived ids collide: %v", other)
-		}
-	}
-	if got := base.Timestamp().Unix(); got != 7200 {
-		t.Errorf("timestamp = %d, want the window start 7200", got)
-	}
 }
 
 func TestInsertSplitsLargeBatches(t *testing.T) {

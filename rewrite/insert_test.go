@@ -14,11 +14,7 @@ import (
 
 // upsertL is an expected upsert statement for a rule with the given limits.
 func upsertL(maxEvents, maxBytes int32, meta any, start int64, count, nbytes int32, events bson.A, inc, minD, maxD bson.D) bson.D {
-	d := upsert(meta, start, count, nbytes, events, inc, minD, maxD)
-	q := d[0].Value.(bson.D)
-	q[2].Value = bson.D{{Key: "$lte", Value: maxEvents - count}}
-	q[3].Value = bson.D{{Key: "$lte", Value: maxBytes - nbytes}}
-	return d
+	return upsertAt(0, false, maxEvents, maxBytes, meta, start, count, nbytes, events, inc, minD, maxD)
 }
 
 // oneUpsert is the upsert of a single stored event with value v (int32).
@@ -37,7 +33,6 @@ func oneUpsert(t testing.TB, meta any, start int64, s bson.D, ts int64, v any) b
 func TestInsertCommands(t *testing.T) {
 	uuid := bson.Binary{Subtype: 4, Data: bytes.Repeat([]byte{0xAB}, 16)}
 	lsid := bson.D{{Key: "id", Value: uuid}}
-	sess := session{lsidID: bsoncore.Value{Type: bsoncore.TypeBinary, Data: mustDoc(t, bson.D{{Key: "id", Value: uuid}})[4+1+3:][:4+1+16]}, txnNumber: 7, hasTxnNumber: true}
 
 	// Three events of series s1 in window 0 (a complete bucket) and a
 	// fourth for the next, upserted.
@@ -64,6 +59,8 @@ func TestInsertCommands(t *testing.T) {
 		}
 	}
 	fourth := oneUpsert(t, "s1", 0, st(3), 4000, int32(4))
+	fourth[0].Value = bson.D{fourth[0].Value.(bson.D)[0], fourth[0].Value.(bson.D)[1], fourth[0].Value.(bson.D)[2]}
+	fourth[0].Value.(bson.D)[0].Value = bid("s1", 0, 1) // the fourth event opens bucket seq 1
 
 	// Events at window boundaries, before 1970 included.
 	bounds := []bson.D{
@@ -141,13 +138,13 @@ func TestInsertCommands(t *testing.T) {
 		{
 			name:   "group past maxEvents: complete bucket insert plus upsert of the rest",
 			cmd:    func(t testing.TB) Command { return bodyCmd(t, four) },
-			want:   []bson.D{insertCmd(true, []bson.D{bucketOf3(windowOID(1, 0))}), updateCmd(true, []bson.D{fourth})},
+			want:   []bson.D{insertCmd(true, []bson.D{bucketOf3(bid("s1", 0, 0))}), updateCmd(true, []bson.D{fourth})},
 			events: [][]int{{0, 1, 2}, {3}},
 		},
 		{
 			name:   "same group from a document sequence",
 			cmd:    func(t testing.TB) Command { return seqCmd(t, four) },
-			want:   []bson.D{insertCmd(true, []bson.D{bucketOf3(windowOID(1, 0))}), updateCmd(true, []bson.D{fourth})},
+			want:   []bson.D{insertCmd(true, []bson.D{bucketOf3(bid("s1", 0, 0))}), updateCmd(true, []bson.D{fourth})},
 			events: [][]int{{0, 1, 2}, {3}},
 		},
 		{
@@ -191,7 +188,7 @@ func TestInsertCommands(t *testing.T) {
 			rule: func(r *rules.Rule) { r.MaxEvents = 4; r.InsertThreshold = 4 },
 			cmd:  func(t testing.TB) Command { return bodyCmd(t, mixed) },
 			want: []bson.D{insertCmd(true, []bson.D{{
-				{Key: "_id", Value: windowOID(1, 0)},
+				{Key: "_id", Value: bid("m", 0, 0)},
 				{Key: "meta", Value: "m"},
 				{Key: "start", Value: dt(0)},
 				{Key: "count", Value: int32(4)},
@@ -211,7 +208,7 @@ func TestInsertCommands(t *testing.T) {
 					bson.D{{Key: "sum.value", Value: int32(3)}},
 					bson.D{{Key: "min.ts", Value: dt(1)}, {Key: "min.value", Value: int32(1)}},
 					bson.D{{Key: "max.ts", Value: dt(2)}, {Key: "max.value", Value: int32(2)}}),
-				upsertL(3, 120, "b", 0, 1, size(t, sst(2)), bson.A{sst(2)},
+				upsertAt(1, false, 3, 120, "b", 0, 1, size(t, sst(2)), bson.A{sst(2)},
 					bson.D{{Key: "sum.value", Value: int32(3)}},
 					bson.D{{Key: "min.ts", Value: dt(3)}, {Key: "min.value", Value: int32(3)}},
 					bson.D{{Key: "max.ts", Value: dt(3)}, {Key: "max.value", Value: int32(3)}}),
@@ -219,7 +216,7 @@ func TestInsertCommands(t *testing.T) {
 			events: [][]int{{0, 1}, {2}},
 		},
 		{
-			name: "retryable write: carried fields, stmtIds, derived bucket _id, unknown fields dropped",
+			name: "retryable write: carried fields, stmtIds, unknown fields dropped",
 			caps: Caps{StmtIDs: true},
 			cmd: func(t testing.TB) Command {
 				return bodyCmd(t, four,
@@ -235,7 +232,7 @@ func TestInsertCommands(t *testing.T) {
 				)
 			},
 			want: []bson.D{
-				insertCmd(false, []bson.D{bucketOf3(derivedBucketID(sess, "iot.readings.buckets", 0, 0))},
+				insertCmd(false, []bson.D{bucketOf3(bid("s1", 0, 0))},
 					bson.E{Key: "stmtIds", Value: bson.A{int32(0)}},
 					bson.E{Key: "lsid", Value: lsid},
 					bson.E{Key: "txnNumber", Value: int64(7)},
@@ -258,19 +255,19 @@ func TestInsertCommands(t *testing.T) {
 			},
 		},
 		{
-			name: "retryable write on an upstream without stmtIds: derived _id, insert unordered, no stmtIds",
+			name: "retryable write on an upstream without stmtIds: no stmtIds",
 			cmd: func(t testing.TB) Command {
 				return bodyCmd(t, four, bson.E{Key: "lsid", Value: lsid}, bson.E{Key: "txnNumber", Value: int64(7)})
 			},
 			want: []bson.D{
-				insertCmd(false, []bson.D{bucketOf3(derivedBucketID(sess, "iot.readings.buckets", 0, 0))},
+				insertCmd(true, []bson.D{bucketOf3(bid("s1", 0, 0))},
 					bson.E{Key: "lsid", Value: lsid}, bson.E{Key: "txnNumber", Value: int64(7)}),
 				updateCmd(true, []bson.D{fourth},
 					bson.E{Key: "lsid", Value: lsid}, bson.E{Key: "txnNumber", Value: int64(7)}),
 			},
 		},
 		{
-			name: "transaction: no stmtIds nor derived _id; startTransaction and readConcern only on the first command",
+			name: "transaction: no stmtIds; startTransaction and readConcern only on the first command",
 			caps: Caps{StmtIDs: true},
 			cmd: func(t testing.TB) Command {
 				return bodyCmd(t, four,
@@ -282,7 +279,7 @@ func TestInsertCommands(t *testing.T) {
 				)
 			},
 			want: []bson.D{
-				insertCmd(true, []bson.D{bucketOf3(windowOID(1, 0))},
+				insertCmd(true, []bson.D{bucketOf3(bid("s1", 0, 0))},
 					bson.E{Key: "lsid", Value: lsid},
 					bson.E{Key: "txnNumber", Value: int64(7)},
 					bson.E{Key: "autocommit", Value: false},

@@ -30,6 +30,23 @@ type ReadPlan struct {
 
 	rc    *readCtx
 	drain drainer
+	metas *metaResolver
+}
+
+// MetaQuery and AddMetas: as CursorShape's, for a Drain plan's replies.
+func (p *ReadPlan) MetaQuery(reply []byte) [][]byte {
+	if p.Cursor != nil {
+		return p.Cursor.MetaQuery(reply)
+	}
+	return p.metas.query(reply)
+}
+
+// AddMetas learns the metas from the reply to MetaQuery.
+func (p *ReadPlan) AddMetas(reply []byte) error {
+	if p.Cursor != nil {
+		return p.Cursor.AddMetas(reply)
+	}
+	return p.metas.add(reply)
 }
 
 // drainer accumulates the batches of a count or distinct.
@@ -51,6 +68,7 @@ func PlanRead(body []byte, rule *rules.Rule, opts ReadOptions) (p *ReadPlan, err
 	if err != nil {
 		return nil, err
 	}
+	rc.caps = opts.Caps
 	doc := bsoncore.Document(body)
 	if err := validateDeep(doc, 0); err != nil {
 		return nil, commandErrorf(CodeInvalidBSON, "tsproxy rule %s: command is not valid BSON: %v", rc.ns, err)
@@ -197,6 +215,9 @@ func (rc *readCtx) translateSort(sort bsoncore.Document, cmd string) (bsoncore.D
 				return nil, rc.unsupported("%s sort on %q by %s is not supported on a bucketed namespace", cmd, k, v.String())
 			}
 			return nil, rc.badValue(CodeBadValue, "%s sort direction of %q must be 1 or -1", cmd, k)
+		}
+		if _, isMeta := rc.metaPath(k); isMeta && !rc.caps.UnwindKeepsFields {
+			return nil, rc.unsupported("%s on the metaField %q is not supported on a bucketed namespace on this upstream (FerretDB's $unwind drops the bucket's meta)", cmd+" sort", k)
 		}
 		d = bsoncore.AppendInt32Element(d, rc.upstreamPath(k), int32(f))
 	}
@@ -353,7 +374,7 @@ func (rc *readCtx) planFind(body bsoncore.Document, opts ReadOptions, forExplain
 	extra := lookupElements(body, []string{"allowDiskUse"})
 	p := &ReadPlan{rc: rc}
 	p.Command = rc.aggregateCommand(pipeline, batchSize, body, extra, forExplain)
-	p.Cursor = &CursorShape{ns: rc.ns, metaField: rc.metaField, mode: shapeEvent, proj: proj, SingleBatch: single}
+	p.Cursor = &CursorShape{ns: rc.ns, metaField: rc.metaField, mode: shapeEvent, proj: proj, SingleBatch: single, metas: newMetaResolver(rc)}
 	return p, nil
 }
 
@@ -424,7 +445,8 @@ func (rc *readCtx) planDistinct(body bsoncore.Document, forExplain bool) (*ReadP
 	if err != nil {
 		return nil, err
 	}
-	p := &ReadPlan{rc: rc, Drain: true, drain: &distinctDrain{path: strings.Split(key, "."), metaField: rc.metaField}}
+	metas := newMetaResolver(rc)
+	p := &ReadPlan{rc: rc, Drain: true, metas: metas, drain: &distinctDrain{path: strings.Split(key, "."), metaField: rc.metaField, metas: metas}}
 	p.Command = rc.aggregateCommand(eventPipeline(sf), -1, body, nil, forExplain)
 	return p, nil
 }

@@ -69,7 +69,7 @@ func (rc *readCtx) planAggregate(body bsoncore.Document, opts ReadOptions, forEx
 		return nil, err
 	}
 	pipeline := eventPipeline(sf)
-	shape := &CursorShape{ns: rc.ns, metaField: rc.metaField, mode: shapeEvent}
+	shape := &CursorShape{ns: rc.ns, metaField: rc.metaField, mode: shapeEvent, metas: newMetaResolver(rc)}
 	last := ""
 	for ; i < len(stages); i++ {
 		st := stages[i]
@@ -88,9 +88,13 @@ func (rc *readCtx) planAggregate(body bsoncore.Document, opts ReadOptions, forEx
 			if err := validateDeep(d, 1); err != nil {
 				return nil, rc.badValue(CodeInvalidBSON, "$match is not valid BSON: %v", err)
 			}
+			rc.usedMeta = false
 			t, err := rc.translateFilter(d, 1)
 			if err != nil {
 				return nil, err
+			}
+			if rc.usedMeta && !rc.caps.UnwindKeepsFields {
+				return nil, rc.unsupported("a $match on the metaField %q after other stages is not supported on a bucketed namespace on this upstream (FerretDB)", rc.metaField)
 			}
 			pipeline = append(pipeline, stage("$match", docValue(t)))
 		case "$sort":

@@ -24,6 +24,7 @@ type CursorShape struct {
 	proj      *projection
 	groupID   bsoncore.Value // shapeGroupCount: the $group _id
 	groupKey  string         // shapeGroupCount: the counted field
+	metas       *metaResolver
 	// SingleBatch: the app asked for one batch; the proxy kills the
 	// upstream cursor after the first and answers with id 0.
 	SingleBatch bool
@@ -31,6 +32,20 @@ type CursorShape struct {
 
 // NS is the app's namespace, the cursor's ns in replies.
 func (s *CursorShape) NS() string { return s.ns }
+
+// MetaQuery returns the upstream find of the metas the reply's unwound
+// buckets lack (FerretDB's $unwind drops them), or nil when none is
+// needed. The proxy sends it and gives the reply to AddMetas before
+// MapReply.
+func (s *CursorShape) MetaQuery(reply []byte) [][]byte {
+	if s.mode != shapeEvent {
+		return nil
+	}
+	return s.metas.query(reply)
+}
+
+// AddMetas learns the metas from the reply to MetaQuery.
+func (s *CursorShape) AddMetas(reply []byte) error { return s.metas.add(reply) }
 
 // MapReply maps an aggregate or getMore reply from the bucket collection
 // to the app's: batches reshaped, ns the app's. It returns the upstream
@@ -118,7 +133,7 @@ func (s *CursorShape) appendCursor(dst []byte, cur bsoncore.Document) ([]byte, i
 func (s *CursorShape) mapDoc(d bsoncore.Document) (bsoncore.Document, error) {
 	switch s.mode {
 	case shapeEvent:
-		ev, err := reshapeEvent(d, s.metaField)
+		ev, err := reshapeEvent(d, s.metaField, s.metas)
 		if err != nil {
 			return nil, err
 		}

@@ -18,12 +18,13 @@ const maxDistinctBytes = 16 << 20
 type distinctDrain struct {
 	path      []string
 	metaField string
+	metas     *metaResolver
 	values    []bsoncore.Value
 	bytes     int
 }
 
 func (d *distinctDrain) feed(unwound bsoncore.Document) error {
-	ev, err := reshapeEvent(unwound, d.metaField)
+	ev, err := reshapeEvent(unwound, d.metaField, d.metas)
 	if err != nil {
 		return err
 	}

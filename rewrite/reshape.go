@@ -9,7 +9,7 @@ import (
 // events: {<stored event>}} back into the event the app inserted: the
 // stored event with the bucket's meta put back at the marker's position
 // under the metaField's name. No marker: the event had no metaField.
-func reshapeEvent(unwound bsoncore.Document, metaField string) (bsoncore.Document, error) {
+func reshapeEvent(unwound bsoncore.Document, metaField string, metas *metaResolver) (bsoncore.Document, error) {
 	ev, err := unwound.LookupErr(rules.BucketEvents)
 	if err != nil {
 		return nil, commandErrorf(CodeInternalError, "upstream document has no %q field", rules.BucketEvents)
@@ -25,9 +25,19 @@ func reshapeEvent(unwound bsoncore.Document, metaField string) (bsoncore.Documen
 	if err != nil {
 		return nil, commandErrorf(CodeInternalError, "stored event is not valid BSON: %v", err)
 	}
-	meta, err := unwound.LookupErr(rules.BucketMeta)
+	hasMarker := false
+	for _, e := range elems {
+		if e.Key() == metaField {
+			hasMarker = true
+			break
+		}
+	}
+	if !hasMarker {
+		return stored, nil
+	}
+	meta, err := metas.metaOf(unwound)
 	if err != nil {
-		meta = bsoncore.Value{Type: bsoncore.TypeNull}
+		return nil, err
 	}
 	idx, out := bsoncore.AppendDocumentStart(make([]byte, 0, len(stored)+len(meta.Data)+8))
 	for _, e := range elems {

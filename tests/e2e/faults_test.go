@@ -41,7 +41,10 @@ func TestFaultUpstreamDownAndBack(t *testing.T) {
 	t.Parallel()
 	r := newRelay(t, upstreamAddr(t))
 	p := startProxy(t, proxyOptions{upstreamURI: r.URI()})
-	c := connect(t, p.URI())
+	// The driver's default configuration: no client-wide timeout. (With
+	// one, the driver retries a read refused with HostUnreachable until
+	// the timeout: see TestFaultUpstreamBackWithinTimeout.)
+	c := connectNoTimeout(t, p.URI())
 	coll := c.Database(uniqueDB(t)).Collection("down")
 	ctx := ctxFor(t)
 	if _, err := coll.InsertOne(ctx, bson.D{{Key: "_id", Value: 1}}); err != nil {
@@ -49,22 +52,39 @@ func TestFaultUpstreamDownAndBack(t *testing.T) {
 	}
 
 	r.Stop()
-	start := time.Now()
-	_, err := coll.InsertOne(ctx, bson.D{{Key: "_id", Value: 2}})
-	upstreamDownError(t, "insert", err, time.Since(start))
-	start = time.Now()
-	err = coll.FindOne(ctx, bson.D{{Key: "_id", Value: 1}}).Err()
-	upstreamDownError(t, "find", err, time.Since(start))
-	start = time.Now()
-	err = c.Ping(ctx, nil)
-	upstreamDownError(t, "ping", err, time.Since(start))
+	// Operations without a deadline: with one, the driver retries a read
+	// refused with HostUnreachable until the deadline (see
+	// TestFaultUpstreamBackWithinTimeout). A watchdog catches a hang.
+	within := func(what string, op func() error) {
+		t.Helper()
+		done := make(chan error, 1)
+		start := time.Now()
+		go func() { done <- op() }()
+		select {
+		case err := <-done:
+			upstreamDownError(t, what, err, time.Since(start))
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%s hangs with the upstream down", what)
+		}
+	}
+	bg := context.Background()
+	within("insert", func() error {
+		_, err := coll.InsertOne(bg, bson.D{{Key: "_id", Value: 2}})
+		return err
+	})
+	within("find", func() error { return coll.FindOne(bg, bson.D{{Key: "_id", Value: 1}}).Err() })
+	within("ping", func() error { return c.Ping(bg, nil) })
+	within("aggregate", func() error {
+		_, err := coll.Aggregate(bg, bson.A{})
+		return err
+	})
 
 	// A client that connects while the upstream is down gets the same
 	// prompt error rather than a server selection timeout.
-	late := connect(t, p.URI())
-	start = time.Now()
-	err = late.Database("admin").RunCommand(ctx, bson.D{{Key: "ping", Value: 1}}).Err()
-	upstreamDownError(t, "ping of a new client", err, time.Since(start))
+	late := connectNoTimeout(t, p.URI())
+	within("ping of a new client", func() error {
+		return late.Database("admin").RunCommand(bg, bson.D{{Key: "ping", Value: 1}}).Err()
+	})
 
 	r.Start()
 	if _, err := coll.InsertOne(ctx, bson.D{{Key: "_id", Value: 3}}); err != nil {
@@ -91,7 +111,7 @@ func TestFaultUpstreamDownAtStart(t *testing.T) {
 	r := newRelay(t, upstreamAddr(t))
 	r.Stop()
 	p := startProxy(t, proxyOptions{upstreamURI: r.URI()})
-	c := connect(t, p.URI())
+	c := connectNoTimeout(t, p.URI())
 	ctx := ctxFor(t)
 	start := time.Now()
 	err := c.Ping(ctx, nil)
@@ -99,6 +119,47 @@ func TestFaultUpstreamDownAtStart(t *testing.T) {
 	r.Start()
 	if err := c.Ping(ctx, nil); err != nil {
 		t.Fatalf("ping after the upstream appeared: %v", err)
+	}
+}
+
+// TestFaultUpstreamBackWithinTimeout: with a client-wide timeout (CSOT),
+// the driver retries a read refused with HostUnreachable for as long as the
+// timeout allows; if the upstream returns meanwhile, the read succeeds; if
+// not, it fails when the timeout ends, not later.
+func TestFaultUpstreamBackWithinTimeout(t *testing.T) {
+	t.Parallel()
+	r := newRelay(t, upstreamAddr(t))
+	p := startProxy(t, proxyOptions{upstreamURI: r.URI()})
+	c := connect(t, p.URI())
+	coll := c.Database(uniqueDB(t)).Collection("back")
+	if _, err := coll.InsertOne(ctxFor(t), bson.D{{Key: "_id", Value: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	r.Stop()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	start := time.Now()
+	err := coll.FindOne(ctx, bson.D{{Key: "_id", Value: 1}}).Err()
+	el := time.Since(start)
+	if err == nil {
+		t.Fatal("find succeeded with the upstream down")
+	}
+	if el > 5*time.Second {
+		t.Fatalf("find with a 2s timeout failed only after %v: %v", el, err)
+	}
+
+	restarted := make(chan struct{})
+	time.AfterFunc(time.Second, func() { r.Start(); close(restarted) })
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel2()
+	var got struct {
+		ID int32 `bson:"_id"`
+	}
+	err = coll.FindOne(ctx2, bson.D{{Key: "_id", Value: 1}}).Decode(&got)
+	<-restarted
+	if err != nil || got.ID != 1 {
+		t.Fatalf("find across the upstream's return: %+v, %v", got, err)
 	}
 }
 
@@ -192,6 +253,7 @@ func TestShutdownInFlight(t *testing.T) {
 	}
 
 	reply := raw.readMsgReply(rawID)
+	t.Logf("in-flight reply after %v", time.Since(start))
 	if ok, _ := reply.Lookup("ok").AsFloat64OK(); ok != 1 {
 		t.Fatalf("in-flight insert: %v", reply)
 	}
@@ -199,15 +261,23 @@ func TestShutdownInFlight(t *testing.T) {
 		t.Fatalf("in-flight insert wrote n=%v", reply.Lookup("n"))
 	}
 	raw.expectClosed(5 * time.Second)
+	t.Logf("raw closed after %v", time.Since(start))
 	if err := <-insErr; err != nil {
 		t.Fatalf("driver insert in flight at Shutdown: %v", err)
 	}
+	t.Logf("driver insert done after %v", time.Since(start))
 	if err := <-shutErr; err != nil {
 		t.Fatalf("Shutdown: %v", err)
 	}
+	t.Logf("Shutdown done after %v", time.Since(start))
 	if el := time.Since(start); el > delay+5*time.Second {
 		t.Fatalf("Shutdown took %v", el)
 	}
+	// The proxy is gone: a bounded Disconnect (its endSessions would wait
+	// out server selection).
+	dctx, dcancel := context.WithTimeout(context.Background(), time.Second)
+	defer dcancel()
+	_ = cl.Disconnect(dctx)
 	r.SetDelay(0)
 	n, err := direct(t).Database(db).Collection("inflight").CountDocuments(ctxFor(t), bson.D{})
 	if err != nil || n != 2 {

@@ -15,6 +15,9 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rewrite"
 )
 
 // readingsRule is a rule for db.readings: sensorId series, 1-hour buckets.
@@ -468,4 +471,66 @@ func dmap(d bson.D) bson.M {
 		m[e.Key] = e.Value
 	}
 	return m
+}
+
+// TestInsertSeqIDs: 4 clients write one series and window far past
+// maxEvents at once; its buckets are exactly the deterministic ids of seq
+// 0..n, none over maxEvents, every event once.
+func TestInsertSeqIDs(t *testing.T) {
+	t.Parallel()
+	db := uniqueDB(t)
+	p := startProxy(t, proxyOptions{yaml: readingsRule(db, 20)})
+	ctx := ctxFor(t)
+	const clients, perClient = 4, 60
+	base := time.Date(2026, 7, 1, 3, 0, 0, 0, time.UTC)
+	var mu sync.Mutex
+	var sent []sentEvent
+	var wg sync.WaitGroup
+	errs := make(chan error, clients)
+	for c := 0; c < clients; c++ {
+		coll := connect(t, p.URI()).Database(db).Collection("readings")
+		wg.Add(1)
+		go func(c int) {
+			defer wg.Done()
+			for i := 0; i < perClient; {
+				n := 1 + (i+c)%9
+				var batch []sentEvent
+				for j := 0; j < n && i < perClient; j++ {
+					batch = append(batch, sentEvent{id: bson.NewObjectID(), sensor: "seq", ts: base.Add(time.Duration(c*perClient+i) * time.Second), value: float64(i)})
+					i++
+				}
+				docs := make([]any, len(batch))
+				for k, e := range batch {
+					docs[k] = e.doc()
+				}
+				if _, err := coll.InsertMany(ctx, docs); err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				sent = append(sent, batch...)
+				mu.Unlock()
+			}
+		}(c)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	buckets := readBuckets(t, ctx, db)
+	checkStored(t, buckets, sent, 20)
+	ids := map[bson.ObjectID]bool{}
+	for _, b := range buckets {
+		ids[b.ID] = true
+	}
+	meta := bsoncore.Value{Type: bsoncore.TypeString, Data: bsoncore.AppendString(nil, "seq")}
+	for seq := 0; seq < len(buckets); seq++ {
+		if id := rewrite.BucketID(db+".readings.buckets", meta, base.UnixMilli(), seq); !ids[id] {
+			t.Fatalf("bucket seq %d (%v) missing among %d buckets", seq, id, len(buckets))
+		}
+	}
+	if min := (clients*perClient + 19) / 20; len(buckets) < min {
+		t.Fatalf("%d buckets, want at least %d", len(buckets), min)
+	}
 }

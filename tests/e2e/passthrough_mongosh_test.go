@@ -31,11 +31,16 @@ out.updateMatched = u.matchedCount;
 out.updateModified = u.modifiedCount;
 out.updatedA = sdb.readings.find({sensor: "a"}).sort({_id: 1}).toArray().map(d => d.v);
 out.deleteOne = sdb.readings.deleteOne({_id: 4}).deletedCount;
+// One accumulator per $group: FerretDB 1.24 gets several wrong.
 out.agg = sdb.readings.aggregate([
   {$match: {v: {$gt: 0}}},
-  {$group: {_id: "$sensor", n: {$sum: 1}, total: {$sum: "$v"}}},
+  {$group: {_id: "$sensor", total: {$sum: "$v"}}},
   {$sort: {_id: 1}},
 ]).toArray();
+out.aggCount = sdb.readings.aggregate([
+  {$group: {_id: "$sensor", n: {$sum: 1}}},
+  {$sort: {n: -1, _id: 1}},
+]).toArray().map(g => g._id + ":" + g.n);
 out.createIndex = sdb.readings.createIndex({sensor: 1, v: -1});
 out.indexes = sdb.readings.getIndexes().map(i => i.name).sort();
 sdb.createCollection("scratch");
@@ -69,7 +74,6 @@ func TestPassthroughMongosh(t *testing.T) {
 	}
 	type group struct {
 		ID    string `json:"_id"`
-		N     int    `json:"n"`
 		Total int    `json:"total"`
 	}
 	var got struct {
@@ -83,6 +87,7 @@ func TestPassthroughMongosh(t *testing.T) {
 		UpdatedA             []int    `json:"updatedA"`
 		DeleteOne            int      `json:"deleteOne"`
 		Agg                  []group  `json:"agg"`
+		AggCount             []string `json:"aggCount"`
 		CreateIndex          string   `json:"createIndex"`
 		Indexes              []string `json:"indexes"`
 		Collections          []string `json:"collections"`
@@ -109,7 +114,8 @@ func TestPassthroughMongosh(t *testing.T) {
 	check("updateMany modified", got.UpdateModified, 2)
 	check("updated a", got.UpdatedA, []int{11, 31})
 	check("deleteOne", got.DeleteOne, 1)
-	check("aggregate", got.Agg, []group{{"a", 2, 42}, {"b", 2, 70}})
+	check("aggregate", got.Agg, []group{{"a", 42}, {"b", 70}})
+	check("aggregate count", got.AggCount, []string{"a:2", "b:2"})
 	check("createIndex", got.CreateIndex, "sensor_1_v_-1")
 	check("indexes", got.Indexes, []string{"_id_", "sensor_1_v_-1"})
 	check("collections", got.Collections, []string{"readings", "scratch"})

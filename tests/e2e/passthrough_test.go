@@ -5,6 +5,7 @@ import (
 	"errors"
 	"reflect"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -95,14 +96,7 @@ func crud(t *testing.T, client *mongo.Client, dbName string) []item {
 	if err != nil || n != 10 {
 		t.Fatalf("countDocuments kind a = %d, %v; want 10", n, err)
 	}
-	var kinds []string
-	if err := coll.Distinct(ctx, "kind", bson.D{}).Decode(&kinds); err != nil {
-		t.Fatalf("distinct: %v", err)
-	}
-	sort.Strings(kinds)
-	if !reflect.DeepEqual(kinds, []string{"a", "b", "c"}) {
-		t.Fatalf("distinct kinds = %v", kinds)
-	}
+	checkDistinct(t, coll, []string{"a", "b", "c"}, true)
 
 	// updateOne / updateMany
 	u1, err := coll.UpdateOne(ctx, bson.D{{Key: "_id", Value: 1}}, bson.D{{Key: "$set", Value: bson.D{{Key: "extra", Value: "one"}}}})
@@ -135,28 +129,36 @@ func crud(t *testing.T, client *mongo.Client, dbName string) []item {
 		t.Fatalf("deleted document still found: %v", err)
 	}
 
-	// aggregate: $match, $group, $sort
-	acur, err := coll.Aggregate(ctx, mongo.Pipeline{
-		{{Key: "$match", Value: bson.D{{Key: "kind", Value: bson.D{{Key: "$in", Value: bson.A{"a", "b"}}}}}}},
-		{{Key: "$group", Value: bson.D{{Key: "_id", Value: "$kind"}, {Key: "n", Value: bson.D{{Key: "$sum", Value: 1}}}, {Key: "total", Value: bson.D{{Key: "$sum", Value: "$qty"}}}}}},
-		{{Key: "$sort", Value: bson.D{{Key: "_id", Value: 1}}}},
-	}, options.Aggregate().SetBatchSize(1))
-	if err != nil {
-		t.Fatalf("aggregate: %v", err)
+	// aggregate: $match, $group, $sort. (One accumulator per $group:
+	// FerretDB 1.24 answers 0 for all but one of several $sum
+	// accumulators in one $group, directly as well as through the proxy.)
+	type group struct {
+		ID string `bson:"_id"`
+		V  int64  `bson:"v"`
 	}
-	var groups []struct {
-		ID    string `bson:"_id"`
-		N     int32  `bson:"n"`
-		Total int64  `bson:"total"`
-	}
-	if err := acur.All(ctx, &groups); err != nil {
-		t.Fatalf("aggregate cursor: %v", err)
+	agg := func(acc any) []group {
+		t.Helper()
+		acur, err := coll.Aggregate(ctx, mongo.Pipeline{
+			{{Key: "$match", Value: bson.D{{Key: "kind", Value: bson.D{{Key: "$in", Value: bson.A{"a", "b"}}}}}}},
+			{{Key: "$group", Value: bson.D{{Key: "_id", Value: "$kind"}, {Key: "v", Value: bson.D{{Key: "$sum", Value: acc}}}}}},
+			{{Key: "$sort", Value: bson.D{{Key: "_id", Value: -1}}}},
+		}, options.Aggregate().SetBatchSize(1))
+		if err != nil {
+			t.Fatalf("aggregate: %v", err)
+		}
+		var groups []group
+		if err := acur.All(ctx, &groups); err != nil {
+			t.Fatalf("aggregate cursor: %v", err)
+		}
+		return groups
 	}
 	// a: ids 3,6,...,27 (0 deleted): 9 docs, qty 3+6+...+27 = 135.
 	// b: ids 1,4,...,28: 10 docs, qty (1+4+...+28)+1000 = 145+1000.
-	if len(groups) != 2 || groups[0].ID != "a" || groups[0].N != 9 || groups[0].Total != 135 ||
-		groups[1].ID != "b" || groups[1].N != 10 || groups[1].Total != 1145 {
-		t.Fatalf("aggregate groups = %+v", groups)
+	if g := agg(1); !reflect.DeepEqual(g, []group{{"b", 10}, {"a", 9}}) {
+		t.Fatalf("aggregate counts = %+v", g)
+	}
+	if g := agg("$qty"); !reflect.DeepEqual(g, []group{{"b", 1145}, {"a", 135}}) {
+		t.Fatalf("aggregate totals = %+v", g)
 	}
 
 	// createIndexes + listIndexes
@@ -224,6 +226,46 @@ func crud(t *testing.T, client *mongo.Client, dbName string) []item {
 	return left
 }
 
+// checkDistinct runs distinct on "kind". FerretDB 1.24 refuses the
+// maxTimeMS that the driver adds to distinct under a client-wide timeout
+// (connect sets one): then its error must come through unchanged.
+func checkDistinct(t *testing.T, coll *mongo.Collection, want []string, csot bool) {
+	t.Helper()
+	ctx := ctxFor(t)
+	if !csot {
+		// A context deadline also makes the driver send maxTimeMS.
+		ctx = context.Background()
+	}
+	res := coll.Distinct(ctx, "kind", bson.D{})
+	if err := res.Err(); err != nil {
+		var ce mongo.CommandError
+		if !csot || env.external || !errors.As(err, &ce) || ce.Code != 9 || !strings.Contains(ce.Message, `unknown field "maxTimeMS"`) {
+			t.Fatalf("distinct: %v", err)
+		}
+		return
+	}
+	var kinds []string
+	if err := res.Decode(&kinds); err != nil {
+		t.Fatalf("distinct: %v", err)
+	}
+	sort.Strings(kinds)
+	if !reflect.DeepEqual(kinds, want) {
+		t.Fatalf("distinct kinds = %v, want %v", kinds, want)
+	}
+}
+
+// connectNoTimeout is connect without a client-wide timeout (no CSOT):
+// the driver's default configuration.
+func connectNoTimeout(t testing.TB, uri string) *mongo.Client {
+	t.Helper()
+	c, err := mongo.Connect(options.Client().ApplyURI(uri).SetServerSelectionTimeout(10 * time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Disconnect(context.Background()) })
+	return c
+}
+
 // expectedLeft is what crud leaves: kinds a and b without _id 0, the b
 // ones incremented by 100, _id 1 with extra "one", plus the upsert.
 func expectedLeft() []item {
@@ -274,6 +316,8 @@ func TestPassthroughCRUD(t *testing.T) {
 		t.Fatalf("through the proxy the collection holds\n%+v\nwant\n%+v", left, want)
 	}
 	checkDirect(t, db, want)
+	// Without a client timeout, distinct runs on FerretDB too.
+	checkDistinct(t, connectNoTimeout(t, p.URI()).Database(db).Collection("items"), []string{"a", "b", "z"}, false)
 
 	// The driver discovered the proxy as a router and nothing else.
 	ctx := ctxFor(t)
@@ -457,5 +501,46 @@ func TestPassthroughSessions(t *testing.T) {
 	n, err := coll.CountDocuments(ctx, bson.D{})
 	if err != nil || n != 6 {
 		t.Fatalf("after the transaction the collection counts %d, %v; want 6", n, err)
+	}
+}
+
+// TestPassthroughUnacknowledgedWrites: the Go driver's w:0 writes (sent
+// with moreToCome, no reply expected) on a one-connection pool, each
+// followed by acknowledged commands on the same connection: every reply
+// pairs with its own request and every write lands.
+func TestPassthroughUnacknowledgedWrites(t *testing.T) {
+	t.Parallel()
+	p := startProxy(t, proxyOptions{})
+	c := connect(t, p.URI(), "maxPoolSize=1")
+	db := uniqueDB(t)
+	ctx := ctxFor(t)
+	acked := c.Database(db).Collection("w0")
+	unacked := c.Database(db).Collection("w0", options.Collection().SetWriteConcern(writeconcern.Unacknowledged()))
+	for i := 0; i < 20; i++ {
+		res, err := unacked.InsertOne(ctx, bson.D{{Key: "_id", Value: i}, {Key: "v", Value: i}})
+		if err != nil {
+			t.Fatalf("w:0 insert %d: %v", i, err)
+		}
+		if res.Acknowledged {
+			t.Fatalf("w:0 insert %d reported acknowledged", i)
+		}
+		// An acknowledged command right after: its reply must be its own.
+		var d struct {
+			ID int32 `bson:"_id"`
+			V  int32 `bson:"v"`
+		}
+		if err := acked.FindOne(ctx, bson.D{{Key: "_id", Value: i}}).Decode(&d); err != nil || d.ID != int32(i) || d.V != int32(i) {
+			t.Fatalf("find after w:0 insert %d: %+v, %v", i, d, err)
+		}
+	}
+	if _, err := unacked.UpdateMany(ctx, bson.D{}, bson.D{{Key: "$inc", Value: bson.D{{Key: "v", Value: 100}}}}); err != nil {
+		t.Fatalf("w:0 updateMany: %v", err)
+	}
+	if _, err := unacked.DeleteOne(ctx, bson.D{{Key: "_id", Value: 0}}); err != nil {
+		t.Fatalf("w:0 deleteOne: %v", err)
+	}
+	n, err := acked.CountDocuments(ctx, bson.D{{Key: "v", Value: bson.D{{Key: "$gte", Value: 100}}}})
+	if err != nil || n != 19 {
+		t.Fatalf("after w:0 update and delete, %d documents with v >= 100, %v; want 19", n, err)
 	}
 }

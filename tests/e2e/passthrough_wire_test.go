@@ -332,3 +332,84 @@ func TestCompressionNegotiatedOnTheWire(t *testing.T) {
 		c.expectClosed(5 * time.Second)
 	})
 }
+
+// TestPassthroughMoreToComeAndExhaust: a fire-and-forget (moreToCome)
+// write gets no reply but is applied; a getMore that allows exhaust gets
+// exactly one reply, without moreToCome, so the request/reply pairing of
+// the connection stays intact.
+func TestPassthroughMoreToComeAndExhaust(t *testing.T) {
+	t.Parallel()
+	p := startProxy(t, proxyOptions{})
+	db := uniqueDB(t)
+	c := dialRaw(t, p.addr)
+	c.ping()
+
+	// Unacknowledged insert of 6 documents.
+	var docs bson.A
+	for i := 0; i < 6; i++ {
+		docs = append(docs, bson.D{{Key: "_id", Value: i}})
+	}
+	c.sendMsg(marshal(t, bson.D{{Key: "insert", Value: "fire"}, {Key: "documents", Value: docs},
+		{Key: "writeConcern", Value: bson.D{{Key: "w", Value: 0}}}, {Key: "$db", Value: db}}), wire.MoreToCome)
+	// The next frame read is the ping's reply: nothing answered the insert.
+	c.ping()
+	ctx := ctxFor(t)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n, err := direct(t).Database(db).Collection("fire").CountDocuments(ctx, bson.D{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 6 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("unacknowledged insert: %d of 6 documents stored", n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	r := c.command(bson.D{{Key: "find", Value: "fire"}, {Key: "sort", Value: bson.D{{Key: "_id", Value: 1}}}, {Key: "batchSize", Value: 2}, {Key: "$db", Value: db}})
+	cursorID, ok := r.Lookup("cursor", "id").Int64OK()
+	if !ok || cursorID == 0 {
+		t.Fatalf("find opened no cursor: %v", r)
+	}
+	seen := 0
+	countBatch := func(r bson.Raw, key string) {
+		t.Helper()
+		arr, ok := r.Lookup("cursor", key).ArrayOK()
+		if !ok {
+			t.Fatalf("reply without cursor.%s: %v", key, r)
+		}
+		vals, _ := arr.Values()
+		for _, v := range vals {
+			id, _ := v.Document().Lookup("_id").AsInt64OK()
+			if id != int64(seen) {
+				t.Fatalf("document %d has _id %d", seen, id)
+			}
+			seen++
+		}
+	}
+	countBatch(r, "firstBatch")
+
+	id := c.sendMsg(marshal(t, bson.D{{Key: "getMore", Value: cursorID}, {Key: "collection", Value: "fire"}, {Key: "batchSize", Value: 2}, {Key: "$db", Value: db}}), wire.ExhaustAllowed)
+	h, frame := c.readFrame()
+	if h.ResponseTo != id || h.OpCode != wire.OpMsg {
+		t.Fatalf("exhaust getMore reply: %s to %d, want OP_MSG to %d", h.OpCode, h.ResponseTo, id)
+	}
+	var m wire.Msg
+	if err := m.Decode(frame); err != nil {
+		t.Fatal(err)
+	}
+	if m.Flags&wire.MoreToCome != 0 {
+		t.Fatalf("the proxy streamed an exhaust reply (flags %#x)", m.Flags)
+	}
+	countBatch(bson.Raw(m.Body), "nextBatch")
+	// Nothing else arrives unasked: the next reply is the ping's.
+	c.ping()
+	r = c.command(bson.D{{Key: "getMore", Value: cursorID}, {Key: "collection", Value: "fire"}, {Key: "$db", Value: db}})
+	countBatch(r, "nextBatch")
+	if seen != 6 {
+		t.Fatalf("read %d of 6 documents", seen)
+	}
+}

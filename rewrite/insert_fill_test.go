@@ -1,0 +1,180 @@
+package rewrite
+
+import (
+	"testing"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+// fillsOf answers Buckets from a map keyed by meta string (window 0).
+func fillsOf(m map[string]BucketFill) func(BucketKey) BucketFill {
+	return func(k BucketKey) BucketFill {
+		for meta, f := range m {
+			if eventKey(mustValue(meta), 0).String() == k.String() {
+				return f
+			}
+		}
+		return BucketFill{Seq: -1, Known: true}
+	}
+}
+
+func mustValue(s string) bsoncore.Value {
+	return bsoncore.Value{Type: bsoncore.TypeString, Data: bsoncore.AppendString(nil, s)}
+}
+
+func TestInsertFills(t *testing.T) {
+	e := func(i byte) bson.D { return ev(oid(i), dt(int64(i)), "s", nil) }
+	se := func(i byte) bson.D { return stored(oid(i), dt(int64(i)), true, nil) }
+	ts := func(lo, hi int64) (bson.D, bson.D) {
+		return bson.D{{Key: "min.ts", Value: dt(lo)}}, bson.D{{Key: "max.ts", Value: dt(hi)}}
+	}
+	sz := func(ids ...byte) int32 {
+		var ds []bson.D
+		for _, i := range ids {
+			ds = append(ds, se(i))
+		}
+		return size(t, ds...)
+	}
+	rule := testRule() // 3 events per bucket, threshold 3
+	events := []bson.D{e(1), e(2), e(3), e(4), e(5)}
+
+	// Open bucket seq 2 holds 1 event: two fit (one upsert), then a new
+	// bucket 3 of 3 events (complete insert, threshold 3).
+	o := opts()
+	o.Buckets = fillsOf(map[string]BucketFill{"s": {Seq: 2, Count: 1, Bytes: 10, Known: true}})
+	p := mustInsert(t, bodyCmd(t, events), rule, o)
+	mn, mx := ts(1, 2)
+	bucket3 := bson.D{
+		{Key: "_id", Value: bid("s", 0, 3)}, {Key: "meta", Value: "s"}, {Key: "start", Value: dt(0)},
+		{Key: "count", Value: int32(3)}, {Key: "bytes", Value: sz(3, 4, 5)},
+		{Key: "min", Value: bson.D{{Key: "ts", Value: dt(3)}}}, {Key: "max", Value: bson.D{{Key: "ts", Value: dt(5)}}},
+		{Key: "events", Value: bson.A{se(3), se(4), se(5)}},
+	}
+	assertCommands(t, p,
+		insertCmd(true, []bson.D{bucket3}),
+		updateCmd(true, []bson.D{upsertAt(2, false, 3, 1<<20, "s", 0, 2, sz(1, 2), bson.A{se(1), se(2)}, nil, mn, mx)}))
+	got := p.Fills(okReplies(t, p))
+	if len(got) != 1 || got[0].Fill != (BucketFill{Seq: 3, Count: 3, Bytes: int64(sz(3, 4, 5)), Known: true}) {
+		t.Errorf("fills = %+v", got)
+	}
+	// A failed statement makes the key's fill unknown.
+	failed := []bsoncore.Document{upReply(t, 0, bson.A{upErr(0, 2, "no")}), upReply(t, 1, nil)}
+	if got := p.Fills(failed); got[0].Fill.Known {
+		t.Errorf("fill after a failure is known: %+v", got[0].Fill)
+	}
+
+	// The same on an upstream with _id-only filters: q is {_id} alone.
+	o = opts()
+	o.Caps = Caps{IDOnlyFilters: true, MaxUpdateStatements: 1}
+	o.Buckets = fillsOf(map[string]BucketFill{"s": {Seq: 0, Count: 2, Bytes: 10, Known: true}})
+	p = mustInsert(t, bodyCmd(t, events[:2]), rule, o)
+	mn, mx = ts(1, 1)
+	mn2, mx2 := ts(2, 2)
+	assertCommands(t, p,
+		updateCmd(true, []bson.D{upsertAt(0, true, 3, 1<<20, "s", 0, 1, sz(1), bson.A{se(1)}, nil, mn, mx)}),
+		updateCmd(true, []bson.D{upsertAt(1, true, 3, 1<<20, "s", 0, 1, sz(2), bson.A{se(2)}, nil, mn2, mx2)}))
+
+	// A full open bucket (by bytes) gets nothing; an unknown fill is "none".
+	o = opts()
+	o.Buckets = fillsOf(map[string]BucketFill{"s": {Seq: 4, Count: 0, Bytes: 1 << 20, Known: true}})
+	p = mustInsert(t, bodyCmd(t, events[:1]), rule, o)
+	mn, mx = ts(1, 1)
+	assertCommands(t, p, updateCmd(true, []bson.D{upsertAt(5, false, 3, 1<<20, "s", 0, 1, sz(1), bson.A{se(1)}, nil, mn, mx)}))
+	o.Buckets = fillsOf(map[string]BucketFill{"s": {Seq: 4, Count: 1}})
+	p = mustInsert(t, bodyCmd(t, events[:1]), rule, o)
+	assertCommands(t, p, updateCmd(true, []bson.D{upsertAt(0, false, 3, 1<<20, "s", 0, 1, sz(1), bson.A{se(1)}, nil, mn, mx)}))
+}
+
+func TestInsertRetry(t *testing.T) {
+	const dup = "E11000 duplicate key error"
+	e := func(i byte, meta string) bson.D { return ev(oid(i), dt(int64(i)), meta, nil) }
+	rule := testRule()
+	rule.InsertThreshold = 100
+	events := []bson.D{e(1, "a"), e(2, "b"), e(3, "a")}
+	for _, ordered := range []bool{true, false} {
+		o := opts()
+		o.Caps = Caps{StmtIDs: true}
+		p := mustInsert(t, bodyCmd(t, events, bson.E{Key: "ordered", Value: ordered},
+			bson.E{Key: "lsid", Value: bson.D{{Key: "id", Value: int32(1)}}}, bson.E{Key: "txnNumber", Value: int64(1)}), rule, o)
+		// One update: a (events 0, 2) into seq 0, b (event 1) into seq 0.
+		// Bucket a/0 turned out full: duplicate key on statement 0.
+		replies := []bsoncore.Document{upReply(t, 1, bson.A{upErr(0, 11000, dup)})}
+		if !p.Retriable(replies) {
+			t.Fatalf("ordered=%v: duplicate key not retriable", ordered)
+		}
+		if f := p.Fills(replies); f[0].Fill.Known {
+			t.Errorf("ordered=%v: fill of the duplicate key's series is known", ordered)
+		}
+		next := p.Retry(replies, fillsOf(map[string]BucketFill{"a": {Seq: 0, Count: 3, Known: true}, "b": {Seq: 0, Count: 1, Known: true}}))
+		if next == nil {
+			t.Fatalf("ordered=%v: no retry", ordered)
+		}
+		// Ordered: b's statement did not run after the failure, so it is
+		// retried too (into its seq 0, now holding 1); unordered: b was
+		// written, only a is retried, into seq 1. stmtIds are kept.
+		var want []bson.D
+		aStmt := upsertAt(1, false, 3, 1<<20, "a", 0, 2, size(t, stored(oid(1), dt(1), true, nil), stored(oid(3), dt(3), true, nil)),
+			bson.A{stored(oid(1), dt(1), true, nil), stored(oid(3), dt(3), true, nil)}, nil,
+			bson.D{{Key: "min.ts", Value: dt(1)}}, bson.D{{Key: "max.ts", Value: dt(3)}})
+		stmtIDs := bson.A{int32(0)}
+		want = []bson.D{aStmt}
+		if ordered {
+			want = append(want, upsertAt(0, false, 3, 1<<20, "b", 0, 1, size(t, stored(oid(2), dt(2), true, nil)),
+				bson.A{stored(oid(2), dt(2), true, nil)}, nil, bson.D{{Key: "min.ts", Value: dt(2)}}, bson.D{{Key: "max.ts", Value: dt(2)}}))
+			stmtIDs = append(stmtIDs, int32(1))
+		}
+		assertCommands(t, next, updateCmd(ordered, want, bson.E{Key: "stmtIds", Value: stmtIDs},
+			bson.E{Key: "lsid", Value: bson.D{{Key: "id", Value: int32(1)}}}, bson.E{Key: "txnNumber", Value: int64(1)}))
+		if next.Round() != 1 {
+			t.Errorf("round %d", next.Round())
+		}
+		assertDoc(t, "reply after retry", next.Reply(okReplies(t, next)), reply(3))
+	}
+
+	// Rounds are bounded; then the duplicate key is reported.
+	p := mustInsert(t, bodyCmd(t, events[:1]), rule, opts())
+	dupReply := []bsoncore.Document{upReply(t, 0, bson.A{upErr(0, 11000, dup)})}
+	rounds := 0
+	for next := p; next != nil; next = next.Retry(dupReply, nil) {
+		p = next
+		rounds++
+	}
+	if rounds != maxInsertRounds {
+		t.Errorf("%d rounds, want %d", rounds, maxInsertRounds)
+	}
+	assertDoc(t, "reply after the last round", p.Reply(dupReply), reply(0, we{0, 11000, dup}))
+
+	// Other failures and transactions are not retried.
+	p = mustInsert(t, bodyCmd(t, events), rule, opts())
+	if p.Retry([]bsoncore.Document{upReply(t, 0, bson.A{upErr(0, 2, "no")})}, nil) != nil {
+		t.Errorf("a non-duplicate-key failure was retried")
+	}
+	p = mustInsert(t, bodyCmd(t, events, bson.E{Key: "autocommit", Value: false}), rule, opts())
+	if p.Retry(dupReply, nil) != nil {
+		t.Errorf("a transaction statement was retried")
+	}
+}
+
+func TestInsertKeys(t *testing.T) {
+	events := []bson.D{
+		ev(oid(1), dt(hour+5), "b", nil), ev(oid(2), dt(5), "b", nil), ev(oid(3), dt(7), "a", nil),
+		ev(oid(4), dt(6), "b", nil), {{Key: "sensorId", Value: "c"}}, ev(oid(5), dt(9), nil, nil),
+	}
+	keys, err := InsertKeys(bodyCmd(t, events), testRule())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []BucketKey{eventKey(mustValue("a"), 0), eventKey(mustValue("b"), 0), eventKey(bsoncore.Value{}, 0), eventKey(mustValue("b"), hour)}
+	if len(keys) != len(want) {
+		t.Fatalf("keys %v, want %v", keys, want)
+	}
+	for i := range want {
+		if keys[i].String() != want[i].String() {
+			t.Errorf("key %d = %v, want %v", i, keys[i], want[i])
+		}
+	}
+	if _, err := InsertKeys(Command{Body: mustDoc(t, bson.D{{Key: "insert", Value: "other"}})}, testRule()); err == nil {
+		t.Errorf("InsertKeys accepted an insert into another collection")
+	}
+}

@@ -1,0 +1,148 @@
+package rewrite
+
+import (
+	"github.com/tsproxy/tsproxy/rules"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+// FerretDB v1.24's $unwind keeps only _id and the unwound field of each
+// document, so an unwound bucket there has no meta. The proxy then looks
+// the metas up by bucket _id, once per batch for the buckets it has not
+// seen: metaResolver holds what it learnt.
+type metaResolver struct {
+	bucketColl, db string
+	cache          map[string]bsoncore.Value // bucket _id (type byte + bytes) -> meta
+}
+
+// maxMetaCache bounds the metas one cursor remembers; past it the cache
+// starts again (batches come bucket by bucket, so little is lost).
+const maxMetaCache = 10000
+
+func newMetaResolver(rc *readCtx) *metaResolver {
+	if rc.metaField == "" {
+		return nil
+	}
+	return &metaResolver{bucketColl: rc.rule.BucketCollection, db: rc.rule.DB, cache: map[string]bsoncore.Value{}}
+}
+
+func idKey(v bsoncore.Value) string { return string(rune(v.Type)) + string(v.Data) }
+
+// batchDocs returns the documents of a cursor reply's batch.
+func batchDocs(reply bsoncore.Document) []bsoncore.Document {
+	cur, err := reply.LookupErr("cursor")
+	if err != nil {
+		return nil
+	}
+	cd, ok := cur.DocumentOK()
+	if !ok {
+		return nil
+	}
+	batch, err := cd.LookupErr("firstBatch")
+	if err != nil {
+		if batch, err = cd.LookupErr("nextBatch"); err != nil {
+			return nil
+		}
+	}
+	arr, ok := batch.ArrayOK()
+	if !ok {
+		return nil
+	}
+	vals, _ := arr.Values()
+	out := make([]bsoncore.Document, 0, len(vals))
+	for _, v := range vals {
+		if d, ok := v.DocumentOK(); ok {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// query returns the finds of the metas of the reply's buckets that are
+// not known and not in their unwound documents: one per bucket, by _id
+// alone, the one filter FerretDB reads through its index.
+func (m *metaResolver) query(reply []byte) [][]byte {
+	if m == nil {
+		return nil
+	}
+	doc := bsoncore.Document(reply)
+	if doc.Validate() != nil || !replyOK(doc) {
+		return nil
+	}
+	var ids []bsoncore.Value
+	seen := map[string]bool{}
+	for _, d := range batchDocs(doc) {
+		if _, err := d.LookupErr(rules.BucketMeta); err == nil {
+			continue
+		}
+		id, err := d.LookupErr(rules.BucketID)
+		if err != nil {
+			continue
+		}
+		k := idKey(id)
+		if _, ok := m.cache[k]; ok || seen[k] {
+			continue
+		}
+		seen[k] = true
+		ids = append(ids, id)
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	nb := bsoncore.NewDocumentBuilder
+	out := make([][]byte, 0, len(ids))
+	for _, id := range ids {
+		out = append(out, nb().AppendString("find", m.bucketColl).
+			AppendDocument("filter", nb().AppendValue(rules.BucketID, id).Build()).
+			AppendDocument("projection", nb().AppendInt32(rules.BucketMeta, 1).Build()).
+			AppendInt64("limit", 1).
+			AppendBoolean("singleBatch", true).
+			AppendString("$db", m.db).Build())
+	}
+	return out
+}
+
+// add learns the metas of a reply to query.
+func (m *metaResolver) add(reply []byte) error {
+	if m == nil {
+		return nil
+	}
+	doc := bsoncore.Document(reply)
+	if err := doc.Validate(); err != nil {
+		return commandErrorf(CodeInternalError, "upstream reply is not valid BSON: %v", err)
+	}
+	if !replyOK(doc) {
+		msg, _ := doc.Lookup("errmsg").StringValueOK()
+		return commandErrorf(CodeInternalError, "looking up bucket metas: %s", msg)
+	}
+	docs := batchDocs(doc)
+	if len(m.cache)+len(docs) > maxMetaCache {
+		m.cache = map[string]bsoncore.Value{}
+	}
+	for _, d := range docs {
+		id, err := d.LookupErr(rules.BucketID)
+		if err != nil {
+			continue
+		}
+		meta, err := d.LookupErr(rules.BucketMeta)
+		if err != nil {
+			meta = bsoncore.Value{Type: bsoncore.TypeNull}
+		}
+		m.cache[idKey(id)] = bsoncore.Value{Type: meta.Type, Data: append([]byte(nil), meta.Data...)}
+	}
+	return nil
+}
+
+// metaOf is the meta of an unwound bucket: its own, or the one looked up.
+func (m *metaResolver) metaOf(unwound bsoncore.Document) (bsoncore.Value, error) {
+	if v, err := unwound.LookupErr(rules.BucketMeta); err == nil {
+		return v, nil
+	}
+	if m != nil {
+		if id, err := unwound.LookupErr(rules.BucketID); err == nil {
+			if v, ok := m.cache[idKey(id)]; ok {
+				return v, nil
+			}
+		}
+	}
+	return bsoncore.Value{}, commandErrorf(CodeInternalError, "the meta of bucket %s is unknown (the bucket was removed while being read?)", unwound.Lookup(rules.BucketID).String())
+}
