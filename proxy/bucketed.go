@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -221,6 +222,16 @@ func (c *conn) ensureBucketIndex(rule *rules.Rule) {
 		c.log.Error("could not create the bucket index {meta: 1, start: 1}; writes are stored, reads will be slow. Grant createIndex on the bucket collection, or create the index yourself",
 			"rule", rule.Namespace, "collection", ns, "err", err.Error())
 		return
+	}
+	if hook := c.s.opts.IndexIDs; hook != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		err := hook(ctx, rule.DB, rule.BucketCollection)
+		cancel()
+		if err != nil {
+			c.log.Error("could not index bucket _ids in the embedded upstream; writes and reads stay correct but slow",
+				"rule", rule.Namespace, "collection", ns, "err", err.Error())
+			return
+		}
 	}
 	st.mu.Lock()
 	st.indexes[ns] = time.Time{} // done

@@ -40,6 +40,11 @@ type Options struct {
 	// Tracing makes a span per command; off by default because a span per
 	// command costs microseconds the proxy otherwise does not spend.
 	Tracing bool
+	// IndexIDs, when set, is called once for each bucket collection after
+	// the proxy created its index; the embedded upstream uses it to make
+	// point reads and updates by _id index lookups (see
+	// upstream.Embedded.IndexIDs). Other upstreams need nothing.
+	IndexIDs func(ctx context.Context, db, coll string) error
 }
 
 // Server is a running proxy.

@@ -28,6 +28,8 @@ type EmbeddedOptions struct {
 // this process. It is a real server with real storage: the proxy talks to it
 // over loopback TCP exactly as it talks to any other upstream.
 type Embedded struct {
+	dir    string
+	files  sqliteFiles
 	uri    string
 	addr   string
 	cancel context.CancelFunc
@@ -65,7 +67,7 @@ func StartEmbedded(opts EmbeddedOptions) (*Embedded, error) {
 		return nil, fmt.Errorf("embedded upstream: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	e := &Embedded{uri: f.MongoDBURI(), cancel: cancel, done: make(chan struct{})}
+	e := &Embedded{dir: abs, uri: f.MongoDBURI(), cancel: cancel, done: make(chan struct{})}
 	host, err := hostOfURI(e.uri)
 	if err != nil {
 		cancel()
@@ -89,6 +91,7 @@ func (e *Embedded) Addr() string { return e.addr }
 func (e *Embedded) Close() error {
 	e.cancel()
 	<-e.done
+	e.closeFiles()
 	return nil
 }
 

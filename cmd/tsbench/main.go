@@ -68,6 +68,7 @@ func main() {
 func withEnv(upURI string, rs []rules.Rule, f func(*benchEnv) error) error {
 	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	e := &benchEnv{upstreamURI: upURI}
+	var indexIDs func(context.Context, string, string) error
 	if upURI == "" {
 		dir, err := os.MkdirTemp("", "tsbench-*")
 		if err != nil {
@@ -80,12 +81,13 @@ func withEnv(upURI string, rs []rules.Rule, f func(*benchEnv) error) error {
 		}
 		defer emb.Close()
 		e.upstreamURI = emb.URI()
+		indexIDs = emb.IndexIDs
 	}
 	dialer, err := upstream.NewDialer(upstream.Options{URI: e.upstreamURI})
 	if err != nil {
 		return err
 	}
-	srv, err := proxy.New(proxy.Options{Dialer: dialer, Rules: rules.NewSet(rs), Logger: quiet})
+	srv, err := proxy.New(proxy.Options{Dialer: dialer, Rules: rules.NewSet(rs), Logger: quiet, IndexIDs: indexIDs})
 	if err != nil {
 		return err
 	}

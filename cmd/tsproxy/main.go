@@ -55,6 +55,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 	defer tel.shutdown()
 
 	uri := cfg.Upstream.URI
+	var indexIDs func(context.Context, string, string) error
 	if cfg.Upstream.Embedded() {
 		emb, err := upstream.StartEmbedded(upstream.EmbeddedOptions{DataDir: cfg.Upstream.DataDir, Logger: embeddedLogger(log)})
 		if err != nil {
@@ -62,6 +63,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 		}
 		defer emb.Close()
 		uri = emb.URI()
+		indexIDs = emb.IndexIDs
 		log.Info("embedded upstream started (FerretDB, SQLite)", "data", cfg.Upstream.DataDir, "addr", emb.Addr())
 	}
 	upTLS, err := upstreamTLS(cfg.Upstream)
@@ -86,6 +88,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 		CursorTTL:       cfg.Limits.CursorTTL,
 		Logger:          log,
 		Tracing:         tel.tracing,
+		IndexIDs:        indexIDs,
 	})
 	if err != nil {
 		return err

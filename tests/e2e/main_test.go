@@ -120,6 +120,9 @@ func startProxy(t testing.TB, po proxyOptions) *testProxy {
 		CursorTTL:       cfg.Limits.CursorTTL,
 		Logger:          quietLogger(),
 	}
+	if env.emb != nil && po.upstreamURI == "" {
+		opts.IndexIDs = env.emb.IndexIDs
+	}
 	if po.edit != nil {
 		po.edit(&opts)
 	}

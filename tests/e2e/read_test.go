@@ -120,12 +120,30 @@ func rdGen() ([]bson.D, []time.Time) {
 	return out, edges
 }
 
+// rdInsert inserts with insertMany batches of about 5000 events that end
+// on a window boundary of a series, so every (series, window) group of a
+// batch is whole: the proxy writes each as one complete bucket.
 func rdInsert(t *testing.T, coll *mongo.Collection, docs []bson.D) {
 	t.Helper()
 	ctx := ctxFor(t)
 	const batch = 5000
-	for i := 0; i < len(docs); i += batch {
+	window := func(d bson.D) string {
+		var s, w string
+		for _, e := range d {
+			switch e.Key {
+			case "sensor":
+				s = fmt.Sprint(e.Value)
+			case "ts":
+				w = e.Value.(bson.DateTime).Time().Truncate(time.Hour).String()
+			}
+		}
+		return s + "|" + w
+	}
+	for i := 0; i < len(docs); {
 		end := min(i+batch, len(docs))
+		for end < len(docs) && window(docs[end]) == window(docs[end-1]) {
+			end++
+		}
 		items := make([]any, 0, end-i)
 		for _, d := range docs[i:end] {
 			items = append(items, d)
@@ -133,6 +151,7 @@ func rdInsert(t *testing.T, coll *mongo.Collection, docs []bson.D) {
 		if _, err := coll.InsertMany(ctx, items); err != nil {
 			t.Fatalf("insert into %s: %v", coll.Name(), err)
 		}
+		i = end
 	}
 }
 
@@ -374,6 +393,7 @@ func TestReadDifferential(t *testing.T) {
 	}
 	for _, q := range queries {
 		t.Run(q.name, func(t *testing.T) {
+			ctx := ctxFor(t)
 			t0 := time.Now()
 			want, err := rdRun(t, ctx, plain, q)
 			if err != nil {

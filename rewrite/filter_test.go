@@ -1,0 +1,203 @@
+package rewrite
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tsproxy/tsproxy/rules"
+	"go.mongodb.org/mongo-driver/v2/bson"
+)
+
+func rdRule() *rules.Rule {
+	return &rules.Rule{
+		Namespace: "iot.readings", DB: "iot", Collection: "readings",
+		TimeField: "ts", MetaField: "sensorId", Span: time.Hour,
+		MaxEvents: 1000, MaxBytes: 1 << 20, BucketCollection: "readings.buckets",
+	}
+}
+
+func rdCtx(t testing.TB, caps Caps) *readCtx {
+	t.Helper()
+	rc, err := newReadCtx(rdRule())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc.caps = caps
+	return rc
+}
+
+func rdRaw(t testing.TB, v any) []byte {
+	t.Helper()
+	if v == nil {
+		return nil
+	}
+	b, err := bson.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func rdJSON(b []byte) string {
+	if b == nil {
+		return "<nil>"
+	}
+	return bson.Raw(b).String()
+}
+
+type D = bson.D
+type E = bson.E
+type A = bson.A
+
+const hr = int64(3600_000)
+
+func dms(ms int64) bson.DateTime { return bson.DateTime(ms) }
+
+var (
+	mongoCaps  = Caps{StmtIDs: true, FullAggregation: true, UnwindKeepsFields: true}
+	ferretCaps = Caps{}
+)
+
+func TestFilterSplit(t *testing.T) {
+	and := func(ds ...any) D { return D{{Key: "$and", Value: A(ds)}} }
+	start := func(ops ...E) D { return D{{Key: "start", Value: D(ops)}} }
+	cases := []struct {
+		name          string
+		filter        any
+		bucket, event any
+		caps          *Caps
+	}{
+		{name: "empty", filter: D{}},
+		{name: "range on hour edges", filter: D{{Key: "ts", Value: D{{Key: "$gte", Value: dms(2 * hr)}, {Key: "$lt", Value: dms(3 * hr)}}}},
+			bucket: start(E{Key: "$gte", Value: dms(2 * hr)}, E{Key: "$lt", Value: dms(3 * hr)}),
+			event:  D{{Key: "events.ts", Value: D{{Key: "$gte", Value: dms(2 * hr)}, {Key: "$lt", Value: dms(3 * hr)}}}}},
+		{name: "$gt inside a window floors", filter: D{{Key: "ts", Value: D{{Key: "$gt", Value: dms(2*hr + 5)}}}},
+			bucket: start(E{Key: "$gte", Value: dms(2 * hr)}),
+			event:  D{{Key: "events.ts", Value: D{{Key: "$gt", Value: dms(2*hr + 5)}}}}},
+		{name: "$gt at a boundary keeps that window", filter: D{{Key: "ts", Value: D{{Key: "$gt", Value: dms(2 * hr)}}}},
+			bucket: start(E{Key: "$gte", Value: dms(2 * hr)}),
+			event:  D{{Key: "events.ts", Value: D{{Key: "$gt", Value: dms(2 * hr)}}}}},
+		{name: "$lte", filter: D{{Key: "ts", Value: D{{Key: "$lte", Value: dms(5 * hr)}}}},
+			bucket: start(E{Key: "$lte", Value: dms(5 * hr)}),
+			event:  D{{Key: "events.ts", Value: D{{Key: "$lte", Value: dms(5 * hr)}}}}},
+		{name: "negative dates floor down", filter: D{{Key: "ts", Value: D{{Key: "$gte", Value: dms(-1)}, {Key: "$lt", Value: dms(hr)}}}},
+			bucket: start(E{Key: "$gte", Value: dms(-hr)}, E{Key: "$lt", Value: dms(hr)}),
+			event:  D{{Key: "events.ts", Value: D{{Key: "$gte", Value: dms(-1)}, {Key: "$lt", Value: dms(hr)}}}}},
+		{name: "bare date equality", filter: D{{Key: "ts", Value: dms(hr + 7)}},
+			bucket: D{{Key: "start", Value: dms(hr)}},
+			event:  D{{Key: "events.ts", Value: dms(hr + 7)}}},
+		{name: "$eq", filter: D{{Key: "ts", Value: D{{Key: "$eq", Value: dms(-5)}}}},
+			bucket: D{{Key: "start", Value: dms(-hr)}},
+			event:  D{{Key: "events.ts", Value: D{{Key: "$eq", Value: dms(-5)}}}}},
+		{name: "$and of bounds takes the tightest", filter: and(
+			D{{Key: "ts", Value: D{{Key: "$gte", Value: dms(hr)}}}},
+			D{{Key: "ts", Value: D{{Key: "$gte", Value: dms(3*hr + 1)}, {Key: "$lt", Value: dms(9 * hr)}}}},
+			D{{Key: "ts", Value: D{{Key: "$lte", Value: dms(7 * hr)}}}}),
+			bucket: start(E{Key: "$gte", Value: dms(3 * hr)}, E{Key: "$lte", Value: dms(7 * hr)}),
+			event: and(D{{Key: "events.ts", Value: D{{Key: "$gte", Value: dms(hr)}}}},
+				D{{Key: "events.ts", Value: D{{Key: "$gte", Value: dms(3*hr + 1)}, {Key: "$lt", Value: dms(9 * hr)}}}},
+				D{{Key: "events.ts", Value: D{{Key: "$lte", Value: dms(7 * hr)}}}})},
+		{name: "$in of dates", filter: D{{Key: "ts", Value: D{{Key: "$in", Value: A{dms(hr + 1), dms(hr + 2), dms(3 * hr)}}}}},
+			bucket: D{{Key: "$and", Value: A{D{{Key: "start", Value: D{{Key: "$in", Value: A{dms(hr), dms(3 * hr)}}}}}}}},
+			event:  D{{Key: "events.ts", Value: D{{Key: "$in", Value: A{dms(hr + 1), dms(hr + 2), dms(3 * hr)}}}}}},
+		{name: "non-date time operand gives no bucket bound", filter: D{{Key: "ts", Value: D{{Key: "$gt", Value: 5}}}},
+			event: D{{Key: "events.ts", Value: D{{Key: "$gt", Value: 5}}}}},
+		{name: "meta string", filter: D{{Key: "sensorId", Value: "a"}},
+			bucket: D{{Key: "meta", Value: "a"}}},
+		{name: "meta number and time", filter: D{{Key: "sensorId", Value: 7}, {Key: "ts", Value: D{{Key: "$lt", Value: dms(hr)}}}},
+			bucket: and(D{{Key: "meta", Value: 7}}, start(E{Key: "$lt", Value: dms(hr)})),
+			event:  D{{Key: "events.ts", Value: D{{Key: "$lt", Value: dms(hr)}}}}},
+		{name: "meta document", filter: D{{Key: "sensorId", Value: D{{Key: "site", Value: "n"}, {Key: "k", Value: 1}}}},
+			bucket: D{{Key: "meta", Value: D{{Key: "site", Value: "n"}, {Key: "k", Value: 1}}}}},
+		{name: "meta dotted", filter: D{{Key: "sensorId.site", Value: "n"}},
+			bucket: D{{Key: "meta.site", Value: "n"}}},
+		{name: "meta $in", filter: D{{Key: "sensorId", Value: D{{Key: "$in", Value: A{"a", 2, nil}}}}},
+			bucket: D{{Key: "meta", Value: D{{Key: "$in", Value: A{"a", 2, nil}}}}}},
+		{name: "meta missing: $exists reads the marker", filter: D{{Key: "sensorId", Value: D{{Key: "$exists", Value: false}}}},
+			event: D{{Key: "events.sensorId", Value: D{{Key: "$exists", Value: false}}}}},
+		{name: "meta $type needs the marker", filter: D{{Key: "sensorId", Value: D{{Key: "$type", Value: "null"}}}},
+			bucket: D{{Key: "meta", Value: D{{Key: "$type", Value: "null"}}}},
+			event:  D{{Key: "events.sensorId", Value: D{{Key: "$exists", Value: true}}}}},
+		{name: "meta $not $exists", filter: D{{Key: "sensorId", Value: D{{Key: "$not", Value: D{{Key: "$exists", Value: true}}}}}},
+			event: D{{Key: "events.sensorId", Value: D{{Key: "$not", Value: D{{Key: "$exists", Value: true}}}}}}},
+		{name: "meta null", filter: D{{Key: "sensorId", Value: nil}},
+			bucket: D{{Key: "meta", Value: nil}}},
+		{name: "residual operators renamed", filter: D{
+			{Key: "v", Value: D{{Key: "$ne", Value: 1}, {Key: "$nin", Value: A{2, 3}}}},
+			{Key: "s", Value: D{{Key: "$regex", Value: "^a"}, {Key: "$options", Value: "i"}}},
+			{Key: "arr", Value: D{{Key: "$size", Value: 2}, {Key: "$all", Value: A{1}}}},
+			{Key: "x", Value: D{{Key: "$type", Value: "int"}, {Key: "$exists", Value: true}}},
+			{Key: "_id", Value: 5},
+		},
+			event: and(D{{Key: "events.v", Value: D{{Key: "$ne", Value: 1}, {Key: "$nin", Value: A{2, 3}}}}},
+				D{{Key: "events.s", Value: D{{Key: "$regex", Value: "^a"}, {Key: "$options", Value: "i"}}}},
+				D{{Key: "events.arr", Value: D{{Key: "$size", Value: 2}, {Key: "$all", Value: A{1}}}}},
+				D{{Key: "events.x", Value: D{{Key: "$type", Value: "int"}, {Key: "$exists", Value: true}}}},
+				D{{Key: "events._id", Value: 5}})},
+		{name: "$elemMatch operands stay relative", filter: D{{Key: "arr", Value: D{{Key: "$elemMatch", Value: D{{Key: "k", Value: 1}, {Key: "v", Value: D{{Key: "$gt", Value: 2}}}}}}}},
+			event: D{{Key: "events.arr", Value: D{{Key: "$elemMatch", Value: D{{Key: "k", Value: 1}, {Key: "v", Value: D{{Key: "$gt", Value: 2}}}}}}}}},
+		{name: "$or $nor $not", filter: D{
+			{Key: "$or", Value: A{D{{Key: "a", Value: 1}}, D{{Key: "b", Value: D{{Key: "$not", Value: D{{Key: "$gt", Value: 2}}}}}}}},
+			{Key: "$nor", Value: A{D{{Key: "c", Value: bson.Regex{Pattern: "x"}}}}},
+		},
+			event: and(D{{Key: "$or", Value: A{D{{Key: "events.a", Value: 1}}, D{{Key: "events.b", Value: D{{Key: "$not", Value: D{{Key: "$gt", Value: 2}}}}}}}}},
+				D{{Key: "$nor", Value: A{D{{Key: "events.c", Value: bson.Regex{Pattern: "x"}}}}}})},
+		{name: "meta inside $or on MongoDB", caps: &mongoCaps, filter: D{{Key: "$or", Value: A{D{{Key: "sensorId", Value: "a"}}, D{{Key: "v", Value: 1}}}}},
+			event: D{{Key: "$or", Value: A{D{{Key: "meta", Value: "a"}}, D{{Key: "events.v", Value: 1}}}}}},
+		{name: "$comment dropped", filter: D{{Key: "$comment", Value: "hi"}, {Key: "v", Value: 1}},
+			event: D{{Key: "events.v", Value: 1}}},
+		{name: "fields named like bucket fields", filter: D{{Key: "meta", Value: 1}, {Key: "events", Value: 2}, {Key: "start", Value: 3}},
+			event: and(D{{Key: "events.meta", Value: 1}}, D{{Key: "events.events", Value: 2}}, D{{Key: "events.start", Value: 3}})},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			caps := ferretCaps
+			if c.caps != nil {
+				caps = *c.caps
+			}
+			sf, err := rdCtx(t, caps).split(rdRaw(t, c.filter))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := rdJSON(sf.bucket), rdJSON(rdRaw(t, c.bucket)); got != want {
+				t.Errorf("bucket filter\n got %s\nwant %s", got, want)
+			}
+			if got, want := rdJSON(sf.event), rdJSON(rdRaw(t, c.event)); got != want {
+				t.Errorf("event filter\n got %s\nwant %s", got, want)
+			}
+		})
+	}
+}
+
+func TestFilterRefused(t *testing.T) {
+	cases := []struct {
+		filter any
+		want   string
+		caps   *Caps
+	}{
+		{D{{Key: "$where", Value: "this.a"}}, `filter operator "$where" (JavaScript) is not supported`, nil},
+		{D{{Key: "$expr", Value: D{{Key: "$gt", Value: A{"$a", 1}}}}}, `filter operator "$expr"`, nil},
+		{D{{Key: "$text", Value: D{{Key: "$search", Value: "x"}}}}, `filter operator "$text"`, nil},
+		{D{{Key: "$jsonSchema", Value: D{}}}, `filter operator "$jsonSchema"`, nil},
+		{D{{Key: "loc", Value: D{{Key: "$near", Value: A{0, 0}}}}}, `filter operator "$near"`, nil},
+		{D{{Key: "loc", Value: D{{Key: "$geoWithin", Value: D{}}}}}, `filter operator "$geoWithin"`, nil},
+		{D{{Key: "a", Value: D{{Key: "$elemMatch", Value: D{{Key: "$where", Value: "1"}}}}}}, `"$where"`, nil},
+		{D{{Key: "$or", Value: A{D{{Key: "$expr", Value: true}}}}}, `"$expr"`, nil},
+		{D{{Key: "$or", Value: A{}}}, `nonempty array`, nil},
+		{D{{Key: "$and", Value: 1}}, `$and must be an array`, nil},
+		{D{{Key: "$or", Value: A{D{{Key: "sensorId", Value: "a"}}, D{{Key: "v", Value: 1}}}}}, `filter on the metaField "sensorId" inside "$or" is not supported on a bucketed namespace on this upstream`, nil},
+		{D{{Key: "sensorId", Value: D{{Key: "$not", Value: D{{Key: "$type", Value: "string"}, {Key: "$eq", Value: 1}}}}}}, `$not with $type or $exists`, nil},
+		{D{{Key: "a", Value: D{{Key: "$foo", Value: 1}}}}, `filter operator "$foo"`, nil},
+	}
+	for _, c := range cases {
+		caps := ferretCaps
+		if c.caps != nil {
+			caps = *c.caps
+		}
+		_, err := rdCtx(t, caps).split(rdRaw(t, c.filter))
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "tsproxy rule iot.readings") {
+			t.Errorf("%v: got %v, want %q", c.filter, err, c.want)
+		}
+	}
+}
