@@ -45,6 +45,14 @@ func (c *conn) rewriteRead(req *request, rule *rules.Rule) error {
 	}
 	span := c.s.tel.startCommand(req, routeRewrite)
 	t0 := time.Now()
+	for next := plan.MetaPrefetch(); next != nil; {
+		r, err := c.upCommand(next)
+		if err != nil {
+			span.end(req, time.Since(t0), err)
+			return err
+		}
+		next = plan.AddPrefetched(r)
+	}
 	reply, err := c.upCommand(plan.Command)
 	if err != nil {
 		span.end(req, time.Since(t0), err)

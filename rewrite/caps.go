@@ -34,4 +34,9 @@ type Caps struct {
 	// waits forever for a connection. The proxy also bounds how many such
 	// commands run at once (see proxy/buckets.go).
 	MaxUpdateStatements int
+	// CostlyUpdates: an update rewrites the whole document, at a cost
+	// proportional to its size (FerretDB v1.24: read, decode, re-encode and
+	// write the JSON of the whole bucket). Small groups then join only
+	// buckets still below the rule's insert threshold; see mayJoin.
+	CostlyUpdates bool
 }

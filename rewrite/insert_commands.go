@@ -46,7 +46,7 @@ func (p *InsertPlan) buildCommands(events []event) {
 		}
 		ki := len(p.fills)
 		rest := g
-		if fill.Seq >= 0 {
+		if fill.Seq >= 0 && p.mayJoin(fill, len(g)) {
 			k, b := 0, int64(0)
 			for k < len(rest) {
 				size := int64(len(rest[k].stored))
@@ -160,4 +160,18 @@ func (p *InsertPlan) addCommand(kind, arrayField string, ordered bool, batch []s
 	}
 	p.Commands = append(p.Commands, doc)
 	p.upstream = append(p.upstream, pc)
+}
+
+// mayJoin says whether a group of k events may be pushed into the open
+// bucket described by fill. Always where updates are cheap (MongoDB
+// updates a document in place); where an update rewrites the whole
+// document (Caps.CostlyUpdates: FerretDB, about 75 µs per stored event
+// measured), only into a bucket still below the insert threshold and only
+// for a group below it, so an update never rewrites a large bucket and a
+// large group is inserted as buckets of its own.
+func (p *InsertPlan) mayJoin(fill BucketFill, k int) bool {
+	if !p.opts.Caps.CostlyUpdates {
+		return true
+	}
+	return fill.Count < p.lim.threshold && k < p.lim.threshold
 }

@@ -178,3 +178,49 @@ func TestInsertKeys(t *testing.T) {
 		t.Errorf("InsertKeys accepted an insert into another collection")
 	}
 }
+
+// TestInsertCostlyUpdates: where an update rewrites the whole bucket
+// (FerretDB), a small group joins the open bucket only while it is below
+// the insert threshold, and a group at the threshold never joins.
+func TestInsertCostlyUpdates(t *testing.T) {
+	e := func(i byte) bson.D { return ev(oid(i), dt(int64(i)), "s", nil) }
+	rule := testRule() // 3 events per bucket, threshold 3
+	rule.MaxEvents = 10
+	costly := Caps{IDOnlyFilters: true, CostlyUpdates: true}
+	cases := []struct {
+		name     string
+		fill     BucketFill
+		events   int
+		wantSeqs []int // seq of each statement's bucket, inserts first
+		inserts  int
+	}{
+		{"small group, small bucket: joins", BucketFill{Seq: 0, Count: 2, Bytes: 10, Known: true}, 1, []int{0}, 0},
+		{"small group, bucket at threshold: new bucket", BucketFill{Seq: 0, Count: 3, Bytes: 10, Known: true}, 1, []int{1}, 0},
+		{"group at threshold: its own bucket", BucketFill{Seq: 4, Count: 1, Bytes: 10, Known: true}, 3, []int{5}, 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var evs []bson.D
+			for i := 1; i <= c.events; i++ {
+				evs = append(evs, e(byte(i)))
+			}
+			o := opts()
+			o.Caps = costly
+			o.Buckets = fillsOf(map[string]BucketFill{"s": c.fill})
+			p := mustInsert(t, bodyCmd(t, evs), rule, o)
+			got := p.Fills(okReplies(t, p))
+			if len(got) != 1 || got[0].Fill.Seq != c.wantSeqs[len(c.wantSeqs)-1] {
+				t.Fatalf("fills = %+v, want last seq %d", got, c.wantSeqs[len(c.wantSeqs)-1])
+			}
+			inserts := 0
+			for _, cmd := range p.Commands {
+				if _, err := cmd.LookupErr("insert"); err == nil {
+					inserts++
+				}
+			}
+			if inserts != c.inserts {
+				t.Fatalf("%d insert commands, want %d", inserts, c.inserts)
+			}
+		})
+	}
+}

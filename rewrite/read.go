@@ -31,6 +31,35 @@ type ReadPlan struct {
 	rc    *readCtx
 	drain drainer
 	metas *metaResolver
+	// bucketFilter is the bucket-level filter, for MetaPrefetch.
+	bucketFilter bsoncore.Document
+}
+
+// MetaPrefetch is the find that learns the metas of the buckets the read
+// selects (nil when the upstream's $unwind keeps them, or the rule has no
+// metaField). Send it before Command, feeding each reply to AddPrefetched
+// and sending the getMore it returns until nil.
+func (p *ReadPlan) MetaPrefetch() []byte {
+	if p.rc == nil || p.rc.caps.UnwindKeepsFields || p.Passthrough {
+		return nil
+	}
+	m := p.metas
+	if p.Cursor != nil {
+		if p.Cursor.mode != shapeEvent {
+			return nil
+		}
+		m = p.Cursor.metas
+	}
+	return m.prefetch(p.bucketFilter)
+}
+
+// AddPrefetched learns a reply to MetaPrefetch (or its getMore) and
+// returns the next getMore, or nil.
+func (p *ReadPlan) AddPrefetched(reply []byte) []byte {
+	if p.Cursor != nil {
+		return p.Cursor.metas.addPrefetched(reply)
+	}
+	return p.metas.addPrefetched(reply)
 }
 
 // MetaQuery and AddMetas: as CursorShape's, for a Drain plan's replies.
@@ -372,7 +401,7 @@ func (rc *readCtx) planFind(body bsoncore.Document, opts ReadOptions, forExplain
 		return nil, err
 	}
 	extra := lookupElements(body, []string{"allowDiskUse"})
-	p := &ReadPlan{rc: rc}
+	p := &ReadPlan{rc: rc, bucketFilter: sf.bucket}
 	p.Command = rc.aggregateCommand(pipeline, batchSize, body, extra, forExplain)
 	p.Cursor = &CursorShape{ns: rc.ns, metaField: rc.metaField, mode: shapeEvent, proj: proj, SingleBatch: single, metas: newMetaResolver(rc)}
 	return p, nil
@@ -446,7 +475,7 @@ func (rc *readCtx) planDistinct(body bsoncore.Document, forExplain bool) (*ReadP
 		return nil, err
 	}
 	metas := newMetaResolver(rc)
-	p := &ReadPlan{rc: rc, Drain: true, metas: metas, drain: &distinctDrain{path: strings.Split(key, "."), metaField: rc.metaField, metas: metas}}
+	p := &ReadPlan{rc: rc, Drain: true, metas: metas, bucketFilter: sf.bucket, drain: &distinctDrain{path: strings.Split(key, "."), metaField: rc.metaField, metas: metas}}
 	p.Command = rc.aggregateCommand(eventPipeline(sf), -1, body, nil, forExplain)
 	return p, nil
 }

@@ -162,7 +162,9 @@ func (rc *readCtx) planAggregate(body bsoncore.Document, opts ReadOptions, forEx
 			return nil, rc.unsupported("aggregation stage %q is not supported on a bucketed namespace on this upstream (FerretDB); supported: $match, $sort, $skip, $limit, and as the last stage $count, $project, $unset, or a count $group", st.name)
 		}
 	}
-	return rc.aggregatePlan(body, pipeline, batchSize, shape, explain, forExplain), nil
+	p := rc.aggregatePlan(body, pipeline, batchSize, shape, explain, forExplain)
+	p.bucketFilter = sf.bucket
+	return p, nil
 }
 
 func (rc *readCtx) aggregatePlan(body bsoncore.Document, pipeline []bsoncore.Document, batchSize int64, shape *CursorShape, explain, forExplain bool) *ReadPlan {

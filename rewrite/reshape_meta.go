@@ -16,7 +16,7 @@ type metaResolver struct {
 
 // maxMetaCache bounds the metas one cursor remembers; past it the cache
 // starts again (batches come bucket by bucket, so little is lost).
-const maxMetaCache = 10000
+const maxMetaCache = 100_000
 
 func newMetaResolver(rc *readCtx) *metaResolver {
 	if rc.metaField == "" {
@@ -55,6 +55,46 @@ func batchDocs(reply bsoncore.Document) []bsoncore.Document {
 		}
 	}
 	return out
+}
+
+// prefetch is a find of the _id and meta of every bucket the read's
+// bucket-level filter selects: one scan up front instead of a lookup per
+// bucket (FerretDB reads by _id through its index only for plain finds).
+func (m *metaResolver) prefetch(bucketFilter bsoncore.Document) []byte {
+	if m == nil {
+		return nil
+	}
+	nb := bsoncore.NewDocumentBuilder
+	b := nb().AppendString("find", m.bucketColl)
+	if bucketFilter != nil {
+		b.AppendDocument("filter", bucketFilter)
+	}
+	return b.AppendDocument("projection", nb().AppendInt32(rules.BucketMeta, 1).Build()).
+		AppendInt64("batchSize", 100_000).
+		AppendString("$db", m.db).Build()
+}
+
+// addPrefetched learns a prefetch batch and returns the getMore for the
+// next one, or nil.
+func (m *metaResolver) addPrefetched(reply []byte) []byte {
+	if m == nil || m.add(reply) != nil {
+		return nil
+	}
+	cur, err := bsoncore.Document(reply).LookupErr("cursor")
+	if err != nil {
+		return nil
+	}
+	cd, _ := cur.DocumentOK()
+	id, _ := cd.Lookup("id").AsInt64OK()
+	if id == 0 || len(m.cache) >= maxMetaCache {
+		if id != 0 {
+			return nil // the rest is looked up per batch
+		}
+		return nil
+	}
+	return bsoncore.NewDocumentBuilder().AppendInt64("getMore", id).
+		AppendString("collection", m.bucketColl).AppendInt64("batchSize", 100_000).
+		AppendString("$db", m.db).Build()
 }
 
 // query returns the finds of the metas of the reply's buckets that are
@@ -115,7 +155,7 @@ func (m *metaResolver) add(reply []byte) error {
 		return commandErrorf(CodeInternalError, "looking up bucket metas: %s", msg)
 	}
 	docs := batchDocs(doc)
-	if len(m.cache)+len(docs) > maxMetaCache {
+	if len(m.cache)+len(docs) > maxMetaCache && len(docs) < maxMetaCache {
 		m.cache = map[string]bsoncore.Value{}
 	}
 	for _, d := range docs {

@@ -23,8 +23,13 @@ const MaxNamespaceBytes = 255
 // maxDBNameBytes is MongoDB's limit on a database name.
 const maxDBNameBytes = 63
 
-// DefaultInsertThreshold is the insertThreshold of a rule that sets none.
-func DefaultInsertThreshold(maxEvents int) int { return max(1, maxEvents/10) }
+// DefaultInsertThreshold is the insertThreshold of a rule that sets none:
+// a tenth of maxEvents, at most 100. A batch group this large is inserted
+// as a bucket of its own; on the embedded upstream that costs a fraction of
+// joining an open bucket (an update there rewrites the whole bucket, about
+// 75 µs per stored event, measured with tsbench ingest), and 100 events per
+// bucket still stores 1-second data in 100x fewer documents.
+func DefaultInsertThreshold(maxEvents int) int { return min(100, max(1, maxEvents/10)) }
 
 // field returns m[name], matching the name ignoring case as viper does.
 func field(m map[string]any, name string) any {

@@ -49,25 +49,23 @@ func readDocNamed(src []byte, what docName) (doc, rem []byte, err error) {
 	return d, rem, nil
 }
 
-// validateDoc validates a document whose length prefix equals len(d).
+// validateDoc validates a document whose length prefix equals len(d):
+// the driver's Validate, then a walk of every element for what Validate
+// does not check (nesting depth, strings ending in their NUL byte).
 func validateDoc(d []byte) error {
-	if err := checkDepth(d, MaxDepth); err != nil {
+	if err := bsoncore.Document(d).Validate(); err != nil {
 		return err
 	}
-	return bsoncore.Document(d).Validate()
+	return walkDoc(d, MaxDepth)
 }
 
-// checkDepth fails if d nests documents, arrays or code-with-scope scopes
-// more than max levels deep. It walks iteratively, so an adversarial
-// document cannot exhaust the stack; it stops quietly at anything it cannot
-// read, leaving the error to Validate. A document too small to hold max
-// levels is not walked at all.
-func checkDepth(d []byte, max int) error {
-	// The smallest nesting level is type byte + empty key + 5-byte document.
-	const minLevel = 7
-	if len(d) <= minLevel*max {
-		return nil
-	}
+// walkDoc fails if d nests documents, arrays or code-with-scope scopes
+// more than max levels deep, or holds a string (also JavaScript code,
+// symbol, DBPointer) whose last byte is not the NUL the BSON spec requires:
+// the driver's Validate accepts those, and servers drop the connection on
+// them. It walks iteratively, so an adversarial document cannot exhaust the
+// stack. d must already have passed Validate.
+func walkDoc(d []byte, max int) error {
 	stack := make([][]byte, 0, 16)
 	stack = append(stack, d[4:len(d)-1])
 	for len(stack) > 0 {
@@ -86,7 +84,14 @@ func checkDepth(d []byte, max int) error {
 			a, _ := v.ArrayOK()
 			inner = a
 		case bsoncore.TypeCodeWithScope:
+			if len(v.Data) < 8 || !nulTerminated(v.Data[4:]) {
+				return fmt.Errorf("field %q: code string without its terminating NUL", elem.Key())
+			}
 			_, inner, _ = v.CodeWithScopeOK()
+		case bsoncore.TypeString, bsoncore.TypeJavaScript, bsoncore.TypeSymbol, bsoncore.TypeDBPointer:
+			if !nulTerminated(v.Data) {
+				return fmt.Errorf("field %q: string without its terminating NUL", elem.Key())
+			}
 		}
 		if len(inner) >= 5 {
 			if len(stack) >= max {
@@ -96,6 +101,16 @@ func checkDepth(d []byte, max int) error {
 		}
 	}
 	return nil
+}
+
+// nulTerminated reports whether the length-prefixed string at the front of
+// b has a NUL as its last byte.
+func nulTerminated(b []byte) bool {
+	if len(b) < 5 {
+		return false
+	}
+	n := int(int32(binary.LittleEndian.Uint32(b)))
+	return n >= 1 && 4+n <= len(b) && b[4+n-1] == 0
 }
 
 // firstKey returns the first key of a valid document, or "".

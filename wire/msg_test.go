@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/wiremessage"
 )
 
@@ -357,5 +358,29 @@ func TestConstantsMatchDriver(t *testing.T) {
 	if CompressorSnappy != uint8(wiremessage.CompressorSnappy) || CompressorZlib != uint8(wiremessage.CompressorZLib) ||
 		CompressorZstd != uint8(wiremessage.CompressorZstd) || CompressorNoop != uint8(wiremessage.CompressorNoOp) {
 		t.Error("compressors")
+	}
+}
+
+// TestStringWithoutNUL: the driver's Validate accepts a string whose last
+// byte is not NUL; servers drop the connection on it, so wire rejects it.
+func TestStringWithoutNUL(t *testing.T) {
+	good := bsoncore.NewDocumentBuilder().AppendString("ping", "x").AppendString("$db", "admin").Build()
+	bad := append([]byte(nil), good...)
+	// The first string's value: after type(1) + "ping\x00"(5) + length(4), "x", NUL.
+	nul := 4 + 1 + 5 + 4 + 1
+	if bad[nul] != 0 {
+		t.Fatalf("layout: byte %d is %#x", nul, bad[nul])
+	}
+	bad[nul] = 'y'
+	if err := bsoncore.Document(bad).Validate(); err != nil {
+		t.Skipf("the driver now rejects it itself: %v", err)
+	}
+	var m Msg
+	err := m.Decode(AppendMsg(nil, 1, 0, 0, bad))
+	if !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), "terminating NUL") {
+		t.Fatalf("want a malformed error naming the NUL, got %v", err)
+	}
+	if err := m.Decode(AppendMsg(nil, 1, 0, 0, good)); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -76,18 +76,19 @@ func benchIngest(e *benchEnv, runs, events int) error {
 				if path == "proxy" {
 					client, coll = proxyC, "events"
 				}
-				dropIngest(ctx, directC)
+				dropIngest(ctx, directC, proxyC)
 				rate, err := ingest(ctx, client.Database("tsbench").Collection(coll), n, c)
 				if err != nil {
 					return fmt.Errorf("%s batch %d conc %d: %w", path, c.batch, c.conc, err)
 				}
 				rates[key{c, path}] = append(rates[key{c, path}], rate)
+				fmt.Fprintf(os.Stderr, "  %s batch %d clients %d: %d events, %.0f events/s\n", path, c.batch, c.conc, n, rate)
 			}
 		}
 		fmt.Printf("run %d/%d done\n", r+1, runs)
 	}
 	// Storage, measured once on the full event count with batch 1000.
-	dropIngest(ctx, directC)
+	dropIngest(ctx, directC, proxyC)
 	if _, err := ingest(ctx, directC.Database("tsbench").Collection("plain"), events, ingestCase{1000, 1}); err != nil {
 		return err
 	}
@@ -126,10 +127,11 @@ func ratio(a, b int64) float64 {
 	return float64(a) / float64(b)
 }
 
-func dropIngest(ctx context.Context, c *mongo.Client) {
-	db := c.Database("tsbench")
-	_ = db.Collection("plain").Drop(ctx)
-	_ = db.Collection("events.buckets").Drop(ctx)
+// dropIngest empties both layouts; the bucketed one through the proxy,
+// as an app would, so the proxy also forgets what it knew of its buckets.
+func dropIngest(ctx context.Context, direct, proxied *mongo.Client) {
+	_ = direct.Database("tsbench").Collection("plain").Drop(ctx)
+	_ = proxied.Database("tsbench").Collection("events").Drop(ctx)
 }
 
 // ingest writes n events of 10 series at 1-second cadence, split among

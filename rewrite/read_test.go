@@ -1,0 +1,396 @@
+package rewrite
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/tsproxy/tsproxy/rules"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+func unwound(t testing.TB, meta any, ev D) []byte {
+	t.Helper()
+	d := D{{Key: "_id", Value: bson.ObjectID{1}}}
+	if meta != "<absent>" {
+		d = append(d, E{Key: "meta", Value: meta})
+	}
+	d = append(d, E{Key: "start", Value: dms(0)}, E{Key: "count", Value: 3}, E{Key: "events", Value: ev})
+	return rdRaw(t, d)
+}
+
+func TestReshape(t *testing.T) {
+	cases := []struct {
+		name string
+		meta any
+		ev   D
+		want D
+	}{
+		{"marker in the middle", "s1", D{{Key: "_id", Value: 1}, {Key: "ts", Value: dms(5)}, {Key: "sensorId", Value: nil}, {Key: "v", Value: 2}},
+			D{{Key: "_id", Value: 1}, {Key: "ts", Value: dms(5)}, {Key: "sensorId", Value: "s1"}, {Key: "v", Value: 2}}},
+		{"marker first", 7, D{{Key: "sensorId", Value: nil}, {Key: "_id", Value: 1}},
+			D{{Key: "sensorId", Value: 7}, {Key: "_id", Value: 1}}},
+		{"no marker: no meta", nil, D{{Key: "_id", Value: 1}, {Key: "v", Value: 2}},
+			D{{Key: "_id", Value: 1}, {Key: "v", Value: 2}}},
+		{"explicit null meta", nil, D{{Key: "_id", Value: 1}, {Key: "sensorId", Value: nil}},
+			D{{Key: "_id", Value: 1}, {Key: "sensorId", Value: nil}}},
+		{"document meta", D{{Key: "a", Value: 1}, {Key: "b", Value: D{{Key: "c", Value: "x"}}}}, D{{Key: "_id", Value: 1}, {Key: "sensorId", Value: nil}},
+			D{{Key: "_id", Value: 1}, {Key: "sensorId", Value: D{{Key: "a", Value: 1}, {Key: "b", Value: D{{Key: "c", Value: "x"}}}}}}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := reshapeEvent(unwound(t, c.meta, c.ev), "sensorId", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rdJSON(got) != rdJSON(rdRaw(t, c.want)) {
+				t.Fatalf("got %s want %s", rdJSON(got), rdJSON(rdRaw(t, c.want)))
+			}
+		})
+	}
+	// FerretDB's $unwind drops meta: it comes from the resolver by bucket _id.
+	m := &metaResolver{bucketColl: "readings.buckets", db: "iot", cache: map[string]bsoncore.Value{}}
+	doc := unwound(t, "<absent>", D{{Key: "_id", Value: 1}, {Key: "sensorId", Value: nil}})
+	if _, err := reshapeEvent(doc, "sensorId", m); err == nil || !strings.Contains(err.Error(), "unknown") {
+		t.Fatalf("unknown meta: %v", err)
+	}
+	reply := rdRaw(t, D{{Key: "cursor", Value: D{{Key: "firstBatch", Value: A{bson.Raw(doc)}}, {Key: "id", Value: int64(0)}}}, {Key: "ok", Value: 1.0}})
+	qs := m.query(reply)
+	if len(qs) != 1 || !strings.Contains(rdJSON(qs[0]), `"filter": {"_id": {"$oid"`) {
+		t.Fatalf("meta queries: %d %s", len(qs), rdJSON(qs[0]))
+	}
+	if err := m.add(rdRaw(t, D{{Key: "cursor", Value: D{{Key: "firstBatch", Value: A{D{{Key: "_id", Value: bson.ObjectID{1}}, {Key: "meta", Value: "s9"}}}}, {Key: "id", Value: int64(0)}}}, {Key: "ok", Value: 1.0}})); err != nil {
+		t.Fatal(err)
+	}
+	got, err := reshapeEvent(doc, "sensorId", m)
+	if err != nil || rdJSON(got) != rdJSON(rdRaw(t, D{{Key: "_id", Value: 1}, {Key: "sensorId", Value: "s9"}})) {
+		t.Fatalf("resolved: %s %v", rdJSON(got), err)
+	}
+	if len(m.query(reply)) != 0 {
+		t.Fatal("known meta queried again")
+	}
+}
+
+func TestProjection(t *testing.T) {
+	doc := D{{Key: "_id", Value: 1}, {Key: "ts", Value: dms(1)}, {Key: "s", Value: D{{Key: "a", Value: 1}, {Key: "b", Value: 2}}},
+		{Key: "arr", Value: A{D{{Key: "a", Value: 1}, {Key: "b", Value: 2}}, 5, A{D{{Key: "a", Value: 3}}}}}, {Key: "v", Value: 9}}
+	cases := []struct {
+		name string
+		proj D
+		want D
+	}{
+		{"inclusion keeps _id and document order", D{{Key: "v", Value: 1}, {Key: "ts", Value: true}},
+			D{{Key: "_id", Value: 1}, {Key: "ts", Value: dms(1)}, {Key: "v", Value: 9}}},
+		{"inclusion _id 0", D{{Key: "_id", Value: 0}, {Key: "v", Value: 1}},
+			D{{Key: "v", Value: 9}}},
+		{"exclusion", D{{Key: "s", Value: 0}, {Key: "arr", Value: false}},
+			D{{Key: "_id", Value: 1}, {Key: "ts", Value: dms(1)}, {Key: "v", Value: 9}}},
+		{"only _id 0", D{{Key: "_id", Value: 0}},
+			D{{Key: "ts", Value: dms(1)}, {Key: "s", Value: D{{Key: "a", Value: 1}, {Key: "b", Value: 2}}}, {Key: "arr", Value: A{D{{Key: "a", Value: 1}, {Key: "b", Value: 2}}, 5, A{D{{Key: "a", Value: 3}}}}}, {Key: "v", Value: 9}}},
+		{"dotted inclusion through arrays", D{{Key: "s.a", Value: 1}, {Key: "arr.a", Value: 1}},
+			D{{Key: "_id", Value: 1}, {Key: "s", Value: D{{Key: "a", Value: 1}}}, {Key: "arr", Value: A{D{{Key: "a", Value: 1}}, A{D{{Key: "a", Value: 3}}}}}}},
+		{"dotted exclusion", D{{Key: "s.a", Value: 0}, {Key: "arr.b", Value: 0}},
+			D{{Key: "_id", Value: 1}, {Key: "ts", Value: dms(1)}, {Key: "s", Value: D{{Key: "b", Value: 2}}}, {Key: "arr", Value: A{D{{Key: "a", Value: 1}}, 5, A{D{{Key: "a", Value: 3}}}}}, {Key: "v", Value: 9}}},
+		{"nested spec", D{{Key: "s", Value: D{{Key: "b", Value: 1}}}},
+			D{{Key: "_id", Value: 1}, {Key: "s", Value: D{{Key: "b", Value: 2}}}}},
+		{"missing path", D{{Key: "zz", Value: 1}}, D{{Key: "_id", Value: 1}}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p, err := rdCtx(t, ferretCaps).parseProjection(rdRaw(t, c.proj), "projection")
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := p.apply(rdRaw(t, doc))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rdJSON(got) != rdJSON(rdRaw(t, c.want)) {
+				t.Fatalf("\n got %s\nwant %s", rdJSON(got), rdJSON(rdRaw(t, c.want)))
+			}
+		})
+	}
+	for _, c := range []struct {
+		proj D
+		want string
+	}{
+		{D{{Key: "a", Value: 1}, {Key: "b", Value: 0}}, "Cannot do exclusion on field b in inclusion projection"},
+		{D{{Key: "a", Value: 1}, {Key: "a.b", Value: 1}}, "Path collision"},
+		{D{{Key: "a.$", Value: 1}}, "positional"},
+		{D{{Key: "a", Value: D{{Key: "$slice", Value: 2}}}}, `operator "$slice"`},
+		{D{{Key: "a", Value: D{{Key: "$elemMatch", Value: D{}}}}}, `operator "$elemMatch"`},
+		{D{{Key: "a", Value: "literal"}}, "computed field"},
+	} {
+		_, err := rdCtx(t, ferretCaps).parseProjection(rdRaw(t, c.proj), "find option \"projection\"")
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: got %v want %q", c.proj, err, c.want)
+		}
+	}
+}
+
+func rdPlan(t testing.TB, caps Caps, cmd D) (*ReadPlan, error) {
+	t.Helper()
+	return PlanRead(rdRaw(t, append(cmd, E{Key: "$db", Value: "iot"})), rdRule(), ReadOptions{Caps: caps})
+}
+
+func TestFindRewrite(t *testing.T) {
+	p, err := rdPlan(t, ferretCaps, D{{Key: "find", Value: "readings"},
+		{Key: "filter", Value: D{{Key: "sensorId", Value: "a"}, {Key: "ts", Value: D{{Key: "$gte", Value: dms(hr)}}}, {Key: "v", Value: D{{Key: "$gt", Value: 1}}}}},
+		{Key: "sort", Value: D{{Key: "ts", Value: -1}, {Key: "_id", Value: 1}}},
+		{Key: "skip", Value: int32(2)}, {Key: "limit", Value: int64(-10)}, {Key: "batchSize", Value: 50},
+		{Key: "projection", Value: D{{Key: "v", Value: 1}}},
+		{Key: "maxTimeMS", Value: 500}, {Key: "comment", Value: "c"}, {Key: "lsid", Value: D{{Key: "id", Value: 1}}}, {Key: "allowDiskUse", Value: true},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"aggregate": "readings.buckets","pipeline": [` +
+		`{"$match": {"$and": [{"meta": "a"},{"start": {"$gte": {"$date":{"$numberLong":"3600000"}}}}]}},` +
+		`{"$unwind": "$events"},` +
+		`{"$match": {"$and": [{"events.ts": {"$gte": {"$date":{"$numberLong":"3600000"}}}},{"events.v": {"$gt": {"$numberInt":"1"}}}]}},` +
+		`{"$sort": {"events.ts": {"$numberInt":"-1"},"events._id": {"$numberInt":"1"}}},` +
+		`{"$skip": {"$numberLong":"2"}},{"$limit": {"$numberLong":"10"}}],` +
+		`"cursor": {"batchSize": {"$numberLong":"10"}},"allowDiskUse": true,"maxTimeMS": {"$numberInt":"500"},"comment": "c","lsid": {"id": {"$numberInt":"1"}},"$db": "iot"}`
+	if got := rdJSON(p.Command); got != want {
+		t.Fatalf("\n got %s\nwant %s", got, want)
+	}
+	if !p.Cursor.SingleBatch || p.Drain || p.Passthrough {
+		t.Fatalf("plan flags: %+v", p)
+	}
+	if pf := p.MetaPrefetch(); pf == nil || !strings.Contains(rdJSON(pf), `"filter": {"$and": [{"meta": "a"}`) {
+		t.Fatalf("prefetch: %s", rdJSON(pf))
+	}
+	// Reply mapping: ns, reshape, projection, id.
+	reply := rdRaw(t, D{{Key: "cursor", Value: D{
+		{Key: "firstBatch", Value: A{bson.Raw(unwound(t, "a", D{{Key: "_id", Value: 1}, {Key: "sensorId", Value: nil}, {Key: "v", Value: 3}, {Key: "w", Value: 4}}))}},
+		{Key: "id", Value: int64(77)}, {Key: "ns", Value: "iot.readings.buckets"}}}, {Key: "ok", Value: 1.0}})
+	out, id, err := p.Cursor.MapReply(reply)
+	if err != nil || id != 77 {
+		t.Fatal(id, err)
+	}
+	wantReply := `{"cursor": {"firstBatch": [{"_id": {"$numberInt":"1"},"v": {"$numberInt":"3"}}],"id": {"$numberLong":"0"},"ns": "iot.readings"},"ok": {"$numberDouble":"1.0"}}`
+	if got := rdJSON(out); got != wantReply {
+		t.Fatalf("\n got %s\nwant %s", got, wantReply)
+	}
+	// getMore and killCursors go to the bucket collection.
+	gm, err := GetMore(rdRaw(t, D{{Key: "getMore", Value: int64(77)}, {Key: "collection", Value: "readings"}, {Key: "batchSize", Value: 5}, {Key: "$db", Value: "iot"}}), rdRule())
+	if err != nil || !strings.Contains(rdJSON(gm), `"collection": "readings.buckets"`) {
+		t.Fatalf("getMore: %s %v", rdJSON(gm), err)
+	}
+	kc, ids, err := KillCursors(rdRaw(t, D{{Key: "killCursors", Value: "readings"}, {Key: "cursors", Value: A{int64(77), int64(78)}}, {Key: "$db", Value: "iot"}}), rdRule())
+	if err != nil || len(ids) != 2 || !strings.Contains(rdJSON(kc), `"killCursors": "readings.buckets"`) {
+		t.Fatalf("killCursors: %s %v %v", rdJSON(kc), ids, err)
+	}
+	// An error reply passes unchanged.
+	errReply := rdRaw(t, D{{Key: "ok", Value: 0.0}, {Key: "errmsg", Value: "boom"}, {Key: "code", Value: 2}})
+	if out, id, err := p.Cursor.MapReply(errReply); err != nil || id != 0 || string(out) != string(errReply) {
+		t.Fatal("error reply changed")
+	}
+}
+
+func TestReadRefused(t *testing.T) {
+	find := func(es ...E) D { return append(D{{Key: "find", Value: "readings"}}, es...) }
+	agg := func(stages ...any) D {
+		return D{{Key: "aggregate", Value: "readings"}, {Key: "pipeline", Value: A(stages)}, {Key: "cursor", Value: D{}}}
+	}
+	cases := []struct {
+		cmd  D
+		want string
+	}{
+		{find(E{Key: "hint", Value: D{{Key: "ts", Value: 1}}}), `find option "hint" is not supported on a bucketed namespace`},
+		{find(E{Key: "collation", Value: D{{Key: "locale", Value: "fr"}}}), `find option "collation"`},
+		{find(E{Key: "min", Value: D{}}), `find option "min"`},
+		{find(E{Key: "max", Value: D{}}), `find option "max"`},
+		{find(E{Key: "returnKey", Value: true}), `find option "returnKey"`},
+		{find(E{Key: "showRecordId", Value: true}), `find option "showRecordId"`},
+		{find(E{Key: "tailable", Value: true}), `find option "tailable"`},
+		{find(E{Key: "awaitData", Value: true}), `find option "awaitData"`},
+		{find(E{Key: "allowPartialResults", Value: true}), `find option "allowPartialResults"`},
+		{find(E{Key: "noCursorTimeout", Value: true}), `find option "noCursorTimeout"`},
+		{find(E{Key: "let", Value: D{}}), `find option "let"`},
+		{find(E{Key: "sort", Value: D{{Key: "score", Value: D{{Key: "$meta", Value: "textScore"}}}}}), `sort on "score"`},
+		{find(E{Key: "sort", Value: D{{Key: "sensorId", Value: 1}}}), `sort on the metaField "sensorId"`},
+		{find(E{Key: "skip", Value: -1}), `"skip" must be non-negative`},
+		{find(E{Key: "limit", Value: "x"}), `"limit" must be a whole number`},
+		{find(E{Key: "projection", Value: D{{Key: "a", Value: D{{Key: "$slice", Value: 1}}}}}), `"$slice"`},
+		{agg(D{{Key: "$group", Value: D{{Key: "_id", Value: "$sensorId"}}}}), `aggregation stage "$group" is supported`},
+		{agg(D{{Key: "$lookup", Value: D{}}}), `aggregation stage "$lookup" is not supported on a bucketed namespace on this upstream (FerretDB)`},
+		{agg(D{{Key: "$project", Value: D{{Key: "a", Value: 1}}}}, D{{Key: "$limit", Value: 1}}), `"$project" is supported on a bucketed namespace only as the last stage`},
+		{agg(D{{Key: "$count", Value: "n"}}, D{{Key: "$limit", Value: 1}}), `"$limit" after "$count"`},
+		{agg(D{{Key: "$project", Value: D{{Key: "a", Value: D{{Key: "$add", Value: A{1, 2}}}}}}}), `"$add"`},
+		{D{{Key: "aggregate", Value: "readings"}, {Key: "pipeline", Value: A{}}}, `'cursor' option is required`},
+		{D{{Key: "count", Value: "readings"}, {Key: "hint", Value: "x"}}, `count option "hint"`},
+		{D{{Key: "distinct", Value: "readings"}, {Key: "key", Value: 1}}, `"key" must be a string`},
+		{D{{Key: "distinct", Value: "readings"}, {Key: "key", Value: "a"}, {Key: "collation", Value: D{}}}, `distinct option "collation"`},
+		{D{{Key: "explain", Value: D{{Key: "update", Value: "readings"}}}}, `explain of "update"`},
+	}
+	for _, c := range cases {
+		_, err := rdPlan(t, ferretCaps, c.cmd)
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "tsproxy rule iot.readings") {
+			t.Errorf("%v: got %v, want %q", c.cmd, err, c.want)
+		}
+	}
+}
+
+func TestOtherReads(t *testing.T) {
+	// count
+	p, err := rdPlan(t, ferretCaps, D{{Key: "count", Value: "readings"}, {Key: "query", Value: D{{Key: "v", Value: 1}}}, {Key: "skip", Value: 1}, {Key: "limit", Value: -5}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rdJSON(p.Command); !strings.Contains(got, `{"$match": {"events.v": {"$numberInt":"1"}}},{"$skip": {"$numberLong":"1"}},{"$limit": {"$numberLong":"5"}},{"$count": "n"}`) {
+		t.Fatal(got)
+	}
+	if next := p.Feed(rdRaw(t, D{{Key: "cursor", Value: D{{Key: "firstBatch", Value: A{D{{Key: "n", Value: int32(4)}}}}, {Key: "id", Value: int64(0)}}}, {Key: "ok", Value: 1.0}})); next != nil {
+		t.Fatal("count wants more")
+	}
+	if got := rdJSON(p.Result()); got != `{"n": {"$numberInt":"4"},"ok": {"$numberDouble":"1.0"}}` {
+		t.Fatal(got)
+	}
+	// countDocuments' aggregate
+	p, err = rdPlan(t, ferretCaps, D{{Key: "aggregate", Value: "readings"}, {Key: "pipeline", Value: A{
+		D{{Key: "$match", Value: D{{Key: "sensorId", Value: "a"}}}}, D{{Key: "$skip", Value: int64(1)}},
+		D{{Key: "$group", Value: D{{Key: "_id", Value: 1}, {Key: "n", Value: D{{Key: "$sum", Value: 1}}}}}}}}, {Key: "cursor", Value: D{}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rdJSON(p.Command); !strings.Contains(got, `{"$match": {"meta": "a"}},{"$unwind": "$events"},{"$skip": {"$numberLong":"1"}},{"$count": "n"}`) {
+		t.Fatal(got)
+	}
+	out, _, err := p.Cursor.MapReply(rdRaw(t, D{{Key: "cursor", Value: D{{Key: "firstBatch", Value: A{D{{Key: "n", Value: int32(9)}}}}, {Key: "id", Value: int64(0)}, {Key: "ns", Value: "iot.readings.buckets"}}}, {Key: "ok", Value: 1.0}}))
+	if err != nil || !strings.Contains(rdJSON(out), `"firstBatch": [{"_id": {"$numberInt":"1"},"n": {"$numberInt":"9"}}]`) {
+		t.Fatal(rdJSON(out), err)
+	}
+	// distinct: array elements, BSON-equal dedupe, missing skipped, meta put back.
+	p, err = rdPlan(t, ferretCaps, D{{Key: "distinct", Value: "readings"}, {Key: "key", Value: "tags"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := A{
+		bson.Raw(unwound(t, "a", D{{Key: "_id", Value: 1}, {Key: "tags", Value: A{"x", 1, A{2}}}})),
+		bson.Raw(unwound(t, "a", D{{Key: "_id", Value: 2}, {Key: "tags", Value: 1.0}})),
+		bson.Raw(unwound(t, "a", D{{Key: "_id", Value: 3}})),
+		bson.Raw(unwound(t, "a", D{{Key: "_id", Value: 4}, {Key: "tags", Value: nil}})),
+	}
+	p.Feed(rdRaw(t, D{{Key: "cursor", Value: D{{Key: "firstBatch", Value: batch}, {Key: "id", Value: int64(0)}}}, {Key: "ok", Value: 1.0}}))
+	if got := rdJSON(p.Result()); got != `{"values": [null,{"$numberInt":"1"},"x",[{"$numberInt":"2"}]],"ok": {"$numberDouble":"1.0"}}` {
+		t.Fatal(got)
+	}
+	// distinct of the metaField comes from the bucket.
+	p, _ = rdPlan(t, ferretCaps, D{{Key: "distinct", Value: "readings"}, {Key: "key", Value: "sensorId.k"}})
+	p.Feed(rdRaw(t, D{{Key: "cursor", Value: D{{Key: "firstBatch", Value: A{bson.Raw(unwound(t, D{{Key: "k", Value: "m"}}, D{{Key: "_id", Value: 1}, {Key: "sensorId", Value: nil}}))}}, {Key: "id", Value: int64(0)}}}, {Key: "ok", Value: 1.0}}))
+	if got := rdJSON(p.Result()); got != `{"values": ["m"],"ok": {"$numberDouble":"1.0"}}` {
+		t.Fatal(got)
+	}
+	// explain wraps the rewritten aggregate.
+	p, err = rdPlan(t, ferretCaps, D{{Key: "explain", Value: D{{Key: "find", Value: "readings"}, {Key: "filter", Value: D{{Key: "sensorId", Value: "a"}}}}}, {Key: "verbosity", Value: "queryPlanner"}})
+	if err != nil || !p.Passthrough || !strings.Contains(rdJSON(p.Command), `{"explain": {"aggregate": "readings.buckets","pipeline": [{"$match": {"meta": "a"}},{"$unwind": "$events"}],"cursor": {}},"verbosity": "queryPlanner","$db": "iot"}`) {
+		t.Fatal(rdJSON(p.Command), err)
+	}
+	// full aggregation on MongoDB rebuilds the events upstream.
+	p, err = rdPlan(t, mongoCaps, D{{Key: "aggregate", Value: "readings"}, {Key: "pipeline", Value: A{
+		D{{Key: "$match", Value: D{{Key: "sensorId", Value: "a"}}}}, D{{Key: "$group", Value: D{{Key: "_id", Value: "$v"}}}}}}, {Key: "cursor", Value: D{}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rdJSON(p.Command); !strings.Contains(got, `{"$match": {"meta": "a"}},{"$unwind": "$events"},{"$replaceWith": {"$mergeObjects": ["$events",{"$cond": [{"$eq": [{"$type": "$events.sensorId"},"missing"]},{},{"sensorId": "$meta"}]}]}},{"$match": {"sensorId": "a"}},{"$group": {"_id": "$v"}}`) {
+		t.Fatal(got)
+	}
+	if p.MetaPrefetch() != nil {
+		t.Fatal("MongoDB keeps meta through $unwind: no prefetch")
+	}
+}
+
+func TestListCollectionsAndAdmin(t *testing.T) {
+	r := rdRule()
+	p, err := PlanListCollections(rdRaw(t, D{{Key: "listCollections", Value: 1}, {Key: "filter", Value: D{{Key: "name", Value: "readings"}}}, {Key: "nameOnly", Value: true}, {Key: "$db", Value: "iot"}}), "iot", []*rules.Rule{r})
+	if err != nil || !strings.Contains(rdJSON(p.Command), `"filter": {"name": "readings.buckets"},"nameOnly": true`) {
+		t.Fatal(rdJSON(p.Command), err)
+	}
+	p.Feed(rdRaw(t, D{{Key: "cursor", Value: D{{Key: "id", Value: int64(0)}, {Key: "ns", Value: "iot.$cmd.listCollections"}, {Key: "firstBatch", Value: A{
+		D{{Key: "name", Value: "readings.buckets"}, {Key: "type", Value: "collection"}},
+		D{{Key: "name", Value: "readings"}, {Key: "type", Value: "collection"}},
+		D{{Key: "name", Value: "other"}, {Key: "type", Value: "collection"}}}}}}, {Key: "ok", Value: 1.0}}))
+	if got := rdJSON(p.Result()); !strings.Contains(got, `"firstBatch": [{"name": "readings","type": "collection"},{"name": "other","type": "collection"}]`) {
+		t.Fatal(got)
+	}
+	if _, err := PlanListCollections(rdRaw(t, D{{Key: "listCollections", Value: 1}, {Key: "filter", Value: D{{Key: "name", Value: bson.Regex{Pattern: "^r"}}}}}), "iot", []*rules.Rule{r}); err == nil {
+		t.Fatal("regex name filter accepted")
+	}
+	cs, err := PlanCollStats(rdRaw(t, D{{Key: "collStats", Value: "readings"}, {Key: "scale", Value: 1}, {Key: "$db", Value: "iot"}}), r)
+	if err != nil || !strings.Contains(rdJSON(cs.Stats), `{"collStats": "readings.buckets","scale"`) {
+		t.Fatal(err)
+	}
+	got := rdJSON(cs.Reply(rdRaw(t, D{{Key: "ns", Value: "iot.readings.buckets"}, {Key: "count", Value: 3}, {Key: "size", Value: 10}, {Key: "ok", Value: 1.0}}), 2500))
+	if got != `{"ns": "iot.readings","count": {"$numberInt":"2500"},"size": {"$numberInt":"10"},"tsproxy": {"bucketCollection": "iot.readings.buckets","buckets": {"$numberInt":"3"}},"ok": {"$numberDouble":"1.0"}}` {
+		t.Fatal(got)
+	}
+	drop, err := PlanDrop(rdRaw(t, D{{Key: "drop", Value: "readings"}, {Key: "$db", Value: "iot"}}), r)
+	if err != nil || rdJSON(drop) != `{"drop": "readings.buckets","$db": "iot"}` {
+		t.Fatal(rdJSON(drop), err)
+	}
+}
+
+// FuzzFindRewrite: no find body makes the read rewrite panic; commands it
+// produces are valid BSON; reshaping then an inclusion projection of
+// every field gives the event back.
+func FuzzFindRewrite(f *testing.F) {
+	seed := func(d D) []byte { b, _ := bson.Marshal(d); return b }
+	f.Add(seed(D{{Key: "find", Value: "readings"}, {Key: "filter", Value: D{{Key: "ts", Value: D{{Key: "$gte", Value: dms(-1)}}}, {Key: "sensorId", Value: D{{Key: "$in", Value: A{1, "a"}}}}}}, {Key: "$db", Value: "iot"}}))
+	f.Add(seed(D{{Key: "find", Value: "readings"}, {Key: "filter", Value: D{{Key: "$or", Value: A{D{{Key: "a", Value: D{{Key: "$elemMatch", Value: D{{Key: "b", Value: 1}}}}}}}}}}, {Key: "sort", Value: D{{Key: "ts", Value: 1}}}, {Key: "projection", Value: D{{Key: "a.b", Value: 0}}}}))
+	f.Add(seed(D{{Key: "aggregate", Value: "readings"}, {Key: "pipeline", Value: A{D{{Key: "$match", Value: D{}}}, D{{Key: "$count", Value: "n"}}}}, {Key: "cursor", Value: D{}}}))
+	f.Add(seed(D{{Key: "distinct", Value: "readings"}, {Key: "key", Value: "a.0.b"}}))
+	f.Add([]byte{5, 0, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, body []byte) {
+		for _, caps := range []Caps{ferretCaps, mongoCaps} {
+			p, err := PlanRead(body, rdRule(), ReadOptions{Caps: caps})
+			if err != nil {
+				_ = ErrorReply(err)
+				continue
+			}
+			if err := bsoncore.Document(p.Command).Validate(); err != nil {
+				t.Fatalf("command is not valid BSON: %v", err)
+			}
+			if pf := p.MetaPrefetch(); pf != nil {
+				if err := bsoncore.Document(pf).Validate(); err != nil {
+					t.Fatalf("prefetch is not valid BSON: %v", err)
+				}
+			}
+		}
+		// If the body is a document, treat it as a stored event: reshape
+		// it and project all its fields back.
+		if validateDeep(body, 0) != nil {
+			return
+		}
+		elems, _ := bsoncore.Document(body).Elements()
+		seen := map[string]bool{}
+		spec := bsoncore.NewDocumentBuilder()
+		for _, e := range elems {
+			k := e.Key()
+			if seen[k] || k == "" || strings.ContainsAny(k, ".$") {
+				return
+			}
+			seen[k] = true
+			spec.AppendInt32(k, 1)
+		}
+		if !seen["_id"] {
+			return
+		}
+		u := bsoncore.NewDocumentBuilder().AppendNull("meta").AppendDocument("events", body).Build()
+		ev, err := reshapeEvent(u, "", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		proj, err := rdCtx(t, ferretCaps).parseProjection(spec.Build(), "projection")
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := proj.apply(ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(out) != string(body) {
+			t.Fatalf("round trip changed the event:\n%s\n%s", rdJSON(out), rdJSON(body))
+		}
+	})
+}
