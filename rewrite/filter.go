@@ -51,6 +51,9 @@ type readCtx struct {
 	timeField string
 	span      int64
 	caps      Caps
+	// fixedMeta is the meta every selected bucket has, when the filter
+	// pins the metaField to one value at its top level (no lookup needed).
+	fixedMeta *bsoncore.Value
 	// usedMeta is set when a translation renames a path to the bucket's
 	// meta (FerretDB's $unwind drops it: only the bucket-level filter may).
 	usedMeta bool
@@ -566,6 +569,20 @@ func (rc *readCtx) split(filter bsoncore.Document) (splitFilter, error) {
 		k := e.Key()
 		if k == rc.timeField {
 			rc.addTime(&tb, e.Value())
+		}
+		if rest, isMeta := rc.metaPath(k); isMeta && rest == "" {
+			v := e.Value()
+			if eq, ok := isOperatorDoc(v); ok {
+				if ee, err := eq.Elements(); err == nil && len(ee) == 1 && ee[0].Key() == "$eq" {
+					v = ee[0].Value()
+				}
+			}
+			// Only types whose equality is byte equality: a number or a
+			// document also matches other encodings of the same value.
+			switch v.Type {
+			case bsoncore.TypeString, bsoncore.TypeObjectID, bsoncore.TypeBoolean, bsoncore.TypeNull, bsoncore.TypeDateTime:
+				rc.fixedMeta = &v
+			}
 		}
 		if _, isMeta := rc.metaPath(k); isMeta {
 			// A predicate on the metaField holds for all events of a

@@ -584,7 +584,7 @@ func (rc *readCtx) getMoreCommand(id int64) []byte {
 type errorDrain struct{ reply bsoncore.Document }
 
 func (e *errorDrain) feed(bsoncore.Document) error { return nil }
-func (e *errorDrain) result() bsoncore.Document   { return e.reply }
+func (e *errorDrain) result() bsoncore.Document    { return e.reply }
 
 type countDrain struct{ n int64 }
 

@@ -24,7 +24,7 @@ type CursorShape struct {
 	proj      *projection
 	groupID   bsoncore.Value // shapeGroupCount: the $group _id
 	groupKey  string         // shapeGroupCount: the counted field
-	metas       *metaResolver
+	metas     *metaResolver
 	// SingleBatch: the app asked for one batch; the proxy kills the
 	// upstream cursor after the first and answers with id 0.
 	SingleBatch bool

@@ -12,6 +12,7 @@ import (
 type metaResolver struct {
 	bucketColl, db string
 	cache          map[string]bsoncore.Value // bucket _id (type byte + bytes) -> meta
+	fixed          *bsoncore.Value           // the meta of every bucket read, when the filter pins it
 }
 
 // maxMetaCache bounds the metas one cursor remembers; past it the cache
@@ -22,7 +23,7 @@ func newMetaResolver(rc *readCtx) *metaResolver {
 	if rc.metaField == "" {
 		return nil
 	}
-	return &metaResolver{bucketColl: rc.rule.BucketCollection, db: rc.rule.DB, cache: map[string]bsoncore.Value{}}
+	return &metaResolver{bucketColl: rc.rule.BucketCollection, db: rc.rule.DB, cache: map[string]bsoncore.Value{}, fixed: rc.fixedMeta}
 }
 
 func idKey(v bsoncore.Value) string { return string(rune(v.Type)) + string(v.Data) }
@@ -61,7 +62,7 @@ func batchDocs(reply bsoncore.Document) []bsoncore.Document {
 // bucket-level filter selects: one scan up front instead of a lookup per
 // bucket (FerretDB reads by _id through its index only for plain finds).
 func (m *metaResolver) prefetch(bucketFilter bsoncore.Document) []byte {
-	if m == nil {
+	if m == nil || m.fixed != nil {
 		return nil
 	}
 	nb := bsoncore.NewDocumentBuilder
@@ -101,7 +102,7 @@ func (m *metaResolver) addPrefetched(reply []byte) []byte {
 // not known and not in their unwound documents: one per bucket, by _id
 // alone, the one filter FerretDB reads through its index.
 func (m *metaResolver) query(reply []byte) [][]byte {
-	if m == nil {
+	if m == nil || m.fixed != nil {
 		return nil
 	}
 	doc := bsoncore.Document(reply)
@@ -176,6 +177,9 @@ func (m *metaResolver) add(reply []byte) error {
 func (m *metaResolver) metaOf(unwound bsoncore.Document) (bsoncore.Value, error) {
 	if v, err := unwound.LookupErr(rules.BucketMeta); err == nil {
 		return v, nil
+	}
+	if m != nil && m.fixed != nil {
+		return *m.fixed, nil
 	}
 	if m != nil {
 		if id, err := unwound.LookupErr(rules.BucketID); err == nil {

@@ -651,7 +651,18 @@ func TestShippedConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := plain(c), defaultConfig(); !reflect.DeepEqual(got, want) {
+	demo := Rule{
+		Namespace: "demo.readings", DB: "demo", Collection: "readings",
+		TimeField: "ts", MetaField: "sensorId",
+		Span: time.Hour, MaxEvents: 1000, MaxBytes: 1 << 20, InsertThreshold: 100,
+		Aggregates: []string{"value"}, BucketCollection: "readings.buckets", Layout: "events",
+	}
+	if !reflect.DeepEqual(c.Rules, []Rule{demo}) {
+		t.Errorf("shipped rules:\n got %+v\nwant the demo rule", c.Rules)
+	}
+	got := plain(c)
+	got.Rules = nil
+	if want := defaultConfig(); !reflect.DeepEqual(got, want) {
 		t.Errorf("shipped config is not the defaults:\n got %+v\nwant %+v", got, want)
 	}
 
@@ -660,8 +671,8 @@ func TestShippedConfig(t *testing.T) {
 	inRules := false
 	for _, l := range strings.Split(string(src), "\n") {
 		switch {
-		case l == "rules: []":
-			l, inRules = "rules:", true
+		case l == "rules:":
+			inRules = true
 		case inRules && strings.HasPrefix(l, "#  "):
 			l = strings.TrimPrefix(l, "#")
 		}
@@ -671,7 +682,7 @@ func TestShippedConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []Rule{{
+	want := []Rule{demo, {
 		Namespace: "iot.readings", DB: "iot", Collection: "readings",
 		TimeField: "ts", MetaField: "sensorId",
 		Span: time.Hour, MaxEvents: 1000, MaxBytes: 1 << 20, InsertThreshold: 100,

@@ -323,14 +323,16 @@ func rdRun(t *testing.T, ctx context.Context, coll *mongo.Collection, q rdQuery)
 		}
 		docs = []bson.D{{{Key: "n", Value: n}}}
 	case "distinct":
-		res := coll.Distinct(ctx, q.key, filter)
-		if err := res.Err(); err != nil {
+		// RunCommand: the driver's Distinct adds maxTimeMS, which
+		// FerretDB's distinct refuses.
+		var res struct {
+			Values []any `bson:"values"`
+		}
+		err := coll.Database().RunCommand(ctx, bson.D{{Key: "distinct", Value: coll.Name()}, {Key: "key", Value: q.key}, {Key: "query", Value: filter}}).Decode(&res)
+		if err != nil {
 			return nil, err
 		}
-		var vals []any
-		if err := res.Decode(&vals); err != nil {
-			return nil, err
-		}
+		vals := res.Values
 		for _, v := range vals {
 			docs = append(docs, bson.D{{Key: "v", Value: v}})
 		}
