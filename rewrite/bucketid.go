@@ -30,6 +30,12 @@ func BucketID(bucketNS string, meta bsoncore.Value, startMillis int64, seq int) 
 	return bucketIDRaw(bucketNS, byte(meta.Type), meta.Data, startMillis, seq)
 }
 
+// BucketIDOf is BucketID for callers outside wire/ and rewrite/, which
+// hold BSON values as bson.RawValue.
+func BucketIDOf(bucketNS string, meta bson.RawValue, startMillis int64, seq int) bson.ObjectID {
+	return BucketID(bucketNS, bsoncore.Value{Type: bsoncore.Type(meta.Type), Data: meta.Value}, startMillis, seq)
+}
+
 func bucketIDRaw(bucketNS string, metaType byte, metaData []byte, startMillis int64, seq int) bson.ObjectID {
 	h := sha256.New()
 	h.Write([]byte(bucketNS))

@@ -15,7 +15,6 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
-	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite"
 )
@@ -318,42 +317,7 @@ func TestInsertConcurrent(t *testing.T) {
 	ctx := ctxFor(t)
 	const clients, perClient = 16, 150
 	base := time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC)
-	var mu sync.Mutex
-	var sent []sentEvent
-	var wg sync.WaitGroup
-	errs := make(chan error, clients)
-	for c := 0; c < clients; c++ {
-		cl := connect(t, p.URI())
-		wg.Add(1)
-		go func(c int) {
-			defer wg.Done()
-			coll := cl.Database(db).Collection("readings")
-			for i := 0; i < perClient; {
-				n := 1 + (i+c)%7
-				var batch []sentEvent
-				for j := 0; j < n && i < perClient; j++ {
-					batch = append(batch, sentEvent{id: bson.NewObjectID(), sensor: "shared", ts: base.Add(time.Duration(c*perClient+i) * time.Second), value: float64(i)})
-					i++
-				}
-				docs := make([]any, len(batch))
-				for k, e := range batch {
-					docs[k] = e.doc()
-				}
-				if _, err := coll.InsertMany(ctx, docs); err != nil {
-					errs <- err
-					return
-				}
-				mu.Lock()
-				sent = append(sent, batch...)
-				mu.Unlock()
-			}
-		}(c)
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+	sent := insertConcurrently(t, ctx, p.URI(), db, "shared", clients, perClient, 7, base)
 	checkStored(t, readBuckets(t, ctx, db), sent, 100)
 }
 
@@ -483,20 +447,47 @@ func TestInsertSeqIDs(t *testing.T) {
 	ctx := ctxFor(t)
 	const clients, perClient = 4, 60
 	base := time.Date(2026, 7, 1, 3, 0, 0, 0, time.UTC)
+	sent := insertConcurrently(t, ctx, p.URI(), db, "seq", clients, perClient, 9, base)
+	buckets := readBuckets(t, ctx, db)
+	checkStored(t, buckets, sent, 20)
+	ids := map[bson.ObjectID]bool{}
+	for _, b := range buckets {
+		ids[b.ID] = true
+	}
+	_, metaBytes, err := bson.MarshalValue("seq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	meta := bson.RawValue{Type: bson.TypeString, Value: metaBytes}
+	for seq := 0; seq < len(buckets); seq++ {
+		if id := rewrite.BucketIDOf(db+".readings.buckets", meta, base.UnixMilli(), seq); !ids[id] {
+			t.Fatalf("bucket seq %d (%v) missing among %d buckets", seq, id, len(buckets))
+		}
+	}
+	if min := (clients*perClient + 19) / 20; len(buckets) < min {
+		t.Fatalf("%d buckets, want at least %d", len(buckets), min)
+	}
+}
+
+// insertConcurrently has clients connections write perClient events each
+// of one series, at consecutive seconds from base, in insertMany batches of
+// 1..maxBatch events, all at once; it returns the events acknowledged.
+func insertConcurrently(t *testing.T, ctx context.Context, uri, db, sensor string, clients, perClient, maxBatch int, base time.Time) []sentEvent {
+	t.Helper()
 	var mu sync.Mutex
 	var sent []sentEvent
 	var wg sync.WaitGroup
 	errs := make(chan error, clients)
 	for c := 0; c < clients; c++ {
-		coll := connect(t, p.URI()).Database(db).Collection("readings")
+		coll := connect(t, uri).Database(db).Collection("readings")
 		wg.Add(1)
 		go func(c int) {
 			defer wg.Done()
 			for i := 0; i < perClient; {
-				n := 1 + (i+c)%9
+				n := 1 + (i+c)%maxBatch
 				var batch []sentEvent
 				for j := 0; j < n && i < perClient; j++ {
-					batch = append(batch, sentEvent{id: bson.NewObjectID(), sensor: "seq", ts: base.Add(time.Duration(c*perClient+i) * time.Second), value: float64(i)})
+					batch = append(batch, sentEvent{id: bson.NewObjectID(), sensor: sensor, ts: base.Add(time.Duration(c*perClient+i) * time.Second), value: float64(i)})
 					i++
 				}
 				docs := make([]any, len(batch))
@@ -518,19 +509,5 @@ func TestInsertSeqIDs(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	buckets := readBuckets(t, ctx, db)
-	checkStored(t, buckets, sent, 20)
-	ids := map[bson.ObjectID]bool{}
-	for _, b := range buckets {
-		ids[b.ID] = true
-	}
-	meta := bsoncore.Value{Type: bsoncore.TypeString, Data: bsoncore.AppendString(nil, "seq")}
-	for seq := 0; seq < len(buckets); seq++ {
-		if id := rewrite.BucketID(db+".readings.buckets", meta, base.UnixMilli(), seq); !ids[id] {
-			t.Fatalf("bucket seq %d (%v) missing among %d buckets", seq, id, len(buckets))
-		}
-	}
-	if min := (clients*perClient + 19) / 20; len(buckets) < min {
-		t.Fatalf("%d buckets, want at least %d", len(buckets), min)
-	}
+	return sent
 }
