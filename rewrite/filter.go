@@ -581,7 +581,8 @@ func (rc *readCtx) split(filter bsoncore.Document) (splitFilter, error) {
 			// document also matches other encodings of the same value.
 			switch v.Type {
 			case bsoncore.TypeString, bsoncore.TypeObjectID, bsoncore.TypeBoolean, bsoncore.TypeNull, bsoncore.TypeDateTime:
-				rc.fixedMeta = &v
+				// A copy: the cursor outlives the request's buffer.
+				rc.fixedMeta = &bsoncore.Value{Type: v.Type, Data: append([]byte(nil), v.Data...)}
 			}
 		}
 		if _, isMeta := rc.metaPath(k); isMeta {

@@ -157,7 +157,16 @@ func TestFindRewrite(t *testing.T) {
 	if !p.Cursor.SingleBatch || p.Drain || p.Passthrough {
 		t.Fatalf("plan flags: %+v", p)
 	}
-	if pf := p.MetaPrefetch(); pf == nil || !strings.Contains(rdJSON(pf), `"filter": {"$and": [{"meta": "a"}`) {
+	if pf := p.MetaPrefetch(); pf != nil {
+		t.Fatalf("the filter pins the meta to a string: no prefetch needed, got %s", rdJSON(pf))
+	}
+	// A number may be stored as another numeric type: its buckets' metas
+	// are looked up.
+	pn, err := rdPlan(t, ferretCaps, D{{Key: "find", Value: "readings"}, {Key: "filter", Value: D{{Key: "sensorId", Value: 7}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pf := pn.MetaPrefetch(); pf == nil || !strings.Contains(rdJSON(pf), `"filter": {"meta": {"$numberInt":"7"}},"projection": {"meta": {"$numberInt":"1"}}`) {
 		t.Fatalf("prefetch: %s", rdJSON(pf))
 	}
 	// Reply mapping: ns, reshape, projection, id.
