@@ -219,6 +219,11 @@ func (c *conn) route(req *request) error {
 	switch req.name {
 	case "hello", "isMaster", "ismaster":
 		return c.handleHello(req)
+	case "listCollections":
+		// Show each rule's namespace in place of its bucket collection.
+		if c.s.opts.Rules.InDB(req.db) {
+			return c.rewriteListCollections(req)
+		}
 	}
 	if rule, route := c.bucketedTarget(req); route != routePassthrough {
 		return c.handleBucketed(req, rule, route)

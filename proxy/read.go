@@ -223,6 +223,8 @@ func (c *conn) rewriteDrop(req *request, rule *rules.Rule) error {
 	st.mu.Lock()
 	delete(st.indexes, rule.BucketNamespace())
 	st.mu.Unlock()
+	// The next insert must find the buckets again, from seq 0.
+	st.forgetBuckets(rule.BucketNamespace())
 	if err != nil {
 		return err
 	}

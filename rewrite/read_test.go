@@ -403,3 +403,22 @@ func FuzzFindRewrite(f *testing.F) {
 		}
 	})
 }
+
+// The cursor shape outlives the request: nothing in it may alias the
+// request's buffer, which the proxy reuses for the next message.
+func TestCursorShapeOwnsItsBytes(t *testing.T) {
+	body := rdRaw(t, D{{Key: "find", Value: "readings"}, {Key: "filter", Value: D{{Key: "sensorId", Value: "abc"}}},
+		{Key: "projection", Value: D{{Key: "sensorId", Value: 1}}}, {Key: "$db", Value: "iot"}})
+	p, err := PlanRead(body, rdRule(), ReadOptions{Caps: ferretCaps})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range body {
+		body[i] = 0xff
+	}
+	reply := rdRaw(t, D{{Key: "cursor", Value: D{{Key: "nextBatch", Value: A{bson.Raw(unwound(t, "<absent>", D{{Key: "_id", Value: 1}, {Key: "sensorId", Value: nil}, {Key: "v", Value: 1}}))}}, {Key: "id", Value: int64(0)}}}, {Key: "ok", Value: 1.0}})
+	out, _, err := p.Cursor.MapReply(reply)
+	if err != nil || !strings.Contains(rdJSON(out), `"nextBatch": [{"_id": {"$numberInt":"1"},"sensorId": "abc"}]`) {
+		t.Fatalf("%s %v", rdJSON(out), err)
+	}
+}
