@@ -109,6 +109,13 @@ func (s *Server) Serve(ln net.Listener) error {
 	}
 	s.mu.Lock()
 	s.ln = ln
+	if s.closing.Load() {
+		// Shutdown ran before Serve got here and found no listener to
+		// close: close it now rather than accept forever.
+		s.mu.Unlock()
+		ln.Close()
+		return nil
+	}
 	s.mu.Unlock()
 	var backoff time.Duration
 	for {
