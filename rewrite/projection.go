@@ -289,24 +289,8 @@ func excludeFields(dst []byte, doc bsoncore.Document, n *projNode, depth int) ([
 		if c.leaf {
 			continue
 		}
-		v := e.Value()
-		switch v.Type {
-		case bsoncore.TypeEmbeddedDocument:
-			idx, out := bsoncore.AppendDocumentElementStart(dst, k)
-			out, err = excludeFields(out, v.Data, c, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			dst, _ = bsoncore.AppendDocumentEnd(out, idx)
-		case bsoncore.TypeArray:
-			idx, out := bsoncore.AppendArrayElementStart(dst, k)
-			out, err = excludeArray(out, v.Data, c, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			dst, _ = bsoncore.AppendArrayEnd(out, idx)
-		default:
-			dst = append(dst, e...)
+		if dst, err = excludeValue(dst, k, e.Value(), c, depth); err != nil {
+			return nil, err
 		}
 	}
 	return dst, nil
@@ -321,25 +305,33 @@ func excludeArray(dst []byte, arr []byte, n *projNode, depth int) ([]byte, error
 		return nil, err
 	}
 	for i, v := range vals {
-		key := strconv.Itoa(i)
-		switch v.Type {
-		case bsoncore.TypeEmbeddedDocument:
-			idx, out := bsoncore.AppendDocumentElementStart(dst, key)
-			out, err = excludeFields(out, v.Data, n, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			dst, _ = bsoncore.AppendDocumentEnd(out, idx)
-		case bsoncore.TypeArray:
-			idx, out := bsoncore.AppendArrayElementStart(dst, key)
-			out, err = excludeArray(out, v.Data, n, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			dst, _ = bsoncore.AppendArrayEnd(out, idx)
-		default:
-			dst = bsoncore.AppendValueElement(dst, key, v)
+		if dst, err = excludeValue(dst, strconv.Itoa(i), v, n, depth); err != nil {
+			return nil, err
 		}
+	}
+	return dst, nil
+}
+
+// excludeValue appends key: v with n's exclusions applied inside it: a
+// document or an array (whose documents MongoDB projects element by
+// element) is rebuilt, any other value kept as it is.
+func excludeValue(dst []byte, key string, v bsoncore.Value, n *projNode, depth int) ([]byte, error) {
+	var err error
+	switch v.Type {
+	case bsoncore.TypeEmbeddedDocument:
+		idx, out := bsoncore.AppendDocumentElementStart(dst, key)
+		if out, err = excludeFields(out, v.Data, n, depth+1); err != nil {
+			return nil, err
+		}
+		dst, _ = bsoncore.AppendDocumentEnd(out, idx)
+	case bsoncore.TypeArray:
+		idx, out := bsoncore.AppendArrayElementStart(dst, key)
+		if out, err = excludeArray(out, v.Data, n, depth+1); err != nil {
+			return nil, err
+		}
+		dst, _ = bsoncore.AppendArrayEnd(out, idx)
+	default:
+		dst = bsoncore.AppendValueElement(dst, key, v)
 	}
 	return dst, nil
 }
