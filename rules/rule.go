@@ -8,9 +8,7 @@ import (
 	"time"
 )
 
-// Layouts a rule may choose. Only LayoutEvents is implemented today; the
-// others are reserved so a config that names them fails with a clear error
-// rather than being read as something else.
+// Layouts a rule may choose; see also rules/layout.go.
 const (
 	LayoutEvents = "events"
 )
@@ -77,6 +75,9 @@ type Rule struct {
 
 	// Layout is the bucket layout; LayoutEvents unless configured.
 	Layout string
+	// LayoutOptions are the settings of the counter and slots layouts
+	// (rules/layout.go).
+	LayoutOptions LayoutOptions
 }
 
 // BucketNamespace is "db.bucketCollection".

@@ -153,24 +153,15 @@ func (d *decoder) rule(p string, m map[string]any) (Rule, bool) {
 		}
 	}
 
-	// layout
-	r.Layout = strings.ToLower(d.str(k("layout"), field(m, "layout")))
-	switch r.Layout {
-	case "":
-		r.Layout = LayoutEvents
-	case LayoutEvents:
-	default:
-		if d.ok(k("layout")) {
-			d.fail(k("layout"), "%q is not supported yet (supported: %s)", r.Layout, LayoutEvents)
-		}
-	}
-
 	// bucket
 	b, _ := field(m, "bucket").(map[string]any) // another shape was reported by checkKeys
 	d.bucket(p+".bucket", b, &r)
 
 	// aggregates
 	r.Aggregates = d.aggregates(k("aggregates"), field(m, "aggregates"), &r)
+
+	// layout (rules/layout.go): after bucket, whose span a window replaces
+	d.layout(p, m, &r)
 
 	// collection
 	r.BucketCollection = d.str(k("collection"), field(m, "collection"))
