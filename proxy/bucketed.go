@@ -20,6 +20,9 @@ func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
 	if err := c.ensureUpstream(); err != nil {
 		return c.replyUpstreamDown(req, err)
 	}
+	if rule.Layout != rules.LayoutEvents {
+		return c.handleLayout(req, rule) // proxy/layout.go
+	}
 	switch req.name {
 	case "insert":
 		return c.rewriteInsert(req, rule)

@@ -1,0 +1,254 @@
+package proxy
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rules"
+	"github.com/tsproxy/tsproxy/wire"
+)
+
+// handleLayout serves a command on a namespace whose rule has layout
+// counter or slots (see rewrite/counter*.go and rewrite/slots.go).
+func (c *conn) handleLayout(req *request, rule *rules.Rule) error {
+	switch req.name {
+	case "insert":
+		return c.layoutInsert(req, rule)
+	case "find", "aggregate", "count":
+		return c.layoutRead(req, rule)
+	case "getMore":
+		return c.layoutGetMore(req, rule)
+	case "killCursors":
+		return c.layoutKillCursors(req, rule)
+	case "drop":
+		return c.rewriteDrop(req, rule)
+	}
+	if req.msg.Flags&wire.MoreToCome != 0 {
+		return nil
+	}
+	return c.replyError(req, codeNotImplemented, "NotImplemented",
+		fmt.Sprintf("tsproxy rule %s: command %q is not supported on a namespace with layout %s", rule.Namespace, req.name, rule.Layout))
+}
+
+// layoutInsert counts (counter) or stores (slots) the events of an
+// insert. Slots writes read the buckets they touch first, under the
+// proxy's lock of their keys, to keep num_samples exact when a slot is
+// written again.
+func (c *conn) layoutInsert(req *request, rule *rules.Rule) error {
+	unacked := req.msg.Flags&wire.MoreToCome != 0
+	caps, err := c.upstreamCaps()
+	if err != nil {
+		return err
+	}
+	c.ensureBucketIndex(rule)
+	cmd := commandOf(req)
+	refuse := func(err error) error {
+		if unacked {
+			c.log.Warn("unacknowledged insert rejected", "rule", rule.Namespace, "err", err.Error())
+			return nil
+		}
+		return c.replyRewriteError(req, err)
+	}
+	span := c.s.tel.startCommand(req, routeRewrite)
+	t0 := time.Now()
+	var plan *rewrite.LayoutWrite
+	var keys []rewrite.BucketKey
+	if rule.Layout == rules.LayoutCounter {
+		plan, err = rewrite.CounterInsert(cmd, rule, caps)
+	} else {
+		keys, err = rewrite.InsertKeys(cmd, rule)
+		if err != nil {
+			span.end(req, time.Since(t0), nil)
+			return refuse(err)
+		}
+		locked := c.s.state.bucketCache().lock(rule.BucketNamespace(), keys)
+		defer locked.unlock()
+		var before map[string]bson.Raw
+		if before, err = c.slotsBefore(rule, keys); err != nil {
+			span.end(req, time.Since(t0), err)
+			return refuse(err)
+		}
+		plan, err = rewrite.SlotsInsert(cmd, rule, rewrite.SlotsOptions{Caps: caps,
+			Before: func(k rewrite.BucketKey) []byte { return before[k.String()] }})
+	}
+	if err != nil {
+		span.end(req, time.Since(t0), nil)
+		return refuse(err)
+	}
+	replies := make([][]byte, 0, len(plan.Commands))
+	for i, cmd := range plan.Commands {
+		if caps.MaxUpdateStatements > 0 {
+			c.s.state.writeSlots <- struct{}{}
+		}
+		body, err := c.upCommand(cmd)
+		if caps.MaxUpdateStatements > 0 {
+			<-c.s.state.writeSlots
+		}
+		if err != nil {
+			span.end(req, time.Since(t0), err)
+			return err
+		}
+		replies = append(replies, body)
+		if !plan.Continue(i, body) {
+			break
+		}
+	}
+	span.end(req, time.Since(t0), nil)
+	if !unacked {
+		if err := c.replyBody(req, plan.Reply(replies)); err != nil {
+			return err
+		}
+	}
+	if rule.LayoutOptions.Preallocate {
+		c.preallocate(rule, keys)
+	}
+	return nil
+}
+
+// slotsBefore reads the buckets of keys as stored, by point lookups.
+func (c *conn) slotsBefore(rule *rules.Rule, keys []rewrite.BucketKey) (map[string]bson.Raw, error) {
+	out := make(map[string]bson.Raw, len(keys))
+	for i, q := range rewrite.SlotsFetch(rule, keys) {
+		reply, err := c.upCommand(q)
+		if err != nil {
+			return nil, err
+		}
+		doc, err := rewrite.FirstBatchDoc(reply)
+		if err != nil {
+			return nil, fmt.Errorf("tsproxy rule %s: reading a bucket before writing it: %w", rule.Namespace, err)
+		}
+		if doc != nil {
+			out[keys[i].String()] = bson.Raw(doc)
+		}
+	}
+	return out, nil
+}
+
+// preallocated remembers the (bucket namespace, series, window) shells
+// this proxy inserted, so each is tried once.
+var preallocated = struct {
+	sync.Mutex
+	seen map[string]bool
+}{seen: map[string]bool{}}
+
+// maxPreallocated bounds that memory; past it, it starts over (a shell
+// tried again only meets a duplicate key).
+const maxPreallocated = 100_000
+
+// preallocate inserts the zero-filled buckets of the window after each
+// written one, once the client has its reply, on the client's connection
+// and so with its privileges. A shell that exists already (the window was
+// written first) fails with a duplicate key and is left alone: an insert
+// never overwrites. Failures are logged; the writes stay correct without
+// shells.
+func (c *conn) preallocate(rule *rules.Rule, keys []rewrite.BucketKey) {
+	win := rule.LayoutOptions.Window.Milliseconds()
+	var shells []any
+	preallocated.Lock()
+	if len(preallocated.seen) > maxPreallocated {
+		preallocated.seen = map[string]bool{}
+	}
+	for _, k := range keys {
+		next := rewrite.BucketKey{Meta: k.Meta, Start: k.Start + win}
+		name := rule.BucketNamespace() + "\x00" + next.String()
+		if preallocated.seen[name] {
+			continue
+		}
+		preallocated.seen[name] = true
+		shells = append(shells, bson.Raw(rewrite.SlotsShellOf(rule, next)))
+	}
+	preallocated.Unlock()
+	if len(shells) == 0 {
+		return
+	}
+	reply, err := c.up.Command(bson.D{
+		{Key: "insert", Value: rule.BucketCollection},
+		{Key: "documents", Value: shells},
+		{Key: "ordered", Value: false},
+		{Key: "$db", Value: rule.DB},
+	})
+	if err != nil {
+		c.log.Warn("preallocating slots buckets failed", "rule", rule.Namespace, "err", err.Error())
+		return
+	}
+	n, _ := reply.Lookup("n").AsInt64OK()
+	c.log.Debug("slots buckets preallocated", "rule", rule.Namespace, "inserted", n, "tried", len(shells))
+}
+
+// layoutRead serves find, aggregate and count: the candidate buckets are
+// fetched, then the proxy answers from them.
+func (c *conn) layoutRead(req *request, rule *rules.Rule) error {
+	plan, err := rewrite.PlanLayoutRead(req.msg.Body, rule)
+	if err != nil {
+		return c.replyRewriteError(req, err)
+	}
+	span := c.s.tel.startCommand(req, routeRewrite)
+	t0 := time.Now()
+	for next := plan.Next(); next != nil; {
+		reply, err := c.upCommand(next)
+		if err != nil {
+			span.end(req, time.Since(t0), err)
+			return err
+		}
+		if next, err = plan.Feed(reply); err != nil {
+			span.end(req, time.Since(t0), nil)
+			return c.replyRewriteError(req, err)
+		}
+	}
+	id := newLayoutCursorID()
+	out, cur := plan.Result(id)
+	if cur != nil {
+		c.s.cursors.add(id, &cursorEntry{rule: rule, reshape: cur})
+	}
+	span.end(req, time.Since(t0), nil)
+	return c.replyBody(req, out)
+}
+
+// newLayoutCursorID picks the id of a cursor the proxy serves itself:
+// random, positive, with bit 61 set so that it does not meet the small
+// sequential ids of the embedded upstream's cursors in the registry.
+func newLayoutCursorID() int64 {
+	return rand.Int64N(1<<61) | 1<<61
+}
+
+func (c *conn) layoutGetMore(req *request, rule *rules.Rule) error {
+	id, _ := bson.Raw(req.msg.Body).Lookup("getMore").AsInt64OK()
+	var cur *rewrite.LayoutCursor
+	if e := c.s.cursors.get(id); e != nil && e.rule == rule {
+		cur, _ = e.reshape.(*rewrite.LayoutCursor)
+	}
+	if cur == nil {
+		return c.replyError(req, codeCursorNotFound, "CursorNotFound", fmt.Sprintf("tsproxy rule %s: cursor id %d not found", rule.Namespace, id))
+	}
+	out, done := cur.GetMore(req.msg.Body, id)
+	if done {
+		c.s.cursors.forget(id)
+	}
+	return c.replyBody(req, out)
+}
+
+func (c *conn) layoutKillCursors(req *request, rule *rules.Rule) error {
+	var killed bson.A
+	ids, _ := bson.Raw(req.msg.Body).Lookup("cursors").ArrayOK()
+	vals, _ := ids.Values()
+	for _, v := range vals {
+		if id, ok := v.AsInt64OK(); ok {
+			c.s.cursors.forget(id)
+			killed = append(killed, id)
+		}
+	}
+	if req.msg.Flags&wire.MoreToCome != 0 {
+		return nil
+	}
+	body, err := bson.Marshal(bson.D{{Key: "cursorsKilled", Value: killed}, {Key: "cursorsNotFound", Value: bson.A{}},
+		{Key: "cursorsAlive", Value: bson.A{}}, {Key: "cursorsUnknown", Value: bson.A{}}, {Key: "ok", Value: 1.0}})
+	if err != nil {
+		return err
+	}
+	return c.replyBody(req, body)
+}

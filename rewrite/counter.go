@@ -1,0 +1,220 @@
+package rewrite
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+
+	"github.com/tsproxy/tsproxy/rules"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+// This file plans inserts on rules with layout counter; counter_reply.go
+// maps their replies, slots.go plans those of layout slots and
+// counter_read.go serves reads of both.
+//
+// A counter event is not stored: it adds 1 to the counter of its slot in
+// the bucket of its (series, window). A batch becomes ONE upsert statement
+// per (series, window), filter {_id} (the deterministic BucketID, seq 0, so
+// the only filter the embedded upstream pushes down), with the increments
+// of the batch summed:
+//
+//	{q: {_id}, u: {$inc: {"slots.<i>": k, ..., total: K},
+//	               $setOnInsert: {meta, start}}, upsert: true}
+
+// layoutCarried are the client's arguments carried to a layout's update
+// commands. lsid and txnNumber are not: without stmtIds two rewritten
+// commands under one txnNumber would look like retries of each other, and
+// the embedded upstream ignores them anyway.
+var layoutCarried = []string{"writeConcern", "bypassDocumentValidation", "comment", "maxTimeMS",
+	"$readPreference", "$clusterTime", "apiVersion", "apiStrict", "apiDeprecationErrors"}
+
+// LayoutWrite is the plan of an insert on a counter or slots rule: update
+// commands on the bucket collection, each statement an upsert of one
+// (series, window) standing for the events of the batch that fell in it.
+type LayoutWrite struct {
+	// Commands are run in order; stop when Continue says so.
+	Commands []bsoncore.Document
+	// events[c][s] are the app's indexes of the events of statement s of
+	// command c.
+	events   [][][]int
+	rejected []writeError
+	ordered  bool
+	rule     *rules.Rule
+}
+
+// layoutInsert is what an insert on a layout rule has in common: the
+// checked command, its events in batch order and the rejected ones.
+type layoutInsert struct {
+	body     bsoncore.Document
+	docs     []bsoncore.Document
+	ordered  bool
+	lim      limits
+	rejected []writeError
+}
+
+func readLayoutInsert(cmd Command, rule *rules.Rule, layout string) (*layoutInsert, error) {
+	if rule == nil || rule.Layout != layout {
+		return nil, commandErrorf(CodeInternalError, "tsproxy rule %s: not a %s rule", ruleName(rule), layout)
+	}
+	if rule.LayoutOptions.Slot <= 0 || rule.LayoutOptions.Window%rule.LayoutOptions.Slot != 0 {
+		return nil, commandErrorf(CodeInternalError, "tsproxy rule %s: window %v is not a multiple of slot %v", rule.Namespace, rule.LayoutOptions.Window, rule.LayoutOptions.Slot)
+	}
+	lim, docs, ordered, err := checkInsert(cmd, rule)
+	if err != nil {
+		return nil, err
+	}
+	if inTransaction(cmd.Body) {
+		return nil, commandErrorf(CodeBadValue, "tsproxy rule %s: layout %s does not support transactions", rule.Namespace, layout)
+	}
+	return &layoutInsert{body: cmd.Body, docs: docs, ordered: ordered, lim: lim}, nil
+}
+
+// layoutEvent is one valid event of a layout insert.
+type layoutEvent struct {
+	index int
+	key   BucketKey
+	meta  bsoncore.Value
+	slot  int
+	value bsoncore.Value // slots: the valueField
+}
+
+// events reads each event's series, window and slot; check adds the
+// layout's own checks. With ordered:true the batch is cut before the first
+// rejected event, as a plain collection does.
+func (li *layoutInsert) events(rule *rules.Rule, check func(doc bsoncore.Document, ev *layoutEvent) *writeError) []layoutEvent {
+	slotMS := rule.LayoutOptions.Slot.Milliseconds()
+	out := make([]layoutEvent, 0, len(li.docs))
+	for i, doc := range li.docs {
+		meta, ms, start, werr := eventTimeMeta(doc, i, rule, li.lim)
+		ev := layoutEvent{index: i, key: eventKey(meta, start), meta: meta, slot: int((ms - start) / slotMS)}
+		if werr == nil && check != nil {
+			werr = check(doc, &ev)
+		}
+		if werr != nil {
+			li.rejected = append(li.rejected, *werr)
+			if li.ordered {
+				break
+			}
+			continue
+		}
+		out = append(out, ev)
+	}
+	return out
+}
+
+// groupByKey groups events by (series, window), groups sorted by key so a
+// retried batch produces the same statements; events keep batch order.
+func groupByKey(evs []layoutEvent) [][]layoutEvent {
+	at := map[string]int{}
+	var groups [][]layoutEvent
+	for _, ev := range evs {
+		s := ev.key.String()
+		i, ok := at[s]
+		if !ok {
+			i = len(groups)
+			at[s] = i
+			groups = append(groups, nil)
+		}
+		groups[i] = append(groups[i], ev)
+	}
+	slices.SortFunc(groups, func(a, b []layoutEvent) int { return compareKeys(a[0].key, b[0].key) })
+	return groups
+}
+
+// CounterInsert plans an insert on a counter rule.
+func CounterInsert(cmd Command, rule *rules.Rule, caps Caps) (*LayoutWrite, error) {
+	li, err := readLayoutInsert(cmd, rule, rules.LayoutCounter)
+	if err != nil {
+		return nil, fmt.Errorf("rewrite counter insert %s: %w", ruleName(rule), err)
+	}
+	groups := groupByKey(li.events(rule, nil))
+	stmts := make([]layoutStmt, 0, len(groups))
+	for _, g := range groups {
+		stmts = append(stmts, counterStatement(rule, g))
+	}
+	return li.plan(rule, caps, stmts), nil
+}
+
+// layoutStmt is one upsert statement and the events it stands for.
+type layoutStmt struct {
+	doc    bsoncore.Document
+	events []int
+}
+
+// counterStatement sums the group's events per slot into one upsert.
+func counterStatement(rule *rules.Rule, g []layoutEvent) layoutStmt {
+	counts := map[int]int64{}
+	idx := make([]int, len(g))
+	for i, ev := range g {
+		counts[ev.slot]++
+		idx[i] = ev.index
+	}
+	slots := make([]int, 0, len(counts))
+	for s := range counts {
+		slots = append(slots, s)
+	}
+	slices.Sort(slots)
+	k := g[0].key
+	bns := rule.BucketNamespace()
+
+	ui, u := bsoncore.AppendDocumentStart(nil)
+	ii, u := bsoncore.AppendDocumentElementStart(u, "$inc")
+	for _, s := range slots {
+		u = bsoncore.AppendInt64Element(u, rules.BucketSlots+"."+strconv.Itoa(s), counts[s])
+	}
+	u = bsoncore.AppendInt64Element(u, rules.BucketTotal, int64(len(g)))
+	u, _ = bsoncore.AppendDocumentEnd(u, ii)
+	u = appendSetOnInsert(u, g[0].meta, k.Start)
+	u, _ = bsoncore.AppendDocumentEnd(u, ui)
+	return layoutStmt{doc: upsertByID(k.ID(bns, 0), u), events: idx}
+}
+
+func appendSetOnInsert(dst []byte, meta bsoncore.Value, start int64) []byte {
+	si, dst := bsoncore.AppendDocumentElementStart(dst, "$setOnInsert")
+	dst = bsoncore.AppendValueElement(dst, rules.BucketMeta, meta)
+	dst = bsoncore.AppendDateTimeElement(dst, rules.BucketStart, start)
+	dst, _ = bsoncore.AppendDocumentEnd(dst, si)
+	return dst
+}
+
+// upsertByID is the statement {q: {_id: id}, u: update, upsert: true}.
+func upsertByID(id [12]byte, update bsoncore.Document) bsoncore.Document {
+	return bsoncore.NewDocumentBuilder().
+		AppendDocument("q", bsoncore.NewDocumentBuilder().AppendObjectID("_id", id).Build()).
+		AppendDocument("u", update).
+		AppendBoolean("upsert", true).
+		Build()
+}
+
+// plan splits the statements into update commands of at most
+// caps.MaxUpdateStatements statements.
+func (li *layoutInsert) plan(rule *rules.Rule, caps Caps, stmts []layoutStmt) *LayoutWrite {
+	p := &LayoutWrite{rejected: li.rejected, ordered: li.ordered, rule: rule}
+	per := len(stmts)
+	if caps.MaxUpdateStatements > 0 {
+		per = caps.MaxUpdateStatements
+	}
+	carried := lookupElements(li.body, layoutCarried)
+	for lo := 0; lo < len(stmts); lo += per {
+		batch := stmts[lo:min(lo+per, len(stmts))]
+		ci, c := bsoncore.AppendDocumentStart(nil)
+		c = bsoncore.AppendStringElement(c, "update", rule.BucketCollection)
+		ai, c := bsoncore.AppendArrayElementStart(c, "updates")
+		evs := make([][]int, len(batch))
+		for i, s := range batch {
+			c = bsoncore.AppendDocumentElement(c, strconv.Itoa(i), s.doc)
+			evs[i] = s.events
+		}
+		c, _ = bsoncore.AppendArrayEnd(c, ai)
+		c = bsoncore.AppendBooleanElement(c, "ordered", li.ordered)
+		for _, e := range carried {
+			c = append(c, e...)
+		}
+		c = bsoncore.AppendStringElement(c, "$db", rule.DB)
+		c, _ = bsoncore.AppendDocumentEnd(c, ci)
+		p.Commands = append(p.Commands, c)
+		p.events = append(p.events, evs)
+	}
+	return p
+}

@@ -1,0 +1,452 @@
+package rewrite
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/tsproxy/tsproxy/rules"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+// Reads of counter and slots rules. The documents apps see are made by the
+// proxy: a counter returns one document per non-empty slot,
+//
+//	{_id: "<bucket id hex>:<slot>", <metaField>: meta, <timeField>: slot time, count: n}
+//
+// and slots one document per written slot,
+//
+//	{_id: "<bucket id hex>:<slot>", <metaField>: meta, <timeField>: slot time, <valueField>: v}
+//
+// (the metaField is left out for the null series). The proxy fetches the
+// candidate buckets (point lookups {_id} when the filter fixes the meta
+// and bounds the time to a few windows, otherwise one scan of the bucket
+// collection filtered on meta and start), expands them, and filters,
+// sorts, skips, limits and projects the documents itself.
+//
+// How find and count coexist on a counter: a slot document stands for
+// `count` events. find returns the slot documents; count, countDocuments,
+// estimatedDocumentCount and an aggregate's $count or {$group: {_id: c,
+// n: {$sum: 1}}} return the number of events, the sum of count over the
+// slot documents that pass the filter, skip and limit. On slots one
+// document is one event, so both agree.
+
+// CountField is the count of events of a counter's slot document.
+const CountField = "count"
+
+// maxLayoutDocs bounds the documents one read materialises in the proxy.
+const maxLayoutDocs = 1_000_000
+
+// maxPointLookups bounds the windows read by point lookups; more are read
+// with one scan.
+const maxPointLookups = 64
+
+// maxBatchBytes bounds a batch the proxy sends, under the 16 MiB limit.
+const maxBatchBytes = 8 << 20
+
+// layoutDoc is a document of a read and the events it stands for.
+type layoutDoc struct {
+	doc    bsoncore.Document
+	weight int64
+}
+
+// LayoutRead is a read on a counter or slots rule: fetch the candidate
+// buckets with Next/Feed, then answer with Result.
+type LayoutRead struct {
+	rule    *rules.Rule
+	kind    string // find, aggregate, count
+	match   docPred
+	stages  []layoutStage
+	fetch   []bsoncore.Document // point lookups still to send
+	scan    bool
+	buckets []bsoncore.Document
+	docs    int
+	batch   int64 // first batch size; -1 for the default
+	single  bool
+	err     error
+}
+
+// layoutStage is a step after the filter: sort, skip, limit, project, or
+// a count (last).
+type layoutStage struct {
+	sort    []sortKey
+	skip    int64
+	limit   int64 // 0: none
+	proj    *layoutProjection
+	countAs string         // $count: field name
+	groupID bsoncore.Value // $group count form: the _id
+	group   string         // $group count form: the counted field
+	kind    byte           // 's'ort 'k'skip 'l'imit 'p'roject 'c'ount 'g'roup
+}
+
+type sortKey struct {
+	path []string
+	desc bool
+}
+
+func (r *LayoutRead) unsupported(format string, args ...any) error {
+	return commandErrorf(CodeNotImplemented, "tsproxy rule %s (layout %s): %s", r.rule.Namespace, r.rule.Layout, fmt.Sprintf(format, args...))
+}
+
+// PlanLayoutRead plans a find, aggregate or count on a counter or slots
+// rule; other commands are refused with an error naming the rule.
+func PlanLayoutRead(body bsoncore.Document, rule *rules.Rule) (*LayoutRead, error) {
+	if err := validateDeep(body, 0); err != nil {
+		return nil, commandErrorf(CodeInvalidBSON, "command is not valid BSON: %v", err)
+	}
+	elems, err := body.Elements()
+	if err != nil || len(elems) == 0 {
+		return nil, commandErrorf(CodeBadValue, "empty command")
+	}
+	r := &LayoutRead{rule: rule, kind: elems[0].Key(), batch: -1}
+	if coll, _ := elems[0].Value().StringValueOK(); coll != rule.Collection {
+		return nil, commandErrorf(CodeBadValue, "%s on collection %q does not match the rule's collection %q", r.kind, coll, rule.Collection)
+	}
+	if _, ok := lookupTop(body, "collation"); ok {
+		return nil, r.unsupported("collation is not supported")
+	}
+	var filter bsoncore.Document
+	switch r.kind {
+	case "find":
+		filter, err = r.readFind(body)
+	case "count":
+		filter, err = r.readCount(body)
+	case "aggregate":
+		filter, err = r.readAggregate(body)
+	default:
+		return nil, r.unsupported("command %s is not supported", r.kind)
+	}
+	if err != nil {
+		return nil, err
+	}
+	fc := &filterCompiler{unsupported: r.unsupported}
+	if r.match, err = fc.compile(filter, 0); err != nil {
+		return nil, err
+	}
+	r.planFetch(filter)
+	return r, nil
+}
+
+func docArg(body bsoncore.Document, key string) (bsoncore.Document, error) {
+	v, ok := lookupTop(body, key)
+	if !ok || v.Type == bsoncore.TypeNull {
+		return bsoncore.Document(emptyDoc), nil
+	}
+	d, ok := v.DocumentOK()
+	if !ok {
+		return nil, commandErrorf(CodeTypeMismatch, "%q must be an object, got %s", key, typeName(v.Type))
+	}
+	return d, nil
+}
+
+var emptyDoc = []byte{5, 0, 0, 0, 0}
+
+func intArg(body bsoncore.Document, key string) (int64, bool, error) {
+	v, ok := lookupTop(body, key)
+	if !ok || v.Type == bsoncore.TypeNull {
+		return 0, false, nil
+	}
+	if !v.IsNumber() {
+		return 0, false, commandErrorf(CodeTypeMismatch, "%q must be a number, got %s", key, typeName(v.Type))
+	}
+	f, _ := v.AsFloat64OK()
+	return int64(f), true, nil
+}
+
+func (r *LayoutRead) readFind(body bsoncore.Document) (bsoncore.Document, error) {
+	for _, k := range []string{"hint", "min", "max", "returnKey", "showRecordId", "tailable", "awaitData", "let"} {
+		if _, ok := lookupTop(body, k); ok {
+			return nil, r.unsupported("find option %q is not supported", k)
+		}
+	}
+	filter, err := docArg(body, "filter")
+	if err != nil {
+		return nil, err
+	}
+	if sort, err := docArg(body, "sort"); err != nil {
+		return nil, err
+	} else if len(sort) > 5 {
+		st, err := r.parseSort(sort)
+		if err != nil {
+			return nil, err
+		}
+		r.stages = append(r.stages, st)
+	}
+	if n, ok, err := intArg(body, "skip"); err != nil {
+		return nil, err
+	} else if ok {
+		if n < 0 {
+			return nil, commandErrorf(CodeBadValue, "skip must be non-negative")
+		}
+		r.stages = append(r.stages, layoutStage{kind: 'k', skip: n})
+	}
+	if n, ok, err := intArg(body, "limit"); err != nil {
+		return nil, err
+	} else if ok && n != 0 {
+		if n < 0 {
+			n, r.single = -n, true
+		}
+		r.stages = append(r.stages, layoutStage{kind: 'l', limit: n})
+	}
+	if proj, err := docArg(body, "projection"); err != nil {
+		return nil, err
+	} else if len(proj) > 5 {
+		p, err := r.parseProjection(proj)
+		if err != nil {
+			return nil, err
+		}
+		r.stages = append(r.stages, layoutStage{kind: 'p', proj: p})
+	}
+	if n, ok, err := intArg(body, "batchSize"); err != nil {
+		return nil, err
+	} else if ok {
+		if n < 0 {
+			return nil, commandErrorf(CodeBadValue, "batchSize must be non-negative")
+		}
+		r.batch = n
+	}
+	if b, err := commandBool(body, "singleBatch", false); err != nil {
+		return nil, err
+	} else if b {
+		r.single = true
+	}
+	return filter, nil
+}
+
+func (r *LayoutRead) readCount(body bsoncore.Document) (bsoncore.Document, error) {
+	filter, err := docArg(body, "query")
+	if err != nil {
+		return nil, err
+	}
+	if n, ok, err := intArg(body, "skip"); err != nil {
+		return nil, err
+	} else if ok && n > 0 {
+		r.stages = append(r.stages, layoutStage{kind: 'k', skip: n})
+	}
+	if n, ok, err := intArg(body, "limit"); err != nil {
+		return nil, err
+	} else if ok && n != 0 {
+		r.stages = append(r.stages, layoutStage{kind: 'l', limit: max(n, -n)})
+	}
+	return filter, nil
+}
+
+func (r *LayoutRead) readAggregate(body bsoncore.Document) (bsoncore.Document, error) {
+	v, ok := lookupTop(body, "pipeline")
+	arr, isArr := v.ArrayOK()
+	if !ok || !isArr {
+		return nil, commandErrorf(CodeTypeMismatch, "aggregate needs a pipeline array")
+	}
+	if cur, err := docArg(body, "cursor"); err != nil {
+		return nil, err
+	} else if n, ok, err := intArg(cur, "batchSize"); err != nil {
+		return nil, err
+	} else if ok {
+		r.batch = max(n, 0)
+	}
+	if _, ok := lookupTop(body, "explain"); ok {
+		return nil, r.unsupported("explain is not supported")
+	}
+	stages, _ := arr.Values()
+	var filters []bsoncore.Document
+	for i, sv := range stages {
+		st, ok := sv.DocumentOK()
+		if !ok {
+			return nil, commandErrorf(CodeTypeMismatch, "pipeline stage %d must be an object", i)
+		}
+		se, err := st.Elements()
+		if err != nil || len(se) != 1 {
+			return nil, commandErrorf(CodeBadValue, "pipeline stage %d must have exactly one field", i)
+		}
+		name, arg := se[0].Key(), se[0].Value()
+		if len(r.stages) > 0 && (r.stages[len(r.stages)-1].kind == 'c' || r.stages[len(r.stages)-1].kind == 'g') {
+			return nil, r.unsupported("stage %s after a count is not supported", name)
+		}
+		if err := r.readStage(name, arg, len(r.stages) == 0, &filters); err != nil {
+			return nil, err
+		}
+	}
+	if len(filters) == 0 {
+		return bsoncore.Document(emptyDoc), nil
+	}
+	return andOf(filters), nil
+}
+
+// readStage reads one pipeline stage; leading $match stages make the filter.
+func (r *LayoutRead) readStage(name string, arg bsoncore.Value, leading bool, filters *[]bsoncore.Document) error {
+	switch name {
+	case "$match":
+		d, ok := arg.DocumentOK()
+		if !ok {
+			return commandErrorf(CodeTypeMismatch, "$match must be an object")
+		}
+		if !leading {
+			return r.unsupported("$match after another stage is not supported; put it first")
+		}
+		*filters = append(*filters, d)
+		return nil
+	case "$sort":
+		d, ok := arg.DocumentOK()
+		if !ok {
+			return commandErrorf(CodeTypeMismatch, "$sort must be an object")
+		}
+		st, err := r.parseSort(d)
+		if err == nil {
+			r.stages = append(r.stages, st)
+		}
+		return err
+	case "$skip", "$limit":
+		if !arg.IsNumber() {
+			return commandErrorf(CodeTypeMismatch, "%s must be a number", name)
+		}
+		n, _ := arg.AsInt64OK()
+		if f, ok := arg.DoubleOK(); ok {
+			n = int64(f)
+		}
+		if n < 0 || (name == "$limit" && n == 0) {
+			return commandErrorf(CodeBadValue, "%s must be positive", name)
+		}
+		if name == "$skip" {
+			r.stages = append(r.stages, layoutStage{kind: 'k', skip: n})
+		} else {
+			r.stages = append(r.stages, layoutStage{kind: 'l', limit: n})
+		}
+		return nil
+	case "$project":
+		d, ok := arg.DocumentOK()
+		if !ok {
+			return commandErrorf(CodeTypeMismatch, "$project must be an object")
+		}
+		p, err := r.parseProjection(d)
+		if err == nil {
+			r.stages = append(r.stages, layoutStage{kind: 'p', proj: p})
+		}
+		return err
+	case "$count":
+		s, ok := arg.StringValueOK()
+		if !ok || s == "" || strings.HasPrefix(s, "$") || strings.Contains(s, ".") {
+			return commandErrorf(CodeBadValue, "$count needs a field name")
+		}
+		r.stages = append(r.stages, layoutStage{kind: 'c', countAs: s})
+		return nil
+	case "$group":
+		return r.readGroupCount(arg)
+	}
+	return r.unsupported("aggregation stage %s is not supported (supported: $match first, $sort, $skip, $limit, $project, $count, $group {_id: c, n: {$sum: 1}})", name)
+}
+
+// readGroupCount accepts the count form drivers send for countDocuments:
+// {$group: {_id: <constant>, n: {$sum: 1}}}.
+func (r *LayoutRead) readGroupCount(arg bsoncore.Value) error {
+	refuse := r.unsupported("$group is supported only as {_id: <constant>, <field>: {$sum: 1}}")
+	d, ok := arg.DocumentOK()
+	if !ok {
+		return refuse
+	}
+	es, _ := d.Elements()
+	if len(es) != 2 || es[0].Key() != "_id" {
+		return refuse
+	}
+	id := es[0].Value()
+	if s, ok := id.StringValueOK(); ok && strings.HasPrefix(s, "$") {
+		return refuse
+	}
+	if _, isDoc := id.DocumentOK(); isDoc {
+		return refuse
+	}
+	acc, ok := es[1].Value().DocumentOK()
+	if !ok {
+		return refuse
+	}
+	sum, err := acc.LookupErr("$sum")
+	if ae, _ := acc.Elements(); err != nil || len(ae) != 1 || !sum.IsNumber() {
+		return refuse
+	}
+	if f, _ := sum.AsFloat64OK(); f != 1 {
+		return refuse
+	}
+	r.stages = append(r.stages, layoutStage{kind: 'g', groupID: id, group: es[1].Key()})
+	return nil
+}
+
+func (r *LayoutRead) parseSort(d bsoncore.Document) (layoutStage, error) {
+	es, err := d.Elements()
+	if err != nil {
+		return layoutStage{}, commandErrorf(CodeBadValue, "sort is not valid BSON")
+	}
+	st := layoutStage{kind: 's'}
+	for _, e := range es {
+		f, ok := e.Value().AsFloat64OK()
+		if !e.Value().IsNumber() || !ok || (f != 1 && f != -1) {
+			return layoutStage{}, r.unsupported("sort of %q must be 1 or -1", e.Key())
+		}
+		st.sort = append(st.sort, sortKey{path: strings.Split(e.Key(), "."), desc: f < 0})
+	}
+	return st, nil
+}
+
+// layoutProjection is an inclusion or exclusion of top-level fields.
+type layoutProjection struct {
+	include bool
+	fields  map[string]bool
+	noID    bool
+}
+
+func (r *LayoutRead) parseProjection(d bsoncore.Document) (*layoutProjection, error) {
+	es, err := d.Elements()
+	if err != nil {
+		return nil, commandErrorf(CodeBadValue, "projection is not valid BSON")
+	}
+	p := &layoutProjection{fields: map[string]bool{}}
+	mode := 0 // 1 include, -1 exclude
+	for _, e := range es {
+		v := e.Value()
+		var on bool
+		switch {
+		case v.Type == bsoncore.TypeBoolean:
+			on = v.Boolean()
+		case v.IsNumber():
+			f, _ := v.AsFloat64OK()
+			on = f != 0
+		default:
+			return nil, r.unsupported("projection of %q: only 0/1 (true/false) are supported", e.Key())
+		}
+		if strings.Contains(e.Key(), ".") || strings.HasPrefix(e.Key(), "$") {
+			return nil, r.unsupported("projection of %q: only top-level fields are supported", e.Key())
+		}
+		if e.Key() == "_id" {
+			p.noID = !on
+			continue
+		}
+		m := -1
+		if on {
+			m = 1
+		}
+		if mode != 0 && mode != m {
+			return nil, commandErrorf(CodeBadValue, "projection cannot mix inclusion and exclusion (field %q)", e.Key())
+		}
+		mode = m
+		p.fields[e.Key()] = true
+	}
+	p.include = mode == 1
+	return p, nil
+}
+
+func (p *layoutProjection) apply(doc bsoncore.Document) bsoncore.Document {
+	es, _ := doc.Elements()
+	di, out := bsoncore.AppendDocumentStart(nil)
+	for _, e := range es {
+		k := e.Key()
+		keep := !p.fields[k]
+		if p.include {
+			keep = p.fields[k]
+		}
+		if k == "_id" {
+			keep = !p.noID
+		}
+		if keep {
+			out = append(out, e...)
+		}
+	}
+	out, _ = bsoncore.AppendDocumentEnd(out, di)
+	return out
+}

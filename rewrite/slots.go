@@ -1,0 +1,273 @@
+package rewrite
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/tsproxy/tsproxy/rules"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+// An insert on a slots rule stores each event's value in the slot of its
+// time, in the bucket of its (series, window): one upsert per (series,
+// window) of a batch, filter {_id} (BucketID seq 0):
+//
+//	{$set: {"values.<m>.<s>": v, ..., num_samples: N, total_samples: T},
+//	 $setOnInsert: {meta, start}}
+//
+// (values nested by 60 when a window has more than 60 slots, so an update
+// never walks 3600 keys; "set.<m>.<s>": true too when the rule
+// preallocates). A slot written twice keeps the last value, as $set does,
+// and must not count twice: num_samples and total_samples are therefore
+// computed by the proxy from the bucket as it was before the write (read
+// under the proxy's lock of the key) and written as absolute values, which
+// also makes a retried statement harmless. The embedded upstream has no
+// pipeline updates that could do this server-side.
+
+// SlotsFetch returns the upstream finds of the buckets of keys, one point
+// lookup {_id} each (the only filter the embedded upstream pushes down).
+// Give their replies, in order, to SlotsInsert as SlotsOptions.Before.
+func SlotsFetch(rule *rules.Rule, keys []BucketKey) []bsoncore.Document {
+	out := make([]bsoncore.Document, len(keys))
+	for i, k := range keys {
+		out[i] = bsoncore.NewDocumentBuilder().
+			AppendString("find", rule.BucketCollection).
+			AppendDocument("filter", bsoncore.NewDocumentBuilder().AppendObjectID("_id", k.ID(rule.BucketNamespace(), 0)).Build()).
+			AppendInt32("limit", 1).
+			AppendBoolean("singleBatch", true).
+			AppendString("$db", rule.DB).
+			Build()
+	}
+	return out
+}
+
+// FirstBatchDoc returns the first document of a find reply's first batch,
+// nil when there is none, or an error when the reply is an error.
+func FirstBatchDoc(reply bsoncore.Document) (bsoncore.Document, error) {
+	if err := reply.Validate(); err != nil {
+		return nil, fmt.Errorf("upstream reply is not valid BSON: %w", err)
+	}
+	if !replyOK(reply) {
+		e := commandErrorOf(reply)
+		return nil, fmt.Errorf("upstream find failed: %s", e.errmsg)
+	}
+	v, err := reply.LookupErr("cursor", "firstBatch")
+	if err != nil {
+		return nil, nil
+	}
+	arr, ok := v.ArrayOK()
+	if !ok {
+		return nil, nil
+	}
+	vals, _ := arr.Values()
+	if len(vals) == 0 {
+		return nil, nil
+	}
+	d, _ := vals[0].DocumentOK()
+	return d, nil
+}
+
+// SlotsOptions are what SlotsInsert needs besides the command.
+type SlotsOptions struct {
+	Caps Caps
+	// Before returns the bucket of a key as stored before this insert, nil
+	// when there is none.
+	Before func(BucketKey) []byte
+}
+
+// SlotsInsert plans an insert on a slots rule.
+func SlotsInsert(cmd Command, rule *rules.Rule, opts SlotsOptions) (*LayoutWrite, error) {
+	li, err := readLayoutInsert(cmd, rule, rules.LayoutSlots)
+	if err != nil {
+		return nil, fmt.Errorf("rewrite slots insert %s: %w", ruleName(rule), err)
+	}
+	o := rule.LayoutOptions
+	check := func(doc bsoncore.Document, ev *layoutEvent) *writeError {
+		v, ok := lookupTop(doc, o.ValueField)
+		if !ok {
+			return eventError(ev.index, rule, CodeBadValue, "event has no valueField %q", o.ValueField)
+		}
+		if o.Aggregated && !isAggregatable(v.Type) {
+			return eventError(ev.index, rule, CodeBadValue, "valueField %q must be a number (int, long or double) because it is aggregated, got %s", o.ValueField, typeName(v.Type))
+		}
+		ev.value = v
+		return nil
+	}
+	groups := groupByKey(li.events(rule, check))
+	stmts := make([]layoutStmt, 0, len(groups))
+	for _, g := range groups {
+		var before bsoncore.Document
+		if opts.Before != nil {
+			before = opts.Before(g[0].key)
+		}
+		stmts = append(stmts, slotsStatement(rule, g, before))
+	}
+	return li.plan(rule, opts.Caps, stmts), nil
+}
+
+// slotsStatement writes the group's values, the last of a slot winning,
+// and the bucket's new num_samples and total_samples.
+func slotsStatement(rule *rules.Rule, g []layoutEvent, before bsoncore.Document) layoutStmt {
+	o := rule.LayoutOptions
+	last := map[int]bsoncore.Value{}
+	var order []int
+	idx := make([]int, len(g))
+	for i, ev := range g {
+		if _, ok := last[ev.slot]; !ok {
+			order = append(order, ev.slot)
+		}
+		last[ev.slot] = ev.value
+		idx[i] = ev.index
+	}
+	st := readSlotsState(before, o)
+	for _, s := range order {
+		if old, was := st.value(s); was {
+			st.total = subNum(st.total, old)
+		} else {
+			st.num++
+		}
+		st.total = addNum(st.total, last[s])
+	}
+
+	ui, u := bsoncore.AppendDocumentStart(nil)
+	si, u := bsoncore.AppendDocumentElementStart(u, "$set")
+	for _, s := range order {
+		u = bsoncore.AppendValueElement(u, rules.BucketValues+"."+o.SlotPath(s), last[s])
+	}
+	if o.Preallocate {
+		for _, s := range order {
+			u = bsoncore.AppendBooleanElement(u, rules.BucketSet+"."+o.SlotPath(s), true)
+		}
+	}
+	u = bsoncore.AppendInt64Element(u, rules.BucketNumSamples, st.num)
+	if o.Aggregated {
+		u = appendNumElement(u, rules.BucketTotalSamples, st.total)
+	}
+	u, _ = bsoncore.AppendDocumentEnd(u, si)
+	u = appendSetOnInsert(u, g[0].meta, g[0].key.Start)
+	u, _ = bsoncore.AppendDocumentEnd(u, ui)
+	return layoutStmt{doc: upsertByID(g[0].key.ID(rule.BucketNamespace(), 0), u), events: idx}
+}
+
+// slotsState is a stored slots bucket as the write path reads it.
+type slotsState struct {
+	doc   bsoncore.Document
+	o     rules.LayoutOptions
+	num   int64
+	total numValue
+}
+
+func readSlotsState(doc bsoncore.Document, o rules.LayoutOptions) slotsState {
+	st := slotsState{doc: doc, o: o, total: numValue{t: bsoncore.TypeInt64}}
+	if doc == nil {
+		return st
+	}
+	if v, ok := lookupTop(doc, rules.BucketNumSamples); ok {
+		st.num, _ = v.AsInt64OK()
+	}
+	if v, ok := lookupTop(doc, rules.BucketTotalSamples); ok && isAggregatable(v.Type) {
+		st.total = numFrom(v)
+	}
+	return st
+}
+
+// value returns the stored value of slot s and whether it was written (a
+// preallocated zero was not).
+func (st slotsState) value(s int) (bsoncore.Value, bool) {
+	if st.doc == nil {
+		return bsoncore.Value{}, false
+	}
+	return slotValue(st.doc, st.o, s)
+}
+
+// slotValue reads slot s of a stored slots bucket: its value and whether
+// it was written.
+func slotValue(doc bsoncore.Document, o rules.LayoutOptions, s int) (bsoncore.Value, bool) {
+	path := slotKeys(o, s)
+	v, err := doc.LookupErr(append([]string{rules.BucketValues}, path...)...)
+	if err != nil {
+		return bsoncore.Value{}, false
+	}
+	if o.Preallocate {
+		if set, err := doc.LookupErr(append([]string{rules.BucketSet}, path...)...); err != nil || !set.Boolean() {
+			return bsoncore.Value{}, false
+		}
+	}
+	return v, true
+}
+
+func slotKeys(o rules.LayoutOptions, s int) []string {
+	if o.Nested() {
+		return []string{strconv.Itoa(s / rules.SlotGroup), strconv.Itoa(s % rules.SlotGroup)}
+	}
+	return []string{strconv.Itoa(s)}
+}
+
+// addNum and subNum keep total_samples: non-numbers (stored while the
+// rule did not aggregate) count as 0.
+func addNum(a numValue, v bsoncore.Value) numValue {
+	if !isAggregatable(v.Type) {
+		return a
+	}
+	return addNums(a, numFrom(v))
+}
+
+func subNum(a numValue, v bsoncore.Value) numValue {
+	if !isAggregatable(v.Type) {
+		return a
+	}
+	n := numFrom(v)
+	n.i, n.f = -n.i, -n.f
+	return addNums(a, n)
+}
+
+// SlotsShell is the zero-filled bucket that preallocation inserts for a
+// series and window ahead of time: every value 0, every presence flag
+// false, so later writes only change values in place.
+func SlotsShell(rule *rules.Rule, meta bsoncore.Value, start int64) bsoncore.Document {
+	o := rule.LayoutOptions
+	k := eventKey(meta, start)
+	n := o.SlotsPerWindow()
+	appendGrid := func(dst []byte, key string, leaf func([]byte, string) []byte) []byte {
+		gi, dst := bsoncore.AppendDocumentElementStart(dst, key)
+		if !o.Nested() {
+			for s := 0; s < n; s++ {
+				dst = leaf(dst, strconv.Itoa(s))
+			}
+		} else {
+			for g := 0; g*rules.SlotGroup < n; g++ {
+				ii, d := bsoncore.AppendDocumentElementStart(dst, strconv.Itoa(g))
+				for s := g * rules.SlotGroup; s < min(n, (g+1)*rules.SlotGroup); s++ {
+					d = leaf(d, strconv.Itoa(s%rules.SlotGroup))
+				}
+				dst, _ = bsoncore.AppendDocumentEnd(d, ii)
+			}
+		}
+		dst, _ = bsoncore.AppendDocumentEnd(dst, gi)
+		return dst
+	}
+	if meta.Type == 0 {
+		meta = bsoncore.Value{Type: bsoncore.TypeNull}
+	}
+	di, d := bsoncore.AppendDocumentStart(nil)
+	d = bsoncore.AppendObjectIDElement(d, rules.BucketID, k.ID(rule.BucketNamespace(), 0))
+	d = bsoncore.AppendValueElement(d, rules.BucketMeta, meta)
+	d = bsoncore.AppendDateTimeElement(d, rules.BucketStart, start)
+	d = bsoncore.AppendInt64Element(d, rules.BucketNumSamples, 0)
+	if o.Aggregated {
+		d = bsoncore.AppendInt64Element(d, rules.BucketTotalSamples, 0)
+	}
+	d = appendGrid(d, rules.BucketValues, func(b []byte, key string) []byte { return bsoncore.AppendInt32Element(b, key, 0) })
+	d = appendGrid(d, rules.BucketSet, func(b []byte, key string) []byte { return bsoncore.AppendBooleanElement(b, key, false) })
+	d, _ = bsoncore.AppendDocumentEnd(d, di)
+	return d
+}
+
+// SlotsShellOf is SlotsShell for the series and window of k.
+func SlotsShellOf(rule *rules.Rule, k BucketKey) bsoncore.Document {
+	meta := bsoncore.Value{Type: bsoncore.TypeNull}
+	if len(k.Meta) > 0 {
+		meta = bsoncore.Value{Type: bsoncore.Type(k.Meta[0]), Data: k.Meta[1:]}
+	}
+	return SlotsShell(rule, meta, k.Start)
+}
