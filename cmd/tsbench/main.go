@@ -4,6 +4,7 @@
 //
 //	tsbench passthrough   ping and a small find: p50/p99 latency and throughput
 //	tsbench ingest        bucketed inserts vs plain inserts: events/s, documents, sizes
+//	tsbench layouts       counter and slots layouts vs plain inserts: events/s, documents, sizes
 package main
 
 import (
@@ -35,7 +36,7 @@ func main() {
 	dur := fs.Duration("dur", 2*time.Second, "duration of each throughput run")
 	events := fs.Int("events", 100_000, "ingest: events per configuration")
 	fs.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: tsbench [flags] passthrough|ingest")
+		fmt.Fprintln(os.Stderr, "usage: tsbench [flags] passthrough|ingest|layouts")
 		fs.PrintDefaults()
 	}
 	_ = fs.Parse(os.Args[1:])
@@ -52,6 +53,11 @@ func main() {
 		var rs []rules.Rule
 		if rs, err = ingestRules(); err == nil {
 			err = withEnv(*upstreamURI, rs, func(e *benchEnv) error { return benchIngest(e, *runs, *events) })
+		}
+	case "layouts":
+		var rs []rules.Rule
+		if rs, err = layoutRules(); err == nil {
+			err = withEnv(*upstreamURI, rs, func(e *benchEnv) error { return benchLayouts(e, *runs, *events, 1000) })
 		}
 	default:
 		fs.Usage()

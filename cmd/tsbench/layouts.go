@@ -1,0 +1,162 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/pflag"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/tsproxy/tsproxy/rules"
+)
+
+// layoutRules: tsbench.hits counts page hits per second in 1-minute
+// buckets; tsbench.cpu keeps one sample per second in 1-hour buckets.
+func layoutRules() ([]rules.Rule, error) {
+	dir, err := os.MkdirTemp("", "tsbench-config-*")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	file := filepath.Join(dir, "config.yaml")
+	yaml := `rules:
+  - namespace: tsbench.hits
+    timeField: ts
+    metaField: page
+    layout: counter
+    window: minute
+    slot: second
+  - namespace: tsbench.cpu
+    timeField: ts
+    metaField: host
+    layout: slots
+    valueField: value
+    aggregates: [value]
+    window: hour
+    slot: second
+`
+	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
+		return nil, err
+	}
+	cfg, err := rules.Load(rules.LoadOptions{ConfigFile: file, Flags: pflag.NewFlagSet("x", pflag.ContinueOnError)})
+	if err != nil {
+		return nil, err
+	}
+	return cfg.Rules, nil
+}
+
+// layoutCase is one layout and its events: the k-th event of n.
+type layoutCase struct {
+	name, coll, plain string
+	event             func(k int) bson.D
+	// stored is what the proxy's count of the namespace must be after n
+	// events: every event for both (a counter counts events; a sample is
+	// one document per slot, and each event has a slot of its own here).
+	stored func(n int) int64
+}
+
+var layoutBase = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+var layoutCases = []layoutCase{
+	{name: "counter (10 pages, 10 hits/s each)", coll: "hits", plain: "plain_hits",
+		event: func(k int) bson.D {
+			return bson.D{{Key: "page", Value: fmt.Sprintf("/p%d", k%10)}, {Key: "ts", Value: layoutBase.Add(time.Duration(k/100)*time.Second + time.Duration(k%100)*time.Millisecond)}}
+		}, stored: func(n int) int64 { return int64(n) }},
+	{name: "slots (10 hosts, 1 sample/s each)", coll: "cpu", plain: "plain_cpu",
+		event: func(k int) bson.D {
+			return bson.D{{Key: "host", Value: fmt.Sprintf("h%02d", k%10)}, {Key: "ts", Value: layoutBase.Add(time.Duration(k/10) * time.Second)}, {Key: "value", Value: float64(k%1000) / 10}}
+		}, stored: func(n int) int64 { return int64(n) }},
+}
+
+// benchLayouts inserts the same events through the proxy into the counter
+// and slots layouts and directly as plain documents, interleaved, and
+// reports events/s, documents and sizes.
+func benchLayouts(e *benchEnv, runs, events, batch int) error {
+	ctx := context.Background()
+	proxyC, err := mongo.Connect(options.Client().ApplyURI(e.proxyURI).SetTimeout(10 * time.Minute))
+	if err != nil {
+		return err
+	}
+	defer proxyC.Disconnect(ctx)
+	directC, err := mongo.Connect(options.Client().ApplyURI(e.upstreamURI).SetTimeout(10 * time.Minute))
+	if err != nil {
+		return err
+	}
+	defer directC.Disconnect(ctx)
+	db := func(c *mongo.Client) *mongo.Database { return c.Database("tsbench") }
+	rates := map[string][]float64{}
+	for r := 0; r < runs; r++ {
+		for _, lc := range layoutCases {
+			for _, path := range []string{"direct", "proxy"} {
+				_ = db(directC).Collection(lc.plain).Drop(ctx)
+				_ = db(proxyC).Collection(lc.coll).Drop(ctx)
+				coll := db(directC).Collection(lc.plain)
+				if path == "proxy" {
+					coll = db(proxyC).Collection(lc.coll)
+				}
+				rate, err := insertLayout(ctx, coll, lc, events, batch)
+				if err != nil {
+					return fmt.Errorf("%s %s: %w", lc.name, path, err)
+				}
+				rates[lc.name+path] = append(rates[lc.name+path], rate)
+				fmt.Fprintf(os.Stderr, "  %s %s: %.0f events/s\n", lc.name, path, rate)
+			}
+		}
+		fmt.Printf("run %d/%d done\n", r+1, runs)
+	}
+	fmt.Printf("\nmedians of %d runs; %d events per case, insertMany of %d, one client\n\n", runs, events, batch)
+	fmt.Println("| layout | direct plain events/s | proxy events/s | proxy/direct |")
+	fmt.Println("|---|---:|---:|---:|")
+	for _, lc := range layoutCases {
+		d, p := median(rates[lc.name+"direct"]), median(rates[lc.name+"proxy"])
+		fmt.Printf("| %s | %.0f | %.0f | %.2f |\n", lc.name, d, p, p/d)
+	}
+	fmt.Printf("\nstorage after %d events (collStats), and the proxy's count of them:\n\n", events)
+	fmt.Println("| layout | plain documents | bucket documents | plain data bytes | bucket data bytes | plain index bytes | bucket index bytes | count via proxy |")
+	fmt.Println("|---|---:|---:|---:|---:|---:|---:|---:|")
+	for _, lc := range layoutCases {
+		for _, c := range []*mongo.Collection{db(directC).Collection(lc.plain), db(proxyC).Collection(lc.coll)} {
+			_ = c.Drop(ctx)
+			if _, err := insertLayout(ctx, c, lc, events, batch); err != nil {
+				return err
+			}
+		}
+		pl, err := stats(ctx, db(directC), lc.plain)
+		if err != nil {
+			return err
+		}
+		bu, err := stats(ctx, db(directC), lc.coll+".buckets")
+		if err != nil {
+			return err
+		}
+		n, err := db(proxyC).Collection(lc.coll).CountDocuments(ctx, bson.D{})
+		if err != nil {
+			return err
+		}
+		if n != lc.stored(events) {
+			return fmt.Errorf("%s: the proxy counts %d, want %d", lc.name, n, lc.stored(events))
+		}
+		fmt.Printf("| %s | %d | %d | %d | %d | %d | %d | %d |\n", lc.name, pl.count, bu.count, pl.size, bu.size, pl.indexSize, bu.indexSize, n)
+	}
+	return nil
+}
+
+func insertLayout(ctx context.Context, coll *mongo.Collection, lc layoutCase, n, batch int) (float64, error) {
+	docs := make([]any, 0, batch)
+	t0 := time.Now()
+	for k := 0; k < n; k++ {
+		docs = append(docs, lc.event(k))
+		if len(docs) == batch || k == n-1 {
+			if _, err := coll.InsertMany(ctx, docs); err != nil {
+				return 0, err
+			}
+			docs = docs[:0]
+		}
+	}
+	return float64(n) / time.Since(t0).Seconds(), nil
+}
