@@ -20,7 +20,7 @@ func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
 	if err := c.ensureUpstream(); err != nil {
 		return c.replyUpstreamDown(req, err)
 	}
-	if rule.Layout != rules.LayoutEvents {
+	if rule.Layout == rules.LayoutCounter || rule.Layout == rules.LayoutSlots {
 		return c.handleLayout(req, rule) // proxy/layout.go
 	}
 	switch req.name {
