@@ -3,6 +3,7 @@ package proxy
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 
@@ -26,6 +27,7 @@ func (c *conn) handleLayout(req *request, rule *rules.Rule) error {
 	case "killCursors":
 		return c.layoutKillCursors(req, rule)
 	case "drop":
+		forgetPreallocated(rule)
 		return c.rewriteDrop(req, rule)
 	}
 	if req.msg.Flags&wire.MoreToCome != 0 {
@@ -178,6 +180,19 @@ func (c *conn) preallocate(rule *rules.Rule, keys []rewrite.BucketKey) {
 	}
 	n, _ := reply.Lookup("n").AsInt64OK()
 	c.log.Debug("slots buckets preallocated", "rule", rule.Namespace, "inserted", n, "tried", len(shells))
+}
+
+// forgetPreallocated forgets the shells of a dropped bucket collection,
+// so the windows written after the drop get theirs again.
+func forgetPreallocated(rule *rules.Rule) {
+	prefix := rule.BucketNamespace() + "\x00"
+	preallocated.Lock()
+	defer preallocated.Unlock()
+	for k := range preallocated.seen {
+		if strings.HasPrefix(k, prefix) {
+			delete(preallocated.seen, k)
+		}
+	}
 }
 
 // layoutRead serves find, aggregate and count: the candidate buckets are
