@@ -238,6 +238,18 @@ func TestLayoutCounterGoDriver(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "$regex") || !strings.Contains(err.Error(), "not supported") {
 		t.Fatalf("$regex: %v", err)
 	}
+	err = coll.Distinct(ctx, "page", bson.D{}).Err()
+	if err == nil || !strings.Contains(err.Error(), "not supported on a namespace with layout counter") {
+		t.Fatalf("distinct: %v", err)
+	}
+
+	// drop empties the namespace.
+	if err := coll.Drop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := coll.CountDocuments(ctx, bson.D{}); err != nil || c != 0 {
+		t.Fatalf("countDocuments after drop = %d, %v", c, err)
+	}
 }
 
 // checkWriteErrors checks an insert failed for exactly the events at idx.
