@@ -22,7 +22,7 @@ func (r *LayoutRead) planFetch(filter bsoncore.Document) {
 	var b fetchBounds
 	r.bounds(filter, &b, 0)
 	win := r.rule.LayoutOptions.Window.Milliseconds()
-	if b.meta.Type != 0 && b.hasLo && b.hasHi && b.lo <= b.hi && r.rule.MetaField != "" {
+	if exactMeta(b.meta) && b.hasLo && b.hasHi && b.lo <= b.hi && r.rule.MetaField != "" {
 		first, last := rules.FloorMillis(b.lo, win), rules.FloorMillis(b.hi, win)
 		if (last-first)/win < maxPointLookups {
 			for s := first; s <= last; s += win {
@@ -62,6 +62,17 @@ func (r *LayoutRead) planFetch(filter bsoncore.Document) {
 		AppendInt32("batchSize", 1000).
 		AppendString("$db", r.rule.DB).
 		Build()}
+}
+
+// exactMeta reports whether a meta value is equal only to values of the
+// same bytes, so that its bucket ids can be computed: 1 and 1.0 (also
+// inside documents) are equal to a query but hash apart.
+func exactMeta(v bsoncore.Value) bool {
+	switch v.Type {
+	case bsoncore.TypeString, bsoncore.TypeObjectID, bsoncore.TypeBoolean, bsoncore.TypeDateTime:
+		return true
+	}
+	return false
 }
 
 // bounds reads the top-level conjuncts (and those of a top-level $and).

@@ -238,6 +238,12 @@ func TestCounterRead(t *testing.T) {
 		assertDoc(t, "lookup", sent[1], bson.D{{Key: "find", Value: "readings.buckets"}, {Key: "filter", Value: bson.D{{Key: "_id", Value: BucketIDOf(ns, rawOf("/a"), 60_000, 0)}}}, {Key: "singleBatch", Value: true}, {Key: "$db", Value: "iot"}})
 		assertDoc(t, "reply", out, cursor(doc(id0+":7", "/a", 7, 2), doc(id0+":3", "/a", 3, 4)))
 	})
+	t.Run("numeric meta: a scan, as 1 and 1.0 are one series to a query", func(t *testing.T) {
+		filter := bson.D{{Key: "page", Value: int32(1)}, {Key: "ts", Value: bson.D{{Key: "$gte", Value: dt(0)}, {Key: "$lt", Value: dt(90_000)}}}}
+		_, sent, _ := runLayoutRead(t, rule, find(bson.E{Key: "filter", Value: filter}))
+		assertDoc(t, "scan", sent[0], bson.D{{Key: "find", Value: "readings.buckets"}, {Key: "filter", Value: bson.D{{Key: "meta", Value: int32(1)},
+			{Key: "start", Value: bson.D{{Key: "$gte", Value: dt(0)}, {Key: "$lte", Value: dt(90_000)}}}}}, {Key: "batchSize", Value: int32(1000)}, {Key: "$db", Value: "iot"}})
+	})
 	t.Run("filter on count and a projection", func(t *testing.T) {
 		_, _, out := runLayoutRead(t, rule, find(bson.E{Key: "filter", Value: bson.D{{Key: "count", Value: bson.D{{Key: "$in", Value: bson.A{1, 2}}}}}},
 			bson.E{Key: "projection", Value: bson.D{{Key: "page", Value: 1}, {Key: "_id", Value: 0}}}), b0, b1)
