@@ -22,13 +22,6 @@ import (
 //	{q: {_id}, u: {$inc: {"slots.<i>": k, ..., total: K},
 //	               $setOnInsert: {meta, start}}, upsert: true}
 
-// layoutCarried are the client's arguments carried to a layout's update
-// commands. lsid and txnNumber are not: without stmtIds two rewritten
-// commands under one txnNumber would look like retries of each other, and
-// the embedded upstream ignores them anyway.
-var layoutCarried = []string{"writeConcern", "bypassDocumentValidation", "comment", "maxTimeMS",
-	"$readPreference", "$clusterTime", "apiVersion", "apiStrict", "apiDeprecationErrors"}
-
 // LayoutWrite is the plan of an insert on a counter or slots rule: update
 // commands on the bucket collection, each statement an upsert of one
 // (series, window) standing for the events of the batch that fell in it.
@@ -195,7 +188,13 @@ func (li *layoutInsert) plan(rule *rules.Rule, caps Caps, stmts []layoutStmt) *L
 	if caps.MaxUpdateStatements > 0 {
 		per = caps.MaxUpdateStatements
 	}
-	carried := lookupElements(li.body, layoutCarried)
+	// The client's arguments go on as for the events layout; a retryable
+	// write also gets stmtIds where the upstream takes them (MongoDB), so a
+	// driver's retry of a counted batch is recognised, not counted twice.
+	// Each statement's stmtId is the app index of its first event:
+	// distinct, since the statements' events are disjoint.
+	args := readCarriedArgs(li.body)
+	withStmtIDs := caps.StmtIDs && readSession(li.body).retryable()
 	for lo := 0; lo < len(stmts); lo += per {
 		batch := stmts[lo:min(lo+per, len(stmts))]
 		ci, c := bsoncore.AppendDocumentStart(nil)
@@ -208,9 +207,14 @@ func (li *layoutInsert) plan(rule *rules.Rule, caps Caps, stmts []layoutStmt) *L
 		}
 		c, _ = bsoncore.AppendArrayEnd(c, ai)
 		c = bsoncore.AppendBooleanElement(c, "ordered", li.ordered)
-		for _, e := range carried {
-			c = append(c, e...)
+		if withStmtIDs {
+			si, d := bsoncore.AppendArrayElementStart(c, "stmtIds")
+			for i, s := range batch {
+				d = bsoncore.AppendInt32Element(d, strconv.Itoa(i), int32(s.events[0]))
+			}
+			c, _ = bsoncore.AppendArrayEnd(d, si)
 		}
+		c = args.appendTo(c, lo == 0)
 		c = bsoncore.AppendStringElement(c, "$db", rule.DB)
 		c, _ = bsoncore.AppendDocumentEnd(c, ci)
 		p.Commands = append(p.Commands, c)

@@ -71,7 +71,14 @@ func TestCounterInsert(t *testing.T) {
 				counterStmt(rule, "/a", 0, bson.D{{Key: "slots.5", Value: int64(1)}}, 1),
 				counterStmt(rule, "/b", 0, bson.D{{Key: "slots.5", Value: int64(3)}}, 3),
 				counterStmt(rule, nil, 0, bson.D{{Key: "slots.7", Value: int64(1)}}, 1),
-			}, bson.E{Key: "writeConcern", Value: bson.D{{Key: "w", Value: 1}}})}, n: 5},
+			}, bson.E{Key: "lsid", Value: bson.D{{Key: "id", Value: 1}}}, bson.E{Key: "writeConcern", Value: bson.D{{Key: "w", Value: 1}}})}, n: 5},
+		{name: "retryable write: stmtIds are the first event of each statement", caps: Caps{StmtIDs: true},
+			events: []bson.D{hit("/b", dt(5000)), hit("/a", dt(5000)), hit("/b", dt(5500))},
+			extra:  []bson.E{{Key: "lsid", Value: bson.D{{Key: "id", Value: 1}}}, {Key: "txnNumber", Value: int64(4)}},
+			want: []bson.D{updateCmd(true, []bson.D{
+				counterStmt(rule, "/a", 0, bson.D{{Key: "slots.5", Value: int64(1)}}, 1),
+				counterStmt(rule, "/b", 0, bson.D{{Key: "slots.5", Value: int64(2)}}, 2),
+			}, bson.E{Key: "stmtIds", Value: bson.A{int32(1), int32(0)}}, bson.E{Key: "lsid", Value: bson.D{{Key: "id", Value: 1}}}, bson.E{Key: "txnNumber", Value: int64(4)})}, n: 3},
 		{name: "statements split by MaxUpdateStatements", caps: Caps{MaxUpdateStatements: 1},
 			events: []bson.D{hit("/a", dt(0)), hit("/b", dt(0))},
 			want: []bson.D{
