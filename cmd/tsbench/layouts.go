@@ -16,7 +16,10 @@ import (
 )
 
 // layoutRules: tsbench.hits counts page hits per second in 1-minute
-// buckets; tsbench.cpu keeps one sample per second in 1-hour buckets.
+// buckets; tsbench.cpu keeps one sample per second in 1-hour buckets
+// (values nested by minute), tsbench.cpumin in 1-minute buckets (flat):
+// on an upstream where an update rewrites the whole document, the bucket
+// size sets the write cost.
 func layoutRules() ([]rules.Rule, error) {
 	dir, err := os.MkdirTemp("", "tsbench-config-*")
 	if err != nil {
@@ -38,6 +41,14 @@ func layoutRules() ([]rules.Rule, error) {
     valueField: value
     aggregates: [value]
     window: hour
+    slot: second
+  - namespace: tsbench.cpumin
+    timeField: ts
+    metaField: host
+    layout: slots
+    valueField: value
+    aggregates: [value]
+    window: minute
     slot: second
 `
 	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
@@ -67,7 +78,11 @@ var layoutCases = []layoutCase{
 		event: func(k int) bson.D {
 			return bson.D{{Key: "page", Value: fmt.Sprintf("/p%d", k%10)}, {Key: "ts", Value: layoutBase.Add(time.Duration(k/100)*time.Second + time.Duration(k%100)*time.Millisecond)}}
 		}, stored: func(n int) int64 { return int64(n) }},
-	{name: "slots (10 hosts, 1 sample/s each)", coll: "cpu", plain: "plain_cpu",
+	{name: "slots, 1-hour window (10 hosts, 1 sample/s each)", coll: "cpu", plain: "plain_cpu",
+		event: func(k int) bson.D {
+			return bson.D{{Key: "host", Value: fmt.Sprintf("h%02d", k%10)}, {Key: "ts", Value: layoutBase.Add(time.Duration(k/10) * time.Second)}, {Key: "value", Value: float64(k%1000) / 10}}
+		}, stored: func(n int) int64 { return int64(n) }},
+	{name: "slots, 1-minute window (flat)", coll: "cpumin", plain: "plain_cpumin",
 		event: func(k int) bson.D {
 			return bson.D{{Key: "host", Value: fmt.Sprintf("h%02d", k%10)}, {Key: "ts", Value: layoutBase.Add(time.Duration(k/10) * time.Second)}, {Key: "value", Value: float64(k%1000) / 10}}
 		}, stored: func(n int) int64 { return int64(n) }},
