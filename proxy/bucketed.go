@@ -33,6 +33,8 @@ func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
 		return c.rewriteCollStats(req, rule)
 	case "drop":
 		return c.rewriteDrop(req, rule)
+	case "delete":
+		return c.rewriteDelete(req, rule)
 	}
 	if req.msg.Flags&wire.MoreToCome != 0 {
 		return nil

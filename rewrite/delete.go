@@ -36,6 +36,7 @@ type DeletePlan struct {
 	ordered bool
 	args    []bsoncore.Element // generic arguments carried to upstream writes
 	reads   []bsoncore.Element // generic arguments carried to upstream reads
+	wce     bsoncore.Value     // the last upstream writeConcernError
 	// Statements in the app's order.
 	Statements []*DeleteStatement
 }

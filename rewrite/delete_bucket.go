@@ -381,29 +381,40 @@ func (p *DeletePlan) RemoveCommand(ids []bson.ObjectID) []byte {
 
 // WriteOutcome reads the reply of a ReplaceCommand or RemoveCommand: how
 // many statements took effect before the first failure (all of them when
-// err is nil), and the write concern error to pass on.
-func WriteOutcome(reply []byte, statements int) (done int, wce bsoncore.Value, err error) {
+// err is nil). A write concern error is kept for the app's reply.
+func (p *DeletePlan) WriteOutcome(reply []byte, statements int) (done int, err error) {
 	doc := bsoncore.Document(reply)
 	if err := replyError(doc); err != nil {
-		return 0, wce, err
+		return 0, err
 	}
-	wce, _ = lookupTop(doc, "writeConcernError")
+	if wce, ok := lookupTop(doc, "writeConcernError"); ok {
+		p.wce = wce
+	}
 	v, ok := lookupTop(doc, "writeErrors")
 	if !ok {
-		return statements, wce, nil
+		return statements, nil
 	}
 	arr, ok := v.ArrayOK()
 	if !ok {
-		return 0, wce, commandErrorf(CodeInternalError, "upstream writeErrors is a %s", typeName(v.Type))
+		return 0, commandErrorf(CodeInternalError, "upstream writeErrors is a %s", typeName(v.Type))
 	}
 	vals, _ := arr.Values()
 	if len(vals) == 0 {
-		return statements, wce, nil
+		return statements, nil
 	}
 	first, _ := vals[0].DocumentOK()
 	idx, _ := lookupTop(first, "index")
 	i, _ := idx.AsInt64OK()
-	return int(i), wce, upstreamWriteError(first)
+	return int(i), upstreamWriteError(first)
+}
+
+// FoundBucket reads the reply of a FindBucketCommand.
+func FoundBucket(reply []byte) ([]byte, bool, error) {
+	docs, _, err := CursorDocs(reply)
+	if err != nil || len(docs) == 0 {
+		return nil, false, err
+	}
+	return docs[0], true, nil
 }
 
 func upstreamWriteError(we bsoncore.Document) error {
@@ -430,7 +441,7 @@ type StatementError struct {
 
 // Reply is the app's delete reply: {n, writeErrors?, writeConcernError?,
 // ok: 1}. A statement error's code is its *CommandError's.
-func (p *DeletePlan) Reply(n int, errs []StatementError, wce bsoncore.Value) []byte {
+func (p *DeletePlan) Reply(n int, errs []StatementError) []byte {
 	var werrs []writeError
 	for _, e := range errs {
 		code := CodeInternalError
@@ -439,5 +450,5 @@ func (p *DeletePlan) Reply(n int, errs []StatementError, wce bsoncore.Value) []b
 		}
 		werrs = append(werrs, writeError{index: e.Index, code: code, errmsg: e.Err.Error()})
 	}
-	return writeReply(n, werrs, wce, bsoncore.Value{})
+	return writeReply(n, werrs, p.wce, bsoncore.Value{})
 }
