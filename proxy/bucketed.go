@@ -43,7 +43,7 @@ func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
 		return c.rewriteCreateIndexes(req, rule)
 	case "listIndexes":
 		return c.rewriteListIndexes(req, rule)
-	case "dropIndexes", "deleteIndexes":
+	case "dropIndexes":
 		return c.rewriteDropIndexes(req, rule)
 	}
 	if req.msg.Flags&wire.MoreToCome != 0 {
