@@ -177,7 +177,9 @@ func TestDeleteDifferential(t *testing.T) {
 	if left != len(sent) {
 		t.Fatalf("loaded %d events, sent %d", left, len(sent))
 	}
-	h := func(m int) bson.DateTime { return bson.NewDateTimeFromTime(delBase.Add(time.Duration(m) * time.Minute)) }
+	h := func(m int) bson.DateTime {
+		return bson.NewDateTimeFromTime(delBase.Add(time.Duration(m) * time.Minute))
+	}
 	steps := []struct {
 		name   string
 		filter bson.D
