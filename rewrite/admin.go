@@ -420,7 +420,7 @@ func PlanDropIndexes(body []byte, rule *rules.Rule) (cmd []byte, recreate bool, 
 		if err != nil {
 			return nil, false, err
 		}
-		if string(t) == string(bsoncore.NewDocumentBuilder().AppendInt32(rules.BucketMeta, 1).AppendInt32(rules.BucketStart, 1).Build()) {
+		if isBucketIndexKey(t) {
 			return nil, false, refuseOwn()
 		}
 		d = bsoncore.AppendDocumentElement(d, "index", t)
@@ -428,4 +428,19 @@ func PlanDropIndexes(body []byte, rule *rules.Rule) (cmd []byte, recreate bool, 
 		return nil, false, commandErrorf(CodeTypeMismatch, "dropIndexes \"index\" must be a name, names or a key pattern, got %s", typeName(iv.Type))
 	}
 	return endAdmin(idx, d, doc, rule), recreate, nil
+}
+
+// isBucketIndexKey reports whether a bucket index key is {meta: 1,
+// start: 1}, whatever the numbers' types.
+func isBucketIndexKey(key bsoncore.Document) bool {
+	elems, _ := key.Elements()
+	if len(elems) != 2 || elems[0].Key() != rules.BucketMeta || elems[1].Key() != rules.BucketStart {
+		return false
+	}
+	for _, e := range elems {
+		if f, ok := e.Value().AsFloat64OK(); !ok || f != 1 {
+			return false
+		}
+	}
+	return true
 }
