@@ -42,7 +42,9 @@ func TestPlanCreate(t *testing.T) {
 }
 
 func TestPlanCreateIndexes(t *testing.T) {
-	idx := func(key D, extra ...E) D { return append(D{{Key: "key", Value: key}, {Key: "name", Value: "n"}}, extra...) }
+	idx := func(key D, extra ...E) D {
+		return append(D{{Key: "key", Value: key}, {Key: "name", Value: "n"}}, extra...)
+	}
 	cases := []struct {
 		name    string
 		indexes A

@@ -53,7 +53,7 @@ func TestPlanDelete(t *testing.T) {
 			whole: []bool{false, false, true}, one: []bool{false, false, false},
 			serr: []string{`"$where" (JavaScript) is not supported`, `delete option "hint" is not supported`, ""}},
 		{name: "metaField inside $or on FerretDB", caps: ferretCaps,
-			cmd:  delCmd(t, A{stmt(D{{Key: "$or", Value: A{D{{Key: "sensorId", Value: "a"}}, D{{Key: "value", Value: 1}}}}}, 0)}),
+			cmd:   delCmd(t, A{stmt(D{{Key: "$or", Value: A{D{{Key: "sensorId", Value: "a"}}, D{{Key: "value", Value: 1}}}}}, 0)}),
 			whole: []bool{false}, one: []bool{false}, serr: []string{"inside \"$or\""}},
 		{name: "document sequence", cmd: Command{Body: rdRaw(t, D{{Key: "delete", Value: "readings"}, {Key: "$db", Value: "iot"}}),
 			Sequences: []Sequence{{Identifier: "deletes", Documents: []bsoncore.Document{rdRaw(t, stmt(D{}, 0)), rdRaw(t, stmt(D{}, 1))}}}},
