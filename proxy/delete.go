@@ -89,7 +89,7 @@ func (c *conn) deleteStatement(plan *rewrite.DeletePlan, st *rewrite.DeleteState
 	var keys []rewrite.BucketKey
 	for _, cand := range cands.List {
 		if !cand.HasKey {
-			doc, found, err := c.readBucket(plan, cand.ID)
+			doc, found, err := c.readBucket(plan, cand.ID, false)
 			if err != nil {
 				return 0, err
 			}
@@ -114,7 +114,7 @@ func (c *conn) deleteStatement(plan *rewrite.DeletePlan, st *rewrite.DeleteState
 		if !cand.HasKey {
 			continue
 		}
-		doc, found, err := c.readBucket(plan, cand.ID)
+		doc, found, err := c.readBucket(plan, cand.ID, cand.NeedsEvents(st.LimitOne))
 		if err != nil {
 			return 0, err
 		}
@@ -167,9 +167,9 @@ func (c *conn) matchCandidates(plan *rewrite.DeletePlan, st *rewrite.DeleteState
 	}
 }
 
-// readBucket reads a whole bucket by _id.
-func (c *conn) readBucket(plan *rewrite.DeletePlan, id bson.ObjectID) ([]byte, bool, error) {
-	reply, err := c.upCommand(plan.FindBucketCommand(id))
+// readBucket reads a bucket by _id, with its events or without.
+func (c *conn) readBucket(plan *rewrite.DeletePlan, id bson.ObjectID, events bool) ([]byte, bool, error) {
+	reply, err := c.upCommand(plan.FindBucketCommand(id, events))
 	if err != nil {
 		return nil, false, err
 	}

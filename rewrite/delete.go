@@ -186,13 +186,13 @@ func (p *DeletePlan) planStatement(i int, d bsoncore.Document, caps Caps) (*Dele
 		return st, nil
 	}
 	st.Whole = sf.event == nil
-	st.Match = p.matchCommand(sf, st.Whole)
+	st.Match = p.matchCommand(sf, st.Whole, st.LimitOne)
 	return st, nil
 }
 
 // matchCommand lists matching events as {_id: bucket, events: event}
 // ($unwind keeps the bucket _id on every upstream), or whole buckets.
-func (p *DeletePlan) matchCommand(sf splitFilter, whole bool) []byte {
+func (p *DeletePlan) matchCommand(sf splitFilter, whole, limitOne bool) []byte {
 	var pipeline []bsoncore.Document
 	if whole {
 		if sf.bucket != nil {
@@ -207,6 +207,9 @@ func (p *DeletePlan) matchCommand(sf splitFilter, whole bool) []byte {
 		pipeline = eventPipeline(sf)
 		proj := bsoncore.NewDocumentBuilder().AppendInt32(rules.BucketEvents, 1).Build()
 		pipeline = append(pipeline, stage("$project", docValue(proj)))
+	}
+	if limitOne {
+		pipeline = append(pipeline, stage("$limit", int64Value(1)))
 	}
 	idx, d := bsoncore.AppendDocumentStart(nil)
 	d = bsoncore.AppendStringElement(d, "aggregate", p.rule.BucketCollection)
@@ -236,14 +239,20 @@ func (p *DeletePlan) GetMoreCommand(id int64) []byte {
 	return d
 }
 
-// FindBucketCommand reads one whole bucket by _id (a point read on every
-// upstream).
-func (p *DeletePlan) FindBucketCommand(id bson.ObjectID) []byte {
+// FindBucketCommand reads one bucket by _id (a point read on every
+// upstream): whole, or without its events when whole is false (a bucket
+// deleted whole needs only its key and count).
+func (p *DeletePlan) FindBucketCommand(id bson.ObjectID, whole bool) []byte {
 	idx, d := bsoncore.AppendDocumentStart(nil)
 	d = bsoncore.AppendStringElement(d, "find", p.rule.BucketCollection)
 	fidx, f := bsoncore.AppendDocumentElementStart(d, "filter")
 	f = bsoncore.AppendObjectIDElement(f, rules.BucketID, id)
 	d, _ = bsoncore.AppendDocumentEnd(f, fidx)
+	if !whole {
+		pidx, pr := bsoncore.AppendDocumentElementStart(d, "projection")
+		pr = bsoncore.AppendInt32Element(pr, rules.BucketEvents, 0)
+		d, _ = bsoncore.AppendDocumentEnd(pr, pidx)
+	}
 	d = bsoncore.AppendInt32Element(d, "limit", 1)
 	d = bsoncore.AppendBooleanElement(d, "singleBatch", true)
 	d = appendElems(d, p.reads)

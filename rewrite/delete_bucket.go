@@ -74,6 +74,10 @@ func (c *Candidates) Feed(reply []byte) (int64, error) {
 	return id, nil
 }
 
+// NeedsEvents reports whether the edit of a candidate reads the bucket's
+// events (not when it goes whole).
+func (c *Candidate) NeedsEvents(limitOne bool) bool { return !c.all || limitOne }
+
 // KeepFirst keeps only the first matched event (limit: 1).
 func (c *Candidates) KeepFirst() {
 	if len(c.List) == 0 {
@@ -218,6 +222,11 @@ func (p *DeletePlan) Edit(c *Candidate, bucket bsoncore.Document, limitOne bool)
 	seq, ok := SeqOf(p.rule.BucketNamespace(), key, c.ID)
 	if !ok {
 		return BucketEdit{}, ruleErrorf(p.rule, CodeNotImplemented, "bucket %s is not one the proxy wrote (its _id is not of its series and window); delete it directly", c.ID.Hex())
+	}
+	if c.all && !limitOne {
+		// Every event goes: the bucket may have been read without them.
+		n := BucketCount(bucket)
+		return BucketEdit{ID: c.ID, Key: key, Seq: seq, Removed: n, OldCount: n, Replacement: shellBucket(meta, start)}, nil
 	}
 	stored, err := bucketEventDocs(bucket)
 	if err != nil {

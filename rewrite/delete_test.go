@@ -38,7 +38,7 @@ func TestPlanDelete(t *testing.T) {
 			match: []string{`"pipeline": [{"$project"`}},
 		{name: "time range: buckets by start, events by ts", cmd: delCmd(t, A{stmt(rangeQ, 1)}),
 			whole: []bool{false}, one: []bool{true},
-			match: []string{`[{"$match": {"start": {"$gte": {"$date":{"$numberLong":"3600000"}},"$lt": {"$date":{"$numberLong":"10800000"}}}}},{"$unwind": "$events"},{"$match": {"events.ts": {"$gte": {"$date":{"$numberLong":"5400000"}},"$lt": {"$date":{"$numberLong":"10800000"}}}}},{"$project": {"events": {"$numberInt":"1"}}}]`}},
+			match: []string{`[{"$match": {"start": {"$gte": {"$date":{"$numberLong":"3600000"}},"$lt": {"$date":{"$numberLong":"10800000"}}}}},{"$unwind": "$events"},{"$match": {"events.ts": {"$gte": {"$date":{"$numberLong":"5400000"}},"$lt": {"$date":{"$numberLong":"10800000"}}}}},{"$project": {"events": {"$numberInt":"1"}}},{"$limit": {"$numberLong":"1"}}]`}},
 		{name: "residual field", cmd: delCmd(t, A{stmt(D{{Key: "sensorId", Value: "s1"}, {Key: "value", Value: D{{Key: "$gt", Value: 5}}}}, 0)}),
 			whole: []bool{false}, one: []bool{false},
 			match: []string{`{"$match": {"meta": "s1"}},{"$unwind": "$events"},{"$match": {"events.value": {"$gt": {"$numberInt":"5"}}}}`}},
