@@ -45,7 +45,7 @@ func TestDeleteBench(t *testing.T) {
 		for s := range 10 {
 			for i := range 1080 {
 				id := bson.NewObjectID()
-				if s == 5 && i == 500 {
+				if s == 5 && i == 1000 {
 					oneID = id
 				}
 				docs = append(docs, bson.D{{Key: "_id", Value: id}, {Key: "ts", Value: base.Add(time.Duration(i*10) * time.Second)}, {Key: "sensorId", Value: fmt.Sprintf("s%d", s)}, {Key: "value", Value: float64(i % 360)}})
