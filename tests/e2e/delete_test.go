@@ -415,7 +415,10 @@ const c = sdb.readings;
 const a = c.deleteMany({sensorId: "sensor-01", ts: {$gte: ISODate("2026-03-01T05:30:00Z"), $lt: ISODate("2026-03-01T12:00:00Z")}});
 const b = c.deleteOne({sensorId: "ordered", value: 3});
 const d = c.deleteMany({value: {$lte: 20}});
+let upd = "";
+try { c.updateOne({sensorId: "sensor-00"}, {$set: {value: 0}}); } catch (e) { upd = e.message; }
 print(JSON.stringify({a: a.deletedCount, b: b.deletedCount, d: d.deletedCount, left: c.countDocuments({})}));
+print("UPDATE: " + upd);
 `, "DBNAME", db))
 	var want []int64
 	for _, f := range []bson.D{
@@ -433,5 +436,8 @@ print(JSON.stringify({a: a.deletedCount, b: b.deletedCount, d: d.deletedCount, l
 	exp := fmt.Sprintf(`{"a":%d,"b":%d,"d":%d,"left":%d}`, want[0], want[1], want[2], left)
 	if !strings.Contains(out, exp) {
 		t.Fatalf("mongosh printed %q, want %s", out, exp)
+	}
+	if !strings.Contains(out, "UPDATE: tsproxy rule "+db+".readings: update is not supported on a bucketed namespace") {
+		t.Fatalf("mongosh updateOne: %q", out)
 	}
 }
