@@ -76,9 +76,14 @@ func (c *conn) rewriteDelete(req *request, rule *rules.Rule) error {
 	return c.replyBody(req, plan.Reply(n, errs))
 }
 
+// deleteChunk bounds the buckets one round locks, reads and rewrites, so
+// that a large delete holds few keys at a time and inserts of other keys
+// go on. Splitting a key's buckets across rounds is safe: a round trims
+// only empty buckets above which nothing non-empty remains.
+const deleteChunk = 500
+
 // deleteStatement runs one statement and returns the events it removed.
 func (c *conn) deleteStatement(plan *rewrite.DeletePlan, st *rewrite.DeleteStatement, caps rewrite.Caps) (int, error) {
-	rule := plan.Rule()
 	cands, err := c.matchCandidates(plan, st)
 	if err != nil || len(cands.List) == 0 {
 		return 0, err
@@ -86,8 +91,25 @@ func (c *conn) deleteStatement(plan *rewrite.DeletePlan, st *rewrite.DeleteState
 	if st.LimitOne {
 		cands.KeepFirst()
 	}
+	n := 0
+	for list := cands.List; len(list) > 0; {
+		k := min(len(list), deleteChunk)
+		removed, err := c.deleteBuckets(plan, st, caps, list[:k])
+		n += removed
+		if err != nil {
+			return n, err
+		}
+		list = list[k:]
+	}
+	return n, nil
+}
+
+// deleteBuckets locks the keys of some candidate buckets, and removes the
+// statement's matching events from them.
+func (c *conn) deleteBuckets(plan *rewrite.DeletePlan, st *rewrite.DeleteStatement, caps rewrite.Caps, list []*rewrite.Candidate) (int, error) {
+	rule := plan.Rule()
 	var keys []rewrite.BucketKey
-	for _, cand := range cands.List {
+	for _, cand := range list {
 		if !cand.HasKey {
 			doc, found, err := c.readBucket(plan, cand.ID, false)
 			if err != nil {
@@ -109,8 +131,7 @@ func (c *conn) deleteStatement(plan *rewrite.DeletePlan, st *rewrite.DeleteState
 	defer locked.forgetAll()
 
 	var edits []rewrite.BucketEdit
-	removed := 0
-	for _, cand := range cands.List {
+	for _, cand := range list {
 		if !cand.HasKey {
 			continue
 		}
@@ -129,7 +150,6 @@ func (c *conn) deleteStatement(plan *rewrite.DeletePlan, st *rewrite.DeleteState
 			continue
 		}
 		edits = append(edits, e)
-		removed += e.Removed
 		if st.LimitOne {
 			break
 		}
