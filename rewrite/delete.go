@@ -186,13 +186,15 @@ func (p *DeletePlan) planStatement(i int, d bsoncore.Document, caps Caps) (*Dele
 		return st, nil
 	}
 	st.Whole = sf.event == nil
-	st.Match = p.matchCommand(sf, st.Whole, st.LimitOne)
+	st.Match = p.matchCommand(sf, st.Whole, st.LimitOne, caps.UnwindKeepsFields)
 	return st, nil
 }
 
 // matchCommand lists matching events as {_id: bucket, events: event}
-// ($unwind keeps the bucket _id on every upstream), or whole buckets.
-func (p *DeletePlan) matchCommand(sf splitFilter, whole, limitOne bool) []byte {
+// ($unwind keeps the bucket _id on every upstream; on one that keeps the
+// other fields too, meta and start come along and spare a read of each
+// bucket's key), or whole buckets.
+func (p *DeletePlan) matchCommand(sf splitFilter, whole, limitOne, withKey bool) []byte {
 	var pipeline []bsoncore.Document
 	if whole {
 		if sf.bucket != nil {
@@ -205,7 +207,11 @@ func (p *DeletePlan) matchCommand(sf splitFilter, whole, limitOne bool) []byte {
 		pipeline = append(pipeline, stage("$project", docValue(proj)))
 	} else {
 		pipeline = eventPipeline(sf)
-		proj := bsoncore.NewDocumentBuilder().AppendInt32(rules.BucketEvents, 1).Build()
+		pb := bsoncore.NewDocumentBuilder()
+		if withKey {
+			pb.AppendInt32(rules.BucketMeta, 1).AppendInt32(rules.BucketStart, 1)
+		}
+		proj := pb.AppendInt32(rules.BucketEvents, 1).Build()
 		pipeline = append(pipeline, stage("$project", docValue(proj)))
 	}
 	if limitOne {

@@ -54,13 +54,15 @@ func (c *Candidates) Feed(reply []byte) (int64, error) {
 			c.byID[bid] = cand
 			c.List = append(c.List, cand)
 		}
-		if c.whole {
+		if !cand.HasKey {
 			meta, _ := lookupTop(d, rules.BucketMeta)
 			if st, ok := lookupTop(d, rules.BucketStart); ok {
 				if ms, ok := st.DateTimeOK(); ok {
 					cand.Key, cand.HasKey = eventKey(meta, ms), true
 				}
 			}
+		}
+		if c.whole {
 			continue
 		}
 		ev, ok := lookupTop(d, rules.BucketEvents)

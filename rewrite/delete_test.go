@@ -21,14 +21,14 @@ func stmt(q D, limit int) D { return D{{Key: "q", Value: q}, {Key: "limit", Valu
 func TestPlanDelete(t *testing.T) {
 	rangeQ := D{{Key: "ts", Value: D{{Key: "$gte", Value: dms(90 * 60_000)}, {Key: "$lt", Value: dms(3 * hr)}}}}
 	cases := []struct {
-		name  string
-		cmd   Command
-		caps  Caps
-		whole []bool   // per statement
-		one   []bool   // per statement
-		match []string // substrings of each statement's match command ("" none)
-		serr  []string // substrings of each statement's error ("" none)
-		err   string   // command error
+		name   string
+		cmd    Command
+		ferret bool
+		whole  []bool   // per statement
+		one    []bool   // per statement
+		match  []string // substrings of each statement's match command ("" none)
+		serr   []string // substrings of each statement's error ("" none)
+		err    string   // command error
 	}{
 		{name: "meta only: whole buckets", cmd: delCmd(t, A{stmt(D{{Key: "sensorId", Value: "s1"}}, 0)}),
 			whole: []bool{true}, one: []bool{false},
@@ -38,7 +38,10 @@ func TestPlanDelete(t *testing.T) {
 			match: []string{`"pipeline": [{"$project"`}},
 		{name: "time range: buckets by start, events by ts", cmd: delCmd(t, A{stmt(rangeQ, 1)}),
 			whole: []bool{false}, one: []bool{true},
-			match: []string{`[{"$match": {"start": {"$gte": {"$date":{"$numberLong":"3600000"}},"$lt": {"$date":{"$numberLong":"10800000"}}}}},{"$unwind": "$events"},{"$match": {"events.ts": {"$gte": {"$date":{"$numberLong":"5400000"}},"$lt": {"$date":{"$numberLong":"10800000"}}}}},{"$project": {"events": {"$numberInt":"1"}}},{"$limit": {"$numberLong":"1"}}]`}},
+			match: []string{`[{"$match": {"start": {"$gte": {"$date":{"$numberLong":"3600000"}},"$lt": {"$date":{"$numberLong":"10800000"}}}}},{"$unwind": "$events"},{"$match": {"events.ts": {"$gte": {"$date":{"$numberLong":"5400000"}},"$lt": {"$date":{"$numberLong":"10800000"}}}}},{"$project": {"meta": {"$numberInt":"1"},"start": {"$numberInt":"1"},"events": {"$numberInt":"1"}}},{"$limit": {"$numberLong":"1"}}]`}},
+		{name: "FerretDB: events only (its $unwind drops meta and start)", ferret: true, cmd: delCmd(t, A{stmt(D{{Key: "value", Value: 1}}, 0)}),
+			whole: []bool{false}, one: []bool{false},
+			match: []string{`[{"$unwind": "$events"},{"$match": {"events.value": {"$numberInt":"1"}}},{"$project": {"events": {"$numberInt":"1"}}}]`}},
 		{name: "residual field", cmd: delCmd(t, A{stmt(D{{Key: "sensorId", Value: "s1"}, {Key: "value", Value: D{{Key: "$gt", Value: 5}}}}, 0)}),
 			whole: []bool{false}, one: []bool{false},
 			match: []string{`{"$match": {"meta": "s1"}},{"$unwind": "$events"},{"$match": {"events.value": {"$gt": {"$numberInt":"5"}}}}`}},
@@ -52,7 +55,7 @@ func TestPlanDelete(t *testing.T) {
 			stmt(D{{Key: "sensorId", Value: "s"}}, 0)}),
 			whole: []bool{false, false, true}, one: []bool{false, false, false},
 			serr: []string{`"$where" (JavaScript) is not supported`, `delete option "hint" is not supported`, ""}},
-		{name: "metaField inside $or on FerretDB", caps: ferretCaps,
+		{name: "metaField inside $or on FerretDB", ferret: true,
 			cmd:   delCmd(t, A{stmt(D{{Key: "$or", Value: A{D{{Key: "sensorId", Value: "a"}}, D{{Key: "value", Value: 1}}}}}, 0)}),
 			whole: []bool{false}, one: []bool{false}, serr: []string{"inside \"$or\""}},
 		{name: "document sequence", cmd: Command{Body: rdRaw(t, D{{Key: "delete", Value: "readings"}, {Key: "$db", Value: "iot"}}),
@@ -68,9 +71,9 @@ func TestPlanDelete(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			caps := c.caps
-			if c.name != "metaField inside $or on FerretDB" {
-				caps = mongoCaps
+			caps := mongoCaps
+			if c.ferret {
+				caps = ferretCaps
 			}
 			p, err := PlanDelete(c.cmd, rdRule(), DeleteOptions{Caps: caps})
 			if c.err != "" {
@@ -257,6 +260,14 @@ func TestDeleteCandidates(t *testing.T) {
 	}
 	if len(c.List) != 2 || c.List[0].ID != b1 || len(c.List[0].order) != 2 || c.List[1].HasKey {
 		t.Fatalf("candidates: %+v", c.List)
+	}
+	// An upstream whose $unwind keeps meta and start gives the key.
+	withKey := &Candidates{byID: map[bson.ObjectID]*Candidate{}}
+	if _, err := withKey.Feed(matchReply(t, 0, D{{Key: "_id", Value: b1}, {Key: "meta", Value: "s"}, {Key: "start", Value: dt(hr)}, {Key: "events", Value: ev(1)}})); err != nil {
+		t.Fatal(err)
+	}
+	if k := withKey.List[0]; !k.HasKey || k.Key.Start != hr || string(k.Key.Meta[1:]) != string(bsoncore.AppendString(nil, "s")) {
+		t.Fatalf("key from the match: %+v", k)
 	}
 	c.KeepFirst()
 	if len(c.List) != 1 || len(c.List[0].match) != 1 || c.List[0].match[string(rdRaw(t, ev(1)))] != 1 {
