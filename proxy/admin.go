@@ -134,17 +134,17 @@ func (c *conn) endCursorSessions(req *request) {
 	if err != nil {
 		return
 	}
+	ended := make(map[string]bool, len(vals))
 	for _, v := range vals {
-		doc, ok := v.DocumentOK()
-		if !ok {
-			continue
+		if doc, ok := v.DocumentOK(); ok {
+			ended[sessionKey(doc)] = true
 		}
-		for _, cur := range c.s.cursors.forgetSession(sessionKey(doc)) {
-			if c.ensureUpstream() != nil {
-				return
-			}
-			c.killUpstreamCursor(cur.rule, cur.id)
+	}
+	for _, cur := range c.s.cursors.forgetSessions(ended) {
+		if c.ensureUpstream() != nil {
+			return
 		}
+		c.killUpstreamCursor(cur.rule, cur.id)
 	}
 }
 

@@ -59,14 +59,16 @@ type sessionCursor struct {
 	rule *rules.Rule
 }
 
-// forgetSession forgets the cursors opened in session and returns them.
-func (r *cursorRegistry) forgetSession(session string) []sessionCursor {
-	if session == "" {
+// forgetSessions forgets the cursors opened in any of sessions and
+// returns them: one pass over the registry, however many sessions end
+// (drivers end up to 10,000 in one endSessions).
+func (r *cursorRegistry) forgetSessions(sessions map[string]bool) []sessionCursor {
+	if len(sessions) == 0 {
 		return nil
 	}
 	var out []sessionCursor
 	for _, id := range r.lru.Keys() {
-		if e, ok := r.lru.Peek(id); ok && e.session == session {
+		if e, ok := r.lru.Peek(id); ok && e.session != "" && sessions[e.session] {
 			r.lru.Remove(id)
 			out = append(out, sessionCursor{id: id, rule: e.rule})
 		}
