@@ -17,8 +17,10 @@ import (
 // all match is removed (when it is the last seq of its key) or left as an
 // empty shell, a partial one is replaced by the bucket of its remaining
 // events, with count, bytes, min, max and sum recomputed here. A
-// replacement rather than $pull: FerretDB v1.24's $pull takes no query
-// conditions, and summaries cannot be recomputed upstream there.
+// replacement rather than $pull: FerretDB v1.24's $pull with a query
+// condition ({$pull: {events: {value: {$gt: 5}}}}) matches the bucket and
+// silently removes nothing (verified), and the summaries cannot be
+// recomputed upstream there anyway.
 //
 // Matching events are recognised by their stored bytes: two events with
 // the same bytes in one bucket (same meta) match a filter alike, so
