@@ -419,6 +419,8 @@ let upd = "";
 try { c.updateOne({sensorId: "sensor-00"}, {$set: {value: 0}}); } catch (e) { upd = e.message; }
 print(JSON.stringify({a: a.deletedCount, b: b.deletedCount, d: d.deletedCount, left: c.countDocuments({})}));
 print("UPDATE: " + upd);
+c.createIndex({sensorId: 1, ts: -1});
+print("INDEXES: " + JSON.stringify(c.getIndexes().map(i => i.key)));
 `, "DBNAME", db))
 	var want []int64
 	for _, f := range []bson.D{
@@ -436,6 +438,9 @@ print("UPDATE: " + upd);
 	exp := fmt.Sprintf(`{"a":%d,"b":%d,"d":%d,"left":%d}`, want[0], want[1], want[2], left)
 	if !strings.Contains(out, exp) {
 		t.Fatalf("mongosh printed %q, want %s", out, exp)
+	}
+	if !strings.Contains(out, `INDEXES: [{"_id":1},{"sensorId":1,"ts":1},{"sensorId":1,"ts":-1}]`) {
+		t.Fatalf("mongosh createIndex/getIndexes: %q", out)
 	}
 	if !strings.Contains(out, "UPDATE: tsproxy rule "+db+".readings: update is not supported on a bucketed namespace") {
 		t.Fatalf("mongosh updateOne: %q", out)
