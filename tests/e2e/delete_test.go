@@ -36,6 +36,14 @@ func delLoad(t *testing.T, ctx context.Context) (db string, p *testProxy, bucket
 	for i, e := range sent {
 		docs[i] = e.doc()
 	}
+	// Events without the metaField, and with an explicit null one.
+	for i := range 20 {
+		d := bson.D{{Key: "_id", Value: bson.NewObjectID()}, {Key: "ts", Value: delBase.Add(time.Duration(i*7) * time.Minute)}}
+		if i%2 == 0 {
+			d = append(d, bson.E{Key: "sensorId", Value: nil})
+		}
+		docs = append(docs, append(d, bson.E{Key: "value", Value: float64(i)}, bson.E{Key: "unit", Value: "C"}))
+	}
 	for i := 0; i < len(docs); i += 300 {
 		batch := docs[i:min(i+300, len(docs))]
 		if _, err := buckets.InsertMany(ctx, batch); err != nil {
@@ -174,7 +182,7 @@ func TestDeleteDifferential(t *testing.T) {
 	ctx := ctxFor(t)
 	db, _, buckets, plain, sent := delLoad(t, ctx)
 	left := delCompare(t, ctx, db, buckets, plain)
-	if left != len(sent) {
+	if left != len(sent)+20 {
 		t.Fatalf("loaded %d events, sent %d", left, len(sent))
 	}
 	h := func(m int) bson.DateTime {
@@ -193,6 +201,8 @@ func TestDeleteDifferential(t *testing.T) {
 		{"one by _id", bson.D{{Key: "_id", Value: sent[700].id}}, true},
 		{"$or of residuals", bson.D{{Key: "$or", Value: bson.A{bson.D{{Key: "value", Value: 50.5}}, bson.D{{Key: "unit", Value: "F"}}}}}, false},
 		{"nothing", bson.D{{Key: "sensorId", Value: "nobody"}}, false},
+		{"metaField absent", bson.D{{Key: "sensorId", Value: bson.D{{Key: "$exists", Value: false}}}, {Key: "value", Value: bson.D{{Key: "$lt", Value: 15.0}}}}, false},
+		{"metaField null or absent", bson.D{{Key: "sensorId", Value: nil}}, false},
 		{"middle seq becomes a shell", bson.D{{Key: "sensorId", Value: "ordered"}, {Key: "ts", Value: bson.D{{Key: "$gte", Value: h(10)}, {Key: "$lt", Value: h(20)}}}}, false},
 	}
 	for _, s := range steps {
