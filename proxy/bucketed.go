@@ -36,6 +36,18 @@ func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
 		return c.rewriteCollStats(req, rule)
 	case "drop":
 		return c.rewriteDrop(req, rule)
+	case "delete":
+		return c.rewriteDelete(req, rule)
+	case "update", "findAndModify", "findandmodify":
+		return c.refuseWrite(req, rule)
+	case "create":
+		return c.rewriteCreate(req, rule)
+	case "createIndexes":
+		return c.rewriteCreateIndexes(req, rule)
+	case "listIndexes":
+		return c.rewriteListIndexes(req, rule)
+	case "dropIndexes":
+		return c.rewriteDropIndexes(req, rule)
 	}
 	if req.msg.Flags&wire.MoreToCome != 0 {
 		return nil

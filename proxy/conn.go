@@ -224,6 +224,12 @@ func (c *conn) route(req *request) error {
 		if c.s.opts.Rules.InDB(req.db) {
 			return c.rewriteListCollections(req)
 		}
+	case "endSessions":
+		c.endCursorSessions(req) // then passes through
+	case "renameCollection":
+		if rule := c.renameTouchesRule(req); rule != nil {
+			return c.refuseRename(req, rule)
+		}
 	}
 	if rule, route := c.bucketedTarget(req); route != routePassthrough {
 		return c.handleBucketed(req, rule, route)

@@ -24,6 +24,9 @@ type cursorEntry struct {
 	// reshape is how the rewritten read turns upstream documents into the
 	// app's; kept per cursor so getMore batches come out as the first did.
 	reshape any
+	// session is the lsid of the read that opened the cursor ("" for
+	// none): endSessions of that session kills and forgets it.
+	session string
 }
 
 func newCursorRegistry(size int, ttl time.Duration) *cursorRegistry {
@@ -49,6 +52,29 @@ func (r *cursorRegistry) rule(id int64) *rules.Rule {
 }
 
 func (r *cursorRegistry) forget(id int64) { r.lru.Remove(id) }
+
+// sessionCursor is a cursor of an ended session, to kill upstream.
+type sessionCursor struct {
+	id   int64
+	rule *rules.Rule
+}
+
+// forgetSessions forgets the cursors opened in any of sessions and
+// returns them: one pass over the registry, however many sessions end
+// (drivers end up to 10,000 in one endSessions).
+func (r *cursorRegistry) forgetSessions(sessions map[string]bool) []sessionCursor {
+	if len(sessions) == 0 {
+		return nil
+	}
+	var out []sessionCursor
+	for _, id := range r.lru.Keys() {
+		if e, ok := r.lru.Peek(id); ok && e.session != "" && sessions[e.session] {
+			r.lru.Remove(id)
+			out = append(out, sessionCursor{id: id, rule: e.rule})
+		}
+	}
+	return out
+}
 
 // Len is the number of cursors remembered.
 func (r *cursorRegistry) Len() int { return r.lru.Len() }

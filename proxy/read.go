@@ -93,7 +93,7 @@ func (c *conn) rewriteRead(req *request, rule *rules.Rule) error {
 		if plan.Cursor.SingleBatch {
 			c.killUpstreamCursor(rule, id)
 		} else {
-			c.s.cursors.add(id, &cursorEntry{rule: rule, reshape: plan.Cursor})
+			c.s.cursors.add(id, &cursorEntry{rule: rule, reshape: plan.Cursor, session: requestSession(req)})
 		}
 	}
 	span.end(req, time.Since(t0), nil)

@@ -1,0 +1,168 @@
+package proxy
+
+import (
+	"fmt"
+	"strings"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rules"
+	"github.com/tsproxy/tsproxy/wire"
+)
+
+// This file serves the admin commands of a bucketed namespace (create,
+// createIndexes, listIndexes, dropIndexes), refuses update and
+// findAndModify clearly, keeps renameCollection away from rule
+// namespaces, and ends the rewritten cursors of sessions the client ends.
+
+// refuseWrite answers update and findAndModify on a bucketed namespace.
+func (c *conn) refuseWrite(req *request, rule *rules.Rule) error {
+	err := rewrite.RefuseWrite(rule, req.name)
+	if req.msg.Flags&wire.MoreToCome != 0 {
+		c.log.Warn("unacknowledged write refused", "rule", rule.Namespace, "err", err.Error())
+		return nil
+	}
+	return c.replyRewriteError(req, err)
+}
+
+// rewriteCreate creates the bucket collection (and its index) for a
+// create of the app's namespace.
+func (c *conn) rewriteCreate(req *request, rule *rules.Rule) error {
+	cmd, err := rewrite.PlanCreate(req.msg.Body, rule)
+	if err != nil {
+		return c.replyRewriteError(req, err)
+	}
+	reply, err := c.upCommand(cmd)
+	if err != nil {
+		return err
+	}
+	if ok, _ := bson.Raw(reply).Lookup("ok").AsFloat64OK(); ok == 1 {
+		c.ensureBucketIndex(rule)
+	}
+	return c.replyBody(req, rewrite.AdminReply(reply, rule))
+}
+
+// rewriteCreateIndexes creates the translated indexes on the buckets.
+func (c *conn) rewriteCreateIndexes(req *request, rule *rules.Rule) error {
+	cmd, err := rewrite.PlanCreateIndexes(req.msg.Body, rule)
+	if err != nil {
+		return c.replyRewriteError(req, err)
+	}
+	reply, err := c.upCommand(cmd)
+	if err != nil {
+		return err
+	}
+	return c.replyBody(req, rewrite.AdminReply(reply, rule))
+}
+
+// rewriteListIndexes lists the buckets' indexes as the app's.
+func (c *conn) rewriteListIndexes(req *request, rule *rules.Rule) error {
+	cmd, err := rewrite.PlanListIndexes(req.msg.Body, rule)
+	if err != nil {
+		return c.replyRewriteError(req, err)
+	}
+	reply, err := c.upCommand(cmd)
+	if err != nil {
+		return err
+	}
+	return c.replyBody(req, rewrite.ListIndexesReply(reply, rule))
+}
+
+// rewriteDropIndexes drops translated indexes; after "*" the proxy's own
+// index is created again at once.
+func (c *conn) rewriteDropIndexes(req *request, rule *rules.Rule) error {
+	cmd, recreate, err := rewrite.PlanDropIndexes(req.msg.Body, rule)
+	if err != nil {
+		return c.replyRewriteError(req, err)
+	}
+	reply, err := c.upCommand(cmd)
+	if err != nil {
+		return err
+	}
+	if recreate {
+		st := c.s.state
+		st.mu.Lock()
+		delete(st.indexes, rule.BucketNamespace())
+		st.mu.Unlock()
+		c.ensureBucketIndex(rule)
+	}
+	return c.replyBody(req, rewrite.AdminReply(reply, rule))
+}
+
+// renameTouchesRule reports the rule whose namespace a renameCollection
+// names as its source or target: renaming the (empty) upstream collection
+// of the app's name, or another collection onto it, would hide the
+// buckets from the app.
+func (c *conn) renameTouchesRule(req *request) *rules.Rule {
+	body := bson.Raw(req.msg.Body)
+	for _, key := range []string{"renameCollection", "to"} {
+		ns, ok := body.Lookup(key).StringValueOK()
+		if !ok {
+			continue
+		}
+		db, coll, ok := strings.Cut(ns, ".")
+		if !ok {
+			continue
+		}
+		if rule := c.s.opts.Rules.Lookup(db, coll); rule != nil {
+			return rule
+		}
+	}
+	return nil
+}
+
+// refuseRename answers renameCollection of or onto a rule's namespace.
+func (c *conn) refuseRename(req *request, rule *rules.Rule) error {
+	if req.msg.Flags&wire.MoreToCome != 0 {
+		return nil
+	}
+	return c.replyError(req, codeNotImplemented, "NotImplemented",
+		fmt.Sprintf("tsproxy rule %s: renameCollection of or onto a bucketed namespace is not supported (its events are in %s; change the rule instead)", rule.Namespace, rule.BucketNamespace()))
+}
+
+// endCursorSessions kills upstream, and forgets, the rewritten reads'
+// cursors of the sessions an endSessions names, before the command itself
+// passes through. A failed kill leaves the cursor to the upstream's
+// timeout.
+func (c *conn) endCursorSessions(req *request) {
+	ids, ok := bson.Raw(req.msg.Body).Lookup("endSessions").ArrayOK()
+	if !ok {
+		return
+	}
+	vals, err := ids.Values()
+	if err != nil {
+		return
+	}
+	ended := make(map[string]bool, len(vals))
+	for _, v := range vals {
+		if doc, ok := v.DocumentOK(); ok {
+			ended[sessionKey(doc)] = true
+		}
+	}
+	for _, cur := range c.s.cursors.forgetSessions(ended) {
+		if c.ensureUpstream() != nil {
+			return
+		}
+		c.killUpstreamCursor(cur.rule, cur.id)
+	}
+}
+
+// sessionKey identifies a logical session by the bytes of its id (an
+// lsid document {id: UUID}); "" for none.
+func sessionKey(lsid bson.Raw) string {
+	v, err := lsid.LookupErr("id")
+	if err != nil {
+		return ""
+	}
+	return string(v.Value)
+}
+
+// requestSession is the session key of a request's lsid, or "".
+func requestSession(req *request) string {
+	lsid, ok := bson.Raw(req.msg.Body).Lookup("lsid").DocumentOK()
+	if !ok {
+		return ""
+	}
+	return sessionKey(lsid)
+}

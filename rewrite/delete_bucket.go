@@ -1,0 +1,465 @@
+package rewrite
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/tsproxy/tsproxy/rules"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+// Candidate is a bucket holding events a delete statement matched.
+type Candidate struct {
+	ID bson.ObjectID
+	// Key is the bucket's (series, window); HasKey is false until the
+	// bucket was read (the event match reports only the bucket _id).
+	Key    BucketKey
+	HasKey bool
+	all    bool           // every event matches (Whole statements)
+	match  map[string]int // stored event bytes -> matched copies
+	order  []string       // matched events, in upstream order (limit: 1)
+}
+
+// Candidates are the buckets a statement's match command reported, in
+// the order it reported them.
+type Candidates struct {
+	whole bool
+	List  []*Candidate
+	byID  map[bson.ObjectID]*Candidate
+}
+
+// NewCandidates collects the match results of st.
+func (st *DeleteStatement) NewCandidates() *Candidates {
+	return &Candidates{whole: st.Whole, byID: map[bson.ObjectID]*Candidate{}}
+}
+
+// Feed adds one reply of the match aggregate (or of its getMore) and
+// returns the cursor id to continue with (0: done). An upstream error
+// reply is returned as a *CommandError with the upstream's code.
+func (c *Candidates) Feed(reply []byte) (int64, error) {
+	docs, id, err := CursorDocs(reply)
+	if err != nil {
+		return 0, err
+	}
+	for _, d := range docs {
+		v, ok := lookupTop(d, rules.BucketID)
+		if !ok || v.Type != bsoncore.TypeObjectID {
+			return 0, commandErrorf(CodeInternalError, "bucket without an ObjectId _id in the match result")
+		}
+		bid := v.ObjectID()
+		cand := c.byID[bid]
+		if cand == nil {
+			cand = &Candidate{ID: bid, all: c.whole, match: map[string]int{}}
+			c.byID[bid] = cand
+			c.List = append(c.List, cand)
+		}
+		if !cand.HasKey {
+			meta, _ := lookupTop(d, rules.BucketMeta)
+			if st, ok := lookupTop(d, rules.BucketStart); ok {
+				if ms, ok := st.DateTimeOK(); ok {
+					cand.Key, cand.HasKey = eventKey(meta, ms), true
+				}
+			}
+		}
+		if c.whole {
+			continue
+		}
+		ev, ok := lookupTop(d, rules.BucketEvents)
+		if !ok || ev.Type != bsoncore.TypeEmbeddedDocument {
+			return 0, commandErrorf(CodeInternalError, "match result without an unwound event")
+		}
+		k := string(ev.Data)
+		cand.match[k]++
+		cand.order = append(cand.order, k)
+	}
+	return id, nil
+}
+
+// NeedsEvents reports whether the edit of a candidate reads the bucket's
+// events (not when it goes whole).
+func (c *Candidate) NeedsEvents(limitOne bool) bool { return !c.all || limitOne }
+
+// KeepFirst keeps only the first matched event (limit: 1).
+func (c *Candidates) KeepFirst() {
+	if len(c.List) == 0 {
+		return
+	}
+	first := c.List[0]
+	c.List = c.List[:1]
+	if !first.all && len(first.order) > 0 {
+		k := first.order[0]
+		first.match = map[string]int{k: 1}
+		first.order = first.order[:1]
+	}
+}
+
+// SetBucket records the key of a candidate from its bucket document.
+func (c *Candidate) SetBucket(bucket bsoncore.Document) error {
+	meta, start, err := bucketKeyFields(bucket)
+	if err != nil {
+		return err
+	}
+	c.Key, c.HasKey = eventKey(meta, start), true
+	return nil
+}
+
+func bucketKeyFields(bucket bsoncore.Document) (bsoncore.Value, int64, error) {
+	meta, ok := lookupTop(bucket, rules.BucketMeta)
+	if !ok {
+		meta = bsoncore.Value{Type: bsoncore.TypeNull}
+	}
+	st, ok := lookupTop(bucket, rules.BucketStart)
+	if !ok {
+		return meta, 0, commandErrorf(CodeInternalError, "bucket without %q", rules.BucketStart)
+	}
+	ms, ok := st.DateTimeOK()
+	if !ok {
+		return meta, 0, commandErrorf(CodeInternalError, "bucket %q is a %s, not a date", rules.BucketStart, typeName(st.Type))
+	}
+	return meta, ms, nil
+}
+
+// CursorDocs reads the documents of a cursor reply (firstBatch or
+// nextBatch) and the cursor id; an error reply becomes a *CommandError
+// with the upstream's code and message.
+func CursorDocs(reply []byte) ([]bsoncore.Document, int64, error) {
+	doc := bsoncore.Document(reply)
+	if err := replyError(doc); err != nil {
+		return nil, 0, err
+	}
+	cur, ok := lookupTop(doc, "cursor")
+	if !ok || cur.Type != bsoncore.TypeEmbeddedDocument {
+		return nil, 0, commandErrorf(CodeInternalError, "upstream reply without a cursor")
+	}
+	cd := cur.Document()
+	id, _ := lookupTop(cd, "id")
+	cid, _ := id.AsInt64OK()
+	batch, ok := lookupTop(cd, "firstBatch")
+	if !ok {
+		batch, ok = lookupTop(cd, "nextBatch")
+	}
+	if !ok || batch.Type != bsoncore.TypeArray {
+		return nil, 0, commandErrorf(CodeInternalError, "upstream cursor without a batch")
+	}
+	vals, err := batch.Array().Values()
+	if err != nil {
+		return nil, 0, commandErrorf(CodeInternalError, "upstream batch is not valid BSON: %v", err)
+	}
+	docs := make([]bsoncore.Document, 0, len(vals))
+	for _, v := range vals {
+		d, ok := v.DocumentOK()
+		if !ok {
+			return nil, 0, commandErrorf(CodeInternalError, "upstream batch entry is a %s", typeName(v.Type))
+		}
+		docs = append(docs, d)
+	}
+	return docs, cid, nil
+}
+
+// replyError is the error of an {ok: 0} reply, or nil.
+func replyError(reply bsoncore.Document) error {
+	if err := reply.Validate(); err != nil {
+		return commandErrorf(CodeInternalError, "upstream reply is not valid BSON: %v", err)
+	}
+	okv, _ := lookupTop(reply, "ok")
+	if f, ok := okv.AsFloat64OK(); ok && f == 1 {
+		return nil
+	}
+	code := CodeInternalError
+	if v, ok := lookupTop(reply, "code"); ok {
+		if c, ok := v.AsInt64OK(); ok {
+			code = int32(c)
+		}
+	}
+	msg := "upstream error"
+	if v, ok := lookupTop(reply, "errmsg"); ok {
+		if s, ok := v.StringValueOK(); ok {
+			msg = s
+		}
+	}
+	return &CommandError{Code: code, Msg: msg}
+}
+
+// BucketEdit is what a delete statement does to one bucket.
+type BucketEdit struct {
+	ID  bson.ObjectID
+	Key BucketKey
+	// Seq is the bucket's number in its key's family of ids.
+	Seq int
+	// Removed and Remaining count events.
+	Removed, Remaining int
+	// Replacement is the bucket of the remaining events without its _id
+	// (an empty shell when none remain), for an update {_id: ID}.
+	Replacement bsoncore.Document
+	// OldCount is the bucket's count before the edit.
+	OldCount int
+}
+
+// maxSeq bounds the search of a bucket's seq (as the proxy's probes).
+const maxSeq = 1 << 16
+
+// SeqOf finds which seq of key's family id is; false when none up to the
+// bound is (a bucket the proxy did not write).
+func SeqOf(bucketNS string, key BucketKey, id bson.ObjectID) (int, bool) {
+	for seq := 0; seq < maxSeq; seq++ {
+		if key.ID(bucketNS, seq) == id {
+			return seq, true
+		}
+	}
+	return 0, false
+}
+
+// Edit computes the bucket that remains of bucket once the candidate's
+// matched events are removed; limitOne removes at most one.
+func (p *DeletePlan) Edit(c *Candidate, bucket bsoncore.Document, limitOne bool) (BucketEdit, error) {
+	if err := validateDeep(bucket, 1); err != nil {
+		return BucketEdit{}, commandErrorf(CodeInternalError, "bucket %s is not valid BSON: %v", c.ID.Hex(), err)
+	}
+	meta, start, err := bucketKeyFields(bucket)
+	if err != nil {
+		return BucketEdit{}, err
+	}
+	key := eventKey(meta, start)
+	seq, ok := SeqOf(p.rule.BucketNamespace(), key, c.ID)
+	if !ok {
+		return BucketEdit{}, ruleErrorf(p.rule, CodeNotImplemented, "bucket %s is not one the proxy wrote (its _id is not of its series and window); delete it directly", c.ID.Hex())
+	}
+	if c.all && !limitOne {
+		// Every event goes: the bucket may have been read without them.
+		n := BucketCount(bucket)
+		return BucketEdit{ID: c.ID, Key: key, Seq: seq, Removed: n, OldCount: n, Replacement: shellBucket(meta, start)}, nil
+	}
+	stored, err := bucketEventDocs(bucket)
+	if err != nil {
+		return BucketEdit{}, ruleErrorf(p.rule, CodeInternalError, "bucket %s: %v", c.ID.Hex(), err)
+	}
+	left := make(map[string]int, len(c.match))
+	for k, n := range c.match {
+		left[k] = n
+	}
+	var keep []event
+	removed := 0
+	for _, d := range stored {
+		if limitOne && removed == 1 {
+			keep = append(keep, p.storedToEvent(d, meta, start))
+			continue
+		}
+		if c.all {
+			removed++
+			continue
+		}
+		if k := string(d); left[k] > 0 {
+			left[k]--
+			removed++
+			continue
+		}
+		keep = append(keep, p.storedToEvent(d, meta, start))
+	}
+	e := BucketEdit{ID: c.ID, Key: key, Seq: seq, Removed: removed, Remaining: len(keep), OldCount: len(stored)}
+	if len(keep) == 0 {
+		e.Replacement = shellBucket(meta, start)
+	} else {
+		e.Replacement = withoutID(completeBucket(c.ID, keep, p.rule, p.lim))
+	}
+	return e, nil
+}
+
+func bucketEventDocs(bucket bsoncore.Document) ([]bsoncore.Document, error) {
+	v, ok := lookupTop(bucket, rules.BucketEvents)
+	if !ok {
+		return nil, nil
+	}
+	arr, ok := v.ArrayOK()
+	if !ok {
+		return nil, fmt.Errorf("%q is a %s, not an array", rules.BucketEvents, typeName(v.Type))
+	}
+	vals, err := arr.Values()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]bsoncore.Document, 0, len(vals))
+	for i, v := range vals {
+		d, ok := v.DocumentOK()
+		if !ok {
+			return nil, fmt.Errorf("event %d is a %s, not a document", i, typeName(v.Type))
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+// storedToEvent reads back what summarize needs of a stored event. The
+// insert path validated it: a missing time reads as 0 and a non-number
+// aggregate is skipped, neither of which a stored event has.
+func (p *DeletePlan) storedToEvent(d bsoncore.Document, meta bsoncore.Value, start int64) event {
+	ev := event{meta: meta, start: start, stored: d}
+	if t, ok := lookupTop(d, p.rule.TimeField); ok {
+		ev.time, _ = t.DateTimeOK()
+	}
+	for _, name := range p.lim.aggregates {
+		v, ok := lookupTop(d, name)
+		if !ok || !isAggregatable(v.Type) {
+			v = bsoncore.Value{}
+		}
+		ev.aggs = append(ev.aggs, v)
+	}
+	return ev
+}
+
+// shellBucket is a bucket emptied by a delete that must stay because a
+// higher seq of its key exists: reads find a key's buckets by probing seq
+// 0, 1, ... until the first missing id, so it keeps the family gapless.
+// Inserts never join it (they join only the highest seq).
+func shellBucket(meta bsoncore.Value, start int64) bsoncore.Document {
+	return bsoncore.NewDocumentBuilder().
+		AppendValue(rules.BucketMeta, meta).
+		AppendDateTime(rules.BucketStart, start).
+		AppendInt32(rules.BucketCount, 0).
+		AppendInt32(rules.BucketBytes, 0).
+		AppendDocument(rules.BucketMin, bsoncore.NewDocumentBuilder().Build()).
+		AppendDocument(rules.BucketMax, bsoncore.NewDocumentBuilder().Build()).
+		AppendArray(rules.BucketEvents, bsoncore.NewArrayBuilder().Build()).
+		Build()
+}
+
+// withoutID copies doc without its _id (a replacement keeps the
+// bucket's own).
+func withoutID(doc bsoncore.Document) bsoncore.Document {
+	elems, _ := doc.Elements()
+	idx, out := bsoncore.AppendDocumentStart(nil)
+	for _, e := range elems {
+		if e.Key() != rules.BucketID {
+			out = append(out, e...)
+		}
+	}
+	out, _ = bsoncore.AppendDocumentEnd(out, idx)
+	return out
+}
+
+// BucketCount reads a bucket's count (0 when absent).
+func BucketCount(bucket bsoncore.Document) int {
+	v, ok := lookupTop(bucket, rules.BucketCount)
+	if !ok {
+		return 0
+	}
+	n, _ := v.AsInt64OK()
+	return int(n)
+}
+
+// ReplaceCommand is an update replacing each edited bucket by _id.
+func (p *DeletePlan) ReplaceCommand(edits []BucketEdit) []byte {
+	idx, d := bsoncore.AppendDocumentStart(nil)
+	d = bsoncore.AppendStringElement(d, "update", p.rule.BucketCollection)
+	aidx, a := bsoncore.AppendArrayElementStart(d, "updates")
+	for i, e := range edits {
+		sidx, s := bsoncore.AppendDocumentElementStart(a, strconv.Itoa(i))
+		qidx, q := bsoncore.AppendDocumentElementStart(s, "q")
+		q = bsoncore.AppendObjectIDElement(q, rules.BucketID, e.ID)
+		s, _ = bsoncore.AppendDocumentEnd(q, qidx)
+		s = bsoncore.AppendDocumentElement(s, "u", e.Replacement)
+		a, _ = bsoncore.AppendDocumentEnd(s, sidx)
+	}
+	d, _ = bsoncore.AppendArrayEnd(a, aidx)
+	d = bsoncore.AppendBooleanElement(d, "ordered", true)
+	d = appendElems(d, p.args)
+	d = bsoncore.AppendStringElement(d, "$db", p.rule.DB)
+	d, _ = bsoncore.AppendDocumentEnd(d, idx)
+	return d
+}
+
+// RemoveCommand deletes buckets by _id, in the order given (the proxy
+// gives the highest seq first, so a failure part way leaves no gap).
+func (p *DeletePlan) RemoveCommand(ids []bson.ObjectID) []byte {
+	idx, d := bsoncore.AppendDocumentStart(nil)
+	d = bsoncore.AppendStringElement(d, "delete", p.rule.BucketCollection)
+	aidx, a := bsoncore.AppendArrayElementStart(d, "deletes")
+	for i, id := range ids {
+		sidx, s := bsoncore.AppendDocumentElementStart(a, strconv.Itoa(i))
+		qidx, q := bsoncore.AppendDocumentElementStart(s, "q")
+		q = bsoncore.AppendObjectIDElement(q, rules.BucketID, id)
+		s, _ = bsoncore.AppendDocumentEnd(q, qidx)
+		s = bsoncore.AppendInt32Element(s, "limit", 1)
+		a, _ = bsoncore.AppendDocumentEnd(s, sidx)
+	}
+	d, _ = bsoncore.AppendArrayEnd(a, aidx)
+	d = bsoncore.AppendBooleanElement(d, "ordered", true)
+	d = appendElems(d, p.args)
+	d = bsoncore.AppendStringElement(d, "$db", p.rule.DB)
+	d, _ = bsoncore.AppendDocumentEnd(d, idx)
+	return d
+}
+
+// WriteOutcome reads the reply of a ReplaceCommand or RemoveCommand: how
+// many statements took effect before the first failure (all of them when
+// err is nil). A write concern error is kept for the app's reply.
+func (p *DeletePlan) WriteOutcome(reply []byte, statements int) (done int, err error) {
+	doc := bsoncore.Document(reply)
+	if err := replyError(doc); err != nil {
+		return 0, err
+	}
+	if wce, ok := lookupTop(doc, "writeConcernError"); ok {
+		p.wce = wce
+	}
+	v, ok := lookupTop(doc, "writeErrors")
+	if !ok {
+		return statements, nil
+	}
+	arr, ok := v.ArrayOK()
+	if !ok {
+		return 0, commandErrorf(CodeInternalError, "upstream writeErrors is a %s", typeName(v.Type))
+	}
+	vals, _ := arr.Values()
+	if len(vals) == 0 {
+		return statements, nil
+	}
+	first, _ := vals[0].DocumentOK()
+	idx, _ := lookupTop(first, "index")
+	i, _ := idx.AsInt64OK()
+	return int(i), upstreamWriteError(first)
+}
+
+// FoundBucket reads the reply of a FindBucketCommand.
+func FoundBucket(reply []byte) ([]byte, bool, error) {
+	docs, _, err := CursorDocs(reply)
+	if err != nil || len(docs) == 0 {
+		return nil, false, err
+	}
+	return docs[0], true, nil
+}
+
+func upstreamWriteError(we bsoncore.Document) error {
+	code := CodeInternalError
+	if v, ok := lookupTop(we, "code"); ok {
+		if c, ok := v.AsInt64OK(); ok {
+			code = int32(c)
+		}
+	}
+	msg := "upstream write error"
+	if v, ok := lookupTop(we, "errmsg"); ok {
+		if s, ok := v.StringValueOK(); ok {
+			msg = s
+		}
+	}
+	return &CommandError{Code: code, Msg: msg}
+}
+
+// StatementError is a failed statement of the app's delete.
+type StatementError struct {
+	Index int
+	Err   error
+}
+
+// Reply is the app's delete reply: {n, writeErrors?, writeConcernError?,
+// ok: 1}. A statement error's code is its *CommandError's.
+func (p *DeletePlan) Reply(n int, errs []StatementError) []byte {
+	var werrs []writeError
+	for _, e := range errs {
+		code := CodeInternalError
+		if ce, ok := e.Err.(*CommandError); ok {
+			code = ce.Code
+		}
+		werrs = append(werrs, writeError{index: e.Index, code: code, errmsg: e.Err.Error()})
+	}
+	return writeReply(n, werrs, p.wce, bsoncore.Value{})
+}
