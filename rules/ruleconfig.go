@@ -172,6 +172,8 @@ func (d *decoder) rule(p string, m map[string]any) (Rule, bool) {
 	// aggregates
 	r.Aggregates = d.aggregates(k("aggregates"), field(m, "aggregates"), &r)
 
+	d.lifecycle(p, m, &r)
+
 	// collection
 	r.BucketCollection = d.str(k("collection"), field(m, "collection"))
 	if v := field(m, "collection"); v != nil && r.BucketCollection == "" && d.ok(k("collection")) {
