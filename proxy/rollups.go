@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"time"
@@ -79,18 +80,75 @@ func (c *conn) runRollupCommand(cmd []byte, slotted bool) error {
 type lifecycleState struct {
 	mu      sync.Mutex
 	sharded map[string]time.Time // bucket namespace -> last attempt; zero when done
+	rollups map[string]time.Time // rollup namespace -> last attempt; zero when done
 }
 
 func newLifecycleState() *lifecycleState {
-	return &lifecycleState{sharded: make(map[string]time.Time)}
+	return &lifecycleState{sharded: make(map[string]time.Time), rollups: make(map[string]time.Time)}
 }
 
 // ensureLifecycle runs the one-time steps of a rule before its first
-// write: with shardKey, sharding its bucket collection on a mongos.
+// write: with shardKey, sharding its bucket collection on a mongos; with
+// rollups, creating their collections and indexes.
 func (c *conn) ensureLifecycle(rule *rules.Rule) {
 	if rule.ShardKey {
 		c.ensureSharded(rule)
 	}
+	for _, res := range rule.Rollups {
+		c.ensureRollupCollection(rule, res)
+	}
+}
+
+// begin reports whether a one-time step for ns should run now: not when
+// it is done, nor within indexRetry of a failed attempt.
+func (l *lifecycleState) begin(m map[string]time.Time, ns string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	last, seen := m[ns]
+	if seen && (last.IsZero() || time.Since(last) < indexRetry) {
+		return false
+	}
+	m[ns] = time.Now()
+	return true
+}
+
+func (l *lifecycleState) done(m map[string]time.Time, ns string) {
+	l.mu.Lock()
+	m[ns] = time.Time{}
+	l.mu.Unlock()
+}
+
+// ensureRollupCollection creates the {meta: 1, start: 1} index of a
+// rollup collection (and so the collection), for reads by series and time
+// range, and on the embedded upstream the _id index its upserts need (see
+// Options.IndexIDs: without it each upsert scans the collection).
+func (c *conn) ensureRollupCollection(rule *rules.Rule, res time.Duration) {
+	l := c.s.life
+	ns := rule.RollupNamespace(res)
+	if !l.begin(l.rollups, ns) {
+		return
+	}
+	reply, err := c.up.Command(bson.D{
+		{Key: "createIndexes", Value: rule.RollupCollection(res)},
+		{Key: "indexes", Value: bson.A{bson.D{
+			{Key: "key", Value: bson.D{{Key: rules.BucketMeta, Value: 1}, {Key: rules.BucketStart, Value: 1}}},
+			{Key: "name", Value: "meta_1_start_1"},
+		}}},
+		{Key: "$db", Value: rule.DB},
+	})
+	if err == nil {
+		err = commandError(reply)
+	}
+	if err == nil && c.s.opts.IndexIDs != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		err = c.s.opts.IndexIDs(ctx, rule.DB, rule.RollupCollection(res))
+		cancel()
+	}
+	if err != nil {
+		c.log.Error("could not index a rollup collection; rollups stay correct but slow", "rule", rule.Namespace, "collection", ns, "err", err.Error())
+		return
+	}
+	l.done(l.rollups, ns)
 }
 
 // ensureSharded shards the bucket collection on {meta: 1, start: 1} when
@@ -100,19 +158,10 @@ func (c *conn) ensureLifecycle(rule *rules.Rule) {
 func (c *conn) ensureSharded(rule *rules.Rule) {
 	l := c.s.life
 	ns := rule.BucketNamespace()
-	l.mu.Lock()
-	last, seen := l.sharded[ns]
-	if seen && (last.IsZero() || time.Since(last) < indexRetry) {
-		l.mu.Unlock()
+	if !l.begin(l.sharded, ns) {
 		return
 	}
-	l.sharded[ns] = time.Now()
-	l.mu.Unlock()
-	done := func() {
-		l.mu.Lock()
-		l.sharded[ns] = time.Time{}
-		l.mu.Unlock()
-	}
+	done := func() { l.done(l.sharded, ns) }
 	hello, err := c.up.Command(bson.D{{Key: "hello", Value: 1}, {Key: "$db", Value: "admin"}})
 	if err != nil {
 		c.log.Error("shardKey: hello failed; will retry", "rule", rule.Namespace, "err", err.Error())
