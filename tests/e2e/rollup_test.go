@@ -70,8 +70,9 @@ func TestRollups(t *testing.T) {
 	p := startProxy(t, proxyOptions{yaml: readingsRule(db, 500) + "    rollups: [1m, 1h, 1d]\n"})
 	coll := connect(t, p.URI()).Database(db).Collection("readings")
 
-	sent := genEvents(4000, 4, 2, 11)
+	sent := genEvents(2500, 4, 2, 11)
 	var acked []sentEvent
+	t0 := time.Now()
 	sizes := []int{1, 7, 250, 3, 600, 40}
 	for i, b := 0, 0; i < len(sent); b++ {
 		n := min(sizes[b%len(sizes)], len(sent)-i)
@@ -96,6 +97,7 @@ func TestRollups(t *testing.T) {
 		i += n
 	}
 
+	t.Logf("%d events inserted in %v", len(acked), time.Since(t0))
 	dbh := connect(t, p.URI()).Database(db)
 	for _, res := range []time.Duration{time.Minute, time.Hour, 24 * time.Hour} {
 		label := map[time.Duration]string{time.Minute: "1m", time.Hour: "1h", 24 * time.Hour: "1d"}[res]
