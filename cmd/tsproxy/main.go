@@ -3,6 +3,7 @@
 // other traffic through unchanged.
 //
 //	tsproxy --config FILE [--listen HOST:PORT] [--upstream URI|embedded] [--data DIR]
+//	tsproxy migrate --config FILE --rule NAMESPACE --from DB.COLLECTION [--batch N]
 package main
 
 import (
@@ -27,7 +28,13 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stderr, nil); err != nil {
+	var err error
+	if len(os.Args) > 1 && os.Args[1] == "migrate" {
+		err = runMigrate(ctx, os.Args[2:], os.Stdout, os.Stderr)
+	} else {
+		err = run(ctx, os.Args[1:], os.Stderr, nil)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "tsproxy:", err)
 		os.Exit(1)
 	}
