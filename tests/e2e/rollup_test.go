@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -158,4 +160,59 @@ print(docs.length + " " + docs.reduce((a, x) => a + x.count, 0));
 	if len(fields) != 2 || fields[1] != strconv.FormatInt(wantCount, 10) {
 		t.Fatalf("mongosh: %q, want 2 days totalling %d events", out, wantCount)
 	}
+}
+
+// TestRollupOverhead measures what rollups cost the write path: the same
+// events inserted through the proxy into a rule without rollups, into one
+// with rollups [1m, 1h, 1d], and directly as plain documents, interleaved
+// over several runs; medians printed. Skipped unless TSPROXY_BENCH is set
+// (it measures, it does not check).
+func TestRollupOverhead(t *testing.T) {
+	if os.Getenv("TSPROXY_BENCH") == "" {
+		t.Skip("set TSPROXY_BENCH=1 to measure")
+	}
+	ctx := ctxFor(t)
+	const runs, events, batch, series = 5, 10000, 1000, 10
+	base := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+	mk := func() []any {
+		out := make([]any, events)
+		for i := range out {
+			out[i] = bson.D{{Key: "_id", Value: bson.NewObjectID()}, {Key: "ts", Value: base.Add(time.Duration(i/series) * time.Second)},
+				{Key: "sensorId", Value: fmt.Sprintf("s%02d", i%series)}, {Key: "value", Value: float64(i % 97)}}
+		}
+		return out
+	}
+	rates := map[string][]float64{}
+	for r := 0; r < runs; r++ {
+		db := fmt.Sprintf("%s_%d", uniqueDB(t), r)
+		yaml := fmt.Sprintf(`rules:
+  - {namespace: %[1]s.plain, timeField: ts, metaField: sensorId, aggregates: [value], bucket: {span: 1h, maxEvents: 3600}}
+  - {namespace: %[1]s.rolled, timeField: ts, metaField: sensorId, aggregates: [value], bucket: {span: 1h, maxEvents: 3600}, rollups: [1m, 1h, 1d]}
+`, db)
+		p := startProxy(t, proxyOptions{yaml: yaml})
+		via := connect(t, p.URI()).Database(db)
+		dir := direct(t).Database(db)
+		for _, c := range []struct {
+			name string
+			coll *mongo.Collection
+		}{
+			{"direct", dir.Collection("direct")},
+			{"proxy", via.Collection("plain")},
+			{"proxy+rollups", via.Collection("rolled")},
+		} {
+			docs := mk()
+			coll := c.coll
+			t0 := time.Now()
+			for i := 0; i < len(docs); i += batch {
+				if _, err := coll.InsertMany(ctx, docs[i:i+batch]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			rates[c.name] = append(rates[c.name], float64(events)/time.Since(t0).Seconds())
+		}
+	}
+	med := func(v []float64) float64 { s := slices.Clone(v); slices.Sort(s); return s[len(s)/2] }
+	d, pr, rr := med(rates["direct"]), med(rates["proxy"]), med(rates["proxy+rollups"])
+	t.Logf("events/s, median of %d runs of %d events (batch %d, %d series, 1s cadence):", runs, events, batch, series)
+	t.Logf("direct %.0f | proxy %.0f (%.2fx direct) | proxy+rollups[1m,1h,1d] %.0f (%.2fx direct, %.2fx proxy)", d, pr, pr/d, rr, rr/d, rr/pr)
 }
