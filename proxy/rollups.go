@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -204,3 +205,32 @@ type upstreamCommandError struct {
 }
 
 func (e *upstreamCommandError) Error() string { return fmt.Sprintf("%s (code %d)", e.msg, e.code) }
+
+// dropRollups drops the rollup collections of a rule whose namespace the
+// app dropped: rollups of events that no longer exist would otherwise be
+// added to by the events written next. A failure is logged; the drop of
+// the events already succeeded.
+func (c *conn) dropRollups(rule *rules.Rule) {
+	if c.up == nil {
+		return
+	}
+	l := c.s.life
+	for _, res := range rule.Rollups {
+		l.mu.Lock()
+		delete(l.rollups, rule.RollupNamespace(res))
+		l.mu.Unlock()
+		reply, err := c.up.Command(bson.D{{Key: "drop", Value: rule.RollupCollection(res)}, {Key: "$db", Value: rule.DB}})
+		if err == nil {
+			err = commandError(reply)
+		}
+		var ce *upstreamCommandError
+		if err != nil && !(errors.As(err, &ce) && ce.code == codeNamespaceNotFound) {
+			c.log.Error("could not drop a rollup collection with its namespace; drop it yourself", "rule", rule.Namespace,
+				"collection", rule.RollupNamespace(res), "err", err.Error())
+		}
+	}
+}
+
+// codeNamespaceNotFound is the server's NamespaceNotFound error code (a
+// drop of a collection that does not exist).
+const codeNamespaceNotFound = 26

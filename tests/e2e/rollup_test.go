@@ -160,6 +160,39 @@ print(docs.length + " " + docs.reduce((a, x) => a + x.count, 0));
 	if len(fields) != 2 || fields[1] != strconv.FormatInt(wantCount, 10) {
 		t.Fatalf("mongosh: %q, want 2 days totalling %d events", out, wantCount)
 	}
+
+	// Dropping the namespace drops its rollups; what is written next
+	// counts alone.
+	if err := coll.Drop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	names, err := direct(t).Database(db).ListCollectionNames(ctx, bson.D{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range names {
+		if strings.Contains(n, ".rollup_") {
+			t.Fatalf("rollup collection %s left after drop", n)
+		}
+	}
+	if _, err := coll.InsertMany(ctx, []any{sent[0].doc(), sent[1].doc(), sent[2].doc()}); err != nil {
+		t.Fatal(err)
+	}
+	cur, err := dbh.Collection("readings.rollup_1d").Find(ctx, bson.D{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var after []rollupDoc
+	if err := cur.All(ctx, &after); err != nil {
+		t.Fatal(err)
+	}
+	var total int64
+	for _, d := range after {
+		total += d.Count
+	}
+	if total != 3 {
+		t.Fatalf("after drop and 3 inserts, the 1d rollups count %d events", total)
+	}
 }
 
 // TestRollupOverhead measures what rollups cost the write path: the same
