@@ -1,10 +1,14 @@
 package e2e
 
 import (
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/tsproxy/tsproxy/proxy"
 )
 
 // TestRetention: with expireAfter, buckets and rollup documents whose
@@ -105,5 +109,32 @@ func TestRetention(t *testing.T) {
 			t.Fatalf("events: %d, want %d once the late one is swept", n, len(recent)+1)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestShardKeyNotSharded: shardKey on an upstream that is not a mongos
+// (FerretDB, or a replica set) logs once and stores events as usual.
+func TestShardKeyNotSharded(t *testing.T) {
+	if env.external {
+		t.Skip("checks the embedded upstream's answer; a mongos would shard")
+	}
+	ctx := ctxFor(t)
+	db := uniqueDB(t)
+	var logs syncBuffer
+	p := startProxy(t, proxyOptions{yaml: readingsRule(db, 100) + "    shardKey: true\n", edit: func(o *proxy.Options) {
+		o.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}})
+	coll := connect(t, p.URI()).Database(db).Collection("readings")
+	base := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+	for i := 0; i < 3; i++ {
+		if _, err := coll.InsertOne(ctx, bson.D{{Key: "ts", Value: base.Add(time.Duration(i) * time.Second)}, {Key: "sensorId", Value: "a"}, {Key: "value", Value: 1.0}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := coll.CountDocuments(ctx, bson.D{}); err != nil || n != 3 {
+		t.Fatalf("count %d, %v", n, err)
+	}
+	if got := strings.Count(logs.String(), "shardKey: the upstream is not a mongos"); got != 1 {
+		t.Fatalf("logged %d times, want once:\n%s", got, logs.String())
 	}
 }
