@@ -54,10 +54,46 @@ func Rollups(cmd Command, rule *rules.Rule, reply []byte, opts RollupOptions) (*
 	if err != nil {
 		return nil, fmt.Errorf("rewrite rollups %s: %w", ruleName(rule), err)
 	}
-	if len(written) == 0 {
-		return nil, nil
-	}
 	lim, _ := checkRule(rule) // checked by acknowledgedEvents
+	return planRollups(cmd.Body, rule, lim, written, opts), nil
+}
+
+// RollupsOfEvents plans the rollup upserts that count events, given as the
+// app inserted them (as a bucketed find returns them): the rebuild of
+// rollup collections from stored events. Events a rule would refuse are
+// left out (they are not stored either); skipped says how many.
+func RollupsOfEvents(rule *rules.Rule, docs [][]byte, opts RollupOptions) (plan *RollupPlan, skipped int, err error) {
+	if rule == nil || len(rule.Rollups) == 0 {
+		return nil, 0, nil
+	}
+	lim, err := checkRule(rule)
+	if err != nil {
+		return nil, 0, fmt.Errorf("rewrite rollups %s: %w", ruleName(rule), err)
+	}
+	zeroID := func() bson.ObjectID { return bson.ObjectID{} }
+	var events []event
+	for i, d := range docs {
+		if err := validateDeep(d, 0); err != nil {
+			skipped++
+			continue
+		}
+		ev, werr := prepareEvent(d, i, rule, lim, zeroID)
+		if werr != nil {
+			skipped++
+			continue
+		}
+		events = append(events, ev)
+	}
+	return planRollups(nil, rule, lim, events, opts), skipped, nil
+}
+
+// planRollups builds the commands counting written into every resolution
+// of the rule; body is the client's insert (for writeConcern and session
+// fields), or nil. It returns nil when there is nothing to count.
+func planRollups(body bsoncore.Document, rule *rules.Rule, lim limits, written []event, opts RollupOptions) *RollupPlan {
+	if len(written) == 0 {
+		return nil
+	}
 	maxStmts := opts.MaxStatements
 	if maxStmts <= 0 {
 		maxStmts = defaultRollupStatements
@@ -68,10 +104,10 @@ func Rollups(cmd Command, rule *rules.Rule, reply []byte, opts RollupOptions) (*
 		p.Statements += len(stmts)
 		for from := 0; from < len(stmts); from += maxStmts {
 			batch := stmts[from:min(from+maxStmts, len(stmts))]
-			p.Commands = append(p.Commands, rollupCommand(cmd.Body, rule, res, batch))
+			p.Commands = append(p.Commands, rollupCommand(body, rule, res, batch))
 		}
 	}
-	return p, nil
+	return p
 }
 
 // RollupID is the _id of the rollup document of a series (meta, as BSON

@@ -268,3 +268,29 @@ func TestRollupReplyError(t *testing.T) {
 		}
 	}
 }
+
+// TestRollupsOfEvents: a rebuild from stored events plans the same
+// statements as the live path, without the client's fields, and skips
+// events the rule refuses.
+func TestRollupsOfEvents(t *testing.T) {
+	base := int64(1_700_000_000_000) / hour * hour
+	events := []bson.D{ev(1, dt(base+5), "a", int32(2)), ev(2, nil, "a", int32(9)), ev(3, dt(base+10), "a", int32(3))}
+	var docs [][]byte
+	for _, e := range events {
+		docs = append(docs, mustDoc(t, e))
+	}
+	docs = append(docs, []byte{1, 2, 3}) // not BSON
+	p, skipped, err := RollupsOfEvents(rollupRule(time.Hour), docs, RollupOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if skipped != 2 || p.Events != 2 || len(p.Commands) != 1 {
+		t.Fatalf("skipped %d, events %d, %d commands", skipped, p.Events, len(p.Commands))
+	}
+	assertDoc(t, "rebuild", p.Commands[0], rollupUpdate("1h", []bson.D{
+		rollupUpsert("1h", "a", base, 2, int32(5), base+5, base+10, int32(2), int32(3)),
+	}))
+	if p, _, _ := RollupsOfEvents(rollupRule(), docs, RollupOptions{}); p != nil {
+		t.Fatal("a rule without rollups planned commands")
+	}
+}

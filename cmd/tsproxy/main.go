@@ -4,6 +4,7 @@
 //
 //	tsproxy --config FILE [--listen HOST:PORT] [--upstream URI|embedded] [--data DIR]
 //	tsproxy migrate --config FILE --rule NAMESPACE --from DB.COLLECTION [--batch N]
+//	tsproxy rollups rebuild --config FILE --rule NAMESPACE
 package main
 
 import (
@@ -29,9 +30,12 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	var err error
-	if len(os.Args) > 1 && os.Args[1] == "migrate" {
+	switch {
+	case len(os.Args) > 1 && os.Args[1] == "migrate":
 		err = runMigrate(ctx, os.Args[2:], os.Stdout, os.Stderr)
-	} else {
+	case len(os.Args) > 1 && os.Args[1] == "rollups":
+		err = runRollups(ctx, os.Args[2:], os.Stdout, os.Stderr)
+	default:
 		err = run(ctx, os.Args[1:], os.Stderr, nil)
 	}
 	if err != nil {

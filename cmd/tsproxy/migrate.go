@@ -117,6 +117,8 @@ func runMigrate(ctx context.Context, args []string, out, logOut io.Writer) error
 type migrationEnv struct {
 	upstream, viaProxy *mongo.Client
 	close              func()
+	// indexIDs is the embedded upstream's _id index hook (nil otherwise).
+	indexIDs func(context.Context, string, string) error
 }
 
 func startMigrationProxy(ctx context.Context, cfg *rules.Config, log *slog.Logger) (*migrationEnv, error) {
@@ -173,7 +175,7 @@ func startMigrationProxy(ctx context.Context, cfg *rules.Config, log *slog.Logge
 	if err := up.Ping(ctx, nil); err != nil {
 		return fail(fmt.Errorf("migrate: upstream %s: %w", rules.Redact(uri), err))
 	}
-	return &migrationEnv{upstream: up, viaProxy: via, close: closeAll}, nil
+	return &migrationEnv{upstream: up, viaProxy: via, close: closeAll, indexIDs: indexIDs}, nil
 }
 
 func connectClient(uri string, tlsCfg *tls.Config) (*mongo.Client, error) {
