@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -102,41 +103,7 @@ func TestRollups(t *testing.T) {
 	t.Logf("%d events inserted in %v", len(acked), time.Since(t0))
 	dbh := connect(t, p.URI()).Database(db)
 	for _, res := range []time.Duration{time.Minute, time.Hour, 24 * time.Hour} {
-		label := map[time.Duration]string{time.Minute: "1m", time.Hour: "1h", 24 * time.Hour: "1d"}[res]
-		want := expectedRollups(acked, res)
-		cur, err := dbh.Collection("readings.rollup_"+label).Find(ctx, bson.D{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var got []rollupDoc
-		if err := cur.All(ctx, &got); err != nil {
-			t.Fatal(err)
-		}
-		if len(got) != len(want) {
-			t.Fatalf("%s: %d rollup documents, want %d", label, len(got), len(want))
-		}
-		var total int64
-		for _, g := range got {
-			k := rollupKey(g.Meta, g.Start)
-			w := want[k]
-			if w == nil {
-				t.Fatalf("%s: unexpected rollup %s", label, k)
-			}
-			total += g.Count
-			if g.Count != w.count || math.Abs(g.Sum["value"]-w.sum) > 1e-6*math.Max(1, math.Abs(w.sum)) ||
-				g.Min["value"] != w.min || g.Max["value"] != w.max {
-				t.Fatalf("%s %s: got count %d sum %v min %v max %v; want %d %v %v %v", label, k, g.Count, g.Sum["value"], g.Min["value"], g.Max["value"], w.count, w.sum, w.min, w.max)
-			}
-			if minT, ok := g.Min["ts"].(bson.DateTime); !ok || !minT.Time().Equal(w.minT) {
-				t.Fatalf("%s %s: min.ts %v, want %v", label, k, g.Min["ts"], w.minT)
-			}
-			if maxT, ok := g.Max["ts"].(bson.DateTime); !ok || !maxT.Time().Equal(w.maxT) {
-				t.Fatalf("%s %s: max.ts %v, want %v", label, k, g.Max["ts"], w.maxT)
-			}
-		}
-		if total != int64(len(acked)) {
-			t.Fatalf("%s: rollups count %d events, %d were acknowledged", label, total, len(acked))
-		}
+		checkRollups(t, ctx, dbh, res, acked)
 	}
 	n, err := coll.CountDocuments(ctx, bson.D{})
 	if err != nil || n != int64(len(acked)) {
@@ -248,4 +215,45 @@ func TestRollupOverhead(t *testing.T) {
 	d, pr, rr := med(rates["direct"]), med(rates["proxy"]), med(rates["proxy+rollups"])
 	t.Logf("events/s, median of %d runs of %d events (batch %d, %d series, 1s cadence):", runs, events, batch, series)
 	t.Logf("direct %.0f | proxy %.0f (%.2fx direct) | proxy+rollups[1m,1h,1d] %.0f (%.2fx direct, %.2fx proxy)", d, pr, pr/d, rr, rr/d, rr/pr)
+}
+
+// checkRollups compares the rollup collection of res with the events
+// acknowledged: counts and min/max exact, sums to rounding.
+func checkRollups(t *testing.T, ctx context.Context, dbh *mongo.Database, res time.Duration, acked []sentEvent) {
+	t.Helper()
+	label := map[time.Duration]string{time.Minute: "1m", time.Hour: "1h", 24 * time.Hour: "1d"}[res]
+	want := expectedRollups(acked, res)
+	cur, err := dbh.Collection("readings.rollup_"+label).Find(ctx, bson.D{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []rollupDoc
+	if err := cur.All(ctx, &got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d rollup documents, want %d", label, len(got), len(want))
+	}
+	var total int64
+	for _, g := range got {
+		k := rollupKey(g.Meta, g.Start)
+		w := want[k]
+		if w == nil {
+			t.Fatalf("%s: unexpected rollup %s", label, k)
+		}
+		total += g.Count
+		if g.Count != w.count || math.Abs(g.Sum["value"]-w.sum) > 1e-6*math.Max(1, math.Abs(w.sum)) ||
+			g.Min["value"] != w.min || g.Max["value"] != w.max {
+			t.Fatalf("%s %s: got count %d sum %v min %v max %v; want %d %v %v %v", label, k, g.Count, g.Sum["value"], g.Min["value"], g.Max["value"], w.count, w.sum, w.min, w.max)
+		}
+		if minT, ok := g.Min["ts"].(bson.DateTime); !ok || !minT.Time().Equal(w.minT) {
+			t.Fatalf("%s %s: min.ts %v, want %v", label, k, g.Min["ts"], w.minT)
+		}
+		if maxT, ok := g.Max["ts"].(bson.DateTime); !ok || !maxT.Time().Equal(w.maxT) {
+			t.Fatalf("%s %s: max.ts %v, want %v", label, k, g.Max["ts"], w.maxT)
+		}
+	}
+	if total != int64(len(acked)) {
+		t.Fatalf("%s: rollups count %d events, %d were acknowledged", label, total, len(acked))
+	}
 }
