@@ -87,7 +87,9 @@ func (s *Server) retain(ctx context.Context, rule *rules.Rule) {
 	}
 	modes := map[string]retentionMode{}
 	var up *upstream.Conn
+	stopClose := func() bool { return false }
 	defer func() {
+		stopClose()
 		if up != nil {
 			up.Close()
 		}
@@ -105,8 +107,8 @@ func (s *Server) retain(ctx context.Context, rule *rules.Rule) {
 				}
 			} else {
 				up = c
-				stop := context.AfterFunc(ctx, func() { _ = c.Close() }) // unblock a round trip at shutdown
-				defer stop()
+				stopClose()                                                  // the previous connection's
+				stopClose = context.AfterFunc(ctx, func() { _ = c.Close() }) // unblock a round trip at shutdown
 			}
 		}
 		if up != nil {
