@@ -37,7 +37,7 @@ func (c *conn) maintainRollups(rule *rules.Rule, cmd rewrite.Command, reply []by
 		c.log.Error("rollups not updated: upstream capabilities unknown", "rule", rule.Namespace, "err", err.Error())
 		return
 	}
-	plan, err := rewrite.Rollups(cmd, rule, reply, rewrite.RollupOptions{MaxStatements: caps.MaxUpdateStatements})
+	plan, err := rewrite.Rollups(cmd, rule, reply, rewrite.RollupOptions{MaxStatements: caps.MaxUpdateStatements, StmtIDs: caps.StmtIDs})
 	if err != nil || plan == nil {
 		if err != nil {
 			c.log.Error("rollups not updated", "rule", rule.Namespace, "err", err.Error())

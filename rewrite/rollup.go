@@ -16,7 +16,20 @@ type RollupOptions struct {
 	// Use Caps.MaxUpdateStatements when it is set (FerretDB hangs on large
 	// update commands).
 	MaxStatements int
+	// StmtIDs: the upstream has retryable writes (Caps.StmtIDs). A retried
+	// insert (same lsid and txnNumber) then sends its rollup statements
+	// with the same stmtIds, and the upstream skips those it already
+	// applied, so a driver's retry never counts events twice.
+	StmtIDs bool
 }
+
+// rollupStmtIDBase and rollupStmtIDStride place rollup stmtIds above the
+// bucket statements' (event indexes, below 100,000): resolution r's
+// statement whose group starts at event i is base + r*stride + i.
+const (
+	rollupStmtIDBase   = 1 << 24
+	rollupStmtIDStride = 1 << 17
+)
 
 // defaultRollupStatements bounds an update command of rollup upserts on an
 // upstream without a smaller limit; each statement is ~200 bytes, far from
@@ -99,12 +112,19 @@ func planRollups(body bsoncore.Document, rule *rules.Rule, lim limits, written [
 		maxStmts = defaultRollupStatements
 	}
 	p := &RollupPlan{Events: len(written)}
-	for _, res := range rule.Rollups {
-		stmts := rollupStatements(written, rule, lim, res)
+	retryable := opts.StmtIDs && readSession(body).retryable()
+	for r, res := range rule.Rollups {
+		stmts, firsts := rollupStatements(written, rule, lim, res)
 		p.Statements += len(stmts)
 		for from := 0; from < len(stmts); from += maxStmts {
-			batch := stmts[from:min(from+maxStmts, len(stmts))]
-			p.Commands = append(p.Commands, rollupCommand(body, rule, res, batch))
+			to := min(from+maxStmts, len(stmts))
+			var ids []int32
+			if retryable {
+				for _, i := range firsts[from:to] {
+					ids = append(ids, int32(rollupStmtIDBase+r*rollupStmtIDStride+i))
+				}
+			}
+			p.Commands = append(p.Commands, rollupCommand(body, rule, res, stmts[from:to], ids))
 		}
 	}
 	return p
@@ -154,7 +174,7 @@ func acknowledgedEvents(cmd Command, rule *rules.Rule, reply bsoncore.Document) 
 
 // rollupStatements groups events by (series, period of res) in order of
 // first appearance, one upsert statement per group.
-func rollupStatements(events []event, rule *rules.Rule, lim limits, res time.Duration) []bsoncore.Document {
+func rollupStatements(events []event, rule *rules.Rule, lim limits, res time.Duration) ([]bsoncore.Document, []int) {
 	resMillis := res.Milliseconds()
 	ns := rule.RollupNamespace(res)
 	type group struct {
@@ -178,11 +198,13 @@ func rollupStatements(events []event, rule *rules.Rule, lim limits, res time.Dur
 		g.evs = append(g.evs, ev)
 	}
 	out := make([]bsoncore.Document, 0, len(order))
+	firsts := make([]int, 0, len(order))
 	for _, key := range order {
 		g := groups[key]
 		out = append(out, rollupStatement(RollupID(ns, g.evs[0].meta, g.start), g.start, g.evs, rule, lim))
+		firsts = append(firsts, g.evs[0].index)
 	}
-	return out
+	return out, firsts
 }
 
 // rollupStatement is the upsert adding a group's summary to its rollup
@@ -221,12 +243,13 @@ func rollupStatement(id bson.ObjectID, start int64, evs []event, rule *rules.Rul
 }
 
 // rollupCommand wraps statements in an update of the rollup collection of
-// res. It carries the client's writeConcern, and inside a transaction the
-// session fields that keep it in the transaction. Outside one it carries
-// no lsid/txnNumber: without stmtIds the upstream would number these
-// statements from 0 under the insert's txnNumber and take them for retries
-// of the bucket writes.
-func rollupCommand(body bsoncore.Document, rule *rules.Rule, res time.Duration, stmts []bsoncore.Document) bsoncore.Document {
+// res. It carries the client's writeConcern; inside a transaction the
+// session fields that keep it in the transaction; in a retryable write with
+// stmtIDs (see RollupOptions.StmtIDs), lsid, txnNumber and those stmtIds.
+// Otherwise it carries no lsid/txnNumber: without stmtIds the upstream
+// would number these statements from 0 under the insert's txnNumber and
+// take them for retries of the bucket writes.
+func rollupCommand(body bsoncore.Document, rule *rules.Rule, res time.Duration, stmts []bsoncore.Document, stmtIDs []int32) bsoncore.Document {
 	idx, doc := bsoncore.AppendDocumentStart(nil)
 	doc = bsoncore.AppendStringElement(doc, "update", rule.RollupCollection(res))
 	arr, doc := bsoncore.AppendArrayElementStart(doc, "updates")
@@ -235,9 +258,19 @@ func rollupCommand(body bsoncore.Document, rule *rules.Rule, res time.Duration, 
 	}
 	doc, _ = bsoncore.AppendArrayEnd(doc, arr)
 	doc = bsoncore.AppendBooleanElement(doc, "ordered", false)
+	if len(stmtIDs) > 0 {
+		arr, doc = bsoncore.AppendArrayElementStart(doc, "stmtIds")
+		for i, id := range stmtIDs {
+			doc = bsoncore.AppendInt32Element(doc, strconv.Itoa(i), id)
+		}
+		doc, _ = bsoncore.AppendArrayEnd(doc, arr)
+	}
 	carry := []string{"writeConcern"}
-	if inTransaction(body) {
+	switch {
+	case inTransaction(body):
 		carry = append(carry, "lsid", "txnNumber", "autocommit")
+	case len(stmtIDs) > 0:
+		carry = append(carry, "lsid", "txnNumber")
 	}
 	for _, k := range carry {
 		if v, ok := lookupTop(body, k); ok {

@@ -180,6 +180,30 @@ func TestRollups(t *testing.T) {
 			},
 		},
 		{
+			name: "retryable write on an upstream with stmtIds: lsid, txnNumber and stable stmtIds",
+			rule: rollupRule(time.Minute, time.Hour),
+			cmd: func(t *testing.T) Command {
+				return bodyCmd(t, []bson.D{ev(1, dt(base), "a", int32(1)), ev(2, dt(base+minute), "a", int32(1)), ev(3, dt(base+5), "b", int32(1))},
+					bson.E{Key: "lsid", Value: bson.D{{Key: "id", Value: int32(1)}}}, bson.E{Key: "txnNumber", Value: int64(4)})
+			},
+			reply:  okReply(3),
+			opts:   RollupOptions{StmtIDs: true},
+			events: 3,
+			want: []bson.D{
+				rollupUpdate("1m", []bson.D{
+					rollupUpsert("1m", "a", base, 1, int32(1), base, base, int32(1), int32(1)),
+					rollupUpsert("1m", "a", base+minute, 1, int32(1), base+minute, base+minute, int32(1), int32(1)),
+					rollupUpsert("1m", "b", base, 1, int32(1), base+5, base+5, int32(1), int32(1)),
+				}, bson.E{Key: "stmtIds", Value: bson.A{int32(1 << 24), int32(1<<24 + 1), int32(1<<24 + 2)}},
+					bson.E{Key: "lsid", Value: bson.D{{Key: "id", Value: int32(1)}}}, bson.E{Key: "txnNumber", Value: int64(4)}),
+				rollupUpdate("1h", []bson.D{
+					rollupUpsert("1h", "a", base, 2, int32(2), base, base+minute, int32(1), int32(1)),
+					rollupUpsert("1h", "b", base, 1, int32(1), base+5, base+5, int32(1), int32(1)),
+				}, bson.E{Key: "stmtIds", Value: bson.A{int32(1<<24 + 1<<17), int32(1<<24 + 1<<17 + 2)}},
+					bson.E{Key: "lsid", Value: bson.D{{Key: "id", Value: int32(1)}}}, bson.E{Key: "txnNumber", Value: int64(4)}),
+			},
+		},
+		{
 			name: "inside a transaction the session fields are carried",
 			rule: rollupRule(time.Hour),
 			cmd: func(t *testing.T) Command {
