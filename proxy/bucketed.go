@@ -72,6 +72,7 @@ func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
 		return err
 	}
 	c.ensureBucketIndex(rule)
+	c.ensureLifecycle(rule)
 	cmd := commandOf(req)
 	refuse := func(err error) error {
 		if unacked {
@@ -144,11 +145,13 @@ func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
 		c.log.Debug("bucket insert retried after a duplicate key", "rule", rule.Namespace, "round", next.Round())
 		plan = next
 	}
+	reply := plan.ReplyFromRaw(replies)
+	c.maintainRollups(rule, cmd, reply)
 	span.end(req, upTime, nil)
 	if unacked {
 		return nil
 	}
-	return c.replyBody(req, plan.ReplyFromRaw(replies))
+	return c.replyBody(req, reply)
 }
 
 // roundTripBody sends a frame the proxy built and returns a copy of the

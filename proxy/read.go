@@ -228,6 +228,7 @@ func (c *conn) rewriteDrop(req *request, rule *rules.Rule) error {
 	if err != nil {
 		return err
 	}
+	c.dropRollups(rule)
 	return c.replyBody(req, rewrite.DropReply(reply, rule))
 }
 

@@ -54,6 +54,8 @@ type Server struct {
 	tel     *telemetry
 	state   *upstreamState
 	cursors *cursorRegistry
+	life    *lifecycleState // rollups.go
+	sweep   *sweeper        // sweeper.go
 
 	mu       sync.Mutex
 	ln       net.Listener
@@ -97,6 +99,7 @@ func New(opts Options) (*Server, error) {
 		tel:     tel,
 		state:   newUpstreamState(),
 		cursors: newCursorRegistry(opts.MaxCursors, opts.CursorTTL),
+		life:    newLifecycleState(),
 		conns:   make(map[*conn]struct{}),
 	}, nil
 }
@@ -117,6 +120,7 @@ func (s *Server) Serve(ln net.Listener) error {
 		return nil
 	}
 	s.mu.Unlock()
+	s.startSweeper()
 	var backoff time.Duration
 	for {
 		nc, err := ln.Accept()
@@ -186,6 +190,7 @@ func (s *Server) Addr() net.Addr {
 // it closes the rest).
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.closing.Store(true)
+	s.stopSweeper()
 	s.mu.Lock()
 	if s.ln != nil {
 		s.ln.Close()

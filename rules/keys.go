@@ -56,6 +56,11 @@ var schema = []keySpec{
 		{name: "bucket", kind: mapping, children: leaves("span", "granularity", "maxEvents", "maxBytes", "insertThreshold")},
 		{name: "aggregates", kind: list},
 		{name: "collection"},
+		{name: "rollups", kind: list},
+		{name: "expireAfter"},
+		{name: "sweepInterval"},
+		{name: "shardKey"},
+		{name: "partitionBy"},
 	}},
 	{name: "shutdownTimeout"},
 }

@@ -78,6 +78,21 @@ type Rule struct {
 	// LayoutOptions are the settings of the counter and slots layouts
 	// (rules/layout.go).
 	LayoutOptions LayoutOptions
+
+	// Lifecycle (rules/lifecycle.go).
+
+	// Rollups are the resolutions, finest first, of the rollup collections
+	// maintained on each write (see RollupCollection).
+	Rollups []time.Duration
+	// ExpireAfter, when positive, removes buckets (and rollup documents)
+	// whose window ended more than this long ago.
+	ExpireAfter time.Duration
+	// SweepInterval is how often the proxy deletes expired buckets on an
+	// upstream without TTL indexes.
+	SweepInterval time.Duration
+	// ShardKey shards the bucket collection on {meta: 1, start: 1} when the
+	// upstream is a mongos.
+	ShardKey bool
 }
 
 // BucketNamespace is "db.bucketCollection".

@@ -162,6 +162,7 @@ func (d *decoder) rule(p string, m map[string]any) (Rule, bool) {
 
 	// layout (rules/layout.go): after bucket, whose span a window replaces
 	d.layout(p, m, &r)
+	d.lifecycle(p, m, &r)
 
 	// collection
 	r.BucketCollection = d.str(k("collection"), field(m, "collection"))

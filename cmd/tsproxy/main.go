@@ -3,6 +3,8 @@
 // other traffic through unchanged.
 //
 //	tsproxy --config FILE [--listen HOST:PORT] [--upstream URI|embedded] [--data DIR]
+//	tsproxy migrate --config FILE --rule NAMESPACE --from DB.COLLECTION [--batch N]
+//	tsproxy rollups rebuild --config FILE --rule NAMESPACE
 package main
 
 import (
@@ -27,7 +29,16 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stderr, nil); err != nil {
+	var err error
+	switch {
+	case len(os.Args) > 1 && os.Args[1] == "migrate":
+		err = runMigrate(ctx, os.Args[2:], os.Stdout, os.Stderr)
+	case len(os.Args) > 1 && os.Args[1] == "rollups":
+		err = runRollups(ctx, os.Args[2:], os.Stdout, os.Stderr)
+	default:
+		err = run(ctx, os.Args[1:], os.Stderr, nil)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "tsproxy:", err)
 		os.Exit(1)
 	}

@@ -1,0 +1,433 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/tsproxy/tsproxy/proxy"
+	"github.com/tsproxy/tsproxy/rules"
+	"github.com/tsproxy/tsproxy/upstream"
+)
+
+// Backfill: tsproxy migrate --rule <namespace> --from <db.collection>.
+//
+// The source collection of plain per-event documents is read from the
+// upstream in _id order and written into the rule's buckets through an
+// in-process proxy, so exactly the rewrite apps get (validation, bucket
+// fills, rollups). After each batch is acknowledged, the last _id copied is
+// checkpointed in <rule db>.tsproxy_migrations; a rerun resumes after it.
+// The one batch that may have been written in part before an interruption
+// (after the checkpoint) is checked event by event on resume, so no event
+// is written twice. At the end the events in the buckets over the source's
+// time range are counted against the source.
+
+// migrationsCollection holds one state document per (source, rule).
+const migrationsCollection = "tsproxy_migrations"
+
+// Codes of write errors that mean "this event is invalid for the rule":
+// such events are skipped and counted, not retried.
+var eventRejectCodes = map[int]bool{2: true /* BadValue */, 22: true /* InvalidBSON */, 10334: true /* BSONObjectTooLarge */}
+
+type migrateOptions struct {
+	rule      *rules.Rule
+	fromDB    string
+	fromColl  string
+	batch     int
+	out       io.Writer
+	proxyURI  string // the in-process proxy
+	upstream  *mongo.Client
+	viaProxy  *mongo.Client
+	stateColl *mongo.Collection
+	stateID   string
+}
+
+// migrationState is the checkpoint document.
+type migrationState struct {
+	ID      string        `bson:"_id"`
+	LastID  bson.RawValue `bson:"lastId,omitempty"`
+	Copied  int64         `bson:"copied"`
+	Skipped int64         `bson:"skipped"`
+	Done    bool          `bson:"done"`
+	Updated time.Time     `bson:"updated"`
+}
+
+// runMigrate is the migrate subcommand.
+func runMigrate(ctx context.Context, args []string, out, logOut io.Writer) error {
+	fs := pflag.NewFlagSet("tsproxy migrate", pflag.ContinueOnError)
+	rules.RegisterFlags(fs)
+	ruleNS := fs.String("rule", "", "`namespace` of the rule whose buckets receive the events")
+	from := fs.String("from", "", "source `db.collection` of plain per-event documents")
+	batch := fs.Int("batch", 1000, "events per insert `n`")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *ruleNS == "" || *from == "" {
+		return errors.New("migrate: --rule <namespace> and --from <db.collection> are required")
+	}
+	if *batch < 1 || *batch > 100_000 {
+		return fmt.Errorf("migrate: --batch %d is out of range [1, 100000]", *batch)
+	}
+	fromDB, fromColl, ok := strings.Cut(*from, ".")
+	if !ok || fromDB == "" || fromColl == "" {
+		return fmt.Errorf("migrate: --from %q is not db.collection", *from)
+	}
+	cfg, err := rules.Load(rules.LoadOptions{Flags: fs})
+	if err != nil {
+		return err
+	}
+	db, coll, _ := strings.Cut(*ruleNS, ".")
+	rule := cfg.RuleSet().Lookup(db, coll)
+	if rule == nil {
+		var names []string
+		for _, r := range cfg.Rules {
+			names = append(names, r.Namespace)
+		}
+		return fmt.Errorf("migrate: no rule for namespace %q in the config (rules: %s)", *ruleNS, strings.Join(names, ", "))
+	}
+	if *from == rule.Namespace || *from == rule.BucketNamespace() || cfg.RuleSet().Lookup(fromDB, fromColl) != nil {
+		return fmt.Errorf("migrate: --from %q is a bucketed namespace or bucket collection; name the plain source collection", *from)
+	}
+	log := newLogger(rules.Telemetry{LogLevel: "warn", LogFormat: cfg.Telemetry.LogFormat}, logOut)
+
+	env, err := startMigrationProxy(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer env.close()
+	o := &migrateOptions{rule: rule, fromDB: fromDB, fromColl: fromColl, batch: *batch, out: out,
+		upstream: env.upstream, viaProxy: env.viaProxy,
+		stateColl: env.upstream.Database(rule.DB).Collection(migrationsCollection),
+		stateID:   *from + " -> " + rule.Namespace}
+	return migrate(ctx, o)
+}
+
+// migrationEnv is the in-process proxy and the two clients of a migration.
+type migrationEnv struct {
+	upstream, viaProxy *mongo.Client
+	close              func()
+	// indexIDs is the embedded upstream's _id index hook (nil otherwise).
+	indexIDs func(context.Context, string, string) error
+}
+
+func startMigrationProxy(ctx context.Context, cfg *rules.Config, log *slog.Logger) (*migrationEnv, error) {
+	var closers []func()
+	closeAll := func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	fail := func(err error) (*migrationEnv, error) { closeAll(); return nil, err }
+
+	uri := cfg.Upstream.URI
+	var indexIDs func(context.Context, string, string) error
+	if cfg.Upstream.Embedded() {
+		emb, err := upstream.StartEmbedded(upstream.EmbeddedOptions{DataDir: cfg.Upstream.DataDir, Logger: embeddedLogger(log)})
+		if err != nil {
+			return fail(err)
+		}
+		closers = append(closers, func() { emb.Close() })
+		uri, indexIDs = emb.URI(), emb.IndexIDs
+	}
+	upTLS, err := upstreamTLS(cfg.Upstream)
+	if err != nil {
+		return fail(err)
+	}
+	dialer, err := upstream.NewDialer(upstream.Options{URI: uri, DialTimeout: cfg.Upstream.DialTimeout, TLS: upTLS})
+	if err != nil {
+		return fail(err)
+	}
+	srv, err := proxy.New(proxy.Options{Dialer: dialer, Rules: cfg.RuleSet(), Logger: log, IndexIDs: indexIDs})
+	if err != nil {
+		return fail(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return fail(fmt.Errorf("migrate: listen: %w", err))
+	}
+	go func() { _ = srv.Serve(ln) }()
+	closers = append(closers, func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	})
+	up, err := connectClient(uri, upTLS)
+	if err != nil {
+		return fail(err)
+	}
+	closers = append(closers, func() { _ = up.Disconnect(context.Background()) })
+	via, err := connectClient("mongodb://"+ln.Addr().String()+"/", nil)
+	if err != nil {
+		return fail(err)
+	}
+	closers = append(closers, func() { _ = via.Disconnect(context.Background()) })
+	if err := up.Ping(ctx, nil); err != nil {
+		return fail(fmt.Errorf("migrate: upstream %s: %w", rules.Redact(uri), err))
+	}
+	return &migrationEnv{upstream: up, viaProxy: via, close: closeAll, indexIDs: indexIDs}, nil
+}
+
+func connectClient(uri string, tlsCfg *tls.Config) (*mongo.Client, error) {
+	o := options.Client().ApplyURI(uri).SetServerSelectionTimeout(30 * time.Second).SetTimeout(5 * time.Minute)
+	if tlsCfg != nil {
+		o.SetTLSConfig(tlsCfg)
+	}
+	c, err := mongo.Connect(o)
+	if err != nil {
+		return nil, fmt.Errorf("migrate: connect %s: %w", rules.Redact(uri), err)
+	}
+	return c, nil
+}
+
+// migrate copies the source into the rule's buckets from the checkpoint on.
+func migrate(ctx context.Context, o *migrateOptions) error {
+	src := o.upstream.Database(o.fromDB).Collection(o.fromColl)
+	dst := o.viaProxy.Database(o.rule.DB).Collection(o.rule.Collection)
+
+	st, resumed, err := o.loadState(ctx)
+	if err != nil {
+		return err
+	}
+	total, err := src.CountDocuments(ctx, bson.D{})
+	if err != nil {
+		return fmt.Errorf("migrate: count %s.%s: %w", o.fromDB, o.fromColl, err)
+	}
+	if resumed {
+		fmt.Fprintf(o.out, "resuming %s: %d events copied, %d skipped before\n", o.stateID, st.Copied, st.Skipped)
+	} else {
+		fmt.Fprintf(o.out, "migrating %s: %d source events\n", o.stateID, total)
+	}
+	if !st.Done {
+		if err := o.copyAll(ctx, src, dst, st, resumed, total); err != nil {
+			return err
+		}
+	}
+	return o.finalCheck(ctx, src, dst, st)
+}
+
+func (o *migrateOptions) loadState(ctx context.Context) (*migrationState, bool, error) {
+	var st migrationState
+	err := o.stateColl.FindOne(ctx, bson.D{{Key: "_id", Value: o.stateID}}).Decode(&st)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return &migrationState{ID: o.stateID}, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("migrate: read checkpoint in %s.%s: %w", o.rule.DB, migrationsCollection, err)
+	}
+	return &st, true, nil
+}
+
+func (o *migrateOptions) saveState(ctx context.Context, st *migrationState) error {
+	st.Updated = time.Now().UTC()
+	_, err := o.stateColl.ReplaceOne(ctx, bson.D{{Key: "_id", Value: st.ID}}, st, options.Replace().SetUpsert(true))
+	if err != nil {
+		return fmt.Errorf("migrate: write checkpoint: %w", err)
+	}
+	return nil
+}
+
+// copyAll reads the source after the checkpoint in _id order and writes it
+// in batches; the first batch of a resumed run leaves out the events the
+// interrupted run already stored.
+func (o *migrateOptions) copyAll(ctx context.Context, src, dst *mongo.Collection, st *migrationState, resumed bool, total int64) error {
+	filter := bson.D{}
+	if st.LastID.Type != 0 {
+		filter = bson.D{{Key: "_id", Value: bson.D{{Key: "$gt", Value: st.LastID}}}}
+	}
+	cur, err := src.Find(ctx, filter, options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}).SetBatchSize(int32(o.batch)))
+	if err != nil {
+		return fmt.Errorf("migrate: read %s.%s: %w", o.fromDB, o.fromColl, err)
+	}
+	defer cur.Close(ctx)
+	t0 := time.Now()
+	startCopied := st.Copied + st.Skipped
+	checkFirst := resumed
+	var docs []bson.Raw
+	flush := func() error {
+		if len(docs) == 0 {
+			return nil
+		}
+		batch := docs
+		if checkFirst {
+			checkFirst = false
+			var err error
+			if batch, err = o.withoutStored(ctx, dst, docs); err != nil {
+				return err
+			}
+			if n := len(docs) - len(batch); n > 0 {
+				fmt.Fprintf(o.out, "resume: %d events of the interrupted batch were already stored; not written again\n", n)
+				st.Copied += int64(n)
+			}
+		}
+		copied, skipped, err := o.writeBatch(ctx, dst, batch)
+		if err != nil {
+			return err
+		}
+		st.Copied += copied
+		st.Skipped += skipped
+		st.LastID = docs[len(docs)-1].Lookup("_id")
+		if err := o.saveState(ctx, st); err != nil {
+			return err
+		}
+		o.progress(st, total, startCopied, t0)
+		docs = docs[:0]
+		return nil
+	}
+	for cur.Next(ctx) {
+		docs = append(docs, append(bson.Raw(nil), cur.Current...))
+		if len(docs) == o.batch {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	if err := cur.Err(); err != nil {
+		return fmt.Errorf("migrate: read %s.%s: %w", o.fromDB, o.fromColl, err)
+	}
+	if err := flush(); err != nil {
+		return err
+	}
+	st.Done = true
+	return o.saveState(ctx, st)
+}
+
+// withoutStored drops from docs the events whose _id the rule's namespace
+// already holds (read through the proxy, within the batch's time range).
+func (o *migrateOptions) withoutStored(ctx context.Context, dst *mongo.Collection, docs []bson.Raw) ([]bson.Raw, error) {
+	ids := make(bson.A, 0, len(docs))
+	for _, d := range docs {
+		ids = append(ids, d.Lookup("_id"))
+	}
+	cur, err := dst.Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}}, options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}}))
+	if err != nil {
+		return nil, fmt.Errorf("migrate: check the interrupted batch: %w", err)
+	}
+	defer cur.Close(ctx)
+	stored := map[string]bool{}
+	for cur.Next(ctx) {
+		stored[cur.Current.Lookup("_id").String()] = true
+	}
+	if err := cur.Err(); err != nil {
+		return nil, fmt.Errorf("migrate: check the interrupted batch: %w", err)
+	}
+	out := make([]bson.Raw, 0, len(docs))
+	for _, d := range docs {
+		if !stored[d.Lookup("_id").String()] {
+			out = append(out, d)
+		}
+	}
+	return out, nil
+}
+
+// writeBatch inserts docs through the proxy, unordered: events the rule
+// refuses (no valid timeField, a non-numeric aggregate...) are skipped and
+// reported; any other failure stops the migration before the checkpoint.
+func (o *migrateOptions) writeBatch(ctx context.Context, dst *mongo.Collection, docs []bson.Raw) (copied, skipped int64, err error) {
+	if len(docs) == 0 {
+		return 0, 0, nil
+	}
+	items := make([]any, len(docs))
+	for i, d := range docs {
+		items[i] = d
+	}
+	_, err = dst.InsertMany(ctx, items, options.InsertMany().SetOrdered(false))
+	if err == nil {
+		return int64(len(docs)), 0, nil
+	}
+	var bwe mongo.BulkWriteException
+	if !errors.As(err, &bwe) || bwe.WriteConcernError != nil {
+		return 0, 0, fmt.Errorf("migrate: write batch: %w", err)
+	}
+	for _, we := range bwe.WriteErrors {
+		if !eventRejectCodes[we.Code] {
+			return 0, 0, fmt.Errorf("migrate: write batch: event %v: %s (code %d)", docs[we.Index].Lookup("_id"), we.Message, we.Code)
+		}
+	}
+	for i, we := range bwe.WriteErrors {
+		if i < 3 {
+			fmt.Fprintf(o.out, "skipped event %v: %s\n", docs[we.Index].Lookup("_id"), we.Message)
+		}
+	}
+	skipped = int64(len(bwe.WriteErrors))
+	return int64(len(docs)) - skipped, skipped, nil
+}
+
+func (o *migrateOptions) progress(st *migrationState, total, startDone int64, t0 time.Time) {
+	done := st.Copied + st.Skipped
+	pct := 100.0
+	if total > 0 {
+		pct = min(100, 100*float64(done)/float64(total))
+	}
+	const width = 30
+	filled := int(pct / 100 * width)
+	rate := float64(done-startDone) / max(time.Since(t0).Seconds(), 1e-3)
+	fmt.Fprintf(o.out, "[%s%s] %5.1f%% %d/%d events, %d skipped, %.0f events/s\n",
+		strings.Repeat("#", filled), strings.Repeat(".", width-filled), pct, done, total, st.Skipped, rate)
+}
+
+// finalCheck compares the source with the events in the buckets over the
+// source's time range: they must hold every copied event. More events there
+// than were copied means apps wrote into the same range too (reported, not
+// an error).
+func (o *migrateOptions) finalCheck(ctx context.Context, src, dst *mongo.Collection, st *migrationState) error {
+	total, err := src.CountDocuments(ctx, bson.D{})
+	if err != nil {
+		return fmt.Errorf("migrate: count the source: %w", err)
+	}
+	tf := o.rule.TimeField
+	first, last, ok, err := timeRange(ctx, src, tf)
+	if err != nil {
+		return err
+	}
+	var inBuckets int64
+	if ok {
+		inBuckets, err = dst.CountDocuments(ctx, bson.D{{Key: tf, Value: bson.D{{Key: "$gte", Value: first}, {Key: "$lte", Value: last}}}})
+		if err != nil {
+			return fmt.Errorf("migrate: count the buckets: %w", err)
+		}
+	}
+	want := total - st.Skipped
+	fmt.Fprintf(o.out, "check: source %d events (%d skipped as invalid), buckets hold %d events in the source's time range\n", total, st.Skipped, inBuckets)
+	switch {
+	case inBuckets < want:
+		return fmt.Errorf("migrate: count mismatch: %d events in the buckets, %d expected; rerun to resume", inBuckets, want)
+	case inBuckets > want:
+		fmt.Fprintf(o.out, "note: %d more events than migrated in that range: written there by apps too\n", inBuckets-want)
+	}
+	fmt.Fprintln(o.out, "migration complete: counts match")
+	return nil
+}
+
+// timeRange finds the first and last date of field tf in the source by
+// sorted finds (FerretDB has no $min/$max accumulators).
+func timeRange(ctx context.Context, src *mongo.Collection, tf string) (first, last bson.DateTime, ok bool, err error) {
+	one := func(dir int) (bson.DateTime, bool, error) {
+		var d bson.Raw
+		err := src.FindOne(ctx, bson.D{{Key: tf, Value: bson.D{{Key: "$type", Value: "date"}}}},
+			options.FindOne().SetSort(bson.D{{Key: tf, Value: dir}}).SetProjection(bson.D{{Key: tf, Value: 1}})).Decode(&d)
+		if errors.Is(err, mongo.ErrNoDocuments) {
+			return 0, false, nil
+		}
+		if err != nil {
+			return 0, false, fmt.Errorf("migrate: time range of the source: %w", err)
+		}
+		v, isDate := d.Lookup(tf).DateTimeOK()
+		return bson.DateTime(v), isDate, nil
+	}
+	if first, ok, err = one(1); err != nil || !ok {
+		return 0, 0, false, err
+	}
+	last, ok, err = one(-1)
+	return first, last, ok, err
+}

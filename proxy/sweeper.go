@@ -1,0 +1,197 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rules"
+	"github.com/tsproxy/tsproxy/upstream"
+)
+
+// Retention (a rule's expireAfter). Each collection that ages out (the
+// bucket collection and the rollup collections, see rewrite.Expiries) is
+// first given a TTL index on start with expireAfterSeconds = expireAfter +
+// the document's window, so MongoDB removes expired documents itself. An
+// upstream that refuses TTL indexes (FerretDB v1.24 answers NotImplemented)
+// is swept by the proxy instead: every sweepInterval, a delete of
+// {start: {$lt: now - expireAfter - window}}. Either way no end field is
+// stored: start plus the window is the end.
+//
+// The sweeper runs on connections of its own, dialled like the clients'
+// (so with the credentials of the upstream URI, if any), one goroutine per
+// rule with expireAfter.
+
+// sweeper runs the retention of every rule with expireAfter.
+type sweeper struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// startSweeper starts the retention goroutines once; Shutdown stops them.
+func (s *Server) startSweeper() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sweep != nil || s.closing.Load() {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	sw := &sweeper{cancel: cancel}
+	s.sweep = sw
+	for _, r := range s.opts.Rules.All() {
+		if r.ExpireAfter <= 0 {
+			continue
+		}
+		rule := r
+		sw.wg.Add(1)
+		go func() {
+			defer sw.wg.Done()
+			s.retain(ctx, &rule)
+		}()
+	}
+}
+
+// stopSweeper stops the retention goroutines and waits for them (a sweep
+// in progress ends with its connection).
+func (s *Server) stopSweeper() {
+	s.mu.Lock()
+	sw := s.sweep
+	if sw == nil {
+		s.sweep = &sweeper{cancel: func() {}} // a later startSweeper does nothing
+	}
+	s.mu.Unlock()
+	if sw != nil {
+		sw.cancel()
+		sw.wg.Wait()
+	}
+}
+
+// retention mode of one collection.
+type retentionMode int
+
+const (
+	modeUnknown retentionMode = iota
+	modeTTL                   // the upstream's TTL index expires documents
+	modeSweep                 // the proxy deletes them
+)
+
+// retain keeps one rule's retention until ctx ends: right away, then every
+// SweepInterval.
+func (s *Server) retain(ctx context.Context, rule *rules.Rule) {
+	interval := rule.SweepInterval
+	if interval <= 0 {
+		interval = rules.DefaultSweepInterval
+	}
+	modes := map[string]retentionMode{}
+	var up *upstream.Conn
+	stopClose := func() bool { return false }
+	defer func() {
+		stopClose()
+		if up != nil {
+			up.Close()
+		}
+	}()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		if up == nil {
+			dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			c, err := s.opts.Dialer.Dial(dctx)
+			cancel()
+			if err != nil {
+				if ctx.Err() == nil {
+					s.log.Warn("retention: upstream unreachable; will retry", "rule", rule.Namespace, "err", err.Error())
+				}
+			} else {
+				up = c
+				stopClose()                                                  // the previous connection's
+				stopClose = context.AfterFunc(ctx, func() { _ = c.Close() }) // unblock a round trip at shutdown
+			}
+		}
+		if up != nil {
+			if err := s.retainOnce(up, rule, modes, time.Now()); err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				s.log.Error("retention: sweep failed; will retry", "rule", rule.Namespace, "err", err.Error())
+				var ce *upstreamCommandError
+				if !errors.As(err, &ce) { // a transport error: dial again
+					up.Close()
+					up = nil
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// retainOnce ensures the TTL index of each collection of the rule whose
+// mode is not known yet, and sweeps the collections in modeSweep.
+func (s *Server) retainOnce(up *upstream.Conn, rule *rules.Rule, modes map[string]retentionMode, now time.Time) error {
+	for _, e := range rewrite.Expiries(rule) {
+		if modes[e.Collection] == modeUnknown {
+			mode, why, err := ensureTTL(up, rule, e)
+			if err != nil {
+				return err
+			}
+			modes[e.Collection] = mode
+			if mode == modeTTL {
+				s.log.Info("retention: TTL index ensured", "rule", rule.Namespace, "collection", e.Collection, "expireAfter", rule.ExpireAfter.String())
+			} else {
+				s.log.Info("retention: the upstream has no TTL indexes; the proxy sweeps expired documents", "rule", rule.Namespace,
+					"collection", e.Collection, "expireAfter", rule.ExpireAfter.String(), "interval", rule.SweepInterval.String(), "ttl", why)
+			}
+		}
+		if modes[e.Collection] != modeSweep {
+			continue
+		}
+		n, err := sweepOnce(up, rule, e, now)
+		if err != nil {
+			return err
+		}
+		if n > 0 {
+			if e.Collection == rule.BucketCollection {
+				// The fills of the swept (series, window) keys are stale;
+				// the next insert of any key loads its fill again.
+				s.state.forgetBuckets(rule.BucketNamespace())
+			}
+			s.log.Info("retention: expired documents deleted", "rule", rule.Namespace, "collection", e.Collection, "deleted", n)
+		}
+	}
+	return nil
+}
+
+// ensureTTL creates the TTL index of e. An upstream that refuses it
+// (FerretDB v1.24: NotImplemented; MongoDB: an index on start with other
+// options, or no privilege) gets swept instead, which removes exactly the
+// same documents; why is returned for the log.
+func ensureTTL(up *upstream.Conn, rule *rules.Rule, e rewrite.Expiry) (mode retentionMode, why string, err error) {
+	reply, err := up.Command(rewrite.TTLIndexCommand(rule, e))
+	if err != nil {
+		return modeUnknown, "", fmt.Errorf("create TTL index on %s.%s: %w", rule.DB, e.Collection, err)
+	}
+	if err := commandError(reply); err != nil {
+		return modeSweep, err.Error(), nil
+	}
+	return modeTTL, "", nil
+}
+
+// sweepOnce deletes e's expired documents and returns how many.
+func sweepOnce(up *upstream.Conn, rule *rules.Rule, e rewrite.Expiry, now time.Time) (int64, error) {
+	reply, err := up.Command(rewrite.SweepCommand(rule, e, e.Cutoff(rule, now)))
+	if err != nil {
+		return 0, fmt.Errorf("sweep %s.%s: %w", rule.DB, e.Collection, err)
+	}
+	if err := commandError(reply); err != nil {
+		return 0, fmt.Errorf("sweep %s.%s: %w", rule.DB, e.Collection, err)
+	}
+	n, _ := reply.Lookup("n").AsInt64OK()
+	return n, nil
+}
