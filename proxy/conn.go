@@ -43,6 +43,9 @@ type conn struct {
 	inBuf      []byte
 	outBuf     []byte
 	compressor uint8 // compressor negotiated with this client (0: none)
+	// cursors are the registered cursors this connection opened or
+	// continued; see releaseCursors.
+	cursors map[int64]struct{}
 
 	busy   atomic.Bool // serving a request
 	closed atomic.Bool
@@ -83,6 +86,7 @@ func (c *conn) serve() {
 			c.log.Error("connection closed after internal error", "panic", r, "stack", string(debug.Stack()))
 		}
 	}()
+	defer c.releaseCursors()
 	for {
 		if c.s.closing.Load() {
 			return

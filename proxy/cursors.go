@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/golang-lru/v2/expirable"
@@ -24,6 +25,9 @@ type cursorEntry struct {
 	// reshape is how the rewritten read turns upstream documents into the
 	// app's; kept per cursor so getMore batches come out as the first did.
 	reshape any
+	// owner is the id of the client connection that last used the
+	// cursor; see releaseCursors.
+	owner atomic.Uint64
 }
 
 func newCursorRegistry(size int, ttl time.Duration) *cursorRegistry {
@@ -49,6 +53,12 @@ func (r *cursorRegistry) rule(id int64) *rules.Rule {
 }
 
 func (r *cursorRegistry) forget(id int64) { r.lru.Remove(id) }
+
+// peek is get without making the cursor recently used.
+func (r *cursorRegistry) peek(id int64) *cursorEntry {
+	e, _ := r.lru.Peek(id)
+	return e
+}
 
 // Len is the number of cursors remembered.
 func (r *cursorRegistry) Len() int { return r.lru.Len() }
