@@ -2,13 +2,11 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/tsproxy/tsproxy/wire"
 )
@@ -73,6 +71,7 @@ func TestFaultReplyLostRetry(t *testing.T) {
 		n     int    // events of the insert whose reply is lost
 		retry string // the driver's retryWrites
 	}{
+		{"mixed", -1, "true"},              // a complete bucket of s1 and an upsert of s2: only the first command lands
 		{"pushUpsert", 20, "true"},         // below the insert threshold: $push upsert into the open bucket
 		{"completeBucket", 150, "true"},    // at or over it: insert of a complete bucket
 		{"pushUpsertNoRetry", 20, "false"}, // the app sees the failure itself
@@ -91,7 +90,13 @@ func TestFaultReplyLostRetry(t *testing.T) {
 			if _, err := coll.InsertMany(ctx, docsOf(warm)); err != nil {
 				t.Fatal(err)
 			}
-			batch := seriesEvents(tc.n, "s1", base.Add(time.Minute))
+			var batch []sentEvent
+			if tc.n > 0 {
+				batch = seriesEvents(tc.n, "s1", base.Add(time.Minute))
+			} else {
+				batch = append(seriesEvents(150, "s1", base.Add(time.Minute)), seriesEvents(20, "s2", base)...)
+				tc.n = len(batch)
+			}
 			r.CutReplyOf(1, bucketWrite)
 			start := time.Now()
 			_, err := coll.InsertMany(ctx, docsOf(batch))
@@ -135,8 +140,6 @@ func TestFaultReplyLostRetry(t *testing.T) {
 			if got := storedIDs(t, ctx, db); got[more[4].id] != 1 {
 				t.Fatalf("event written after the fault stored %d times", got[more[4].id])
 			}
-			_ = fmt.Sprint
-			_ = mongo.ErrNoDocuments
 		})
 	}
 }
