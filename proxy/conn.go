@@ -156,7 +156,8 @@ func (c *conn) handle(h wire.Header, frame []byte) error {
 			if req.msg.Flags&wire.MoreToCome != 0 {
 				return nil // the client reads no reply
 			}
-			return c.replyError(req, codeInvalidBSON, "InvalidBSON", "tsproxy: "+err.Error())
+			code, name := decodeErrorCode(err)
+			return c.replyError(req, code, name, "tsproxy: "+err.Error())
 		}
 	case wire.OpQuery:
 		// A legacy client reads only OP_REPLY, error replies included.
