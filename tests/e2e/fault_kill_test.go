@@ -127,6 +127,7 @@ type batchOutcome struct {
 	acked  bool
 	err    error
 	at     time.Time // when it returned
+	took   time.Duration
 }
 
 // loadClients runs clients, each inserting batches of its own series into
