@@ -91,11 +91,28 @@ func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
 	span := c.s.tel.startCommand(req, routeRewrite)
 	var upTime time.Duration
 	t0 := time.Now()
+	unknown := locked.unknownKeys()
 	err = c.loadFills(rule, locked)
+	// A retry of a write whose reply was lost (see insert_replay.go).
+	var replay *rewrite.ReplayFilter
+	if err == nil && len(unknown) > 0 && rewrite.MayBeUnseenRetry(cmd, caps) {
+		replay, err = c.filterReplayed(rule, cmd, locked, unknown)
+	}
 	upTime += time.Since(t0)
 	if err != nil {
 		span.end(req, upTime, err)
 		return err
+	}
+	if replay != nil {
+		c.log.Info("retried insert: events already stored are not written again", "rule", rule.Namespace, "stored", replay.Skipped())
+		if replay.AllStored() {
+			span.end(req, upTime, nil)
+			if unacked {
+				return nil
+			}
+			return c.replyBody(req, replay.AllStoredReply())
+		}
+		cmd = replay.Command
 	}
 	plan, err := rewrite.Insert(cmd, rule, rewrite.InsertOptions{Caps: caps, NewObjectID: bson.NewObjectID, Buckets: locked.fill})
 	if err != nil {
@@ -151,7 +168,15 @@ func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
 	if unacked {
 		return nil
 	}
-	return c.replyBody(req, reply)
+	if replay != nil {
+		reply = replay.MapReply(reply)
+	}
+	if err := c.replyBody(req, reply); err != nil {
+		// The client may retry a write whose reply it did not get.
+		locked.forgetAll()
+		return err
+	}
+	return nil
 }
 
 // roundTripBody sends a frame the proxy built and returns a copy of the

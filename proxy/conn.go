@@ -43,6 +43,9 @@ type conn struct {
 	inBuf      []byte
 	outBuf     []byte
 	compressor uint8 // compressor negotiated with this client (0: none)
+	// cursors are the registered cursors this connection opened or
+	// continued; see releaseCursors.
+	cursors map[int64]struct{}
 
 	busy   atomic.Bool // serving a request
 	closed atomic.Bool
@@ -83,6 +86,7 @@ func (c *conn) serve() {
 			c.log.Error("connection closed after internal error", "panic", r, "stack", string(debug.Stack()))
 		}
 	}()
+	defer c.releaseCursors()
 	for {
 		if c.s.closing.Load() {
 			return
@@ -152,7 +156,8 @@ func (c *conn) handle(h wire.Header, frame []byte) error {
 			if req.msg.Flags&wire.MoreToCome != 0 {
 				return nil // the client reads no reply
 			}
-			return c.replyError(req, codeInvalidBSON, "InvalidBSON", "tsproxy: "+err.Error())
+			code, name := decodeErrorCode(err)
+			return c.replyError(req, code, name, "tsproxy: "+err.Error())
 		}
 	case wire.OpQuery:
 		// A legacy client reads only OP_REPLY, error replies included.

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/golang-lru/v2/expirable"
@@ -27,6 +28,9 @@ type cursorEntry struct {
 	// session is the lsid of the read that opened the cursor ("" for
 	// none): endSessions of that session kills and forgets it.
 	session string
+	// owner is the id of the client connection that last used the
+	// cursor; see releaseCursors.
+	owner atomic.Uint64
 }
 
 func newCursorRegistry(size int, ttl time.Duration) *cursorRegistry {
@@ -74,6 +78,12 @@ func (r *cursorRegistry) forgetSessions(sessions map[string]bool) []sessionCurso
 		}
 	}
 	return out
+}
+
+// peek is get without making the cursor recently used.
+func (r *cursorRegistry) peek(id int64) *cursorEntry {
+	e, _ := r.lru.Peek(id)
+	return e
 }
 
 // Len is the number of cursors remembered.

@@ -94,6 +94,7 @@ func (c *conn) rewriteRead(req *request, rule *rules.Rule) error {
 			c.killUpstreamCursor(rule, id)
 		} else {
 			c.s.cursors.add(id, &cursorEntry{rule: rule, reshape: plan.Cursor, session: requestSession(req)})
+			c.ownCursor(id)
 		}
 	}
 	span.end(req, time.Since(t0), nil)
@@ -136,6 +137,7 @@ func (c *conn) rewriteGetMore(req *request, rule *rules.Rule) error {
 	if err != nil {
 		return c.replyRewriteError(req, err)
 	}
+	c.ownCursor(id)
 	span := c.s.tel.startCommand(req, routeCursor)
 	t0 := time.Now()
 	reply, err := c.upCommand(cmd)

@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"bufio"
+	"encoding/binary"
 	"errors"
 	"io"
 	"net"
@@ -30,6 +32,18 @@ type relay struct {
 	conns   map[net.Conn]struct{}
 	wg      sync.WaitGroup
 	accepts atomic.Int64 // connections accepted over the relay's life
+
+	// cut, when set, picks client→upstream messages whose reply is never
+	// delivered: the message reaches the upstream, and when its reply
+	// comes the relay closes both sides instead (see CutReplyOf).
+	cut   atomic.Pointer[func(frame []byte) bool]
+	cuts  atomic.Int64 // replies cut so far
+	limit atomic.Int64 // replies still to cut
+}
+
+// relayPair is the state of one relayed connection.
+type relayPair struct {
+	dropReply atomic.Bool // the next upstream→client bytes end the pair
 }
 
 // newRelay starts a relay to target on a free loopback port; it is stopped
@@ -110,9 +124,10 @@ func (r *relay) serve(ln net.Listener) {
 			if !r.track(c, up) {
 				return
 			}
+			pair := &relayPair{}
 			r.wg.Add(2)
-			go r.pipe(up, c, nil)
-			go r.pipe(c, up, quit)
+			go r.pipeRequests(up, c, pair)
+			go r.pipe(c, up, quit, pair)
 		}
 	}()
 }
@@ -134,7 +149,7 @@ func (r *relay) track(c, up net.Conn) bool {
 
 // pipe copies src to dst until either ends, then closes both. With quit
 // not nil the copy is the delayed direction; quit cuts a delay short.
-func (r *relay) pipe(dst, src net.Conn, quit chan struct{}) {
+func (r *relay) pipe(dst, src net.Conn, quit chan struct{}, pair *relayPair) {
 	defer r.wg.Done()
 	defer func() {
 		r.mu.Lock()
@@ -147,6 +162,10 @@ func (r *relay) pipe(dst, src net.Conn, quit chan struct{}) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
+		if n > 0 && pair != nil && pair.dropReply.Load() {
+			r.cuts.Add(1)
+			return // the reply is lost with the connection
+		}
 		if n > 0 {
 			if d := time.Duration(r.delay.Load()); quit != nil && d > 0 {
 				select {
@@ -207,4 +226,56 @@ func upstreamAddr(t testing.TB) string {
 		t.Fatal(err)
 	}
 	return u.Hosts[0]
+}
+
+// CutReplyOf makes the relay deliver the next n client→upstream messages
+// for which match is true, and then, instead of their replies, close both
+// connections: the write happened upstream, its sender never learns.
+func (r *relay) CutReplyOf(n int, match func(frame []byte) bool) {
+	r.limit.Store(int64(n))
+	r.cut.Store(&match)
+}
+
+// Open is the number of connections relayed now.
+func (r *relay) Open() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.conns) / 2
+}
+
+// pipeRequests copies client→upstream messages whole, so that CutReplyOf
+// can pick them; without a cut armed it is a plain copy.
+func (r *relay) pipeRequests(dst, src net.Conn, pair *relayPair) {
+	defer r.wg.Done()
+	defer func() {
+		r.mu.Lock()
+		delete(r.conns, src)
+		delete(r.conns, dst)
+		r.mu.Unlock()
+		src.Close()
+		dst.Close()
+	}()
+	br := bufio.NewReaderSize(src, 64<<10)
+	for {
+		var lenBuf [4]byte
+		if _, err := io.ReadFull(br, lenBuf[:]); err != nil {
+			return
+		}
+		size := int(binary.LittleEndian.Uint32(lenBuf[:]))
+		if size < 16 || size > 64<<20 {
+			r.t.Logf("relay: bad frame length %d", size)
+			return
+		}
+		frame := make([]byte, size)
+		copy(frame, lenBuf[:])
+		if _, err := io.ReadFull(br, frame[4:]); err != nil {
+			return
+		}
+		if m := r.cut.Load(); m != nil && (*m)(frame) && r.limit.Add(-1) >= 0 {
+			pair.dropReply.Store(true)
+		}
+		if _, err := dst.Write(frame); err != nil {
+			return
+		}
+	}
 }

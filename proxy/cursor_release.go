@@ -1,0 +1,58 @@
+package proxy
+
+import (
+	"time"
+
+	"github.com/tsproxy/tsproxy/rewrite"
+)
+
+// cursorKillTimeout bounds the killCursors a closing connection sends for
+// its cursors: a stuck upstream must not keep the connection's goroutine.
+const cursorKillTimeout = 2 * time.Second
+
+// ownCursor makes this connection the owner of a registered cursor: the
+// last connection to use a cursor is the one the app reads it through.
+func (c *conn) ownCursor(id int64) {
+	e := c.s.cursors.peek(id)
+	if e == nil {
+		return
+	}
+	e.owner.Store(c.id)
+	if c.cursors == nil {
+		c.cursors = make(map[int64]struct{})
+	}
+	c.cursors[id] = struct{}{}
+}
+
+// releaseCursors runs when the client connection ends: the cursors it
+// still owns are killed upstream and forgotten. Nobody can continue them
+// any more in the common cases (a client that went away, or that
+// disconnected before it read the reply naming the cursor), and the
+// upstream would otherwise hold them until its own timeout, if it has one
+// (FerretDB v1.24 keeps them). A cursor another connection continued since
+// belongs to that one and is left alone.
+func (c *conn) releaseCursors() {
+	if len(c.cursors) == 0 {
+		return
+	}
+	up := c.upRef.Load()
+	usable := up != nil && !c.closed.Load()
+	if usable {
+		_ = up.SetDeadline(time.Now().Add(cursorKillTimeout))
+	}
+	for id := range c.cursors {
+		e := c.s.cursors.peek(id)
+		if e == nil || e.owner.Load() != c.id {
+			continue
+		}
+		c.s.cursors.forget(id)
+		if !usable {
+			continue
+		}
+		if _, err := c.upCommand(rewrite.KillCursorsCommand(e.rule, id)); err != nil {
+			c.log.Debug("killCursors of a closing connection's cursor failed; the upstream times it out", "rule", e.rule.Namespace, "cursor", id, "err", err.Error())
+			usable = false // the upstream connection is broken or stuck
+		}
+	}
+	c.cursors = nil
+}

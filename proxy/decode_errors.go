@@ -1,0 +1,21 @@
+package proxy
+
+import (
+	"errors"
+
+	"github.com/tsproxy/tsproxy/wire"
+)
+
+const codeBSONObjectTooLarge = 10334
+
+// decodeErrorCode is the code and name MongoDB answers a message with that
+// fails to decode as err does: a document over the BSON size limit is
+// BSONObjectTooLarge there (as a plain collection reports it), anything
+// else InvalidBSON.
+func decodeErrorCode(err error) (int32, string) {
+	var le *wire.LimitError
+	if errors.As(err, &le) && le.What == "document length" && !le.Min {
+		return codeBSONObjectTooLarge, "BSONObjectTooLarge"
+	}
+	return codeInvalidBSON, "InvalidBSON"
+}

@@ -1,0 +1,27 @@
+package proxy
+
+// Stats counts what the proxy holds open, for tests and diagnostics that
+// check nothing leaks after clients go away.
+type Stats struct {
+	// ClientConns is the number of client connections being served.
+	ClientConns int
+	// UpstreamConns is the number of upstream connections those clients
+	// hold (each client connection dials its own on first use).
+	UpstreamConns int
+	// Cursors is the number of rewritten-read cursors in the registry.
+	Cursors int
+}
+
+// Stats returns the current counts.
+func (s *Server) Stats() Stats {
+	st := Stats{Cursors: s.cursors.Len()}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st.ClientConns = len(s.conns)
+	for c := range s.conns {
+		if c.upRef.Load() != nil && !c.closed.Load() {
+			st.UpstreamConns++
+		}
+	}
+	return st
+}

@@ -1,0 +1,145 @@
+package e2e
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/tsproxy/tsproxy/wire"
+)
+
+// bucketWrite matches the proxy's rewritten writes (insert or update of a
+// bucket collection) among client→upstream frames.
+func bucketWrite(frame []byte) bool {
+	var m wire.Msg
+	if err := m.Decode(frame); err != nil {
+		return false
+	}
+	name := m.CommandName()
+	if name != "insert" && name != "update" {
+		return false
+	}
+	coll, _ := bson.Raw(m.Body).Lookup(name).StringValueOK()
+	return strings.HasSuffix(coll, ".buckets")
+}
+
+// storedIDs counts, per event _id, how often the buckets of db hold it.
+func storedIDs(t *testing.T, ctx context.Context, db string) map[bson.ObjectID]int {
+	t.Helper()
+	got := map[bson.ObjectID]int{}
+	for _, b := range readBuckets(t, ctx, db) {
+		if int(b.Count) != len(b.Events) {
+			t.Fatalf("bucket %v: count %d but %d events (a half-applied write)", b.ID, b.Count, len(b.Events))
+		}
+		for _, ev := range b.Events {
+			id, _ := dmap(ev)["_id"].(bson.ObjectID)
+			got[id]++
+		}
+	}
+	return got
+}
+
+// seriesEvents makes n events of one series, one per second from base.
+func seriesEvents(n int, sensor string, base time.Time) []sentEvent {
+	out := make([]sentEvent, n)
+	for i := range out {
+		out[i] = sentEvent{id: bson.NewObjectID(), sensor: sensor, ts: base.Add(time.Duration(i) * time.Second), value: float64(i)}
+	}
+	return out
+}
+
+func docsOf(evs []sentEvent) []any {
+	docs := make([]any, len(evs))
+	for i, e := range evs {
+		docs[i] = e.doc()
+	}
+	return docs
+}
+
+// TestFaultReplyLostRetry (issue 6, case 3): the upstream connection is
+// cut after a rewritten bucket write reached the upstream and before its
+// reply came back. FerretDB ignores lsid/txnNumber, so it cannot recognise
+// the driver's retry; whatever the driver is told, no event may be stored
+// twice, and an acknowledged insert must be stored whole.
+func TestFaultReplyLostRetry(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name  string
+		n     int    // events of the insert whose reply is lost
+		retry string // the driver's retryWrites
+	}{
+		{"mixed", -1, "true"},              // a complete bucket of s1 and an upsert of s2: only the first command lands
+		{"pushUpsert", 20, "true"},         // below the insert threshold: $push upsert into the open bucket
+		{"completeBucket", 150, "true"},    // at or over it: insert of a complete bucket
+		{"pushUpsertNoRetry", 20, "false"}, // the app sees the failure itself
+		{"completeNoRetry", 150, "false"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			db := uniqueDB(t)
+			r := newRelay(t, upstreamAddr(t))
+			p := startProxy(t, proxyOptions{yaml: readingsRule(db, 1000), upstreamURI: r.URI()})
+			ctx := ctxFor(t)
+			coll := connect(t, p.URI(), "retryWrites="+tc.retry).Database(db).Collection("readings")
+			base := time.Date(2026, 8, 1, 5, 0, 0, 0, time.UTC)
+			warm := seriesEvents(10, "s1", base)
+			if _, err := coll.InsertMany(ctx, docsOf(warm)); err != nil {
+				t.Fatal(err)
+			}
+			var batch []sentEvent
+			if tc.n > 0 {
+				batch = seriesEvents(tc.n, "s1", base.Add(time.Minute))
+			} else {
+				batch = append(seriesEvents(150, "s1", base.Add(time.Minute)), seriesEvents(20, "s2", base)...)
+				tc.n = len(batch)
+			}
+			r.CutReplyOf(1, bucketWrite)
+			start := time.Now()
+			_, err := coll.InsertMany(ctx, docsOf(batch))
+			took := time.Since(start)
+			if r.cuts.Load() != 1 {
+				t.Fatalf("the relay cut %d replies, want 1 (err %v)", r.cuts.Load(), err)
+			}
+			got := storedIDs(t, ctx, db)
+			for _, e := range warm {
+				if got[e.id] != 1 {
+					t.Fatalf("acknowledged warm-up event %v stored %d times", e.id, got[e.id])
+				}
+			}
+			present, dups := 0, 0
+			for _, e := range batch {
+				switch got[e.id] {
+				case 0:
+				case 1:
+					present++
+				default:
+					present++
+					dups += got[e.id] - 1
+				}
+			}
+			t.Logf("retryWrites=%s, %d events: insert returned after %v: err=%v; stored %d of %d, duplicates %d",
+				tc.retry, tc.n, took.Round(time.Millisecond), err, present, tc.n, dups)
+			if dups > 0 {
+				t.Fatalf("%d duplicate events after a lost reply (err %v)", dups, err)
+			}
+			if err == nil && present != tc.n {
+				t.Fatalf("insert acknowledged but %d of %d events stored", present, tc.n)
+			}
+			if present != 0 && present != tc.n {
+				t.Fatalf("one bucket write stored %d of %d events: half a group", present, tc.n)
+			}
+			// The proxy serves the same client afterwards.
+			more := seriesEvents(5, "s1", base.Add(2*time.Minute))
+			if _, err := coll.InsertMany(ctx, docsOf(more)); err != nil {
+				t.Fatalf("insert after the fault: %v", err)
+			}
+			if got := storedIDs(t, ctx, db); got[more[4].id] != 1 {
+				t.Fatalf("event written after the fault stored %d times", got[more[4].id])
+			}
+		})
+	}
+}

@@ -1,0 +1,242 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/tsproxy/tsproxy/upstream"
+)
+
+// ownEmbedded starts an embedded upstream of the test's own, on dir and
+// listen ("127.0.0.1:0" for a free port).
+func ownEmbedded(t testing.TB, dir, listen string) *upstream.Embedded {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	emb, err := upstream.StartEmbedded(upstream.EmbeddedOptions{DataDir: dir, Listen: listen, Logger: log})
+	if err != nil {
+		t.Fatalf("start embedded upstream on %s: %v", listen, err)
+	}
+	return emb
+}
+
+// TestFaultUpstreamRestart (issue 6, case 2): the upstream (an embedded
+// FerretDB of the test's own) is stopped and started again on the same
+// data and port while 16 clients insert. Clients get prompt errors (none
+// waits past its timeout), the proxy reconnects by itself, writes succeed
+// after the restart, nothing acknowledged is lost or doubled, and an
+// unacknowledged batch (one bucket write) is stored whole or not at all.
+func TestFaultUpstreamRestart(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	emb := ownEmbedded(t, dir, "127.0.0.1:0")
+	addr := emb.Addr()
+	var embMu sync.Mutex
+	t.Cleanup(func() {
+		embMu.Lock()
+		defer embMu.Unlock()
+		if emb != nil {
+			emb.Close()
+		}
+	})
+	db := uniqueDB(t)
+	rule := fmt.Sprintf(`rules:
+  - namespace: %s.readings
+    timeField: ts
+    metaField: sensorId
+    bucket:
+      span: 1h
+      maxEvents: 100
+      insertThreshold: 50
+    aggregates: [value]
+`, db)
+	p := startProxy(t, proxyOptions{yaml: rule, upstreamURI: emb.URI()})
+	ctx := ctxFor(t)
+
+	const clients = 16
+	const opTimeout = 15 * time.Second
+	colls := make([]*mongo.Collection, clients)
+	for i := range colls {
+		// Half retry writes (the default), half do not.
+		c := connectNoTimeout(t, fmt.Sprintf("%s?retryWrites=%v", p.URI(), i%2 == 0))
+		colls[i] = c.Database(db).Collection("readings")
+	}
+	stop := make(chan struct{})
+	done := make(chan [][]batchOutcome)
+	var slowest time.Duration
+	var slowMu sync.Mutex
+	base := time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC)
+	go func() {
+		done <- loadClientsTimed(colls, []int{10, 10, 50, 10, 10}, base, stop, opTimeout, func(d time.Duration) {
+			slowMu.Lock()
+			slowest = max(slowest, d)
+			slowMu.Unlock()
+		})
+	}()
+
+	time.Sleep(2 * time.Second)
+	stoppedAt := time.Now()
+	embMu.Lock()
+	emb.Close()
+	emb = nil
+	embMu.Unlock()
+	time.Sleep(time.Second)
+	embMu.Lock()
+	emb = ownEmbedded(t, dir, addr)
+	embMu.Unlock()
+	restartedAt := time.Now()
+	// How long the restarted upstream itself takes to take a write, for
+	// comparison with the first write acknowledged through the proxy.
+	upReady := make(chan time.Duration, 1)
+	go func() {
+		c, err := mongo.Connect(options.Client().ApplyURI("mongodb://" + addr + "/").SetTimeout(20 * time.Second))
+		if err != nil {
+			upReady <- -1
+			return
+		}
+		defer c.Disconnect(context.Background())
+		_, err = c.Database(db).Collection("probe").InsertOne(context.Background(), bson.D{{Key: "x", Value: 1}})
+		if err != nil {
+			upReady <- -1
+			return
+		}
+		upReady <- time.Since(restartedAt)
+	}()
+	// And a new client of the proxy.
+	proxyReady := make(chan time.Duration, 1)
+	go func() {
+		c, err := mongo.Connect(options.Client().ApplyURI(p.URI()).SetTimeout(20 * time.Second))
+		if err != nil {
+			proxyReady <- -1
+			return
+		}
+		defer c.Disconnect(context.Background())
+		_, err = c.Database(db).Collection("readings").InsertOne(context.Background(), seriesEvents(1, "fresh", base)[0].doc())
+		if err != nil {
+			t.Logf("new client's insert: %v", err)
+			proxyReady <- -1
+			return
+		}
+		proxyReady <- time.Since(restartedAt)
+	}()
+	time.Sleep(3 * time.Second)
+	close(stop)
+	outcomes := <-done
+	t.Logf("the restarted upstream took a direct write %v after it started, a new client's write through the proxy %v after", (<-upReady).Round(time.Millisecond), (<-proxyReady).Round(time.Millisecond))
+
+	var firstAfter time.Time
+	failed := 0
+	var slowestErr time.Duration
+	kinds := map[string]int{}
+	for _, cl := range outcomes {
+		for _, b := range cl {
+			if !b.acked {
+				failed++
+				slowestErr = max(slowestErr, b.took)
+				msg := b.err.Error()
+				if i := strings.Index(msg, ")"); i > 0 && strings.HasPrefix(msg, "connection(") {
+					msg = msg[i+1:]
+				}
+				kinds[msg[:min(len(msg), 90)]]++
+			}
+			if b.acked && b.at.After(restartedAt) && (firstAfter.IsZero() || b.at.Before(firstAfter)) {
+				firstAfter = b.at
+			}
+		}
+	}
+	for k, n := range kinds {
+		t.Logf("%4d × %s", n, k)
+	}
+	t.Logf("proxy after the load: %+v", p.srv.Stats())
+	if firstAfter.IsZero() {
+		t.Fatal("no insert was acknowledged after the upstream restarted")
+	}
+	if slowest > opTimeout+2*time.Second {
+		t.Fatalf("an insert with a %v timeout returned after %v", opTimeout, slowest)
+	}
+
+	direct := connect(t, emb.URI())
+	cur, err := direct.Database(db).Collection("readings.buckets").Find(ctx, bson.D{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buckets []bucketDoc
+	if err := cur.All(ctx, &buckets); err != nil {
+		t.Fatal(err)
+	}
+	stored := map[bson.ObjectID]int{}
+	for _, b := range buckets {
+		if int(b.Count) != len(b.Events) {
+			t.Fatalf("bucket %v: count %d, %d events", b.ID, b.Count, len(b.Events))
+		}
+		for _, ev := range b.Events {
+			id, _ := dmap(ev)["_id"].(bson.ObjectID)
+			stored[id]++
+		}
+	}
+	f := checkOutcomes(t, stored, outcomes)
+	t.Logf("upstream restart under 16 clients: acknowledged %d, found %d; unacknowledged %d (%d batches failed), found %d (partial batches %d); duplicates %d; slowest insert %v, slowest failure %v; upstream down %v; first ack %v after the restart (%v after the stop)",
+		f.acked, f.ackedFound, f.unacked, failed, f.unackedFound, f.partial, f.dups, slowest.Round(time.Millisecond), slowestErr.Round(time.Millisecond),
+		restartedAt.Sub(stoppedAt).Round(time.Millisecond), firstAfter.Sub(restartedAt).Round(time.Millisecond), firstAfter.Sub(stoppedAt).Round(time.Millisecond))
+	if f.dups != 0 || f.ackedFound != f.acked || f.partial != 0 {
+		t.Fatalf("after the upstream restart: %+v", f)
+	}
+	// The same clients work after the restart.
+	extra := seriesEvents(10, "after", base)
+	if _, err := colls[1].InsertMany(ctx, docsOf(extra)); err != nil {
+		t.Fatalf("insert after the restart: %v", err)
+	}
+	n, err := colls[1].CountDocuments(ctx, bson.D{{Key: "sensorId", Value: "after"}})
+	if err != nil || n != 10 {
+		t.Fatalf("read after the restart: %d, %v", n, err)
+	}
+}
+
+// loadClientsTimed is loadClients with a timeout per insert; took gets the
+// duration of each.
+func loadClientsTimed(colls []*mongo.Collection, sizes []int, base time.Time, stop <-chan struct{}, timeout time.Duration, took func(time.Duration)) [][]batchOutcome {
+	out := make([][]batchOutcome, len(colls))
+	var wg sync.WaitGroup
+	for c, coll := range colls {
+		wg.Add(1)
+		go func(c int, coll *mongo.Collection) {
+			defer wg.Done()
+			sensor := fmt.Sprintf("client-%02d", c)
+			next := 0
+			for k := 0; ; k++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				n := sizes[k%len(sizes)]
+				evs := make([]sentEvent, n)
+				for i := range evs {
+					evs[i] = sentEvent{id: bson.NewObjectID(), sensor: sensor, ts: base.Add(time.Duration(next) * time.Second), value: float64(next % 100)}
+					next++
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), timeout)
+				start := time.Now()
+				_, err := coll.InsertMany(ctx, docsOf(evs))
+				el := time.Since(start)
+				took(el)
+				cancel()
+				out[c] = append(out[c], batchOutcome{events: evs, acked: err == nil, err: err, at: time.Now(), took: el})
+				if err != nil {
+					time.Sleep(50 * time.Millisecond)
+				}
+			}
+		}(c, coll)
+	}
+	wg.Wait()
+	return out
+}
