@@ -25,12 +25,18 @@ const (
 const drainOversized = 5 * time.Second
 
 // refuseOversized answers a request whose header announced more than
-// limits.maxMessageBytes with an error naming the limit, then drains what
+// limits.maxMessageBytes (yet no more than the protocol's 48,000,000
+// bytes, in a request opcode) with an error naming the limit, then drains what
 // the client still sends of it; the caller closes the connection, as
 // MongoDB does. Other read errors are left to the caller.
 func (c *conn) refuseOversized(h wire.Header, err error) {
 	var le *wire.LimitError
-	if !errors.As(err, &le) || le.Min {
+	if !errors.As(err, &le) || le.Min || le.Size > wire.MaxMsgLen {
+		return // not a message a MongoDB client could send: close silently
+	}
+	switch h.OpCode {
+	case wire.OpMsg, wire.OpQuery, wire.OpCompressed:
+	default:
 		return
 	}
 	msg := fmt.Sprintf("tsproxy: message of %d bytes is larger than the limit of %d bytes (limits.maxMessageBytes)", le.Size, le.Limit)
