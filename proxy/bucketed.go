@@ -25,9 +25,9 @@ func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
 	}
 	switch req.name {
 	case "insert":
-		return c.rewriteInsert(req, rule)
+		return c.answerRefusal(req, c.rewriteInsert(req, rule))
 	case "find", "aggregate", "count", "distinct", "explain":
-		return c.rewriteRead(req, rule)
+		return c.answerRefusal(req, c.rewriteRead(req, rule))
 	case "getMore":
 		return c.rewriteGetMore(req, rule)
 	case "killCursors":
@@ -220,6 +220,10 @@ func (c *conn) upstreamCaps() (rewrite.Caps, error) {
 	reply, err := c.up.Command(bson.D{{Key: "buildInfo", Value: 1}, {Key: "$db", Value: "admin"}})
 	if err != nil {
 		return rewrite.Caps{}, err
+	}
+	if r := refusalOf(reply); r != nil {
+		// Not cached: an error reply says nothing of what the upstream is.
+		return rewrite.Caps{}, fmt.Errorf("upstream capabilities: buildInfo: %w", r)
 	}
 	caps := rewrite.DetectCaps(reply)
 	st.mu.Lock()

@@ -227,9 +227,8 @@ func (c *conn) probeBucket(rule *rules.Rule, id bson.ObjectID) (bson.Raw, bool, 
 	if err != nil {
 		return nil, false, err
 	}
-	if ok, _ := reply.Lookup("ok").AsFloat64OK(); ok != 1 {
-		msg, _ := reply.Lookup("errmsg").StringValueOK()
-		return nil, false, fmt.Errorf("find bucket %s: %s", id.Hex(), msg)
+	if r := refusalOf(reply); r != nil {
+		return nil, false, fmt.Errorf("find bucket %s: %w", id.Hex(), r)
 	}
 	batch, ok := reply.Lookup("cursor", "firstBatch").ArrayOK()
 	if !ok {

@@ -93,6 +93,7 @@ func (c *conn) serve() {
 		}
 		h, frame, err := wire.ReadMessage(c.r, c.inBuf, c.s.opts.MaxMessageBytes)
 		if err != nil {
+			c.refuseOversized(h, err)
 			c.logReadError(err)
 			return
 		}

@@ -17,7 +17,8 @@ import (
 // recently used cursors are forgotten first) and in time (cursors idle
 // past the TTL are forgotten; the upstream times them out on its side too).
 type cursorRegistry struct {
-	lru *expirable.LRU[int64, *cursorEntry]
+	lru  *expirable.LRU[int64, *cursorEntry]
+	size int
 }
 
 type cursorEntry struct {
@@ -34,13 +35,21 @@ type cursorEntry struct {
 }
 
 func newCursorRegistry(size int, ttl time.Duration) *cursorRegistry {
-	return &cursorRegistry{lru: expirable.NewLRU[int64, *cursorEntry](size, nil, ttl)}
+	return &cursorRegistry{lru: expirable.NewLRU[int64, *cursorEntry](size, nil, ttl), size: size}
 }
 
-func (r *cursorRegistry) add(id int64, e *cursorEntry) {
-	if id != 0 {
-		r.lru.Add(id, e)
+// add remembers a cursor; it returns false, remembering nothing, when the
+// registry holds limits.maxCursors cursors already: the caller refuses the
+// new cursor rather than have the LRU forget another client's live one.
+func (r *cursorRegistry) add(id int64, e *cursorEntry) bool {
+	if id == 0 {
+		return true
 	}
+	if r.lru.Len() >= r.size && !r.lru.Contains(id) {
+		return false
+	}
+	r.lru.Add(id, e)
+	return true
 }
 
 func (r *cursorRegistry) get(id int64) *cursorEntry {

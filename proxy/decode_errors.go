@@ -6,8 +6,6 @@ import (
 	"github.com/tsproxy/tsproxy/wire"
 )
 
-const codeBSONObjectTooLarge = 10334
-
 // decodeErrorCode is the code and name MongoDB answers a message with that
 // fails to decode as err does: a document over the BSON size limit is
 // BSONObjectTooLarge there (as a plain collection reports it), anything

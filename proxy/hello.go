@@ -32,7 +32,7 @@ func (c *conn) handleHello(req *request) error {
 		// instead of each waiting out server selection.
 		c.log.Warn("upstream unreachable; answering hello alone", "err", err.Error())
 		reply := rewrite.RouterHello(req.name != "hello", c.s.state.helloLimits(), time.Now().UnixMilli(), chosen)
-		return c.replyBody(req, reply)
+		return c.replyBody(req, c.capHelloLimits(reply))
 	}
 	frame := wire.AppendMsg(c.outBuf[:0], req.h.RequestID, 0, 0, body)
 	c.outBuf = frame[:0]
@@ -52,7 +52,7 @@ func (c *conn) handleHello(req *request) error {
 	if err != nil {
 		return fmt.Errorf("upstream hello reply: %w", err)
 	}
-	return c.replyBody(req, reply)
+	return c.replyBody(req, c.capHelloLimits(reply))
 }
 
 // replyUpstreamDown answers a request the upstream could not be reached for.

@@ -92,8 +92,11 @@ func (c *conn) rewriteRead(req *request, rule *rules.Rule) error {
 	if id != 0 {
 		if plan.Cursor.SingleBatch {
 			c.killUpstreamCursor(rule, id)
+		} else if !c.s.cursors.add(id, &cursorEntry{rule: rule, reshape: plan.Cursor, session: requestSession(req)}) {
+			c.killUpstreamCursor(rule, id)
+			span.end(req, time.Since(t0), nil)
+			return c.replyTooManyCursors(req, rule)
 		} else {
-			c.s.cursors.add(id, &cursorEntry{rule: rule, reshape: plan.Cursor, session: requestSession(req)})
 			c.ownCursor(id)
 		}
 	}

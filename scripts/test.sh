@@ -4,12 +4,15 @@
 # each fuzz target for a bounded time. Installs what it needs: Go modules
 # and mongosh from npm (pinned in tests/e2e/package.json).
 #
-#   FUZZTIME=10m ./scripts/test.sh     longer fuzzing by hand
+#   FUZZTIME=10m ./scripts/test.sh     longer fuzzing by hand (default 60s per target)
 #   TSPROXY_E2E_UPSTREAM=mongodb://host:27017 ./scripts/test.sh   e2e against a real MongoDB
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-FUZZTIME="${FUZZTIME:-15s}"
+# 60 s per fuzz target (issue 6). With 10 targets that is about 12 minutes
+# of the run, builds included; the whole script stays under 30 minutes on 2
+# cores from a cold cache (see README, Reliability).
+FUZZTIME="${FUZZTIME:-60s}"
 
 echo "== go modules"
 go mod download
@@ -36,10 +39,30 @@ echo "== end-to-end and command tests"
 go test -count=1 -timeout 25m ./tests/e2e/... ./cmd/...
 
 echo "== fuzz targets, ${FUZZTIME} each"
+# A target fails on a failing input (written under testdata/fuzz/<target>).
+# Go's fuzz coordinator can also end a clean run with a bare "context
+# deadline exceeded" when -fuzztime runs out while a worker is busy
+# (golang/go#75804, fixed in Go 1.27): with no new input written, that is
+# reported and not counted as a failure.
 for pkg in ./wire ./rewrite; do
   for target in $(go test -list '^Fuzz' "$pkg" | grep '^Fuzz' || true); do
     echo "-- $pkg $target"
-    go test -run='^$' -fuzz="^${target}\$" -fuzztime="$FUZZTIME" "$pkg"
+    corpus="$pkg/testdata/fuzz/$target"
+    before="$(ls "$corpus" 2>/dev/null | wc -l)"
+    log="$(mktemp)"
+    rc=0
+    go test -run='^$' -fuzz="^${target}\$" -fuzztime="$FUZZTIME" -timeout=0 "$pkg" >"$log" 2>&1 || rc=$?
+    grep -v '^fuzz: elapsed' "$log" || true
+    grep '^fuzz: elapsed' "$log" | tail -1 || true
+    after="$(ls "$corpus" 2>/dev/null | wc -l)"
+    if [ "$rc" -ne 0 ]; then
+      if [ "$after" -eq "$before" ] && grep -q 'context deadline exceeded' "$log" && ! grep -q -- '--- FAIL: .*/' "$log"; then
+        echo "   (no failing input: Go's fuzz deadline race, golang/go#75804)"
+      else
+        rm -f "$log"; echo "fuzz target $target failed"; exit 1
+      fi
+    fi
+    rm -f "$log"
   done
 done
 echo "== all tests passed"

@@ -42,7 +42,10 @@ func ReadMessage(r io.Reader, buf []byte, maxLen int) (Header, []byte, error) {
 	}
 	length := int64(int32(binary.LittleEndian.Uint32(hb)))
 	if err := checkLength(length, int64(maxLen)); err != nil {
-		return Header{}, nil, err
+		// The header is whole: the caller can answer the request it
+		// refuses (a *LimitError) before closing.
+		h, _ := ParseHeader(hb)
+		return h, nil, err
 	}
 	if cap(buf) >= int(length) {
 		buf = buf[:length]

@@ -1,0 +1,95 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/tsproxy/tsproxy/rules"
+	"github.com/tsproxy/tsproxy/wire"
+)
+
+// MongoDB error codes for the proxy's own limits.
+const (
+	codeBSONObjectTooLarge = 10334
+	codeTooManyCursors     = 8002 // not a server code; the proxy's own
+)
+
+// drainOversized bounds how long the proxy reads and drops the rest of a
+// message it refused for its size, so that its error reply reaches the
+// client (closing a socket with unread input resets it, and the client
+// would lose the reply) without letting a slow sender hold the goroutine.
+const drainOversized = 5 * time.Second
+
+// refuseOversized answers a request whose header announced more than
+// limits.maxMessageBytes (yet no more than the protocol's 48,000,000
+// bytes, in a request opcode) with an error naming the limit, then drains what
+// the client still sends of it; the caller closes the connection, as
+// MongoDB does. Other read errors are left to the caller.
+func (c *conn) refuseOversized(h wire.Header, err error) {
+	var le *wire.LimitError
+	if !errors.As(err, &le) || le.Min || le.Size > wire.MaxMsgLen {
+		return // not a message a MongoDB client could send: close silently
+	}
+	switch h.OpCode {
+	case wire.OpMsg, wire.OpQuery, wire.OpCompressed:
+	default:
+		return
+	}
+	msg := fmt.Sprintf("tsproxy: message of %d bytes is larger than the limit of %d bytes (limits.maxMessageBytes)", le.Size, le.Limit)
+	c.log.Warn("refusing an oversized message", "size", le.Size, "limit", le.Limit)
+	req := &request{h: h, legacy: h.OpCode == wire.OpQuery}
+	if rerr := c.replyError(req, codeBSONObjectTooLarge, "BSONObjectTooLarge", msg); rerr != nil {
+		return
+	}
+	_ = c.nc.SetReadDeadline(time.Now().Add(drainOversized))
+	_, _ = io.CopyN(io.Discard, c.r, le.Size-wire.HeaderLen)
+}
+
+// helloEnvelope is the room left in a message for the command around the
+// largest document a driver may send (insert, lsid, $clusterTime...).
+const helloEnvelope = 4096
+
+// capHelloLimits lowers the sizes a hello reply announces to the proxy's
+// own message limit, so that drivers split batches and refuse documents
+// under it instead of sending messages the proxy must refuse.
+func (c *conn) capHelloLimits(reply []byte) []byte {
+	limits := map[string]int64{
+		"maxMessageSizeBytes": int64(c.s.opts.MaxMessageBytes),
+		// A document must fit in a message with its command around it.
+		"maxBsonObjectSize": int64(c.s.opts.MaxMessageBytes) - helloEnvelope,
+	}
+	raw := bson.Raw(reply)
+	over := func(key string) bool {
+		v, ok := raw.Lookup(key).AsInt64OK()
+		return ok && v > limits[key]
+	}
+	if !over("maxMessageSizeBytes") && !over("maxBsonObjectSize") {
+		return reply
+	}
+	var d bson.D
+	if err := bson.Unmarshal(reply, &d); err != nil {
+		return reply
+	}
+	for i, e := range d {
+		if limit, ok := limits[e.Key]; ok && over(e.Key) {
+			d[i].Value = int32(limit)
+		}
+	}
+	out, err := bson.Marshal(d)
+	if err != nil {
+		return reply
+	}
+	return out
+}
+
+// replyTooManyCursors refuses a read whose cursor would pass
+// limits.maxCursors; the upstream cursor is already killed.
+func (c *conn) replyTooManyCursors(req *request, rule *rules.Rule) error {
+	c.log.Warn("open cursor limit reached", "rule", rule.Namespace, "limit", c.s.opts.MaxCursors)
+	return c.replyError(req, codeTooManyCursors, "TooManyCursors", fmt.Sprintf(
+		"tsproxy rule %s: the proxy holds its limit of %d open cursors (limits.maxCursors); exhaust or kill cursors, or raise the limit", rule.Namespace, c.s.opts.MaxCursors))
+}
