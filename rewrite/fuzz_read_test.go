@@ -334,7 +334,7 @@ func readBack(t *testing.T, rule *rules.Rule, caps Caps, bs []*simBucket) []bson
 		}
 	}
 	batch, _ = bsoncore.AppendArrayEnd(batch, aidx)
-	reply := cursorReply(batch)
+	reply := simCursorReply(batch)
 	for _, q := range p.Cursor.MetaQuery(reply) {
 		mustValid(t, "meta query", q)
 		p.Cursor.AddMetas(metaAnswer(bs))
@@ -347,7 +347,7 @@ func readBack(t *testing.T, rule *rules.Rule, caps Caps, bs []*simBucket) []bson
 	return docValues(bsoncore.Document(out).Lookup("cursor", "firstBatch"))
 }
 
-func cursorReply(batch []byte) []byte {
+func simCursorReply(batch []byte) []byte {
 	cur := bsoncore.NewDocumentBuilder().AppendArray("firstBatch", batch).AppendInt64("id", 0).AppendString("ns", "iot.readings.buckets").Build()
 	return bsoncore.NewDocumentBuilder().AppendDocument("cursor", cur).AppendDouble("ok", 1).Build()
 }
@@ -360,7 +360,7 @@ func metaAnswer(bs []*simBucket) []byte {
 		batch = bsoncore.AppendDocumentElement(batch, itoa(i), bsoncore.NewDocumentBuilder().AppendValue("_id", b.id).AppendValue("meta", b.meta).Build())
 	}
 	batch, _ = bsoncore.AppendArrayEnd(batch, aidx)
-	return cursorReply(batch)
+	return simCursorReply(batch)
 }
 
 func withIDFirst(doc []byte, id bson.ObjectID) []byte {
