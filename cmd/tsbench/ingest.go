@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -43,10 +44,32 @@ func ingestRules() ([]rules.Rule, error) {
 
 type ingestCase struct{ batch, conc int }
 
+var allIngestCases = []ingestCase{{1000, 1}, {1000, 16}, {100, 1}, {100, 16}, {1, 1}, {1, 16}}
+
+// parseCases reads "batch/clients,..." ("" is every case).
+func parseCases(s string) ([]ingestCase, error) {
+	if s == "" {
+		return allIngestCases, nil
+	}
+	var cs []ingestCase
+	for _, part := range strings.Split(s, ",") {
+		var c ingestCase
+		if _, err := fmt.Sscanf(part, "%d/%d", &c.batch, &c.conc); err != nil || c.batch < 1 || c.conc < 1 {
+			return nil, fmt.Errorf("-cases: %q is not batch/clients (e.g. 1000/16)", part)
+		}
+		cs = append(cs, c)
+	}
+	return cs, nil
+}
+
 // benchIngest inserts the same events through the proxy into buckets and
 // directly as plain documents, for each batch size and concurrency, and
 // reports events/s and what each layout stores.
-func benchIngest(e *benchEnv, runs, events int) error {
+func benchIngest(e *benchEnv, runs, events int, only string) error {
+	cases, err := parseCases(only)
+	if err != nil {
+		return err
+	}
 	ctx := context.Background()
 	proxyC, err := mongo.Connect(options.Client().ApplyURI(e.proxyURI).SetMaxPoolSize(32).SetTimeout(10 * time.Minute))
 	if err != nil {
@@ -58,7 +81,6 @@ func benchIngest(e *benchEnv, runs, events int) error {
 		return err
 	}
 	defer directC.Disconnect(ctx)
-	cases := []ingestCase{{1000, 1}, {1000, 16}, {100, 1}, {100, 16}, {1, 1}, {1, 16}}
 	type key struct {
 		c    ingestCase
 		path string
