@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -86,6 +87,7 @@ func benchIngest(e *benchEnv, runs, events int, only string) error {
 		path string
 	}
 	rates := map[key][]float64{}
+	cpus := map[key][]float64{}
 	var lastStats map[string]collStats
 	for r := 0; r < runs; r++ {
 		for _, c := range cases {
@@ -99,12 +101,15 @@ func benchIngest(e *benchEnv, runs, events int, only string) error {
 					client, coll = proxyC, "events"
 				}
 				dropIngest(ctx, directC, proxyC)
+				cpu0 := processCPU()
 				rate, err := ingest(ctx, client.Database("tsbench").Collection(coll), n, c)
 				if err != nil {
 					return fmt.Errorf("%s batch %d conc %d: %w", path, c.batch, c.conc, err)
 				}
+				cpu := float64((processCPU() - cpu0).Nanoseconds()) / 1e3 / float64(n)
 				rates[key{c, path}] = append(rates[key{c, path}], rate)
-				fmt.Fprintf(os.Stderr, "  %s batch %d clients %d: %d events, %.0f events/s\n", path, c.batch, c.conc, n, rate)
+				cpus[key{c, path}] = append(cpus[key{c, path}], cpu)
+				fmt.Fprintf(os.Stderr, "  %s batch %d clients %d: %d events, %.0f events/s, %.1f CPU µs/event\n", path, c.batch, c.conc, n, rate, cpu)
 			}
 		}
 		fmt.Printf("run %d/%d done\n", r+1, runs)
@@ -126,11 +131,14 @@ func benchIngest(e *benchEnv, runs, events int, only string) error {
 		lastStats[coll] = st
 	}
 	fmt.Printf("\nmedians of %d runs; %d events per case (batch 1: %d per client), 1-second data, 10 series\n\n", runs, events, 2000)
-	fmt.Println("| batch | clients | direct events/s | proxy events/s | proxy/direct |")
-	fmt.Println("|---:|---:|---:|---:|---:|")
+	fmt.Println("CPU µs/event: CPU time of the whole process (clients, proxy and embedded upstream) per event, less sensitive than events/s to other load on the machine")
+	fmt.Println()
+	fmt.Println("| batch | clients | direct events/s | proxy events/s | proxy/direct | direct CPU µs/event | proxy CPU µs/event |")
+	fmt.Println("|---:|---:|---:|---:|---:|---:|---:|")
 	for _, c := range cases {
 		d, p := median(rates[key{c, "direct"}]), median(rates[key{c, "proxy"}])
-		fmt.Printf("| %d | %d | %.0f | %.0f | %.2f |\n", c.batch, c.conc, d, p, p/d)
+		dc, pc := median(cpus[key{c, "direct"}]), median(cpus[key{c, "proxy"}])
+		fmt.Printf("| %d | %d | %.0f | %.0f | %.2f | %.1f | %.1f |\n", c.batch, c.conc, d, p, p/d, dc, pc)
 	}
 	pl, bu := lastStats["plain"], lastStats["events.buckets"]
 	fmt.Printf("\n%d events, collStats:\n\n", events)
@@ -211,4 +219,13 @@ func stats(ctx context.Context, db *mongo.Database, coll string) (collStats, err
 	}
 	get := func(k string) int64 { v, _ := r.Lookup(k).AsInt64OK(); return v }
 	return collStats{count: get("count"), size: get("size"), indexSize: get("totalIndexSize")}, nil
+}
+
+// processCPU is the user and system CPU time the process has used so far.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
