@@ -29,14 +29,22 @@ type statementDoc struct {
 // bucket (seq n) takes, with one upsert, the events that fit in it; the
 // rest goes, chunk by chunk, to new buckets n+1, n+2, ... — inserted whole
 // when a chunk has at least the insert threshold of events, else created
-// by an upsert. Statements become upstream commands: inserts first, then
-// updates.
-func (p *InsertPlan) buildCommands(events []event) {
+// by an upsert. Where updates are costly (Caps.CostlyUpdates) every new
+// bucket is inserted whole: FerretDB runs an upsert that creates a
+// document as a find, an update of an empty document and an insert, at
+// several times the cost of the insert alone, and its fills are exact (a
+// stale one makes the insert meet a duplicate key, which Retry re-plans as
+// it does for a complete bucket). Statements become upstream commands:
+// inserts first, then updates.
+func (p *InsertPlan) buildCommands(events []event) { p.buildGroups(groupEvents(events)) }
+
+// buildGroups is buildCommands for events already grouped.
+func (p *InsertPlan) buildGroups(groups [][]event) {
 	rule, lim := p.rule, p.lim
 	ns := rule.BucketNamespace()
 	idOnly := p.opts.Caps.IDOnlyFilters
 	var inserts, updates []statementDoc
-	for _, g := range groupEvents(events) {
+	for _, g := range groups {
 		key := eventKey(g[0].meta, g[0].start)
 		fill := BucketFill{Seq: -1}
 		if p.opts.Buckets != nil {
@@ -70,7 +78,7 @@ func (p *InsertPlan) buildCommands(events []event) {
 			fill = BucketFill{Seq: fill.Seq + 1, Count: len(chunk), Bytes: chunkBytes(chunk)}
 			st := plannedStatement{events: eventIndexes(chunk), chunk: chunk, key: ki, seq: fill.Seq}
 			id := BucketID(ns, g[0].meta, g[0].start, fill.Seq)
-			if len(chunk) >= lim.threshold {
+			if len(chunk) >= lim.threshold || p.opts.Caps.CostlyUpdates {
 				inserts = append(inserts, statementDoc{doc: completeBucket(id, chunk, rule, lim), plan: st})
 			} else {
 				updates = append(updates, statementDoc{doc: upsertStatement(id, chunk, lim, rule.TimeField, idOnly), plan: st})
