@@ -65,11 +65,14 @@ func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
 		}
 		return c.replyError(req, codeFailedToParse, "FailedToParse", err.Error())
 	}
-	keys, err := rewrite.InsertKeys(cmd, rule)
+	// Everything that does not depend on the fills (validation, the
+	// stored events, grouping) is done before locking, so that inserts into
+	// the same series overlap it with each other's upstream round trips.
+	prepared, err := rewrite.PrepareInsert(cmd, rule, bson.NewObjectID)
 	if err != nil {
 		return refuse(err)
 	}
-	locked := c.s.state.bucketCache().lock(rule.BucketNamespace(), keys)
+	locked := c.s.state.bucketCache().lock(rule.BucketNamespace(), prepared.Keys())
 	defer locked.unlock()
 
 	span := c.s.tel.startCommand(req, routeRewrite)
@@ -81,11 +84,7 @@ func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
 		span.end(req, upTime, err)
 		return err
 	}
-	plan, err := rewrite.Insert(cmd, rule, rewrite.InsertOptions{Caps: caps, NewObjectID: bson.NewObjectID, Buckets: locked.fill})
-	if err != nil {
-		span.end(req, upTime, nil)
-		return refuse(err)
-	}
+	plan := prepared.Plan(rewrite.InsertOptions{Caps: caps, NewObjectID: bson.NewObjectID, Buckets: locked.fill})
 	var replies [][]byte
 	for {
 		replies = make([][]byte, 0, len(plan.Commands))
@@ -93,11 +92,12 @@ func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
 			frame := wire.AppendMsg(c.outBuf[:0], upstream.NextRequestID(), 0, 0, cmd)
 			c.outBuf = frame[:0]
 			t0 := time.Now()
-			if caps.MaxUpdateStatements > 0 {
+			slot := caps.MaxUpdateStatements > 0 && plan.IsUpdate(i)
+			if slot {
 				c.s.state.writeSlots <- struct{}{}
 			}
 			body, err := c.roundTripBody(frame)
-			if caps.MaxUpdateStatements > 0 {
+			if slot {
 				<-c.s.state.writeSlots
 			}
 			upTime += time.Since(t0)

@@ -32,20 +32,19 @@ func benchRule() *rules.Rule {
 	return r
 }
 
-// BenchmarkInsertPlan1000 is the proxy's CPU per batch of 1000 events:
-// keys, then the plan (groups of 100 become complete buckets).
+// BenchmarkInsertPlan1000 is the proxy's rewrite CPU per batch of 1000
+// events: prepare, then plan (groups of 100 become complete buckets).
 func BenchmarkInsertPlan1000(b *testing.B) {
 	cmd, rule := benchInsertCommand(b, 1000), benchRule()
 	caps := Caps{IDOnlyFilters: true, CostlyUpdates: true, MaxUpdateStatements: FerretDBMaxUpdateStatements}
 	b.ReportAllocs()
 	for b.Loop() {
-		keys, err := InsertKeys(cmd, rule)
-		if err != nil || len(keys) != 10 {
-			b.Fatalf("keys %d, %v", len(keys), err)
+		pi, err := PrepareInsert(cmd, rule, bson.NewObjectID)
+		if err != nil || len(pi.Keys()) != 10 {
+			b.Fatalf("prepare: %v", err)
 		}
-		p, err := Insert(cmd, rule, InsertOptions{Caps: caps, NewObjectID: bson.NewObjectID})
-		if err != nil || len(p.Commands) != 1 {
-			b.Fatalf("plan: %v", err)
+		if p := pi.Plan(InsertOptions{Caps: caps}); len(p.Commands) != 1 {
+			b.Fatalf("plan: %d commands", len(p.Commands))
 		}
 	}
 }

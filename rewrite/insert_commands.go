@@ -183,3 +183,10 @@ func (p *InsertPlan) mayJoin(fill BucketFill, k int) bool {
 	}
 	return fill.Count < p.lim.threshold && k < p.lim.threshold
 }
+
+// IsUpdate reports whether Commands[i] is an update command (of upserts)
+// rather than an insert of complete buckets: only updates hold FerretDB's
+// SQLite connections while they run (see Caps.MaxUpdateStatements).
+func (p *InsertPlan) IsUpdate(i int) bool {
+	return i >= 0 && i < len(p.upstream) && p.upstream[i].kind == "update"
+}
