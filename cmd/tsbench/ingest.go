@@ -19,8 +19,9 @@ import (
 	"github.com/tsproxy/tsproxy/rules"
 )
 
-// ingestRules buckets tsbench.events: 1-second data in 1-hour buckets.
-func ingestRules() ([]rules.Rule, error) {
+// ingestRules buckets tsbench.events: 1-second data in 1-hour buckets;
+// threshold is the insertThreshold (0: the default).
+func ingestRules(threshold int) ([]rules.Rule, error) {
 	dir, err := os.MkdirTemp("", "tsbench-config-*")
 	if err != nil {
 		return nil, err
@@ -31,9 +32,14 @@ func ingestRules() ([]rules.Rule, error) {
   - namespace: tsbench.events
     timeField: ts
     metaField: sensor
-    bucket: {span: 1h, maxEvents: 3600}
+    bucket: {span: 1h, maxEvents: 3600%s}
     aggregates: [value]
 `
+	if threshold > 0 {
+		yaml = fmt.Sprintf(yaml, fmt.Sprintf(", insertThreshold: %d", threshold))
+	} else {
+		yaml = fmt.Sprintf(yaml, "")
+	}
 	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
 		return nil, err
 	}

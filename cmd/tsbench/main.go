@@ -36,6 +36,7 @@ func main() {
 	dur := fs.Duration("dur", 2*time.Second, "duration of each throughput run")
 	events := fs.Int("events", 100_000, "ingest: events per configuration")
 	cases := fs.String("cases", "", "ingest: batch/clients pairs to run, e.g. 1000/1,1000/16 (default: all six)")
+	threshold := fs.Int("insert-threshold", 0, "ingest: the rule's bucket.insertThreshold (0: the default)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (proxy, upstream and clients) to `file`")
 	fs.Usage = func() {
 		fmt.Fprintln(os.Stderr, "usage: tsbench [flags] passthrough|ingest")
@@ -57,7 +58,7 @@ func main() {
 		err = withEnv(*upstreamURI, nil, func(e *benchEnv) error { return benchPassthrough(e, *runs, *n, *dur) })
 	case "ingest":
 		var rs []rules.Rule
-		if rs, err = ingestRules(); err == nil {
+		if rs, err = ingestRules(*threshold); err == nil {
 			err = withEnv(*upstreamURI, rs, func(e *benchEnv) error { return benchIngest(e, *runs, *events, *cases) })
 		}
 	default:
