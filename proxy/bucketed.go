@@ -88,9 +88,13 @@ func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
 	var replies [][]byte
 	for {
 		replies = make([][]byte, 0, len(plan.Commands))
-		for i, cmd := range plan.Commands {
-			frame := wire.AppendMsg(c.outBuf[:0], upstream.NextRequestID(), 0, 0, cmd)
-			c.outBuf = frame[:0]
+		for i := range plan.Commands {
+			frame, err := c.bucketWriteFrame(plan, i)
+			if err != nil {
+				locked.forgetAll()
+				span.end(req, upTime, err)
+				return err
+			}
 			t0 := time.Now()
 			slot := caps.MaxUpdateStatements > 0 && plan.IsUpdate(i)
 			if slot {
@@ -134,6 +138,22 @@ func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
 		return nil
 	}
 	return c.replyBody(req, plan.ReplyFromRaw(replies))
+}
+
+// bucketWriteFrame encodes command i of plan with its statements in a
+// document sequence, as drivers send them (see CommandSections).
+func (c *conn) bucketWriteFrame(plan *rewrite.InsertPlan, i int) ([]byte, error) {
+	body, id, stmts, err := plan.CommandSections(i)
+	if err != nil {
+		return nil, err
+	}
+	m := wire.Msg{Body: body, Sequences: []wire.Sequence{{Identifier: id, Documents: stmts}}}
+	frame, err := m.Encode(c.outBuf[:0], wire.Header{RequestID: upstream.NextRequestID()})
+	if err != nil {
+		return nil, fmt.Errorf("encode bucket write: %w", err)
+	}
+	c.outBuf = frame[:0]
+	return frame, nil
 }
 
 // roundTripBody sends a frame the proxy built and returns a copy of the

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
 // TestPrepareInsertPlan: preparing (before the keys are locked) and then
@@ -74,5 +75,65 @@ func TestPrepareInsertErrors(t *testing.T) {
 	}
 	if _, err := PrepareInsert(bodyCmd(t, []bson.D{ev(oid(1), dt(1), "a", 1.0)}), rule, nil); err == nil {
 		t.Fatal("nil NewObjectID accepted")
+	}
+}
+
+// TestCommandSections: every command splits into its body without the
+// statements and the statements themselves, in order, for inserts of
+// complete buckets and updates alike.
+func TestCommandSections(t *testing.T) {
+	var evs []bson.D
+	for i := byte(1); i <= 7; i++ { // series a: 3 (a complete bucket) + 3 + 1 (upsert); b: 1 (upsert)
+		meta := "a"
+		if i == 7 {
+			meta = "b"
+		}
+		evs = append(evs, ev(oid(i), dt(int64(i)), meta, float64(i)))
+	}
+	p := mustInsert(t, seqCmd(t, evs, bson.E{Key: "ordered", Value: false}), testRule(), opts())
+	kinds := map[string]bool{}
+	for i, cmd := range p.Commands {
+		body, id, stmts, err := p.CommandSections(i)
+		if err != nil {
+			t.Fatalf("command %d: %v", i, err)
+		}
+		kinds[id] = true
+		arr, err := bsoncore.Document(cmd).LookupErr(id)
+		if err != nil {
+			t.Fatalf("command %d has no %q", i, id)
+		}
+		want, _ := arr.Array().Values()
+		if len(stmts) != len(want) || len(stmts) == 0 {
+			t.Fatalf("command %d: %d statements, want %d", i, len(stmts), len(want))
+		}
+		for j := range want {
+			if !bytes.Equal(stmts[j], want[j].Document()) {
+				t.Fatalf("command %d statement %d differs", i, j)
+			}
+		}
+		if _, err := bsoncore.Document(body).LookupErr(id); err == nil {
+			t.Fatalf("body of command %d still holds %q", i, id)
+		}
+		wantElems, _ := bsoncore.Document(cmd).Elements()
+		gotElems, _ := bsoncore.Document(body).Elements()
+		if len(gotElems) != len(wantElems)-1 {
+			t.Fatalf("body of command %d has %d fields, want %d", i, len(gotElems), len(wantElems)-1)
+		}
+		k := 0
+		for _, e := range wantElems {
+			if e.Key() == id {
+				continue
+			}
+			if !bytes.Equal(gotElems[k], e) {
+				t.Fatalf("body of command %d field %d: %s, want %s", i, k, gotElems[k], e)
+			}
+			k++
+		}
+	}
+	if !kinds["documents"] || !kinds["updates"] {
+		t.Fatalf("want an insert and an update, got %v", kinds)
+	}
+	if _, _, _, err := p.CommandSections(len(p.Commands)); err == nil {
+		t.Fatal("no error for a command out of range")
 	}
 }
