@@ -41,9 +41,10 @@ func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
 		fmt.Sprintf("tsproxy rule %s: command %q is not supported on a bucketed namespace", rule.Namespace, req.name))
 }
 
-// rewriteInsert stores the events of an insert as buckets: it locks the
-// insert's (series, window) keys, loads the fills it does not know by point
-// reads, plans against them, runs the commands on the client's connection,
+// rewriteInsert stores the events of an insert as buckets: it prepares the
+// events, locks the insert's (series, window) keys, loads the fills it does
+// not know by point reads, plans against them, runs the commands on the
+// client's connection (an update only while holding a write slot),
 // re-plans statements that met a duplicate key (a full bucket, or a seq
 // another writer took), and keeps the new fills for the next insert.
 //
