@@ -56,9 +56,10 @@ func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
 		fmt.Sprintf("tsproxy rule %s: command %q is not supported on a bucketed namespace", rule.Namespace, req.name))
 }
 
-// rewriteInsert stores the events of an insert as buckets: it locks the
-// insert's (series, window) keys, loads the fills it does not know by point
-// reads, plans against them, runs the commands on the client's connection,
+// rewriteInsert stores the events of an insert as buckets: it prepares the
+// events, locks the insert's (series, window) keys, loads the fills it does
+// not know by point reads, plans against them, runs the commands on the
+// client's connection (an update only while holding a write slot),
 // re-plans statements that met a duplicate key (a full bucket, or a seq
 // another writer took), and keeps the new fills for the next insert.
 //
@@ -81,11 +82,14 @@ func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
 		}
 		return c.replyError(req, codeFailedToParse, "FailedToParse", err.Error())
 	}
-	keys, err := rewrite.InsertKeys(cmd, rule)
+	// Everything that does not depend on the fills (validation, the
+	// stored events, grouping) is done before locking, so that inserts into
+	// the same series overlap it with each other's upstream round trips.
+	prepared, err := rewrite.PrepareInsert(cmd, rule, bson.NewObjectID)
 	if err != nil {
 		return refuse(err)
 	}
-	locked := c.s.state.bucketCache().lock(rule.BucketNamespace(), keys)
+	locked := c.s.state.bucketCache().lock(rule.BucketNamespace(), prepared.Keys())
 	defer locked.unlock()
 
 	span := c.s.tel.startCommand(req, routeRewrite)
@@ -113,24 +117,31 @@ func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
 			return c.replyBody(req, replay.AllStoredReply())
 		}
 		cmd = replay.Command
+		// The events left are a subset of those prepared, so their keys
+		// are among the locked ones.
+		if prepared, err = rewrite.PrepareInsert(cmd, rule, bson.NewObjectID); err != nil {
+			span.end(req, upTime, nil)
+			return refuse(err)
+		}
 	}
-	plan, err := rewrite.Insert(cmd, rule, rewrite.InsertOptions{Caps: caps, NewObjectID: bson.NewObjectID, Buckets: locked.fill})
-	if err != nil {
-		span.end(req, upTime, nil)
-		return refuse(err)
-	}
+	plan := prepared.Plan(rewrite.InsertOptions{Caps: caps, NewObjectID: bson.NewObjectID, Buckets: locked.fill})
 	var replies [][]byte
 	for {
 		replies = make([][]byte, 0, len(plan.Commands))
-		for i, cmd := range plan.Commands {
-			frame := wire.AppendMsg(c.outBuf[:0], upstream.NextRequestID(), 0, 0, cmd)
-			c.outBuf = frame[:0]
+		for i := range plan.Commands {
+			frame, err := c.bucketWriteFrame(plan, i)
+			if err != nil {
+				locked.forgetAll()
+				span.end(req, upTime, err)
+				return err
+			}
 			t0 := time.Now()
-			if caps.MaxUpdateStatements > 0 {
+			slot := caps.MaxUpdateStatements > 0 && plan.IsUpdate(i)
+			if slot {
 				c.s.state.writeSlots <- struct{}{}
 			}
 			body, err := c.roundTripBody(frame)
-			if caps.MaxUpdateStatements > 0 {
+			if slot {
 				<-c.s.state.writeSlots
 			}
 			upTime += time.Since(t0)
@@ -177,6 +188,22 @@ func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
 		return err
 	}
 	return nil
+}
+
+// bucketWriteFrame encodes command i of plan with its statements in a
+// document sequence, as drivers send them (see CommandSections).
+func (c *conn) bucketWriteFrame(plan *rewrite.InsertPlan, i int) ([]byte, error) {
+	body, id, stmts, err := plan.CommandSections(i)
+	if err != nil {
+		return nil, err
+	}
+	m := wire.Msg{Body: body, Sequences: []wire.Sequence{{Identifier: id, Documents: stmts}}}
+	frame, err := m.Encode(c.outBuf[:0], wire.Header{RequestID: upstream.NextRequestID()})
+	if err != nil {
+		return nil, fmt.Errorf("encode bucket write: %w", err)
+	}
+	c.outBuf = frame[:0]
+	return frame, nil
 }
 
 // roundTripBody sends a frame the proxy built and returns a copy of the

@@ -20,7 +20,7 @@ type upstreamState struct {
 	indexes  map[string]time.Time // bucket namespace -> when its index was ensured
 	isFerret bool
 	buckets  *bucketCache // fills of open buckets; see buckets.go
-	// writeSlots bounds the bucket write commands running at once on an
+	// writeSlots bounds the bucket update commands running at once on an
 	// upstream with Caps.MaxUpdateStatements (FerretDB); see buckets.go.
 	writeSlots chan struct{}
 }

@@ -40,11 +40,15 @@ func validateDeep(doc []byte, depth int) error {
 	if err := bsoncore.Document(doc).Validate(); err != nil {
 		return err
 	}
-	elems, err := bsoncore.Document(doc).Elements()
-	if err != nil {
-		return err
-	}
-	for _, e := range elems {
+	// Walked without Elements(), which allocates a slice per document:
+	// this runs on every event of every bucketed insert.
+	rem := doc[4 : len(doc)-1] // Validate checked the length and terminator
+	for len(rem) > 0 {
+		e, rest, ok := bsoncore.ReadElement(rem)
+		if !ok {
+			return bsoncore.ErrElementMissingKey
+		}
+		rem = rest
 		if err := validateNestedValue(e.Value(), depth); err != nil {
 			return fmt.Errorf("field %q: %w", e.Key(), err)
 		}

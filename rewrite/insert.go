@@ -163,18 +163,71 @@ func checkInsert(cmd Command, rule *rules.Rule) (limits, []bsoncore.Document, bo
 }
 
 func planInsert(cmd Command, rule *rules.Rule, opts InsertOptions) (*InsertPlan, error) {
+	pi, err := prepareInsert(cmd, rule, opts.NewObjectID)
+	if err != nil {
+		return nil, err
+	}
+	return pi.plan(opts), nil
+}
+
+// PreparedInsert is an insert validated and its events made ready to
+// store, before any bucket is chosen: the work of an insert that does not
+// depend on the buckets' fills, so that a caller can do it before taking
+// the locks of the insert's keys (see Keys) and plan under them (Plan).
+type PreparedInsert struct {
+	rule     *rules.Rule
+	lim      limits
+	body     bsoncore.Document
+	ordered  bool
+	rejected []writeError // events refused before anything is sent
+	groups   [][]event    // by (series, window), in order of first appearance
+	keys     []BucketKey  // of groups, sorted
+}
+
+// PrepareInsert validates an insert on rule's namespace and prepares its
+// events (newID makes the _id of an event that has none). Its errors are
+// Insert's.
+func PrepareInsert(cmd Command, rule *rules.Rule, newID func() bson.ObjectID) (*PreparedInsert, error) {
+	pi, err := prepareInsert(cmd, rule, newID)
+	if err != nil {
+		return nil, fmt.Errorf("rewrite insert %s: %w", ruleName(rule), err)
+	}
+	return pi, nil
+}
+
+func prepareInsert(cmd Command, rule *rules.Rule, newID func() bson.ObjectID) (*PreparedInsert, error) {
 	lim, docs, ordered, err := checkInsert(cmd, rule)
 	if err != nil {
 		return nil, err
 	}
-	if opts.NewObjectID == nil {
+	if newID == nil {
 		return nil, commandErrorf(CodeInternalError, "InsertOptions.NewObjectID is nil")
 	}
-	p := &InsertPlan{namespace: rule.Namespace, ordered: ordered, rule: rule, lim: lim, opts: opts,
-		body: cmd.Body, inTxn: inTransaction(cmd.Body)}
-	events := p.prepareEvents(docs, rule, lim, opts.NewObjectID)
-	p.buildCommands(events)
-	return p, nil
+	events, rejected := prepareEvents(docs, ordered, rule, lim, newID)
+	pi := &PreparedInsert{rule: rule, lim: lim, body: cmd.Body, ordered: ordered, rejected: rejected, groups: groupEvents(events)}
+	for _, g := range pi.groups {
+		pi.keys = append(pi.keys, eventKey(g[0].meta, g[0].start))
+	}
+	slices.SortFunc(pi.keys, compareKeys)
+	return pi, nil
+}
+
+// Keys are the (series, window) keys the insert writes to, sorted: the
+// keys whose fills Plan asks opts.Buckets for. Events refused before
+// sending have none; with ordered:true neither have the events after the
+// first refused one.
+func (pi *PreparedInsert) Keys() []BucketKey { return pi.keys }
+
+// Plan is Insert's plan for the prepared insert against the fills
+// opts.Buckets reports (opts.NewObjectID is not used: the events' ids were
+// made by PrepareInsert). A PreparedInsert may be planned more than once.
+func (pi *PreparedInsert) Plan(opts InsertOptions) *InsertPlan { return pi.plan(opts) }
+
+func (pi *PreparedInsert) plan(opts InsertOptions) *InsertPlan {
+	p := &InsertPlan{namespace: pi.rule.Namespace, ordered: pi.ordered, rule: pi.rule, lim: pi.lim, opts: opts,
+		body: pi.body, inTxn: inTransaction(pi.body), rejected: slices.Clone(pi.rejected)}
+	p.buildGroups(pi.groups)
+	return p
 }
 
 // checkInsertTarget makes sure the command is an insert into the rule's

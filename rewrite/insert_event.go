@@ -1,6 +1,7 @@
 package rewrite
 
 import (
+	"encoding/binary"
 	"fmt"
 	"strings"
 
@@ -19,67 +20,129 @@ type event struct {
 	aggs   []bsoncore.Value // per limits.aggregates; Type 0 when absent
 }
 
-// seriesKey identifies the event's (series, window). Two metas are the
-// same series when their BSON bytes (type and value) are equal, so
-// {a:1,b:2} and {b:2,a:1} are different series, as in MongoDB. So are 1
-// and 1.0 within a batch; but the upstream's {meta: 1} also matches a
-// bucket whose meta is 1.0 (MongoDB compares numbers by value), so such
-// events may share a bucket and read back with that bucket's numeric type.
-func (e *event) seriesKey() string {
-	var b strings.Builder
-	b.WriteByte(byte(e.meta.Type))
-	b.Write(e.meta.Data)
-	fmt.Fprintf(&b, "|%d", e.start)
-	return b.String()
+// appendSeriesKey appends the event's (series, window) identity: the
+// meta's type byte and bytes, then the window start. Two metas are the same
+// series when their BSON bytes (type and value) are equal, so {a:1,b:2}
+// and {b:2,a:1} are different series, as in MongoDB. So are 1 and 1.0
+// within a batch; but the upstream's {meta: 1} also matches a bucket whose
+// meta is 1.0 (MongoDB compares numbers by value), so such events may share
+// a bucket and read back with that bucket's numeric type.
+func (e *event) appendSeriesKey(dst []byte) []byte {
+	dst = append(dst, byte(e.meta.Type))
+	dst = append(dst, e.meta.Data...)
+	return binary.BigEndian.AppendUint64(dst, uint64(e.start))
 }
 
 // prepareEvents validates each event and builds its stored form. Invalid
 // events are recorded as rejected; with ordered:true the batch is cut
 // before the first of them, so the events after it are neither written
-// nor reported, as a plain collection does.
-func (p *InsertPlan) prepareEvents(docs []bsoncore.Document, rule *rules.Rule, lim limits, newID func() bson.ObjectID) []event {
+// nor reported, as a plain collection does. The stored forms share one
+// buffer and the aggregate values one slice (an insert holds them all
+// until it is answered anyway): two allocations per batch, not per event.
+func prepareEvents(docs []bsoncore.Document, ordered bool, rule *rules.Rule, lim limits, newID func() bson.ObjectID) ([]event, []writeError) {
+	total := 0
+	for _, doc := range docs {
+		total += len(doc) + storedIDBytes
+	}
+	buf := make([]byte, 0, total)
+	na := len(lim.aggregates)
+	aggs := make([]bsoncore.Value, len(docs)*na)
 	events := make([]event, 0, len(docs))
+	var rejected []writeError
 	for i, doc := range docs {
-		ev, werr := prepareEvent(doc, i, rule, lim, newID)
+		ev, werr := prepareEvent(doc, i, rule, lim, newID, &buf, aggs[:na:na])
 		if werr != nil {
-			p.rejected = append(p.rejected, *werr)
-			if p.ordered {
+			clear(aggs[:na]) // reused by the next event
+			rejected = append(rejected, *werr)
+			if ordered {
 				break
 			}
 			continue
 		}
+		aggs = aggs[na:]
 		events = append(events, ev)
 	}
-	return events
+	return events, rejected
 }
 
-func prepareEvent(doc bsoncore.Document, index int, rule *rules.Rule, lim limits, newID func() bson.ObjectID) (event, *writeError) {
+// storedIDBytes is what an _id added to a stored event takes: an ObjectId
+// element named "_id".
+const storedIDBytes = 1 + 4 + 12
+
+// eventFields are the fields of an event the write path reads, found in
+// one pass over its top level.
+type eventFields struct {
+	hasID      bool
+	time, meta bsoncore.Value // Type 0 when absent
+}
+
+// readEventFields reads _id presence, the time and meta fields and the
+// aggregates (into aggs, per lim.aggregates) in one pass; the first
+// occurrence of a name counts, as a lookup finds it.
+func readEventFields(doc bsoncore.Document, rule *rules.Rule, lim limits, aggs []bsoncore.Value) (eventFields, error) {
+	var f eventFields
+	if len(doc) < 5 {
+		return f, bsoncore.ErrMissingNull
+	}
+	rem := doc[4 : len(doc)-1]
+	for len(rem) > 0 {
+		elem, rest, ok := bsoncore.ReadElement(rem)
+		if !ok {
+			return f, bsoncore.ErrElementMissingKey
+		}
+		rem = rest
+		key := elem.KeyBytes()
+		switch {
+		case string(key) == "_id":
+			f.hasID = true
+		case string(key) == rule.TimeField:
+			if f.time.Type == 0 {
+				f.time = elem.Value()
+			}
+		case rule.MetaField != "" && string(key) == rule.MetaField:
+			if f.meta.Type == 0 {
+				f.meta = elem.Value()
+			}
+		}
+		for i, a := range lim.aggregates {
+			if string(key) == a && aggs[i].Type == 0 {
+				aggs[i] = elem.Value()
+			}
+		}
+	}
+	return f, nil
+}
+
+func prepareEvent(doc bsoncore.Document, index int, rule *rules.Rule, lim limits, newID func() bson.ObjectID, buf *[]byte, aggs []bsoncore.Value) (event, *writeError) {
 	reject := func(code int32, format string, args ...any) (event, *writeError) {
 		return event{}, eventError(index, rule, code, format, args...)
 	}
-	meta, ms, start, werr := eventTimeMeta(doc, index, rule, lim)
-	if werr != nil {
-		return event{}, werr
-	}
-	ev := event{index: index, meta: meta, time: ms, start: start}
-
-	for _, name := range lim.aggregates {
-		v, ok := lookupTop(doc, name)
-		if ok && !isAggregatable(v.Type) {
-			return reject(CodeBadValue, "aggregate field %q must be a number (int, long or double), got %s", name, typeName(v.Type))
-		}
-		ev.aggs = append(ev.aggs, v) // zero Value when absent
-	}
-
-	stored, err := storedEvent(doc, rule.MetaField, newID)
+	f, err := readEventFields(doc, rule, lim, aggs)
 	if err != nil {
 		return reject(CodeInvalidBSON, "event is not valid BSON: %v", err)
 	}
+	meta, ms, start, werr := checkTimeMeta(f.time, f.meta, index, rule, lim)
+	if werr != nil {
+		return event{}, werr
+	}
+	for i, name := range lim.aggregates {
+		if v := aggs[i]; v.Type != 0 && !isAggregatable(v.Type) {
+			return reject(CodeBadValue, "aggregate field %q must be a number (int, long or double), got %s", name, typeName(v.Type))
+		}
+	}
+	from := len(*buf)
+	out, err := appendStoredEvent(*buf, doc, rule.MetaField, !f.hasID, newID)
+	if err != nil {
+		return reject(CodeInvalidBSON, "event is not valid BSON: %v", err)
+	}
+	stored := bsoncore.Document(out[from:len(out):len(out)])
 	if int64(len(stored)) > lim.maxBytes {
 		return reject(CodeBSONObjectTooLarge, "event is %d bytes as stored, more than the bucket limit maxBytes %d", len(stored), lim.maxBytes)
 	}
-	ev.stored = stored
-	return ev, nil
+	// The buffer was sized for every event with an added _id, so appending
+	// never moved it: the slices of earlier events stay valid.
+	*buf = out
+	return event{index: index, meta: meta, time: ms, start: start, stored: stored, aggs: aggs}, nil
 }
 
 func eventError(index int, rule *rules.Rule, code int32, format string, args ...any) *writeError {
@@ -91,12 +154,21 @@ func eventError(index int, rule *rules.Rule, code int32, format string, args ...
 // bucket: the metaField value (null when absent), the time and the window
 // start.
 func eventTimeMeta(doc bsoncore.Document, index int, rule *rules.Rule, lim limits) (meta bsoncore.Value, ms, start int64, werr *writeError) {
+	t, _ := lookupTop(doc, rule.TimeField)
+	var m bsoncore.Value
+	if rule.MetaField != "" {
+		m, _ = lookupTop(doc, rule.MetaField)
+	}
+	return checkTimeMeta(t, m, index, rule, lim)
+}
+
+// checkTimeMeta checks an event's time and meta values (Type 0: absent).
+func checkTimeMeta(t, m bsoncore.Value, index int, rule *rules.Rule, lim limits) (meta bsoncore.Value, ms, start int64, werr *writeError) {
 	meta = bsoncore.Value{Type: bsoncore.TypeNull}
-	t, ok := lookupTop(doc, rule.TimeField)
-	if !ok {
+	if t.Type == 0 {
 		return meta, 0, 0, eventError(index, rule, CodeBadValue, "event has no timeField %q", rule.TimeField)
 	}
-	ms, ok = t.DateTimeOK()
+	ms, ok := t.DateTimeOK()
 	if !ok {
 		return meta, 0, 0, eventError(index, rule, CodeBadValue, "timeField %q must be a BSON date, got %s", rule.TimeField, typeName(t.Type))
 	}
@@ -104,13 +176,11 @@ func eventTimeMeta(doc bsoncore.Document, index int, rule *rules.Rule, lim limit
 	if start > ms { // flooring wrapped around the int64 range
 		return meta, 0, 0, eventError(index, rule, CodeBadValue, "timeField %q date %d is out of the supported range", rule.TimeField, ms)
 	}
-	if rule.MetaField != "" {
-		if m, ok := lookupTop(doc, rule.MetaField); ok {
-			if why := unsupportedMeta(m); why != "" {
-				return meta, 0, 0, eventError(index, rule, CodeBadValue, "metaField %q: %s", rule.MetaField, why)
-			}
-			meta = m
+	if m.Type != 0 {
+		if why := unsupportedMeta(m); why != "" {
+			return meta, 0, 0, eventError(index, rule, CodeBadValue, "metaField %q: %s", rule.MetaField, why)
 		}
+		meta = m
 	}
 	return meta, ms, start, nil
 }
@@ -138,26 +208,32 @@ func isAggregatable(t bsoncore.Type) bool {
 	return t == bsoncore.TypeInt32 || t == bsoncore.TypeInt64 || t == bsoncore.TypeDouble
 }
 
-// storedEvent is the event as kept in a bucket's events array: an _id
-// first when the event had none (as mongod adds one), and the metaField's
-// value replaced by null at its own position. The null marks where the
-// read path puts the bucket's meta back, so field order and presence
-// round-trip exactly; an absent key means the event had no metaField.
-func storedEvent(doc bsoncore.Document, metaField string, newID func() bson.ObjectID) (bsoncore.Document, error) {
-	elems, err := doc.Elements()
-	if err != nil {
-		return nil, err
+// appendStoredEvent appends the event as kept in a bucket's events array:
+// an _id first when the event had none (addID; as mongod adds one), and
+// the metaField's value replaced by null at its own position. The null
+// marks where the read path puts the bucket's meta back, so field order
+// and presence round-trip exactly; an absent key means the event had no
+// metaField.
+func appendStoredEvent(dst []byte, doc bsoncore.Document, metaField string, addID bool, newID func() bson.ObjectID) ([]byte, error) {
+	if len(doc) < 5 {
+		return dst, bsoncore.ErrMissingNull
 	}
-	idx, out := bsoncore.AppendDocumentStart(make([]byte, 0, len(doc)+17))
-	if _, hasID := lookupTop(doc, "_id"); !hasID {
+	idx, out := bsoncore.AppendDocumentStart(dst)
+	if addID {
 		out = bsoncore.AppendObjectIDElement(out, "_id", newID())
 	}
-	for _, e := range elems {
-		if metaField != "" && e.Key() == metaField {
+	rem := doc[4 : len(doc)-1]
+	for len(rem) > 0 {
+		elem, rest, ok := bsoncore.ReadElement(rem)
+		if !ok {
+			return dst, bsoncore.ErrElementMissingKey
+		}
+		rem = rest
+		if metaField != "" && string(elem.KeyBytes()) == metaField {
 			out = bsoncore.AppendNullElement(out, metaField)
 			continue
 		}
-		out = append(out, e...)
+		out = append(out, elem...)
 	}
 	return bsoncore.AppendDocumentEnd(out, idx)
 }
@@ -168,12 +244,13 @@ func storedEvent(doc bsoncore.Document, metaField string, newID func() bson.Obje
 func groupEvents(events []event) [][]event {
 	var groups [][]event
 	pos := map[string]int{}
+	var key []byte
 	for _, ev := range events {
-		key := ev.seriesKey()
-		g, ok := pos[key]
+		key = ev.appendSeriesKey(key[:0])
+		g, ok := pos[string(key)]
 		if !ok {
 			g = len(groups)
-			pos[key] = g
+			pos[string(key)] = g
 			groups = append(groups, nil)
 		}
 		groups[g] = append(groups[g], ev)

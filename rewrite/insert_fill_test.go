@@ -181,7 +181,8 @@ func TestInsertKeys(t *testing.T) {
 
 // TestInsertCostlyUpdates: where an update rewrites the whole bucket
 // (FerretDB), a small group joins the open bucket only while it is below
-// the insert threshold, and a group at the threshold never joins.
+// the insert threshold, a group at the threshold never joins, and a new
+// bucket, however small, is inserted whole rather than upserted.
 func TestInsertCostlyUpdates(t *testing.T) {
 	e := func(i byte) bson.D { return ev(oid(i), dt(int64(i)), "s", nil) }
 	rule := testRule() // 3 events per bucket, threshold 3
@@ -195,7 +196,8 @@ func TestInsertCostlyUpdates(t *testing.T) {
 		inserts  int
 	}{
 		{"small group, small bucket: joins", BucketFill{Seq: 0, Count: 2, Bytes: 10, Known: true}, 1, []int{0}, 0},
-		{"small group, bucket at threshold: new bucket", BucketFill{Seq: 0, Count: 3, Bytes: 10, Known: true}, 1, []int{1}, 0},
+		{"small group, bucket at threshold: new bucket, inserted whole", BucketFill{Seq: 0, Count: 3, Bytes: 10, Known: true}, 1, []int{1}, 1},
+		{"small group, no bucket yet: inserted whole", BucketFill{Seq: -1, Known: true}, 2, []int{0}, 1},
 		{"group at threshold: its own bucket", BucketFill{Seq: 4, Count: 1, Bytes: 10, Known: true}, 3, []int{5}, 1},
 	}
 	for _, c := range cases {

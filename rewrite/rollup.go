@@ -90,7 +90,7 @@ func RollupsOfEvents(rule *rules.Rule, docs [][]byte, opts RollupOptions) (plan 
 			skipped++
 			continue
 		}
-		ev, werr := prepareEvent(d, i, rule, lim, zeroID)
+		ev, werr := prepareEvent(d, i, rule, lim, zeroID, new([]byte), make([]bsoncore.Value, len(lim.aggregates)))
 		if werr != nil {
 			skipped++
 			continue
@@ -158,7 +158,7 @@ func acknowledgedEvents(cmd Command, rule *rules.Rule, reply bsoncore.Document) 
 	zeroID := func() bson.ObjectID { return bson.ObjectID{} } // same size as a real one
 	var out []event
 	for i, doc := range docs {
-		ev, werr := prepareEvent(doc, i, rule, lim, zeroID)
+		ev, werr := prepareEvent(doc, i, rule, lim, zeroID, new([]byte), make([]bsoncore.Value, len(lim.aggregates)))
 		if werr != nil {
 			if ordered {
 				break

@@ -61,7 +61,7 @@ func StartEmbedded(opts EmbeddedOptions) (*Embedded, error) {
 		Listener:  ferretdb.ListenerConfig{TCP: listen},
 		Handler:   "sqlite",
 		SQLiteURL: "file:" + abs + "/",
-		Logger:    logger,
+		Logger:    slog.New(lazyAttrs{h: logger.Handler()}),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("embedded upstream: %w", err)

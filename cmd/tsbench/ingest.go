@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -16,8 +19,9 @@ import (
 	"github.com/tsproxy/tsproxy/rules"
 )
 
-// ingestRules buckets tsbench.events: 1-second data in 1-hour buckets.
-func ingestRules() ([]rules.Rule, error) {
+// ingestRules buckets tsbench.events: 1-second data in 1-hour buckets;
+// threshold is the insertThreshold (0: the default).
+func ingestRules(threshold int) ([]rules.Rule, error) {
 	dir, err := os.MkdirTemp("", "tsbench-config-*")
 	if err != nil {
 		return nil, err
@@ -28,9 +32,14 @@ func ingestRules() ([]rules.Rule, error) {
   - namespace: tsbench.events
     timeField: ts
     metaField: sensor
-    bucket: {span: 1h, maxEvents: 3600}
+    bucket: {span: 1h, maxEvents: 3600%s}
     aggregates: [value]
 `
+	if threshold > 0 {
+		yaml = fmt.Sprintf(yaml, fmt.Sprintf(", insertThreshold: %d", threshold))
+	} else {
+		yaml = fmt.Sprintf(yaml, "")
+	}
 	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
 		return nil, err
 	}
@@ -43,10 +52,32 @@ func ingestRules() ([]rules.Rule, error) {
 
 type ingestCase struct{ batch, conc int }
 
+var allIngestCases = []ingestCase{{1000, 1}, {1000, 16}, {100, 1}, {100, 16}, {1, 1}, {1, 16}}
+
+// parseCases reads "batch/clients,..." ("" is every case).
+func parseCases(s string) ([]ingestCase, error) {
+	if s == "" {
+		return allIngestCases, nil
+	}
+	var cs []ingestCase
+	for _, part := range strings.Split(s, ",") {
+		var c ingestCase
+		if _, err := fmt.Sscanf(part, "%d/%d", &c.batch, &c.conc); err != nil || c.batch < 1 || c.conc < 1 {
+			return nil, fmt.Errorf("-cases: %q is not batch/clients (e.g. 1000/16)", part)
+		}
+		cs = append(cs, c)
+	}
+	return cs, nil
+}
+
 // benchIngest inserts the same events through the proxy into buckets and
 // directly as plain documents, for each batch size and concurrency, and
 // reports events/s and what each layout stores.
-func benchIngest(e *benchEnv, runs, events int) error {
+func benchIngest(e *benchEnv, runs, events int, only string) error {
+	cases, err := parseCases(only)
+	if err != nil {
+		return err
+	}
 	ctx := context.Background()
 	proxyC, err := mongo.Connect(options.Client().ApplyURI(e.proxyURI).SetMaxPoolSize(32).SetTimeout(10 * time.Minute))
 	if err != nil {
@@ -58,12 +89,12 @@ func benchIngest(e *benchEnv, runs, events int) error {
 		return err
 	}
 	defer directC.Disconnect(ctx)
-	cases := []ingestCase{{1000, 1}, {1000, 16}, {100, 1}, {100, 16}, {1, 1}, {1, 16}}
 	type key struct {
 		c    ingestCase
 		path string
 	}
 	rates := map[key][]float64{}
+	cpus := map[key][]float64{}
 	var lastStats map[string]collStats
 	for r := 0; r < runs; r++ {
 		for _, c := range cases {
@@ -77,12 +108,15 @@ func benchIngest(e *benchEnv, runs, events int) error {
 					client, coll = proxyC, "events"
 				}
 				dropIngest(ctx, directC, proxyC)
+				cpu0 := processCPU()
 				rate, err := ingest(ctx, client.Database("tsbench").Collection(coll), n, c)
 				if err != nil {
 					return fmt.Errorf("%s batch %d conc %d: %w", path, c.batch, c.conc, err)
 				}
+				cpu := float64((processCPU() - cpu0).Nanoseconds()) / 1e3 / float64(n)
 				rates[key{c, path}] = append(rates[key{c, path}], rate)
-				fmt.Fprintf(os.Stderr, "  %s batch %d clients %d: %d events, %.0f events/s\n", path, c.batch, c.conc, n, rate)
+				cpus[key{c, path}] = append(cpus[key{c, path}], cpu)
+				fmt.Fprintf(os.Stderr, "  %s batch %d clients %d: %d events, %.0f events/s, %.1f CPU µs/event\n", path, c.batch, c.conc, n, rate, cpu)
 			}
 		}
 		fmt.Printf("run %d/%d done\n", r+1, runs)
@@ -103,12 +137,15 @@ func benchIngest(e *benchEnv, runs, events int) error {
 		}
 		lastStats[coll] = st
 	}
-	fmt.Printf("\nmedians of %d runs; %d events per case (batch 1: %d per client), 1-second data, 10 series\n\n", runs, events, 2000)
-	fmt.Println("| batch | clients | direct events/s | proxy events/s | proxy/direct |")
-	fmt.Println("|---:|---:|---:|---:|---:|")
+	fmt.Printf("\nmedians of %d runs; %d events per case (batch 1: %d per client), 1-second data, 10 series; the clients take batches of consecutive events from one queue\n\n", runs, events, 2000)
+	fmt.Println("CPU µs/event: CPU time of the whole process (clients, proxy and embedded upstream) per event, less sensitive than events/s to other load on the machine")
+	fmt.Println()
+	fmt.Println("| batch | clients | direct events/s | proxy events/s | proxy/direct | direct CPU µs/event | proxy CPU µs/event |")
+	fmt.Println("|---:|---:|---:|---:|---:|---:|---:|")
 	for _, c := range cases {
 		d, p := median(rates[key{c, "direct"}]), median(rates[key{c, "proxy"}])
-		fmt.Printf("| %d | %d | %.0f | %.0f | %.2f |\n", c.batch, c.conc, d, p, p/d)
+		dc, pc := median(cpus[key{c, "direct"}]), median(cpus[key{c, "proxy"}])
+		fmt.Printf("| %d | %d | %.0f | %.0f | %.2f | %.1f | %.1f |\n", c.batch, c.conc, d, p, p/d, dc, pc)
 	}
 	pl, bu := lastStats["plain"], lastStats["events.buckets"]
 	fmt.Printf("\n%d events, collStats:\n\n", events)
@@ -134,50 +171,56 @@ func dropIngest(ctx context.Context, direct, proxied *mongo.Client) {
 	_ = proxied.Database("tsbench").Collection("events").Drop(ctx)
 }
 
-// ingest writes n events of 10 series at 1-second cadence, split among
-// conc clients, in batches; it returns events per second.
+// ingest writes n events of 10 series at 1-second cadence in batches of
+// c.batch events, consecutive in time, that c.conc clients take in turn
+// from a shared queue (as concurrent writers of one stream of events
+// would); it returns events per second. Every batch but the last holds
+// exactly c.batch events, on both paths.
 func ingest(ctx context.Context, coll *mongo.Collection, n int, c ingestCase) (float64, error) {
 	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	per := n / c.conc
+	batches := (n + c.batch - 1) / c.batch
+	var next atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, c.conc)
 	t0 := time.Now()
 	for g := 0; g < c.conc; g++ {
 		wg.Add(1)
-		go func(g int) {
+		go func() {
 			defer wg.Done()
 			batch := make([]any, 0, c.batch)
-			for i := 0; i < per; i++ {
-				k := g*per + i
-				// series = k%10, one event per second per series
-				ev := bson.D{
-					{Key: "ts", Value: base.Add(time.Duration(k/10) * time.Second)},
-					{Key: "sensor", Value: fmt.Sprintf("s%02d", k%10)},
-					{Key: "value", Value: float64(k%1000) / 10},
+			for {
+				b := int(next.Add(1) - 1)
+				if b >= batches {
+					return
 				}
-				batch = append(batch, ev)
-				if len(batch) == c.batch || i == per-1 {
-					var err error
-					if len(batch) == 1 {
-						_, err = coll.InsertOne(ctx, batch[0])
-					} else {
-						_, err = coll.InsertMany(ctx, batch)
-					}
-					if err != nil {
-						errs <- err
-						return
-					}
-					batch = batch[:0]
+				batch = batch[:0]
+				for k := b * c.batch; k < min(n, (b+1)*c.batch); k++ {
+					// series = k%10, one event per second per series
+					batch = append(batch, bson.D{
+						{Key: "ts", Value: base.Add(time.Duration(k/10) * time.Second)},
+						{Key: "sensor", Value: fmt.Sprintf("s%02d", k%10)},
+						{Key: "value", Value: float64(k%1000) / 10},
+					})
+				}
+				var err error
+				if len(batch) == 1 {
+					_, err = coll.InsertOne(ctx, batch[0])
+				} else {
+					_, err = coll.InsertMany(ctx, batch)
+				}
+				if err != nil {
+					errs <- err
+					return
 				}
 			}
-		}(g)
+		}()
 	}
 	wg.Wait()
 	close(errs)
 	if err := <-errs; err != nil {
 		return 0, err
 	}
-	return float64(per*c.conc) / time.Since(t0).Seconds(), nil
+	return float64(n) / time.Since(t0).Seconds(), nil
 }
 
 type collStats struct{ count, size, indexSize int64 }
@@ -189,4 +232,13 @@ func stats(ctx context.Context, db *mongo.Database, coll string) (collStats, err
 	}
 	get := func(k string) int64 { v, _ := r.Lookup(k).AsInt64OK(); return v }
 	return collStats{count: get("count"), size: get("size"), indexSize: get("totalIndexSize")}, nil
+}
+
+// processCPU is the user and system CPU time the process has used so far.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime/pprof"
 	"sort"
 	"time"
 
@@ -35,6 +36,9 @@ func main() {
 	n := fs.Int("n", 5000, "operations per latency run")
 	dur := fs.Duration("dur", 2*time.Second, "duration of each throughput run")
 	events := fs.Int("events", 100_000, "ingest: events per configuration")
+	cases := fs.String("cases", "", "ingest: batch/clients pairs to run, e.g. 1000/1,1000/16 (default: all six)")
+	threshold := fs.Int("insert-threshold", 0, "ingest: the rule's bucket.insertThreshold (0: the default)")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (proxy, upstream and clients) to `file`")
 	fs.Usage = func() {
 		fmt.Fprintln(os.Stderr, "usage: tsbench [flags] passthrough|ingest|layouts")
 		fs.PrintDefaults()
@@ -45,14 +49,18 @@ func main() {
 		os.Exit(2)
 	}
 	mode := fs.Arg(0)
-	var err error
+	stopProfile, err := startCPUProfile(*cpuProfile)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "tsbench:", err)
+		os.Exit(1)
+	}
 	switch mode {
 	case "passthrough":
 		err = withEnv(*upstreamURI, nil, func(e *benchEnv) error { return benchPassthrough(e, *runs, *n, *dur) })
 	case "ingest":
 		var rs []rules.Rule
-		if rs, err = ingestRules(); err == nil {
-			err = withEnv(*upstreamURI, rs, func(e *benchEnv) error { return benchIngest(e, *runs, *events) })
+		if rs, err = ingestRules(*threshold); err == nil {
+			err = withEnv(*upstreamURI, rs, func(e *benchEnv) error { return benchIngest(e, *runs, *events, *cases) })
 		}
 	case "layouts":
 		var rs []rules.Rule
@@ -63,6 +71,7 @@ func main() {
 		fs.Usage()
 		os.Exit(2)
 	}
+	stopProfile()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "tsbench:", err)
 		os.Exit(1)
@@ -110,6 +119,24 @@ func withEnv(upURI string, rs []rules.Rule, f func(*benchEnv) error) error {
 	e.proxyURI = "mongodb://" + ln.Addr().String() + "/"
 	fmt.Printf("upstream %s, proxy %s, %s\n", redactURI(e.upstreamURI), e.proxyURI, time.Now().UTC().Format(time.RFC3339))
 	return f(e)
+}
+
+// startCPUProfile profiles the whole process (upstream, proxy and
+// clients share it) until the returned function is called; path "" is a
+// no-op.
+func startCPUProfile(path string) (func(), error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
 func redactURI(s string) string { return rules.Redact(s) }
