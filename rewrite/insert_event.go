@@ -74,11 +74,14 @@ const storedIDBytes = 1 + 4 + 12
 type eventFields struct {
 	hasID      bool
 	time, meta bsoncore.Value // Type 0 when absent
+	// duplicate names the time or meta field when the event has it twice.
+	duplicate string
 }
 
 // readEventFields reads _id presence, the time and meta fields and the
-// aggregates (into aggs, per lim.aggregates) in one pass; the first
-// occurrence of a name counts, as a lookup finds it.
+// aggregates (into aggs, per lim.aggregates) in one pass; for an
+// aggregate the first occurrence of a name counts, as a lookup finds it,
+// and a repeated time or meta field is noted in duplicate.
 func readEventFields(doc bsoncore.Document, rule *rules.Rule, lim limits, aggs []bsoncore.Value) (eventFields, error) {
 	var f eventFields
 	if len(doc) < 5 {
@@ -96,13 +99,15 @@ func readEventFields(doc bsoncore.Document, rule *rules.Rule, lim limits, aggs [
 		case string(key) == "_id":
 			f.hasID = true
 		case string(key) == rule.TimeField:
-			if f.time.Type == 0 {
-				f.time = elem.Value()
+			if f.time.Type != 0 {
+				f.duplicate = rule.TimeField
 			}
+			f.time = elem.Value()
 		case rule.MetaField != "" && string(key) == rule.MetaField:
-			if f.meta.Type == 0 {
-				f.meta = elem.Value()
+			if f.meta.Type != 0 {
+				f.duplicate = rule.MetaField
 			}
+			f.meta = elem.Value()
 		}
 		for i, a := range lim.aggregates {
 			if string(key) == a && aggs[i].Type == 0 {
@@ -120,6 +125,11 @@ func prepareEvent(doc bsoncore.Document, index int, rule *rules.Rule, lim limits
 	f, err := readEventFields(doc, rule, lim, aggs)
 	if err != nil {
 		return reject(CodeInvalidBSON, "event is not valid BSON: %v", err)
+	}
+	if f.duplicate != "" {
+		// The bucket keeps one value of each: the event read back would
+		// not be the one inserted.
+		return reject(CodeBadValue, "event has field %q more than once", f.duplicate)
 	}
 	meta, ms, start, werr := checkTimeMeta(f.time, f.meta, index, rule, lim)
 	if werr != nil {

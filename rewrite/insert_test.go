@@ -376,6 +376,8 @@ func TestInsertValidation(t *testing.T) {
 		metaOp   = `tsproxy rule iot.readings: metaField "sensorId": documents whose first field is $-prefixed ("$gt") are not supported`
 		tooBig   = `tsproxy rule iot.readings: event is 124 bytes as stored, more than the bucket limit maxBytes 120`
 		outRange = `tsproxy rule iot.readings: timeField "ts" date -9223372036854775808 is out of the supported range`
+		dupMeta  = `tsproxy rule iot.readings: event has field "sensorId" more than once`
+		dupTime  = `tsproxy rule iot.readings: event has field "ts" more than once`
 	)
 	good := func(i byte) bson.D { return ev(oid(i), dt(int64(i)), "s", int32(i)) }
 	noTime := bson.D{{Key: "_id", Value: oid(50)}, {Key: "sensorId", Value: "s"}}
@@ -403,6 +405,9 @@ func TestInsertValidation(t *testing.T) {
 		{"operator-like meta", nil, []bson.D{ev(oid(1), dt(1), bson.D{{Key: "$gt", Value: int32(1)}}, nil)}, nil, reply(0, we{0, 2, metaOp})},
 		{"event larger than maxBytes", ptr(false), []bson.D{ev(oid(1), dt(1), "s", nil), {{Key: "ts", Value: dt(2)}, {Key: "pad", Value: strings.Repeat("x", 80)}}},
 			[][]int{{0}}, reply(1, we{1, 10334, tooBig})},
+		{"meta field twice", ptr(false), []bson.D{append(ev(oid(1), dt(1), "a", nil), bson.E{Key: "sensorId", Value: "b"}), good(2)},
+			[][]int{{1}}, reply(1, we{0, 2, dupMeta})},
+		{"time field twice", nil, []bson.D{append(ev(oid(1), dt(1), "a", nil), bson.E{Key: "ts", Value: dt(2)})}, nil, reply(0, we{0, 2, dupTime})},
 		{"time out of range", nil, []bson.D{ev(oid(1), dt(math.MinInt64), "s", nil)}, nil, reply(0, we{0, 2, outRange})},
 	}
 	for _, tc := range tests {
