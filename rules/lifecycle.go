@@ -115,6 +115,15 @@ func (d *decoder) lifecycle(p string, m map[string]any, r *Rule) {
 	if v := field(m, "shardKey"); v != nil {
 		r.ShardKey = d.boolean(k("shardKey"), v)
 	}
+	// The counter and slots layouts write through their own path, which
+	// maintains no rollups and shards nothing: refuse rather than ignore.
+	if r.Layout != LayoutEvents {
+		for _, name := range []string{"rollups", "shardKey"} {
+			if field(m, name) != nil {
+				d.fail(k(name), "applies only to layout %s, not %s", LayoutEvents, r.Layout)
+			}
+		}
+	}
 	if v := field(m, "partitionBy"); v != nil {
 		d.fail(k("partitionBy"), "partitionBy is not supported yet; use expireAfter to age buckets out")
 	}

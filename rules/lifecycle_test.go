@@ -60,6 +60,8 @@ func TestLifecycleInvalid(t *testing.T) {
 		{"sweepInterval: 1m", `rules[0].sweepInterval: is set but expireAfter is not; the sweeper only removes expired buckets`},
 		{"expireAfter: 1h\n    sweepInterval: 1ms", `rules[0].sweepInterval: "1ms" is less than 100ms`},
 		{"shardKey: maybe", `rules[0].shardKey: "maybe" is not true or false`},
+		{"layout: counter\n    rollups: [1h]", `rules[0].rollups: applies only to layout events, not counter`},
+		{"layout: slots\n    shardKey: true", `rules[0].shardKey: applies only to layout events, not slots`},
 		{"partitionBy: month", `rules[0].partitionBy: partitionBy is not supported yet; use expireAfter to age buckets out`},
 	}
 	for _, tc := range cases {
