@@ -11,7 +11,9 @@ import (
 )
 
 func TestPointPlan(t *testing.T) {
-	rng := func(a, b int64) E { return E{Key: "ts", Value: D{{Key: "$gte", Value: dms(a)}, {Key: "$lt", Value: dms(b)}}} }
+	rng := func(a, b int64) E {
+		return E{Key: "ts", Value: D{{Key: "$gte", Value: dms(a)}, {Key: "$lt", Value: dms(b)}}}
+	}
 	meta := func(v any) E { return E{Key: "sensorId", Value: v} }
 	cases := []struct {
 		name    string
@@ -103,7 +105,9 @@ func TestPointLookupIDs(t *testing.T) {
 	if len(cmds) != 4 {
 		t.Fatalf("%d lookups, want 4 (2 metas x 2 windows)", len(cmds))
 	}
-	str := func(s string) bsoncore.Value { return bsoncore.Value{Type: bsoncore.TypeString, Data: bsoncore.AppendString(nil, s)} }
+	str := func(s string) bsoncore.Value {
+		return bsoncore.Value{Type: bsoncore.TypeString, Data: bsoncore.AppendString(nil, s)}
+	}
 	want := []bson.ObjectID{
 		BucketID("iot.readings.buckets", str("a"), hr, 0),
 		BucketID("iot.readings.buckets", bsoncore.Value{}, hr, 0),
