@@ -4,6 +4,7 @@
 //
 //	tsbench passthrough   ping and a small find: p50/p99 latency and throughput
 //	tsbench ingest        bucketed inserts vs plain inserts: events/s, documents, sizes
+//	tsbench range         range finds on buckets vs on plain documents: latency, documents examined
 package main
 
 import (
@@ -34,8 +35,9 @@ func main() {
 	n := fs.Int("n", 5000, "operations per latency run")
 	dur := fs.Duration("dur", 2*time.Second, "duration of each throughput run")
 	events := fs.Int("events", 100_000, "ingest: events per configuration")
+	ro := addRangeFlags(fs)
 	fs.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: tsbench [flags] passthrough|ingest")
+		fmt.Fprintln(os.Stderr, "usage: tsbench [flags] passthrough|ingest|range")
 		fs.PrintDefaults()
 	}
 	_ = fs.Parse(os.Args[1:])
@@ -52,6 +54,12 @@ func main() {
 		var rs []rules.Rule
 		if rs, err = ingestRules(); err == nil {
 			err = withEnv(*upstreamURI, rs, func(e *benchEnv) error { return benchIngest(e, *runs, *events) })
+		}
+	case "range":
+		ro.runs = *runs
+		var rs []rules.Rule
+		if rs, err = rangeRules(ro.span); err == nil {
+			err = withEnv(*upstreamURI, rs, func(e *benchEnv) error { return benchRange(e, ro) })
 		}
 	default:
 		fs.Usage()
