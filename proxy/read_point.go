@@ -77,7 +77,11 @@ func (c *conn) pointError(req *request, err error) error {
 func (c *conn) servePointMore(req *request, id int64, pc *pointCursor) error {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
-	n, _ := rewrite.GetMoreBatchSize(req.msg.Body)
+	// A getMore without batchSize (or 0) takes as many as fit.
+	n, ok := rewrite.GetMoreBatchSize(req.msg.Body)
+	if !ok || n == 0 {
+		n = -1
+	}
 	pc.pr.Want(n)
 	span := c.s.tel.startCommand(req, routeCursor)
 	t0 := time.Now()

@@ -81,7 +81,8 @@ func (rc *readCtx) newPointRead(s *pointSpec, proj *projection, skip, limit int6
 // NS is the app's namespace.
 func (p *PointRead) NS() string { return p.ns }
 
-// Want sets how many documents the next batch holds: n > 0, or n <= 0 for
+// Want sets how many documents the next batch holds at most: n >= 0 (a
+// find's batchSize 0 opens the cursor with an empty batch), or n < 0 for
 // as many as fit in a reply (a getMore without batchSize). The first
 // batch of a find without batchSize holds 101, as MongoDB's.
 func (p *PointRead) Want(n int64) { p.want = n }

@@ -187,6 +187,7 @@ func TestPointReadResults(t *testing.T) {
 		sortDir     int
 		skip, limit int64
 		batch       int64
+		zeroFirst   bool
 	}{
 		{name: "unsorted", metas: A{"a"}},
 		{name: "asc", metas: A{"a"}, sortDir: 1},
@@ -194,6 +195,8 @@ func TestPointReadResults(t *testing.T) {
 		{name: "two metas asc batch 3", metas: A{"b", "a"}, sortDir: 1, batch: 3},
 		{name: "null meta desc", metas: A{nil}, sortDir: -1, batch: 1000},
 		{name: "limit beyond results", metas: A{"a"}, sortDir: 1, limit: 10_000},
+		{name: "three metas past the first batch of 101", metas: A{"a", "b", nil}, sortDir: 1},
+		{name: "batchSize 0 first", metas: A{"a"}, sortDir: -1, batch: 0, zeroFirst: true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -210,7 +213,7 @@ func TestPointReadResults(t *testing.T) {
 			if c.limit > 0 {
 				cmd = append(cmd, E{Key: "limit", Value: c.limit})
 			}
-			if c.batch > 0 {
+			if c.batch > 0 || c.zeroFirst {
 				cmd = append(cmd, E{Key: "batchSize", Value: c.batch})
 			}
 			plan, err := rdPlan(t, ferretCaps, cmd)
@@ -242,7 +245,11 @@ func drainPoint(t *testing.T, pr *PointRead, fb fakeBuckets, batch int64) []int3
 	var ids []int32
 	for round := 0; ; round++ {
 		if round > 0 {
-			pr.Want(batch)
+			if batch > 0 {
+				pr.Want(batch)
+			} else {
+				pr.Want(-1)
+			}
 		}
 		for cmds := pr.Lookups(); cmds != nil; cmds = pr.Lookups() {
 			var replies [][]byte
