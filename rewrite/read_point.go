@@ -289,11 +289,11 @@ func (p *PointRead) Batch(id int64) (reply []byte, more bool) {
 	}
 	size := 0
 	for i := 0; i < n; i++ {
-		size += len(p.out[i])
-		if size > maxBatchBytes && i > 0 {
+		if size+len(p.out[i]) > maxBatchBytes && i > 0 {
 			n = i
 			break
 		}
+		size += len(p.out[i])
 	}
 	batch := p.out[:n]
 	more = !p.single && (n < len(p.out) || !p.exhausted())
@@ -319,9 +319,6 @@ func (p *PointRead) Batch(id int64) (reply []byte, more bool) {
 	d, _ = bsoncore.AppendDocumentEnd(d, idx)
 	p.out = append(p.out[:0:0], p.out[n:]...)
 	p.outSize -= size
-	if p.outSize < 0 || len(p.out) == 0 {
-		p.outSize = 0
-	}
 	return d, more
 }
 
