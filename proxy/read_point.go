@@ -32,35 +32,34 @@ func pointCursorID() int64 { return rand.Int64()>>2 | 1<<62 }
 func (c *conn) servePoint(req *request, rule *rules.Rule, pr *rewrite.PointRead) error {
 	span := c.s.tel.startCommand(req, routeRewrite)
 	t0 := time.Now()
-	reply, more, err := c.runPoint(pr, pointCursorID())
+	reply, id, err := c.runPoint(pr, pointCursorID())
 	span.end(req, time.Since(t0), err)
 	if err != nil {
 		return c.pointError(req, err)
 	}
-	if more.id != 0 {
-		c.s.cursors.add(more.id, &cursorEntry{rule: rule, reshape: &pointCursor{pr: pr}})
+	if id != 0 {
+		c.s.cursors.add(id, &cursorEntry{rule: rule, reshape: &pointCursor{pr: pr}})
 	}
 	return c.replyBody(req, reply)
 }
 
-type pointMore struct{ id int64 }
-
-// runPoint does the lookups the next batch needs and builds it.
-func (c *conn) runPoint(pr *rewrite.PointRead, id int64) ([]byte, pointMore, error) {
+// runPoint does the lookups the next batch needs and builds it; the id
+// returned is 0 when the cursor is done.
+func (c *conn) runPoint(pr *rewrite.PointRead, id int64) ([]byte, int64, error) {
 	for cmds := pr.Lookups(); cmds != nil; cmds = pr.Lookups() {
 		replies, err := c.upPipeline(cmds)
 		if err != nil {
-			return nil, pointMore{}, err
+			return nil, 0, err
 		}
 		if err := pr.Feed(replies); err != nil {
-			return nil, pointMore{}, err
+			return nil, 0, err
 		}
 	}
 	reply, more := pr.Batch(id)
 	if !more {
 		id = 0
 	}
-	return reply, pointMore{id: id}, nil
+	return reply, id, nil
 }
 
 // pointError answers a rewrite error; other errors (the upstream
@@ -85,13 +84,13 @@ func (c *conn) servePointMore(req *request, id int64, pc *pointCursor) error {
 	pc.pr.Want(n)
 	span := c.s.tel.startCommand(req, routeCursor)
 	t0 := time.Now()
-	reply, more, err := c.runPoint(pc.pr, id)
+	reply, next, err := c.runPoint(pc.pr, id)
 	span.end(req, time.Since(t0), err)
 	if err != nil {
 		c.s.cursors.forget(id)
 		return c.pointError(req, err)
 	}
-	if more.id == 0 {
+	if next == 0 {
 		c.s.cursors.forget(id)
 	}
 	return c.replyBody(req, reply)
