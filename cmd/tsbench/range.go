@@ -235,7 +235,7 @@ func proxyExamined(ctx context.Context, proxyC *mongo.Client, buckets *mongo.Col
 	stage, _ := ex.Lookup("queryPlanner", "winningPlan", "stage").StringValueOK()
 	if stage != "TSPROXY_BUCKET_ID_LOOKUPS" {
 		// The aggregate path: FerretDB decodes every bucket.
-		return nBuckets, "scan", "aggregate on all buckets ($match, $unwind)", nil
+		return nBuckets, "scans: a meta prefetch find and the aggregate, each decoding every bucket on FerretDB", "aggregate ($match, $unwind, $match, $sort)", nil
 	}
 	keys, _ := ex.Lookup("queryPlanner", "winningPlan", "keys").AsInt64OK()
 	n, err := buckets.CountDocuments(ctx, q.bucketFilter)
