@@ -141,6 +141,9 @@ func (c *conn) endCursorSessions(req *request) {
 		}
 	}
 	for _, cur := range c.s.cursors.forgetSessions(ended) {
+		if cur.local {
+			continue
+		}
 		if c.ensureUpstream() != nil {
 			return
 		}

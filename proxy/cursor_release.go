@@ -10,6 +10,19 @@ import (
 // its cursors: a stuck upstream must not keep the connection's goroutine.
 const cursorKillTimeout = 2 * time.Second
 
+// registerCursor remembers a cursor the client now holds: its session (for
+// endSessions) and this connection as its owner (for releaseCursors). It
+// reports false, remembering nothing, when the registry is at its limit
+// (limits.maxCursors); the caller then releases the cursor and refuses.
+func (c *conn) registerCursor(req *request, id int64, e *cursorEntry) bool {
+	e.session = requestSession(req)
+	if !c.s.cursors.add(id, e) {
+		return false
+	}
+	c.ownCursor(id)
+	return true
+}
+
 // ownCursor makes this connection the owner of a registered cursor: the
 // last connection to use a cursor is the one the app reads it through.
 func (c *conn) ownCursor(id int64) {
@@ -46,7 +59,7 @@ func (c *conn) releaseCursors() {
 			continue
 		}
 		c.s.cursors.forget(id)
-		if !usable {
+		if !usable || e.local {
 			continue
 		}
 		if _, err := c.upCommand(rewrite.KillCursorsCommand(e.rule, id)); err != nil {

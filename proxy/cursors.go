@@ -29,6 +29,9 @@ type cursorEntry struct {
 	// session is the lsid of the read that opened the cursor ("" for
 	// none): endSessions of that session kills and forgets it.
 	session string
+	// local: the proxy serves the cursor itself (point reads, counter and
+	// slots reads); there is no upstream cursor to kill.
+	local bool
 	// owner is the id of the client connection that last used the
 	// cursor; see releaseCursors.
 	owner atomic.Uint64
@@ -68,8 +71,9 @@ func (r *cursorRegistry) forget(id int64) { r.lru.Remove(id) }
 
 // sessionCursor is a cursor of an ended session, to kill upstream.
 type sessionCursor struct {
-	id   int64
-	rule *rules.Rule
+	id    int64
+	rule  *rules.Rule
+	local bool
 }
 
 // forgetSessions forgets the cursors opened in any of sessions and
@@ -83,7 +87,7 @@ func (r *cursorRegistry) forgetSessions(sessions map[string]bool) []sessionCurso
 	for _, id := range r.lru.Keys() {
 		if e, ok := r.lru.Peek(id); ok && e.session != "" && sessions[e.session] {
 			r.lru.Remove(id)
-			out = append(out, sessionCursor{id: id, rule: e.rule})
+			out = append(out, sessionCursor{id: id, rule: e.rule, local: e.local})
 		}
 	}
 	return out

@@ -217,8 +217,9 @@ func (c *conn) layoutRead(req *request, rule *rules.Rule) error {
 	}
 	id := newLayoutCursorID()
 	out, cur := plan.Result(id)
-	if cur != nil {
-		c.s.cursors.add(id, &cursorEntry{rule: rule, reshape: cur})
+	if cur != nil && !c.registerCursor(req, id, &cursorEntry{rule: rule, reshape: cur, local: true}) {
+		span.end(req, time.Since(t0), nil)
+		return c.replyTooManyCursors(req, rule)
 	}
 	span.end(req, time.Since(t0), nil)
 	return c.replyBody(req, out)
@@ -240,6 +241,7 @@ func (c *conn) layoutGetMore(req *request, rule *rules.Rule) error {
 	if cur == nil {
 		return c.replyError(req, codeCursorNotFound, "CursorNotFound", fmt.Sprintf("tsproxy rule %s: cursor id %d not found", rule.Namespace, id))
 	}
+	c.ownCursor(id)
 	out, done := cur.GetMore(req.msg.Body, id)
 	if done {
 		c.s.cursors.forget(id)

@@ -43,6 +43,12 @@ func (c *conn) rewriteRead(req *request, rule *rules.Rule) error {
 	if err != nil {
 		return c.replyRewriteError(req, err)
 	}
+	switch {
+	case plan.Local != nil:
+		return c.replyBody(req, plan.Local)
+	case plan.Point != nil:
+		return c.servePoint(req, rule, plan.Point)
+	}
 	span := c.s.tel.startCommand(req, routeRewrite)
 	t0 := time.Now()
 	for next := plan.MetaPrefetch(); next != nil; {
@@ -92,12 +98,10 @@ func (c *conn) rewriteRead(req *request, rule *rules.Rule) error {
 	if id != 0 {
 		if plan.Cursor.SingleBatch {
 			c.killUpstreamCursor(rule, id)
-		} else if !c.s.cursors.add(id, &cursorEntry{rule: rule, reshape: plan.Cursor, session: requestSession(req)}) {
+		} else if !c.registerCursor(req, id, &cursorEntry{rule: rule, reshape: plan.Cursor}) {
 			c.killUpstreamCursor(rule, id)
 			span.end(req, time.Since(t0), nil)
 			return c.replyTooManyCursors(req, rule)
-		} else {
-			c.ownCursor(id)
 		}
 	}
 	span.end(req, time.Since(t0), nil)
@@ -132,6 +136,11 @@ func (c *conn) killUpstreamCursor(rule *rules.Rule, id int64) {
 func (c *conn) rewriteGetMore(req *request, rule *rules.Rule) error {
 	id, _ := bson.Raw(req.msg.Body).Lookup("getMore").AsInt64OK()
 	entry := c.s.cursors.get(id)
+	if entry != nil {
+		if pc, ok := entry.reshape.(*pointCursor); ok {
+			return c.servePointMore(req, id, pc)
+		}
+	}
 	shape, _ := entryShape(entry)
 	if shape == nil {
 		return c.replyError(req, codeCursorNotFound, "CursorNotFound", fmt.Sprintf("tsproxy rule %s: cursor id %d not found", rule.Namespace, id))
@@ -177,12 +186,25 @@ func (c *conn) rewriteKillCursors(req *request, rule *rules.Rule) error {
 	if err != nil {
 		return c.replyRewriteError(req, err)
 	}
+	var local []int64
 	for _, id := range ids {
+		if e := c.s.cursors.get(id); e != nil {
+			if _, ok := e.reshape.(*pointCursor); ok {
+				local = append(local, id)
+			}
+		}
 		c.s.cursors.forget(id)
+	}
+	if len(local) > 0 && len(local) == len(ids) {
+		// Only proxy-held cursors: nothing to kill upstream.
+		return c.replyBody(req, rewrite.KillCursorsReply(nil, local))
 	}
 	reply, err := c.upCommand(cmd)
 	if err != nil {
 		return err
+	}
+	if len(local) > 0 {
+		reply = rewrite.KillCursorsReply(reply, local)
 	}
 	return c.replyBody(req, reply)
 }

@@ -40,9 +40,6 @@ const maxLayoutDocs = 1_000_000
 // with one scan.
 const maxPointLookups = 64
 
-// maxBatchBytes bounds a batch the proxy sends, under the 16 MiB limit.
-const maxBatchBytes = 8 << 20
-
 // layoutDoc is a document of a read and the events it stands for.
 type layoutDoc struct {
 	doc    bsoncore.Document

@@ -27,6 +27,11 @@ type ReadPlan struct {
 	Drain       bool
 	Passthrough bool
 	Cursor      *CursorShape
+	// Point, when set, serves the find from bucket point lookups instead
+	// of Command (see PointRead).
+	Point *PointRead
+	// Local, when set, is the whole answer (explain of a point read).
+	Local []byte
 
 	rc    *readCtx
 	drain drainer
@@ -402,6 +407,17 @@ func (rc *readCtx) planFind(body bsoncore.Document, opts ReadOptions, forExplain
 	}
 	extra := lookupElements(body, []string{"allowDiskUse"})
 	p := &ReadPlan{rc: rc, bucketFilter: sf.bucket}
+	if spec, _ := rc.planPoint(filter, sortDoc); spec != nil {
+		p.Point = rc.newPointRead(spec, proj, skip, limit, single)
+		first := int64(defaultFirstBatch)
+		if hasBatch {
+			first = batchSize
+		}
+		if limit > 0 && (single || first > limit) {
+			first = limit
+		}
+		p.Point.Want(first)
+	}
 	p.Command = rc.aggregateCommand(pipeline, batchSize, body, extra, forExplain)
 	p.Cursor = &CursorShape{ns: rc.ns, metaField: rc.metaField, mode: shapeEvent, proj: proj, SingleBatch: single, metas: newMetaResolver(rc)}
 	return p, nil
@@ -511,6 +527,9 @@ func (rc *readCtx) planExplain(body bsoncore.Document, opts ReadOptions) (*ReadP
 	}
 	if err != nil {
 		return nil, err
+	}
+	if ip.Point != nil {
+		return &ReadPlan{rc: rc, Local: ip.Point.explain()}, nil
 	}
 	idx, d := bsoncore.AppendDocumentStart(nil)
 	d = bsoncore.AppendDocumentElement(d, "explain", ip.Command)

@@ -18,6 +18,12 @@ func reshapeEvent(unwound bsoncore.Document, metaField string, metas *metaResolv
 	if !ok {
 		return nil, commandErrorf(CodeInternalError, "upstream document's %q is a %s, not an event document", rules.BucketEvents, typeName(ev.Type))
 	}
+	return restoreMeta(stored, metaField, func() (bsoncore.Value, error) { return metas.metaOf(unwound) })
+}
+
+// restoreMeta puts the bucket's meta (metaOf, called only when needed)
+// back into a stored event at its marker's position.
+func restoreMeta(stored bsoncore.Document, metaField string, metaOf func() (bsoncore.Value, error)) (bsoncore.Document, error) {
 	if metaField == "" {
 		return stored, nil
 	}
@@ -35,7 +41,7 @@ func reshapeEvent(unwound bsoncore.Document, metaField string, metas *metaResolv
 	if !hasMarker {
 		return stored, nil
 	}
-	meta, err := metas.metaOf(unwound)
+	meta, err := metaOf()
 	if err != nil {
 		return nil, err
 	}

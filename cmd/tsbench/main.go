@@ -5,6 +5,7 @@
 //	tsbench passthrough   ping and a small find: p50/p99 latency and throughput
 //	tsbench ingest        bucketed inserts vs plain inserts: events/s, documents, sizes
 //	tsbench layouts       counter and slots layouts vs plain inserts: events/s, documents, sizes
+//	tsbench range         range finds on buckets vs on plain documents: latency, documents examined
 package main
 
 import (
@@ -39,8 +40,9 @@ func main() {
 	cases := fs.String("cases", "", "ingest: batch/clients pairs to run, e.g. 1000/1,1000/16 (default: all six)")
 	threshold := fs.Int("insert-threshold", 0, "ingest: the rule's bucket.insertThreshold (0: the default)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (proxy, upstream and clients) to `file`")
+	ro := addRangeFlags(fs)
 	fs.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: tsbench [flags] passthrough|ingest|layouts")
+		fmt.Fprintln(os.Stderr, "usage: tsbench [flags] passthrough|ingest|layouts|range")
 		fs.PrintDefaults()
 	}
 	_ = fs.Parse(os.Args[1:])
@@ -66,6 +68,12 @@ func main() {
 		var rs []rules.Rule
 		if rs, err = layoutRules(); err == nil {
 			err = withEnv(*upstreamURI, rs, func(e *benchEnv) error { return benchLayouts(e, *runs, *events, 1000) })
+		}
+	case "range":
+		ro.runs = *runs
+		var rs []rules.Rule
+		if rs, err = rangeRules(ro.span); err == nil {
+			err = withEnv(*upstreamURI, rs, func(e *benchEnv) error { return benchRange(e, ro) })
 		}
 	default:
 		fs.Usage()

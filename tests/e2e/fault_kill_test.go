@@ -60,17 +60,6 @@ type proxyProcess struct {
 	logs   []string // the logs of earlier runs
 }
 
-// freeAddr is a loopback address free right now.
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 func newProxyProcess(t testing.TB, yaml string) *proxyProcess {
 	t.Helper()
 	p := &proxyProcess{t: t, bin: tsproxyBinary(t), addr: freeAddr(t)}

@@ -231,6 +231,17 @@ func rdQueries(edges []time.Time) []rdQuery {
 		{name: "projection dotted", filter: doc(rng(8, 10)), proj: bson.D{{Key: "loc.x", Value: 1}, {Key: "sensor.site", Value: 1}}, min: 10},
 		{name: "batchSize forces getMores", filter: doc(rng(0, 24), bson.E{Key: "sensor", Value: "s-d"}), sort: bson.D{{Key: "ts", Value: 1}}, batch: 7, sorted: true, min: 100},
 		{name: "negative limit single batch", filter: doc(bson.E{Key: "sensor", Value: "s-a"}), sort: bson.D{{Key: "ts", Value: 1}}, limit: -5, sorted: true, min: 5},
+		// Point reads: the meta fixed and the time bounded, so the proxy
+		// names the buckets and looks them up by _id (maxEvents 200 here:
+		// windows have several seqs).
+		{name: "point one series ts,_id", filter: doc(bson.E{Key: "sensor", Value: "s-a"}, rng(3, 30)), sort: byTsID, sorted: true, min: 200},
+		{name: "point $in desc skip limit", filter: doc(bson.E{Key: "sensor", Value: bson.D{{Key: "$in", Value: bson.A{"s-c", "s-b"}}}}, rng(0, 48)), sort: bson.D{{Key: "ts", Value: -1}, {Key: "_id", Value: 1}}, skip: 5, limit: 500, sorted: true, min: 500},
+		{name: "point null meta sorted", filter: doc(bson.E{Key: "sensor", Value: nil}, rng(0, 20)), sort: byTsID, sorted: true, min: 10},
+		{name: "point unsorted batchSize 3", filter: doc(bson.E{Key: "sensor", Value: "s-d"}, rng(5, 9)), batch: 3, min: 10},
+		{name: "point $gt $lte edges desc", filter: doc(bson.E{Key: "sensor", Value: "s-a"}, bson.E{Key: "ts", Value: bson.D{{Key: "$gt", Value: h(5)}, {Key: "$lte", Value: h(8)}}}), sort: bson.D{{Key: "ts", Value: -1}}, sorted: true, min: 10},
+		{name: "point projection", filter: doc(bson.E{Key: "sensor", Value: "s-b"}, rng(1, 3)), sort: bson.D{{Key: "ts", Value: 1}}, proj: bson.D{{Key: "_id", Value: 0}, {Key: "sensor", Value: 1}, {Key: "value", Value: 1}}, sorted: true, min: 10},
+		{name: "point exact edge", filter: doc(bson.E{Key: "sensor", Value: bson.D{{Key: "$in", Value: bson.A{"s-a", "s-b", "s-c", "s-d", nil}}}}, bson.E{Key: "ts", Value: edge}), min: 1},
+		{name: "point large unsorted", filter: doc(bson.E{Key: "sensor", Value: bson.D{{Key: "$in", Value: bson.A{"s-a", "s-b"}}}}, rng(0, 1000)), min: 1000},
 		{name: "_id equality", filter: doc(bson.E{Key: "value", Value: int64(1)}), min: 1},
 		{name: "count range", kind: "count", filter: doc(rng(10, 40))},
 		{name: "count skip limit", kind: "count", filter: doc(bson.E{Key: "sensor", Value: "s-a"}), skip: 5, limit: 100},
@@ -475,6 +486,37 @@ func TestReadDifferential(t *testing.T) {
 		s := fmt.Sprint(res)
 		if !strings.Contains(s, "readings.buckets") && !strings.Contains(s, "$unwind") {
 			t.Fatalf("explain does not show the rewritten aggregate: %.500s", s)
+		}
+	})
+	t.Run("point read explained and its cursor killed", func(t *testing.T) {
+		filter := bson.D{{Key: "sensor", Value: "s-a"}, {Key: "ts", Value: bson.D{{Key: "$gte", Value: dt(rdBase)}, {Key: "$lt", Value: dt(rdBase.Add(48 * time.Hour))}}}}
+		var res bson.Raw
+		err := proxied.Database().RunCommand(ctx, bson.D{{Key: "explain", Value: bson.D{{Key: "find", Value: "readings"}, {Key: "filter", Value: filter}}}}).Decode(&res)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st, _ := res.Lookup("queryPlanner", "winningPlan", "stage").StringValueOK(); st != "TSPROXY_BUCKET_ID_LOOKUPS" || !strings.Contains(res.String(), db+".readings.buckets") {
+			t.Fatalf("explain of a point read: %.600s", res.String())
+		}
+		if keys, _ := res.Lookup("queryPlanner", "winningPlan", "keys").AsInt64OK(); keys != 48 {
+			t.Fatalf("explain: %d keys, want 48 (one series, 48 hourly windows)", keys)
+		}
+		before := p.srv.OpenCursors()
+		cur, err := proxied.Find(ctx, filter, options.Find().SetBatchSize(5))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !cur.Next(ctx) {
+			t.Fatal("no document")
+		}
+		if p.srv.OpenCursors() != before+1 {
+			t.Fatal("point cursor not registered")
+		}
+		if err := cur.Close(ctx); err != nil {
+			t.Fatalf("killCursors of a point cursor: %v", err)
+		}
+		if n := p.srv.OpenCursors(); n != before {
+			t.Fatalf("%d cursors registered after killCursors, want %d", n, before)
 		}
 	})
 	t.Run("unsupported gets a clear error", func(t *testing.T) {

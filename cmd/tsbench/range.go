@@ -1,0 +1,265 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/pflag"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/tsproxy/tsproxy/rules"
+)
+
+// rangeOptions is the scale of `tsbench range`.
+type rangeOptions struct {
+	series int
+	days   int
+	every  time.Duration
+	span   time.Duration
+	runs   int
+}
+
+// addRangeFlags registers the range mode's flags.
+func addRangeFlags(fs *flag.FlagSet) *rangeOptions {
+	o := &rangeOptions{}
+	fs.IntVar(&o.series, "series", 100, "range: number of series")
+	fs.IntVar(&o.days, "days", 7, "range: days of data")
+	fs.DurationVar(&o.every, "every", time.Minute, "range: time between two events of a series (1s data at 100 series x 7 days is 60M events: too many to load here)")
+	fs.DurationVar(&o.span, "span", 6*time.Hour, "range: the rule's bucket span")
+	return o
+}
+
+var rangeBase = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// rangeRules buckets tsbench.events with the given span.
+func rangeRules(span time.Duration) ([]rules.Rule, error) {
+	dir, err := os.MkdirTemp("", "tsbench-config-*")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	file := filepath.Join(dir, "config.yaml")
+	yaml := fmt.Sprintf(`rules:
+  - namespace: tsbench.events
+    timeField: ts
+    metaField: sensor
+    bucket: {span: %s, maxEvents: 3600}
+    aggregates: [value]
+`, span)
+	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
+		return nil, err
+	}
+	cfg, err := rules.Load(rules.LoadOptions{ConfigFile: file, Flags: pflag.NewFlagSet("x", pflag.ContinueOnError)})
+	if err != nil {
+		return nil, err
+	}
+	return cfg.Rules, nil
+}
+
+type rangeQuery struct {
+	name   string
+	filter bson.D
+	// bucketFilter selects, on the bucket collection, the buckets the
+	// proxy reads for this query (to report them).
+	bucketFilter bson.D
+}
+
+func rangeQueries(o *rangeOptions) []rangeQuery {
+	series := fmt.Sprintf("s%03d", o.series/2)
+	mid := rangeBase.Add(time.Duration(o.days) * 24 * time.Hour / 2).Truncate(time.Hour)
+	one := func(name string, from time.Time, d time.Duration) rangeQuery {
+		to := from.Add(d)
+		return rangeQuery{
+			name:         name,
+			filter:       bson.D{{Key: "sensor", Value: series}, {Key: "ts", Value: bson.D{{Key: "$gte", Value: from}, {Key: "$lt", Value: to}}}},
+			bucketFilter: bson.D{{Key: "meta", Value: series}, {Key: "start", Value: bson.D{{Key: "$gte", Value: from.Truncate(o.span)}, {Key: "$lt", Value: to}}}},
+		}
+	}
+	day := mid.Truncate(24 * time.Hour)
+	qs := []rangeQuery{
+		one("1 hour, 1 series", mid, time.Hour),
+		one("1 day, 1 series", mid, 24*time.Hour),
+		one(fmt.Sprintf("%d days, 1 series", o.days), rangeBase, time.Duration(o.days)*24*time.Hour),
+		{
+			name:         "whole-day scan, all series",
+			filter:       bson.D{{Key: "ts", Value: bson.D{{Key: "$gte", Value: day}, {Key: "$lt", Value: day.Add(24 * time.Hour)}}}},
+			bucketFilter: bson.D{}, // the aggregate path decodes every bucket on FerretDB
+		},
+	}
+	return qs
+}
+
+// benchRange loads the same events into a plain collection directly and
+// into buckets through the proxy, then times each range query on both,
+// interleaved, and reports medians, ratios and documents examined.
+func benchRange(e *benchEnv, o *rangeOptions) error {
+	ctx := context.Background()
+	proxyC, err := mongo.Connect(options.Client().ApplyURI(e.proxyURI).SetTimeout(30 * time.Minute))
+	if err != nil {
+		return err
+	}
+	defer proxyC.Disconnect(ctx)
+	directC, err := mongo.Connect(options.Client().ApplyURI(e.upstreamURI).SetTimeout(30 * time.Minute))
+	if err != nil {
+		return err
+	}
+	defer directC.Disconnect(ctx)
+	db := directC.Database("tsbench")
+	plain, buckets := db.Collection("plain"), db.Collection("events.buckets")
+	proxied := proxyC.Database("tsbench").Collection("events")
+	_ = plain.Drop(ctx)
+	_ = proxied.Drop(ctx)
+	perSeries := int(time.Duration(o.days) * 24 * time.Hour / o.every)
+	total := perSeries * o.series
+	fmt.Printf("scale: %d series x %d days at one event per %s = %d events per layout; rule span %s, maxEvents 3600; batch-1000 insertMany, series by series\n",
+		o.series, o.days, o.every, total, o.span)
+	for _, l := range []struct {
+		name string
+		coll *mongo.Collection
+	}{{"direct (plain)", plain}, {"proxy (buckets)", proxied}} {
+		t0 := time.Now()
+		if err := loadRange(ctx, l.coll, o, perSeries); err != nil {
+			return fmt.Errorf("load %s: %w", l.name, err)
+		}
+		fmt.Printf("loaded %s in %.1f s (%.0f events/s)\n", l.name, time.Since(t0).Seconds(), float64(total)/time.Since(t0).Seconds())
+	}
+	nPlain, err := plain.EstimatedDocumentCount(ctx)
+	if err != nil {
+		return err
+	}
+	nBuckets, err := buckets.CountDocuments(ctx, bson.D{})
+	if err != nil {
+		return err
+	}
+	fmt.Printf("stored: %d plain documents, %d buckets\n", nPlain, nBuckets)
+
+	qs := rangeQueries(o)
+	type sample struct{ proxy, direct []float64 }
+	times := make([]sample, len(qs))
+	counts := make([][2]int, len(qs))
+	sortTS := options.Find().SetSort(bson.D{{Key: "ts", Value: 1}})
+	for r := 0; r < o.runs; r++ {
+		for i, q := range qs {
+			paths := []string{"proxy", "direct"}
+			if r%2 == 1 {
+				paths = []string{"direct", "proxy"}
+			}
+			for _, path := range paths {
+				coll := proxied
+				if path == "direct" {
+					coll = plain
+				}
+				t0 := time.Now()
+				cur, err := coll.Find(ctx, q.filter, sortTS)
+				if err != nil {
+					return fmt.Errorf("%s %s: %w", path, q.name, err)
+				}
+				var docs []bson.Raw
+				if err := cur.All(ctx, &docs); err != nil {
+					return fmt.Errorf("%s %s: %w", path, q.name, err)
+				}
+				ms := float64(time.Since(t0).Microseconds()) / 1000
+				if path == "proxy" {
+					times[i].proxy = append(times[i].proxy, ms)
+					counts[i][0] = len(docs)
+				} else {
+					times[i].direct = append(times[i].direct, ms)
+					counts[i][1] = len(docs)
+				}
+				fmt.Fprintf(os.Stderr, "  run %d %-28s %-6s %6d docs %9.1f ms\n", r+1, q.name, path, len(docs), ms)
+			}
+			if counts[i][0] != counts[i][1] {
+				return fmt.Errorf("%s: proxy returned %d documents, direct %d", q.name, counts[i][0], counts[i][1])
+			}
+		}
+	}
+	fmt.Printf("\nmedians of %d runs, interleaved; find(filter).sort({ts: 1}), whole cursor read; embedded FerretDB/SQLite unless -upstream\n\n", o.runs)
+	fmt.Println("| query | docs returned | direct ms | proxy ms | direct/proxy | direct docs examined | proxy buckets read (lookups) | proxy plan |")
+	fmt.Println("|---|---:|---:|---:|---:|---:|---:|---|")
+	for i, q := range qs {
+		d, p := median(times[i].direct), median(times[i].proxy)
+		read, lookups, plan, err := proxyExamined(ctx, proxyC, buckets, q, nBuckets)
+		if err != nil {
+			return err
+		}
+		direct, err := directExamined(ctx, db, q, nPlain)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("| %s | %d | %.1f | %.1f | %.1fx | %s | %d (%s) | %s |\n", q.name, counts[i][0], d, p, d/p, direct, read, lookups, plan)
+	}
+	return nil
+}
+
+// loadRange writes every series' events in time order, series by series,
+// in batches of 1000.
+func loadRange(ctx context.Context, coll *mongo.Collection, o *rangeOptions, perSeries int) error {
+	batch := make([]any, 0, 1000)
+	for s := 0; s < o.series; s++ {
+		sensor := fmt.Sprintf("s%03d", s)
+		for i := 0; i < perSeries; i++ {
+			batch = append(batch, bson.D{
+				{Key: "ts", Value: rangeBase.Add(time.Duration(i) * o.every)},
+				{Key: "sensor", Value: sensor},
+				{Key: "value", Value: float64((i*7+s)%1000) / 10},
+			})
+			if len(batch) == cap(batch) {
+				if _, err := coll.InsertMany(ctx, batch); err != nil {
+					return err
+				}
+				batch = batch[:0]
+			}
+		}
+	}
+	if len(batch) > 0 {
+		_, err := coll.InsertMany(ctx, batch)
+		return err
+	}
+	return nil
+}
+
+// proxyExamined is what the proxy read for a query: the buckets its plan
+// fetches (counted directly on the bucket collection) and how it read them.
+func proxyExamined(ctx context.Context, proxyC *mongo.Client, buckets *mongo.Collection, q rangeQuery, nBuckets int64) (int64, string, string, error) {
+	var ex bson.Raw
+	err := proxyC.Database("tsbench").RunCommand(ctx, bson.D{{Key: "explain", Value: bson.D{{Key: "find", Value: "events"}, {Key: "filter", Value: q.filter}, {Key: "sort", Value: bson.D{{Key: "ts", Value: 1}}}}}}).Decode(&ex)
+	if err != nil {
+		return 0, "", "", fmt.Errorf("explain %s: %w", q.name, err)
+	}
+	stage, _ := ex.Lookup("queryPlanner", "winningPlan", "stage").StringValueOK()
+	if stage != "TSPROXY_BUCKET_ID_LOOKUPS" {
+		// The aggregate path: FerretDB decodes every bucket.
+		return nBuckets, "scans: a meta prefetch find and the aggregate, each decoding every bucket on FerretDB", "aggregate ($match, $unwind, $match, $sort)", nil
+	}
+	keys, _ := ex.Lookup("queryPlanner", "winningPlan", "keys").AsInt64OK()
+	n, err := buckets.CountDocuments(ctx, q.bucketFilter)
+	if err != nil {
+		return 0, "", "", err
+	}
+	// One lookup per bucket found, and one per key that finds none.
+	return n, fmt.Sprintf("%d _id lookups", n+keys), "_id point lookups", nil
+}
+
+// directExamined: FerretDB reports no executionStats; without pushdown it
+// decodes the whole collection.
+func directExamined(ctx context.Context, db *mongo.Database, q rangeQuery, nPlain int64) (string, error) {
+	var ex bson.Raw
+	err := db.RunCommand(ctx, bson.D{{Key: "explain", Value: bson.D{{Key: "find", Value: "plain"}, {Key: "filter", Value: q.filter}, {Key: "sort", Value: bson.D{{Key: "ts", Value: 1}}}}}, {Key: "verbosity", Value: "executionStats"}}).Decode(&ex)
+	if err != nil {
+		return "", fmt.Errorf("explain direct %s: %w", q.name, err)
+	}
+	if n, ok := ex.Lookup("executionStats", "totalDocsExamined").AsInt64OK(); ok {
+		return fmt.Sprint(n), nil
+	}
+	push, _ := ex.Lookup("filterPushdown").BooleanOK()
+	if push {
+		return "? (pushdown)", nil
+	}
+	return fmt.Sprintf("%d (no pushdown: all)", nPlain), nil
+}

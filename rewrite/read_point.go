@@ -1,0 +1,408 @@
+package rewrite
+
+import (
+	"slices"
+
+	"github.com/tsproxy/tsproxy/rules"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+// PointRead is a find served from bucket point lookups (see
+// read_point_plan.go): a cursor the proxy holds itself. It streams window
+// by window: only the buckets of the windows in flight and the events of
+// the batch being built are in memory.
+//
+// The proxy calls Want with the batch size the client asked for, then
+// sends the commands Lookups returns (pipelined, in order) and gives their
+// replies, in the same order, to Feed, until Lookups returns nil; then
+// Batch builds the reply.
+type PointRead struct {
+	spec      *pointSpec
+	bucketNS  string
+	coll, db  string
+	ns        string
+	metaField string
+	timeField string
+	proj      *projection
+	skip      int64
+	limited   bool
+	limit     int64 // when limited: how many may still be returned
+	single    bool
+
+	keys    []pointKey // window-major, metas in the filter's order
+	head    int        // the first key not yet flushed to out
+	pending []pointLookup
+	out     []bsoncore.Document
+	outSize int
+	want    int64 // documents the next batch wants; -1: as many as fit
+	started bool
+
+	// BucketsRead and Lookups count the buckets fetched and the lookups
+	// sent (a lookup that finds nothing ends a key), for explain and
+	// metrics.
+	BucketsRead, LookupsSent int
+}
+
+type pointKey struct {
+	window  int64
+	meta    bsoncore.Value
+	seq     int // the next seq to look up
+	done    bool
+	buckets []bsoncore.Document
+}
+
+type pointLookup struct{ key, seq int }
+
+const (
+	// maxPipelined bounds the lookups in flight on the upstream connection.
+	maxPipelined = 16
+	// maxBatchBytes bounds a reply's batch below the 16 MiB message size
+	// (as MongoDB does).
+	maxBatchBytes = 16*1024*1024 - 64*1024
+	// defaultFirstBatch is MongoDB's default first batch size.
+	defaultFirstBatch = 101
+)
+
+func (rc *readCtx) newPointRead(s *pointSpec, proj *projection, skip, limit int64, single bool) *PointRead {
+	p := &PointRead{
+		spec: s, bucketNS: rc.rule.BucketNamespace(), coll: rc.rule.BucketCollection, db: rc.rule.DB,
+		ns: rc.ns, metaField: rc.metaField, timeField: rc.timeField,
+		proj: proj, skip: skip, limited: limit > 0, limit: limit, single: single, want: -1,
+	}
+	p.keys = make([]pointKey, 0, s.keys())
+	for _, w := range s.windows {
+		for _, m := range s.metas {
+			p.keys = append(p.keys, pointKey{window: w, meta: m})
+		}
+	}
+	return p
+}
+
+// NS is the app's namespace.
+func (p *PointRead) NS() string { return p.ns }
+
+// Want sets how many documents the next batch holds at most: n >= 0 (a
+// find's batchSize 0 opens the cursor with an empty batch), or n < 0 for
+// as many as fit in a reply (a getMore without batchSize). The first
+// batch of a find without batchSize holds 101, as MongoDB's.
+func (p *PointRead) Want(n int64) { p.want = n }
+
+// exhausted: every key flushed (or the limit reached).
+func (p *PointRead) exhausted() bool {
+	return p.head >= len(p.keys) || (p.limited && p.limit == 0)
+}
+
+// Lookups returns the next upstream finds to send, or nil when the batch
+// can be built.
+func (p *PointRead) Lookups() [][]byte {
+	if p.exhausted() || p.batchFull() {
+		return nil
+	}
+	p.pending = p.pending[:0]
+	var cmds [][]byte
+	for i := p.head; i < len(p.keys) && len(cmds) < maxPipelined; i++ {
+		k := &p.keys[i]
+		if k.done {
+			continue
+		}
+		p.pending = append(p.pending, pointLookup{key: i, seq: k.seq})
+		cmds = append(cmds, p.lookupCommand(*k, k.seq))
+	}
+	p.LookupsSent += len(cmds)
+	return cmds
+}
+
+func (p *PointRead) batchFull() bool {
+	return p.outSize >= maxBatchBytes || (p.want > 0 && int64(len(p.out)) >= p.want) || p.want == 0
+}
+
+// lookupCommand is the find of one bucket by _id.
+func (p *PointRead) lookupCommand(k pointKey, seq int) []byte {
+	id := BucketID(p.bucketNS, k.meta, k.window, seq)
+	nb := bsoncore.NewDocumentBuilder
+	return nb().AppendString("find", p.coll).
+		AppendDocument("filter", nb().AppendObjectID(rules.BucketID, id).Build()).
+		AppendInt32("limit", 1).
+		AppendBoolean("singleBatch", true).
+		AppendString("$db", p.db).Build()
+}
+
+// Feed takes the replies to the last Lookups, in order.
+func (p *PointRead) Feed(replies [][]byte) error {
+	if len(replies) != len(p.pending) {
+		return commandErrorf(CodeInternalError, "tsproxy rule %s: %d replies to %d bucket lookups", p.ns, len(replies), len(p.pending))
+	}
+	for i, r := range replies {
+		l := p.pending[i]
+		doc := bsoncore.Document(r)
+		if err := doc.Validate(); err != nil {
+			return commandErrorf(CodeInternalError, "tsproxy rule %s: upstream reply is not valid BSON: %v", p.ns, err)
+		}
+		if !replyOK(doc) {
+			return lookupError(p.ns, doc)
+		}
+		k := &p.keys[l.key]
+		if k.done || k.seq != l.seq {
+			continue
+		}
+		docs := batchDocs(doc)
+		if len(docs) == 0 {
+			// By the invariant, no higher seq exists either.
+			k.done = true
+			continue
+		}
+		p.BucketsRead++
+		k.buckets = append(k.buckets, docs[0])
+		k.seq++
+	}
+	p.pending = p.pending[:0]
+	return p.flush()
+}
+
+// lookupError is an upstream's error reply as the proxy's own.
+func lookupError(ns string, reply bsoncore.Document) error {
+	code := CodeInternalError
+	if v, ok := lookupTop(reply, "code"); ok {
+		if c, ok := v.AsInt64OK(); ok {
+			code = int32(c)
+		}
+	}
+	msg, _ := reply.Lookup("errmsg").StringValueOK()
+	return commandErrorf(code, "tsproxy rule %s: bucket lookup failed upstream: %s", ns, msg)
+}
+
+// flush moves every complete leading window to out.
+func (p *PointRead) flush() error {
+	per := len(p.spec.metas)
+	for p.head < len(p.keys) && !p.exhausted() {
+		win := p.keys[p.head : p.head+per]
+		for _, k := range win {
+			if !k.done {
+				return nil
+			}
+		}
+		if err := p.emitWindow(win); err != nil {
+			return err
+		}
+		for i := range win {
+			win[i].buckets = nil
+		}
+		p.head += per
+	}
+	return nil
+}
+
+// pointEvent is one matching stored event and its bucket's meta.
+type pointEvent struct {
+	ev   bsoncore.Document
+	ms   int64
+	meta bsoncore.Value
+}
+
+// emitWindow filters, sorts, skips, limits, reshapes and projects the
+// events of one window's buckets. Windows are disjoint in time, so a sort
+// on time needs only the window's own events.
+func (p *PointRead) emitWindow(win []pointKey) error {
+	var evs []pointEvent
+	for _, k := range win {
+		for _, b := range k.buckets {
+			meta, err := b.LookupErr(rules.BucketMeta)
+			if err != nil {
+				meta = bsoncore.Value{Type: bsoncore.TypeNull}
+			}
+			arr, err := b.LookupErr(rules.BucketEvents)
+			if err != nil {
+				continue // an emptied shell
+			}
+			a, ok := arr.ArrayOK()
+			if !ok {
+				return commandErrorf(CodeInternalError, "tsproxy rule %s: bucket %s has events of type %s", p.ns, b.Lookup(rules.BucketID).String(), typeName(arr.Type))
+			}
+			vals, err := a.Values()
+			if err != nil {
+				return commandErrorf(CodeInternalError, "tsproxy rule %s: bucket events are not valid BSON: %v", p.ns, err)
+			}
+			for _, v := range vals {
+				ev, ok := v.DocumentOK()
+				if !ok {
+					continue
+				}
+				// A stored time that is not a date (never written by the
+				// proxy) cannot match a date range, as in MongoDB.
+				ms, ok := ev.Lookup(p.timeField).DateTimeOK()
+				if !ok || !p.spec.inRange(ms) {
+					continue
+				}
+				evs = append(evs, pointEvent{ev: ev, ms: ms, meta: meta})
+			}
+		}
+	}
+	if p.spec.sortDir != 0 {
+		slices.SortStableFunc(evs, p.compare)
+	}
+	for _, e := range evs {
+		if p.limited && p.limit == 0 {
+			break
+		}
+		if p.skip > 0 {
+			p.skip--
+			continue
+		}
+		doc, err := restoreMeta(e.ev, p.metaField, func() (bsoncore.Value, error) { return e.meta, nil })
+		if err != nil {
+			return err
+		}
+		if doc, err = p.proj.apply(doc); err != nil {
+			return err
+		}
+		p.out = append(p.out, doc)
+		p.outSize += len(doc)
+		if p.limited {
+			p.limit--
+		}
+	}
+	return nil
+}
+
+func (p *PointRead) compare(a, b pointEvent) int {
+	c := 0
+	switch {
+	case a.ms < b.ms:
+		c = -1
+	case a.ms > b.ms:
+		c = 1
+	}
+	if c == 0 && p.spec.idDir != 0 {
+		return p.spec.idDir * CompareValues(a.ev.Lookup("_id"), b.ev.Lookup("_id"))
+	}
+	return p.spec.sortDir * c
+}
+
+// Batch builds the reply: a find's firstBatch the first time, a getMore's
+// nextBatch after, with cursor id id while documents remain (0 when
+// exhausted or single-batch). more tells whether the proxy must keep the
+// cursor.
+func (p *PointRead) Batch(id int64) (reply []byte, more bool) {
+	n := len(p.out)
+	if p.want >= 0 && int64(n) > p.want {
+		n = int(p.want)
+	}
+	size := 0
+	for i := 0; i < n; i++ {
+		if size+len(p.out[i]) > maxBatchBytes && i > 0 {
+			n = i
+			break
+		}
+		size += len(p.out[i])
+	}
+	batch := p.out[:n]
+	more = !p.single && (n < len(p.out) || !p.exhausted())
+	if !more {
+		id = 0
+	}
+	key := "nextBatch"
+	if !p.started {
+		key = "firstBatch"
+	}
+	p.started = true
+	idx, d := bsoncore.AppendDocumentStart(nil)
+	cidx, c := bsoncore.AppendDocumentElementStart(d, "cursor")
+	aidx, a := bsoncore.AppendArrayElementStart(c, key)
+	for i, doc := range batch {
+		a = bsoncore.AppendDocumentElement(a, itoa(i), doc)
+	}
+	c, _ = bsoncore.AppendArrayEnd(a, aidx)
+	c = bsoncore.AppendInt64Element(c, "id", id)
+	c = bsoncore.AppendStringElement(c, "ns", p.ns)
+	d, _ = bsoncore.AppendDocumentEnd(c, cidx)
+	d = bsoncore.AppendDoubleElement(d, "ok", 1)
+	d, _ = bsoncore.AppendDocumentEnd(d, idx)
+	p.out = append(p.out[:0:0], p.out[n:]...)
+	p.outSize -= size
+	return d, more
+}
+
+// explainPoint is what explain shows of a point plan: what the proxy
+// sends upstream, and what it does itself.
+func (p *PointRead) explain() bsoncore.Document {
+	nb := bsoncore.NewDocumentBuilder
+	metas := bsoncore.NewArrayBuilder()
+	for _, m := range p.spec.metas {
+		metas.AppendValue(m)
+	}
+	tp := nb().AppendString("stage", "TSPROXY_BUCKET_ID_LOOKUPS").
+		AppendString("bucketCollection", p.bucketNS).
+		AppendArray("metas", metas.Build()).
+		AppendInt64("windows", int64(len(p.spec.windows))).
+		AppendInt64("keys", int64(len(p.keys))).
+		AppendString("lookup", "find {_id: BucketID(meta, window, seq)} for seq 0, 1, ... until the first missing id").
+		AppendString("eventFilter", "time range, applied by the proxy").
+		AppendInt32("sortTime", int32(p.spec.sortDir)).
+		AppendInt32("sortID", int32(p.spec.idDir))
+	if len(p.keys) > 0 {
+		tp.AppendDocument("firstLookup", p.lookupCommand(p.keys[0], 0))
+	}
+	return nb().AppendDocument("queryPlanner", nb().
+		AppendString("namespace", p.ns).
+		AppendDocument("winningPlan", tp.Build()).Build()).
+		AppendDouble("ok", 1).Build()
+}
+
+// GetMoreBatchSize is a getMore's batchSize; 0 (as many as fit) when none.
+func GetMoreBatchSize(body []byte) (int64, bool) {
+	v, ok := lookupTop(bsoncore.Document(body), "batchSize")
+	if !ok {
+		return 0, false
+	}
+	n, ok := v.AsInt64OK()
+	if !ok || n < 0 {
+		return 0, false
+	}
+	return n, true
+}
+
+// KillCursorsReply is the reply to a killCursors naming proxy-held cursors
+// (local, now forgotten): upstream is the upstream's reply to the same
+// command, or nil when every cursor named was the proxy's. The proxy's
+// cursors move from cursorsNotFound to cursorsKilled.
+func KillCursorsReply(upstream []byte, local []int64) []byte {
+	isLocal := map[int64]bool{}
+	for _, id := range local {
+		isLocal[id] = true
+	}
+	killed := append([]int64(nil), local...)
+	var notFound, alive, unknown []int64
+	if upstream != nil {
+		doc := bsoncore.Document(upstream)
+		if !replyOK(doc) {
+			return upstream
+		}
+		read := func(key string) []int64 {
+			var ids []int64
+			arr, _ := doc.Lookup(key).ArrayOK()
+			vals, _ := arr.Values()
+			for _, v := range vals {
+				if id, okID := v.AsInt64OK(); okID && !isLocal[id] {
+					ids = append(ids, id)
+				}
+			}
+			return ids
+		}
+		killed = append(read("cursorsKilled"), local...)
+		notFound, alive, unknown = read("cursorsNotFound"), read("cursorsAlive"), read("cursorsUnknown")
+	}
+	arr := func(ids []int64) bsoncore.Array {
+		b := bsoncore.NewArrayBuilder()
+		for _, id := range ids {
+			b.AppendInt64(id)
+		}
+		return b.Build()
+	}
+	b := bsoncore.NewDocumentBuilder().
+		AppendArray("cursorsKilled", arr(killed)).
+		AppendArray("cursorsNotFound", arr(notFound)).
+		AppendArray("cursorsAlive", arr(alive)).
+		AppendArray("cursorsUnknown", arr(unknown)).
+		AppendDouble("ok", 1)
+	return b.Build()
+}
