@@ -5,6 +5,7 @@
 //	tsbench passthrough   ping and a small find: p50/p99 latency and throughput
 //	tsbench ingest        bucketed inserts vs plain inserts: events/s, documents, sizes
 //	tsbench layouts       counter and slots layouts vs plain inserts: events/s, documents, sizes
+//	tsbench summary       hourly aggregates from bucket summaries vs a scan of plain documents
 package main
 
 import (
@@ -36,7 +37,7 @@ func main() {
 	dur := fs.Duration("dur", 2*time.Second, "duration of each throughput run")
 	events := fs.Int("events", 100_000, "ingest: events per configuration")
 	fs.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: tsbench [flags] passthrough|ingest|layouts")
+		fmt.Fprintln(os.Stderr, "usage: tsbench [flags] passthrough|ingest|layouts|summary")
 		fs.PrintDefaults()
 	}
 	_ = fs.Parse(os.Args[1:])
@@ -58,6 +59,11 @@ func main() {
 		var rs []rules.Rule
 		if rs, err = layoutRules(); err == nil {
 			err = withEnv(*upstreamURI, rs, func(e *benchEnv) error { return benchLayouts(e, *runs, *events, 1000) })
+		}
+	case "summary":
+		var rs []rules.Rule
+		if rs, err = summaryRules(); err == nil {
+			err = withEnv(*upstreamURI, rs, func(e *benchEnv) error { return benchSummary(e, *runs) })
 		}
 	default:
 		fs.Usage()
