@@ -222,6 +222,9 @@ func (s *sumState) add(b *bucketSummary, field string) bool {
 	if !ok {
 		return true
 	}
+	if !sumTrusted(b, field, v.Type) {
+		return false
+	}
 	switch v.Type {
 	case bsoncore.TypeInt32:
 		s.ints.Add(&s.ints, big.NewInt(int64(v.Int32())))
@@ -240,6 +243,37 @@ func (s *sumState) add(b *bucketSummary, field string) bool {
 		return false
 	}
 	return true
+}
+
+// sumTrusted reports whether a bucket's integer sum cannot have wrapped:
+// FerretDB's $inc wraps an int32 (and int64) sum on overflow instead of
+// widening it (verified: 2e9 + 2e9 stored as -294967296). With every
+// event's value within [min, max] and at most count of them, no partial
+// sum leaves ±max(|min|, |max|)·count, so a bound inside the type's range
+// proves the stored sum exact.
+func sumTrusted(b *bucketSummary, field string, t bsoncore.Type) bool {
+	limit := 0.0
+	switch t {
+	case bsoncore.TypeInt32:
+		limit = math.MaxInt32
+	case bsoncore.TypeInt64:
+		limit = math.MaxInt64 / 2 // float rounding margin
+	default:
+		return true
+	}
+	bound := 0.0
+	for _, d := range []bsoncore.Document{b.min, b.max} {
+		x, ok := lookupTop(d, field)
+		if !ok {
+			return false
+		}
+		f, ok := x.AsFloat64OK()
+		if !ok {
+			return false
+		}
+		bound = math.Max(bound, math.Abs(f))
+	}
+	return bound*float64(b.count) <= limit
 }
 
 // addDouble is Neumaier's compensated summation.

@@ -356,3 +356,58 @@ func refused(err error) bool {
 	var se mongo.ServerError
 	return errors.As(err, &se) && se.HasErrorCode(238) && strings.Contains(err.Error(), "tsproxy rule")
 }
+
+// TestSummaryIntTypes: $sum keeps MongoDB's result types when the bucket
+// sums were kept by upserts ($inc upstream) and by complete inserts: an
+// int32 total stays an int32, an int64 event makes an int64, an int32
+// total past 2^31 becomes an int64.
+func TestSummaryIntTypes(t *testing.T) {
+	db := uniqueDB(t)
+	ctx := ctxFor(t)
+	p := startProxy(t, proxyOptions{yaml: summaryRule(db)})
+	coll := connect(t, p.URI()).Database(db).Collection("readings")
+	ev := func(sensor string, sec int, n any) bson.D {
+		return bson.D{{Key: "ts", Value: summaryBase.Add(time.Duration(sec) * time.Second)}, {Key: "sensorId", Value: sensor}, {Key: "n", Value: n}}
+	}
+	batches := [][]any{
+		{ev("small", 1, int32(5)), ev("small", 2, int32(-3))},
+		{ev("small", 3, int32(7))},
+		{ev("long", 1, int32(5)), ev("long", 2, int64(1))},
+		{ev("long", 3, int32(2))},
+		{ev("big", 1, int32(2_000_000_000))},
+		{ev("big", 2, int32(2_000_000_000))},
+	}
+	// A complete bucket too (one batch past the insert threshold).
+	var many []any
+	for i := 0; i < 150; i++ {
+		many = append(many, ev("bulk", i, int32(i)))
+	}
+	batches = append(batches, many)
+	for _, b := range batches {
+		if _, err := coll.InsertMany(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	group := bson.D{{Key: "$group", Value: bson.D{{Key: "_id", Value: "$sensorId"}, {Key: "total", Value: bson.D{{Key: "$sum", Value: "$n"}}}, {Key: "events", Value: bson.D{{Key: "$count", Value: bson.D{}}}}}}}
+	only := func(s ...string) bson.D {
+		return bson.D{{Key: "$match", Value: bson.D{{Key: "sensorId", Value: bson.D{{Key: "$in", Value: s}}}}}}
+	}
+	got := runAggregate(t, coll, bson.A{only("small", "long", "bulk"), group})
+	want := []bson.D{
+		{{Key: "_id", Value: "small"}, {Key: "total", Value: int32(9)}, {Key: "events", Value: int32(3)}},
+		{{Key: "_id", Value: "long"}, {Key: "total", Value: int64(8)}, {Key: "events", Value: int32(3)}},
+		{{Key: "_id", Value: "bulk"}, {Key: "total", Value: int32(149 * 150 / 2)}, {Key: "events", Value: int32(150)}},
+	}
+	compareGroups(t, "proxy (summaries) vs MongoDB's $sum types", got, want, false)
+
+	// FerretDB's $inc wraps the int32 bucket sum of "big" (2e9 + 2e9): the
+	// summaries cannot be trusted, so the unwound path answers or refuses.
+	got, err := tryAggregate(coll, bson.A{only("big"), group})
+	if err != nil {
+		if !refused(err) {
+			t.Fatalf("want a clear refusal, got %v", err)
+		}
+		return
+	}
+	compareGroups(t, "int32 total past 2^31", got, []bson.D{{{Key: "_id", Value: "big"}, {Key: "total", Value: int64(4_000_000_000)}, {Key: "events", Value: int32(2)}}}, false)
+}
