@@ -411,3 +411,51 @@ func TestSummaryIntTypes(t *testing.T) {
 	}
 	compareGroups(t, "int32 total past 2^31", got, []bson.D{{{Key: "_id", Value: "big"}, {Key: "total", Value: int64(4_000_000_000)}, {Key: "events", Value: int32(2)}}}, false)
 }
+
+// TestSummaryMongosh: mongosh's aggregate helper gets the daily totals of
+// events it inserted, answered from the bucket summaries.
+func TestSummaryMongosh(t *testing.T) {
+	db := uniqueDB(t)
+	p := startProxy(t, proxyOptions{yaml: summaryRule(db)})
+	script := fmt.Sprintf(`const d = connect(process.env.TSPROXY_URI + %q);
+const base = ISODate("2026-03-01T00:00:00Z").getTime();
+const docs = [];
+for (let k = 0; k < 2000; k++) {
+  docs.push({sensorId: "s" + (k %% 2), ts: new Date(base + k * 97000), value: k %% 10, n: NumberInt(k %% 3)});
+}
+d.readings.insertMany(docs);
+const out = d.readings.aggregate([
+  {$match: {sensorId: "s1"}},
+  {$group: {_id: {$dateTrunc: {date: "$ts", unit: "day"}}, events: {$count: {}}, n: {$sum: "$n"}, hi: {$max: "$value"}}},
+  {$sort: {_id: 1}}]).toArray();
+print(JSON.stringify(out.map(x => [x._id.toISOString().slice(0, 10), x.events, x.n, x.hi])));
+`, db)
+	out := runMongosh(t, p.URI(), script)
+	line := out[strings.LastIndex(strings.TrimSpace(out), "\n")+1:]
+	// Expected from the same events, computed here.
+	type day struct{ events, n, hi int }
+	days := map[string]*day{}
+	var order []string
+	base := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+	for k := 0; k < 2000; k++ {
+		if k%2 != 1 {
+			continue
+		}
+		key := base.Add(time.Duration(k) * 97 * time.Second).Format("2006-01-02")
+		if days[key] == nil {
+			days[key] = &day{hi: -1}
+			order = append(order, key)
+		}
+		d := days[key]
+		d.events++
+		d.n += k % 3
+		d.hi = max(d.hi, k%10)
+	}
+	var parts []string
+	for _, k := range order {
+		parts = append(parts, fmt.Sprintf(`["%s",%d,%d,%d]`, k, days[k].events, days[k].n, days[k].hi))
+	}
+	if want := "[" + strings.Join(parts, ",") + "]"; strings.TrimSpace(line) != want {
+		t.Fatalf("mongosh output:\n%s\nwant %s", out, want)
+	}
+}
