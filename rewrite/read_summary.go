@@ -91,11 +91,9 @@ func PlanSummary(body []byte, rule *rules.Rule, opts ReadOptions) (*SummaryPlan,
 		return nil, false
 	}
 	doc := bsoncore.Document(body)
-	if validateDeep(doc, 0) != nil {
-		return nil, false
-	}
+	// Every read passes here: refuse other commands before validating.
 	elems, err := doc.Elements()
-	if err != nil || len(elems) == 0 || elems[0].Key() != "aggregate" {
+	if err != nil || len(elems) == 0 || elems[0].Key() != "aggregate" || validateDeep(doc, 0) != nil {
 		return nil, false
 	}
 	batchSize, ok := summaryOptions(elems[1:])
