@@ -39,6 +39,9 @@ func (c *conn) rewriteRead(req *request, rule *rules.Rule) error {
 	if err != nil {
 		return err
 	}
+	if done, err := c.answerFromSummaries(req, rule, caps); done {
+		return err
+	}
 	plan, err := rewrite.PlanRead(req.msg.Body, rule, rewrite.ReadOptions{Caps: caps})
 	if err != nil {
 		return c.replyRewriteError(req, err)

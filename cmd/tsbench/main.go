@@ -6,6 +6,7 @@
 //	tsbench ingest        bucketed inserts vs plain inserts: events/s, documents, sizes
 //	tsbench layouts       counter and slots layouts vs plain inserts: events/s, documents, sizes
 //	tsbench range         range finds on buckets vs on plain documents: latency, documents examined
+//	tsbench summary       hourly aggregates from bucket summaries vs a scan of plain documents
 package main
 
 import (
@@ -42,7 +43,7 @@ func main() {
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (proxy, upstream and clients) to `file`")
 	ro := addRangeFlags(fs)
 	fs.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: tsbench [flags] passthrough|ingest|layouts|range")
+		fmt.Fprintln(os.Stderr, "usage: tsbench [flags] passthrough|ingest|layouts|range|summary")
 		fs.PrintDefaults()
 	}
 	_ = fs.Parse(os.Args[1:])
@@ -74,6 +75,11 @@ func main() {
 		var rs []rules.Rule
 		if rs, err = rangeRules(ro.span); err == nil {
 			err = withEnv(*upstreamURI, rs, func(e *benchEnv) error { return benchRange(e, ro) })
+		}
+	case "summary":
+		var rs []rules.Rule
+		if rs, err = summaryRules(); err == nil {
+			err = withEnv(*upstreamURI, rs, func(e *benchEnv) error { return benchSummary(e, *runs) })
 		}
 	default:
 		fs.Usage()

@@ -1,0 +1,415 @@
+package rewrite
+
+import (
+	"math"
+	"math/big"
+	"sort"
+
+	"github.com/tsproxy/tsproxy/rules"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+// maxSummaryReply bounds the reply: the groups are answered in one batch.
+const maxSummaryReply = 16 << 20
+
+// bucketSummary is what the summary find reads of one bucket.
+type bucketSummary struct {
+	meta          bsoncore.Value
+	start, count  int64
+	min, max, sum bsoncore.Document
+}
+
+// Feed learns one reply to Command (or to a getMore) and returns the
+// getMore to send next, or nil when the buckets are all read. An upstream
+// error reply comes back as a *CommandError with the upstream's code.
+func (p *SummaryPlan) Feed(reply []byte) ([]byte, error) {
+	docs, id, err := CursorDocs(reply)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range docs {
+		b, err := p.readBucket(d)
+		if err != nil {
+			return nil, err
+		}
+		p.buckets = append(p.buckets, b)
+	}
+	if id == 0 {
+		return nil, nil
+	}
+	idx, d := bsoncore.AppendDocumentStart(nil)
+	d = bsoncore.AppendInt64Element(d, "getMore", id)
+	d = bsoncore.AppendStringElement(d, "collection", p.rule.BucketCollection)
+	d = bsoncore.AppendStringElement(d, "$db", p.rule.DB)
+	d, _ = bsoncore.AppendDocumentEnd(d, idx)
+	return d, nil
+}
+
+func (p *SummaryPlan) readBucket(d bsoncore.Document) (bucketSummary, error) {
+	var b bucketSummary
+	st, ok := lookupTop(d, rules.BucketStart)
+	if !ok || st.Type != bsoncore.TypeDateTime {
+		return b, commandErrorf(CodeInternalError, "tsproxy rule %s: a bucket in %s has no date \"start\"", p.rule.Namespace, p.rule.BucketCollection)
+	}
+	b.start = st.DateTime()
+	b.count = rawCount(d)
+	b.meta = bsoncore.Value{Type: bsoncore.TypeNull}
+	if m, ok := lookupTop(d, rules.BucketMeta); ok {
+		b.meta = copyValue(m)
+	}
+	b.min = subDoc(d, rules.BucketMin)
+	b.max = subDoc(d, rules.BucketMax)
+	b.sum = subDoc(d, rules.BucketSum)
+	return b, nil
+}
+
+func rawCount(d bsoncore.Document) int64 {
+	v, ok := lookupTop(d, rules.BucketCount)
+	if !ok {
+		return 0
+	}
+	n, _ := wholeNumber(v)
+	return n
+}
+
+func subDoc(d bsoncore.Document, key string) bsoncore.Document {
+	v, ok := lookupTop(d, key)
+	if !ok || v.Type != bsoncore.TypeEmbeddedDocument {
+		return nil
+	}
+	return append(bsoncore.Document(nil), v.Document()...)
+}
+
+func copyValue(v bsoncore.Value) bsoncore.Value {
+	return bsoncore.Value{Type: v.Type, Data: append([]byte(nil), v.Data...)}
+}
+
+// groupState accumulates one group over its buckets.
+type groupState struct {
+	id    bsoncore.Value
+	count int64
+	sums  []sumState       // per accumulator (used by accSum)
+	ext   []bsoncore.Value // per accumulator (used by accMin, accMax)
+}
+
+// sumState adds bucket sums as MongoDB's $sum adds events: integers
+// exactly, doubles with compensation, and the result's type from the
+// widest input type.
+type sumState struct {
+	ints            big.Int
+	dbl, comp       float64
+	hasLong, hasDbl bool
+	longSeen        bool // an int64 event is certain
+}
+
+// Result computes the answer. ok is false when the summaries found
+// cannot give the exact answer (a null meta under a named _id part, sums
+// whose type the buckets do not pin down, group keys equal across types):
+// the proxy then plans the read with PlanRead instead.
+func (p *SummaryPlan) Result() (reply bsoncore.Document, ok bool, err error) {
+	groups, ok := p.groups()
+	if !ok {
+		return nil, false, nil
+	}
+	docs := make([]bsoncore.Document, 0, len(groups))
+	for _, g := range groups {
+		d, ok := p.output(g)
+		if !ok {
+			return nil, false, nil
+		}
+		docs = append(docs, d)
+	}
+	docs = p.applyAfter(docs)
+	return p.reply(docs)
+}
+
+// groups folds the buckets into groups, sorted by _id.
+func (p *SummaryPlan) groups() ([]*groupState, bool) {
+	byKey := map[string]*groupState{}
+	var list []*groupState
+	for i := range p.buckets {
+		b := &p.buckets[i]
+		if b.count <= 0 {
+			continue // an emptied bucket holds no event
+		}
+		id, ok := p.groupID(b)
+		if !ok {
+			return nil, false
+		}
+		k := string(rune(id.Type)) + string(id.Data)
+		g := byKey[k]
+		if g == nil {
+			g = &groupState{id: id, sums: make([]sumState, len(p.group.accs)), ext: make([]bsoncore.Value, len(p.group.accs))}
+			byKey[k] = g
+			list = append(list, g)
+		}
+		if !p.addBucket(g, b) {
+			return nil, false
+		}
+	}
+	sort.SliceStable(list, func(i, j int) bool { return CompareValues(list[i].id, list[j].id) < 0 })
+	for i := 1; i < len(list); i++ {
+		// Keys equal in MongoDB's order but stored differently (1 and
+		// 1.0) are one group there, under whichever came first.
+		if CompareValues(list[i-1].id, list[i].id) == 0 {
+			return nil, false
+		}
+	}
+	return list, true
+}
+
+func (p *SummaryPlan) groupID(b *bucketSummary) (bsoncore.Value, bool) {
+	part := func(k summaryKey) (bsoncore.Value, bool) {
+		switch k.kind {
+		case keyMeta:
+			return b.meta, true
+		case keyTrunc:
+			w := k.trunc.window(b.start)
+			if k.trunc.window(b.start+p.span-1) != w {
+				return bsoncore.Value{}, false
+			}
+			return bsoncore.Value{Type: bsoncore.TypeDateTime, Data: bsoncore.AppendDateTime(nil, w)}, true
+		}
+		return bsoncore.Value{Type: bsoncore.TypeNull}, true
+	}
+	if len(p.group.keys) == 1 && p.group.keys[0].name == "" {
+		return part(p.group.keys[0])
+	}
+	bld := bsoncore.NewDocumentBuilder()
+	for _, k := range p.group.keys {
+		// A null meta stands for both a missing and a null metaField,
+		// which a named _id part tells apart (missing leaves it out).
+		if k.kind == keyMeta && b.meta.Type == bsoncore.TypeNull {
+			return bsoncore.Value{}, false
+		}
+		v, ok := part(k)
+		if !ok {
+			return bsoncore.Value{}, false
+		}
+		bld.AppendValue(k.name, v)
+	}
+	return bsoncore.Value{Type: bsoncore.TypeEmbeddedDocument, Data: bld.Build()}, true
+}
+
+func (p *SummaryPlan) addBucket(g *groupState, b *bucketSummary) bool {
+	g.count += b.count
+	for i, a := range p.group.accs {
+		switch a.kind {
+		case accSum:
+			if !g.sums[i].add(b, a.field) {
+				return false
+			}
+		case accMin, accMax:
+			src := b.min
+			if a.kind == accMax {
+				src = b.max
+			}
+			v, ok := lookupTop(src, a.field)
+			if !ok || v.Type == bsoncore.TypeNull {
+				continue
+			}
+			c := CompareValues(v, g.ext[i])
+			if g.ext[i].Type == 0 || (a.kind == accMin && c < 0) || (a.kind == accMax && c > 0) {
+				g.ext[i] = v
+			}
+		}
+	}
+	return true
+}
+
+func (s *sumState) add(b *bucketSummary, field string) bool {
+	v, ok := lookupTop(b.sum, field)
+	if !ok {
+		return true
+	}
+	if !sumTrusted(b, field, v.Type) {
+		return false
+	}
+	switch v.Type {
+	case bsoncore.TypeInt32:
+		s.ints.Add(&s.ints, big.NewInt(int64(v.Int32())))
+	case bsoncore.TypeInt64:
+		s.ints.Add(&s.ints, big.NewInt(v.Int64()))
+		s.hasLong = true
+		for _, d := range []bsoncore.Document{b.min, b.max} {
+			if x, ok := lookupTop(d, field); ok && x.Type == bsoncore.TypeInt64 {
+				s.longSeen = true
+			}
+		}
+	case bsoncore.TypeDouble:
+		s.hasDbl = true
+		s.addDouble(v.Double())
+	default:
+		return false
+	}
+	return true
+}
+
+// sumTrusted reports whether a bucket's integer sum cannot have wrapped:
+// FerretDB's $inc wraps an int32 (and int64) sum on overflow instead of
+// widening it (verified: 2e9 + 2e9 stored as -294967296). With every
+// event's value within [min, max] and at most count of them, no partial
+// sum leaves ±max(|min|, |max|)·count, so a bound inside the type's range
+// proves the stored sum exact.
+func sumTrusted(b *bucketSummary, field string, t bsoncore.Type) bool {
+	limit := 0.0
+	switch t {
+	case bsoncore.TypeInt32:
+		limit = math.MaxInt32
+	case bsoncore.TypeInt64:
+		limit = math.MaxInt64 / 2 // float rounding margin
+	default:
+		return true
+	}
+	bound := 0.0
+	for _, d := range []bsoncore.Document{b.min, b.max} {
+		x, ok := lookupTop(d, field)
+		if !ok {
+			return false
+		}
+		f, ok := x.AsFloat64OK()
+		if !ok {
+			return false
+		}
+		bound = math.Max(bound, math.Abs(f))
+	}
+	return bound*float64(b.count) <= limit
+}
+
+// addDouble is Neumaier's compensated summation.
+func (s *sumState) addDouble(x float64) {
+	t := s.dbl + x
+	if math.Abs(s.dbl) >= math.Abs(x) {
+		s.comp += (s.dbl - t) + x
+	} else {
+		s.comp += (x - t) + s.dbl
+	}
+	s.dbl = t
+}
+
+// value is the $sum MongoDB returns: a double when any input was a double
+// or the integer total leaves int64; an int64 when any input was; else an
+// int32 when the total fits. A bucket's int64 sum may come from int32
+// events that overflowed an int32 partial sum, so an int64 sum with a
+// total that fits an int32 is only answered when an int64 event is
+// certain (a bucket's min or max is one).
+func (s *sumState) value() (bsoncore.Value, bool) {
+	if s.hasDbl {
+		f, _ := new(big.Float).SetInt(&s.ints).Float64()
+		return doubleValue(f + (s.dbl + s.comp)), true
+	}
+	if !s.ints.IsInt64() {
+		f, _ := new(big.Float).SetInt(&s.ints).Float64()
+		return doubleValue(f), true
+	}
+	n := s.ints.Int64()
+	fits32 := n >= math.MinInt32 && n <= math.MaxInt32
+	switch {
+	case s.hasLong && fits32 && !s.longSeen:
+		return bsoncore.Value{}, false
+	case s.hasLong || !fits32:
+		return int64Value(n), true
+	}
+	return bsoncore.Value{Type: bsoncore.TypeInt32, Data: bsoncore.AppendInt32(nil, int32(n))}, true
+}
+
+func doubleValue(f float64) bsoncore.Value {
+	return bsoncore.Value{Type: bsoncore.TypeDouble, Data: bsoncore.AppendDouble(nil, f)}
+}
+
+// countValue is $sum of a constant 1 (or $count) over n events.
+func countValue(n int64, one bsoncore.Type) bsoncore.Value {
+	switch {
+	case one == bsoncore.TypeDouble:
+		return doubleValue(float64(n))
+	case one == bsoncore.TypeInt64 || n > math.MaxInt32:
+		return int64Value(n)
+	}
+	return bsoncore.Value{Type: bsoncore.TypeInt32, Data: bsoncore.AppendInt32(nil, int32(n))}
+}
+
+func (p *SummaryPlan) output(g *groupState) (bsoncore.Document, bool) {
+	b := bsoncore.NewDocumentBuilder().AppendValue("_id", g.id)
+	for i, a := range p.group.accs {
+		switch a.kind {
+		case accCount:
+			b.AppendValue(a.out, countValue(g.count, a.one))
+		case accSum:
+			v, ok := g.sums[i].value()
+			if !ok {
+				return nil, false
+			}
+			b.AppendValue(a.out, v)
+		default:
+			if g.ext[i].Type == 0 {
+				b.AppendNull(a.out)
+			} else {
+				b.AppendValue(a.out, g.ext[i])
+			}
+		}
+	}
+	return b.Build(), true
+}
+
+// applyAfter runs the $sort, $skip and $limit stages after the $group.
+func (p *SummaryPlan) applyAfter(docs []bsoncore.Document) []bsoncore.Document {
+	for _, st := range p.after {
+		switch st.name {
+		case "$sort":
+			sort.SliceStable(docs, func(i, j int) bool { return lessByKeys(docs[i], docs[j], st.sort) })
+		case "$skip":
+			if st.n >= int64(len(docs)) {
+				docs = docs[:0]
+			} else {
+				docs = docs[st.n:]
+			}
+		case "$limit":
+			if st.n < int64(len(docs)) {
+				docs = docs[:st.n]
+			}
+		}
+	}
+	return docs
+}
+
+func lessByKeys(a, b bsoncore.Document, keys []summarySortKey) bool {
+	for _, k := range keys {
+		c := CompareValues(pathValue(a, k.path), pathValue(b, k.path))
+		if k.desc {
+			c = -c
+		}
+		if c != 0 {
+			return c < 0
+		}
+	}
+	return false
+}
+
+// pathValue is the value at path, null when missing (as $sort orders it).
+func pathValue(d bsoncore.Document, path []string) bsoncore.Value {
+	v, err := d.LookupErr(path...)
+	if err != nil {
+		return bsoncore.Value{Type: bsoncore.TypeNull}
+	}
+	return v
+}
+
+func (p *SummaryPlan) reply(docs []bsoncore.Document) (bsoncore.Document, bool, error) {
+	size := 0
+	for _, d := range docs {
+		size += len(d)
+	}
+	if size > maxSummaryReply {
+		return nil, true, commandErrorf(CodeBadValue, "tsproxy rule %s: the aggregate answered from bucket summaries has %d groups (%d bytes), more than one reply holds; narrow the $match or add a $limit", p.rule.Namespace, len(docs), size)
+	}
+	arr := bsoncore.NewArrayBuilder()
+	for _, d := range docs {
+		arr.AppendDocument(d)
+	}
+	cur := bsoncore.NewDocumentBuilder().
+		AppendArray("firstBatch", arr.Build()).
+		AppendInt64("id", 0).
+		AppendString("ns", p.rule.Namespace).
+		Build()
+	return bsoncore.NewDocumentBuilder().AppendDocument("cursor", cur).AppendDouble("ok", 1).Build(), true, nil
+}

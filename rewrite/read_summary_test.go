@@ -1,0 +1,269 @@
+package rewrite
+
+import (
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tsproxy/tsproxy/rules"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+func sumRule() *rules.Rule {
+	r := rdRule()
+	r.Aggregates = []string{"v", "w"}
+	return r
+}
+
+func sumCmd(t testing.TB, pipeline A, extra ...E) []byte {
+	t.Helper()
+	cmd := D{{Key: "aggregate", Value: "readings"}, {Key: "pipeline", Value: pipeline}, {Key: "cursor", Value: D{}}}
+	cmd = append(cmd, extra...)
+	return rdRaw(t, append(cmd, E{Key: "$db", Value: "iot"}))
+}
+
+func trunc(unit string, more ...E) D {
+	return D{{Key: "$dateTrunc", Value: append(D{{Key: "date", Value: "$ts"}, {Key: "unit", Value: unit}}, more...)}}
+}
+
+func grp(id any, accs ...E) D {
+	return D{{Key: "$group", Value: append(D{{Key: "_id", Value: id}}, accs...)}}
+}
+
+func acc(out, op string, arg any) E { return E{Key: out, Value: D{{Key: op, Value: arg}}} }
+
+func TestPlanSummaryShapes(t *testing.T) {
+	day := time.Date(2026, 1, 5, 0, 0, 0, 0, time.UTC).UnixMilli()
+	match := func(f D) D { return D{{Key: "$match", Value: f}} }
+	rng := func(lo, hi int64) D {
+		return D{{Key: "ts", Value: D{{Key: "$gte", Value: dms(lo)}, {Key: "$lt", Value: dms(hi)}}}}
+	}
+	hourSum := grp(trunc("hour"), acc("s", "$sum", "$v"))
+	cases := []struct {
+		name     string
+		pipeline A
+		extra    []E
+		ok       bool
+	}{
+		{"hour windows, sum", A{hourSum}, nil, true},
+		{"day windows, all accumulators", A{grp(trunc("day"), acc("s", "$sum", "$v"), acc("n", "$sum", 1), acc("c", "$count", D{}), acc("lo", "$min", "$v"), acc("hi", "$max", "$w"), acc("first", "$min", "$ts"))}, nil, true},
+		{"range on span edges", A{match(rng(day, day+24*hr)), hourSum}, nil, true},
+		{"range and meta", A{match(append(rng(day, day+hr), E{Key: "sensorId", Value: "s1"})), hourSum}, nil, true},
+		{"meta $in", A{match(D{{Key: "sensorId", Value: D{{Key: "$in", Value: A{"a", "b"}}}}}), hourSum}, nil, true},
+		{"compound id with meta", A{grp(D{{Key: "t", Value: trunc("hour")}, {Key: "s", Value: "$sensorId"}}, acc("s", "$sum", "$v"))}, nil, true},
+		{"meta id", A{grp("$sensorId", acc("s", "$max", "$v"))}, nil, true},
+		{"null id", A{grp(nil, acc("s", "$sum", "$v"))}, nil, true},
+		{"2-hour bins", A{grp(trunc("hour", E{Key: "binSize", Value: 2}), acc("s", "$sum", "$v"))}, nil, true},
+		{"week from monday", A{grp(trunc("week", E{Key: "startOfWeek", Value: "mon"}), acc("s", "$sum", "$v"))}, nil, true},
+		{"month, UTC", A{grp(trunc("month", E{Key: "timezone", Value: "UTC"}), acc("s", "$sum", "$v"))}, nil, true},
+		{"then sort, skip, limit", A{hourSum, D{{Key: "$sort", Value: D{{Key: "s", Value: -1}, {Key: "_id", Value: 1}}}}, D{{Key: "$skip", Value: 1}}, D{{Key: "$limit", Value: 3}}}, nil, true},
+		{"comment and batchSize", A{hourSum}, []E{{Key: "comment", Value: "x"}, {Key: "cursor", Value: D{{Key: "batchSize", Value: 10}}}}, true},
+
+		{"minute windows: finer than the span", A{grp(trunc("minute"), acc("s", "$sum", "$v"))}, nil, false},
+		{"90-minute bins", A{grp(trunc("minute", E{Key: "binSize", Value: 90}), acc("s", "$sum", "$v"))}, nil, false},
+		{"other timezone", A{grp(trunc("day", E{Key: "timezone", Value: "Europe/Paris"}), acc("s", "$sum", "$v"))}, nil, false},
+		{"range cuts a bucket", A{match(rng(day+1000, day+hr)), hourSum}, nil, false},
+		{"$gt bound", A{match(D{{Key: "ts", Value: D{{Key: "$gt", Value: dms(day)}}}}), hourSum}, nil, false},
+		{"event field filter", A{match(D{{Key: "v", Value: 3}}), hourSum}, nil, false},
+		{"$avg: no per-field count in buckets", A{grp(trunc("hour"), acc("a", "$avg", "$v"))}, nil, false},
+		{"not an aggregate field", A{grp(trunc("hour"), acc("s", "$sum", "$x"))}, nil, false},
+		{"$sum of 2", A{grp(trunc("hour"), acc("s", "$sum", 2))}, nil, false},
+		{"sum of the time", A{grp(trunc("hour"), acc("s", "$sum", "$ts"))}, nil, false},
+		{"dotted output", A{grp(trunc("hour"), acc("a.b", "$sum", "$v"))}, nil, false},
+		{"group on another field", A{grp("$v", acc("s", "$sum", "$v"))}, nil, false},
+		{"trunc of another date", A{grp(D{{Key: "$dateTrunc", Value: D{{Key: "date", Value: "$other"}, {Key: "unit", Value: "hour"}}}}, acc("s", "$sum", "$v"))}, nil, false},
+		{"stage after the group", A{hourSum, D{{Key: "$project", Value: D{{Key: "s", Value: 1}}}}}, nil, false},
+		{"sort on a missing output", A{hourSum, D{{Key: "$sort", Value: D{{Key: "zz", Value: 1}}}}}, nil, false},
+		{"no group", A{match(rng(day, day+hr))}, nil, false},
+		{"explain", A{hourSum}, []E{{Key: "explain", Value: true}}, false},
+		{"collation", A{hourSum}, []E{{Key: "collation", Value: D{{Key: "locale", Value: "fr"}}}}, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p, ok := PlanSummary(sumCmd(t, c.pipeline, c.extra...), sumRule(), ReadOptions{})
+			if ok != c.ok {
+				t.Fatalf("accepted %v, want %v", ok, c.ok)
+			}
+			if ok && !strings.HasPrefix(rdJSON(p.Command), `{"find": "readings.buckets"`) {
+				t.Fatalf("command %s", rdJSON(p.Command))
+			}
+		})
+	}
+	// Not an events rule, or no rule aggregates: never.
+	r := sumRule()
+	r.Layout = rules.LayoutCounter
+	if _, ok := PlanSummary(sumCmd(t, A{hourSum}), r, ReadOptions{}); ok {
+		t.Fatal("counter layout accepted")
+	}
+}
+
+func TestSummaryFindCommand(t *testing.T) {
+	day := time.Date(2026, 1, 5, 0, 0, 0, 0, time.UTC).UnixMilli()
+	f := D{{Key: "ts", Value: D{{Key: "$gte", Value: dms(day)}, {Key: "$lt", Value: dms(day + 2*hr)}}}, {Key: "sensorId", Value: "s1"}}
+	p, ok := PlanSummary(sumCmd(t, A{D{{Key: "$match", Value: f}}, grp(trunc("hour"), acc("s", "$sum", "$v"))}, E{Key: "maxTimeMS", Value: 500}), sumRule(), ReadOptions{})
+	if !ok {
+		t.Fatal("refused")
+	}
+	want := `{"find": "readings.buckets","filter": {"start": {"$gte": {"$date":{"$numberLong":"1767571200000"}},"$lt": {"$date":{"$numberLong":"1767578400000"}}},"meta": "s1"},"projection": {"meta": {"$numberInt":"1"},"start": {"$numberInt":"1"},"count": {"$numberInt":"1"},"min": {"$numberInt":"1"},"max": {"$numberInt":"1"},"sum": {"$numberInt":"1"}},"maxTimeMS": {"$numberInt":"500"},"$db": "iot"}`
+	if got := rdJSON(p.Command); got != want {
+		t.Fatalf("got  %s\nwant %s", got, want)
+	}
+}
+
+func TestDateTruncWindow(t *testing.T) {
+	at := func(y int, m time.Month, d, h int) int64 { return time.Date(y, m, d, h, 0, 0, 0, time.UTC).UnixMilli() }
+	ts := time.Date(2026, 11, 22, 3, 25, 7, 0, time.UTC).UnixMilli() // a Sunday
+	cases := []struct {
+		spec D
+		want int64
+	}{
+		{D{{Key: "unit", Value: "hour"}}, at(2026, 11, 22, 3)},
+		{D{{Key: "unit", Value: "hour"}, {Key: "binSize", Value: 2}}, at(2026, 11, 22, 2)},
+		{D{{Key: "unit", Value: "day"}}, at(2026, 11, 22, 0)},
+		{D{{Key: "unit", Value: "day"}, {Key: "binSize", Value: 7}}, at(2026, 11, 21, 0)}, // 7-day bins from 2000-01-01, a Saturday
+		{D{{Key: "unit", Value: "week"}}, at(2026, 11, 22, 0)},
+		{D{{Key: "unit", Value: "week"}, {Key: "startOfWeek", Value: "Monday"}}, at(2026, 11, 16, 0)},
+		{D{{Key: "unit", Value: "month"}}, at(2026, 11, 1, 0)},
+		{D{{Key: "unit", Value: "month"}, {Key: "binSize", Value: 5}}, at(2026, 9, 1, 0)}, // 2000-01 + 64*5 months
+		{D{{Key: "unit", Value: "quarter"}}, at(2026, 10, 1, 0)},
+		{D{{Key: "unit", Value: "year"}}, at(2026, 1, 1, 0)},
+		{D{{Key: "unit", Value: "year"}, {Key: "binSize", Value: 4}}, at(2024, 1, 1, 0)},
+	}
+	for _, c := range cases {
+		spec := append(D{{Key: "date", Value: "$ts"}}, c.spec...)
+		dt, ok := parseDateTrunc(valueOf(t, spec), "ts")
+		if !ok {
+			t.Fatalf("%v refused", c.spec)
+		}
+		if got := dt.window(ts); got != c.want {
+			t.Errorf("%v: %v, want %v", c.spec, time.UnixMilli(got).UTC(), time.UnixMilli(c.want).UTC())
+		}
+	}
+	// Before 1970 and before 2000.
+	dt, _ := parseDateTrunc(valueOf(t, D{{Key: "date", Value: "$ts"}, {Key: "unit", Value: "month"}, {Key: "binSize", Value: 5}}), "ts")
+	if got, want := dt.window(at(1960, 3, 9, 5)), at(1960, 1, 1, 0); got != want {
+		t.Errorf("1960: %v", time.UnixMilli(got).UTC())
+	}
+}
+
+func valueOf(t testing.TB, d D) bsoncore.Value {
+	return bsoncore.Value{Type: bsoncore.TypeEmbeddedDocument, Data: rdRaw(t, d)}
+}
+
+// bkt is a bucket as the summary find returns it.
+func bkt(meta any, start int64, count int32, min, max, sum D) D {
+	d := D{{Key: "_id", Value: bson.NewObjectID()}, {Key: "meta", Value: meta}, {Key: "start", Value: dms(start)}, {Key: "count", Value: count}}
+	d = append(d, E{Key: "min", Value: min}, E{Key: "max", Value: max})
+	if sum != nil {
+		d = append(d, E{Key: "sum", Value: sum})
+	}
+	return d
+}
+
+func runSummary(t *testing.T, pipeline A, batches ...A) (string, bool) {
+	t.Helper()
+	p, ok := PlanSummary(sumCmd(t, pipeline), sumRule(), ReadOptions{})
+	if !ok {
+		t.Fatal("refused")
+	}
+	for i, b := range batches {
+		id := int64(0)
+		if i < len(batches)-1 {
+			id = 42
+		}
+		next, err := p.Feed(rdRaw(t, D{{Key: "cursor", Value: D{{Key: "firstBatch", Value: b}, {Key: "id", Value: id}}}, {Key: "ok", Value: 1.0}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (next != nil) != (id != 0) || (next != nil && !strings.Contains(rdJSON(next), `"getMore": {"$numberLong":"42"},"collection": "readings.buckets"`)) {
+			t.Fatalf("next %s", rdJSON(next))
+		}
+	}
+	out, ok, err := p.Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ok {
+		return "", false
+	}
+	cur, _ := bsoncore.Document(out).LookupErr("cursor", "firstBatch")
+	docs, _ := cur.Array().Values()
+	var parts []string
+	for _, d := range docs {
+		parts = append(parts, rdJSON(d.Document()))
+	}
+	return strings.Join(parts, " "), true
+}
+
+func TestSummaryCompute(t *testing.T) {
+	h := func(i int64) int64 { return time.Date(2026, 1, 5, 0, 0, 0, 0, time.UTC).UnixMilli() + i*hr }
+	tsd := func(i int64) bson.DateTime { return dms(h(i)) }
+	mm := func(i int64, v any) D { return D{{Key: "ts", Value: tsd(i)}, {Key: "v", Value: v}} }
+	sumV := func(v any) D { return D{{Key: "v", Value: v}} }
+	all := A{grp(trunc("day"), acc("s", "$sum", "$v"), acc("n", "$count", D{}), acc("lo", "$min", "$v"), acc("hi", "$max", "$v"), acc("w", "$sum", "$w"), acc("wl", "$min", "$w"))}
+	sumOnly := A{grp(nil, acc("s", "$sum", "$v"))}
+	cases := []struct {
+		name     string
+		pipeline A
+		buckets  []A
+		want     string // "" with ok false: the summaries are not exact
+	}{
+		{"int32 sums over hours of one day; missing w gives 0 and null", all,
+			[]A{{bkt("a", h(0), 3, mm(0, int32(1)), mm(0, int32(5)), sumV(int32(9))), bkt("b", h(1), 2, mm(1, int32(-2)), mm(1, int32(4)), sumV(int32(2)))}},
+			`{"_id": {"$date":{"$numberLong":"1767571200000"}},"s": {"$numberInt":"11"},"n": {"$numberInt":"5"},"lo": {"$numberInt":"-2"},"hi": {"$numberInt":"5"},"w": {"$numberInt":"0"},"wl": null}`},
+		{"two days, two batches, sorted by _id", A{grp(trunc("day"), acc("n", "$sum", 1))},
+			[]A{{bkt("a", h(25), 4, mm(25, 1), mm(25, 1), nil)}, {bkt("a", h(2), 3, mm(2, 1), mm(2, 1), nil), bkt("a", h(30), 0, D{}, D{}, nil)}},
+			`{"_id": {"$date":{"$numberLong":"1767571200000"}},"n": {"$numberInt":"3"}} {"_id": {"$date":{"$numberLong":"1767657600000"}},"n": {"$numberInt":"4"}}`},
+		{"int32 total past int32 is an int64", sumOnly,
+			[]A{{bkt("a", h(0), 1, mm(0, int32(2e9)), mm(0, int32(2e9)), sumV(int32(2e9))), bkt("a", h(1), 1, mm(1, int32(2e9)), mm(1, int32(2e9)), sumV(int32(2e9)))}},
+			`{"_id": null,"s": {"$numberLong":"4000000000"}}`},
+		{"an int64 event makes an int64 even when small", sumOnly,
+			[]A{{bkt("a", h(0), 2, mm(0, int64(1)), mm(0, int32(3)), sumV(int64(4)))}},
+			`{"_id": null,"s": {"$numberLong":"4"}}`},
+		{"an int64 sum that may be overflowed int32s, small total: not exact", sumOnly,
+			[]A{{bkt("a", h(0), 3, mm(0, int32(-2e9)), mm(0, int32(2e9)), sumV(int64(10)))}},
+			""},
+		{"int64 total past int64 is a double", sumOnly,
+			[]A{{bkt("a", h(0), 1, mm(0, int64(4e18)), mm(0, int64(4e18)), sumV(int64(4e18))), bkt("a", h(1), 1, mm(1, int64(4e18)), mm(1, int64(4e18)), sumV(int64(4e18))), bkt("a", h(2), 1, mm(2, int64(4e18)), mm(2, int64(4e18)), sumV(int64(4e18)))}},
+			`{"_id": null,"s": {"$numberDouble":"1.2E+19"}}`},
+		{"an int32 sum that may have wrapped (FerretDB's $inc): not exact", sumOnly,
+			[]A{{bkt("a", h(0), 2, mm(0, int32(2e9)), mm(0, int32(2e9)), sumV(int32(-294967296)))}},
+			""},
+		{"an int64 sum near the int64 range: not exact", sumOnly,
+			[]A{{bkt("a", h(0), 2, mm(0, int64(math.MaxInt64)), mm(0, int64(math.MaxInt64)), sumV(int64(-2)))}},
+			""},
+		{"a double makes a double", sumOnly,
+			[]A{{bkt("a", h(0), 1, mm(0, 0.5), mm(0, 0.5), sumV(0.5)), bkt("a", h(1), 1, mm(1, int32(2)), mm(1, int32(2)), sumV(int32(2)))}},
+			`{"_id": null,"s": {"$numberDouble":"2.5"}}`},
+		{"count types follow the constant", A{grp(nil, acc("i", "$sum", int32(1)), acc("l", "$sum", int64(1)), acc("d", "$sum", 1.0))},
+			[]A{{bkt("a", h(0), 3, mm(0, 1), mm(0, 1), nil)}},
+			`{"_id": null,"i": {"$numberInt":"3"},"l": {"$numberLong":"3"},"d": {"$numberDouble":"3.0"}}`},
+		{"min and max of the time", A{grp("$sensorId", acc("first", "$min", "$ts"), acc("last", "$max", "$ts"))},
+			[]A{{bkt("a", h(3), 1, mm(3, 1), mm(4, 1), nil), bkt("a", h(1), 1, mm(1, 1), mm(2, 1), nil), bkt(nil, h(1), 1, mm(1, 1), mm(1, 1), nil)}},
+			`{"_id": null,"first": {"$date":{"$numberLong":"1767574800000"}},"last": {"$date":{"$numberLong":"1767574800000"}}} {"_id": "a","first": {"$date":{"$numberLong":"1767574800000"}},"last": {"$date":{"$numberLong":"1767585600000"}}}`},
+		{"named parts, sort by sum descending, limit", A{grp(D{{Key: "s", Value: "$sensorId"}, {Key: "t", Value: trunc("hour")}}, acc("sum", "$sum", "$v")), D{{Key: "$sort", Value: D{{Key: "sum", Value: -1}}}}, D{{Key: "$limit", Value: 2}}},
+			[]A{{bkt("a", h(0), 1, mm(0, 1), mm(0, 1), sumV(int32(1))), bkt("b", h(0), 1, mm(0, 1), mm(0, 1), sumV(int32(7))), bkt("a", h(1), 1, mm(1, 1), mm(1, 1), sumV(int32(3)))}},
+			`{"_id": {"s": "b","t": {"$date":{"$numberLong":"1767571200000"}}},"sum": {"$numberInt":"7"}} {"_id": {"s": "a","t": {"$date":{"$numberLong":"1767574800000"}}},"sum": {"$numberInt":"3"}}`},
+		{"named meta part with a null meta (missing or null?): not exact", A{grp(D{{Key: "s", Value: "$sensorId"}}, acc("n", "$count", D{}))},
+			[]A{{bkt(nil, h(0), 1, mm(0, 1), mm(0, 1), nil)}}, ""},
+		{"metas 1 and 1.0 are one group: not exact", A{grp("$sensorId", acc("n", "$count", D{}))},
+			[]A{{bkt(int32(1), h(0), 1, mm(0, 1), mm(0, 1), nil), bkt(1.0, h(0), 1, mm(0, 1), mm(0, 1), nil)}}, ""},
+		{"no buckets, no groups", sumOnly, []A{{}}, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got, ok := runSummary(t, c.pipeline, c.buckets...)
+			if c.name == "no buckets, no groups" {
+				if !ok || got != "" {
+					t.Fatalf("got %q %v", got, ok)
+				}
+				return
+			}
+			if ok != (c.want != "") || got != c.want {
+				t.Fatalf("got  %s (exact %v)\nwant %s", got, ok, c.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,461 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+)
+
+// This file checks aggregates answered from bucket summaries against the
+// same aggregates over the same events as plain documents: computed here
+// from the events (FerretDB v1.24 lacks $dateTrunc and the $min/$max
+// accumulators), and run directly on a plain collection wherever the
+// upstream can.
+
+func summaryRule(db string) string {
+	return fmt.Sprintf(`rules:
+  - namespace: %s.readings
+    timeField: ts
+    metaField: sensorId
+    bucket:
+      span: 1h
+    aggregates: [value, n]
+`, db)
+}
+
+// sumEvent is one event: value a double, n an int32 or missing.
+type sumEvent struct {
+	sensor string
+	ts     time.Time
+	value  float64
+	n      int32
+	hasN   bool
+}
+
+func (e sumEvent) doc() bson.D {
+	d := bson.D{{Key: "ts", Value: e.ts}, {Key: "sensorId", Value: e.sensor}, {Key: "value", Value: e.value}}
+	if e.hasN {
+		d = append(d, bson.E{Key: "n", Value: e.n})
+	}
+	return d
+}
+
+var summaryBase = time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC) // a Sunday
+
+func genSumEvents(n int, seed uint64) []sumEvent {
+	r := rand.New(rand.NewPCG(seed, 11))
+	out := make([]sumEvent, n)
+	for i := range out {
+		out[i] = sumEvent{
+			sensor: fmt.Sprintf("s%d", r.IntN(3)),
+			ts:     summaryBase.Add(time.Duration(r.Int64N(9*24*3600*1000)) * time.Millisecond),
+			value:  math.Round(r.Float64()*2000-1000) / 10,
+			n:      int32(r.IntN(100)),
+			hasN:   r.IntN(10) > 0,
+		}
+	}
+	return out
+}
+
+// refGroup is the Go reference of one group, with MongoDB's result types:
+// $sum of doubles is a double, of int32s an int32 (the totals here fit),
+// $min/$max of nothing is null.
+type refGroup struct {
+	id                 any
+	count              int32
+	sumValue           float64
+	sumN               int32
+	minV, maxV         any
+	minTS, maxTS       time.Time
+	firstTS, hasValues bool
+}
+
+func refGroups(events []sumEvent, key func(sumEvent) (any, bool)) map[string]*refGroup {
+	out := map[string]*refGroup{}
+	for _, e := range events {
+		id, ok := key(e)
+		if !ok {
+			continue
+		}
+		k := fmt.Sprint(id)
+		g := out[k]
+		if g == nil {
+			g = &refGroup{id: id, minTS: e.ts, maxTS: e.ts}
+			out[k] = g
+		}
+		g.count++
+		g.sumValue += e.value
+		if e.hasN {
+			g.sumN += e.n
+		}
+		if g.minV == nil || e.value < g.minV.(float64) {
+			g.minV = e.value
+		}
+		if g.maxV == nil || e.value > g.maxV.(float64) {
+			g.maxV = e.value
+		}
+		if e.ts.Before(g.minTS) {
+			g.minTS = e.ts
+		}
+		if e.ts.After(g.maxTS) {
+			g.maxTS = e.ts
+		}
+	}
+	return out
+}
+
+func truncDay(t time.Time) time.Time  { return t.UTC().Truncate(24 * time.Hour) }
+func truncHour(t time.Time) time.Time { return t.UTC().Truncate(time.Hour) }
+
+func dateTruncSpec(unit string, more ...bson.E) bson.D {
+	return bson.D{{Key: "$dateTrunc", Value: append(bson.D{{Key: "date", Value: "$ts"}, {Key: "unit", Value: unit}}, more...)}}
+}
+
+func TestSummaryAggregates(t *testing.T) {
+	db := uniqueDB(t)
+	ctx := ctxFor(t)
+	p := startProxy(t, proxyOptions{yaml: summaryRule(db)})
+	pc := connect(t, p.URI())
+	events := genSumEvents(6000, 5)
+	docs := make([]any, len(events))
+	for i, e := range events {
+		docs[i] = e.doc()
+	}
+	for i := 0; i < len(docs); i += 1000 {
+		if _, err := pc.Database(db).Collection("readings").InsertMany(ctx, docs[i:min(i+1000, len(docs))]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := direct(t).Database(db).Collection("plain").InsertMany(ctx, docs); err != nil {
+		t.Fatal(err)
+	}
+	from, to := summaryBase.Add(26*time.Hour), summaryBase.Add(75*time.Hour)
+	inRange := func(e sumEvent) bool { return !e.ts.Before(from) && e.ts.Before(to) && e.sensor == "s1" }
+	week := func(t time.Time) time.Time { // Sunday-start weeks
+		d := truncDay(t)
+		return d.AddDate(0, 0, -int(d.Weekday()))
+	}
+	accs := bson.D{
+		{Key: "total", Value: bson.D{{Key: "$sum", Value: "$value"}}},
+		{Key: "events", Value: bson.D{{Key: "$sum", Value: 1}}},
+		{Key: "withN", Value: bson.D{{Key: "$sum", Value: "$n"}}},
+		{Key: "lo", Value: bson.D{{Key: "$min", Value: "$value"}}},
+		{Key: "hi", Value: bson.D{{Key: "$max", Value: "$value"}}},
+		{Key: "first", Value: bson.D{{Key: "$min", Value: "$ts"}}},
+		{Key: "last", Value: bson.D{{Key: "$max", Value: "$ts"}}},
+	}
+	cases := []struct {
+		name     string
+		match    bson.D
+		id       any
+		key      func(sumEvent) (any, bool)
+		sortDesc bool // then {$sort: {total: -1}}, {$limit: 3}
+	}{
+		{"by day", nil, dateTruncSpec("day"),
+			func(e sumEvent) (any, bool) { return bson.NewDateTimeFromTime(truncDay(e.ts)), true }, false},
+		{"by sensor and hour", nil, bson.D{{Key: "s", Value: "$sensorId"}, {Key: "h", Value: dateTruncSpec("hour")}},
+			func(e sumEvent) (any, bool) {
+				return bson.D{{Key: "s", Value: e.sensor}, {Key: "h", Value: bson.NewDateTimeFromTime(truncHour(e.ts))}}, true
+			}, false},
+		{"a range on hour edges of one sensor, by 6 hours", bson.D{{Key: "ts", Value: bson.D{{Key: "$gte", Value: from}, {Key: "$lt", Value: to}}}, {Key: "sensorId", Value: "s1"}},
+			dateTruncSpec("hour", bson.E{Key: "binSize", Value: 6}),
+			func(e sumEvent) (any, bool) {
+				return bson.NewDateTimeFromTime(e.ts.UTC().Truncate(6 * time.Hour)), inRange(e)
+			}, false},
+		{"by week", nil, dateTruncSpec("week"),
+			func(e sumEvent) (any, bool) { return bson.NewDateTimeFromTime(week(e.ts)), true }, false},
+		{"by sensor", nil, "$sensorId", func(e sumEvent) (any, bool) { return e.sensor, true }, false},
+		{"top 3 hours by total", nil, dateTruncSpec("hour"),
+			func(e sumEvent) (any, bool) { return bson.NewDateTimeFromTime(truncHour(e.ts)), true }, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var pipeline bson.A
+			if c.match != nil {
+				pipeline = append(pipeline, bson.D{{Key: "$match", Value: c.match}})
+			}
+			pipeline = append(pipeline, bson.D{{Key: "$group", Value: append(bson.D{{Key: "_id", Value: c.id}}, accs...)}})
+			if c.sortDesc {
+				pipeline = append(pipeline, bson.D{{Key: "$sort", Value: bson.D{{Key: "total", Value: -1}}}}, bson.D{{Key: "$limit", Value: 3}})
+			}
+			got := runAggregate(t, pc.Database(db).Collection("readings"), pipeline)
+			want := refDocs(refGroups(events, c.key), c.sortDesc)
+			compareGroups(t, "proxy (summaries) vs Go reference", got, want, c.sortDesc)
+			// The same pipeline on the plain collection, where the upstream runs it.
+			if plain, err := tryAggregate(direct(t).Database(db).Collection("plain"), pipeline); err == nil {
+				compareGroups(t, "proxy vs the plain collection", got, plain, c.sortDesc)
+			} else {
+				t.Logf("the upstream does not run this pipeline on a plain collection: %v", err)
+			}
+			// The proxy's unwound path (a leading $sort keeps the summaries
+			// out), on upstreams that run $group on events.
+			unwound := append(bson.A{bson.D{{Key: "$sort", Value: bson.D{{Key: "ts", Value: 1}}}}}, pipeline...)
+			if u, err := tryAggregate(pc.Database(db).Collection("readings"), unwound); err == nil {
+				compareGroups(t, "proxy summaries vs proxy unwound", got, u, c.sortDesc)
+			} else if !refused(err) {
+				t.Fatalf("unwound path: %v", err)
+			} else {
+				t.Logf("the proxy's unwound path refuses this pipeline on this upstream: %v", err)
+			}
+		})
+	}
+}
+
+// TestSummaryNotExact: shapes the summaries cannot answer exactly are not
+// answered from them: a $match that cuts a bucket, and a named meta part
+// over events without the metaField (missing and null share a bucket).
+func TestSummaryNotExact(t *testing.T) {
+	db := uniqueDB(t)
+	ctx := ctxFor(t)
+	p := startProxy(t, proxyOptions{yaml: summaryRule(db)})
+	coll := connect(t, p.URI()).Database(db).Collection("readings")
+	docs := []any{
+		bson.D{{Key: "ts", Value: summaryBase.Add(10 * time.Minute)}, {Key: "sensorId", Value: "a"}, {Key: "value", Value: 1.5}},
+		bson.D{{Key: "ts", Value: summaryBase.Add(50 * time.Minute)}, {Key: "sensorId", Value: "a"}, {Key: "value", Value: 2.5}},
+		bson.D{{Key: "ts", Value: summaryBase.Add(20 * time.Minute)}, {Key: "value", Value: 4.0}},
+	}
+	if _, err := coll.InsertMany(ctx, docs); err != nil {
+		t.Fatal(err)
+	}
+	group := bson.D{{Key: "$group", Value: bson.D{{Key: "_id", Value: bson.D{{Key: "s", Value: "$sensorId"}}}, {Key: "total", Value: bson.D{{Key: "$sum", Value: "$value"}}}}}}
+	cut := bson.D{{Key: "$match", Value: bson.D{{Key: "ts", Value: bson.D{{Key: "$gte", Value: summaryBase.Add(30 * time.Minute)}}}}}}
+	for name, pipeline := range map[string]bson.A{
+		"match cuts the bucket": {cut, bson.D{{Key: "$group", Value: bson.D{{Key: "_id", Value: dateTruncSpec("hour")}, {Key: "total", Value: bson.D{{Key: "$sum", Value: "$value"}}}}}}},
+		"named meta, null meta": {group},
+	} {
+		t.Run(name, func(t *testing.T) {
+			docs, err := tryAggregate(coll, pipeline)
+			if err != nil {
+				if !refused(err) {
+					t.Fatalf("want the unwound path's clear refusal, got %v", err)
+				}
+				return
+			}
+			// An upstream with full aggregation answers from the events.
+			want := map[string][]bson.D{
+				"match cuts the bucket": {{{Key: "_id", Value: bson.NewDateTimeFromTime(summaryBase)}, {Key: "total", Value: 2.5}}},
+				"named meta, null meta": {{{Key: "_id", Value: bson.D{}}, {Key: "total", Value: 4.0}}, {{Key: "_id", Value: bson.D{{Key: "s", Value: "a"}}}, {Key: "total", Value: 4.0}}},
+			}[name]
+			compareGroups(t, "unwound", docs, want, false)
+		})
+	}
+}
+
+func runAggregate(t *testing.T, coll *mongo.Collection, pipeline bson.A) []bson.D {
+	t.Helper()
+	docs, err := tryAggregate(coll, pipeline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return docs
+}
+
+func tryAggregate(coll *mongo.Collection, pipeline bson.A) ([]bson.D, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cur, err := coll.Aggregate(ctx, pipeline)
+	if err != nil {
+		return nil, err
+	}
+	var out []bson.D
+	if err := cur.All(ctx, &out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func refDocs(groups map[string]*refGroup, byTotalDesc bool) []bson.D {
+	out := make([]bson.D, 0, len(groups))
+	var list []*refGroup
+	for _, g := range groups {
+		list = append(list, g)
+	}
+	if byTotalDesc {
+		sort.Slice(list, func(i, j int) bool { return list[i].sumValue > list[j].sumValue })
+		list = list[:min(3, len(list))]
+	}
+	for _, g := range list {
+		out = append(out, bson.D{
+			{Key: "_id", Value: g.id},
+			{Key: "total", Value: g.sumValue},
+			{Key: "events", Value: g.count},
+			{Key: "withN", Value: g.sumN},
+			{Key: "lo", Value: g.minV},
+			{Key: "hi", Value: g.maxV},
+			{Key: "first", Value: bson.NewDateTimeFromTime(g.minTS)},
+			{Key: "last", Value: bson.NewDateTimeFromTime(g.maxTS)},
+		})
+	}
+	return out
+}
+
+// compareGroups compares result documents by _id (in order when ordered):
+// same fields, same BSON types, same values (doubles to 1e-9 relative, as
+// sums of doubles depend on the order of addition).
+func compareGroups(t *testing.T, what string, got, want []bson.D, ordered bool) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d groups, want %d", what, len(got), len(want))
+	}
+	index := map[string]bson.D{}
+	for _, d := range want {
+		index[fmt.Sprint(d[0].Value)] = d
+	}
+	for i, g := range got {
+		w, ok := index[fmt.Sprint(g[0].Value)]
+		if ordered {
+			w, ok = want[i], true
+		}
+		if !ok {
+			t.Fatalf("%s: unexpected group %v", what, g)
+		}
+		if err := sameDoc(g, w); err != nil {
+			t.Fatalf("%s: %v\n got  %v\n want %v", what, err, g, w)
+		}
+	}
+}
+
+func sameDoc(got, want bson.D) error {
+	if len(got) != len(want) {
+		return errors.New("different fields")
+	}
+	for i := range got {
+		g, w := got[i], want[i]
+		if g.Key != w.Key {
+			return fmt.Errorf("field %d is %q, want %q", i, g.Key, w.Key)
+		}
+		if reflect.TypeOf(g.Value) != reflect.TypeOf(w.Value) {
+			return fmt.Errorf("%s is a %T, want a %T", g.Key, g.Value, w.Value)
+		}
+		if gf, ok := g.Value.(float64); ok {
+			wf := w.Value.(float64)
+			if math.Abs(gf-wf) > 1e-9*math.Max(1, math.Abs(wf)) {
+				return fmt.Errorf("%s is %v, want %v", g.Key, gf, wf)
+			}
+			continue
+		}
+		if fmt.Sprint(g.Value) != fmt.Sprint(w.Value) {
+			return fmt.Errorf("%s is %v, want %v", g.Key, g.Value, w.Value)
+		}
+	}
+	return nil
+}
+
+// refused: the proxy's clear NotImplemented error naming the rule.
+func refused(err error) bool {
+	var se mongo.ServerError
+	return errors.As(err, &se) && se.HasErrorCode(238) && strings.Contains(err.Error(), "tsproxy rule")
+}
+
+// TestSummaryIntTypes: $sum keeps MongoDB's result types when the bucket
+// sums were kept by upserts ($inc upstream) and by complete inserts: an
+// int32 total stays an int32, an int64 event makes an int64, an int32
+// total past 2^31 becomes an int64.
+func TestSummaryIntTypes(t *testing.T) {
+	db := uniqueDB(t)
+	ctx := ctxFor(t)
+	p := startProxy(t, proxyOptions{yaml: summaryRule(db)})
+	coll := connect(t, p.URI()).Database(db).Collection("readings")
+	ev := func(sensor string, sec int, n any) bson.D {
+		return bson.D{{Key: "ts", Value: summaryBase.Add(time.Duration(sec) * time.Second)}, {Key: "sensorId", Value: sensor}, {Key: "n", Value: n}}
+	}
+	batches := [][]any{
+		{ev("small", 1, int32(5)), ev("small", 2, int32(-3))},
+		{ev("small", 3, int32(7))},
+		{ev("long", 1, int32(5)), ev("long", 2, int64(1))},
+		{ev("long", 3, int32(2))},
+		{ev("big", 1, int32(2_000_000_000))},
+		{ev("big", 2, int32(2_000_000_000))},
+	}
+	// A complete bucket too (one batch past the insert threshold).
+	var many []any
+	for i := 0; i < 150; i++ {
+		many = append(many, ev("bulk", i, int32(i)))
+	}
+	batches = append(batches, many)
+	for _, b := range batches {
+		if _, err := coll.InsertMany(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	group := bson.D{{Key: "$group", Value: bson.D{{Key: "_id", Value: "$sensorId"}, {Key: "total", Value: bson.D{{Key: "$sum", Value: "$n"}}}, {Key: "events", Value: bson.D{{Key: "$count", Value: bson.D{}}}}}}}
+	only := func(s ...string) bson.D {
+		return bson.D{{Key: "$match", Value: bson.D{{Key: "sensorId", Value: bson.D{{Key: "$in", Value: s}}}}}}
+	}
+	got := runAggregate(t, coll, bson.A{only("small", "long", "bulk"), group})
+	want := []bson.D{
+		{{Key: "_id", Value: "small"}, {Key: "total", Value: int32(9)}, {Key: "events", Value: int32(3)}},
+		{{Key: "_id", Value: "long"}, {Key: "total", Value: int64(8)}, {Key: "events", Value: int32(3)}},
+		{{Key: "_id", Value: "bulk"}, {Key: "total", Value: int32(149 * 150 / 2)}, {Key: "events", Value: int32(150)}},
+	}
+	compareGroups(t, "proxy (summaries) vs MongoDB's $sum types", got, want, false)
+
+	// FerretDB's $inc wraps the int32 bucket sum of "big" (2e9 + 2e9): the
+	// summaries cannot be trusted, so the unwound path answers or refuses.
+	got, err := tryAggregate(coll, bson.A{only("big"), group})
+	if err != nil {
+		if !refused(err) {
+			t.Fatalf("want a clear refusal, got %v", err)
+		}
+		return
+	}
+	compareGroups(t, "int32 total past 2^31", got, []bson.D{{{Key: "_id", Value: "big"}, {Key: "total", Value: int64(4_000_000_000)}, {Key: "events", Value: int32(2)}}}, false)
+}
+
+// TestSummaryMongosh: mongosh's aggregate helper gets the daily totals of
+// events it inserted, answered from the bucket summaries.
+func TestSummaryMongosh(t *testing.T) {
+	db := uniqueDB(t)
+	p := startProxy(t, proxyOptions{yaml: summaryRule(db)})
+	script := fmt.Sprintf(`const d = connect(process.env.TSPROXY_URI + %q);
+const base = ISODate("2026-03-01T00:00:00Z").getTime();
+const docs = [];
+for (let k = 0; k < 2000; k++) {
+  docs.push({sensorId: "s" + (k %% 2), ts: new Date(base + k * 97000), value: k %% 10, n: NumberInt(k %% 3)});
+}
+d.readings.insertMany(docs);
+const out = d.readings.aggregate([
+  {$match: {sensorId: "s1"}},
+  {$group: {_id: {$dateTrunc: {date: "$ts", unit: "day"}}, events: {$count: {}}, n: {$sum: "$n"}, hi: {$max: "$value"}}},
+  {$sort: {_id: 1}}]).toArray();
+print(JSON.stringify(out.map(x => [x._id.toISOString().slice(0, 10), x.events, x.n, x.hi])));
+`, db)
+	out := runMongosh(t, p.URI(), script)
+	line := out[strings.LastIndex(strings.TrimSpace(out), "\n")+1:]
+	// Expected from the same events, computed here.
+	type day struct{ events, n, hi int }
+	days := map[string]*day{}
+	var order []string
+	base := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+	for k := 0; k < 2000; k++ {
+		if k%2 != 1 {
+			continue
+		}
+		key := base.Add(time.Duration(k) * 97 * time.Second).Format("2006-01-02")
+		if days[key] == nil {
+			days[key] = &day{hi: -1}
+			order = append(order, key)
+		}
+		d := days[key]
+		d.events++
+		d.n += k % 3
+		d.hi = max(d.hi, k%10)
+	}
+	var parts []string
+	for _, k := range order {
+		parts = append(parts, fmt.Sprintf(`["%s",%d,%d,%d]`, k, days[k].events, days[k].n, days[k].hi))
+	}
+	if want := "[" + strings.Join(parts, ",") + "]"; strings.TrimSpace(line) != want {
+		t.Fatalf("mongosh output:\n%s\nwant %s", out, want)
+	}
+}
