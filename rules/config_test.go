@@ -666,7 +666,7 @@ func TestShippedConfig(t *testing.T) {
 		t.Errorf("shipped config is not the defaults:\n got %+v\nwant %+v", got, want)
 	}
 
-	// Uncomment the example rule.
+	// Uncomment the example rules.
 	var out []string
 	inRules := false
 	for _, l := range strings.Split(string(src), "\n") {
@@ -687,9 +687,21 @@ func TestShippedConfig(t *testing.T) {
 		TimeField: "ts", MetaField: "sensorId",
 		Span: time.Hour, MaxEvents: 1000, MaxBytes: 1 << 20, InsertThreshold: 100,
 		Aggregates: []string{"value"}, BucketCollection: "readings.buckets", Layout: "events",
+	}, {
+		Namespace: "web.hits", DB: "web", Collection: "hits",
+		TimeField: "ts", MetaField: "page",
+		Span: time.Minute, MaxEvents: 1000, MaxBytes: 1 << 20, InsertThreshold: 100,
+		BucketCollection: "hits.buckets", Layout: "counter",
+		LayoutOptions: LayoutOptions{Window: time.Minute, Slot: time.Second},
+	}, {
+		Namespace: "mon.cpu", DB: "mon", Collection: "cpu",
+		TimeField: "ts", MetaField: "host",
+		Span: time.Hour, MaxEvents: 1000, MaxBytes: 1 << 20, InsertThreshold: 100,
+		Aggregates: []string{"value"}, BucketCollection: "cpu.buckets", Layout: "slots",
+		LayoutOptions: LayoutOptions{Window: time.Hour, Slot: time.Second, ValueField: "value", Aggregated: true, Preallocate: true},
 	}}
 	if !reflect.DeepEqual(c.Rules, want) {
-		t.Errorf("example rule:\n got %+v\nwant %+v", c.Rules, want)
+		t.Errorf("example rules:\n got %+v\nwant %+v", c.Rules, want)
 	}
 }
 
