@@ -4,14 +4,12 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
-	"github.com/spf13/pflag"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
@@ -22,12 +20,6 @@ import (
 // ingestRules buckets tsbench.events: 1-second data in 1-hour buckets;
 // threshold is the insertThreshold (0: the default).
 func ingestRules(threshold int) ([]rules.Rule, error) {
-	dir, err := os.MkdirTemp("", "tsbench-config-*")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(dir)
-	file := filepath.Join(dir, "config.yaml")
 	yaml := `rules:
   - namespace: tsbench.events
     timeField: ts
@@ -40,14 +32,7 @@ func ingestRules(threshold int) ([]rules.Rule, error) {
 	} else {
 		yaml = fmt.Sprintf(yaml, "")
 	}
-	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
-		return nil, err
-	}
-	cfg, err := rules.Load(rules.LoadOptions{ConfigFile: file, Flags: pflag.NewFlagSet("x", pflag.ContinueOnError)})
-	if err != nil {
-		return nil, err
-	}
-	return cfg.Rules, nil
+	return rulesFromYAML(yaml)
 }
 
 type ingestCase struct{ batch, conc int }

@@ -4,10 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"time"
 
-	"github.com/spf13/pflag"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
@@ -21,12 +19,6 @@ import (
 // on an upstream where an update rewrites the whole document, the bucket
 // size sets the write cost.
 func layoutRules() ([]rules.Rule, error) {
-	dir, err := os.MkdirTemp("", "tsbench-config-*")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(dir)
-	file := filepath.Join(dir, "config.yaml")
 	yaml := `rules:
   - namespace: tsbench.hits
     timeField: ts
@@ -51,14 +43,7 @@ func layoutRules() ([]rules.Rule, error) {
     window: minute
     slot: second
 `
-	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
-		return nil, err
-	}
-	cfg, err := rules.Load(rules.LoadOptions{ConfigFile: file, Flags: pflag.NewFlagSet("x", pflag.ContinueOnError)})
-	if err != nil {
-		return nil, err
-	}
-	return cfg.Rules, nil
+	return rulesFromYAML(yaml)
 }
 
 // layoutCase is one layout and its events: the k-th event of n.

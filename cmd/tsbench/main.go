@@ -16,9 +16,12 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"runtime/pprof"
 	"sort"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/tsproxy/tsproxy/proxy"
 	"github.com/tsproxy/tsproxy/rules"
@@ -173,4 +176,22 @@ func median(xs []float64) float64 {
 		return s[len(s)/2]
 	}
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// rulesFromYAML loads the rules of a config file's text, as tsproxy would.
+func rulesFromYAML(yaml string) ([]rules.Rule, error) {
+	dir, err := os.MkdirTemp("", "tsbench-config-*")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	file := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
+		return nil, err
+	}
+	cfg, err := rules.Load(rules.LoadOptions{ConfigFile: file, Flags: pflag.NewFlagSet("x", pflag.ContinueOnError)})
+	if err != nil {
+		return nil, err
+	}
+	return cfg.Rules, nil
 }

@@ -5,10 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"path/filepath"
 	"time"
 
-	"github.com/spf13/pflag"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
@@ -39,12 +37,6 @@ var rangeBase = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // rangeRules buckets tsbench.events with the given span.
 func rangeRules(span time.Duration) ([]rules.Rule, error) {
-	dir, err := os.MkdirTemp("", "tsbench-config-*")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(dir)
-	file := filepath.Join(dir, "config.yaml")
 	yaml := fmt.Sprintf(`rules:
   - namespace: tsbench.events
     timeField: ts
@@ -52,14 +44,7 @@ func rangeRules(span time.Duration) ([]rules.Rule, error) {
     bucket: {span: %s, maxEvents: 3600}
     aggregates: [value]
 `, span)
-	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
-		return nil, err
-	}
-	cfg, err := rules.Load(rules.LoadOptions{ConfigFile: file, Flags: pflag.NewFlagSet("x", pflag.ContinueOnError)})
-	if err != nil {
-		return nil, err
-	}
-	return cfg.Rules, nil
+	return rulesFromYAML(yaml)
 }
 
 type rangeQuery struct {

@@ -4,11 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"os"
-	"path/filepath"
 	"time"
 
-	"github.com/spf13/pflag"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
@@ -19,12 +16,6 @@ import (
 // summaryRules buckets tsbench.summary: 1-second data in 1-hour buckets
 // with the value summarised.
 func summaryRules() ([]rules.Rule, error) {
-	dir, err := os.MkdirTemp("", "tsbench-config-*")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(dir)
-	file := filepath.Join(dir, "config.yaml")
 	yaml := `rules:
   - namespace: tsbench.summary
     timeField: ts
@@ -32,14 +23,7 @@ func summaryRules() ([]rules.Rule, error) {
     bucket: {span: 1h, maxEvents: 3600}
     aggregates: [value]
 `
-	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
-		return nil, err
-	}
-	cfg, err := rules.Load(rules.LoadOptions{ConfigFile: file, Flags: pflag.NewFlagSet("x", pflag.ContinueOnError)})
-	if err != nil {
-		return nil, err
-	}
-	return cfg.Rules, nil
+	return rulesFromYAML(yaml)
 }
 
 // hourStats is one hour of the benchmark's answer.
