@@ -166,19 +166,7 @@ func replyError(reply bsoncore.Document) error {
 	if f, ok := okv.AsFloat64OK(); ok && f == 1 {
 		return nil
 	}
-	code := CodeInternalError
-	if v, ok := lookupTop(reply, "code"); ok {
-		if c, ok := v.AsInt64OK(); ok {
-			code = int32(c)
-		}
-	}
-	msg := "upstream error"
-	if v, ok := lookupTop(reply, "errmsg"); ok {
-		if s, ok := v.StringValueOK(); ok {
-			msg = s
-		}
-	}
-	return &CommandError{Code: code, Msg: msg}
+	return codeAndMessage(reply, "upstream error")
 }
 
 // BucketEdit is what a delete statement does to one bucket.
@@ -429,14 +417,20 @@ func FoundBucket(reply []byte) ([]byte, bool, error) {
 }
 
 func upstreamWriteError(we bsoncore.Document) error {
+	return codeAndMessage(we, "upstream write error")
+}
+
+// codeAndMessage is the error a reply or write error document names with
+// its code and errmsg (InternalError and fallback when they are missing).
+func codeAndMessage(d bsoncore.Document, fallback string) error {
 	code := CodeInternalError
-	if v, ok := lookupTop(we, "code"); ok {
+	if v, ok := lookupTop(d, "code"); ok {
 		if c, ok := v.AsInt64OK(); ok {
 			code = int32(c)
 		}
 	}
-	msg := "upstream write error"
-	if v, ok := lookupTop(we, "errmsg"); ok {
+	msg := fallback
+	if v, ok := lookupTop(d, "errmsg"); ok {
 		if s, ok := v.StringValueOK(); ok {
 			msg = s
 		}
