@@ -18,6 +18,7 @@ func (c *conn) closeScan(rule *rules.Rule, pr *rewrite.PointRead) {
 	if id == 0 {
 		return
 	}
+	pr.UpstreamCursorClosed()
 	if _, err := c.upCommand(rewrite.KillCursorsCommand(rule, id)); err != nil {
 		c.log.Debug("killCursors of a bucket scan's upstream cursor failed", "rule", rule.Namespace, "cursor", id, "err", err.Error())
 	}

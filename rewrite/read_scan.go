@@ -226,6 +226,14 @@ func (p *PointRead) OpenUpstreamCursor() int64 {
 	return p.scan.cursor
 }
 
+// UpstreamCursorClosed records that the proxy killed the upstream cursor:
+// the read is over, and the cursor is not killed twice.
+func (p *PointRead) UpstreamCursorClosed() {
+	if p.scan != nil {
+		p.scan.done, p.scan.cursor = true, 0
+	}
+}
+
 // scanError is an upstream's error reply to the scan as the proxy's own.
 func scanError(ns string, reply bsoncore.Document) error {
 	code := CodeInternalError

@@ -273,6 +273,10 @@ func TestScanReadResults(t *testing.T) {
 			if open := plan.Point.OpenUpstreamCursor() != 0; open != c.openAfter {
 				t.Fatalf("upstream cursor open at the end: %v, want %v", open, c.openAfter)
 			}
+			plan.Point.UpstreamCursorClosed()
+			if plan.Point.OpenUpstreamCursor() != 0 {
+				t.Fatal("upstream cursor still open once closed")
+			}
 		})
 	}
 }
