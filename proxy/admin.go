@@ -141,11 +141,12 @@ func (c *conn) endCursorSessions(req *request) {
 		}
 	}
 	for _, cur := range c.s.cursors.forgetSessions(ended) {
-		if cur.local {
-			continue
-		}
 		if c.ensureUpstream() != nil {
 			return
+		}
+		if cur.local {
+			c.closeScanEntry(cur.entry)
+			continue
 		}
 		c.killUpstreamCursor(cur.rule, cur.id)
 	}

@@ -59,7 +59,11 @@ func (c *conn) releaseCursors() {
 			continue
 		}
 		c.s.cursors.forget(id)
-		if !usable || e.local {
+		if !usable {
+			continue
+		}
+		if e.local {
+			c.closeScanEntry(e)
 			continue
 		}
 		if _, err := c.upCommand(rewrite.KillCursorsCommand(e.rule, id)); err != nil {

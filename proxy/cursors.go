@@ -74,6 +74,7 @@ type sessionCursor struct {
 	id    int64
 	rule  *rules.Rule
 	local bool
+	entry *cursorEntry
 }
 
 // forgetSessions forgets the cursors opened in any of sessions and
@@ -87,7 +88,7 @@ func (r *cursorRegistry) forgetSessions(sessions map[string]bool) []sessionCurso
 	for _, id := range r.lru.Keys() {
 		if e, ok := r.lru.Peek(id); ok && e.session != "" && sessions[e.session] {
 			r.lru.Remove(id)
-			out = append(out, sessionCursor{id: id, rule: e.rule, local: e.local})
+			out = append(out, sessionCursor{id: id, rule: e.rule, local: e.local, entry: e})
 		}
 	}
 	return out

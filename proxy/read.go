@@ -141,7 +141,7 @@ func (c *conn) rewriteGetMore(req *request, rule *rules.Rule) error {
 	entry := c.s.cursors.get(id)
 	if entry != nil {
 		if pc, ok := entry.reshape.(*pointCursor); ok {
-			return c.servePointMore(req, id, pc)
+			return c.servePointMore(req, entry.rule, id, pc)
 		}
 	}
 	shape, _ := entryShape(entry)
@@ -194,6 +194,7 @@ func (c *conn) rewriteKillCursors(req *request, rule *rules.Rule) error {
 		if e := c.s.cursors.get(id); e != nil {
 			if _, ok := e.reshape.(*pointCursor); ok {
 				local = append(local, id)
+				c.closeScanEntry(e)
 			}
 		}
 		c.s.cursors.forget(id)

@@ -15,7 +15,8 @@ import (
 
 // This file serves finds that name their buckets (rewrite.PointRead): the
 // proxy looks the buckets up by _id, pipelining the lookups on the
-// client's upstream connection, and holds the cursor itself.
+// client's upstream connection, or scans them with one sorted find
+// (read_scan.go), and holds the cursor itself.
 
 // pointCursor is a proxy-held cursor; getMores of one cursor take turns.
 type pointCursor struct {
@@ -34,10 +35,14 @@ func (c *conn) servePoint(req *request, rule *rules.Rule, pr *rewrite.PointRead)
 	t0 := time.Now()
 	reply, id, err := c.runPoint(pr, pointCursorID())
 	span.end(req, time.Since(t0), err)
+	if err != nil || id == 0 {
+		c.closeScan(rule, pr)
+	}
 	if err != nil {
 		return c.pointError(req, err)
 	}
 	if id != 0 && !c.registerCursor(req, id, &cursorEntry{rule: rule, reshape: &pointCursor{pr: pr}, local: true}) {
+		c.closeScan(rule, pr)
 		return c.replyTooManyCursors(req, rule)
 	}
 	return c.replyBody(req, reply)
@@ -73,7 +78,7 @@ func (c *conn) pointError(req *request, err error) error {
 }
 
 // servePointMore continues a proxy-held cursor.
-func (c *conn) servePointMore(req *request, id int64, pc *pointCursor) error {
+func (c *conn) servePointMore(req *request, rule *rules.Rule, id int64, pc *pointCursor) error {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
 	// A getMore without batchSize (or 0) takes as many as fit.
@@ -87,6 +92,9 @@ func (c *conn) servePointMore(req *request, id int64, pc *pointCursor) error {
 	t0 := time.Now()
 	reply, next, err := c.runPoint(pc.pr, id)
 	span.end(req, time.Since(t0), err)
+	if err != nil || next == 0 {
+		c.closeScan(rule, pc.pr)
+	}
 	if err != nil {
 		c.s.cursors.forget(id)
 		return c.pointError(req, err)

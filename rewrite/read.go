@@ -409,6 +409,10 @@ func (rc *readCtx) planFind(body bsoncore.Document, opts ReadOptions, forExplain
 	p := &ReadPlan{rc: rc, bucketFilter: sf.bucket}
 	if spec, _ := rc.planPoint(filter, sortDoc); spec != nil {
 		p.Point = rc.newPointRead(spec, proj, skip, limit, single)
+	} else if spec, sc, _ := rc.planScan(filter, sortDoc); spec != nil {
+		p.Point = rc.newScanRead(spec, sc, proj, skip, limit, single)
+	}
+	if p.Point != nil {
 		first := int64(defaultFirstBatch)
 		if hasBatch {
 			first = batchSize

@@ -18,6 +18,7 @@ import (
 // Batch builds the reply.
 type PointRead struct {
 	spec      *pointSpec
+	scan      *bucketScan // set: the buckets come from a scan, not keys
 	bucketNS  string
 	coll, db  string
 	ns        string
@@ -78,6 +79,14 @@ func (rc *readCtx) newPointRead(s *pointSpec, proj *projection, skip, limit int6
 	return p
 }
 
+// newScanRead is a PointRead whose buckets come from one sorted upstream
+// find (see read_scan.go) instead of _id lookups.
+func (rc *readCtx) newScanRead(s *pointSpec, sc *bucketScan, proj *projection, skip, limit int64, single bool) *PointRead {
+	p := rc.newPointRead(s, proj, skip, limit, single)
+	p.scan = sc
+	return p
+}
+
 // NS is the app's namespace.
 func (p *PointRead) NS() string { return p.ns }
 
@@ -89,7 +98,13 @@ func (p *PointRead) Want(n int64) { p.want = n }
 
 // exhausted: every key flushed (or the limit reached).
 func (p *PointRead) exhausted() bool {
-	return p.head >= len(p.keys) || (p.limited && p.limit == 0)
+	if p.limited && p.limit == 0 {
+		return true
+	}
+	if p.scan != nil {
+		return p.scan.exhausted()
+	}
+	return p.head >= len(p.keys)
 }
 
 // Lookups returns the next upstream finds to send, or nil when the batch
@@ -97,6 +112,9 @@ func (p *PointRead) exhausted() bool {
 func (p *PointRead) Lookups() [][]byte {
 	if p.exhausted() || p.batchFull() {
 		return nil
+	}
+	if p.scan != nil {
+		return p.scanLookups()
 	}
 	p.pending = p.pending[:0]
 	var cmds [][]byte
@@ -129,6 +147,9 @@ func (p *PointRead) lookupCommand(k pointKey, seq int) []byte {
 
 // Feed takes the replies to the last Lookups, in order.
 func (p *PointRead) Feed(replies [][]byte) error {
+	if p.scan != nil {
+		return p.scanFeed(replies)
+	}
 	if len(replies) != len(p.pending) {
 		return commandErrorf(CodeInternalError, "tsproxy rule %s: %d replies to %d bucket lookups", p.ns, len(replies), len(p.pending))
 	}
@@ -181,7 +202,11 @@ func (p *PointRead) flush() error {
 				return nil
 			}
 		}
-		if err := p.emitWindow(win); err != nil {
+		var buckets []bsoncore.Document
+		for _, k := range win {
+			buckets = append(buckets, k.buckets...)
+		}
+		if err := p.emitBuckets(buckets); err != nil {
 			return err
 		}
 		for i := range win {
@@ -199,42 +224,40 @@ type pointEvent struct {
 	meta bsoncore.Value
 }
 
-// emitWindow filters, sorts, skips, limits, reshapes and projects the
+// emitBuckets filters, sorts, skips, limits, reshapes and projects the
 // events of one window's buckets. Windows are disjoint in time, so a sort
 // on time needs only the window's own events.
-func (p *PointRead) emitWindow(win []pointKey) error {
+func (p *PointRead) emitBuckets(buckets []bsoncore.Document) error {
 	var evs []pointEvent
-	for _, k := range win {
-		for _, b := range k.buckets {
-			meta, err := b.LookupErr(rules.BucketMeta)
-			if err != nil {
-				meta = bsoncore.Value{Type: bsoncore.TypeNull}
-			}
-			arr, err := b.LookupErr(rules.BucketEvents)
-			if err != nil {
-				continue // an emptied shell
-			}
-			a, ok := arr.ArrayOK()
+	for _, b := range buckets {
+		meta, err := b.LookupErr(rules.BucketMeta)
+		if err != nil {
+			meta = bsoncore.Value{Type: bsoncore.TypeNull}
+		}
+		arr, err := b.LookupErr(rules.BucketEvents)
+		if err != nil {
+			continue // an emptied shell
+		}
+		a, ok := arr.ArrayOK()
+		if !ok {
+			return commandErrorf(CodeInternalError, "tsproxy rule %s: bucket %s has events of type %s", p.ns, b.Lookup(rules.BucketID).String(), typeName(arr.Type))
+		}
+		vals, err := a.Values()
+		if err != nil {
+			return commandErrorf(CodeInternalError, "tsproxy rule %s: bucket events are not valid BSON: %v", p.ns, err)
+		}
+		for _, v := range vals {
+			ev, ok := v.DocumentOK()
 			if !ok {
-				return commandErrorf(CodeInternalError, "tsproxy rule %s: bucket %s has events of type %s", p.ns, b.Lookup(rules.BucketID).String(), typeName(arr.Type))
+				continue
 			}
-			vals, err := a.Values()
-			if err != nil {
-				return commandErrorf(CodeInternalError, "tsproxy rule %s: bucket events are not valid BSON: %v", p.ns, err)
+			// A stored time that is not a date (never written by the
+			// proxy) cannot match a date range, as in MongoDB.
+			ms, ok := ev.Lookup(p.timeField).DateTimeOK()
+			if !ok || !p.spec.inRange(ms) {
+				continue
 			}
-			for _, v := range vals {
-				ev, ok := v.DocumentOK()
-				if !ok {
-					continue
-				}
-				// A stored time that is not a date (never written by the
-				// proxy) cannot match a date range, as in MongoDB.
-				ms, ok := ev.Lookup(p.timeField).DateTimeOK()
-				if !ok || !p.spec.inRange(ms) {
-					continue
-				}
-				evs = append(evs, pointEvent{ev: ev, ms: ms, meta: meta})
-			}
+			evs = append(evs, pointEvent{ev: ev, ms: ms, meta: meta})
 		}
 	}
 	if p.spec.sortDir != 0 {
@@ -325,6 +348,9 @@ func (p *PointRead) Batch(id int64) (reply []byte, more bool) {
 // explainPoint is what explain shows of a point plan: what the proxy
 // sends upstream, and what it does itself.
 func (p *PointRead) explain() bsoncore.Document {
+	if p.scan != nil {
+		return p.scanExplain()
+	}
 	nb := bsoncore.NewDocumentBuilder
 	metas := bsoncore.NewArrayBuilder()
 	for _, m := range p.spec.metas {

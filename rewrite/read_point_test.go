@@ -125,6 +125,11 @@ func TestPointLookupIDs(t *testing.T) {
 	}
 }
 
+// bucketSource answers the upstream commands of a PointRead.
+type bucketSource interface {
+	reply(t *testing.T, cmd []byte) []byte
+}
+
 // fakeBuckets is a bucket collection for the pure tests: the buckets by _id.
 type fakeBuckets map[bson.ObjectID][]byte
 
@@ -240,7 +245,7 @@ func TestPointReadResults(t *testing.T) {
 
 // drainPoint runs a point read to the end as the proxy does and returns
 // the _ids of the events it returned (checking each event's meta).
-func drainPoint(t *testing.T, pr *PointRead, fb fakeBuckets, batch int64) []int32 {
+func drainPoint(t *testing.T, pr *PointRead, fb bucketSource, batch int64) []int32 {
 	t.Helper()
 	var ids []int32
 	for round := 0; ; round++ {
