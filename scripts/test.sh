@@ -4,15 +4,16 @@
 # each fuzz target for a bounded time. Installs what it needs: Go modules
 # and mongosh from npm (pinned in tests/e2e/package.json).
 #
-#   FUZZTIME=10m ./scripts/test.sh     longer fuzzing by hand (default 60s per target)
+#   FUZZTIME=10m ./scripts/test.sh     longer fuzzing by hand (default 30s per target)
 #   TSPROXY_E2E_UPSTREAM=mongodb://host:27017 ./scripts/test.sh   e2e against a real MongoDB
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# 60 s per fuzz target (issue 6). With 10 targets that is about 12 minutes
-# of the run, builds included; the whole script stays under 30 minutes on 2
-# cores from a cold cache (see README, Reliability).
-FUZZTIME="${FUZZTIME:-60s}"
+# 30 s per fuzz target. Issue 6 asks for 60 s; with 10 targets that is
+# about 12 minutes, and the end-to-end suite alone takes 12-14 minutes on
+# a 2-core machine, so 60 s would put a cold run at the 30-minute limit.
+# Longer runs are done by hand (README, Reliability).
+FUZZTIME="${FUZZTIME:-30s}"
 
 echo "== go modules"
 go mod download
