@@ -21,6 +21,13 @@ import (
 
 const maxMsgLen = wire.MaxMsgLen
 
+// readAhead is the client read buffer's size; see conn's buffer sizes.
+const readAhead = 4 << 10
+
+// maxKeptBuf is the largest frame buffer a connection keeps between
+// requests; see conn's buffer sizes.
+const maxKeptBuf = 1 << 20
+
 // conn serves one client connection. Its methods run on the connection's
 // own goroutine, one request at a time (MongoDB clients wait for each reply
 // before the next request on a connection), so its state needs no locks.
@@ -30,12 +37,22 @@ const maxMsgLen = wire.MaxMsgLen
 // next client read; an upstream reply aliases the upstream connection's
 // buffer and is valid until the next upstream read. A reply is written to
 // the client before either is reused.
+//
+// Buffer sizes (what an idle connection holds): c.r's read-ahead buffer is
+// small (readAhead): a small request arrives in one read, and
+// bufio reads a body larger than its buffer straight into the frame, so a
+// large buffer would only copy. Replies are whole frames written with one
+// Write, so there is no write buffer at all. c.inBuf and c.outBuf start
+// empty, grow to the largest frame seen and are kept only up to
+// maxKeptBuf; a larger frame gets memory of its own that is dropped after
+// its request. The upstream connection follows the same rules
+// (upstream/conn.go). An idle connection therefore holds about 4 KiB of
+// read-ahead per side plus its last ordinary frames.
 type conn struct {
 	s   *Server
 	id  uint64
 	nc  net.Conn
 	r   *bufio.Reader
-	w   *bufio.Writer
 	log *slog.Logger
 
 	up         *upstream.Conn
@@ -56,8 +73,7 @@ func newConn(s *Server, nc net.Conn, id uint64) *conn {
 		s:   s,
 		id:  id,
 		nc:  nc,
-		r:   bufio.NewReaderSize(nc, 64<<10),
-		w:   bufio.NewWriterSize(nc, 64<<10),
+		r:   bufio.NewReaderSize(nc, readAhead),
 		log: s.log.With("conn", id, "client", nc.RemoteAddr().String()),
 	}
 }
@@ -97,13 +113,16 @@ func (c *conn) serve() {
 			c.logReadError(err)
 			return
 		}
-		if cap(frame) > cap(c.inBuf) && cap(frame) <= 1<<20 {
+		if cap(frame) > cap(c.inBuf) && cap(frame) <= maxKeptBuf {
 			c.inBuf = frame[:0] // keep ordinary buffers; let huge ones go
 		}
 		c.busy.Store(true)
 		c.s.tel.bytesIn(len(frame))
 		err = c.handle(h, frame)
 		c.busy.Store(false)
+		if cap(c.outBuf) > maxKeptBuf {
+			c.outBuf = nil // a huge reply's buffer is not kept while idle
+		}
 		if err != nil {
 			c.log.Warn("closing client connection", "reason", err.Error())
 			return
@@ -314,11 +333,12 @@ func (c *conn) writeFrame(req *request, frame []byte) error {
 		}
 		frame = cf
 	}
-	if _, err := c.w.Write(frame); err != nil {
+	// One Write of the whole frame: a write buffer would only copy it.
+	if _, err := c.nc.Write(frame); err != nil {
 		return err
 	}
 	c.s.tel.bytesOut(len(frame))
-	return c.w.Flush()
+	return nil
 }
 
 // replyBody sends body as the reply to req, in the opcode the client used.

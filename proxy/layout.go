@@ -61,7 +61,11 @@ func (c *conn) layoutInsert(req *request, rule *rules.Rule) error {
 	var plan *rewrite.LayoutWrite
 	var keys []rewrite.BucketKey
 	if rule.Layout == rules.LayoutCounter {
-		plan, err = rewrite.CounterInsert(cmd, rule, caps)
+		var upErr error
+		if plan, err, upErr = c.counterPlan(cmd, rule, caps); upErr != nil {
+			span.end(req, time.Since(t0), upErr)
+			return upErr
+		}
 	} else {
 		keys, err = rewrite.InsertKeys(cmd, rule)
 		if err != nil {
@@ -268,4 +272,90 @@ func (c *conn) layoutKillCursors(req *request, rule *rules.Rule) error {
 		return err
 	}
 	return c.replyBody(req, body)
+}
+
+// counterWrites remembers the write ids of the retryable counter inserts
+// this process saw (see rewrite/counter_retry.go), to recognise a
+// driver's retry: a write id seen before is checked against its buckets'
+// marks. Until checkAllUntil (a process start, or forgetting ids under
+// load) an unseen id may be a retry of a write sent to a proxy that is
+// gone, so every write is checked.
+var counterWrites = struct {
+	sync.Mutex
+	seen          map[string]time.Time
+	checkAllUntil time.Time
+}{seen: map[string]time.Time{}, checkAllUntil: time.Now().Add(rewrite.MarkerLife)}
+
+// maxCounterWrites bounds that memory; past it, ids older than
+// rewrite.MarkerLife are forgotten, then all if need be.
+const maxCounterWrites = 200_000
+
+// counterAttempt says whether a write id must be checked for an earlier
+// attempt, or is a retry too late to be checked (its marks may be gone).
+func counterAttempt(id string, now time.Time) (check bool, late time.Duration) {
+	counterWrites.Lock()
+	defer counterWrites.Unlock()
+	if first, ok := counterWrites.seen[id]; ok {
+		// Some margin: the mark's period was picked when the first
+		// attempt was planned, and it reached the upstream later.
+		if age := now.Sub(first); age > rewrite.MarkerLife-time.Second {
+			return false, age
+		}
+		return true, 0
+	}
+	if len(counterWrites.seen) >= maxCounterWrites {
+		for k, t := range counterWrites.seen {
+			if now.Sub(t) > rewrite.MarkerLife {
+				delete(counterWrites.seen, k)
+			}
+		}
+		if len(counterWrites.seen) >= maxCounterWrites {
+			counterWrites.seen = map[string]time.Time{}
+			counterWrites.checkAllUntil = now.Add(rewrite.MarkerLife)
+		}
+	}
+	counterWrites.seen[id] = now
+	return now.Before(counterWrites.checkAllUntil), 0
+}
+
+// counterPlan plans a counter insert; a retryable one the upstream cannot
+// recognise as a retry carries its write id's mark, and is checked
+// against its buckets' marks when it may be a retry. err is answered to
+// the client; upErr (the upstream failed) closes the connection.
+func (c *conn) counterPlan(cmd rewrite.Command, rule *rules.Rule, caps rewrite.Caps) (plan *rewrite.LayoutWrite, err, upErr error) {
+	now := time.Now()
+	opts := rewrite.CounterOptions{Caps: caps, WriteID: rewrite.CounterWriteID(cmd, caps), Now: now.UnixMilli()}
+	if opts.WriteID == "" {
+		plan, err = rewrite.CounterInsertWith(cmd, rule, opts)
+		return plan, err, nil
+	}
+	check, late := counterAttempt(opts.WriteID, now)
+	if late > 0 {
+		return nil, rewrite.CounterRetryTooLate(rule.Namespace, late), nil
+	}
+	plan, err = rewrite.CounterInsertWith(cmd, rule, opts)
+	if err != nil || !check {
+		return plan, err, nil
+	}
+	applied := map[[12]byte]bool{}
+	for _, id := range plan.Buckets {
+		reply, err := c.upCommand(rewrite.CounterMarkFetch(rule.BucketCollection, rule.DB, id))
+		if err != nil {
+			return nil, nil, err
+		}
+		doc, err := rewrite.FirstBatchDoc(reply)
+		if err != nil {
+			return nil, fmt.Errorf("tsproxy rule %s: reading a bucket's marks for a retried insert: %w", rule.Namespace, err), nil
+		}
+		if doc != nil && rewrite.CounterHasMark(doc, opts.WriteID) {
+			applied[id] = true
+		}
+	}
+	if len(applied) == 0 {
+		return plan, nil, nil
+	}
+	c.log.Info("retried counter insert: statements applied by its first attempt left out", "rule", rule.Namespace, "applied", len(applied), "of", len(plan.Buckets))
+	opts.Applied = func(id [12]byte) bool { return applied[id] }
+	plan, err = rewrite.CounterInsertWith(cmd, rule, opts)
+	return plan, err, nil
 }

@@ -34,6 +34,12 @@ type LayoutWrite struct {
 	rejected []writeError
 	ordered  bool
 	rule     *rules.Rule
+	// Buckets are the ids of the buckets the statements upsert, in plan
+	// order (those found Applied excluded).
+	Buckets [][12]byte
+	// done counts the events of statements an earlier attempt of the
+	// same write applied (CounterOptions.Applied): not sent, but counted.
+	done int
 }
 
 // layoutInsert is what an insert on a layout rule has in common: the
@@ -117,26 +123,42 @@ func groupByKey(evs []layoutEvent) [][]layoutEvent {
 
 // CounterInsert plans an insert on a counter rule.
 func CounterInsert(cmd Command, rule *rules.Rule, caps Caps) (*LayoutWrite, error) {
+	return CounterInsertWith(cmd, rule, CounterOptions{Caps: caps})
+}
+
+// CounterInsertWith plans an insert on a counter rule whose upserts carry
+// the write's mark, leaving out those opts.Applied says were applied (see
+// counter_retry.go).
+func CounterInsertWith(cmd Command, rule *rules.Rule, opts CounterOptions) (*LayoutWrite, error) {
 	li, err := readLayoutInsert(cmd, rule, rules.LayoutCounter)
 	if err != nil {
 		return nil, fmt.Errorf("rewrite counter insert %s: %w", ruleName(rule), err)
 	}
 	groups := groupByKey(li.events(rule, nil))
 	stmts := make([]layoutStmt, 0, len(groups))
+	done := 0
 	for _, g := range groups {
-		stmts = append(stmts, counterStatement(rule, g))
+		st := counterStatement(rule, g, opts)
+		if opts.Applied != nil && opts.Applied(st.id) {
+			done += len(st.events)
+			continue
+		}
+		stmts = append(stmts, st)
 	}
-	return li.plan(rule, caps, stmts), nil
+	p := li.plan(rule, opts.Caps, stmts)
+	p.done = done
+	return p, nil
 }
 
 // layoutStmt is one upsert statement and the events it stands for.
 type layoutStmt struct {
+	id     [12]byte
 	doc    bsoncore.Document
 	events []int
 }
 
 // counterStatement sums the group's events per slot into one upsert.
-func counterStatement(rule *rules.Rule, g []layoutEvent) layoutStmt {
+func counterStatement(rule *rules.Rule, g []layoutEvent, opts CounterOptions) layoutStmt {
 	counts := map[int]int64{}
 	idx := make([]int, len(g))
 	for i, ev := range g {
@@ -159,8 +181,12 @@ func counterStatement(rule *rules.Rule, g []layoutEvent) layoutStmt {
 	u = bsoncore.AppendInt64Element(u, rules.BucketTotal, int64(len(g)))
 	u, _ = bsoncore.AppendDocumentEnd(u, ii)
 	u = appendSetOnInsert(u, g[0].meta, k.Start)
+	if opts.WriteID != "" {
+		u = appendMark(u, opts.WriteID, opts.Now)
+	}
 	u, _ = bsoncore.AppendDocumentEnd(u, ui)
-	return layoutStmt{doc: upsertByID(k.ID(bns, 0), u), events: idx}
+	id := k.ID(bns, 0)
+	return layoutStmt{id: id, doc: upsertByID(id, u), events: idx}
 }
 
 func appendSetOnInsert(dst []byte, meta bsoncore.Value, start int64) []byte {
@@ -204,6 +230,7 @@ func (li *layoutInsert) plan(rule *rules.Rule, caps Caps, stmts []layoutStmt) *L
 		for i, s := range batch {
 			c = bsoncore.AppendDocumentElement(c, strconv.Itoa(i), s.doc)
 			evs[i] = s.events
+			p.Buckets = append(p.Buckets, s.id)
 		}
 		c, _ = bsoncore.AppendArrayEnd(c, ai)
 		c = bsoncore.AppendBooleanElement(c, "ordered", li.ordered)

@@ -20,7 +20,7 @@ func (p *LayoutWrite) Continue(i int, reply bsoncore.Document) bool {
 // writeErrors name the app's own indexes: rejected events, the events of a
 // failed statement, and those of statements an ordered insert did not run.
 func (p *LayoutWrite) Reply(replies [][]byte) []byte {
-	n := 0
+	n := p.done
 	errs := append([]writeError(nil), p.rejected...)
 	var wce bsoncore.Value
 	var stop *upstreamError

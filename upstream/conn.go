@@ -16,6 +16,12 @@ import (
 //
 // Buffer lifetime: the frame ReadMessage returns aliases the Conn's read
 // buffer and is valid only until the next ReadMessage or RoundTrip.
+//
+// Buffer sizes: the read-ahead buffer is small (readAhead), since bufio
+// reads a body larger than it straight into the frame; the frame buffer
+// grows to the largest reply seen up to maxKeptBuf, and a larger reply
+// gets memory of its own, dropped after use, so an idle connection does
+// not hold a 16 MiB batch.
 type Conn struct {
 	nc   net.Conn
 	r    *bufio.Reader
@@ -31,8 +37,13 @@ var requestIDs atomic.Int32
 func NextRequestID() int32 { return requestIDs.Add(1) }
 
 func newConn(nc net.Conn, addr string) *Conn {
-	return &Conn{nc: nc, r: bufio.NewReaderSize(nc, 64<<10), addr: addr}
+	return &Conn{nc: nc, r: bufio.NewReaderSize(nc, readAhead), addr: addr}
 }
+
+const (
+	readAhead  = 4 << 10
+	maxKeptBuf = 1 << 20
+)
 
 // Addr is the upstream address this connection goes to.
 func (c *Conn) Addr() string { return c.addr }
@@ -51,7 +62,7 @@ func (c *Conn) ReadMessage() (wire.Header, []byte, error) {
 	if err != nil {
 		return h, nil, fmt.Errorf("upstream %s: read: %w", c.addr, err)
 	}
-	if cap(frame) > cap(c.buf) {
+	if cap(frame) > cap(c.buf) && cap(frame) <= maxKeptBuf {
 		c.buf = frame[:0]
 	}
 	return h, frame, nil

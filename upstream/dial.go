@@ -116,7 +116,35 @@ func (d *Dialer) dialAddr(ctx context.Context, addr string) (*Conn, error) {
 		}
 		nc = tc
 	}
-	return newConn(nc, addr), nil
+	c := newConn(nc, addr)
+	if err := c.checkLink(ctx); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// checkLink makes one round trip (ping) on a new connection. An upstream
+// can accept the TCP connection (and even complete a TLS 1.3 handshake)
+// and then drop it: plain TCP to a TLS port, or a TLS port that wants a
+// client certificate the proxy does not send (TLS 1.3 reports that only
+// on the first read). Found here, the client gets a prompt
+// HostUnreachable naming the cause; found on the client's first command,
+// its connection would be closed and its driver would wait out server
+// selection. ping, not hello: a hello would spend the client's one chance
+// to send its metadata. Any well-formed reply, even an error (ping before
+// authentication on an upstream that requires it), shows the link works.
+func (c *Conn) checkLink(ctx context.Context) error {
+	if dl, ok := ctx.Deadline(); ok {
+		_ = c.SetDeadline(dl)
+	}
+	if _, err := c.Command(bson.D{{Key: "ping", Value: 1}, {Key: "$db", Value: "admin"}}); err != nil {
+		return fmt.Errorf("upstream %s accepted the connection, then failed the first command (TLS settings?): %w", c.addr, err)
+	}
+	if err := c.SetDeadline(time.Time{}); err != nil {
+		return fmt.Errorf("upstream %s: %w", c.addr, err)
+	}
+	return nil
 }
 
 // findPrimary returns the replica set's primary, probing the hosts on

@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"math/big"
 	"net"
@@ -182,10 +183,9 @@ func TestUpstreamTLS(t *testing.T) {
 		if err == nil {
 			t.Fatalf("%s: insert succeeded", name)
 		}
-		if time.Since(start) > 15*time.Second {
-			t.Fatalf("%s: error after %v: %v", name, time.Since(start), err)
-		}
-		t.Logf("%s: %v (after %v)", name, err, time.Since(start).Round(time.Millisecond))
+		// The dial's first round trip finds the dead link: a prompt
+		// HostUnreachable, not a closed connection the driver waits out.
+		assertPromptUnreachable(t, name, err, time.Since(start))
 	}
 	if n, err := connect(t, p.URI()).Database(db).Collection("readings").CountDocuments(ctx, bson.D{}); err != nil || n != 250 {
 		t.Fatalf("events after the refused proxies: %d %v", n, err)
@@ -215,10 +215,25 @@ func TestUpstreamMutualTLS(t *testing.T) {
 	c := connect(t, proxyToUpstream(t, db, fdb.tlsAddr, noCert).URI())
 	octx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	if _, err := c.Database(db).Collection("items").InsertOne(octx, bson.D{{Key: "v", Value: 1}}); err == nil {
+	start := time.Now()
+	_, err = c.Database(db).Collection("items").InsertOne(octx, bson.D{{Key: "v", Value: 1}})
+	if err == nil {
 		t.Fatal("an upstream requiring a client certificate served a proxy without one")
-	} else {
-		t.Logf("proxy without a client certificate: %v", err)
+	}
+	assertPromptUnreachable(t, "proxy without a client certificate", err, time.Since(start))
+}
+
+// assertPromptUnreachable checks that a command through a proxy whose
+// upstream drops it failed within 2 s with HostUnreachable (code 6).
+func assertPromptUnreachable(t *testing.T, name string, err error, took time.Duration) {
+	t.Helper()
+	t.Logf("%s: %v (after %v)", name, err, took.Round(time.Millisecond))
+	if took > 2*time.Second {
+		t.Fatalf("%s: error after %v, want < 2s: %v", name, took, err)
+	}
+	var se mongo.ServerError
+	if !errors.As(err, &se) || !se.HasErrorCode(6) {
+		t.Fatalf("%s: want HostUnreachable (code 6), got %v", name, err)
 	}
 }
 
