@@ -48,7 +48,15 @@ func (c *conn) rewriteRead(req *request, rule *rules.Rule) error {
 	}
 	switch {
 	case plan.Local != nil:
-		return c.replyBody(req, plan.Local)
+		out := plan.Local
+		if plan.LocalExplain != nil {
+			reply, err := c.upCommand(plan.LocalExplain)
+			if err != nil {
+				return err
+			}
+			out = rewrite.WithUpstreamPlan(out, reply)
+		}
+		return c.replyBody(req, out)
 	case plan.Point != nil:
 		return c.servePoint(req, rule, plan.Point)
 	}

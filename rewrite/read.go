@@ -32,6 +32,10 @@ type ReadPlan struct {
 	Point *PointRead
 	// Local, when set, is the whole answer (explain of a point read).
 	Local []byte
+	// LocalExplain, with Local, is the upstream explain of the command a
+	// point or scan read sends first; the proxy runs it and adds its
+	// reply to Local with WithUpstreamPlan.
+	LocalExplain []byte
 
 	rc    *readCtx
 	drain drainer
@@ -533,7 +537,7 @@ func (rc *readCtx) planExplain(body bsoncore.Document, opts ReadOptions) (*ReadP
 		return nil, err
 	}
 	if ip.Point != nil {
-		return &ReadPlan{rc: rc, Local: ip.Point.explain()}, nil
+		return &ReadPlan{rc: rc, Local: ip.Point.explain(), LocalExplain: ip.Point.explainTarget()}, nil
 	}
 	idx, d := bsoncore.AppendDocumentStart(nil)
 	d = bsoncore.AppendDocumentElement(d, "explain", ip.Command)

@@ -374,6 +374,75 @@ func (p *PointRead) explain() bsoncore.Document {
 		AppendDouble("ok", 1).Build()
 }
 
+// explainTarget is the explain command of the first command the plan
+// sends upstream (the first lookup, or the scan's find), so that explain
+// can show the upstream's own plan of it; nil when nothing is sent.
+func (p *PointRead) explainTarget() []byte {
+	var cmd []byte
+	switch {
+	case p.scan != nil:
+		cmd = p.scanFind()
+	case len(p.keys) > 0:
+		cmd = p.lookupCommand(p.keys[0], 0)
+	default:
+		return nil
+	}
+	inner := bsoncore.Document(cmd)
+	idx, d := bsoncore.AppendDocumentStart(nil)
+	elems, _ := inner.Elements()
+	iidx, d := bsoncore.AppendDocumentElementStart(d, "explain")
+	for _, e := range elems {
+		if e.Key() != "$db" {
+			d = append(d, e...)
+		}
+	}
+	d, _ = bsoncore.AppendDocumentEnd(d, iidx)
+	d = bsoncore.AppendStringElement(d, "verbosity", "queryPlanner")
+	d = bsoncore.AppendStringElement(d, "$db", p.db)
+	d, _ = bsoncore.AppendDocumentEnd(d, idx)
+	return d
+}
+
+// WithUpstreamPlan adds to a point or scan read's explain (local) the
+// upstream's explain of the command it sends (reply), as
+// queryPlanner.upstreamPlan; a failed upstream explain is shown as its
+// error, since the proxy's own plan stands without it.
+func WithUpstreamPlan(local, reply []byte) []byte {
+	doc := bsoncore.Document(local)
+	elems, err := doc.Elements()
+	if err != nil {
+		return local
+	}
+	up := bsoncore.Document(reply)
+	if up.Validate() != nil {
+		return local
+	}
+	if qp, ok := lookupTop(up, "queryPlanner"); ok && qp.Type == bsoncore.TypeEmbeddedDocument {
+		up = qp.Document()
+	}
+	idx, d := bsoncore.AppendDocumentStart(nil)
+	for _, e := range elems {
+		if e.Key() != "queryPlanner" {
+			d = append(d, e...)
+			continue
+		}
+		qp, ok := e.Value().DocumentOK()
+		if !ok {
+			d = append(d, e...)
+			continue
+		}
+		qidx, dd := bsoncore.AppendDocumentElementStart(d, "queryPlanner")
+		qelems, _ := qp.Elements()
+		for _, qe := range qelems {
+			dd = append(dd, qe...)
+		}
+		dd = bsoncore.AppendDocumentElement(dd, "upstreamPlan", up)
+		d, _ = bsoncore.AppendDocumentEnd(dd, qidx)
+	}
+	d, _ = bsoncore.AppendDocumentEnd(d, idx)
+	return d
+}
+
 // GetMoreBatchSize is a getMore's batchSize; 0 (as many as fit) when none.
 func GetMoreBatchSize(body []byte) (int64, bool) {
 	v, ok := lookupTop(bsoncore.Document(body), "batchSize")

@@ -118,6 +118,27 @@ func TestScanPlanHook(t *testing.T) {
 		if st, _ := bsoncore.Document(plan.Local).Lookup("queryPlanner", "winningPlan", "stage").StringValueOK(); st != c.stage {
 			t.Fatalf("%v: explain %s, want stage %s", c.filter, rdJSON(plan.Local), c.stage)
 		}
+		// The upstream's plan of the first command sent is asked for and
+		// shown beside the proxy's.
+		target := bsoncore.Document(plan.LocalExplain)
+		if coll, _ := target.Lookup("explain", "find").StringValueOK(); coll != "readings.buckets" {
+			t.Fatalf("%v: upstream explain %s, want one of a find on readings.buckets", c.filter, rdJSON(plan.LocalExplain))
+		}
+		if db, _ := target.Lookup("$db").StringValueOK(); db != "iot" {
+			t.Fatalf("%v: upstream explain %s without $db iot", c.filter, rdJSON(plan.LocalExplain))
+		}
+		upReply := mustDoc(t, D{{Key: "queryPlanner", Value: D{{Key: "winningPlan", Value: D{{Key: "stage", Value: "IDHACK"}}}}}, {Key: "ok", Value: 1.0}})
+		merged := bsoncore.Document(WithUpstreamPlan(plan.Local, upReply))
+		if st, _ := merged.Lookup("queryPlanner", "upstreamPlan", "winningPlan", "stage").StringValueOK(); st != "IDHACK" {
+			t.Fatalf("%v: merged explain %s lacks the upstream plan", c.filter, rdJSON(merged))
+		}
+		if st, _ := merged.Lookup("queryPlanner", "winningPlan", "stage").StringValueOK(); st != c.stage {
+			t.Fatalf("%v: merged explain %s lost the proxy's stage", c.filter, rdJSON(merged))
+		}
+		errReply := mustDoc(t, D{{Key: "ok", Value: 0.0}, {Key: "errmsg", Value: "no"}})
+		if m, _ := bsoncore.Document(WithUpstreamPlan(plan.Local, errReply)).Lookup("queryPlanner", "upstreamPlan", "errmsg").StringValueOK(); m != "no" {
+			t.Fatalf("%v: an upstream explain error is not shown", c.filter)
+		}
 	}
 }
 
