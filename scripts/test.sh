@@ -10,8 +10,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # 30 s per fuzz target. Issue 6 asks for 60 s; with 10 targets that is
-# about 12 minutes, and the end-to-end suite alone takes 12-14 minutes on
-# a 2-core machine, so 60 s would put a cold run at the 30-minute limit.
+# about 12 minutes, and the end-to-end suite alone takes 11-14 minutes on
+# a 2-core machine, so 60 s would put a cold run near the 30-minute limit.
 # Longer runs are done by hand (README, Reliability).
 FUZZTIME="${FUZZTIME:-30s}"
 
