@@ -122,6 +122,12 @@ type batchOutcome struct {
 // loadClients runs clients, each inserting batches of its own series into
 // coll until stop is closed; batch sizes cycle through sizes.
 func loadClients(ctx context.Context, colls []*mongo.Collection, sizes []int, base time.Time, stop <-chan struct{}) [][]batchOutcome {
+	return runLoad(ctx, colls, sizes, base, stop, 0, nil)
+}
+
+// runLoad is loadClients with, when timeout > 0, a deadline on each insert
+// (within ctx), and took, when set, told each insert's duration.
+func runLoad(ctx context.Context, colls []*mongo.Collection, sizes []int, base time.Time, stop <-chan struct{}, timeout time.Duration, took func(time.Duration)) [][]batchOutcome {
 	out := make([][]batchOutcome, len(colls))
 	var wg sync.WaitGroup
 	for c, coll := range colls {
@@ -142,10 +148,20 @@ func loadClients(ctx context.Context, colls []*mongo.Collection, sizes []int, ba
 					evs[i] = sentEvent{id: bson.NewObjectID(), sensor: sensor, ts: base.Add(time.Duration(next) * time.Second), value: float64(next % 100)}
 					next++
 				}
-				_, err := coll.InsertMany(ctx, docsOf(evs))
-				out[c] = append(out[c], batchOutcome{events: evs, acked: err == nil, err: err, at: time.Now()})
+				opCtx, cancel := ctx, context.CancelFunc(func() {})
+				if timeout > 0 {
+					opCtx, cancel = context.WithTimeout(ctx, timeout)
+				}
+				start := time.Now()
+				_, err := coll.InsertMany(opCtx, docsOf(evs))
+				el := time.Since(start)
+				cancel()
+				if took != nil {
+					took(el)
+				}
+				out[c] = append(out[c], batchOutcome{events: evs, acked: err == nil, err: err, at: time.Now(), took: el})
 				if err != nil {
-					time.Sleep(50 * time.Millisecond) // the proxy is down: do not spin
+					time.Sleep(50 * time.Millisecond) // the proxy or upstream is down: do not spin
 				}
 			}
 		}(c, coll)

@@ -204,39 +204,5 @@ func TestFaultUpstreamRestart(t *testing.T) {
 // loadClientsTimed is loadClients with a timeout per insert; took gets the
 // duration of each.
 func loadClientsTimed(colls []*mongo.Collection, sizes []int, base time.Time, stop <-chan struct{}, timeout time.Duration, took func(time.Duration)) [][]batchOutcome {
-	out := make([][]batchOutcome, len(colls))
-	var wg sync.WaitGroup
-	for c, coll := range colls {
-		wg.Add(1)
-		go func(c int, coll *mongo.Collection) {
-			defer wg.Done()
-			sensor := fmt.Sprintf("client-%02d", c)
-			next := 0
-			for k := 0; ; k++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				n := sizes[k%len(sizes)]
-				evs := make([]sentEvent, n)
-				for i := range evs {
-					evs[i] = sentEvent{id: bson.NewObjectID(), sensor: sensor, ts: base.Add(time.Duration(next) * time.Second), value: float64(next % 100)}
-					next++
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), timeout)
-				start := time.Now()
-				_, err := coll.InsertMany(ctx, docsOf(evs))
-				el := time.Since(start)
-				took(el)
-				cancel()
-				out[c] = append(out[c], batchOutcome{events: evs, acked: err == nil, err: err, at: time.Now(), took: el})
-				if err != nil {
-					time.Sleep(50 * time.Millisecond)
-				}
-			}
-		}(c, coll)
-	}
-	wg.Wait()
-	return out
+	return runLoad(context.Background(), colls, sizes, base, stop, timeout, took)
 }
