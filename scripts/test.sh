@@ -9,11 +9,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# 30 s per fuzz target. Issue 6 asks for 60 s; with 10 targets that is
-# about 12 minutes, and the end-to-end suite alone takes 11-14 minutes on
-# a 2-core machine, so 60 s would put a cold run near the 30-minute limit.
-# Longer runs are done by hand (README, Reliability).
-FUZZTIME="${FUZZTIME:-30s}"
+# 60 s per fuzz target, as issue 6 asks. Two targets run at a time with
+# one worker each (the machine has 2 cores), so the 10 targets take about
+# 5 minutes. Longer runs are done by hand (README, Reliability).
+FUZZTIME="${FUZZTIME:-60s}"
+FUZZPAR="${FUZZPAR:-2}"
 
 echo "== go modules"
 go mod download
@@ -39,31 +39,53 @@ go test -race -count=1 -timeout 15m ./wire/... ./rules/... ./rewrite/... ./proxy
 echo "== end-to-end and command tests"
 go test -count=1 -timeout 25m ./tests/e2e/... ./cmd/...
 
-echo "== fuzz targets, ${FUZZTIME} each"
+echo "== fuzz targets, ${FUZZTIME} each, ${FUZZPAR} at a time"
 # A target fails on a failing input (written under testdata/fuzz/<target>).
 # Go's fuzz coordinator can also end a clean run with a bare "context
 # deadline exceeded" when -fuzztime runs out while a worker is busy
 # (golang/go#75804, fixed in Go 1.27): with no new input written, that is
 # reported and not counted as a failure.
-for pkg in ./wire ./rewrite; do
-  for target in $(go test -list '^Fuzz' "$pkg" | grep '^Fuzz' || true); do
+fuzz_one() { # pkg target: fuzzes one target, prints its log, returns 1 on a failing input
+  local pkg="$1" target="$2" corpus before after log rc=0
+  corpus="$pkg/testdata/fuzz/$target"
+  before="$( (ls "$corpus" 2>/dev/null || true) | wc -l)"
+  log="$(mktemp)"
+  go test -run='^$' -fuzz="^${target}\$" -fuzztime="$FUZZTIME" -parallel=1 -timeout=0 "$pkg" >"$log" 2>&1 || rc=$?
+  after="$( (ls "$corpus" 2>/dev/null || true) | wc -l)"
+  {
     echo "-- $pkg $target"
-    corpus="$pkg/testdata/fuzz/$target"
-    before="$( (ls "$corpus" 2>/dev/null || true) | wc -l)"
-    log="$(mktemp)"
-    rc=0
-    go test -run='^$' -fuzz="^${target}\$" -fuzztime="$FUZZTIME" -timeout=0 "$pkg" >"$log" 2>&1 || rc=$?
     grep -v '^fuzz: elapsed' "$log" || true
     grep '^fuzz: elapsed' "$log" | tail -1 || true
-    after="$( (ls "$corpus" 2>/dev/null || true) | wc -l)"
-    if [ "$rc" -ne 0 ]; then
-      if [ "$after" -eq "$before" ] && grep -q 'context deadline exceeded' "$log" && ! grep -q -- '--- FAIL: .*/' "$log"; then
-        echo "   (no failing input: Go's fuzz deadline race, golang/go#75804)"
-      else
-        rm -f "$log"; echo "fuzz target $target failed"; exit 1
-      fi
+  }
+  if [ "$rc" -ne 0 ]; then
+    if [ "$after" -eq "$before" ] && grep -q 'context deadline exceeded' "$log" && ! grep -q -- '--- FAIL: .*/' "$log"; then
+      echo "   (no failing input: Go's fuzz deadline race, golang/go#75804)"
+    else
+      rm -f "$log"; echo "fuzz target $target failed"; return 1
     fi
-    rm -f "$log"
+  fi
+  rm -f "$log"
+  return 0
+}
+targets=()
+for pkg in ./wire ./rewrite; do
+  go test -c -o /dev/null "$pkg" # build once, before targets run side by side
+  for target in $(go test -list '^Fuzz' "$pkg" | grep '^Fuzz' || true); do
+    targets+=("$pkg $target")
   done
 done
+failed=0
+for ((i = 0; i < ${#targets[@]}; i += FUZZPAR)); do
+  pids=()
+  for ((j = i; j < i + FUZZPAR && j < ${#targets[@]}; j++)); do
+    # shellcheck disable=SC2086
+    fuzz_one ${targets[$j]} >"/tmp/tsproxy-fuzz-$j.log" 2>&1 &
+    pids+=("$!")
+  done
+  for ((j = i; j < i + FUZZPAR && j < ${#targets[@]}; j++)); do
+    wait "${pids[$((j - i))]}" || failed=1
+    cat "/tmp/tsproxy-fuzz-$j.log"; rm -f "/tmp/tsproxy-fuzz-$j.log"
+  done
+done
+[ "$failed" -eq 0 ] || { echo "fuzzing found a failing input"; exit 1; }
 echo "== all tests passed"
