@@ -12,7 +12,6 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/tsproxy/tsproxy/rules"
 )
@@ -64,16 +63,12 @@ func benchIngest(e *benchEnv, runs, events int, only string) error {
 		return err
 	}
 	ctx := context.Background()
-	proxyC, err := mongo.Connect(options.Client().ApplyURI(e.proxyURI).SetMaxPoolSize(32).SetTimeout(10 * time.Minute))
+	cs, err := e.connectBoth(10*time.Minute, 32)
 	if err != nil {
 		return err
 	}
-	defer proxyC.Disconnect(ctx)
-	directC, err := mongo.Connect(options.Client().ApplyURI(e.upstreamURI).SetMaxPoolSize(32).SetTimeout(10 * time.Minute))
-	if err != nil {
-		return err
-	}
-	defer directC.Disconnect(ctx)
+	defer cs.close()
+	proxyC, directC := cs.proxy, cs.direct
 	type key struct {
 		c    ingestCase
 		path string

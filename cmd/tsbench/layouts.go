@@ -8,7 +8,6 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/tsproxy/tsproxy/rules"
 )
@@ -78,16 +77,12 @@ var layoutCases = []layoutCase{
 // reports events/s, documents and sizes.
 func benchLayouts(e *benchEnv, runs, events, batch int) error {
 	ctx := context.Background()
-	proxyC, err := mongo.Connect(options.Client().ApplyURI(e.proxyURI).SetTimeout(10 * time.Minute))
+	cs, err := e.connectBoth(10*time.Minute, 0)
 	if err != nil {
 		return err
 	}
-	defer proxyC.Disconnect(ctx)
-	directC, err := mongo.Connect(options.Client().ApplyURI(e.upstreamURI).SetTimeout(10 * time.Minute))
-	if err != nil {
-		return err
-	}
-	defer directC.Disconnect(ctx)
+	defer cs.close()
+	proxyC, directC := cs.proxy, cs.direct
 	db := func(c *mongo.Client) *mongo.Database { return c.Database("tsbench") }
 	rates := map[string][]float64{}
 	for r := 0; r < runs; r++ {

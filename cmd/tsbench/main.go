@@ -22,6 +22,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/tsproxy/tsproxy/proxy"
 	"github.com/tsproxy/tsproxy/rules"
@@ -194,4 +196,37 @@ func rulesFromYAML(yaml string) ([]rules.Rule, error) {
 		return nil, err
 	}
 	return cfg.Rules, nil
+}
+
+// clients are one client through the proxy and one straight to the
+// upstream, made alike so that every figure compares like with like.
+type clients struct {
+	proxy, direct *mongo.Client
+}
+
+// connectBoth connects a client to the proxy and one to the upstream with
+// the same options; close disconnects both.
+func (e *benchEnv) connectBoth(timeout time.Duration, maxPool uint64) (*clients, error) {
+	connect := func(uri string) (*mongo.Client, error) {
+		o := options.Client().ApplyURI(uri).SetTimeout(timeout)
+		if maxPool > 0 {
+			o.SetMaxPoolSize(maxPool)
+		}
+		return mongo.Connect(o)
+	}
+	p, err := connect(e.proxyURI)
+	if err != nil {
+		return nil, fmt.Errorf("connect to the proxy: %w", err)
+	}
+	d, err := connect(e.upstreamURI)
+	if err != nil {
+		_ = p.Disconnect(context.Background())
+		return nil, fmt.Errorf("connect to the upstream: %w", err)
+	}
+	return &clients{proxy: p, direct: d}, nil
+}
+
+func (c *clients) close() {
+	_ = c.proxy.Disconnect(context.Background())
+	_ = c.direct.Disconnect(context.Background())
 }

@@ -95,16 +95,12 @@ func rangeQueries(o *rangeOptions) []rangeQuery {
 // interleaved, and reports medians, ratios and documents examined.
 func benchRange(e *benchEnv, o *rangeOptions) error {
 	ctx := context.Background()
-	proxyC, err := mongo.Connect(options.Client().ApplyURI(e.proxyURI).SetTimeout(30 * time.Minute))
+	cs, err := e.connectBoth(30*time.Minute, 0)
 	if err != nil {
 		return err
 	}
-	defer proxyC.Disconnect(ctx)
-	directC, err := mongo.Connect(options.Client().ApplyURI(e.upstreamURI).SetTimeout(30 * time.Minute))
-	if err != nil {
-		return err
-	}
-	defer directC.Disconnect(ctx)
+	defer cs.close()
+	proxyC, directC := cs.proxy, cs.direct
 	db := directC.Database("tsbench")
 	plain, buckets := db.Collection("plain"), db.Collection("events.buckets")
 	proxied := proxyC.Database("tsbench").Collection("events")
