@@ -37,7 +37,7 @@ func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
 	case "drop":
 		return c.rewriteDrop(req, rule)
 	case "delete":
-		return c.rewriteDelete(req, rule)
+		return c.answerRefusal(req, c.rewriteDelete(req, rule))
 	case "update", "findAndModify", "findandmodify":
 		return c.refuseWrite(req, rule)
 	case "create":
@@ -70,6 +70,9 @@ func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
 	unacked := req.msg.Flags&wire.MoreToCome != 0
 	caps, err := c.upstreamCaps()
 	if err != nil {
+		return err
+	}
+	if err := c.ensureWriter(rule, caps); err != nil {
 		return err
 	}
 	c.ensureBucketIndex(rule)

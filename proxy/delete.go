@@ -34,6 +34,9 @@ func (c *conn) rewriteDelete(req *request, rule *rules.Rule) error {
 	if err != nil {
 		return err
 	}
+	if err := c.ensureWriter(rule, caps); err != nil {
+		return err
+	}
 	plan, err := rewrite.PlanDelete(commandOf(req), rule, rewrite.DeleteOptions{Caps: caps})
 	if err != nil {
 		if unacked {

@@ -19,7 +19,7 @@ import (
 func (c *conn) handleLayout(req *request, rule *rules.Rule) error {
 	switch req.name {
 	case "insert":
-		return c.layoutInsert(req, rule)
+		return c.answerRefusal(req, c.layoutInsert(req, rule))
 	case "find", "aggregate", "count":
 		return c.layoutRead(req, rule)
 	case "getMore":
@@ -47,6 +47,9 @@ func (c *conn) layoutInsert(req *request, rule *rules.Rule) error {
 	if err != nil {
 		return err
 	}
+	if err := c.ensureWriter(rule, caps); err != nil {
+		return err
+	}
 	c.ensureBucketIndex(rule)
 	cmd := commandOf(req)
 	refuse := func(err error) error {
@@ -59,7 +62,17 @@ func (c *conn) layoutInsert(req *request, rule *rules.Rule) error {
 	span := c.s.tel.startCommand(req, routeRewrite)
 	t0 := time.Now()
 	var plan *rewrite.LayoutWrite
-	var keys []rewrite.BucketKey
+	// The keys are locked for counters too: on an upstream whose updates
+	// are not isolated (FerretDB), two $inc upserts of one bucket at once
+	// lose an increment, or both try to create it and one fails on its
+	// _id.
+	keys, err := rewrite.InsertKeys(cmd, rule)
+	if err != nil {
+		span.end(req, time.Since(t0), nil)
+		return refuse(err)
+	}
+	locked := c.s.state.bucketCache().lock(rule.BucketNamespace(), keys)
+	defer locked.unlock()
 	if rule.Layout == rules.LayoutCounter {
 		var upErr error
 		if plan, err, upErr = c.counterPlan(cmd, rule, caps); upErr != nil {
@@ -67,13 +80,6 @@ func (c *conn) layoutInsert(req *request, rule *rules.Rule) error {
 			return upErr
 		}
 	} else {
-		keys, err = rewrite.InsertKeys(cmd, rule)
-		if err != nil {
-			span.end(req, time.Since(t0), nil)
-			return refuse(err)
-		}
-		locked := c.s.state.bucketCache().lock(rule.BucketNamespace(), keys)
-		defer locked.unlock()
 		var before map[string]bson.Raw
 		if before, err = c.slotsBefore(rule, keys); err != nil {
 			span.end(req, time.Since(t0), err)

@@ -43,10 +43,22 @@ func refusalOf(reply bson.Raw) *upstreamRefusal {
 	return r
 }
 
+// codeConflictingOperation answers a write while another proxy holds the
+// namespace's writer lease.
+const codeConflictingOperation = 117
+
 // answerRefusal answers req with the upstream's refusal found in err (its
 // message with the proxy's context); any other error is returned as is and
 // closes the connection.
 func (c *conn) answerRefusal(req *request, err error) error {
+	var held *LeaseHeldError
+	if errors.As(err, &held) {
+		if req.msg.Flags&wire.MoreToCome != 0 {
+			c.log.Warn("unacknowledged write refused", "err", err.Error())
+			return nil
+		}
+		return c.replyError(req, codeConflictingOperation, "ConflictingOperationInProgress", err.Error())
+	}
 	var r *upstreamRefusal
 	if err == nil || !errors.As(err, &r) {
 		return err

@@ -44,6 +44,14 @@ func (c *conn) maintainRollups(rule *rules.Rule, cmd rewrite.Command, reply []by
 		}
 		return
 	}
+	if caps.SingleWriter {
+		// Inserts into different windows of one series hold different
+		// series locks but $inc the same coarser rollup documents; on an
+		// upstream whose updates are not isolated, one would be lost.
+		mu := c.s.life.rollupWriter(rule.Namespace)
+		mu.Lock()
+		defer mu.Unlock()
+	}
 	for i, cmd := range plan.Commands {
 		if err := c.runRollupCommand(cmd, caps.MaxUpdateStatements > 0); err != nil {
 			c.log.Error("rollup write failed; the events are stored but these rollup documents lag (rebuild them from the buckets if needed)",
@@ -80,12 +88,25 @@ func (c *conn) runRollupCommand(cmd []byte, slotted bool) error {
 // lifecycleState remembers which rules' one-time lifecycle steps ran.
 type lifecycleState struct {
 	mu      sync.Mutex
-	sharded map[string]time.Time // bucket namespace -> last attempt; zero when done
-	rollups map[string]time.Time // rollup namespace -> last attempt; zero when done
+	sharded map[string]time.Time   // bucket namespace -> last attempt; zero when done
+	rollups map[string]time.Time   // rollup namespace -> last attempt; zero when done
+	writers map[string]*sync.Mutex // rule namespace -> serializes its rollup writes
+}
+
+// rollupWriter is the mutex that serializes a rule's rollup writes.
+func (l *lifecycleState) rollupWriter(ns string) *sync.Mutex {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	m := l.writers[ns]
+	if m == nil {
+		m = &sync.Mutex{}
+		l.writers[ns] = m
+	}
+	return m
 }
 
 func newLifecycleState() *lifecycleState {
-	return &lifecycleState{sharded: make(map[string]time.Time), rollups: make(map[string]time.Time)}
+	return &lifecycleState{sharded: make(map[string]time.Time), rollups: make(map[string]time.Time), writers: make(map[string]*sync.Mutex)}
 }
 
 // ensureLifecycle runs the one-time steps of a rule before its first

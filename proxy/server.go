@@ -45,6 +45,13 @@ type Options struct {
 	// point reads and updates by _id index lookups (see
 	// upstream.Embedded.IndexIDs). Other upstreams need nothing.
 	IndexIDs func(ctx context.Context, db, coll string) error
+	// WriterLease is how long a writer lease lasts without renewal, on
+	// upstreams whose updates are not isolated (0: 30s; see
+	// writer_lease.go).
+	WriterLease time.Duration
+	// WriterID names this proxy in writer leases; empty means its host and
+	// listen address.
+	WriterID string
 }
 
 // Server is a running proxy.
@@ -56,6 +63,7 @@ type Server struct {
 	cursors *cursorRegistry
 	life    *lifecycleState // rollups.go
 	sweep   *sweeper        // sweeper.go
+	leases  *writerLeases   // writer_lease.go
 
 	mu       sync.Mutex
 	ln       net.Listener
@@ -100,6 +108,7 @@ func New(opts Options) (*Server, error) {
 		state:   newUpstreamState(),
 		cursors: newCursorRegistry(opts.MaxCursors, opts.CursorTTL),
 		life:    newLifecycleState(),
+		leases:  newWriterLeases(opts.WriterLease, opts.WriterID),
 		conns:   make(map[*conn]struct{}),
 	}, nil
 }
@@ -120,6 +129,9 @@ func (s *Server) Serve(ln net.Listener) error {
 		return nil
 	}
 	s.mu.Unlock()
+	if s.opts.WriterID == "" {
+		s.leases.setIdentity(ln.Addr().String())
+	}
 	s.startSweeper()
 	var backoff time.Duration
 	for {
@@ -200,7 +212,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.mu.Unlock()
 	done := make(chan struct{})
-	go func() { s.connWG.Wait(); close(done) }()
+	go func() { s.connWG.Wait(); s.releaseLeases(ctx); close(done) }()
 	select {
 	case <-done:
 		return nil

@@ -39,4 +39,10 @@ type Caps struct {
 	// write the JSON of the whole bucket). Small groups then join only
 	// buckets still below the rule's insert threshold; see mayJoin.
 	CostlyUpdates bool
+	// SingleWriter: the upstream's updates are not isolated from each
+	// other (FerretDB v1.24 reads a document, changes it in Go and writes
+	// it back by _id), so two proxies updating one bucket at once lose an
+	// update. The proxy then writes a bucketed namespace only while it
+	// holds its writer lease (proxy/writer_lease.go).
+	SingleWriter bool
 }

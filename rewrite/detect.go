@@ -9,7 +9,7 @@ import "go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 func DetectCaps(buildInfo []byte) Caps {
 	doc := bsoncore.Document(buildInfo)
 	if _, err := doc.LookupErr("ferretdbVersion"); err == nil {
-		return Caps{IDOnlyFilters: true, CostlyUpdates: true, MaxUpdateStatements: FerretDBMaxUpdateStatements}
+		return Caps{IDOnlyFilters: true, CostlyUpdates: true, SingleWriter: true, MaxUpdateStatements: FerretDBMaxUpdateStatements}
 	}
 	return Caps{StmtIDs: true, FullAggregation: true, UnwindKeepsFields: true}
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"strings"
 	"time"
 
@@ -148,7 +149,12 @@ func startMigrationProxy(ctx context.Context, cfg *rules.Config, log *slog.Logge
 	if err != nil {
 		return fail(err)
 	}
-	srv, err := proxy.New(proxy.Options{Dialer: dialer, Rules: cfg.RuleSet(), Logger: log, IndexIDs: indexIDs})
+	// One migration writes at a time, under a name of its own: a run
+	// resumed after a crash takes its writer lease back at once, and a
+	// migration beside a running proxy that writes the same rule is
+	// refused clearly on upstreams that need a single writer.
+	host, _ := os.Hostname()
+	srv, err := proxy.New(proxy.Options{Dialer: dialer, Rules: cfg.RuleSet(), Logger: log, IndexIDs: indexIDs, WriterID: host + "/tsproxy migrate"})
 	if err != nil {
 		return fail(err)
 	}

@@ -476,38 +476,41 @@ func insertConcurrently(t *testing.T, ctx context.Context, uri, db, sensor strin
 	t.Helper()
 	var mu sync.Mutex
 	var sent []sentEvent
-	var wg sync.WaitGroup
-	errs := make(chan error, clients)
-	for c := 0; c < clients; c++ {
-		coll := connect(t, uri).Database(db).Collection("readings")
-		wg.Add(1)
-		go func(c int) {
-			defer wg.Done()
-			for i := 0; i < perClient; {
-				n := 1 + (i+c)%maxBatch
-				var batch []sentEvent
-				for j := 0; j < n && i < perClient; j++ {
-					batch = append(batch, sentEvent{id: bson.NewObjectID(), sensor: sensor, ts: base.Add(time.Duration(c*perClient+i) * time.Second), value: float64(i)})
-					i++
-				}
-				docs := make([]any, len(batch))
-				for k, e := range batch {
-					docs[k] = e.doc()
-				}
-				if _, err := coll.InsertMany(ctx, docs); err != nil {
-					errs <- err
-					return
-				}
-				mu.Lock()
-				sent = append(sent, batch...)
-				mu.Unlock()
+	colls := make([]*mongo.Collection, clients)
+	for c := range colls {
+		colls[c] = connect(t, uri).Database(db).Collection("readings")
+	}
+	runClients(t, clients, func(c int) error {
+		for i := 0; i < perClient; {
+			batch := seriesBatch(sensor, base, c*perClient+i, min(1+(i+c)%maxBatch, perClient-i))
+			i += len(batch)
+			if _, err := colls[c].InsertMany(ctx, eventDocs(batch)); err != nil {
+				return err
 			}
-		}(c)
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+			mu.Lock()
+			sent = append(sent, batch...)
+			mu.Unlock()
+		}
+		return nil
+	})
 	return sent
+}
+
+// seriesBatch is n events of one series at consecutive seconds from
+// base+first seconds, valued by their index in the client's run.
+func seriesBatch(sensor string, base time.Time, first, n int) []sentEvent {
+	out := make([]sentEvent, n)
+	for j := range out {
+		out[j] = sentEvent{id: bson.NewObjectID(), sensor: sensor, ts: base.Add(time.Duration(first+j) * time.Second), value: float64(first + j)}
+	}
+	return out
+}
+
+// eventDocs is the documents of events, for insertMany.
+func eventDocs(events []sentEvent) []any {
+	docs := make([]any, len(events))
+	for k, e := range events {
+		docs[k] = e.doc()
+	}
+	return docs
 }

@@ -247,3 +247,25 @@ func mustD(t testing.TB, raw bson.Raw) bson.D {
 	}
 	return d
 }
+
+// runClients runs f(0..n-1) at once, one goroutine each, and fails the
+// test with the first error any returned.
+func runClients(t testing.TB, n int, f func(c int) error) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for c := 0; c < n; c++ {
+		wg.Add(1)
+		go func(c int) {
+			defer wg.Done()
+			if err := f(c); err != nil {
+				errs <- err
+			}
+		}(c)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
