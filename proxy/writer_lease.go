@@ -44,9 +44,7 @@ import (
 // DefaultWriterLease is how long a writer lease lasts without renewal.
 const DefaultWriterLease = 30 * time.Second
 
-// leaseCollection holds the writer leases of a database's bucketed
-// namespaces.
-const leaseCollection = "tsproxy_leases"
+const leaseCollection = rules.LeaseCollection
 
 // leaseRecheck is how long a proxy that found the lease held by another
 // answers from what it found before asking the upstream again.

@@ -209,10 +209,10 @@ func (p *ListCollectionsPlan) Feed(reply []byte) []byte {
 }
 
 // mapDoc renames a bucket collection to its app name and hides the app
-// collection's own upstream entry (nil).
+// collection's own upstream entry and the proxy's writer leases (nil).
 func (p *ListCollectionsPlan) mapDoc(d bsoncore.Document) bsoncore.Document {
 	name, _ := d.Lookup("name").StringValueOK()
-	if p.byApp[name] != nil {
+	if p.byApp[name] != nil || name == rules.LeaseCollection {
 		return nil
 	}
 	r := p.byBucket[name]

@@ -319,7 +319,8 @@ func TestListCollectionsAndAdmin(t *testing.T) {
 	p.Feed(rdRaw(t, D{{Key: "cursor", Value: D{{Key: "id", Value: int64(0)}, {Key: "ns", Value: "iot.$cmd.listCollections"}, {Key: "firstBatch", Value: A{
 		D{{Key: "name", Value: "readings.buckets"}, {Key: "type", Value: "collection"}},
 		D{{Key: "name", Value: "readings"}, {Key: "type", Value: "collection"}},
-		D{{Key: "name", Value: "other"}, {Key: "type", Value: "collection"}}}}}}, {Key: "ok", Value: 1.0}}))
+		D{{Key: "name", Value: "other"}, {Key: "type", Value: "collection"}},
+		D{{Key: "name", Value: "tsproxy_leases"}, {Key: "type", Value: "collection"}}}}}}, {Key: "ok", Value: 1.0}}))
 	if got := rdJSON(p.Result()); !strings.Contains(got, `"firstBatch": [{"name": "readings","type": "collection"},{"name": "other","type": "collection"}]`) {
 		t.Fatal(got)
 	}

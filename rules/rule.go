@@ -27,6 +27,11 @@ const (
 	BucketEvents = "events"
 )
 
+// LeaseCollection holds, in each database with bucketed namespaces, the
+// proxies' writer leases on upstreams whose updates are not isolated
+// (proxy/writer_lease.go); listCollections through the proxy hides it.
+const LeaseCollection = "tsproxy_leases"
+
 // Defaults for a rule's bucket settings.
 const (
 	DefaultSpan      = time.Hour
