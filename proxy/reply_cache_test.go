@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -220,4 +221,41 @@ func TestReplyCacheConcurrentAttempts(t *testing.T) {
 		t.Fatalf("copy past the wait limit: %+v", out)
 	}
 	held.attempt.finish()
+}
+
+// BenchmarkReplyCache is the cache's cost per retryable write as the
+// proxy pays it: the key read from the command, begin, offer of a typical
+// reply, finish. Each goroutine is a driver with sessions of its own, each
+// write a new txnNumber.
+func BenchmarkReplyCache(b *testing.B) {
+	rc := newReplyCache(defaultRetryCacheSize, defaultRetryCacheTTL)
+	reply, _ := bson.Marshal(bson.D{{Key: "n", Value: int32(100)}, {Key: "ok", Value: 1.0}})
+	var driver atomic.Int64
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		d := driver.Add(1)
+		var bodies [64][]byte
+		for s := range bodies {
+			lsid := bson.D{{Key: "id", Value: bson.Binary{Subtype: 4, Data: []byte(fmt.Sprintf("%08d%08d", d, s))}}}
+			bodies[s], _ = bson.Marshal(bson.D{{Key: "insert", Value: "c"}, {Key: "ordered", Value: true},
+				{Key: "lsid", Value: lsid}, {Key: "txnNumber", Value: int64(1)}, {Key: "$db", Value: "db"}})
+		}
+		txn := int64(0)
+		for pb.Next() {
+			txn++
+			k, ok, err := rewrite.RetryKeyOf(bodies[txn%64])
+			if !ok || err != nil {
+				b.Error("no key")
+				return
+			}
+			k.TxnNumber = txn // as if the body carried it
+			out := rc.begin(k, "db.c insert")
+			if out.attempt == nil {
+				b.Errorf("not run: %v", out.err)
+				return
+			}
+			out.attempt.offer(reply)
+			out.attempt.finish()
+		}
+	})
 }

@@ -334,3 +334,45 @@ func short(r bson.Raw) string {
 	}
 	return s
 }
+
+// TestReplyCacheEvictedRetry: the cache holds one session; a second
+// session's write evicts the first's record while a retry of it may still
+// come. The retry, found nowhere in the cache, is checked against what is
+// stored (the proxy knows the buckets' fills, so it would not check
+// otherwise): its events are found and not written again, and the reply
+// counts them all as inserted.
+func TestReplyCacheEvictedRetry(t *testing.T) {
+	t.Parallel()
+	db := uniqueDB(t)
+	p := startProxy(t, proxyOptions{yaml: readingsRule(db, 1000) + "limits:\n  retryCacheSize: 1\n"})
+	ctx := ctxFor(t)
+	base := time.Date(2026, 8, 3, 5, 0, 0, 0, time.UTC)
+	a, b := newLsid(t), newLsid(t)
+	first := seriesEvents(40, "s1", base)
+	c := dialRawClient(t, p.addr)
+	for _, w := range []struct {
+		lsid bson.D
+		evs  []sentEvent
+	}{{a, first}, {b, seriesEvents(10, "s1", base.Add(time.Hour))}, {a, first}} {
+		reply, err := c.run(retryableInsert(db, "readings", w.lsid, 1), docsOf(w.evs))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, _ := reply.Lookup("n").AsInt64OK(); n != int64(len(w.evs)) {
+			t.Fatalf("reply %s, want n = %d", short(reply), len(w.evs))
+		}
+	}
+	got := storedIDs(t, ctx, db)
+	total := 0
+	for _, e := range first {
+		if got[e.id] != 1 {
+			t.Fatalf("event %v stored %d times after a retry whose record was evicted", e.id, got[e.id])
+		}
+	}
+	for _, n := range got {
+		total += n
+	}
+	if total != 50 {
+		t.Fatalf("%d events stored, want 50", total)
+	}
+}
