@@ -376,3 +376,34 @@ func TestReplyCacheEvictedRetry(t *testing.T) {
 		t.Fatalf("%d events stored, want 50", total)
 	}
 }
+
+// TestReplyCacheRetriedDelete: a retryable deleteOne sent twice (its
+// reply lost the first time) removes one event and answers n: 1 both
+// times, as MongoDB does; run again it would remove a second event.
+func TestReplyCacheRetriedDelete(t *testing.T) {
+	t.Parallel()
+	db := uniqueDB(t)
+	p := startProxy(t, proxyOptions{yaml: readingsRule(db, 1000)})
+	ctx := ctxFor(t)
+	evs := seriesEvents(10, "s5", time.Date(2026, 8, 4, 5, 0, 0, 0, time.UTC))
+	coll := connect(t, p.URI()).Database(db).Collection("readings")
+	if _, err := coll.InsertMany(ctx, docsOf(evs)); err != nil {
+		t.Fatal(err)
+	}
+	lsid := newLsid(t)
+	del := bson.D{{Key: "delete", Value: "readings"},
+		{Key: "deletes", Value: bson.A{bson.D{{Key: "q", Value: bson.D{{Key: "sensorId", Value: "s5"}}}, {Key: "limit", Value: 1}}}},
+		{Key: "ordered", Value: true}, {Key: "lsid", Value: lsid}, {Key: "txnNumber", Value: int64(1)}, {Key: "$db", Value: db}}
+	for attempt := range 2 {
+		reply, err := dialRawClient(t, p.addr).run(del, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, _ := reply.Lookup("n").AsInt64OK(); n != 1 {
+			t.Fatalf("attempt %d: %s, want n = 1", attempt+1, short(reply))
+		}
+	}
+	if n, err := coll.CountDocuments(ctx, bson.D{}); err != nil || n != 9 {
+		t.Fatalf("%d events left (%v), want 9: the retried deleteOne ran twice", n, err)
+	}
+}
