@@ -122,8 +122,9 @@ func (rc *replyCache) begin(key rewrite.RetryKey, op string) txnOutcome {
 		if a := rc.running[key.Session]; a != nil {
 			rc.mu.Unlock()
 			if !waitUntil(a.done, deadline) {
-				return txnOutcome{err: fmt.Errorf("tsproxy: a write of session %s (txnNumber %d) is still running after %s; this one (txnNumber %d) is not run beside it",
-					key.SessionHex(), a.key.TxnNumber, rc.wait, key.TxnNumber)}
+				return txnOutcome{err: &rewrite.CommandError{Code: rewrite.CodeConflictingOperationInProgress, Msg: fmt.Sprintf(
+					"tsproxy: a write of session %s (txnNumber %d) is still running after %s; this one (txnNumber %d) is not run beside it",
+					key.SessionHex(), a.key.TxnNumber, rc.wait, key.TxnNumber)}}
 			}
 			continue
 		}

@@ -217,7 +217,7 @@ func TestReplyCacheConcurrentAttempts(t *testing.T) {
 	next := retryKey(t, "s", "", 2)
 	held := rc.begin(next, op)
 	out := rc.begin(next, op)
-	if out.attempt != nil || out.err == nil || !strings.Contains(out.err.Error(), "still running") {
+	if ce, ok := out.err.(*rewrite.CommandError); out.attempt != nil || !ok || ce.Code != rewrite.CodeConflictingOperationInProgress || !strings.Contains(ce.Msg, "still running") {
 		t.Fatalf("copy past the wait limit: %+v", out)
 	}
 	held.attempt.finish()

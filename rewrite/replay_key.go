@@ -13,11 +13,17 @@ import (
 // writes it rewrites (proxy/reply_cache.go); these functions read the
 // parts of a command and a reply that table needs.
 
-// CodeTransactionTooOld is MongoDB's code for a retryable write older than
-// its session's last.
-const CodeTransactionTooOld int32 = 225
+// MongoDB's codes for a retryable write older than its session's last,
+// and for one its session cannot take while another runs.
+const (
+	CodeTransactionTooOld              int32 = 225
+	CodeConflictingOperationInProgress int32 = 117
+)
 
-func init() { codeNames[CodeTransactionTooOld] = "TransactionTooOld" }
+func init() {
+	codeNames[CodeTransactionTooOld] = "TransactionTooOld"
+	codeNames[CodeConflictingOperationInProgress] = "ConflictingOperationInProgress"
+}
 
 // RetryKey names one retryable write: its session (lsid.id and, when
 // present, lsid.uid, as bytes) and its txnNumber.
