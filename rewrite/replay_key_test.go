@@ -123,3 +123,28 @@ func TestTransactionTooOld(t *testing.T) {
 		t.Fatalf("message %q", msg)
 	}
 }
+
+// FuzzRetryKeyOf: any command body gives a key, no key, or an error, and
+// never a panic; a key names a non-negative txnNumber.
+func FuzzRetryKeyOf(f *testing.F) {
+	for _, d := range []bson.D{
+		{{Key: "insert", Value: "c"}, {Key: "lsid", Value: bson.D{{Key: "id", Value: bson.Binary{Subtype: 4, Data: []byte("0123456789abcdef")}}}}, {Key: "txnNumber", Value: int64(1)}},
+		{{Key: "insert", Value: "c"}, {Key: "lsid", Value: bson.D{{Key: "id", Value: bson.Binary{Subtype: 4, Data: []byte("x")}}, {Key: "uid", Value: bson.Binary{Data: []byte("u")}}}}, {Key: "txnNumber", Value: int32(2)}},
+		{{Key: "delete", Value: "c"}, {Key: "txnNumber", Value: int64(1)}},
+	} {
+		b, err := bson.Marshal(d)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		key, ok, err := RetryKeyOf(body)
+		if ok && (err != nil || key.TxnNumber < 0 || key.Session == "") {
+			t.Fatalf("key %+v with err %v", key, err)
+		}
+		if err != nil && ok {
+			t.Fatal("a key and an error")
+		}
+	})
+}
