@@ -17,6 +17,10 @@ import (
 // refused with an error naming the rule. It never reaches the upstream
 // collection of the app's namespace, which stays empty.
 func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
+	if done, err := c.retriedReply(req, rule); done { // reply_cache.go
+		return err
+	}
+	defer c.endRetryable(req)
 	if err := c.ensureUpstream(); err != nil {
 		return c.replyUpstreamDown(req, err)
 	}
@@ -98,7 +102,7 @@ func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
 	span := c.s.tel.startCommand(req, routeRewrite)
 	var upTime time.Duration
 	t0 := time.Now()
-	unknown := locked.unknownKeys()
+	unknown := c.keysToCheck(req, locked)
 	err = c.loadFills(rule, locked)
 	// A retry of a write whose reply was lost (see insert_replay.go).
 	var replay *rewrite.ReplayFilter

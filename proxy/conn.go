@@ -88,6 +88,7 @@ type request struct {
 	name       string
 	db         string
 	start      time.Time
+	txn        *txnAttempt // a retryable write's attempt (reply_cache.go)
 }
 
 // serve reads and answers requests until the client goes away, a frame
@@ -343,6 +344,9 @@ func (c *conn) writeFrame(req *request, frame []byte) error {
 
 // replyBody sends body as the reply to req, in the opcode the client used.
 func (c *conn) replyBody(req *request, body []byte) error {
+	if req.txn != nil {
+		req.txn.offer(body)
+	}
 	var frame []byte
 	if req.legacy {
 		frame = wire.AppendReply(c.outBuf[:0], upstream.NextRequestID(), req.h.RequestID, body)

@@ -15,7 +15,22 @@ import (
 // through is possible: when it does not know the key's fill. That is the
 // case after any failure whose outcome it did not learn (it forgets the
 // fills then) and after a restart; while it knows a fill, every write of
-// that key went through it and got its reply.
+// that key went through it and got its reply, and a retry of such a
+// write is answered from the reply cache (reply_cache.go).
+
+// keysToCheck are the indexes of the locked keys whose buckets a retry
+// may have been stored in already: those whose fill is unknown, or all
+// when the reply cache lost records a retry may still need.
+func (c *conn) keysToCheck(req *request, l *lockedKeys) []int {
+	if req.txn == nil || !req.txn.check {
+		return l.unknownKeys()
+	}
+	all := make([]int, len(l.entries))
+	for i := range all {
+		all[i] = i
+	}
+	return all
+}
 
 // unknownKeys are the indexes of the locked keys whose fill is unknown.
 func (l *lockedKeys) unknownKeys() []int {

@@ -35,6 +35,12 @@ type Options struct {
 	MaxCursors int
 	// CursorTTL forgets registered cursors idle this long (0: 10m).
 	CursorTTL time.Duration
+	// RetryCacheSize bounds the sessions whose last retryable rewritten
+	// write the proxy remembers, to answer a driver's retry with its reply
+	// (0: 100,000; see reply_cache.go).
+	RetryCacheSize int
+	// RetryCacheTTL forgets such a record after this long (0: 30m).
+	RetryCacheTTL time.Duration
 	// Logger receives structured logs; slog.Default() when nil.
 	Logger *slog.Logger
 	// Tracing makes a span per command; off by default because a span per
@@ -61,6 +67,7 @@ type Server struct {
 	tel     *telemetry
 	state   *upstreamState
 	cursors *cursorRegistry
+	replies *replyCache     // reply_cache.go
 	life    *lifecycleState // rollups.go
 	sweep   *sweeper        // sweeper.go
 	leases  *writerLeases   // writer_lease.go
@@ -94,6 +101,12 @@ func New(opts Options) (*Server, error) {
 	if opts.CursorTTL <= 0 {
 		opts.CursorTTL = 10 * time.Minute
 	}
+	if opts.RetryCacheSize <= 0 {
+		opts.RetryCacheSize = defaultRetryCacheSize
+	}
+	if opts.RetryCacheTTL <= 0 {
+		opts.RetryCacheTTL = defaultRetryCacheTTL
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
@@ -107,6 +120,7 @@ func New(opts Options) (*Server, error) {
 		tel:     tel,
 		state:   newUpstreamState(),
 		cursors: newCursorRegistry(opts.MaxCursors, opts.CursorTTL),
+		replies: newReplyCache(opts.RetryCacheSize, opts.RetryCacheTTL),
 		life:    newLifecycleState(),
 		leases:  newWriterLeases(opts.WriterLease, opts.WriterID),
 		conns:   make(map[*conn]struct{}),

@@ -16,6 +16,8 @@ const (
 	DefaultMaxMessageBytes = MaxMessageBytes
 	DefaultMaxCursors      = 100000
 	DefaultCursorTTL       = 10 * time.Minute
+	DefaultRetryCacheSize  = 100000
+	DefaultRetryCacheTTL   = 30 * time.Minute
 	DefaultMetricsListen   = "127.0.0.1:9216"
 	DefaultServiceName     = "tsproxy"
 	DefaultLogLevel        = "info"
@@ -158,6 +160,15 @@ type Limits struct {
 	// CursorTTL closes a proxy cursor left idle this long
 	// ("limits.cursorTTL"). Default 10m; at least 1s.
 	CursorTTL time.Duration
+	// RetryCacheSize is how many sessions' last retryable rewritten write
+	// the proxy remembers, to answer a driver's retry with the write's
+	// reply instead of writing again ("limits.retryCacheSize"),
+	// 1..100000000. Default 100000.
+	RetryCacheSize int
+	// RetryCacheTTL forgets such a record after this long
+	// ("limits.retryCacheTTL"). Default 30m (MongoDB's session timeout);
+	// at least 1s.
+	RetryCacheTTL time.Duration
 }
 
 // Telemetry configures what the proxy tells about itself (key "telemetry").

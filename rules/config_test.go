@@ -62,6 +62,8 @@ func defaultConfig() Config {
 			MaxMessageBytes: 48_000_000,
 			MaxCursors:      100000,
 			CursorTTL:       10 * time.Minute,
+			RetryCacheSize:  100000,
+			RetryCacheTTL:   30 * time.Minute,
 		},
 		Telemetry: Telemetry{
 			MetricsListen: "127.0.0.1:9216",
@@ -132,6 +134,8 @@ limits:
   maxMessageBytes: 16_000_000
   maxCursors: 2000
   cursorTTL: 90s
+  retryCacheSize: 5000
+  retryCacheTTL: 5m
 telemetry:
   metricsListen: ":9100"
   otlpEndpoint: http://otel:4318
@@ -182,7 +186,8 @@ rules:
 				ServerName: "db.example.com",
 			},
 		},
-		Limits: Limits{MaxConnections: 500, MaxMessageBytes: 16_000_000, MaxCursors: 2000, CursorTTL: 90 * time.Second},
+		Limits: Limits{MaxConnections: 500, MaxMessageBytes: 16_000_000, MaxCursors: 2000, CursorTTL: 90 * time.Second,
+			RetryCacheSize: 5000, RetryCacheTTL: 5 * time.Minute},
 		Telemetry: Telemetry{
 			MetricsListen: ":9100", OTLPEndpoint: "http://otel:4318",
 			ServiceName: "tsproxy-eu", LogLevel: "debug", LogFormat: "json",
@@ -461,6 +466,10 @@ func TestInvalid(t *testing.T) {
 			`config: limits.cursorTTL: 10ms is less than 1s`},
 		{"cursor ttl bad", "limits:\n  cursorTTL: forever\n", nil, nil,
 			`config: limits.cursorTTL: "forever" is not a duration such as 90s, 10m or 1h`},
+		{"retry cache size zero", "limits:\n  retryCacheSize: 0\n", nil, nil,
+			`config: limits.retryCacheSize: 0 is out of range [1, 100000000]`},
+		{"retry cache ttl short", "limits:\n  retryCacheTTL: 500ms\n", nil, nil,
+			`config: limits.retryCacheTTL: 500ms is less than 1s`},
 		{"shutdown negative", "shutdownTimeout: -1s\n", nil, nil,
 			`config: shutdownTimeout: -1s is negative`},
 

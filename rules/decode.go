@@ -79,6 +79,11 @@ func (d *decoder) config() *Config {
 	if l.CursorTTL < time.Second && d.ok("limits.cursorTTL") {
 		d.fail("limits.cursorTTL", "%s is less than 1s", l.CursorTTL)
 	}
+	l.RetryCacheSize = d.intIn("limits.retryCacheSize", d.v.Get("limits.retryCacheSize"), 1, 100_000_000)
+	l.RetryCacheTTL = d.duration("limits.retryCacheTTL", d.v.Get("limits.retryCacheTTL"))
+	if l.RetryCacheTTL < time.Second && d.ok("limits.retryCacheTTL") {
+		d.fail("limits.retryCacheTTL", "%s is less than 1s", l.RetryCacheTTL)
+	}
 
 	tm := &c.Telemetry
 	tm.MetricsListen = d.str("telemetry.metricsListen", d.v.Get("telemetry.metricsListen"))

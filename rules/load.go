@@ -92,6 +92,8 @@ var defaults = map[string]any{
 	"limits.maxMessageBytes":          DefaultMaxMessageBytes,
 	"limits.maxCursors":               DefaultMaxCursors,
 	"limits.cursorTTL":                DefaultCursorTTL,
+	"limits.retryCacheSize":           DefaultRetryCacheSize,
+	"limits.retryCacheTTL":            DefaultRetryCacheTTL,
 	"telemetry.metricsListen":         DefaultMetricsListen,
 	"telemetry.serviceName":           DefaultServiceName,
 	"telemetry.logLevel":              DefaultLogLevel,

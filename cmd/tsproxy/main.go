@@ -97,6 +97,8 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 		MaxMessageBytes: cfg.Limits.MaxMessageBytes,
 		MaxCursors:      cfg.Limits.MaxCursors,
 		CursorTTL:       cfg.Limits.CursorTTL,
+		RetryCacheSize:  cfg.Limits.RetryCacheSize,
+		RetryCacheTTL:   cfg.Limits.RetryCacheTTL,
 		Logger:          log,
 		Tracing:         tel.tracing,
 		IndexIDs:        indexIDs,

@@ -118,6 +118,8 @@ func startProxy(t testing.TB, po proxyOptions) *testProxy {
 		MaxMessageBytes: cfg.Limits.MaxMessageBytes,
 		MaxCursors:      cfg.Limits.MaxCursors,
 		CursorTTL:       cfg.Limits.CursorTTL,
+		RetryCacheSize:  cfg.Limits.RetryCacheSize,
+		RetryCacheTTL:   cfg.Limits.RetryCacheTTL,
 		Logger:          quietLogger(),
 	}
 	if env.emb != nil && po.upstreamURI == "" {

@@ -1,0 +1,261 @@
+package proxy
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/tsproxy/tsproxy/rewrite"
+)
+
+// retryKey is the key of a retryable insert of session id (with uid when
+// not empty) and txnNumber txn.
+func retryKey(t *testing.T, id, uid string, txn int64) rewrite.RetryKey {
+	t.Helper()
+	lsid := bson.D{{Key: "id", Value: bson.Binary{Subtype: 4, Data: []byte(id)}}}
+	if uid != "" {
+		lsid = append(lsid, bson.E{Key: "uid", Value: bson.Binary{Data: []byte(uid)}})
+	}
+	body, err := bson.Marshal(bson.D{{Key: "insert", Value: "c"}, {Key: "lsid", Value: lsid}, {Key: "txnNumber", Value: txn}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, ok, err := rewrite.RetryKeyOf(body)
+	if !ok || err != nil {
+		t.Fatalf("RetryKeyOf: %v %v", ok, err)
+	}
+	return k
+}
+
+func okReply(t *testing.T, n int) []byte {
+	t.Helper()
+	b, err := bson.Marshal(bson.D{{Key: "n", Value: int32(n)}, {Key: "ok", Value: 1.0}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// run begins key as the session's attempt, offers reply (nil: none) and
+// finishes.
+func run(t *testing.T, rc *replyCache, key rewrite.RetryKey, op string, reply []byte) {
+	t.Helper()
+	out := rc.begin(key, op)
+	if out.attempt == nil {
+		t.Fatalf("txnNumber %d: not run (%v, reply %v)", key.TxnNumber, out.err, out.reply)
+	}
+	if reply != nil {
+		out.attempt.offer(reply)
+	}
+	out.attempt.finish()
+}
+
+func TestReplyCacheSessionRules(t *testing.T) {
+	rc := newReplyCache(100, time.Hour)
+	const op = "db.readings insert"
+	run(t, rc, retryKey(t, "s1", "", 5), op, okReply(t, 3))
+
+	// The same write again: its reply, not a run.
+	out := rc.begin(retryKey(t, "s1", "", 5), op)
+	if out.attempt != nil || out.err != nil || !bytes.Equal(out.reply, okReply(t, 3)) {
+		t.Fatalf("retry: %+v", out)
+	}
+	// An older one: TransactionTooOld.
+	out = rc.begin(retryKey(t, "s1", "", 4), op)
+	if ce, ok := out.err.(*rewrite.CommandError); !ok || ce.Code != rewrite.CodeTransactionTooOld {
+		t.Fatalf("older txnNumber: %+v", out)
+	}
+	// The same txnNumber for another command: refused.
+	out = rc.begin(retryKey(t, "s1", "", 5), "db.readings delete")
+	if ce, ok := out.err.(*rewrite.CommandError); !ok || ce.Code != rewrite.CodeBadValue || !strings.Contains(ce.Msg, "db.readings insert") {
+		t.Fatalf("txnNumber reused by a delete: %+v", out)
+	}
+	// Another uid, or none against one, is another session.
+	run(t, rc, retryKey(t, "s1", "userA", 1), op, okReply(t, 7))
+	out = rc.begin(retryKey(t, "s1", "userA", 1), op)
+	if !bytes.Equal(out.reply, okReply(t, 7)) {
+		t.Fatalf("uid session: %+v", out)
+	}
+	out = rc.begin(retryKey(t, "s1", "userB", 5), op)
+	if out.attempt == nil {
+		t.Fatalf("another uid answered from s1's record: %+v", out)
+	}
+	out.attempt.finish() // no reply offered: nothing recorded
+	if rc.Len() != 2 {
+		t.Fatalf("%d sessions recorded, want 2", rc.Len())
+	}
+	// A newer write runs and replaces the session's record.
+	run(t, rc, retryKey(t, "s1", "", 6), op, okReply(t, 1))
+	if out = rc.begin(retryKey(t, "s1", "", 5), op); out.err == nil {
+		t.Fatalf("txnNumber 5 after 6: %+v", out)
+	}
+	// A failed command is not recorded: its retry runs again.
+	failed, _ := bson.Marshal(bson.D{{Key: "ok", Value: 0.0}, {Key: "code", Value: 91}})
+	run(t, rc, retryKey(t, "s2", "", 1), op, failed)
+	out = rc.begin(retryKey(t, "s2", "", 1), op)
+	if out.attempt == nil || out.attempt.check {
+		t.Fatalf("retry of a failed command: %+v", out)
+	}
+	out.attempt.finish()
+}
+
+func TestReplyCacheBoundAndTTL(t *testing.T) {
+	const op = "db.c insert"
+	rc := newReplyCache(3, time.Hour)
+	for i := range 5 {
+		run(t, rc, retryKey(t, string(rune('a'+i)), "", 1), op, okReply(t, i))
+	}
+	if rc.Len() != 3 {
+		t.Fatalf("%d records, want the bound 3", rc.Len())
+	}
+	// The two oldest are gone, young: a retry of them may still come, so
+	// the miss is checked against what is stored.
+	for _, id := range []string{"a", "b"} {
+		out := rc.begin(retryKey(t, id, "", 1), op)
+		if out.attempt == nil || !out.attempt.check {
+			t.Fatalf("evicted %s: %+v, want a checked run", id, out)
+		}
+		out.attempt.finish()
+	}
+	for i, id := range []string{"c", "d", "e"} {
+		if out := rc.begin(retryKey(t, id, "", 1), op); !bytes.Equal(out.reply, okReply(t, i+2)) {
+			t.Fatalf("kept %s: %+v", id, out)
+		}
+	}
+	// Used last, c survives the next record; d, now the least recently
+	// used, does not.
+	rc.begin(retryKey(t, "c", "", 1), op)
+	run(t, rc, retryKey(t, "f", "", 1), op, okReply(t, 0))
+	if out := rc.begin(retryKey(t, "c", "", 1), op); out.reply == nil {
+		t.Fatal("recently used record evicted first")
+	}
+	if out := rc.begin(retryKey(t, "d", "", 1), op); out.attempt == nil {
+		t.Fatal("least recently used record kept")
+	} else {
+		out.attempt.finish()
+	}
+
+	// Old records evicted for room leave no doubt.
+	now := time.Now()
+	rc = newReplyCache(1, time.Hour)
+	rc.now = func() time.Time { return now }
+	run(t, rc, retryKey(t, "a", "", 1), op, okReply(t, 1))
+	now = now.Add(retryWindow + time.Second)
+	run(t, rc, retryKey(t, "b", "", 1), op, okReply(t, 1))
+	if out := rc.begin(retryKey(t, "c", "", 1), op); out.attempt == nil || out.attempt.check {
+		t.Fatalf("after an old eviction: %+v, want an unchecked run", out)
+	}
+
+	// TTL: a record is forgotten after it.
+	rc = newReplyCache(10, 50*time.Millisecond)
+	run(t, rc, retryKey(t, "a", "", 1), op, okReply(t, 1))
+	if out := rc.begin(retryKey(t, "a", "", 1), op); out.reply == nil {
+		t.Fatal("record missing before its TTL")
+	}
+	time.Sleep(150 * time.Millisecond)
+	out := rc.begin(retryKey(t, "a", "", 1), op)
+	if out.attempt == nil {
+		t.Fatalf("record kept past its TTL: %+v", out)
+	}
+	out.attempt.finish()
+}
+
+// TestReplyCacheConcurrentAttempts: copies of one write that arrive while
+// it runs wait for it and get its reply; when it ends without one, one
+// copy runs, the others wait again.
+func TestReplyCacheConcurrentAttempts(t *testing.T) {
+	const op = "db.c insert"
+	rc := newReplyCache(100, time.Hour)
+	key := retryKey(t, "s", "", 1)
+	first := rc.begin(key, op)
+	if first.attempt == nil {
+		t.Fatal("first not run")
+	}
+	var ran, answered atomic.Int32
+	var wg sync.WaitGroup
+	results := make(chan txnOutcome, 3)
+	for range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out := rc.begin(key, op)
+			if out.attempt != nil {
+				ran.Add(1)
+				time.Sleep(20 * time.Millisecond) // runs while the others wait
+				out.attempt.offer(okReply(t, 9))
+				out.attempt.finish()
+				return
+			}
+			answered.Add(1)
+			results <- out
+		}()
+	}
+	time.Sleep(50 * time.Millisecond)
+	if ran.Load()+answered.Load() != 0 {
+		t.Fatal("a copy went on while the first ran")
+	}
+	first.attempt.finish() // lost its outcome (an upstream failure)
+	wg.Wait()
+	close(results)
+	if ran.Load() != 1 || answered.Load() != 2 {
+		t.Fatalf("%d copies ran, %d answered; want 1 and 2", ran.Load(), answered.Load())
+	}
+	for out := range results {
+		if !bytes.Equal(out.reply, okReply(t, 9)) {
+			t.Fatalf("copy answered %+v", out)
+		}
+	}
+
+	// A copy that waits too long is refused, not run.
+	rc.wait = 30 * time.Millisecond
+	next := retryKey(t, "s", "", 2)
+	held := rc.begin(next, op)
+	out := rc.begin(next, op)
+	if ce, ok := out.err.(*rewrite.CommandError); out.attempt != nil || !ok || ce.Code != rewrite.CodeConflictingOperationInProgress || !strings.Contains(ce.Msg, "still running") {
+		t.Fatalf("copy past the wait limit: %+v", out)
+	}
+	held.attempt.finish()
+}
+
+// BenchmarkReplyCache is the cache's cost per retryable write as the
+// proxy pays it: the key read from the command, begin, offer of a typical
+// reply, finish. Each goroutine is a driver with sessions of its own, each
+// write a new txnNumber.
+func BenchmarkReplyCache(b *testing.B) {
+	rc := newReplyCache(defaultRetryCacheSize, defaultRetryCacheTTL)
+	reply, _ := bson.Marshal(bson.D{{Key: "n", Value: int32(100)}, {Key: "ok", Value: 1.0}})
+	var driver atomic.Int64
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		d := driver.Add(1)
+		var bodies [64][]byte
+		for s := range bodies {
+			lsid := bson.D{{Key: "id", Value: bson.Binary{Subtype: 4, Data: []byte(fmt.Sprintf("%08d%08d", d, s))}}}
+			bodies[s], _ = bson.Marshal(bson.D{{Key: "insert", Value: "c"}, {Key: "ordered", Value: true},
+				{Key: "lsid", Value: lsid}, {Key: "txnNumber", Value: int64(1)}, {Key: "$db", Value: "db"}})
+		}
+		txn := int64(0)
+		for pb.Next() {
+			txn++
+			k, ok, err := rewrite.RetryKeyOf(bodies[txn%64])
+			if !ok || err != nil {
+				b.Error("no key")
+				return
+			}
+			k.TxnNumber = txn // as if the body carried it
+			out := rc.begin(k, "db.c insert")
+			if out.attempt == nil {
+				b.Errorf("not run: %v", out.err)
+				return
+			}
+			out.attempt.offer(reply)
+			out.attempt.finish()
+		}
+	})
+}

@@ -1,0 +1,103 @@
+package rewrite
+
+import (
+	"fmt"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+// MongoDB recognises a driver's retry of a write by its session's
+// transaction table: one record per session (lsid) holding the last
+// txnNumber and what it wrote. The proxy keeps the same in memory for the
+// writes it rewrites (proxy/reply_cache.go); these functions read the
+// parts of a command and a reply that table needs.
+
+// MongoDB's codes for a retryable write older than its session's last,
+// and for one its session cannot take while another runs.
+const (
+	CodeTransactionTooOld              int32 = 225
+	CodeConflictingOperationInProgress int32 = 117
+)
+
+func init() {
+	codeNames[CodeTransactionTooOld] = "TransactionTooOld"
+	codeNames[CodeConflictingOperationInProgress] = "ConflictingOperationInProgress"
+}
+
+// RetryKey names one retryable write: its session (lsid.id and, when
+// present, lsid.uid, as bytes) and its txnNumber.
+type RetryKey struct {
+	// Session is lsid.id's length, ":", its bytes, then "\x00" without a
+	// uid or "\x01" and uid's bytes: no two lsids share it.
+	Session   string
+	TxnNumber int64
+	id        string // lsid.id's bytes, for messages
+}
+
+// SessionHex is the session id as MongoDB prints it in its errors (the
+// UUID's hex).
+func (k RetryKey) SessionHex() string { return fmt.Sprintf("%x", k.id) }
+
+// RetryKeyOf returns the key of a retryable write: a command with lsid and
+// txnNumber outside a multi-document transaction (autocommit is there).
+// ok is false for anything else. A txnNumber without a usable lsid is an
+// error, as on MongoDB.
+func RetryKeyOf(body bsoncore.Document) (key RetryKey, ok bool, err error) {
+	txn, has := lookupTop(body, "txnNumber")
+	if !has || inTransaction(body) {
+		return RetryKey{}, false, nil
+	}
+	n, isNum := txn.AsInt64OK()
+	if !isNum || n < 0 {
+		return RetryKey{}, false, &CommandError{Code: CodeInvalidOptions,
+			Msg: fmt.Sprintf("txnNumber must be a non-negative integer, not %s", txn)}
+	}
+	lsid, has := lookupTop(body, "lsid")
+	if !has {
+		return RetryKey{}, false, &CommandError{Code: CodeInvalidOptions,
+			Msg: "Transaction number requires a session ID to also be specified"}
+	}
+	doc, isDoc := lsid.DocumentOK()
+	if !isDoc {
+		return RetryKey{}, false, &CommandError{Code: CodeInvalidOptions,
+			Msg: fmt.Sprintf("lsid must be a document, not %s", lsid.Type)}
+	}
+	id, err := doc.LookupErr("id")
+	if err != nil {
+		return RetryKey{}, false, &CommandError{Code: CodeInvalidOptions, Msg: "lsid has no id"}
+	}
+	_, idBytes, isBin := id.BinaryOK()
+	if !isBin {
+		return RetryKey{}, false, &CommandError{Code: CodeInvalidOptions,
+			Msg: fmt.Sprintf("lsid.id must be binary (a UUID), not %s", id.Type)}
+	}
+	session := fmt.Sprintf("%d:%s\x00", len(idBytes), idBytes)
+	if uid, err := doc.LookupErr("uid"); err == nil {
+		_, uidBytes, isBin := uid.BinaryOK()
+		if !isBin {
+			return RetryKey{}, false, &CommandError{Code: CodeInvalidOptions,
+				Msg: fmt.Sprintf("lsid.uid must be binary, not %s", uid.Type)}
+		}
+		session = fmt.Sprintf("%d:%s\x01%s", len(idBytes), idBytes, uidBytes)
+	}
+	return RetryKey{Session: session, TxnNumber: n, id: string(idBytes)}, true, nil
+}
+
+// ReplyRecordable says whether a reply to a retryable write is the
+// write's outcome, to give its retry: a command that succeeded (ok: 1),
+// with its write errors and write concern error as they were. A failed
+// command (ok: 0) is not recorded; its retry runs again, and what it finds
+// stored decides (see WithoutStored).
+func ReplyRecordable(reply []byte) bool {
+	ok, isNum := bson.Raw(reply).Lookup("ok").AsFloat64OK()
+	return isNum && ok == 1
+}
+
+// TransactionTooOld is MongoDB's answer to a retryable write older than
+// the last one its session started.
+func TransactionTooOld(key RetryKey, last int64) error {
+	return &CommandError{Code: CodeTransactionTooOld, Msg: fmt.Sprintf(
+		"Retryable write with txnNumber %d is prohibited on session %s because a newer retryable write with txnNumber %d has already started on this session.",
+		key.TxnNumber, key.SessionHex(), last)}
+}
