@@ -33,17 +33,22 @@ func summaryRule(db string) string {
 `, db)
 }
 
-// sumEvent is one event: value a double, n an int32 or missing.
+// sumEvent is one event: value a double or missing, n an int32 or
+// missing.
 type sumEvent struct {
-	sensor string
-	ts     time.Time
-	value  float64
-	n      int32
-	hasN   bool
+	sensor   string
+	ts       time.Time
+	value    float64
+	hasValue bool
+	n        int32
+	hasN     bool
 }
 
 func (e sumEvent) doc() bson.D {
-	d := bson.D{{Key: "ts", Value: e.ts}, {Key: "sensorId", Value: e.sensor}, {Key: "value", Value: e.value}}
+	d := bson.D{{Key: "ts", Value: e.ts}, {Key: "sensorId", Value: e.sensor}}
+	if e.hasValue {
+		d = append(d, bson.E{Key: "value", Value: e.value})
+	}
 	if e.hasN {
 		d = append(d, bson.E{Key: "n", Value: e.n})
 	}
@@ -52,16 +57,21 @@ func (e sumEvent) doc() bson.D {
 
 var summaryBase = time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC) // a Sunday
 
+// genSumEvents makes events whose values are quarters (as a reading in
+// steps of 0.25 is): every sum of them is exact in doubles, so MongoDB's
+// answer does not depend on the order it adds them in and the summaries
+// answer it (see TestSummaryNotExact for tenths).
 func genSumEvents(n int, seed uint64) []sumEvent {
 	r := rand.New(rand.NewPCG(seed, 11))
 	out := make([]sumEvent, n)
 	for i := range out {
 		out[i] = sumEvent{
-			sensor: fmt.Sprintf("s%d", r.IntN(3)),
-			ts:     summaryBase.Add(time.Duration(r.Int64N(9*24*3600*1000)) * time.Millisecond),
-			value:  math.Round(r.Float64()*2000-1000) / 10,
-			n:      int32(r.IntN(100)),
-			hasN:   r.IntN(10) > 0,
+			sensor:   fmt.Sprintf("s%d", r.IntN(3)),
+			ts:       summaryBase.Add(time.Duration(r.Int64N(9*24*3600*1000)) * time.Millisecond),
+			value:    math.Round(r.Float64()*8000-4000) / 4,
+			hasValue: r.IntN(8) > 0,
+			n:        int32(r.IntN(100)),
+			hasN:     r.IntN(10) > 0,
 		}
 	}
 	return out
@@ -69,15 +79,30 @@ func genSumEvents(n int, seed uint64) []sumEvent {
 
 // refGroup is the Go reference of one group, with MongoDB's result types:
 // $sum of doubles is a double, of int32s an int32 (the totals here fit),
-// $min/$max of nothing is null.
+// $min/$max of nothing is null, $avg is a double over the events that
+// have the field (null when none has).
 type refGroup struct {
-	id                 any
-	count              int32
-	sumValue           float64
-	sumN               int32
-	minV, maxV         any
-	minTS, maxTS       time.Time
-	firstTS, hasValues bool
+	id           any
+	count        int32
+	sumValue     float64
+	sumN         int32
+	nValue, nN   int32
+	minV, maxV   any
+	minTS, maxTS time.Time
+}
+
+func (g *refGroup) avgValue() any {
+	if g.nValue == 0 {
+		return nil
+	}
+	return g.sumValue / float64(g.nValue)
+}
+
+func (g *refGroup) avgN() any {
+	if g.nN == 0 {
+		return nil
+	}
+	return float64(g.sumN) / float64(g.nN)
 }
 
 func refGroups(events []sumEvent, key func(sumEvent) (any, bool)) map[string]*refGroup {
@@ -94,15 +119,19 @@ func refGroups(events []sumEvent, key func(sumEvent) (any, bool)) map[string]*re
 			out[k] = g
 		}
 		g.count++
-		g.sumValue += e.value
 		if e.hasN {
 			g.sumN += e.n
+			g.nN++
 		}
-		if g.minV == nil || e.value < g.minV.(float64) {
-			g.minV = e.value
-		}
-		if g.maxV == nil || e.value > g.maxV.(float64) {
-			g.maxV = e.value
+		if e.hasValue {
+			g.sumValue += e.value
+			g.nValue++
+			if g.minV == nil || e.value < g.minV.(float64) {
+				g.minV = e.value
+			}
+			if g.maxV == nil || e.value > g.maxV.(float64) {
+				g.maxV = e.value
+			}
 		}
 		if e.ts.Before(g.minTS) {
 			g.minTS = e.ts
@@ -139,6 +168,12 @@ func TestSummaryAggregates(t *testing.T) {
 	if _, err := direct(t).Database(db).Collection("plain").InsertMany(ctx, docs); err != nil {
 		t.Fatal(err)
 	}
+	// A value that is not a number is refused at insert (aggregates are
+	// numbers), so it never reaches a sum, an average or a count.
+	bad := bson.D{{Key: "ts", Value: summaryBase.Add(time.Hour)}, {Key: "sensorId", Value: "s1"}, {Key: "value", Value: "21.5"}}
+	if _, err := pc.Database(db).Collection("readings").InsertOne(ctx, bad); err == nil || !strings.Contains(err.Error(), "must be a number") {
+		t.Fatalf("a string aggregate value: want a clear error, got %v", err)
+	}
 	from, to := summaryBase.Add(26*time.Hour), summaryBase.Add(75*time.Hour)
 	inRange := func(e sumEvent) bool { return !e.ts.Before(from) && e.ts.Before(to) && e.sensor == "s1" }
 	week := func(t time.Time) time.Time { // Sunday-start weeks
@@ -153,6 +188,8 @@ func TestSummaryAggregates(t *testing.T) {
 		{Key: "hi", Value: bson.D{{Key: "$max", Value: "$value"}}},
 		{Key: "first", Value: bson.D{{Key: "$min", Value: "$ts"}}},
 		{Key: "last", Value: bson.D{{Key: "$max", Value: "$ts"}}},
+		{Key: "avg", Value: bson.D{{Key: "$avg", Value: "$value"}}},
+		{Key: "avgN", Value: bson.D{{Key: "$avg", Value: "$n"}}},
 	}
 	cases := []struct {
 		name     string
@@ -209,6 +246,100 @@ func TestSummaryAggregates(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSummaryBucketStage checks $bucket by time with boundaries on window
+// edges against the Go reference and the plain collection, and MongoDB's
+// error for events outside the boundaries without a default.
+func TestSummaryBucketStage(t *testing.T) {
+	db := uniqueDB(t)
+	ctx := ctxFor(t)
+	p := startProxy(t, proxyOptions{yaml: summaryRule(db)})
+	coll := connect(t, p.URI()).Database(db).Collection("readings")
+	events := genSumEvents(3000, 7)
+	docs := make([]any, len(events))
+	for i, e := range events {
+		docs[i] = e.doc()
+	}
+	if _, err := coll.InsertMany(ctx, docs); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := direct(t).Database(db).Collection("plain").InsertMany(ctx, docs); err != nil {
+		t.Fatal(err)
+	}
+	edges := []time.Time{summaryBase.Add(24 * time.Hour), summaryBase.Add(30 * time.Hour), summaryBase.Add(72 * time.Hour), summaryBase.Add(73 * time.Hour)}
+	bounds := bson.A{}
+	for _, e := range edges {
+		bounds = append(bounds, e)
+	}
+	rangeOf := func(ts time.Time) (any, bool) {
+		for i := len(edges) - 2; i >= 0; i-- {
+			if !ts.Before(edges[i]) && ts.Before(edges[i+1]) {
+				return bson.NewDateTimeFromTime(edges[i]), true
+			}
+		}
+		return nil, false
+	}
+	output := bson.D{
+		{Key: "total", Value: bson.D{{Key: "$sum", Value: "$value"}}},
+		{Key: "events", Value: bson.D{{Key: "$sum", Value: 1}}},
+		{Key: "withN", Value: bson.D{{Key: "$sum", Value: "$n"}}},
+		{Key: "lo", Value: bson.D{{Key: "$min", Value: "$value"}}},
+		{Key: "hi", Value: bson.D{{Key: "$max", Value: "$value"}}},
+		{Key: "first", Value: bson.D{{Key: "$min", Value: "$ts"}}},
+		{Key: "last", Value: bson.D{{Key: "$max", Value: "$ts"}}},
+		{Key: "avg", Value: bson.D{{Key: "$avg", Value: "$value"}}},
+		{Key: "avgN", Value: bson.D{{Key: "$avg", Value: "$n"}}},
+	}
+	inside := bson.D{{Key: "$match", Value: bson.D{{Key: "ts", Value: bson.D{{Key: "$gte", Value: edges[0]}, {Key: "$lt", Value: edges[3]}}}}}}
+	cases := []struct {
+		name     string
+		pipeline bson.A
+		key      func(sumEvent) (any, bool)
+		counts   bool
+	}{
+		{"with a default and output", bson.A{bson.D{{Key: "$bucket", Value: bson.D{{Key: "groupBy", Value: "$ts"}, {Key: "boundaries", Value: bounds}, {Key: "default", Value: "other"}, {Key: "output", Value: output}}}}},
+			func(e sumEvent) (any, bool) {
+				if id, ok := rangeOf(e.ts); ok {
+					return id, true
+				}
+				return "other", true
+			}, false},
+		{"matched inside, default output", bson.A{inside, bson.D{{Key: "$bucket", Value: bson.D{{Key: "groupBy", Value: "$ts"}, {Key: "boundaries", Value: bounds}}}}},
+			func(e sumEvent) (any, bool) { return rangeOf(e.ts) }, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := runAggregate(t, coll, c.pipeline)
+			groups := refGroups(events, c.key)
+			var want []bson.D
+			if c.counts {
+				for _, g := range groups {
+					want = append(want, bson.D{{Key: "_id", Value: g.id}, {Key: "count", Value: g.count}})
+				}
+			} else {
+				want = refDocs(groups, false)
+			}
+			compareGroups(t, "proxy (summaries) vs Go reference", got, want, false)
+			for i := 1; i < len(got); i++ { // in _id order: "other" (a string) before dates
+				if _, isDate := got[i][0].Value.(bson.DateTime); !isDate {
+					t.Fatalf("group %d is %v: want the default first", i, got[i])
+				}
+			}
+			if plain, err := tryAggregate(direct(t).Database(db).Collection("plain"), c.pipeline); err == nil {
+				compareGroups(t, "proxy vs the plain collection", got, plain, false)
+			} else {
+				t.Logf("the upstream does not run this pipeline on a plain collection: %v", err)
+			}
+		})
+	}
+	t.Run("events outside without a default", func(t *testing.T) {
+		_, err := tryAggregate(coll, bson.A{bson.D{{Key: "$bucket", Value: bson.D{{Key: "groupBy", Value: "$ts"}, {Key: "boundaries", Value: bounds}}}}})
+		var se mongo.ServerError
+		if !errors.As(err, &se) || !se.HasErrorCode(40066) || !strings.Contains(err.Error(), "no default was specified") {
+			t.Fatalf("want MongoDB's error 40066, got %v", err)
+		}
+	})
 }
 
 // TestSummaryNotExact: shapes the summaries cannot answer exactly are not
@@ -294,14 +425,16 @@ func refDocs(groups map[string]*refGroup, byTotalDesc bool) []bson.D {
 			{Key: "hi", Value: g.maxV},
 			{Key: "first", Value: bson.NewDateTimeFromTime(g.minTS)},
 			{Key: "last", Value: bson.NewDateTimeFromTime(g.maxTS)},
+			{Key: "avg", Value: g.avgValue()},
+			{Key: "avgN", Value: g.avgN()},
 		})
 	}
 	return out
 }
 
 // compareGroups compares result documents by _id (in order when ordered):
-// same fields, same BSON types, same values (doubles to 1e-9 relative, as
-// sums of doubles depend on the order of addition).
+// same fields, same BSON types, same values, doubles to the last bit (the
+// events' values make every sum exact).
 func compareGroups(t *testing.T, what string, got, want []bson.D, ordered bool) {
 	t.Helper()
 	if len(got) != len(want) {
@@ -338,9 +471,8 @@ func sameDoc(got, want bson.D) error {
 			return fmt.Errorf("%s is a %T, want a %T", g.Key, g.Value, w.Value)
 		}
 		if gf, ok := g.Value.(float64); ok {
-			wf := w.Value.(float64)
-			if math.Abs(gf-wf) > 1e-9*math.Max(1, math.Abs(wf)) {
-				return fmt.Errorf("%s is %v, want %v", g.Key, gf, wf)
+			if wf := w.Value.(float64); gf != wf {
+				return fmt.Errorf("%s is %v, want %v (to the last bit)", g.Key, gf, wf)
 			}
 			continue
 		}
