@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 )
@@ -590,4 +591,127 @@ print(JSON.stringify(out.map(x => [x._id.toISOString().slice(0, 10), x.events, x
 	if want := "[" + strings.Join(parts, ",") + "]"; strings.TrimSpace(line) != want {
 		t.Fatalf("mongosh output:\n%s\nwant %s", out, want)
 	}
+}
+
+// TestSummaryAvgFormats: $avg from the summaries of complete buckets
+// (also after a delete rewrote one), and buckets of the older format
+// without counts: a bucket written directly to the upstream as an older
+// proxy wrote it, and such a bucket that a newer upsert then joined. Those
+// keep answering integer $sum from their summaries; $avg and double sums
+// over them are not answered from summaries (the unwound path answers, or
+// refuses clearly on FerretDB).
+func TestSummaryAvgFormats(t *testing.T) {
+	db := uniqueDB(t)
+	ctx := ctxFor(t)
+	p := startProxy(t, proxyOptions{yaml: summaryRule(db)})
+	coll := connect(t, p.URI()).Database(db).Collection("readings")
+	bySensor := func(sensor string, accs ...bson.E) bson.A {
+		return bson.A{
+			bson.D{{Key: "$match", Value: bson.D{{Key: "sensorId", Value: sensor}}}},
+			bson.D{{Key: "$group", Value: append(bson.D{{Key: "_id", Value: "$sensorId"}}, accs...)}},
+		}
+	}
+	avg := func(f string) bson.E { return bson.E{Key: "a", Value: bson.D{{Key: "$avg", Value: "$" + f}}} }
+	sum := func(f string) bson.E { return bson.E{Key: "s", Value: bson.D{{Key: "$sum", Value: "$" + f}}} }
+	// answered: the summaries answer (FerretDB's unwound path would refuse).
+	answered := func(pipeline bson.A, want bson.D) {
+		t.Helper()
+		compareGroups(t, "summaries", runAggregate(t, coll, pipeline), []bson.D{want}, false)
+	}
+	// declined: not from summaries: refused on FerretDB, else right.
+	declined := func(pipeline bson.A, want bson.D) {
+		t.Helper()
+		got, err := tryAggregate(coll, pipeline)
+		if err != nil {
+			if !refused(err) {
+				t.Fatalf("want the unwound path's clear refusal, got %v", err)
+			}
+			return
+		}
+		compareGroups(t, "unwound", got, []bson.D{want}, false)
+	}
+
+	t.Run("complete bucket, then a delete rewrites it", func(t *testing.T) {
+		var docs []any
+		var n, sumN int32
+		var nv int
+		var sumV float64
+		for i := 0; i < 150; i++ {
+			d := bson.D{{Key: "ts", Value: summaryBase.Add(time.Duration(i) * time.Second)}, {Key: "sensorId", Value: "bulk"}, {Key: "n", Value: int32(i)}}
+			if i%3 != 0 {
+				d = append(d, bson.E{Key: "value", Value: float64(i) / 2})
+			}
+			docs = append(docs, d)
+		}
+		if _, err := coll.InsertMany(ctx, docs); err != nil { // past the insert threshold: one complete bucket
+			t.Fatal(err)
+		}
+		want := func(from int) bson.D {
+			n, sumN, nv, sumV = 0, 0, 0, 0
+			for i := from; i < 150; i++ {
+				n++
+				sumN += int32(i)
+				if i%3 != 0 {
+					nv++
+					sumV += float64(i) / 2
+				}
+			}
+			return bson.D{{Key: "_id", Value: "bulk"}, {Key: "a", Value: sumV / float64(nv)}, {Key: "b", Value: float64(sumN) / float64(n)}}
+		}
+		avgN := bson.E{Key: "b", Value: bson.D{{Key: "$avg", Value: "$n"}}}
+		answered(bySensor("bulk", avg("value"), avgN), want(0))
+		res, err := coll.DeleteMany(ctx, bson.D{{Key: "sensorId", Value: "bulk"}, {Key: "n", Value: bson.D{{Key: "$lt", Value: 10}}}})
+		if err != nil || res.DeletedCount != 10 {
+			t.Fatalf("delete: %v, %+v", err, res)
+		}
+		answered(bySensor("bulk", avg("value"), avgN), want(10))
+	})
+
+	// A bucket as the proxy wrote it before counts: no counted, counts
+	// or lowBit.
+	start := summaryBase.Add(48 * time.Hour)
+	ns := db + ".readings.buckets"
+	_, metaBytes, err := bson.MarshalValue("old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	meta := bson.RawValue{Type: bson.TypeString, Value: metaBytes}
+	ev := func(sec int, v float64, n int32) bson.D {
+		return bson.D{{Key: "_id", Value: bson.NewObjectID()}, {Key: "ts", Value: bson.NewDateTimeFromTime(start.Add(time.Duration(sec) * time.Second))}, {Key: "sensorId", Value: nil}, {Key: "value", Value: v}, {Key: "n", Value: n}}
+	}
+	old := bson.D{
+		{Key: "_id", Value: rewrite.BucketIDOf(ns, meta, start.UnixMilli(), 0)},
+		{Key: "meta", Value: "old"},
+		{Key: "start", Value: bson.NewDateTimeFromTime(start)},
+		{Key: "count", Value: int32(2)},
+		{Key: "bytes", Value: int32(200)},
+		{Key: "min", Value: bson.D{{Key: "ts", Value: bson.NewDateTimeFromTime(start.Add(time.Second))}, {Key: "value", Value: 1.5}, {Key: "n", Value: int32(2)}}},
+		{Key: "max", Value: bson.D{{Key: "ts", Value: bson.NewDateTimeFromTime(start.Add(2 * time.Second))}, {Key: "value", Value: 2.0}, {Key: "n", Value: int32(3)}}},
+		{Key: "sum", Value: bson.D{{Key: "value", Value: 3.5}, {Key: "n", Value: int32(5)}}},
+		{Key: "events", Value: bson.A{ev(1, 1.5, 2), ev(2, 2.0, 3)}},
+	}
+	if _, err := direct(t).Database(db).Collection("readings.buckets").InsertOne(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	t.Run("older bucket", func(t *testing.T) {
+		answered(bySensor("old", sum("n")), bson.D{{Key: "_id", Value: "old"}, {Key: "s", Value: int32(5)}})
+		declined(bySensor("old", avg("value")), bson.D{{Key: "_id", Value: "old"}, {Key: "a", Value: 1.75}})
+		declined(bySensor("old", avg("n")), bson.D{{Key: "_id", Value: "old"}, {Key: "a", Value: 2.5}})
+		declined(bySensor("old", sum("value")), bson.D{{Key: "_id", Value: "old"}, {Key: "s", Value: 3.5}})
+	})
+	t.Run("older bucket joined by a newer upsert", func(t *testing.T) {
+		if _, err := coll.InsertOne(ctx, bson.D{{Key: "ts", Value: start.Add(3 * time.Second)}, {Key: "sensorId", Value: "old"}, {Key: "value", Value: 4.0}, {Key: "n", Value: int32(1)}}); err != nil {
+			t.Fatal(err)
+		}
+		var b struct {
+			Count   int32 `bson:"count"`
+			Counted int32 `bson:"counted"`
+		}
+		if err := direct(t).Database(db).Collection("readings.buckets").FindOne(ctx, bson.D{{Key: "meta", Value: "old"}}).Decode(&b); err != nil || b.Count != 3 || b.Counted != 1 {
+			t.Fatalf("the upsert did not join the older bucket: %+v %v", b, err)
+		}
+		answered(bySensor("old", sum("n")), bson.D{{Key: "_id", Value: "old"}, {Key: "s", Value: int32(6)}})
+		declined(bySensor("old", avg("value")), bson.D{{Key: "_id", Value: "old"}, {Key: "a", Value: 2.5}})
+		declined(bySensor("old", avg("n")), bson.D{{Key: "_id", Value: "old"}, {Key: "a", Value: 2.0}})
+	})
 }
