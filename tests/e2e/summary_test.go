@@ -344,26 +344,39 @@ func TestSummaryBucketStage(t *testing.T) {
 }
 
 // TestSummaryNotExact: shapes the summaries cannot answer exactly are not
-// answered from them: a $match that cuts a bucket, and a named meta part
-// over events without the metaField (missing and null share a bucket).
+// answered from them: a $match that cuts a bucket, a named meta part
+// over events without the metaField (missing and null share a bucket),
+// and sums of doubles that round.
 func TestSummaryNotExact(t *testing.T) {
 	db := uniqueDB(t)
 	ctx := ctxFor(t)
 	p := startProxy(t, proxyOptions{yaml: summaryRule(db)})
 	coll := connect(t, p.URI()).Database(db).Collection("readings")
-	docs := []any{
+	events := []any{
 		bson.D{{Key: "ts", Value: summaryBase.Add(10 * time.Minute)}, {Key: "sensorId", Value: "a"}, {Key: "value", Value: 1.5}},
 		bson.D{{Key: "ts", Value: summaryBase.Add(50 * time.Minute)}, {Key: "sensorId", Value: "a"}, {Key: "value", Value: 2.5}},
 		bson.D{{Key: "ts", Value: summaryBase.Add(20 * time.Minute)}, {Key: "value", Value: 4.0}},
+		// Tenths: a sum of them rounds, and MongoDB's rounding depends on
+		// the order it adds them in.
+		bson.D{{Key: "ts", Value: summaryBase.Add(24*time.Hour + time.Minute)}, {Key: "sensorId", Value: "t"}, {Key: "value", Value: 0.1}},
+		bson.D{{Key: "ts", Value: summaryBase.Add(24*time.Hour + 2*time.Minute)}, {Key: "sensorId", Value: "t"}, {Key: "value", Value: 0.2}},
+		bson.D{{Key: "ts", Value: summaryBase.Add(25*time.Hour + time.Minute)}, {Key: "sensorId", Value: "t"}, {Key: "value", Value: 0.3}},
 	}
-	if _, err := coll.InsertMany(ctx, docs); err != nil {
+	if _, err := coll.InsertMany(ctx, events); err != nil {
+		t.Fatal(err)
+	}
+	plain := direct(t).Database(db).Collection("plain")
+	if _, err := plain.InsertMany(ctx, events[3:]); err != nil {
 		t.Fatal(err)
 	}
 	group := bson.D{{Key: "$group", Value: bson.D{{Key: "_id", Value: bson.D{{Key: "s", Value: "$sensorId"}}}, {Key: "total", Value: bson.D{{Key: "$sum", Value: "$value"}}}}}}
+	tenths := bson.D{{Key: "$match", Value: bson.D{{Key: "sensorId", Value: "t"}}}}
 	cut := bson.D{{Key: "$match", Value: bson.D{{Key: "ts", Value: bson.D{{Key: "$gte", Value: summaryBase.Add(30 * time.Minute)}}}}}}
 	for name, pipeline := range map[string]bson.A{
 		"match cuts the bucket": {cut, bson.D{{Key: "$group", Value: bson.D{{Key: "_id", Value: dateTruncSpec("hour")}, {Key: "total", Value: bson.D{{Key: "$sum", Value: "$value"}}}}}}},
 		"named meta, null meta": {group},
+		"sum of tenths":         {tenths, bson.D{{Key: "$group", Value: bson.D{{Key: "_id", Value: "$sensorId"}, {Key: "total", Value: bson.D{{Key: "$sum", Value: "$value"}}}}}}},
+		"avg of tenths":         {tenths, bson.D{{Key: "$group", Value: bson.D{{Key: "_id", Value: "$sensorId"}, {Key: "total", Value: bson.D{{Key: "$avg", Value: "$value"}}}}}}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			docs, err := tryAggregate(coll, pipeline)
@@ -371,6 +384,12 @@ func TestSummaryNotExact(t *testing.T) {
 				if !refused(err) {
 					t.Fatalf("want the unwound path's clear refusal, got %v", err)
 				}
+				return
+			}
+			if strings.Contains(name, "tenths") {
+				// The upstream's own answer over the same events as plain
+				// documents, added in its own order.
+				compareGroups(t, "unwound vs the plain collection", docs, runAggregate(t, plain, pipeline), false)
 				return
 			}
 			// An upstream with full aggregation answers from the events.
