@@ -144,6 +144,20 @@ func refGroups(events []sumEvent, key func(sumEvent) (any, bool)) map[string]*re
 	return out
 }
 
+// summaryAccs are the accumulators of the differential tests, in the
+// order refDocs outputs them.
+var summaryAccs = bson.D{
+	{Key: "total", Value: bson.D{{Key: "$sum", Value: "$value"}}},
+	{Key: "events", Value: bson.D{{Key: "$sum", Value: 1}}},
+	{Key: "withN", Value: bson.D{{Key: "$sum", Value: "$n"}}},
+	{Key: "lo", Value: bson.D{{Key: "$min", Value: "$value"}}},
+	{Key: "hi", Value: bson.D{{Key: "$max", Value: "$value"}}},
+	{Key: "first", Value: bson.D{{Key: "$min", Value: "$ts"}}},
+	{Key: "last", Value: bson.D{{Key: "$max", Value: "$ts"}}},
+	{Key: "avg", Value: bson.D{{Key: "$avg", Value: "$value"}}},
+	{Key: "avgN", Value: bson.D{{Key: "$avg", Value: "$n"}}},
+}
+
 func truncDay(t time.Time) time.Time  { return t.UTC().Truncate(24 * time.Hour) }
 func truncHour(t time.Time) time.Time { return t.UTC().Truncate(time.Hour) }
 
@@ -181,17 +195,7 @@ func TestSummaryAggregates(t *testing.T) {
 		d := truncDay(t)
 		return d.AddDate(0, 0, -int(d.Weekday()))
 	}
-	accs := bson.D{
-		{Key: "total", Value: bson.D{{Key: "$sum", Value: "$value"}}},
-		{Key: "events", Value: bson.D{{Key: "$sum", Value: 1}}},
-		{Key: "withN", Value: bson.D{{Key: "$sum", Value: "$n"}}},
-		{Key: "lo", Value: bson.D{{Key: "$min", Value: "$value"}}},
-		{Key: "hi", Value: bson.D{{Key: "$max", Value: "$value"}}},
-		{Key: "first", Value: bson.D{{Key: "$min", Value: "$ts"}}},
-		{Key: "last", Value: bson.D{{Key: "$max", Value: "$ts"}}},
-		{Key: "avg", Value: bson.D{{Key: "$avg", Value: "$value"}}},
-		{Key: "avgN", Value: bson.D{{Key: "$avg", Value: "$n"}}},
-	}
+	accs := summaryAccs
 	cases := []struct {
 		name     string
 		match    bson.D
@@ -281,17 +285,7 @@ func TestSummaryBucketStage(t *testing.T) {
 		}
 		return nil, false
 	}
-	output := bson.D{
-		{Key: "total", Value: bson.D{{Key: "$sum", Value: "$value"}}},
-		{Key: "events", Value: bson.D{{Key: "$sum", Value: 1}}},
-		{Key: "withN", Value: bson.D{{Key: "$sum", Value: "$n"}}},
-		{Key: "lo", Value: bson.D{{Key: "$min", Value: "$value"}}},
-		{Key: "hi", Value: bson.D{{Key: "$max", Value: "$value"}}},
-		{Key: "first", Value: bson.D{{Key: "$min", Value: "$ts"}}},
-		{Key: "last", Value: bson.D{{Key: "$max", Value: "$ts"}}},
-		{Key: "avg", Value: bson.D{{Key: "$avg", Value: "$value"}}},
-		{Key: "avgN", Value: bson.D{{Key: "$avg", Value: "$n"}}},
-	}
+	output := summaryAccs
 	inside := bson.D{{Key: "$match", Value: bson.D{{Key: "ts", Value: bson.D{{Key: "$gte", Value: edges[0]}, {Key: "$lt", Value: edges[3]}}}}}}
 	cases := []struct {
 		name     string
