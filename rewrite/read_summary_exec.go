@@ -292,11 +292,12 @@ func (s *sumState) add(b *bucketSummary, field string) bool {
 // widening it (verified: 2e9 + 2e9 stored as -294967296). With every
 // event's value within [min, max] and at most count of them, no partial
 // sum leaves ±max(|min|, |max|)·count, so a bound inside the type's range
-// proves the stored sum exact.
+// proves the stored sum exact. A double sum may have been an int32 sum
+// that wrapped before a double event joined it: it gets the int32 bound.
 func sumTrusted(b *bucketSummary, field string, t bsoncore.Type) bool {
 	limit := 0.0
 	switch t {
-	case bsoncore.TypeInt32:
+	case bsoncore.TypeInt32, bsoncore.TypeDouble:
 		limit = math.MaxInt32
 	case bsoncore.TypeInt64:
 		limit = math.MaxInt64 / 2 // float rounding margin

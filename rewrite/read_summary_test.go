@@ -313,6 +313,8 @@ func TestSummaryCompute(t *testing.T) {
 		{"doubles on a coarse grid far from 2^53 of it: exact", sumOnly,
 			[]A{{counted(t, bkt("a", h(0), 2, mm(0, 21.25), mm(0, 1e6+0.5), sumV(1e6+21.75)), 21.25, 1e6+0.5), counted(t, bkt("a", h(1), 1, mm(1, -3.125), mm(1, -3.125), sumV(-3.125)), -3.125)}},
 			`{"_id": null,"s": {"$numberDouble":"1.000018625E+06"}}`},
+		{"a double sum past the int32 range: an int32 sum may have wrapped before a double joined it", sumOnly,
+			[]A{{counted(t, bkt("a", h(0), 2, mm(0, 0.5), mm(0, int32(2e9)), sumV(2e9+0.5)), 0.5, int32(2e9))}}, ""},
 		{"a NaN: not exact", sumOnly,
 			[]A{{counted(t, bkt("a", h(0), 1, mm(0, math.NaN()), mm(0, math.NaN()), sumV(math.NaN())), math.NaN())}}, ""},
 		{"$avg of ints, events without the field not counted", A{grp(nil, acc("a", "$avg", "$v"), acc("n", "$count", D{}))},
