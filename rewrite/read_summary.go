@@ -46,10 +46,10 @@ type SummaryPlan struct {
 type summaryKeyKind int
 
 const (
-	keyTrunc summaryKeyKind = iota // $dateTrunc of the timeField
-	keyMeta                        // "$<metaField>"
-	keyNull                        // _id: null, one group
-	keyBucket                      // $bucket by the timeField
+	keyTrunc  summaryKeyKind = iota // $dateTrunc of the timeField
+	keyMeta                         // "$<metaField>"
+	keyNull                         // _id: null, one group
+	keyBucket                       // $bucket by the timeField
 )
 
 type summaryKey struct {
