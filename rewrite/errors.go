@@ -17,6 +17,7 @@ const (
 	CodeInvalidBSON        int32 = 22
 	CodeBSONObjectTooLarge int32 = 10334
 	CodeDuplicateKey       int32 = 11000
+	CodeNoBucketBranch     int32 = 40066 // $bucket: an input outside the boundaries, no default
 )
 
 var codeNames = map[int32]string{
@@ -28,6 +29,7 @@ var codeNames = map[int32]string{
 	CodeInvalidBSON:        "InvalidBSON",
 	CodeBSONObjectTooLarge: "BSONObjectTooLarge",
 	CodeDuplicateKey:       "DuplicateKey",
+	CodeNoBucketBranch:     "Location40066",
 }
 
 // CommandError is why a whole command cannot be rewritten (it is not a

@@ -2,6 +2,7 @@ package rewrite
 
 import (
 	"math"
+	"math/bits"
 	"strconv"
 
 	"github.com/tsproxy/tsproxy/rules"
@@ -22,6 +23,8 @@ type aggSummary struct {
 	present  bool // some event of the chunk has the field
 	min, max bsoncore.Value
 	sum      numValue
+	n        int   // events with the field: the values summed
+	lowBit   int32 // lowest set bit of any value summed (see lowBitOf)
 }
 
 // summarize computes count, bytes, time range and the aggregates' min, max
@@ -45,9 +48,11 @@ func summarize(chunk []event, lim limits) chunkSummary {
 			}
 			a := &s.aggs[i]
 			if !a.present {
-				*a = aggSummary{present: true, min: v, max: v, sum: numFrom(v)}
+				*a = aggSummary{present: true, min: v, max: v, sum: numFrom(v), n: 1, lowBit: lowBitOf(v)}
 				continue
 			}
+			a.n++
+			a.lowBit = min(a.lowBit, lowBitOf(v))
 			if CompareValues(v, a.min) < 0 {
 				a.min = v
 			}
@@ -58,6 +63,41 @@ func summarize(chunk []event, lim limits) chunkSummary {
 		}
 	}
 	return s
+}
+
+// Bounds of lowBitOf: no finite nonzero double has a bit below 2^-1074
+// or above 2^1023, so a zero takes a value above every real one (it
+// constrains nothing) and NaN and the infinities one below (they make
+// every sum inexact, see rewrite/read_summary_exec.go exactDoubles).
+const (
+	lowBitZero    = 2000
+	lowBitSpecial = -2000
+)
+
+// lowBitOf is the exponent of the lowest set bit of a number: v is a
+// multiple of 2^lowBitOf(v). The read path uses the minimum over a
+// bucket's values to prove a sum of doubles exact (no addition rounded),
+// whatever order MongoDB would add them in.
+func lowBitOf(v bsoncore.Value) int32 {
+	n := numFrom(v)
+	if n.t != bsoncore.TypeDouble {
+		if n.i == 0 {
+			return lowBitZero
+		}
+		return int32(bits.TrailingZeros64(uint64(n.i)))
+	}
+	switch {
+	case n.f == 0:
+		return lowBitZero
+	case math.IsNaN(n.f) || math.IsInf(n.f, 0):
+		return lowBitSpecial
+	}
+	b := math.Float64bits(n.f)
+	mant, exp := b&(1<<52-1), int32(b>>52&0x7ff)
+	if exp == 0 { // subnormal
+		return -1074 + int32(bits.TrailingZeros64(mant))
+	}
+	return exp - 1075 + int32(bits.TrailingZeros64(mant|1<<52))
 }
 
 // numValue is a BSON number being summed with $inc's type rules.
@@ -160,6 +200,27 @@ func appendSums(dst []byte, prefix string, s chunkSummary, lim limits) []byte {
 	return dst
 }
 
+// appendCounts appends the values summed per aggregate field (for $avg
+// and exactness, see DESIGN.md "Bucket document"), prefixed as
+// appendSums.
+func appendCounts(dst []byte, prefix string, s chunkSummary, lim limits) []byte {
+	for i, a := range s.aggs {
+		if a.present {
+			dst = bsoncore.AppendInt32Element(dst, prefix+lim.aggregates[i], int32(a.n))
+		}
+	}
+	return dst
+}
+
+func appendLowBits(dst []byte, prefix string, s chunkSummary, lim limits) []byte {
+	for i, a := range s.aggs {
+		if a.present {
+			dst = bsoncore.AppendInt32Element(dst, prefix+lim.aggregates[i], a.lowBit)
+		}
+	}
+	return dst
+}
+
 func hasAggregates(s chunkSummary) bool {
 	for _, a := range s.aggs {
 		if a.present {
@@ -187,9 +248,18 @@ func completeBucket(id bson.ObjectID, chunk []event, rule *rules.Rule, lim limit
 	sub, doc = bsoncore.AppendDocumentElementStart(doc, rules.BucketMax)
 	doc = appendExtremes(doc, "", rule.TimeField, s, lim, true)
 	doc, _ = bsoncore.AppendDocumentEnd(doc, sub)
+	if len(lim.aggregates) > 0 {
+		doc = bsoncore.AppendInt32Element(doc, BucketCounted, int32(s.count))
+	}
 	if hasAggregates(s) {
 		sub, doc = bsoncore.AppendDocumentElementStart(doc, rules.BucketSum)
 		doc = appendSums(doc, "", s, lim)
+		doc, _ = bsoncore.AppendDocumentEnd(doc, sub)
+		sub, doc = bsoncore.AppendDocumentElementStart(doc, BucketCounts)
+		doc = appendCounts(doc, "", s, lim)
+		doc, _ = bsoncore.AppendDocumentEnd(doc, sub)
+		sub, doc = bsoncore.AppendDocumentElementStart(doc, BucketLowBit)
+		doc = appendLowBits(doc, "", s, lim)
 		doc, _ = bsoncore.AppendDocumentEnd(doc, sub)
 	}
 	doc = appendEventsArray(doc, rules.BucketEvents, chunk)
@@ -251,10 +321,15 @@ func upsertStatement(id bson.ObjectID, chunk []event, lim limits, timeField stri
 	doc = bsoncore.AppendInt32Element(doc, rules.BucketCount, int32(s.count))
 	doc = bsoncore.AppendInt32Element(doc, rules.BucketBytes, int32(s.bytes))
 	doc = appendSums(doc, rules.BucketSum+".", s, lim)
+	if len(lim.aggregates) > 0 {
+		doc = bsoncore.AppendInt32Element(doc, BucketCounted, int32(s.count))
+		doc = appendCounts(doc, BucketCounts+".", s, lim)
+	}
 	doc, _ = bsoncore.AppendDocumentEnd(doc, op)
 
 	op, doc = bsoncore.AppendDocumentElementStart(doc, "$min")
 	doc = appendExtremes(doc, rules.BucketMin+".", timeField, s, lim, false)
+	doc = appendLowBits(doc, BucketLowBit+".", s, lim)
 	doc, _ = bsoncore.AppendDocumentEnd(doc, op)
 	op, doc = bsoncore.AppendDocumentElementStart(doc, "$max")
 	doc = appendExtremes(doc, rules.BucketMax+".", timeField, s, lim, true)
@@ -265,6 +340,17 @@ func upsertStatement(id bson.ObjectID, chunk []event, lim limits, timeField stri
 	doc, _ = bsoncore.AppendDocumentEnd(doc, idx)
 	return doc
 }
+
+// Fields of the bucket document that let the summaries answer $avg and
+// sums of doubles (see DESIGN.md "Bucket document"). They were added to
+// the stored format later, so a bucket may lack them, or (an older bucket
+// that newer upserts joined) hold them for only some of its events:
+// counted tells, as it equals count only when every event was counted.
+const (
+	BucketCounted = "counted" // events written with counts and lowBit
+	BucketCounts  = "counts"  // {<aggregate field>: values summed}
+	BucketLowBit  = "lowBit"  // {<aggregate field>: $min of lowBitOf}
+)
 
 // appendLTE appends key: {$lte: n}, n as an int32 when it fits (it does
 // for every valid rule) so filters look like what a person would write.

@@ -49,6 +49,7 @@ func TestInsertFills(t *testing.T) {
 		{Key: "_id", Value: bid("s", 0, 3)}, {Key: "meta", Value: "s"}, {Key: "start", Value: dt(0)},
 		{Key: "count", Value: int32(3)}, {Key: "bytes", Value: sz(3, 4, 5)},
 		{Key: "min", Value: bson.D{{Key: "ts", Value: dt(3)}}}, {Key: "max", Value: bson.D{{Key: "ts", Value: dt(5)}}},
+		{Key: "counted", Value: int32(3)},
 		{Key: "events", Value: bson.A{se(3), se(4), se(5)}},
 	}
 	assertCommands(t, p,

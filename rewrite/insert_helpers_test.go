@@ -2,6 +2,7 @@ package rewrite
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 	"time"
 
@@ -181,6 +182,7 @@ func upsert(meta any, start int64, count int32, nbytes int32, events bson.A, inc
 // upsertAt is an expected upsert statement into bucket seq.
 func upsertAt(seq int, idOnly bool, maxEvents, maxBytes int32, meta any, start int64, count int32, nbytes int32, events bson.A, inc, minD, maxD bson.D) bson.D {
 	incAll := append(bson.D{{Key: "count", Value: count}, {Key: "bytes", Value: nbytes}}, inc...)
+	incAll, minD = withCounts(incAll, minD, count, events)
 	q := bson.D{{Key: "_id", Value: bid(meta, start, seq)}}
 	if !idOnly {
 		q = append(q,
@@ -201,6 +203,35 @@ func upsertAt(seq int, idOnly bool, maxEvents, maxBytes int32, meta any, start i
 		bson.E{Key: "$max", Value: maxD},
 	)
 	return bson.D{{Key: "q", Value: q}, {Key: "u", Value: u}, {Key: "upsert", Value: true}}
+}
+
+// withCounts adds what the test rule's aggregate "value" adds to an
+// upsert: counted, and counts and lowBit of each summed field, computed
+// from the events as the write path must.
+func withCounts(inc, minD bson.D, count int32, events bson.A) (bson.D, bson.D) {
+	inc = append(inc, bson.E{Key: "counted", Value: count})
+	for _, e := range inc {
+		f, ok := strings.CutPrefix(e.Key, "sum.")
+		if !ok {
+			continue
+		}
+		n, low := countsOf(f, events)
+		inc = append(inc, bson.E{Key: "counts." + f, Value: n})
+		minD = append(minD, bson.E{Key: "lowBit." + f, Value: low})
+	}
+	return inc, minD
+}
+
+func countsOf(field string, events bson.A) (n, low int32) {
+	low = lowBitZero
+	for _, ev := range events {
+		raw, _ := bson.Marshal(ev)
+		if v, err := bsoncore.Document(raw).LookupErr(field); err == nil {
+			n++
+			low = min(low, lowBitOf(v))
+		}
+	}
+	return n, low
 }
 
 func size(t testing.TB, docs ...bson.D) int32 {

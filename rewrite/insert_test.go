@@ -54,7 +54,10 @@ func TestInsertCommands(t *testing.T) {
 			{Key: "bytes", Value: size(t, st(0), st(1), st(2))},
 			{Key: "min", Value: bson.D{{Key: "ts", Value: dt(1000)}, {Key: "value", Value: int32(1)}}},
 			{Key: "max", Value: bson.D{{Key: "ts", Value: dt(3000)}, {Key: "value", Value: int32(3)}}},
+			{Key: "counted", Value: int32(3)},
 			{Key: "sum", Value: bson.D{{Key: "value", Value: int32(6)}}},
+			{Key: "counts", Value: bson.D{{Key: "value", Value: int32(3)}}},
+			{Key: "lowBit", Value: bson.D{{Key: "value", Value: int32(0)}}},
 			{Key: "events", Value: bson.A{st(0), st(1), st(2)}},
 		}
 	}
@@ -195,7 +198,10 @@ func TestInsertCommands(t *testing.T) {
 				{Key: "bytes", Value: size(t, mxst(0), mxst(1), mxst(2), mxst3)},
 				{Key: "min", Value: bson.D{{Key: "ts", Value: dt(1)}, {Key: "value", Value: 1.5}}},
 				{Key: "max", Value: bson.D{{Key: "ts", Value: dt(4)}, {Key: "value", Value: int32(3)}}},
+				{Key: "counted", Value: int32(4)},
 				{Key: "sum", Value: bson.D{{Key: "value", Value: 6.5}}},
+				{Key: "counts", Value: bson.D{{Key: "value", Value: int32(3)}}},
+				{Key: "lowBit", Value: bson.D{{Key: "value", Value: int32(-1)}}},
 				{Key: "events", Value: bson.A{mxst(0), mxst(1), mxst(2), mxst3}},
 			}})},
 		},

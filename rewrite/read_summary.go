@@ -1,6 +1,7 @@
 package rewrite
 
 import (
+	"sort"
 	"strings"
 
 	"github.com/tsproxy/tsproxy/rules"
@@ -8,11 +9,16 @@ import (
 )
 
 // This file recognises the aggregates that the bucket summaries (count,
-// min, max and sum per bucket, rewrite/insert_bucket.go) answer exactly:
+// min, max, sum and counts per bucket, rewrite/insert_bucket.go) answer
+// exactly:
 //
-//	[{$match: <whole buckets>}?, {$group: {_id: <windows of whole buckets>,
-//	  <out>: {$sum|$min|$max: "$<aggregate field>"} | {$sum: 1} | {$count: {}}}},
+//	[{$match: <whole buckets>}?,
+//	 {$group: {_id: <windows of whole buckets>, <out>: <acc>, ...}} |
+//	 {$bucket: {groupBy: "$<timeField>", boundaries: [<window edges>],
+//	   default?: <constant>, output?: {<out>: <acc>, ...}}},
 //	 {$sort}|{$skip}|{$limit}...]
+//
+//	<acc>: {$sum|$avg|$min|$max: "$<aggregate field>"} | {$sum: 1} | {$count: {}}
 //
 // Such a group never needs the events themselves, so the proxy reads only
 // the bucket summaries (no $unwind, and no $group upstream: FerretDB lacks
@@ -40,15 +46,24 @@ type SummaryPlan struct {
 type summaryKeyKind int
 
 const (
-	keyTrunc summaryKeyKind = iota // $dateTrunc of the timeField
-	keyMeta                        // "$<metaField>"
-	keyNull                        // _id: null, one group
+	keyTrunc  summaryKeyKind = iota // $dateTrunc of the timeField
+	keyMeta                         // "$<metaField>"
+	keyNull                         // _id: null, one group
+	keyBucket                       // $bucket by the timeField
 )
 
 type summaryKey struct {
-	name  string // "" when the _id is this part alone
-	kind  summaryKeyKind
-	trunc dateTrunc
+	name   string // "" when the _id is this part alone
+	kind   summaryKeyKind
+	trunc  dateTrunc
+	bucket bucketRanges
+}
+
+// bucketRanges is a $bucket's boundaries (window edges, ascending) and
+// its default _id (Type 0 when there is none).
+type bucketRanges struct {
+	edges []int64
+	def   bsoncore.Value
 }
 
 type summaryAccKind int
@@ -58,12 +73,13 @@ const (
 	accCount
 	accMin
 	accMax
+	accAvg
 )
 
 type summaryAcc struct {
 	out   string
 	kind  summaryAccKind
-	field string        // accSum with a field, accMin, accMax
+	field string        // accSum with a field, accAvg, accMin, accMax
 	one   bsoncore.Type // accCount: the type of the constant 1 summed
 }
 
@@ -117,10 +133,18 @@ func PlanSummary(body []byte, rule *rules.Rule, opts ReadOptions) (*SummaryPlan,
 		}
 		stages = stages[1:]
 	}
-	if len(stages) == 0 || stages[0].name != "$group" {
+	if len(stages) == 0 {
 		return nil, false
 	}
-	if p.group, ok = p.parseGroup(stages[0].value); !ok {
+	switch stages[0].name {
+	case "$group":
+		p.group, ok = p.parseGroup(stages[0].value)
+	case "$bucket":
+		p.group, ok = p.parseBucket(stages[0].value)
+	default:
+		ok = false
+	}
+	if !ok {
 		return nil, false
 	}
 	if p.after, ok = p.parseAfter(stages[1:]); !ok {
@@ -174,17 +198,34 @@ func summaryStages(pv bsoncore.Value) ([]pipelineStage, bool) {
 	}
 	out := make([]pipelineStage, 0, len(vals))
 	for _, v := range vals {
-		d, ok := v.DocumentOK()
+		e, ok := singleElem(v)
 		if !ok {
 			return nil, false
 		}
-		elems, err := d.Elements()
-		if err != nil || len(elems) != 1 {
-			return nil, false
-		}
-		out = append(out, pipelineStage{name: elems[0].Key(), value: elems[0].Value(), doc: d})
+		out = append(out, pipelineStage{name: e.Key(), value: e.Value(), doc: v.Document()})
 	}
 	return out, true
+}
+
+// docElems returns the elements of v when it is a valid document with at
+// least one.
+func docElems(v bsoncore.Value) ([]bsoncore.Element, bool) {
+	d, ok := v.DocumentOK()
+	if !ok {
+		return nil, false
+	}
+	elems, err := d.Elements()
+	return elems, err == nil && len(elems) > 0
+}
+
+// singleElem returns the one element of v, a document of one key such as
+// {$op: arg}.
+func singleElem(v bsoncore.Value) (bsoncore.Element, bool) {
+	elems, ok := docElems(v)
+	if !ok || len(elems) != 1 {
+		return nil, false
+	}
+	return elems[0], true
 }
 
 // bucketFilter translates a $match that selects whole buckets: the
@@ -223,12 +264,8 @@ func (p *SummaryPlan) bucketFilter(match bsoncore.Document) (bsoncore.Document, 
 }
 
 func (p *SummaryPlan) timeRange(v bsoncore.Value) (bsoncore.Document, bool) {
-	d, ok := v.DocumentOK()
+	elems, ok := docElems(v)
 	if !ok {
-		return nil, false
-	}
-	elems, err := d.Elements()
-	if err != nil || len(elems) == 0 {
 		return nil, false
 	}
 	b := bsoncore.NewDocumentBuilder()
@@ -248,15 +285,10 @@ func metaPredicate(v bsoncore.Value) (bsoncore.Value, bool) {
 	if plainScalar(v.Type) {
 		return v, true
 	}
-	d, ok := v.DocumentOK()
+	e, ok := singleElem(v)
 	if !ok {
 		return v, false
 	}
-	elems, err := d.Elements()
-	if err != nil || len(elems) != 1 {
-		return v, false
-	}
-	e := elems[0]
 	switch e.Key() {
 	case "$eq":
 		return v, plainScalar(e.Value().Type)
@@ -290,31 +322,132 @@ func plainScalar(t bsoncore.Type) bool {
 
 func (p *SummaryPlan) parseGroup(v bsoncore.Value) (summaryGroup, bool) {
 	var g summaryGroup
-	d, ok := v.DocumentOK()
-	if !ok {
-		return g, false
-	}
-	elems, err := d.Elements()
-	if err != nil || len(elems) < 2 || elems[0].Key() != "_id" {
+	elems, ok := docElems(v)
+	if !ok || len(elems) < 2 || elems[0].Key() != "_id" {
 		return g, false
 	}
 	if g.keys, ok = p.parseGroupID(elems[0].Value()); !ok {
 		return g, false
 	}
+	g.accs, ok = p.parseAccs(elems[1:])
+	return g, ok
+}
+
+// parseAccs parses the output fields of a $group or $bucket.
+func (p *SummaryPlan) parseAccs(elems []bsoncore.Element) ([]summaryAcc, bool) {
+	accs := make([]summaryAcc, 0, len(elems))
 	seen := map[string]bool{}
-	for _, e := range elems[1:] {
+	for _, e := range elems {
 		out := e.Key()
-		if out == "" || out == "_id" || seen[out] || strings.HasPrefix(out, "$") || strings.Contains(out, ".") {
-			return g, false
+		if !plainName(out) || out == "_id" || seen[out] {
+			return nil, false
 		}
 		seen[out] = true
 		acc, ok := p.parseAcc(out, e.Value())
 		if !ok {
+			return nil, false
+		}
+		accs = append(accs, acc)
+	}
+	return accs, true
+}
+
+// plainName: an output or _id part name that is not a path or operator.
+func plainName(s string) bool {
+	return s != "" && !strings.HasPrefix(s, "$") && !strings.Contains(s, ".")
+}
+
+// parseBucket accepts {groupBy: "$<timeField>", boundaries: [dates on
+// window edges], default?: <constant outside them>, output?: {...}}: every
+// bucket then falls in one range (or none), as a whole. Without output,
+// MongoDB outputs {count: {$sum: 1}}.
+func (p *SummaryPlan) parseBucket(v bsoncore.Value) (summaryGroup, bool) {
+	var g summaryGroup
+	elems, ok := docElems(v)
+	if !ok {
+		return g, false
+	}
+	var r bucketRanges
+	sawGroupBy, sawOutput := false, false
+	for _, e := range elems {
+		switch e.Key() {
+		case "groupBy":
+			s, isString := e.Value().StringValueOK()
+			sawGroupBy = isString && s == "$"+p.rule.TimeField
+		case "boundaries":
+			if r.edges, ok = p.bucketEdges(e.Value()); !ok {
+				return g, false
+			}
+		case "default":
+			r.def = e.Value()
+		case "output":
+			sawOutput = true
+			out, ok := docElems(e.Value())
+			if !ok {
+				return g, false
+			}
+			if g.accs, ok = p.parseAccs(out); !ok {
+				return g, false
+			}
+		default:
 			return g, false
 		}
-		g.accs = append(g.accs, acc)
 	}
+	if !sawGroupBy || r.edges == nil || (r.def.Type != 0 && !r.defaultOutside()) {
+		return g, false
+	}
+	if !sawOutput {
+		g.accs = []summaryAcc{{out: "count", kind: accCount, one: bsoncore.TypeInt32}}
+	}
+	g.keys = []summaryKey{{kind: keyBucket, bucket: r}}
 	return g, true
+}
+
+// bucketEdges accepts at least two ascending dates, each a window edge.
+func (p *SummaryPlan) bucketEdges(v bsoncore.Value) ([]int64, bool) {
+	arr, ok := v.ArrayOK()
+	if !ok {
+		return nil, false
+	}
+	vals, err := arr.Values()
+	if err != nil || len(vals) < 2 {
+		return nil, false
+	}
+	edges := make([]int64, 0, len(vals))
+	for i, x := range vals {
+		ms, ok := x.DateTimeOK()
+		if !ok || floorMod(ms, p.span) != 0 || (i > 0 && ms <= edges[i-1]) {
+			return nil, false
+		}
+		edges = append(edges, ms)
+	}
+	return edges, true
+}
+
+// defaultOutside: the default is a constant that MongoDB accepts, one
+// that is not a date inside the boundaries (an error there) nor an
+// expression or field path (not a constant _id).
+func (r bucketRanges) defaultOutside() bool {
+	switch r.def.Type {
+	case bsoncore.TypeDateTime:
+		ms := r.def.DateTime()
+		return ms < r.edges[0] || ms >= r.edges[len(r.edges)-1]
+	case bsoncore.TypeString:
+		return !strings.HasPrefix(r.def.StringValue(), "$")
+	case bsoncore.TypeNull, bsoncore.TypeInt32, bsoncore.TypeInt64, bsoncore.TypeDouble, bsoncore.TypeBoolean:
+		return true
+	}
+	return false
+}
+
+// rangeOf is the _id of the range holding a bucket that starts at start
+// (the ranges are unions of whole windows), or false when none does.
+func (r bucketRanges) rangeOf(start int64) (bsoncore.Value, bool) {
+	i := sort.Search(len(r.edges), func(i int) bool { return r.edges[i] > start })
+	if i == 0 || i == len(r.edges) {
+		return r.def, r.def.Type != 0
+	}
+	return bsoncore.Value{Type: bsoncore.TypeDateTime, Data: bsoncore.AppendDateTime(nil, r.edges[i-1])}, true
 }
 
 // parseGroupID accepts null, "$<metaField>", {$dateTrunc: ...}, or a
@@ -326,18 +459,14 @@ func (p *SummaryPlan) parseGroupID(v bsoncore.Value) ([]summaryKey, bool) {
 	if k, ok := p.parseKeyPart(v); ok {
 		return []summaryKey{k}, true
 	}
-	d, ok := v.DocumentOK()
+	elems, ok := docElems(v)
 	if !ok {
-		return nil, false
-	}
-	elems, err := d.Elements()
-	if err != nil || len(elems) == 0 {
 		return nil, false
 	}
 	keys := make([]summaryKey, 0, len(elems))
 	for _, e := range elems {
 		name := e.Key()
-		if name == "" || strings.HasPrefix(name, "$") || strings.Contains(name, ".") {
+		if !plainName(name) {
 			return nil, false
 		}
 		k, ok := p.parseKeyPart(e.Value())
@@ -354,15 +483,11 @@ func (p *SummaryPlan) parseKeyPart(v bsoncore.Value) (summaryKey, bool) {
 	if s, ok := v.StringValueOK(); ok {
 		return summaryKey{kind: keyMeta}, p.rule.MetaField != "" && s == "$"+p.rule.MetaField
 	}
-	d, ok := v.DocumentOK()
-	if !ok {
+	e, ok := singleElem(v)
+	if !ok || e.Key() != "$dateTrunc" {
 		return summaryKey{}, false
 	}
-	elems, err := d.Elements()
-	if err != nil || len(elems) != 1 || elems[0].Key() != "$dateTrunc" {
-		return summaryKey{}, false
-	}
-	dt, ok := parseDateTrunc(elems[0].Value(), p.rule.TimeField)
+	dt, ok := parseDateTrunc(e.Value(), p.rule.TimeField)
 	if !ok || !dt.wholeBuckets(p.span) {
 		return summaryKey{}, false
 	}
@@ -371,15 +496,11 @@ func (p *SummaryPlan) parseKeyPart(v bsoncore.Value) (summaryKey, bool) {
 
 func (p *SummaryPlan) parseAcc(out string, v bsoncore.Value) (summaryAcc, bool) {
 	acc := summaryAcc{out: out}
-	d, ok := v.DocumentOK()
+	e, ok := singleElem(v)
 	if !ok {
 		return acc, false
 	}
-	elems, err := d.Elements()
-	if err != nil || len(elems) != 1 {
-		return acc, false
-	}
-	op, arg := elems[0].Key(), elems[0].Value()
+	op, arg := e.Key(), e.Value()
 	switch op {
 	case "$count":
 		ad, ok := arg.DocumentOK()
@@ -394,6 +515,12 @@ func (p *SummaryPlan) parseAcc(out string, v bsoncore.Value) (summaryAcc, bool) 
 			return acc, n == 1 && arg.Type != bsoncore.TypeDecimal128
 		}
 		acc.kind = accSum
+		acc.field, ok = p.fieldRef(arg, false)
+		return acc, ok
+	case "$avg":
+		// Answered from sum and counts; decimals are never summed (the
+		// insert path takes only int, long and double aggregates).
+		acc.kind = accAvg
 		acc.field, ok = p.fieldRef(arg, false)
 		return acc, ok
 	case "$min", "$max":
@@ -454,12 +581,8 @@ func (p *SummaryPlan) parseAfter(stages []pipelineStage) ([]summaryStage, bool) 
 }
 
 func (p *SummaryPlan) parseSort(v bsoncore.Value) ([]summarySortKey, bool) {
-	d, ok := v.DocumentOK()
+	elems, ok := docElems(v)
 	if !ok {
-		return nil, false
-	}
-	elems, err := d.Elements()
-	if err != nil || len(elems) == 0 {
 		return nil, false
 	}
 	keys := make([]summarySortKey, 0, len(elems))
@@ -511,6 +634,9 @@ func (p *SummaryPlan) findCommand(filter bsoncore.Document, carried []bsoncore.E
 		AppendInt32(rules.BucketMin, 1).
 		AppendInt32(rules.BucketMax, 1).
 		AppendInt32(rules.BucketSum, 1).
+		AppendInt32(BucketCounted, 1).
+		AppendInt32(BucketCounts, 1).
+		AppendInt32(BucketLowBit, 1).
 		Build()
 	idx, d := bsoncore.AppendDocumentStart(nil)
 	d = bsoncore.AppendStringElement(d, "find", p.rule.BucketCollection)

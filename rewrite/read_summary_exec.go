@@ -17,7 +17,14 @@ type bucketSummary struct {
 	meta          bsoncore.Value
 	start, count  int64
 	min, max, sum bsoncore.Document
+	// counted equals count when counts and lowBit cover every event (see
+	// BucketCounted); -1 when the bucket predates them.
+	counted        int64
+	counts, lowBit bsoncore.Document
 }
+
+// complete reports whether counts and lowBit cover every event.
+func (b *bucketSummary) complete() bool { return b.counted == b.count }
 
 // Feed learns one reply to Command (or to a getMore) and returns the
 // getMore to send next, or nil when the buckets are all read. An upstream
@@ -60,6 +67,14 @@ func (p *SummaryPlan) readBucket(d bsoncore.Document) (bucketSummary, error) {
 	b.min = subDoc(d, rules.BucketMin)
 	b.max = subDoc(d, rules.BucketMax)
 	b.sum = subDoc(d, rules.BucketSum)
+	b.counted = -1
+	if v, ok := lookupTop(d, BucketCounted); ok {
+		if n, ok := wholeNumber(v); ok {
+			b.counted = n
+		}
+	}
+	b.counts = subDoc(d, BucketCounts)
+	b.lowBit = subDoc(d, BucketLowBit)
 	return b, nil
 }
 
@@ -94,12 +109,19 @@ type groupState struct {
 
 // sumState adds bucket sums as MongoDB's $sum adds events: integers
 // exactly, doubles with compensation, and the result's type from the
-// widest input type.
+// widest input type. It also gathers what proves a sum of doubles exact
+// (see exact) and what $avg divides by.
 type sumState struct {
 	ints            big.Int
 	dbl, comp       float64
 	hasLong, hasDbl bool
 	longSeen        bool // an int64 event is certain
+
+	n         int64   // values summed (when nKnown)
+	nUnknown  bool    // a bucket without counts for every event
+	low       int32   // lowest set bit of any value summed
+	lowUnsure bool    // a bucket whose values' low bit is not known
+	bound     float64 // no partial sum of the values exceeds it in magnitude
 }
 
 // Result computes the answer. ok is false when the summaries found
@@ -107,9 +129,9 @@ type sumState struct {
 // whose type the buckets do not pin down, group keys equal across types):
 // the proxy then plans the read with PlanRead instead.
 func (p *SummaryPlan) Result() (reply bsoncore.Document, ok bool, err error) {
-	groups, ok := p.groups()
-	if !ok {
-		return nil, false, nil
+	groups, ok, err := p.groups()
+	if err != nil || !ok {
+		return nil, false, err
 	}
 	docs := make([]bsoncore.Document, 0, len(groups))
 	for _, g := range groups {
@@ -123,8 +145,9 @@ func (p *SummaryPlan) Result() (reply bsoncore.Document, ok bool, err error) {
 	return p.reply(docs)
 }
 
-// groups folds the buckets into groups, sorted by _id.
-func (p *SummaryPlan) groups() ([]*groupState, bool) {
+// groups folds the buckets into groups, sorted by _id. The error is
+// MongoDB's for events outside a $bucket's boundaries without a default.
+func (p *SummaryPlan) groups() ([]*groupState, bool, error) {
 	byKey := map[string]*groupState{}
 	var list []*groupState
 	for i := range p.buckets {
@@ -132,19 +155,24 @@ func (p *SummaryPlan) groups() ([]*groupState, bool) {
 		if b.count <= 0 {
 			continue // an emptied bucket holds no event
 		}
+		if k := p.group.keys[0]; k.kind == keyBucket {
+			if _, ok := k.bucket.rangeOf(b.start); !ok {
+				return nil, false, commandErrorf(CodeNoBucketBranch, "PlanExecutor error during aggregation :: caused by :: $switch could not find a matching branch for an input, and no default was specified.")
+			}
+		}
 		id, ok := p.groupID(b)
 		if !ok {
-			return nil, false
+			return nil, false, nil
 		}
 		k := string(rune(id.Type)) + string(id.Data)
 		g := byKey[k]
 		if g == nil {
-			g = &groupState{id: id, sums: make([]sumState, len(p.group.accs)), ext: make([]bsoncore.Value, len(p.group.accs))}
+			g = p.newGroup(id)
 			byKey[k] = g
 			list = append(list, g)
 		}
 		if !p.addBucket(g, b) {
-			return nil, false
+			return nil, false, nil
 		}
 	}
 	sort.SliceStable(list, func(i, j int) bool { return CompareValues(list[i].id, list[j].id) < 0 })
@@ -152,10 +180,18 @@ func (p *SummaryPlan) groups() ([]*groupState, bool) {
 		// Keys equal in MongoDB's order but stored differently (1 and
 		// 1.0) are one group there, under whichever came first.
 		if CompareValues(list[i-1].id, list[i].id) == 0 {
-			return nil, false
+			return nil, false, nil
 		}
 	}
-	return list, true
+	return list, true, nil
+}
+
+func (p *SummaryPlan) newGroup(id bsoncore.Value) *groupState {
+	g := &groupState{id: id, sums: make([]sumState, len(p.group.accs)), ext: make([]bsoncore.Value, len(p.group.accs))}
+	for i := range g.sums {
+		g.sums[i].low = lowBitZero
+	}
+	return g
 }
 
 func (p *SummaryPlan) groupID(b *bucketSummary) (bsoncore.Value, bool) {
@@ -163,6 +199,8 @@ func (p *SummaryPlan) groupID(b *bucketSummary) (bsoncore.Value, bool) {
 		switch k.kind {
 		case keyMeta:
 			return b.meta, true
+		case keyBucket:
+			return k.bucket.rangeOf(b.start)
 		case keyTrunc:
 			w := k.trunc.window(b.start)
 			if k.trunc.window(b.start+p.span-1) != w {
@@ -195,7 +233,7 @@ func (p *SummaryPlan) addBucket(g *groupState, b *bucketSummary) bool {
 	g.count += b.count
 	for i, a := range p.group.accs {
 		switch a.kind {
-		case accSum:
+		case accSum, accAvg:
 			if !g.sums[i].add(b, a.field) {
 				return false
 			}
@@ -220,11 +258,15 @@ func (p *SummaryPlan) addBucket(g *groupState, b *bucketSummary) bool {
 func (s *sumState) add(b *bucketSummary, field string) bool {
 	v, ok := lookupTop(b.sum, field)
 	if !ok {
+		// No event of the bucket has the field, if counts says so too.
+		_, counted := lookupTop(b.counts, field)
+		s.nUnknown = s.nUnknown || !b.complete() || counted
 		return true
 	}
 	if !sumTrusted(b, field, v.Type) {
 		return false
 	}
+	s.addCounts(b, field, v.Type)
 	switch v.Type {
 	case bsoncore.TypeInt32:
 		s.ints.Add(&s.ints, big.NewInt(int64(v.Int32())))
@@ -250,11 +292,12 @@ func (s *sumState) add(b *bucketSummary, field string) bool {
 // widening it (verified: 2e9 + 2e9 stored as -294967296). With every
 // event's value within [min, max] and at most count of them, no partial
 // sum leaves ±max(|min|, |max|)·count, so a bound inside the type's range
-// proves the stored sum exact.
+// proves the stored sum exact. A double sum may have been an int32 sum
+// that wrapped before a double event joined it: it gets the int32 bound.
 func sumTrusted(b *bucketSummary, field string, t bsoncore.Type) bool {
 	limit := 0.0
 	switch t {
-	case bsoncore.TypeInt32:
+	case bsoncore.TypeInt32, bsoncore.TypeDouble:
 		limit = math.MaxInt32
 	case bsoncore.TypeInt64:
 		limit = math.MaxInt64 / 2 // float rounding margin
@@ -276,6 +319,86 @@ func sumTrusted(b *bucketSummary, field string, t bsoncore.Type) bool {
 	return bound*float64(b.count) <= limit
 }
 
+// addCounts learns the bucket's count of values, their lowest set bit and
+// a bound of their magnitude. Without counts, integers still have a low
+// bit of at least 2^0; doubles have none known.
+func (s *sumState) addCounts(b *bucketSummary, field string, t bsoncore.Type) {
+	n := b.count
+	nv, okN := lookupTop(b.counts, field)
+	lv, okL := lookupTop(b.lowBit, field)
+	if b.complete() && okN && okL {
+		n, _ = wholeNumber(nv)
+		low, _ := wholeNumber(lv)
+		s.low = min(s.low, int32(max(min(low, lowBitZero), lowBitSpecial)))
+	} else {
+		s.nUnknown = true
+		if t == bsoncore.TypeDouble {
+			s.lowUnsure = true
+		} else {
+			s.low = min(s.low, 0)
+		}
+	}
+	s.n += n
+	s.bound += float64(n) * maxAbs(b, field)
+}
+
+// maxAbs is the largest magnitude of a bucket's values of field (+Inf
+// when min or max is missing or not a number).
+func maxAbs(b *bucketSummary, field string) float64 {
+	m := 0.0
+	for _, d := range []bsoncore.Document{b.min, b.max} {
+		x, ok := lookupTop(d, field)
+		if !ok {
+			return math.Inf(1)
+		}
+		f, ok := x.AsFloat64OK()
+		if !ok {
+			return math.Inf(1)
+		}
+		m = math.Max(m, math.Abs(f))
+	}
+	return m
+}
+
+// exact reports whether the values' sum is the same in every order of
+// addition, in plain doubles ($inc of the bucket sums) and in MongoDB's
+// double-double summation alike: every value is a multiple of 2^low and
+// no partial sum reaches 2^(low+53), so every partial sum is a double and
+// no addition rounds. MongoDB returns the double-double's high part,
+// which depends on the order of the events otherwise (and bucket sums
+// kept by $inc lose the low parts), so a sum not proven exact declines.
+func (s *sumState) exact() bool {
+	if s.lowUnsure {
+		return false
+	}
+	if s.low >= lowBitZero {
+		return true // only zeros
+	}
+	// The margin covers the rounding of bound itself.
+	return s.bound*(1+1e-9) < math.Ldexp(1, int(s.low)+53)
+}
+
+// avg is MongoDB's $avg: the double-double sum (here exact) divided by the
+// number of numeric values, a double; null when there were none.
+func (s *sumState) avg() (bsoncore.Value, bool) {
+	if s.nUnknown {
+		return bsoncore.Value{}, false
+	}
+	if s.n == 0 {
+		return bsoncore.Value{Type: bsoncore.TypeNull}, true
+	}
+	if !s.exact() {
+		return bsoncore.Value{}, false
+	}
+	return doubleValue(s.total() / float64(s.n)), true
+}
+
+// total is the exact sum as a double (exact() holds).
+func (s *sumState) total() float64 {
+	f, _ := new(big.Float).SetInt(&s.ints).Float64()
+	return f + (s.dbl + s.comp)
+}
+
 // addDouble is Neumaier's compensated summation.
 func (s *sumState) addDouble(x float64) {
 	t := s.dbl + x
@@ -295,8 +418,10 @@ func (s *sumState) addDouble(x float64) {
 // certain (a bucket's min or max is one).
 func (s *sumState) value() (bsoncore.Value, bool) {
 	if s.hasDbl {
-		f, _ := new(big.Float).SetInt(&s.ints).Float64()
-		return doubleValue(f + (s.dbl + s.comp)), true
+		if !s.exact() {
+			return bsoncore.Value{}, false
+		}
+		return doubleValue(s.total()), true
 	}
 	if !s.ints.IsInt64() {
 		f, _ := new(big.Float).SetInt(&s.ints).Float64()
@@ -336,6 +461,12 @@ func (p *SummaryPlan) output(g *groupState) (bsoncore.Document, bool) {
 			b.AppendValue(a.out, countValue(g.count, a.one))
 		case accSum:
 			v, ok := g.sums[i].value()
+			if !ok {
+				return nil, false
+			}
+			b.AppendValue(a.out, v)
+		case accAvg:
+			v, ok := g.sums[i].avg()
 			if !ok {
 				return nil, false
 			}

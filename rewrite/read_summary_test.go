@@ -1,6 +1,7 @@
 package rewrite
 
 import (
+	"errors"
 	"math"
 	"strings"
 	"testing"
@@ -67,7 +68,21 @@ func TestPlanSummaryShapes(t *testing.T) {
 		{"range cuts a bucket", A{match(rng(day+1000, day+hr)), hourSum}, nil, false},
 		{"$gt bound", A{match(D{{Key: "ts", Value: D{{Key: "$gt", Value: dms(day)}}}}), hourSum}, nil, false},
 		{"event field filter", A{match(D{{Key: "v", Value: 3}}), hourSum}, nil, false},
-		{"$avg: no per-field count in buckets", A{grp(trunc("hour"), acc("a", "$avg", "$v"))}, nil, false},
+		{"$avg", A{grp(trunc("hour"), acc("a", "$avg", "$v"), acc("b", "$avg", "$w"))}, nil, true},
+		{"$bucket by time on window edges, default, output", A{bucketStage(D{{Key: "default", Value: "other"}, {Key: "output", Value: D{acc("a", "$avg", "$v"), acc("n", "$count", D{})}}}, day, day+hr, day+24*hr)}, nil, true},
+		{"$bucket without output, then sort and limit", A{match(rng(day, day+24*hr)), bucketStage(nil, day, day+24*hr), D{{Key: "$sort", Value: D{{Key: "count", Value: -1}}}}, D{{Key: "$limit", Value: 1}}}, nil, true},
+		{"$bucket with a date default past the last edge", A{bucketStage(D{{Key: "default", Value: dms(day + 24*hr)}}, day, day+24*hr)}, nil, true},
+		{"$bucket: an edge inside a bucket", A{bucketStage(nil, day, day+hr+1)}, nil, false},
+		{"$bucket: one edge", A{bucketStage(nil, day)}, nil, false},
+		{"$bucket: edges not ascending", A{bucketStage(nil, day+hr, day)}, nil, false},
+		{"$bucket: number edges", A{D{{Key: "$bucket", Value: D{{Key: "groupBy", Value: "$ts"}, {Key: "boundaries", Value: A{1, 2}}}}}}, nil, false},
+		{"$bucket: default inside the edges", A{bucketStage(D{{Key: "default", Value: dms(day + hr)}}, day, day+24*hr)}, nil, false},
+		{"$bucket: default a field path", A{bucketStage(D{{Key: "default", Value: "$v"}}, day, day+hr)}, nil, false},
+		{"$bucket: by another field", A{D{{Key: "$bucket", Value: D{{Key: "groupBy", Value: "$v"}, {Key: "boundaries", Value: A{dms(day), dms(day + hr)}}}}}}, nil, false},
+		{"$bucket: an unknown option", A{bucketStage(D{{Key: "granularity", Value: "R5"}}, day, day+hr)}, nil, false},
+		{"$bucket: an output not from summaries", A{bucketStage(D{{Key: "output", Value: D{acc("f", "$first", "$v")}}}, day, day+hr)}, nil, false},
+		{"$avg of the time", A{grp(trunc("hour"), acc("a", "$avg", "$ts"))}, nil, false},
+		{"$avg of an expression", A{grp(trunc("hour"), acc("a", "$avg", D{{Key: "$multiply", Value: A{"$v", 2}}}))}, nil, false},
 		{"not an aggregate field", A{grp(trunc("hour"), acc("s", "$sum", "$x"))}, nil, false},
 		{"$sum of 2", A{grp(trunc("hour"), acc("s", "$sum", 2))}, nil, false},
 		{"sum of the time", A{grp(trunc("hour"), acc("s", "$sum", "$ts"))}, nil, false},
@@ -99,6 +114,15 @@ func TestPlanSummaryShapes(t *testing.T) {
 	}
 }
 
+// bucketStage is {$bucket: {groupBy: "$ts", boundaries: edges, more...}}.
+func bucketStage(more D, edges ...int64) D {
+	b := A{}
+	for _, e := range edges {
+		b = append(b, dms(e))
+	}
+	return D{{Key: "$bucket", Value: append(D{{Key: "groupBy", Value: "$ts"}, {Key: "boundaries", Value: b}}, more...)}}
+}
+
 func TestSummaryFindCommand(t *testing.T) {
 	day := time.Date(2026, 1, 5, 0, 0, 0, 0, time.UTC).UnixMilli()
 	f := D{{Key: "ts", Value: D{{Key: "$gte", Value: dms(day)}, {Key: "$lt", Value: dms(day + 2*hr)}}}, {Key: "sensorId", Value: "s1"}}
@@ -106,9 +130,26 @@ func TestSummaryFindCommand(t *testing.T) {
 	if !ok {
 		t.Fatal("refused")
 	}
-	want := `{"find": "readings.buckets","filter": {"start": {"$gte": {"$date":{"$numberLong":"1767571200000"}},"$lt": {"$date":{"$numberLong":"1767578400000"}}},"meta": "s1"},"projection": {"meta": {"$numberInt":"1"},"start": {"$numberInt":"1"},"count": {"$numberInt":"1"},"min": {"$numberInt":"1"},"max": {"$numberInt":"1"},"sum": {"$numberInt":"1"}},"maxTimeMS": {"$numberInt":"500"},"$db": "iot"}`
+	want := `{"find": "readings.buckets","filter": {"start": {"$gte": {"$date":{"$numberLong":"1767571200000"}},"$lt": {"$date":{"$numberLong":"1767578400000"}}},"meta": "s1"},"projection": {"meta": {"$numberInt":"1"},"start": {"$numberInt":"1"},"count": {"$numberInt":"1"},"min": {"$numberInt":"1"},"max": {"$numberInt":"1"},"sum": {"$numberInt":"1"},"counted": {"$numberInt":"1"},"counts": {"$numberInt":"1"},"lowBit": {"$numberInt":"1"}},"maxTimeMS": {"$numberInt":"500"},"$db": "iot"}`
 	if got := rdJSON(p.Command); got != want {
 		t.Fatalf("got  %s\nwant %s", got, want)
+	}
+}
+
+// TestSummaryBucketOutside: an event outside the boundaries without a
+// default is MongoDB's error, not a silently dropped bucket.
+func TestSummaryBucketOutside(t *testing.T) {
+	h := time.Date(2026, 1, 5, 0, 0, 0, 0, time.UTC).UnixMilli()
+	mm := D{{Key: "ts", Value: dms(h + 2*hr)}}
+	_, _, err := runSummaryErr(t, A{bucketStage(nil, h, h+hr)}, A{bkt("a", h+2*hr, 1, mm, mm, nil)})
+	var ce *CommandError
+	if !errors.As(err, &ce) || ce.Code != 40066 || !strings.Contains(ce.Msg, "no default was specified") {
+		t.Fatalf("got %v", err)
+	}
+	// An emptied bucket (count 0) outside is no event: no error.
+	out, ok, err := runSummaryErr(t, A{bucketStage(nil, h, h+hr)}, A{bkt("a", h+2*hr, 0, D{}, D{}, nil)})
+	if err != nil || !ok || out != "" {
+		t.Fatalf("got %q %v %v", out, ok, err)
 	}
 }
 
@@ -162,7 +203,38 @@ func bkt(meta any, start int64, count int32, min, max, sum D) D {
 	return d
 }
 
+// counted makes b a bucket written with counts: counted as its count,
+// and counts and lowBit of v from the values given (the events' values of
+// v, none when the events lack it).
+func counted(t testing.TB, b D, vals ...any) D {
+	t.Helper()
+	var n int32
+	var low int32 = lowBitZero
+	for _, v := range vals {
+		n++
+		raw, err := bson.Marshal(D{{Key: "v", Value: v}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		low = min(low, lowBitOf(bsoncore.Document(raw).Lookup("v")))
+	}
+	b = append(b, E{Key: "counted", Value: b[3].Value})
+	if n > 0 {
+		b = append(b, E{Key: "counts", Value: D{{Key: "v", Value: n}}}, E{Key: "lowBit", Value: D{{Key: "v", Value: low}}})
+	}
+	return b
+}
+
 func runSummary(t *testing.T, pipeline A, batches ...A) (string, bool) {
+	t.Helper()
+	out, ok, err := runSummaryErr(t, pipeline, batches...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out, ok
+}
+
+func runSummaryErr(t *testing.T, pipeline A, batches ...A) (string, bool, error) {
 	t.Helper()
 	p, ok := PlanSummary(sumCmd(t, pipeline), sumRule(), ReadOptions{})
 	if !ok {
@@ -182,11 +254,8 @@ func runSummary(t *testing.T, pipeline A, batches ...A) (string, bool) {
 		}
 	}
 	out, ok, err := p.Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !ok {
-		return "", false
+	if err != nil || !ok {
+		return "", false, err
 	}
 	cur, _ := bsoncore.Document(out).LookupErr("cursor", "firstBatch")
 	docs, _ := cur.Array().Values()
@@ -194,7 +263,7 @@ func runSummary(t *testing.T, pipeline A, batches ...A) (string, bool) {
 	for _, d := range docs {
 		parts = append(parts, rdJSON(d.Document()))
 	}
-	return strings.Join(parts, " "), true
+	return strings.Join(parts, " "), true, nil
 }
 
 func TestSummaryCompute(t *testing.T) {
@@ -235,8 +304,42 @@ func TestSummaryCompute(t *testing.T) {
 			[]A{{bkt("a", h(0), 2, mm(0, int64(math.MaxInt64)), mm(0, int64(math.MaxInt64)), sumV(int64(-2)))}},
 			""},
 		{"a double makes a double", sumOnly,
-			[]A{{bkt("a", h(0), 1, mm(0, 0.5), mm(0, 0.5), sumV(0.5)), bkt("a", h(1), 1, mm(1, int32(2)), mm(1, int32(2)), sumV(int32(2)))}},
+			[]A{{counted(t, bkt("a", h(0), 1, mm(0, 0.5), mm(0, 0.5), sumV(0.5)), 0.5), counted(t, bkt("a", h(1), 1, mm(1, int32(2)), mm(1, int32(2)), sumV(int32(2))), int32(2))}},
 			`{"_id": null,"s": {"$numberDouble":"2.5"}}`},
+		{"a double sum of a bucket without lowBit (older format): not exact", sumOnly,
+			[]A{{bkt("a", h(0), 1, mm(0, 0.5), mm(0, 0.5), sumV(0.5))}}, ""},
+		{"doubles whose sum may round (0.1 + 0.2): not exact", sumOnly,
+			[]A{{counted(t, bkt("a", h(0), 2, mm(0, 0.1), mm(0, 0.2), sumV(0.1+0.2)), 0.1, 0.2)}}, ""},
+		{"doubles on a coarse grid far from 2^53 of it: exact", sumOnly,
+			[]A{{counted(t, bkt("a", h(0), 2, mm(0, 21.25), mm(0, 1e6+0.5), sumV(1e6+21.75)), 21.25, 1e6+0.5), counted(t, bkt("a", h(1), 1, mm(1, -3.125), mm(1, -3.125), sumV(-3.125)), -3.125)}},
+			`{"_id": null,"s": {"$numberDouble":"1.000018625E+06"}}`},
+		{"a double sum past the int32 range: an int32 sum may have wrapped before a double joined it", sumOnly,
+			[]A{{counted(t, bkt("a", h(0), 2, mm(0, 0.5), mm(0, int32(2e9)), sumV(2e9+0.5)), 0.5, int32(2e9))}}, ""},
+		{"a NaN: not exact", sumOnly,
+			[]A{{counted(t, bkt("a", h(0), 1, mm(0, math.NaN()), mm(0, math.NaN()), sumV(math.NaN())), math.NaN())}}, ""},
+		{"$avg of ints, events without the field not counted", A{grp(nil, acc("a", "$avg", "$v"), acc("n", "$count", D{}))},
+			[]A{{counted(t, bkt("a", h(0), 3, mm(0, int32(1)), mm(0, int32(5)), sumV(int32(6))), int32(1), int32(5)), counted(t, bkt("a", h(1), 2, mm(1, 1), mm(1, 1), nil))}},
+			`{"_id": null,"a": {"$numberDouble":"3.0"},"n": {"$numberInt":"5"}}`},
+		{"$avg of doubles and ints per day", A{grp(trunc("day"), acc("a", "$avg", "$v"))},
+			[]A{{counted(t, bkt("a", h(0), 2, mm(0, 0.5), mm(0, int32(2)), sumV(2.5)), 0.5, int32(2)), counted(t, bkt("b", h(25), 1, mm(25, int64(7)), mm(25, int64(7)), sumV(int64(7))), int64(7))}},
+			`{"_id": {"$date":{"$numberLong":"1767571200000"}},"a": {"$numberDouble":"1.25"}} {"_id": {"$date":{"$numberLong":"1767657600000"}},"a": {"$numberDouble":"7.0"}}`},
+		{"$avg with no numeric value is null", A{grp(nil, acc("a", "$avg", "$v"))},
+			[]A{{counted(t, bkt("a", h(0), 2, mm(0, 1), mm(0, 1), nil))}},
+			`{"_id": null,"a": null}`},
+		{"$avg over a bucket without counts (older format): not exact", A{grp(nil, acc("a", "$avg", "$v"))},
+			[]A{{bkt("a", h(0), 1, mm(0, int32(4)), mm(0, int32(4)), sumV(int32(4)))}}, ""},
+		{"$avg over an older bucket that newer upserts joined (counted < count): not exact", A{grp(nil, acc("a", "$avg", "$v"))},
+			[]A{{append(bkt("a", h(0), 3, mm(0, int32(4)), mm(0, int32(4)), sumV(int32(12))), E{Key: "counted", Value: int32(1)}, E{Key: "counts", Value: D{{Key: "v", Value: int32(1)}}}, E{Key: "lowBit", Value: D{{Key: "v", Value: int32(2)}}})}}, ""},
+		{"$avg of an older bucket without the field: not exact", A{grp(nil, acc("a", "$avg", "$v"))},
+			[]A{{bkt("a", h(0), 1, mm(0, 1), mm(0, 1), nil)}}, ""},
+		{"$avg of 1/10ths: not exact", A{grp(nil, acc("a", "$avg", "$v"))},
+			[]A{{counted(t, bkt("a", h(0), 2, mm(0, 0.1), mm(0, 0.2), sumV(0.1+0.2)), 0.1, 0.2)}}, ""},
+		{"$bucket, default count, default _id first in _id order", A{bucketStage(D{{Key: "default", Value: "other"}}, h(0), h(2), h(4))},
+			[]A{{bkt("a", h(0), 2, mm(0, 1), mm(0, 1), nil), bkt("b", h(1), 3, mm(1, 1), mm(1, 1), nil), bkt("a", h(3), 1, mm(3, 1), mm(3, 1), nil), bkt("a", h(7), 4, mm(7, 1), mm(7, 1), nil), bkt("a", h(-1), 5, mm(-1, 1), mm(-1, 1), nil)}},
+			`{"_id": "other","count": {"$numberInt":"9"}} {"_id": {"$date":{"$numberLong":"1767571200000"}},"count": {"$numberInt":"5"}} {"_id": {"$date":{"$numberLong":"1767578400000"}},"count": {"$numberInt":"1"}}`},
+		{"$bucket with output", A{bucketStage(D{{Key: "output", Value: D{acc("a", "$avg", "$v"), acc("s", "$sum", "$v"), acc("hi", "$max", "$v")}}}, h(0), h(24))},
+			[]A{{counted(t, bkt("a", h(0), 2, mm(0, int32(1)), mm(0, int32(2)), sumV(int32(3))), int32(1), int32(2)), counted(t, bkt("b", h(5), 1, mm(5, int32(9)), mm(5, int32(9)), sumV(int32(9))), int32(9))}},
+			`{"_id": {"$date":{"$numberLong":"1767571200000"}},"a": {"$numberDouble":"4.0"},"s": {"$numberInt":"12"},"hi": {"$numberInt":"9"}}`},
 		{"count types follow the constant", A{grp(nil, acc("i", "$sum", int32(1)), acc("l", "$sum", int64(1)), acc("d", "$sum", 1.0))},
 			[]A{{bkt("a", h(0), 3, mm(0, 1), mm(0, 1), nil)}},
 			`{"_id": null,"i": {"$numberInt":"3"},"l": {"$numberLong":"3"},"d": {"$numberDouble":"3.0"}}`},
@@ -265,5 +368,30 @@ func TestSummaryCompute(t *testing.T) {
 				t.Fatalf("got  %s (exact %v)\nwant %s", got, ok, c.want)
 			}
 		})
+	}
+}
+
+func TestLowBitOf(t *testing.T) {
+	cases := []struct {
+		v    any
+		want int32
+	}{
+		{int32(0), lowBitZero}, {int32(1), 0}, {int32(12), 2}, {int32(-8), 3}, {int64(1) << 40, 40}, {int64(math.MinInt64), 63},
+		{0.0, lowBitZero}, {math.Copysign(0, -1), lowBitZero}, {1.0, 0}, {0.5, -1}, {21.25, -2}, {-3.125, -3}, {6.0, 1}, {1e300, 946},
+		{0.1, -55}, {math.SmallestNonzeroFloat64, -1074}, {3 * math.SmallestNonzeroFloat64, -1074}, {math.Ldexp(1, -1030), -1030},
+		{math.NaN(), lowBitSpecial}, {math.Inf(1), lowBitSpecial}, {math.Inf(-1), lowBitSpecial},
+	}
+	for _, c := range cases {
+		raw, err := bson.Marshal(D{{Key: "v", Value: c.v}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := bsoncore.Document(raw).Lookup("v")
+		if got := lowBitOf(v); got != c.want {
+			t.Errorf("lowBitOf(%v) = %d, want %d", c.v, got, c.want)
+		}
+		if f, ok := v.AsFloat64OK(); ok && c.want != lowBitZero && c.want != lowBitSpecial && (math.Mod(f, math.Ldexp(1, int(c.want))) != 0 || math.Mod(f, math.Ldexp(1, int(c.want)+1)) == 0) {
+			t.Errorf("the lowest set bit of %v is not 2^%d", c.v, c.want)
+		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 )
@@ -33,17 +34,22 @@ func summaryRule(db string) string {
 `, db)
 }
 
-// sumEvent is one event: value a double, n an int32 or missing.
+// sumEvent is one event: value a double or missing, n an int32 or
+// missing.
 type sumEvent struct {
-	sensor string
-	ts     time.Time
-	value  float64
-	n      int32
-	hasN   bool
+	sensor   string
+	ts       time.Time
+	value    float64
+	hasValue bool
+	n        int32
+	hasN     bool
 }
 
 func (e sumEvent) doc() bson.D {
-	d := bson.D{{Key: "ts", Value: e.ts}, {Key: "sensorId", Value: e.sensor}, {Key: "value", Value: e.value}}
+	d := bson.D{{Key: "ts", Value: e.ts}, {Key: "sensorId", Value: e.sensor}}
+	if e.hasValue {
+		d = append(d, bson.E{Key: "value", Value: e.value})
+	}
 	if e.hasN {
 		d = append(d, bson.E{Key: "n", Value: e.n})
 	}
@@ -52,16 +58,21 @@ func (e sumEvent) doc() bson.D {
 
 var summaryBase = time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC) // a Sunday
 
+// genSumEvents makes events whose values are quarters (as a reading in
+// steps of 0.25 is): every sum of them is exact in doubles, so MongoDB's
+// answer does not depend on the order it adds them in and the summaries
+// answer it (see TestSummaryNotExact for tenths).
 func genSumEvents(n int, seed uint64) []sumEvent {
 	r := rand.New(rand.NewPCG(seed, 11))
 	out := make([]sumEvent, n)
 	for i := range out {
 		out[i] = sumEvent{
-			sensor: fmt.Sprintf("s%d", r.IntN(3)),
-			ts:     summaryBase.Add(time.Duration(r.Int64N(9*24*3600*1000)) * time.Millisecond),
-			value:  math.Round(r.Float64()*2000-1000) / 10,
-			n:      int32(r.IntN(100)),
-			hasN:   r.IntN(10) > 0,
+			sensor:   fmt.Sprintf("s%d", r.IntN(3)),
+			ts:       summaryBase.Add(time.Duration(r.Int64N(9*24*3600*1000)) * time.Millisecond),
+			value:    math.Round(r.Float64()*8000-4000) / 4,
+			hasValue: r.IntN(8) > 0,
+			n:        int32(r.IntN(100)),
+			hasN:     r.IntN(10) > 0,
 		}
 	}
 	return out
@@ -69,15 +80,30 @@ func genSumEvents(n int, seed uint64) []sumEvent {
 
 // refGroup is the Go reference of one group, with MongoDB's result types:
 // $sum of doubles is a double, of int32s an int32 (the totals here fit),
-// $min/$max of nothing is null.
+// $min/$max of nothing is null, $avg is a double over the events that
+// have the field (null when none has).
 type refGroup struct {
-	id                 any
-	count              int32
-	sumValue           float64
-	sumN               int32
-	minV, maxV         any
-	minTS, maxTS       time.Time
-	firstTS, hasValues bool
+	id           any
+	count        int32
+	sumValue     float64
+	sumN         int32
+	nValue, nN   int32
+	minV, maxV   any
+	minTS, maxTS time.Time
+}
+
+func (g *refGroup) avgValue() any {
+	if g.nValue == 0 {
+		return nil
+	}
+	return g.sumValue / float64(g.nValue)
+}
+
+func (g *refGroup) avgN() any {
+	if g.nN == 0 {
+		return nil
+	}
+	return float64(g.sumN) / float64(g.nN)
 }
 
 func refGroups(events []sumEvent, key func(sumEvent) (any, bool)) map[string]*refGroup {
@@ -94,15 +120,19 @@ func refGroups(events []sumEvent, key func(sumEvent) (any, bool)) map[string]*re
 			out[k] = g
 		}
 		g.count++
-		g.sumValue += e.value
 		if e.hasN {
 			g.sumN += e.n
+			g.nN++
 		}
-		if g.minV == nil || e.value < g.minV.(float64) {
-			g.minV = e.value
-		}
-		if g.maxV == nil || e.value > g.maxV.(float64) {
-			g.maxV = e.value
+		if e.hasValue {
+			g.sumValue += e.value
+			g.nValue++
+			if g.minV == nil || e.value < g.minV.(float64) {
+				g.minV = e.value
+			}
+			if g.maxV == nil || e.value > g.maxV.(float64) {
+				g.maxV = e.value
+			}
 		}
 		if e.ts.Before(g.minTS) {
 			g.minTS = e.ts
@@ -112,6 +142,20 @@ func refGroups(events []sumEvent, key func(sumEvent) (any, bool)) map[string]*re
 		}
 	}
 	return out
+}
+
+// summaryAccs are the accumulators of the differential tests, in the
+// order refDocs outputs them.
+var summaryAccs = bson.D{
+	{Key: "total", Value: bson.D{{Key: "$sum", Value: "$value"}}},
+	{Key: "events", Value: bson.D{{Key: "$sum", Value: 1}}},
+	{Key: "withN", Value: bson.D{{Key: "$sum", Value: "$n"}}},
+	{Key: "lo", Value: bson.D{{Key: "$min", Value: "$value"}}},
+	{Key: "hi", Value: bson.D{{Key: "$max", Value: "$value"}}},
+	{Key: "first", Value: bson.D{{Key: "$min", Value: "$ts"}}},
+	{Key: "last", Value: bson.D{{Key: "$max", Value: "$ts"}}},
+	{Key: "avg", Value: bson.D{{Key: "$avg", Value: "$value"}}},
+	{Key: "avgN", Value: bson.D{{Key: "$avg", Value: "$n"}}},
 }
 
 func truncDay(t time.Time) time.Time  { return t.UTC().Truncate(24 * time.Hour) }
@@ -139,21 +183,19 @@ func TestSummaryAggregates(t *testing.T) {
 	if _, err := direct(t).Database(db).Collection("plain").InsertMany(ctx, docs); err != nil {
 		t.Fatal(err)
 	}
+	// A value that is not a number is refused at insert (aggregates are
+	// numbers), so it never reaches a sum, an average or a count.
+	bad := bson.D{{Key: "ts", Value: summaryBase.Add(time.Hour)}, {Key: "sensorId", Value: "s1"}, {Key: "value", Value: "21.5"}}
+	if _, err := pc.Database(db).Collection("readings").InsertOne(ctx, bad); err == nil || !strings.Contains(err.Error(), "must be a number") {
+		t.Fatalf("a string aggregate value: want a clear error, got %v", err)
+	}
 	from, to := summaryBase.Add(26*time.Hour), summaryBase.Add(75*time.Hour)
 	inRange := func(e sumEvent) bool { return !e.ts.Before(from) && e.ts.Before(to) && e.sensor == "s1" }
 	week := func(t time.Time) time.Time { // Sunday-start weeks
 		d := truncDay(t)
 		return d.AddDate(0, 0, -int(d.Weekday()))
 	}
-	accs := bson.D{
-		{Key: "total", Value: bson.D{{Key: "$sum", Value: "$value"}}},
-		{Key: "events", Value: bson.D{{Key: "$sum", Value: 1}}},
-		{Key: "withN", Value: bson.D{{Key: "$sum", Value: "$n"}}},
-		{Key: "lo", Value: bson.D{{Key: "$min", Value: "$value"}}},
-		{Key: "hi", Value: bson.D{{Key: "$max", Value: "$value"}}},
-		{Key: "first", Value: bson.D{{Key: "$min", Value: "$ts"}}},
-		{Key: "last", Value: bson.D{{Key: "$max", Value: "$ts"}}},
-	}
+	accs := summaryAccs
 	cases := []struct {
 		name     string
 		match    bson.D
@@ -211,27 +253,124 @@ func TestSummaryAggregates(t *testing.T) {
 	}
 }
 
+// TestSummaryBucketStage checks $bucket by time with boundaries on window
+// edges against the Go reference and the plain collection, and MongoDB's
+// error for events outside the boundaries without a default.
+func TestSummaryBucketStage(t *testing.T) {
+	db := uniqueDB(t)
+	ctx := ctxFor(t)
+	p := startProxy(t, proxyOptions{yaml: summaryRule(db)})
+	coll := connect(t, p.URI()).Database(db).Collection("readings")
+	events := genSumEvents(3000, 7)
+	docs := make([]any, len(events))
+	for i, e := range events {
+		docs[i] = e.doc()
+	}
+	if _, err := coll.InsertMany(ctx, docs); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := direct(t).Database(db).Collection("plain").InsertMany(ctx, docs); err != nil {
+		t.Fatal(err)
+	}
+	edges := []time.Time{summaryBase.Add(24 * time.Hour), summaryBase.Add(30 * time.Hour), summaryBase.Add(72 * time.Hour), summaryBase.Add(73 * time.Hour)}
+	bounds := bson.A{}
+	for _, e := range edges {
+		bounds = append(bounds, e)
+	}
+	rangeOf := func(ts time.Time) (any, bool) {
+		for i := len(edges) - 2; i >= 0; i-- {
+			if !ts.Before(edges[i]) && ts.Before(edges[i+1]) {
+				return bson.NewDateTimeFromTime(edges[i]), true
+			}
+		}
+		return nil, false
+	}
+	output := summaryAccs
+	inside := bson.D{{Key: "$match", Value: bson.D{{Key: "ts", Value: bson.D{{Key: "$gte", Value: edges[0]}, {Key: "$lt", Value: edges[3]}}}}}}
+	cases := []struct {
+		name     string
+		pipeline bson.A
+		key      func(sumEvent) (any, bool)
+		counts   bool
+	}{
+		{"with a default and output", bson.A{bson.D{{Key: "$bucket", Value: bson.D{{Key: "groupBy", Value: "$ts"}, {Key: "boundaries", Value: bounds}, {Key: "default", Value: "other"}, {Key: "output", Value: output}}}}},
+			func(e sumEvent) (any, bool) {
+				if id, ok := rangeOf(e.ts); ok {
+					return id, true
+				}
+				return "other", true
+			}, false},
+		{"matched inside, default output", bson.A{inside, bson.D{{Key: "$bucket", Value: bson.D{{Key: "groupBy", Value: "$ts"}, {Key: "boundaries", Value: bounds}}}}},
+			func(e sumEvent) (any, bool) { return rangeOf(e.ts) }, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := runAggregate(t, coll, c.pipeline)
+			groups := refGroups(events, c.key)
+			var want []bson.D
+			if c.counts {
+				for _, g := range groups {
+					want = append(want, bson.D{{Key: "_id", Value: g.id}, {Key: "count", Value: g.count}})
+				}
+			} else {
+				want = refDocs(groups, false)
+			}
+			compareGroups(t, "proxy (summaries) vs Go reference", got, want, false)
+			for i := 1; i < len(got); i++ { // in _id order: "other" (a string) before dates
+				if _, isDate := got[i][0].Value.(bson.DateTime); !isDate {
+					t.Fatalf("group %d is %v: want the default first", i, got[i])
+				}
+			}
+			if plain, err := tryAggregate(direct(t).Database(db).Collection("plain"), c.pipeline); err == nil {
+				compareGroups(t, "proxy vs the plain collection", got, plain, false)
+			} else {
+				t.Logf("the upstream does not run this pipeline on a plain collection: %v", err)
+			}
+		})
+	}
+	t.Run("events outside without a default", func(t *testing.T) {
+		_, err := tryAggregate(coll, bson.A{bson.D{{Key: "$bucket", Value: bson.D{{Key: "groupBy", Value: "$ts"}, {Key: "boundaries", Value: bounds}}}}})
+		var se mongo.ServerError
+		if !errors.As(err, &se) || !se.HasErrorCode(40066) || !strings.Contains(err.Error(), "no default was specified") {
+			t.Fatalf("want MongoDB's error 40066, got %v", err)
+		}
+	})
+}
+
 // TestSummaryNotExact: shapes the summaries cannot answer exactly are not
-// answered from them: a $match that cuts a bucket, and a named meta part
-// over events without the metaField (missing and null share a bucket).
+// answered from them: a $match that cuts a bucket, a named meta part
+// over events without the metaField (missing and null share a bucket),
+// and sums of doubles that round.
 func TestSummaryNotExact(t *testing.T) {
 	db := uniqueDB(t)
 	ctx := ctxFor(t)
 	p := startProxy(t, proxyOptions{yaml: summaryRule(db)})
 	coll := connect(t, p.URI()).Database(db).Collection("readings")
-	docs := []any{
+	events := []any{
 		bson.D{{Key: "ts", Value: summaryBase.Add(10 * time.Minute)}, {Key: "sensorId", Value: "a"}, {Key: "value", Value: 1.5}},
 		bson.D{{Key: "ts", Value: summaryBase.Add(50 * time.Minute)}, {Key: "sensorId", Value: "a"}, {Key: "value", Value: 2.5}},
 		bson.D{{Key: "ts", Value: summaryBase.Add(20 * time.Minute)}, {Key: "value", Value: 4.0}},
+		// Tenths: a sum of them rounds, and MongoDB's rounding depends on
+		// the order it adds them in.
+		bson.D{{Key: "ts", Value: summaryBase.Add(24*time.Hour + time.Minute)}, {Key: "sensorId", Value: "t"}, {Key: "value", Value: 0.1}},
+		bson.D{{Key: "ts", Value: summaryBase.Add(24*time.Hour + 2*time.Minute)}, {Key: "sensorId", Value: "t"}, {Key: "value", Value: 0.2}},
+		bson.D{{Key: "ts", Value: summaryBase.Add(25*time.Hour + time.Minute)}, {Key: "sensorId", Value: "t"}, {Key: "value", Value: 0.3}},
 	}
-	if _, err := coll.InsertMany(ctx, docs); err != nil {
+	if _, err := coll.InsertMany(ctx, events); err != nil {
+		t.Fatal(err)
+	}
+	plain := direct(t).Database(db).Collection("plain")
+	if _, err := plain.InsertMany(ctx, events[3:]); err != nil {
 		t.Fatal(err)
 	}
 	group := bson.D{{Key: "$group", Value: bson.D{{Key: "_id", Value: bson.D{{Key: "s", Value: "$sensorId"}}}, {Key: "total", Value: bson.D{{Key: "$sum", Value: "$value"}}}}}}
+	tenths := bson.D{{Key: "$match", Value: bson.D{{Key: "sensorId", Value: "t"}}}}
 	cut := bson.D{{Key: "$match", Value: bson.D{{Key: "ts", Value: bson.D{{Key: "$gte", Value: summaryBase.Add(30 * time.Minute)}}}}}}
 	for name, pipeline := range map[string]bson.A{
 		"match cuts the bucket": {cut, bson.D{{Key: "$group", Value: bson.D{{Key: "_id", Value: dateTruncSpec("hour")}, {Key: "total", Value: bson.D{{Key: "$sum", Value: "$value"}}}}}}},
 		"named meta, null meta": {group},
+		"sum of tenths":         {tenths, bson.D{{Key: "$group", Value: bson.D{{Key: "_id", Value: "$sensorId"}, {Key: "total", Value: bson.D{{Key: "$sum", Value: "$value"}}}}}}},
+		"avg of tenths":         {tenths, bson.D{{Key: "$group", Value: bson.D{{Key: "_id", Value: "$sensorId"}, {Key: "total", Value: bson.D{{Key: "$avg", Value: "$value"}}}}}}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			docs, err := tryAggregate(coll, pipeline)
@@ -239,6 +378,12 @@ func TestSummaryNotExact(t *testing.T) {
 				if !refused(err) {
 					t.Fatalf("want the unwound path's clear refusal, got %v", err)
 				}
+				return
+			}
+			if strings.Contains(name, "tenths") {
+				// The upstream's own answer over the same events as plain
+				// documents, added in its own order.
+				compareGroups(t, "unwound vs the plain collection", docs, runAggregate(t, plain, pipeline), false)
 				return
 			}
 			// An upstream with full aggregation answers from the events.
@@ -294,14 +439,16 @@ func refDocs(groups map[string]*refGroup, byTotalDesc bool) []bson.D {
 			{Key: "hi", Value: g.maxV},
 			{Key: "first", Value: bson.NewDateTimeFromTime(g.minTS)},
 			{Key: "last", Value: bson.NewDateTimeFromTime(g.maxTS)},
+			{Key: "avg", Value: g.avgValue()},
+			{Key: "avgN", Value: g.avgN()},
 		})
 	}
 	return out
 }
 
 // compareGroups compares result documents by _id (in order when ordered):
-// same fields, same BSON types, same values (doubles to 1e-9 relative, as
-// sums of doubles depend on the order of addition).
+// same fields, same BSON types, same values, doubles to the last bit (the
+// events' values make every sum exact).
 func compareGroups(t *testing.T, what string, got, want []bson.D, ordered bool) {
 	t.Helper()
 	if len(got) != len(want) {
@@ -338,9 +485,8 @@ func sameDoc(got, want bson.D) error {
 			return fmt.Errorf("%s is a %T, want a %T", g.Key, g.Value, w.Value)
 		}
 		if gf, ok := g.Value.(float64); ok {
-			wf := w.Value.(float64)
-			if math.Abs(gf-wf) > 1e-9*math.Max(1, math.Abs(wf)) {
-				return fmt.Errorf("%s is %v, want %v", g.Key, gf, wf)
+			if wf := w.Value.(float64); gf != wf {
+				return fmt.Errorf("%s is %v, want %v (to the last bit)", g.Key, gf, wf)
 			}
 			continue
 		}
@@ -458,4 +604,127 @@ print(JSON.stringify(out.map(x => [x._id.toISOString().slice(0, 10), x.events, x
 	if want := "[" + strings.Join(parts, ",") + "]"; strings.TrimSpace(line) != want {
 		t.Fatalf("mongosh output:\n%s\nwant %s", out, want)
 	}
+}
+
+// TestSummaryAvgFormats: $avg from the summaries of complete buckets
+// (also after a delete rewrote one), and buckets of the older format
+// without counts: a bucket written directly to the upstream as an older
+// proxy wrote it, and such a bucket that a newer upsert then joined. Those
+// keep answering integer $sum from their summaries; $avg and double sums
+// over them are not answered from summaries (the unwound path answers, or
+// refuses clearly on FerretDB).
+func TestSummaryAvgFormats(t *testing.T) {
+	db := uniqueDB(t)
+	ctx := ctxFor(t)
+	p := startProxy(t, proxyOptions{yaml: summaryRule(db)})
+	coll := connect(t, p.URI()).Database(db).Collection("readings")
+	bySensor := func(sensor string, accs ...bson.E) bson.A {
+		return bson.A{
+			bson.D{{Key: "$match", Value: bson.D{{Key: "sensorId", Value: sensor}}}},
+			bson.D{{Key: "$group", Value: append(bson.D{{Key: "_id", Value: "$sensorId"}}, accs...)}},
+		}
+	}
+	avg := func(f string) bson.E { return bson.E{Key: "a", Value: bson.D{{Key: "$avg", Value: "$" + f}}} }
+	sum := func(f string) bson.E { return bson.E{Key: "s", Value: bson.D{{Key: "$sum", Value: "$" + f}}} }
+	// answered: the summaries answer (FerretDB's unwound path would refuse).
+	answered := func(pipeline bson.A, want bson.D) {
+		t.Helper()
+		compareGroups(t, "summaries", runAggregate(t, coll, pipeline), []bson.D{want}, false)
+	}
+	// declined: not from summaries: refused on FerretDB, else right.
+	declined := func(pipeline bson.A, want bson.D) {
+		t.Helper()
+		got, err := tryAggregate(coll, pipeline)
+		if err != nil {
+			if !refused(err) {
+				t.Fatalf("want the unwound path's clear refusal, got %v", err)
+			}
+			return
+		}
+		compareGroups(t, "unwound", got, []bson.D{want}, false)
+	}
+
+	t.Run("complete bucket, then a delete rewrites it", func(t *testing.T) {
+		var docs []any
+		var n, sumN int32
+		var nv int
+		var sumV float64
+		for i := 0; i < 150; i++ {
+			d := bson.D{{Key: "ts", Value: summaryBase.Add(time.Duration(i) * time.Second)}, {Key: "sensorId", Value: "bulk"}, {Key: "n", Value: int32(i)}}
+			if i%3 != 0 {
+				d = append(d, bson.E{Key: "value", Value: float64(i) / 2})
+			}
+			docs = append(docs, d)
+		}
+		if _, err := coll.InsertMany(ctx, docs); err != nil { // past the insert threshold: one complete bucket
+			t.Fatal(err)
+		}
+		want := func(from int) bson.D {
+			n, sumN, nv, sumV = 0, 0, 0, 0
+			for i := from; i < 150; i++ {
+				n++
+				sumN += int32(i)
+				if i%3 != 0 {
+					nv++
+					sumV += float64(i) / 2
+				}
+			}
+			return bson.D{{Key: "_id", Value: "bulk"}, {Key: "a", Value: sumV / float64(nv)}, {Key: "b", Value: float64(sumN) / float64(n)}}
+		}
+		avgN := bson.E{Key: "b", Value: bson.D{{Key: "$avg", Value: "$n"}}}
+		answered(bySensor("bulk", avg("value"), avgN), want(0))
+		res, err := coll.DeleteMany(ctx, bson.D{{Key: "sensorId", Value: "bulk"}, {Key: "n", Value: bson.D{{Key: "$lt", Value: 10}}}})
+		if err != nil || res.DeletedCount != 10 {
+			t.Fatalf("delete: %v, %+v", err, res)
+		}
+		answered(bySensor("bulk", avg("value"), avgN), want(10))
+	})
+
+	// A bucket as the proxy wrote it before counts: no counted, counts
+	// or lowBit.
+	start := summaryBase.Add(48 * time.Hour)
+	ns := db + ".readings.buckets"
+	_, metaBytes, err := bson.MarshalValue("old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	meta := bson.RawValue{Type: bson.TypeString, Value: metaBytes}
+	ev := func(sec int, v float64, n int32) bson.D {
+		return bson.D{{Key: "_id", Value: bson.NewObjectID()}, {Key: "ts", Value: bson.NewDateTimeFromTime(start.Add(time.Duration(sec) * time.Second))}, {Key: "sensorId", Value: nil}, {Key: "value", Value: v}, {Key: "n", Value: n}}
+	}
+	old := bson.D{
+		{Key: "_id", Value: rewrite.BucketIDOf(ns, meta, start.UnixMilli(), 0)},
+		{Key: "meta", Value: "old"},
+		{Key: "start", Value: bson.NewDateTimeFromTime(start)},
+		{Key: "count", Value: int32(2)},
+		{Key: "bytes", Value: int32(200)},
+		{Key: "min", Value: bson.D{{Key: "ts", Value: bson.NewDateTimeFromTime(start.Add(time.Second))}, {Key: "value", Value: 1.5}, {Key: "n", Value: int32(2)}}},
+		{Key: "max", Value: bson.D{{Key: "ts", Value: bson.NewDateTimeFromTime(start.Add(2 * time.Second))}, {Key: "value", Value: 2.0}, {Key: "n", Value: int32(3)}}},
+		{Key: "sum", Value: bson.D{{Key: "value", Value: 3.5}, {Key: "n", Value: int32(5)}}},
+		{Key: "events", Value: bson.A{ev(1, 1.5, 2), ev(2, 2.0, 3)}},
+	}
+	if _, err := direct(t).Database(db).Collection("readings.buckets").InsertOne(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	t.Run("older bucket", func(t *testing.T) {
+		answered(bySensor("old", sum("n")), bson.D{{Key: "_id", Value: "old"}, {Key: "s", Value: int32(5)}})
+		declined(bySensor("old", avg("value")), bson.D{{Key: "_id", Value: "old"}, {Key: "a", Value: 1.75}})
+		declined(bySensor("old", avg("n")), bson.D{{Key: "_id", Value: "old"}, {Key: "a", Value: 2.5}})
+		declined(bySensor("old", sum("value")), bson.D{{Key: "_id", Value: "old"}, {Key: "s", Value: 3.5}})
+	})
+	t.Run("older bucket joined by a newer upsert", func(t *testing.T) {
+		if _, err := coll.InsertOne(ctx, bson.D{{Key: "ts", Value: start.Add(3 * time.Second)}, {Key: "sensorId", Value: "old"}, {Key: "value", Value: 4.0}, {Key: "n", Value: int32(1)}}); err != nil {
+			t.Fatal(err)
+		}
+		var b struct {
+			Count   int32 `bson:"count"`
+			Counted int32 `bson:"counted"`
+		}
+		if err := direct(t).Database(db).Collection("readings.buckets").FindOne(ctx, bson.D{{Key: "meta", Value: "old"}}).Decode(&b); err != nil || b.Count != 3 || b.Counted != 1 {
+			t.Fatalf("the upsert did not join the older bucket: %+v %v", b, err)
+		}
+		answered(bySensor("old", sum("n")), bson.D{{Key: "_id", Value: "old"}, {Key: "s", Value: int32(6)}})
+		declined(bySensor("old", avg("value")), bson.D{{Key: "_id", Value: "old"}, {Key: "a", Value: 2.5}})
+		declined(bySensor("old", avg("n")), bson.D{{Key: "_id", Value: "old"}, {Key: "a", Value: 2.0}})
+	})
 }
