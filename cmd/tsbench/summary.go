@@ -48,16 +48,12 @@ type hourStats struct {
 // rewrite/read_summary_exec.go) and the answers agree to the last bit.
 func benchSummary(e *benchEnv, runs int) error {
 	ctx := context.Background()
-	proxyC, err := mongo.Connect(options.Client().ApplyURI(e.proxyURI).SetTimeout(10 * time.Minute))
+	cs, err := e.connectBoth(10*time.Minute, 0)
 	if err != nil {
 		return err
 	}
-	defer proxyC.Disconnect(ctx)
-	directC, err := mongo.Connect(options.Client().ApplyURI(e.upstreamURI).SetTimeout(10 * time.Minute))
-	if err != nil {
-		return err
-	}
-	defer directC.Disconnect(ctx)
+	defer cs.close()
+	proxyC, directC := cs.proxy, cs.direct
 	bucketed := proxyC.Database("tsbench").Collection("summary")
 	plain := directC.Database("tsbench").Collection("summary_plain")
 	day := time.Date(2026, 3, 2, 0, 0, 0, 0, time.UTC)
