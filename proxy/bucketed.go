@@ -67,6 +67,9 @@ func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
 // the same, without answering the client: the proxy needs the replies to
 // keep its fills exact and to retry duplicate keys.
 func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
+	if rule.Partitioned() {
+		return c.rewriteInsertPartitioned(req, rule) // proxy/partition.go
+	}
 	unacked := req.msg.Flags&wire.MoreToCome != 0
 	caps, err := c.upstreamCaps()
 	if err != nil {

@@ -88,6 +88,9 @@ type request struct {
 	name       string
 	db         string
 	start      time.Time
+	// sink, when set, receives the reply instead of the client: a
+	// sub-command the proxy runs for a partitioned rule (partition.go).
+	sink *[]byte
 }
 
 // serve reads and answers requests until the client goes away, a frame
@@ -343,6 +346,10 @@ func (c *conn) writeFrame(req *request, frame []byte) error {
 
 // replyBody sends body as the reply to req, in the opcode the client used.
 func (c *conn) replyBody(req *request, body []byte) error {
+	if req.sink != nil {
+		*req.sink = append((*req.sink)[:0], body...)
+		return nil
+	}
 	var frame []byte
 	if req.legacy {
 		frame = wire.AppendReply(c.outBuf[:0], upstream.NextRequestID(), req.h.RequestID, body)

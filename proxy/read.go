@@ -257,6 +257,12 @@ func (c *conn) rewriteDrop(req *request, rule *rules.Rule) error {
 	if err != nil {
 		return c.replyRewriteError(req, err)
 	}
+	dropped := 0
+	if rule.Partitioned() {
+		if dropped, err = c.dropPartitions(rule); err != nil {
+			return err
+		}
+	}
 	reply, err := c.upCommand(cmd)
 	st := c.s.state
 	st.mu.Lock()
@@ -268,7 +274,7 @@ func (c *conn) rewriteDrop(req *request, rule *rules.Rule) error {
 		return err
 	}
 	c.dropRollups(rule)
-	return c.replyBody(req, rewrite.DropReply(reply, rule))
+	return c.replyBody(req, partitionDropReply(rewrite.DropReply(reply, rule), rule, dropped))
 }
 
 // rewriteListCollections lists a database holding bucketed namespaces as
