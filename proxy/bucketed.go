@@ -23,6 +23,11 @@ func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
 	if rule.Layout == rules.LayoutCounter || rule.Layout == rules.LayoutSlots {
 		return c.handleLayout(req, rule) // proxy/layout.go
 	}
+	if rule.Partitioned() {
+		if done, err := c.handlePartitioned(req, rule); done { // proxy/partition.go
+			return err
+		}
+	}
 	switch req.name {
 	case "insert":
 		return c.answerRefusal(req, c.rewriteInsert(req, rule))

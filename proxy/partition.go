@@ -203,3 +203,79 @@ func (s *Server) retainPartitions(up *upstream.Conn, rule *rules.Rule, modes map
 	}
 	return nil
 }
+
+// handlePartitioned serves the commands whose meaning on a partitioned
+// rule differs from the bucket collection's; done is false for the
+// others (insert, reads and drop have their own hooks).
+func (c *conn) handlePartitioned(req *request, rule *rules.Rule) (done bool, err error) {
+	switch req.name {
+	case "delete":
+		return true, c.deletePartitioned(req, rule)
+	case "killCursors":
+		return true, c.killCursorsPartitioned(req, rule)
+	case "collStats", "createIndexes", "listIndexes", "dropIndexes", "create":
+		if req.msg.Flags&wire.MoreToCome != 0 {
+			return true, nil
+		}
+		return true, c.replyRewriteError(req, rewrite.PartitionCommandRefusal(rule, req.name))
+	}
+	return false, nil
+}
+
+// deletePartitioned runs a delete on every partition and sums it.
+func (c *conn) deletePartitioned(req *request, rule *rules.Rule) error {
+	unacked := req.msg.Flags&wire.MoreToCome != 0
+	parts, err := listPartitions(connCommander{c}, rule)
+	if err != nil {
+		return err
+	}
+	if len(parts) > 1 && rewrite.DeleteLimitOne(commandOf(req)) {
+		if unacked {
+			return nil
+		}
+		return c.replyRewriteError(req, rewrite.PartitionCommandRefusal(rule, "delete with limit 1 spanning partitions"))
+	}
+	if len(parts) == 0 {
+		parts = []partition{{coll: rule.BucketCollection}} // an empty delete, validated as usual
+	}
+	var replies [][]byte
+	ip := make([]rewrite.InsertPart, len(parts))
+	for _, p := range parts {
+		var out []byte
+		sub := *req
+		sub.msg.Flags &^= wire.MoreToCome
+		sub.sink = &out
+		if err := c.rewriteDelete(&sub, partitionRule(rule, p.coll)); err != nil {
+			return err
+		}
+		replies = append(replies, out)
+		if ok, _ := bson.Raw(out).Lookup("ok").AsFloat64OK(); ok != 1 {
+			break
+		}
+	}
+	if unacked {
+		return nil
+	}
+	return c.replyBody(req, rewrite.MergeInsertReplies(ip[:len(replies)], replies))
+}
+
+// killCursorsPartitioned kills cursors of a partitioned rule: each
+// upstream cursor on its own partition, proxy-held ones here.
+func (c *conn) killCursorsPartitioned(req *request, rule *rules.Rule) error {
+	_, ids, err := rewrite.KillCursors(req.msg.Body, rule)
+	if err != nil {
+		return c.replyRewriteError(req, err)
+	}
+	for _, id := range ids {
+		e := c.s.cursors.get(id)
+		if e == nil {
+			continue
+		}
+		c.closeScanEntry(e)
+		c.s.cursors.forget(id)
+		if !e.local {
+			c.killUpstreamCursor(e.rule, id)
+		}
+	}
+	return c.replyBody(req, rewrite.KillCursorsReply(nil, ids))
+}

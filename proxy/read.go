@@ -35,6 +35,9 @@ func (c *conn) replyRewriteError(req *request, err error) error {
 
 // rewriteRead serves find, aggregate, count, distinct and explain.
 func (c *conn) rewriteRead(req *request, rule *rules.Rule) error {
+	if rule.Partitioned() {
+		return c.rewriteReadPartitioned(req, rule) // proxy/partition_read.go
+	}
 	caps, err := c.upstreamCaps()
 	if err != nil {
 		return err
@@ -148,9 +151,13 @@ func (c *conn) rewriteGetMore(req *request, rule *rules.Rule) error {
 	id, _ := bson.Raw(req.msg.Body).Lookup("getMore").AsInt64OK()
 	entry := c.s.cursors.get(id)
 	if entry != nil {
-		if pc, ok := entry.reshape.(*pointCursor); ok {
+		switch pc := entry.reshape.(type) {
+		case *pointCursor:
 			return c.servePointMore(req, entry.rule, id, pc)
+		case *partitionCursor:
+			return c.servePartitionMore(req, id, pc)
 		}
+		rule = entry.rule // a partition's, for a partitioned rule
 	}
 	shape, _ := entryShape(entry)
 	if shape == nil {

@@ -74,7 +74,7 @@ func SplitInsert(cmd Command, rule *rules.Rule, now int64) (parts []InsertPart, 
 		}
 		p.Command.Sequences[0].Documents = append(p.Command.Sequences[0].Documents, docs[i])
 	}
-	body := withoutField(cmd.Body, "documents")
+	body := withoutFields(cmd.Body, "documents")
 	for i := range parts {
 		parts[i].Command.Body = body
 	}
@@ -113,19 +113,6 @@ func eventPartitions(docs []bsoncore.Document, rule *rules.Rule, now int64) []st
 		colls[i] = first
 	}
 	return colls
-}
-
-// withoutField copies doc without its top-level field key.
-func withoutField(doc bsoncore.Document, key string) bsoncore.Document {
-	elems, _ := doc.Elements()
-	idx, out := bsoncore.AppendDocumentStart(nil)
-	for _, e := range elems {
-		if e.Key() != key {
-			out = append(out, e...)
-		}
-	}
-	out, _ = bsoncore.AppendDocumentEnd(out, idx)
-	return out
 }
 
 // InsertPartFailed reports whether a part's reply stops an ordered
@@ -184,6 +171,8 @@ func MergeInsertReplies(parts []InsertPart, replies [][]byte) []byte {
 		}
 	}
 	slices.SortStableFunc(errs, func(a, b werr) int { return a.index - b.index })
+	// A statement run on every partition (delete) fails alike in each.
+	errs = slices.CompactFunc(errs, func(a, b werr) bool { return a.index == b.index })
 	idx, out := bsoncore.AppendDocumentStart(nil)
 	out = bsoncore.AppendInt32Element(out, "n", int32(n))
 	if len(errs) > 0 {
@@ -214,4 +203,24 @@ func renumbered(d bsoncore.Document, index int) bsoncore.Document {
 	}
 	out, _ = bsoncore.AppendDocumentEnd(out, idx)
 	return out
+}
+
+// DeleteLimitOne reports whether a delete has a statement with limit 1,
+// which deletes one event of all the partitions, not one per partition.
+func DeleteLimitOne(cmd Command) bool {
+	docs, err := commandDocuments(cmd, "deletes")
+	if err != nil {
+		return false // the delete path refuses it
+	}
+	for _, d := range docs {
+		if v, ok := lookupTop(d, "limit"); ok {
+			if n, ok := v.AsInt64OK(); ok && n != 0 {
+				return true
+			}
+			if f, ok := v.DoubleOK(); ok && f != 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
