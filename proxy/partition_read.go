@@ -62,6 +62,9 @@ func (c *conn) rewriteReadPartitioned(req *request, rule *rules.Rule) error {
 		if done, err := c.summariesPartitioned(req, rule, parts, caps); done {
 			return err
 		}
+		if g, ok := rewrite.PlanPartitionedGroupCount(req.msg.Body, rule); ok {
+			return c.groupCountPartitioned(req, rule, parts, g)
+		}
 		return c.replyRewriteError(req, rewrite.PartitionReadRefusal(rule, "an aggregate not answered from the bucket summaries", len(parts)))
 	}
 	return c.replyRewriteError(req, rewrite.PartitionReadRefusal(rule, req.name, len(parts)))
@@ -172,6 +175,20 @@ func (c *conn) countPartitioned(req *request, rule *rules.Rule, parts []partitio
 		}
 	}
 	return c.replyBody(req, pc.Result())
+}
+
+// groupCountPartitioned serves countDocuments over several partitions.
+func (c *conn) groupCountPartitioned(req *request, rule *rules.Rule, parts []partition, g *rewrite.PartitionedGroupCount) error {
+	for _, p := range parts {
+		reply, err := c.subRead(req, rule, p.coll, g.Count.Sub, c.rewriteRead)
+		if err != nil {
+			return err
+		}
+		if bad := g.Count.Add(reply); bad != nil {
+			return c.replyBody(req, bad)
+		}
+	}
+	return c.replyBody(req, g.Result())
 }
 
 // distinctPartitioned unites distinct over several partitions.

@@ -22,6 +22,7 @@ type ListCollectionsPlan struct {
 	docs     []bsoncore.Document
 	errReply []byte
 	extra    []bsoncore.Element // top-level reply fields besides cursor and ok
+	shown    map[*rules.Rule]bool
 }
 
 // PlanListCollections rewrites listCollections on db, where rs are the
@@ -217,8 +218,18 @@ func (p *ListCollectionsPlan) mapDoc(d bsoncore.Document) bsoncore.Document {
 	}
 	r := p.byBucket[name]
 	if r == nil {
+		r = partitionOwner(p.byApp, name) // rewrite/partition.go
+	}
+	if r == nil {
 		return append(bsoncore.Document(nil), d...)
 	}
+	if p.shown[r] {
+		return nil // a partitioned rule's second partition
+	}
+	if p.shown == nil {
+		p.shown = map[*rules.Rule]bool{}
+	}
+	p.shown[r] = true
 	elems, _ := d.Elements()
 	idx, out := bsoncore.AppendDocumentStart(nil)
 	for _, e := range elems {

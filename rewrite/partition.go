@@ -224,3 +224,15 @@ func DeleteLimitOne(cmd Command) bool {
 	}
 	return false
 }
+
+// partitionOwner is the partitioned rule (among byApp's) that coll is a
+// partition of, or nil. listCollections shows a partitioned rule's
+// partitions as the app's one collection.
+func partitionOwner(byApp map[string]*rules.Rule, coll string) *rules.Rule {
+	for _, r := range byApp {
+		if _, ok := r.ParsePartition(coll); ok && r.Partitioned() {
+			return r
+		}
+	}
+	return nil
+}

@@ -509,3 +509,125 @@ func PartitionOverlaps(rule *rules.Rule, start, from, to int64) bool {
 func PartitionCommandRefusal(rule *rules.Rule, what string) error {
 	return ruleErrorf(rule, CodeNotImplemented, "%s is not supported with partitionBy %s (buckets are in one collection per period)", what, rule.PartitionBy)
 }
+
+// PartitionedGroupCount is countDocuments across partitions: the
+// aggregate [$match..., $skip?, $limit?, {$group: {_id: c, n: {$sum: 1}}}]
+// counted as a count (Count), answered as the aggregate's cursor.
+type PartitionedGroupCount struct {
+	Count *PartitionedCount
+	ns    string
+	id    bsoncore.Value
+	key   string
+}
+
+// PlanPartitionedGroupCount recognises countDocuments' pipeline; ok is
+// false for any other aggregate.
+func PlanPartitionedGroupCount(body []byte, rule *rules.Rule) (*PartitionedGroupCount, bool) {
+	doc := bsoncore.Document(body)
+	if validateDeep(doc, 0) != nil {
+		return nil, false
+	}
+	arr, ok := doc.Lookup("pipeline").ArrayOK()
+	if !ok {
+		return nil, false
+	}
+	stages, err := arr.Values()
+	if err != nil || len(stages) == 0 {
+		return nil, false
+	}
+	var matches []bsoncore.Document
+	var skip, limit bsoncore.Value
+	for i, sv := range stages {
+		st, ok := sv.DocumentOK()
+		if !ok {
+			return nil, false
+		}
+		se, err := st.Elements()
+		if err != nil || len(se) != 1 {
+			return nil, false
+		}
+		name, v := se[0].Key(), se[0].Value()
+		switch {
+		case name == "$match" && skip.Type == 0 && limit.Type == 0:
+			m, ok := v.DocumentOK()
+			if !ok {
+				return nil, false
+			}
+			matches = append(matches, m)
+		case name == "$skip" && skip.Type == 0 && limit.Type == 0:
+			skip = v
+		case name == "$limit" && limit.Type == 0:
+			limit = v
+		case name == "$group" && i == len(stages)-1:
+			key, ok := countGroup(v)
+			if !ok {
+				return nil, false
+			}
+			g := &PartitionedGroupCount{ns: rule.Namespace, key: key}
+			g.id = v.Document().Lookup("_id")
+			cmd := countCommand(doc, rule, matches, skip, limit)
+			if g.Count, err = PlanPartitionedCount(cmd, rule); err != nil {
+				return nil, false
+			}
+			return g, true
+		default:
+			return nil, false
+		}
+	}
+	return nil, false
+}
+
+// countCommand is the count of an aggregate's matches, skip and limit.
+func countCommand(agg bsoncore.Document, rule *rules.Rule, matches []bsoncore.Document, skip, limit bsoncore.Value) []byte {
+	idx, d := bsoncore.AppendDocumentStart(nil)
+	d = bsoncore.AppendStringElement(d, "count", rule.Collection)
+	switch len(matches) {
+	case 0:
+	case 1:
+		d = bsoncore.AppendDocumentElement(d, "query", matches[0])
+	default:
+		qidx, q := bsoncore.AppendDocumentElementStart(d, "query")
+		aidx, a := bsoncore.AppendArrayElementStart(q, "$and")
+		for i, m := range matches {
+			a = bsoncore.AppendDocumentElement(a, itoa(i), m)
+		}
+		q, _ = bsoncore.AppendArrayEnd(a, aidx)
+		d, _ = bsoncore.AppendDocumentEnd(q, qidx)
+	}
+	if skip.Type != 0 {
+		d = bsoncore.AppendValueElement(d, "skip", skip)
+	}
+	if limit.Type != 0 {
+		d = bsoncore.AppendValueElement(d, "limit", limit)
+	}
+	elems, _ := agg.Elements()
+	for _, e := range elems {
+		if readCarriedSet[e.Key()] {
+			d = append(d, e...)
+		}
+	}
+	d, _ = bsoncore.AppendDocumentEnd(d, idx)
+	return d
+}
+
+// Result is the aggregate's reply: one group document, or none when no
+// event counted.
+func (g *PartitionedGroupCount) Result() []byte {
+	n := bsoncore.Document(g.Count.Result()).Lookup("n")
+	idx, d := bsoncore.AppendDocumentStart(nil)
+	cidx, c := bsoncore.AppendDocumentElementStart(d, "cursor")
+	aidx, a := bsoncore.AppendArrayElementStart(c, "firstBatch")
+	if cnt, _ := n.AsInt64OK(); cnt > 0 {
+		gidx, gd := bsoncore.AppendDocumentElementStart(a, "0")
+		gd = bsoncore.AppendValueElement(gd, "_id", g.id)
+		gd = bsoncore.AppendValueElement(gd, g.key, n)
+		a, _ = bsoncore.AppendDocumentEnd(gd, gidx)
+	}
+	c, _ = bsoncore.AppendArrayEnd(a, aidx)
+	c = bsoncore.AppendInt64Element(c, "id", 0)
+	c = bsoncore.AppendStringElement(c, "ns", g.ns)
+	d, _ = bsoncore.AppendDocumentEnd(c, cidx)
+	d = bsoncore.AppendDoubleElement(d, "ok", 1)
+	d, _ = bsoncore.AppendDocumentEnd(d, idx)
+	return d
+}
