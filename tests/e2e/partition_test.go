@@ -3,8 +3,10 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"reflect"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -214,6 +216,35 @@ func TestPartitionMonth(t *testing.T) {
 		}
 	})
 
+	t.Run("commands without a partitioned meaning are refused", func(t *testing.T) {
+		for _, cmd := range []bson.D{
+			{{Key: "collStats", Value: "readings"}},
+			{{Key: "createIndexes", Value: "readings"}, {Key: "indexes", Value: bson.A{bson.D{{Key: "key", Value: bson.D{{Key: "value", Value: 1}}}, {Key: "name", Value: "v"}}}}},
+			{{Key: "listIndexes", Value: "readings"}},
+			{{Key: "explain", Value: bson.D{{Key: "find", Value: "readings"}}}},
+		} {
+			err := pc.Database(db).RunCommand(ctx, cmd).Err()
+			if err == nil || !strings.Contains(err.Error(), "tsproxy rule "+db+".readings") || !strings.Contains(err.Error(), "partition") {
+				t.Errorf("%s: %v, want a refusal naming the rule and the partitions", cmd[0].Key, err)
+			}
+		}
+	})
+
+	t.Run("cursors closed early", func(t *testing.T) {
+		for _, f := range []bson.D{{}, {{Key: "ts", Value: bson.D{{Key: "$gte", Value: aug1}, {Key: "$lt", Value: aug10}}}}} {
+			cur, err := readings.Find(ctx, f, options.Find().SetBatchSize(5).SetSort(asc))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !cur.Next(ctx) {
+				t.Fatalf("no first document: %v", cur.Err())
+			}
+			if err := cur.Close(ctx); err != nil {
+				t.Fatalf("killCursors: %v", err)
+			}
+		}
+	})
+
 	t.Run("listCollections hides the partitions", func(t *testing.T) {
 		names, err := pc.Database(db).ListCollectionNames(ctx, bson.D{})
 		if err != nil {
@@ -372,4 +403,78 @@ func head(d []bson.D) []bson.D {
 		return d[:3]
 	}
 	return d
+}
+
+// TestPartitionOverhead measures what partitionBy: month costs: the same
+// events (3 months) through the proxy into a rule without partitions and
+// one with, interleaved over several runs; medians printed. Skipped
+// unless TSPROXY_BENCH is set (it measures, it does not check).
+func TestPartitionOverhead(t *testing.T) {
+	if os.Getenv("TSPROXY_BENCH") == "" {
+		t.Skip("set TSPROXY_BENCH=1 to measure")
+	}
+	ctx := ctxFor(t)
+	const runs, events, batch, reps = 5, 6000, 1000, 10
+	base := time.Date(2026, 7, 1, 0, 0, 0, 0, time.UTC)
+	mid := []time.Time{time.Date(2026, 8, 10, 0, 0, 0, 0, time.UTC), time.Date(2026, 8, 12, 0, 0, 0, 0, time.UTC)}
+	timings := map[string][]float64{}
+	for r := 0; r < runs; r++ {
+		db := fmt.Sprintf("%s_%d", uniqueDB(t), r)
+		yaml := fmt.Sprintf(`rules:
+  - {namespace: %[1]s.flat, timeField: ts, metaField: sensor, aggregates: [value], bucket: {span: 1h, maxEvents: 200}}
+  - {namespace: %[1]s.part, timeField: ts, metaField: sensor, aggregates: [value], bucket: {span: 1h, maxEvents: 200}, partitionBy: month}
+`, db)
+		p := startProxy(t, proxyOptions{yaml: yaml})
+		via := connect(t, p.URI()).Database(db)
+		for _, name := range []string{"flat", "part"} {
+			coll := via.Collection(name)
+			docs := make([]any, events)
+			for i := range docs {
+				docs[i] = bson.D{{Key: "ts", Value: base.Add(time.Duration(i) * 20 * time.Minute)}, {Key: "sensor", Value: fmt.Sprintf("s%d", i%5)}, {Key: "value", Value: float64(i % 97)}}
+			}
+			t0 := time.Now()
+			for i := 0; i < len(docs); i += batch {
+				if _, err := coll.InsertMany(ctx, docs[i:i+batch]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			timings[name+" insert ms"] = append(timings[name+" insert ms"], float64(time.Since(t0).Milliseconds()))
+			measure := func(what string, f func() error) {
+				t0 := time.Now()
+				for k := 0; k < reps; k++ {
+					if err := f(); err != nil {
+						t.Fatalf("%s %s: %v", name, what, err)
+					}
+				}
+				timings[name+" "+what] = append(timings[name+" "+what], float64(time.Since(t0).Microseconds())/1000/reps)
+			}
+			inMonth := bson.D{{Key: "ts", Value: bson.D{{Key: "$gte", Value: mid[0]}, {Key: "$lt", Value: mid[1]}}}}
+			measure("find 2 days ms", func() error {
+				cur, err := coll.Find(ctx, inMonth, options.Find().SetSort(bson.D{{Key: "ts", Value: 1}}))
+				if err != nil {
+					return err
+				}
+				var out []bson.D
+				return cur.All(ctx, &out)
+			})
+			measure("find all by ts limit 100 ms", func() error {
+				cur, err := coll.Find(ctx, bson.D{}, options.Find().SetSort(bson.D{{Key: "ts", Value: -1}}).SetLimit(100))
+				if err != nil {
+					return err
+				}
+				var out []bson.D
+				return cur.All(ctx, &out)
+			})
+			measure("count all ms", func() error {
+				_, err := coll.CountDocuments(ctx, bson.D{})
+				return err
+			})
+		}
+	}
+	med := func(v []float64) float64 { s := slices.Clone(v); slices.Sort(s); return s[len(s)/2] }
+	t.Logf("median of %d runs, %d events over 3 months (batch %d), reads averaged over %d repetitions:", runs, events, batch, reps)
+	for _, what := range []string{"insert ms", "find 2 days ms", "find all by ts limit 100 ms", "count all ms"} {
+		f, p := med(timings["flat "+what]), med(timings["part "+what])
+		t.Logf("%-28s flat %8.1f | partitioned %8.1f (%.2fx)", what, f, p, p/f)
+	}
 }
