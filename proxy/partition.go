@@ -171,7 +171,7 @@ func partitionDropReply(reply []byte, rule *rules.Rule, n int) []byte {
 	if ok, _ := bson.Raw(reply).Lookup("ok").AsFloat64OK(); ok == 1 {
 		return reply
 	}
-	out, err := bson.Marshal(bson.D{{Key: "nIndexesWas", Value: int32(2)}, {Key: "ns", Value: rule.Namespace}, {Key: "ok", Value: 1.0}})
+	out, err := bson.Marshal(bson.D{{Key: "ns", Value: rule.Namespace}, {Key: "ok", Value: 1.0}})
 	if err != nil {
 		return reply
 	}
