@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -93,7 +94,15 @@ func (c *conn) findPartitioned(req *request, rule *rules.Rule, parts []partition
 	if err != nil {
 		return c.replyRewriteError(req, err)
 	}
-	for _, p := range parts {
+	led, desc := f.TimeLed(rule)
+	if led && desc {
+		parts = slices.Clone(parts)
+		slices.Reverse(parts)
+	}
+	for i, p := range parts {
+		if led && i > 0 && f.Enough(rule, nextBound(rule, parts[i], desc)) {
+			break // the partitions left sort after the limit
+		}
 		reply, err := c.subRead(req, rule, p.coll, f.Sub, c.rewriteRead)
 		for err == nil {
 			docs, id, derr := rewrite.CursorDocs(reply)
@@ -128,6 +137,17 @@ func (c *conn) findPartitioned(req *request, rule *rules.Rule, parts []partition
 		return c.replyTooManyCursors(req, rule)
 	}
 	return c.replyBody(req, reply)
+}
+
+// nextBound is what rewrite.PartitionedFind.Enough compares with for the
+// partition p about to be read: its start (ascending), or the end of its
+// last window (descending).
+func nextBound(rule *rules.Rule, p partition, desc bool) int64 {
+	if !desc {
+		return p.start
+	}
+	end := rules.PartitionEnd(rule.PartitionBy, p.start)
+	return rule.WindowStartMillis(end-1) + rule.SpanMillis()
 }
 
 // killPartitionCursor ends a sub-read's cursor the proxy stops reading.

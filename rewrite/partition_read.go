@@ -631,3 +631,49 @@ func (g *PartitionedGroupCount) Result() []byte {
 	d, _ = bsoncore.AppendDocumentEnd(d, idx)
 	return d
 }
+
+// TimeLed reports the direction of a sort led by the timeField with a
+// limit: the partitions are then read in that time order (desc: newest
+// first) until Enough says the rest cannot reach the result.
+func (f *PartitionedFind) TimeLed(rule *rules.Rule) (led, desc bool) {
+	if f.limit <= 0 || len(f.sort) == 0 || len(f.sort[0].path) != 1 || f.sort[0].path[0] != rule.TimeField {
+		return false, false
+	}
+	return true, f.sort[0].desc
+}
+
+// Enough reports, for a TimeLed find, whether the partitions not read yet
+// cannot change the result: their events all have times at or after
+// bound (ascending: the next partition's start) or before it
+// (descending: the end of the next partition's last window), and the
+// skip+limit-th document read so far sorts strictly before them.
+func (f *PartitionedFind) Enough(rule *rules.Rule, bound int64) bool {
+	k := f.skip + f.limit
+	if int64(len(f.out)) < k {
+		return false
+	}
+	sorted := slices.Clone(f.out)
+	var bad error
+	slices.SortStableFunc(sorted, func(a, b bsoncore.Document) int {
+		c, err := f.compare(a, b)
+		if err != nil && bad == nil {
+			bad = err
+		}
+		return c
+	})
+	if bad != nil {
+		return false // Finish reports it
+	}
+	v, err := sorted[k-1].LookupErr(rule.TimeField)
+	if err != nil {
+		return false
+	}
+	ms, ok := v.DateTimeOK()
+	if !ok {
+		return false
+	}
+	if f.sort[0].desc {
+		return ms >= bound
+	}
+	return ms < bound
+}

@@ -397,3 +397,49 @@ func TestListCollectionsPartitions(t *testing.T) {
 		t.Fatalf("names %v, want %v", names, want)
 	}
 }
+
+func TestPartitionedFindEnough(t *testing.T) {
+	r := partRule()
+	ev := func(ms int64) bsoncore.Document { return mustDoc(t, bson.D{{Key: "ts", Value: dt(ms)}}) }
+	plan := func(sort bson.D, skip, limit int32) *PartitionedFind {
+		body := bson.D{{Key: "find", Value: "readings"}, {Key: "sort", Value: sort}, {Key: "skip", Value: skip}, {Key: "limit", Value: limit}}
+		f, err := PlanPartitionedFind(mustDoc(t, body), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	asc, desc := bson.D{{Key: "ts", Value: 1}}, bson.D{{Key: "ts", Value: -1}}
+	for _, tc := range []struct {
+		name   string
+		f      *PartitionedFind
+		led    bool
+		docs   []int64
+		bound  int64
+		enough bool
+	}{
+		{"asc: the limit-th is before the next start", plan(asc, 1, 2), true, []int64{5, 1, 3, 9}, 10, true},
+		{"asc: too few yet", plan(asc, 1, 2), true, []int64{5, 1}, 10, false},
+		{"asc: a tie with the next start", plan(asc, 0, 2), true, []int64{10, 1}, 10, false},
+		{"desc: the limit-th is at or after the bound", plan(desc, 0, 2), true, []int64{50, 40, 30}, 40, true},
+		{"desc: not yet", plan(desc, 0, 2), true, []int64{50, 39}, 40, false},
+		{"not led by time", plan(bson.D{{Key: "v", Value: 1}}, 0, 2), false, nil, 0, false},
+		{"no limit", plan(asc, 0, 0), false, nil, 0, false},
+	} {
+		led, _ := tc.f.TimeLed(r)
+		if led != tc.led {
+			t.Errorf("%s: led %v", tc.name, led)
+			continue
+		}
+		var docs []bsoncore.Document
+		for _, ms := range tc.docs {
+			docs = append(docs, ev(ms))
+		}
+		_ = tc.f.Add(docs)
+		if led {
+			if got := tc.f.Enough(r, tc.bound); got != tc.enough {
+				t.Errorf("%s: enough %v", tc.name, got)
+			}
+		}
+	}
+}
