@@ -196,6 +196,9 @@ func (s *Server) retainPartitions(up *upstream.Conn, rule *rules.Rule, modes map
 			s.log.Info("retention: expired partition dropped", "rule", rule.Namespace, "collection", p.coll)
 			continue
 		}
+		if modes[p.coll] == modeSweep && p.start+rule.SpanMillis() > now.Add(-rule.ExpireAfter).UnixMilli() {
+			continue // no bucket of it has expired yet: no delete to send
+		}
 		pr := partitionRule(rule, p.coll)
 		if err := s.retainCollection(up, pr, rewrite.Expiry{Collection: p.coll, Window: rule.Span}, modes, now); err != nil {
 			return err
