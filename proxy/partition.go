@@ -282,3 +282,26 @@ func (c *conn) killCursorsPartitioned(req *request, rule *rules.Rule) error {
 	}
 	return c.replyBody(req, rewrite.KillCursorsReply(nil, ids))
 }
+
+// firstPartitions maps each partitioned rule's app collection to its
+// first existing partition, for a listCollections filter on the app's
+// name (nil when no rule is partitioned: no upstream round trip).
+func (c *conn) firstPartitions(rs []*rules.Rule) (map[string]string, error) {
+	var out map[string]string
+	for _, r := range rs {
+		if !r.Partitioned() {
+			continue
+		}
+		parts, err := listPartitions(connCommander{c}, r)
+		if err != nil {
+			return nil, err
+		}
+		if len(parts) > 0 {
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[r.Collection] = parts[0].coll
+		}
+	}
+	return out, nil
+}

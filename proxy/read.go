@@ -298,7 +298,11 @@ func (c *conn) rewriteListCollections(req *request) error {
 			rs = append(rs, &all[i])
 		}
 	}
-	plan, err := rewrite.PlanListCollections(req.msg.Body, req.db, rs)
+	first, err := c.firstPartitions(rs) // proxy/partition.go
+	if err != nil {
+		return err
+	}
+	plan, err := rewrite.PlanListCollectionsPartitioned(req.msg.Body, req.db, rs, first)
 	if err != nil {
 		return c.replyRewriteError(req, err)
 	}

@@ -443,3 +443,22 @@ func TestPartitionedFindEnough(t *testing.T) {
 		}
 	}
 }
+
+func TestListCollectionsPartitionFilter(t *testing.T) {
+	r := partRule()
+	body := mustDoc(t, bson.D{{Key: "listCollections", Value: 1}, {Key: "filter", Value: bson.D{{Key: "name", Value: "readings"}}}, {Key: "$db", Value: "iot"}})
+	for _, tc := range []struct {
+		name  string
+		first map[string]string
+		want  string
+	}{
+		{"first partition asked for", map[string]string{"readings": "readings.buckets_2026_07"}, "readings.buckets_2026_07"},
+		{"no partition yet: the bucket collection (absent)", nil, "readings.buckets"},
+	} {
+		p, err := PlanListCollectionsPartitioned(body, "iot", []*rules.Rule{r}, tc.first)
+		if err != nil {
+			t.Fatal(err)
+		}
+		assertDoc(t, tc.name, p.Command, bson.D{{Key: "listCollections", Value: 1}, {Key: "filter", Value: bson.D{{Key: "name", Value: tc.want}}}, {Key: "$db", Value: "iot"}})
+	}
+}

@@ -265,6 +265,10 @@ func TestPartitionMonth(t *testing.T) {
 		if readingsShown != 1 {
 			t.Errorf("listCollections shows readings %d times, want once: %v", readingsShown, names)
 		}
+		named, err := pc.Database(db).ListCollectionNames(ctx, bson.D{{Key: "name", Value: "readings"}})
+		if err != nil || !reflect.DeepEqual(named, []string{"readings"}) {
+			t.Errorf("listCollections filtered by name: %v, %v; want [readings]", named, err)
+		}
 	})
 
 	t.Run("mongosh", func(t *testing.T) {
