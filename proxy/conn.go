@@ -85,12 +85,12 @@ type request struct {
 	msg        wire.Msg
 	legacy     bool  // came as OP_QUERY: answer with OP_REPLY
 	compressor uint8 // came as OP_COMPRESSED with this compressor: answer alike
-	name       string
-	db         string
-	start      time.Time
 	// sink, when set, receives the reply instead of the client: a
 	// sub-command the proxy runs for a partitioned rule (partition.go).
 	sink *[]byte
+	name       string
+	db         string
+	start      time.Time
 }
 
 // serve reads and answers requests until the client goes away, a frame
