@@ -87,10 +87,10 @@ type request struct {
 	compressor uint8 // came as OP_COMPRESSED with this compressor: answer alike
 	// sink, when set, receives the reply instead of the client: a
 	// sub-command the proxy runs for a partitioned rule (partition.go).
-	sink *[]byte
-	name       string
-	db         string
-	start      time.Time
+	sink  *[]byte
+	name  string
+	db    string
+	start time.Time
 }
 
 // serve reads and answers requests until the client goes away, a frame
