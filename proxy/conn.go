@@ -80,17 +80,18 @@ func newConn(s *Server, nc net.Conn, id uint64) *conn {
 
 // request is one client message, decoded as far as routing needs.
 type request struct {
+	// sink, when set, receives the reply instead of the client: a
+	// sub-command the proxy runs for a partitioned rule (partition.go).
+	sink *[]byte
+
 	h          wire.Header
 	frame      []byte // the (decompressed) frame as the client sent it
 	msg        wire.Msg
 	legacy     bool  // came as OP_QUERY: answer with OP_REPLY
 	compressor uint8 // came as OP_COMPRESSED with this compressor: answer alike
-	// sink, when set, receives the reply instead of the client: a
-	// sub-command the proxy runs for a partitioned rule (partition.go).
-	sink  *[]byte
-	name  string
-	db    string
-	start time.Time
+	name       string
+	db         string
+	start      time.Time
 }
 
 // serve reads and answers requests until the client goes away, a frame
