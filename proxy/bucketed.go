@@ -27,6 +27,11 @@ func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
 	if rule.Layout == rules.LayoutCounter || rule.Layout == rules.LayoutSlots {
 		return c.handleLayout(req, rule) // proxy/layout.go
 	}
+	if rule.Partitioned() {
+		if done, err := c.handlePartitioned(req, rule); done { // proxy/partition.go
+			return err
+		}
+	}
 	switch req.name {
 	case "insert":
 		return c.answerRefusal(req, c.rewriteInsert(req, rule))
@@ -71,6 +76,9 @@ func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
 // the same, without answering the client: the proxy needs the replies to
 // keep its fills exact and to retry duplicate keys.
 func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
+	if rule.Partitioned() {
+		return c.rewriteInsertPartitioned(req, rule) // proxy/partition.go
+	}
 	unacked := req.msg.Flags&wire.MoreToCome != 0
 	caps, err := c.upstreamCaps()
 	if err != nil {

@@ -35,6 +35,9 @@ func (c *conn) replyRewriteError(req *request, err error) error {
 
 // rewriteRead serves find, aggregate, count, distinct and explain.
 func (c *conn) rewriteRead(req *request, rule *rules.Rule) error {
+	if rule.Partitioned() {
+		return c.rewriteReadPartitioned(req, rule) // proxy/partition_read.go
+	}
 	caps, err := c.upstreamCaps()
 	if err != nil {
 		return err
@@ -148,9 +151,13 @@ func (c *conn) rewriteGetMore(req *request, rule *rules.Rule) error {
 	id, _ := bson.Raw(req.msg.Body).Lookup("getMore").AsInt64OK()
 	entry := c.s.cursors.get(id)
 	if entry != nil {
-		if pc, ok := entry.reshape.(*pointCursor); ok {
+		switch pc := entry.reshape.(type) {
+		case *pointCursor:
 			return c.servePointMore(req, entry.rule, id, pc)
+		case *partitionCursor:
+			return c.servePartitionMore(req, id, pc)
 		}
+		rule = entry.rule // a partition's, for a partitioned rule
 	}
 	shape, _ := entryShape(entry)
 	if shape == nil {
@@ -257,6 +264,12 @@ func (c *conn) rewriteDrop(req *request, rule *rules.Rule) error {
 	if err != nil {
 		return c.replyRewriteError(req, err)
 	}
+	dropped := 0
+	if rule.Partitioned() {
+		if dropped, err = c.dropPartitions(rule); err != nil {
+			return err
+		}
+	}
 	reply, err := c.upCommand(cmd)
 	st := c.s.state
 	st.mu.Lock()
@@ -268,7 +281,7 @@ func (c *conn) rewriteDrop(req *request, rule *rules.Rule) error {
 		return err
 	}
 	c.dropRollups(rule)
-	return c.replyBody(req, rewrite.DropReply(reply, rule))
+	return c.replyBody(req, partitionDropReply(rewrite.DropReply(reply, rule), rule, dropped))
 }
 
 // rewriteListCollections lists a database holding bucketed namespaces as
@@ -285,7 +298,11 @@ func (c *conn) rewriteListCollections(req *request) error {
 			rs = append(rs, &all[i])
 		}
 	}
-	plan, err := rewrite.PlanListCollections(req.msg.Body, req.db, rs)
+	first, err := c.firstPartitions(rs) // proxy/partition.go
+	if err != nil {
+		return err
+	}
+	plan, err := rewrite.PlanListCollectionsPartitioned(req.msg.Body, req.db, rs, first)
 	if err != nil {
 		return c.replyRewriteError(req, err)
 	}

@@ -133,37 +133,53 @@ func (s *Server) retain(ctx context.Context, rule *rules.Rule) {
 }
 
 // retainOnce ensures the TTL index of each collection of the rule whose
-// mode is not known yet, and sweeps the collections in modeSweep.
+// mode is not known yet, and sweeps the collections in modeSweep. A
+// partitioned rule's buckets are retained partition by partition
+// (retainPartitions).
 func (s *Server) retainOnce(up *upstream.Conn, rule *rules.Rule, modes map[string]retentionMode, now time.Time) error {
 	for _, e := range rewrite.Expiries(rule) {
-		if modes[e.Collection] == modeUnknown {
-			mode, why, err := ensureTTL(up, rule, e)
-			if err != nil {
+		if rule.Partitioned() && e.Collection == rule.BucketCollection {
+			if err := s.retainPartitions(up, rule, modes, now); err != nil {
 				return err
 			}
-			modes[e.Collection] = mode
-			if mode == modeTTL {
-				s.log.Info("retention: TTL index ensured", "rule", rule.Namespace, "collection", e.Collection, "expireAfter", rule.ExpireAfter.String())
-			} else {
-				s.log.Info("retention: the upstream has no TTL indexes; the proxy sweeps expired documents", "rule", rule.Namespace,
-					"collection", e.Collection, "expireAfter", rule.ExpireAfter.String(), "interval", rule.SweepInterval.String(), "ttl", why)
-			}
-		}
-		if modes[e.Collection] != modeSweep {
 			continue
 		}
-		n, err := sweepOnce(up, rule, e, now)
+		if err := s.retainCollection(up, rule, e, modes, now); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// retainCollection is retainOnce for one collection.
+func (s *Server) retainCollection(up *upstream.Conn, rule *rules.Rule, e rewrite.Expiry, modes map[string]retentionMode, now time.Time) error {
+	if modes[e.Collection] == modeUnknown {
+		mode, why, err := ensureTTL(up, rule, e)
 		if err != nil {
 			return err
 		}
-		if n > 0 {
-			if e.Collection == rule.BucketCollection {
-				// The fills of the swept (series, window) keys are stale;
-				// the next insert of any key loads its fill again.
-				s.state.forgetBuckets(rule.BucketNamespace())
-			}
-			s.log.Info("retention: expired documents deleted", "rule", rule.Namespace, "collection", e.Collection, "deleted", n)
+		modes[e.Collection] = mode
+		if mode == modeTTL {
+			s.log.Info("retention: TTL index ensured", "rule", rule.Namespace, "collection", e.Collection, "expireAfter", rule.ExpireAfter.String())
+		} else {
+			s.log.Info("retention: the upstream has no TTL indexes; the proxy sweeps expired documents", "rule", rule.Namespace,
+				"collection", e.Collection, "expireAfter", rule.ExpireAfter.String(), "interval", rule.SweepInterval.String(), "ttl", why)
 		}
+	}
+	if modes[e.Collection] != modeSweep {
+		return nil
+	}
+	n, err := sweepOnce(up, rule, e, now)
+	if err != nil {
+		return err
+	}
+	if n > 0 {
+		if e.Collection == rule.BucketCollection {
+			// The fills of the swept (series, window) keys are stale;
+			// the next insert of any key loads its fill again.
+			s.state.forgetBuckets(rule.BucketNamespace())
+		}
+		s.log.Info("retention: expired documents deleted", "rule", rule.Namespace, "collection", e.Collection, "deleted", n)
 	}
 	return nil
 }

@@ -22,6 +22,9 @@ type ListCollectionsPlan struct {
 	docs     []bsoncore.Document
 	errReply []byte
 	extra    []bsoncore.Element // top-level reply fields besides cursor and ok
+	shown    map[*rules.Rule]bool
+	// firstPartition: see PlanListCollectionsPartitioned.
+	firstPartition map[string]string
 }
 
 // PlanListCollections rewrites listCollections on db, where rs are the
@@ -29,11 +32,19 @@ type ListCollectionsPlan struct {
 // strings: app names become bucket names; other forms of name filter are
 // refused (they would match bucket names, not the app's).
 func PlanListCollections(body []byte, db string, rs []*rules.Rule) (*ListCollectionsPlan, error) {
+	return PlanListCollectionsPartitioned(body, db, rs, nil)
+}
+
+// PlanListCollectionsPartitioned is PlanListCollections where a
+// partitioned rule's app name in a name filter asks for its first
+// existing partition (firstPartition: app collection -> partition
+// collection; see rewrite/partition.go), shown under the app's name.
+func PlanListCollectionsPartitioned(body []byte, db string, rs []*rules.Rule, firstPartition map[string]string) (*ListCollectionsPlan, error) {
 	doc := bsoncore.Document(body)
 	if err := validateDeep(doc, 0); err != nil {
 		return nil, commandErrorf(CodeInvalidBSON, "listCollections is not valid BSON: %v", err)
 	}
-	p := &ListCollectionsPlan{db: db, byBucket: map[string]*rules.Rule{}, byApp: map[string]*rules.Rule{}}
+	p := &ListCollectionsPlan{db: db, byBucket: map[string]*rules.Rule{}, byApp: map[string]*rules.Rule{}, firstPartition: firstPartition}
 	for _, r := range rs {
 		p.byBucket[r.BucketCollection] = r
 		p.byApp[r.Collection] = r
@@ -76,6 +87,9 @@ func (p *ListCollectionsPlan) refuse(format string, args ...any) error {
 // bucketName maps an app collection name to the name to ask upstream.
 func (p *ListCollectionsPlan) bucketName(name string) string {
 	if r := p.byApp[name]; r != nil {
+		if first := p.firstPartition[name]; r.Partitioned() && first != "" {
+			return first
+		}
 		return r.BucketCollection
 	}
 	if p.byBucket[name] != nil {
@@ -217,8 +231,18 @@ func (p *ListCollectionsPlan) mapDoc(d bsoncore.Document) bsoncore.Document {
 	}
 	r := p.byBucket[name]
 	if r == nil {
+		r = partitionOwner(p.byApp, name) // rewrite/partition.go
+	}
+	if r == nil {
 		return append(bsoncore.Document(nil), d...)
 	}
+	if p.shown[r] {
+		return nil // a partitioned rule's second partition
+	}
+	if p.shown == nil {
+		p.shown = map[*rules.Rule]bool{}
+	}
+	p.shown[r] = true
 	elems, _ := d.Elements()
 	idx, out := bsoncore.AppendDocumentStart(nil)
 	for _, e := range elems {

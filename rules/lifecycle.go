@@ -124,9 +124,6 @@ func (d *decoder) lifecycle(p string, m map[string]any, r *Rule) {
 			}
 		}
 	}
-	if v := field(m, "partitionBy"); v != nil {
-		d.fail(k("partitionBy"), "partitionBy is not supported yet; use expireAfter to age buckets out")
-	}
 }
 
 // lifecycleDuration converts a duration that may be written in days.

@@ -62,7 +62,6 @@ func TestLifecycleInvalid(t *testing.T) {
 		{"shardKey: maybe", `rules[0].shardKey: "maybe" is not true or false`},
 		{"layout: counter\n    rollups: [1h]", `rules[0].rollups: applies only to layout events, not counter`},
 		{"layout: slots\n    shardKey: true", `rules[0].shardKey: applies only to layout events, not slots`},
-		{"partitionBy: month", `rules[0].partitionBy: partitionBy is not supported yet; use expireAfter to age buckets out`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.rule, func(t *testing.T) {

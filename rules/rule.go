@@ -98,6 +98,9 @@ type Rule struct {
 	// ShardKey shards the bucket collection on {meta: 1, start: 1} when the
 	// upstream is a mongos.
 	ShardKey bool
+	// PartitionBy, when set (PartitionMonth or PartitionDay), writes the
+	// buckets into one collection per period (rules/partition.go).
+	PartitionBy string
 }
 
 // BucketNamespace is "db.bucketCollection".

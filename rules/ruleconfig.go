@@ -181,6 +181,10 @@ func (d *decoder) rule(p string, m map[string]any) (Rule, bool) {
 	if nsOK && len(r.BucketNamespace()) > MaxNamespaceBytes {
 		d.fail(k("collection"), "bucket namespace %q is longer than %d bytes", r.BucketNamespace(), MaxNamespaceBytes)
 	}
+	// After collection: partition names extend the bucket collection's.
+	if v := field(m, "partitionBy"); v != nil {
+		d.partitionBy(k("partitionBy"), v, &r) // rules/partition.go
+	}
 	return r, nsOK
 }
 
