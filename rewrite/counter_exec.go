@@ -410,7 +410,7 @@ func (cr cursorReply) withID(id int64) bsoncore.Document {
 	ci, cd := bsoncore.AppendDocumentStart(nil)
 	ai, cd := bsoncore.AppendArrayElementStart(cd, cr.key)
 	for i, d := range cr.batch {
-		cd = bsoncore.AppendDocumentElement(cd, strconv.Itoa(i), d)
+		cd = bsoncore.AppendDocumentElement(cd, itoa(i), d)
 	}
 	cd, _ = bsoncore.AppendArrayEnd(cd, ai)
 	cd = bsoncore.AppendInt64Element(cd, "id", id)

@@ -268,18 +268,7 @@ func (f *PartitionedFind) Batch(id, want int64) (reply []byte, more bool) {
 	if !more {
 		id = 0
 	}
-	idx, d := bsoncore.AppendDocumentStart(nil)
-	cidx, c := bsoncore.AppendDocumentElementStart(d, "cursor")
-	aidx, a := bsoncore.AppendArrayElementStart(c, key)
-	for i, doc := range batch {
-		a = bsoncore.AppendDocumentElement(a, itoa(i), doc)
-	}
-	c, _ = bsoncore.AppendArrayEnd(a, aidx)
-	c = bsoncore.AppendInt64Element(c, "id", id)
-	c = bsoncore.AppendStringElement(c, "ns", f.ns)
-	d, _ = bsoncore.AppendDocumentEnd(c, cidx)
-	d = bsoncore.AppendDoubleElement(d, "ok", 1)
-	d, _ = bsoncore.AppendDocumentEnd(d, idx)
+	d := cursorReply{key: key, batch: batch, ns: f.ns}.withID(id)
 	return d, more
 }
 
@@ -614,22 +603,11 @@ func countCommand(agg bsoncore.Document, rule *rules.Rule, matches []bsoncore.Do
 // event counted.
 func (g *PartitionedGroupCount) Result() []byte {
 	n := bsoncore.Document(g.Count.Result()).Lookup("n")
-	idx, d := bsoncore.AppendDocumentStart(nil)
-	cidx, c := bsoncore.AppendDocumentElementStart(d, "cursor")
-	aidx, a := bsoncore.AppendArrayElementStart(c, "firstBatch")
+	var batch []bsoncore.Document
 	if cnt, _ := n.AsInt64OK(); cnt > 0 {
-		gidx, gd := bsoncore.AppendDocumentElementStart(a, "0")
-		gd = bsoncore.AppendValueElement(gd, "_id", g.id)
-		gd = bsoncore.AppendValueElement(gd, g.key, n)
-		a, _ = bsoncore.AppendDocumentEnd(gd, gidx)
+		batch = append(batch, bsoncore.NewDocumentBuilder().AppendValue("_id", g.id).AppendValue(g.key, n).Build())
 	}
-	c, _ = bsoncore.AppendArrayEnd(a, aidx)
-	c = bsoncore.AppendInt64Element(c, "id", 0)
-	c = bsoncore.AppendStringElement(c, "ns", g.ns)
-	d, _ = bsoncore.AppendDocumentEnd(c, cidx)
-	d = bsoncore.AppendDoubleElement(d, "ok", 1)
-	d, _ = bsoncore.AppendDocumentEnd(d, idx)
-	return d
+	return cursorReply{key: "firstBatch", batch: batch, ns: g.ns}.withID(0)
 }
 
 // TimeLed reports the direction of a sort led by the timeField with a

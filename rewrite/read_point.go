@@ -328,18 +328,7 @@ func (p *PointRead) Batch(id int64) (reply []byte, more bool) {
 		key = "firstBatch"
 	}
 	p.started = true
-	idx, d := bsoncore.AppendDocumentStart(nil)
-	cidx, c := bsoncore.AppendDocumentElementStart(d, "cursor")
-	aidx, a := bsoncore.AppendArrayElementStart(c, key)
-	for i, doc := range batch {
-		a = bsoncore.AppendDocumentElement(a, itoa(i), doc)
-	}
-	c, _ = bsoncore.AppendArrayEnd(a, aidx)
-	c = bsoncore.AppendInt64Element(c, "id", id)
-	c = bsoncore.AppendStringElement(c, "ns", p.ns)
-	d, _ = bsoncore.AppendDocumentEnd(c, cidx)
-	d = bsoncore.AppendDoubleElement(d, "ok", 1)
-	d, _ = bsoncore.AppendDocumentEnd(d, idx)
+	d := cursorReply{key: key, batch: batch, ns: p.ns}.withID(id)
 	p.out = append(p.out[:0:0], p.out[n:]...)
 	p.outSize -= size
 	return d, more
