@@ -107,12 +107,33 @@ func TestTwoProxiesOneSeries(t *testing.T) {
 	if err != nil || n != int64(len(sent)) {
 		t.Fatalf("count through the proxy without the lease: %d, %v; want %d", n, err, len(sent))
 	}
-	// a shuts down and gives its lease up: b writes at once.
+	// a shuts down and gives its lease up. b, having just been refused,
+	// answers from what it found for up to a second (leaseRecheck in
+	// proxy/writer_lease.go) before it asks the upstream again, then takes
+	// the lease: its clients are refused for at most that second.
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := a.srv.Shutdown(sctx); err != nil {
 		t.Fatal(err)
 	}
+	cb := connect(t, b.URI()).Database(db).Collection("readings")
+	released := time.Now()
+	for k := 0; ; k++ {
+		e := sentEvent{id: bson.NewObjectID(), sensor: "shared", ts: base.Add(-time.Hour + time.Duration(k+1)*time.Millisecond), value: 2}
+		_, err := cb.InsertOne(ctx, e.doc())
+		if err == nil {
+			sent = append(sent, e)
+			break
+		}
+		if !leaseRefusal(err) {
+			t.Fatalf("insert through b after a shut down: %v", err)
+		}
+		if time.Since(released) > 5*time.Second {
+			t.Fatalf("b still refused %v after a released its lease: %v", time.Since(released), err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("b took the lease %v after a released it", time.Since(released).Round(time.Millisecond))
 	more, refused := insertThroughBoth(t, ctx, []string{b.URI()}, db, 4, 100, base.Add(16*150*time.Second))
 	if refused != 0 {
 		t.Fatalf("%d batches refused after the holder shut down", refused)
