@@ -393,14 +393,21 @@ type cursorReply struct {
 	ns    string
 }
 
+// batchLen is how many of docs the next batch takes, and their bytes: at
+// most want (no bound when want < 0) and at most maxBatchBytes, yet one
+// document at least when one is wanted, however large.
+func batchLen(docs []bsoncore.Document, want int64) (n, bytes int) {
+	for n < len(docs) && (want < 0 || int64(n) < want) && (n == 0 || bytes+len(docs[n]) <= maxBatchBytes) {
+		bytes += len(docs[n])
+		n++
+	}
+	return n, bytes
+}
+
 // reply takes the next batch of at most size documents (and at most
 // maxBatchBytes).
 func (c *LayoutCursor) reply(key string, size int64, id int64) cursorReply {
-	n, bytes := 0, 0
-	for n < len(c.docs) && int64(n) < size && (n == 0 || bytes+len(c.docs[n]) <= maxBatchBytes) {
-		bytes += len(c.docs[n])
-		n++
-	}
+	n, _ := batchLen(c.docs, size)
 	out := cursorReply{key: key, batch: c.docs[:n], ns: c.ns}
 	c.docs = c.docs[n:]
 	return out

@@ -21,9 +21,6 @@ import (
 // before answering: the partitions' results are held by the proxy.
 const MaxPartitionedReadBytes = 64 << 20
 
-// defaultFirstBatchDocs is the server's first batch size without batchSize.
-const defaultFirstBatchDocs = 101
-
 // PartitionedFind is a find across partitions.
 type PartitionedFind struct {
 	// Sub is the find each partition runs: the client's, without skip,
@@ -58,38 +55,11 @@ func PlanPartitionedFind(body []byte, rule *rules.Rule) (*PartitionedFind, error
 	if err := validateDeep(doc, 0); err != nil {
 		return nil, commandErrorf(CodeInvalidBSON, "tsproxy rule %s: command is not valid BSON: %v", rc.ns, err)
 	}
-	f := &PartitionedFind{ns: rc.ns, first: defaultFirstBatchDocs}
-	if f.skip, _, err = rc.readInt(doc, "skip", "find"); err != nil {
-		return nil, err
-	}
-	if f.skip < 0 {
-		return nil, rc.badValue(CodeBadValue, "find option \"skip\" must be non-negative")
-	}
-	if f.limit, _, err = rc.readInt(doc, "limit", "find"); err != nil {
-		return nil, err
-	}
-	if f.single, err = commandBool(doc, "singleBatch", false); err != nil {
-		return nil, rc.badValue(CodeTypeMismatch, "find option \"singleBatch\" must be a boolean")
-	}
-	if f.limit < 0 {
-		if f.limit == math.MinInt64 {
-			return nil, rc.badValue(CodeBadValue, "find option \"limit\" is out of range")
-		}
-		f.limit, f.single = -f.limit, true
-	}
-	bs, hasBatch, err := rc.readInt(doc, "batchSize", "find")
+	pg, err := rc.readFindPaging(doc)
 	if err != nil {
 		return nil, err
 	}
-	if bs < 0 {
-		return nil, rc.badValue(CodeBadValue, "find option \"batchSize\" must be non-negative")
-	}
-	if hasBatch {
-		f.first = bs
-	}
-	if f.limit > 0 && (f.single || f.first > f.limit) {
-		f.first = f.limit
-	}
+	f := &PartitionedFind{ns: rc.ns, skip: pg.skip, limit: pg.limit, single: pg.single, first: pg.firstBatch()}
 	projDoc, err := rc.readDoc(doc, "projection", "find")
 	if err != nil {
 		return nil, err
@@ -250,18 +220,7 @@ func (f *PartitionedFind) Batch(id, want int64) (reply []byte, more bool) {
 		key, want = "firstBatch", f.first
 	}
 	f.begun = true
-	n := len(f.out)
-	if want >= 0 && int64(n) > want {
-		n = int(want)
-	}
-	size := 0
-	for i := 0; i < n; i++ {
-		if size+len(f.out[i]) > maxBatchBytes && i > 0 {
-			n = i
-			break
-		}
-		size += len(f.out[i])
-	}
+	n, _ := batchLen(f.out, want)
 	batch := f.out[:n]
 	f.out = f.out[n:]
 	more = !f.single && len(f.out) > 0
@@ -291,17 +250,8 @@ func PlanPartitionedCount(body []byte, rule *rules.Rule) (*PartitionedCount, err
 		return nil, commandErrorf(CodeInvalidBSON, "tsproxy rule %s: command is not valid BSON: %v", rc.ns, err)
 	}
 	c := &PartitionedCount{}
-	if c.skip, _, err = rc.readInt(doc, "skip", "count"); err != nil {
+	if c.skip, c.limit, err = rc.readCountPaging(doc); err != nil {
 		return nil, err
-	}
-	if c.skip < 0 {
-		return nil, rc.badValue(CodeBadValue, "count option \"skip\" must be non-negative")
-	}
-	if c.limit, _, err = rc.readInt(doc, "limit", "count"); err != nil {
-		return nil, err
-	}
-	if c.limit < 0 && c.limit != math.MinInt64 {
-		c.limit = -c.limit
 	}
 	c.Sub = withoutFields(doc, "skip", "limit")
 	return c, nil

@@ -219,6 +219,82 @@ func (rc *readCtx) readInt(body bsoncore.Document, key, cmd string) (int64, bool
 	return 0, false, rc.badValue(CodeTypeMismatch, "%s option %q must be a whole number, got %s", cmd, key, typeName(v.Type))
 }
 
+// findPaging is a find's skip, limit, singleBatch and batchSize, read and
+// checked as MongoDB does; a negative limit asks for one batch of -limit.
+type findPaging struct {
+	skip, limit int64
+	single      bool
+	batchSize   int64 // -1 when the command gives none
+}
+
+func (rc *readCtx) readFindPaging(body bsoncore.Document) (findPaging, error) {
+	const cmd = "find"
+	var pg findPaging
+	var err error
+	if pg.skip, _, err = rc.readInt(body, "skip", cmd); err != nil {
+		return pg, err
+	}
+	if pg.skip < 0 {
+		return pg, rc.badValue(CodeBadValue, "find option \"skip\" must be non-negative")
+	}
+	if pg.limit, _, err = rc.readInt(body, "limit", cmd); err != nil {
+		return pg, err
+	}
+	if pg.single, err = commandBool(body, "singleBatch", false); err != nil {
+		return pg, rc.badValue(CodeTypeMismatch, "find option \"singleBatch\" must be a boolean")
+	}
+	if pg.limit < 0 {
+		if pg.limit == math.MinInt64 {
+			return pg, rc.badValue(CodeBadValue, "find option \"limit\" is out of range")
+		}
+		pg.limit, pg.single = -pg.limit, true
+	}
+	bs, hasBatch, err := rc.readInt(body, "batchSize", cmd)
+	if err != nil {
+		return pg, err
+	}
+	if bs < 0 {
+		return pg, rc.badValue(CodeBadValue, "find option \"batchSize\" must be non-negative")
+	}
+	pg.batchSize = -1
+	if hasBatch {
+		pg.batchSize = bs
+	}
+	return pg, nil
+}
+
+// firstBatch is how many documents the first batch of a cursor the proxy
+// holds carries: the batchSize or the server's default, at most the limit.
+func (pg findPaging) firstBatch() int64 {
+	first := int64(defaultFirstBatch)
+	if pg.batchSize >= 0 {
+		first = pg.batchSize
+	}
+	if pg.limit > 0 && (pg.single || first > pg.limit) {
+		first = pg.limit
+	}
+	return first
+}
+
+// readCountPaging reads a count's skip and limit; a negative limit counts
+// as its absolute value, as on MongoDB.
+func (rc *readCtx) readCountPaging(body bsoncore.Document) (skip, limit int64, err error) {
+	const cmd = "count"
+	if skip, _, err = rc.readInt(body, "skip", cmd); err != nil {
+		return 0, 0, err
+	}
+	if skip < 0 {
+		return 0, 0, rc.badValue(CodeBadValue, "count option \"skip\" must be non-negative")
+	}
+	if limit, _, err = rc.readInt(body, "limit", cmd); err != nil {
+		return 0, 0, err
+	}
+	if limit < 0 && limit != math.MinInt64 {
+		limit = -limit
+	}
+	return skip, limit, nil
+}
+
 func (rc *readCtx) readDoc(body bsoncore.Document, key, cmd string) (bsoncore.Document, error) {
 	v, ok := lookupTop(body, key)
 	if !ok || v.Type == bsoncore.TypeNull {
@@ -361,42 +437,16 @@ func (rc *readCtx) planFind(body bsoncore.Document, opts ReadOptions, forExplain
 			pipeline = append(pipeline, stage("$sort", docValue(s)))
 		}
 	}
-	skip, hasSkip, err := rc.readInt(body, "skip", cmd)
+	pg, err := rc.readFindPaging(body)
 	if err != nil {
 		return nil, err
 	}
-	if skip < 0 {
-		return nil, rc.badValue(CodeBadValue, "find option \"skip\" must be non-negative")
-	}
-	if hasSkip && skip > 0 {
+	skip, limit, single, batchSize := pg.skip, pg.limit, pg.single, pg.batchSize
+	if skip > 0 {
 		pipeline = append(pipeline, stage("$skip", int64Value(skip)))
-	}
-	limit, _, err := rc.readInt(body, "limit", cmd)
-	if err != nil {
-		return nil, err
-	}
-	single, err := commandBool(body, "singleBatch", false)
-	if err != nil {
-		return nil, rc.badValue(CodeTypeMismatch, "find option \"singleBatch\" must be a boolean")
-	}
-	if limit < 0 {
-		if limit == math.MinInt64 {
-			return nil, rc.badValue(CodeBadValue, "find option \"limit\" is out of range")
-		}
-		limit, single = -limit, true
 	}
 	if limit > 0 {
 		pipeline = append(pipeline, stage("$limit", int64Value(limit)))
-	}
-	batchSize, hasBatch, err := rc.readInt(body, "batchSize", cmd)
-	if err != nil {
-		return nil, err
-	}
-	if batchSize < 0 {
-		return nil, rc.badValue(CodeBadValue, "find option \"batchSize\" must be non-negative")
-	}
-	if !hasBatch {
-		batchSize = -1
 	}
 	if single && limit > 0 && (batchSize < 0 || batchSize > limit) {
 		batchSize = limit
@@ -417,14 +467,7 @@ func (rc *readCtx) planFind(body bsoncore.Document, opts ReadOptions, forExplain
 		p.Point = rc.newScanRead(spec, sc, proj, skip, limit, single)
 	}
 	if p.Point != nil {
-		first := int64(defaultFirstBatch)
-		if hasBatch {
-			first = batchSize
-		}
-		if limit > 0 && (single || first > limit) {
-			first = limit
-		}
-		p.Point.Want(first)
+		p.Point.Want(pg.firstBatch())
 	}
 	p.Command = rc.aggregateCommand(pipeline, batchSize, body, extra, forExplain)
 	p.Cursor = &CursorShape{ns: rc.ns, metaField: rc.metaField, mode: shapeEvent, proj: proj, SingleBatch: single, metas: newMetaResolver(rc)}
@@ -446,22 +489,12 @@ func (rc *readCtx) planCount(body bsoncore.Document, forExplain bool) (*ReadPlan
 		return nil, err
 	}
 	pipeline := eventPipeline(sf)
-	skip, _, err := rc.readInt(body, "skip", cmd)
+	skip, limit, err := rc.readCountPaging(body)
 	if err != nil {
 		return nil, err
-	}
-	if skip < 0 {
-		return nil, rc.badValue(CodeBadValue, "count option \"skip\" must be non-negative")
 	}
 	if skip > 0 {
 		pipeline = append(pipeline, stage("$skip", int64Value(skip)))
-	}
-	limit, _, err := rc.readInt(body, "limit", cmd)
-	if err != nil {
-		return nil, err
-	}
-	if limit < 0 && limit != math.MinInt64 {
-		limit = -limit
 	}
 	if limit > 0 {
 		pipeline = append(pipeline, stage("$limit", int64Value(limit)))

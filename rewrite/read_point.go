@@ -306,18 +306,7 @@ func (p *PointRead) compare(a, b pointEvent) int {
 // exhausted or single-batch). more tells whether the proxy must keep the
 // cursor.
 func (p *PointRead) Batch(id int64) (reply []byte, more bool) {
-	n := len(p.out)
-	if p.want >= 0 && int64(n) > p.want {
-		n = int(p.want)
-	}
-	size := 0
-	for i := 0; i < n; i++ {
-		if size+len(p.out[i]) > maxBatchBytes && i > 0 {
-			n = i
-			break
-		}
-		size += len(p.out[i])
-	}
+	n, size := batchLen(p.out, p.want)
 	batch := p.out[:n]
 	more = !p.single && (n < len(p.out) || !p.exhausted())
 	if !more {
