@@ -187,6 +187,31 @@ func newLsid(t *testing.T) bson.D {
 	return bson.D{{Key: "id", Value: bson.Binary{Subtype: 4, Data: id[:]}}}
 }
 
+// sendCopies sends copies of one command at once, each on a raw
+// connection of its own, and returns their replies (failing the test on
+// a connection error).
+func sendCopies(t *testing.T, addr string, copies int, body bson.D, docs []any) []bson.Raw {
+	t.Helper()
+	replies := make([]bson.Raw, copies)
+	errs := make([]error, copies)
+	var wg sync.WaitGroup
+	for i := range copies {
+		c := dialRawClient(t, addr)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			replies[i], errs[i] = c.run(body, docs)
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("copy %d: %v", i, err)
+		}
+	}
+	return replies
+}
+
 func retryableInsert(db, coll string, lsid bson.D, txn int64) bson.D {
 	return bson.D{{Key: "insert", Value: coll}, {Key: "ordered", Value: true},
 		{Key: "lsid", Value: lsid}, {Key: "txnNumber", Value: txn}, {Key: "$db", Value: db}}
@@ -210,22 +235,8 @@ func TestReplyCacheConcurrentRetries(t *testing.T) {
 		txn := int64(round + 1)
 		batch := seriesEvents(n, "s1", base.Add(time.Duration(round)*time.Hour))
 		const copies = 4
-		replies := make([]bson.Raw, copies)
-		errs := make([]error, copies)
-		var wg sync.WaitGroup
+		replies := sendCopies(t, p.addr, copies, retryableInsert(db, "readings", lsid, txn), docsOf(batch))
 		for i := range copies {
-			c := dialRawClient(t, p.addr)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				replies[i], errs[i] = c.run(retryableInsert(db, "readings", lsid, txn), docsOf(batch))
-			}()
-		}
-		wg.Wait()
-		for i := range copies {
-			if errs[i] != nil {
-				t.Fatalf("copy %d: %v", i, errs[i])
-			}
 			if ok, _ := replies[i].Lookup("ok").AsFloat64OK(); ok != 1 {
 				t.Fatalf("copy %d: %s", i, short(replies[i]))
 			}
@@ -295,22 +306,8 @@ func TestReplyCacheConcurrentCounterRetries(t *testing.T) {
 	lsid := newLsid(t)
 	hits, want := genHits(2000, 31)
 	const copies = 4
-	replies := make([]bson.Raw, copies)
-	errs := make([]error, copies)
-	var wg sync.WaitGroup
+	replies := sendCopies(t, p.addr, copies, retryableInsert(db, "hits", lsid, 7), hits)
 	for i := range copies {
-		c := dialRawClient(t, p.addr)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			replies[i], errs[i] = c.run(retryableInsert(db, "hits", lsid, 7), hits)
-		}()
-	}
-	wg.Wait()
-	for i := range copies {
-		if errs[i] != nil {
-			t.Fatalf("copy %d: %v", i, errs[i])
-		}
 		if n, _ := replies[i].Lookup("n").AsInt64OK(); n != int64(len(hits)) {
 			t.Fatalf("copy %d: %s, want n = %d", i, short(replies[i]), len(hits))
 		}
