@@ -80,23 +80,14 @@ func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
 		return c.rewriteInsertPartitioned(req, rule) // proxy/partition.go
 	}
 	unacked := req.msg.Flags&wire.MoreToCome != 0
-	caps, err := c.upstreamCaps()
+	caps, err := c.startWrite(rule)
 	if err != nil {
-		return err
-	}
-	if err := c.ensureWriter(rule, caps); err != nil {
 		return err
 	}
 	c.ensureBucketIndex(rule)
 	c.ensureLifecycle(rule)
 	cmd := commandOf(req)
-	refuse := func(err error) error {
-		if unacked {
-			c.log.Warn("unacknowledged insert rejected", "rule", rule.Namespace, "err", err.Error())
-			return nil
-		}
-		return c.replyError(req, codeFailedToParse, "FailedToParse", err.Error())
-	}
+	refuse := func(err error) error { return c.refuseBeforeWrite(req, rule, err, c.replyParseError) }
 	// Everything that does not depend on the fills (validation, the
 	// stored events, grouping) is done before locking, so that inserts into
 	// the same series overlap it with each other's upstream round trips.
@@ -151,14 +142,7 @@ func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
 				return err
 			}
 			t0 := time.Now()
-			slot := caps.MaxUpdateStatements > 0 && plan.IsUpdate(i)
-			if slot {
-				c.s.state.writeSlots <- struct{}{}
-			}
-			body, err := c.roundTripBody(frame)
-			if slot {
-				<-c.s.state.writeSlots
-			}
+			body, err := c.roundTripInSlot(frame, caps.MaxUpdateStatements > 0 && plan.IsUpdate(i))
 			upTime += time.Since(t0)
 			if err != nil {
 				locked.forgetAll()
@@ -233,6 +217,46 @@ func (c *conn) roundTripBody(frame []byte) ([]byte, error) {
 		return nil, fmt.Errorf("upstream reply: %w", err)
 	}
 	return append([]byte(nil), m.Body...), nil
+}
+
+// roundTripInSlot is roundTripBody holding one of the upstream's write
+// slots while the command runs, when slotted: FerretDB hangs on about 100
+// update statements at once, so bucket updates there are bounded
+// (upstreamState.writeSlots).
+func (c *conn) roundTripInSlot(frame []byte, slotted bool) ([]byte, error) {
+	if slotted {
+		c.s.state.writeSlots <- struct{}{}
+		defer func() { <-c.s.state.writeSlots }()
+	}
+	return c.roundTripBody(frame)
+}
+
+// startWrite begins every rewritten write of rule: it learns what the
+// upstream supports and, where its updates are not isolated, makes sure
+// this proxy holds the rule's writer lease (writer_lease.go).
+func (c *conn) startWrite(rule *rules.Rule) (rewrite.Caps, error) {
+	caps, err := c.upstreamCaps()
+	if err != nil {
+		return caps, err
+	}
+	return caps, c.ensureWriter(rule, caps)
+}
+
+// refuseBeforeWrite answers a write refused before anything was written, with
+// answer's error reply; an unacknowledged write (moreToCome) gets no
+// reply, so its refusal is logged instead.
+func (c *conn) refuseBeforeWrite(req *request, rule *rules.Rule, err error, answer func(*request, error) error) error {
+	if req.msg.Flags&wire.MoreToCome != 0 {
+		c.log.Warn("unacknowledged "+req.name+" rejected", "rule", rule.Namespace, "err", err.Error())
+		return nil
+	}
+	return answer(req, err)
+}
+
+// replyParseError answers with FailedToParse (9), as MongoDB answers a
+// document it cannot take.
+func (c *conn) replyParseError(req *request, err error) error {
+	return c.replyError(req, codeFailedToParse, "FailedToParse", err.Error())
 }
 
 // commandOf is the request as rewrite takes it.

@@ -30,20 +30,13 @@ const maxReplaceStatements = 50
 // acknowledged upstream all the same, without answering the client.
 func (c *conn) rewriteDelete(req *request, rule *rules.Rule) error {
 	unacked := req.msg.Flags&wire.MoreToCome != 0
-	caps, err := c.upstreamCaps()
+	caps, err := c.startWrite(rule)
 	if err != nil {
-		return err
-	}
-	if err := c.ensureWriter(rule, caps); err != nil {
 		return err
 	}
 	plan, err := rewrite.PlanDelete(commandOf(req), rule, rewrite.DeleteOptions{Caps: caps})
 	if err != nil {
-		if unacked {
-			c.log.Warn("unacknowledged delete rejected", "rule", rule.Namespace, "err", err.Error())
-			return nil
-		}
-		return c.replyRewriteError(req, err)
+		return c.refuseBeforeWrite(req, rule, err, c.replyRewriteError)
 	}
 	span := c.s.tel.startCommand(req, routeRewrite)
 	t0 := time.Now()
@@ -329,13 +322,7 @@ func (c *conn) writeBuckets(plan *rewrite.DeletePlan, caps rewrite.Caps, replace
 // runBucketWrite sends one rewritten write (in the write slots an upstream
 // with bounded update statements needs) and reads its outcome.
 func (c *conn) runBucketWrite(plan *rewrite.DeletePlan, caps rewrite.Caps, cmd []byte, statements int) (int, error) {
-	if caps.MaxUpdateStatements > 0 {
-		c.s.state.writeSlots <- struct{}{}
-	}
-	reply, err := c.upCommand(cmd)
-	if caps.MaxUpdateStatements > 0 {
-		<-c.s.state.writeSlots
-	}
+	reply, err := c.roundTripInSlot(c.commandFrame(cmd), caps.MaxUpdateStatements > 0)
 	if err != nil {
 		return 0, err
 	}

@@ -43,22 +43,13 @@ func (c *conn) handleLayout(req *request, rule *rules.Rule) error {
 // written again.
 func (c *conn) layoutInsert(req *request, rule *rules.Rule) error {
 	unacked := req.msg.Flags&wire.MoreToCome != 0
-	caps, err := c.upstreamCaps()
+	caps, err := c.startWrite(rule)
 	if err != nil {
-		return err
-	}
-	if err := c.ensureWriter(rule, caps); err != nil {
 		return err
 	}
 	c.ensureBucketIndex(rule)
 	cmd := commandOf(req)
-	refuse := func(err error) error {
-		if unacked {
-			c.log.Warn("unacknowledged insert rejected", "rule", rule.Namespace, "err", err.Error())
-			return nil
-		}
-		return c.replyRewriteError(req, err)
-	}
+	refuse := func(err error) error { return c.refuseBeforeWrite(req, rule, err, c.replyRewriteError) }
 	span := c.s.tel.startCommand(req, routeRewrite)
 	t0 := time.Now()
 	var plan *rewrite.LayoutWrite
@@ -94,13 +85,7 @@ func (c *conn) layoutInsert(req *request, rule *rules.Rule) error {
 	}
 	replies := make([][]byte, 0, len(plan.Commands))
 	for i, cmd := range plan.Commands {
-		if caps.MaxUpdateStatements > 0 {
-			c.s.state.writeSlots <- struct{}{}
-		}
-		body, err := c.upCommand(cmd)
-		if caps.MaxUpdateStatements > 0 {
-			<-c.s.state.writeSlots
-		}
+		body, err := c.roundTripInSlot(c.commandFrame(cmd), caps.MaxUpdateStatements > 0)
 		if err != nil {
 			span.end(req, time.Since(t0), err)
 			return err

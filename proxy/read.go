@@ -22,9 +22,15 @@ import (
 // upCommand sends one command body the proxy built to the upstream and
 // returns a copy of the reply body.
 func (c *conn) upCommand(cmd []byte) ([]byte, error) {
+	return c.roundTripBody(c.commandFrame(cmd))
+}
+
+// commandFrame frames cmd as an OP_MSG in the connection's out buffer;
+// the frame is valid until the next frame is built.
+func (c *conn) commandFrame(cmd []byte) []byte {
 	frame := wire.AppendMsg(c.outBuf[:0], upstream.NextRequestID(), 0, 0, cmd)
 	c.outBuf = frame[:0]
-	return c.roundTripBody(frame)
+	return frame
 }
 
 // replyRewriteError answers with a rewrite error (its own code).

@@ -11,8 +11,6 @@ import (
 
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rules"
-	"github.com/tsproxy/tsproxy/upstream"
-	"github.com/tsproxy/tsproxy/wire"
 )
 
 // Rollups are maintained after the bucket writes of an insert were
@@ -67,15 +65,7 @@ func (c *conn) maintainRollups(rule *rules.Rule, cmd rewrite.Command, reply []by
 // transport error the upstream connection is dropped, so the next request
 // dials a fresh one instead of reading this command's late reply.
 func (c *conn) runRollupCommand(cmd []byte, slotted bool) error {
-	frame := wire.AppendMsg(c.outBuf[:0], upstream.NextRequestID(), 0, 0, cmd)
-	c.outBuf = frame[:0]
-	if slotted {
-		c.s.state.writeSlots <- struct{}{}
-	}
-	body, err := c.roundTripBody(frame)
-	if slotted {
-		<-c.s.state.writeSlots
-	}
+	body, err := c.roundTripInSlot(c.commandFrame(cmd), slotted)
 	if err != nil {
 		c.up.Close()
 		c.up = nil
