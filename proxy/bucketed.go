@@ -27,6 +27,14 @@ func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
 	if rule.Layout == rules.LayoutCounter || rule.Layout == rules.LayoutSlots {
 		return c.handleLayout(req, rule) // proxy/layout.go
 	}
+	if req.name == "aggregate" && rewrite.BeginsWithCollStats(req.msg.Body) {
+		// mongosh's stats(), dataSize(), totalIndexSize(): collStats as an
+		// aggregate stage, answered as the command is.
+		if rule.Partitioned() {
+			return c.replyRewriteError(req, rewrite.PartitionCommandRefusal(rule, "$collStats"))
+		}
+		return c.rewriteCollStats(req, rule)
+	}
 	if rule.Partitioned() {
 		if done, err := c.handlePartitioned(req, rule); done { // proxy/partition.go
 			return err

@@ -78,6 +78,10 @@ func FuzzAdminRewrite(f *testing.F) {
 	f.Add(marshalSeed(f, D{{Key: "killCursors", Value: "readings"}, {Key: "cursors", Value: A{int64(5), int32(6)}}, {Key: "$db", Value: "iot"}}), lc)
 	f.Add(marshalSeed(f, D{{Key: "collStats", Value: "readings"}, {Key: "scale", Value: 1}, {Key: "$db", Value: "iot"}}),
 		marshalSeed(f, D{{Key: "ns", Value: "iot.readings.buckets"}, {Key: "count", Value: 3}, {Key: "cursor", Value: D{{Key: "firstBatch", Value: A{D{{Key: "n", Value: 9}}}}}}, {Key: "ok", Value: 1.0}}))
+	f.Add(marshalSeed(f, D{{Key: "aggregate", Value: "readings"}, {Key: "pipeline", Value: A{D{{Key: "$collStats", Value: D{{Key: "storageStats", Value: D{}}}}},
+		D{{Key: "$group", Value: D{{Key: "_id", Value: nil}, {Key: "v", Value: D{{Key: "$sum", Value: "$storageStats.size"}}}}}}}}, {Key: "cursor", Value: D{}}, {Key: "$db", Value: "iot"}}),
+		marshalSeed(f, D{{Key: "cursor", Value: D{{Key: "firstBatch", Value: A{D{{Key: "ns", Value: "iot.readings.buckets"}, {Key: "storageStats", Value: D{{Key: "count", Value: 3}}}, {Key: "count", Value: 3}}}},
+			{Key: "id", Value: int64(0)}, {Key: "ns", Value: "iot.readings.buckets"}}}, {Key: "ok", Value: 1.0}}))
 	f.Add(marshalSeed(f, D{{Key: "hello", Value: 1}, {Key: "compression", Value: A{"zstd", "snappy"}}, {Key: "$db", Value: "admin"}}),
 		marshalSeed(f, D{{Key: "isWritablePrimary", Value: true}, {Key: "hosts", Value: A{"a:1"}}, {Key: "setName", Value: "rs"}, {Key: "maxWireVersion", Value: 21}, {Key: "ok", Value: 1.0}}))
 	f.Fuzz(func(t *testing.T, body, reply []byte) {

@@ -1,6 +1,8 @@
 package rewrite
 
 import (
+	"strings"
+
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -8,16 +10,48 @@ import (
 // CollStatsPlan answers collStats on the app's namespace from the bucket
 // collection: the upstream's statistics of the buckets, with ns the app's,
 // count the number of events, and tsproxy: {bucketCollection, buckets}.
+// It answers an aggregate that begins with $collStats (mongosh's stats(),
+// dataSize(), totalIndexSize() ...) the same way, document by document.
 type CollStatsPlan struct {
-	// Stats is collStats on the bucket collection.
+	// Stats is collStats, or the client's aggregate, on the bucket
+	// collection.
 	Stats []byte
 	// Count counts the events: an aggregate summing the buckets' counts;
 	// CountFallback unwinds and counts (for upstreams without $group $sum).
 	Count, CountFallback []byte
 	rc                   *readCtx
+	stage                bool // an aggregate with $collStats, not the command
 }
 
-// PlanCollStats rewrites a collStats command.
+// BeginsWithCollStats reports whether body is an aggregate whose first
+// stage is $collStats.
+func BeginsWithCollStats(body []byte) bool {
+	doc := bsoncore.Document(body)
+	if cmd, err := doc.IndexErr(0); err != nil || cmd.Key() != "aggregate" {
+		return false
+	}
+	v, ok := lookupTop(doc, "pipeline")
+	if !ok {
+		return false
+	}
+	arr, ok := v.ArrayOK()
+	if !ok {
+		return false
+	}
+	first, err := arr.IndexErr(0)
+	if err != nil {
+		return false
+	}
+	st, ok := first.DocumentOK()
+	if !ok {
+		return false
+	}
+	e, err := st.IndexErr(0)
+	return err == nil && e.Key() == "$collStats"
+}
+
+// PlanCollStats rewrites a collStats command, or an aggregate that begins
+// with $collStats.
 func PlanCollStats(body []byte, rule *rules.Rule) (*CollStatsPlan, error) {
 	rc, err := newReadCtx(rule)
 	if err != nil {
@@ -27,14 +61,21 @@ func PlanCollStats(body []byte, rule *rules.Rule) (*CollStatsPlan, error) {
 	if err := doc.Validate(); err != nil {
 		return nil, rc.badValue(CodeInvalidBSON, "collStats is not valid BSON: %v", err)
 	}
-	if err := rc.checkOptions(doc, "collStats", "scale", "verbose"); err != nil {
-		return nil, err
+	p := &CollStatsPlan{rc: rc, stage: BeginsWithCollStats(body)}
+	if p.stage {
+		if p.Stats, err = planCollStatsStage(rc, doc); err != nil {
+			return nil, err
+		}
+	} else {
+		if err := rc.checkOptions(doc, "collStats", "scale", "verbose"); err != nil {
+			return nil, err
+		}
+		b := bsoncore.NewDocumentBuilder().AppendString("collStats", rule.BucketCollection)
+		for _, e := range lookupElements(doc, []string{"scale", "verbose", "comment", "lsid", "$readPreference", "$clusterTime", "apiVersion", "apiStrict", "apiDeprecationErrors"}) {
+			b.AppendValue(e.Key(), e.Value())
+		}
+		p.Stats = b.AppendString("$db", rule.DB).Build()
 	}
-	b := bsoncore.NewDocumentBuilder().AppendString("collStats", rule.BucketCollection)
-	for _, e := range lookupElements(doc, []string{"scale", "verbose", "comment", "lsid", "$readPreference", "$clusterTime", "apiVersion", "apiStrict", "apiDeprecationErrors"}) {
-		b.AppendValue(e.Key(), e.Value())
-	}
-	p := &CollStatsPlan{rc: rc, Stats: b.AppendString("$db", rule.DB).Build()}
 	nb := bsoncore.NewDocumentBuilder
 	group := nb().AppendDocument("$group", nb().AppendNull("_id").
 		AppendDocument("n", nb().AppendString("$sum", "$"+rules.BucketCount).Build()).Build()).Build()
@@ -73,12 +114,66 @@ func (p *CollStatsPlan) CountFrom(reply []byte) (int64, bool) {
 	return n.AsInt64OK()
 }
 
+// planCollStatsStage sends the client's aggregate to the bucket
+// collection. Its documents are the bucket collection's statistics, which
+// are the namespace's but for ns and the document count, which Reply maps;
+// a later stage that read either would compute from the bucket figures,
+// so such a pipeline is refused.
+func planCollStatsStage(rc *readCtx, doc bsoncore.Document) ([]byte, error) {
+	arr, _ := doc.Lookup("pipeline").ArrayOK()
+	stages, err := arr.Values()
+	if err != nil {
+		return nil, rc.badValue(CodeInvalidBSON, "aggregate pipeline is not valid BSON: %v", err)
+	}
+	for _, st := range stages[1:] {
+		if d, ok := st.DocumentOK(); ok && readsCountOrNS(d) {
+			return nil, rc.unsupported("a stage after $collStats that reads \"count\" or \"ns\" is not supported on a bucketed namespace "+
+				"(the upstream's statistics are those of the bucket collection %s; the proxy maps them only in $collStats's own output): run $collStats alone", rc.rule.BucketNamespace())
+		}
+	}
+	return renameTarget(doc, rc.rule, "aggregate", "aggregate")
+}
+
+// readsCountOrNS reports whether a stage names a field "count" or "ns"
+// anywhere: in a key or in a field path ("$storageStats.count").
+func readsCountOrNS(d bsoncore.Document) bool {
+	named := func(path string) bool {
+		for _, seg := range strings.Split(strings.TrimLeft(path, "$"), ".") {
+			if seg == "count" || seg == "ns" {
+				return true
+			}
+		}
+		return false
+	}
+	elems, _ := d.Elements()
+	for _, e := range elems {
+		if named(e.Key()) {
+			return true
+		}
+		v := e.Value()
+		switch v.Type {
+		case bsoncore.TypeString:
+			if str := v.StringValue(); strings.HasPrefix(str, "$") && named(str) {
+				return true
+			}
+		case bsoncore.TypeEmbeddedDocument, bsoncore.TypeArray:
+			if readsCountOrNS(v.Data) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // Reply maps the bucket collection's statistics to the app's namespace.
 // count < 0: unknown (left as the upstream's bucket count).
 func (p *CollStatsPlan) Reply(stats []byte, count int64) []byte {
 	doc := bsoncore.Document(stats)
 	if doc.Validate() != nil || !replyOK(doc) {
 		return stats
+	}
+	if p.stage {
+		return p.stageReply(doc, count)
 	}
 	elems, _ := doc.Elements()
 	var buckets bsoncore.Value
@@ -105,6 +200,67 @@ func (p *CollStatsPlan) Reply(stats []byte, count int64) []byte {
 		default:
 			out = append(out, e...)
 		}
+	}
+	out, _ = bsoncore.AppendDocumentEnd(out, idx)
+	return out
+}
+
+// stageReply maps the reply to a $collStats aggregate: the cursor's and
+// each document's ns become the app's, and the document counts
+// (storageStats.count, count.count... as $collStats's count option gives
+// it: a top-level count) the number of events. The proxy reads the whole
+// result in the first batch: $collStats gives one document per shard.
+func (p *CollStatsPlan) stageReply(doc bsoncore.Document, count int64) []byte {
+	mapDoc := func(d bsoncore.Document) bsoncore.Document {
+		elems, _ := d.Elements()
+		idx, out := bsoncore.AppendDocumentStart(nil)
+		for _, e := range elems {
+			switch {
+			case e.Key() == "ns" && e.Value().Type == bsoncore.TypeString:
+				out = bsoncore.AppendStringElement(out, "ns", p.rc.ns)
+			case e.Key() == "count" && count >= 0 && isNumber(e.Value().Type):
+				out = appendCount(out, "count", count)
+			case e.Key() == "storageStats" && count >= 0 && e.Value().Type == bsoncore.TypeEmbeddedDocument:
+				out = bsoncore.AppendDocumentElement(out, "storageStats", replaceCount(e.Value().Document(), count))
+			default:
+				out = append(out, e...)
+			}
+		}
+		out, _ = bsoncore.AppendDocumentEnd(out, idx)
+		return out
+	}
+	cur, ok := doc.Lookup("cursor").DocumentOK()
+	if !ok {
+		return doc
+	}
+	id, _ := cur.Lookup("id").AsInt64OK()
+	var batch []bsoncore.Document
+	for _, key := range []string{"firstBatch", "nextBatch"} {
+		arr, ok := cur.Lookup(key).ArrayOK()
+		if !ok {
+			continue
+		}
+		vals, _ := arr.Values()
+		for _, v := range vals {
+			if d, ok := v.DocumentOK(); ok {
+				batch = append(batch, mapDoc(d))
+			}
+		}
+		return cursorReply{key: key, batch: batch, ns: p.rc.ns}.withID(id)
+	}
+	return doc
+}
+
+// replaceCount is d with its count field set to n.
+func replaceCount(d bsoncore.Document, n int64) bsoncore.Document {
+	elems, _ := d.Elements()
+	idx, out := bsoncore.AppendDocumentStart(nil)
+	for _, e := range elems {
+		if e.Key() == "count" {
+			out = appendCount(out, "count", n)
+			continue
+		}
+		out = append(out, e...)
 	}
 	out, _ = bsoncore.AppendDocumentEnd(out, idx)
 	return out

@@ -1,6 +1,8 @@
 package rewrite
 
 import (
+	"bytes"
+	"errors"
 	"strings"
 	"testing"
 
@@ -335,6 +337,7 @@ func TestListCollectionsAndAdmin(t *testing.T) {
 	if got != `{"ns": "iot.readings","count": {"$numberInt":"2500"},"size": {"$numberInt":"10"},"tsproxy": {"bucketCollection": "iot.readings.buckets","buckets": {"$numberInt":"3"}},"ok": {"$numberDouble":"1.0"}}` {
 		t.Fatal(got)
 	}
+	collStatsStage(t, r)
 	drop, err := PlanDrop(rdRaw(t, D{{Key: "drop", Value: "readings"}, {Key: "$db", Value: "iot"}}), r)
 	if err != nil || rdJSON(drop) != `{"drop": "readings.buckets","$db": "iot"}` {
 		t.Fatal(rdJSON(drop), err)
@@ -421,5 +424,75 @@ func TestCursorShapeOwnsItsBytes(t *testing.T) {
 	out, _, err := p.Cursor.MapReply(reply)
 	if err != nil || !strings.Contains(rdJSON(out), `"nextBatch": [{"_id": {"$numberInt":"1"},"sensorId": "abc"}]`) {
 		t.Fatalf("%s %v", rdJSON(out), err)
+	}
+}
+
+// collStatsStage: an aggregate that begins with $collStats runs on the
+// bucket collection; its documents get the app's ns and the event count;
+// later stages run upstream unless they read count or ns.
+func collStatsStage(t *testing.T, r *rules.Rule) {
+	t.Helper()
+	agg := func(stages ...D) []byte {
+		a := A{}
+		for _, st := range stages {
+			a = append(a, st)
+		}
+		return rdRaw(t, D{{Key: "aggregate", Value: "readings"}, {Key: "pipeline", Value: a}, {Key: "cursor", Value: D{}}, {Key: "$db", Value: "iot"}})
+	}
+	collStats := D{{Key: "$collStats", Value: D{{Key: "storageStats", Value: D{}}, {Key: "count", Value: D{}}}}}
+	for _, c := range []struct {
+		body []byte
+		want bool
+	}{
+		{agg(collStats), true},
+		{agg(collStats, D{{Key: "$group", Value: D{{Key: "_id", Value: nil}}}}), true},
+		{agg(D{{Key: "$match", Value: D{}}}, collStats), false},
+		{agg(), false},
+		{rdRaw(t, D{{Key: "collStats", Value: "readings"}}), false},
+		{rdRaw(t, D{{Key: "find", Value: "readings"}, {Key: "pipeline", Value: A{collStats}}}), false},
+		{rdRaw(t, D{{Key: "aggregate", Value: "readings"}, {Key: "pipeline", Value: "x"}}), false},
+	} {
+		if got := BeginsWithCollStats(c.body); got != c.want {
+			t.Errorf("BeginsWithCollStats(%s) = %v", rdJSON(c.body), got)
+		}
+	}
+	cs, err := PlanCollStats(agg(collStats), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rdJSON(cs.Stats); got != `{"aggregate": "readings.buckets","pipeline": [{"$collStats": {"storageStats": {},"count": {}}}],"cursor": {},"$db": "iot"}` {
+		t.Fatal(got)
+	}
+	reply := rdRaw(t, D{{Key: "cursor", Value: D{{Key: "firstBatch", Value: A{D{{Key: "ns", Value: "iot.readings.buckets"}, {Key: "host", Value: "h"},
+		{Key: "storageStats", Value: D{{Key: "size", Value: 10}, {Key: "count", Value: 3}, {Key: "nindexes", Value: 2}}}, {Key: "count", Value: int64(3)}}}},
+		{Key: "id", Value: int64(0)}, {Key: "ns", Value: "iot.readings.buckets"}}}, {Key: "ok", Value: 1.0}})
+	want := `{"cursor": {"firstBatch": [{"ns": "iot.readings","host": "h","storageStats": {"size": {"$numberInt":"10"},"count": {"$numberInt":"2500"},"nindexes": {"$numberInt":"2"}},"count": {"$numberInt":"2500"}}],"id": {"$numberLong":"0"},"ns": "iot.readings"},"ok": {"$numberDouble":"1.0"}}`
+	if got := rdJSON(cs.Reply(reply, 2500)); got != want {
+		t.Fatalf("reply:\n got %s\nwant %s", got, want)
+	}
+	// Unknown event count: the counts are left as the upstream gave them.
+	if got := rdJSON(cs.Reply(reply, -1)); !strings.Contains(got, `"ns": "iot.readings","host": "h","storageStats": {"size": {"$numberInt":"10"},"count": {"$numberInt":"3"}`) {
+		t.Fatal(got)
+	}
+	// An error reply is passed on as it is.
+	errReply := rdRaw(t, D{{Key: "ok", Value: 0.0}, {Key: "errmsg", Value: "no"}, {Key: "code", Value: 2}})
+	if got := cs.Reply(errReply, 5); !bytes.Equal(got, errReply) {
+		t.Fatal(rdJSON(got))
+	}
+	for _, later := range []D{
+		{{Key: "$project", Value: D{{Key: "n", Value: "$storageStats.count"}}}},
+		{{Key: "$count", Value: "n"}},
+		{{Key: "$match", Value: D{{Key: "ns", Value: "iot.readings"}}}},
+		{{Key: "$group", Value: D{{Key: "_id", Value: "$ns"}}}},
+		{{Key: "$addFields", Value: D{{Key: "x", Value: D{{Key: "$add", Value: A{"$count", 1}}}}}}},
+	} {
+		_, err := PlanCollStats(agg(collStats, later), r)
+		var ce *CommandError
+		if !errors.As(err, &ce) || ce.Code != CodeNotImplemented || !strings.Contains(err.Error(), "tsproxy rule iot.readings: a stage after $collStats") {
+			t.Errorf("$collStats then %s: got %v, want a refusal naming the rule", rdJSON(rdRaw(t, later)), err)
+		}
+	}
+	if _, err := PlanCollStats(agg(collStats, D{{Key: "$group", Value: D{{Key: "_id", Value: nil}, {Key: "v", Value: D{{Key: "$sum", Value: "$storageStats.totalIndexSize"}}}}}}), r); err != nil {
+		t.Fatalf("$collStats then a sum of index sizes: %v", err)
 	}
 }
