@@ -9,26 +9,35 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
-// counterBuckets reads db's counter buckets directly: the count of each
-// (page, second) and the sum of the buckets' totals.
-func counterBuckets(t *testing.T, ctx context.Context, db string) (map[slotKey]int, int64) {
+// counterBucket is a stored counter bucket.
+type counterBucket struct {
+	Meta  string           `bson:"meta"`
+	Start bson.DateTime    `bson:"start"`
+	Total int64            `bson:"total"`
+	Slots map[string]int64 `bson:"slots"`
+}
+
+// readCounterBuckets reads db's counter buckets directly.
+func readCounterBuckets(t *testing.T, ctx context.Context, db string) []counterBucket {
 	t.Helper()
 	cur, err := direct(t).Database(db).Collection("hits.buckets").Find(ctx, bson.D{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var buckets []struct {
-		Meta  string           `bson:"meta"`
-		Start bson.DateTime    `bson:"start"`
-		Total int64            `bson:"total"`
-		Slots map[string]int64 `bson:"slots"`
-	}
+	var buckets []counterBucket
 	if err := cur.All(ctx, &buckets); err != nil {
 		t.Fatal(err)
 	}
+	return buckets
+}
+
+// counterBuckets reads db's counter buckets directly: the count of each
+// (page, second) and the sum of the buckets' totals.
+func counterBuckets(t *testing.T, ctx context.Context, db string) (map[slotKey]int, int64) {
+	t.Helper()
 	got := map[slotKey]int{}
 	var total int64
-	for _, b := range buckets {
+	for _, b := range readCounterBuckets(t, ctx, db) {
 		var inSlots int64
 		for s, c := range b.Slots {
 			var i int64
@@ -167,21 +176,7 @@ func TestFaultSlotsReplyLostRetry(t *testing.T) {
 	if r.cuts.Load() != 1 {
 		t.Fatalf("the relay cut %d replies, want 1", r.cuts.Load())
 	}
-	var stored int64
-	for _, b := range readSlotsBuckets(t, db) {
-		var n int64
-		var total float64
-		for k, v := range want {
-			if k.host == b.Meta && k.sec >= b.Start.Time().Unix() && k.sec < b.Start.Time().Unix()+3600 {
-				n++
-				total += v
-			}
-		}
-		if b.NumSamples != n || b.TotalSamples != total {
-			t.Fatalf("bucket %s %v after a retried write: num_samples %d total_samples %v, want %d %v", b.Meta, b.Start.Time(), b.NumSamples, b.TotalSamples, n, total)
-		}
-		stored += b.NumSamples
-	}
+	stored := checkSlotsSamples(t, readSlotsBuckets(t, db), want, "after a retried write")
 	if stored != int64(len(want)) {
 		t.Fatalf("%d samples stored, want %d", stored, len(want))
 	}

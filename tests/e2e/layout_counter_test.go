@@ -76,19 +76,7 @@ func TestLayoutCounterGoDriver(t *testing.T) {
 	}
 
 	// Stored: one bucket per (page, minute), totals and slots exact.
-	cur, err := direct(t).Database(db).Collection("hits.buckets").Find(ctx, bson.D{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var buckets []struct {
-		Meta  string           `bson:"meta"`
-		Start bson.DateTime    `bson:"start"`
-		Total int64            `bson:"total"`
-		Slots map[string]int64 `bson:"slots"`
-	}
-	if err := cur.All(ctx, &buckets); err != nil {
-		t.Fatal(err)
-	}
+	buckets := readCounterBuckets(t, ctx, db)
 	windows := map[string]bool{}
 	for k := range want {
 		windows[fmt.Sprint(k.page, k.sec/60)] = true
@@ -118,7 +106,7 @@ func TestLayoutCounterGoDriver(t *testing.T) {
 
 	// find: one document per non-empty slot; the counts sum to n.
 	var all []counterDoc
-	cur, err = coll.Find(ctx, bson.D{}, options.Find().SetBatchSize(50))
+	cur, err := coll.Find(ctx, bson.D{}, options.Find().SetBatchSize(50))
 	if err != nil {
 		t.Fatal(err)
 	}

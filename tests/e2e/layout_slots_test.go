@@ -52,6 +52,29 @@ func readSlotsBuckets(t *testing.T, db string) []slotsBucket {
 	return out
 }
 
+// checkSlotsSamples checks each 1-hour slots bucket's num_samples and
+// total_samples against the samples want holds for its host and hour, and
+// returns the samples the buckets hold.
+func checkSlotsSamples(t *testing.T, buckets []slotsBucket, want map[sampleKey]float64, when string) int64 {
+	t.Helper()
+	var samples int64
+	for _, b := range buckets {
+		var n int64
+		var total float64
+		for k, v := range want {
+			if k.host == b.Meta && k.sec >= b.Start.Time().Unix() && k.sec < b.Start.Time().Unix()+3600 {
+				n++
+				total += v
+			}
+		}
+		if b.NumSamples != n || b.TotalSamples != total {
+			t.Fatalf("bucket %s %v %s: num_samples %d total_samples %v, want %d %v", b.Meta, b.Start.Time(), when, b.NumSamples, b.TotalSamples, n, total)
+		}
+		samples += b.NumSamples
+	}
+	return samples
+}
+
 func TestLayoutSlotsGoDriver(t *testing.T) {
 	t.Parallel()
 	db := uniqueDB(t)
@@ -96,21 +119,7 @@ func TestLayoutSlotsGoDriver(t *testing.T) {
 	if len(buckets) != 6 {
 		t.Fatalf("%d buckets, want 6 (3 hosts x 2 hours)", len(buckets))
 	}
-	var samples int64
-	for _, b := range buckets {
-		var n int64
-		var total float64
-		for k, v := range want {
-			if k.host == b.Meta && k.sec >= b.Start.Time().Unix() && k.sec < b.Start.Time().Unix()+3600 {
-				n++
-				total += v
-			}
-		}
-		if b.NumSamples != n || b.TotalSamples != total {
-			t.Fatalf("bucket %s %v: num_samples %d total_samples %v, want %d %v", b.Meta, b.Start.Time(), b.NumSamples, b.TotalSamples, n, total)
-		}
-		samples += b.NumSamples
-	}
+	samples := checkSlotsSamples(t, buckets, want, "")
 	if samples != int64(len(want)) {
 		t.Fatalf("%d samples stored, want %d", samples, len(want))
 	}
