@@ -226,3 +226,19 @@ func inTransaction(body bsoncore.Document) bool {
 	_, ok := lookupTop(body, "autocommit")
 	return ok
 }
+
+// replacedField copies d with each element named key written by put
+// instead, in its place; d without key is copied as it is.
+func replacedField(d bsoncore.Document, key string, put func(dst []byte) []byte) bsoncore.Document {
+	elems, _ := d.Elements()
+	idx, out := bsoncore.AppendDocumentStart(nil)
+	for _, e := range elems {
+		if e.Key() == key {
+			out = put(out)
+			continue
+		}
+		out = append(out, e...)
+	}
+	out, _ = bsoncore.AppendDocumentEnd(out, idx)
+	return out
+}

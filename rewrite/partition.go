@@ -192,17 +192,7 @@ func MergeInsertReplies(parts []InsertPart, replies [][]byte) []byte {
 
 // renumbered copies a writeError with index set to index.
 func renumbered(d bsoncore.Document, index int) bsoncore.Document {
-	elems, _ := d.Elements()
-	idx, out := bsoncore.AppendDocumentStart(nil)
-	for _, e := range elems {
-		if e.Key() == "index" {
-			out = bsoncore.AppendInt32Element(out, "index", int32(index))
-			continue
-		}
-		out = append(out, e...)
-	}
-	out, _ = bsoncore.AppendDocumentEnd(out, idx)
-	return out
+	return replacedField(d, "index", func(dst []byte) []byte { return bsoncore.AppendInt32Element(dst, "index", int32(index)) })
 }
 
 // DeleteLimitOne reports whether a delete has a statement with limit 1,

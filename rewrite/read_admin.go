@@ -221,7 +221,8 @@ func (p *CollStatsPlan) stageReply(doc bsoncore.Document, count int64) []byte {
 			case e.Key() == "count" && count >= 0 && isNumber(e.Value().Type):
 				out = appendCount(out, "count", count)
 			case e.Key() == "storageStats" && count >= 0 && e.Value().Type == bsoncore.TypeEmbeddedDocument:
-				out = bsoncore.AppendDocumentElement(out, "storageStats", replaceCount(e.Value().Document(), count))
+				stats := replacedField(e.Value().Document(), "count", func(dst []byte) []byte { return appendCount(dst, "count", count) })
+				out = bsoncore.AppendDocumentElement(out, "storageStats", stats)
 			default:
 				out = append(out, e...)
 			}
@@ -249,21 +250,6 @@ func (p *CollStatsPlan) stageReply(doc bsoncore.Document, count int64) []byte {
 		return cursorReply{key: key, batch: batch, ns: p.rc.ns}.withID(id)
 	}
 	return doc
-}
-
-// replaceCount is d with its count field set to n.
-func replaceCount(d bsoncore.Document, n int64) bsoncore.Document {
-	elems, _ := d.Elements()
-	idx, out := bsoncore.AppendDocumentStart(nil)
-	for _, e := range elems {
-		if e.Key() == "count" {
-			out = appendCount(out, "count", n)
-			continue
-		}
-		out = append(out, e...)
-	}
-	out, _ = bsoncore.AppendDocumentEnd(out, idx)
-	return out
 }
 
 // PlanDrop rewrites drop of the app's namespace into drop of the bucket
