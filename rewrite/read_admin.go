@@ -131,7 +131,17 @@ func planCollStatsStage(rc *readCtx, doc bsoncore.Document) ([]byte, error) {
 				"(the upstream's statistics are those of the bucket collection %s; the proxy maps them only in $collStats's own output): run $collStats alone", rc.rule.BucketNamespace())
 		}
 	}
-	return renameTarget(doc, rc.rule, "aggregate", "aggregate")
+	renamed, err := renameTarget(doc, rc.rule, "aggregate", "aggregate")
+	if err != nil {
+		return nil, err
+	}
+	// The proxy keeps no cursor for this aggregate and maps the first batch
+	// only, so the client's batchSize (0 would leave everything for a
+	// getMore) is not passed on: the server's default first batch holds
+	// $collStats's output, one document per shard.
+	return replacedField(renamed, "cursor", func(dst []byte) []byte {
+		return bsoncore.AppendDocumentElement(dst, "cursor", bsoncore.NewDocumentBuilder().Build())
+	}), nil
 }
 
 // readsCountOrNS reports whether a stage names a field "count" or "ns"
@@ -207,9 +217,10 @@ func (p *CollStatsPlan) Reply(stats []byte, count int64) []byte {
 
 // stageReply maps the reply to a $collStats aggregate: the cursor's and
 // each document's ns become the app's, and the document counts
-// (storageStats.count, count.count... as $collStats's count option gives
-// it: a top-level count) the number of events. The proxy reads the whole
-// result in the first batch: $collStats gives one document per shard.
+// (storageStats.count, and the top-level count that $collStats's count
+// option gives) the number of events. A result that did not fit the first
+// batch (later stages multiplying documents) is refused: the proxy holds
+// no cursor to serve the rest from.
 func (p *CollStatsPlan) stageReply(doc bsoncore.Document, count int64) []byte {
 	mapDoc := func(d bsoncore.Document) bsoncore.Document {
 		elems, _ := d.Elements()
@@ -234,7 +245,9 @@ func (p *CollStatsPlan) stageReply(doc bsoncore.Document, count int64) []byte {
 	if !ok {
 		return doc
 	}
-	id, _ := cur.Lookup("id").AsInt64OK()
+	if id, _ := cur.Lookup("id").AsInt64OK(); id != 0 {
+		return ErrorReply(p.rc.unsupported("a $collStats aggregate whose result does not fit one batch is not supported on a bucketed namespace"))
+	}
 	var batch []bsoncore.Document
 	for _, key := range []string{"firstBatch", "nextBatch"} {
 		arr, ok := cur.Lookup(key).ArrayOK()
@@ -247,7 +260,7 @@ func (p *CollStatsPlan) stageReply(doc bsoncore.Document, count int64) []byte {
 				batch = append(batch, mapDoc(d))
 			}
 		}
-		return cursorReply{key: key, batch: batch, ns: p.rc.ns}.withID(id)
+		return cursorReply{key: key, batch: batch, ns: p.rc.ns}.withID(0)
 	}
 	return doc
 }

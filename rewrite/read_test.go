@@ -474,6 +474,17 @@ func collStatsStage(t *testing.T, r *rules.Rule) {
 	if got := rdJSON(cs.Reply(reply, -1)); !strings.Contains(got, `"ns": "iot.readings","host": "h","storageStats": {"size": {"$numberInt":"10"},"count": {"$numberInt":"3"}`) {
 		t.Fatal(got)
 	}
+	// The client's batchSize is not passed on (the proxy maps one batch and
+	// keeps no cursor); a result that still needs a getMore is refused.
+	cs0, err := PlanCollStats(rdRaw(t, D{{Key: "aggregate", Value: "readings"}, {Key: "pipeline", Value: A{collStats}},
+		{Key: "cursor", Value: D{{Key: "batchSize", Value: 0}}}, {Key: "$db", Value: "iot"}}), r)
+	if err != nil || rdJSON(cs0.Stats) != `{"aggregate": "readings.buckets","pipeline": [{"$collStats": {"storageStats": {},"count": {}}}],"cursor": {},"$db": "iot"}` {
+		t.Fatal(rdJSON(cs0.Stats), err)
+	}
+	more := rdRaw(t, D{{Key: "cursor", Value: D{{Key: "firstBatch", Value: A{}}, {Key: "id", Value: int64(77)}, {Key: "ns", Value: "iot.readings.buckets"}}}, {Key: "ok", Value: 1.0}})
+	if got := rdJSON(cs0.Reply(more, 5)); !strings.Contains(got, `"ok": {"$numberDouble":"0.0"}`) || !strings.Contains(got, "does not fit one batch") {
+		t.Fatal(got)
+	}
 	// An error reply is passed on as it is.
 	errReply := rdRaw(t, D{{Key: "ok", Value: 0.0}, {Key: "errmsg", Value: "no"}, {Key: "code", Value: 2}})
 	if got := cs.Reply(errReply, 5); !bytes.Equal(got, errReply) {
