@@ -140,10 +140,14 @@ func (c *conn) endCursorSessions(req *request) {
 			ended[sessionKey(doc)] = true
 		}
 	}
-	for _, cur := range c.s.cursors.forgetSessions(ended) {
-		if c.ensureUpstream() != nil {
-			return
-		}
+	if len(ended) == 0 || c.s.cursors.Len() == 0 || c.ensureUpstream() != nil {
+		return
+	}
+	users, err := c.users()
+	if err != nil {
+		return
+	}
+	for _, cur := range c.s.cursors.forgetSessions(ended, users) {
 		if cur.local {
 			c.closeScanEntry(cur.entry)
 			continue

@@ -17,13 +17,22 @@ import (
 // refused with an error naming the rule. It never reaches the upstream
 // collection of the app's namespace, which stays empty.
 func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
+	if err := c.ensureUpstream(); err != nil {
+		return c.replyUpstreamDown(req, err)
+	}
+	// The server authorizes the client before the proxy answers anything
+	// of its own (authz.go), and a cursor it holds is read only by the
+	// users, and in the session, that opened it.
+	if done, err := c.gate(req, rule); done || err != nil {
+		return err
+	}
+	if done, err := c.checkCursorOwner(req, rule); done || err != nil {
+		return err
+	}
 	if done, err := c.retriedReply(req, rule); done { // reply_cache.go
 		return err
 	}
 	defer c.endRetryable(req)
-	if err := c.ensureUpstream(); err != nil {
-		return c.replyUpstreamDown(req, err)
-	}
 	if rule.Layout == rules.LayoutCounter || rule.Layout == rules.LayoutSlots {
 		return c.handleLayout(req, rule) // proxy/layout.go
 	}

@@ -63,6 +63,9 @@ type conn struct {
 	// cursors are the registered cursors this connection opened or
 	// continued; see releaseCursors.
 	cursors map[int64]struct{}
+	// auth is what the connection knows of its client's authentication
+	// (authz.go).
+	auth connAuth
 
 	busy   atomic.Bool // serving a request
 	closed atomic.Bool
@@ -246,6 +249,7 @@ func appendDB(cmd bson.Raw, db string) ([]byte, error) {
 
 // route sends a request where it belongs.
 func (c *conn) route(req *request) error {
+	c.noteAuthChange(req)
 	switch req.name {
 	case "hello", "isMaster", "ismaster":
 		return c.handleHello(req)
@@ -258,6 +262,12 @@ func (c *conn) route(req *request) error {
 		c.endCursorSessions(req) // then passes through
 	case "renameCollection":
 		if rule := c.renameTouchesRule(req); rule != nil {
+			if err := c.ensureUpstream(); err != nil {
+				return c.replyUpstreamDown(req, err)
+			}
+			if done, err := c.gate(req, rule); done || err != nil {
+				return err
+			}
 			return c.refuseRename(req, rule)
 		}
 	}

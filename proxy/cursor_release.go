@@ -3,7 +3,11 @@ package proxy
 import (
 	"time"
 
+	"go.mongodb.org/mongo-driver/v2/bson"
+
 	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rules"
+	"github.com/tsproxy/tsproxy/wire"
 )
 
 // cursorKillTimeout bounds the killCursors a closing connection sends for
@@ -16,6 +20,13 @@ const cursorKillTimeout = 2 * time.Second
 // (limits.maxCursors); the caller then releases the cursor and refuses.
 func (c *conn) registerCursor(req *request, id int64, e *cursorEntry) bool {
 	e.session = requestSession(req)
+	users, err := c.users()
+	if err != nil {
+		// Who opened it is unknown: nobody may continue it, this client
+		// included, rather than anybody.
+		users = []string{"\x00unknown"}
+	}
+	e.users = users
 	if !c.s.cursors.add(id, e) {
 		return false
 	}
@@ -72,4 +83,57 @@ func (c *conn) releaseCursors() {
 		}
 	}
 	c.cursors = nil
+}
+
+// checkCursorOwner refuses a getMore of a registered cursor from a client
+// none of whose users opened it, or from another session, and a
+// killCursors naming such a cursor: MongoDB's Unauthorized (13), or its
+// session codes, with nothing read or killed. done is true when req was
+// answered.
+func (c *conn) checkCursorOwner(req *request, rule *rules.Rule) (done bool, err error) {
+	if req.name != "getMore" && req.name != "killCursors" {
+		return false, nil
+	}
+	var ids []int64
+	body := bson.Raw(req.msg.Body)
+	if req.name == "getMore" {
+		id, ok := body.Lookup("getMore").AsInt64OK()
+		if !ok {
+			return false, nil
+		}
+		ids = []int64{id}
+	} else {
+		arr, _ := body.Lookup("cursors").ArrayOK()
+		vals, _ := arr.Values()
+		for _, v := range vals {
+			if id, ok := v.AsInt64OK(); ok {
+				ids = append(ids, id)
+			}
+		}
+	}
+	users, err := c.users()
+	if err != nil {
+		return false, err
+	}
+	for _, id := range ids {
+		e := c.s.cursors.peek(id)
+		if e == nil {
+			continue
+		}
+		var refusal error
+		if req.name == "getMore" {
+			refusal = cursorOwnerError(id, e, users, requestSession(req))
+		} else {
+			refusal = cursorUserError(id, e, users)
+		}
+		if refusal == nil {
+			continue
+		}
+		c.log.Info("cursor of other users refused", "rule", rule.Namespace, "command", req.name, "cursor", id)
+		if req.msg.Flags&wire.MoreToCome != 0 {
+			return true, nil
+		}
+		return true, c.replyRewriteError(req, refusal)
+	}
+	return false, nil
 }

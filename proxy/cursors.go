@@ -6,6 +6,7 @@ import (
 
 	"github.com/hashicorp/golang-lru/v2/expirable"
 
+	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rules"
 )
 
@@ -27,8 +28,12 @@ type cursorEntry struct {
 	// app's; kept per cursor so getMore batches come out as the first did.
 	reshape any
 	// session is the lsid of the read that opened the cursor ("" for
-	// none): endSessions of that session kills and forgets it.
+	// none): endSessions of that session kills and forgets it, and
+	// getMores in another session are refused.
 	session string
+	// users are the users authenticated on the connection that opened the
+	// cursor ("user@db", sorted): only they may continue or kill it.
+	users []string
 	// local: the proxy serves the cursor itself (point reads, counter and
 	// slots reads); there is no upstream cursor to kill.
 	local bool
@@ -80,13 +85,16 @@ type sessionCursor struct {
 // forgetSessions forgets the cursors opened in any of sessions and
 // returns them: one pass over the registry, however many sessions end
 // (drivers end up to 10,000 in one endSessions).
-func (r *cursorRegistry) forgetSessions(sessions map[string]bool) []sessionCursor {
+// Only cursors the ending client's users opened are touched: MongoDB's
+// sessions belong to their users, and another user's endSessions of the
+// same lsid ends nothing of theirs.
+func (r *cursorRegistry) forgetSessions(sessions map[string]bool, users []string) []sessionCursor {
 	if len(sessions) == 0 {
 		return nil
 	}
 	var out []sessionCursor
 	for _, id := range r.lru.Keys() {
-		if e, ok := r.lru.Peek(id); ok && e.session != "" && sessions[e.session] {
+		if e, ok := r.lru.Peek(id); ok && e.session != "" && sessions[e.session] && rewrite.Coauthorized(e.users, users) {
 			r.lru.Remove(id)
 			out = append(out, sessionCursor{id: id, rule: e.rule, local: e.local, entry: e})
 		}

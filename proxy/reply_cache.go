@@ -209,7 +209,11 @@ func (c *conn) retriedReply(req *request, rule *rules.Rule) (done bool, err erro
 	if kerr != nil {
 		out.err = kerr
 	} else {
-		out = c.s.replies.begin(key, rule.Namespace+" "+req.name)
+		identity, err := c.identity()
+		if err != nil {
+			return true, err
+		}
+		out = c.s.replies.begin(key.OwnedBy(identity), rule.Namespace+" "+req.name)
 	}
 	switch {
 	case out.attempt != nil:

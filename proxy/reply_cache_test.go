@@ -259,3 +259,33 @@ func BenchmarkReplyCache(b *testing.B) {
 		}
 	})
 }
+
+// One user's record never answers another's write of the same lsid and
+// txnNumber, and does not make it wait: MongoDB's sessions belong to
+// their users.
+func TestReplyCacheOwnedBySessionUsers(t *testing.T) {
+	rc := newReplyCache(100, time.Hour)
+	key := retryKey(t, "session-1", "", 5)
+	alice, bob, anon := key.OwnedBy("alice@admin\x00"), key.OwnedBy("bob@admin\x00"), key.OwnedBy("")
+	running := rc.begin(alice, "db.c insert")
+	if running.attempt == nil {
+		t.Fatal("alice's write not run")
+	}
+	other := rc.begin(bob, "db.c insert") // would wait for alice's if they shared a key
+	if other.attempt == nil {
+		t.Fatal("bob's write of the same lsid waited for or was answered from alice's")
+	}
+	other.attempt.finish()
+	running.attempt.offer(okReply(t, 10))
+	running.attempt.finish()
+	for _, k := range []rewrite.RetryKey{bob, anon} {
+		out := rc.begin(k, "db.c insert")
+		if out.attempt == nil || out.reply != nil {
+			t.Fatalf("%q got alice's recorded reply %v (%v)", k.Session, out.reply, out.err)
+		}
+		out.attempt.finish()
+	}
+	if out := rc.begin(alice, "db.c insert"); !bytes.Equal(out.reply, okReply(t, 10)) {
+		t.Fatalf("alice's retry: %v %v, want her recorded reply", out.reply, out.err)
+	}
+}

@@ -35,6 +35,15 @@ type RetryKey struct {
 	id        string // lsid.id's bytes, for messages
 }
 
+// OwnedBy is the key of the same write by the client identity names:
+// MongoDB's sessions belong to the users who started them (the server
+// adds their uid to the lsid), so one user's record never answers
+// another's write, nor delays it.
+func (k RetryKey) OwnedBy(identity string) RetryKey {
+	k.Session += "\x02" + identity
+	return k
+}
+
 // SessionHex is the session id as MongoDB prints it in its errors (the
 // UUID's hex).
 func (k RetryKey) SessionHex() string { return fmt.Sprintf("%x", k.id) }
