@@ -7,6 +7,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/wire"
 )
@@ -117,7 +118,7 @@ func (c *conn) refuseRename(req *request, rule *rules.Rule) error {
 	if req.msg.Flags&wire.MoreToCome != 0 {
 		return nil
 	}
-	return c.replyError(req, codeNotImplemented, "NotImplemented",
+	return c.replyError(req, mongoerr.NotImplemented,
 		fmt.Sprintf("tsproxy rule %s: renameCollection of or onto a bucketed namespace is not supported (its events are in %s; change the rule instead)", rule.Namespace, rule.BucketNamespace()))
 }
 

@@ -7,6 +7,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/wire"
 )
@@ -134,7 +135,7 @@ func (c *conn) authorize(req *request, rule *rules.Rule) (denied []byte, err err
 	if info.Allows(action, rule.DB, rule.Collection) && info.Allows(action, rule.DB, rule.BucketCollection) {
 		return nil, nil
 	}
-	return rewrite.ErrorReply(rewrite.NotAuthorized(rule.DB, req.name)), nil
+	return mongoerr.Reply(rewrite.NotAuthorized(rule.DB, req.name)), nil
 }
 
 // gate authorizes req before the proxy serves it; done is true when it
@@ -158,7 +159,7 @@ func cursorUserError(id int64, e *cursorEntry, users []string) error {
 	if rewrite.Coauthorized(e.users, users) {
 		return nil
 	}
-	return &rewrite.CommandError{Code: rewrite.CodeUnauthorized,
+	return &mongoerr.Error{Code: mongoerr.Unauthorized,
 		Msg: fmt.Sprintf("cursor id %d was not created by the authenticated user", id)}
 }
 
@@ -172,13 +173,13 @@ func cursorOwnerError(id int64, e *cursorEntry, users []string, session string) 
 	case session == e.session:
 		return nil
 	case e.session == "":
-		return &rewrite.CommandError{Code: 50736, Msg: fmt.Sprintf(
+		return &mongoerr.Error{Code: mongoerr.GetMoreOutsideSession, Msg: fmt.Sprintf(
 			"Cannot run getMore on cursor %d, which was not created in a session, in session %s", id, sessionHex(session))}
 	case session == "":
-		return &rewrite.CommandError{Code: 50737, Msg: fmt.Sprintf(
+		return &mongoerr.Error{Code: mongoerr.GetMoreWithoutSession, Msg: fmt.Sprintf(
 			"Cannot run getMore on cursor %d, which was created in session %s, without an lsid", id, sessionHex(e.session))}
 	}
-	return &rewrite.CommandError{Code: 50738, Msg: fmt.Sprintf(
+	return &mongoerr.Error{Code: mongoerr.GetMoreInOtherSession, Msg: fmt.Sprintf(
 		"Cannot run getMore on cursor %d, which was created in session %s, in session %s", id, sessionHex(e.session), sessionHex(session))}
 }
 

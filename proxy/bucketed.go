@@ -8,6 +8,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/upstream"
 	"github.com/tsproxy/tsproxy/wire"
@@ -78,7 +79,7 @@ func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
 	if req.msg.Flags&wire.MoreToCome != 0 {
 		return nil
 	}
-	return c.replyError(req, codeNotImplemented, "NotImplemented",
+	return c.replyError(req, mongoerr.NotImplemented,
 		fmt.Sprintf("tsproxy rule %s: command %q is not supported on a bucketed namespace", rule.Namespace, req.name))
 }
 
@@ -273,7 +274,7 @@ func (c *conn) refuseBeforeWrite(req *request, rule *rules.Rule, err error, answ
 // replyParseError answers with FailedToParse (9), as MongoDB answers a
 // document it cannot take.
 func (c *conn) replyParseError(req *request, err error) error {
-	return c.replyError(req, codeFailedToParse, "FailedToParse", err.Error())
+	return c.replyError(req, mongoerr.FailedToParse, err.Error())
 }
 
 // commandOf is the request as rewrite takes it.

@@ -15,6 +15,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/upstream"
 	"github.com/tsproxy/tsproxy/wire"
 )
@@ -184,8 +185,7 @@ func (c *conn) handle(h wire.Header, frame []byte) error {
 			if req.msg.Flags&wire.MoreToCome != 0 {
 				return nil // the client reads no reply
 			}
-			code, name := decodeErrorCode(err)
-			return c.replyError(req, code, name, "tsproxy: "+err.Error())
+			return c.replyError(req, decodeErrorCode(err), "tsproxy: "+err.Error())
 		}
 	case wire.OpQuery:
 		// A legacy client reads only OP_REPLY, error replies included.
@@ -193,7 +193,7 @@ func (c *conn) handle(h wire.Header, frame []byte) error {
 		if err := c.decodeQuery(req); err != nil {
 			c.s.tel.errorSeen("bad_message")
 			c.log.Warn("rejected message", "reason", err.Error())
-			return c.replyError(req, codeInvalidBSON, "InvalidBSON", "tsproxy: "+err.Error())
+			return c.replyError(req, mongoerr.InvalidBSON, "tsproxy: "+err.Error())
 		}
 	default:
 		return fmt.Errorf("unsupported opcode %s from a client", req.h.OpCode)
@@ -391,7 +391,7 @@ func (c *conn) refuse(msg string) {
 	if h.OpCode == wire.OpQuery {
 		req.legacy = true
 	}
-	_ = c.replyError(req, codeTooManyConnections, "TooManyConnections", msg)
+	_ = c.replyError(req, mongoerr.TooManyConnections, msg)
 }
 
 // closeIfIdle closes the connection now if it is between requests; a busy

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 )
 
@@ -50,7 +50,7 @@ func TestCursorOwnership(t *testing.T) {
 	cases := []struct {
 		users   []string
 		session string
-		code    int32
+		code    mongoerr.Code
 	}{
 		{alice, "s", 0},
 		{[]string{"alice@admin", "bob@admin"}, "s", 0},
@@ -62,15 +62,15 @@ func TestCursorOwnership(t *testing.T) {
 	}
 	for _, tc := range cases {
 		err := cursorOwnerError(1, e, tc.users, tc.session)
-		var code int32
-		if ce, ok := err.(*rewrite.CommandError); ok {
-			code = ce.Code
+		var code mongoerr.Code
+		if err != nil {
+			code = mongoerr.CodeOf(err)
 		}
 		if code != tc.code {
 			t.Errorf("users %v session %q: code %d (%v), want %d", tc.users, tc.session, code, err, tc.code)
 		}
 	}
-	if err := cursorOwnerError(2, &cursorEntry{rule: rule}, nil, "s"); err == nil || err.(*rewrite.CommandError).Code != 50736 {
+	if err := cursorOwnerError(2, &cursorEntry{rule: rule}, nil, "s"); err == nil || err.(*mongoerr.Error).Code != 50736 {
 		t.Errorf("a session's getMore of a cursor opened outside sessions: %v, want 50736", err)
 	}
 	if err := cursorUserError(1, e, alice); err != nil {

@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/wire"
 )
 
@@ -10,10 +11,10 @@ import (
 // fails to decode as err does: a document over the BSON size limit is
 // BSONObjectTooLarge there (as a plain collection reports it), anything
 // else InvalidBSON.
-func decodeErrorCode(err error) (int32, string) {
+func decodeErrorCode(err error) mongoerr.Code {
 	var le *wire.LimitError
 	if errors.As(err, &le) && le.What == "document length" && !le.Min {
-		return codeBSONObjectTooLarge, "BSONObjectTooLarge"
+		return mongoerr.BSONObjectTooLarge
 	}
-	return codeInvalidBSON, "InvalidBSON"
+	return mongoerr.InvalidBSON
 }

@@ -8,6 +8,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/wire"
 )
@@ -52,7 +53,7 @@ func (c *conn) rewriteDelete(req *request, rule *rules.Rule) error {
 		if err == nil {
 			continue
 		}
-		var ce *rewrite.CommandError
+		var ce *mongoerr.Error
 		if !errors.As(err, &ce) {
 			span.end(req, time.Since(t0), err)
 			return err // the upstream connection failed: the client must reconnect
@@ -170,7 +171,7 @@ func (c *conn) matchCandidates(plan *rewrite.DeletePlan, st *rewrite.DeleteState
 		}
 		id, err := cands.Feed(reply)
 		if err != nil {
-			return nil, &rewrite.CommandError{Code: codeOf(err), Msg: fmt.Sprintf("tsproxy rule %s: finding the events to delete: %v", plan.Rule().Namespace, err)}
+			return nil, &mongoerr.Error{Code: mongoerr.CodeOf(err), Msg: fmt.Sprintf("tsproxy rule %s: finding the events to delete: %v", plan.Rule().Namespace, err)}
 		}
 		if id == 0 {
 			return cands, nil
@@ -328,15 +329,7 @@ func (c *conn) runBucketWrite(plan *rewrite.DeletePlan, caps rewrite.Caps, cmd [
 	}
 	done, err := plan.WriteOutcome(reply, statements)
 	if err != nil {
-		err = &rewrite.CommandError{Code: codeOf(err), Msg: fmt.Sprintf("tsproxy rule %s: rewriting buckets: %v", plan.Rule().Namespace, err)}
+		err = &mongoerr.Error{Code: mongoerr.CodeOf(err), Msg: fmt.Sprintf("tsproxy rule %s: rewriting buckets: %v", plan.Rule().Namespace, err)}
 	}
 	return done, err
-}
-
-func codeOf(err error) int32 {
-	var ce *rewrite.CommandError
-	if errors.As(err, &ce) {
-		return ce.Code
-	}
-	return 1
 }

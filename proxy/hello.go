@@ -7,6 +7,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/wire"
 )
 
@@ -17,7 +18,7 @@ import (
 func (c *conn) handleHello(req *request) error {
 	body, offers, err := rewrite.HelloRequest(req.msg.Body)
 	if err != nil {
-		return c.replyError(req, codeInvalidBSON, "InvalidBSON", "tsproxy: "+err.Error())
+		return c.replyError(req, mongoerr.InvalidBSON, "tsproxy: "+err.Error())
 	}
 	chosen := ""
 	for _, name := range offers {
@@ -60,35 +61,13 @@ func (c *conn) replyUpstreamDown(req *request, err error) error {
 	if req.msg.Flags&wire.MoreToCome != 0 {
 		return nil
 	}
-	return c.replyError(req, codeHostUnreachable, "HostUnreachable", "tsproxy: "+err.Error())
+	return c.replyError(req, mongoerr.HostUnreachable, "tsproxy: "+err.Error())
 }
 
-// MongoDB error codes the proxy answers with.
-const (
-	codeBadValue           = 2
-	codeHostUnreachable    = 6
-	codeFailedToParse      = 9
-	codeInvalidBSON        = 22
-	codeCommandNotFound    = 59
-	codeInvalidNamespace   = 73
-	codeOperationFailed    = 96
-	codeNotImplemented     = 238
-	codeTooManyConnections = 8001 // not a server code; the proxy's own
-)
-
 // replyError answers req with {ok: 0, errmsg, code, codeName}.
-func (c *conn) replyError(req *request, code int32, codeName, msg string) error {
-	body, err := bson.Marshal(bson.D{
-		{Key: "ok", Value: 0.0},
-		{Key: "errmsg", Value: msg},
-		{Key: "code", Value: code},
-		{Key: "codeName", Value: codeName},
-	})
-	if err != nil {
-		return err
-	}
-	c.s.tel.errorSeen(codeName)
-	return c.replyBody(req, body)
+func (c *conn) replyError(req *request, code mongoerr.Code, msg string) error {
+	c.s.tel.errorSeen(code.Name())
+	return c.replyBody(req, mongoerr.ReplyNamed(code, "", msg))
 }
 
 // routerLimits is what a synthetic hello says before any upstream hello

@@ -10,6 +10,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/wire"
 )
@@ -33,7 +34,7 @@ func (c *conn) handleLayout(req *request, rule *rules.Rule) error {
 	if req.msg.Flags&wire.MoreToCome != 0 {
 		return nil
 	}
-	return c.replyError(req, codeNotImplemented, "NotImplemented",
+	return c.replyError(req, mongoerr.NotImplemented,
 		fmt.Sprintf("tsproxy rule %s: command %q is not supported on a namespace with layout %s", rule.Namespace, req.name, rule.Layout))
 }
 
@@ -234,7 +235,7 @@ func (c *conn) layoutGetMore(req *request, rule *rules.Rule) error {
 		cur, _ = e.reshape.(*rewrite.LayoutCursor)
 	}
 	if cur == nil {
-		return c.replyError(req, codeCursorNotFound, "CursorNotFound", fmt.Sprintf("tsproxy rule %s: cursor id %d not found", rule.Namespace, id))
+		return c.replyError(req, mongoerr.CursorNotFound, fmt.Sprintf("tsproxy rule %s: cursor id %d not found", rule.Namespace, id))
 	}
 	c.ownCursor(id)
 	out, done := cur.GetMore(req.msg.Body, id)

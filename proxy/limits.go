@@ -8,14 +8,9 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/wire"
-)
-
-// MongoDB error codes for the proxy's own limits.
-const (
-	codeBSONObjectTooLarge = 10334
-	codeTooManyCursors     = 8002 // not a server code; the proxy's own
 )
 
 // drainOversized bounds how long the proxy reads and drops the rest of a
@@ -42,7 +37,7 @@ func (c *conn) refuseOversized(h wire.Header, err error) {
 	msg := fmt.Sprintf("tsproxy: message of %d bytes is larger than the limit of %d bytes (limits.maxMessageBytes)", le.Size, le.Limit)
 	c.log.Warn("refusing an oversized message", "size", le.Size, "limit", le.Limit)
 	req := &request{h: h, legacy: h.OpCode == wire.OpQuery}
-	if rerr := c.replyError(req, codeBSONObjectTooLarge, "BSONObjectTooLarge", msg); rerr != nil {
+	if rerr := c.replyError(req, mongoerr.BSONObjectTooLarge, msg); rerr != nil {
 		return
 	}
 	_ = c.nc.SetReadDeadline(time.Now().Add(drainOversized))
@@ -90,6 +85,6 @@ func (c *conn) capHelloLimits(reply []byte) []byte {
 // limits.maxCursors; the upstream cursor is already killed.
 func (c *conn) replyTooManyCursors(req *request, rule *rules.Rule) error {
 	c.log.Warn("open cursor limit reached", "rule", rule.Namespace, "limit", c.s.opts.MaxCursors)
-	return c.replyError(req, codeTooManyCursors, "TooManyCursors", fmt.Sprintf(
+	return c.replyError(req, mongoerr.TooManyCursors, fmt.Sprintf(
 		"tsproxy rule %s: the proxy holds its limit of %d open cursors (limits.maxCursors); exhaust or kill cursors, or raise the limit", rule.Namespace, c.s.opts.MaxCursors))
 }

@@ -8,6 +8,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/upstream"
 	"github.com/tsproxy/tsproxy/wire"
@@ -146,7 +147,7 @@ func dropPartition(up commander, st *upstreamState, rule *rules.Rule, coll strin
 	reply, err := up.Command(bson.D{{Key: "drop", Value: coll}, {Key: "$db", Value: rule.DB}})
 	if err == nil {
 		if r := refusalOf(reply); r != nil {
-			if code, _ := reply.Lookup("code").AsInt64OK(); code != codeNamespaceNotFound {
+			if r.code != mongoerr.NamespaceNotFound {
 				err = r
 			}
 		}

@@ -7,6 +7,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/upstream"
 	"github.com/tsproxy/tsproxy/wire"
@@ -36,7 +37,7 @@ func (c *conn) commandFrame(cmd []byte) []byte {
 // replyRewriteError answers with a rewrite error (its own code).
 func (c *conn) replyRewriteError(req *request, err error) error {
 	c.s.tel.errorSeen("unsupported")
-	return c.replyBody(req, rewrite.ErrorReply(err))
+	return c.replyBody(req, mongoerr.Reply(err))
 }
 
 // rewriteRead serves find, aggregate, count, distinct and explain.
@@ -167,7 +168,7 @@ func (c *conn) rewriteGetMore(req *request, rule *rules.Rule) error {
 	}
 	shape, _ := entryShape(entry)
 	if shape == nil {
-		return c.replyError(req, codeCursorNotFound, "CursorNotFound", fmt.Sprintf("tsproxy rule %s: cursor id %d not found", rule.Namespace, id))
+		return c.replyError(req, mongoerr.CursorNotFound, fmt.Sprintf("tsproxy rule %s: cursor id %d not found", rule.Namespace, id))
 	}
 	cmd, err := rewrite.GetMore(req.msg.Body, rule)
 	if err != nil {
@@ -323,5 +324,3 @@ func (c *conn) rewriteListCollections(req *request) error {
 	}
 	return c.replyBody(req, plan.Result())
 }
-
-const codeCursorNotFound = 43

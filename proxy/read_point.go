@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/upstream"
 	"github.com/tsproxy/tsproxy/wire"
@@ -70,7 +71,7 @@ func (c *conn) runPoint(pr *rewrite.PointRead, id int64) ([]byte, int64, error) 
 // pointError answers a rewrite error; other errors (the upstream
 // connection failed) close the connection as elsewhere.
 func (c *conn) pointError(req *request, err error) error {
-	var ce *rewrite.CommandError
+	var ce *mongoerr.Error
 	if errors.As(err, &ce) {
 		return c.replyRewriteError(req, err)
 	}

@@ -6,6 +6,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/wire"
 )
 
@@ -16,7 +17,7 @@ import (
 // upstream's Unauthorized error, as it would without the proxy; a closed
 // connection would make its driver retry the write without end.
 type upstreamRefusal struct {
-	code     int32
+	code     mongoerr.Code
 	codeName string
 	msg      string
 }
@@ -29,9 +30,9 @@ func refusalOf(reply bson.Raw) *upstreamRefusal {
 	if ok, _ := reply.Lookup("ok").AsFloat64OK(); ok == 1 {
 		return nil
 	}
-	r := &upstreamRefusal{code: 8, codeName: "UnknownError"}
+	r := &upstreamRefusal{code: mongoerr.UnknownError, codeName: mongoerr.UnknownError.Name()}
 	if code, ok := reply.Lookup("code").AsInt64OK(); ok {
-		r.code = int32(code)
+		r.code = mongoerr.Code(code)
 	}
 	if name, ok := reply.Lookup("codeName").StringValueOK(); ok {
 		r.codeName = name
@@ -43,10 +44,6 @@ func refusalOf(reply bson.Raw) *upstreamRefusal {
 	return r
 }
 
-// codeConflictingOperation answers a write while another proxy holds the
-// namespace's writer lease.
-const codeConflictingOperation = 117
-
 // answerRefusal answers req with the upstream's refusal found in err (its
 // message with the proxy's context); any other error is returned as is and
 // closes the connection.
@@ -57,7 +54,7 @@ func (c *conn) answerRefusal(req *request, err error) error {
 			c.log.Warn("unacknowledged write refused", "err", err.Error())
 			return nil
 		}
-		return c.replyError(req, codeConflictingOperation, "ConflictingOperationInProgress", err.Error())
+		return c.replyError(req, mongoerr.ConflictingOperationInProgress, err.Error())
 	}
 	var r *upstreamRefusal
 	if err == nil || !errors.As(err, &r) {
@@ -67,5 +64,21 @@ func (c *conn) answerRefusal(req *request, err error) error {
 		c.log.Warn("unacknowledged command refused by the upstream", "err", err.Error())
 		return nil
 	}
-	return c.replyError(req, r.code, r.codeName, err.Error())
+	c.s.tel.errorSeen(r.codeName)
+	return c.replyBody(req, mongoerr.ReplyNamed(r.code, r.codeName, err.Error()))
+}
+
+// commandError is nil for an {ok: 1} reply and the upstream's refusal
+// otherwise.
+func commandError(reply bson.Raw) error {
+	if r := refusalOf(reply); r != nil {
+		return r
+	}
+	return nil
+}
+
+// isCode says whether err is an upstream refusal with code.
+func isCode(err error, code mongoerr.Code) bool {
+	var r *upstreamRefusal
+	return errors.As(err, &r) && r.code == code
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/hashicorp/golang-lru/v2/expirable"
 
 	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/wire"
 )
@@ -122,7 +123,7 @@ func (rc *replyCache) begin(key rewrite.RetryKey, op string) txnOutcome {
 		if a := rc.running[key.Session]; a != nil {
 			rc.mu.Unlock()
 			if !waitUntil(a.done, deadline) {
-				return txnOutcome{err: &rewrite.CommandError{Code: rewrite.CodeConflictingOperationInProgress, Msg: fmt.Sprintf(
+				return txnOutcome{err: &mongoerr.Error{Code: mongoerr.ConflictingOperationInProgress, Msg: fmt.Sprintf(
 					"tsproxy: a write of session %s (txnNumber %d) is still running after %s; this one (txnNumber %d) is not run beside it",
 					key.SessionHex(), a.key.TxnNumber, rc.wait, key.TxnNumber)}}
 			}
@@ -135,7 +136,7 @@ func (rc *replyCache) begin(key rewrite.RetryKey, op string) txnOutcome {
 			case key.TxnNumber < rec.txn:
 				return txnOutcome{err: rewrite.TransactionTooOld(key, rec.txn)}
 			case rec.op != op:
-				return txnOutcome{err: &rewrite.CommandError{Code: rewrite.CodeBadValue, Msg: fmt.Sprintf(
+				return txnOutcome{err: &mongoerr.Error{Code: mongoerr.BadValue, Msg: fmt.Sprintf(
 					"txnNumber %d of session %s was used by %s; a retry must repeat the same write, not %s", key.TxnNumber, key.SessionHex(), rec.op, op)}}
 			}
 			return txnOutcome{reply: rec.reply}
@@ -223,7 +224,7 @@ func (c *conn) retriedReply(req *request, rule *rules.Rule) (done bool, err erro
 		return true, nil
 	case out.err != nil:
 		c.log.Info("retryable write refused", "rule", rule.Namespace, "err", out.err.Error())
-		return true, c.replyBody(req, rewrite.ErrorReply(out.err))
+		return true, c.replyBody(req, mongoerr.Reply(out.err))
 	}
 	c.log.Info("retried write answered with its recorded reply", "rule", rule.Namespace, "txnNumber", key.TxnNumber)
 	return true, c.replyBody(req, out.reply)

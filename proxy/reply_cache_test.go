@@ -12,6 +12,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 )
 
 // retryKey is the key of a retryable insert of session id (with uid when
@@ -68,12 +69,12 @@ func TestReplyCacheSessionRules(t *testing.T) {
 	}
 	// An older one: TransactionTooOld.
 	out = rc.begin(retryKey(t, "s1", "", 4), op)
-	if ce, ok := out.err.(*rewrite.CommandError); !ok || ce.Code != rewrite.CodeTransactionTooOld {
+	if ce, ok := out.err.(*mongoerr.Error); !ok || ce.Code != mongoerr.TransactionTooOld {
 		t.Fatalf("older txnNumber: %+v", out)
 	}
 	// The same txnNumber for another command: refused.
 	out = rc.begin(retryKey(t, "s1", "", 5), "db.readings delete")
-	if ce, ok := out.err.(*rewrite.CommandError); !ok || ce.Code != rewrite.CodeBadValue || !strings.Contains(ce.Msg, "db.readings insert") {
+	if ce, ok := out.err.(*mongoerr.Error); !ok || ce.Code != mongoerr.BadValue || !strings.Contains(ce.Msg, "db.readings insert") {
 		t.Fatalf("txnNumber reused by a delete: %+v", out)
 	}
 	// Another uid, or none against one, is another session.
@@ -217,7 +218,7 @@ func TestReplyCacheConcurrentAttempts(t *testing.T) {
 	next := retryKey(t, "s", "", 2)
 	held := rc.begin(next, op)
 	out := rc.begin(next, op)
-	if ce, ok := out.err.(*rewrite.CommandError); out.attempt != nil || !ok || ce.Code != rewrite.CodeConflictingOperationInProgress || !strings.Contains(ce.Msg, "still running") {
+	if ce, ok := out.err.(*mongoerr.Error); out.attempt != nil || !ok || ce.Code != mongoerr.ConflictingOperationInProgress || !strings.Contains(ce.Msg, "still running") {
 		t.Fatalf("copy past the wait limit: %+v", out)
 	}
 	held.attempt.finish()

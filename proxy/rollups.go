@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -10,6 +9,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 )
 
@@ -200,23 +200,6 @@ func (c *conn) ensureSharded(rule *rules.Rule) {
 	done()
 }
 
-// commandError is the error of a command reply with ok != 1, or nil.
-func commandError(reply bson.Raw) error {
-	if ok, _ := reply.Lookup("ok").AsFloat64OK(); ok == 1 {
-		return nil
-	}
-	msg, _ := reply.Lookup("errmsg").StringValueOK()
-	code, _ := reply.Lookup("code").AsInt64OK()
-	return &upstreamCommandError{code: int32(code), msg: msg}
-}
-
-type upstreamCommandError struct {
-	code int32
-	msg  string
-}
-
-func (e *upstreamCommandError) Error() string { return fmt.Sprintf("%s (code %d)", e.msg, e.code) }
-
 // dropRollups drops the rollup collections of a rule whose namespace the
 // app dropped: rollups of events that no longer exist would otherwise be
 // added to by the events written next. A failure is logged; the drop of
@@ -234,14 +217,9 @@ func (c *conn) dropRollups(rule *rules.Rule) {
 		if err == nil {
 			err = commandError(reply)
 		}
-		var ce *upstreamCommandError
-		if err != nil && !(errors.As(err, &ce) && ce.code == codeNamespaceNotFound) {
+		if err != nil && !isCode(err, mongoerr.NamespaceNotFound) {
 			c.log.Error("could not drop a rollup collection with its namespace; drop it yourself", "rule", rule.Namespace,
 				"collection", rule.RollupNamespace(res), "err", err.Error())
 		}
 	}
 }
-
-// codeNamespaceNotFound is the server's NamespaceNotFound error code (a
-// drop of a collection that does not exist).
-const codeNamespaceNotFound = 26

@@ -117,8 +117,8 @@ func (s *Server) retain(ctx context.Context, rule *rules.Rule) {
 					return
 				}
 				s.log.Error("retention: sweep failed; will retry", "rule", rule.Namespace, "err", err.Error())
-				var ce *upstreamCommandError
-				if !errors.As(err, &ce) { // a transport error: dial again
+				var refused *upstreamRefusal
+				if !errors.As(err, &refused) { // a transport error: dial again
 					up.Close()
 					up = nil
 				}

@@ -11,6 +11,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/upstream"
 )
@@ -248,7 +249,7 @@ func (lc leaseClient) take(now time.Time) (int64, *LeaseHeldError, error) {
 		return 0, nil, r
 	}
 	if code, msg, failed := firstWriteError(reply); failed {
-		if code != rewrite.CodeDuplicateKey {
+		if code != mongoerr.DuplicateKey {
 			return 0, nil, fmt.Errorf("insert lease %s: %s (code %d)", lc.id(next), msg, code)
 		}
 		// Another proxy inserted this term first: it holds the lease.
@@ -273,7 +274,7 @@ func (lc leaseClient) take(now time.Time) (int64, *LeaseHeldError, error) {
 
 // firstWriteError returns the code and message of a reply's first write
 // error.
-func firstWriteError(reply bson.Raw) (int32, string, bool) {
+func firstWriteError(reply bson.Raw) (mongoerr.Code, string, bool) {
 	arr, ok := reply.Lookup("writeErrors").ArrayOK()
 	if !ok {
 		return 0, "", false
@@ -285,7 +286,7 @@ func firstWriteError(reply bson.Raw) (int32, string, bool) {
 	d, _ := vals[0].DocumentOK()
 	code, _ := d.Lookup("code").AsInt64OK()
 	msg, _ := d.Lookup("errmsg").StringValueOK()
-	return int32(code), msg, true
+	return mongoerr.Code(code), msg, true
 }
 
 // renew moves the expiry of the held term on and checks that no later

@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -16,21 +17,6 @@ import (
 // bucketed reads rely on.
 const BucketIndexName = "meta_1_start_1"
 
-// CodeNamespaceExists and CodeNamespaceNotFound are MongoDB's.
-const (
-	CodeNamespaceExists   int32 = 48
-	CodeNamespaceNotFound int32 = 26
-	CodeIndexNotFound     int32 = 27
-	CodeInvalidOptions    int32 = 72
-)
-
-func init() {
-	codeNames[CodeNamespaceExists] = "NamespaceExists"
-	codeNames[CodeNamespaceNotFound] = "NamespaceNotFound"
-	codeNames[CodeIndexNotFound] = "IndexNotFound"
-	codeNames[CodeInvalidOptions] = "InvalidOptions"
-}
-
 // RefuseWrite is the error for a write command a bucketed namespace does
 // not support (update, findAndModify): events live inside bucket documents
 // whose _id is derived from the metaField and the time window, so changing
@@ -40,7 +26,7 @@ func RefuseWrite(rule *rules.Rule, cmd string) error {
 	if cmd == "findAndModify" || cmd == "findandmodify" {
 		what = "findAndModify"
 	}
-	return ruleErrorf(rule, CodeNotImplemented,
+	return ruleErrorf(rule, mongoerr.NotImplemented,
 		"%s is not supported on a bucketed namespace (its events are stored in buckets of %s keyed by metaField %q and timeField %q); delete the events and insert the changed ones instead",
 		what, rule.BucketNamespace(), rule.MetaField, rule.TimeField)
 }
@@ -84,7 +70,7 @@ func endAdmin(idx int32, d []byte, body bsoncore.Document, rule *rules.Rule) []b
 func PlanCreate(body []byte, rule *rules.Rule) ([]byte, error) {
 	doc := bsoncore.Document(body)
 	if err := validateDeep(doc, 1); err != nil {
-		return nil, commandErrorf(CodeInvalidBSON, "create is not valid BSON: %v", err)
+		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "create is not valid BSON: %v", err)
 	}
 	if err := checkTarget(doc, rule, "create"); err != nil {
 		return nil, err
@@ -99,7 +85,7 @@ func PlanCreate(body []byte, rule *rules.Rule) ([]byte, error) {
 				return nil, err
 			}
 		default:
-			return nil, ruleErrorf(rule, CodeNotImplemented, "create option %q is not supported on a bucketed namespace (the proxy creates the bucket collection %s)", k, rule.BucketNamespace())
+			return nil, ruleErrorf(rule, mongoerr.NotImplemented, "create option %q is not supported on a bucketed namespace (the proxy creates the bucket collection %s)", k, rule.BucketNamespace())
 		}
 	}
 	idx, d := adminCommand("create", rule)
@@ -109,7 +95,7 @@ func PlanCreate(body []byte, rule *rules.Rule) ([]byte, error) {
 func checkTimeseries(v bsoncore.Value, rule *rules.Rule) error {
 	ts, ok := v.DocumentOK()
 	if !ok {
-		return commandErrorf(CodeTypeMismatch, "create option \"timeseries\" must be a document")
+		return mongoerr.Errorf(mongoerr.TypeMismatch, "create option \"timeseries\" must be a document")
 	}
 	elems, _ := ts.Elements()
 	for _, e := range elems {
@@ -117,16 +103,16 @@ func checkTimeseries(v bsoncore.Value, rule *rules.Rule) error {
 		switch e.Key() {
 		case "timeField":
 			if s != rule.TimeField {
-				return ruleErrorf(rule, CodeInvalidOptions, "timeseries.timeField %q differs from the rule's timeField %q", s, rule.TimeField)
+				return ruleErrorf(rule, mongoerr.InvalidOptions, "timeseries.timeField %q differs from the rule's timeField %q", s, rule.TimeField)
 			}
 		case "metaField":
 			if s != rule.MetaField {
-				return ruleErrorf(rule, CodeInvalidOptions, "timeseries.metaField %q differs from the rule's metaField %q", s, rule.MetaField)
+				return ruleErrorf(rule, mongoerr.InvalidOptions, "timeseries.metaField %q differs from the rule's metaField %q", s, rule.MetaField)
 			}
 		case "granularity", "bucketMaxSpanSeconds", "bucketRoundingSeconds":
 			// The rule's bucket settings apply.
 		default:
-			return ruleErrorf(rule, CodeNotImplemented, "timeseries option %q is not supported by the proxy", e.Key())
+			return ruleErrorf(rule, mongoerr.NotImplemented, "timeseries option %q is not supported by the proxy", e.Key())
 		}
 	}
 	return nil
@@ -169,17 +155,17 @@ func appField(rule *rules.Rule, path string) (string, bool) {
 func translateIndexKey(rule *rules.Rule, key bsoncore.Document) (bsoncore.Document, error) {
 	elems, err := key.Elements()
 	if err != nil || len(elems) == 0 {
-		return nil, commandErrorf(CodeBadValue, "index key must be a non-empty document")
+		return nil, mongoerr.Errorf(mongoerr.BadValue, "index key must be a non-empty document")
 	}
 	idx, d := bsoncore.AppendDocumentStart(nil)
 	for _, e := range elems {
 		f, ok := indexField(rule, e.Key())
 		if !ok {
-			return nil, ruleErrorf(rule, CodeNotImplemented, "an index on %q is not supported on a bucketed namespace: only the metaField %q (and fields inside it) and the timeField %q can be indexed", e.Key(), rule.MetaField, rule.TimeField)
+			return nil, ruleErrorf(rule, mongoerr.NotImplemented, "an index on %q is not supported on a bucketed namespace: only the metaField %q (and fields inside it) and the timeField %q can be indexed", e.Key(), rule.MetaField, rule.TimeField)
 		}
 		dir, ok := e.Value().AsFloat64OK()
 		if !ok || (dir != 1 && dir != -1) {
-			return nil, ruleErrorf(rule, CodeNotImplemented, "index type %s on %q is not supported on a bucketed namespace: only 1 and -1", e.Value().String(), e.Key())
+			return nil, ruleErrorf(rule, mongoerr.NotImplemented, "index type %s on %q is not supported on a bucketed namespace: only 1 and -1", e.Value().String(), e.Key())
 		}
 		d = bsoncore.AppendValueElement(d, f, e.Value())
 	}
@@ -191,7 +177,7 @@ func translateIndexKey(rule *rules.Rule, key bsoncore.Document) (bsoncore.Docume
 func PlanCreateIndexes(body []byte, rule *rules.Rule) ([]byte, error) {
 	doc := bsoncore.Document(body)
 	if err := validateDeep(doc, 1); err != nil {
-		return nil, commandErrorf(CodeInvalidBSON, "createIndexes is not valid BSON: %v", err)
+		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "createIndexes is not valid BSON: %v", err)
 	}
 	if err := checkTarget(doc, rule, "createIndexes"); err != nil {
 		return nil, err
@@ -212,7 +198,7 @@ func PlanCreateIndexes(body []byte, rule *rules.Rule) ([]byte, error) {
 				return nil, err
 			}
 			if len(specs) == 0 {
-				return nil, commandErrorf(CodeBadValue, "createIndexes needs at least one index")
+				return nil, mongoerr.Errorf(mongoerr.BadValue, "createIndexes needs at least one index")
 			}
 			aidx, a := bsoncore.AppendArrayElementStart(d, "indexes")
 			for i, s := range specs {
@@ -225,11 +211,11 @@ func PlanCreateIndexes(body []byte, rule *rules.Rule) ([]byte, error) {
 			d, _ = bsoncore.AppendArrayEnd(a, aidx)
 			found = true
 		default:
-			return nil, ruleErrorf(rule, CodeNotImplemented, "createIndexes option %q is not supported on a bucketed namespace", k)
+			return nil, ruleErrorf(rule, mongoerr.NotImplemented, "createIndexes option %q is not supported on a bucketed namespace", k)
 		}
 	}
 	if !found {
-		return nil, commandErrorf(CodeFailedToParse, "createIndexes needs \"indexes\"")
+		return nil, mongoerr.Errorf(mongoerr.FailedToParse, "createIndexes needs \"indexes\"")
 	}
 	return endAdmin(idx, d, doc, rule), nil
 }
@@ -243,7 +229,7 @@ func translateIndexSpec(rule *rules.Rule, spec bsoncore.Document) (bsoncore.Docu
 		case "key":
 			kd, ok := e.Value().DocumentOK()
 			if !ok {
-				return nil, commandErrorf(CodeTypeMismatch, "index \"key\" must be a document")
+				return nil, mongoerr.Errorf(mongoerr.TypeMismatch, "index \"key\" must be a document")
 			}
 			t, err := translateIndexKey(rule, kd)
 			if err != nil {
@@ -253,7 +239,7 @@ func translateIndexSpec(rule *rules.Rule, spec bsoncore.Document) (bsoncore.Docu
 			hasKey = true
 		case "name":
 			if _, ok := e.Value().StringValueOK(); !ok {
-				return nil, commandErrorf(CodeTypeMismatch, "index \"name\" must be a string")
+				return nil, mongoerr.Errorf(mongoerr.TypeMismatch, "index \"name\" must be a string")
 			}
 			d = append(d, e...)
 			hasName = true
@@ -263,11 +249,11 @@ func translateIndexSpec(rule *rules.Rule, spec bsoncore.Document) (bsoncore.Docu
 			// unique, sparse, partial and TTL indexes hold for events, not
 			// for buckets: on the bucket collection they would mean
 			// something else.
-			return nil, ruleErrorf(rule, CodeNotImplemented, "index option %q is not supported on a bucketed namespace", e.Key())
+			return nil, ruleErrorf(rule, mongoerr.NotImplemented, "index option %q is not supported on a bucketed namespace", e.Key())
 		}
 	}
 	if !hasKey || !hasName {
-		return nil, commandErrorf(CodeFailedToParse, "each index needs \"key\" and \"name\"")
+		return nil, mongoerr.Errorf(mongoerr.FailedToParse, "each index needs \"key\" and \"name\"")
 	}
 	d, _ = bsoncore.AppendDocumentEnd(d, idx)
 	return d, nil
@@ -278,7 +264,7 @@ func translateIndexSpec(rule *rules.Rule, spec bsoncore.Document) (bsoncore.Docu
 func PlanListIndexes(body []byte, rule *rules.Rule) ([]byte, error) {
 	doc := bsoncore.Document(body)
 	if err := validateDeep(doc, 1); err != nil {
-		return nil, commandErrorf(CodeInvalidBSON, "listIndexes is not valid BSON: %v", err)
+		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "listIndexes is not valid BSON: %v", err)
 	}
 	if err := checkTarget(doc, rule, "listIndexes"); err != nil {
 		return nil, err
@@ -299,7 +285,7 @@ func ListIndexesReply(reply []byte, rule *rules.Rule) []byte {
 	}
 	docs, _, err := CursorDocs(reply)
 	if err != nil {
-		return ErrorReply(err)
+		return mongoerr.Reply(err)
 	}
 	idx, d := bsoncore.AppendDocumentStart(nil)
 	cidx, c := bsoncore.AppendDocumentElementStart(d, "cursor")
@@ -358,12 +344,12 @@ func appIndexSpec(spec bsoncore.Document, rule *rules.Rule) (bsoncore.Document, 
 // renameNSError is an upstream error reply about the bucket collection,
 // told of the app's namespace.
 func renameNSError(err error, rule *rules.Rule) []byte {
-	ce, ok := err.(*CommandError)
+	ce, ok := err.(*mongoerr.Error)
 	if !ok {
-		return ErrorReply(err)
+		return mongoerr.Reply(err)
 	}
 	msg := strings.ReplaceAll(ce.Msg, rule.BucketNamespace(), rule.Namespace)
-	return ErrorReply(&CommandError{Code: ce.Code, Msg: msg})
+	return mongoerr.Reply(&mongoerr.Error{Code: ce.Code, Msg: msg})
 }
 
 // AdminReply passes an upstream reply on, with the bucket collection's
@@ -382,17 +368,17 @@ func AdminReply(reply []byte, rule *rules.Rule) []byte {
 func PlanDropIndexes(body []byte, rule *rules.Rule) (cmd []byte, recreate bool, err error) {
 	doc := bsoncore.Document(body)
 	if err := validateDeep(doc, 1); err != nil {
-		return nil, false, commandErrorf(CodeInvalidBSON, "dropIndexes is not valid BSON: %v", err)
+		return nil, false, mongoerr.Errorf(mongoerr.InvalidBSON, "dropIndexes is not valid BSON: %v", err)
 	}
 	if err := checkTarget(doc, rule, "dropIndexes"); err != nil {
 		return nil, false, err
 	}
 	iv, ok := lookupTop(doc, "index")
 	if !ok {
-		return nil, false, commandErrorf(CodeFailedToParse, "dropIndexes needs \"index\"")
+		return nil, false, mongoerr.Errorf(mongoerr.FailedToParse, "dropIndexes needs \"index\"")
 	}
 	refuseOwn := func() error {
-		return ruleErrorf(rule, CodeNotImplemented, "index %q is the proxy's own (bucketed reads select buckets with it) and cannot be dropped", BucketIndexName)
+		return ruleErrorf(rule, mongoerr.NotImplemented, "index %q is the proxy's own (bucketed reads select buckets with it) and cannot be dropped", BucketIndexName)
 	}
 	idx, d := adminCommand("dropIndexes", rule)
 	switch iv.Type {
@@ -408,7 +394,7 @@ func PlanDropIndexes(body []byte, rule *rules.Rule) (cmd []byte, recreate bool, 
 		for _, v := range vals {
 			s, ok := v.StringValueOK()
 			if !ok {
-				return nil, false, commandErrorf(CodeTypeMismatch, "dropIndexes \"index\" array must hold names")
+				return nil, false, mongoerr.Errorf(mongoerr.TypeMismatch, "dropIndexes \"index\" array must hold names")
 			}
 			if s == BucketIndexName {
 				return nil, false, refuseOwn()
@@ -425,7 +411,7 @@ func PlanDropIndexes(body []byte, rule *rules.Rule) (cmd []byte, recreate bool, 
 		}
 		d = bsoncore.AppendDocumentElement(d, "index", t)
 	default:
-		return nil, false, commandErrorf(CodeTypeMismatch, "dropIndexes \"index\" must be a name, names or a key pattern, got %s", typeName(iv.Type))
+		return nil, false, mongoerr.Errorf(mongoerr.TypeMismatch, "dropIndexes \"index\" must be a name, names or a key pattern, got %s", typeName(iv.Type))
 	}
 	return endAdmin(idx, d, doc, rule), recreate, nil
 }

@@ -3,6 +3,8 @@ package rewrite
 import (
 	"strings"
 	"testing"
+
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 )
 
 func TestPlanCreate(t *testing.T) {
@@ -145,8 +147,8 @@ func TestRefuseWrite(t *testing.T) {
 		"findAndModify": "tsproxy rule iot.readings: findAndModify is not supported",
 	} {
 		err := RefuseWrite(rdRule(), cmd)
-		ce, ok := err.(*CommandError)
-		if !ok || ce.Code != CodeNotImplemented || !strings.HasPrefix(err.Error(), want) || !strings.Contains(err.Error(), "delete the events and insert") {
+		ce, ok := err.(*mongoerr.Error)
+		if !ok || ce.Code != mongoerr.NotImplemented || !strings.HasPrefix(err.Error(), want) || !strings.Contains(err.Error(), "delete the events and insert") {
 			t.Fatalf("%s: %v", cmd, err)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -14,11 +15,6 @@ import (
 // cursor it holds. MongoDB checks a client's privileges before any of
 // those, so the proxy asks the upstream first, on the client's own
 // connection: these functions build what it asks and read the answers.
-
-// CodeUnauthorized is MongoDB's code for a command the client may not run.
-const CodeUnauthorized int32 = 13
-
-func init() { codeNames[CodeUnauthorized] = "Unauthorized" }
 
 // Action is the privilege a command needs on its namespace, as MongoDB
 // names it in a role's privileges.
@@ -182,7 +178,7 @@ func (a AuthInfo) Allows(action Action, db, coll string) bool {
 // NotAuthorized is MongoDB's refusal of a command the client's users may not
 // run on db.
 func NotAuthorized(db, command string) error {
-	return &CommandError{Code: CodeUnauthorized, Msg: fmt.Sprintf("not authorized on %s to execute command { %s: ... }", db, command)}
+	return &mongoerr.Error{Code: mongoerr.Unauthorized, Msg: fmt.Sprintf("not authorized on %s to execute command { %s: ... }", db, command)}
 }
 
 // IsUnauthorized says whether reply is an authorization or authentication
@@ -194,7 +190,7 @@ func IsUnauthorized(reply []byte) bool {
 		return false
 	}
 	code, _ := doc.Lookup("code").AsInt64OK()
-	return code == int64(CodeUnauthorized) || code == 18
+	return mongoerr.Code(code) == mongoerr.Unauthorized || mongoerr.Code(code) == mongoerr.AuthenticationFailed
 }
 
 // Coauthorized says whether a cursor opened by users may be read by others:

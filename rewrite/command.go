@@ -9,6 +9,7 @@ package rewrite
 import (
 	"fmt"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
@@ -89,28 +90,28 @@ func commandDocuments(cmd Command, name string) ([]bsoncore.Document, error) {
 	for i := range cmd.Sequences {
 		s := &cmd.Sequences[i]
 		if s.Identifier != name {
-			return nil, commandErrorf(CodeBadValue, "unexpected document sequence %q", s.Identifier)
+			return nil, mongoerr.Errorf(mongoerr.BadValue, "unexpected document sequence %q", s.Identifier)
 		}
 		if seq != nil {
-			return nil, commandErrorf(CodeBadValue, "duplicate document sequence %q", name)
+			return nil, mongoerr.Errorf(mongoerr.BadValue, "duplicate document sequence %q", name)
 		}
 		seq = s
 	}
 	switch {
 	case hasBody && seq != nil:
-		return nil, commandErrorf(CodeBadValue, "field %q is both in the body and in a document sequence", name)
+		return nil, mongoerr.Errorf(mongoerr.BadValue, "field %q is both in the body and in a document sequence", name)
 	case seq != nil:
 		return sequenceDocuments(seq)
 	case hasBody:
 		return arrayDocuments(inBody, name)
 	}
-	return nil, commandErrorf(CodeBadValue, "missing field %q", name)
+	return nil, mongoerr.Errorf(mongoerr.BadValue, "missing field %q", name)
 }
 
 func sequenceDocuments(seq *Sequence) ([]bsoncore.Document, error) {
 	for i, d := range seq.Documents {
 		if err := validateDeep(d, 1); err != nil {
-			return nil, commandErrorf(CodeInvalidBSON, "document sequence %q document %d is not valid BSON: %v", seq.Identifier, i, err)
+			return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "document sequence %q document %d is not valid BSON: %v", seq.Identifier, i, err)
 		}
 	}
 	return seq.Documents, nil
@@ -119,17 +120,17 @@ func sequenceDocuments(seq *Sequence) ([]bsoncore.Document, error) {
 func arrayDocuments(v bsoncore.Value, name string) ([]bsoncore.Document, error) {
 	arr, ok := v.ArrayOK()
 	if !ok {
-		return nil, commandErrorf(CodeTypeMismatch, "field %q must be an array, got %s", name, typeName(v.Type))
+		return nil, mongoerr.Errorf(mongoerr.TypeMismatch, "field %q must be an array, got %s", name, typeName(v.Type))
 	}
 	values, err := arr.Values()
 	if err != nil {
-		return nil, commandErrorf(CodeInvalidBSON, "field %q is not valid BSON: %v", name, err)
+		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "field %q is not valid BSON: %v", name, err)
 	}
 	docs := make([]bsoncore.Document, 0, len(values))
 	for i, item := range values {
 		doc, ok := item.DocumentOK()
 		if !ok {
-			return nil, commandErrorf(CodeTypeMismatch, "%s.%d must be a document, got %s", name, i, typeName(item.Type))
+			return nil, mongoerr.Errorf(mongoerr.TypeMismatch, "%s.%d must be a document, got %s", name, i, typeName(item.Type))
 		}
 		docs = append(docs, doc)
 	}
@@ -150,7 +151,7 @@ func commandBool(body bsoncore.Document, key string, def bool) (bool, error) {
 		f, ok := v.AsFloat64OK()
 		return ok && f != 0, nil
 	}
-	return false, commandErrorf(CodeTypeMismatch, "field %q must be a boolean, got %s", key, typeName(v.Type))
+	return false, mongoerr.Errorf(mongoerr.TypeMismatch, "field %q must be a boolean, got %s", key, typeName(v.Type))
 }
 
 // Fields carried from the client's command to every rewritten command.

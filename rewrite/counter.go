@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -54,17 +55,17 @@ type layoutInsert struct {
 
 func readLayoutInsert(cmd Command, rule *rules.Rule, layout string) (*layoutInsert, error) {
 	if rule == nil || rule.Layout != layout {
-		return nil, commandErrorf(CodeInternalError, "tsproxy rule %s: not a %s rule", ruleName(rule), layout)
+		return nil, mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: not a %s rule", ruleName(rule), layout)
 	}
 	if rule.LayoutOptions.Slot <= 0 || rule.LayoutOptions.Window%rule.LayoutOptions.Slot != 0 {
-		return nil, commandErrorf(CodeInternalError, "tsproxy rule %s: window %v is not a multiple of slot %v", rule.Namespace, rule.LayoutOptions.Window, rule.LayoutOptions.Slot)
+		return nil, mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: window %v is not a multiple of slot %v", rule.Namespace, rule.LayoutOptions.Window, rule.LayoutOptions.Slot)
 	}
 	lim, docs, ordered, err := checkInsert(cmd, rule)
 	if err != nil {
 		return nil, err
 	}
 	if inTransaction(cmd.Body) {
-		return nil, commandErrorf(CodeBadValue, "tsproxy rule %s: layout %s does not support transactions", rule.Namespace, layout)
+		return nil, mongoerr.Errorf(mongoerr.BadValue, "tsproxy rule %s: layout %s does not support transactions", rule.Namespace, layout)
 	}
 	return &layoutInsert{body: cmd.Body, docs: docs, ordered: ordered, lim: lim}, nil
 }

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -155,16 +156,16 @@ func (r *LayoutRead) Next() bsoncore.Document {
 // send, or nil when every candidate bucket was fetched.
 func (r *LayoutRead) Feed(reply bsoncore.Document) (bsoncore.Document, error) {
 	if err := reply.Validate(); err != nil {
-		return nil, commandErrorf(CodeInternalError, "upstream reply is not valid BSON: %v", err)
+		return nil, mongoerr.Errorf(mongoerr.InternalError, "upstream reply is not valid BSON: %v", err)
 	}
 	if !replyOK(reply) {
 		e := commandErrorOf(reply)
-		return nil, commandErrorf(e.code, "tsproxy rule %s: reading buckets: %s", r.rule.Namespace, e.errmsg)
+		return nil, mongoerr.Errorf(e.code, "tsproxy rule %s: reading buckets: %s", r.rule.Namespace, e.errmsg)
 	}
 	cur, err := reply.LookupErr("cursor")
 	curDoc, ok := cur.DocumentOK()
 	if err != nil || !ok {
-		return nil, commandErrorf(CodeInternalError, "tsproxy rule %s: upstream find reply has no cursor", r.rule.Namespace)
+		return nil, mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: upstream find reply has no cursor", r.rule.Namespace)
 	}
 	batch, err := curDoc.LookupErr("firstBatch")
 	if err != nil {

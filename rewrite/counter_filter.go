@@ -3,6 +3,7 @@ package rewrite
 import (
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
@@ -28,7 +29,7 @@ func (fc *filterCompiler) compile(f bsoncore.Document, depth int) (docPred, erro
 	}
 	elems, err := f.Elements()
 	if err != nil {
-		return nil, commandErrorf(CodeBadValue, "filter is not valid BSON: %v", err)
+		return nil, mongoerr.Errorf(mongoerr.BadValue, "filter is not valid BSON: %v", err)
 	}
 	preds := make([]docPred, 0, len(elems))
 	for _, e := range elems {
@@ -58,17 +59,17 @@ func (fc *filterCompiler) element(e bsoncore.Element, depth int) (docPred, error
 	case "$and", "$or", "$nor":
 		arr, ok := v.ArrayOK()
 		if !ok {
-			return nil, commandErrorf(CodeBadValue, "%s must be an array", key)
+			return nil, mongoerr.Errorf(mongoerr.BadValue, "%s must be an array", key)
 		}
 		vals, _ := arr.Values()
 		if len(vals) == 0 {
-			return nil, commandErrorf(CodeBadValue, "%s must be a nonempty array", key)
+			return nil, mongoerr.Errorf(mongoerr.BadValue, "%s must be a nonempty array", key)
 		}
 		subs := make([]docPred, 0, len(vals))
 		for _, sv := range vals {
 			d, ok := sv.DocumentOK()
 			if !ok {
-				return nil, commandErrorf(CodeBadValue, "%s entries must be objects", key)
+				return nil, mongoerr.Errorf(mongoerr.BadValue, "%s entries must be objects", key)
 			}
 			p, err := fc.compile(d, depth+1)
 			if err != nil {
@@ -162,7 +163,7 @@ func (fc *filterCompiler) operator(field, op string, arg bsoncore.Value) (valueP
 	case "$in", "$nin":
 		arr, ok := arg.ArrayOK()
 		if !ok {
-			return nil, commandErrorf(CodeBadValue, "%s of %q needs an array", op, field)
+			return nil, mongoerr.Errorf(mongoerr.BadValue, "%s of %q needs an array", op, field)
 		}
 		vals, _ := arr.Values()
 		for _, x := range vals {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -81,22 +82,22 @@ type sortKey struct {
 }
 
 func (r *LayoutRead) unsupported(format string, args ...any) error {
-	return commandErrorf(CodeNotImplemented, "tsproxy rule %s (layout %s): %s", r.rule.Namespace, r.rule.Layout, fmt.Sprintf(format, args...))
+	return mongoerr.Errorf(mongoerr.NotImplemented, "tsproxy rule %s (layout %s): %s", r.rule.Namespace, r.rule.Layout, fmt.Sprintf(format, args...))
 }
 
 // PlanLayoutRead plans a find, aggregate or count on a counter or slots
 // rule; other commands are refused with an error naming the rule.
 func PlanLayoutRead(body bsoncore.Document, rule *rules.Rule) (*LayoutRead, error) {
 	if err := validateDeep(body, 0); err != nil {
-		return nil, commandErrorf(CodeInvalidBSON, "command is not valid BSON: %v", err)
+		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "command is not valid BSON: %v", err)
 	}
 	elems, err := body.Elements()
 	if err != nil || len(elems) == 0 {
-		return nil, commandErrorf(CodeBadValue, "empty command")
+		return nil, mongoerr.Errorf(mongoerr.BadValue, "empty command")
 	}
 	r := &LayoutRead{rule: rule, kind: elems[0].Key(), batch: -1}
 	if coll, _ := elems[0].Value().StringValueOK(); coll != rule.Collection {
-		return nil, commandErrorf(CodeBadValue, "%s on collection %q does not match the rule's collection %q", r.kind, coll, rule.Collection)
+		return nil, mongoerr.Errorf(mongoerr.BadValue, "%s on collection %q does not match the rule's collection %q", r.kind, coll, rule.Collection)
 	}
 	if _, ok := lookupTop(body, "collation"); ok {
 		return nil, r.unsupported("collation is not supported")
@@ -130,7 +131,7 @@ func docArg(body bsoncore.Document, key string) (bsoncore.Document, error) {
 	}
 	d, ok := v.DocumentOK()
 	if !ok {
-		return nil, commandErrorf(CodeTypeMismatch, "%q must be an object, got %s", key, typeName(v.Type))
+		return nil, mongoerr.Errorf(mongoerr.TypeMismatch, "%q must be an object, got %s", key, typeName(v.Type))
 	}
 	return d, nil
 }
@@ -143,7 +144,7 @@ func intArg(body bsoncore.Document, key string) (int64, bool, error) {
 		return 0, false, nil
 	}
 	if !v.IsNumber() {
-		return 0, false, commandErrorf(CodeTypeMismatch, "%q must be a number, got %s", key, typeName(v.Type))
+		return 0, false, mongoerr.Errorf(mongoerr.TypeMismatch, "%q must be a number, got %s", key, typeName(v.Type))
 	}
 	f, _ := v.AsFloat64OK()
 	return int64(f), true, nil
@@ -172,7 +173,7 @@ func (r *LayoutRead) readFind(body bsoncore.Document) (bsoncore.Document, error)
 		return nil, err
 	} else if ok {
 		if n < 0 {
-			return nil, commandErrorf(CodeBadValue, "skip must be non-negative")
+			return nil, mongoerr.Errorf(mongoerr.BadValue, "skip must be non-negative")
 		}
 		r.stages = append(r.stages, layoutStage{kind: 'k', skip: n})
 	}
@@ -197,7 +198,7 @@ func (r *LayoutRead) readFind(body bsoncore.Document) (bsoncore.Document, error)
 		return nil, err
 	} else if ok {
 		if n < 0 {
-			return nil, commandErrorf(CodeBadValue, "batchSize must be non-negative")
+			return nil, mongoerr.Errorf(mongoerr.BadValue, "batchSize must be non-negative")
 		}
 		r.batch = n
 	}
@@ -231,7 +232,7 @@ func (r *LayoutRead) readAggregate(body bsoncore.Document) (bsoncore.Document, e
 	v, ok := lookupTop(body, "pipeline")
 	arr, isArr := v.ArrayOK()
 	if !ok || !isArr {
-		return nil, commandErrorf(CodeTypeMismatch, "aggregate needs a pipeline array")
+		return nil, mongoerr.Errorf(mongoerr.TypeMismatch, "aggregate needs a pipeline array")
 	}
 	if cur, err := docArg(body, "cursor"); err != nil {
 		return nil, err
@@ -248,11 +249,11 @@ func (r *LayoutRead) readAggregate(body bsoncore.Document) (bsoncore.Document, e
 	for i, sv := range stages {
 		st, ok := sv.DocumentOK()
 		if !ok {
-			return nil, commandErrorf(CodeTypeMismatch, "pipeline stage %d must be an object", i)
+			return nil, mongoerr.Errorf(mongoerr.TypeMismatch, "pipeline stage %d must be an object", i)
 		}
 		se, err := st.Elements()
 		if err != nil || len(se) != 1 {
-			return nil, commandErrorf(CodeBadValue, "pipeline stage %d must have exactly one field", i)
+			return nil, mongoerr.Errorf(mongoerr.BadValue, "pipeline stage %d must have exactly one field", i)
 		}
 		name, arg := se[0].Key(), se[0].Value()
 		if len(r.stages) > 0 && (r.stages[len(r.stages)-1].kind == 'c' || r.stages[len(r.stages)-1].kind == 'g') {
@@ -274,7 +275,7 @@ func (r *LayoutRead) readStage(name string, arg bsoncore.Value, leading bool, fi
 	case "$match":
 		d, ok := arg.DocumentOK()
 		if !ok {
-			return commandErrorf(CodeTypeMismatch, "$match must be an object")
+			return mongoerr.Errorf(mongoerr.TypeMismatch, "$match must be an object")
 		}
 		if !leading {
 			return r.unsupported("$match after another stage is not supported; put it first")
@@ -284,7 +285,7 @@ func (r *LayoutRead) readStage(name string, arg bsoncore.Value, leading bool, fi
 	case "$sort":
 		d, ok := arg.DocumentOK()
 		if !ok {
-			return commandErrorf(CodeTypeMismatch, "$sort must be an object")
+			return mongoerr.Errorf(mongoerr.TypeMismatch, "$sort must be an object")
 		}
 		st, err := r.parseSort(d)
 		if err == nil {
@@ -293,14 +294,14 @@ func (r *LayoutRead) readStage(name string, arg bsoncore.Value, leading bool, fi
 		return err
 	case "$skip", "$limit":
 		if !arg.IsNumber() {
-			return commandErrorf(CodeTypeMismatch, "%s must be a number", name)
+			return mongoerr.Errorf(mongoerr.TypeMismatch, "%s must be a number", name)
 		}
 		n, _ := arg.AsInt64OK()
 		if f, ok := arg.DoubleOK(); ok {
 			n = int64(f)
 		}
 		if n < 0 || (name == "$limit" && n == 0) {
-			return commandErrorf(CodeBadValue, "%s must be positive", name)
+			return mongoerr.Errorf(mongoerr.BadValue, "%s must be positive", name)
 		}
 		if name == "$skip" {
 			r.stages = append(r.stages, layoutStage{kind: 'k', skip: n})
@@ -311,7 +312,7 @@ func (r *LayoutRead) readStage(name string, arg bsoncore.Value, leading bool, fi
 	case "$project":
 		d, ok := arg.DocumentOK()
 		if !ok {
-			return commandErrorf(CodeTypeMismatch, "$project must be an object")
+			return mongoerr.Errorf(mongoerr.TypeMismatch, "$project must be an object")
 		}
 		p, err := r.parseProjection(d)
 		if err == nil {
@@ -321,7 +322,7 @@ func (r *LayoutRead) readStage(name string, arg bsoncore.Value, leading bool, fi
 	case "$count":
 		s, ok := arg.StringValueOK()
 		if !ok || s == "" || strings.HasPrefix(s, "$") || strings.Contains(s, ".") {
-			return commandErrorf(CodeBadValue, "$count needs a field name")
+			return mongoerr.Errorf(mongoerr.BadValue, "$count needs a field name")
 		}
 		r.stages = append(r.stages, layoutStage{kind: 'c', countAs: s})
 		return nil
@@ -368,7 +369,7 @@ func (r *LayoutRead) readGroupCount(arg bsoncore.Value) error {
 func (r *LayoutRead) parseSort(d bsoncore.Document) (layoutStage, error) {
 	es, err := d.Elements()
 	if err != nil {
-		return layoutStage{}, commandErrorf(CodeBadValue, "sort is not valid BSON")
+		return layoutStage{}, mongoerr.Errorf(mongoerr.BadValue, "sort is not valid BSON")
 	}
 	st := layoutStage{kind: 's'}
 	for _, e := range es {
@@ -391,7 +392,7 @@ type layoutProjection struct {
 func (r *LayoutRead) parseProjection(d bsoncore.Document) (*layoutProjection, error) {
 	es, err := d.Elements()
 	if err != nil {
-		return nil, commandErrorf(CodeBadValue, "projection is not valid BSON")
+		return nil, mongoerr.Errorf(mongoerr.BadValue, "projection is not valid BSON")
 	}
 	p := &layoutProjection{fields: map[string]bool{}}
 	mode := 0 // 1 include, -1 exclude
@@ -419,7 +420,7 @@ func (r *LayoutRead) parseProjection(d bsoncore.Document) (*layoutProjection, er
 			m = 1
 		}
 		if mode != 0 && mode != m {
-			return nil, commandErrorf(CodeBadValue, "projection cannot mix inclusion and exclusion (field %q)", e.Key())
+			return nil, mongoerr.Errorf(mongoerr.BadValue, "projection cannot mix inclusion and exclusion (field %q)", e.Key())
 		}
 		mode = m
 		p.fields[e.Key()] = true

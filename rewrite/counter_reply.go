@@ -3,6 +3,7 @@ package rewrite
 import (
 	"fmt"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
@@ -65,7 +66,7 @@ func (p *LayoutWrite) errmsg(upstream string) string {
 // notRun reports the events of statements that did not run (or whose
 // command failed as a whole).
 func (p *LayoutWrite) notRun(errs []writeError, stmts [][]int, cause *upstreamError) []writeError {
-	code, msg := CodeInternalError, fmt.Sprintf("tsproxy rule %s: not written: an earlier bucket update of this ordered insert failed", p.rule.Namespace)
+	code, msg := mongoerr.InternalError, fmt.Sprintf("tsproxy rule %s: not written: an earlier bucket update of this ordered insert failed", p.rule.Namespace)
 	if cause != nil {
 		code, msg = cause.code, p.errmsg(cause.errmsg)
 	}

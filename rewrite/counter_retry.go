@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
@@ -121,6 +122,6 @@ func CounterMarkFetch(bucketColl, db string, id [12]byte) bsoncore.Document {
 // later than its marks are guaranteed to last: whether its first attempt
 // was counted cannot be told, so it is not counted again.
 func CounterRetryTooLate(rule string, age time.Duration) error {
-	return commandErrorf(CodeInternalError, "tsproxy rule %s: a retried counter insert came %v after its first attempt, later than the proxy can tell whether that attempt was counted (%v); it was not counted again",
+	return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: a retried counter insert came %v after its first attempt, later than the proxy can tell whether that attempt was counted (%v); it was not counted again",
 		rule, age.Round(time.Millisecond), MarkerLife)
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
@@ -162,7 +163,7 @@ func TestCounterHasMark(t *testing.T) {
 
 func TestCounterRetryTooLate(t *testing.T) {
 	err := CounterRetryTooLate("iot.readings", 42*time.Second)
-	if !strings.Contains(err.Error(), "42s after its first attempt") || !strings.Contains(bson.Raw(ErrorReply(err)).String(), "InternalError") {
+	if !strings.Contains(err.Error(), "42s after its first attempt") || !strings.Contains(bson.Raw(mongoerr.Reply(err)).String(), "InternalError") {
 		t.Fatalf("err %v", err)
 	}
 }

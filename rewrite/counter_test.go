@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -307,7 +308,7 @@ func TestCounterRead(t *testing.T) {
 
 func TestLayoutFilter(t *testing.T) {
 	d := mustDoc(t, bson.D{{Key: "page", Value: bson.D{{Key: "site", Value: "n"}}}, {Key: "ts", Value: dt(5000)}, {Key: "count", Value: int32(3)}})
-	fc := &filterCompiler{unsupported: func(f string, a ...any) error { return commandErrorf(CodeNotImplemented, f, a...) }}
+	fc := &filterCompiler{unsupported: func(f string, a ...any) error { return mongoerr.Errorf(mongoerr.NotImplemented, f, a...) }}
 	for _, tc := range []struct {
 		filter bson.D
 		want   bool

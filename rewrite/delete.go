@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -82,10 +83,10 @@ func PlanDelete(cmd Command, rule *rules.Rule, opts DeleteOptions) (*DeletePlan,
 		return nil, err
 	}
 	if inTransaction(cmd.Body) {
-		return nil, ruleErrorf(rule, CodeNotImplemented, "delete inside a transaction is not supported on a bucketed namespace")
+		return nil, ruleErrorf(rule, mongoerr.NotImplemented, "delete inside a transaction is not supported on a bucketed namespace")
 	}
 	if _, ok := lookupTop(cmd.Body, "let"); ok {
-		return nil, ruleErrorf(rule, CodeNotImplemented, "delete option \"let\" is not supported on a bucketed namespace")
+		return nil, ruleErrorf(rule, mongoerr.NotImplemented, "delete option \"let\" is not supported on a bucketed namespace")
 	}
 	ordered, err := commandBool(cmd.Body, "ordered", true)
 	if err != nil {
@@ -116,29 +117,29 @@ func (p *DeletePlan) Ordered() bool { return p.ordered }
 // Rule is the plan's rule.
 func (p *DeletePlan) Rule() *rules.Rule { return p.rule }
 
-func ruleErrorf(rule *rules.Rule, code int32, format string, args ...any) error {
-	return commandErrorf(code, "tsproxy rule %s: %s", rule.Namespace, fmt.Sprintf(format, args...))
+func ruleErrorf(rule *rules.Rule, code mongoerr.Code, format string, args ...any) error {
+	return mongoerr.Errorf(code, "tsproxy rule %s: %s", rule.Namespace, fmt.Sprintf(format, args...))
 }
 
 // checkTarget makes sure the command names the rule's collection.
 func checkTarget(body bsoncore.Document, rule *rules.Rule, name string) error {
 	elems, err := body.Elements()
 	if err != nil || len(elems) == 0 {
-		return commandErrorf(CodeBadValue, "empty command")
+		return mongoerr.Errorf(mongoerr.BadValue, "empty command")
 	}
 	if elems[0].Key() != name {
-		return commandErrorf(CodeBadValue, "not a %s command: %q", name, elems[0].Key())
+		return mongoerr.Errorf(mongoerr.BadValue, "not a %s command: %q", name, elems[0].Key())
 	}
 	coll, ok := elems[0].Value().StringValueOK()
 	if !ok {
-		return commandErrorf(CodeTypeMismatch, "collection name must be a string, got %s", typeName(elems[0].Value().Type))
+		return mongoerr.Errorf(mongoerr.TypeMismatch, "collection name must be a string, got %s", typeName(elems[0].Value().Type))
 	}
 	if coll != rule.Collection {
-		return commandErrorf(CodeBadValue, "%s on collection %q does not match the rule's collection %q", name, coll, rule.Collection)
+		return mongoerr.Errorf(mongoerr.BadValue, "%s on collection %q does not match the rule's collection %q", name, coll, rule.Collection)
 	}
 	if v, ok := lookupTop(body, "$db"); ok {
 		if db, ok := v.StringValueOK(); !ok || db != rule.DB {
-			return commandErrorf(CodeBadValue, "$db %s does not match the rule's database %q", v.String(), rule.DB)
+			return mongoerr.Errorf(mongoerr.BadValue, "$db %s does not match the rule's database %q", v.String(), rule.DB)
 		}
 	}
 	return nil
@@ -151,19 +152,19 @@ func (p *DeletePlan) planStatement(i int, d bsoncore.Document, caps Caps) (*Dele
 	st := &DeleteStatement{Index: i}
 	q, ok := lookupTop(d, "q")
 	if !ok {
-		return nil, commandErrorf(CodeFailedToParse, "delete statement %d: missing field \"q\"", i)
+		return nil, mongoerr.Errorf(mongoerr.FailedToParse, "delete statement %d: missing field \"q\"", i)
 	}
 	filter, ok := q.DocumentOK()
 	if !ok {
-		return nil, commandErrorf(CodeTypeMismatch, "delete statement %d: \"q\" must be a document, got %s", i, typeName(q.Type))
+		return nil, mongoerr.Errorf(mongoerr.TypeMismatch, "delete statement %d: \"q\" must be a document, got %s", i, typeName(q.Type))
 	}
 	lv, ok := lookupTop(d, "limit")
 	if !ok {
-		return nil, commandErrorf(CodeFailedToParse, "delete statement %d: missing field \"limit\"", i)
+		return nil, mongoerr.Errorf(mongoerr.FailedToParse, "delete statement %d: missing field \"limit\"", i)
 	}
 	limit, ok := lv.AsFloat64OK()
 	if !ok || (limit != 0 && limit != 1) {
-		return nil, commandErrorf(CodeFailedToParse, "delete statement %d: \"limit\" must be 0 (all) or 1 (one), got %s", i, lv.String())
+		return nil, mongoerr.Errorf(mongoerr.FailedToParse, "delete statement %d: \"limit\" must be 0 (all) or 1 (one), got %s", i, lv.String())
 	}
 	st.LimitOne = limit == 1
 	elems, _ := d.Elements()
@@ -171,10 +172,10 @@ func (p *DeletePlan) planStatement(i int, d bsoncore.Document, caps Caps) (*Dele
 		switch e.Key() {
 		case "q", "limit":
 		case "hint", "collation":
-			st.Err = ruleErrorf(p.rule, CodeNotImplemented, "delete option %q is not supported on a bucketed namespace", e.Key())
+			st.Err = ruleErrorf(p.rule, mongoerr.NotImplemented, "delete option %q is not supported on a bucketed namespace", e.Key())
 			return st, nil
 		default:
-			return nil, commandErrorf(CodeFailedToParse, "delete statement %d: unknown field %q", i, e.Key())
+			return nil, mongoerr.Errorf(mongoerr.FailedToParse, "delete statement %d: unknown field %q", i, e.Key())
 		}
 	}
 	rc, err := newReadCtx(p.rule)

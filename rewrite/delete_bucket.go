@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -36,7 +37,7 @@ func (st *DeleteStatement) NewCandidates() *Candidates {
 
 // Feed adds one reply of the match aggregate (or of its getMore) and
 // returns the cursor id to continue with (0: done). An upstream error
-// reply is returned as a *CommandError with the upstream's code.
+// reply is returned as a *mongoerr.Error with the upstream's code.
 func (c *Candidates) Feed(reply []byte) (int64, error) {
 	docs, id, err := CursorDocs(reply)
 	if err != nil {
@@ -45,7 +46,7 @@ func (c *Candidates) Feed(reply []byte) (int64, error) {
 	for _, d := range docs {
 		v, ok := lookupTop(d, rules.BucketID)
 		if !ok || v.Type != bsoncore.TypeObjectID {
-			return 0, commandErrorf(CodeInternalError, "bucket without an ObjectId _id in the match result")
+			return 0, mongoerr.Errorf(mongoerr.InternalError, "bucket without an ObjectId _id in the match result")
 		}
 		bid := v.ObjectID()
 		cand := c.byID[bid]
@@ -67,7 +68,7 @@ func (c *Candidates) Feed(reply []byte) (int64, error) {
 		}
 		ev, ok := lookupTop(d, rules.BucketEvents)
 		if !ok || ev.Type != bsoncore.TypeEmbeddedDocument {
-			return 0, commandErrorf(CodeInternalError, "match result without an unwound event")
+			return 0, mongoerr.Errorf(mongoerr.InternalError, "match result without an unwound event")
 		}
 		k := string(ev.Data)
 		cand.match[k]++
@@ -111,17 +112,17 @@ func bucketKeyFields(bucket bsoncore.Document) (bsoncore.Value, int64, error) {
 	}
 	st, ok := lookupTop(bucket, rules.BucketStart)
 	if !ok {
-		return meta, 0, commandErrorf(CodeInternalError, "bucket without %q", rules.BucketStart)
+		return meta, 0, mongoerr.Errorf(mongoerr.InternalError, "bucket without %q", rules.BucketStart)
 	}
 	ms, ok := st.DateTimeOK()
 	if !ok {
-		return meta, 0, commandErrorf(CodeInternalError, "bucket %q is a %s, not a date", rules.BucketStart, typeName(st.Type))
+		return meta, 0, mongoerr.Errorf(mongoerr.InternalError, "bucket %q is a %s, not a date", rules.BucketStart, typeName(st.Type))
 	}
 	return meta, ms, nil
 }
 
 // CursorDocs reads the documents of a cursor reply (firstBatch or
-// nextBatch) and the cursor id; an error reply becomes a *CommandError
+// nextBatch) and the cursor id; an error reply becomes a *mongoerr.Error
 // with the upstream's code and message.
 func CursorDocs(reply []byte) ([]bsoncore.Document, int64, error) {
 	doc := bsoncore.Document(reply)
@@ -130,7 +131,7 @@ func CursorDocs(reply []byte) ([]bsoncore.Document, int64, error) {
 	}
 	cur, ok := lookupTop(doc, "cursor")
 	if !ok || cur.Type != bsoncore.TypeEmbeddedDocument {
-		return nil, 0, commandErrorf(CodeInternalError, "upstream reply without a cursor")
+		return nil, 0, mongoerr.Errorf(mongoerr.InternalError, "upstream reply without a cursor")
 	}
 	cd := cur.Document()
 	id, _ := lookupTop(cd, "id")
@@ -140,17 +141,17 @@ func CursorDocs(reply []byte) ([]bsoncore.Document, int64, error) {
 		batch, ok = lookupTop(cd, "nextBatch")
 	}
 	if !ok || batch.Type != bsoncore.TypeArray {
-		return nil, 0, commandErrorf(CodeInternalError, "upstream cursor without a batch")
+		return nil, 0, mongoerr.Errorf(mongoerr.InternalError, "upstream cursor without a batch")
 	}
 	vals, err := batch.Array().Values()
 	if err != nil {
-		return nil, 0, commandErrorf(CodeInternalError, "upstream batch is not valid BSON: %v", err)
+		return nil, 0, mongoerr.Errorf(mongoerr.InternalError, "upstream batch is not valid BSON: %v", err)
 	}
 	docs := make([]bsoncore.Document, 0, len(vals))
 	for _, v := range vals {
 		d, ok := v.DocumentOK()
 		if !ok {
-			return nil, 0, commandErrorf(CodeInternalError, "upstream batch entry is a %s", typeName(v.Type))
+			return nil, 0, mongoerr.Errorf(mongoerr.InternalError, "upstream batch entry is a %s", typeName(v.Type))
 		}
 		docs = append(docs, d)
 	}
@@ -158,16 +159,7 @@ func CursorDocs(reply []byte) ([]bsoncore.Document, int64, error) {
 }
 
 // replyError is the error of an {ok: 0} reply, or nil.
-func replyError(reply bsoncore.Document) error {
-	if err := reply.Validate(); err != nil {
-		return commandErrorf(CodeInternalError, "upstream reply is not valid BSON: %v", err)
-	}
-	okv, _ := lookupTop(reply, "ok")
-	if f, ok := okv.AsFloat64OK(); ok && f == 1 {
-		return nil
-	}
-	return codeAndMessage(reply, "upstream error")
-}
+func replyError(reply bsoncore.Document) error { return mongoerr.ReplyError(reply) }
 
 // BucketEdit is what a delete statement does to one bucket.
 type BucketEdit struct {
@@ -202,7 +194,7 @@ func SeqOf(bucketNS string, key BucketKey, id bson.ObjectID) (int, bool) {
 // matched events are removed; limitOne removes at most one.
 func (p *DeletePlan) Edit(c *Candidate, bucket bsoncore.Document, limitOne bool) (BucketEdit, error) {
 	if err := validateDeep(bucket, 1); err != nil {
-		return BucketEdit{}, commandErrorf(CodeInternalError, "bucket %s is not valid BSON: %v", c.ID.Hex(), err)
+		return BucketEdit{}, mongoerr.Errorf(mongoerr.InternalError, "bucket %s is not valid BSON: %v", c.ID.Hex(), err)
 	}
 	meta, start, err := bucketKeyFields(bucket)
 	if err != nil {
@@ -211,7 +203,7 @@ func (p *DeletePlan) Edit(c *Candidate, bucket bsoncore.Document, limitOne bool)
 	key := eventKey(meta, start)
 	seq, ok := SeqOf(p.rule.BucketNamespace(), key, c.ID)
 	if !ok {
-		return BucketEdit{}, ruleErrorf(p.rule, CodeNotImplemented, "bucket %s is not one the proxy wrote (its _id is not of its series and window); delete it directly", c.ID.Hex())
+		return BucketEdit{}, ruleErrorf(p.rule, mongoerr.NotImplemented, "bucket %s is not one the proxy wrote (its _id is not of its series and window); delete it directly", c.ID.Hex())
 	}
 	if c.all && !limitOne {
 		// Every event goes: the bucket may have been read without them.
@@ -220,7 +212,7 @@ func (p *DeletePlan) Edit(c *Candidate, bucket bsoncore.Document, limitOne bool)
 	}
 	stored, err := bucketEventDocs(bucket)
 	if err != nil {
-		return BucketEdit{}, ruleErrorf(p.rule, CodeInternalError, "bucket %s: %v", c.ID.Hex(), err)
+		return BucketEdit{}, ruleErrorf(p.rule, mongoerr.InternalError, "bucket %s: %v", c.ID.Hex(), err)
 	}
 	left := make(map[string]int, len(c.match))
 	for k, n := range c.match {
@@ -395,7 +387,7 @@ func (p *DeletePlan) WriteOutcome(reply []byte, statements int) (done int, err e
 	}
 	arr, ok := v.ArrayOK()
 	if !ok {
-		return 0, commandErrorf(CodeInternalError, "upstream writeErrors is a %s", typeName(v.Type))
+		return 0, mongoerr.Errorf(mongoerr.InternalError, "upstream writeErrors is a %s", typeName(v.Type))
 	}
 	vals, _ := arr.Values()
 	if len(vals) == 0 {
@@ -417,25 +409,7 @@ func FoundBucket(reply []byte) ([]byte, bool, error) {
 }
 
 func upstreamWriteError(we bsoncore.Document) error {
-	return codeAndMessage(we, "upstream write error")
-}
-
-// codeAndMessage is the error a reply or write error document names with
-// its code and errmsg (InternalError and fallback when they are missing).
-func codeAndMessage(d bsoncore.Document, fallback string) error {
-	code := CodeInternalError
-	if v, ok := lookupTop(d, "code"); ok {
-		if c, ok := v.AsInt64OK(); ok {
-			code = int32(c)
-		}
-	}
-	msg := fallback
-	if v, ok := lookupTop(d, "errmsg"); ok {
-		if s, ok := v.StringValueOK(); ok {
-			msg = s
-		}
-	}
-	return &CommandError{Code: code, Msg: msg}
+	return mongoerr.FromReply(we, "upstream write error")
 }
 
 // StatementError is a failed statement of the app's delete.
@@ -445,12 +419,12 @@ type StatementError struct {
 }
 
 // Reply is the app's delete reply: {n, writeErrors?, writeConcernError?,
-// ok: 1}. A statement error's code is its *CommandError's.
+// ok: 1}. A statement error's code is its *mongoerr.Error's.
 func (p *DeletePlan) Reply(n int, errs []StatementError) []byte {
 	var werrs []writeError
 	for _, e := range errs {
-		code := CodeInternalError
-		if ce, ok := e.Err.(*CommandError); ok {
+		code := mongoerr.InternalError
+		if ce, ok := e.Err.(*mongoerr.Error); ok {
 			code = ce.Code
 		}
 		werrs = append(werrs, writeError{index: e.Index, code: code, errmsg: e.Err.Error()})

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -275,7 +276,7 @@ func TestDeleteCandidates(t *testing.T) {
 	}
 	// Upstream errors keep their code.
 	_, err = c.Feed(rdRaw(t, D{{Key: "ok", Value: 0.0}, {Key: "errmsg", Value: "boom"}, {Key: "code", Value: 2}}))
-	var ce *CommandError
+	var ce *mongoerr.Error
 	if err == nil || !asCommandError(err, &ce) || ce.Code != 2 || ce.Msg != "boom" {
 		t.Fatalf("error reply: %v", err)
 	}
@@ -284,8 +285,8 @@ func TestDeleteCandidates(t *testing.T) {
 	}
 }
 
-func asCommandError(err error, out **CommandError) bool {
-	ce, ok := err.(*CommandError)
+func asCommandError(err error, out **mongoerr.Error) bool {
+	ce, ok := err.(*mongoerr.Error)
 	*out = ce
 	return ok
 }
@@ -323,7 +324,7 @@ func TestDeleteWrites(t *testing.T) {
 			t.Fatalf("%s: done %d err %v", c.name, done, err)
 		}
 	}
-	reply := plan.Reply(5, []StatementError{{Index: 2, Err: commandErrorf(CodeNotImplemented, "x")}, {Index: 0, Err: commandErrorf(CodeBadValue, "y")}})
+	reply := plan.Reply(5, []StatementError{{Index: 2, Err: mongoerr.Errorf(mongoerr.NotImplemented, "x")}, {Index: 0, Err: mongoerr.Errorf(mongoerr.BadValue, "y")}})
 	assertDoc(t, "reply", reply, D{{Key: "n", Value: 5}, {Key: "writeErrors", Value: A{
 		D{{Key: "index", Value: 0}, {Key: "code", Value: 2}, {Key: "errmsg", Value: "y"}},
 		D{{Key: "index", Value: 2}, {Key: "code", Value: 238}, {Key: "errmsg", Value: "x"}}}},

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -26,23 +27,6 @@ import (
 // and a null alike for every operator but $exists and $type, so those two
 // are answered from the marker.
 
-// CodeNotImplemented is MongoDB's NotImplemented: the rewrite refuses a
-// feature a plain collection would support.
-const (
-	CodeFailedToParse     int32 = 9
-	CodeNotImplemented    int32 = 238
-	CodeDistinctTooBig    int32 = 17217
-	CodeProjectionMixed   int32 = 31254
-	CodeProjectionCollide int32 = 31249
-)
-
-func init() {
-	codeNames[CodeFailedToParse] = "FailedToParse"
-	codeNames[CodeNotImplemented] = "NotImplemented"
-	codeNames[CodeProjectionMixed] = "Location31254"
-	codeNames[CodeProjectionCollide] = "Location31249"
-}
-
 // readCtx is what the read rewrite needs to know of the rule.
 type readCtx struct {
 	rule      *rules.Rule
@@ -61,10 +45,10 @@ type readCtx struct {
 
 func newReadCtx(rule *rules.Rule) (*readCtx, error) {
 	if rule == nil {
-		return nil, commandErrorf(CodeInternalError, "no rule")
+		return nil, mongoerr.Errorf(mongoerr.InternalError, "no rule")
 	}
 	if rule.TimeField == "" || rule.BucketCollection == "" || rule.DB == "" {
-		return nil, commandErrorf(CodeInternalError, "tsproxy rule %s: incomplete rule (timeField, database and bucket collection are required)", rule.Namespace)
+		return nil, mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: incomplete rule (timeField, database and bucket collection are required)", rule.Namespace)
 	}
 	span := rule.SpanMillis()
 	if span <= 0 {
@@ -75,12 +59,12 @@ func newReadCtx(rule *rules.Rule) (*readCtx, error) {
 
 // unsupported is a NotImplemented error naming the rule.
 func (rc *readCtx) unsupported(format string, args ...any) error {
-	return commandErrorf(CodeNotImplemented, "tsproxy rule %s: %s", rc.ns, fmt.Sprintf(format, args...))
+	return mongoerr.Errorf(mongoerr.NotImplemented, "tsproxy rule %s: %s", rc.ns, fmt.Sprintf(format, args...))
 }
 
 // badValue is an error in the client's command, naming the rule.
-func (rc *readCtx) badValue(code int32, format string, args ...any) error {
-	return commandErrorf(code, "tsproxy rule %s: %s", rc.ns, fmt.Sprintf(format, args...))
+func (rc *readCtx) badValue(code mongoerr.Code, format string, args ...any) error {
+	return mongoerr.Errorf(code, "tsproxy rule %s: %s", rc.ns, fmt.Sprintf(format, args...))
 }
 
 // metaPath reports whether path is the metaField or a path inside it, and
@@ -155,11 +139,11 @@ func isOperatorDoc(v bsoncore.Value) (bsoncore.Document, bool) {
 // checkFieldOperators validates an operator document under a field path.
 func (rc *readCtx) checkFieldOperators(ops bsoncore.Document, depth int) error {
 	if depth > maxNestingDepth {
-		return rc.badValue(CodeBadValue, "filter nested deeper than %d levels", maxNestingDepth)
+		return rc.badValue(mongoerr.BadValue, "filter nested deeper than %d levels", maxNestingDepth)
 	}
 	elems, err := ops.Elements()
 	if err != nil {
-		return rc.badValue(CodeInvalidBSON, "filter is not valid BSON: %v", err)
+		return rc.badValue(mongoerr.InvalidBSON, "filter is not valid BSON: %v", err)
 	}
 	for _, e := range elems {
 		op := e.Key()
@@ -177,12 +161,12 @@ func (rc *readCtx) checkFieldOperators(ops bsoncore.Document, depth int) error {
 					return err
 				}
 			} else if v.Type != bsoncore.TypeRegex {
-				return rc.badValue(CodeBadValue, "$not needs a regex or a document")
+				return rc.badValue(mongoerr.BadValue, "$not needs a regex or a document")
 			}
 		case "$elemMatch":
 			d, ok := v.DocumentOK()
 			if !ok {
-				return rc.badValue(CodeBadValue, "$elemMatch needs an Object")
+				return rc.badValue(mongoerr.BadValue, "$elemMatch needs an Object")
 			}
 			// Its operand is either operators on the element or a filter
 			// whose paths are relative to the element: neither is renamed.
@@ -225,11 +209,11 @@ func startsWithLogical(d bsoncore.Document) bool {
 // operand of $elemMatch).
 func (rc *readCtx) checkRelativeFilter(f bsoncore.Document, depth int) error {
 	if depth > maxNestingDepth {
-		return rc.badValue(CodeBadValue, "filter nested deeper than %d levels", maxNestingDepth)
+		return rc.badValue(mongoerr.BadValue, "filter nested deeper than %d levels", maxNestingDepth)
 	}
 	elems, err := f.Elements()
 	if err != nil {
-		return rc.badValue(CodeInvalidBSON, "filter is not valid BSON: %v", err)
+		return rc.badValue(mongoerr.InvalidBSON, "filter is not valid BSON: %v", err)
 	}
 	for _, e := range elems {
 		k := e.Key()
@@ -264,20 +248,20 @@ func (rc *readCtx) checkRelativeFilter(f bsoncore.Document, depth int) error {
 func (rc *readCtx) logicalOperand(op string, v bsoncore.Value) ([]bsoncore.Document, error) {
 	arr, ok := v.ArrayOK()
 	if !ok {
-		return nil, rc.badValue(CodeBadValue, "%s must be an array", op)
+		return nil, rc.badValue(mongoerr.BadValue, "%s must be an array", op)
 	}
 	vals, err := arr.Values()
 	if err != nil {
-		return nil, rc.badValue(CodeInvalidBSON, "%s is not valid BSON: %v", op, err)
+		return nil, rc.badValue(mongoerr.InvalidBSON, "%s is not valid BSON: %v", op, err)
 	}
 	if len(vals) == 0 {
-		return nil, rc.badValue(CodeBadValue, "$and/$or/$nor must be a nonempty array")
+		return nil, rc.badValue(mongoerr.BadValue, "$and/$or/$nor must be a nonempty array")
 	}
 	out := make([]bsoncore.Document, 0, len(vals))
 	for _, item := range vals {
 		d, ok := item.DocumentOK()
 		if !ok {
-			return nil, rc.badValue(CodeBadValue, "$or/$and/$nor entries need to be full objects")
+			return nil, rc.badValue(mongoerr.BadValue, "$or/$and/$nor entries need to be full objects")
 		}
 		out = append(out, d)
 	}
@@ -298,11 +282,11 @@ func (rc *readCtx) translateFilter(f bsoncore.Document, depth int) (bsoncore.Doc
 
 func (rc *readCtx) appendTranslated(dst []byte, f bsoncore.Document, depth int) ([]byte, error) {
 	if depth > maxNestingDepth {
-		return nil, rc.badValue(CodeBadValue, "filter nested deeper than %d levels", maxNestingDepth)
+		return nil, rc.badValue(mongoerr.BadValue, "filter nested deeper than %d levels", maxNestingDepth)
 	}
 	elems, err := f.Elements()
 	if err != nil {
-		return nil, rc.badValue(CodeInvalidBSON, "filter is not valid BSON: %v", err)
+		return nil, rc.badValue(mongoerr.InvalidBSON, "filter is not valid BSON: %v", err)
 	}
 	for _, e := range elems {
 		dst, err = rc.appendTranslatedElem(dst, e, depth)
@@ -339,7 +323,7 @@ func (rc *readCtx) appendTranslatedElem(dst []byte, e bsoncore.Element, depth in
 		}
 		return nil, rc.unsupported("filter operator %q is not supported on a bucketed namespace", k)
 	case k == "":
-		return nil, rc.badValue(CodeBadValue, "empty field name in filter")
+		return nil, rc.badValue(mongoerr.BadValue, "empty field name in filter")
 	}
 	v := e.Value()
 	ops, isOps := isOperatorDoc(v)
@@ -519,11 +503,11 @@ func (rc *readCtx) addTime(tb *timeBounds, v bsoncore.Value) {
 // into a list of one-predicate elements.
 func (rc *readCtx) conjuncts(f bsoncore.Document, depth int, out []bsoncore.Element) ([]bsoncore.Element, error) {
 	if depth > maxNestingDepth {
-		return nil, rc.badValue(CodeBadValue, "filter nested deeper than %d levels", maxNestingDepth)
+		return nil, rc.badValue(mongoerr.BadValue, "filter nested deeper than %d levels", maxNestingDepth)
 	}
 	elems, err := f.Elements()
 	if err != nil {
-		return nil, rc.badValue(CodeInvalidBSON, "filter is not valid BSON: %v", err)
+		return nil, rc.badValue(mongoerr.InvalidBSON, "filter is not valid BSON: %v", err)
 	}
 	for _, e := range elems {
 		if e.Key() == "$and" {
@@ -550,7 +534,7 @@ func (rc *readCtx) split(filter bsoncore.Document) (splitFilter, error) {
 		return sf, nil
 	}
 	if err := validateDeep(filter, 1); err != nil {
-		return sf, rc.badValue(CodeInvalidBSON, "filter is not valid BSON: %v", err)
+		return sf, rc.badValue(mongoerr.InvalidBSON, "filter is not valid BSON: %v", err)
 	}
 	conj, err := rc.conjuncts(filter, 0, nil)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"testing"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -38,7 +39,7 @@ func FuzzReadReply(f *testing.F) {
 		for _, caps := range fuzzCaps {
 			p, err := PlanRead(body, rdRule(), ReadOptions{Caps: caps})
 			if err != nil {
-				mustValid(t, "error reply", ErrorReply(err))
+				mustValid(t, "error reply", mongoerr.Reply(err))
 				continue
 			}
 			mustValid(t, "command", p.Command)
@@ -55,7 +56,7 @@ func FuzzReadReply(f *testing.F) {
 			case p.Cursor != nil:
 				out, _, err := p.Cursor.MapReply(reply)
 				if err != nil {
-					mustValid(t, "error reply", ErrorReply(err))
+					mustValid(t, "error reply", mongoerr.Reply(err))
 					continue
 				}
 				mustValid(t, "mapped reply", out)
@@ -98,7 +99,7 @@ func FuzzAdminRewrite(f *testing.F) {
 			mustValid(t, "listCollections getMore", lp.Feed(reply))
 			mustValid(t, "listCollections result", lp.Result())
 		} else {
-			mustValid(t, "error reply", ErrorReply(err))
+			mustValid(t, "error reply", mongoerr.Reply(err))
 		}
 		if cs, err := PlanCollStats(body, r); err == nil {
 			mustValid(t, "collStats", cs.Stats)

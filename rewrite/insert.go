@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -80,7 +81,7 @@ type plannedFill struct {
 // Insert rewrites an insert on rule's namespace into bucket writes on the
 // rule's bucket collection.
 //
-// It returns an error (a *CommandError: answer it with ErrorReply) only when
+// It returns an error (a *mongoerr.Error: answer it with ErrorReply) only when
 // the command is not a well-formed insert or the rule cannot be applied.
 // Events that are themselves invalid (no timeField, not a date, a
 // non-numeric aggregate, too large) become writeErrors in the plan's Reply,
@@ -143,7 +144,7 @@ func checkInsert(cmd Command, rule *rules.Rule) (limits, []bsoncore.Document, bo
 		return lim, nil, false, err
 	}
 	if err := validateDeep(cmd.Body, 0); err != nil {
-		return lim, nil, false, commandErrorf(CodeInvalidBSON, "command is not valid BSON: %v", err)
+		return lim, nil, false, mongoerr.Errorf(mongoerr.InvalidBSON, "command is not valid BSON: %v", err)
 	}
 	if err := checkInsertTarget(cmd.Body, rule); err != nil {
 		return lim, nil, false, err
@@ -153,7 +154,7 @@ func checkInsert(cmd Command, rule *rules.Rule) (limits, []bsoncore.Document, bo
 		return lim, nil, false, err
 	}
 	if len(docs) == 0 {
-		return lim, nil, false, commandErrorf(CodeInvalidLength, "insert has no documents")
+		return lim, nil, false, mongoerr.Errorf(mongoerr.InvalidLength, "insert has no documents")
 	}
 	ordered, err := commandBool(cmd.Body, "ordered", true)
 	if err != nil {
@@ -201,7 +202,7 @@ func prepareInsert(cmd Command, rule *rules.Rule, newID func() bson.ObjectID) (*
 		return nil, err
 	}
 	if newID == nil {
-		return nil, commandErrorf(CodeInternalError, "InsertOptions.NewObjectID is nil")
+		return nil, mongoerr.Errorf(mongoerr.InternalError, "InsertOptions.NewObjectID is nil")
 	}
 	events, rejected := prepareEvents(docs, ordered, rule, lim, newID)
 	pi := &PreparedInsert{rule: rule, lim: lim, body: cmd.Body, ordered: ordered, rejected: rejected, groups: groupEvents(events)}
@@ -236,21 +237,21 @@ func (pi *PreparedInsert) plan(opts InsertOptions) *InsertPlan {
 func checkInsertTarget(body bsoncore.Document, rule *rules.Rule) error {
 	elems, err := body.Elements()
 	if err != nil || len(elems) == 0 {
-		return commandErrorf(CodeBadValue, "empty command")
+		return mongoerr.Errorf(mongoerr.BadValue, "empty command")
 	}
 	if elems[0].Key() != "insert" {
-		return commandErrorf(CodeBadValue, "not an insert command: %q", elems[0].Key())
+		return mongoerr.Errorf(mongoerr.BadValue, "not an insert command: %q", elems[0].Key())
 	}
 	coll, ok := elems[0].Value().StringValueOK()
 	if !ok {
-		return commandErrorf(CodeTypeMismatch, "collection name must be a string, got %s", typeName(elems[0].Value().Type))
+		return mongoerr.Errorf(mongoerr.TypeMismatch, "collection name must be a string, got %s", typeName(elems[0].Value().Type))
 	}
 	if coll != rule.Collection {
-		return commandErrorf(CodeBadValue, "insert into collection %q does not match the rule's collection %q", coll, rule.Collection)
+		return mongoerr.Errorf(mongoerr.BadValue, "insert into collection %q does not match the rule's collection %q", coll, rule.Collection)
 	}
 	if v, ok := lookupTop(body, "$db"); ok {
 		if db, ok := v.StringValueOK(); !ok || db != rule.DB {
-			return commandErrorf(CodeBadValue, "$db %s does not match the rule's database %q", v.String(), rule.DB)
+			return mongoerr.Errorf(mongoerr.BadValue, "$db %s does not match the rule's database %q", v.String(), rule.DB)
 		}
 	}
 	return nil
@@ -269,10 +270,10 @@ type limits struct {
 // validation should already have), and applies defaults to zero settings.
 func checkRule(rule *rules.Rule) (limits, error) {
 	if rule == nil {
-		return limits{}, commandErrorf(CodeInternalError, "no rule")
+		return limits{}, mongoerr.Errorf(mongoerr.InternalError, "no rule")
 	}
 	bad := func(format string, args ...any) (limits, error) {
-		return limits{}, commandErrorf(CodeInternalError, "tsproxy rule %s: %s", rule.Namespace, fmt.Sprintf(format, args...))
+		return limits{}, mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: %s", rule.Namespace, fmt.Sprintf(format, args...))
 	}
 	if rule.TimeField == "" {
 		return bad("no timeField")

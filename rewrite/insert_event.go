@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -119,17 +120,17 @@ func readEventFields(doc bsoncore.Document, rule *rules.Rule, lim limits, aggs [
 }
 
 func prepareEvent(doc bsoncore.Document, index int, rule *rules.Rule, lim limits, newID func() bson.ObjectID, buf *[]byte, aggs []bsoncore.Value) (event, *writeError) {
-	reject := func(code int32, format string, args ...any) (event, *writeError) {
+	reject := func(code mongoerr.Code, format string, args ...any) (event, *writeError) {
 		return event{}, eventError(index, rule, code, format, args...)
 	}
 	f, err := readEventFields(doc, rule, lim, aggs)
 	if err != nil {
-		return reject(CodeInvalidBSON, "event is not valid BSON: %v", err)
+		return reject(mongoerr.InvalidBSON, "event is not valid BSON: %v", err)
 	}
 	if f.duplicate != "" {
 		// The bucket keeps one value of each: the event read back would
 		// not be the one inserted.
-		return reject(CodeBadValue, "event has field %q more than once", f.duplicate)
+		return reject(mongoerr.BadValue, "event has field %q more than once", f.duplicate)
 	}
 	meta, ms, start, werr := checkTimeMeta(f.time, f.meta, index, rule, lim)
 	if werr != nil {
@@ -137,17 +138,17 @@ func prepareEvent(doc bsoncore.Document, index int, rule *rules.Rule, lim limits
 	}
 	for i, name := range lim.aggregates {
 		if v := aggs[i]; v.Type != 0 && !isAggregatable(v.Type) {
-			return reject(CodeBadValue, "aggregate field %q must be a number (int, long or double), got %s", name, typeName(v.Type))
+			return reject(mongoerr.BadValue, "aggregate field %q must be a number (int, long or double), got %s", name, typeName(v.Type))
 		}
 	}
 	from := len(*buf)
 	out, err := appendStoredEvent(*buf, doc, rule.MetaField, !f.hasID, newID)
 	if err != nil {
-		return reject(CodeInvalidBSON, "event is not valid BSON: %v", err)
+		return reject(mongoerr.InvalidBSON, "event is not valid BSON: %v", err)
 	}
 	stored := bsoncore.Document(out[from:len(out):len(out)])
 	if int64(len(stored)) > lim.maxBytes {
-		return reject(CodeBSONObjectTooLarge, "event is %d bytes as stored, more than the bucket limit maxBytes %d", len(stored), lim.maxBytes)
+		return reject(mongoerr.BSONObjectTooLarge, "event is %d bytes as stored, more than the bucket limit maxBytes %d", len(stored), lim.maxBytes)
 	}
 	// The buffer was sized for every event with an added _id, so appending
 	// never moved it: the slices of earlier events stay valid.
@@ -155,7 +156,7 @@ func prepareEvent(doc bsoncore.Document, index int, rule *rules.Rule, lim limits
 	return event{index: index, meta: meta, time: ms, start: start, stored: stored, aggs: aggs}, nil
 }
 
-func eventError(index int, rule *rules.Rule, code int32, format string, args ...any) *writeError {
+func eventError(index int, rule *rules.Rule, code mongoerr.Code, format string, args ...any) *writeError {
 	msg := fmt.Sprintf("tsproxy rule %s: ", rule.Namespace) + fmt.Sprintf(format, args...)
 	return &writeError{index: index, code: code, errmsg: msg}
 }
@@ -176,19 +177,19 @@ func eventTimeMeta(doc bsoncore.Document, index int, rule *rules.Rule, lim limit
 func checkTimeMeta(t, m bsoncore.Value, index int, rule *rules.Rule, lim limits) (meta bsoncore.Value, ms, start int64, werr *writeError) {
 	meta = bsoncore.Value{Type: bsoncore.TypeNull}
 	if t.Type == 0 {
-		return meta, 0, 0, eventError(index, rule, CodeBadValue, "event has no timeField %q", rule.TimeField)
+		return meta, 0, 0, eventError(index, rule, mongoerr.BadValue, "event has no timeField %q", rule.TimeField)
 	}
 	ms, ok := t.DateTimeOK()
 	if !ok {
-		return meta, 0, 0, eventError(index, rule, CodeBadValue, "timeField %q must be a BSON date, got %s", rule.TimeField, typeName(t.Type))
+		return meta, 0, 0, eventError(index, rule, mongoerr.BadValue, "timeField %q must be a BSON date, got %s", rule.TimeField, typeName(t.Type))
 	}
 	start = rules.FloorMillis(ms, lim.spanMillis)
 	if start > ms { // flooring wrapped around the int64 range
-		return meta, 0, 0, eventError(index, rule, CodeBadValue, "timeField %q date %d is out of the supported range", rule.TimeField, ms)
+		return meta, 0, 0, eventError(index, rule, mongoerr.BadValue, "timeField %q date %d is out of the supported range", rule.TimeField, ms)
 	}
 	if m.Type != 0 {
 		if why := unsupportedMeta(m); why != "" {
-			return meta, 0, 0, eventError(index, rule, CodeBadValue, "metaField %q: %s", rule.MetaField, why)
+			return meta, 0, 0, eventError(index, rule, mongoerr.BadValue, "metaField %q: %s", rule.MetaField, why)
 		}
 		meta = m
 	}

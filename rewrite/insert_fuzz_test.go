@@ -3,6 +3,7 @@ package rewrite
 import (
 	"testing"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -21,7 +22,7 @@ func FuzzInsert(f *testing.F) {
 		for _, caps := range []Caps{{}, {StmtIDs: true}} {
 			p, err := Insert(Command{Body: body}, testRule(), InsertOptions{Caps: caps, NewObjectID: idGen()})
 			if err != nil {
-				_ = ErrorReply(err)
+				_ = mongoerr.Reply(err)
 				continue
 			}
 			replies := okReplies(t, p)

@@ -4,13 +4,14 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
 // upstreamError is a failure reported by the upstream: a command error
 // (ok: 0) or one statement's write error.
 type upstreamError struct {
-	code     int32
+	code     mongoerr.Code
 	codeName string
 	errmsg   string
 	labels   bsoncore.Value // errorLabels of a command error
@@ -78,7 +79,7 @@ func (p *InsertPlan) readReply(i int, reply bsoncore.Document) commandOutcome {
 		return out
 	}
 	if err := validateDeep(reply, 0); err != nil {
-		out.cmdErr = &upstreamError{code: CodeInternalError, codeName: codeName(CodeInternalError),
+		out.cmdErr = &upstreamError{code: mongoerr.InternalError, codeName: mongoerr.InternalError.Name(),
 			errmsg: fmt.Sprintf("tsproxy rule %s: malformed reply from the upstream: %v", p.namespace, err)}
 		for j := range out.stmts {
 			out.stmts[j].state = stmtUnknown
@@ -102,7 +103,7 @@ func (p *InsertPlan) readReply(i int, reply bsoncore.Document) commandOutcome {
 		switch {
 		case failed:
 			state := stmtFailed
-			if e.code == CodeDuplicateKey {
+			if e.code == mongoerr.DuplicateKey {
 				state = stmtDupKey
 			}
 			out.stmts[j] = stmtResult{state: state, err: e}
@@ -129,10 +130,10 @@ func replyOK(reply bsoncore.Document) bool {
 }
 
 func commandErrorOf(reply bsoncore.Document) upstreamError {
-	e := upstreamError{code: CodeInternalError, errmsg: "upstream command failed"}
+	e := upstreamError{code: mongoerr.InternalError, errmsg: "upstream command failed"}
 	if v, ok := lookupTop(reply, "code"); ok && v.IsNumber() {
 		if c, ok := v.AsInt32OK(); ok {
-			e.code = c
+			e.code = mongoerr.Code(c)
 		}
 	}
 	if v, ok := lookupTop(reply, "errmsg"); ok {
@@ -217,7 +218,7 @@ type priorOutcome struct {
 func (p *InsertPlan) Reply(replies []bsoncore.Document) bsoncore.Document {
 	r, _ := p.settle(replies, false)
 	if r.cmdErr != nil && r.written == 0 {
-		return commandErrorReply(r.cmdErr.code, r.cmdErr.codeName, r.cmdErr.errmsg, r.cmdErr.labels)
+		return mongoerr.ReplyWith(r.cmdErr.code, r.cmdErr.codeName, r.cmdErr.errmsg, r.cmdErr.labels)
 	}
 	return writeReply(r.written, r.errs, r.wce, r.labels)
 }
@@ -273,9 +274,9 @@ func (p *InsertPlan) settle(replies []bsoncore.Document, retrying bool) (out pri
 				if o.cmdErr != nil {
 					msg = o.cmdErr.errmsg
 				}
-				out.errs = appendEventErrors(out.errs, st.events, CodeHostUnreachable, msg)
+				out.errs = appendEventErrors(out.errs, st.events, mongoerr.HostUnreachable, msg)
 				if stop == nil {
-					stop = &upstreamError{code: CodeHostUnreachable, errmsg: msg}
+					stop = &upstreamError{code: mongoerr.HostUnreachable, errmsg: msg}
 				}
 			case stmtNotRun:
 				if retrying {
@@ -383,7 +384,7 @@ func (p *InsertPlan) Fills(replies []bsoncore.Document) []KeyFill {
 // earlier write failed (ordered) or the proxy stopped: they are not
 // stored, and the client must not count them as written.
 func (p *InsertPlan) appendNotRun(errs []writeError, stmts []plannedStatement, stop *upstreamError) []writeError {
-	code, cause := CodeInternalError, "the proxy stopped the batch"
+	code, cause := mongoerr.InternalError, "the proxy stopped the batch"
 	if stop != nil {
 		code, cause = stop.code, stop.errmsg
 	}
@@ -394,7 +395,7 @@ func (p *InsertPlan) appendNotRun(errs []writeError, stmts []plannedStatement, s
 	return errs
 }
 
-func appendEventErrors(errs []writeError, events []int, code int32, msg string) []writeError {
+func appendEventErrors(errs []writeError, events []int, code mongoerr.Code, msg string) []writeError {
 	for _, idx := range events {
 		errs = append(errs, writeError{index: idx, code: code, errmsg: msg})
 	}
@@ -411,7 +412,7 @@ func writeReply(n int, errs []writeError, wce, labels bsoncore.Value) bsoncore.D
 		for i, e := range errs {
 			sub, d := bsoncore.AppendDocumentElementStart(doc, fmt.Sprint(i))
 			d = bsoncore.AppendInt32Element(d, "index", int32(e.index))
-			d = bsoncore.AppendInt32Element(d, "code", e.code)
+			d = bsoncore.AppendInt32Element(d, "code", int32(e.code))
 			d = bsoncore.AppendStringElement(d, "errmsg", e.errmsg)
 			doc, _ = bsoncore.AppendDocumentEnd(d, sub)
 		}

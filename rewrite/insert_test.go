@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -356,7 +357,7 @@ func okReplies(t testing.TB, p *InsertPlan) []bsoncore.Document {
 
 type we struct {
 	index int32
-	code  int32
+	code  mongoerr.Code
 	msg   string
 }
 
@@ -452,48 +453,48 @@ func TestInsertCommandErrors(t *testing.T) {
 		cmd  func(testing.TB) Command
 		rule func(*rules.Rule)
 		opts func(*InsertOptions)
-		code int32
+		code mongoerr.Code
 		msg  string
 	}{
 		{name: "documents not an array", cmd: withBody(bson.D{{Key: "insert", Value: "readings"}, {Key: "documents", Value: "x"}, {Key: "$db", Value: "iot"}}),
-			code: CodeTypeMismatch, msg: `field "documents" must be an array, got string`},
+			code: mongoerr.TypeMismatch, msg: `field "documents" must be an array, got string`},
 		{name: "no documents", cmd: withBody(bson.D{{Key: "insert", Value: "readings"}, {Key: "documents", Value: bson.A{}}, {Key: "$db", Value: "iot"}}),
-			code: CodeInvalidLength, msg: "insert has no documents"},
+			code: mongoerr.InvalidLength, msg: "insert has no documents"},
 		{name: "documents missing", cmd: withBody(bson.D{{Key: "insert", Value: "readings"}, {Key: "$db", Value: "iot"}}),
-			code: CodeBadValue, msg: `missing field "documents"`},
+			code: mongoerr.BadValue, msg: `missing field "documents"`},
 		{name: "document not an object", cmd: withBody(bson.D{{Key: "insert", Value: "readings"}, {Key: "documents", Value: bson.A{int32(1)}}, {Key: "$db", Value: "iot"}}),
-			code: CodeTypeMismatch, msg: "documents.0 must be a document, got int"},
+			code: mongoerr.TypeMismatch, msg: "documents.0 must be a document, got int"},
 		{name: "documents in body and sequence", cmd: func(t testing.TB) Command {
 			c := bodyCmd(t, docs)
 			c.Sequences = seqCmd(t, docs).Sequences
 			return c
-		}, code: CodeBadValue, msg: `field "documents" is both in the body and in a document sequence`},
+		}, code: mongoerr.BadValue, msg: `field "documents" is both in the body and in a document sequence`},
 		{name: "unknown sequence", cmd: func(t testing.TB) Command {
 			c := seqCmd(t, docs)
 			c.Sequences[0].Identifier = "updates"
 			return c
-		}, code: CodeBadValue, msg: `unexpected document sequence "updates"`},
+		}, code: mongoerr.BadValue, msg: `unexpected document sequence "updates"`},
 		{name: "other collection", cmd: withBody(bson.D{{Key: "insert", Value: "other"}, {Key: "documents", Value: bson.A{docs[0]}}}),
-			code: CodeBadValue, msg: `insert into collection "other" does not match the rule's collection "readings"`},
+			code: mongoerr.BadValue, msg: `insert into collection "other" does not match the rule's collection "readings"`},
 		{name: "not an insert", cmd: withBody(bson.D{{Key: "find", Value: "readings"}}),
-			code: CodeBadValue, msg: `not an insert command: "find"`},
+			code: mongoerr.BadValue, msg: `not an insert command: "find"`},
 		{name: "ordered not a bool", cmd: func(t testing.TB) Command { return bodyCmd(t, docs, bson.E{Key: "ordered", Value: "yes"}) },
-			code: CodeTypeMismatch, msg: `field "ordered" must be a boolean, got string`},
+			code: mongoerr.TypeMismatch, msg: `field "ordered" must be a boolean, got string`},
 		{name: "truncated body", cmd: func(t testing.TB) Command { b := bodyCmd(t, docs).Body; return Command{Body: b[:len(b)-3]} },
-			code: CodeInvalidBSON, msg: "command is not valid BSON"},
+			code: mongoerr.InvalidBSON, msg: "command is not valid BSON"},
 		{name: "malformed nested document in a sequence", cmd: func(t testing.TB) Command {
 			c := seqCmd(t, docs)
 			d := mustDoc(t, bson.D{{Key: "ts", Value: dt(1)}, {Key: "m", Value: bson.D{{Key: "x", Value: int32(1)}}}})
 			d[len(d)-2-4-2-1] = 0x77 // the inner element's type byte: an unknown type
 			c.Sequences[0].Documents = append(c.Sequences[0].Documents, d)
 			return c
-		}, code: CodeInvalidBSON, msg: `document sequence "documents" document 1 is not valid BSON`},
+		}, code: mongoerr.InvalidBSON, msg: `document sequence "documents" document 1 is not valid BSON`},
 		{name: "no id generator", cmd: func(t testing.TB) Command { return bodyCmd(t, docs) }, opts: func(o *InsertOptions) { o.NewObjectID = nil },
-			code: CodeInternalError, msg: "NewObjectID is nil"},
+			code: mongoerr.InternalError, msg: "NewObjectID is nil"},
 		{name: "dotted aggregate", cmd: func(t testing.TB) Command { return bodyCmd(t, docs) }, rule: func(r *rules.Rule) { r.Aggregates = []string{"a.b"} },
-			code: CodeInternalError, msg: `field name "a.b"`},
+			code: mongoerr.InternalError, msg: `field name "a.b"`},
 		{name: "span below a millisecond", cmd: func(t testing.TB) Command { return bodyCmd(t, docs) }, rule: func(r *rules.Rule) { r.Span = 10 },
-			code: CodeInternalError, msg: "not a positive whole number of milliseconds"},
+			code: mongoerr.InternalError, msg: "not a positive whole number of milliseconds"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -509,18 +510,18 @@ func TestInsertCommandErrors(t *testing.T) {
 			if err == nil {
 				t.Fatalf("Insert succeeded with %d commands, want an error", len(p.Commands))
 			}
-			var ce *CommandError
+			var ce *mongoerr.Error
 			if !errors.As(err, &ce) || ce.Code != tc.code {
-				t.Errorf("error %v: want a CommandError with code %d", err, tc.code)
+				t.Errorf("error %v: want a mongoerr.Error with code %d", err, tc.code)
 			}
 			if !strings.HasPrefix(err.Error(), "rewrite insert iot.readings: ") || !strings.Contains(err.Error(), tc.msg) {
 				t.Errorf("error %q: want prefix %q and %q", err, "rewrite insert iot.readings: ", tc.msg)
 			}
-			r := ErrorReply(err)
+			r := mongoerr.Reply(err)
 			if ok, _ := bsoncore.Document(r).Lookup("ok").AsFloat64OK(); ok != 0 {
 				t.Errorf("ErrorReply ok = %v", ok)
 			}
-			if c, _ := bsoncore.Document(r).Lookup("code").Int32OK(); c != tc.code {
+			if c, _ := bsoncore.Document(r).Lookup("code").Int32OK(); mongoerr.Code(c) != tc.code {
 				t.Errorf("ErrorReply code = %d, want %d", c, tc.code)
 			}
 		})

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -42,7 +43,7 @@ func PlanListCollections(body []byte, db string, rs []*rules.Rule) (*ListCollect
 func PlanListCollectionsPartitioned(body []byte, db string, rs []*rules.Rule, firstPartition map[string]string) (*ListCollectionsPlan, error) {
 	doc := bsoncore.Document(body)
 	if err := validateDeep(doc, 0); err != nil {
-		return nil, commandErrorf(CodeInvalidBSON, "listCollections is not valid BSON: %v", err)
+		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "listCollections is not valid BSON: %v", err)
 	}
 	p := &ListCollectionsPlan{db: db, byBucket: map[string]*rules.Rule{}, byApp: map[string]*rules.Rule{}, firstPartition: firstPartition}
 	for _, r := range rs {
@@ -81,7 +82,7 @@ func (p *ListCollectionsPlan) refuse(format string, args ...any) error {
 		names = p.db + "." + app
 		break
 	}
-	return commandErrorf(CodeNotImplemented, "tsproxy rule %s: listCollections %s", names, fmt.Sprintf(format, args...))
+	return mongoerr.Errorf(mongoerr.NotImplemented, "tsproxy rule %s: listCollections %s", names, fmt.Sprintf(format, args...))
 }
 
 // bucketName maps an app collection name to the name to ask upstream.
@@ -102,7 +103,7 @@ func (p *ListCollectionsPlan) bucketName(name string) string {
 func (p *ListCollectionsPlan) mapFilter(f bsoncore.Document) (bsoncore.Document, error) {
 	elems, err := f.Elements()
 	if err != nil {
-		return nil, commandErrorf(CodeInvalidBSON, "listCollections filter is not valid BSON: %v", err)
+		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "listCollections filter is not valid BSON: %v", err)
 	}
 	idx, out := bsoncore.AppendDocumentStart(nil)
 	for _, e := range elems {
@@ -183,7 +184,7 @@ func (p *ListCollectionsPlan) Feed(reply []byte) []byte {
 	}
 	cur, err := doc.LookupErr("cursor")
 	if err != nil {
-		p.errReply = ErrorReply(commandErrorf(CodeInternalError, "tsproxy: upstream listCollections reply has no cursor"))
+		p.errReply = mongoerr.Reply(mongoerr.Errorf(mongoerr.InternalError, "tsproxy: upstream listCollections reply has no cursor"))
 		return nil
 	}
 	cd, _ := cur.DocumentOK()

@@ -7,6 +7,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 )
 
@@ -53,7 +54,7 @@ func PlanPartitionedFind(body []byte, rule *rules.Rule) (*PartitionedFind, error
 	}
 	doc := bsoncore.Document(body)
 	if err := validateDeep(doc, 0); err != nil {
-		return nil, commandErrorf(CodeInvalidBSON, "tsproxy rule %s: command is not valid BSON: %v", rc.ns, err)
+		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "tsproxy rule %s: command is not valid BSON: %v", rc.ns, err)
 	}
 	pg, err := rc.readFindPaging(doc)
 	if err != nil {
@@ -98,7 +99,7 @@ func parseMergeSort(rc *readCtx, sortDoc bsoncore.Document) ([]mergeKey, error) 
 	}
 	elems, err := sortDoc.Elements()
 	if err != nil {
-		return nil, rc.badValue(CodeBadValue, "find option \"sort\" is not valid BSON")
+		return nil, rc.badValue(mongoerr.BadValue, "find option \"sort\" is not valid BSON")
 	}
 	var keys []mergeKey
 	for _, e := range elems {
@@ -122,7 +123,7 @@ func (f *PartitionedFind) Add(docs []bsoncore.Document) error {
 	for _, d := range docs {
 		f.bytes += len(d)
 		if f.bytes > MaxPartitionedReadBytes {
-			return commandErrorf(CodeNotImplemented, "tsproxy %s: the find spans several partitions and returns more than %d MiB, which the proxy would hold; bound it in time (within one partition) or add a limit", f.ns, MaxPartitionedReadBytes>>20)
+			return mongoerr.Errorf(mongoerr.NotImplemented, "tsproxy %s: the find spans several partitions and returns more than %d MiB, which the proxy would hold; bound it in time (within one partition) or add a limit", f.ns, MaxPartitionedReadBytes>>20)
 		}
 		f.out = append(f.out, slices.Clone(d))
 	}
@@ -197,7 +198,7 @@ func (f *PartitionedFind) sortValue(d bsoncore.Document, path []string) (bsoncor
 			return null, nil
 		}
 		if v.Type == bsoncore.TypeArray {
-			return null, commandErrorf(CodeNotImplemented, "tsproxy %s: sort on %q meets an array, which a read spanning partitions cannot merge", f.ns, strings.Join(path, "."))
+			return null, mongoerr.Errorf(mongoerr.NotImplemented, "tsproxy %s: sort on %q meets an array, which a read spanning partitions cannot merge", f.ns, strings.Join(path, "."))
 		}
 		if i == len(path)-1 {
 			return v, nil
@@ -247,7 +248,7 @@ func PlanPartitionedCount(body []byte, rule *rules.Rule) (*PartitionedCount, err
 	}
 	doc := bsoncore.Document(body)
 	if err := validateDeep(doc, 0); err != nil {
-		return nil, commandErrorf(CodeInvalidBSON, "tsproxy rule %s: command is not valid BSON: %v", rc.ns, err)
+		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "tsproxy rule %s: command is not valid BSON: %v", rc.ns, err)
 	}
 	c := &PartitionedCount{}
 	if c.skip, c.limit, err = rc.readCountPaging(doc); err != nil {
@@ -352,7 +353,7 @@ func withoutFields(doc bsoncore.Document, keys ...string) bsoncore.Document {
 // PartitionReadRefusal is the error for a read the proxy cannot answer
 // across the partitions it spans.
 func PartitionReadRefusal(rule *rules.Rule, what string, n int) error {
-	return ruleErrorf(rule, CodeNotImplemented, "%s is not supported on a read spanning %d partitions (partitionBy %s); bound it in time within one partition", what, n, rule.PartitionBy)
+	return ruleErrorf(rule, mongoerr.NotImplemented, "%s is not supported on a read spanning %d partitions (partitionBy %s); bound it in time within one partition", what, n, rule.PartitionBy)
 }
 
 // PartitionTimeRange reads the time bounds of a read's event filter (find
@@ -446,7 +447,7 @@ func PartitionOverlaps(rule *rules.Rule, start, from, to int64) bool {
 // PartitionCommandRefusal is the error for a command the proxy does not
 // support on a partitioned rule.
 func PartitionCommandRefusal(rule *rules.Rule, what string) error {
-	return ruleErrorf(rule, CodeNotImplemented, "%s is not supported with partitionBy %s (buckets are in one collection per period)", what, rule.PartitionBy)
+	return ruleErrorf(rule, mongoerr.NotImplemented, "%s is not supported with partitionBy %s (buckets are in one collection per period)", what, rule.PartitionBy)
 }
 
 // PartitionedGroupCount is countDocuments across partitions: the

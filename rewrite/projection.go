@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -44,11 +45,11 @@ func (rc *readCtx) parseProjection(spec bsoncore.Document, what string) (*projec
 	var walk func(prefix string, d bsoncore.Document, depth int) error
 	walk = func(prefix string, d bsoncore.Document, depth int) error {
 		if depth > maxNestingDepth {
-			return rc.badValue(CodeBadValue, "%s nested too deep", what)
+			return rc.badValue(mongoerr.BadValue, "%s nested too deep", what)
 		}
 		elems, err := d.Elements()
 		if err != nil {
-			return rc.badValue(CodeInvalidBSON, "%s is not valid BSON: %v", what, err)
+			return rc.badValue(mongoerr.InvalidBSON, "%s is not valid BSON: %v", what, err)
 		}
 		for _, e := range elems {
 			k := e.Key()
@@ -93,7 +94,7 @@ func (rc *readCtx) parseProjection(spec bsoncore.Document, what string) (*projec
 	}
 	if len(entries) == 0 {
 		if what == "$project" {
-			return nil, rc.badValue(CodeBadValue, "$project specification must have at least one field")
+			return nil, rc.badValue(mongoerr.BadValue, "$project specification must have at least one field")
 		}
 		return nil, nil
 	}
@@ -115,7 +116,7 @@ func (rc *readCtx) parseProjection(spec bsoncore.Document, what string) (*projec
 			if m == 1 {
 				kind, where = "inclusion", "exclusion"
 			}
-			return nil, rc.badValue(CodeProjectionMixed, "Cannot do %s on field %s in %s projection", kind, en.path, where)
+			return nil, rc.badValue(mongoerr.ProjectionMixed, "Cannot do %s on field %s in %s projection", kind, en.path, where)
 		}
 		mode = m
 	}
@@ -153,7 +154,7 @@ func (rc *readCtx) insertPath(root *projNode, path string) error {
 	n := root
 	for i, part := range parts {
 		if n.leaf {
-			return rc.badValue(CodeProjectionCollide, "Path collision at %s remaining portion %s", path, strings.Join(parts[i:], "."))
+			return rc.badValue(mongoerr.ProjectionCollide, "Path collision at %s remaining portion %s", path, strings.Join(parts[i:], "."))
 		}
 		if n.children == nil {
 			n.children = map[string]*projNode{}
@@ -166,7 +167,7 @@ func (rc *readCtx) insertPath(root *projNode, path string) error {
 		n = c
 	}
 	if n.leaf || len(n.children) > 0 {
-		return rc.badValue(CodeProjectionCollide, "Path collision at %s", path)
+		return rc.badValue(mongoerr.ProjectionCollide, "Path collision at %s", path)
 	}
 	n.leaf = true
 	return nil
@@ -192,7 +193,7 @@ func (p *projection) apply(doc bsoncore.Document) (bsoncore.Document, error) {
 
 func includeFields(dst []byte, doc bsoncore.Document, n *projNode, top, excludeID bool, depth int) ([]byte, error) {
 	if depth > maxNestingDepth {
-		return nil, commandErrorf(CodeBadValue, "document nested too deep to project")
+		return nil, mongoerr.Errorf(mongoerr.BadValue, "document nested too deep to project")
 	}
 	elems, err := doc.Elements()
 	if err != nil {
@@ -240,7 +241,7 @@ func includeFields(dst []byte, doc bsoncore.Document, n *projNode, top, excludeI
 // other elements are left out, as MongoDB does.
 func includeArray(dst []byte, arr []byte, n *projNode, depth int) ([]byte, error) {
 	if depth > maxNestingDepth {
-		return nil, commandErrorf(CodeBadValue, "document nested too deep to project")
+		return nil, mongoerr.Errorf(mongoerr.BadValue, "document nested too deep to project")
 	}
 	vals, err := bsoncore.Array(arr).Values()
 	if err != nil {
@@ -273,7 +274,7 @@ func includeArray(dst []byte, arr []byte, n *projNode, depth int) ([]byte, error
 
 func excludeFields(dst []byte, doc bsoncore.Document, n *projNode, depth int) ([]byte, error) {
 	if depth > maxNestingDepth {
-		return nil, commandErrorf(CodeBadValue, "document nested too deep to project")
+		return nil, mongoerr.Errorf(mongoerr.BadValue, "document nested too deep to project")
 	}
 	elems, err := doc.Elements()
 	if err != nil {
@@ -298,7 +299,7 @@ func excludeFields(dst []byte, doc bsoncore.Document, n *projNode, depth int) ([
 
 func excludeArray(dst []byte, arr []byte, n *projNode, depth int) ([]byte, error) {
 	if depth > maxNestingDepth {
-		return nil, commandErrorf(CodeBadValue, "document nested too deep to project")
+		return nil, mongoerr.Errorf(mongoerr.BadValue, "document nested too deep to project")
 	}
 	vals, err := bsoncore.Array(arr).Values()
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -99,7 +100,7 @@ type ReadOptions struct {
 }
 
 // PlanRead rewrites a find, aggregate, count, distinct or explain command
-// body on rule's namespace. Errors are *CommandError: answer with
+// body on rule's namespace. Errors are *mongoerr.Error: answer with
 // ErrorReply.
 func PlanRead(body []byte, rule *rules.Rule, opts ReadOptions) (p *ReadPlan, err error) {
 	rc, err := newReadCtx(rule)
@@ -109,11 +110,11 @@ func PlanRead(body []byte, rule *rules.Rule, opts ReadOptions) (p *ReadPlan, err
 	rc.caps = opts.Caps
 	doc := bsoncore.Document(body)
 	if err := validateDeep(doc, 0); err != nil {
-		return nil, commandErrorf(CodeInvalidBSON, "tsproxy rule %s: command is not valid BSON: %v", rc.ns, err)
+		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "tsproxy rule %s: command is not valid BSON: %v", rc.ns, err)
 	}
 	elems, _ := doc.Elements()
 	if len(elems) == 0 {
-		return nil, rc.badValue(CodeBadValue, "empty command")
+		return nil, rc.badValue(mongoerr.BadValue, "empty command")
 	}
 	name := elems[0].Key()
 	switch name {
@@ -216,7 +217,7 @@ func (rc *readCtx) readInt(body bsoncore.Document, key, cmd string) (int64, bool
 			return int64(f), true, nil
 		}
 	}
-	return 0, false, rc.badValue(CodeTypeMismatch, "%s option %q must be a whole number, got %s", cmd, key, typeName(v.Type))
+	return 0, false, rc.badValue(mongoerr.TypeMismatch, "%s option %q must be a whole number, got %s", cmd, key, typeName(v.Type))
 }
 
 // findPaging is a find's skip, limit, singleBatch and batchSize, read and
@@ -235,17 +236,17 @@ func (rc *readCtx) readFindPaging(body bsoncore.Document) (findPaging, error) {
 		return pg, err
 	}
 	if pg.skip < 0 {
-		return pg, rc.badValue(CodeBadValue, "find option \"skip\" must be non-negative")
+		return pg, rc.badValue(mongoerr.BadValue, "find option \"skip\" must be non-negative")
 	}
 	if pg.limit, _, err = rc.readInt(body, "limit", cmd); err != nil {
 		return pg, err
 	}
 	if pg.single, err = commandBool(body, "singleBatch", false); err != nil {
-		return pg, rc.badValue(CodeTypeMismatch, "find option \"singleBatch\" must be a boolean")
+		return pg, rc.badValue(mongoerr.TypeMismatch, "find option \"singleBatch\" must be a boolean")
 	}
 	if pg.limit < 0 {
 		if pg.limit == math.MinInt64 {
-			return pg, rc.badValue(CodeBadValue, "find option \"limit\" is out of range")
+			return pg, rc.badValue(mongoerr.BadValue, "find option \"limit\" is out of range")
 		}
 		pg.limit, pg.single = -pg.limit, true
 	}
@@ -254,7 +255,7 @@ func (rc *readCtx) readFindPaging(body bsoncore.Document) (findPaging, error) {
 		return pg, err
 	}
 	if bs < 0 {
-		return pg, rc.badValue(CodeBadValue, "find option \"batchSize\" must be non-negative")
+		return pg, rc.badValue(mongoerr.BadValue, "find option \"batchSize\" must be non-negative")
 	}
 	pg.batchSize = -1
 	if hasBatch {
@@ -284,7 +285,7 @@ func (rc *readCtx) readCountPaging(body bsoncore.Document) (skip, limit int64, e
 		return 0, 0, err
 	}
 	if skip < 0 {
-		return 0, 0, rc.badValue(CodeBadValue, "count option \"skip\" must be non-negative")
+		return 0, 0, rc.badValue(mongoerr.BadValue, "count option \"skip\" must be non-negative")
 	}
 	if limit, _, err = rc.readInt(body, "limit", cmd); err != nil {
 		return 0, 0, err
@@ -302,7 +303,7 @@ func (rc *readCtx) readDoc(body bsoncore.Document, key, cmd string) (bsoncore.Do
 	}
 	d, ok := v.DocumentOK()
 	if !ok {
-		return nil, rc.badValue(CodeTypeMismatch, "%s option %q must be a document, got %s", cmd, key, typeName(v.Type))
+		return nil, rc.badValue(mongoerr.TypeMismatch, "%s option %q must be a document, got %s", cmd, key, typeName(v.Type))
 	}
 	return d, nil
 }
@@ -311,7 +312,7 @@ func (rc *readCtx) readDoc(body bsoncore.Document, key, cmd string) (bsoncore.Do
 func (rc *readCtx) translateSort(sort bsoncore.Document, cmd string) (bsoncore.Document, error) {
 	elems, err := sort.Elements()
 	if err != nil {
-		return nil, rc.badValue(CodeInvalidBSON, "sort is not valid BSON: %v", err)
+		return nil, rc.badValue(mongoerr.InvalidBSON, "sort is not valid BSON: %v", err)
 	}
 	if len(elems) == 0 {
 		return nil, nil
@@ -320,7 +321,7 @@ func (rc *readCtx) translateSort(sort bsoncore.Document, cmd string) (bsoncore.D
 	for _, e := range elems {
 		k := e.Key()
 		if k == "" || strings.HasPrefix(k, "$") {
-			return nil, rc.badValue(CodeBadValue, "%s sort key %q is not a field path", cmd, k)
+			return nil, rc.badValue(mongoerr.BadValue, "%s sort key %q is not a field path", cmd, k)
 		}
 		v := e.Value()
 		f, ok := v.AsFloat64OK()
@@ -328,7 +329,7 @@ func (rc *readCtx) translateSort(sort bsoncore.Document, cmd string) (bsoncore.D
 			if v.Type == bsoncore.TypeEmbeddedDocument {
 				return nil, rc.unsupported("%s sort on %q by %s is not supported on a bucketed namespace", cmd, k, v.String())
 			}
-			return nil, rc.badValue(CodeBadValue, "%s sort direction of %q must be 1 or -1", cmd, k)
+			return nil, rc.badValue(mongoerr.BadValue, "%s sort direction of %q must be 1 or -1", cmd, k)
 		}
 		if _, isMeta := rc.metaPath(k); isMeta && !rc.caps.UnwindKeepsFields {
 			return nil, rc.unsupported("%s on the metaField %q is not supported on a bucketed namespace on this upstream (FerretDB's $unwind drops the bucket's meta)", cmd+" sort", k)
@@ -514,14 +515,14 @@ func (rc *readCtx) planDistinct(body bsoncore.Document, forExplain bool) (*ReadP
 	}
 	kv, ok := lookupTop(body, "key")
 	if !ok {
-		return nil, rc.badValue(CodeFailedToParse, "distinct needs a \"key\"")
+		return nil, rc.badValue(mongoerr.FailedToParse, "distinct needs a \"key\"")
 	}
 	key, ok := kv.StringValueOK()
 	if !ok {
-		return nil, rc.badValue(CodeTypeMismatch, "distinct \"key\" must be a string, got %s", typeName(kv.Type))
+		return nil, rc.badValue(mongoerr.TypeMismatch, "distinct \"key\" must be a string, got %s", typeName(kv.Type))
 	}
 	if key == "" || strings.HasPrefix(key, "$") || strings.Contains(key, "..") || strings.HasPrefix(key, ".") || strings.HasSuffix(key, ".") {
-		return nil, rc.badValue(CodeBadValue, "distinct \"key\" %q is not a field path", key)
+		return nil, rc.badValue(mongoerr.BadValue, "distinct \"key\" %q is not a field path", key)
 	}
 	query, err := rc.readDoc(body, "query", cmd)
 	if err != nil {
@@ -546,11 +547,11 @@ func (rc *readCtx) planExplain(body bsoncore.Document, opts ReadOptions) (*ReadP
 	v, _ := lookupTop(body, "explain")
 	inner, ok := v.DocumentOK()
 	if !ok {
-		return nil, rc.badValue(CodeTypeMismatch, "explain needs a command document")
+		return nil, rc.badValue(mongoerr.TypeMismatch, "explain needs a command document")
 	}
 	elems, _ := inner.Elements()
 	if len(elems) == 0 {
-		return nil, rc.badValue(CodeBadValue, "explain of an empty command")
+		return nil, rc.badValue(mongoerr.BadValue, "explain of an empty command")
 	}
 	var ip *ReadPlan
 	var err error
@@ -594,7 +595,7 @@ func (p *ReadPlan) Feed(reply []byte) []byte {
 	}
 	cur, err := doc.LookupErr("cursor")
 	if err != nil {
-		p.drain = &errorDrain{reply: ErrorReply(commandErrorf(CodeInternalError, "tsproxy rule %s: upstream reply has no cursor", p.rc.ns))}
+		p.drain = &errorDrain{reply: mongoerr.Reply(mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: upstream reply has no cursor", p.rc.ns))}
 		return nil
 	}
 	cd, _ := cur.DocumentOK()
@@ -611,7 +612,7 @@ func (p *ReadPlan) Feed(reply []byte) []byte {
 				continue
 			}
 			if err := p.drain.feed(d); err != nil {
-				p.drain = &errorDrain{reply: ErrorReply(err)}
+				p.drain = &errorDrain{reply: mongoerr.Reply(err)}
 				return nil
 			}
 		}
@@ -627,7 +628,7 @@ func (p *ReadPlan) Feed(reply []byte) []byte {
 // error or a refusal), to be killed; 0 if none.
 func (p *ReadPlan) Result() []byte {
 	if p.drain == nil {
-		return ErrorReply(commandErrorf(CodeInternalError, "not a drained read"))
+		return mongoerr.Reply(mongoerr.Errorf(mongoerr.InternalError, "not a drained read"))
 	}
 	return p.drain.result()
 }
@@ -651,11 +652,11 @@ type countDrain struct{ n int64 }
 func (c *countDrain) feed(d bsoncore.Document) error {
 	v, err := d.LookupErr("n")
 	if err != nil {
-		return commandErrorf(CodeInternalError, "upstream $count gave no n")
+		return mongoerr.Errorf(mongoerr.InternalError, "upstream $count gave no n")
 	}
 	n, ok := v.AsInt64OK()
 	if !ok {
-		return commandErrorf(CodeInternalError, "upstream $count gave a %s", typeName(v.Type))
+		return mongoerr.Errorf(mongoerr.InternalError, "upstream $count gave a %s", typeName(v.Type))
 	}
 	c.n += n
 	return nil
@@ -727,18 +728,18 @@ func renameTarget(body []byte, rule *rules.Rule, cmd, key string) ([]byte, error
 	}
 	doc := bsoncore.Document(body)
 	if err := doc.Validate(); err != nil {
-		return nil, rc.badValue(CodeInvalidBSON, "%s is not valid BSON: %v", cmd, err)
+		return nil, rc.badValue(mongoerr.InvalidBSON, "%s is not valid BSON: %v", cmd, err)
 	}
 	elems, _ := doc.Elements()
 	if len(elems) == 0 || elems[0].Key() != cmd {
-		return nil, rc.badValue(CodeBadValue, "not a %s command", cmd)
+		return nil, rc.badValue(mongoerr.BadValue, "not a %s command", cmd)
 	}
 	found := false
 	idx, d := bsoncore.AppendDocumentStart(make([]byte, 0, len(body)+16))
 	for _, e := range elems {
 		if e.Key() == key && !found {
 			if _, ok := e.Value().StringValueOK(); !ok {
-				return nil, rc.badValue(CodeTypeMismatch, "%s field %q must be a string", cmd, key)
+				return nil, rc.badValue(mongoerr.TypeMismatch, "%s field %q must be a string", cmd, key)
 			}
 			found = true
 			d = bsoncore.AppendStringElement(d, key, rule.BucketCollection)
@@ -747,7 +748,7 @@ func renameTarget(body []byte, rule *rules.Rule, cmd, key string) ([]byte, error
 		d = append(d, e...)
 	}
 	if !found {
-		return nil, rc.badValue(CodeFailedToParse, "%s needs %q", cmd, key)
+		return nil, rc.badValue(mongoerr.FailedToParse, "%s needs %q", cmd, key)
 	}
 	d, _ = bsoncore.AppendDocumentEnd(d, idx)
 	return d, nil

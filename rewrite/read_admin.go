@@ -3,6 +3,7 @@ package rewrite
 import (
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -59,7 +60,7 @@ func PlanCollStats(body []byte, rule *rules.Rule) (*CollStatsPlan, error) {
 	}
 	doc := bsoncore.Document(body)
 	if err := doc.Validate(); err != nil {
-		return nil, rc.badValue(CodeInvalidBSON, "collStats is not valid BSON: %v", err)
+		return nil, rc.badValue(mongoerr.InvalidBSON, "collStats is not valid BSON: %v", err)
 	}
 	p := &CollStatsPlan{rc: rc, stage: BeginsWithCollStats(body)}
 	if p.stage {
@@ -123,7 +124,7 @@ func planCollStatsStage(rc *readCtx, doc bsoncore.Document) ([]byte, error) {
 	arr, _ := doc.Lookup("pipeline").ArrayOK()
 	stages, err := arr.Values()
 	if err != nil {
-		return nil, rc.badValue(CodeInvalidBSON, "aggregate pipeline is not valid BSON: %v", err)
+		return nil, rc.badValue(mongoerr.InvalidBSON, "aggregate pipeline is not valid BSON: %v", err)
 	}
 	for _, st := range stages[1:] {
 		if d, ok := st.DocumentOK(); ok && readsCountOrNS(d) {
@@ -246,7 +247,7 @@ func (p *CollStatsPlan) stageReply(doc bsoncore.Document, count int64) []byte {
 		return doc
 	}
 	if id, _ := cur.Lookup("id").AsInt64OK(); id != 0 {
-		return ErrorReply(p.rc.unsupported("a $collStats aggregate whose result does not fit one batch is not supported on a bucketed namespace"))
+		return mongoerr.Reply(p.rc.unsupported("a $collStats aggregate whose result does not fit one batch is not supported on a bucketed namespace"))
 	}
 	var batch []bsoncore.Document
 	for _, key := range []string{"firstBatch", "nextBatch"} {

@@ -3,6 +3,7 @@ package rewrite
 import (
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -25,7 +26,7 @@ func (rc *readCtx) planAggregate(body bsoncore.Document, opts ReadOptions, forEx
 	}
 	explain, err := commandBool(body, "explain", false)
 	if err != nil {
-		return nil, rc.badValue(CodeTypeMismatch, "aggregate option \"explain\" must be a boolean")
+		return nil, rc.badValue(mongoerr.TypeMismatch, "aggregate option \"explain\" must be a boolean")
 	}
 	batchSize := int64(-1)
 	cursor, err := rc.readDoc(body, "cursor", cmd)
@@ -33,7 +34,7 @@ func (rc *readCtx) planAggregate(body bsoncore.Document, opts ReadOptions, forEx
 		return nil, err
 	}
 	if cursor == nil && !explain && !forExplain {
-		return nil, rc.badValue(CodeFailedToParse, "The 'cursor' option is required, except for aggregate with the explain argument")
+		return nil, rc.badValue(mongoerr.FailedToParse, "The 'cursor' option is required, except for aggregate with the explain argument")
 	}
 	if cursor != nil {
 		elems, _ := cursor.Elements()
@@ -47,7 +48,7 @@ func (rc *readCtx) planAggregate(body bsoncore.Document, opts ReadOptions, forEx
 			return nil, err
 		}
 		if n < 0 {
-			return nil, rc.badValue(CodeBadValue, "aggregate cursor batchSize must be non-negative")
+			return nil, rc.badValue(mongoerr.BadValue, "aggregate cursor batchSize must be non-negative")
 		}
 		if has {
 			batchSize = n
@@ -59,7 +60,7 @@ func (rc *readCtx) planAggregate(body bsoncore.Document, opts ReadOptions, forEx
 	for i < len(stages) && stages[i].name == "$match" {
 		d, ok := stages[i].value.DocumentOK()
 		if !ok {
-			return nil, rc.badValue(CodeTypeMismatch, "the match filter must be an expression in an object")
+			return nil, rc.badValue(mongoerr.TypeMismatch, "the match filter must be an expression in an object")
 		}
 		filters = append(filters, d)
 		i++
@@ -83,10 +84,10 @@ func (rc *readCtx) planAggregate(body bsoncore.Document, opts ReadOptions, forEx
 		case "$match":
 			d, ok := st.value.DocumentOK()
 			if !ok {
-				return nil, rc.badValue(CodeTypeMismatch, "the match filter must be an expression in an object")
+				return nil, rc.badValue(mongoerr.TypeMismatch, "the match filter must be an expression in an object")
 			}
 			if err := validateDeep(d, 1); err != nil {
-				return nil, rc.badValue(CodeInvalidBSON, "$match is not valid BSON: %v", err)
+				return nil, rc.badValue(mongoerr.InvalidBSON, "$match is not valid BSON: %v", err)
 			}
 			rc.usedMeta = false
 			t, err := rc.translateFilter(d, 1)
@@ -100,26 +101,26 @@ func (rc *readCtx) planAggregate(body bsoncore.Document, opts ReadOptions, forEx
 		case "$sort":
 			d, ok := st.value.DocumentOK()
 			if !ok {
-				return nil, rc.badValue(CodeTypeMismatch, "the $sort key specification must be an object")
+				return nil, rc.badValue(mongoerr.TypeMismatch, "the $sort key specification must be an object")
 			}
 			s, err := rc.translateSort(d, "$sort")
 			if err != nil {
 				return nil, err
 			}
 			if s == nil {
-				return nil, rc.badValue(CodeBadValue, "$sort stage must have at least one sort key")
+				return nil, rc.badValue(mongoerr.BadValue, "$sort stage must have at least one sort key")
 			}
 			pipeline = append(pipeline, stage("$sort", docValue(s)))
 		case "$skip", "$limit":
 			n, ok := wholeNumber(st.value)
 			if !ok || n < 0 || (st.name == "$limit" && n == 0) {
-				return nil, rc.badValue(CodeBadValue, "%s needs a positive whole number, got %s", st.name, st.value.String())
+				return nil, rc.badValue(mongoerr.BadValue, "%s needs a positive whole number, got %s", st.name, st.value.String())
 			}
 			pipeline = append(pipeline, stage(st.name, int64Value(n)))
 		case "$count":
 			name, ok := st.value.StringValueOK()
 			if !ok || name == "" || strings.HasPrefix(name, "$") || strings.Contains(name, ".") || strings.ContainsRune(name, 0) {
-				return nil, rc.badValue(CodeBadValue, "the $count field name must be a non-empty string without '.' or a leading '$'")
+				return nil, rc.badValue(mongoerr.BadValue, "the $count field name must be a non-empty string without '.' or a leading '$'")
 			}
 			pipeline = append(pipeline, stage("$count", stringValue(name)))
 			shape.mode = shapeAsIs
@@ -225,25 +226,25 @@ type pipelineStage struct {
 func (rc *readCtx) pipelineStages(body bsoncore.Document) ([]pipelineStage, error) {
 	v, ok := lookupTop(body, "pipeline")
 	if !ok {
-		return nil, rc.badValue(CodeFailedToParse, "aggregate needs a \"pipeline\"")
+		return nil, rc.badValue(mongoerr.FailedToParse, "aggregate needs a \"pipeline\"")
 	}
 	arr, ok := v.ArrayOK()
 	if !ok {
-		return nil, rc.badValue(CodeTypeMismatch, "aggregate \"pipeline\" must be an array, got %s", typeName(v.Type))
+		return nil, rc.badValue(mongoerr.TypeMismatch, "aggregate \"pipeline\" must be an array, got %s", typeName(v.Type))
 	}
 	vals, err := arr.Values()
 	if err != nil {
-		return nil, rc.badValue(CodeInvalidBSON, "pipeline is not valid BSON: %v", err)
+		return nil, rc.badValue(mongoerr.InvalidBSON, "pipeline is not valid BSON: %v", err)
 	}
 	out := make([]pipelineStage, 0, len(vals))
 	for i, item := range vals {
 		d, ok := item.DocumentOK()
 		if !ok {
-			return nil, rc.badValue(CodeTypeMismatch, "pipeline stage %d must be a document", i)
+			return nil, rc.badValue(mongoerr.TypeMismatch, "pipeline stage %d must be a document", i)
 		}
 		elems, err := d.Elements()
 		if err != nil || len(elems) != 1 {
-			return nil, rc.badValue(CodeBadValue, "a pipeline stage specification object must contain exactly one field (stage %d)", i)
+			return nil, rc.badValue(mongoerr.BadValue, "a pipeline stage specification object must contain exactly one field (stage %d)", i)
 		}
 		out = append(out, pipelineStage{name: elems[0].Key(), value: elems[0].Value(), doc: d})
 	}
@@ -256,7 +257,7 @@ func (rc *readCtx) projectSpec(st pipelineStage) (bsoncore.Document, error) {
 	if st.name == "$project" {
 		d, ok := st.value.DocumentOK()
 		if !ok {
-			return nil, rc.badValue(CodeTypeMismatch, "$project specification must be an object")
+			return nil, rc.badValue(mongoerr.TypeMismatch, "$project specification must be an object")
 		}
 		return d, nil
 	}
@@ -268,13 +269,13 @@ func (rc *readCtx) projectSpec(st pipelineStage) (bsoncore.Document, error) {
 		for _, v := range vals {
 			s, ok := v.StringValueOK()
 			if !ok {
-				return nil, rc.badValue(CodeBadValue, "$unset specification must be a string or an array of strings")
+				return nil, rc.badValue(mongoerr.BadValue, "$unset specification must be a string or an array of strings")
 			}
 			names = append(names, s)
 		}
 	}
 	if len(names) == 0 {
-		return nil, rc.badValue(CodeBadValue, "$unset specification must be a string or a non-empty array of strings")
+		return nil, rc.badValue(mongoerr.BadValue, "$unset specification must be a string or a non-empty array of strings")
 	}
 	b := bsoncore.NewDocumentBuilder()
 	for _, n := range names {

@@ -3,6 +3,7 @@ package rewrite
 import (
 	"strconv"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
@@ -53,7 +54,7 @@ func (s *CursorShape) AddMetas(reply []byte) error { return s.metas.add(reply) }
 func (s *CursorShape) MapReply(reply []byte) ([]byte, int64, error) {
 	doc := bsoncore.Document(reply)
 	if err := doc.Validate(); err != nil {
-		return nil, 0, commandErrorf(CodeInternalError, "upstream reply is not valid BSON: %v", err)
+		return nil, 0, mongoerr.Errorf(mongoerr.InternalError, "upstream reply is not valid BSON: %v", err)
 	}
 	if !replyOK(doc) {
 		return reply, 0, nil
@@ -68,7 +69,7 @@ func (s *CursorShape) MapReply(reply []byte) ([]byte, int64, error) {
 		}
 		cur, ok := e.Value().DocumentOK()
 		if !ok {
-			return nil, 0, commandErrorf(CodeInternalError, "upstream cursor is a %s", typeName(e.Value().Type))
+			return nil, 0, mongoerr.Errorf(mongoerr.InternalError, "upstream cursor is a %s", typeName(e.Value().Type))
 		}
 		var err error
 		out, id, err = s.appendCursor(out, cur)
@@ -83,7 +84,7 @@ func (s *CursorShape) MapReply(reply []byte) ([]byte, int64, error) {
 func (s *CursorShape) appendCursor(dst []byte, cur bsoncore.Document) ([]byte, int64, error) {
 	elems, err := cur.Elements()
 	if err != nil {
-		return nil, 0, commandErrorf(CodeInternalError, "upstream cursor is not valid BSON: %v", err)
+		return nil, 0, mongoerr.Errorf(mongoerr.InternalError, "upstream cursor is not valid BSON: %v", err)
 	}
 	var id int64
 	cidx, dst := bsoncore.AppendDocumentElementStart(dst, "cursor")
@@ -92,18 +93,18 @@ func (s *CursorShape) appendCursor(dst []byte, cur bsoncore.Document) ([]byte, i
 		case "firstBatch", "nextBatch":
 			arr, ok := e.Value().ArrayOK()
 			if !ok {
-				return nil, 0, commandErrorf(CodeInternalError, "upstream %s is a %s", k, typeName(e.Value().Type))
+				return nil, 0, mongoerr.Errorf(mongoerr.InternalError, "upstream %s is a %s", k, typeName(e.Value().Type))
 			}
 			vals, err := arr.Values()
 			if err != nil {
-				return nil, 0, commandErrorf(CodeInternalError, "upstream %s is not valid BSON: %v", k, err)
+				return nil, 0, mongoerr.Errorf(mongoerr.InternalError, "upstream %s is not valid BSON: %v", k, err)
 			}
 			aidx, a := bsoncore.AppendArrayElementStart(dst, k)
 			i := 0
 			for _, v := range vals {
 				d, ok := v.DocumentOK()
 				if !ok {
-					return nil, 0, commandErrorf(CodeInternalError, "upstream %s holds a %s", k, typeName(v.Type))
+					return nil, 0, mongoerr.Errorf(mongoerr.InternalError, "upstream %s holds a %s", k, typeName(v.Type))
 				}
 				m, err := s.mapDoc(d)
 				if err != nil {
@@ -141,7 +142,7 @@ func (s *CursorShape) mapDoc(d bsoncore.Document) (bsoncore.Document, error) {
 	case shapeGroupCount:
 		v, err := d.LookupErr("n")
 		if err != nil {
-			return nil, commandErrorf(CodeInternalError, "upstream $count gave no n")
+			return nil, mongoerr.Errorf(mongoerr.InternalError, "upstream $count gave no n")
 		}
 		idx, out := bsoncore.AppendDocumentStart(nil)
 		out = bsoncore.AppendValueElement(out, "_id", s.groupID)

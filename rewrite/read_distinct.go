@@ -4,6 +4,7 @@ import (
 	"sort"
 	"strconv"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
@@ -44,7 +45,7 @@ func (d *distinctDrain) add(v bsoncore.Value) error {
 	}
 	d.bytes += len(v.Data) + 8
 	if d.bytes > maxDistinctBytes {
-		return commandErrorf(CodeDistinctTooBig, "distinct too big, 16mb cap")
+		return mongoerr.Errorf(mongoerr.DistinctTooBig, "distinct too big, 16mb cap")
 	}
 	v = bsoncore.Value{Type: v.Type, Data: append([]byte(nil), v.Data...)}
 	d.values = append(d.values, bsoncore.Value{})

@@ -3,6 +3,7 @@ package rewrite
 import (
 	"slices"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -151,13 +152,13 @@ func (p *PointRead) Feed(replies [][]byte) error {
 		return p.scanFeed(replies)
 	}
 	if len(replies) != len(p.pending) {
-		return commandErrorf(CodeInternalError, "tsproxy rule %s: %d replies to %d bucket lookups", p.ns, len(replies), len(p.pending))
+		return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: %d replies to %d bucket lookups", p.ns, len(replies), len(p.pending))
 	}
 	for i, r := range replies {
 		l := p.pending[i]
 		doc := bsoncore.Document(r)
 		if err := doc.Validate(); err != nil {
-			return commandErrorf(CodeInternalError, "tsproxy rule %s: upstream reply is not valid BSON: %v", p.ns, err)
+			return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: upstream reply is not valid BSON: %v", p.ns, err)
 		}
 		if !replyOK(doc) {
 			return lookupError(p.ns, doc)
@@ -182,14 +183,8 @@ func (p *PointRead) Feed(replies [][]byte) error {
 
 // lookupError is an upstream's error reply as the proxy's own.
 func lookupError(ns string, reply bsoncore.Document) error {
-	code := CodeInternalError
-	if v, ok := lookupTop(reply, "code"); ok {
-		if c, ok := v.AsInt64OK(); ok {
-			code = int32(c)
-		}
-	}
-	msg, _ := reply.Lookup("errmsg").StringValueOK()
-	return commandErrorf(code, "tsproxy rule %s: bucket lookup failed upstream: %s", ns, msg)
+	e := mongoerr.FromReply(reply, "")
+	return mongoerr.Errorf(e.Code, "tsproxy rule %s: bucket lookup failed upstream: %s", ns, e.Msg)
 }
 
 // flush moves every complete leading window to out.
@@ -240,11 +235,11 @@ func (p *PointRead) emitBuckets(buckets []bsoncore.Document) error {
 		}
 		a, ok := arr.ArrayOK()
 		if !ok {
-			return commandErrorf(CodeInternalError, "tsproxy rule %s: bucket %s has events of type %s", p.ns, b.Lookup(rules.BucketID).String(), typeName(arr.Type))
+			return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: bucket %s has events of type %s", p.ns, b.Lookup(rules.BucketID).String(), typeName(arr.Type))
 		}
 		vals, err := a.Values()
 		if err != nil {
-			return commandErrorf(CodeInternalError, "tsproxy rule %s: bucket events are not valid BSON: %v", p.ns, err)
+			return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: bucket events are not valid BSON: %v", p.ns, err)
 		}
 		for _, v := range vals {
 			ev, ok := v.DocumentOK()

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -163,11 +164,11 @@ func (p *PointRead) scanLookups() [][]byte {
 func (p *PointRead) scanFeed(replies [][]byte) error {
 	sc := p.scan
 	if len(replies) != 1 {
-		return commandErrorf(CodeInternalError, "tsproxy rule %s: %d replies to one bucket scan command", p.ns, len(replies))
+		return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: %d replies to one bucket scan command", p.ns, len(replies))
 	}
 	doc := bsoncore.Document(replies[0])
 	if err := doc.Validate(); err != nil {
-		return commandErrorf(CodeInternalError, "tsproxy rule %s: upstream reply is not valid BSON: %v", p.ns, err)
+		return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: upstream reply is not valid BSON: %v", p.ns, err)
 	}
 	if !replyOK(doc) {
 		sc.done, sc.cursor = true, 0
@@ -176,18 +177,18 @@ func (p *PointRead) scanFeed(replies [][]byte) error {
 	id, ok := doc.Lookup("cursor", "id").AsInt64OK()
 	if !ok {
 		sc.done, sc.cursor = true, 0
-		return commandErrorf(CodeInternalError, "tsproxy rule %s: upstream bucket scan reply has no cursor id", p.ns)
+		return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: upstream bucket scan reply has no cursor id", p.ns)
 	}
 	sc.cursor = id
 	for _, b := range batchDocs(doc) {
 		start, ok := b.Lookup(rules.BucketStart).DateTimeOK()
 		if !ok {
-			return commandErrorf(CodeInternalError, "tsproxy rule %s: bucket %s has no date start", p.ns, b.Lookup(rules.BucketID).String())
+			return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: bucket %s has no date start", p.ns, b.Lookup(rules.BucketID).String())
 		}
 		p.BucketsRead++
 		if sc.hasWin && start != sc.win {
 			if (start-sc.win > 0) != (sc.dir > 0) {
-				return commandErrorf(CodeInternalError, "tsproxy rule %s: upstream returned buckets out of start order", p.ns)
+				return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: upstream returned buckets out of start order", p.ns)
 			}
 			if err := p.emitScanWindow(); err != nil {
 				return err
@@ -236,14 +237,8 @@ func (p *PointRead) UpstreamCursorClosed() {
 
 // scanError is an upstream's error reply to the scan as the proxy's own.
 func scanError(ns string, reply bsoncore.Document) error {
-	code := CodeInternalError
-	if v, ok := lookupTop(reply, "code"); ok {
-		if c, ok := v.AsInt64OK(); ok {
-			code = int32(c)
-		}
-	}
-	msg, _ := reply.Lookup("errmsg").StringValueOK()
-	return commandErrorf(code, "tsproxy rule %s: bucket scan failed upstream: %s", ns, msg)
+	e := mongoerr.FromReply(reply, "")
+	return mongoerr.Errorf(e.Code, "tsproxy rule %s: bucket scan failed upstream: %s", ns, e.Msg)
 }
 
 // scanExplain is what explain shows of a scan read.

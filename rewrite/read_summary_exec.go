@@ -5,6 +5,7 @@ import (
 	"math/big"
 	"sort"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -28,7 +29,7 @@ func (b *bucketSummary) complete() bool { return b.counted == b.count }
 
 // Feed learns one reply to Command (or to a getMore) and returns the
 // getMore to send next, or nil when the buckets are all read. An upstream
-// error reply comes back as a *CommandError with the upstream's code.
+// error reply comes back as a *mongoerr.Error with the upstream's code.
 func (p *SummaryPlan) Feed(reply []byte) ([]byte, error) {
 	docs, id, err := CursorDocs(reply)
 	if err != nil {
@@ -56,7 +57,7 @@ func (p *SummaryPlan) readBucket(d bsoncore.Document) (bucketSummary, error) {
 	var b bucketSummary
 	st, ok := lookupTop(d, rules.BucketStart)
 	if !ok || st.Type != bsoncore.TypeDateTime {
-		return b, commandErrorf(CodeInternalError, "tsproxy rule %s: a bucket in %s has no date \"start\"", p.rule.Namespace, p.rule.BucketCollection)
+		return b, mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: a bucket in %s has no date \"start\"", p.rule.Namespace, p.rule.BucketCollection)
 	}
 	b.start = st.DateTime()
 	b.count = rawCount(d)
@@ -157,7 +158,7 @@ func (p *SummaryPlan) groups() ([]*groupState, bool, error) {
 		}
 		if k := p.group.keys[0]; k.kind == keyBucket {
 			if _, ok := k.bucket.rangeOf(b.start); !ok {
-				return nil, false, commandErrorf(CodeNoBucketBranch, "PlanExecutor error during aggregation :: caused by :: $switch could not find a matching branch for an input, and no default was specified.")
+				return nil, false, mongoerr.Errorf(mongoerr.NoBucketBranch, "PlanExecutor error during aggregation :: caused by :: $switch could not find a matching branch for an input, and no default was specified.")
 			}
 		}
 		id, ok := p.groupID(b)
@@ -531,7 +532,7 @@ func (p *SummaryPlan) reply(docs []bsoncore.Document) (bsoncore.Document, bool, 
 		size += len(d)
 	}
 	if size > maxSummaryReply {
-		return nil, true, commandErrorf(CodeBadValue, "tsproxy rule %s: the aggregate answered from bucket summaries has %d groups (%d bytes), more than one reply holds; narrow the $match or add a $limit", p.rule.Namespace, len(docs), size)
+		return nil, true, mongoerr.Errorf(mongoerr.BadValue, "tsproxy rule %s: the aggregate answered from bucket summaries has %d groups (%d bytes), more than one reply holds; narrow the $match or add a $limit", p.rule.Namespace, len(docs), size)
 	}
 	arr := bsoncore.NewArrayBuilder()
 	for _, d := range docs {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -142,7 +143,7 @@ func TestSummaryBucketOutside(t *testing.T) {
 	h := time.Date(2026, 1, 5, 0, 0, 0, 0, time.UTC).UnixMilli()
 	mm := D{{Key: "ts", Value: dms(h + 2*hr)}}
 	_, _, err := runSummaryErr(t, A{bucketStage(nil, h, h+hr)}, A{bkt("a", h+2*hr, 1, mm, mm, nil)})
-	var ce *CommandError
+	var ce *mongoerr.Error
 	if !errors.As(err, &ce) || ce.Code != 40066 || !strings.Contains(ce.Msg, "no default was specified") {
 		t.Fatalf("got %v", err)
 	}

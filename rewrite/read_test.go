@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -358,7 +359,7 @@ func FuzzFindRewrite(f *testing.F) {
 		for _, caps := range []Caps{ferretCaps, mongoCaps} {
 			p, err := PlanRead(body, rdRule(), ReadOptions{Caps: caps})
 			if err != nil {
-				_ = ErrorReply(err)
+				_ = mongoerr.Reply(err)
 				continue
 			}
 			if err := bsoncore.Document(p.Command).Validate(); err != nil {
@@ -498,8 +499,8 @@ func collStatsStage(t *testing.T, r *rules.Rule) {
 		{{Key: "$addFields", Value: D{{Key: "x", Value: D{{Key: "$add", Value: A{"$count", 1}}}}}}},
 	} {
 		_, err := PlanCollStats(agg(collStats, later), r)
-		var ce *CommandError
-		if !errors.As(err, &ce) || ce.Code != CodeNotImplemented || !strings.Contains(err.Error(), "tsproxy rule iot.readings: a stage after $collStats") {
+		var ce *mongoerr.Error
+		if !errors.As(err, &ce) || ce.Code != mongoerr.NotImplemented || !strings.Contains(err.Error(), "tsproxy rule iot.readings: a stage after $collStats") {
 			t.Errorf("$collStats then %s: got %v, want a refusal naming the rule", rdJSON(rdRaw(t, later)), err)
 		}
 	}

@@ -3,6 +3,7 @@ package rewrite
 import (
 	"fmt"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -12,18 +13,6 @@ import (
 // txnNumber and what it wrote. The proxy keeps the same in memory for the
 // writes it rewrites (proxy/reply_cache.go); these functions read the
 // parts of a command and a reply that table needs.
-
-// MongoDB's codes for a retryable write older than its session's last,
-// and for one its session cannot take while another runs.
-const (
-	CodeTransactionTooOld              int32 = 225
-	CodeConflictingOperationInProgress int32 = 117
-)
-
-func init() {
-	codeNames[CodeTransactionTooOld] = "TransactionTooOld"
-	codeNames[CodeConflictingOperationInProgress] = "ConflictingOperationInProgress"
-}
 
 // RetryKey names one retryable write: its session (lsid.id and, when
 // present, lsid.uid, as bytes) and its txnNumber.
@@ -59,33 +48,33 @@ func RetryKeyOf(body bsoncore.Document) (key RetryKey, ok bool, err error) {
 	}
 	n, isNum := txn.AsInt64OK()
 	if !isNum || n < 0 {
-		return RetryKey{}, false, &CommandError{Code: CodeInvalidOptions,
+		return RetryKey{}, false, &mongoerr.Error{Code: mongoerr.InvalidOptions,
 			Msg: fmt.Sprintf("txnNumber must be a non-negative integer, not %s", txn)}
 	}
 	lsid, has := lookupTop(body, "lsid")
 	if !has {
-		return RetryKey{}, false, &CommandError{Code: CodeInvalidOptions,
+		return RetryKey{}, false, &mongoerr.Error{Code: mongoerr.InvalidOptions,
 			Msg: "Transaction number requires a session ID to also be specified"}
 	}
 	doc, isDoc := lsid.DocumentOK()
 	if !isDoc {
-		return RetryKey{}, false, &CommandError{Code: CodeInvalidOptions,
+		return RetryKey{}, false, &mongoerr.Error{Code: mongoerr.InvalidOptions,
 			Msg: fmt.Sprintf("lsid must be a document, not %s", lsid.Type)}
 	}
 	id, err := doc.LookupErr("id")
 	if err != nil {
-		return RetryKey{}, false, &CommandError{Code: CodeInvalidOptions, Msg: "lsid has no id"}
+		return RetryKey{}, false, &mongoerr.Error{Code: mongoerr.InvalidOptions, Msg: "lsid has no id"}
 	}
 	_, idBytes, isBin := id.BinaryOK()
 	if !isBin {
-		return RetryKey{}, false, &CommandError{Code: CodeInvalidOptions,
+		return RetryKey{}, false, &mongoerr.Error{Code: mongoerr.InvalidOptions,
 			Msg: fmt.Sprintf("lsid.id must be binary (a UUID), not %s", id.Type)}
 	}
 	session := fmt.Sprintf("%d:%s\x00", len(idBytes), idBytes)
 	if uid, err := doc.LookupErr("uid"); err == nil {
 		_, uidBytes, isBin := uid.BinaryOK()
 		if !isBin {
-			return RetryKey{}, false, &CommandError{Code: CodeInvalidOptions,
+			return RetryKey{}, false, &mongoerr.Error{Code: mongoerr.InvalidOptions,
 				Msg: fmt.Sprintf("lsid.uid must be binary, not %s", uid.Type)}
 		}
 		session = fmt.Sprintf("%d:%s\x01%s", len(idBytes), idBytes, uidBytes)
@@ -106,7 +95,7 @@ func ReplyRecordable(reply []byte) bool {
 // TransactionTooOld is MongoDB's answer to a retryable write older than
 // the last one its session started.
 func TransactionTooOld(key RetryKey, last int64) error {
-	return &CommandError{Code: CodeTransactionTooOld, Msg: fmt.Sprintf(
+	return &mongoerr.Error{Code: mongoerr.TransactionTooOld, Msg: fmt.Sprintf(
 		"Retryable write with txnNumber %d is prohibited on session %s because a newer retryable write with txnNumber %d has already started on this session.",
 		key.TxnNumber, key.SessionHex(), last)}
 }

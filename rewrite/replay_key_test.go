@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
@@ -21,8 +22,8 @@ func TestRetryKeyOf(t *testing.T) {
 		body    bson.D
 		ok      bool
 		txn     int64
-		errCode int32  // 0: no error
-		errHas  string // part of the error message
+		errCode mongoerr.Code // 0: no error
+		errHas  string        // part of the error message
 	}{
 		{"retryable", bson.D{insert, lsid(bson.E{Key: "id", Value: id}), txn(int64(7))}, true, 7, 0, ""},
 		{"int32 txnNumber", bson.D{insert, lsid(bson.E{Key: "id", Value: id}), txn(int32(3))}, true, 3, 0, ""},
@@ -30,18 +31,18 @@ func TestRetryKeyOf(t *testing.T) {
 		{"no txnNumber: not retryable", bson.D{insert, lsid(bson.E{Key: "id", Value: id})}, false, 0, 0, ""},
 		{"no session at all", bson.D{insert}, false, 0, 0, ""},
 		{"transaction statement", bson.D{insert, lsid(bson.E{Key: "id", Value: id}), txn(int64(7)), {Key: "autocommit", Value: false}}, false, 0, 0, ""},
-		{"txnNumber without lsid", bson.D{insert, txn(int64(7))}, false, 0, CodeInvalidOptions, "requires a session ID"},
-		{"negative txnNumber", bson.D{insert, lsid(bson.E{Key: "id", Value: id}), txn(int64(-1))}, false, 0, CodeInvalidOptions, "non-negative"},
-		{"string txnNumber", bson.D{insert, lsid(bson.E{Key: "id", Value: id}), txn("7")}, false, 0, CodeInvalidOptions, "txnNumber"},
-		{"lsid not a document", bson.D{insert, {Key: "lsid", Value: "x"}, txn(int64(1))}, false, 0, CodeInvalidOptions, "lsid must be a document"},
-		{"lsid without id", bson.D{insert, lsid(bson.E{Key: "uid", Value: uidA}), txn(int64(1))}, false, 0, CodeInvalidOptions, "lsid has no id"},
-		{"lsid.id not binary", bson.D{insert, lsid(bson.E{Key: "id", Value: "abc"}), txn(int64(1))}, false, 0, CodeInvalidOptions, "lsid.id must be binary"},
-		{"lsid.uid not binary", bson.D{insert, lsid(bson.E{Key: "id", Value: id}, bson.E{Key: "uid", Value: 5}), txn(int64(1))}, false, 0, CodeInvalidOptions, "lsid.uid must be binary"},
+		{"txnNumber without lsid", bson.D{insert, txn(int64(7))}, false, 0, mongoerr.InvalidOptions, "requires a session ID"},
+		{"negative txnNumber", bson.D{insert, lsid(bson.E{Key: "id", Value: id}), txn(int64(-1))}, false, 0, mongoerr.InvalidOptions, "non-negative"},
+		{"string txnNumber", bson.D{insert, lsid(bson.E{Key: "id", Value: id}), txn("7")}, false, 0, mongoerr.InvalidOptions, "txnNumber"},
+		{"lsid not a document", bson.D{insert, {Key: "lsid", Value: "x"}, txn(int64(1))}, false, 0, mongoerr.InvalidOptions, "lsid must be a document"},
+		{"lsid without id", bson.D{insert, lsid(bson.E{Key: "uid", Value: uidA}), txn(int64(1))}, false, 0, mongoerr.InvalidOptions, "lsid has no id"},
+		{"lsid.id not binary", bson.D{insert, lsid(bson.E{Key: "id", Value: "abc"}), txn(int64(1))}, false, 0, mongoerr.InvalidOptions, "lsid.id must be binary"},
+		{"lsid.uid not binary", bson.D{insert, lsid(bson.E{Key: "id", Value: id}, bson.E{Key: "uid", Value: 5}), txn(int64(1))}, false, 0, mongoerr.InvalidOptions, "lsid.uid must be binary"},
 	}
 	for _, c := range cases {
 		key, ok, err := RetryKeyOf(mustDoc(t, c.body))
 		if c.errCode != 0 {
-			var ce *CommandError
+			var ce *mongoerr.Error
 			if !errors.As(err, &ce) || ce.Code != c.errCode || !strings.Contains(err.Error(), c.errHas) {
 				t.Errorf("%s: error %v, want code %d with %q", c.name, err, c.errCode, c.errHas)
 			}
@@ -115,7 +116,7 @@ func TestTransactionTooOld(t *testing.T) {
 	k, _, _ := RetryKeyOf(mustDoc(t, bson.D{{Key: "insert", Value: "x"},
 		{Key: "lsid", Value: bson.D{{Key: "id", Value: bson.Binary{Subtype: 4, Data: []byte{0xab, 0xcd}}}}}, {Key: "txnNumber", Value: int64(4)}}))
 	err := TransactionTooOld(k, 6)
-	reply := bson.Raw(ErrorReply(err))
+	reply := bson.Raw(mongoerr.Reply(err))
 	if code, _ := reply.Lookup("code").AsInt64OK(); code != 225 || reply.Lookup("codeName").StringValue() != "TransactionTooOld" {
 		t.Fatalf("reply %s", reply)
 	}

@@ -1,6 +1,7 @@
 package rewrite
 
 import (
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -12,11 +13,11 @@ import (
 func reshapeEvent(unwound bsoncore.Document, metaField string, metas *metaResolver) (bsoncore.Document, error) {
 	ev, err := unwound.LookupErr(rules.BucketEvents)
 	if err != nil {
-		return nil, commandErrorf(CodeInternalError, "upstream document has no %q field", rules.BucketEvents)
+		return nil, mongoerr.Errorf(mongoerr.InternalError, "upstream document has no %q field", rules.BucketEvents)
 	}
 	stored, ok := ev.DocumentOK()
 	if !ok {
-		return nil, commandErrorf(CodeInternalError, "upstream document's %q is a %s, not an event document", rules.BucketEvents, typeName(ev.Type))
+		return nil, mongoerr.Errorf(mongoerr.InternalError, "upstream document's %q is a %s, not an event document", rules.BucketEvents, typeName(ev.Type))
 	}
 	return restoreMeta(stored, metaField, func() (bsoncore.Value, error) { return metas.metaOf(unwound) })
 }
@@ -29,7 +30,7 @@ func restoreMeta(stored bsoncore.Document, metaField string, metaOf func() (bson
 	}
 	elems, err := stored.Elements()
 	if err != nil {
-		return nil, commandErrorf(CodeInternalError, "stored event is not valid BSON: %v", err)
+		return nil, mongoerr.Errorf(mongoerr.InternalError, "stored event is not valid BSON: %v", err)
 	}
 	hasMarker := false
 	for _, e := range elems {

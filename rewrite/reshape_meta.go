@@ -1,6 +1,7 @@
 package rewrite
 
 import (
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -149,11 +150,11 @@ func (m *metaResolver) add(reply []byte) error {
 	}
 	doc := bsoncore.Document(reply)
 	if err := doc.Validate(); err != nil {
-		return commandErrorf(CodeInternalError, "upstream reply is not valid BSON: %v", err)
+		return mongoerr.Errorf(mongoerr.InternalError, "upstream reply is not valid BSON: %v", err)
 	}
 	if !replyOK(doc) {
 		msg, _ := doc.Lookup("errmsg").StringValueOK()
-		return commandErrorf(CodeInternalError, "looking up bucket metas: %s", msg)
+		return mongoerr.Errorf(mongoerr.InternalError, "looking up bucket metas: %s", msg)
 	}
 	docs := batchDocs(doc)
 	if len(m.cache)+len(docs) > maxMetaCache && len(docs) < maxMetaCache {
@@ -188,5 +189,5 @@ func (m *metaResolver) metaOf(unwound bsoncore.Document) (bsoncore.Value, error)
 			}
 		}
 	}
-	return bsoncore.Value{}, commandErrorf(CodeInternalError, "the meta of bucket %s is unknown (the bucket was removed while being read?)", unwound.Lookup(rules.BucketID).String())
+	return bsoncore.Value{}, mongoerr.Errorf(mongoerr.InternalError, "the meta of bucket %s is unknown (the bucket was removed while being read?)", unwound.Lookup(rules.BucketID).String())
 }

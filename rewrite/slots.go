@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -85,10 +86,10 @@ func SlotsInsert(cmd Command, rule *rules.Rule, opts SlotsOptions) (*LayoutWrite
 	check := func(doc bsoncore.Document, ev *layoutEvent) *writeError {
 		v, ok := lookupTop(doc, o.ValueField)
 		if !ok {
-			return eventError(ev.index, rule, CodeBadValue, "event has no valueField %q", o.ValueField)
+			return eventError(ev.index, rule, mongoerr.BadValue, "event has no valueField %q", o.ValueField)
 		}
 		if o.Aggregated && !isAggregatable(v.Type) {
-			return eventError(ev.index, rule, CodeBadValue, "valueField %q must be a number (int, long or double) because it is aggregated, got %s", o.ValueField, typeName(v.Type))
+			return eventError(ev.index, rule, mongoerr.BadValue, "valueField %q must be a number (int, long or double) because it is aggregated, got %s", o.ValueField, typeName(v.Type))
 		}
 		ev.value = v
 		return nil

@@ -1,0 +1,89 @@
+package mongoerr
+
+import (
+	"errors"
+	"fmt"
+
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+// Error is why a command is refused or cannot be run, with the code the
+// client is answered with.
+type Error struct {
+	Code Code
+	Msg  string
+}
+
+func (e *Error) Error() string { return e.Msg }
+
+// Errorf is an *Error with a formatted message.
+func Errorf(code Code, format string, args ...any) error {
+	return &Error{Code: code, Msg: fmt.Sprintf(format, args...)}
+}
+
+// CodeOf is the code of err: its *Error's, or InternalError.
+func CodeOf(err error) Code {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return InternalError
+}
+
+// Reply is the command reply {ok: 0, errmsg, code, codeName} for err; an
+// error that is not an *Error (a bug) is reported as InternalError.
+func Reply(err error) bsoncore.Document {
+	return ReplyWith(CodeOf(err), "", err.Error(), bsoncore.Value{})
+}
+
+// ReplyNamed is an error reply of code and msg named name (code's own
+// name when empty).
+func ReplyNamed(code Code, name, msg string) bsoncore.Document {
+	return ReplyWith(code, name, msg, bsoncore.Value{})
+}
+
+// ReplyWith is an error reply of code and msg, named name (code's own name
+// when empty: an upstream's reply keeps the name it gave), with labels (an
+// array value, e.g. the upstream's errorLabels) when given.
+func ReplyWith(code Code, name, msg string, labels bsoncore.Value) bsoncore.Document {
+	b := bsoncore.NewDocumentBuilder().
+		AppendDouble("ok", 0).
+		AppendString("errmsg", msg).
+		AppendInt32("code", int32(code))
+	if name == "" {
+		name = code.Name()
+	}
+	if name != "" {
+		b.AppendString("codeName", name)
+	}
+	if labels.Type == bsoncore.TypeArray {
+		b.AppendArray("errorLabels", labels.Data)
+	}
+	return b.Build()
+}
+
+// FromReply is the error an upstream's error reply, or one of its
+// writeErrors, names by its code and errmsg (InternalError and fallback
+// where they are missing).
+func FromReply(d bsoncore.Document, fallback string) *Error {
+	e := &Error{Code: InternalError, Msg: fallback}
+	if c, ok := d.Lookup("code").AsInt64OK(); ok {
+		e.Code = Code(c)
+	}
+	if s, ok := d.Lookup("errmsg").StringValueOK(); ok {
+		e.Msg = s
+	}
+	return e
+}
+
+// ReplyError is nil for an {ok: 1} reply and the reply's error otherwise
+// (InternalError for a reply that is not a valid document).
+func ReplyError(reply bsoncore.Document) error {
+	if err := reply.Validate(); err != nil {
+		return Errorf(InternalError, "upstream reply is not valid BSON: %v", err)
+	}
+	if ok, _ := reply.Lookup("ok").AsFloat64OK(); ok == 1 {
+		return nil
+	}
+	return FromReply(reply, "upstream error")
+}
