@@ -4,6 +4,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -57,7 +59,7 @@ func adminCommand(cmd string, rule *rules.Rule) (int32, []byte) {
 }
 
 func endAdmin(idx int32, d []byte, body bsoncore.Document, rule *rules.Rule) []byte {
-	d = appendElems(d, lookupElements(body, adminCarried))
+	d = bsonutil.AppendElems(d, bsonutil.Pick(body, adminCarried))
 	d = bsoncore.AppendStringElement(d, "$db", rule.DB)
 	d, _ = bsoncore.AppendDocumentEnd(d, idx)
 	return d
@@ -69,7 +71,7 @@ func endAdmin(idx int32, d []byte, body bsoncore.Document, rule *rules.Rule) []b
 // change what a plain bucket collection is are refused.
 func PlanCreate(body []byte, rule *rules.Rule) ([]byte, error) {
 	doc := bsoncore.Document(body)
-	if err := validateDeep(doc, 1); err != nil {
+	if err := bsonutil.Validate(doc, 1); err != nil {
 		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "create is not valid BSON: %v", err)
 	}
 	if err := checkTarget(doc, rule, "create"); err != nil {
@@ -176,7 +178,7 @@ func translateIndexKey(rule *rules.Rule, key bsoncore.Document) (bsoncore.Docume
 // PlanCreateIndexes maps createIndexes to the bucket collection.
 func PlanCreateIndexes(body []byte, rule *rules.Rule) ([]byte, error) {
 	doc := bsoncore.Document(body)
-	if err := validateDeep(doc, 1); err != nil {
+	if err := bsonutil.Validate(doc, 1); err != nil {
 		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "createIndexes is not valid BSON: %v", err)
 	}
 	if err := checkTarget(doc, rule, "createIndexes"); err != nil {
@@ -263,7 +265,7 @@ func translateIndexSpec(rule *rules.Rule, spec bsoncore.Document) (bsoncore.Docu
 // reply with ListIndexesReply.
 func PlanListIndexes(body []byte, rule *rules.Rule) ([]byte, error) {
 	doc := bsoncore.Document(body)
-	if err := validateDeep(doc, 1); err != nil {
+	if err := bsonutil.Validate(doc, 1); err != nil {
 		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "listIndexes is not valid BSON: %v", err)
 	}
 	if err := checkTarget(doc, rule, "listIndexes"); err != nil {
@@ -367,13 +369,13 @@ func AdminReply(reply []byte, rule *rules.Rule) []byte {
 // creates it again (DropIndexesPlan.Recreate).
 func PlanDropIndexes(body []byte, rule *rules.Rule) (cmd []byte, recreate bool, err error) {
 	doc := bsoncore.Document(body)
-	if err := validateDeep(doc, 1); err != nil {
+	if err := bsonutil.Validate(doc, 1); err != nil {
 		return nil, false, mongoerr.Errorf(mongoerr.InvalidBSON, "dropIndexes is not valid BSON: %v", err)
 	}
 	if err := checkTarget(doc, rule, "dropIndexes"); err != nil {
 		return nil, false, err
 	}
-	iv, ok := lookupTop(doc, "index")
+	iv, ok := bsonutil.Lookup(doc, "index")
 	if !ok {
 		return nil, false, mongoerr.Errorf(mongoerr.FailedToParse, "dropIndexes needs \"index\"")
 	}
@@ -411,7 +413,7 @@ func PlanDropIndexes(body []byte, rule *rules.Rule) (cmd []byte, recreate bool, 
 		}
 		d = bsoncore.AppendDocumentElement(d, "index", t)
 	default:
-		return nil, false, mongoerr.Errorf(mongoerr.TypeMismatch, "dropIndexes \"index\" must be a name, names or a key pattern, got %s", typeName(iv.Type))
+		return nil, false, mongoerr.Errorf(mongoerr.TypeMismatch, "dropIndexes \"index\" must be a name, names or a key pattern, got %s", bsonutil.TypeName(iv.Type))
 	}
 	return endAdmin(idx, d, doc, rule), recreate, nil
 }

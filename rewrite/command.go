@@ -7,7 +7,7 @@
 package rewrite
 
 import (
-	"fmt"
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -26,66 +26,10 @@ type Command struct {
 	Sequences []Sequence
 }
 
-// maxNestingDepth bounds document nesting, like the server's own limit,
-// so validation of hostile input cannot recurse without end.
-const maxNestingDepth = 200
-
-// validateDeep checks that doc, and every document, array and scope
-// nested in it, is well-formed BSON. bsoncore's Validate checks only the
-// outer layer; the rewrite reads and copies nested values, so it checks
-// all of them once, up front.
-func validateDeep(doc []byte, depth int) error {
-	if depth > maxNestingDepth {
-		return fmt.Errorf("nested deeper than %d levels", maxNestingDepth)
-	}
-	if err := bsoncore.Document(doc).Validate(); err != nil {
-		return err
-	}
-	// Walked without Elements(), which allocates a slice per document:
-	// this runs on every event of every bucketed insert.
-	rem := doc[4 : len(doc)-1] // Validate checked the length and terminator
-	for len(rem) > 0 {
-		e, rest, ok := bsoncore.ReadElement(rem)
-		if !ok {
-			return bsoncore.ErrElementMissingKey
-		}
-		rem = rest
-		if err := validateNestedValue(e.Value(), depth); err != nil {
-			return fmt.Errorf("field %q: %w", e.Key(), err)
-		}
-	}
-	return nil
-}
-
-func validateNestedValue(v bsoncore.Value, depth int) error {
-	switch v.Type {
-	case bsoncore.TypeEmbeddedDocument, bsoncore.TypeArray:
-		return validateDeep(v.Data, depth+1)
-	case bsoncore.TypeCodeWithScope:
-		_, scope, ok := v.CodeWithScopeOK()
-		if !ok {
-			return fmt.Errorf("malformed code with scope")
-		}
-		return validateDeep(scope, depth+1)
-	}
-	return nil
-}
-
-// lookupTop returns the first top-level field named key, without
-// descending into dotted paths (bsoncore's Lookup would not either, but
-// this says so and never panics on a malformed document).
-func lookupTop(doc bsoncore.Document, key string) (bsoncore.Value, bool) {
-	v, err := doc.LookupErr(key)
-	if err != nil {
-		return bsoncore.Value{}, false
-	}
-	return v, true
-}
-
 // commandDocuments returns the documents of the array field name, taken
 // from the body or from a document sequence of that name (not both).
 func commandDocuments(cmd Command, name string) ([]bsoncore.Document, error) {
-	inBody, hasBody := lookupTop(cmd.Body, name)
+	inBody, hasBody := bsonutil.Lookup(cmd.Body, name)
 	var seq *Sequence
 	for i := range cmd.Sequences {
 		s := &cmd.Sequences[i]
@@ -110,7 +54,7 @@ func commandDocuments(cmd Command, name string) ([]bsoncore.Document, error) {
 
 func sequenceDocuments(seq *Sequence) ([]bsoncore.Document, error) {
 	for i, d := range seq.Documents {
-		if err := validateDeep(d, 1); err != nil {
+		if err := bsonutil.Validate(d, 1); err != nil {
 			return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "document sequence %q document %d is not valid BSON: %v", seq.Identifier, i, err)
 		}
 	}
@@ -120,7 +64,7 @@ func sequenceDocuments(seq *Sequence) ([]bsoncore.Document, error) {
 func arrayDocuments(v bsoncore.Value, name string) ([]bsoncore.Document, error) {
 	arr, ok := v.ArrayOK()
 	if !ok {
-		return nil, mongoerr.Errorf(mongoerr.TypeMismatch, "field %q must be an array, got %s", name, typeName(v.Type))
+		return nil, mongoerr.Errorf(mongoerr.TypeMismatch, "field %q must be an array, got %s", name, bsonutil.TypeName(v.Type))
 	}
 	values, err := arr.Values()
 	if err != nil {
@@ -130,28 +74,11 @@ func arrayDocuments(v bsoncore.Value, name string) ([]bsoncore.Document, error) 
 	for i, item := range values {
 		doc, ok := item.DocumentOK()
 		if !ok {
-			return nil, mongoerr.Errorf(mongoerr.TypeMismatch, "%s.%d must be a document, got %s", name, i, typeName(item.Type))
+			return nil, mongoerr.Errorf(mongoerr.TypeMismatch, "%s.%d must be a document, got %s", name, i, bsonutil.TypeName(item.Type))
 		}
 		docs = append(docs, doc)
 	}
 	return docs, nil
-}
-
-// commandBool reads an optional boolean argument such as "ordered". Like
-// the server, it accepts numbers as booleans (non-zero is true).
-func commandBool(body bsoncore.Document, key string, def bool) (bool, error) {
-	v, ok := lookupTop(body, key)
-	if !ok {
-		return def, nil
-	}
-	if b, ok := v.BooleanOK(); ok {
-		return b, nil
-	}
-	if v.IsNumber() {
-		f, ok := v.AsFloat64OK()
-		return ok && f != 0, nil
-	}
-	return false, mongoerr.Errorf(mongoerr.TypeMismatch, "field %q must be a boolean, got %s", key, typeName(v.Type))
 }
 
 // Fields carried from the client's command to every rewritten command.
@@ -188,23 +115,9 @@ type carriedArgs struct {
 
 func readCarriedArgs(body bsoncore.Document) carriedArgs {
 	var c carriedArgs
-	c.always = lookupElements(body, carriedFields)
-	c.first = lookupElements(body, firstCommandFields)
+	c.always = bsonutil.Pick(body, carriedFields)
+	c.first = bsonutil.Pick(body, firstCommandFields)
 	return c
-}
-
-func lookupElements(body bsoncore.Document, keys []string) []bsoncore.Element {
-	elems, _ := body.Elements()
-	var out []bsoncore.Element
-	for _, key := range keys {
-		for _, e := range elems {
-			if e.Key() == key {
-				out = append(out, e)
-				break
-			}
-		}
-	}
-	return out
 }
 
 // appendCarried appends the carried arguments to a command under
@@ -224,22 +137,6 @@ func (c carriedArgs) appendTo(dst []byte, first bool) []byte {
 // inTransaction reports whether the command is part of a multi-document
 // transaction (drivers send autocommit:false on every statement of one).
 func inTransaction(body bsoncore.Document) bool {
-	_, ok := lookupTop(body, "autocommit")
+	_, ok := bsonutil.Lookup(body, "autocommit")
 	return ok
-}
-
-// replacedField copies d with each element named key written by put
-// instead, in its place; d without key is copied as it is.
-func replacedField(d bsoncore.Document, key string, put func(dst []byte) []byte) bsoncore.Document {
-	elems, _ := d.Elements()
-	idx, out := bsoncore.AppendDocumentStart(nil)
-	for _, e := range elems {
-		if e.Key() == key {
-			out = put(out)
-			continue
-		}
-		out = append(out, e...)
-	}
-	out, _ = bsoncore.AppendDocumentEnd(out, idx)
-	return out
 }

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -240,13 +242,13 @@ func (r *LayoutRead) expand() []layoutDoc {
 		}
 	}
 	slices.SortStableFunc(out, func(a, b layoutDoc) int {
-		if c := CompareValues(a.doc.Lookup(r.rule.TimeField), b.doc.Lookup(r.rule.TimeField)); c != 0 {
+		if c := bsonutil.Compare(a.doc.Lookup(r.rule.TimeField), b.doc.Lookup(r.rule.TimeField)); c != 0 {
 			return c
 		}
 		if r.rule.MetaField == "" {
 			return 0
 		}
-		return CompareValues(lookupOrNull(a.doc, []string{r.rule.MetaField}), lookupOrNull(b.doc, []string{r.rule.MetaField}))
+		return bsonutil.Compare(lookupOrNull(a.doc, []string{r.rule.MetaField}), lookupOrNull(b.doc, []string{r.rule.MetaField}))
 	})
 	return out
 }
@@ -304,7 +306,7 @@ func (r *LayoutRead) run() []layoutDoc {
 		case 's':
 			slices.SortStableFunc(docs, func(a, b layoutDoc) int {
 				for _, k := range st.sort {
-					c := CompareValues(lookupOrNull(a.doc, k.path), lookupOrNull(b.doc, k.path))
+					c := bsonutil.Compare(lookupOrNull(a.doc, k.path), lookupOrNull(b.doc, k.path))
 					if k.desc {
 						c = -c
 					}
@@ -418,7 +420,7 @@ func (cr cursorReply) withID(id int64) bsoncore.Document {
 	ci, cd := bsoncore.AppendDocumentStart(nil)
 	ai, cd := bsoncore.AppendArrayElementStart(cd, cr.key)
 	for i, d := range cr.batch {
-		cd = bsoncore.AppendDocumentElement(cd, itoa(i), d)
+		cd = bsoncore.AppendDocumentElement(cd, bsonutil.Itoa(i), d)
 	}
 	cd, _ = bsoncore.AppendArrayEnd(cd, ai)
 	cd = bsoncore.AppendInt64Element(cd, "id", id)

@@ -3,6 +3,8 @@ package rewrite
 import (
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -24,8 +26,8 @@ type filterCompiler struct {
 }
 
 func (fc *filterCompiler) compile(f bsoncore.Document, depth int) (docPred, error) {
-	if depth > maxNestingDepth {
-		return nil, fc.unsupported("filter nested deeper than %d levels", maxNestingDepth)
+	if depth > bsonutil.MaxDepth {
+		return nil, fc.unsupported("filter nested deeper than %d levels", bsonutil.MaxDepth)
 	}
 	elems, err := f.Elements()
 	if err != nil {
@@ -225,10 +227,10 @@ func valuesEqual(v, arg bsoncore.Value) bool {
 	if v.Type == 0 {
 		v = bsoncore.Value{Type: bsoncore.TypeNull}
 	}
-	if canonicalTypeOrder(v.Type) != canonicalTypeOrder(arg.Type) {
+	if bsonutil.CanonicalOrder(v.Type) != bsonutil.CanonicalOrder(arg.Type) {
 		return false
 	}
-	return CompareValues(v, arg) == 0
+	return bsonutil.Compare(v, arg) == 0
 }
 
 // rangePred compares within the operand's type bracket only, as MongoDB
@@ -238,9 +240,9 @@ func rangePred(arg bsoncore.Value, ok func(int) bool) valuePred {
 		if v.Type == 0 {
 			v = bsoncore.Value{Type: bsoncore.TypeNull}
 		}
-		if canonicalTypeOrder(v.Type) != canonicalTypeOrder(arg.Type) {
+		if bsonutil.CanonicalOrder(v.Type) != bsonutil.CanonicalOrder(arg.Type) {
 			return false
 		}
-		return ok(CompareValues(v, arg))
+		return ok(bsonutil.Compare(v, arg))
 	}
 }

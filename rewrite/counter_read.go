@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -88,7 +90,7 @@ func (r *LayoutRead) unsupported(format string, args ...any) error {
 // PlanLayoutRead plans a find, aggregate or count on a counter or slots
 // rule; other commands are refused with an error naming the rule.
 func PlanLayoutRead(body bsoncore.Document, rule *rules.Rule) (*LayoutRead, error) {
-	if err := validateDeep(body, 0); err != nil {
+	if err := bsonutil.Validate(body, 0); err != nil {
 		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "command is not valid BSON: %v", err)
 	}
 	elems, err := body.Elements()
@@ -99,7 +101,7 @@ func PlanLayoutRead(body bsoncore.Document, rule *rules.Rule) (*LayoutRead, erro
 	if coll, _ := elems[0].Value().StringValueOK(); coll != rule.Collection {
 		return nil, mongoerr.Errorf(mongoerr.BadValue, "%s on collection %q does not match the rule's collection %q", r.kind, coll, rule.Collection)
 	}
-	if _, ok := lookupTop(body, "collation"); ok {
+	if _, ok := bsonutil.Lookup(body, "collation"); ok {
 		return nil, r.unsupported("collation is not supported")
 	}
 	var filter bsoncore.Document
@@ -125,13 +127,13 @@ func PlanLayoutRead(body bsoncore.Document, rule *rules.Rule) (*LayoutRead, erro
 }
 
 func docArg(body bsoncore.Document, key string) (bsoncore.Document, error) {
-	v, ok := lookupTop(body, key)
+	v, ok := bsonutil.Lookup(body, key)
 	if !ok || v.Type == bsoncore.TypeNull {
 		return bsoncore.Document(emptyDoc), nil
 	}
 	d, ok := v.DocumentOK()
 	if !ok {
-		return nil, mongoerr.Errorf(mongoerr.TypeMismatch, "%q must be an object, got %s", key, typeName(v.Type))
+		return nil, mongoerr.Errorf(mongoerr.TypeMismatch, "%q must be an object, got %s", key, bsonutil.TypeName(v.Type))
 	}
 	return d, nil
 }
@@ -139,12 +141,12 @@ func docArg(body bsoncore.Document, key string) (bsoncore.Document, error) {
 var emptyDoc = []byte{5, 0, 0, 0, 0}
 
 func intArg(body bsoncore.Document, key string) (int64, bool, error) {
-	v, ok := lookupTop(body, key)
+	v, ok := bsonutil.Lookup(body, key)
 	if !ok || v.Type == bsoncore.TypeNull {
 		return 0, false, nil
 	}
 	if !v.IsNumber() {
-		return 0, false, mongoerr.Errorf(mongoerr.TypeMismatch, "%q must be a number, got %s", key, typeName(v.Type))
+		return 0, false, mongoerr.Errorf(mongoerr.TypeMismatch, "%q must be a number, got %s", key, bsonutil.TypeName(v.Type))
 	}
 	f, _ := v.AsFloat64OK()
 	return int64(f), true, nil
@@ -152,7 +154,7 @@ func intArg(body bsoncore.Document, key string) (int64, bool, error) {
 
 func (r *LayoutRead) readFind(body bsoncore.Document) (bsoncore.Document, error) {
 	for _, k := range []string{"hint", "min", "max", "returnKey", "showRecordId", "tailable", "awaitData", "let"} {
-		if _, ok := lookupTop(body, k); ok {
+		if _, ok := bsonutil.Lookup(body, k); ok {
 			return nil, r.unsupported("find option %q is not supported", k)
 		}
 	}
@@ -202,7 +204,7 @@ func (r *LayoutRead) readFind(body bsoncore.Document) (bsoncore.Document, error)
 		}
 		r.batch = n
 	}
-	if b, err := commandBool(body, "singleBatch", false); err != nil {
+	if b, err := bsonutil.Bool(body, "singleBatch", false); err != nil {
 		return nil, err
 	} else if b {
 		r.single = true
@@ -229,7 +231,7 @@ func (r *LayoutRead) readCount(body bsoncore.Document) (bsoncore.Document, error
 }
 
 func (r *LayoutRead) readAggregate(body bsoncore.Document) (bsoncore.Document, error) {
-	v, ok := lookupTop(body, "pipeline")
+	v, ok := bsonutil.Lookup(body, "pipeline")
 	arr, isArr := v.ArrayOK()
 	if !ok || !isArr {
 		return nil, mongoerr.Errorf(mongoerr.TypeMismatch, "aggregate needs a pipeline array")
@@ -241,7 +243,7 @@ func (r *LayoutRead) readAggregate(body bsoncore.Document) (bsoncore.Document, e
 	} else if ok {
 		r.batch = max(n, 0)
 	}
-	if _, ok := lookupTop(body, "explain"); ok {
+	if _, ok := bsonutil.Lookup(body, "explain"); ok {
 		return nil, r.unsupported("explain is not supported")
 	}
 	stages, _ := arr.Values()

@@ -3,6 +3,8 @@ package rewrite
 import (
 	"fmt"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -31,7 +33,7 @@ func (p *LayoutWrite) Reply(replies [][]byte) []byte {
 			continue
 		}
 		reply := bsoncore.Document(replies[c])
-		if v, ok := lookupTop(reply, "writeConcernError"); ok && wce.Type == 0 {
+		if v, ok := bsonutil.Lookup(reply, "writeConcernError"); ok && wce.Type == 0 {
 			wce = v
 		}
 		if !replyOK(reply) {

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -58,8 +60,8 @@ func CounterWriteID(cmd Command, caps Caps) string {
 	if !MayBeUnseenRetry(cmd, caps) {
 		return ""
 	}
-	lsid, ok := lookupTop(cmd.Body, "lsid")
-	txn, tok := lookupTop(cmd.Body, "txnNumber")
+	lsid, ok := bsonutil.Lookup(cmd.Body, "lsid")
+	txn, tok := bsonutil.Lookup(cmd.Body, "txnNumber")
 	n, nok := txn.AsInt64OK()
 	if !ok || !tok || !nok {
 		return ""

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -85,10 +87,10 @@ func PlanDelete(cmd Command, rule *rules.Rule, opts DeleteOptions) (*DeletePlan,
 	if inTransaction(cmd.Body) {
 		return nil, ruleErrorf(rule, mongoerr.NotImplemented, "delete inside a transaction is not supported on a bucketed namespace")
 	}
-	if _, ok := lookupTop(cmd.Body, "let"); ok {
+	if _, ok := bsonutil.Lookup(cmd.Body, "let"); ok {
 		return nil, ruleErrorf(rule, mongoerr.NotImplemented, "delete option \"let\" is not supported on a bucketed namespace")
 	}
-	ordered, err := commandBool(cmd.Body, "ordered", true)
+	ordered, err := bsonutil.Bool(cmd.Body, "ordered", true)
 	if err != nil {
 		return nil, err
 	}
@@ -98,8 +100,8 @@ func PlanDelete(cmd Command, rule *rules.Rule, opts DeleteOptions) (*DeletePlan,
 	}
 	p := &DeletePlan{
 		rule: rule, lim: lim, ordered: ordered,
-		args:  lookupElements(cmd.Body, writeCarried),
-		reads: lookupElements(cmd.Body, readCarriedDelete),
+		args:  bsonutil.Pick(cmd.Body, writeCarried),
+		reads: bsonutil.Pick(cmd.Body, readCarriedDelete),
 	}
 	for i, d := range docs {
 		st, err := p.planStatement(i, d, opts.Caps)
@@ -132,12 +134,12 @@ func checkTarget(body bsoncore.Document, rule *rules.Rule, name string) error {
 	}
 	coll, ok := elems[0].Value().StringValueOK()
 	if !ok {
-		return mongoerr.Errorf(mongoerr.TypeMismatch, "collection name must be a string, got %s", typeName(elems[0].Value().Type))
+		return mongoerr.Errorf(mongoerr.TypeMismatch, "collection name must be a string, got %s", bsonutil.TypeName(elems[0].Value().Type))
 	}
 	if coll != rule.Collection {
 		return mongoerr.Errorf(mongoerr.BadValue, "%s on collection %q does not match the rule's collection %q", name, coll, rule.Collection)
 	}
-	if v, ok := lookupTop(body, "$db"); ok {
+	if v, ok := bsonutil.Lookup(body, "$db"); ok {
 		if db, ok := v.StringValueOK(); !ok || db != rule.DB {
 			return mongoerr.Errorf(mongoerr.BadValue, "$db %s does not match the rule's database %q", v.String(), rule.DB)
 		}
@@ -150,15 +152,15 @@ func checkTarget(body bsoncore.Document, rule *rules.Rule, name string) error {
 // run is the statement's write error.
 func (p *DeletePlan) planStatement(i int, d bsoncore.Document, caps Caps) (*DeleteStatement, error) {
 	st := &DeleteStatement{Index: i}
-	q, ok := lookupTop(d, "q")
+	q, ok := bsonutil.Lookup(d, "q")
 	if !ok {
 		return nil, mongoerr.Errorf(mongoerr.FailedToParse, "delete statement %d: missing field \"q\"", i)
 	}
 	filter, ok := q.DocumentOK()
 	if !ok {
-		return nil, mongoerr.Errorf(mongoerr.TypeMismatch, "delete statement %d: \"q\" must be a document, got %s", i, typeName(q.Type))
+		return nil, mongoerr.Errorf(mongoerr.TypeMismatch, "delete statement %d: \"q\" must be a document, got %s", i, bsonutil.TypeName(q.Type))
 	}
-	lv, ok := lookupTop(d, "limit")
+	lv, ok := bsonutil.Lookup(d, "limit")
 	if !ok {
 		return nil, mongoerr.Errorf(mongoerr.FailedToParse, "delete statement %d: missing field \"limit\"", i)
 	}
@@ -201,13 +203,13 @@ func (p *DeletePlan) matchCommand(sf splitFilter, whole, limitOne, withKey bool)
 	var pipeline []bsoncore.Document
 	if whole {
 		if sf.bucket != nil {
-			pipeline = append(pipeline, stage("$match", docValue(sf.bucket)))
+			pipeline = append(pipeline, bsonutil.Stage("$match", bsonutil.DocValue(sf.bucket)))
 		}
 		proj := bsoncore.NewDocumentBuilder().
 			AppendInt32(rules.BucketMeta, 1).
 			AppendInt32(rules.BucketStart, 1).
 			Build()
-		pipeline = append(pipeline, stage("$project", docValue(proj)))
+		pipeline = append(pipeline, bsonutil.Stage("$project", bsonutil.DocValue(proj)))
 	} else {
 		pipeline = eventPipeline(sf)
 		pb := bsoncore.NewDocumentBuilder()
@@ -215,10 +217,10 @@ func (p *DeletePlan) matchCommand(sf splitFilter, whole, limitOne, withKey bool)
 			pb.AppendInt32(rules.BucketMeta, 1).AppendInt32(rules.BucketStart, 1)
 		}
 		proj := pb.AppendInt32(rules.BucketEvents, 1).Build()
-		pipeline = append(pipeline, stage("$project", docValue(proj)))
+		pipeline = append(pipeline, bsonutil.Stage("$project", bsonutil.DocValue(proj)))
 	}
 	if limitOne {
-		pipeline = append(pipeline, stage("$limit", int64Value(1)))
+		pipeline = append(pipeline, bsonutil.Stage("$limit", bsonutil.Int64Value(1)))
 	}
 	idx, d := bsoncore.AppendDocumentStart(nil)
 	d = bsoncore.AppendStringElement(d, "aggregate", p.rule.BucketCollection)
@@ -230,7 +232,7 @@ func (p *DeletePlan) matchCommand(sf splitFilter, whole, limitOne, withKey bool)
 	cidx, c := bsoncore.AppendDocumentElementStart(d, "cursor")
 	c = bsoncore.AppendInt32Element(c, "batchSize", deleteMatchBatch)
 	d, _ = bsoncore.AppendDocumentEnd(c, cidx)
-	d = appendElems(d, p.reads)
+	d = bsonutil.AppendElems(d, p.reads)
 	d = bsoncore.AppendStringElement(d, "$db", p.rule.DB)
 	d, _ = bsoncore.AppendDocumentEnd(d, idx)
 	return d
@@ -242,7 +244,7 @@ func (p *DeletePlan) GetMoreCommand(id int64) []byte {
 	d = bsoncore.AppendInt64Element(d, "getMore", id)
 	d = bsoncore.AppendStringElement(d, "collection", p.rule.BucketCollection)
 	d = bsoncore.AppendInt32Element(d, "batchSize", deleteMatchBatch)
-	d = appendElems(d, p.reads)
+	d = bsonutil.AppendElems(d, p.reads)
 	d = bsoncore.AppendStringElement(d, "$db", p.rule.DB)
 	d, _ = bsoncore.AppendDocumentEnd(d, idx)
 	return d
@@ -264,7 +266,7 @@ func (p *DeletePlan) FindBucketCommand(id bson.ObjectID, whole bool) []byte {
 	}
 	d = bsoncore.AppendInt32Element(d, "limit", 1)
 	d = bsoncore.AppendBooleanElement(d, "singleBatch", true)
-	d = appendElems(d, p.reads)
+	d = bsonutil.AppendElems(d, p.reads)
 	d = bsoncore.AppendStringElement(d, "$db", p.rule.DB)
 	d, _ = bsoncore.AppendDocumentEnd(d, idx)
 	return d

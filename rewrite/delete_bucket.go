@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -44,7 +46,7 @@ func (c *Candidates) Feed(reply []byte) (int64, error) {
 		return 0, err
 	}
 	for _, d := range docs {
-		v, ok := lookupTop(d, rules.BucketID)
+		v, ok := bsonutil.Lookup(d, rules.BucketID)
 		if !ok || v.Type != bsoncore.TypeObjectID {
 			return 0, mongoerr.Errorf(mongoerr.InternalError, "bucket without an ObjectId _id in the match result")
 		}
@@ -56,8 +58,8 @@ func (c *Candidates) Feed(reply []byte) (int64, error) {
 			c.List = append(c.List, cand)
 		}
 		if !cand.HasKey {
-			meta, _ := lookupTop(d, rules.BucketMeta)
-			if st, ok := lookupTop(d, rules.BucketStart); ok {
+			meta, _ := bsonutil.Lookup(d, rules.BucketMeta)
+			if st, ok := bsonutil.Lookup(d, rules.BucketStart); ok {
 				if ms, ok := st.DateTimeOK(); ok {
 					cand.Key, cand.HasKey = eventKey(meta, ms), true
 				}
@@ -66,7 +68,7 @@ func (c *Candidates) Feed(reply []byte) (int64, error) {
 		if c.whole {
 			continue
 		}
-		ev, ok := lookupTop(d, rules.BucketEvents)
+		ev, ok := bsonutil.Lookup(d, rules.BucketEvents)
 		if !ok || ev.Type != bsoncore.TypeEmbeddedDocument {
 			return 0, mongoerr.Errorf(mongoerr.InternalError, "match result without an unwound event")
 		}
@@ -106,17 +108,17 @@ func (c *Candidate) SetBucket(bucket bsoncore.Document) error {
 }
 
 func bucketKeyFields(bucket bsoncore.Document) (bsoncore.Value, int64, error) {
-	meta, ok := lookupTop(bucket, rules.BucketMeta)
+	meta, ok := bsonutil.Lookup(bucket, rules.BucketMeta)
 	if !ok {
 		meta = bsoncore.Value{Type: bsoncore.TypeNull}
 	}
-	st, ok := lookupTop(bucket, rules.BucketStart)
+	st, ok := bsonutil.Lookup(bucket, rules.BucketStart)
 	if !ok {
 		return meta, 0, mongoerr.Errorf(mongoerr.InternalError, "bucket without %q", rules.BucketStart)
 	}
 	ms, ok := st.DateTimeOK()
 	if !ok {
-		return meta, 0, mongoerr.Errorf(mongoerr.InternalError, "bucket %q is a %s, not a date", rules.BucketStart, typeName(st.Type))
+		return meta, 0, mongoerr.Errorf(mongoerr.InternalError, "bucket %q is a %s, not a date", rules.BucketStart, bsonutil.TypeName(st.Type))
 	}
 	return meta, ms, nil
 }
@@ -129,16 +131,16 @@ func CursorDocs(reply []byte) ([]bsoncore.Document, int64, error) {
 	if err := replyError(doc); err != nil {
 		return nil, 0, err
 	}
-	cur, ok := lookupTop(doc, "cursor")
+	cur, ok := bsonutil.Lookup(doc, "cursor")
 	if !ok || cur.Type != bsoncore.TypeEmbeddedDocument {
 		return nil, 0, mongoerr.Errorf(mongoerr.InternalError, "upstream reply without a cursor")
 	}
 	cd := cur.Document()
-	id, _ := lookupTop(cd, "id")
+	id, _ := bsonutil.Lookup(cd, "id")
 	cid, _ := id.AsInt64OK()
-	batch, ok := lookupTop(cd, "firstBatch")
+	batch, ok := bsonutil.Lookup(cd, "firstBatch")
 	if !ok {
-		batch, ok = lookupTop(cd, "nextBatch")
+		batch, ok = bsonutil.Lookup(cd, "nextBatch")
 	}
 	if !ok || batch.Type != bsoncore.TypeArray {
 		return nil, 0, mongoerr.Errorf(mongoerr.InternalError, "upstream cursor without a batch")
@@ -151,7 +153,7 @@ func CursorDocs(reply []byte) ([]bsoncore.Document, int64, error) {
 	for _, v := range vals {
 		d, ok := v.DocumentOK()
 		if !ok {
-			return nil, 0, mongoerr.Errorf(mongoerr.InternalError, "upstream batch entry is a %s", typeName(v.Type))
+			return nil, 0, mongoerr.Errorf(mongoerr.InternalError, "upstream batch entry is a %s", bsonutil.TypeName(v.Type))
 		}
 		docs = append(docs, d)
 	}
@@ -193,7 +195,7 @@ func SeqOf(bucketNS string, key BucketKey, id bson.ObjectID) (int, bool) {
 // Edit computes the bucket that remains of bucket once the candidate's
 // matched events are removed; limitOne removes at most one.
 func (p *DeletePlan) Edit(c *Candidate, bucket bsoncore.Document, limitOne bool) (BucketEdit, error) {
-	if err := validateDeep(bucket, 1); err != nil {
+	if err := bsonutil.Validate(bucket, 1); err != nil {
 		return BucketEdit{}, mongoerr.Errorf(mongoerr.InternalError, "bucket %s is not valid BSON: %v", c.ID.Hex(), err)
 	}
 	meta, start, err := bucketKeyFields(bucket)
@@ -246,13 +248,13 @@ func (p *DeletePlan) Edit(c *Candidate, bucket bsoncore.Document, limitOne bool)
 }
 
 func bucketEventDocs(bucket bsoncore.Document) ([]bsoncore.Document, error) {
-	v, ok := lookupTop(bucket, rules.BucketEvents)
+	v, ok := bsonutil.Lookup(bucket, rules.BucketEvents)
 	if !ok {
 		return nil, nil
 	}
 	arr, ok := v.ArrayOK()
 	if !ok {
-		return nil, fmt.Errorf("%q is a %s, not an array", rules.BucketEvents, typeName(v.Type))
+		return nil, fmt.Errorf("%q is a %s, not an array", rules.BucketEvents, bsonutil.TypeName(v.Type))
 	}
 	vals, err := arr.Values()
 	if err != nil {
@@ -262,7 +264,7 @@ func bucketEventDocs(bucket bsoncore.Document) ([]bsoncore.Document, error) {
 	for i, v := range vals {
 		d, ok := v.DocumentOK()
 		if !ok {
-			return nil, fmt.Errorf("event %d is a %s, not a document", i, typeName(v.Type))
+			return nil, fmt.Errorf("event %d is a %s, not a document", i, bsonutil.TypeName(v.Type))
 		}
 		out = append(out, d)
 	}
@@ -274,11 +276,11 @@ func bucketEventDocs(bucket bsoncore.Document) ([]bsoncore.Document, error) {
 // aggregate is skipped, neither of which a stored event has.
 func (p *DeletePlan) storedToEvent(d bsoncore.Document, meta bsoncore.Value, start int64) event {
 	ev := event{meta: meta, start: start, stored: d}
-	if t, ok := lookupTop(d, p.rule.TimeField); ok {
+	if t, ok := bsonutil.Lookup(d, p.rule.TimeField); ok {
 		ev.time, _ = t.DateTimeOK()
 	}
 	for _, name := range p.lim.aggregates {
-		v, ok := lookupTop(d, name)
+		v, ok := bsonutil.Lookup(d, name)
 		if !ok || !isAggregatable(v.Type) {
 			v = bsoncore.Value{}
 		}
@@ -319,7 +321,7 @@ func withoutID(doc bsoncore.Document) bsoncore.Document {
 
 // BucketCount reads a bucket's count (0 when absent).
 func BucketCount(bucket bsoncore.Document) int {
-	v, ok := lookupTop(bucket, rules.BucketCount)
+	v, ok := bsonutil.Lookup(bucket, rules.BucketCount)
 	if !ok {
 		return 0
 	}
@@ -342,7 +344,7 @@ func (p *DeletePlan) ReplaceCommand(edits []BucketEdit) []byte {
 	}
 	d, _ = bsoncore.AppendArrayEnd(a, aidx)
 	d = bsoncore.AppendBooleanElement(d, "ordered", true)
-	d = appendElems(d, p.args)
+	d = bsonutil.AppendElems(d, p.args)
 	d = bsoncore.AppendStringElement(d, "$db", p.rule.DB)
 	d, _ = bsoncore.AppendDocumentEnd(d, idx)
 	return d
@@ -364,7 +366,7 @@ func (p *DeletePlan) RemoveCommand(ids []bson.ObjectID) []byte {
 	}
 	d, _ = bsoncore.AppendArrayEnd(a, aidx)
 	d = bsoncore.AppendBooleanElement(d, "ordered", true)
-	d = appendElems(d, p.args)
+	d = bsonutil.AppendElems(d, p.args)
 	d = bsoncore.AppendStringElement(d, "$db", p.rule.DB)
 	d, _ = bsoncore.AppendDocumentEnd(d, idx)
 	return d
@@ -378,23 +380,23 @@ func (p *DeletePlan) WriteOutcome(reply []byte, statements int) (done int, err e
 	if err := replyError(doc); err != nil {
 		return 0, err
 	}
-	if wce, ok := lookupTop(doc, "writeConcernError"); ok {
+	if wce, ok := bsonutil.Lookup(doc, "writeConcernError"); ok {
 		p.wce = wce
 	}
-	v, ok := lookupTop(doc, "writeErrors")
+	v, ok := bsonutil.Lookup(doc, "writeErrors")
 	if !ok {
 		return statements, nil
 	}
 	arr, ok := v.ArrayOK()
 	if !ok {
-		return 0, mongoerr.Errorf(mongoerr.InternalError, "upstream writeErrors is a %s", typeName(v.Type))
+		return 0, mongoerr.Errorf(mongoerr.InternalError, "upstream writeErrors is a %s", bsonutil.TypeName(v.Type))
 	}
 	vals, _ := arr.Values()
 	if len(vals) == 0 {
 		return statements, nil
 	}
 	first, _ := vals[0].DocumentOK()
-	idx, _ := lookupTop(first, "index")
+	idx, _ := bsonutil.Lookup(first, "index")
 	i, _ := idx.AsInt64OK()
 	return int(i), upstreamWriteError(first)
 }

@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -138,8 +140,8 @@ func isOperatorDoc(v bsoncore.Value) (bsoncore.Document, bool) {
 
 // checkFieldOperators validates an operator document under a field path.
 func (rc *readCtx) checkFieldOperators(ops bsoncore.Document, depth int) error {
-	if depth > maxNestingDepth {
-		return rc.badValue(mongoerr.BadValue, "filter nested deeper than %d levels", maxNestingDepth)
+	if depth > bsonutil.MaxDepth {
+		return rc.badValue(mongoerr.BadValue, "filter nested deeper than %d levels", bsonutil.MaxDepth)
 	}
 	elems, err := ops.Elements()
 	if err != nil {
@@ -208,8 +210,8 @@ func startsWithLogical(d bsoncore.Document) bool {
 // checkRelativeFilter validates a filter whose paths are not renamed (the
 // operand of $elemMatch).
 func (rc *readCtx) checkRelativeFilter(f bsoncore.Document, depth int) error {
-	if depth > maxNestingDepth {
-		return rc.badValue(mongoerr.BadValue, "filter nested deeper than %d levels", maxNestingDepth)
+	if depth > bsonutil.MaxDepth {
+		return rc.badValue(mongoerr.BadValue, "filter nested deeper than %d levels", bsonutil.MaxDepth)
 	}
 	elems, err := f.Elements()
 	if err != nil {
@@ -281,8 +283,8 @@ func (rc *readCtx) translateFilter(f bsoncore.Document, depth int) (bsoncore.Doc
 }
 
 func (rc *readCtx) appendTranslated(dst []byte, f bsoncore.Document, depth int) ([]byte, error) {
-	if depth > maxNestingDepth {
-		return nil, rc.badValue(mongoerr.BadValue, "filter nested deeper than %d levels", maxNestingDepth)
+	if depth > bsonutil.MaxDepth {
+		return nil, rc.badValue(mongoerr.BadValue, "filter nested deeper than %d levels", bsonutil.MaxDepth)
 	}
 	elems, err := f.Elements()
 	if err != nil {
@@ -358,8 +360,8 @@ func (rc *readCtx) appendMetaOperators(dst []byte, ops bsoncore.Document) ([]byt
 				onMeta = append(onMeta, e)
 				continue
 			}
-			_, hasExists := lookupTop(inner, "$exists")
-			_, hasType := lookupTop(inner, "$type")
+			_, hasExists := bsonutil.Lookup(inner, "$exists")
+			_, hasType := bsonutil.Lookup(inner, "$type")
 			innerElems, _ := inner.Elements()
 			switch {
 			case hasExists && len(innerElems) == 1:
@@ -502,8 +504,8 @@ func (rc *readCtx) addTime(tb *timeBounds, v bsoncore.Value) {
 // conjuncts flattens the top level of a filter and its top-level $and
 // into a list of one-predicate elements.
 func (rc *readCtx) conjuncts(f bsoncore.Document, depth int, out []bsoncore.Element) ([]bsoncore.Element, error) {
-	if depth > maxNestingDepth {
-		return nil, rc.badValue(mongoerr.BadValue, "filter nested deeper than %d levels", maxNestingDepth)
+	if depth > bsonutil.MaxDepth {
+		return nil, rc.badValue(mongoerr.BadValue, "filter nested deeper than %d levels", bsonutil.MaxDepth)
 	}
 	elems, err := f.Elements()
 	if err != nil {
@@ -533,7 +535,7 @@ func (rc *readCtx) split(filter bsoncore.Document) (splitFilter, error) {
 	if len(filter) == 0 {
 		return sf, nil
 	}
-	if err := validateDeep(filter, 1); err != nil {
+	if err := bsonutil.Validate(filter, 1); err != nil {
 		return sf, rc.badValue(mongoerr.InvalidBSON, "filter is not valid BSON: %v", err)
 	}
 	conj, err := rc.conjuncts(filter, 0, nil)
@@ -615,7 +617,7 @@ func splitMetaElems(d bsoncore.Document) (onMeta, rest bsoncore.Document) {
 			return nil
 		}
 		idx, out := bsoncore.AppendDocumentStart(nil)
-		out = appendElems(out, es)
+		out = bsonutil.AppendElems(out, es)
 		out, _ = bsoncore.AppendDocumentEnd(out, idx)
 		return out
 	}

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"testing"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -188,7 +190,7 @@ func checkRoundTrip(t *testing.T, event []byte, k uint8) int {
 	if l, _, ok := bsoncore.ReadLength(event); !ok || int(l) != len(event) {
 		return 0 // trailing bytes: not one document
 	}
-	if validateDeep(event, 0) != nil {
+	if bsonutil.Validate(event, 0) != nil {
 		return 0
 	}
 	n := int(k%4) + 1
@@ -208,7 +210,7 @@ func checkRoundTrip(t *testing.T, event []byte, k uint8) int {
 	}
 	buckets := simulateUpstream(t, p.Commands)
 	want := event
-	if _, ok := lookupTop(event, "_id"); !ok {
+	if _, ok := bsonutil.Lookup(event, "_id"); !ok {
 		want = withIDFirst(event, oid(1))
 	}
 	for _, caps := range fuzzCaps {
@@ -234,7 +236,7 @@ func checkRoundTrip(t *testing.T, event []byte, k uint8) int {
 // that is not valid BSON reaches the client as it came, as in
 // passthrough). With invalid inputs the target only checks for panics.
 func validIfInputsValid(body, reply []byte) func(t *testing.T, what string, b []byte) {
-	if validateDeep(body, 0) != nil || validateDeep(reply, 0) != nil {
+	if bsonutil.Validate(body, 0) != nil || bsonutil.Validate(reply, 0) != nil {
 		return func(*testing.T, string, []byte) {}
 	}
 	return mustValid
@@ -334,7 +336,7 @@ func readBack(t *testing.T, rule *rules.Rule, caps Caps, bs []*simBucket) []bson
 			if caps.UnwindKeepsFields {
 				d.AppendValue("meta", b.meta)
 			}
-			batch = bsoncore.AppendDocumentElement(batch, itoa(i), d.AppendDocument("events", e).Build())
+			batch = bsoncore.AppendDocumentElement(batch, bsonutil.Itoa(i), d.AppendDocument("events", e).Build())
 			i++
 		}
 	}
@@ -362,7 +364,7 @@ func simCursorReply(batch []byte) []byte {
 func metaAnswer(bs []*simBucket) []byte {
 	aidx, batch := bsoncore.AppendArrayStart(nil)
 	for i, b := range bs {
-		batch = bsoncore.AppendDocumentElement(batch, itoa(i), bsoncore.NewDocumentBuilder().AppendValue("_id", b.id).AppendValue("meta", b.meta).Build())
+		batch = bsoncore.AppendDocumentElement(batch, bsonutil.Itoa(i), bsoncore.NewDocumentBuilder().AppendValue("_id", b.id).AppendValue("meta", b.meta).Build())
 	}
 	batch, _ = bsoncore.AppendArrayEnd(batch, aidx)
 	return simCursorReply(batch)

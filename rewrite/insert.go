@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -143,7 +145,7 @@ func checkInsert(cmd Command, rule *rules.Rule) (limits, []bsoncore.Document, bo
 	if err != nil {
 		return lim, nil, false, err
 	}
-	if err := validateDeep(cmd.Body, 0); err != nil {
+	if err := bsonutil.Validate(cmd.Body, 0); err != nil {
 		return lim, nil, false, mongoerr.Errorf(mongoerr.InvalidBSON, "command is not valid BSON: %v", err)
 	}
 	if err := checkInsertTarget(cmd.Body, rule); err != nil {
@@ -156,7 +158,7 @@ func checkInsert(cmd Command, rule *rules.Rule) (limits, []bsoncore.Document, bo
 	if len(docs) == 0 {
 		return lim, nil, false, mongoerr.Errorf(mongoerr.InvalidLength, "insert has no documents")
 	}
-	ordered, err := commandBool(cmd.Body, "ordered", true)
+	ordered, err := bsonutil.Bool(cmd.Body, "ordered", true)
 	if err != nil {
 		return lim, nil, false, err
 	}
@@ -244,12 +246,12 @@ func checkInsertTarget(body bsoncore.Document, rule *rules.Rule) error {
 	}
 	coll, ok := elems[0].Value().StringValueOK()
 	if !ok {
-		return mongoerr.Errorf(mongoerr.TypeMismatch, "collection name must be a string, got %s", typeName(elems[0].Value().Type))
+		return mongoerr.Errorf(mongoerr.TypeMismatch, "collection name must be a string, got %s", bsonutil.TypeName(elems[0].Value().Type))
 	}
 	if coll != rule.Collection {
 		return mongoerr.Errorf(mongoerr.BadValue, "insert into collection %q does not match the rule's collection %q", coll, rule.Collection)
 	}
-	if v, ok := lookupTop(body, "$db"); ok {
+	if v, ok := bsonutil.Lookup(body, "$db"); ok {
 		if db, ok := v.StringValueOK(); !ok || db != rule.DB {
 			return mongoerr.Errorf(mongoerr.BadValue, "$db %s does not match the rule's database %q", v.String(), rule.DB)
 		}

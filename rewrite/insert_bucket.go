@@ -5,6 +5,8 @@ import (
 	"math/bits"
 	"strconv"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -53,10 +55,10 @@ func summarize(chunk []event, lim limits) chunkSummary {
 			}
 			a.n++
 			a.lowBit = min(a.lowBit, lowBitOf(v))
-			if CompareValues(v, a.min) < 0 {
+			if bsonutil.Compare(v, a.min) < 0 {
 				a.min = v
 			}
-			if CompareValues(v, a.max) > 0 {
+			if bsonutil.Compare(v, a.max) > 0 {
 				a.max = v
 			}
 			a.sum = addNums(a.sum, numFrom(v))
@@ -373,7 +375,7 @@ type session struct {
 
 func readSession(body bsoncore.Document) session {
 	var s session
-	if v, ok := lookupTop(body, "txnNumber"); ok && (v.Type == bsoncore.TypeInt64 || v.Type == bsoncore.TypeInt32) {
+	if v, ok := bsonutil.Lookup(body, "txnNumber"); ok && (v.Type == bsoncore.TypeInt64 || v.Type == bsoncore.TypeInt32) {
 		_, s.hasTxnNumber = v.AsInt64OK()
 	}
 	s.inTransaction = inTransaction(body)

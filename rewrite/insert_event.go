@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -138,7 +140,7 @@ func prepareEvent(doc bsoncore.Document, index int, rule *rules.Rule, lim limits
 	}
 	for i, name := range lim.aggregates {
 		if v := aggs[i]; v.Type != 0 && !isAggregatable(v.Type) {
-			return reject(mongoerr.BadValue, "aggregate field %q must be a number (int, long or double), got %s", name, typeName(v.Type))
+			return reject(mongoerr.BadValue, "aggregate field %q must be a number (int, long or double), got %s", name, bsonutil.TypeName(v.Type))
 		}
 	}
 	from := len(*buf)
@@ -165,10 +167,10 @@ func eventError(index int, rule *rules.Rule, code mongoerr.Code, format string, 
 // bucket: the metaField value (null when absent), the time and the window
 // start.
 func eventTimeMeta(doc bsoncore.Document, index int, rule *rules.Rule, lim limits) (meta bsoncore.Value, ms, start int64, werr *writeError) {
-	t, _ := lookupTop(doc, rule.TimeField)
+	t, _ := bsonutil.Lookup(doc, rule.TimeField)
 	var m bsoncore.Value
 	if rule.MetaField != "" {
-		m, _ = lookupTop(doc, rule.MetaField)
+		m, _ = bsonutil.Lookup(doc, rule.MetaField)
 	}
 	return checkTimeMeta(t, m, index, rule, lim)
 }
@@ -181,7 +183,7 @@ func checkTimeMeta(t, m bsoncore.Value, index int, rule *rules.Rule, lim limits)
 	}
 	ms, ok := t.DateTimeOK()
 	if !ok {
-		return meta, 0, 0, eventError(index, rule, mongoerr.BadValue, "timeField %q must be a BSON date, got %s", rule.TimeField, typeName(t.Type))
+		return meta, 0, 0, eventError(index, rule, mongoerr.BadValue, "timeField %q must be a BSON date, got %s", rule.TimeField, bsonutil.TypeName(t.Type))
 	}
 	start = rules.FloorMillis(ms, lim.spanMillis)
 	if start > ms { // flooring wrapped around the int64 range
@@ -205,7 +207,7 @@ func checkTimeMeta(t, m bsoncore.Value, index int, rule *rules.Rule, lim limits)
 func unsupportedMeta(m bsoncore.Value) string {
 	switch m.Type {
 	case bsoncore.TypeArray, bsoncore.TypeRegex, bsoncore.TypeUndefined:
-		return fmt.Sprintf("values of type %s are not supported", typeName(m.Type))
+		return fmt.Sprintf("values of type %s are not supported", bsonutil.TypeName(m.Type))
 	case bsoncore.TypeEmbeddedDocument:
 		elems, err := bsoncore.Document(m.Data).Elements()
 		if err == nil && len(elems) > 0 && strings.HasPrefix(elems[0].Key(), "$") {

@@ -3,6 +3,8 @@ package rewrite
 import (
 	"testing"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -30,13 +32,13 @@ func FuzzInsert(f *testing.F) {
 				if err := bsoncore.Document(c).Validate(); err != nil {
 					t.Fatalf("command %d is not valid BSON: %v", i, err)
 				}
-				if err := validateDeep(c, 0); err != nil {
+				if err := bsonutil.Validate(c, 0); err != nil {
 					t.Fatalf("command %d is not deeply valid BSON: %v", i, err)
 				}
 				_ = p.Continue(i, replies[i])
 			}
 			for _, r := range []bsoncore.Document{p.Reply(replies), p.Reply(nil), p.Reply([]bsoncore.Document{body})} {
-				if err := validateDeep(r, 0); err != nil {
+				if err := bsonutil.Validate(r, 0); err != nil {
 					t.Fatalf("reply is not valid BSON: %v", err)
 				}
 			}

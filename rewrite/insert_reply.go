@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -78,7 +80,7 @@ func (p *InsertPlan) readReply(i int, reply bsoncore.Document) commandOutcome {
 		}
 		return out
 	}
-	if err := validateDeep(reply, 0); err != nil {
+	if err := bsonutil.Validate(reply, 0); err != nil {
 		out.cmdErr = &upstreamError{code: mongoerr.InternalError, codeName: mongoerr.InternalError.Name(),
 			errmsg: fmt.Sprintf("tsproxy rule %s: malformed reply from the upstream: %v", p.namespace, err)}
 		for j := range out.stmts {
@@ -86,8 +88,8 @@ func (p *InsertPlan) readReply(i int, reply bsoncore.Document) commandOutcome {
 		}
 		return out
 	}
-	out.wce, _ = lookupTop(reply, "writeConcernError")
-	out.labels, _ = lookupTop(reply, "errorLabels")
+	out.wce, _ = bsonutil.Lookup(reply, "writeConcernError")
+	out.labels, _ = bsonutil.Lookup(reply, "errorLabels")
 	if !replyOK(reply) {
 		e := commandErrorOf(reply)
 		out.cmdErr = &e
@@ -121,7 +123,7 @@ func (p *InsertPlan) readReply(i int, reply bsoncore.Document) commandOutcome {
 }
 
 func replyOK(reply bsoncore.Document) bool {
-	v, ok := lookupTop(reply, "ok")
+	v, ok := bsonutil.Lookup(reply, "ok")
 	if !ok || !v.IsNumber() {
 		return false
 	}
@@ -131,27 +133,27 @@ func replyOK(reply bsoncore.Document) bool {
 
 func commandErrorOf(reply bsoncore.Document) upstreamError {
 	e := upstreamError{code: mongoerr.InternalError, errmsg: "upstream command failed"}
-	if v, ok := lookupTop(reply, "code"); ok && v.IsNumber() {
+	if v, ok := bsonutil.Lookup(reply, "code"); ok && v.IsNumber() {
 		if c, ok := v.AsInt32OK(); ok {
 			e.code = mongoerr.Code(c)
 		}
 	}
-	if v, ok := lookupTop(reply, "errmsg"); ok {
+	if v, ok := bsonutil.Lookup(reply, "errmsg"); ok {
 		if s, ok := v.StringValueOK(); ok {
 			e.errmsg = s
 		}
 	}
-	if v, ok := lookupTop(reply, "codeName"); ok {
+	if v, ok := bsonutil.Lookup(reply, "codeName"); ok {
 		e.codeName, _ = v.StringValueOK()
 	}
-	e.labels, _ = lookupTop(reply, "errorLabels")
+	e.labels, _ = bsonutil.Lookup(reply, "errorLabels")
 	return e
 }
 
 // replyWriteErrors maps statement index to its write error.
 func replyWriteErrors(reply bsoncore.Document) map[int]upstreamError {
 	out := map[int]upstreamError{}
-	v, ok := lookupTop(reply, "writeErrors")
+	v, ok := bsonutil.Lookup(reply, "writeErrors")
 	if !ok {
 		return out
 	}
@@ -165,7 +167,7 @@ func replyWriteErrors(reply bsoncore.Document) map[int]upstreamError {
 		if !ok {
 			continue
 		}
-		idx, ok := lookupTop(doc, "index")
+		idx, ok := bsonutil.Lookup(doc, "index")
 		if !ok || !idx.IsNumber() {
 			continue
 		}

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"testing"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -204,7 +206,7 @@ func TestInsertSplitsLargeBatches(t *testing.T) {
 	for i, c := range p.Commands {
 		vals, _ := bsoncore.Document(c).Lookup("updates").Array().Values()
 		total += len(vals)
-		_, hasStart := lookupTop(c, "startTransaction")
+		_, hasStart := bsonutil.Lookup(c, "startTransaction")
 		if hasStart != (i == 0) {
 			t.Errorf("command %d: startTransaction present = %v", i, hasStart)
 		}

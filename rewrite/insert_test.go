@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -310,7 +312,7 @@ func TestInsertCommands(t *testing.T) {
 			p := mustInsert(t, tc.cmd(t), rule, o)
 			assertCommands(t, p, tc.want...)
 			for _, c := range p.Commands {
-				if err := validateDeep(c, 0); err != nil {
+				if err := bsonutil.Validate(c, 0); err != nil {
 					t.Errorf("command is not valid BSON: %v", err)
 				}
 			}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -42,7 +44,7 @@ func PlanListCollections(body []byte, db string, rs []*rules.Rule) (*ListCollect
 // collection; see rewrite/partition.go), shown under the app's name.
 func PlanListCollectionsPartitioned(body []byte, db string, rs []*rules.Rule, firstPartition map[string]string) (*ListCollectionsPlan, error) {
 	doc := bsoncore.Document(body)
-	if err := validateDeep(doc, 0); err != nil {
+	if err := bsonutil.Validate(doc, 0); err != nil {
 		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "listCollections is not valid BSON: %v", err)
 	}
 	p := &ListCollectionsPlan{db: db, byBucket: map[string]*rules.Rule{}, byApp: map[string]*rules.Rule{}, firstPartition: firstPartition}
@@ -124,7 +126,7 @@ func (p *ListCollectionsPlan) mapFilter(f bsoncore.Document) (bsoncore.Document,
 		}
 		ops, ok := v.DocumentOK()
 		if !ok {
-			return nil, p.refuse("filter on \"name\" by a %s is not supported on a database with bucketed namespaces (use a string, $eq or $in)", typeName(v.Type))
+			return nil, p.refuse("filter on \"name\" by a %s is not supported on a database with bucketed namespaces (use a string, $eq or $in)", bsonutil.TypeName(v.Type))
 		}
 		oe, _ := ops.Elements()
 		oidx, o := bsoncore.AppendDocumentElementStart(out, "name")

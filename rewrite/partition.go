@@ -3,6 +3,8 @@ package rewrite
 import (
 	"slices"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rules"
@@ -36,14 +38,14 @@ type InsertPart struct {
 // whole, in the partition of now, for the insert path to refuse.
 func SplitInsert(cmd Command, rule *rules.Rule, now int64) (parts []InsertPart, ordered bool) {
 	whole := []InsertPart{{Collection: rule.PartitionCollection(now), Command: cmd}}
-	if err := validateDeep(cmd.Body, 0); err != nil {
+	if err := bsonutil.Validate(cmd.Body, 0); err != nil {
 		return whole, true
 	}
 	docs, err := commandDocuments(cmd, "documents")
 	if err != nil || len(docs) == 0 {
 		return whole, true
 	}
-	ordered, err = commandBool(cmd.Body, "ordered", true)
+	ordered, err = bsonutil.Bool(cmd.Body, "ordered", true)
 	if err != nil {
 		return whole, true
 	}
@@ -87,7 +89,7 @@ func eventPartitions(docs []bsoncore.Document, rule *rules.Rule, now int64) []st
 	colls := make([]string, len(docs))
 	last := ""
 	for i, d := range docs {
-		if t, ok := lookupTop(d, rule.TimeField); ok {
+		if t, ok := bsonutil.Lookup(d, rule.TimeField); ok {
 			if ms, ok := t.DateTimeOK(); ok {
 				if start := rule.WindowStartMillis(ms); start <= ms {
 					last = rule.PartitionCollection(start)
@@ -122,7 +124,7 @@ func InsertPartFailed(reply []byte) bool {
 	if doc.Validate() != nil || !replyOK(doc) {
 		return true
 	}
-	_, has := lookupTop(doc, "writeErrors")
+	_, has := bsonutil.Lookup(doc, "writeErrors")
 	return has
 }
 
@@ -145,14 +147,14 @@ func MergeInsertReplies(parts []InsertPart, replies [][]byte) []byte {
 		if doc.Validate() != nil || !replyOK(doc) {
 			return r
 		}
-		if v, ok := lookupTop(doc, "n"); ok {
+		if v, ok := bsonutil.Lookup(doc, "n"); ok {
 			k, _ := v.AsInt64OK()
 			n += k
 		}
-		if v, ok := lookupTop(doc, "writeConcernError"); ok && wce.Type == 0 {
+		if v, ok := bsonutil.Lookup(doc, "writeConcernError"); ok && wce.Type == 0 {
 			wce = v
 		}
-		arr, ok := lookupTop(doc, "writeErrors")
+		arr, ok := bsonutil.Lookup(doc, "writeErrors")
 		if !ok {
 			continue
 		}
@@ -178,7 +180,7 @@ func MergeInsertReplies(parts []InsertPart, replies [][]byte) []byte {
 	if len(errs) > 0 {
 		aidx, a := bsoncore.AppendArrayElementStart(out, "writeErrors")
 		for i, e := range errs {
-			a = bsoncore.AppendDocumentElement(a, itoa(i), e.doc)
+			a = bsoncore.AppendDocumentElement(a, bsonutil.Itoa(i), e.doc)
 		}
 		out, _ = bsoncore.AppendArrayEnd(a, aidx)
 	}
@@ -192,7 +194,7 @@ func MergeInsertReplies(parts []InsertPart, replies [][]byte) []byte {
 
 // renumbered copies a writeError with index set to index.
 func renumbered(d bsoncore.Document, index int) bsoncore.Document {
-	return replacedField(d, "index", func(dst []byte) []byte { return bsoncore.AppendInt32Element(dst, "index", int32(index)) })
+	return bsonutil.ReplaceField(d, "index", func(dst []byte) []byte { return bsoncore.AppendInt32Element(dst, "index", int32(index)) })
 }
 
 // DeleteLimitOne reports whether a delete has a statement with limit 1,
@@ -203,7 +205,7 @@ func DeleteLimitOne(cmd Command) bool {
 		return false // the delete path refuses it
 	}
 	for _, d := range docs {
-		if v, ok := lookupTop(d, "limit"); ok {
+		if v, ok := bsonutil.Lookup(d, "limit"); ok {
 			if n, ok := v.AsInt64OK(); ok && n != 0 {
 				return true
 			}

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -53,7 +55,7 @@ func PlanPartitionedFind(body []byte, rule *rules.Rule) (*PartitionedFind, error
 		return nil, err
 	}
 	doc := bsoncore.Document(body)
-	if err := validateDeep(doc, 0); err != nil {
+	if err := bsonutil.Validate(doc, 0); err != nil {
 		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "tsproxy rule %s: command is not valid BSON: %v", rc.ns, err)
 	}
 	pg, err := rc.readFindPaging(doc)
@@ -176,7 +178,7 @@ func (f *PartitionedFind) compare(a, b bsoncore.Document) (int, error) {
 		if err != nil {
 			return 0, err
 		}
-		c := CompareValues(va, vb)
+		c := bsonutil.Compare(va, vb)
 		if k.desc {
 			c = -c
 		}
@@ -247,7 +249,7 @@ func PlanPartitionedCount(body []byte, rule *rules.Rule) (*PartitionedCount, err
 		return nil, err
 	}
 	doc := bsoncore.Document(body)
-	if err := validateDeep(doc, 0); err != nil {
+	if err := bsonutil.Validate(doc, 0); err != nil {
 		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "tsproxy rule %s: command is not valid BSON: %v", rc.ns, err)
 	}
 	c := &PartitionedCount{}
@@ -265,7 +267,7 @@ func (c *PartitionedCount) Add(reply []byte) (errReply []byte) {
 	if doc.Validate() != nil || !replyOK(doc) {
 		return reply
 	}
-	v, _ := lookupTop(doc, "n")
+	v, _ := bsonutil.Lookup(doc, "n")
 	n, _ := v.AsInt64OK()
 	c.n += n
 	return nil
@@ -296,14 +298,14 @@ func (p *PartitionedDistinct) Add(reply []byte) (errReply []byte) {
 	if doc.Validate() != nil || !replyOK(doc) {
 		return reply
 	}
-	arr, ok := lookupTop(doc, "values")
+	arr, ok := bsonutil.Lookup(doc, "values")
 	if !ok {
 		return nil
 	}
 	vals, _ := bsoncore.Document(arr.Data).Values()
 	for _, v := range vals {
 		if !slices.ContainsFunc(p.values, func(have bsoncore.Value) bool {
-			return CompareValues(have, v) == 0 && have.Type == v.Type || sameNumber(have, v)
+			return bsonutil.Compare(have, v) == 0 && have.Type == v.Type || sameNumber(have, v)
 		}) {
 			p.values = append(p.values, bsoncore.Value{Type: v.Type, Data: slices.Clone(v.Data)})
 		}
@@ -313,15 +315,7 @@ func (p *PartitionedDistinct) Add(reply []byte) (errReply []byte) {
 
 // sameNumber: distinct treats 1 and 1.0 as one value.
 func sameNumber(a, b bsoncore.Value) bool {
-	return isNumber(a.Type) && isNumber(b.Type) && CompareValues(a, b) == 0
-}
-
-func isNumber(t bsoncore.Type) bool {
-	switch t {
-	case bsoncore.TypeInt32, bsoncore.TypeInt64, bsoncore.TypeDouble, bsoncore.TypeDecimal128:
-		return true
-	}
-	return false
+	return bsonutil.IsNumber(a.Type) && bsonutil.IsNumber(b.Type) && bsonutil.Compare(a, b) == 0
 }
 
 // Result is the distinct reply.
@@ -329,7 +323,7 @@ func (p *PartitionedDistinct) Result() []byte {
 	idx, d := bsoncore.AppendDocumentStart(nil)
 	aidx, a := bsoncore.AppendArrayElementStart(d, "values")
 	for i, v := range p.values {
-		a = bsoncore.AppendValueElement(a, itoa(i), v)
+		a = bsoncore.AppendValueElement(a, bsonutil.Itoa(i), v)
 	}
 	d, _ = bsoncore.AppendArrayEnd(a, aidx)
 	d = bsoncore.AppendDoubleElement(d, "ok", 1)
@@ -464,7 +458,7 @@ type PartitionedGroupCount struct {
 // false for any other aggregate.
 func PlanPartitionedGroupCount(body []byte, rule *rules.Rule) (*PartitionedGroupCount, bool) {
 	doc := bsoncore.Document(body)
-	if validateDeep(doc, 0) != nil {
+	if bsonutil.Validate(doc, 0) != nil {
 		return nil, false
 	}
 	arr, ok := doc.Lookup("pipeline").ArrayOK()
@@ -529,7 +523,7 @@ func countCommand(agg bsoncore.Document, rule *rules.Rule, matches []bsoncore.Do
 		qidx, q := bsoncore.AppendDocumentElementStart(d, "query")
 		aidx, a := bsoncore.AppendArrayElementStart(q, "$and")
 		for i, m := range matches {
-			a = bsoncore.AppendDocumentElement(a, itoa(i), m)
+			a = bsoncore.AppendDocumentElement(a, bsonutil.Itoa(i), m)
 		}
 		q, _ = bsoncore.AppendArrayEnd(a, aidx)
 		d, _ = bsoncore.AppendDocumentEnd(q, qidx)

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
@@ -65,7 +67,7 @@ func TestSplitInsert(t *testing.T) {
 				var got []part
 				for _, p := range parts {
 					got = append(got, part{p.Collection, p.Indexes})
-					if _, has := lookupTop(p.Command.Body, "documents"); has {
+					if _, has := bsonutil.Lookup(p.Command.Body, "documents"); has {
 						t.Errorf("part body keeps documents")
 					}
 					docs, err := commandDocuments(p.Command, "documents")
@@ -273,7 +275,7 @@ func TestPartitionedFind(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, has := lookupTop(f.Sub, "projection"); has {
+		if _, has := bsonutil.Lookup(f.Sub, "projection"); has {
 			t.Fatal("Sub keeps the projection the merge needs the sort keys of")
 		}
 		_ = f.Add(p1)

@@ -4,6 +4,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -44,7 +46,7 @@ func (rc *readCtx) parseProjection(spec bsoncore.Document, what string) (*projec
 	var entries []entry
 	var walk func(prefix string, d bsoncore.Document, depth int) error
 	walk = func(prefix string, d bsoncore.Document, depth int) error {
-		if depth > maxNestingDepth {
+		if depth > bsonutil.MaxDepth {
 			return rc.badValue(mongoerr.BadValue, "%s nested too deep", what)
 		}
 		elems, err := d.Elements()
@@ -84,7 +86,7 @@ func (rc *readCtx) parseProjection(spec bsoncore.Document, what string) (*projec
 					return err
 				}
 			default:
-				return rc.unsupported("%s: computed field %q (a %s value) is not supported on a bucketed namespace; use 1/true or 0/false", what, path, typeName(v.Type))
+				return rc.unsupported("%s: computed field %q (a %s value) is not supported on a bucketed namespace; use 1/true or 0/false", what, path, bsonutil.TypeName(v.Type))
 			}
 		}
 		return nil
@@ -192,7 +194,7 @@ func (p *projection) apply(doc bsoncore.Document) (bsoncore.Document, error) {
 }
 
 func includeFields(dst []byte, doc bsoncore.Document, n *projNode, top, excludeID bool, depth int) ([]byte, error) {
-	if depth > maxNestingDepth {
+	if depth > bsonutil.MaxDepth {
 		return nil, mongoerr.Errorf(mongoerr.BadValue, "document nested too deep to project")
 	}
 	elems, err := doc.Elements()
@@ -240,7 +242,7 @@ func includeFields(dst []byte, doc bsoncore.Document, n *projNode, top, excludeI
 // includeArray projects each document of an array (and of nested arrays);
 // other elements are left out, as MongoDB does.
 func includeArray(dst []byte, arr []byte, n *projNode, depth int) ([]byte, error) {
-	if depth > maxNestingDepth {
+	if depth > bsonutil.MaxDepth {
 		return nil, mongoerr.Errorf(mongoerr.BadValue, "document nested too deep to project")
 	}
 	vals, err := bsoncore.Array(arr).Values()
@@ -273,7 +275,7 @@ func includeArray(dst []byte, arr []byte, n *projNode, depth int) ([]byte, error
 }
 
 func excludeFields(dst []byte, doc bsoncore.Document, n *projNode, depth int) ([]byte, error) {
-	if depth > maxNestingDepth {
+	if depth > bsonutil.MaxDepth {
 		return nil, mongoerr.Errorf(mongoerr.BadValue, "document nested too deep to project")
 	}
 	elems, err := doc.Elements()
@@ -298,7 +300,7 @@ func excludeFields(dst []byte, doc bsoncore.Document, n *projNode, depth int) ([
 }
 
 func excludeArray(dst []byte, arr []byte, n *projNode, depth int) ([]byte, error) {
-	if depth > maxNestingDepth {
+	if depth > bsonutil.MaxDepth {
 		return nil, mongoerr.Errorf(mongoerr.BadValue, "document nested too deep to project")
 	}
 	vals, err := bsoncore.Array(arr).Values()

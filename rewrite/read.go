@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -109,7 +111,7 @@ func PlanRead(body []byte, rule *rules.Rule, opts ReadOptions) (p *ReadPlan, err
 	}
 	rc.caps = opts.Caps
 	doc := bsoncore.Document(body)
-	if err := validateDeep(doc, 0); err != nil {
+	if err := bsonutil.Validate(doc, 0); err != nil {
 		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "tsproxy rule %s: command is not valid BSON: %v", rc.ns, err)
 	}
 	elems, _ := doc.Elements()
@@ -202,7 +204,7 @@ func (rc *readCtx) checkOptions(body bsoncore.Document, cmd string, known ...str
 // readInt reads a whole number argument (int32, int64 or an integral
 // double), as the server accepts them.
 func (rc *readCtx) readInt(body bsoncore.Document, key, cmd string) (int64, bool, error) {
-	v, ok := lookupTop(body, key)
+	v, ok := bsonutil.Lookup(body, key)
 	if !ok || v.Type == bsoncore.TypeNull {
 		return 0, false, nil
 	}
@@ -217,7 +219,7 @@ func (rc *readCtx) readInt(body bsoncore.Document, key, cmd string) (int64, bool
 			return int64(f), true, nil
 		}
 	}
-	return 0, false, rc.badValue(mongoerr.TypeMismatch, "%s option %q must be a whole number, got %s", cmd, key, typeName(v.Type))
+	return 0, false, rc.badValue(mongoerr.TypeMismatch, "%s option %q must be a whole number, got %s", cmd, key, bsonutil.TypeName(v.Type))
 }
 
 // findPaging is a find's skip, limit, singleBatch and batchSize, read and
@@ -241,7 +243,7 @@ func (rc *readCtx) readFindPaging(body bsoncore.Document) (findPaging, error) {
 	if pg.limit, _, err = rc.readInt(body, "limit", cmd); err != nil {
 		return pg, err
 	}
-	if pg.single, err = commandBool(body, "singleBatch", false); err != nil {
+	if pg.single, err = bsonutil.Bool(body, "singleBatch", false); err != nil {
 		return pg, rc.badValue(mongoerr.TypeMismatch, "find option \"singleBatch\" must be a boolean")
 	}
 	if pg.limit < 0 {
@@ -297,13 +299,13 @@ func (rc *readCtx) readCountPaging(body bsoncore.Document) (skip, limit int64, e
 }
 
 func (rc *readCtx) readDoc(body bsoncore.Document, key, cmd string) (bsoncore.Document, error) {
-	v, ok := lookupTop(body, key)
+	v, ok := bsonutil.Lookup(body, key)
 	if !ok || v.Type == bsoncore.TypeNull {
 		return nil, nil
 	}
 	d, ok := v.DocumentOK()
 	if !ok {
-		return nil, rc.badValue(mongoerr.TypeMismatch, "%s option %q must be a document, got %s", cmd, key, typeName(v.Type))
+		return nil, rc.badValue(mongoerr.TypeMismatch, "%s option %q must be a document, got %s", cmd, key, bsonutil.TypeName(v.Type))
 	}
 	return d, nil
 }
@@ -340,28 +342,8 @@ func (rc *readCtx) translateSort(sort bsoncore.Document, cmd string) (bsoncore.D
 	return d, nil
 }
 
-// stage builders
-func stage(name string, v bsoncore.Value) bsoncore.Document {
-	idx, d := bsoncore.AppendDocumentStart(nil)
-	d = bsoncore.AppendValueElement(d, name, v)
-	d, _ = bsoncore.AppendDocumentEnd(d, idx)
-	return d
-}
-
-func docValue(d bsoncore.Document) bsoncore.Value {
-	return bsoncore.Value{Type: bsoncore.TypeEmbeddedDocument, Data: d}
-}
-
-func int64Value(n int64) bsoncore.Value {
-	return bsoncore.Value{Type: bsoncore.TypeInt64, Data: bsoncore.AppendInt64(nil, n)}
-}
-
-func stringValue(s string) bsoncore.Value {
-	return bsoncore.Value{Type: bsoncore.TypeString, Data: bsoncore.AppendString(nil, s)}
-}
-
 func unwindStage() bsoncore.Document {
-	return stage("$unwind", stringValue("$"+rules.BucketEvents))
+	return bsonutil.Stage("$unwind", bsonutil.StringValue("$"+rules.BucketEvents))
 }
 
 // eventPipeline is the upstream pipeline of an event read, before its
@@ -369,11 +351,11 @@ func unwindStage() bsoncore.Document {
 func eventPipeline(sf splitFilter) []bsoncore.Document {
 	var st []bsoncore.Document
 	if sf.bucket != nil {
-		st = append(st, stage("$match", docValue(sf.bucket)))
+		st = append(st, bsonutil.Stage("$match", bsonutil.DocValue(sf.bucket)))
 	}
 	st = append(st, unwindStage())
 	if sf.event != nil {
-		st = append(st, stage("$match", docValue(sf.event)))
+		st = append(st, bsonutil.Stage("$match", bsonutil.DocValue(sf.event)))
 	}
 	return st
 }
@@ -398,7 +380,7 @@ func (rc *readCtx) aggregateCommand(pipeline []bsoncore.Document, batchSize int6
 		d = append(d, e...)
 	}
 	if !forExplain {
-		for _, e := range lookupElements(body, readCarried) {
+		for _, e := range bsonutil.Pick(body, readCarried) {
 			d = append(d, e...)
 		}
 		d = bsoncore.AppendStringElement(d, "$db", rc.rule.DB)
@@ -413,7 +395,7 @@ func (rc *readCtx) planFind(body bsoncore.Document, opts ReadOptions, forExplain
 	if err := rc.checkOptions(body, cmd, "filter", "sort", "projection", "skip", "limit", "batchSize", "singleBatch", "allowDiskUse", "maxScan"); err != nil {
 		return nil, err
 	}
-	if _, ok := lookupTop(body, "maxScan"); ok {
+	if _, ok := bsonutil.Lookup(body, "maxScan"); ok {
 		return nil, rc.unsupported("find option %q is not supported on a bucketed namespace", "maxScan")
 	}
 	filter, err := rc.readDoc(body, "filter", cmd)
@@ -435,7 +417,7 @@ func (rc *readCtx) planFind(body bsoncore.Document, opts ReadOptions, forExplain
 			return nil, err
 		}
 		if s != nil {
-			pipeline = append(pipeline, stage("$sort", docValue(s)))
+			pipeline = append(pipeline, bsonutil.Stage("$sort", bsonutil.DocValue(s)))
 		}
 	}
 	pg, err := rc.readFindPaging(body)
@@ -444,10 +426,10 @@ func (rc *readCtx) planFind(body bsoncore.Document, opts ReadOptions, forExplain
 	}
 	skip, limit, single, batchSize := pg.skip, pg.limit, pg.single, pg.batchSize
 	if skip > 0 {
-		pipeline = append(pipeline, stage("$skip", int64Value(skip)))
+		pipeline = append(pipeline, bsonutil.Stage("$skip", bsonutil.Int64Value(skip)))
 	}
 	if limit > 0 {
-		pipeline = append(pipeline, stage("$limit", int64Value(limit)))
+		pipeline = append(pipeline, bsonutil.Stage("$limit", bsonutil.Int64Value(limit)))
 	}
 	if single && limit > 0 && (batchSize < 0 || batchSize > limit) {
 		batchSize = limit
@@ -460,7 +442,7 @@ func (rc *readCtx) planFind(body bsoncore.Document, opts ReadOptions, forExplain
 	if err != nil {
 		return nil, err
 	}
-	extra := lookupElements(body, []string{"allowDiskUse"})
+	extra := bsonutil.Pick(body, []string{"allowDiskUse"})
 	p := &ReadPlan{rc: rc, bucketFilter: sf.bucket}
 	if spec, _ := rc.planPoint(filter, sortDoc); spec != nil {
 		p.Point = rc.newPointRead(spec, proj, skip, limit, single)
@@ -495,12 +477,12 @@ func (rc *readCtx) planCount(body bsoncore.Document, forExplain bool) (*ReadPlan
 		return nil, err
 	}
 	if skip > 0 {
-		pipeline = append(pipeline, stage("$skip", int64Value(skip)))
+		pipeline = append(pipeline, bsonutil.Stage("$skip", bsonutil.Int64Value(skip)))
 	}
 	if limit > 0 {
-		pipeline = append(pipeline, stage("$limit", int64Value(limit)))
+		pipeline = append(pipeline, bsonutil.Stage("$limit", bsonutil.Int64Value(limit)))
 	}
-	pipeline = append(pipeline, stage("$count", stringValue("n")))
+	pipeline = append(pipeline, bsonutil.Stage("$count", bsonutil.StringValue("n")))
 	p := &ReadPlan{rc: rc, Drain: true, drain: &countDrain{}}
 	p.Command = rc.aggregateCommand(pipeline, -1, body, nil, forExplain)
 	return p, nil
@@ -513,13 +495,13 @@ func (rc *readCtx) planDistinct(body bsoncore.Document, forExplain bool) (*ReadP
 	if err := rc.checkOptions(body, cmd, "key", "query"); err != nil {
 		return nil, err
 	}
-	kv, ok := lookupTop(body, "key")
+	kv, ok := bsonutil.Lookup(body, "key")
 	if !ok {
 		return nil, rc.badValue(mongoerr.FailedToParse, "distinct needs a \"key\"")
 	}
 	key, ok := kv.StringValueOK()
 	if !ok {
-		return nil, rc.badValue(mongoerr.TypeMismatch, "distinct \"key\" must be a string, got %s", typeName(kv.Type))
+		return nil, rc.badValue(mongoerr.TypeMismatch, "distinct \"key\" must be a string, got %s", bsonutil.TypeName(kv.Type))
 	}
 	if key == "" || strings.HasPrefix(key, "$") || strings.Contains(key, "..") || strings.HasPrefix(key, ".") || strings.HasSuffix(key, ".") {
 		return nil, rc.badValue(mongoerr.BadValue, "distinct \"key\" %q is not a field path", key)
@@ -544,7 +526,7 @@ func (rc *readCtx) planExplain(body bsoncore.Document, opts ReadOptions) (*ReadP
 	if err := rc.checkOptions(body, "explain", "verbosity"); err != nil {
 		return nil, err
 	}
-	v, _ := lookupTop(body, "explain")
+	v, _ := bsonutil.Lookup(body, "explain")
 	inner, ok := v.DocumentOK()
 	if !ok {
 		return nil, rc.badValue(mongoerr.TypeMismatch, "explain needs a command document")
@@ -575,8 +557,8 @@ func (rc *readCtx) planExplain(body bsoncore.Document, opts ReadOptions) (*ReadP
 	}
 	idx, d := bsoncore.AppendDocumentStart(nil)
 	d = bsoncore.AppendDocumentElement(d, "explain", ip.Command)
-	d = appendElems(d, lookupElements(body, []string{"verbosity"}))
-	d = appendElems(d, lookupElements(body, readCarried))
+	d = bsonutil.AppendElems(d, bsonutil.Pick(body, []string{"verbosity"}))
+	d = bsonutil.AppendElems(d, bsonutil.Pick(body, readCarried))
 	d = bsoncore.AppendStringElement(d, "$db", rc.rule.DB)
 	d, _ = bsoncore.AppendDocumentEnd(d, idx)
 	return &ReadPlan{rc: rc, Passthrough: true, Command: d}, nil
@@ -656,7 +638,7 @@ func (c *countDrain) feed(d bsoncore.Document) error {
 	}
 	n, ok := v.AsInt64OK()
 	if !ok {
-		return mongoerr.Errorf(mongoerr.InternalError, "upstream $count gave a %s", typeName(v.Type))
+		return mongoerr.Errorf(mongoerr.InternalError, "upstream $count gave a %s", bsonutil.TypeName(v.Type))
 	}
 	c.n += n
 	return nil
@@ -755,10 +737,3 @@ func renameTarget(body []byte, rule *rules.Rule, cmd, key string) ([]byte, error
 }
 
 func (rc *readCtx) String() string { return fmt.Sprintf("read %s", rc.ns) }
-
-func appendElems(dst []byte, elems []bsoncore.Element) []byte {
-	for _, e := range elems {
-		dst = append(dst, e...)
-	}
-	return dst
-}

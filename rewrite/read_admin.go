@@ -3,6 +3,8 @@ package rewrite
 import (
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -31,7 +33,7 @@ func BeginsWithCollStats(body []byte) bool {
 	if cmd, err := doc.IndexErr(0); err != nil || cmd.Key() != "aggregate" {
 		return false
 	}
-	v, ok := lookupTop(doc, "pipeline")
+	v, ok := bsonutil.Lookup(doc, "pipeline")
 	if !ok {
 		return false
 	}
@@ -72,7 +74,7 @@ func PlanCollStats(body []byte, rule *rules.Rule) (*CollStatsPlan, error) {
 			return nil, err
 		}
 		b := bsoncore.NewDocumentBuilder().AppendString("collStats", rule.BucketCollection)
-		for _, e := range lookupElements(doc, []string{"scale", "verbose", "comment", "lsid", "$readPreference", "$clusterTime", "apiVersion", "apiStrict", "apiDeprecationErrors"}) {
+		for _, e := range bsonutil.Pick(doc, []string{"scale", "verbose", "comment", "lsid", "$readPreference", "$clusterTime", "apiVersion", "apiStrict", "apiDeprecationErrors"}) {
 			b.AppendValue(e.Key(), e.Value())
 		}
 		p.Stats = b.AppendString("$db", rule.DB).Build()
@@ -81,7 +83,7 @@ func PlanCollStats(body []byte, rule *rules.Rule) (*CollStatsPlan, error) {
 	group := nb().AppendDocument("$group", nb().AppendNull("_id").
 		AppendDocument("n", nb().AppendString("$sum", "$"+rules.BucketCount).Build()).Build()).Build()
 	p.Count = rc.aggregateCommand([]bsoncore.Document{group}, -1, doc, nil, false)
-	p.CountFallback = rc.aggregateCommand([]bsoncore.Document{unwindStage(), stage("$count", stringValue("n"))}, -1, doc, nil, false)
+	p.CountFallback = rc.aggregateCommand([]bsoncore.Document{unwindStage(), bsonutil.Stage("$count", bsonutil.StringValue("n"))}, -1, doc, nil, false)
 	return p, nil
 }
 
@@ -140,7 +142,7 @@ func planCollStatsStage(rc *readCtx, doc bsoncore.Document) ([]byte, error) {
 	// only, so the client's batchSize (0 would leave everything for a
 	// getMore) is not passed on: the server's default first batch holds
 	// $collStats's output, one document per shard.
-	return replacedField(renamed, "cursor", func(dst []byte) []byte {
+	return bsonutil.ReplaceField(renamed, "cursor", func(dst []byte) []byte {
 		return bsoncore.AppendDocumentElement(dst, "cursor", bsoncore.NewDocumentBuilder().Build())
 	}), nil
 }
@@ -230,10 +232,10 @@ func (p *CollStatsPlan) stageReply(doc bsoncore.Document, count int64) []byte {
 			switch {
 			case e.Key() == "ns" && e.Value().Type == bsoncore.TypeString:
 				out = bsoncore.AppendStringElement(out, "ns", p.rc.ns)
-			case e.Key() == "count" && count >= 0 && isNumber(e.Value().Type):
+			case e.Key() == "count" && count >= 0 && bsonutil.IsNumber(e.Value().Type):
 				out = appendCount(out, "count", count)
 			case e.Key() == "storageStats" && count >= 0 && e.Value().Type == bsoncore.TypeEmbeddedDocument:
-				stats := replacedField(e.Value().Document(), "count", func(dst []byte) []byte { return appendCount(dst, "count", count) })
+				stats := bsonutil.ReplaceField(e.Value().Document(), "count", func(dst []byte) []byte { return appendCount(dst, "count", count) })
 				out = bsoncore.AppendDocumentElement(out, "storageStats", stats)
 			default:
 				out = append(out, e...)

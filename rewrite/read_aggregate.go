@@ -3,6 +3,8 @@ package rewrite
 import (
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -24,7 +26,7 @@ func (rc *readCtx) planAggregate(body bsoncore.Document, opts ReadOptions, forEx
 	if err != nil {
 		return nil, err
 	}
-	explain, err := commandBool(body, "explain", false)
+	explain, err := bsonutil.Bool(body, "explain", false)
 	if err != nil {
 		return nil, rc.badValue(mongoerr.TypeMismatch, "aggregate option \"explain\" must be a boolean")
 	}
@@ -86,7 +88,7 @@ func (rc *readCtx) planAggregate(body bsoncore.Document, opts ReadOptions, forEx
 			if !ok {
 				return nil, rc.badValue(mongoerr.TypeMismatch, "the match filter must be an expression in an object")
 			}
-			if err := validateDeep(d, 1); err != nil {
+			if err := bsonutil.Validate(d, 1); err != nil {
 				return nil, rc.badValue(mongoerr.InvalidBSON, "$match is not valid BSON: %v", err)
 			}
 			rc.usedMeta = false
@@ -97,7 +99,7 @@ func (rc *readCtx) planAggregate(body bsoncore.Document, opts ReadOptions, forEx
 			if rc.usedMeta && !rc.caps.UnwindKeepsFields {
 				return nil, rc.unsupported("a $match on the metaField %q after other stages is not supported on a bucketed namespace on this upstream (FerretDB)", rc.metaField)
 			}
-			pipeline = append(pipeline, stage("$match", docValue(t)))
+			pipeline = append(pipeline, bsonutil.Stage("$match", bsonutil.DocValue(t)))
 		case "$sort":
 			d, ok := st.value.DocumentOK()
 			if !ok {
@@ -110,19 +112,19 @@ func (rc *readCtx) planAggregate(body bsoncore.Document, opts ReadOptions, forEx
 			if s == nil {
 				return nil, rc.badValue(mongoerr.BadValue, "$sort stage must have at least one sort key")
 			}
-			pipeline = append(pipeline, stage("$sort", docValue(s)))
+			pipeline = append(pipeline, bsonutil.Stage("$sort", bsonutil.DocValue(s)))
 		case "$skip", "$limit":
 			n, ok := wholeNumber(st.value)
 			if !ok || n < 0 || (st.name == "$limit" && n == 0) {
 				return nil, rc.badValue(mongoerr.BadValue, "%s needs a positive whole number, got %s", st.name, st.value.String())
 			}
-			pipeline = append(pipeline, stage(st.name, int64Value(n)))
+			pipeline = append(pipeline, bsonutil.Stage(st.name, bsonutil.Int64Value(n)))
 		case "$count":
 			name, ok := st.value.StringValueOK()
 			if !ok || name == "" || strings.HasPrefix(name, "$") || strings.Contains(name, ".") || strings.ContainsRune(name, 0) {
 				return nil, rc.badValue(mongoerr.BadValue, "the $count field name must be a non-empty string without '.' or a leading '$'")
 			}
-			pipeline = append(pipeline, stage("$count", stringValue(name)))
+			pipeline = append(pipeline, bsonutil.Stage("$count", bsonutil.StringValue(name)))
 			shape.mode = shapeAsIs
 			last = st.name
 		case "$project", "$unset":
@@ -151,7 +153,7 @@ func (rc *readCtx) planAggregate(body bsoncore.Document, opts ReadOptions, forEx
 				return nil, rc.unsupported("aggregation stage \"$group\" is supported on a bucketed namespace on this upstream only as a last-stage count ({_id: <constant>, n: {$sum: 1}})")
 			}
 			gid, _ := st.value.Document().LookupErr("_id")
-			pipeline = append(pipeline, stage("$count", stringValue(key)))
+			pipeline = append(pipeline, bsonutil.Stage("$count", bsonutil.StringValue(key)))
 			shape.mode = shapeGroupCount
 			shape.groupID = bsoncore.Value{Type: gid.Type, Data: append([]byte(nil), gid.Data...)}
 			shape.groupKey = key
@@ -169,13 +171,13 @@ func (rc *readCtx) planAggregate(body bsoncore.Document, opts ReadOptions, forEx
 }
 
 func (rc *readCtx) aggregatePlan(body bsoncore.Document, pipeline []bsoncore.Document, batchSize int64, shape *CursorShape, explain, forExplain bool) *ReadPlan {
-	extra := lookupElements(body, []string{"allowDiskUse"})
+	extra := bsonutil.Pick(body, []string{"allowDiskUse"})
 	p := &ReadPlan{rc: rc, Cursor: shape}
 	if explain && !forExplain {
 		inner := rc.aggregateCommand(pipeline, batchSize, body, extra, true)
 		idx, d := bsoncore.AppendDocumentStart(nil)
 		d = bsoncore.AppendDocumentElement(d, "explain", inner)
-		d = appendElems(d, lookupElements(body, readCarried))
+		d = bsonutil.AppendElems(d, bsonutil.Pick(body, readCarried))
 		d = bsoncore.AppendStringElement(d, "$db", rc.rule.DB)
 		d, _ = bsoncore.AppendDocumentEnd(d, idx)
 		p.Command, p.Passthrough, p.Cursor = d, true, nil
@@ -190,7 +192,7 @@ func (rc *readCtx) aggregatePlan(body bsoncore.Document, pipeline []bsoncore.Doc
 func (rc *readCtx) fullAggregate(body bsoncore.Document, stages []pipelineStage, sf splitFilter, batchSize int64, opts ReadOptions, explain, forExplain bool) (*ReadPlan, error) {
 	var pipeline []bsoncore.Document
 	if sf.bucket != nil {
-		pipeline = append(pipeline, stage("$match", docValue(sf.bucket)))
+		pipeline = append(pipeline, bsonutil.Stage("$match", bsonutil.DocValue(sf.bucket)))
 	}
 	pipeline = append(pipeline, unwindStage(), rc.replaceWithEvent())
 	for _, st := range stages {
@@ -205,7 +207,7 @@ func (rc *readCtx) fullAggregate(body bsoncore.Document, stages []pipelineStage,
 // {<metaField>: "$meta"}]}]}}; $mergeObjects keeps the marker's position.
 func (rc *readCtx) replaceWithEvent() bsoncore.Document {
 	if rc.metaField == "" {
-		return stage("$replaceWith", stringValue("$"+rules.BucketEvents))
+		return bsonutil.Stage("$replaceWith", bsonutil.StringValue("$"+rules.BucketEvents))
 	}
 	b := bsoncore.NewDocumentBuilder
 	a := bsoncore.NewArrayBuilder
@@ -214,7 +216,7 @@ func (rc *readCtx) replaceWithEvent() bsoncore.Document {
 	metaDoc := b().AppendString(rc.metaField, "$"+rules.BucketMeta).Build()
 	cond := b().AppendArray("$cond", a().AppendDocument(eq).AppendDocument(b().Build()).AppendDocument(metaDoc).Build()).Build()
 	merge := b().AppendArray("$mergeObjects", a().AppendString("$"+rules.BucketEvents).AppendDocument(cond).Build()).Build()
-	return stage("$replaceWith", docValue(merge))
+	return bsonutil.Stage("$replaceWith", bsonutil.DocValue(merge))
 }
 
 type pipelineStage struct {
@@ -224,13 +226,13 @@ type pipelineStage struct {
 }
 
 func (rc *readCtx) pipelineStages(body bsoncore.Document) ([]pipelineStage, error) {
-	v, ok := lookupTop(body, "pipeline")
+	v, ok := bsonutil.Lookup(body, "pipeline")
 	if !ok {
 		return nil, rc.badValue(mongoerr.FailedToParse, "aggregate needs a \"pipeline\"")
 	}
 	arr, ok := v.ArrayOK()
 	if !ok {
-		return nil, rc.badValue(mongoerr.TypeMismatch, "aggregate \"pipeline\" must be an array, got %s", typeName(v.Type))
+		return nil, rc.badValue(mongoerr.TypeMismatch, "aggregate \"pipeline\" must be an array, got %s", bsonutil.TypeName(v.Type))
 	}
 	vals, err := arr.Values()
 	if err != nil {

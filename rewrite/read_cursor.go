@@ -1,7 +1,7 @@
 package rewrite
 
 import (
-	"strconv"
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -69,7 +69,7 @@ func (s *CursorShape) MapReply(reply []byte) ([]byte, int64, error) {
 		}
 		cur, ok := e.Value().DocumentOK()
 		if !ok {
-			return nil, 0, mongoerr.Errorf(mongoerr.InternalError, "upstream cursor is a %s", typeName(e.Value().Type))
+			return nil, 0, mongoerr.Errorf(mongoerr.InternalError, "upstream cursor is a %s", bsonutil.TypeName(e.Value().Type))
 		}
 		var err error
 		out, id, err = s.appendCursor(out, cur)
@@ -93,7 +93,7 @@ func (s *CursorShape) appendCursor(dst []byte, cur bsoncore.Document) ([]byte, i
 		case "firstBatch", "nextBatch":
 			arr, ok := e.Value().ArrayOK()
 			if !ok {
-				return nil, 0, mongoerr.Errorf(mongoerr.InternalError, "upstream %s is a %s", k, typeName(e.Value().Type))
+				return nil, 0, mongoerr.Errorf(mongoerr.InternalError, "upstream %s is a %s", k, bsonutil.TypeName(e.Value().Type))
 			}
 			vals, err := arr.Values()
 			if err != nil {
@@ -104,13 +104,13 @@ func (s *CursorShape) appendCursor(dst []byte, cur bsoncore.Document) ([]byte, i
 			for _, v := range vals {
 				d, ok := v.DocumentOK()
 				if !ok {
-					return nil, 0, mongoerr.Errorf(mongoerr.InternalError, "upstream %s holds a %s", k, typeName(v.Type))
+					return nil, 0, mongoerr.Errorf(mongoerr.InternalError, "upstream %s holds a %s", k, bsonutil.TypeName(v.Type))
 				}
 				m, err := s.mapDoc(d)
 				if err != nil {
 					return nil, 0, err
 				}
-				a = bsoncore.AppendDocumentElement(a, itoa(i), m)
+				a = bsoncore.AppendDocumentElement(a, bsonutil.Itoa(i), m)
 				i++
 			}
 			dst, _ = bsoncore.AppendArrayEnd(a, aidx)
@@ -152,20 +152,3 @@ func (s *CursorShape) mapDoc(d bsoncore.Document) (bsoncore.Document, error) {
 		return d, nil
 	}
 }
-
-var smallInts = func() []string {
-	s := make([]string, 1024)
-	for i := range s {
-		s[i] = itoaSlow(i)
-	}
-	return s
-}()
-
-func itoa(i int) string {
-	if i >= 0 && i < len(smallInts) {
-		return smallInts[i]
-	}
-	return itoaSlow(i)
-}
-
-func itoaSlow(i int) string { return strconv.Itoa(i) }

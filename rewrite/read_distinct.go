@@ -4,6 +4,8 @@ import (
 	"sort"
 	"strconv"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -39,8 +41,8 @@ func (d *distinctDrain) feed(unwound bsoncore.Document) error {
 }
 
 func (d *distinctDrain) add(v bsoncore.Value) error {
-	i := sort.Search(len(d.values), func(i int) bool { return CompareValues(d.values[i], v) >= 0 })
-	if i < len(d.values) && CompareValues(d.values[i], v) == 0 {
+	i := sort.Search(len(d.values), func(i int) bool { return bsonutil.Compare(d.values[i], v) >= 0 })
+	if i < len(d.values) && bsonutil.Compare(d.values[i], v) == 0 {
 		return nil
 	}
 	d.bytes += len(v.Data) + 8
@@ -70,7 +72,7 @@ func (d *distinctDrain) result() bsoncore.Document {
 // arrays along the path are traversed (and a numeric component also
 // indexes them); at the end of the path an array gives its elements.
 func collectPath(v bsoncore.Value, path []string, depth int, emit func(bsoncore.Value)) {
-	if depth > maxNestingDepth {
+	if depth > bsonutil.MaxDepth {
 		return
 	}
 	if len(path) == 0 {

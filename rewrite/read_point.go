@@ -3,6 +3,8 @@ package rewrite
 import (
 	"slices"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -235,7 +237,7 @@ func (p *PointRead) emitBuckets(buckets []bsoncore.Document) error {
 		}
 		a, ok := arr.ArrayOK()
 		if !ok {
-			return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: bucket %s has events of type %s", p.ns, b.Lookup(rules.BucketID).String(), typeName(arr.Type))
+			return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: bucket %s has events of type %s", p.ns, b.Lookup(rules.BucketID).String(), bsonutil.TypeName(arr.Type))
 		}
 		vals, err := a.Values()
 		if err != nil {
@@ -291,7 +293,7 @@ func (p *PointRead) compare(a, b pointEvent) int {
 		c = 1
 	}
 	if c == 0 && p.spec.idDir != 0 {
-		return p.spec.idDir * CompareValues(a.ev.Lookup("_id"), b.ev.Lookup("_id"))
+		return p.spec.idDir * bsonutil.Compare(a.ev.Lookup("_id"), b.ev.Lookup("_id"))
 	}
 	return p.spec.sortDir * c
 }
@@ -390,7 +392,7 @@ func WithUpstreamPlan(local, reply []byte) []byte {
 	if up.Validate() != nil {
 		return local
 	}
-	if qp, ok := lookupTop(up, "queryPlanner"); ok && qp.Type == bsoncore.TypeEmbeddedDocument {
+	if qp, ok := bsonutil.Lookup(up, "queryPlanner"); ok && qp.Type == bsoncore.TypeEmbeddedDocument {
 		up = qp.Document()
 	}
 	idx, d := bsoncore.AppendDocumentStart(nil)
@@ -418,7 +420,7 @@ func WithUpstreamPlan(local, reply []byte) []byte {
 
 // GetMoreBatchSize is a getMore's batchSize; 0 (as many as fit) when none.
 func GetMoreBatchSize(body []byte) (int64, bool) {
-	v, ok := lookupTop(bsoncore.Document(body), "batchSize")
+	v, ok := bsonutil.Lookup(bsoncore.Document(body), "batchSize")
 	if !ok {
 		return 0, false
 	}

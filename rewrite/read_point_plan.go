@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -141,7 +143,7 @@ func pointMetas(v bsoncore.Value) ([]bsoncore.Value, string) {
 	seen := map[string]bool{}
 	for _, m := range vals {
 		if !byteEqualValue(m, 0) {
-			return nil, fmt.Sprintf("a metaField value of type %s (equal values of other encodings exist)", typeName(m.Type))
+			return nil, fmt.Sprintf("a metaField value of type %s (equal values of other encodings exist)", bsonutil.TypeName(m.Type))
 		}
 		k := idKey(m)
 		if seen[k] {
@@ -159,7 +161,7 @@ func pointMetas(v bsoncore.Value) ([]bsoncore.Value, string) {
 // strings), nor a top-level array (it would match array metas, which the
 // insert path refuses anyway); strings compare bytewise (no collation).
 func byteEqualValue(v bsoncore.Value, depth int) bool {
-	if depth > maxNestingDepth {
+	if depth > bsonutil.MaxDepth {
 		return false
 	}
 	switch v.Type {
@@ -196,13 +198,13 @@ func (s *pointSpec) addTimeBounds(v bsoncore.Value, hasLo, hasHi *bool) string {
 	}
 	ops, ok := isOperatorDoc(v)
 	if !ok {
-		return fmt.Sprintf("timeField equality to a %s", typeName(v.Type))
+		return fmt.Sprintf("timeField equality to a %s", bsonutil.TypeName(v.Type))
 	}
 	elems, _ := ops.Elements()
 	for _, e := range elems {
 		ms, ok := e.Value().DateTimeOK()
 		if !ok {
-			return fmt.Sprintf("timeField %s with a %s", e.Key(), typeName(e.Value().Type))
+			return fmt.Sprintf("timeField %s with a %s", e.Key(), bsonutil.TypeName(e.Value().Type))
 		}
 		switch e.Key() {
 		case "$eq":

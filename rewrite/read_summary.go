@@ -4,6 +4,8 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -109,14 +111,14 @@ func PlanSummary(body []byte, rule *rules.Rule, opts ReadOptions) (*SummaryPlan,
 	doc := bsoncore.Document(body)
 	// Every read passes here: refuse other commands before validating.
 	elems, err := doc.Elements()
-	if err != nil || len(elems) == 0 || elems[0].Key() != "aggregate" || validateDeep(doc, 0) != nil {
+	if err != nil || len(elems) == 0 || elems[0].Key() != "aggregate" || bsonutil.Validate(doc, 0) != nil {
 		return nil, false
 	}
 	batchSize, ok := summaryOptions(elems[1:])
 	if !ok {
 		return nil, false
 	}
-	pv, _ := lookupTop(doc, "pipeline")
+	pv, _ := bsonutil.Lookup(doc, "pipeline")
 	stages, ok := summaryStages(pv)
 	if !ok || len(stages) == 0 {
 		return nil, false
@@ -150,7 +152,7 @@ func PlanSummary(body []byte, rule *rules.Rule, opts ReadOptions) (*SummaryPlan,
 	if p.after, ok = p.parseAfter(stages[1:]); !ok {
 		return nil, false
 	}
-	p.Command = p.findCommand(filter, lookupElements(doc, readCarried))
+	p.Command = p.findCommand(filter, bsonutil.Pick(doc, readCarried))
 	return p, true
 }
 
@@ -644,7 +646,7 @@ func (p *SummaryPlan) findCommand(filter bsoncore.Document, carried []bsoncore.E
 		d = bsoncore.AppendDocumentElement(d, "filter", filter)
 	}
 	d = bsoncore.AppendDocumentElement(d, "projection", proj)
-	d = appendElems(d, carried)
+	d = bsonutil.AppendElems(d, carried)
 	d = bsoncore.AppendStringElement(d, "$db", p.rule.DB)
 	d, _ = bsoncore.AppendDocumentEnd(d, idx)
 	return d

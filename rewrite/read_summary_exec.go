@@ -5,6 +5,8 @@ import (
 	"math/big"
 	"sort"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -55,21 +57,21 @@ func (p *SummaryPlan) Feed(reply []byte) ([]byte, error) {
 
 func (p *SummaryPlan) readBucket(d bsoncore.Document) (bucketSummary, error) {
 	var b bucketSummary
-	st, ok := lookupTop(d, rules.BucketStart)
+	st, ok := bsonutil.Lookup(d, rules.BucketStart)
 	if !ok || st.Type != bsoncore.TypeDateTime {
 		return b, mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: a bucket in %s has no date \"start\"", p.rule.Namespace, p.rule.BucketCollection)
 	}
 	b.start = st.DateTime()
 	b.count = rawCount(d)
 	b.meta = bsoncore.Value{Type: bsoncore.TypeNull}
-	if m, ok := lookupTop(d, rules.BucketMeta); ok {
+	if m, ok := bsonutil.Lookup(d, rules.BucketMeta); ok {
 		b.meta = copyValue(m)
 	}
 	b.min = subDoc(d, rules.BucketMin)
 	b.max = subDoc(d, rules.BucketMax)
 	b.sum = subDoc(d, rules.BucketSum)
 	b.counted = -1
-	if v, ok := lookupTop(d, BucketCounted); ok {
+	if v, ok := bsonutil.Lookup(d, BucketCounted); ok {
 		if n, ok := wholeNumber(v); ok {
 			b.counted = n
 		}
@@ -80,7 +82,7 @@ func (p *SummaryPlan) readBucket(d bsoncore.Document) (bucketSummary, error) {
 }
 
 func rawCount(d bsoncore.Document) int64 {
-	v, ok := lookupTop(d, rules.BucketCount)
+	v, ok := bsonutil.Lookup(d, rules.BucketCount)
 	if !ok {
 		return 0
 	}
@@ -89,7 +91,7 @@ func rawCount(d bsoncore.Document) int64 {
 }
 
 func subDoc(d bsoncore.Document, key string) bsoncore.Document {
-	v, ok := lookupTop(d, key)
+	v, ok := bsonutil.Lookup(d, key)
 	if !ok || v.Type != bsoncore.TypeEmbeddedDocument {
 		return nil
 	}
@@ -176,11 +178,11 @@ func (p *SummaryPlan) groups() ([]*groupState, bool, error) {
 			return nil, false, nil
 		}
 	}
-	sort.SliceStable(list, func(i, j int) bool { return CompareValues(list[i].id, list[j].id) < 0 })
+	sort.SliceStable(list, func(i, j int) bool { return bsonutil.Compare(list[i].id, list[j].id) < 0 })
 	for i := 1; i < len(list); i++ {
 		// Keys equal in MongoDB's order but stored differently (1 and
 		// 1.0) are one group there, under whichever came first.
-		if CompareValues(list[i-1].id, list[i].id) == 0 {
+		if bsonutil.Compare(list[i-1].id, list[i].id) == 0 {
 			return nil, false, nil
 		}
 	}
@@ -243,11 +245,11 @@ func (p *SummaryPlan) addBucket(g *groupState, b *bucketSummary) bool {
 			if a.kind == accMax {
 				src = b.max
 			}
-			v, ok := lookupTop(src, a.field)
+			v, ok := bsonutil.Lookup(src, a.field)
 			if !ok || v.Type == bsoncore.TypeNull {
 				continue
 			}
-			c := CompareValues(v, g.ext[i])
+			c := bsonutil.Compare(v, g.ext[i])
 			if g.ext[i].Type == 0 || (a.kind == accMin && c < 0) || (a.kind == accMax && c > 0) {
 				g.ext[i] = v
 			}
@@ -257,10 +259,10 @@ func (p *SummaryPlan) addBucket(g *groupState, b *bucketSummary) bool {
 }
 
 func (s *sumState) add(b *bucketSummary, field string) bool {
-	v, ok := lookupTop(b.sum, field)
+	v, ok := bsonutil.Lookup(b.sum, field)
 	if !ok {
 		// No event of the bucket has the field, if counts says so too.
-		_, counted := lookupTop(b.counts, field)
+		_, counted := bsonutil.Lookup(b.counts, field)
 		s.nUnknown = s.nUnknown || !b.complete() || counted
 		return true
 	}
@@ -275,7 +277,7 @@ func (s *sumState) add(b *bucketSummary, field string) bool {
 		s.ints.Add(&s.ints, big.NewInt(v.Int64()))
 		s.hasLong = true
 		for _, d := range []bsoncore.Document{b.min, b.max} {
-			if x, ok := lookupTop(d, field); ok && x.Type == bsoncore.TypeInt64 {
+			if x, ok := bsonutil.Lookup(d, field); ok && x.Type == bsoncore.TypeInt64 {
 				s.longSeen = true
 			}
 		}
@@ -307,7 +309,7 @@ func sumTrusted(b *bucketSummary, field string, t bsoncore.Type) bool {
 	}
 	bound := 0.0
 	for _, d := range []bsoncore.Document{b.min, b.max} {
-		x, ok := lookupTop(d, field)
+		x, ok := bsonutil.Lookup(d, field)
 		if !ok {
 			return false
 		}
@@ -325,8 +327,8 @@ func sumTrusted(b *bucketSummary, field string, t bsoncore.Type) bool {
 // bit of at least 2^0; doubles have none known.
 func (s *sumState) addCounts(b *bucketSummary, field string, t bsoncore.Type) {
 	n := b.count
-	nv, okN := lookupTop(b.counts, field)
-	lv, okL := lookupTop(b.lowBit, field)
+	nv, okN := bsonutil.Lookup(b.counts, field)
+	lv, okL := bsonutil.Lookup(b.lowBit, field)
 	if b.complete() && okN && okL {
 		n, _ = wholeNumber(nv)
 		low, _ := wholeNumber(lv)
@@ -348,7 +350,7 @@ func (s *sumState) addCounts(b *bucketSummary, field string, t bsoncore.Type) {
 func maxAbs(b *bucketSummary, field string) float64 {
 	m := 0.0
 	for _, d := range []bsoncore.Document{b.min, b.max} {
-		x, ok := lookupTop(d, field)
+		x, ok := bsonutil.Lookup(d, field)
 		if !ok {
 			return math.Inf(1)
 		}
@@ -434,7 +436,7 @@ func (s *sumState) value() (bsoncore.Value, bool) {
 	case s.hasLong && fits32 && !s.longSeen:
 		return bsoncore.Value{}, false
 	case s.hasLong || !fits32:
-		return int64Value(n), true
+		return bsonutil.Int64Value(n), true
 	}
 	return bsoncore.Value{Type: bsoncore.TypeInt32, Data: bsoncore.AppendInt32(nil, int32(n))}, true
 }
@@ -449,7 +451,7 @@ func countValue(n int64, one bsoncore.Type) bsoncore.Value {
 	case one == bsoncore.TypeDouble:
 		return doubleValue(float64(n))
 	case one == bsoncore.TypeInt64 || n > math.MaxInt32:
-		return int64Value(n)
+		return bsonutil.Int64Value(n)
 	}
 	return bsoncore.Value{Type: bsoncore.TypeInt32, Data: bsoncore.AppendInt32(nil, int32(n))}
 }
@@ -506,7 +508,7 @@ func (p *SummaryPlan) applyAfter(docs []bsoncore.Document) []bsoncore.Document {
 
 func lessByKeys(a, b bsoncore.Document, keys []summarySortKey) bool {
 	for _, k := range keys {
-		c := CompareValues(pathValue(a, k.path), pathValue(b, k.path))
+		c := bsonutil.Compare(pathValue(a, k.path), pathValue(b, k.path))
 		if k.desc {
 			c = -c
 		}

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -373,7 +375,7 @@ func FuzzFindRewrite(f *testing.F) {
 		}
 		// If the body is a document, treat it as a stored event: reshape
 		// it and project all its fields back.
-		if validateDeep(body, 0) != nil {
+		if bsonutil.Validate(body, 0) != nil {
 			return
 		}
 		elems, _ := bsoncore.Document(body).Elements()

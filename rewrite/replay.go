@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -26,7 +28,7 @@ func MayBeUnseenRetry(cmd Command, caps Caps) bool {
 	if caps.StmtIDs {
 		return false // the upstream implements retryable writes
 	}
-	if _, ok := lookupTop(cmd.Body, "txnNumber"); !ok {
+	if _, ok := bsonutil.Lookup(cmd.Body, "txnNumber"); !ok {
 		return false
 	}
 	return !inTransaction(cmd.Body) // a transaction statement is not retried alone

@@ -3,6 +3,8 @@ package rewrite
 import (
 	"fmt"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -42,7 +44,7 @@ func (k RetryKey) SessionHex() string { return fmt.Sprintf("%x", k.id) }
 // ok is false for anything else. A txnNumber without a usable lsid is an
 // error, as on MongoDB.
 func RetryKeyOf(body bsoncore.Document) (key RetryKey, ok bool, err error) {
-	txn, has := lookupTop(body, "txnNumber")
+	txn, has := bsonutil.Lookup(body, "txnNumber")
 	if !has || inTransaction(body) {
 		return RetryKey{}, false, nil
 	}
@@ -51,7 +53,7 @@ func RetryKeyOf(body bsoncore.Document) (key RetryKey, ok bool, err error) {
 		return RetryKey{}, false, &mongoerr.Error{Code: mongoerr.InvalidOptions,
 			Msg: fmt.Sprintf("txnNumber must be a non-negative integer, not %s", txn)}
 	}
-	lsid, has := lookupTop(body, "lsid")
+	lsid, has := bsonutil.Lookup(body, "lsid")
 	if !has {
 		return RetryKey{}, false, &mongoerr.Error{Code: mongoerr.InvalidOptions,
 			Msg: "Transaction number requires a session ID to also be specified"}

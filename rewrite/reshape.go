@@ -1,6 +1,7 @@
 package rewrite
 
 import (
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -17,7 +18,7 @@ func reshapeEvent(unwound bsoncore.Document, metaField string, metas *metaResolv
 	}
 	stored, ok := ev.DocumentOK()
 	if !ok {
-		return nil, mongoerr.Errorf(mongoerr.InternalError, "upstream document's %q is a %s, not an event document", rules.BucketEvents, typeName(ev.Type))
+		return nil, mongoerr.Errorf(mongoerr.InternalError, "upstream document's %q is a %s, not an event document", rules.BucketEvents, bsonutil.TypeName(ev.Type))
 	}
 	return restoreMeta(stored, metaField, func() (bsoncore.Value, error) { return metas.metaOf(unwound) })
 }

@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -86,7 +88,7 @@ func RollupsOfEvents(rule *rules.Rule, docs [][]byte, opts RollupOptions) (plan 
 	zeroID := func() bson.ObjectID { return bson.ObjectID{} }
 	var events []event
 	for i, d := range docs {
-		if err := validateDeep(d, 0); err != nil {
+		if err := bsonutil.Validate(d, 0); err != nil {
 			skipped++
 			continue
 		}
@@ -273,7 +275,7 @@ func rollupCommand(body bsoncore.Document, rule *rules.Rule, res time.Duration, 
 		carry = append(carry, "lsid", "txnNumber")
 	}
 	for _, k := range carry {
-		if v, ok := lookupTop(body, k); ok {
+		if v, ok := bsonutil.Lookup(body, k); ok {
 			doc = bsoncore.AppendValueElement(doc, k, v)
 		}
 	}

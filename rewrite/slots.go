@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -84,12 +86,12 @@ func SlotsInsert(cmd Command, rule *rules.Rule, opts SlotsOptions) (*LayoutWrite
 	}
 	o := rule.LayoutOptions
 	check := func(doc bsoncore.Document, ev *layoutEvent) *writeError {
-		v, ok := lookupTop(doc, o.ValueField)
+		v, ok := bsonutil.Lookup(doc, o.ValueField)
 		if !ok {
 			return eventError(ev.index, rule, mongoerr.BadValue, "event has no valueField %q", o.ValueField)
 		}
 		if o.Aggregated && !isAggregatable(v.Type) {
-			return eventError(ev.index, rule, mongoerr.BadValue, "valueField %q must be a number (int, long or double) because it is aggregated, got %s", o.ValueField, typeName(v.Type))
+			return eventError(ev.index, rule, mongoerr.BadValue, "valueField %q must be a number (int, long or double) because it is aggregated, got %s", o.ValueField, bsonutil.TypeName(v.Type))
 		}
 		ev.value = v
 		return nil
@@ -163,10 +165,10 @@ func readSlotsState(doc bsoncore.Document, o rules.LayoutOptions) slotsState {
 	if doc == nil {
 		return st
 	}
-	if v, ok := lookupTop(doc, rules.BucketNumSamples); ok {
+	if v, ok := bsonutil.Lookup(doc, rules.BucketNumSamples); ok {
 		st.num, _ = v.AsInt64OK()
 	}
-	if v, ok := lookupTop(doc, rules.BucketTotalSamples); ok && isAggregatable(v.Type) {
+	if v, ok := bsonutil.Lookup(doc, rules.BucketTotalSamples); ok && isAggregatable(v.Type) {
 		st.total = numFrom(v)
 	}
 	return st

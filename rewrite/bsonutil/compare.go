@@ -1,4 +1,4 @@
-package rewrite
+package bsonutil
 
 import (
 	"bytes"
@@ -14,10 +14,10 @@ import (
 // min/max the proxy computes in Go for a complete bucket are exactly what
 // the upstream would compute for the same events pushed one by one.
 
-// canonicalTypeOrder ranks BSON types as MongoDB's canonicalizeBSONType
+// CanonicalOrder ranks BSON types as MongoDB's canonicalizeBSONType
 // does: values of different types compare by this rank; all numeric types
 // share one rank and compare by value.
-func canonicalTypeOrder(t bsoncore.Type) int {
+func CanonicalOrder(t bsoncore.Type) int {
 	switch t {
 	case bsoncore.TypeMinKey:
 		return -1
@@ -60,14 +60,14 @@ func canonicalTypeOrder(t bsoncore.Type) int {
 	}
 }
 
-// CompareValues returns -1, 0 or +1 as a sorts before, equal to, or after b
+// Compare returns -1, 0 or +1 as a sorts before, equal to, or after b
 // in MongoDB's BSON comparison order: first by canonical type rank, then
 // within a rank by value (numbers numerically across int32, int64, double
 // and decimal128, with NaN below every other number; strings bytewise, as
 // without a collation; documents and arrays element by element).
 // Malformed values compare by their raw bytes instead of panicking.
-func CompareValues(a, b bsoncore.Value) int {
-	ra, rb := canonicalTypeOrder(a.Type), canonicalTypeOrder(b.Type)
+func Compare(a, b bsoncore.Value) int {
+	ra, rb := CanonicalOrder(a.Type), CanonicalOrder(b.Type)
 	if ra != rb {
 		return sign(ra - rb)
 	}
@@ -143,13 +143,13 @@ func compareDocuments(a, b []byte) int {
 	}
 	for i := 0; i < len(ea) && i < len(eb); i++ {
 		va, vb := ea[i].Value(), eb[i].Value()
-		if c := sign(canonicalTypeOrder(va.Type) - canonicalTypeOrder(vb.Type)); c != 0 {
+		if c := sign(CanonicalOrder(va.Type) - CanonicalOrder(vb.Type)); c != 0 {
 			return c
 		}
 		if c := bytes.Compare(ea[i].KeyBytes(), eb[i].KeyBytes()); c != 0 {
 			return c
 		}
-		if c := CompareValues(va, vb); c != 0 {
+		if c := Compare(va, vb); c != 0 {
 			return c
 		}
 	}
