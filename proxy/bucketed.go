@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/tsproxy/tsproxy/rewrite"
@@ -339,7 +341,7 @@ func (c *conn) ensureBucketIndex(rule *rules.Rule) {
 	reply, err := c.up.Command(bson.D{
 		{Key: "createIndexes", Value: rule.BucketCollection},
 		{Key: "indexes", Value: bson.A{bson.D{
-			{Key: "key", Value: bson.D{{Key: rules.BucketMeta, Value: 1}, {Key: rules.BucketStart, Value: 1}}},
+			{Key: "key", Value: bson.D{{Key: bucket.FieldMeta, Value: 1}, {Key: bucket.FieldStart, Value: 1}}},
 			{Key: "name", Value: "meta_1_start_1"},
 		}}},
 		{Key: "$db", Value: rule.DB},

@@ -6,10 +6,11 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	lru "github.com/hashicorp/golang-lru/v2"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rules"
 )
 
@@ -37,7 +38,7 @@ type bucketCache struct {
 
 type bucketEntry struct {
 	mu      sync.Mutex // held by the insert writing the key
-	fill    rewrite.BucketFill
+	fill    bucket.Fill
 	refs    int  // inserts holding or waiting for mu; guarded by bucketCache.mu
 	dropped bool // the collection was dropped while in use; guarded by bucketCache.mu
 }
@@ -47,7 +48,7 @@ func newBucketCache(size int) *bucketCache {
 	return &bucketCache{lru: c, active: make(map[string]*bucketEntry)}
 }
 
-func cacheKey(bucketNS string, k rewrite.BucketKey) string {
+func cacheKey(bucketNS string, k bucket.Key) string {
 	return bucketNS + "\x00" + k.String()
 }
 
@@ -57,15 +58,15 @@ type lockedKeys struct {
 	names   []string
 	entries []*bucketEntry
 	byKey   map[string]*bucketEntry // BucketKey.String() -> entry
-	keys    []rewrite.BucketKey
+	keys    []bucket.Key
 }
 
 // lock takes the entries of keys in sorted order (so two inserts never
 // wait for each other in a cycle) and returns them locked.
-func (c *bucketCache) lock(bucketNS string, keys []rewrite.BucketKey) *lockedKeys {
+func (c *bucketCache) lock(bucketNS string, keys []bucket.Key) *lockedKeys {
 	type item struct {
 		name string
-		key  rewrite.BucketKey
+		key  bucket.Key
 	}
 	items := make([]item, len(keys))
 	for i, k := range keys {
@@ -82,7 +83,7 @@ func (c *bucketCache) lock(bucketNS string, keys []rewrite.BucketKey) *lockedKey
 		if e == nil {
 			var ok bool
 			if e, ok = c.lru.Get(it.name); !ok {
-				e = &bucketEntry{fill: rewrite.BucketFill{Seq: -1}}
+				e = &bucketEntry{fill: bucket.Fill{Seq: -1}}
 			}
 			c.active[it.name] = e
 		}
@@ -123,16 +124,16 @@ func (l *lockedKeys) unlock() {
 
 // fill is the Buckets function of rewrite.InsertOptions over the locked
 // entries.
-func (l *lockedKeys) fill(k rewrite.BucketKey) rewrite.BucketFill {
+func (l *lockedKeys) fill(k bucket.Key) bucket.Fill {
 	if e := l.byKey[k.String()]; e != nil {
 		return e.fill
 	}
-	return rewrite.BucketFill{Seq: -1}
+	return bucket.Fill{Seq: -1}
 }
 
 // store records the fills a round reported (unknown ones included, so
 // that they are loaded again).
-func (l *lockedKeys) store(fills []rewrite.KeyFill) {
+func (l *lockedKeys) store(fills []bucket.KeyFill) {
 	for _, f := range fills {
 		if e := l.byKey[f.Key.String()]; e != nil {
 			e.fill = f.Fill
@@ -144,7 +145,7 @@ func (l *lockedKeys) store(fills []rewrite.KeyFill) {
 // is not known).
 func (l *lockedKeys) forgetAll() {
 	for _, e := range l.entries {
-		e.fill = rewrite.BucketFill{Seq: -1}
+		e.fill = bucket.Fill{Seq: -1}
 	}
 }
 
@@ -193,7 +194,7 @@ func (c *conn) loadFills(rule *rules.Rule, l *lockedKeys) error {
 		if e.fill.Known {
 			continue
 		}
-		fill := rewrite.BucketFill{Seq: -1, Known: true}
+		fill := bucket.Fill{Seq: -1, Known: true}
 		for seq := 0; ; seq++ {
 			if seq >= maxProbeSeq {
 				return fmt.Errorf("tsproxy rule %s: more than %d buckets for one series and window", rule.Namespace, maxProbeSeq)
@@ -206,8 +207,8 @@ func (c *conn) loadFills(rule *rules.Rule, l *lockedKeys) error {
 				break
 			}
 			fill.Seq = seq
-			fill.Count = int(rawInt(doc, rules.BucketCount))
-			fill.Bytes = rawInt(doc, rules.BucketBytes)
+			fill.Count = int(rawInt(doc, bucket.FieldCount))
+			fill.Bytes = rawInt(doc, bucket.FieldBytes)
 		}
 		e.fill = fill
 	}
@@ -218,8 +219,8 @@ func (c *conn) loadFills(rule *rules.Rule, l *lockedKeys) error {
 func (c *conn) probeBucket(rule *rules.Rule, id bson.ObjectID) (bson.Raw, bool, error) {
 	reply, err := c.up.Command(bson.D{
 		{Key: "find", Value: rule.BucketCollection},
-		{Key: "filter", Value: bson.D{{Key: rules.BucketID, Value: id}}},
-		{Key: "projection", Value: bson.D{{Key: rules.BucketCount, Value: 1}, {Key: rules.BucketBytes, Value: 1}}},
+		{Key: "filter", Value: bson.D{{Key: bucket.FieldID, Value: id}}},
+		{Key: "projection", Value: bson.D{{Key: bucket.FieldCount, Value: 1}, {Key: bucket.FieldBytes, Value: 1}}},
 		{Key: "limit", Value: 1},
 		{Key: "singleBatch", Value: true},
 		{Key: "$db", Value: rule.DB},

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/tsproxy/tsproxy/rewrite"
@@ -105,7 +107,7 @@ func (c *conn) deleteStatement(plan *rewrite.DeletePlan, st *rewrite.DeleteState
 // statement's matching events from them.
 func (c *conn) deleteBuckets(plan *rewrite.DeletePlan, st *rewrite.DeleteStatement, caps rewrite.Caps, list []*rewrite.Candidate) (int, error) {
 	rule := plan.Rule()
-	var keys []rewrite.BucketKey
+	var keys []bucket.Key
 	for _, cand := range list {
 		if !cand.HasKey {
 			doc, found, err := c.readBucket(plan, cand.ID, false)
@@ -239,7 +241,7 @@ func (c *conn) planBucketWrites(plan *rewrite.DeletePlan, edits []rewrite.Bucket
 			if !found {
 				break
 			}
-			counts[s] = int(rawInt(doc, rules.BucketCount))
+			counts[s] = int(rawInt(doc, bucket.FieldCount))
 			last = s
 		}
 		for s := last; s >= 0; s-- {
@@ -260,7 +262,7 @@ func (c *conn) planBucketWrites(plan *rewrite.DeletePlan, edits []rewrite.Bucket
 				if !found {
 					break
 				}
-				n = int(rawInt(doc, rules.BucketCount))
+				n = int(rawInt(doc, bucket.FieldCount))
 			}
 			if n > 0 {
 				break

@@ -3,6 +3,8 @@ package proxy
 import (
 	"fmt"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/tsproxy/tsproxy/rewrite"
@@ -63,8 +65,8 @@ func (c *conn) filterReplayed(rule *rules.Rule, cmd rewrite.Command, l *lockedKe
 func (c *conn) storedEvents(rule *rules.Rule, id bson.ObjectID, set map[string]bool) error {
 	reply, err := c.up.Command(bson.D{
 		{Key: "find", Value: rule.BucketCollection},
-		{Key: "filter", Value: bson.D{{Key: rules.BucketID, Value: id}}},
-		{Key: "projection", Value: bson.D{{Key: rules.BucketMeta, Value: 1}, {Key: rules.BucketEvents, Value: 1}}},
+		{Key: "filter", Value: bson.D{{Key: bucket.FieldID, Value: id}}},
+		{Key: "projection", Value: bson.D{{Key: bucket.FieldMeta, Value: 1}, {Key: bucket.FieldEvents, Value: 1}}},
 		{Key: "limit", Value: 1},
 		{Key: "singleBatch", Value: true},
 		{Key: "$db", Value: rule.DB},

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/tsproxy/tsproxy/rewrite"
@@ -78,7 +80,7 @@ func (c *conn) layoutInsert(req *request, rule *rules.Rule) error {
 			return refuse(err)
 		}
 		plan, err = rewrite.SlotsInsert(cmd, rule, rewrite.SlotsOptions{Caps: caps,
-			Before: func(k rewrite.BucketKey) []byte { return before[k.String()] }})
+			Before: func(k bucket.Key) []byte { return before[k.String()] }})
 	}
 	if err != nil {
 		span.end(req, time.Since(t0), nil)
@@ -109,7 +111,7 @@ func (c *conn) layoutInsert(req *request, rule *rules.Rule) error {
 }
 
 // slotsBefore reads the buckets of keys as stored, by point lookups.
-func (c *conn) slotsBefore(rule *rules.Rule, keys []rewrite.BucketKey) (map[string]bson.Raw, error) {
+func (c *conn) slotsBefore(rule *rules.Rule, keys []bucket.Key) (map[string]bson.Raw, error) {
 	out := make(map[string]bson.Raw, len(keys))
 	for i, q := range rewrite.SlotsFetch(rule, keys) {
 		reply, err := c.upCommand(q)
@@ -144,7 +146,7 @@ const maxPreallocated = 100_000
 // written first) fails with a duplicate key and is left alone: an insert
 // never overwrites. Failures are logged; the writes stay correct without
 // shells.
-func (c *conn) preallocate(rule *rules.Rule, keys []rewrite.BucketKey) {
+func (c *conn) preallocate(rule *rules.Rule, keys []bucket.Key) {
 	win := rule.LayoutOptions.Window.Milliseconds()
 	var shells []any
 	preallocated.Lock()
@@ -152,7 +154,7 @@ func (c *conn) preallocate(rule *rules.Rule, keys []rewrite.BucketKey) {
 		preallocated.seen = map[string]bool{}
 	}
 	for _, k := range keys {
-		next := rewrite.BucketKey{Meta: k.Meta, Start: k.Start + win}
+		next := bucket.Key{Meta: k.Meta, Start: k.Start + win}
 		name := rule.BucketNamespace() + "\x00" + next.String()
 		if preallocated.seen[name] {
 			continue

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/tsproxy/tsproxy/rewrite"
@@ -143,7 +145,7 @@ func (c *conn) ensureRollupCollection(rule *rules.Rule, res time.Duration) {
 	reply, err := c.up.Command(bson.D{
 		{Key: "createIndexes", Value: rule.RollupCollection(res)},
 		{Key: "indexes", Value: bson.A{bson.D{
-			{Key: "key", Value: bson.D{{Key: rules.BucketMeta, Value: 1}, {Key: rules.BucketStart, Value: 1}}},
+			{Key: "key", Value: bson.D{{Key: bucket.FieldMeta, Value: 1}, {Key: bucket.FieldStart, Value: 1}}},
 			{Key: "name", Value: "meta_1_start_1"},
 		}}},
 		{Key: "$db", Value: rule.DB},

@@ -4,6 +4,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -124,11 +126,11 @@ func checkTimeseries(v bsoncore.Value, rule *rules.Rule) error {
 func indexField(rule *rules.Rule, path string) (string, bool) {
 	switch {
 	case path == rule.TimeField:
-		return rules.BucketStart, true
+		return bucket.FieldStart, true
 	case rule.MetaField != "" && path == rule.MetaField:
-		return rules.BucketMeta, true
+		return bucket.FieldMeta, true
 	case rule.MetaField != "" && strings.HasPrefix(path, rule.MetaField+"."):
-		return rules.BucketMeta + path[len(rule.MetaField):], true
+		return bucket.FieldMeta + path[len(rule.MetaField):], true
 	}
 	return "", false
 }
@@ -136,16 +138,16 @@ func indexField(rule *rules.Rule, path string) (string, bool) {
 // appField maps a bucket path of an index key back to the event path.
 func appField(rule *rules.Rule, path string) (string, bool) {
 	switch {
-	case path == rules.BucketID:
+	case path == bucket.FieldID:
 		return path, true
-	case path == rules.BucketStart:
+	case path == bucket.FieldStart:
 		return rule.TimeField, true
 	case rule.MetaField == "":
 		return "", false
-	case path == rules.BucketMeta:
+	case path == bucket.FieldMeta:
 		return rule.MetaField, true
-	case strings.HasPrefix(path, rules.BucketMeta+"."):
-		return rule.MetaField + path[len(rules.BucketMeta):], true
+	case strings.HasPrefix(path, bucket.FieldMeta+"."):
+		return rule.MetaField + path[len(bucket.FieldMeta):], true
 	}
 	return "", false
 }
@@ -422,7 +424,7 @@ func PlanDropIndexes(body []byte, rule *rules.Rule) (cmd []byte, recreate bool, 
 // start: 1}, whatever the numbers' types.
 func isBucketIndexKey(key bsoncore.Document) bool {
 	elems, _ := key.Elements()
-	if len(elems) != 2 || elems[0].Key() != rules.BucketMeta || elems[1].Key() != rules.BucketStart {
+	if len(elems) != 2 || elems[0].Key() != bucket.FieldMeta || elems[1].Key() != bucket.FieldStart {
 		return false
 	}
 	for _, e := range elems {

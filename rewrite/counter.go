@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -32,7 +34,7 @@ type LayoutWrite struct {
 	// events[c][s] are the app's indexes of the events of statement s of
 	// command c.
 	events   [][][]int
-	rejected []writeError
+	rejected []bucket.WriteError
 	ordered  bool
 	rule     *rules.Rule
 	// Buckets are the ids of the buckets the statements upsert, in plan
@@ -49,8 +51,8 @@ type layoutInsert struct {
 	body     bsoncore.Document
 	docs     []bsoncore.Document
 	ordered  bool
-	lim      limits
-	rejected []writeError
+	lim      bucket.Limits
+	rejected []bucket.WriteError
 }
 
 func readLayoutInsert(cmd Command, rule *rules.Rule, layout string) (*layoutInsert, error) {
@@ -73,7 +75,7 @@ func readLayoutInsert(cmd Command, rule *rules.Rule, layout string) (*layoutInse
 // layoutEvent is one valid event of a layout insert.
 type layoutEvent struct {
 	index int
-	key   BucketKey
+	key   bucket.Key
 	meta  bsoncore.Value
 	slot  int
 	value bsoncore.Value // slots: the valueField
@@ -82,12 +84,12 @@ type layoutEvent struct {
 // events reads each event's series, window and slot; check adds the
 // layout's own checks. With ordered:true the batch is cut before the first
 // rejected event, as a plain collection does.
-func (li *layoutInsert) events(rule *rules.Rule, check func(doc bsoncore.Document, ev *layoutEvent) *writeError) []layoutEvent {
+func (li *layoutInsert) events(rule *rules.Rule, check func(doc bsoncore.Document, ev *layoutEvent) *bucket.WriteError) []layoutEvent {
 	slotMS := rule.LayoutOptions.Slot.Milliseconds()
 	out := make([]layoutEvent, 0, len(li.docs))
 	for i, doc := range li.docs {
-		meta, ms, start, werr := eventTimeMeta(doc, i, rule, li.lim)
-		ev := layoutEvent{index: i, key: eventKey(meta, start), meta: meta, slot: int((ms - start) / slotMS)}
+		meta, ms, start, werr := bucket.TimeMeta(doc, i, rule, li.lim)
+		ev := layoutEvent{index: i, key: bucket.KeyOf(meta, start), meta: meta, slot: int((ms - start) / slotMS)}
 		if werr == nil && check != nil {
 			werr = check(doc, &ev)
 		}
@@ -118,7 +120,7 @@ func groupByKey(evs []layoutEvent) [][]layoutEvent {
 		}
 		groups[i] = append(groups[i], ev)
 	}
-	slices.SortFunc(groups, func(a, b []layoutEvent) int { return compareKeys(a[0].key, b[0].key) })
+	slices.SortFunc(groups, func(a, b []layoutEvent) int { return bucket.CompareKeys(a[0].key, b[0].key) })
 	return groups
 }
 
@@ -192,8 +194,8 @@ func counterStatement(rule *rules.Rule, g []layoutEvent, opts CounterOptions) la
 
 func appendSetOnInsert(dst []byte, meta bsoncore.Value, start int64) []byte {
 	si, dst := bsoncore.AppendDocumentElementStart(dst, "$setOnInsert")
-	dst = bsoncore.AppendValueElement(dst, rules.BucketMeta, meta)
-	dst = bsoncore.AppendDateTimeElement(dst, rules.BucketStart, start)
+	dst = bsoncore.AppendValueElement(dst, bucket.FieldMeta, meta)
+	dst = bsoncore.AppendDateTimeElement(dst, bucket.FieldStart, start)
 	dst, _ = bsoncore.AppendDocumentEnd(dst, si)
 	return dst
 }

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -29,7 +31,7 @@ func (r *LayoutRead) planFetch(filter bsoncore.Document) {
 		first, last := rules.FloorMillis(b.lo, win), rules.FloorMillis(b.hi, win)
 		if (last-first)/win < maxPointLookups {
 			for s := first; s <= last; s += win {
-				id := BucketID(r.rule.BucketNamespace(), b.meta, s, 0)
+				id := bucket.ID(r.rule.BucketNamespace(), b.meta, s, 0)
 				r.fetch = append(r.fetch, bsoncore.NewDocumentBuilder().
 					AppendString("find", r.rule.BucketCollection).
 					AppendDocument("filter", bsoncore.NewDocumentBuilder().AppendObjectID("_id", id).Build()).
@@ -46,10 +48,10 @@ func (r *LayoutRead) planFetch(filter bsoncore.Document) {
 	r.scan = true
 	fi, f := bsoncore.AppendDocumentStart(nil)
 	if b.meta.Type != 0 && r.rule.MetaField != "" {
-		f = bsoncore.AppendValueElement(f, rules.BucketMeta, b.meta)
+		f = bsoncore.AppendValueElement(f, bucket.FieldMeta, b.meta)
 	}
 	if b.hasLo || b.hasHi {
-		si, d := bsoncore.AppendDocumentElementStart(f, rules.BucketStart)
+		si, d := bsoncore.AppendDocumentElementStart(f, bucket.FieldStart)
 		if b.hasLo {
 			d = bsoncore.AppendDateTimeElement(d, "$gte", rules.FloorMillis(b.lo, win))
 		}
@@ -218,12 +220,12 @@ func (r *LayoutRead) expand() []layoutDoc {
 	out := make([]layoutDoc, 0, r.docs)
 	slotMS := r.rule.LayoutOptions.Slot.Milliseconds()
 	for _, b := range r.buckets {
-		start, ok := b.Lookup(rules.BucketStart).DateTimeOK()
+		start, ok := b.Lookup(bucket.FieldStart).DateTimeOK()
 		if !ok {
 			continue
 		}
-		id, _ := b.Lookup(rules.BucketID).ObjectIDOK()
-		meta := b.Lookup(rules.BucketMeta)
+		id, _ := b.Lookup(bucket.FieldID).ObjectIDOK()
+		meta := b.Lookup(bucket.FieldMeta)
 		emit := func(slot int, key string, v bsoncore.Value, weight int64) {
 			di, d := bsoncore.AppendDocumentStart(nil)
 			d = bsoncore.AppendStringElement(d, "_id", hex.EncodeToString(id[:])+":"+strconv.Itoa(slot))

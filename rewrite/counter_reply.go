@@ -3,6 +3,8 @@ package rewrite
 import (
 	"fmt"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -24,7 +26,7 @@ func (p *LayoutWrite) Continue(i int, reply bsoncore.Document) bool {
 // failed statement, and those of statements an ordered insert did not run.
 func (p *LayoutWrite) Reply(replies [][]byte) []byte {
 	n := p.done
-	errs := append([]writeError(nil), p.rejected...)
+	errs := append([]bucket.WriteError(nil), p.rejected...)
 	var wce bsoncore.Value
 	var stop *upstreamError
 	for c, stmts := range p.events {
@@ -67,7 +69,7 @@ func (p *LayoutWrite) errmsg(upstream string) string {
 
 // notRun reports the events of statements that did not run (or whose
 // command failed as a whole).
-func (p *LayoutWrite) notRun(errs []writeError, stmts [][]int, cause *upstreamError) []writeError {
+func (p *LayoutWrite) notRun(errs []bucket.WriteError, stmts [][]int, cause *upstreamError) []bucket.WriteError {
 	code, msg := mongoerr.InternalError, fmt.Sprintf("tsproxy rule %s: not written: an earlier bucket update of this ordered insert failed", p.rule.Namespace)
 	if cause != nil {
 		code, msg = cause.code, p.errmsg(cause.errmsg)

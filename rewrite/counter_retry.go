@@ -91,8 +91,8 @@ func appendMark(u []byte, writeID string, now int64) []byte {
 
 // CounterHasMark reports whether a stored counter bucket holds the mark
 // of writeID.
-func CounterHasMark(bucket bsoncore.Document, writeID string) bool {
-	marks, ok := bucket.Lookup(CounterApplied).DocumentOK()
+func CounterHasMark(bdoc bsoncore.Document, writeID string) bool {
+	marks, ok := bdoc.Lookup(CounterApplied).DocumentOK()
 	if !ok || writeID == "" {
 		return false
 	}

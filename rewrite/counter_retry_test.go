@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -68,9 +70,9 @@ func TestCounterInsertMarks(t *testing.T) {
 	const w = "0123456789abcdef01234567"
 	life := MarkerLife.Milliseconds()
 	events := []bson.D{hit("/b", dt(5000)), hit("/a", dt(5000)), hit("/b", dt(5500)), hit("/c", dt(0))}
-	idA := BucketIDOf(rule.BucketNamespace(), rawOf("/a"), 0, 0)
-	idB := BucketIDOf(rule.BucketNamespace(), rawOf("/b"), 0, 0)
-	idC := BucketIDOf(rule.BucketNamespace(), rawOf("/c"), 0, 0)
+	idA := bucket.IDOf(rule.BucketNamespace(), rawOf("/a"), 0, 0)
+	idB := bucket.IDOf(rule.BucketNamespace(), rawOf("/b"), 0, 0)
+	idC := bucket.IDOf(rule.BucketNamespace(), rawOf("/c"), 0, 0)
 	stA := func(gen int) bson.D {
 		return markedStmt(rule, "/a", 0, bson.D{{Key: "slots.5", Value: int64(1)}}, 1, w, gen)
 	}
@@ -136,9 +138,9 @@ func TestCounterInsertMarks(t *testing.T) {
 func TestCounterHasMark(t *testing.T) {
 	const w = "0123456789abcdef01234567"
 	cases := []struct {
-		name   string
-		bucket bson.D
-		want   bool
+		name string
+		bdoc bson.D
+		want bool
 	}{
 		{"no marks", bson.D{{Key: "_id", Value: 1}}, false},
 		{"marked in the current period", bson.D{{Key: "applied", Value: bson.D{{Key: "g1", Value: bson.D{{Key: w, Value: true}}}}}}, true},
@@ -151,12 +153,12 @@ func TestCounterHasMark(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := CounterHasMark(mustDoc(t, tc.bucket), w); got != tc.want {
+			if got := CounterHasMark(mustDoc(t, tc.bdoc), w); got != tc.want {
 				t.Fatalf("CounterHasMark = %v, want %v", got, tc.want)
 			}
 		})
 	}
-	if CounterHasMark(mustDoc(t, cases[1].bucket), "") {
+	if CounterHasMark(mustDoc(t, cases[1].bdoc), "") {
 		t.Fatal("an empty write id matched")
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -30,7 +32,7 @@ func hit(page any, ts any) bson.D {
 
 // counterStmt is the expected upsert of one (page, window).
 func counterStmt(rule *rules.Rule, page any, start int64, slots bson.D, total int64) bson.D {
-	id := BucketIDOf(rule.BucketNamespace(), rawOf(page), start, 0)
+	id := bucket.IDOf(rule.BucketNamespace(), rawOf(page), start, 0)
 	inc := append(slots, bson.E{Key: "total", Value: total})
 	return bson.D{{Key: "q", Value: bson.D{{Key: "_id", Value: id}}},
 		{Key: "u", Value: bson.D{{Key: "$inc", Value: inc}, {Key: "$setOnInsert", Value: bson.D{{Key: "meta", Value: page}, {Key: "start", Value: dt(start)}}}}},
@@ -212,12 +214,12 @@ func runLayoutRead(t *testing.T, rule *rules.Rule, cmd bson.D, buckets ...bson.D
 func TestCounterRead(t *testing.T) {
 	rule := layoutRule(rules.LayoutCounter, time.Minute, time.Second)
 	ns := rule.BucketNamespace()
-	b0 := bson.D{{Key: "_id", Value: BucketIDOf(ns, rawOf("/a"), 0, 0)}, {Key: "meta", Value: "/a"}, {Key: "start", Value: dt(0)}, {Key: "total", Value: int64(6)},
+	b0 := bson.D{{Key: "_id", Value: bucket.IDOf(ns, rawOf("/a"), 0, 0)}, {Key: "meta", Value: "/a"}, {Key: "start", Value: dt(0)}, {Key: "total", Value: int64(6)},
 		{Key: "slots", Value: bson.D{{Key: "7", Value: int64(2)}, {Key: "3", Value: int64(4)}}}}
-	b1 := bson.D{{Key: "_id", Value: BucketIDOf(ns, rawOf("/b"), 0, 0)}, {Key: "meta", Value: "/b"}, {Key: "start", Value: dt(0)}, {Key: "total", Value: int64(1)},
+	b1 := bson.D{{Key: "_id", Value: bucket.IDOf(ns, rawOf("/b"), 0, 0)}, {Key: "meta", Value: "/b"}, {Key: "start", Value: dt(0)}, {Key: "total", Value: int64(1)},
 		{Key: "slots", Value: bson.D{{Key: "3", Value: int64(1)}}}}
-	id0 := BucketIDOf(ns, rawOf("/a"), 0, 0).Hex()
-	id1 := BucketIDOf(ns, rawOf("/b"), 0, 0).Hex()
+	id0 := bucket.IDOf(ns, rawOf("/a"), 0, 0).Hex()
+	id1 := bucket.IDOf(ns, rawOf("/b"), 0, 0).Hex()
 	doc := func(id, page string, sec int64, n int32) bson.D {
 		return bson.D{{Key: "_id", Value: id}, {Key: "page", Value: page}, {Key: "ts", Value: dt(sec * 1000)}, {Key: "count", Value: n}}
 	}
@@ -243,7 +245,7 @@ func TestCounterRead(t *testing.T) {
 		if len(sent) != 2 {
 			t.Fatalf("%d lookups, want 2 windows", len(sent))
 		}
-		assertDoc(t, "lookup", sent[1], bson.D{{Key: "find", Value: "readings.buckets"}, {Key: "filter", Value: bson.D{{Key: "_id", Value: BucketIDOf(ns, rawOf("/a"), 60_000, 0)}}}, {Key: "singleBatch", Value: true}, {Key: "$db", Value: "iot"}})
+		assertDoc(t, "lookup", sent[1], bson.D{{Key: "find", Value: "readings.buckets"}, {Key: "filter", Value: bson.D{{Key: "_id", Value: bucket.IDOf(ns, rawOf("/a"), 60_000, 0)}}}, {Key: "singleBatch", Value: true}, {Key: "$db", Value: "iot"}})
 		assertDoc(t, "reply", out, cursor(doc(id0+":7", "/a", 7, 2), doc(id0+":3", "/a", 3, 4)))
 	})
 	t.Run("numeric meta: a scan, as 1 and 1.0 are one series to a query", func(t *testing.T) {

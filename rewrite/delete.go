@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -37,7 +39,7 @@ type DeleteOptions struct {
 // DeletePlan is a parsed delete command on a bucketed namespace.
 type DeletePlan struct {
 	rule    *rules.Rule
-	lim     limits
+	lim     bucket.Limits
 	ordered bool
 	args    []bsoncore.Element // generic arguments carried to upstream writes
 	reads   []bsoncore.Element // generic arguments carried to upstream reads
@@ -77,7 +79,7 @@ const deleteMatchBatch = 10_000
 // PlanDelete parses a delete command (statements in the body or in a
 // "deletes" document sequence).
 func PlanDelete(cmd Command, rule *rules.Rule, opts DeleteOptions) (*DeletePlan, error) {
-	lim, err := checkRule(rule)
+	lim, err := bucket.LimitsOf(rule)
 	if err != nil {
 		return nil, err
 	}
@@ -202,21 +204,21 @@ func (p *DeletePlan) planStatement(i int, d bsoncore.Document, caps Caps) (*Dele
 func (p *DeletePlan) matchCommand(sf splitFilter, whole, limitOne, withKey bool) []byte {
 	var pipeline []bsoncore.Document
 	if whole {
-		if sf.bucket != nil {
-			pipeline = append(pipeline, bsonutil.Stage("$match", bsonutil.DocValue(sf.bucket)))
+		if sf.bdoc != nil {
+			pipeline = append(pipeline, bsonutil.Stage("$match", bsonutil.DocValue(sf.bdoc)))
 		}
 		proj := bsoncore.NewDocumentBuilder().
-			AppendInt32(rules.BucketMeta, 1).
-			AppendInt32(rules.BucketStart, 1).
+			AppendInt32(bucket.FieldMeta, 1).
+			AppendInt32(bucket.FieldStart, 1).
 			Build()
 		pipeline = append(pipeline, bsonutil.Stage("$project", bsonutil.DocValue(proj)))
 	} else {
 		pipeline = eventPipeline(sf)
 		pb := bsoncore.NewDocumentBuilder()
 		if withKey {
-			pb.AppendInt32(rules.BucketMeta, 1).AppendInt32(rules.BucketStart, 1)
+			pb.AppendInt32(bucket.FieldMeta, 1).AppendInt32(bucket.FieldStart, 1)
 		}
-		proj := pb.AppendInt32(rules.BucketEvents, 1).Build()
+		proj := pb.AppendInt32(bucket.FieldEvents, 1).Build()
 		pipeline = append(pipeline, bsonutil.Stage("$project", bsonutil.DocValue(proj)))
 	}
 	if limitOne {
@@ -257,11 +259,11 @@ func (p *DeletePlan) FindBucketCommand(id bson.ObjectID, whole bool) []byte {
 	idx, d := bsoncore.AppendDocumentStart(nil)
 	d = bsoncore.AppendStringElement(d, "find", p.rule.BucketCollection)
 	fidx, f := bsoncore.AppendDocumentElementStart(d, "filter")
-	f = bsoncore.AppendObjectIDElement(f, rules.BucketID, id)
+	f = bsoncore.AppendObjectIDElement(f, bucket.FieldID, id)
 	d, _ = bsoncore.AppendDocumentEnd(f, fidx)
 	if !whole {
 		pidx, pr := bsoncore.AppendDocumentElementStart(d, "projection")
-		pr = bsoncore.AppendInt32Element(pr, rules.BucketEvents, 0)
+		pr = bsoncore.AppendInt32Element(pr, bucket.FieldEvents, 0)
 		d, _ = bsoncore.AppendDocumentEnd(pr, pidx)
 	}
 	d = bsoncore.AppendInt32Element(d, "limit", 1)

@@ -1,13 +1,13 @@
 package rewrite
 
 import (
-	"fmt"
 	"strconv"
+
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
-	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -17,7 +17,7 @@ type Candidate struct {
 	ID bson.ObjectID
 	// Key is the bucket's (series, window); HasKey is false until the
 	// bucket was read (the event match reports only the bucket _id).
-	Key    BucketKey
+	Key    bucket.Key
 	HasKey bool
 	all    bool           // every event matches (Whole statements)
 	match  map[string]int // stored event bytes -> matched copies
@@ -46,7 +46,7 @@ func (c *Candidates) Feed(reply []byte) (int64, error) {
 		return 0, err
 	}
 	for _, d := range docs {
-		v, ok := bsonutil.Lookup(d, rules.BucketID)
+		v, ok := bsonutil.Lookup(d, bucket.FieldID)
 		if !ok || v.Type != bsoncore.TypeObjectID {
 			return 0, mongoerr.Errorf(mongoerr.InternalError, "bucket without an ObjectId _id in the match result")
 		}
@@ -58,17 +58,17 @@ func (c *Candidates) Feed(reply []byte) (int64, error) {
 			c.List = append(c.List, cand)
 		}
 		if !cand.HasKey {
-			meta, _ := bsonutil.Lookup(d, rules.BucketMeta)
-			if st, ok := bsonutil.Lookup(d, rules.BucketStart); ok {
+			meta, _ := bsonutil.Lookup(d, bucket.FieldMeta)
+			if st, ok := bsonutil.Lookup(d, bucket.FieldStart); ok {
 				if ms, ok := st.DateTimeOK(); ok {
-					cand.Key, cand.HasKey = eventKey(meta, ms), true
+					cand.Key, cand.HasKey = bucket.KeyOf(meta, ms), true
 				}
 			}
 		}
 		if c.whole {
 			continue
 		}
-		ev, ok := bsonutil.Lookup(d, rules.BucketEvents)
+		ev, ok := bsonutil.Lookup(d, bucket.FieldEvents)
 		if !ok || ev.Type != bsoncore.TypeEmbeddedDocument {
 			return 0, mongoerr.Errorf(mongoerr.InternalError, "match result without an unwound event")
 		}
@@ -98,29 +98,13 @@ func (c *Candidates) KeepFirst() {
 }
 
 // SetBucket records the key of a candidate from its bucket document.
-func (c *Candidate) SetBucket(bucket bsoncore.Document) error {
-	meta, start, err := bucketKeyFields(bucket)
+func (c *Candidate) SetBucket(bdoc bsoncore.Document) error {
+	meta, start, err := bucket.KeyFields(bdoc)
 	if err != nil {
 		return err
 	}
-	c.Key, c.HasKey = eventKey(meta, start), true
+	c.Key, c.HasKey = bucket.KeyOf(meta, start), true
 	return nil
-}
-
-func bucketKeyFields(bucket bsoncore.Document) (bsoncore.Value, int64, error) {
-	meta, ok := bsonutil.Lookup(bucket, rules.BucketMeta)
-	if !ok {
-		meta = bsoncore.Value{Type: bsoncore.TypeNull}
-	}
-	st, ok := bsonutil.Lookup(bucket, rules.BucketStart)
-	if !ok {
-		return meta, 0, mongoerr.Errorf(mongoerr.InternalError, "bucket without %q", rules.BucketStart)
-	}
-	ms, ok := st.DateTimeOK()
-	if !ok {
-		return meta, 0, mongoerr.Errorf(mongoerr.InternalError, "bucket %q is a %s, not a date", rules.BucketStart, bsonutil.TypeName(st.Type))
-	}
-	return meta, ms, nil
 }
 
 // CursorDocs reads the documents of a cursor reply (firstBatch or
@@ -166,7 +150,7 @@ func replyError(reply bsoncore.Document) error { return mongoerr.ReplyError(repl
 // BucketEdit is what a delete statement does to one bucket.
 type BucketEdit struct {
 	ID  bson.ObjectID
-	Key BucketKey
+	Key bucket.Key
 	// Seq is the bucket's number in its key's family of ids.
 	Seq int
 	// Removed and Remaining count events.
@@ -178,41 +162,27 @@ type BucketEdit struct {
 	OldCount int
 }
 
-// maxSeq bounds the search of a bucket's seq (as the proxy's probes).
-const maxSeq = 1 << 16
-
-// SeqOf finds which seq of key's family id is; false when none up to the
-// bound is (a bucket the proxy did not write).
-func SeqOf(bucketNS string, key BucketKey, id bson.ObjectID) (int, bool) {
-	for seq := 0; seq < maxSeq; seq++ {
-		if key.ID(bucketNS, seq) == id {
-			return seq, true
-		}
-	}
-	return 0, false
-}
-
 // Edit computes the bucket that remains of bucket once the candidate's
 // matched events are removed; limitOne removes at most one.
-func (p *DeletePlan) Edit(c *Candidate, bucket bsoncore.Document, limitOne bool) (BucketEdit, error) {
-	if err := bsonutil.Validate(bucket, 1); err != nil {
+func (p *DeletePlan) Edit(c *Candidate, bdoc bsoncore.Document, limitOne bool) (BucketEdit, error) {
+	if err := bsonutil.Validate(bdoc, 1); err != nil {
 		return BucketEdit{}, mongoerr.Errorf(mongoerr.InternalError, "bucket %s is not valid BSON: %v", c.ID.Hex(), err)
 	}
-	meta, start, err := bucketKeyFields(bucket)
+	meta, start, err := bucket.KeyFields(bdoc)
 	if err != nil {
 		return BucketEdit{}, err
 	}
-	key := eventKey(meta, start)
-	seq, ok := SeqOf(p.rule.BucketNamespace(), key, c.ID)
+	key := bucket.KeyOf(meta, start)
+	seq, ok := bucket.SeqOf(p.rule.BucketNamespace(), key, c.ID)
 	if !ok {
 		return BucketEdit{}, ruleErrorf(p.rule, mongoerr.NotImplemented, "bucket %s is not one the proxy wrote (its _id is not of its series and window); delete it directly", c.ID.Hex())
 	}
 	if c.all && !limitOne {
 		// Every event goes: the bucket may have been read without them.
-		n := BucketCount(bucket)
-		return BucketEdit{ID: c.ID, Key: key, Seq: seq, Removed: n, OldCount: n, Replacement: shellBucket(meta, start)}, nil
+		n := bucket.CountOf(bdoc)
+		return BucketEdit{ID: c.ID, Key: key, Seq: seq, Removed: n, OldCount: n, Replacement: bucket.Shell(meta, start)}, nil
 	}
-	stored, err := bucketEventDocs(bucket)
+	stored, err := bucket.EventDocs(bdoc)
 	if err != nil {
 		return BucketEdit{}, ruleErrorf(p.rule, mongoerr.InternalError, "bucket %s: %v", c.ID.Hex(), err)
 	}
@@ -220,7 +190,7 @@ func (p *DeletePlan) Edit(c *Candidate, bucket bsoncore.Document, limitOne bool)
 	for k, n := range c.match {
 		left[k] = n
 	}
-	var keep []event
+	var keep []bucket.Event
 	removed := 0
 	for _, d := range stored {
 		if limitOne && removed == 1 {
@@ -240,69 +210,29 @@ func (p *DeletePlan) Edit(c *Candidate, bucket bsoncore.Document, limitOne bool)
 	}
 	e := BucketEdit{ID: c.ID, Key: key, Seq: seq, Removed: removed, Remaining: len(keep), OldCount: len(stored)}
 	if len(keep) == 0 {
-		e.Replacement = shellBucket(meta, start)
+		e.Replacement = bucket.Shell(meta, start)
 	} else {
-		e.Replacement = withoutID(completeBucket(c.ID, keep, p.rule, p.lim))
+		e.Replacement = withoutID(bucket.Complete(c.ID, keep, p.rule, p.lim))
 	}
 	return e, nil
-}
-
-func bucketEventDocs(bucket bsoncore.Document) ([]bsoncore.Document, error) {
-	v, ok := bsonutil.Lookup(bucket, rules.BucketEvents)
-	if !ok {
-		return nil, nil
-	}
-	arr, ok := v.ArrayOK()
-	if !ok {
-		return nil, fmt.Errorf("%q is a %s, not an array", rules.BucketEvents, bsonutil.TypeName(v.Type))
-	}
-	vals, err := arr.Values()
-	if err != nil {
-		return nil, err
-	}
-	out := make([]bsoncore.Document, 0, len(vals))
-	for i, v := range vals {
-		d, ok := v.DocumentOK()
-		if !ok {
-			return nil, fmt.Errorf("event %d is a %s, not a document", i, bsonutil.TypeName(v.Type))
-		}
-		out = append(out, d)
-	}
-	return out, nil
 }
 
 // storedToEvent reads back what summarize needs of a stored event. The
 // insert path validated it: a missing time reads as 0 and a non-number
 // aggregate is skipped, neither of which a stored event has.
-func (p *DeletePlan) storedToEvent(d bsoncore.Document, meta bsoncore.Value, start int64) event {
-	ev := event{meta: meta, start: start, stored: d}
+func (p *DeletePlan) storedToEvent(d bsoncore.Document, meta bsoncore.Value, start int64) bucket.Event {
+	ev := bucket.Event{Meta: meta, Start: start, Stored: d}
 	if t, ok := bsonutil.Lookup(d, p.rule.TimeField); ok {
-		ev.time, _ = t.DateTimeOK()
+		ev.Time, _ = t.DateTimeOK()
 	}
-	for _, name := range p.lim.aggregates {
+	for _, name := range p.lim.Aggregates {
 		v, ok := bsonutil.Lookup(d, name)
-		if !ok || !isAggregatable(v.Type) {
+		if !ok || !bucket.IsAggregatable(v.Type) {
 			v = bsoncore.Value{}
 		}
-		ev.aggs = append(ev.aggs, v)
+		ev.Aggs = append(ev.Aggs, v)
 	}
 	return ev
-}
-
-// shellBucket is a bucket emptied by a delete that must stay because a
-// higher seq of its key exists: reads find a key's buckets by probing seq
-// 0, 1, ... until the first missing id, so it keeps the family gapless.
-// Inserts never join it (they join only the highest seq).
-func shellBucket(meta bsoncore.Value, start int64) bsoncore.Document {
-	return bsoncore.NewDocumentBuilder().
-		AppendValue(rules.BucketMeta, meta).
-		AppendDateTime(rules.BucketStart, start).
-		AppendInt32(rules.BucketCount, 0).
-		AppendInt32(rules.BucketBytes, 0).
-		AppendDocument(rules.BucketMin, bsoncore.NewDocumentBuilder().Build()).
-		AppendDocument(rules.BucketMax, bsoncore.NewDocumentBuilder().Build()).
-		AppendArray(rules.BucketEvents, bsoncore.NewArrayBuilder().Build()).
-		Build()
 }
 
 // withoutID copies doc without its _id (a replacement keeps the
@@ -311,22 +241,12 @@ func withoutID(doc bsoncore.Document) bsoncore.Document {
 	elems, _ := doc.Elements()
 	idx, out := bsoncore.AppendDocumentStart(nil)
 	for _, e := range elems {
-		if e.Key() != rules.BucketID {
+		if e.Key() != bucket.FieldID {
 			out = append(out, e...)
 		}
 	}
 	out, _ = bsoncore.AppendDocumentEnd(out, idx)
 	return out
-}
-
-// BucketCount reads a bucket's count (0 when absent).
-func BucketCount(bucket bsoncore.Document) int {
-	v, ok := bsonutil.Lookup(bucket, rules.BucketCount)
-	if !ok {
-		return 0
-	}
-	n, _ := v.AsInt64OK()
-	return int(n)
 }
 
 // ReplaceCommand is an update replacing each edited bucket by _id.
@@ -337,7 +257,7 @@ func (p *DeletePlan) ReplaceCommand(edits []BucketEdit) []byte {
 	for i, e := range edits {
 		sidx, s := bsoncore.AppendDocumentElementStart(a, strconv.Itoa(i))
 		qidx, q := bsoncore.AppendDocumentElementStart(s, "q")
-		q = bsoncore.AppendObjectIDElement(q, rules.BucketID, e.ID)
+		q = bsoncore.AppendObjectIDElement(q, bucket.FieldID, e.ID)
 		s, _ = bsoncore.AppendDocumentEnd(q, qidx)
 		s = bsoncore.AppendDocumentElement(s, "u", e.Replacement)
 		a, _ = bsoncore.AppendDocumentEnd(s, sidx)
@@ -359,7 +279,7 @@ func (p *DeletePlan) RemoveCommand(ids []bson.ObjectID) []byte {
 	for i, id := range ids {
 		sidx, s := bsoncore.AppendDocumentElementStart(a, strconv.Itoa(i))
 		qidx, q := bsoncore.AppendDocumentElementStart(s, "q")
-		q = bsoncore.AppendObjectIDElement(q, rules.BucketID, id)
+		q = bsoncore.AppendObjectIDElement(q, bucket.FieldID, id)
 		s, _ = bsoncore.AppendDocumentEnd(q, qidx)
 		s = bsoncore.AppendInt32Element(s, "limit", 1)
 		a, _ = bsoncore.AppendDocumentEnd(s, sidx)
@@ -423,13 +343,13 @@ type StatementError struct {
 // Reply is the app's delete reply: {n, writeErrors?, writeConcernError?,
 // ok: 1}. A statement error's code is its *mongoerr.Error's.
 func (p *DeletePlan) Reply(n int, errs []StatementError) []byte {
-	var werrs []writeError
+	var werrs []bucket.WriteError
 	for _, e := range errs {
 		code := mongoerr.InternalError
 		if ce, ok := e.Err.(*mongoerr.Error); ok {
 			code = ce.Code
 		}
-		werrs = append(werrs, writeError{index: e.Index, code: code, errmsg: e.Err.Error()})
+		werrs = append(werrs, bucket.WriteError{Index: e.Index, Code: code, Msg: e.Err.Error()})
 	}
 	return writeReply(n, werrs, p.wce, bsoncore.Value{})
 }

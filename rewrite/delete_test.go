@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -143,7 +145,7 @@ func TestDeleteEdit(t *testing.T) {
 	e1 := stored(oid(1), dt(1000), true, 5.0)
 	e2 := stored(oid(2), dt(2000), true, 7)
 	e3 := stored(oid(3), dt(3000), true, 1.5)
-	id, bucket := delBucket(t, "s1", 0, 1, e1, e2, e3, e1)
+	id, bdoc := delBucket(t, "s1", 0, 1, e1, e2, e3, e1)
 	plan, err := PlanDelete(Command{Body: rdRaw(t, D{{Key: "delete", Value: "readings"}, {Key: "deletes", Value: A{stmt(D{{Key: "value", Value: D{{Key: "$gt", Value: 6}}}}, 0)}}, {Key: "$db", Value: "iot"}})}, rule, DeleteOptions{Caps: mongoCaps})
 	if err != nil {
 		t.Fatal(err)
@@ -185,21 +187,21 @@ func TestDeleteEdit(t *testing.T) {
 			}
 			cand := c.cands.List[0]
 			if !cand.HasKey {
-				if err := cand.SetBucket(bucket); err != nil {
+				if err := cand.SetBucket(bdoc); err != nil {
 					t.Fatal(err)
 				}
 			}
 			if c.one {
 				c.cands.KeepFirst()
 			}
-			e, err := plan.Edit(cand, bucket, c.one)
+			e, err := plan.Edit(cand, bdoc, c.one)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if e.ID != id || e.Seq != 1 || e.Removed != c.removed || e.Remaining != len(c.remaining) || e.OldCount != 4 {
 				t.Fatalf("edit: %+v", e)
 			}
-			if e.Key.String() != eventKey(bsoncore.Value{Type: bsoncore.TypeString, Data: bsoncore.AppendString(nil, "s1")}, 0).String() {
+			if e.Key.String() != bucket.KeyOf(bsoncore.Value{Type: bsoncore.TypeString, Data: bsoncore.AppendString(nil, "s1")}, 0).String() {
 				t.Fatal("wrong key")
 			}
 			var want D
@@ -208,13 +210,13 @@ func TestDeleteEdit(t *testing.T) {
 					{Key: "min", Value: D{}}, {Key: "max", Value: D{}}, {Key: "events", Value: A{}}}
 			} else {
 				// What a fresh insert of the remaining events builds.
-				var evs []event
+				var evs []bucket.Event
 				for _, r := range c.remaining {
 					evs = append(evs, plan.storedToEvent(rdRaw(t, r), bsoncore.Value{Type: bsoncore.TypeString, Data: bsoncore.AppendString(nil, "s1")}, 0))
 				}
-				lim, _ := checkRule(rule)
+				lim, _ := bucket.LimitsOf(rule)
 				var full D
-				if err := bson.Unmarshal(completeBucket(id, evs, rule, lim), &full); err != nil {
+				if err := bson.Unmarshal(bucket.Complete(id, evs, rule, lim), &full); err != nil {
 					t.Fatal(err)
 				}
 				want = full[1:]
@@ -223,7 +225,7 @@ func TestDeleteEdit(t *testing.T) {
 		})
 	}
 	// The recomputed summaries, spelled out for one case.
-	e, _ := plan.Edit(mkCands(false, e2).List[0], bucket, false)
+	e, _ := plan.Edit(mkCands(false, e2).List[0], bdoc, false)
 	var got D
 	_ = bson.Unmarshal(e.Replacement, &got)
 	m := map[string]any{}
@@ -296,7 +298,7 @@ func TestDeleteWrites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	shell := shellBucket(bsoncore.Value{Type: bsoncore.TypeString, Data: bsoncore.AppendString(nil, "s")}, 0)
+	shell := bucket.Shell(bsoncore.Value{Type: bsoncore.TypeString, Data: bsoncore.AppendString(nil, "s")}, 0)
 	up := plan.ReplaceCommand([]BucketEdit{{ID: oid(1), Replacement: shell}})
 	assertDoc(t, "replace", up, D{{Key: "update", Value: "readings.buckets"}, {Key: "updates", Value: A{
 		D{{Key: "q", Value: D{{Key: "_id", Value: oid(1)}}}, {Key: "u", Value: D{{Key: "meta", Value: "s"}, {Key: "start", Value: dt(0)}, {Key: "count", Value: 0}, {Key: "bytes", Value: 0}, {Key: "min", Value: D{}}, {Key: "max", Value: D{}}, {Key: "events", Value: A{}}}}}}},
@@ -332,13 +334,13 @@ func TestDeleteWrites(t *testing.T) {
 }
 
 func TestSeqOf(t *testing.T) {
-	k := eventKey(bsoncore.Value{Type: bsoncore.TypeString, Data: bsoncore.AppendString(nil, "s")}, 3*hr)
+	k := bucket.KeyOf(bsoncore.Value{Type: bsoncore.TypeString, Data: bsoncore.AppendString(nil, "s")}, 3*hr)
 	for _, seq := range []int{0, 1, 7, 300} {
-		if got, ok := SeqOf("iot.readings.buckets", k, k.ID("iot.readings.buckets", seq)); !ok || got != seq {
+		if got, ok := bucket.SeqOf("iot.readings.buckets", k, k.ID("iot.readings.buckets", seq)); !ok || got != seq {
 			t.Fatalf("seq %d: %d %v", seq, got, ok)
 		}
 	}
-	if _, ok := SeqOf("iot.readings.buckets", k, oid(5)); ok {
+	if _, ok := bucket.SeqOf("iot.readings.buckets", k, oid(5)); ok {
 		t.Fatal("a foreign id has a seq")
 	}
 }

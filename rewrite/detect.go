@@ -1,6 +1,9 @@
 package rewrite
 
-import "go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+import (
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
 
 // DetectCaps reads what the upstream supports from its buildInfo reply.
 // FerretDB (which answers with "ferretdbVersion") rejects stmtIds and does
@@ -38,12 +41,12 @@ func (p *InsertPlan) ReplyFromRaw(replies [][]byte) []byte {
 }
 
 // FillsFromRaw is Fills over raw reply bodies.
-func (p *InsertPlan) FillsFromRaw(replies [][]byte) []KeyFill { return p.Fills(docs(replies)) }
+func (p *InsertPlan) FillsFromRaw(replies [][]byte) []bucket.KeyFill { return p.Fills(docs(replies)) }
 
 // RetriableRaw is Retriable over raw reply bodies.
 func (p *InsertPlan) RetriableRaw(replies [][]byte) bool { return p.Retriable(docs(replies)) }
 
 // RetryFromRaw is Retry over raw reply bodies.
-func (p *InsertPlan) RetryFromRaw(replies [][]byte, buckets func(BucketKey) BucketFill) *InsertPlan {
+func (p *InsertPlan) RetryFromRaw(replies [][]byte, buckets func(bucket.Key) bucket.Fill) *InsertPlan {
 	return p.Retry(docs(replies), buckets)
 }

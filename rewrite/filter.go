@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -88,13 +90,13 @@ func (rc *readCtx) metaPath(path string) (rest string, ok bool) {
 func (rc *readCtx) upstreamPath(path string) string {
 	if rest, ok := rc.metaPath(path); ok {
 		rc.usedMeta = true
-		return rules.BucketMeta + rest
+		return bucket.FieldMeta + rest
 	}
-	return rules.BucketEvents + "." + path
+	return bucket.FieldEvents + "." + path
 }
 
 // markerPath is where the metaField marker of an unwound event is.
-func (rc *readCtx) markerPath() string { return rules.BucketEvents + "." + rc.metaField }
+func (rc *readCtx) markerPath() string { return bucket.FieldEvents + "." + rc.metaField }
 
 // refused top-level and field operators: they need more than a renaming
 // (JavaScript, expressions over the whole document, text or geo indexes,
@@ -377,7 +379,7 @@ func (rc *readCtx) appendMetaOperators(dst []byte, ops bsoncore.Document) ([]byt
 	}
 	if len(onMeta) > 0 {
 		rc.usedMeta = true
-		idx, out := bsoncore.AppendDocumentElementStart(dst, rules.BucketMeta)
+		idx, out := bsoncore.AppendDocumentElementStart(dst, bucket.FieldMeta)
 		for _, e := range onMeta {
 			out = append(out, e...)
 		}
@@ -399,8 +401,8 @@ func (rc *readCtx) appendMetaOperators(dst []byte, ops bsoncore.Document) ([]byt
 // splitFilter is the bucket-level and event-level filters of an event
 // filter; either may be nil (no $match needed).
 type splitFilter struct {
-	bucket bsoncore.Document
-	event  bsoncore.Document
+	bdoc  bsoncore.Document
+	event bsoncore.Document
 }
 
 // timeBounds collects the constraints on bucket "start" implied by the
@@ -594,7 +596,7 @@ func (rc *readCtx) split(filter bsoncore.Document) (splitFilter, error) {
 	if !tb.empty() {
 		bucketDocs = append(bucketDocs, startFilter(&tb))
 	}
-	sf.bucket = andOf(bucketDocs)
+	sf.bdoc = andOf(bucketDocs)
 	sf.event = andOf(eventDocs)
 	return sf, nil
 }
@@ -606,7 +608,7 @@ func splitMetaElems(d bsoncore.Document) (onMeta, rest bsoncore.Document) {
 	var m, r []bsoncore.Element
 	for _, e := range elems {
 		k := e.Key()
-		if k == rules.BucketMeta || strings.HasPrefix(k, rules.BucketMeta+".") {
+		if k == bucket.FieldMeta || strings.HasPrefix(k, bucket.FieldMeta+".") {
 			m = append(m, e)
 		} else {
 			r = append(r, e)
@@ -633,7 +635,7 @@ func onlyMeta(d bsoncore.Document) bool {
 	}
 	for _, e := range elems {
 		k := e.Key()
-		if k != rules.BucketMeta && !strings.HasPrefix(k, rules.BucketMeta+".") {
+		if k != bucket.FieldMeta && !strings.HasPrefix(k, bucket.FieldMeta+".") {
 			return false
 		}
 	}
@@ -643,7 +645,7 @@ func onlyMeta(d bsoncore.Document) bool {
 func startFilter(tb *timeBounds) bsoncore.Document {
 	idx, d := bsoncore.AppendDocumentStart(nil)
 	if tb.hasLo || tb.hasHi {
-		sidx, s := bsoncore.AppendDocumentElementStart(d, rules.BucketStart)
+		sidx, s := bsoncore.AppendDocumentElementStart(d, bucket.FieldStart)
 		if tb.hasLo {
 			s = bsoncore.AppendDateTimeElement(s, "$gte", tb.lo)
 		}
@@ -658,7 +660,7 @@ func startFilter(tb *timeBounds) bsoncore.Document {
 	}
 	for _, set := range tb.eq {
 		if len(set) == 1 && !tb.hasLo && !tb.hasHi && len(tb.eq) == 1 {
-			d = bsoncore.AppendDateTimeElement(d, rules.BucketStart, set[0])
+			d = bsoncore.AppendDateTimeElement(d, bucket.FieldStart, set[0])
 			continue
 		}
 		// Several conjuncts on start: each its own $in under an $and would
@@ -666,7 +668,7 @@ func startFilter(tb *timeBounds) bsoncore.Document {
 		set = intersectStarts(tb.eq)
 		aidx, a := bsoncore.AppendArrayElementStart(d, "$and")
 		cidx, c := bsoncore.AppendDocumentElementStart(a, "0")
-		iidx, in := bsoncore.AppendDocumentElementStart(c, rules.BucketStart)
+		iidx, in := bsoncore.AppendDocumentElementStart(c, bucket.FieldStart)
 		arrIdx, arr := bsoncore.AppendArrayElementStart(in, "$in")
 		for i, s := range set {
 			arr = bsoncore.AppendDateTimeElement(arr, strconv.Itoa(i), s)

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"testing"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -274,19 +276,19 @@ func simulateUpstream(t *testing.T, cmds []bsoncore.Document) []*simBucket {
 				b := get(st.Lookup("q", "_id"))
 				u := st.Lookup("u").Document()
 				for _, op := range []string{"$set", "$setOnInsert"} {
-					if m, err := u.LookupErr(op, rules.BucketMeta); err == nil {
+					if m, err := u.LookupErr(op, bucket.FieldMeta); err == nil {
 						b.meta = m
 					}
 				}
-				b.events = append(b.events, docValues(u.Lookup("$push", rules.BucketEvents, "$each"))...)
+				b.events = append(b.events, docValues(u.Lookup("$push", bucket.FieldEvents, "$each"))...)
 			}
 		case "insert":
 			for _, d := range docValues(c.Lookup("documents")) {
 				b := get(d.Lookup("_id"))
-				if m, err := d.LookupErr(rules.BucketMeta); err == nil {
+				if m, err := d.LookupErr(bucket.FieldMeta); err == nil {
 					b.meta = m
 				}
-				b.events = append(b.events, docValues(d.Lookup(rules.BucketEvents))...)
+				b.events = append(b.events, docValues(d.Lookup(bucket.FieldEvents))...)
 			}
 		default:
 			t.Fatalf("command %d is neither insert nor update: %s", i, rdJSON(c))

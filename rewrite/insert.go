@@ -3,7 +3,8 @@ package rewrite
 import (
 	"fmt"
 	"slices"
-	"strings"
+
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 
@@ -24,7 +25,7 @@ type InsertOptions struct {
 	// highest seq and how full it is). The caller loads the keys that
 	// InsertKeys returns before planning; nil, or an unknown fill, means
 	// "no bucket yet" (seq 0 is the first one written).
-	Buckets func(key BucketKey) BucketFill
+	Buckets func(key bucket.Key) bucket.Fill
 }
 
 // maxInsertRounds bounds the rounds of one insert: the first plan and its
@@ -44,15 +45,15 @@ type InsertPlan struct {
 	// command size limit).
 	Commands []bsoncore.Document
 
-	namespace string       // the rule's namespace, for messages
-	ordered   bool         // the client's "ordered"
-	rejected  []writeError // events refused before anything was sent
+	namespace string              // the rule's namespace, for messages
+	ordered   bool                // the client's "ordered"
+	rejected  []bucket.WriteError // events refused before anything was sent
 	upstream  []plannedCommand
 	fills     []plannedFill // per key, in plan order: the fill once every statement succeeded
 
 	// For retries.
 	rule  *rules.Rule
-	lim   limits
+	lim   bucket.Limits
 	opts  InsertOptions
 	body  bsoncore.Document
 	inTxn bool
@@ -69,15 +70,15 @@ type plannedCommand struct {
 }
 
 type plannedStatement struct {
-	events []int   // indexes in the app's batch, in order
-	chunk  []event // the events themselves, for a retry
-	key    int     // index in InsertPlan.fills
-	seq    int     // the bucket's seq
+	events []int          // indexes in the app's batch, in order
+	chunk  []bucket.Event // the events themselves, for a retry
+	key    int            // index in InsertPlan.fills
+	seq    int            // the bucket's seq
 }
 
 type plannedFill struct {
-	key  BucketKey
-	fill BucketFill
+	key  bucket.Key
+	fill bucket.Fill
 }
 
 // Insert rewrites an insert on rule's namespace into bucket writes on the
@@ -108,7 +109,7 @@ func ruleName(rule *rules.Rule) string {
 // and load their fills before calling Insert. It validates the command as
 // Insert does; events Insert would refuse for their time or meta field
 // have no key.
-func InsertKeys(cmd Command, rule *rules.Rule) ([]BucketKey, error) {
+func InsertKeys(cmd Command, rule *rules.Rule) ([]bucket.Key, error) {
 	keys, err := insertKeys(cmd, rule)
 	if err != nil {
 		return nil, fmt.Errorf("rewrite insert %s: %w", ruleName(rule), err)
@@ -116,32 +117,32 @@ func InsertKeys(cmd Command, rule *rules.Rule) ([]BucketKey, error) {
 	return keys, nil
 }
 
-func insertKeys(cmd Command, rule *rules.Rule) ([]BucketKey, error) {
+func insertKeys(cmd Command, rule *rules.Rule) ([]bucket.Key, error) {
 	lim, docs, _, err := checkInsert(cmd, rule)
 	if err != nil {
 		return nil, err
 	}
 	seen := map[string]bool{}
-	var keys []BucketKey
+	var keys []bucket.Key
 	for _, doc := range docs {
-		meta, _, start, werr := eventTimeMeta(doc, 0, rule, lim)
+		meta, _, start, werr := bucket.TimeMeta(doc, 0, rule, lim)
 		if werr != nil {
 			continue
 		}
-		k := eventKey(meta, start)
+		k := bucket.KeyOf(meta, start)
 		if s := k.String(); !seen[s] {
 			seen[s] = true
 			keys = append(keys, k)
 		}
 	}
-	slices.SortFunc(keys, compareKeys)
+	slices.SortFunc(keys, bucket.CompareKeys)
 	return keys, nil
 }
 
 // checkInsert validates the command and the rule: the limits, the events
 // and the client's ordered.
-func checkInsert(cmd Command, rule *rules.Rule) (limits, []bsoncore.Document, bool, error) {
-	lim, err := checkRule(rule)
+func checkInsert(cmd Command, rule *rules.Rule) (bucket.Limits, []bsoncore.Document, bool, error) {
+	lim, err := bucket.LimitsOf(rule)
 	if err != nil {
 		return lim, nil, false, err
 	}
@@ -179,12 +180,12 @@ func planInsert(cmd Command, rule *rules.Rule, opts InsertOptions) (*InsertPlan,
 // the locks of the insert's keys (see Keys) and plan under them (Plan).
 type PreparedInsert struct {
 	rule     *rules.Rule
-	lim      limits
+	lim      bucket.Limits
 	body     bsoncore.Document
 	ordered  bool
-	rejected []writeError // events refused before anything is sent
-	groups   [][]event    // by (series, window), in order of first appearance
-	keys     []BucketKey  // of groups, sorted
+	rejected []bucket.WriteError // events refused before anything is sent
+	groups   [][]bucket.Event    // by (series, window), in order of first appearance
+	keys     []bucket.Key        // of groups, sorted
 }
 
 // PrepareInsert validates an insert on rule's namespace and prepares its
@@ -206,12 +207,12 @@ func prepareInsert(cmd Command, rule *rules.Rule, newID func() bson.ObjectID) (*
 	if newID == nil {
 		return nil, mongoerr.Errorf(mongoerr.InternalError, "InsertOptions.NewObjectID is nil")
 	}
-	events, rejected := prepareEvents(docs, ordered, rule, lim, newID)
-	pi := &PreparedInsert{rule: rule, lim: lim, body: cmd.Body, ordered: ordered, rejected: rejected, groups: groupEvents(events)}
+	events, rejected := bucket.PrepareEvents(docs, ordered, rule, lim, newID)
+	pi := &PreparedInsert{rule: rule, lim: lim, body: cmd.Body, ordered: ordered, rejected: rejected, groups: bucket.GroupEvents(events)}
 	for _, g := range pi.groups {
-		pi.keys = append(pi.keys, eventKey(g[0].meta, g[0].start))
+		pi.keys = append(pi.keys, bucket.KeyOf(g[0].Meta, g[0].Start))
 	}
-	slices.SortFunc(pi.keys, compareKeys)
+	slices.SortFunc(pi.keys, bucket.CompareKeys)
 	return pi, nil
 }
 
@@ -219,7 +220,7 @@ func prepareInsert(cmd Command, rule *rules.Rule, newID func() bson.ObjectID) (*
 // keys whose fills Plan asks opts.Buckets for. Events refused before
 // sending have none; with ordered:true neither have the events after the
 // first refused one.
-func (pi *PreparedInsert) Keys() []BucketKey { return pi.keys }
+func (pi *PreparedInsert) Keys() []bucket.Key { return pi.keys }
 
 // Plan is Insert's plan for the prepared insert against the fills
 // opts.Buckets reports (opts.NewObjectID is not used: the events' ids were
@@ -257,65 +258,4 @@ func checkInsertTarget(body bsoncore.Document, rule *rules.Rule) error {
 		}
 	}
 	return nil
-}
-
-// limits are a rule's bucket settings with defaults applied.
-type limits struct {
-	spanMillis int64
-	maxEvents  int
-	maxBytes   int64
-	threshold  int      // chunks with at least this many events are inserted whole
-	aggregates []string // deduplicated
-}
-
-// checkRule rejects a rule the write path cannot apply safely (rules/
-// validation should already have), and applies defaults to zero settings.
-func checkRule(rule *rules.Rule) (limits, error) {
-	if rule == nil {
-		return limits{}, mongoerr.Errorf(mongoerr.InternalError, "no rule")
-	}
-	bad := func(format string, args ...any) (limits, error) {
-		return limits{}, mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: %s", rule.Namespace, fmt.Sprintf(format, args...))
-	}
-	if rule.TimeField == "" {
-		return bad("no timeField")
-	}
-	for _, f := range append([]string{rule.TimeField, rule.MetaField}, rule.Aggregates...) {
-		if strings.Contains(f, ".") || strings.HasPrefix(f, "$") || strings.ContainsRune(f, 0) {
-			return bad("field name %q: dotted, $-prefixed or NUL names are not supported", f)
-		}
-	}
-	if rule.TimeField == "_id" || rule.MetaField == "_id" || rule.MetaField == rule.TimeField {
-		return bad("timeField %q and metaField %q must be distinct and not _id", rule.TimeField, rule.MetaField)
-	}
-	lim := limits{
-		spanMillis: rules.DefaultSpan.Milliseconds(),
-		maxEvents:  rule.MaxEvents,
-		maxBytes:   rule.MaxBytes,
-		threshold:  rule.InsertThreshold,
-	}
-	if rule.Span != 0 {
-		lim.spanMillis = rule.SpanMillis()
-	}
-	if lim.spanMillis <= 0 {
-		return bad("span %v is not a positive whole number of milliseconds", rule.Span)
-	}
-	if lim.maxEvents <= 0 {
-		lim.maxEvents = rules.DefaultMaxEvents
-	}
-	if lim.maxBytes <= 0 {
-		lim.maxBytes = rules.DefaultMaxBytes
-	}
-	lim.maxBytes = min(lim.maxBytes, rules.MaxBucketBytes)
-	seen := map[string]bool{}
-	for _, a := range rule.Aggregates {
-		if a == "" || a == rule.TimeField || (a == rule.MetaField) {
-			return bad("aggregate %q must be a field other than the timeField and metaField", a)
-		}
-		if !seen[a] {
-			seen[a] = true
-			lim.aggregates = append(lim.aggregates, a)
-		}
-	}
-	return lim, nil
 }

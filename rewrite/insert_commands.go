@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -37,17 +39,17 @@ type statementDoc struct {
 // stale one makes the insert meet a duplicate key, which Retry re-plans as
 // it does for a complete bucket). Statements become upstream commands:
 // inserts first, then updates.
-func (p *InsertPlan) buildCommands(events []event) { p.buildGroups(groupEvents(events)) }
+func (p *InsertPlan) buildCommands(events []bucket.Event) { p.buildGroups(bucket.GroupEvents(events)) }
 
 // buildGroups is buildCommands for events already grouped.
-func (p *InsertPlan) buildGroups(groups [][]event) {
+func (p *InsertPlan) buildGroups(groups [][]bucket.Event) {
 	rule, lim := p.rule, p.lim
 	ns := rule.BucketNamespace()
 	idOnly := p.opts.Caps.IDOnlyFilters
 	var inserts, updates []statementDoc
 	for _, g := range groups {
-		key := eventKey(g[0].meta, g[0].start)
-		fill := BucketFill{Seq: -1}
+		key := bucket.KeyOf(g[0].Meta, g[0].Start)
+		fill := bucket.Fill{Seq: -1}
 		if p.opts.Buckets != nil {
 			if f := p.opts.Buckets(key); f.Known && f.Seq >= 0 {
 				fill = f
@@ -58,8 +60,8 @@ func (p *InsertPlan) buildGroups(groups [][]event) {
 		if fill.Seq >= 0 && p.mayJoin(fill, len(g)) {
 			k, b := 0, int64(0)
 			for k < len(rest) {
-				size := int64(len(rest[k].stored))
-				if fill.Count+k+1 > lim.maxEvents || fill.Bytes+b+size > lim.maxBytes {
+				size := int64(len(rest[k].Stored))
+				if fill.Count+k+1 > lim.MaxEvents || fill.Bytes+b+size > lim.MaxBytes {
 					break
 				}
 				k++
@@ -68,21 +70,21 @@ func (p *InsertPlan) buildGroups(groups [][]event) {
 			if k > 0 {
 				chunk := rest[:k]
 				st := plannedStatement{events: eventIndexes(chunk), chunk: chunk, key: ki, seq: fill.Seq}
-				id := BucketID(ns, g[0].meta, g[0].start, fill.Seq)
-				updates = append(updates, statementDoc{doc: upsertStatement(id, chunk, lim, rule.TimeField, idOnly), plan: st})
+				id := bucket.ID(ns, g[0].Meta, g[0].Start, fill.Seq)
+				updates = append(updates, statementDoc{doc: bucket.UpsertStatement(id, chunk, lim, rule.TimeField, idOnly), plan: st})
 				fill.Count += k
 				fill.Bytes += b
 			}
 			rest = rest[k:]
 		}
-		for _, chunk := range chunkEvents(rest, lim) {
-			fill = BucketFill{Seq: fill.Seq + 1, Count: len(chunk), Bytes: chunkBytes(chunk)}
+		for _, chunk := range bucket.ChunkEvents(rest, lim) {
+			fill = bucket.Fill{Seq: fill.Seq + 1, Count: len(chunk), Bytes: bucket.ChunkBytes(chunk)}
 			st := plannedStatement{events: eventIndexes(chunk), chunk: chunk, key: ki, seq: fill.Seq}
-			id := BucketID(ns, g[0].meta, g[0].start, fill.Seq)
-			if len(chunk) >= lim.threshold || p.opts.Caps.CostlyUpdates {
-				inserts = append(inserts, statementDoc{doc: completeBucket(id, chunk, rule, lim), plan: st})
+			id := bucket.ID(ns, g[0].Meta, g[0].Start, fill.Seq)
+			if len(chunk) >= lim.Threshold || p.opts.Caps.CostlyUpdates {
+				inserts = append(inserts, statementDoc{doc: bucket.Complete(id, chunk, rule, lim), plan: st})
 			} else {
-				updates = append(updates, statementDoc{doc: upsertStatement(id, chunk, lim, rule.TimeField, idOnly), plan: st})
+				updates = append(updates, statementDoc{doc: bucket.UpsertStatement(id, chunk, lim, rule.TimeField, idOnly), plan: st})
 			}
 		}
 		fill.Known = true
@@ -104,10 +106,10 @@ func (p *InsertPlan) buildGroups(groups [][]event) {
 	}
 }
 
-func eventIndexes(chunk []event) []int {
+func eventIndexes(chunk []bucket.Event) []int {
 	idx := make([]int, len(chunk))
 	for i, ev := range chunk {
-		idx[i] = ev.index
+		idx[i] = ev.Index
 	}
 	return idx
 }
@@ -178,11 +180,11 @@ func (p *InsertPlan) addCommand(kind, arrayField string, ordered bool, batch []s
 // measured), only into a bucket still below the insert threshold and only
 // for a group below it, so an update never rewrites a large bucket and a
 // large group is inserted as buckets of its own.
-func (p *InsertPlan) mayJoin(fill BucketFill, k int) bool {
+func (p *InsertPlan) mayJoin(fill bucket.Fill, k int) bool {
 	if !p.opts.Caps.CostlyUpdates {
 		return true
 	}
-	return fill.Count < p.lim.threshold && k < p.lim.threshold
+	return fill.Count < p.lim.Threshold && k < p.lim.Threshold
 }
 
 // IsUpdate reports whether Commands[i] is an update command (of upserts)

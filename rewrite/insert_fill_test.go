@@ -3,19 +3,21 @@ package rewrite
 import (
 	"testing"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
 // fillsOf answers Buckets from a map keyed by meta string (window 0).
-func fillsOf(m map[string]BucketFill) func(BucketKey) BucketFill {
-	return func(k BucketKey) BucketFill {
+func fillsOf(m map[string]bucket.Fill) func(bucket.Key) bucket.Fill {
+	return func(k bucket.Key) bucket.Fill {
 		for meta, f := range m {
-			if eventKey(mustValue(meta), 0).String() == k.String() {
+			if bucket.KeyOf(mustValue(meta), 0).String() == k.String() {
 				return f
 			}
 		}
-		return BucketFill{Seq: -1, Known: true}
+		return bucket.Fill{Seq: -1, Known: true}
 	}
 }
 
@@ -42,7 +44,7 @@ func TestInsertFills(t *testing.T) {
 	// Open bucket seq 2 holds 1 event: two fit (one upsert), then a new
 	// bucket 3 of 3 events (complete insert, threshold 3).
 	o := opts()
-	o.Buckets = fillsOf(map[string]BucketFill{"s": {Seq: 2, Count: 1, Bytes: 10, Known: true}})
+	o.Buckets = fillsOf(map[string]bucket.Fill{"s": {Seq: 2, Count: 1, Bytes: 10, Known: true}})
 	p := mustInsert(t, bodyCmd(t, events), rule, o)
 	mn, mx := ts(1, 2)
 	bucket3 := bson.D{
@@ -56,7 +58,7 @@ func TestInsertFills(t *testing.T) {
 		insertCmd(true, []bson.D{bucket3}),
 		updateCmd(true, []bson.D{upsertAt(2, false, 3, 1<<20, "s", 0, 2, sz(1, 2), bson.A{se(1), se(2)}, nil, mn, mx)}))
 	got := p.Fills(okReplies(t, p))
-	if len(got) != 1 || got[0].Fill != (BucketFill{Seq: 3, Count: 3, Bytes: int64(sz(3, 4, 5)), Known: true}) {
+	if len(got) != 1 || got[0].Fill != (bucket.Fill{Seq: 3, Count: 3, Bytes: int64(sz(3, 4, 5)), Known: true}) {
 		t.Errorf("fills = %+v", got)
 	}
 	// A failed statement makes the key's fill unknown.
@@ -68,7 +70,7 @@ func TestInsertFills(t *testing.T) {
 	// The same on an upstream with _id-only filters: q is {_id} alone.
 	o = opts()
 	o.Caps = Caps{IDOnlyFilters: true, MaxUpdateStatements: 1}
-	o.Buckets = fillsOf(map[string]BucketFill{"s": {Seq: 0, Count: 2, Bytes: 10, Known: true}})
+	o.Buckets = fillsOf(map[string]bucket.Fill{"s": {Seq: 0, Count: 2, Bytes: 10, Known: true}})
 	p = mustInsert(t, bodyCmd(t, events[:2]), rule, o)
 	mn, mx = ts(1, 1)
 	mn2, mx2 := ts(2, 2)
@@ -78,11 +80,11 @@ func TestInsertFills(t *testing.T) {
 
 	// A full open bucket (by bytes) gets nothing; an unknown fill is "none".
 	o = opts()
-	o.Buckets = fillsOf(map[string]BucketFill{"s": {Seq: 4, Count: 0, Bytes: 1 << 20, Known: true}})
+	o.Buckets = fillsOf(map[string]bucket.Fill{"s": {Seq: 4, Count: 0, Bytes: 1 << 20, Known: true}})
 	p = mustInsert(t, bodyCmd(t, events[:1]), rule, o)
 	mn, mx = ts(1, 1)
 	assertCommands(t, p, updateCmd(true, []bson.D{upsertAt(5, false, 3, 1<<20, "s", 0, 1, sz(1), bson.A{se(1)}, nil, mn, mx)}))
-	o.Buckets = fillsOf(map[string]BucketFill{"s": {Seq: 4, Count: 1}})
+	o.Buckets = fillsOf(map[string]bucket.Fill{"s": {Seq: 4, Count: 1}})
 	p = mustInsert(t, bodyCmd(t, events[:1]), rule, o)
 	assertCommands(t, p, updateCmd(true, []bson.D{upsertAt(0, false, 3, 1<<20, "s", 0, 1, sz(1), bson.A{se(1)}, nil, mn, mx)}))
 }
@@ -107,7 +109,7 @@ func TestInsertRetry(t *testing.T) {
 		if f := p.Fills(replies); f[0].Fill.Known {
 			t.Errorf("ordered=%v: fill of the duplicate key's series is known", ordered)
 		}
-		next := p.Retry(replies, fillsOf(map[string]BucketFill{"a": {Seq: 0, Count: 3, Known: true}, "b": {Seq: 0, Count: 1, Known: true}}))
+		next := p.Retry(replies, fillsOf(map[string]bucket.Fill{"a": {Seq: 0, Count: 3, Known: true}, "b": {Seq: 0, Count: 1, Known: true}}))
 		if next == nil {
 			t.Fatalf("ordered=%v: no retry", ordered)
 		}
@@ -166,7 +168,7 @@ func TestInsertKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []BucketKey{eventKey(mustValue("a"), 0), eventKey(mustValue("b"), 0), eventKey(bsoncore.Value{}, 0), eventKey(mustValue("b"), hour)}
+	want := []bucket.Key{bucket.KeyOf(mustValue("a"), 0), bucket.KeyOf(mustValue("b"), 0), bucket.KeyOf(bsoncore.Value{}, 0), bucket.KeyOf(mustValue("b"), hour)}
 	if len(keys) != len(want) {
 		t.Fatalf("keys %v, want %v", keys, want)
 	}
@@ -191,15 +193,15 @@ func TestInsertCostlyUpdates(t *testing.T) {
 	costly := Caps{IDOnlyFilters: true, CostlyUpdates: true}
 	cases := []struct {
 		name     string
-		fill     BucketFill
+		fill     bucket.Fill
 		events   int
 		wantSeqs []int // seq of each statement's bucket, inserts first
 		inserts  int
 	}{
-		{"small group, small bucket: joins", BucketFill{Seq: 0, Count: 2, Bytes: 10, Known: true}, 1, []int{0}, 0},
-		{"small group, bucket at threshold: new bucket, inserted whole", BucketFill{Seq: 0, Count: 3, Bytes: 10, Known: true}, 1, []int{1}, 1},
-		{"small group, no bucket yet: inserted whole", BucketFill{Seq: -1, Known: true}, 2, []int{0}, 1},
-		{"group at threshold: its own bucket", BucketFill{Seq: 4, Count: 1, Bytes: 10, Known: true}, 3, []int{5}, 1},
+		{"small group, small bucket: joins", bucket.Fill{Seq: 0, Count: 2, Bytes: 10, Known: true}, 1, []int{0}, 0},
+		{"small group, bucket at threshold: new bucket, inserted whole", bucket.Fill{Seq: 0, Count: 3, Bytes: 10, Known: true}, 1, []int{1}, 1},
+		{"small group, no bucket yet: inserted whole", bucket.Fill{Seq: -1, Known: true}, 2, []int{0}, 1},
+		{"group at threshold: its own bucket", bucket.Fill{Seq: 4, Count: 1, Bytes: 10, Known: true}, 3, []int{5}, 1},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -209,7 +211,7 @@ func TestInsertCostlyUpdates(t *testing.T) {
 			}
 			o := opts()
 			o.Caps = costly
-			o.Buckets = fillsOf(map[string]BucketFill{"s": c.fill})
+			o.Buckets = fillsOf(map[string]bucket.Fill{"s": c.fill})
 			p := mustInsert(t, bodyCmd(t, evs), rule, o)
 			got := p.Fills(okReplies(t, p))
 			if len(got) != 1 || got[0].Fill.Seq != c.wantSeqs[len(c.wantSeqs)-1] {

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -55,7 +57,7 @@ func bid(meta any, start int64, seq int) bson.ObjectID {
 		}
 		v = bsoncore.Value{Type: bsoncore.Type(t), Data: data}
 	}
-	return BucketID("iot.readings.buckets", v, start, seq)
+	return bucket.ID("iot.readings.buckets", v, start, seq)
 }
 
 func opts() InsertOptions { return InsertOptions{NewObjectID: idGen()} }
@@ -223,12 +225,12 @@ func withCounts(inc, minD bson.D, count int32, events bson.A) (bson.D, bson.D) {
 }
 
 func countsOf(field string, events bson.A) (n, low int32) {
-	low = lowBitZero
+	low = bucket.LowBitZero
 	for _, ev := range events {
 		raw, _ := bson.Marshal(ev)
 		if v, err := bsoncore.Document(raw).LookupErr(field); err == nil {
 			n++
-			low = min(low, lowBitOf(v))
+			low = min(low, bucket.LowBitOf(v))
 		}
 	}
 	return n, low

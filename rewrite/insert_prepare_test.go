@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -57,7 +59,7 @@ func TestPrepareInsertPlan(t *testing.T) {
 					t.Fatalf("%d keys, want %d", len(pi.Keys()), wantKeys)
 				}
 				for i := 1; i < len(pi.Keys()); i++ {
-					if compareKeys(pi.Keys()[i-1], pi.Keys()[i]) >= 0 {
+					if bucket.CompareKeys(pi.Keys()[i-1], pi.Keys()[i]) >= 0 {
 						t.Fatalf("keys not sorted and distinct: %v", pi.Keys())
 					}
 				}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -201,7 +203,7 @@ func (p *InsertPlan) outcomes(replies []bsoncore.Document) []*commandOutcome {
 // priorOutcome is what the earlier rounds of an insert wrote and report.
 type priorOutcome struct {
 	written   int
-	errs      []writeError
+	errs      []bucket.WriteError
 	cmdErr    *upstreamError
 	wce       bsoncore.Value
 	labels    bsoncore.Value
@@ -307,16 +309,16 @@ func (p *InsertPlan) settle(replies []bsoncore.Document, retrying bool) (out pri
 // plain collection's would), the insert is part of a transaction (a write
 // error aborts it upstream), or the rounds are spent (maxInsertRounds); the
 // caller then answers with Reply(replies).
-func (p *InsertPlan) Retry(replies []bsoncore.Document, buckets func(BucketKey) BucketFill) *InsertPlan {
+func (p *InsertPlan) Retry(replies []bsoncore.Document, buckets func(bucket.Key) bucket.Fill) *InsertPlan {
 	if !p.Retriable(replies) {
 		return nil
 	}
 	prior, retry := p.settle(replies, true)
-	var events []event
+	var events []bucket.Event
 	for _, st := range retry {
 		events = append(events, st.chunk...)
 	}
-	slices.SortFunc(events, func(a, b event) int { return a.index - b.index })
+	slices.SortFunc(events, func(a, b bucket.Event) int { return a.Index - b.Index })
 	next := &InsertPlan{namespace: p.namespace, ordered: p.ordered, rule: p.rule, lim: p.lim, opts: p.opts,
 		body: p.body, inTxn: p.inTxn, round: p.round + 1, prior: prior}
 	next.opts.Buckets = buckets
@@ -359,7 +361,7 @@ func (p *InsertPlan) Round() int { return p.round }
 // always unknown inside a transaction, whose writes may yet be aborted.
 // The caller keeps the known fills for the next insert and reloads the
 // unknown ones before planning again.
-func (p *InsertPlan) Fills(replies []bsoncore.Document) []KeyFill {
+func (p *InsertPlan) Fills(replies []bsoncore.Document) []bucket.KeyFill {
 	ok := make([]bool, len(p.fills))
 	for i := range ok {
 		ok[i] = !p.inTxn
@@ -372,11 +374,11 @@ func (p *InsertPlan) Fills(replies []bsoncore.Document) []KeyFill {
 			}
 		}
 	}
-	out := make([]KeyFill, len(p.fills))
+	out := make([]bucket.KeyFill, len(p.fills))
 	for i, f := range p.fills {
-		out[i] = KeyFill{Key: f.key, Fill: f.fill}
+		out[i] = bucket.KeyFill{Key: f.key, Fill: f.fill}
 		if !ok[i] {
-			out[i].Fill = BucketFill{Seq: -1}
+			out[i].Fill = bucket.Fill{Seq: -1}
 		}
 	}
 	return out
@@ -385,7 +387,7 @@ func (p *InsertPlan) Fills(replies []bsoncore.Document) []KeyFill {
 // appendNotRun reports the events of statements that never ran because an
 // earlier write failed (ordered) or the proxy stopped: they are not
 // stored, and the client must not count them as written.
-func (p *InsertPlan) appendNotRun(errs []writeError, stmts []plannedStatement, stop *upstreamError) []writeError {
+func (p *InsertPlan) appendNotRun(errs []bucket.WriteError, stmts []plannedStatement, stop *upstreamError) []bucket.WriteError {
 	code, cause := mongoerr.InternalError, "the proxy stopped the batch"
 	if stop != nil {
 		code, cause = stop.code, stop.errmsg
@@ -397,15 +399,15 @@ func (p *InsertPlan) appendNotRun(errs []writeError, stmts []plannedStatement, s
 	return errs
 }
 
-func appendEventErrors(errs []writeError, events []int, code mongoerr.Code, msg string) []writeError {
+func appendEventErrors(errs []bucket.WriteError, events []int, code mongoerr.Code, msg string) []bucket.WriteError {
 	for _, idx := range events {
-		errs = append(errs, writeError{index: idx, code: code, errmsg: msg})
+		errs = append(errs, bucket.WriteError{Index: idx, Code: code, Msg: msg})
 	}
 	return errs
 }
 
-func writeReply(n int, errs []writeError, wce, labels bsoncore.Value) bsoncore.Document {
-	slices.SortStableFunc(errs, func(a, b writeError) int { return a.index - b.index })
+func writeReply(n int, errs []bucket.WriteError, wce, labels bsoncore.Value) bsoncore.Document {
+	slices.SortStableFunc(errs, func(a, b bucket.WriteError) int { return a.Index - b.Index })
 	idx, doc := bsoncore.AppendDocumentStart(nil)
 	doc = bsoncore.AppendInt32Element(doc, "n", int32(n))
 	if len(errs) > 0 {
@@ -413,9 +415,9 @@ func writeReply(n int, errs []writeError, wce, labels bsoncore.Value) bsoncore.D
 		doc = d
 		for i, e := range errs {
 			sub, d := bsoncore.AppendDocumentElementStart(doc, fmt.Sprint(i))
-			d = bsoncore.AppendInt32Element(d, "index", int32(e.index))
-			d = bsoncore.AppendInt32Element(d, "code", int32(e.code))
-			d = bsoncore.AppendStringElement(d, "errmsg", e.errmsg)
+			d = bsoncore.AppendInt32Element(d, "index", int32(e.Index))
+			d = bsoncore.AppendInt32Element(d, "code", int32(e.Code))
+			d = bsoncore.AppendStringElement(d, "errmsg", e.Msg)
 			doc, _ = bsoncore.AppendDocumentEnd(d, sub)
 		}
 		doc, _ = bsoncore.AppendArrayEnd(doc, arr)

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -343,15 +345,15 @@ func (rc *readCtx) translateSort(sort bsoncore.Document, cmd string) (bsoncore.D
 }
 
 func unwindStage() bsoncore.Document {
-	return bsonutil.Stage("$unwind", bsonutil.StringValue("$"+rules.BucketEvents))
+	return bsonutil.Stage("$unwind", bsonutil.StringValue("$"+bucket.FieldEvents))
 }
 
 // eventPipeline is the upstream pipeline of an event read, before its
 // tail: bucket $match, $unwind, event $match.
 func eventPipeline(sf splitFilter) []bsoncore.Document {
 	var st []bsoncore.Document
-	if sf.bucket != nil {
-		st = append(st, bsonutil.Stage("$match", bsonutil.DocValue(sf.bucket)))
+	if sf.bdoc != nil {
+		st = append(st, bsonutil.Stage("$match", bsonutil.DocValue(sf.bdoc)))
 	}
 	st = append(st, unwindStage())
 	if sf.event != nil {
@@ -443,7 +445,7 @@ func (rc *readCtx) planFind(body bsoncore.Document, opts ReadOptions, forExplain
 		return nil, err
 	}
 	extra := bsonutil.Pick(body, []string{"allowDiskUse"})
-	p := &ReadPlan{rc: rc, bucketFilter: sf.bucket}
+	p := &ReadPlan{rc: rc, bucketFilter: sf.bdoc}
 	if spec, _ := rc.planPoint(filter, sortDoc); spec != nil {
 		p.Point = rc.newPointRead(spec, proj, skip, limit, single)
 	} else if spec, sc, _ := rc.planScan(filter, sortDoc); spec != nil {
@@ -515,7 +517,7 @@ func (rc *readCtx) planDistinct(body bsoncore.Document, forExplain bool) (*ReadP
 		return nil, err
 	}
 	metas := newMetaResolver(rc)
-	p := &ReadPlan{rc: rc, Drain: true, metas: metas, bucketFilter: sf.bucket, drain: &distinctDrain{path: strings.Split(key, "."), metaField: rc.metaField, metas: metas}}
+	p := &ReadPlan{rc: rc, Drain: true, metas: metas, bucketFilter: sf.bdoc, drain: &distinctDrain{path: strings.Split(key, "."), metaField: rc.metaField, metas: metas}}
 	p.Command = rc.aggregateCommand(eventPipeline(sf), -1, body, nil, forExplain)
 	return p, nil
 }

@@ -3,6 +3,8 @@ package rewrite
 import (
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -81,7 +83,7 @@ func PlanCollStats(body []byte, rule *rules.Rule) (*CollStatsPlan, error) {
 	}
 	nb := bsoncore.NewDocumentBuilder
 	group := nb().AppendDocument("$group", nb().AppendNull("_id").
-		AppendDocument("n", nb().AppendString("$sum", "$"+rules.BucketCount).Build()).Build()).Build()
+		AppendDocument("n", nb().AppendString("$sum", "$"+bucket.FieldCount).Build()).Build()).Build()
 	p.Count = rc.aggregateCommand([]bsoncore.Document{group}, -1, doc, nil, false)
 	p.CountFallback = rc.aggregateCommand([]bsoncore.Document{unwindStage(), bsonutil.Stage("$count", bsonutil.StringValue("n"))}, -1, doc, nil, false)
 	return p, nil

@@ -3,10 +3,11 @@ package rewrite
 import (
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
-	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
@@ -166,7 +167,7 @@ func (rc *readCtx) planAggregate(body bsoncore.Document, opts ReadOptions, forEx
 		}
 	}
 	p := rc.aggregatePlan(body, pipeline, batchSize, shape, explain, forExplain)
-	p.bucketFilter = sf.bucket
+	p.bucketFilter = sf.bdoc
 	return p, nil
 }
 
@@ -191,8 +192,8 @@ func (rc *readCtx) aggregatePlan(body bsoncore.Document, pipeline []bsoncore.Doc
 // there: for upstreams with full aggregation only.
 func (rc *readCtx) fullAggregate(body bsoncore.Document, stages []pipelineStage, sf splitFilter, batchSize int64, opts ReadOptions, explain, forExplain bool) (*ReadPlan, error) {
 	var pipeline []bsoncore.Document
-	if sf.bucket != nil {
-		pipeline = append(pipeline, bsonutil.Stage("$match", bsonutil.DocValue(sf.bucket)))
+	if sf.bdoc != nil {
+		pipeline = append(pipeline, bsonutil.Stage("$match", bsonutil.DocValue(sf.bdoc)))
 	}
 	pipeline = append(pipeline, unwindStage(), rc.replaceWithEvent())
 	for _, st := range stages {
@@ -207,15 +208,15 @@ func (rc *readCtx) fullAggregate(body bsoncore.Document, stages []pipelineStage,
 // {<metaField>: "$meta"}]}]}}; $mergeObjects keeps the marker's position.
 func (rc *readCtx) replaceWithEvent() bsoncore.Document {
 	if rc.metaField == "" {
-		return bsonutil.Stage("$replaceWith", bsonutil.StringValue("$"+rules.BucketEvents))
+		return bsonutil.Stage("$replaceWith", bsonutil.StringValue("$"+bucket.FieldEvents))
 	}
 	b := bsoncore.NewDocumentBuilder
 	a := bsoncore.NewArrayBuilder
 	typeOf := b().AppendString("$type", "$"+rc.markerPath()).Build()
 	eq := b().AppendArray("$eq", a().AppendDocument(typeOf).AppendString("missing").Build()).Build()
-	metaDoc := b().AppendString(rc.metaField, "$"+rules.BucketMeta).Build()
+	metaDoc := b().AppendString(rc.metaField, "$"+bucket.FieldMeta).Build()
 	cond := b().AppendArray("$cond", a().AppendDocument(eq).AppendDocument(b().Build()).AppendDocument(metaDoc).Build()).Build()
-	merge := b().AppendArray("$mergeObjects", a().AppendString("$"+rules.BucketEvents).AppendDocument(cond).Build()).Build()
+	merge := b().AppendArray("$mergeObjects", a().AppendString("$"+bucket.FieldEvents).AppendDocument(cond).Build()).Build()
 	return bsonutil.Stage("$replaceWith", bsonutil.DocValue(merge))
 }
 

@@ -3,10 +3,11 @@ package rewrite
 import (
 	"slices"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
-	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
@@ -139,10 +140,10 @@ func (p *PointRead) batchFull() bool {
 
 // lookupCommand is the find of one bucket by _id.
 func (p *PointRead) lookupCommand(k pointKey, seq int) []byte {
-	id := BucketID(p.bucketNS, k.meta, k.window, seq)
+	id := bucket.ID(p.bucketNS, k.meta, k.window, seq)
 	nb := bsoncore.NewDocumentBuilder
 	return nb().AppendString("find", p.coll).
-		AppendDocument("filter", nb().AppendObjectID(rules.BucketID, id).Build()).
+		AppendDocument("filter", nb().AppendObjectID(bucket.FieldID, id).Build()).
 		AppendInt32("limit", 1).
 		AppendBoolean("singleBatch", true).
 		AppendString("$db", p.db).Build()
@@ -227,17 +228,17 @@ type pointEvent struct {
 func (p *PointRead) emitBuckets(buckets []bsoncore.Document) error {
 	var evs []pointEvent
 	for _, b := range buckets {
-		meta, err := b.LookupErr(rules.BucketMeta)
+		meta, err := b.LookupErr(bucket.FieldMeta)
 		if err != nil {
 			meta = bsoncore.Value{Type: bsoncore.TypeNull}
 		}
-		arr, err := b.LookupErr(rules.BucketEvents)
+		arr, err := b.LookupErr(bucket.FieldEvents)
 		if err != nil {
 			continue // an emptied shell
 		}
 		a, ok := arr.ArrayOK()
 		if !ok {
-			return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: bucket %s has events of type %s", p.ns, b.Lookup(rules.BucketID).String(), bsonutil.TypeName(arr.Type))
+			return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: bucket %s has events of type %s", p.ns, b.Lookup(bucket.FieldID).String(), bsonutil.TypeName(arr.Type))
 		}
 		vals, err := a.Values()
 		if err != nil {
@@ -268,7 +269,7 @@ func (p *PointRead) emitBuckets(buckets []bsoncore.Document) error {
 			p.skip--
 			continue
 		}
-		doc, err := restoreMeta(e.ev, p.metaField, func() (bsoncore.Value, error) { return e.meta, nil })
+		doc, err := bucket.RestoreMeta(e.ev, p.metaField, func() (bsoncore.Value, error) { return e.meta, nil })
 		if err != nil {
 			return err
 		}

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -109,10 +111,10 @@ func TestPointLookupIDs(t *testing.T) {
 		return bsoncore.Value{Type: bsoncore.TypeString, Data: bsoncore.AppendString(nil, s)}
 	}
 	want := []bson.ObjectID{
-		BucketID("iot.readings.buckets", str("a"), hr, 0),
-		BucketID("iot.readings.buckets", bsoncore.Value{}, hr, 0),
-		BucketID("iot.readings.buckets", str("a"), 2*hr, 0),
-		BucketID("iot.readings.buckets", bsoncore.Value{}, 2*hr, 0),
+		bucket.ID("iot.readings.buckets", str("a"), hr, 0),
+		bucket.ID("iot.readings.buckets", bsoncore.Value{}, hr, 0),
+		bucket.ID("iot.readings.buckets", str("a"), 2*hr, 0),
+		bucket.ID("iot.readings.buckets", bsoncore.Value{}, 2*hr, 0),
 	}
 	for i, c := range cmds {
 		got := bson.ObjectID(bsoncore.Document(c).Lookup("filter", "_id").ObjectID())
@@ -180,7 +182,7 @@ func TestPointReadResults(t *testing.T) {
 				}
 				raw := rdRaw(t, D{{Key: "meta", Value: mv}, {Key: "start", Value: dms(w * hr)}})
 				metaVal := bsoncore.Document(raw).Lookup("meta")
-				bid := BucketID(rule.BucketNamespace(), metaVal, w*hr, seq)
+				bid := bucket.ID(rule.BucketNamespace(), metaVal, w*hr, seq)
 				fb[bid] = rdRaw(t, D{{Key: "_id", Value: bid}, {Key: "meta", Value: mv}, {Key: "start", Value: dms(w * hr)}, {Key: "count", Value: 5}, {Key: "events", Value: evs}})
 			}
 		}

@@ -4,8 +4,9 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
-	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
@@ -122,7 +123,7 @@ func (sc *bucketScan) scanFilter() bsoncore.Document {
 		}
 		b.AppendDateTime(op, sc.startHi)
 	}
-	return nb().AppendDocument(rules.BucketStart, b.Build()).Build()
+	return nb().AppendDocument(bucket.FieldStart, b.Build()).Build()
 }
 
 // scanFind is the upstream find of a scan read.
@@ -131,7 +132,7 @@ func (p *PointRead) scanFind() []byte {
 	nb := bsoncore.NewDocumentBuilder
 	return nb().AppendString("find", p.coll).
 		AppendDocument("filter", sc.scanFilter()).
-		AppendDocument("sort", nb().AppendInt32(rules.BucketStart, int32(sc.dir)).Build()).
+		AppendDocument("sort", nb().AppendInt32(bucket.FieldStart, int32(sc.dir)).Build()).
 		AppendInt32("batchSize", scanBatchBuckets).
 		AppendString("$db", p.db).Build()
 }
@@ -181,9 +182,9 @@ func (p *PointRead) scanFeed(replies [][]byte) error {
 	}
 	sc.cursor = id
 	for _, b := range batchDocs(doc) {
-		start, ok := b.Lookup(rules.BucketStart).DateTimeOK()
+		start, ok := b.Lookup(bucket.FieldStart).DateTimeOK()
 		if !ok {
-			return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: bucket %s has no date start", p.ns, b.Lookup(rules.BucketID).String())
+			return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: bucket %s has no date start", p.ns, b.Lookup(bucket.FieldID).String())
 		}
 		p.BucketsRead++
 		if sc.hasWin && start != sc.win {

@@ -4,6 +4,8 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 
 	"github.com/tsproxy/tsproxy/rules"
@@ -55,10 +57,10 @@ const (
 )
 
 type summaryKey struct {
-	name   string // "" when the _id is this part alone
-	kind   summaryKeyKind
-	trunc  dateTrunc
-	bucket bucketRanges
+	name  string // "" when the _id is this part alone
+	kind  summaryKeyKind
+	trunc dateTrunc
+	bdoc  bucketRanges
 }
 
 // bucketRanges is a $bucket's boundaries (window edges, ascending) and
@@ -248,7 +250,7 @@ func (p *SummaryPlan) bucketFilter(match bsoncore.Document) (bsoncore.Document, 
 			if !ok {
 				return nil, false
 			}
-			b.AppendDocument(rules.BucketStart, d)
+			b.AppendDocument(bucket.FieldStart, d)
 		case p.rule.MetaField:
 			if p.rule.MetaField == "" {
 				return nil, false
@@ -257,7 +259,7 @@ func (p *SummaryPlan) bucketFilter(match bsoncore.Document) (bsoncore.Document, 
 			if !ok {
 				return nil, false
 			}
-			b.AppendValue(rules.BucketMeta, v)
+			b.AppendValue(bucket.FieldMeta, v)
 		default:
 			return nil, false
 		}
@@ -401,7 +403,7 @@ func (p *SummaryPlan) parseBucket(v bsoncore.Value) (summaryGroup, bool) {
 	if !sawOutput {
 		g.accs = []summaryAcc{{out: "count", kind: accCount, one: bsoncore.TypeInt32}}
 	}
-	g.keys = []summaryKey{{kind: keyBucket, bucket: r}}
+	g.keys = []summaryKey{{kind: keyBucket, bdoc: r}}
 	return g, true
 }
 
@@ -630,15 +632,15 @@ func (p *SummaryPlan) outputPath(path []string) bool {
 // events: a plain inclusion projection, which FerretDB supports.
 func (p *SummaryPlan) findCommand(filter bsoncore.Document, carried []bsoncore.Element) []byte {
 	proj := bsoncore.NewDocumentBuilder().
-		AppendInt32(rules.BucketMeta, 1).
-		AppendInt32(rules.BucketStart, 1).
-		AppendInt32(rules.BucketCount, 1).
-		AppendInt32(rules.BucketMin, 1).
-		AppendInt32(rules.BucketMax, 1).
-		AppendInt32(rules.BucketSum, 1).
-		AppendInt32(BucketCounted, 1).
-		AppendInt32(BucketCounts, 1).
-		AppendInt32(BucketLowBit, 1).
+		AppendInt32(bucket.FieldMeta, 1).
+		AppendInt32(bucket.FieldStart, 1).
+		AppendInt32(bucket.FieldCount, 1).
+		AppendInt32(bucket.FieldMin, 1).
+		AppendInt32(bucket.FieldMax, 1).
+		AppendInt32(bucket.FieldSum, 1).
+		AppendInt32(bucket.FieldCounted, 1).
+		AppendInt32(bucket.FieldCounts, 1).
+		AppendInt32(bucket.FieldLowBit, 1).
 		Build()
 	idx, d := bsoncore.AppendDocumentStart(nil)
 	d = bsoncore.AppendStringElement(d, "find", p.rule.BucketCollection)

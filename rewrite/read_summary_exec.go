@@ -5,10 +5,11 @@ import (
 	"math/big"
 	"sort"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
-	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
@@ -57,32 +58,32 @@ func (p *SummaryPlan) Feed(reply []byte) ([]byte, error) {
 
 func (p *SummaryPlan) readBucket(d bsoncore.Document) (bucketSummary, error) {
 	var b bucketSummary
-	st, ok := bsonutil.Lookup(d, rules.BucketStart)
+	st, ok := bsonutil.Lookup(d, bucket.FieldStart)
 	if !ok || st.Type != bsoncore.TypeDateTime {
 		return b, mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: a bucket in %s has no date \"start\"", p.rule.Namespace, p.rule.BucketCollection)
 	}
 	b.start = st.DateTime()
 	b.count = rawCount(d)
 	b.meta = bsoncore.Value{Type: bsoncore.TypeNull}
-	if m, ok := bsonutil.Lookup(d, rules.BucketMeta); ok {
+	if m, ok := bsonutil.Lookup(d, bucket.FieldMeta); ok {
 		b.meta = copyValue(m)
 	}
-	b.min = subDoc(d, rules.BucketMin)
-	b.max = subDoc(d, rules.BucketMax)
-	b.sum = subDoc(d, rules.BucketSum)
+	b.min = subDoc(d, bucket.FieldMin)
+	b.max = subDoc(d, bucket.FieldMax)
+	b.sum = subDoc(d, bucket.FieldSum)
 	b.counted = -1
-	if v, ok := bsonutil.Lookup(d, BucketCounted); ok {
+	if v, ok := bsonutil.Lookup(d, bucket.FieldCounted); ok {
 		if n, ok := wholeNumber(v); ok {
 			b.counted = n
 		}
 	}
-	b.counts = subDoc(d, BucketCounts)
-	b.lowBit = subDoc(d, BucketLowBit)
+	b.counts = subDoc(d, bucket.FieldCounts)
+	b.lowBit = subDoc(d, bucket.FieldLowBit)
 	return b, nil
 }
 
 func rawCount(d bsoncore.Document) int64 {
-	v, ok := bsonutil.Lookup(d, rules.BucketCount)
+	v, ok := bsonutil.Lookup(d, bucket.FieldCount)
 	if !ok {
 		return 0
 	}
@@ -159,7 +160,7 @@ func (p *SummaryPlan) groups() ([]*groupState, bool, error) {
 			continue // an emptied bucket holds no event
 		}
 		if k := p.group.keys[0]; k.kind == keyBucket {
-			if _, ok := k.bucket.rangeOf(b.start); !ok {
+			if _, ok := k.bdoc.rangeOf(b.start); !ok {
 				return nil, false, mongoerr.Errorf(mongoerr.NoBucketBranch, "PlanExecutor error during aggregation :: caused by :: $switch could not find a matching branch for an input, and no default was specified.")
 			}
 		}
@@ -192,7 +193,7 @@ func (p *SummaryPlan) groups() ([]*groupState, bool, error) {
 func (p *SummaryPlan) newGroup(id bsoncore.Value) *groupState {
 	g := &groupState{id: id, sums: make([]sumState, len(p.group.accs)), ext: make([]bsoncore.Value, len(p.group.accs))}
 	for i := range g.sums {
-		g.sums[i].low = lowBitZero
+		g.sums[i].low = bucket.LowBitZero
 	}
 	return g
 }
@@ -203,7 +204,7 @@ func (p *SummaryPlan) groupID(b *bucketSummary) (bsoncore.Value, bool) {
 		case keyMeta:
 			return b.meta, true
 		case keyBucket:
-			return k.bucket.rangeOf(b.start)
+			return k.bdoc.rangeOf(b.start)
 		case keyTrunc:
 			w := k.trunc.window(b.start)
 			if k.trunc.window(b.start+p.span-1) != w {
@@ -332,7 +333,7 @@ func (s *sumState) addCounts(b *bucketSummary, field string, t bsoncore.Type) {
 	if b.complete() && okN && okL {
 		n, _ = wholeNumber(nv)
 		low, _ := wholeNumber(lv)
-		s.low = min(s.low, int32(max(min(low, lowBitZero), lowBitSpecial)))
+		s.low = min(s.low, int32(max(min(low, bucket.LowBitZero), bucket.LowBitSpecial)))
 	} else {
 		s.nUnknown = true
 		if t == bsoncore.TypeDouble {
@@ -374,7 +375,7 @@ func (s *sumState) exact() bool {
 	if s.lowUnsure {
 		return false
 	}
-	if s.low >= lowBitZero {
+	if s.low >= bucket.LowBitZero {
 		return true // only zeros
 	}
 	// The margin covers the rounding of bound itself.

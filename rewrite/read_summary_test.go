@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -210,14 +212,14 @@ func bkt(meta any, start int64, count int32, min, max, sum D) D {
 func counted(t testing.TB, b D, vals ...any) D {
 	t.Helper()
 	var n int32
-	var low int32 = lowBitZero
+	var low int32 = bucket.LowBitZero
 	for _, v := range vals {
 		n++
 		raw, err := bson.Marshal(D{{Key: "v", Value: v}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		low = min(low, lowBitOf(bsoncore.Document(raw).Lookup("v")))
+		low = min(low, bucket.LowBitOf(bsoncore.Document(raw).Lookup("v")))
 	}
 	b = append(b, E{Key: "counted", Value: b[3].Value})
 	if n > 0 {
@@ -377,10 +379,10 @@ func TestLowBitOf(t *testing.T) {
 		v    any
 		want int32
 	}{
-		{int32(0), lowBitZero}, {int32(1), 0}, {int32(12), 2}, {int32(-8), 3}, {int64(1) << 40, 40}, {int64(math.MinInt64), 63},
-		{0.0, lowBitZero}, {math.Copysign(0, -1), lowBitZero}, {1.0, 0}, {0.5, -1}, {21.25, -2}, {-3.125, -3}, {6.0, 1}, {1e300, 946},
+		{int32(0), bucket.LowBitZero}, {int32(1), 0}, {int32(12), 2}, {int32(-8), 3}, {int64(1) << 40, 40}, {int64(math.MinInt64), 63},
+		{0.0, bucket.LowBitZero}, {math.Copysign(0, -1), bucket.LowBitZero}, {1.0, 0}, {0.5, -1}, {21.25, -2}, {-3.125, -3}, {6.0, 1}, {1e300, 946},
 		{0.1, -55}, {math.SmallestNonzeroFloat64, -1074}, {3 * math.SmallestNonzeroFloat64, -1074}, {math.Ldexp(1, -1030), -1030},
-		{math.NaN(), lowBitSpecial}, {math.Inf(1), lowBitSpecial}, {math.Inf(-1), lowBitSpecial},
+		{math.NaN(), bucket.LowBitSpecial}, {math.Inf(1), bucket.LowBitSpecial}, {math.Inf(-1), bucket.LowBitSpecial},
 	}
 	for _, c := range cases {
 		raw, err := bson.Marshal(D{{Key: "v", Value: c.v}})
@@ -388,10 +390,10 @@ func TestLowBitOf(t *testing.T) {
 			t.Fatal(err)
 		}
 		v := bsoncore.Document(raw).Lookup("v")
-		if got := lowBitOf(v); got != c.want {
+		if got := bucket.LowBitOf(v); got != c.want {
 			t.Errorf("lowBitOf(%v) = %d, want %d", c.v, got, c.want)
 		}
-		if f, ok := v.AsFloat64OK(); ok && c.want != lowBitZero && c.want != lowBitSpecial && (math.Mod(f, math.Ldexp(1, int(c.want))) != 0 || math.Mod(f, math.Ldexp(1, int(c.want)+1)) == 0) {
+		if f, ok := v.AsFloat64OK(); ok && c.want != bucket.LowBitZero && c.want != bucket.LowBitSpecial && (math.Mod(f, math.Ldexp(1, int(c.want))) != 0 || math.Mod(f, math.Ldexp(1, int(c.want)+1)) == 0) {
 			t.Errorf("the lowest set bit of %v is not 2^%d", c.v, c.want)
 		}
 	}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 
 	"github.com/tsproxy/tsproxy/rules"
@@ -36,9 +38,9 @@ func MayBeUnseenRetry(cmd Command, caps Caps) bool {
 
 // StoredEventIdentities adds to set the identity of every event of a
 // stored bucket (as read back from the bucket collection).
-func StoredEventIdentities(bucket bson.Raw, rule *rules.Rule, set map[string]bool) {
-	meta := bucket.Lookup(rules.BucketMeta)
-	events, _ := bucket.Lookup(rules.BucketEvents).ArrayOK()
+func StoredEventIdentities(bdoc bson.Raw, rule *rules.Rule, set map[string]bool) {
+	meta := bdoc.Lookup(bucket.FieldMeta)
+	events, _ := bdoc.Lookup(bucket.FieldEvents).ArrayOK()
 	vals, _ := events.Values()
 	for _, v := range vals {
 		ev, ok := v.DocumentOK()

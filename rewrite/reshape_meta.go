@@ -1,8 +1,8 @@
 package rewrite
 
 import (
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
-	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
@@ -71,7 +71,7 @@ func (m *metaResolver) prefetch(bucketFilter bsoncore.Document) []byte {
 	if bucketFilter != nil {
 		b.AppendDocument("filter", bucketFilter)
 	}
-	return b.AppendDocument("projection", nb().AppendInt32(rules.BucketMeta, 1).Build()).
+	return b.AppendDocument("projection", nb().AppendInt32(bucket.FieldMeta, 1).Build()).
 		AppendInt64("batchSize", 100_000).
 		AppendString("$db", m.db).Build()
 }
@@ -113,10 +113,10 @@ func (m *metaResolver) query(reply []byte) [][]byte {
 	var ids []bsoncore.Value
 	seen := map[string]bool{}
 	for _, d := range batchDocs(doc) {
-		if _, err := d.LookupErr(rules.BucketMeta); err == nil {
+		if _, err := d.LookupErr(bucket.FieldMeta); err == nil {
 			continue
 		}
-		id, err := d.LookupErr(rules.BucketID)
+		id, err := d.LookupErr(bucket.FieldID)
 		if err != nil {
 			continue
 		}
@@ -134,8 +134,8 @@ func (m *metaResolver) query(reply []byte) [][]byte {
 	out := make([][]byte, 0, len(ids))
 	for _, id := range ids {
 		out = append(out, nb().AppendString("find", m.bucketColl).
-			AppendDocument("filter", nb().AppendValue(rules.BucketID, id).Build()).
-			AppendDocument("projection", nb().AppendInt32(rules.BucketMeta, 1).Build()).
+			AppendDocument("filter", nb().AppendValue(bucket.FieldID, id).Build()).
+			AppendDocument("projection", nb().AppendInt32(bucket.FieldMeta, 1).Build()).
 			AppendInt64("limit", 1).
 			AppendBoolean("singleBatch", true).
 			AppendString("$db", m.db).Build())
@@ -161,11 +161,11 @@ func (m *metaResolver) add(reply []byte) error {
 		m.cache = map[string]bsoncore.Value{}
 	}
 	for _, d := range docs {
-		id, err := d.LookupErr(rules.BucketID)
+		id, err := d.LookupErr(bucket.FieldID)
 		if err != nil {
 			continue
 		}
-		meta, err := d.LookupErr(rules.BucketMeta)
+		meta, err := d.LookupErr(bucket.FieldMeta)
 		if err != nil {
 			meta = bsoncore.Value{Type: bsoncore.TypeNull}
 		}
@@ -176,18 +176,18 @@ func (m *metaResolver) add(reply []byte) error {
 
 // metaOf is the meta of an unwound bucket: its own, or the one looked up.
 func (m *metaResolver) metaOf(unwound bsoncore.Document) (bsoncore.Value, error) {
-	if v, err := unwound.LookupErr(rules.BucketMeta); err == nil {
+	if v, err := unwound.LookupErr(bucket.FieldMeta); err == nil {
 		return v, nil
 	}
 	if m != nil && m.fixed != nil {
 		return *m.fixed, nil
 	}
 	if m != nil {
-		if id, err := unwound.LookupErr(rules.BucketID); err == nil {
+		if id, err := unwound.LookupErr(bucket.FieldID); err == nil {
 			if v, ok := m.cache[idKey(id)]; ok {
 				return v, nil
 			}
 		}
 	}
-	return bsoncore.Value{}, mongoerr.Errorf(mongoerr.InternalError, "the meta of bucket %s is unknown (the bucket was removed while being read?)", unwound.Lookup(rules.BucketID).String())
+	return bsoncore.Value{}, mongoerr.Errorf(mongoerr.InternalError, "the meta of bucket %s is unknown (the bucket was removed while being read?)", unwound.Lookup(bucket.FieldID).String())
 }

@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 
 	"github.com/tsproxy/tsproxy/rules"
@@ -69,7 +71,7 @@ func Rollups(cmd Command, rule *rules.Rule, reply []byte, opts RollupOptions) (*
 	if err != nil {
 		return nil, fmt.Errorf("rewrite rollups %s: %w", ruleName(rule), err)
 	}
-	lim, _ := checkRule(rule) // checked by acknowledgedEvents
+	lim, _ := bucket.LimitsOf(rule) // checked by acknowledgedEvents
 	return planRollups(cmd.Body, rule, lim, written, opts), nil
 }
 
@@ -81,18 +83,18 @@ func RollupsOfEvents(rule *rules.Rule, docs [][]byte, opts RollupOptions) (plan 
 	if rule == nil || len(rule.Rollups) == 0 {
 		return nil, 0, nil
 	}
-	lim, err := checkRule(rule)
+	lim, err := bucket.LimitsOf(rule)
 	if err != nil {
 		return nil, 0, fmt.Errorf("rewrite rollups %s: %w", ruleName(rule), err)
 	}
 	zeroID := func() bson.ObjectID { return bson.ObjectID{} }
-	var events []event
+	var events []bucket.Event
 	for i, d := range docs {
 		if err := bsonutil.Validate(d, 0); err != nil {
 			skipped++
 			continue
 		}
-		ev, werr := prepareEvent(d, i, rule, lim, zeroID, new([]byte), make([]bsoncore.Value, len(lim.aggregates)))
+		ev, werr := bucket.PrepareEvent(d, i, rule, lim, zeroID, new([]byte), make([]bsoncore.Value, len(lim.Aggregates)))
 		if werr != nil {
 			skipped++
 			continue
@@ -105,7 +107,7 @@ func RollupsOfEvents(rule *rules.Rule, docs [][]byte, opts RollupOptions) (plan 
 // planRollups builds the commands counting written into every resolution
 // of the rule; body is the client's insert (for writeConcern and session
 // fields), or nil. It returns nil when there is nothing to count.
-func planRollups(body bsoncore.Document, rule *rules.Rule, lim limits, written []event, opts RollupOptions) *RollupPlan {
+func planRollups(body bsoncore.Document, rule *rules.Rule, lim bucket.Limits, written []bucket.Event, opts RollupOptions) *RollupPlan {
 	if len(written) == 0 {
 		return nil
 	}
@@ -137,7 +139,7 @@ func planRollups(body bsoncore.Document, rule *rules.Rule, lim limits, written [
 // collection rollupNS: BucketID's family with seq 0, so a series and period
 // names its document and a reader can compute it.
 func RollupID(rollupNS string, meta bsoncore.Value, startMillis int64) bson.ObjectID {
-	return BucketID(rollupNS, meta, startMillis, 0)
+	return bucket.ID(rollupNS, meta, startMillis, 0)
 }
 
 // acknowledgedEvents returns the events of the insert that the reply
@@ -145,7 +147,7 @@ func RollupID(rollupNS string, meta bsoncore.Value, startMillis int64) bson.Obje
 // before the first invalid one) less every index in writeErrors. Insert's
 // reply names every planned event that was not written, so this is exact.
 // A command error reply (ok: 0) means nothing was written.
-func acknowledgedEvents(cmd Command, rule *rules.Rule, reply bsoncore.Document) ([]event, error) {
+func acknowledgedEvents(cmd Command, rule *rules.Rule, reply bsoncore.Document) ([]bucket.Event, error) {
 	lim, docs, ordered, err := checkInsert(cmd, rule)
 	if err != nil {
 		return nil, err
@@ -158,9 +160,9 @@ func acknowledgedEvents(cmd Command, rule *rules.Rule, reply bsoncore.Document) 
 	}
 	failed := replyWriteErrors(reply)
 	zeroID := func() bson.ObjectID { return bson.ObjectID{} } // same size as a real one
-	var out []event
+	var out []bucket.Event
 	for i, doc := range docs {
-		ev, werr := prepareEvent(doc, i, rule, lim, zeroID, new([]byte), make([]bsoncore.Value, len(lim.aggregates)))
+		ev, werr := bucket.PrepareEvent(doc, i, rule, lim, zeroID, new([]byte), make([]bsoncore.Value, len(lim.Aggregates)))
 		if werr != nil {
 			if ordered {
 				break
@@ -176,21 +178,21 @@ func acknowledgedEvents(cmd Command, rule *rules.Rule, reply bsoncore.Document) 
 
 // rollupStatements groups events by (series, period of res) in order of
 // first appearance, one upsert statement per group.
-func rollupStatements(events []event, rule *rules.Rule, lim limits, res time.Duration) ([]bsoncore.Document, []int) {
+func rollupStatements(events []bucket.Event, rule *rules.Rule, lim bucket.Limits, res time.Duration) ([]bsoncore.Document, []int) {
 	resMillis := res.Milliseconds()
 	ns := rule.RollupNamespace(res)
 	type group struct {
 		start int64
-		evs   []event
+		evs   []bucket.Event
 	}
 	var order []string
 	groups := map[string]*group{}
 	for _, ev := range events {
-		start := rules.FloorMillis(ev.time, resMillis)
-		if start > ev.time {
+		start := rules.FloorMillis(ev.Time, resMillis)
+		if start > ev.Time {
 			continue // wrapped around the int64 range; Insert refuses such dates anyway
 		}
-		key := string(append([]byte{byte(ev.meta.Type)}, ev.meta.Data...)) + "|" + strconv.FormatInt(start, 10)
+		key := string(append([]byte{byte(ev.Meta.Type)}, ev.Meta.Data...)) + "|" + strconv.FormatInt(start, 10)
 		g := groups[key]
 		if g == nil {
 			g = &group{start: start}
@@ -203,8 +205,8 @@ func rollupStatements(events []event, rule *rules.Rule, lim limits, res time.Dur
 	firsts := make([]int, 0, len(order))
 	for _, key := range order {
 		g := groups[key]
-		out = append(out, rollupStatement(RollupID(ns, g.evs[0].meta, g.start), g.start, g.evs, rule, lim))
-		firsts = append(firsts, g.evs[0].index)
+		out = append(out, rollupStatement(RollupID(ns, g.evs[0].Meta, g.start), g.start, g.evs, rule, lim))
+		firsts = append(firsts, g.evs[0].Index)
 	}
 	return out, firsts
 }
@@ -213,29 +215,29 @@ func rollupStatements(events []event, rule *rules.Rule, lim limits, res time.Dur
 // document. meta and start are $set (not $setOnInsert): FerretDB's
 // $setOnInsert skips null values, and setting the same values again
 // changes nothing.
-func rollupStatement(id bson.ObjectID, start int64, evs []event, rule *rules.Rule, lim limits) bsoncore.Document {
-	s := summarize(evs, lim)
+func rollupStatement(id bson.ObjectID, start int64, evs []bucket.Event, rule *rules.Rule, lim bucket.Limits) bsoncore.Document {
+	s := bucket.Summarize(evs, lim)
 	idx, doc := bsoncore.AppendDocumentStart(nil)
 	q, doc := bsoncore.AppendDocumentElementStart(doc, "q")
-	doc = bsoncore.AppendObjectIDElement(doc, rules.BucketID, id)
+	doc = bsoncore.AppendObjectIDElement(doc, bucket.FieldID, id)
 	doc, _ = bsoncore.AppendDocumentEnd(doc, q)
 
 	u, doc := bsoncore.AppendDocumentElementStart(doc, "u")
 	op, doc := bsoncore.AppendDocumentElementStart(doc, "$set")
-	doc = bsoncore.AppendValueElement(doc, rules.BucketMeta, evs[0].meta)
-	doc = bsoncore.AppendDateTimeElement(doc, rules.BucketStart, start)
+	doc = bsoncore.AppendValueElement(doc, bucket.FieldMeta, evs[0].Meta)
+	doc = bsoncore.AppendDateTimeElement(doc, bucket.FieldStart, start)
 	doc, _ = bsoncore.AppendDocumentEnd(doc, op)
 
 	op, doc = bsoncore.AppendDocumentElementStart(doc, "$inc")
-	doc = bsoncore.AppendInt32Element(doc, rules.BucketCount, int32(s.count))
-	doc = appendSums(doc, rules.BucketSum+".", s, lim)
+	doc = bsoncore.AppendInt32Element(doc, bucket.FieldCount, int32(s.Count))
+	doc = bucket.AppendSums(doc, bucket.FieldSum+".", s, lim)
 	doc, _ = bsoncore.AppendDocumentEnd(doc, op)
 
 	op, doc = bsoncore.AppendDocumentElementStart(doc, "$min")
-	doc = appendExtremes(doc, rules.BucketMin+".", rule.TimeField, s, lim, false)
+	doc = bucket.AppendExtremes(doc, bucket.FieldMin+".", rule.TimeField, s, lim, false)
 	doc, _ = bsoncore.AppendDocumentEnd(doc, op)
 	op, doc = bsoncore.AppendDocumentElementStart(doc, "$max")
-	doc = appendExtremes(doc, rules.BucketMax+".", rule.TimeField, s, lim, true)
+	doc = bucket.AppendExtremes(doc, bucket.FieldMax+".", rule.TimeField, s, lim, true)
 	doc, _ = bsoncore.AppendDocumentEnd(doc, op)
 	doc, _ = bsoncore.AppendDocumentEnd(doc, u)
 

@@ -3,6 +3,8 @@ package rewrite
 import (
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
@@ -50,7 +52,7 @@ func TTLIndexCommand(rule *rules.Rule, e Expiry) bson.D {
 	return bson.D{
 		{Key: "createIndexes", Value: e.Collection},
 		{Key: "indexes", Value: bson.A{bson.D{
-			{Key: "key", Value: bson.D{{Key: rules.BucketStart, Value: 1}}},
+			{Key: "key", Value: bson.D{{Key: bucket.FieldStart, Value: 1}}},
 			{Key: "name", Value: TTLIndexName},
 			{Key: "expireAfterSeconds", Value: int64((rule.ExpireAfter + e.Window) / time.Second)},
 		}}},
@@ -63,7 +65,7 @@ func SweepCommand(rule *rules.Rule, e Expiry, cutoff time.Time) bson.D {
 	return bson.D{
 		{Key: "delete", Value: e.Collection},
 		{Key: "deletes", Value: bson.A{bson.D{
-			{Key: "q", Value: bson.D{{Key: rules.BucketStart, Value: bson.D{{Key: "$lt", Value: bson.NewDateTimeFromTime(cutoff)}}}}},
+			{Key: "q", Value: bson.D{{Key: bucket.FieldStart, Value: bson.D{{Key: "$lt", Value: bson.NewDateTimeFromTime(cutoff)}}}}},
 			{Key: "limit", Value: 0},
 		}}},
 		{Key: "$db", Value: rule.DB},
@@ -86,7 +88,7 @@ func ShardCommands(rule *rules.Rule) []bson.D {
 		{{Key: "enableSharding", Value: rule.DB}, {Key: "$db", Value: "admin"}},
 		{
 			{Key: "shardCollection", Value: rule.BucketNamespace()},
-			{Key: "key", Value: bson.D{{Key: rules.BucketMeta, Value: 1}, {Key: rules.BucketStart, Value: 1}}},
+			{Key: "key", Value: bson.D{{Key: bucket.FieldMeta, Value: 1}, {Key: bucket.FieldStart, Value: 1}}},
 			{Key: "$db", Value: "admin"},
 		},
 	}

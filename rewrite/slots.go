@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -30,7 +32,7 @@ import (
 // SlotsFetch returns the upstream finds of the buckets of keys, one point
 // lookup {_id} each (the only filter the embedded upstream pushes down).
 // Give their replies, in order, to SlotsInsert as SlotsOptions.Before.
-func SlotsFetch(rule *rules.Rule, keys []BucketKey) []bsoncore.Document {
+func SlotsFetch(rule *rules.Rule, keys []bucket.Key) []bsoncore.Document {
 	out := make([]bsoncore.Document, len(keys))
 	for i, k := range keys {
 		out[i] = bsoncore.NewDocumentBuilder().
@@ -75,7 +77,7 @@ type SlotsOptions struct {
 	Caps Caps
 	// Before returns the bucket of a key as stored before this insert, nil
 	// when there is none.
-	Before func(BucketKey) []byte
+	Before func(bucket.Key) []byte
 }
 
 // SlotsInsert plans an insert on a slots rule.
@@ -85,13 +87,13 @@ func SlotsInsert(cmd Command, rule *rules.Rule, opts SlotsOptions) (*LayoutWrite
 		return nil, fmt.Errorf("rewrite slots insert %s: %w", ruleName(rule), err)
 	}
 	o := rule.LayoutOptions
-	check := func(doc bsoncore.Document, ev *layoutEvent) *writeError {
+	check := func(doc bsoncore.Document, ev *layoutEvent) *bucket.WriteError {
 		v, ok := bsonutil.Lookup(doc, o.ValueField)
 		if !ok {
-			return eventError(ev.index, rule, mongoerr.BadValue, "event has no valueField %q", o.ValueField)
+			return bucket.WriteErrorf(ev.index, rule, mongoerr.BadValue, "event has no valueField %q", o.ValueField)
 		}
-		if o.Aggregated && !isAggregatable(v.Type) {
-			return eventError(ev.index, rule, mongoerr.BadValue, "valueField %q must be a number (int, long or double) because it is aggregated, got %s", o.ValueField, bsonutil.TypeName(v.Type))
+		if o.Aggregated && !bucket.IsAggregatable(v.Type) {
+			return bucket.WriteErrorf(ev.index, rule, mongoerr.BadValue, "valueField %q must be a number (int, long or double) because it is aggregated, got %s", o.ValueField, bsonutil.TypeName(v.Type))
 		}
 		ev.value = v
 		return nil
@@ -144,7 +146,7 @@ func slotsStatement(rule *rules.Rule, g []layoutEvent, before bsoncore.Document)
 	}
 	u = bsoncore.AppendInt64Element(u, rules.BucketNumSamples, st.num)
 	if o.Aggregated {
-		u = appendNumElement(u, rules.BucketTotalSamples, st.total)
+		u = bucket.AppendNum(u, rules.BucketTotalSamples, st.total)
 	}
 	u, _ = bsoncore.AppendDocumentEnd(u, si)
 	u = appendSetOnInsert(u, g[0].meta, g[0].key.Start)
@@ -157,19 +159,19 @@ type slotsState struct {
 	doc   bsoncore.Document
 	o     rules.LayoutOptions
 	num   int64
-	total numValue
+	total bucket.Num
 }
 
 func readSlotsState(doc bsoncore.Document, o rules.LayoutOptions) slotsState {
-	st := slotsState{doc: doc, o: o, total: numValue{t: bsoncore.TypeInt64}}
+	st := slotsState{doc: doc, o: o, total: bucket.Num{T: bsoncore.TypeInt64}}
 	if doc == nil {
 		return st
 	}
 	if v, ok := bsonutil.Lookup(doc, rules.BucketNumSamples); ok {
 		st.num, _ = v.AsInt64OK()
 	}
-	if v, ok := bsonutil.Lookup(doc, rules.BucketTotalSamples); ok && isAggregatable(v.Type) {
-		st.total = numFrom(v)
+	if v, ok := bsonutil.Lookup(doc, rules.BucketTotalSamples); ok && bucket.IsAggregatable(v.Type) {
+		st.total = bucket.NumFrom(v)
 	}
 	return st
 }
@@ -208,20 +210,20 @@ func slotKeys(o rules.LayoutOptions, s int) []string {
 
 // addNum and subNum keep total_samples: non-numbers (stored while the
 // rule did not aggregate) count as 0.
-func addNum(a numValue, v bsoncore.Value) numValue {
-	if !isAggregatable(v.Type) {
+func addNum(a bucket.Num, v bsoncore.Value) bucket.Num {
+	if !bucket.IsAggregatable(v.Type) {
 		return a
 	}
-	return addNums(a, numFrom(v))
+	return bucket.AddNums(a, bucket.NumFrom(v))
 }
 
-func subNum(a numValue, v bsoncore.Value) numValue {
-	if !isAggregatable(v.Type) {
+func subNum(a bucket.Num, v bsoncore.Value) bucket.Num {
+	if !bucket.IsAggregatable(v.Type) {
 		return a
 	}
-	n := numFrom(v)
-	n.i, n.f = -n.i, -n.f
-	return addNums(a, n)
+	n := bucket.NumFrom(v)
+	n.I, n.F = -n.I, -n.F
+	return bucket.AddNums(a, n)
 }
 
 // SlotsShell is the zero-filled bucket that preallocation inserts for a
@@ -229,7 +231,7 @@ func subNum(a numValue, v bsoncore.Value) numValue {
 // false, so later writes only change values in place.
 func SlotsShell(rule *rules.Rule, meta bsoncore.Value, start int64) bsoncore.Document {
 	o := rule.LayoutOptions
-	k := eventKey(meta, start)
+	k := bucket.KeyOf(meta, start)
 	n := o.SlotsPerWindow()
 	appendGrid := func(dst []byte, key string, leaf func([]byte, string) []byte) []byte {
 		gi, dst := bsoncore.AppendDocumentElementStart(dst, key)
@@ -253,9 +255,9 @@ func SlotsShell(rule *rules.Rule, meta bsoncore.Value, start int64) bsoncore.Doc
 		meta = bsoncore.Value{Type: bsoncore.TypeNull}
 	}
 	di, d := bsoncore.AppendDocumentStart(nil)
-	d = bsoncore.AppendObjectIDElement(d, rules.BucketID, k.ID(rule.BucketNamespace(), 0))
-	d = bsoncore.AppendValueElement(d, rules.BucketMeta, meta)
-	d = bsoncore.AppendDateTimeElement(d, rules.BucketStart, start)
+	d = bsoncore.AppendObjectIDElement(d, bucket.FieldID, k.ID(rule.BucketNamespace(), 0))
+	d = bsoncore.AppendValueElement(d, bucket.FieldMeta, meta)
+	d = bsoncore.AppendDateTimeElement(d, bucket.FieldStart, start)
 	d = bsoncore.AppendInt64Element(d, rules.BucketNumSamples, 0)
 	if o.Aggregated {
 		d = bsoncore.AppendInt64Element(d, rules.BucketTotalSamples, 0)
@@ -267,7 +269,7 @@ func SlotsShell(rule *rules.Rule, meta bsoncore.Value, start int64) bsoncore.Doc
 }
 
 // SlotsShellOf is SlotsShell for the series and window of k.
-func SlotsShellOf(rule *rules.Rule, k BucketKey) bsoncore.Document {
+func SlotsShellOf(rule *rules.Rule, k bucket.Key) bsoncore.Document {
 	meta := bsoncore.Value{Type: bsoncore.TypeNull}
 	if len(k.Meta) > 0 {
 		meta = bsoncore.Value{Type: bsoncore.Type(k.Meta[0]), Data: k.Meta[1:]}

@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -26,7 +28,7 @@ func sample(page any, ts any, v any) bson.D {
 }
 
 func slotsStmt(rule *rules.Rule, page any, start int64, set bson.D) bson.D {
-	id := BucketIDOf(rule.BucketNamespace(), rawOf(page), start, 0)
+	id := bucket.IDOf(rule.BucketNamespace(), rawOf(page), start, 0)
 	return bson.D{{Key: "q", Value: bson.D{{Key: "_id", Value: id}}},
 		{Key: "u", Value: bson.D{{Key: "$set", Value: set}, {Key: "$setOnInsert", Value: bson.D{{Key: "meta", Value: page}, {Key: "start", Value: dt(start)}}}}},
 		{Key: "upsert", Value: true}}
@@ -78,7 +80,7 @@ func TestSlotsInsert(t *testing.T) {
 			if tc.before != nil {
 				before = mustDoc(t, tc.before)
 			}
-			p, err := SlotsInsert(bodyCmd(t, tc.events), tc.rule, SlotsOptions{Before: func(BucketKey) []byte { return before }})
+			p, err := SlotsInsert(bodyCmd(t, tc.events), tc.rule, SlotsOptions{Before: func(bucket.Key) []byte { return before }})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,7 +1,7 @@
 // Package rules owns the configuration schema of tsproxy, its validation,
-// the lookup from a namespace to the rule that buckets it, the bucket math
-// (which window a timestamp falls in) and the names of the fields of the
-// stored bucket document. It knows nothing of sockets.
+// the lookup from a namespace to the rule that buckets it and the bucket math
+// (which window a timestamp falls in). The stored bucket document is
+// rewrite/bucket's. It knows nothing of sockets.
 package rules
 
 import (
@@ -11,20 +11,6 @@ import (
 // Layouts a rule may choose; see also rules/layout.go.
 const (
 	LayoutEvents = "events"
-)
-
-// Field names of the stored bucket document (see DESIGN.md). Changing any of
-// them changes the stored format and needs a migration.
-const (
-	BucketID     = "_id"
-	BucketMeta   = "meta"
-	BucketStart  = "start"
-	BucketCount  = "count"
-	BucketBytes  = "bytes" // summed BSON size of the stored events; bounds bucket growth (maxBytes)
-	BucketMin    = "min"
-	BucketMax    = "max"
-	BucketSum    = "sum"
-	BucketEvents = "events"
 )
 
 // LeaseCollection holds, in each database with bucketed namespaces, the

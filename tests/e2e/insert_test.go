@@ -11,12 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
-
-	"github.com/tsproxy/tsproxy/rewrite"
 )
 
 // readingsRule is a rule for db.readings: sensorId series, 1-hour buckets.
@@ -460,7 +460,7 @@ func TestInsertSeqIDs(t *testing.T) {
 	}
 	meta := bson.RawValue{Type: bson.TypeString, Value: metaBytes}
 	for seq := 0; seq < len(buckets); seq++ {
-		if id := rewrite.BucketIDOf(db+".readings.buckets", meta, base.UnixMilli(), seq); !ids[id] {
+		if id := bucket.IDOf(db+".readings.buckets", meta, base.UnixMilli(), seq); !ids[id] {
 			t.Fatalf("bucket seq %d (%v) missing among %d buckets", seq, id, len(buckets))
 		}
 	}

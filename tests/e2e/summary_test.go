@@ -12,7 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 )
@@ -693,7 +694,7 @@ func TestSummaryAvgFormats(t *testing.T) {
 		return bson.D{{Key: "_id", Value: bson.NewObjectID()}, {Key: "ts", Value: bson.NewDateTimeFromTime(start.Add(time.Duration(sec) * time.Second))}, {Key: "sensorId", Value: nil}, {Key: "value", Value: v}, {Key: "n", Value: n}}
 	}
 	old := bson.D{
-		{Key: "_id", Value: rewrite.BucketIDOf(ns, meta, start.UnixMilli(), 0)},
+		{Key: "_id", Value: bucket.IDOf(ns, meta, start.UnixMilli(), 0)},
 		{Key: "meta", Value: "old"},
 		{Key: "start", Value: bson.NewDateTimeFromTime(start)},
 		{Key: "count", Value: int32(2)},

@@ -1,4 +1,4 @@
-package rewrite
+package bucket
 
 import (
 	"math"
@@ -11,7 +11,10 @@ import (
 // val makes a bsoncore.Value from a Go value via the driver's marshaller.
 func val(t testing.TB, v any) bsoncore.Value {
 	t.Helper()
-	doc := mustDoc(t, bson.D{{Key: "v", Value: v}})
+	doc, err := bson.Marshal(bson.D{{Key: "v", Value: v}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	return bsoncore.Document(doc).Lookup("v")
 }
 
@@ -32,8 +35,8 @@ func TestAddNums(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got := addNums(numFrom(val(t, tc.a)), numFrom(val(t, tc.b)))
-			doc := appendNumElement(nil, "v", got)
+			got := AddNums(NumFrom(val(t, tc.a)), NumFrom(val(t, tc.b)))
+			doc := AppendNum(nil, "v", got)
 			want := val(t, tc.want)
 			gotV := bsoncore.Value{Type: bsoncore.Type(doc[0]), Data: doc[3:]}
 			if !gotV.Equal(want) {

@@ -1,4 +1,4 @@
-package rewrite
+package bucket
 
 import (
 	"testing"
@@ -13,41 +13,41 @@ func TestBucketID(t *testing.T) {
 	i64 := bsoncore.Value{Type: bsoncore.TypeInt64, Data: bsoncore.AppendInt64(nil, 1)}
 	null := bsoncore.Value{Type: bsoncore.TypeNull}
 	const ns = "iot.readings.buckets"
-	base := BucketID(ns, str, 7200_000, 0)
+	base := ID(ns, str, 7200_000, 0)
 	if got := base.Hex(); got != goldenBucketID {
 		t.Errorf("BucketID golden = %s, want %s (the stored ids changed: that needs a migration)", got, goldenBucketID)
 	}
-	if base != BucketID(ns, str, 7200_000, 0) {
+	if base != ID(ns, str, 7200_000, 0) {
 		t.Errorf("BucketID not stable")
 	}
 	if got := base.Timestamp().Unix(); got != 7200 {
 		t.Errorf("timestamp = %d, want the window start 7200", got)
 	}
 	others := map[string]bson.ObjectID{
-		"ns":    BucketID("iot.other.buckets", str, 7200_000, 0),
-		"meta":  BucketID(ns, null, 7200_000, 0),
-		"start": BucketID(ns, str, 3600_000, 0),
-		"seq":   BucketID(ns, str, 7200_000, 1),
+		"ns":    ID("iot.other.buckets", str, 7200_000, 0),
+		"meta":  ID(ns, null, 7200_000, 0),
+		"start": ID(ns, str, 3600_000, 0),
+		"seq":   ID(ns, str, 7200_000, 1),
 	}
 	for what, id := range others {
 		if id == base {
 			t.Errorf("ids differing by %s collide", what)
 		}
 	}
-	if BucketID(ns, i32, 0, 0) == BucketID(ns, i64, 0, 0) {
+	if ID(ns, i32, 0, 0) == ID(ns, i64, 0, 0) {
 		t.Errorf("int32 1 and int64 1 share a bucket id")
 	}
-	if BucketID(ns, bsoncore.Value{}, 0, 3) != BucketID(ns, null, 0, 3) {
+	if ID(ns, bsoncore.Value{}, 0, 3) != ID(ns, null, 0, 3) {
 		t.Errorf("missing meta is not null")
 	}
 	// BucketKey.ID agrees with BucketID.
-	k := eventKey(str, 7200_000)
+	k := KeyOf(str, 7200_000)
 	for seq := range 3 {
-		if k.ID(ns, seq) != BucketID(ns, str, 7200_000, seq) {
+		if k.ID(ns, seq) != ID(ns, str, 7200_000, seq) {
 			t.Errorf("BucketKey.ID(%d) differs from BucketID", seq)
 		}
 	}
-	if (BucketKey{Start: 5}).ID(ns, 0) != BucketID(ns, null, 5, 0) {
+	if (Key{Start: 5}).ID(ns, 0) != ID(ns, null, 5, 0) {
 		t.Errorf("empty key meta is not null")
 	}
 }

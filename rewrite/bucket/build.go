@@ -1,0 +1,144 @@
+package bucket
+
+import (
+	"math"
+	"strconv"
+
+	"github.com/tsproxy/tsproxy/rules"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+// appendEventsArray appends the chunk's stored events as an array.
+func appendEventsArray(dst []byte, key string, chunk []Event) []byte {
+	idx, dst := bsoncore.AppendArrayElementStart(dst, key)
+	for i, ev := range chunk {
+		dst = bsoncore.AppendDocumentElement(dst, strconv.Itoa(i), ev.Stored)
+	}
+	dst, _ = bsoncore.AppendArrayEnd(dst, idx)
+	return dst
+}
+
+// Complete builds a whole bucket document for a chunk large enough to
+// stand alone (see DESIGN.md). "sum" is left out when no event carries an
+// aggregate, as the upsert path would leave it out.
+func Complete(id bson.ObjectID, chunk []Event, rule *rules.Rule, lim Limits) bsoncore.Document {
+	s := Summarize(chunk, lim)
+	idx, doc := bsoncore.AppendDocumentStart(nil)
+	doc = bsoncore.AppendObjectIDElement(doc, FieldID, id)
+	doc = bsoncore.AppendValueElement(doc, FieldMeta, chunk[0].Meta)
+	doc = bsoncore.AppendDateTimeElement(doc, FieldStart, chunk[0].Start)
+	doc = bsoncore.AppendInt32Element(doc, FieldCount, int32(s.Count))
+	doc = bsoncore.AppendInt32Element(doc, FieldBytes, int32(s.Bytes))
+
+	sub, doc := bsoncore.AppendDocumentElementStart(doc, FieldMin)
+	doc = AppendExtremes(doc, "", rule.TimeField, s, lim, false)
+	doc, _ = bsoncore.AppendDocumentEnd(doc, sub)
+	sub, doc = bsoncore.AppendDocumentElementStart(doc, FieldMax)
+	doc = AppendExtremes(doc, "", rule.TimeField, s, lim, true)
+	doc, _ = bsoncore.AppendDocumentEnd(doc, sub)
+	if len(lim.Aggregates) > 0 {
+		doc = bsoncore.AppendInt32Element(doc, FieldCounted, int32(s.Count))
+	}
+	if hasAggregates(s) {
+		sub, doc = bsoncore.AppendDocumentElementStart(doc, FieldSum)
+		doc = AppendSums(doc, "", s, lim)
+		doc, _ = bsoncore.AppendDocumentEnd(doc, sub)
+		sub, doc = bsoncore.AppendDocumentElementStart(doc, FieldCounts)
+		doc = AppendCounts(doc, "", s, lim)
+		doc, _ = bsoncore.AppendDocumentEnd(doc, sub)
+		sub, doc = bsoncore.AppendDocumentElementStart(doc, FieldLowBit)
+		doc = AppendLowBits(doc, "", s, lim)
+		doc, _ = bsoncore.AppendDocumentEnd(doc, sub)
+	}
+	doc = appendEventsArray(doc, FieldEvents, chunk)
+	doc, _ = bsoncore.AppendDocumentEnd(doc, idx)
+	return doc
+}
+
+// UpsertStatement builds the update statement that adds a chunk to the
+// bucket with _id id, creating it when it does not exist:
+//
+//	q: {_id: id, count: {$lte: maxEvents-k}, bytes: {$lte: maxBytes-b}}
+//	u: {$setOnInsert: {meta: M, start: S}, $push: {events: {$each: [...]}},
+//	    $inc: {count: k, bytes: b, sum.<agg>: s},
+//	    $min: {min.<time>: t, min.<agg>: v}, $max: {...}}
+//	upsert: true
+//
+// With idOnly (an upstream that pushes only {_id: X} filters down to its
+// storage, see Caps.IDOnlyFilters) q is {_id: id} alone: the caller's fill
+// is exact there. Otherwise the count/bytes guard makes an upsert into a
+// bucket that turned out full try to insert _id id again: a duplicate key,
+// which Retry re-plans at the next seq, so no bucket ever overfills.
+//
+// A null meta is set with $set rather than $setOnInsert: FerretDB's
+// $setOnInsert skips null values, and $set of the same null on an existing
+// bucket changes nothing.
+func UpsertStatement(id bson.ObjectID, chunk []Event, lim Limits, timeField string, idOnly bool) bsoncore.Document {
+	s := Summarize(chunk, lim)
+	idx, doc := bsoncore.AppendDocumentStart(nil)
+
+	q, doc := bsoncore.AppendDocumentElementStart(doc, "q")
+	doc = bsoncore.AppendObjectIDElement(doc, FieldID, id)
+	if !idOnly {
+		doc = appendLTE(doc, FieldCount, int64(lim.MaxEvents-s.Count))
+		doc = appendLTE(doc, FieldBytes, lim.MaxBytes-s.Bytes)
+	}
+	doc, _ = bsoncore.AppendDocumentEnd(doc, q)
+
+	u, doc := bsoncore.AppendDocumentElementStart(doc, "u")
+	meta := chunk[0].Meta
+	if meta.Type == bsoncore.TypeNull {
+		op, d := bsoncore.AppendDocumentElementStart(doc, "$set")
+		d = bsoncore.AppendNullElement(d, FieldMeta)
+		doc, _ = bsoncore.AppendDocumentEnd(d, op)
+	}
+	op, doc := bsoncore.AppendDocumentElementStart(doc, "$setOnInsert")
+	if meta.Type != bsoncore.TypeNull {
+		doc = bsoncore.AppendValueElement(doc, FieldMeta, meta)
+	}
+	doc = bsoncore.AppendDateTimeElement(doc, FieldStart, chunk[0].Start)
+	doc, _ = bsoncore.AppendDocumentEnd(doc, op)
+
+	op, doc = bsoncore.AppendDocumentElementStart(doc, "$push")
+	each, doc := bsoncore.AppendDocumentElementStart(doc, FieldEvents)
+	doc = appendEventsArray(doc, "$each", chunk)
+	doc, _ = bsoncore.AppendDocumentEnd(doc, each)
+	doc, _ = bsoncore.AppendDocumentEnd(doc, op)
+
+	op, doc = bsoncore.AppendDocumentElementStart(doc, "$inc")
+	doc = bsoncore.AppendInt32Element(doc, FieldCount, int32(s.Count))
+	doc = bsoncore.AppendInt32Element(doc, FieldBytes, int32(s.Bytes))
+	doc = AppendSums(doc, FieldSum+".", s, lim)
+	if len(lim.Aggregates) > 0 {
+		doc = bsoncore.AppendInt32Element(doc, FieldCounted, int32(s.Count))
+		doc = AppendCounts(doc, FieldCounts+".", s, lim)
+	}
+	doc, _ = bsoncore.AppendDocumentEnd(doc, op)
+
+	op, doc = bsoncore.AppendDocumentElementStart(doc, "$min")
+	doc = AppendExtremes(doc, FieldMin+".", timeField, s, lim, false)
+	doc = AppendLowBits(doc, FieldLowBit+".", s, lim)
+	doc, _ = bsoncore.AppendDocumentEnd(doc, op)
+	op, doc = bsoncore.AppendDocumentElementStart(doc, "$max")
+	doc = AppendExtremes(doc, FieldMax+".", timeField, s, lim, true)
+	doc, _ = bsoncore.AppendDocumentEnd(doc, op)
+	doc, _ = bsoncore.AppendDocumentEnd(doc, u)
+
+	doc = bsoncore.AppendBooleanElement(doc, "upsert", true)
+	doc, _ = bsoncore.AppendDocumentEnd(doc, idx)
+	return doc
+}
+
+// appendLTE appends key: {$lte: n}, n as an int32 when it fits (it does
+// for every valid rule) so filters look like what a person would write.
+func appendLTE(dst []byte, key string, n int64) []byte {
+	sub, dst := bsoncore.AppendDocumentElementStart(dst, key)
+	if n >= math.MinInt32 && n <= math.MaxInt32 {
+		dst = bsoncore.AppendInt32Element(dst, "$lte", int32(n))
+	} else {
+		dst = bsoncore.AppendInt64Element(dst, "$lte", n)
+	}
+	dst, _ = bsoncore.AppendDocumentEnd(dst, sub)
+	return dst
+}

@@ -1,0 +1,70 @@
+package bucket
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rules"
+)
+
+// Limits are a rule's bucket settings with defaults applied.
+type Limits struct {
+	SpanMillis int64
+	MaxEvents  int
+	MaxBytes   int64
+	Threshold  int      // chunks with at least this many events are inserted whole
+	Aggregates []string // deduplicated
+}
+
+// LimitsOf rejects a rule the write path cannot apply safely (rules/
+// validation should already have), and applies defaults to zero settings.
+func LimitsOf(rule *rules.Rule) (Limits, error) {
+	if rule == nil {
+		return Limits{}, mongoerr.Errorf(mongoerr.InternalError, "no rule")
+	}
+	bad := func(format string, args ...any) (Limits, error) {
+		return Limits{}, mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: %s", rule.Namespace, fmt.Sprintf(format, args...))
+	}
+	if rule.TimeField == "" {
+		return bad("no timeField")
+	}
+	for _, f := range append([]string{rule.TimeField, rule.MetaField}, rule.Aggregates...) {
+		if strings.Contains(f, ".") || strings.HasPrefix(f, "$") || strings.ContainsRune(f, 0) {
+			return bad("field name %q: dotted, $-prefixed or NUL names are not supported", f)
+		}
+	}
+	if rule.TimeField == "_id" || rule.MetaField == "_id" || rule.MetaField == rule.TimeField {
+		return bad("timeField %q and metaField %q must be distinct and not _id", rule.TimeField, rule.MetaField)
+	}
+	lim := Limits{
+		SpanMillis: rules.DefaultSpan.Milliseconds(),
+		MaxEvents:  rule.MaxEvents,
+		MaxBytes:   rule.MaxBytes,
+		Threshold:  rule.InsertThreshold,
+	}
+	if rule.Span != 0 {
+		lim.SpanMillis = rule.SpanMillis()
+	}
+	if lim.SpanMillis <= 0 {
+		return bad("span %v is not a positive whole number of milliseconds", rule.Span)
+	}
+	if lim.MaxEvents <= 0 {
+		lim.MaxEvents = rules.DefaultMaxEvents
+	}
+	if lim.MaxBytes <= 0 {
+		lim.MaxBytes = rules.DefaultMaxBytes
+	}
+	lim.MaxBytes = min(lim.MaxBytes, rules.MaxBucketBytes)
+	seen := map[string]bool{}
+	for _, a := range rule.Aggregates {
+		if a == "" || a == rule.TimeField || (a == rule.MetaField) {
+			return bad("aggregate %q must be a field other than the timeField and metaField", a)
+		}
+		if !seen[a] {
+			seen[a] = true
+			lim.Aggregates = append(lim.Aggregates, a)
+		}
+	}
+	return lim, nil
+}

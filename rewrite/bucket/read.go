@@ -1,0 +1,125 @@
+package bucket
+
+import (
+	"fmt"
+
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+func KeyFields(bdoc bsoncore.Document) (bsoncore.Value, int64, error) {
+	meta, ok := bsonutil.Lookup(bdoc, FieldMeta)
+	if !ok {
+		meta = bsoncore.Value{Type: bsoncore.TypeNull}
+	}
+	st, ok := bsonutil.Lookup(bdoc, FieldStart)
+	if !ok {
+		return meta, 0, mongoerr.Errorf(mongoerr.InternalError, "bucket without %q", FieldStart)
+	}
+	ms, ok := st.DateTimeOK()
+	if !ok {
+		return meta, 0, mongoerr.Errorf(mongoerr.InternalError, "bucket %q is a %s, not a date", FieldStart, bsonutil.TypeName(st.Type))
+	}
+	return meta, ms, nil
+}
+
+// MaxSeq bounds the search of a bucket's seq (as the proxy's probes).
+const MaxSeq = 1 << 16
+
+// SeqOf finds which seq of key's family id is; false when none up to the
+// bound is (a bucket the proxy did not write).
+func SeqOf(bucketNS string, key Key, id bson.ObjectID) (int, bool) {
+	for seq := 0; seq < MaxSeq; seq++ {
+		if key.ID(bucketNS, seq) == id {
+			return seq, true
+		}
+	}
+	return 0, false
+}
+
+func EventDocs(bdoc bsoncore.Document) ([]bsoncore.Document, error) {
+	v, ok := bsonutil.Lookup(bdoc, FieldEvents)
+	if !ok {
+		return nil, nil
+	}
+	arr, ok := v.ArrayOK()
+	if !ok {
+		return nil, fmt.Errorf("%q is a %s, not an array", FieldEvents, bsonutil.TypeName(v.Type))
+	}
+	vals, err := arr.Values()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]bsoncore.Document, 0, len(vals))
+	for i, v := range vals {
+		d, ok := v.DocumentOK()
+		if !ok {
+			return nil, fmt.Errorf("event %d is a %s, not a document", i, bsonutil.TypeName(v.Type))
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+// Shell is a bucket emptied by a delete that must stay because a
+// higher seq of its key exists: reads find a key's buckets by probing seq
+// 0, 1, ... until the first missing id, so it keeps the family gapless.
+// Inserts never join it (they join only the highest seq).
+func Shell(meta bsoncore.Value, start int64) bsoncore.Document {
+	return bsoncore.NewDocumentBuilder().
+		AppendValue(FieldMeta, meta).
+		AppendDateTime(FieldStart, start).
+		AppendInt32(FieldCount, 0).
+		AppendInt32(FieldBytes, 0).
+		AppendDocument(FieldMin, bsoncore.NewDocumentBuilder().Build()).
+		AppendDocument(FieldMax, bsoncore.NewDocumentBuilder().Build()).
+		AppendArray(FieldEvents, bsoncore.NewArrayBuilder().Build()).
+		Build()
+}
+
+// CountOf reads a bucket's count (0 when absent).
+func CountOf(bdoc bsoncore.Document) int {
+	v, ok := bsonutil.Lookup(bdoc, FieldCount)
+	if !ok {
+		return 0
+	}
+	n, _ := v.AsInt64OK()
+	return int(n)
+}
+
+// RestoreMeta puts the bucket's meta (metaOf, called only when needed)
+// back into a stored event at its marker's position.
+func RestoreMeta(stored bsoncore.Document, metaField string, metaOf func() (bsoncore.Value, error)) (bsoncore.Document, error) {
+	if metaField == "" {
+		return stored, nil
+	}
+	elems, err := stored.Elements()
+	if err != nil {
+		return nil, mongoerr.Errorf(mongoerr.InternalError, "stored event is not valid BSON: %v", err)
+	}
+	hasMarker := false
+	for _, e := range elems {
+		if e.Key() == metaField {
+			hasMarker = true
+			break
+		}
+	}
+	if !hasMarker {
+		return stored, nil
+	}
+	meta, err := metaOf()
+	if err != nil {
+		return nil, err
+	}
+	idx, out := bsoncore.AppendDocumentStart(make([]byte, 0, len(stored)+len(meta.Data)+8))
+	for _, e := range elems {
+		if e.Key() == metaField {
+			out = bsoncore.AppendValueElement(out, metaField, meta)
+			continue
+		}
+		out = append(out, e...)
+	}
+	return bsoncore.AppendDocumentEnd(out, idx)
+}
