@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -254,7 +256,7 @@ func (c *conn) roundTripInSlot(frame []byte, slotted bool) ([]byte, error) {
 // startWrite begins every rewritten write of rule: it learns what the
 // upstream supports and, where its updates are not isolated, makes sure
 // this proxy holds the rule's writer lease (writer_lease.go).
-func (c *conn) startWrite(rule *rules.Rule) (rewrite.Caps, error) {
+func (c *conn) startWrite(rule *rules.Rule) (caps.Upstream, error) {
 	caps, err := c.upstreamCaps()
 	if err != nil {
 		return caps, err
@@ -294,7 +296,7 @@ func commandOf(req *request) rewrite.Command {
 
 // upstreamCaps detects once what the upstream supports, on this client's
 // connection (so with its privileges: buildInfo needs none on MongoDB).
-func (c *conn) upstreamCaps() (rewrite.Caps, error) {
+func (c *conn) upstreamCaps() (caps.Upstream, error) {
 	st := c.s.state
 	st.mu.Lock()
 	if st.caps != nil {
@@ -305,13 +307,13 @@ func (c *conn) upstreamCaps() (rewrite.Caps, error) {
 	st.mu.Unlock()
 	reply, err := c.up.Command(bson.D{{Key: "buildInfo", Value: 1}, {Key: "$db", Value: "admin"}})
 	if err != nil {
-		return rewrite.Caps{}, err
+		return caps.Upstream{}, err
 	}
 	if r := refusalOf(reply); r != nil {
 		// Not cached: an error reply says nothing of what the upstream is.
-		return rewrite.Caps{}, fmt.Errorf("upstream capabilities: buildInfo: %w", r)
+		return caps.Upstream{}, fmt.Errorf("upstream capabilities: buildInfo: %w", r)
 	}
-	caps := rewrite.DetectCaps(reply)
+	caps := caps.Detect(reply)
 	st.mu.Lock()
 	st.caps = &caps
 	st.mu.Unlock()

@@ -27,6 +27,9 @@ type cursorEntry struct {
 	// reshape is how the rewritten read turns upstream documents into the
 	// app's; kept per cursor so getMore batches come out as the first did.
 	reshape any
+	// cursor is the plan seam's cursor (rewrite.Cursor), for reads served
+	// through drive.
+	cursor rewrite.Cursor
 	// session is the lsid of the read that opened the cursor ("" for
 	// none): endSessions of that session kills and forgets it, and
 	// getMores in another session are refused.

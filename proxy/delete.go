@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -82,7 +84,7 @@ func (c *conn) rewriteDelete(req *request, rule *rules.Rule) error {
 const deleteChunk = 500
 
 // deleteStatement runs one statement and returns the events it removed.
-func (c *conn) deleteStatement(plan *rewrite.DeletePlan, st *rewrite.DeleteStatement, caps rewrite.Caps) (int, error) {
+func (c *conn) deleteStatement(plan *rewrite.DeletePlan, st *rewrite.DeleteStatement, caps caps.Upstream) (int, error) {
 	cands, err := c.matchCandidates(plan, st)
 	if err != nil || len(cands.List) == 0 {
 		return 0, err
@@ -105,7 +107,7 @@ func (c *conn) deleteStatement(plan *rewrite.DeletePlan, st *rewrite.DeleteState
 
 // deleteBuckets locks the keys of some candidate buckets, and removes the
 // statement's matching events from them.
-func (c *conn) deleteBuckets(plan *rewrite.DeletePlan, st *rewrite.DeleteStatement, caps rewrite.Caps, list []*rewrite.Candidate) (int, error) {
+func (c *conn) deleteBuckets(plan *rewrite.DeletePlan, st *rewrite.DeleteStatement, caps caps.Upstream, list []*rewrite.Candidate) (int, error) {
 	rule := plan.Rule()
 	var keys []bucket.Key
 	for _, cand := range list {
@@ -281,7 +283,7 @@ func (c *conn) planBucketWrites(plan *rewrite.DeletePlan, edits []rewrite.Bucket
 
 // writeBuckets runs the replacements, then the removals, and returns the
 // events removed by the writes that took effect.
-func (c *conn) writeBuckets(plan *rewrite.DeletePlan, caps rewrite.Caps, replace []rewrite.BucketEdit, remove []bucketRemoval) (int, error) {
+func (c *conn) writeBuckets(plan *rewrite.DeletePlan, caps caps.Upstream, replace []rewrite.BucketEdit, remove []bucketRemoval) (int, error) {
 	limit := maxReplaceStatements
 	if m := caps.MaxUpdateStatements; m > 0 {
 		limit = min(limit, m)
@@ -324,7 +326,7 @@ func (c *conn) writeBuckets(plan *rewrite.DeletePlan, caps rewrite.Caps, replace
 
 // runBucketWrite sends one rewritten write (in the write slots an upstream
 // with bounded update statements needs) and reads its outcome.
-func (c *conn) runBucketWrite(plan *rewrite.DeletePlan, caps rewrite.Caps, cmd []byte, statements int) (int, error) {
+func (c *conn) runBucketWrite(plan *rewrite.DeletePlan, caps caps.Upstream, cmd []byte, statements int) (int, error) {
 	reply, err := c.roundTripInSlot(c.commandFrame(cmd), caps.MaxUpdateStatements > 0)
 	if err != nil {
 		return 0, err

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -316,7 +318,7 @@ func counterAttempt(id string, now time.Time) (check bool, late time.Duration) {
 // recognise as a retry carries its write id's mark, and is checked
 // against its buckets' marks when it may be a retry. err is answered to
 // the client; upErr (the upstream failed) closes the connection.
-func (c *conn) counterPlan(cmd rewrite.Command, rule *rules.Rule, caps rewrite.Caps) (plan *rewrite.LayoutWrite, err, upErr error) {
+func (c *conn) counterPlan(cmd rewrite.Command, rule *rules.Rule, caps caps.Upstream) (plan *rewrite.LayoutWrite, err, upErr error) {
 	now := time.Now()
 	opts := rewrite.CounterOptions{Caps: caps, WriteID: rewrite.CounterWriteID(cmd, caps), Now: now.UnixMilli()}
 	if opts.WriteID == "" {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rewrite/query"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/upstream"
 	"github.com/tsproxy/tsproxy/wire"
@@ -266,7 +267,7 @@ func (c *conn) deletePartitioned(req *request, rule *rules.Rule) error {
 // killCursorsPartitioned kills cursors of a partitioned rule: each
 // upstream cursor on its own partition, proxy-held ones here.
 func (c *conn) killCursorsPartitioned(req *request, rule *rules.Rule) error {
-	_, ids, err := rewrite.KillCursors(req.msg.Body, rule)
+	_, ids, err := query.KillCursors(req.msg.Body, rule)
 	if err != nil {
 		return c.replyRewriteError(req, err)
 	}

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/tsproxy/tsproxy/rewrite"
@@ -230,7 +232,7 @@ func (c *conn) distinctPartitioned(req *request, rule *rules.Rule, parts []parti
 // every partition: one plan (of the first) is fed the buckets of all, each
 // partition's own plan giving the commands that read them. done is false
 // when the aggregate is not of that shape.
-func (c *conn) summariesPartitioned(req *request, rule *rules.Rule, parts []partition, caps rewrite.Caps) (done bool, err error) {
+func (c *conn) summariesPartitioned(req *request, rule *rules.Rule, parts []partition, caps caps.Upstream) (done bool, err error) {
 	opts := rewrite.ReadOptions{Caps: caps}
 	all, ok := rewrite.PlanSummary(req.msg.Body, partitionRule(rule, parts[0].coll), opts)
 	if !ok {

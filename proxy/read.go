@@ -8,6 +8,7 @@ import (
 
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rewrite/query"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/upstream"
 	"github.com/tsproxy/tsproxy/wire"
@@ -148,7 +149,7 @@ func (c *conn) resolveMetas(queries [][]byte, add func([]byte) error) error {
 // killUpstreamCursor kills a cursor the app will never read on; a failure
 // only leaves it to the upstream's timeout.
 func (c *conn) killUpstreamCursor(rule *rules.Rule, id int64) {
-	if _, err := c.upCommand(rewrite.KillCursorsCommand(rule, id)); err != nil {
+	if _, err := c.upCommand(query.KillCursorsCommand(rule, id)); err != nil {
 		c.log.Debug("killCursors of a single-batch cursor failed", "rule", rule.Namespace, "err", err.Error())
 	}
 }
@@ -170,7 +171,7 @@ func (c *conn) rewriteGetMore(req *request, rule *rules.Rule) error {
 	if shape == nil {
 		return c.replyError(req, mongoerr.CursorNotFound, fmt.Sprintf("tsproxy rule %s: cursor id %d not found", rule.Namespace, id))
 	}
-	cmd, err := rewrite.GetMore(req.msg.Body, rule)
+	cmd, err := query.GetMore(req.msg.Body, rule)
 	if err != nil {
 		return c.replyRewriteError(req, err)
 	}
@@ -207,7 +208,7 @@ func entryShape(e *cursorEntry) (*rewrite.CursorShape, bool) {
 // rewriteKillCursors kills cursors of the app's namespace: they are the
 // bucket collection's upstream.
 func (c *conn) rewriteKillCursors(req *request, rule *rules.Rule) error {
-	cmd, ids, err := rewrite.KillCursors(req.msg.Body, rule)
+	cmd, ids, err := query.KillCursors(req.msg.Body, rule)
 	if err != nil {
 		return c.replyRewriteError(req, err)
 	}

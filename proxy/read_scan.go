@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/query"
 	"github.com/tsproxy/tsproxy/rules"
 )
 
@@ -19,7 +20,7 @@ func (c *conn) closeScan(rule *rules.Rule, pr *rewrite.PointRead) {
 		return
 	}
 	pr.UpstreamCursorClosed()
-	if _, err := c.upCommand(rewrite.KillCursorsCommand(rule, id)); err != nil {
+	if _, err := c.upCommand(query.KillCursorsCommand(rule, id)); err != nil {
 		c.log.Debug("killCursors of a bucket scan's upstream cursor failed", "rule", rule.Namespace, "cursor", id, "err", err.Error())
 	}
 }

@@ -3,6 +3,8 @@ package proxy
 import (
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rules"
 )
@@ -13,7 +15,7 @@ import (
 // done is false when the aggregate is not of that shape, or the buckets
 // found leave the answer ambiguous: the caller then plans the read as
 // usual (which unwinds, or refuses clearly on FerretDB).
-func (c *conn) answerFromSummaries(req *request, rule *rules.Rule, caps rewrite.Caps) (done bool, err error) {
+func (c *conn) answerFromSummaries(req *request, rule *rules.Rule, caps caps.Upstream) (done bool, err error) {
 	plan, ok := rewrite.PlanSummary(req.msg.Body, rule, rewrite.ReadOptions{Caps: caps})
 	if !ok {
 		return false, nil

@@ -4,6 +4,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/tsproxy/tsproxy/rewrite"
@@ -16,7 +18,7 @@ import (
 type upstreamState struct {
 	mu       sync.Mutex
 	limits   rewrite.RouterHelloLimits
-	caps     *rewrite.Caps
+	caps     *caps.Upstream
 	indexes  map[string]time.Time // bucket namespace -> when its index was ensured
 	isFerret bool
 	buckets  *bucketCache // fills of open buckets; see buckets.go
@@ -27,7 +29,7 @@ type upstreamState struct {
 
 func newUpstreamState() *upstreamState {
 	return &upstreamState{limits: defaultLimits, indexes: make(map[string]time.Time),
-		writeSlots: make(chan struct{}, rewrite.FerretDBWriteSlots)}
+		writeSlots: make(chan struct{}, caps.FerretDBWriteSlots)}
 }
 
 func (u *upstreamState) rememberHello(r bson.Raw) {

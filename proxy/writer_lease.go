@@ -8,16 +8,17 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/upstream"
 )
 
 // On an upstream whose updates are not isolated from each other
-// (rewrite.Caps.SingleWriter: FerretDB v1.24 reads a document, changes it
+// (caps.Upstream.SingleWriter: FerretDB v1.24 reads a document, changes it
 // in Go and writes it back by _id), two proxies updating the same bucket
 // at once lose one of the updates: measured, two proxies writing one
 // series lost 81 of 2,400 acknowledged events. One proxy's own writers
@@ -133,7 +134,7 @@ var errLeaseLost = errors.New("writer lease taken by another proxy")
 // always on upstreams with isolated updates, and otherwise while it holds
 // the rule's writer lease with at least half of it left (taking or
 // renewing it on c's upstream connection, with the client's privileges).
-func (c *conn) ensureWriter(rule *rules.Rule, caps rewrite.Caps) error {
+func (c *conn) ensureWriter(rule *rules.Rule, caps caps.Upstream) error {
 	if !caps.SingleWriter {
 		return nil
 	}

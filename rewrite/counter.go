@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -125,7 +127,7 @@ func groupByKey(evs []layoutEvent) [][]layoutEvent {
 }
 
 // CounterInsert plans an insert on a counter rule.
-func CounterInsert(cmd Command, rule *rules.Rule, caps Caps) (*LayoutWrite, error) {
+func CounterInsert(cmd Command, rule *rules.Rule, caps caps.Upstream) (*LayoutWrite, error) {
 	return CounterInsertWith(cmd, rule, CounterOptions{Caps: caps})
 }
 
@@ -211,7 +213,7 @@ func upsertByID(id [12]byte, update bsoncore.Document) bsoncore.Document {
 
 // plan splits the statements into update commands of at most
 // caps.MaxUpdateStatements statements.
-func (li *layoutInsert) plan(rule *rules.Rule, caps Caps, stmts []layoutStmt) *LayoutWrite {
+func (li *layoutInsert) plan(rule *rules.Rule, caps caps.Upstream, stmts []layoutStmt) *LayoutWrite {
 	p := &LayoutWrite{rejected: li.rejected, ordered: li.ordered, rule: rule}
 	per := len(stmts)
 	if caps.MaxUpdateStatements > 0 {

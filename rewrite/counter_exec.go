@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/tsproxy/tsproxy/rewrite/query"
+
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
@@ -94,7 +96,7 @@ func (r *LayoutRead) bounds(filter bsoncore.Document, b *fetchBounds, depth int)
 				}
 			}
 		case key == r.rule.TimeField:
-			ops, isOps := isOperatorDoc(v)
+			ops, isOps := query.IsOperatorDoc(v)
 			if !isOps {
 				b.timeOp("$eq", v)
 				continue
@@ -104,7 +106,7 @@ func (r *LayoutRead) bounds(filter bsoncore.Document, b *fetchBounds, depth int)
 				b.timeOp(oe.Key(), oe.Value())
 			}
 		case key == r.rule.MetaField && r.rule.MetaField != "":
-			if ops, isOps := isOperatorDoc(v); isOps {
+			if ops, isOps := query.IsOperatorDoc(v); isOps {
 				if eq, err := ops.LookupErr("$eq"); err == nil {
 					v = eq
 				} else {
@@ -402,7 +404,7 @@ type cursorReply struct {
 // most want (no bound when want < 0) and at most maxBatchBytes, yet one
 // document at least when one is wanted, however large.
 func batchLen(docs []bsoncore.Document, want int64) (n, bytes int) {
-	for n < len(docs) && (want < 0 || int64(n) < want) && (n == 0 || bytes+len(docs[n]) <= maxBatchBytes) {
+	for n < len(docs) && (want < 0 || int64(n) < want) && (n == 0 || bytes+len(docs[n]) <= query.MaxBatchBytes) {
 		bytes += len(docs[n])
 		n++
 	}

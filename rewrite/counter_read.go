@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/query"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -54,7 +56,7 @@ type layoutDoc struct {
 type LayoutRead struct {
 	rule    *rules.Rule
 	kind    string // find, aggregate, count
-	match   docPred
+	match   query.DocPred
 	stages  []layoutStage
 	fetch   []bsoncore.Document // point lookups still to send
 	scan    bool
@@ -118,8 +120,8 @@ func PlanLayoutRead(body bsoncore.Document, rule *rules.Rule) (*LayoutRead, erro
 	if err != nil {
 		return nil, err
 	}
-	fc := &filterCompiler{unsupported: r.unsupported}
-	if r.match, err = fc.compile(filter, 0); err != nil {
+	fc := &query.Compiler{Unsupported: r.unsupported}
+	if r.match, err = fc.Compile(filter, 0); err != nil {
 		return nil, err
 	}
 	r.planFetch(filter)
@@ -268,7 +270,7 @@ func (r *LayoutRead) readAggregate(body bsoncore.Document) (bsoncore.Document, e
 	if len(filters) == 0 {
 		return bsoncore.Document(emptyDoc), nil
 	}
-	return andOf(filters), nil
+	return query.AndOf(filters), nil
 }
 
 // readStage reads one pipeline stage; leading $match stages make the filter.

@@ -3,6 +3,7 @@ package rewrite
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"strconv"
 	"time"
 
@@ -43,7 +44,7 @@ const CounterApplied = "applied"
 
 // CounterOptions are the inputs of CounterInsertWith.
 type CounterOptions struct {
-	Caps Caps
+	Caps caps.Upstream
 	// WriteID marks each upsert (see CounterWriteID); "" for none.
 	WriteID string
 	// Now is the proxy's clock (Unix ms), which picks the mark's period.
@@ -56,7 +57,7 @@ type CounterOptions struct {
 // CounterWriteID is the id of a retryable insert an upstream with caps
 // cannot recognise as a retry: a hash of its lsid and txnNumber. It is ""
 // when the insert is not retryable or the upstream recognises retries.
-func CounterWriteID(cmd Command, caps Caps) string {
+func CounterWriteID(cmd Command, caps caps.Upstream) string {
 	if !MayBeUnseenRetry(cmd, caps) {
 		return ""
 	}

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -17,20 +19,22 @@ func TestCounterWriteID(t *testing.T) {
 	otherLsid := bson.E{Key: "lsid", Value: bson.D{{Key: "id", Value: "session-2"}}}
 	txn := func(n int64) bson.E { return bson.E{Key: "txnNumber", Value: n} }
 	ev := []bson.D{hit("/a", dt(0))}
-	id := func(caps Caps, extra ...bson.E) string { return CounterWriteID(bodyCmd(t, ev, extra...), caps) }
+	id := func(caps caps.Upstream, extra ...bson.E) string {
+		return CounterWriteID(bodyCmd(t, ev, extra...), caps)
+	}
 	cases := []struct {
 		name string
 		got  string
 		want string // "" none, "same" equal to base, "other" another non-empty id
 	}{
-		{"no txnNumber: not retryable", id(Caps{}, lsid), ""},
-		{"upstream with retryable writes recognises retries itself", id(Caps{StmtIDs: true}, lsid, txn(1)), ""},
-		{"transaction statement", id(Caps{}, lsid, txn(1), bson.E{Key: "autocommit", Value: false}), ""},
-		{"same lsid and txnNumber: the same id", id(Caps{}, lsid, txn(1)), "same"},
-		{"another txnNumber", id(Caps{}, lsid, txn(2)), "other"},
-		{"another session", id(Caps{}, otherLsid, txn(1)), "other"},
+		{"no txnNumber: not retryable", id(caps.Upstream{}, lsid), ""},
+		{"upstream with retryable writes recognises retries itself", id(caps.Upstream{StmtIDs: true}, lsid, txn(1)), ""},
+		{"transaction statement", id(caps.Upstream{}, lsid, txn(1), bson.E{Key: "autocommit", Value: false}), ""},
+		{"same lsid and txnNumber: the same id", id(caps.Upstream{}, lsid, txn(1)), "same"},
+		{"another txnNumber", id(caps.Upstream{}, lsid, txn(2)), "other"},
+		{"another session", id(caps.Upstream{}, otherLsid, txn(1)), "other"},
 	}
-	base := id(Caps{}, lsid, txn(1))
+	base := id(caps.Upstream{}, lsid, txn(1))
 	if len(base) != 24 {
 		t.Fatalf("write id %q, want 24 hex digits", base)
 	}

@@ -5,6 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+	"github.com/tsproxy/tsproxy/rewrite/query"
+
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -54,7 +57,7 @@ func TestCounterInsert(t *testing.T) {
 		name    string
 		events  []bson.D
 		extra   []bson.E
-		caps    Caps
+		caps    caps.Upstream
 		want    []bson.D
 		n       int32
 		errIdx  []int32
@@ -75,14 +78,14 @@ func TestCounterInsert(t *testing.T) {
 				counterStmt(rule, "/b", 0, bson.D{{Key: "slots.5", Value: int64(3)}}, 3),
 				counterStmt(rule, nil, 0, bson.D{{Key: "slots.7", Value: int64(1)}}, 1),
 			}, bson.E{Key: "lsid", Value: bson.D{{Key: "id", Value: 1}}}, bson.E{Key: "writeConcern", Value: bson.D{{Key: "w", Value: 1}}})}, n: 5},
-		{name: "retryable write: stmtIds are the first event of each statement", caps: Caps{StmtIDs: true},
+		{name: "retryable write: stmtIds are the first event of each statement", caps: caps.Upstream{StmtIDs: true},
 			events: []bson.D{hit("/b", dt(5000)), hit("/a", dt(5000)), hit("/b", dt(5500))},
 			extra:  []bson.E{{Key: "lsid", Value: bson.D{{Key: "id", Value: 1}}}, {Key: "txnNumber", Value: int64(4)}},
 			want: []bson.D{updateCmd(true, []bson.D{
 				counterStmt(rule, "/a", 0, bson.D{{Key: "slots.5", Value: int64(1)}}, 1),
 				counterStmt(rule, "/b", 0, bson.D{{Key: "slots.5", Value: int64(2)}}, 2),
 			}, bson.E{Key: "stmtIds", Value: bson.A{int32(1), int32(0)}}, bson.E{Key: "lsid", Value: bson.D{{Key: "id", Value: 1}}}, bson.E{Key: "txnNumber", Value: int64(4)})}, n: 3},
-		{name: "statements split by MaxUpdateStatements", caps: Caps{MaxUpdateStatements: 1},
+		{name: "statements split by MaxUpdateStatements", caps: caps.Upstream{MaxUpdateStatements: 1},
 			events: []bson.D{hit("/a", dt(0)), hit("/b", dt(0))},
 			want: []bson.D{
 				updateCmd(true, []bson.D{counterStmt(rule, "/a", 0, bson.D{{Key: "slots.0", Value: int64(1)}}, 1)}),
@@ -154,14 +157,14 @@ func TestCounterReplyUpstreamErrors(t *testing.T) {
 	events := []bson.D{hit("/a", dt(0)), hit("/b", dt(0)), hit("/a", dt(1)), hit("/c", dt(0))}
 	failSecond := bson.D{{Key: "n", Value: 2}, {Key: "writeErrors", Value: bson.A{bson.D{{Key: "index", Value: 1}, {Key: "code", Value: 2}, {Key: "errmsg", Value: "boom"}}}}, {Key: "ok", Value: 1.0}}
 	t.Run("unordered: the failed statement's events", func(t *testing.T) {
-		p, _ := CounterInsert(bodyCmd(t, events, bson.E{Key: "ordered", Value: false}), rule, Caps{})
+		p, _ := CounterInsert(bodyCmd(t, events, bson.E{Key: "ordered", Value: false}), rule, caps.Upstream{})
 		if p.Continue(0, mustDoc(t, failSecond)) != true {
 			t.Fatal("unordered stops")
 		}
 		checkLayoutReply(t, p.Reply([][]byte{mustDoc(t, failSecond)}), 3, []int32{1}, "bucket update failed: boom")
 	})
 	t.Run("ordered: the rest not run", func(t *testing.T) {
-		p, _ := CounterInsert(bodyCmd(t, events), rule, Caps{MaxUpdateStatements: 2})
+		p, _ := CounterInsert(bodyCmd(t, events), rule, caps.Upstream{MaxUpdateStatements: 2})
 		if p.Continue(0, mustDoc(t, failSecond)) {
 			t.Fatal("ordered continues after a failure")
 		}
@@ -169,11 +172,11 @@ func TestCounterReplyUpstreamErrors(t *testing.T) {
 		checkLayoutReply(t, p.Reply([][]byte{mustDoc(t, failSecond)}), 2, []int32{1, 3}, "boom")
 	})
 	t.Run("command error", func(t *testing.T) {
-		p, _ := CounterInsert(bodyCmd(t, events), rule, Caps{})
+		p, _ := CounterInsert(bodyCmd(t, events), rule, caps.Upstream{})
 		checkLayoutReply(t, p.Reply([][]byte{mustDoc(t, bson.D{{Key: "ok", Value: 0.0}, {Key: "errmsg", Value: "down"}, {Key: "code", Value: 6}})}), 0, []int32{0, 1, 2, 3}, "down")
 	})
 	t.Run("transactions refused", func(t *testing.T) {
-		_, err := CounterInsert(bodyCmd(t, events, bson.E{Key: "autocommit", Value: false}), rule, Caps{})
+		_, err := CounterInsert(bodyCmd(t, events, bson.E{Key: "autocommit", Value: false}), rule, caps.Upstream{})
 		if err == nil || !strings.Contains(err.Error(), "does not support transactions") {
 			t.Fatalf("err %v", err)
 		}
@@ -310,7 +313,7 @@ func TestCounterRead(t *testing.T) {
 
 func TestLayoutFilter(t *testing.T) {
 	d := mustDoc(t, bson.D{{Key: "page", Value: bson.D{{Key: "site", Value: "n"}}}, {Key: "ts", Value: dt(5000)}, {Key: "count", Value: int32(3)}})
-	fc := &filterCompiler{unsupported: func(f string, a ...any) error { return mongoerr.Errorf(mongoerr.NotImplemented, f, a...) }}
+	fc := &query.Compiler{Unsupported: func(f string, a ...any) error { return mongoerr.Errorf(mongoerr.NotImplemented, f, a...) }}
 	for _, tc := range []struct {
 		filter bson.D
 		want   bool
@@ -329,7 +332,7 @@ func TestLayoutFilter(t *testing.T) {
 		{bson.D{{Key: "count", Value: bson.D{{Key: "$nin", Value: bson.A{1, 2}}}}}, true},
 		{bson.D{{Key: "ts", Value: bson.D{{Key: "$lt", Value: dt(5000)}}}}, false},
 	} {
-		p, err := fc.compile(mustDoc(t, tc.filter), 0)
+		p, err := fc.Compile(mustDoc(t, tc.filter), 0)
 		if err != nil {
 			t.Fatalf("%v: %v", tc.filter, err)
 		}

@@ -2,6 +2,8 @@ package rewrite
 
 import (
 	"fmt"
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+	"github.com/tsproxy/tsproxy/rewrite/query"
 	"strconv"
 
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
@@ -33,7 +35,7 @@ import (
 
 // DeleteOptions are what PlanDelete needs besides the command.
 type DeleteOptions struct {
-	Caps Caps
+	Caps caps.Upstream
 }
 
 // DeletePlan is a parsed delete command on a bucketed namespace.
@@ -152,7 +154,7 @@ func checkTarget(body bsoncore.Document, rule *rules.Rule, name string) error {
 // planStatement parses one delete statement. A malformed statement fails
 // the command (as the server's parser does); a filter the rewrite cannot
 // run is the statement's write error.
-func (p *DeletePlan) planStatement(i int, d bsoncore.Document, caps Caps) (*DeleteStatement, error) {
+func (p *DeletePlan) planStatement(i int, d bsoncore.Document, caps caps.Upstream) (*DeleteStatement, error) {
 	st := &DeleteStatement{Index: i}
 	q, ok := bsonutil.Lookup(d, "q")
 	if !ok {
@@ -182,17 +184,17 @@ func (p *DeletePlan) planStatement(i int, d bsoncore.Document, caps Caps) (*Dele
 			return nil, mongoerr.Errorf(mongoerr.FailedToParse, "delete statement %d: unknown field %q", i, e.Key())
 		}
 	}
-	rc, err := newReadCtx(p.rule)
+	rc, err := query.NewCtx(p.rule)
 	if err != nil {
 		return nil, err
 	}
-	rc.caps = caps
-	sf, err := rc.split(filter)
+	rc.Caps = caps
+	sf, err := rc.Split(filter)
 	if err != nil {
 		st.Err = err
 		return st, nil
 	}
-	st.Whole = sf.event == nil
+	st.Whole = sf.Event == nil
 	st.Match = p.matchCommand(sf, st.Whole, st.LimitOne, caps.UnwindKeepsFields)
 	return st, nil
 }
@@ -201,11 +203,11 @@ func (p *DeletePlan) planStatement(i int, d bsoncore.Document, caps Caps) (*Dele
 // ($unwind keeps the bucket _id on every upstream; on one that keeps the
 // other fields too, meta and start come along and spare a read of each
 // bucket's key), or whole buckets.
-func (p *DeletePlan) matchCommand(sf splitFilter, whole, limitOne, withKey bool) []byte {
+func (p *DeletePlan) matchCommand(sf query.SplitFilter, whole, limitOne, withKey bool) []byte {
 	var pipeline []bsoncore.Document
 	if whole {
-		if sf.bdoc != nil {
-			pipeline = append(pipeline, bsonutil.Stage("$match", bsonutil.DocValue(sf.bdoc)))
+		if sf.Bucket != nil {
+			pipeline = append(pipeline, bsonutil.Stage("$match", bsonutil.DocValue(sf.Bucket)))
 		}
 		proj := bsoncore.NewDocumentBuilder().
 			AppendInt32(bucket.FieldMeta, 1).
@@ -213,7 +215,7 @@ func (p *DeletePlan) matchCommand(sf splitFilter, whole, limitOne, withKey bool)
 			Build()
 		pipeline = append(pipeline, bsonutil.Stage("$project", bsonutil.DocValue(proj)))
 	} else {
-		pipeline = eventPipeline(sf)
+		pipeline = query.EventPipeline(sf)
 		pb := bsoncore.NewDocumentBuilder()
 		if withKey {
 			pb.AppendInt32(bucket.FieldMeta, 1).AppendInt32(bucket.FieldStart, 1)

@@ -5,26 +5,6 @@ import (
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
-// DetectCaps reads what the upstream supports from its buildInfo reply.
-// FerretDB (which answers with "ferretdbVersion") rejects stmtIds and does
-// not implement retryable writes, and pushes only {_id: X} filters down to
-// its storage; MongoDB 4.4+ has both and indexes any filter.
-func DetectCaps(buildInfo []byte) Caps {
-	doc := bsoncore.Document(buildInfo)
-	if _, err := doc.LookupErr("ferretdbVersion"); err == nil {
-		return Caps{IDOnlyFilters: true, CostlyUpdates: true, SingleWriter: true, MaxUpdateStatements: FerretDBMaxUpdateStatements}
-	}
-	return Caps{StmtIDs: true, FullAggregation: true, UnwindKeepsFields: true}
-}
-
-// FerretDBMaxUpdateStatements is Caps.MaxUpdateStatements for FerretDB:
-// with at most FerretDBWriteSlots such commands at once, their open queries
-// stay well under its 100 SQLite connections.
-const (
-	FerretDBMaxUpdateStatements = 16
-	FerretDBWriteSlots          = 4
-)
-
 // docs views raw reply bodies as documents (no copy).
 func docs(raw [][]byte) []bsoncore.Document {
 	out := make([]bsoncore.Document, len(raw))

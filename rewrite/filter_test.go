@@ -5,6 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+	"github.com/tsproxy/tsproxy/rewrite/query"
+
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
@@ -17,13 +20,13 @@ func rdRule() *rules.Rule {
 	}
 }
 
-func rdCtx(t testing.TB, caps Caps) *readCtx {
+func rdCtx(t testing.TB, caps caps.Upstream) *query.Ctx {
 	t.Helper()
-	rc, err := newReadCtx(rdRule())
+	rc, err := query.NewCtx(rdRule())
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc.caps = caps
+	rc.Caps = caps
 	return rc
 }
 
@@ -55,74 +58,74 @@ const hr = int64(3600_000)
 func dms(ms int64) bson.DateTime { return bson.DateTime(ms) }
 
 var (
-	mongoCaps  = Caps{StmtIDs: true, FullAggregation: true, UnwindKeepsFields: true}
-	ferretCaps = Caps{}
+	mongoCaps  = caps.Upstream{StmtIDs: true, FullAggregation: true, UnwindKeepsFields: true}
+	ferretCaps = caps.Upstream{}
 )
 
 func TestFilterSplit(t *testing.T) {
 	and := func(ds ...any) D { return D{{Key: "$and", Value: A(ds)}} }
 	start := func(ops ...E) D { return D{{Key: "start", Value: D(ops)}} }
 	cases := []struct {
-		name        string
-		filter      any
-		bdoc, event any
-		caps        *Caps
+		name          string
+		filter        any
+		bucket, event any
+		caps          *caps.Upstream
 	}{
 		{name: "empty", filter: D{}},
 		{name: "range on hour edges", filter: D{{Key: "ts", Value: D{{Key: "$gte", Value: dms(2 * hr)}, {Key: "$lt", Value: dms(3 * hr)}}}},
-			bdoc:  start(E{Key: "$gte", Value: dms(2 * hr)}, E{Key: "$lt", Value: dms(3 * hr)}),
-			event: D{{Key: "events.ts", Value: D{{Key: "$gte", Value: dms(2 * hr)}, {Key: "$lt", Value: dms(3 * hr)}}}}},
+			bucket: start(E{Key: "$gte", Value: dms(2 * hr)}, E{Key: "$lt", Value: dms(3 * hr)}),
+			event:  D{{Key: "events.ts", Value: D{{Key: "$gte", Value: dms(2 * hr)}, {Key: "$lt", Value: dms(3 * hr)}}}}},
 		{name: "$gt inside a window floors", filter: D{{Key: "ts", Value: D{{Key: "$gt", Value: dms(2*hr + 5)}}}},
-			bdoc:  start(E{Key: "$gte", Value: dms(2 * hr)}),
-			event: D{{Key: "events.ts", Value: D{{Key: "$gt", Value: dms(2*hr + 5)}}}}},
+			bucket: start(E{Key: "$gte", Value: dms(2 * hr)}),
+			event:  D{{Key: "events.ts", Value: D{{Key: "$gt", Value: dms(2*hr + 5)}}}}},
 		{name: "$gt at a boundary keeps that window", filter: D{{Key: "ts", Value: D{{Key: "$gt", Value: dms(2 * hr)}}}},
-			bdoc:  start(E{Key: "$gte", Value: dms(2 * hr)}),
-			event: D{{Key: "events.ts", Value: D{{Key: "$gt", Value: dms(2 * hr)}}}}},
+			bucket: start(E{Key: "$gte", Value: dms(2 * hr)}),
+			event:  D{{Key: "events.ts", Value: D{{Key: "$gt", Value: dms(2 * hr)}}}}},
 		{name: "$lte", filter: D{{Key: "ts", Value: D{{Key: "$lte", Value: dms(5 * hr)}}}},
-			bdoc:  start(E{Key: "$lte", Value: dms(5 * hr)}),
-			event: D{{Key: "events.ts", Value: D{{Key: "$lte", Value: dms(5 * hr)}}}}},
+			bucket: start(E{Key: "$lte", Value: dms(5 * hr)}),
+			event:  D{{Key: "events.ts", Value: D{{Key: "$lte", Value: dms(5 * hr)}}}}},
 		{name: "negative dates floor down", filter: D{{Key: "ts", Value: D{{Key: "$gte", Value: dms(-1)}, {Key: "$lt", Value: dms(hr)}}}},
-			bdoc:  start(E{Key: "$gte", Value: dms(-hr)}, E{Key: "$lt", Value: dms(hr)}),
-			event: D{{Key: "events.ts", Value: D{{Key: "$gte", Value: dms(-1)}, {Key: "$lt", Value: dms(hr)}}}}},
+			bucket: start(E{Key: "$gte", Value: dms(-hr)}, E{Key: "$lt", Value: dms(hr)}),
+			event:  D{{Key: "events.ts", Value: D{{Key: "$gte", Value: dms(-1)}, {Key: "$lt", Value: dms(hr)}}}}},
 		{name: "bare date equality", filter: D{{Key: "ts", Value: dms(hr + 7)}},
-			bdoc:  D{{Key: "start", Value: dms(hr)}},
-			event: D{{Key: "events.ts", Value: dms(hr + 7)}}},
+			bucket: D{{Key: "start", Value: dms(hr)}},
+			event:  D{{Key: "events.ts", Value: dms(hr + 7)}}},
 		{name: "$eq", filter: D{{Key: "ts", Value: D{{Key: "$eq", Value: dms(-5)}}}},
-			bdoc:  D{{Key: "start", Value: dms(-hr)}},
-			event: D{{Key: "events.ts", Value: D{{Key: "$eq", Value: dms(-5)}}}}},
+			bucket: D{{Key: "start", Value: dms(-hr)}},
+			event:  D{{Key: "events.ts", Value: D{{Key: "$eq", Value: dms(-5)}}}}},
 		{name: "$and of bounds takes the tightest", filter: and(
 			D{{Key: "ts", Value: D{{Key: "$gte", Value: dms(hr)}}}},
 			D{{Key: "ts", Value: D{{Key: "$gte", Value: dms(3*hr + 1)}, {Key: "$lt", Value: dms(9 * hr)}}}},
 			D{{Key: "ts", Value: D{{Key: "$lte", Value: dms(7 * hr)}}}}),
-			bdoc: start(E{Key: "$gte", Value: dms(3 * hr)}, E{Key: "$lte", Value: dms(7 * hr)}),
+			bucket: start(E{Key: "$gte", Value: dms(3 * hr)}, E{Key: "$lte", Value: dms(7 * hr)}),
 			event: and(D{{Key: "events.ts", Value: D{{Key: "$gte", Value: dms(hr)}}}},
 				D{{Key: "events.ts", Value: D{{Key: "$gte", Value: dms(3*hr + 1)}, {Key: "$lt", Value: dms(9 * hr)}}}},
 				D{{Key: "events.ts", Value: D{{Key: "$lte", Value: dms(7 * hr)}}}})},
 		{name: "$in of dates", filter: D{{Key: "ts", Value: D{{Key: "$in", Value: A{dms(hr + 1), dms(hr + 2), dms(3 * hr)}}}}},
-			bdoc:  D{{Key: "$and", Value: A{D{{Key: "start", Value: D{{Key: "$in", Value: A{dms(hr), dms(3 * hr)}}}}}}}},
-			event: D{{Key: "events.ts", Value: D{{Key: "$in", Value: A{dms(hr + 1), dms(hr + 2), dms(3 * hr)}}}}}},
+			bucket: D{{Key: "$and", Value: A{D{{Key: "start", Value: D{{Key: "$in", Value: A{dms(hr), dms(3 * hr)}}}}}}}},
+			event:  D{{Key: "events.ts", Value: D{{Key: "$in", Value: A{dms(hr + 1), dms(hr + 2), dms(3 * hr)}}}}}},
 		{name: "non-date time operand gives no bucket bound", filter: D{{Key: "ts", Value: D{{Key: "$gt", Value: 5}}}},
 			event: D{{Key: "events.ts", Value: D{{Key: "$gt", Value: 5}}}}},
 		{name: "meta string", filter: D{{Key: "sensorId", Value: "a"}},
-			bdoc: D{{Key: "meta", Value: "a"}}},
+			bucket: D{{Key: "meta", Value: "a"}}},
 		{name: "meta number and time", filter: D{{Key: "sensorId", Value: 7}, {Key: "ts", Value: D{{Key: "$lt", Value: dms(hr)}}}},
-			bdoc:  and(D{{Key: "meta", Value: 7}}, start(E{Key: "$lt", Value: dms(hr)})),
-			event: D{{Key: "events.ts", Value: D{{Key: "$lt", Value: dms(hr)}}}}},
+			bucket: and(D{{Key: "meta", Value: 7}}, start(E{Key: "$lt", Value: dms(hr)})),
+			event:  D{{Key: "events.ts", Value: D{{Key: "$lt", Value: dms(hr)}}}}},
 		{name: "meta document", filter: D{{Key: "sensorId", Value: D{{Key: "site", Value: "n"}, {Key: "k", Value: 1}}}},
-			bdoc: D{{Key: "meta", Value: D{{Key: "site", Value: "n"}, {Key: "k", Value: 1}}}}},
+			bucket: D{{Key: "meta", Value: D{{Key: "site", Value: "n"}, {Key: "k", Value: 1}}}}},
 		{name: "meta dotted", filter: D{{Key: "sensorId.site", Value: "n"}},
-			bdoc: D{{Key: "meta.site", Value: "n"}}},
+			bucket: D{{Key: "meta.site", Value: "n"}}},
 		{name: "meta $in", filter: D{{Key: "sensorId", Value: D{{Key: "$in", Value: A{"a", 2, nil}}}}},
-			bdoc: D{{Key: "meta", Value: D{{Key: "$in", Value: A{"a", 2, nil}}}}}},
+			bucket: D{{Key: "meta", Value: D{{Key: "$in", Value: A{"a", 2, nil}}}}}},
 		{name: "meta missing: $exists reads the marker", filter: D{{Key: "sensorId", Value: D{{Key: "$exists", Value: false}}}},
 			event: D{{Key: "events.sensorId", Value: D{{Key: "$exists", Value: false}}}}},
 		{name: "meta $type needs the marker", filter: D{{Key: "sensorId", Value: D{{Key: "$type", Value: "null"}}}},
-			bdoc:  D{{Key: "meta", Value: D{{Key: "$type", Value: "null"}}}},
-			event: D{{Key: "events.sensorId", Value: D{{Key: "$exists", Value: true}}}}},
+			bucket: D{{Key: "meta", Value: D{{Key: "$type", Value: "null"}}}},
+			event:  D{{Key: "events.sensorId", Value: D{{Key: "$exists", Value: true}}}}},
 		{name: "meta $not $exists", filter: D{{Key: "sensorId", Value: D{{Key: "$not", Value: D{{Key: "$exists", Value: true}}}}}},
 			event: D{{Key: "events.sensorId", Value: D{{Key: "$not", Value: D{{Key: "$exists", Value: true}}}}}}},
 		{name: "meta null", filter: D{{Key: "sensorId", Value: nil}},
-			bdoc: D{{Key: "meta", Value: nil}}},
+			bucket: D{{Key: "meta", Value: nil}}},
 		{name: "residual operators renamed", filter: D{
 			{Key: "v", Value: D{{Key: "$ne", Value: 1}, {Key: "$nin", Value: A{2, 3}}}},
 			{Key: "s", Value: D{{Key: "$regex", Value: "^a"}, {Key: "$options", Value: "i"}}},
@@ -156,14 +159,14 @@ func TestFilterSplit(t *testing.T) {
 			if c.caps != nil {
 				caps = *c.caps
 			}
-			sf, err := rdCtx(t, caps).split(rdRaw(t, c.filter))
+			sf, err := rdCtx(t, caps).Split(rdRaw(t, c.filter))
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got, want := rdJSON(sf.bdoc), rdJSON(rdRaw(t, c.bdoc)); got != want {
+			if got, want := rdJSON(sf.Bucket), rdJSON(rdRaw(t, c.bucket)); got != want {
 				t.Errorf("bucket filter\n got %s\nwant %s", got, want)
 			}
-			if got, want := rdJSON(sf.event), rdJSON(rdRaw(t, c.event)); got != want {
+			if got, want := rdJSON(sf.Event), rdJSON(rdRaw(t, c.event)); got != want {
 				t.Errorf("event filter\n got %s\nwant %s", got, want)
 			}
 		})
@@ -174,7 +177,7 @@ func TestFilterRefused(t *testing.T) {
 	cases := []struct {
 		filter any
 		want   string
-		caps   *Caps
+		caps   *caps.Upstream
 	}{
 		{D{{Key: "$where", Value: "this.a"}}, `filter operator "$where" (JavaScript) is not supported`, nil},
 		{D{{Key: "$expr", Value: D{{Key: "$gt", Value: A{"$a", 1}}}}}, `filter operator "$expr"`, nil},
@@ -195,7 +198,7 @@ func TestFilterRefused(t *testing.T) {
 		if c.caps != nil {
 			caps = *c.caps
 		}
-		_, err := rdCtx(t, caps).split(rdRaw(t, c.filter))
+		_, err := rdCtx(t, caps).Split(rdRaw(t, c.filter))
 		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "tsproxy rule iot.readings") {
 			t.Errorf("%v: got %v, want %q", c.filter, err, c.want)
 		}

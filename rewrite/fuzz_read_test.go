@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"testing"
 
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+	"github.com/tsproxy/tsproxy/rewrite/query"
+
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
@@ -16,7 +19,7 @@ import (
 
 // fuzzCaps are the two upstreams the read path distinguishes: FerretDB as
 // detected from its buildInfo, and MongoDB.
-var fuzzCaps = []Caps{DetectCaps(bsoncore.NewDocumentBuilder().AppendString("ferretdbVersion", "v1.24.0").Build()), mongoCaps}
+var fuzzCaps = []caps.Upstream{caps.Detect(bsoncore.NewDocumentBuilder().AppendString("ferretdbVersion", "v1.24.0").Build()), mongoCaps}
 
 // FuzzReadReply: a read command (find, aggregate, count, distinct, explain)
 // and an upstream reply, both arbitrary. Planning and mapping the reply
@@ -92,10 +95,10 @@ func FuzzAdminRewrite(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body, reply []byte) {
 		mustValid := validIfInputsValid(body, reply)
 		r := rdRule()
-		if out, err := GetMore(body, r); err == nil {
+		if out, err := query.GetMore(body, r); err == nil {
 			mustValid(t, "getMore", out)
 		}
-		if out, _, err := KillCursors(body, r); err == nil {
+		if out, _, err := query.KillCursors(body, r); err == nil {
 			mustValid(t, "killCursors", out)
 		}
 		if lp, err := PlanListCollections(body, "iot", []*rules.Rule{r, testRule()}); err == nil {
@@ -129,7 +132,7 @@ func FuzzAdminRewrite(f *testing.F) {
 				t.Fatal("hello reply keeps the upstream's hosts")
 			}
 		}
-		_ = DetectCaps(reply)
+		_ = caps.Detect(reply)
 		if keys, err := InsertKeys(Command{Body: body}, testRule()); err == nil {
 			for _, k := range keys {
 				_ = k.ID("iot.readings.buckets", 0)
@@ -323,7 +326,7 @@ func countEvents(bs []*simBucket) int {
 // readBack plans find {} and answers it as the upstream would: one
 // unwound document per stored event (without meta where $unwind drops
 // it, answering the proxy's meta lookups instead).
-func readBack(t *testing.T, rule *rules.Rule, caps Caps, bs []*simBucket) []bsoncore.Document {
+func readBack(t *testing.T, rule *rules.Rule, caps caps.Upstream, bs []*simBucket) []bsoncore.Document {
 	t.Helper()
 	find := bsoncore.NewDocumentBuilder().AppendString("find", rule.Collection).AppendString("$db", rule.DB).Build()
 	p, err := PlanRead(find, rule, ReadOptions{Caps: caps})

@@ -2,6 +2,7 @@ package rewrite
 
 import (
 	"fmt"
+	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"slices"
 
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
@@ -17,7 +18,7 @@ import (
 // InsertOptions are the inputs of Insert that do not come from the client.
 type InsertOptions struct {
 	// Caps describes the upstream the commands will run on.
-	Caps Caps
+	Caps caps.Upstream
 	// NewObjectID makes the _id of an event that has none (as mongod
 	// would). Injected so that output is deterministic under test. Required.
 	NewObjectID func() bson.ObjectID

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
@@ -36,7 +38,7 @@ func benchRule() *rules.Rule {
 // events: prepare, then plan (groups of 100 become complete buckets).
 func BenchmarkInsertPlan1000(b *testing.B) {
 	cmd, rule := benchInsertCommand(b, 1000), benchRule()
-	caps := Caps{IDOnlyFilters: true, CostlyUpdates: true, MaxUpdateStatements: FerretDBMaxUpdateStatements}
+	caps := caps.Upstream{IDOnlyFilters: true, CostlyUpdates: true, MaxUpdateStatements: caps.FerretDBMaxUpdateStatements}
 	b.ReportAllocs()
 	for b.Loop() {
 		pi, err := PrepareInsert(cmd, rule, bson.NewObjectID)

@@ -3,6 +3,8 @@ package rewrite
 import (
 	"testing"
 
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -69,7 +71,7 @@ func TestInsertFills(t *testing.T) {
 
 	// The same on an upstream with _id-only filters: q is {_id} alone.
 	o = opts()
-	o.Caps = Caps{IDOnlyFilters: true, MaxUpdateStatements: 1}
+	o.Caps = caps.Upstream{IDOnlyFilters: true, MaxUpdateStatements: 1}
 	o.Buckets = fillsOf(map[string]bucket.Fill{"s": {Seq: 0, Count: 2, Bytes: 10, Known: true}})
 	p = mustInsert(t, bodyCmd(t, events[:2]), rule, o)
 	mn, mx = ts(1, 1)
@@ -97,7 +99,7 @@ func TestInsertRetry(t *testing.T) {
 	events := []bson.D{e(1, "a"), e(2, "b"), e(3, "a")}
 	for _, ordered := range []bool{true, false} {
 		o := opts()
-		o.Caps = Caps{StmtIDs: true}
+		o.Caps = caps.Upstream{StmtIDs: true}
 		p := mustInsert(t, bodyCmd(t, events, bson.E{Key: "ordered", Value: ordered},
 			bson.E{Key: "lsid", Value: bson.D{{Key: "id", Value: int32(1)}}}, bson.E{Key: "txnNumber", Value: int64(1)}), rule, o)
 		// One update: a (events 0, 2) into seq 0, b (event 1) into seq 0.
@@ -190,7 +192,7 @@ func TestInsertCostlyUpdates(t *testing.T) {
 	e := func(i byte) bson.D { return ev(oid(i), dt(int64(i)), "s", nil) }
 	rule := testRule() // 3 events per bucket, threshold 3
 	rule.MaxEvents = 10
-	costly := Caps{IDOnlyFilters: true, CostlyUpdates: true}
+	costly := caps.Upstream{IDOnlyFilters: true, CostlyUpdates: true}
 	cases := []struct {
 		name     string
 		fill     bucket.Fill

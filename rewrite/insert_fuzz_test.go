@@ -3,6 +3,8 @@ package rewrite
 import (
 	"testing"
 
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -21,7 +23,7 @@ func FuzzInsert(f *testing.F) {
 	f.Add(seed([]bson.D{ev(oid(1), dt(1), "s", int32(1)), ev(oid(2), dt(2), "s", int32(2)), ev(oid(3), dt(3), "s", int32(3)), ev(oid(4), dt(4), "s", "v")}))
 	f.Add([]byte{5, 0, 0, 0, 0})
 	f.Fuzz(func(t *testing.T, body []byte) {
-		for _, caps := range []Caps{{}, {StmtIDs: true}} {
+		for _, caps := range []caps.Upstream{{}, {StmtIDs: true}} {
 			p, err := Insert(Command{Body: body}, testRule(), InsertOptions{Caps: caps, NewObjectID: idGen()})
 			if err != nil {
 				_ = mongoerr.Reply(err)

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"testing"
 
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -157,7 +159,7 @@ func TestInsertDeterministic(t *testing.T) {
 	extra := []bson.E{{Key: "lsid", Value: bson.D{{Key: "id", Value: bson.Binary{Subtype: 4, Data: make([]byte, 16)}}}}, {Key: "txnNumber", Value: int64(3)}}
 	rule := testRule()
 	rule.MaxEvents = 7
-	o := InsertOptions{Caps: Caps{StmtIDs: true}}
+	o := InsertOptions{Caps: caps.Upstream{StmtIDs: true}}
 	o.NewObjectID = idGen()
 	first := mustInsert(t, bodyCmd(t, events, extra...), rule, o)
 	o.NewObjectID = idGen()

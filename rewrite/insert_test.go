@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -119,7 +121,7 @@ func TestInsertCommands(t *testing.T) {
 		name   string
 		rule   func(*rules.Rule)
 		cmd    func(t testing.TB) Command
-		caps   Caps
+		caps   caps.Upstream
 		want   []bson.D
 		events [][]int // event indexes of each command's statements
 	}{
@@ -226,7 +228,7 @@ func TestInsertCommands(t *testing.T) {
 		},
 		{
 			name: "retryable write: carried fields, stmtIds, unknown fields dropped",
-			caps: Caps{StmtIDs: true},
+			caps: caps.Upstream{StmtIDs: true},
 			cmd: func(t testing.TB) Command {
 				return bodyCmd(t, four,
 					bson.E{Key: "ordered", Value: false},
@@ -277,7 +279,7 @@ func TestInsertCommands(t *testing.T) {
 		},
 		{
 			name: "transaction: no stmtIds; startTransaction and readConcern only on the first command",
-			caps: Caps{StmtIDs: true},
+			caps: caps.Upstream{StmtIDs: true},
 			cmd: func(t testing.TB) Command {
 				return bodyCmd(t, four,
 					bson.E{Key: "lsid", Value: lsid},

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/query"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -33,7 +35,7 @@ type PartitionedFind struct {
 
 	ns     string
 	sort   []mergeKey
-	proj   *projection
+	proj   *query.Projection
 	skip   int64
 	limit  int64
 	single bool
@@ -50,27 +52,27 @@ type mergeKey struct {
 
 // PlanPartitionedFind plans a find across partitions.
 func PlanPartitionedFind(body []byte, rule *rules.Rule) (*PartitionedFind, error) {
-	rc, err := newReadCtx(rule)
+	rc, err := query.NewCtx(rule)
 	if err != nil {
 		return nil, err
 	}
 	doc := bsoncore.Document(body)
 	if err := bsonutil.Validate(doc, 0); err != nil {
-		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "tsproxy rule %s: command is not valid BSON: %v", rc.ns, err)
+		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "tsproxy rule %s: command is not valid BSON: %v", rc.NS, err)
 	}
-	pg, err := rc.readFindPaging(doc)
+	pg, err := rc.ReadFindPaging(doc)
 	if err != nil {
 		return nil, err
 	}
-	f := &PartitionedFind{ns: rc.ns, skip: pg.skip, limit: pg.limit, single: pg.single, first: pg.firstBatch()}
-	projDoc, err := rc.readDoc(doc, "projection", "find")
+	f := &PartitionedFind{ns: rc.NS, skip: pg.Skip, limit: pg.Limit, single: pg.Single, first: pg.FirstBatch()}
+	projDoc, err := rc.ReadDoc(doc, "projection", "find")
 	if err != nil {
 		return nil, err
 	}
-	if f.proj, err = rc.parseProjection(projDoc, "find option \"projection\""); err != nil {
+	if f.proj, err = rc.ParseProjection(projDoc, "find option \"projection\""); err != nil {
 		return nil, err
 	}
-	sortDoc, err := rc.readDoc(doc, "sort", "find")
+	sortDoc, err := rc.ReadDoc(doc, "sort", "find")
 	if err != nil {
 		return nil, err
 	}
@@ -95,13 +97,13 @@ func PlanPartitionedFind(body []byte, rule *rules.Rule) (*PartitionedFind, error
 
 // parseMergeSort reads the sort the proxy merges by: fields ascending or
 // descending; other sort specs are refused across partitions.
-func parseMergeSort(rc *readCtx, sortDoc bsoncore.Document) ([]mergeKey, error) {
+func parseMergeSort(rc *query.Ctx, sortDoc bsoncore.Document) ([]mergeKey, error) {
 	if sortDoc == nil {
 		return nil, nil
 	}
 	elems, err := sortDoc.Elements()
 	if err != nil {
-		return nil, rc.badValue(mongoerr.BadValue, "find option \"sort\" is not valid BSON")
+		return nil, rc.BadValue(mongoerr.BadValue, "find option \"sort\" is not valid BSON")
 	}
 	var keys []mergeKey
 	for _, e := range elems {
@@ -112,7 +114,7 @@ func parseMergeSort(rc *readCtx, sortDoc bsoncore.Document) ([]mergeKey, error) 
 			}
 		}
 		if !ok || (n != 1 && n != -1) {
-			return nil, rc.unsupported("sort %q: only 1 and -1 are supported on a read spanning partitions", e.Key())
+			return nil, rc.Unsupported("sort %q: only 1 and -1 are supported on a read spanning partitions", e.Key())
 		}
 		keys = append(keys, mergeKey{path: strings.Split(e.Key(), "."), desc: n < 0})
 	}
@@ -158,7 +160,7 @@ func (f *PartitionedFind) Finish() error {
 	}
 	if f.proj != nil {
 		for i, d := range f.out {
-			p, err := f.proj.apply(d)
+			p, err := f.proj.Apply(d)
 			if err != nil {
 				return err
 			}
@@ -244,16 +246,16 @@ type PartitionedCount struct {
 
 // PlanPartitionedCount plans a count across partitions.
 func PlanPartitionedCount(body []byte, rule *rules.Rule) (*PartitionedCount, error) {
-	rc, err := newReadCtx(rule)
+	rc, err := query.NewCtx(rule)
 	if err != nil {
 		return nil, err
 	}
 	doc := bsoncore.Document(body)
 	if err := bsonutil.Validate(doc, 0); err != nil {
-		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "tsproxy rule %s: command is not valid BSON: %v", rc.ns, err)
+		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "tsproxy rule %s: command is not valid BSON: %v", rc.NS, err)
 	}
 	c := &PartitionedCount{}
-	if c.skip, c.limit, err = rc.readCountPaging(doc); err != nil {
+	if c.skip, c.limit, err = rc.ReadCountPaging(doc); err != nil {
 		return nil, err
 	}
 	c.Sub = withoutFields(doc, "skip", "limit")
@@ -280,7 +282,7 @@ func (c *PartitionedCount) Result() []byte {
 		n = c.limit
 	}
 	idx, d := bsoncore.AppendDocumentStart(nil)
-	d = appendCount(d, "n", n)
+	d = query.AppendCount(d, "n", n)
 	d = bsoncore.AppendDoubleElement(d, "ok", 1)
 	d, _ = bsoncore.AppendDocumentEnd(d, idx)
 	return d
@@ -536,7 +538,7 @@ func countCommand(agg bsoncore.Document, rule *rules.Rule, matches []bsoncore.Do
 	}
 	elems, _ := agg.Elements()
 	for _, e := range elems {
-		if readCarriedSet[e.Key()] {
+		if query.CarriedSet[e.Key()] {
 			d = append(d, e...)
 		}
 	}

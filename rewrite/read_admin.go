@@ -3,6 +3,8 @@ package rewrite
 import (
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/query"
+
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
@@ -24,7 +26,7 @@ type CollStatsPlan struct {
 	// Count counts the events: an aggregate summing the buckets' counts;
 	// CountFallback unwinds and counts (for upstreams without $group $sum).
 	Count, CountFallback []byte
-	rc                   *readCtx
+	rc                   *query.Ctx
 	stage                bool // an aggregate with $collStats, not the command
 }
 
@@ -58,13 +60,13 @@ func BeginsWithCollStats(body []byte) bool {
 // PlanCollStats rewrites a collStats command, or an aggregate that begins
 // with $collStats.
 func PlanCollStats(body []byte, rule *rules.Rule) (*CollStatsPlan, error) {
-	rc, err := newReadCtx(rule)
+	rc, err := query.NewCtx(rule)
 	if err != nil {
 		return nil, err
 	}
 	doc := bsoncore.Document(body)
 	if err := doc.Validate(); err != nil {
-		return nil, rc.badValue(mongoerr.InvalidBSON, "collStats is not valid BSON: %v", err)
+		return nil, rc.BadValue(mongoerr.InvalidBSON, "collStats is not valid BSON: %v", err)
 	}
 	p := &CollStatsPlan{rc: rc, stage: BeginsWithCollStats(body)}
 	if p.stage {
@@ -72,7 +74,7 @@ func PlanCollStats(body []byte, rule *rules.Rule) (*CollStatsPlan, error) {
 			return nil, err
 		}
 	} else {
-		if err := rc.checkOptions(doc, "collStats", "scale", "verbose"); err != nil {
+		if err := rc.CheckOptions(doc, "collStats", "scale", "verbose"); err != nil {
 			return nil, err
 		}
 		b := bsoncore.NewDocumentBuilder().AppendString("collStats", rule.BucketCollection)
@@ -84,8 +86,8 @@ func PlanCollStats(body []byte, rule *rules.Rule) (*CollStatsPlan, error) {
 	nb := bsoncore.NewDocumentBuilder
 	group := nb().AppendDocument("$group", nb().AppendNull("_id").
 		AppendDocument("n", nb().AppendString("$sum", "$"+bucket.FieldCount).Build()).Build()).Build()
-	p.Count = rc.aggregateCommand([]bsoncore.Document{group}, -1, doc, nil, false)
-	p.CountFallback = rc.aggregateCommand([]bsoncore.Document{unwindStage(), bsonutil.Stage("$count", bsonutil.StringValue("n"))}, -1, doc, nil, false)
+	p.Count = rc.AggregateCommand([]bsoncore.Document{group}, -1, doc, nil, false)
+	p.CountFallback = rc.AggregateCommand([]bsoncore.Document{query.UnwindStage(), bsonutil.Stage("$count", bsonutil.StringValue("n"))}, -1, doc, nil, false)
 	return p, nil
 }
 
@@ -124,19 +126,19 @@ func (p *CollStatsPlan) CountFrom(reply []byte) (int64, bool) {
 // are the namespace's but for ns and the document count, which Reply maps;
 // a later stage that read either would compute from the bucket figures,
 // so such a pipeline is refused.
-func planCollStatsStage(rc *readCtx, doc bsoncore.Document) ([]byte, error) {
+func planCollStatsStage(rc *query.Ctx, doc bsoncore.Document) ([]byte, error) {
 	arr, _ := doc.Lookup("pipeline").ArrayOK()
 	stages, err := arr.Values()
 	if err != nil {
-		return nil, rc.badValue(mongoerr.InvalidBSON, "aggregate pipeline is not valid BSON: %v", err)
+		return nil, rc.BadValue(mongoerr.InvalidBSON, "aggregate pipeline is not valid BSON: %v", err)
 	}
 	for _, st := range stages[1:] {
 		if d, ok := st.DocumentOK(); ok && readsCountOrNS(d) {
-			return nil, rc.unsupported("a stage after $collStats that reads \"count\" or \"ns\" is not supported on a bucketed namespace "+
-				"(the upstream's statistics are those of the bucket collection %s; the proxy maps them only in $collStats's own output): run $collStats alone", rc.rule.BucketNamespace())
+			return nil, rc.Unsupported("a stage after $collStats that reads \"count\" or \"ns\" is not supported on a bucketed namespace "+
+				"(the upstream's statistics are those of the bucket collection %s; the proxy maps them only in $collStats's own output): run $collStats alone", rc.Rule.BucketNamespace())
 		}
 	}
-	renamed, err := renameTarget(doc, rc.rule, "aggregate", "aggregate")
+	renamed, err := query.RenameTarget(doc, rc.Rule, "aggregate", "aggregate")
 	if err != nil {
 		return nil, err
 	}
@@ -196,17 +198,17 @@ func (p *CollStatsPlan) Reply(stats []byte, count int64) []byte {
 	for _, e := range elems {
 		switch e.Key() {
 		case "ns":
-			out = bsoncore.AppendStringElement(out, "ns", p.rc.ns)
+			out = bsoncore.AppendStringElement(out, "ns", p.rc.NS)
 		case "count":
 			buckets = e.Value()
 			if count >= 0 {
-				out = appendCount(out, "count", count)
+				out = query.AppendCount(out, "count", count)
 			} else {
 				out = append(out, e...)
 			}
 		case "ok":
 			ts := bsoncore.NewDocumentBuilder().
-				AppendString("bucketCollection", p.rc.rule.BucketNamespace())
+				AppendString("bucketCollection", p.rc.Rule.BucketNamespace())
 			if buckets.Type != 0 {
 				ts.AppendValue("buckets", buckets)
 			}
@@ -233,11 +235,11 @@ func (p *CollStatsPlan) stageReply(doc bsoncore.Document, count int64) []byte {
 		for _, e := range elems {
 			switch {
 			case e.Key() == "ns" && e.Value().Type == bsoncore.TypeString:
-				out = bsoncore.AppendStringElement(out, "ns", p.rc.ns)
+				out = bsoncore.AppendStringElement(out, "ns", p.rc.NS)
 			case e.Key() == "count" && count >= 0 && bsonutil.IsNumber(e.Value().Type):
-				out = appendCount(out, "count", count)
+				out = query.AppendCount(out, "count", count)
 			case e.Key() == "storageStats" && count >= 0 && e.Value().Type == bsoncore.TypeEmbeddedDocument:
-				stats := bsonutil.ReplaceField(e.Value().Document(), "count", func(dst []byte) []byte { return appendCount(dst, "count", count) })
+				stats := bsonutil.ReplaceField(e.Value().Document(), "count", func(dst []byte) []byte { return query.AppendCount(dst, "count", count) })
 				out = bsoncore.AppendDocumentElement(out, "storageStats", stats)
 			default:
 				out = append(out, e...)
@@ -251,7 +253,7 @@ func (p *CollStatsPlan) stageReply(doc bsoncore.Document, count int64) []byte {
 		return doc
 	}
 	if id, _ := cur.Lookup("id").AsInt64OK(); id != 0 {
-		return mongoerr.Reply(p.rc.unsupported("a $collStats aggregate whose result does not fit one batch is not supported on a bucketed namespace"))
+		return mongoerr.Reply(p.rc.Unsupported("a $collStats aggregate whose result does not fit one batch is not supported on a bucketed namespace"))
 	}
 	var batch []bsoncore.Document
 	for _, key := range []string{"firstBatch", "nextBatch"} {
@@ -265,7 +267,7 @@ func (p *CollStatsPlan) stageReply(doc bsoncore.Document, count int64) []byte {
 				batch = append(batch, mapDoc(d))
 			}
 		}
-		return cursorReply{key: key, batch: batch, ns: p.rc.ns}.withID(0)
+		return cursorReply{key: key, batch: batch, ns: p.rc.NS}.withID(0)
 	}
 	return doc
 }
@@ -273,7 +275,7 @@ func (p *CollStatsPlan) stageReply(doc bsoncore.Document, count int64) []byte {
 // PlanDrop rewrites drop of the app's namespace into drop of the bucket
 // collection.
 func PlanDrop(body []byte, rule *rules.Rule) ([]byte, error) {
-	return renameTarget(body, rule, "drop", "drop")
+	return query.RenameTarget(body, rule, "drop", "drop")
 }
 
 // DropReply maps a drop reply's ns to the app's namespace.

@@ -3,6 +3,8 @@ package rewrite
 import (
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/query"
+
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
@@ -18,40 +20,40 @@ import (
 // other stage needs an upstream that runs full aggregation (MongoDB): the
 // events are rebuilt upstream with $replaceWith and the app's pipeline
 // runs unchanged after it; elsewhere it is refused by name.
-func (rc *readCtx) planAggregate(body bsoncore.Document, opts ReadOptions, forExplain bool) (*ReadPlan, error) {
+func planAggregate(rc *query.Ctx, body bsoncore.Document, opts ReadOptions, forExplain bool) (*ReadPlan, error) {
 	const cmd = "aggregate"
-	if err := rc.checkOptions(body, cmd, "pipeline", "cursor", "allowDiskUse", "explain", "bypassDocumentValidation"); err != nil {
+	if err := rc.CheckOptions(body, cmd, "pipeline", "cursor", "allowDiskUse", "explain", "bypassDocumentValidation"); err != nil {
 		return nil, err
 	}
-	stages, err := rc.pipelineStages(body)
+	stages, err := pipelineStages(rc, body)
 	if err != nil {
 		return nil, err
 	}
 	explain, err := bsonutil.Bool(body, "explain", false)
 	if err != nil {
-		return nil, rc.badValue(mongoerr.TypeMismatch, "aggregate option \"explain\" must be a boolean")
+		return nil, rc.BadValue(mongoerr.TypeMismatch, "aggregate option \"explain\" must be a boolean")
 	}
 	batchSize := int64(-1)
-	cursor, err := rc.readDoc(body, "cursor", cmd)
+	cursor, err := rc.ReadDoc(body, "cursor", cmd)
 	if err != nil {
 		return nil, err
 	}
 	if cursor == nil && !explain && !forExplain {
-		return nil, rc.badValue(mongoerr.FailedToParse, "The 'cursor' option is required, except for aggregate with the explain argument")
+		return nil, rc.BadValue(mongoerr.FailedToParse, "The 'cursor' option is required, except for aggregate with the explain argument")
 	}
 	if cursor != nil {
 		elems, _ := cursor.Elements()
 		for _, e := range elems {
 			if e.Key() != "batchSize" {
-				return nil, rc.unsupported("aggregate cursor option %q is not supported on a bucketed namespace", e.Key())
+				return nil, rc.Unsupported("aggregate cursor option %q is not supported on a bucketed namespace", e.Key())
 			}
 		}
-		n, has, err := rc.readInt(cursor, "batchSize", "aggregate cursor")
+		n, has, err := rc.ReadInt(cursor, "batchSize", "aggregate cursor")
 		if err != nil {
 			return nil, err
 		}
 		if n < 0 {
-			return nil, rc.badValue(mongoerr.BadValue, "aggregate cursor batchSize must be non-negative")
+			return nil, rc.BadValue(mongoerr.BadValue, "aggregate cursor batchSize must be non-negative")
 		}
 		if has {
 			batchSize = n
@@ -63,67 +65,67 @@ func (rc *readCtx) planAggregate(body bsoncore.Document, opts ReadOptions, forEx
 	for i < len(stages) && stages[i].name == "$match" {
 		d, ok := stages[i].value.DocumentOK()
 		if !ok {
-			return nil, rc.badValue(mongoerr.TypeMismatch, "the match filter must be an expression in an object")
+			return nil, rc.BadValue(mongoerr.TypeMismatch, "the match filter must be an expression in an object")
 		}
 		filters = append(filters, d)
 		i++
 	}
-	sf, err := rc.split(andOf(filters))
+	sf, err := rc.Split(query.AndOf(filters))
 	if err != nil {
 		return nil, err
 	}
-	pipeline := eventPipeline(sf)
-	shape := &CursorShape{ns: rc.ns, metaField: rc.metaField, mode: shapeEvent, metas: newMetaResolver(rc)}
+	pipeline := query.EventPipeline(sf)
+	shape := &CursorShape{ns: rc.NS, metaField: rc.MetaField, mode: shapeEvent, metas: newMetaResolver(rc)}
 	last := ""
 	for ; i < len(stages); i++ {
 		st := stages[i]
 		if last != "" {
 			if opts.Caps.FullAggregation {
-				return rc.fullAggregate(body, stages, sf, batchSize, opts, explain, forExplain)
+				return fullAggregate(rc, body, stages, sf, batchSize, opts, explain, forExplain)
 			}
-			return nil, rc.unsupported("aggregation stage %q after %q is not supported on a bucketed namespace on this upstream (only $match, $sort, $skip, $limit, then one $count, $project, $unset or count $group as the last stage)", st.name, last)
+			return nil, rc.Unsupported("aggregation stage %q after %q is not supported on a bucketed namespace on this upstream (only $match, $sort, $skip, $limit, then one $count, $project, $unset or count $group as the last stage)", st.name, last)
 		}
 		switch st.name {
 		case "$match":
 			d, ok := st.value.DocumentOK()
 			if !ok {
-				return nil, rc.badValue(mongoerr.TypeMismatch, "the match filter must be an expression in an object")
+				return nil, rc.BadValue(mongoerr.TypeMismatch, "the match filter must be an expression in an object")
 			}
 			if err := bsonutil.Validate(d, 1); err != nil {
-				return nil, rc.badValue(mongoerr.InvalidBSON, "$match is not valid BSON: %v", err)
+				return nil, rc.BadValue(mongoerr.InvalidBSON, "$match is not valid BSON: %v", err)
 			}
-			rc.usedMeta = false
-			t, err := rc.translateFilter(d, 1)
+			rc.UsedMeta = false
+			t, err := rc.TranslateFilter(d, 1)
 			if err != nil {
 				return nil, err
 			}
-			if rc.usedMeta && !rc.caps.UnwindKeepsFields {
-				return nil, rc.unsupported("a $match on the metaField %q after other stages is not supported on a bucketed namespace on this upstream (FerretDB)", rc.metaField)
+			if rc.UsedMeta && !rc.Caps.UnwindKeepsFields {
+				return nil, rc.Unsupported("a $match on the metaField %q after other stages is not supported on a bucketed namespace on this upstream (FerretDB)", rc.MetaField)
 			}
 			pipeline = append(pipeline, bsonutil.Stage("$match", bsonutil.DocValue(t)))
 		case "$sort":
 			d, ok := st.value.DocumentOK()
 			if !ok {
-				return nil, rc.badValue(mongoerr.TypeMismatch, "the $sort key specification must be an object")
+				return nil, rc.BadValue(mongoerr.TypeMismatch, "the $sort key specification must be an object")
 			}
-			s, err := rc.translateSort(d, "$sort")
+			s, err := rc.TranslateSort(d, "$sort")
 			if err != nil {
 				return nil, err
 			}
 			if s == nil {
-				return nil, rc.badValue(mongoerr.BadValue, "$sort stage must have at least one sort key")
+				return nil, rc.BadValue(mongoerr.BadValue, "$sort stage must have at least one sort key")
 			}
 			pipeline = append(pipeline, bsonutil.Stage("$sort", bsonutil.DocValue(s)))
 		case "$skip", "$limit":
 			n, ok := wholeNumber(st.value)
 			if !ok || n < 0 || (st.name == "$limit" && n == 0) {
-				return nil, rc.badValue(mongoerr.BadValue, "%s needs a positive whole number, got %s", st.name, st.value.String())
+				return nil, rc.BadValue(mongoerr.BadValue, "%s needs a positive whole number, got %s", st.name, st.value.String())
 			}
 			pipeline = append(pipeline, bsonutil.Stage(st.name, bsonutil.Int64Value(n)))
 		case "$count":
 			name, ok := st.value.StringValueOK()
 			if !ok || name == "" || strings.HasPrefix(name, "$") || strings.Contains(name, ".") || strings.ContainsRune(name, 0) {
-				return nil, rc.badValue(mongoerr.BadValue, "the $count field name must be a non-empty string without '.' or a leading '$'")
+				return nil, rc.BadValue(mongoerr.BadValue, "the $count field name must be a non-empty string without '.' or a leading '$'")
 			}
 			pipeline = append(pipeline, bsonutil.Stage("$count", bsonutil.StringValue(name)))
 			shape.mode = shapeAsIs
@@ -131,15 +133,15 @@ func (rc *readCtx) planAggregate(body bsoncore.Document, opts ReadOptions, forEx
 		case "$project", "$unset":
 			if i != len(stages)-1 {
 				if opts.Caps.FullAggregation {
-					return rc.fullAggregate(body, stages, sf, batchSize, opts, explain, forExplain)
+					return fullAggregate(rc, body, stages, sf, batchSize, opts, explain, forExplain)
 				}
-				return nil, rc.unsupported("aggregation stage %q is supported on a bucketed namespace only as the last stage on this upstream", st.name)
+				return nil, rc.Unsupported("aggregation stage %q is supported on a bucketed namespace only as the last stage on this upstream", st.name)
 			}
-			spec, err := rc.projectSpec(st)
+			spec, err := projectSpec(rc, st)
 			if err != nil {
 				return nil, err
 			}
-			proj, err := rc.parseProjection(spec, "$project")
+			proj, err := rc.ParseProjection(spec, "$project")
 			if err != nil {
 				return nil, err
 			}
@@ -149,9 +151,9 @@ func (rc *readCtx) planAggregate(body bsoncore.Document, opts ReadOptions, forEx
 			key, ok := countGroup(st.value)
 			if !ok || i != len(stages)-1 {
 				if opts.Caps.FullAggregation {
-					return rc.fullAggregate(body, stages, sf, batchSize, opts, explain, forExplain)
+					return fullAggregate(rc, body, stages, sf, batchSize, opts, explain, forExplain)
 				}
-				return nil, rc.unsupported("aggregation stage \"$group\" is supported on a bucketed namespace on this upstream only as a last-stage count ({_id: <constant>, n: {$sum: 1}})")
+				return nil, rc.Unsupported("aggregation stage \"$group\" is supported on a bucketed namespace on this upstream only as a last-stage count ({_id: <constant>, n: {$sum: 1}})")
 			}
 			gid, _ := st.value.Document().LookupErr("_id")
 			pipeline = append(pipeline, bsonutil.Stage("$count", bsonutil.StringValue(key)))
@@ -161,60 +163,60 @@ func (rc *readCtx) planAggregate(body bsoncore.Document, opts ReadOptions, forEx
 			last = st.name
 		default:
 			if opts.Caps.FullAggregation {
-				return rc.fullAggregate(body, stages, sf, batchSize, opts, explain, forExplain)
+				return fullAggregate(rc, body, stages, sf, batchSize, opts, explain, forExplain)
 			}
-			return nil, rc.unsupported("aggregation stage %q is not supported on a bucketed namespace on this upstream (FerretDB); supported: $match, $sort, $skip, $limit, and as the last stage $count, $project, $unset, or a count $group", st.name)
+			return nil, rc.Unsupported("aggregation stage %q is not supported on a bucketed namespace on this upstream (FerretDB); supported: $match, $sort, $skip, $limit, and as the last stage $count, $project, $unset, or a count $group", st.name)
 		}
 	}
-	p := rc.aggregatePlan(body, pipeline, batchSize, shape, explain, forExplain)
-	p.bucketFilter = sf.bdoc
+	p := aggregatePlan(rc, body, pipeline, batchSize, shape, explain, forExplain)
+	p.bucketFilter = sf.Bucket
 	return p, nil
 }
 
-func (rc *readCtx) aggregatePlan(body bsoncore.Document, pipeline []bsoncore.Document, batchSize int64, shape *CursorShape, explain, forExplain bool) *ReadPlan {
+func aggregatePlan(rc *query.Ctx, body bsoncore.Document, pipeline []bsoncore.Document, batchSize int64, shape *CursorShape, explain, forExplain bool) *ReadPlan {
 	extra := bsonutil.Pick(body, []string{"allowDiskUse"})
 	p := &ReadPlan{rc: rc, Cursor: shape}
 	if explain && !forExplain {
-		inner := rc.aggregateCommand(pipeline, batchSize, body, extra, true)
+		inner := rc.AggregateCommand(pipeline, batchSize, body, extra, true)
 		idx, d := bsoncore.AppendDocumentStart(nil)
 		d = bsoncore.AppendDocumentElement(d, "explain", inner)
-		d = bsonutil.AppendElems(d, bsonutil.Pick(body, readCarried))
-		d = bsoncore.AppendStringElement(d, "$db", rc.rule.DB)
+		d = bsonutil.AppendElems(d, bsonutil.Pick(body, query.Carried))
+		d = bsoncore.AppendStringElement(d, "$db", rc.Rule.DB)
 		d, _ = bsoncore.AppendDocumentEnd(d, idx)
 		p.Command, p.Passthrough, p.Cursor = d, true, nil
 		return p
 	}
-	p.Command = rc.aggregateCommand(pipeline, batchSize, body, extra, forExplain)
+	p.Command = rc.AggregateCommand(pipeline, batchSize, body, extra, forExplain)
 	return p
 }
 
 // fullAggregate runs the app's pipeline upstream on the events rebuilt
 // there: for upstreams with full aggregation only.
-func (rc *readCtx) fullAggregate(body bsoncore.Document, stages []pipelineStage, sf splitFilter, batchSize int64, opts ReadOptions, explain, forExplain bool) (*ReadPlan, error) {
+func fullAggregate(rc *query.Ctx, body bsoncore.Document, stages []pipelineStage, sf query.SplitFilter, batchSize int64, opts ReadOptions, explain, forExplain bool) (*ReadPlan, error) {
 	var pipeline []bsoncore.Document
-	if sf.bdoc != nil {
-		pipeline = append(pipeline, bsonutil.Stage("$match", bsonutil.DocValue(sf.bdoc)))
+	if sf.Bucket != nil {
+		pipeline = append(pipeline, bsonutil.Stage("$match", bsonutil.DocValue(sf.Bucket)))
 	}
-	pipeline = append(pipeline, unwindStage(), rc.replaceWithEvent())
+	pipeline = append(pipeline, query.UnwindStage(), replaceWithEvent(rc))
 	for _, st := range stages {
 		pipeline = append(pipeline, st.doc)
 	}
-	shape := &CursorShape{ns: rc.ns, metaField: rc.metaField, mode: shapeAsIs}
-	return rc.aggregatePlan(body, pipeline, batchSize, shape, explain, forExplain), nil
+	shape := &CursorShape{ns: rc.NS, metaField: rc.MetaField, mode: shapeAsIs}
+	return aggregatePlan(rc, body, pipeline, batchSize, shape, explain, forExplain), nil
 }
 
 // replaceWithEvent rebuilds the event upstream (MongoDB 4.2+):
 // {$replaceWith: {$mergeObjects: ["$events", {$cond: [marker missing, {},
 // {<metaField>: "$meta"}]}]}}; $mergeObjects keeps the marker's position.
-func (rc *readCtx) replaceWithEvent() bsoncore.Document {
-	if rc.metaField == "" {
+func replaceWithEvent(rc *query.Ctx) bsoncore.Document {
+	if rc.MetaField == "" {
 		return bsonutil.Stage("$replaceWith", bsonutil.StringValue("$"+bucket.FieldEvents))
 	}
 	b := bsoncore.NewDocumentBuilder
 	a := bsoncore.NewArrayBuilder
-	typeOf := b().AppendString("$type", "$"+rc.markerPath()).Build()
+	typeOf := b().AppendString("$type", "$"+rc.MarkerPath()).Build()
 	eq := b().AppendArray("$eq", a().AppendDocument(typeOf).AppendString("missing").Build()).Build()
-	metaDoc := b().AppendString(rc.metaField, "$"+bucket.FieldMeta).Build()
+	metaDoc := b().AppendString(rc.MetaField, "$"+bucket.FieldMeta).Build()
 	cond := b().AppendArray("$cond", a().AppendDocument(eq).AppendDocument(b().Build()).AppendDocument(metaDoc).Build()).Build()
 	merge := b().AppendArray("$mergeObjects", a().AppendString("$"+bucket.FieldEvents).AppendDocument(cond).Build()).Build()
 	return bsonutil.Stage("$replaceWith", bsonutil.DocValue(merge))
@@ -226,28 +228,28 @@ type pipelineStage struct {
 	doc   bsoncore.Document
 }
 
-func (rc *readCtx) pipelineStages(body bsoncore.Document) ([]pipelineStage, error) {
+func pipelineStages(rc *query.Ctx, body bsoncore.Document) ([]pipelineStage, error) {
 	v, ok := bsonutil.Lookup(body, "pipeline")
 	if !ok {
-		return nil, rc.badValue(mongoerr.FailedToParse, "aggregate needs a \"pipeline\"")
+		return nil, rc.BadValue(mongoerr.FailedToParse, "aggregate needs a \"pipeline\"")
 	}
 	arr, ok := v.ArrayOK()
 	if !ok {
-		return nil, rc.badValue(mongoerr.TypeMismatch, "aggregate \"pipeline\" must be an array, got %s", bsonutil.TypeName(v.Type))
+		return nil, rc.BadValue(mongoerr.TypeMismatch, "aggregate \"pipeline\" must be an array, got %s", bsonutil.TypeName(v.Type))
 	}
 	vals, err := arr.Values()
 	if err != nil {
-		return nil, rc.badValue(mongoerr.InvalidBSON, "pipeline is not valid BSON: %v", err)
+		return nil, rc.BadValue(mongoerr.InvalidBSON, "pipeline is not valid BSON: %v", err)
 	}
 	out := make([]pipelineStage, 0, len(vals))
 	for i, item := range vals {
 		d, ok := item.DocumentOK()
 		if !ok {
-			return nil, rc.badValue(mongoerr.TypeMismatch, "pipeline stage %d must be a document", i)
+			return nil, rc.BadValue(mongoerr.TypeMismatch, "pipeline stage %d must be a document", i)
 		}
 		elems, err := d.Elements()
 		if err != nil || len(elems) != 1 {
-			return nil, rc.badValue(mongoerr.BadValue, "a pipeline stage specification object must contain exactly one field (stage %d)", i)
+			return nil, rc.BadValue(mongoerr.BadValue, "a pipeline stage specification object must contain exactly one field (stage %d)", i)
 		}
 		out = append(out, pipelineStage{name: elems[0].Key(), value: elems[0].Value(), doc: d})
 	}
@@ -256,11 +258,11 @@ func (rc *readCtx) pipelineStages(body bsoncore.Document) ([]pipelineStage, erro
 
 // projectSpec is a $project's document, or $unset's fields as an
 // exclusion projection.
-func (rc *readCtx) projectSpec(st pipelineStage) (bsoncore.Document, error) {
+func projectSpec(rc *query.Ctx, st pipelineStage) (bsoncore.Document, error) {
 	if st.name == "$project" {
 		d, ok := st.value.DocumentOK()
 		if !ok {
-			return nil, rc.badValue(mongoerr.TypeMismatch, "$project specification must be an object")
+			return nil, rc.BadValue(mongoerr.TypeMismatch, "$project specification must be an object")
 		}
 		return d, nil
 	}
@@ -272,13 +274,13 @@ func (rc *readCtx) projectSpec(st pipelineStage) (bsoncore.Document, error) {
 		for _, v := range vals {
 			s, ok := v.StringValueOK()
 			if !ok {
-				return nil, rc.badValue(mongoerr.BadValue, "$unset specification must be a string or an array of strings")
+				return nil, rc.BadValue(mongoerr.BadValue, "$unset specification must be a string or an array of strings")
 			}
 			names = append(names, s)
 		}
 	}
 	if len(names) == 0 {
-		return nil, rc.badValue(mongoerr.BadValue, "$unset specification must be a string or a non-empty array of strings")
+		return nil, rc.BadValue(mongoerr.BadValue, "$unset specification must be a string or a non-empty array of strings")
 	}
 	b := bsoncore.NewDocumentBuilder()
 	for _, n := range names {

@@ -2,6 +2,7 @@ package rewrite
 
 import (
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+	"github.com/tsproxy/tsproxy/rewrite/query"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -22,7 +23,7 @@ type CursorShape struct {
 	ns        string
 	metaField string
 	mode      shapeMode
-	proj      *projection
+	proj      *query.Projection
 	groupID   bsoncore.Value // shapeGroupCount: the $group _id
 	groupKey  string         // shapeGroupCount: the counted field
 	metas     *metaResolver
@@ -138,7 +139,7 @@ func (s *CursorShape) mapDoc(d bsoncore.Document) (bsoncore.Document, error) {
 		if err != nil {
 			return nil, err
 		}
-		return s.proj.apply(ev)
+		return s.proj.Apply(ev)
 	case shapeGroupCount:
 		v, err := d.LookupErr("n")
 		if err != nil {

@@ -3,6 +3,8 @@ package rewrite
 import (
 	"slices"
 
+	"github.com/tsproxy/tsproxy/rewrite/query"
+
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
@@ -28,7 +30,7 @@ type PointRead struct {
 	ns        string
 	metaField string
 	timeField string
-	proj      *projection
+	proj      *query.Projection
 	skip      int64
 	limited   bool
 	limit     int64 // when limited: how many may still be returned
@@ -58,20 +60,13 @@ type pointKey struct {
 
 type pointLookup struct{ key, seq int }
 
-const (
-	// maxPipelined bounds the lookups in flight on the upstream connection.
-	maxPipelined = 16
-	// maxBatchBytes bounds a reply's batch below the 16 MiB message size
-	// (as MongoDB does).
-	maxBatchBytes = 16*1024*1024 - 64*1024
-	// defaultFirstBatch is MongoDB's default first batch size.
-	defaultFirstBatch = 101
-)
+// maxPipelined bounds the lookups in flight on the upstream connection.
+const maxPipelined = 16
 
-func (rc *readCtx) newPointRead(s *pointSpec, proj *projection, skip, limit int64, single bool) *PointRead {
+func newPointRead(rc *query.Ctx, s *pointSpec, proj *query.Projection, skip, limit int64, single bool) *PointRead {
 	p := &PointRead{
-		spec: s, bucketNS: rc.rule.BucketNamespace(), coll: rc.rule.BucketCollection, db: rc.rule.DB,
-		ns: rc.ns, metaField: rc.metaField, timeField: rc.timeField,
+		spec: s, bucketNS: rc.Rule.BucketNamespace(), coll: rc.Rule.BucketCollection, db: rc.Rule.DB,
+		ns: rc.NS, metaField: rc.MetaField, timeField: rc.TimeField,
 		proj: proj, skip: skip, limited: limit > 0, limit: limit, single: single, want: -1,
 	}
 	p.keys = make([]pointKey, 0, s.keys())
@@ -85,8 +80,8 @@ func (rc *readCtx) newPointRead(s *pointSpec, proj *projection, skip, limit int6
 
 // newScanRead is a PointRead whose buckets come from one sorted upstream
 // find (see read_scan.go) instead of _id lookups.
-func (rc *readCtx) newScanRead(s *pointSpec, sc *bucketScan, proj *projection, skip, limit int64, single bool) *PointRead {
-	p := rc.newPointRead(s, proj, skip, limit, single)
+func newScanRead(rc *query.Ctx, s *pointSpec, sc *bucketScan, proj *query.Projection, skip, limit int64, single bool) *PointRead {
+	p := newPointRead(rc, s, proj, skip, limit, single)
 	p.scan = sc
 	return p
 }
@@ -135,7 +130,7 @@ func (p *PointRead) Lookups() [][]byte {
 }
 
 func (p *PointRead) batchFull() bool {
-	return p.outSize >= maxBatchBytes || (p.want > 0 && int64(len(p.out)) >= p.want) || p.want == 0
+	return p.outSize >= query.MaxBatchBytes || (p.want > 0 && int64(len(p.out)) >= p.want) || p.want == 0
 }
 
 // lookupCommand is the find of one bucket by _id.
@@ -273,7 +268,7 @@ func (p *PointRead) emitBuckets(buckets []bsoncore.Document) error {
 		if err != nil {
 			return err
 		}
-		if doc, err = p.proj.apply(doc); err != nil {
+		if doc, err = p.proj.Apply(doc); err != nil {
 			return err
 		}
 		p.out = append(p.out, doc)

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/query"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 
 	"github.com/tsproxy/tsproxy/rules"
@@ -67,14 +69,14 @@ func (s *pointSpec) inRange(ms int64) bool {
 
 // planPoint returns the point spec of a find, or why it has none (then the
 // aggregate path serves it).
-func (rc *readCtx) planPoint(filter, sortDoc bsoncore.Document) (*pointSpec, string) {
-	if rc.metaField == "" {
+func planPoint(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*pointSpec, string) {
+	if rc.MetaField == "" {
 		return nil, "the rule has no metaField"
 	}
 	if len(filter) == 0 {
 		return nil, "no filter"
 	}
-	conj, err := rc.conjuncts(filter, 0, nil)
+	conj, err := rc.Conjuncts(filter, 0, nil)
 	if err != nil {
 		return nil, err.Error()
 	}
@@ -82,7 +84,7 @@ func (rc *readCtx) planPoint(filter, sortDoc bsoncore.Document) (*pointSpec, str
 	var hasLo, hasHi, hasMeta bool
 	for _, e := range conj {
 		switch e.Key() {
-		case rc.metaField:
+		case rc.MetaField:
 			if hasMeta {
 				return nil, "more than one condition on the metaField"
 			}
@@ -91,7 +93,7 @@ func (rc *readCtx) planPoint(filter, sortDoc bsoncore.Document) (*pointSpec, str
 				return nil, why
 			}
 			s.metas, hasMeta = metas, true
-		case rc.timeField:
+		case rc.TimeField:
 			if why := s.addTimeBounds(e.Value(), &hasLo, &hasHi); why != "" {
 				return nil, why
 			}
@@ -105,13 +107,13 @@ func (rc *readCtx) planPoint(filter, sortDoc bsoncore.Document) (*pointSpec, str
 	case !hasLo || !hasHi:
 		return nil, "the time range is not bounded on both sides"
 	}
-	if why := s.setSort(sortDoc, rc.timeField); why != "" {
+	if why := s.setSort(sortDoc, rc.TimeField); why != "" {
 		return nil, why
 	}
 	if len(s.metas) > maxPointMetas {
 		return nil, fmt.Sprintf("more than %d metas", maxPointMetas)
 	}
-	if why := s.setWindows(rc.span, len(s.metas)); why != "" {
+	if why := s.setWindows(rc.Span, len(s.metas)); why != "" {
 		return nil, why
 	}
 	return s, ""
@@ -121,7 +123,7 @@ func (rc *readCtx) planPoint(filter, sortDoc bsoncore.Document) (*pointSpec, str
 // matches exactly, or why they cannot be named.
 func pointMetas(v bsoncore.Value) ([]bsoncore.Value, string) {
 	vals := []bsoncore.Value{v}
-	if ops, ok := isOperatorDoc(v); ok {
+	if ops, ok := query.IsOperatorDoc(v); ok {
 		elems, _ := ops.Elements()
 		if len(elems) != 1 {
 			return nil, "metaField operators other than one $eq or $in"
@@ -196,7 +198,7 @@ func (s *pointSpec) addTimeBounds(v bsoncore.Value, hasLo, hasHi *bool) string {
 		s.upper(ms, false, hasHi)
 		return ""
 	}
-	ops, ok := isOperatorDoc(v)
+	ops, ok := query.IsOperatorDoc(v)
 	if !ok {
 		return fmt.Sprintf("timeField equality to a %s", bsonutil.TypeName(v.Type))
 	}

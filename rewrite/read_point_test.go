@@ -70,7 +70,7 @@ func TestPointPlan(t *testing.T) {
 			if c.sort != nil {
 				s = rdRaw(t, c.sort)
 			}
-			spec, why := rc.planPoint(f, s)
+			spec, why := planPoint(rc, f, s)
 			if c.why != "" {
 				if spec != nil || !strings.Contains(why, c.why) {
 					t.Fatalf("got plan %v, why %q; want a fallback because %q", spec, why, c.why)
@@ -98,11 +98,11 @@ func hours(a, b int64) []int64 {
 // The ids a point read names are the ones the insert path writes.
 func TestPointLookupIDs(t *testing.T) {
 	rc := rdCtx(t, ferretCaps)
-	spec, why := rc.planPoint(rdRaw(t, D{{Key: "sensorId", Value: D{{Key: "$in", Value: A{"a", nil}}}}, {Key: "ts", Value: D{{Key: "$gte", Value: dms(hr)}, {Key: "$lte", Value: dms(2 * hr)}}}}), nil)
+	spec, why := planPoint(rc, rdRaw(t, D{{Key: "sensorId", Value: D{{Key: "$in", Value: A{"a", nil}}}}, {Key: "ts", Value: D{{Key: "$gte", Value: dms(hr)}, {Key: "$lte", Value: dms(2 * hr)}}}}), nil)
 	if spec == nil {
 		t.Fatal(why)
 	}
-	pr := rc.newPointRead(spec, nil, 0, 0, false)
+	pr := newPointRead(rc, spec, nil, 0, 0, false)
 	cmds := pr.Lookups()
 	if len(cmds) != 4 {
 		t.Fatalf("%d lookups, want 4 (2 metas x 2 windows)", len(cmds))

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/tsproxy/tsproxy/rewrite/query"
+
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -55,8 +57,8 @@ type bucketScan struct {
 
 // planScan returns the spec and the upstream bounds of a scan read, or
 // why the find has none (then the aggregate path serves it).
-func (rc *readCtx) planScan(filter, sortDoc bsoncore.Document) (*pointSpec, *bucketScan, string) {
-	if rc.caps.UnwindKeepsFields {
+func planScan(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*pointSpec, *bucketScan, string) {
+	if rc.Caps.UnwindKeepsFields {
 		// The aggregate reads each bucket once there, with the upstream's
 		// own indexes and sort.
 		return nil, nil, "the upstream's $unwind keeps the meta"
@@ -64,14 +66,14 @@ func (rc *readCtx) planScan(filter, sortDoc bsoncore.Document) (*pointSpec, *buc
 	if len(filter) == 0 {
 		return nil, nil, "no filter"
 	}
-	conj, err := rc.conjuncts(filter, 0, nil)
+	conj, err := rc.Conjuncts(filter, 0, nil)
 	if err != nil {
 		return nil, nil, err.Error()
 	}
 	s := &pointSpec{}
 	var hasLo, hasHi bool
 	for _, e := range conj {
-		if e.Key() != rc.timeField {
+		if e.Key() != rc.TimeField {
 			return nil, nil, fmt.Sprintf("a condition on %q", e.Key())
 		}
 		if why := s.addTimeBounds(e.Value(), &hasLo, &hasHi); why != "" {
@@ -81,7 +83,7 @@ func (rc *readCtx) planScan(filter, sortDoc bsoncore.Document) (*pointSpec, *buc
 	if !hasLo && !hasHi {
 		return nil, nil, "the time range is not bounded"
 	}
-	if why := s.setSort(sortDoc, rc.timeField); why != "" {
+	if why := s.setSort(sortDoc, rc.TimeField); why != "" {
 		return nil, nil, why
 	}
 	sc := &bucketScan{dir: 1}
@@ -89,7 +91,7 @@ func (rc *readCtx) planScan(filter, sortDoc bsoncore.Document) (*pointSpec, *buc
 		sc.dir = -1
 	}
 	if hasLo {
-		if f, ok := rc.floor(s.lo); ok {
+		if f, ok := rc.Floor(s.lo); ok {
 			sc.startLo, sc.hasStartLo = f, true
 		}
 	} else {

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -17,7 +19,7 @@ func TestScanPlan(t *testing.T) {
 		name   string
 		filter D
 		sort   D
-		caps   *Caps
+		caps   *caps.Upstream
 		why    string // fallback reason (substring); "" = scan plan
 		find   string // the upstream filter and sort, as JSON fragments
 		empty  bool   // the plan reads nothing
@@ -63,7 +65,7 @@ func TestScanPlan(t *testing.T) {
 			if c.sort != nil {
 				s = rdRaw(t, c.sort)
 			}
-			spec, sc, why := rc.planScan(f, s)
+			spec, sc, why := planScan(rc, f, s)
 			if c.why != "" {
 				if spec != nil || !strings.Contains(why, c.why) {
 					t.Fatalf("got a plan, why %q; want a fallback because %q", why, c.why)
@@ -73,7 +75,7 @@ func TestScanPlan(t *testing.T) {
 			if spec == nil {
 				t.Fatalf("no scan plan: %s", why)
 			}
-			pr := rc.newScanRead(spec, sc, nil, 0, 0, false)
+			pr := newScanRead(rc, spec, sc, nil, 0, 0, false)
 			cmds := pr.Lookups()
 			if c.empty {
 				if cmds != nil || !pr.exhausted() {

@@ -4,6 +4,8 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/query"
+
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
@@ -154,7 +156,7 @@ func PlanSummary(body []byte, rule *rules.Rule, opts ReadOptions) (*SummaryPlan,
 	if p.after, ok = p.parseAfter(stages[1:]); !ok {
 		return nil, false
 	}
-	p.Command = p.findCommand(filter, bsonutil.Pick(doc, readCarried))
+	p.Command = p.findCommand(filter, bsonutil.Pick(doc, query.Carried))
 	return p, true
 }
 
@@ -165,7 +167,7 @@ func summaryOptions(elems []bsoncore.Element) (int64, bool) {
 	sawCursor := false
 	for _, e := range elems {
 		switch k := e.Key(); {
-		case k == "pipeline", readCarriedSet[k]:
+		case k == "pipeline", query.CarriedSet[k]:
 		case k == "allowDiskUse":
 			if e.Value().Type != bsoncore.TypeBoolean {
 				return 0, false

@@ -6,6 +6,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+	"github.com/tsproxy/tsproxy/rewrite/query"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -102,11 +105,11 @@ func TestProjection(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			p, err := rdCtx(t, ferretCaps).parseProjection(rdRaw(t, c.proj), "projection")
+			p, err := rdCtx(t, ferretCaps).ParseProjection(rdRaw(t, c.proj), "projection")
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := p.apply(rdRaw(t, doc))
+			got, err := p.Apply(rdRaw(t, doc))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -126,14 +129,14 @@ func TestProjection(t *testing.T) {
 		{D{{Key: "a", Value: D{{Key: "$elemMatch", Value: D{}}}}}, `operator "$elemMatch"`},
 		{D{{Key: "a", Value: "literal"}}, "computed field"},
 	} {
-		_, err := rdCtx(t, ferretCaps).parseProjection(rdRaw(t, c.proj), "find option \"projection\"")
+		_, err := rdCtx(t, ferretCaps).ParseProjection(rdRaw(t, c.proj), "find option \"projection\"")
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: got %v want %q", c.proj, err, c.want)
 		}
 	}
 }
 
-func rdPlan(t testing.TB, caps Caps, cmd D) (*ReadPlan, error) {
+func rdPlan(t testing.TB, caps caps.Upstream, cmd D) (*ReadPlan, error) {
 	t.Helper()
 	return PlanRead(rdRaw(t, append(cmd, E{Key: "$db", Value: "iot"})), rdRule(), ReadOptions{Caps: caps})
 }
@@ -187,11 +190,11 @@ func TestFindRewrite(t *testing.T) {
 		t.Fatalf("\n got %s\nwant %s", got, wantReply)
 	}
 	// getMore and killCursors go to the bucket collection.
-	gm, err := GetMore(rdRaw(t, D{{Key: "getMore", Value: int64(77)}, {Key: "collection", Value: "readings"}, {Key: "batchSize", Value: 5}, {Key: "$db", Value: "iot"}}), rdRule())
+	gm, err := query.GetMore(rdRaw(t, D{{Key: "getMore", Value: int64(77)}, {Key: "collection", Value: "readings"}, {Key: "batchSize", Value: 5}, {Key: "$db", Value: "iot"}}), rdRule())
 	if err != nil || !strings.Contains(rdJSON(gm), `"collection": "readings.buckets"`) {
 		t.Fatalf("getMore: %s %v", rdJSON(gm), err)
 	}
-	kc, ids, err := KillCursors(rdRaw(t, D{{Key: "killCursors", Value: "readings"}, {Key: "cursors", Value: A{int64(77), int64(78)}}, {Key: "$db", Value: "iot"}}), rdRule())
+	kc, ids, err := query.KillCursors(rdRaw(t, D{{Key: "killCursors", Value: "readings"}, {Key: "cursors", Value: A{int64(77), int64(78)}}, {Key: "$db", Value: "iot"}}), rdRule())
 	if err != nil || len(ids) != 2 || !strings.Contains(rdJSON(kc), `"killCursors": "readings.buckets"`) {
 		t.Fatalf("killCursors: %s %v %v", rdJSON(kc), ids, err)
 	}
@@ -358,7 +361,7 @@ func FuzzFindRewrite(f *testing.F) {
 	f.Add(seed(D{{Key: "distinct", Value: "readings"}, {Key: "key", Value: "a.0.b"}}))
 	f.Add([]byte{5, 0, 0, 0, 0})
 	f.Fuzz(func(t *testing.T, body []byte) {
-		for _, caps := range []Caps{ferretCaps, mongoCaps} {
+		for _, caps := range []caps.Upstream{ferretCaps, mongoCaps} {
 			p, err := PlanRead(body, rdRule(), ReadOptions{Caps: caps})
 			if err != nil {
 				_ = mongoerr.Reply(err)
@@ -397,11 +400,11 @@ func FuzzFindRewrite(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		proj, err := rdCtx(t, ferretCaps).parseProjection(spec.Build(), "projection")
+		proj, err := rdCtx(t, ferretCaps).ParseProjection(spec.Build(), "projection")
 		if err != nil {
 			t.Fatal(err)
 		}
-		out, err := proj.apply(ev)
+		out, err := proj.Apply(ev)
 		if err != nil {
 			t.Fatal(err)
 		}

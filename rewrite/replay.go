@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
@@ -26,7 +28,7 @@ import (
 
 // MayBeUnseenRetry says whether cmd is a retryable write that an upstream
 // with caps cannot itself recognise as a retry.
-func MayBeUnseenRetry(cmd Command, caps Caps) bool {
+func MayBeUnseenRetry(cmd Command, caps caps.Upstream) bool {
 	if caps.StmtIDs {
 		return false // the upstream implements retryable writes
 	}

@@ -3,6 +3,8 @@ package rewrite
 import (
 	"testing"
 
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
@@ -12,13 +14,13 @@ func TestMayBeUnseenRetry(t *testing.T) {
 	cases := []struct {
 		name string
 		cmd  Command
-		caps Caps
+		caps caps.Upstream
 		want bool
 	}{
-		{"retryable on FerretDB", bodyCmd(t, evs, txn), Caps{IDOnlyFilters: true}, true},
-		{"no txnNumber", bodyCmd(t, evs), Caps{}, false},
-		{"upstream dedups (MongoDB)", bodyCmd(t, evs, txn), Caps{StmtIDs: true}, false},
-		{"transaction statement", bodyCmd(t, evs, txn, bson.E{Key: "autocommit", Value: false}), Caps{}, false},
+		{"retryable on FerretDB", bodyCmd(t, evs, txn), caps.Upstream{IDOnlyFilters: true}, true},
+		{"no txnNumber", bodyCmd(t, evs), caps.Upstream{}, false},
+		{"upstream dedups (MongoDB)", bodyCmd(t, evs, txn), caps.Upstream{StmtIDs: true}, false},
+		{"transaction statement", bodyCmd(t, evs, txn, bson.E{Key: "autocommit", Value: false}), caps.Upstream{}, false},
 	}
 	for _, c := range cases {
 		if got := MayBeUnseenRetry(c.cmd, c.caps); got != c.want {

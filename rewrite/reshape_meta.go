@@ -3,6 +3,7 @@ package rewrite
 import (
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rewrite/query"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
@@ -20,11 +21,11 @@ type metaResolver struct {
 // starts again (batches come bucket by bucket, so little is lost).
 const maxMetaCache = 100_000
 
-func newMetaResolver(rc *readCtx) *metaResolver {
-	if rc.metaField == "" {
+func newMetaResolver(rc *query.Ctx) *metaResolver {
+	if rc.MetaField == "" {
 		return nil
 	}
-	return &metaResolver{bucketColl: rc.rule.BucketCollection, db: rc.rule.DB, cache: map[string]bsoncore.Value{}, fixed: rc.fixedMeta}
+	return &metaResolver{bucketColl: rc.Rule.BucketCollection, db: rc.Rule.DB, cache: map[string]bsoncore.Value{}, fixed: rc.FixedMeta}
 }
 
 func idKey(v bsoncore.Value) string { return string(rune(v.Type)) + string(v.Data) }

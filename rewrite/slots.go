@@ -2,6 +2,7 @@ package rewrite
 
 import (
 	"fmt"
+	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"strconv"
 
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
@@ -74,7 +75,7 @@ func FirstBatchDoc(reply bsoncore.Document) (bsoncore.Document, error) {
 
 // SlotsOptions are what SlotsInsert needs besides the command.
 type SlotsOptions struct {
-	Caps Caps
+	Caps caps.Upstream
 	// Before returns the bucket of a key as stored before this insert, nil
 	// when there is none.
 	Before func(bucket.Key) []byte

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"context"
 	"errors"
 	"fmt"
@@ -69,10 +70,10 @@ func rebuildRollups(ctx context.Context, env *migrationEnv, rule *rules.Rule, ou
 			return err
 		}
 	}
-	var caps rewrite.Caps
+	var upCaps caps.Upstream
 	var bi bson.Raw
 	if err := env.upstream.Database("admin").RunCommand(ctx, bson.D{{Key: "buildInfo", Value: 1}}).Decode(&bi); err == nil {
-		caps = rewrite.DetectCaps(bi)
+		upCaps = caps.Detect(bi)
 	}
 	cur, err := env.viaProxy.Database(rule.DB).Collection(rule.Collection).Find(ctx, bson.D{}, options.Find().SetBatchSize(rebuildBatch))
 	if err != nil {
@@ -82,7 +83,7 @@ func rebuildRollups(ctx context.Context, env *migrationEnv, rule *rules.Rule, ou
 	var counted, skipped int
 	var docs [][]byte
 	flush := func() error {
-		plan, sk, err := rewrite.RollupsOfEvents(rule, docs, rewrite.RollupOptions{MaxStatements: caps.MaxUpdateStatements})
+		plan, sk, err := rewrite.RollupsOfEvents(rule, docs, rewrite.RollupOptions{MaxStatements: upCaps.MaxUpdateStatements})
 		if err != nil {
 			return err
 		}

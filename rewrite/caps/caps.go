@@ -1,8 +1,10 @@
-package rewrite
+package caps
 
-// Caps is what one upstream supports, detected once per upstream by the
+import "go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+// Upstream is what one upstream supports, detected once per upstream by the
 // proxy (buildInfo: FerretDB answers with "ferretdbVersion").
-type Caps struct {
+type Upstream struct {
 	// StmtIDs: the upstream accepts "stmtIds" on insert and update
 	// (MongoDB does; FerretDB rejects the field). Only set it for an
 	// upstream that also implements retryable writes: without stmtIds such
@@ -46,3 +48,23 @@ type Caps struct {
 	// holds its writer lease (proxy/writer_lease.go).
 	SingleWriter bool
 }
+
+// Detect reads what the upstream supports from its buildInfo reply.
+// FerretDB (which answers with "ferretdbVersion") rejects stmtIds and does
+// not implement retryable writes, and pushes only {_id: X} filters down to
+// its storage; MongoDB 4.4+ has both and indexes any filter.
+func Detect(buildInfo []byte) Upstream {
+	doc := bsoncore.Document(buildInfo)
+	if _, err := doc.LookupErr("ferretdbVersion"); err == nil {
+		return Upstream{IDOnlyFilters: true, CostlyUpdates: true, SingleWriter: true, MaxUpdateStatements: FerretDBMaxUpdateStatements}
+	}
+	return Upstream{StmtIDs: true, FullAggregation: true, UnwindKeepsFields: true}
+}
+
+// FerretDBMaxUpdateStatements is Caps.MaxUpdateStatements for FerretDB:
+// with at most FerretDBWriteSlots such commands at once, their open queries
+// stay well under its 100 SQLite connections.
+const (
+	FerretDBMaxUpdateStatements = 16
+	FerretDBWriteSlots          = 4
+)

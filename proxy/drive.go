@@ -1,0 +1,196 @@
+package proxy
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rules"
+	"github.com/tsproxy/tsproxy/upstream"
+	"github.com/tsproxy/tsproxy/wire"
+)
+
+// stepRunner sends one plan step upstream and returns copies of the
+// replies' bodies, in order. A connection runs steps on its client's
+// upstream connection; the tests script one.
+type stepRunner interface {
+	runStep(step rewrite.Step) ([][]byte, error)
+}
+
+// drive runs a plan to its end. The error is the upstream connection's
+// (the client connection then closes, as its session lived there); a plan
+// that fails answers with an error reply in its result instead.
+func drive(r stepRunner, p rewrite.Plan) (rewrite.Result, error) {
+	for {
+		step, done := p.Next()
+		if done {
+			return p.Result(), nil
+		}
+		if len(step) == 0 {
+			return rewrite.Result{}, fmt.Errorf("tsproxy: a plan asked for an empty step")
+		}
+		replies, err := r.runStep(step)
+		if err != nil {
+			return rewrite.Result{}, err
+		}
+		if err := p.Feed(replies); err != nil {
+			return rewrite.Result{Reply: mongoerr.Reply(err)}, nil
+		}
+	}
+}
+
+// timedRunner runs steps on the connection and adds up the time spent
+// waiting on the upstream, for the command's metrics.
+type timedRunner struct {
+	c    *conn
+	wait time.Duration
+}
+
+func (t *timedRunner) runStep(step rewrite.Step) ([][]byte, error) {
+	t0 := time.Now()
+	defer func() { t.wait += time.Since(t0) }()
+	return t.c.runStep(step)
+}
+
+// servePlan runs the plan of req on rule's namespace and answers the client:
+// the plan's reply, its cursor remembered for getMore and killCursors, the
+// proxy state it invalidates forgotten, and its After work run once the
+// client has the reply.
+func (c *conn) servePlan(req *request, rule *rules.Rule, r route, p rewrite.Plan) error {
+	span := c.s.tel.startCommand(req, r)
+	tr := &timedRunner{c: c}
+	res, err := drive(tr, p)
+	span.end(req, tr.wait, err)
+	if err != nil {
+		return err
+	}
+	for _, ns := range res.Forget {
+		c.s.state.forgetNamespace(ns)
+	}
+	if res.Cursor != nil && !c.registerCursor(req, res.Cursor.ID(), &cursorEntry{rule: rule, cursor: res.Cursor, local: res.Cursor.Local()}) {
+		c.releaseCursor(rule, res.Cursor)
+		return c.replyTooManyCursors(req, rule)
+	}
+	if req.msg.Flags&wire.MoreToCome == 0 && res.Reply != nil {
+		if err := c.replyBody(req, res.Reply); err != nil {
+			return err
+		}
+	}
+	if res.After != nil {
+		if _, err := drive(c, res.After); err != nil {
+			c.log.Warn("work after the reply failed", "rule", rule.Namespace, "command", req.name, "err", err.Error())
+			return err
+		}
+	}
+	return nil
+}
+
+// releaseCursor runs a cursor's Close plan; a failure leaves the upstream
+// cursor to the upstream's timeout.
+func (c *conn) releaseCursor(rule *rules.Rule, cur rewrite.Cursor) {
+	p := cur.Close()
+	if p == nil {
+		return
+	}
+	if _, err := drive(c, p); err != nil {
+		c.log.Debug("releasing a cursor upstream failed", "rule", rule.Namespace, "cursor", cur.ID(), "err", err.Error())
+	}
+}
+
+// runStep sends a step's commands together on the client's upstream
+// connection and reads their replies in order (the upstream answers one
+// connection's requests in order, so only round trips are saved). An
+// update on an upstream that bounds them holds a write slot meanwhile.
+func (c *conn) runStep(step rewrite.Step) ([][]byte, error) {
+	if len(step) == 1 {
+		frame, err := c.upstreamFrame(step[0])
+		if err != nil {
+			return nil, err
+		}
+		body, err := c.roundTripInSlot(frame, step[0].Update && c.slotsUpdates())
+		if err != nil {
+			return nil, err
+		}
+		return [][]byte{body}, nil
+	}
+	for _, u := range step {
+		if u.Update && c.slotsUpdates() {
+			// Slotted updates are sent one by one, each in its slot.
+			return c.runEach(step)
+		}
+	}
+	buf := c.outBuf[:0]
+	for _, u := range step {
+		var err error
+		if buf, err = appendUpstreamFrame(buf, u); err != nil {
+			return nil, err
+		}
+	}
+	c.outBuf = buf[:0]
+	if err := c.up.Write(buf); err != nil {
+		return nil, err
+	}
+	out := make([][]byte, len(step))
+	for i := range step {
+		_, rf, err := c.up.ReadMessage()
+		if err != nil {
+			return nil, err
+		}
+		var m wire.Msg
+		if err := m.Decode(rf); err != nil {
+			return nil, fmt.Errorf("upstream reply: %w", err)
+		}
+		out[i] = append([]byte(nil), m.Body...)
+	}
+	return out, nil
+}
+
+func (c *conn) runEach(step rewrite.Step) ([][]byte, error) {
+	out := make([][]byte, 0, len(step))
+	for _, u := range step {
+		replies, err := c.runStep(rewrite.Step{u})
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, replies[0])
+	}
+	return out, nil
+}
+
+// slotsUpdates says whether the upstream's updates hold write slots.
+func (c *conn) slotsUpdates() bool {
+	st := c.s.state
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.caps != nil && st.caps.MaxUpdateStatements > 0
+}
+
+// upstreamFrame frames u in the connection's out buffer; the frame is
+// valid until the next frame is built.
+func (c *conn) upstreamFrame(u rewrite.Upstream) ([]byte, error) {
+	frame, err := appendUpstreamFrame(c.outBuf[:0], u)
+	if err != nil {
+		return nil, err
+	}
+	c.outBuf = frame[:0]
+	return frame, nil
+}
+
+// appendUpstreamFrame appends u as an OP_MSG: its body, and its document
+// sequence when it has one.
+func appendUpstreamFrame(dst []byte, u rewrite.Upstream) ([]byte, error) {
+	if u.Seq == nil {
+		return wire.AppendMsg(dst, upstream.NextRequestID(), 0, 0, u.Body), nil
+	}
+	seq := wire.Sequence{Identifier: u.Seq.Identifier}
+	for _, d := range u.Seq.Documents {
+		seq.Documents = append(seq.Documents, d)
+	}
+	m := wire.Msg{Body: u.Body, Sequences: []wire.Sequence{seq}}
+	frame, err := m.Encode(dst, wire.Header{RequestID: upstream.NextRequestID()})
+	if err != nil {
+		return nil, fmt.Errorf("encode upstream command: %w", err)
+	}
+	return frame, nil
+}
