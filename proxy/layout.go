@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tsproxy/tsproxy/rewrite/caps"
+	"github.com/tsproxy/tsproxy/rewrite/cursor"
 
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 
@@ -120,7 +121,7 @@ func (c *conn) slotsBefore(rule *rules.Rule, keys []bucket.Key) (map[string]bson
 		if err != nil {
 			return nil, err
 		}
-		doc, err := rewrite.FirstBatchDoc(reply)
+		doc, err := cursor.First(reply)
 		if err != nil {
 			return nil, fmt.Errorf("tsproxy rule %s: reading a bucket before writing it: %w", rule.Namespace, err)
 		}
@@ -339,7 +340,7 @@ func (c *conn) counterPlan(cmd rewrite.Command, rule *rules.Rule, caps caps.Upst
 		if err != nil {
 			return nil, nil, err
 		}
-		doc, err := rewrite.FirstBatchDoc(reply)
+		doc, err := cursor.First(reply)
 		if err != nil {
 			return nil, fmt.Errorf("tsproxy rule %s: reading a bucket's marks for a retried insert: %w", rule.Namespace, err), nil
 		}

@@ -8,6 +8,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
 	"github.com/tsproxy/tsproxy/rules"
@@ -282,7 +283,7 @@ func (c *conn) killCursorsPartitioned(req *request, rule *rules.Rule) error {
 			c.killUpstreamCursor(e.rule, id)
 		}
 	}
-	return c.replyBody(req, rewrite.KillCursorsReply(nil, ids))
+	return c.replyBody(req, cursor.KillCursorsReply(nil, ids))
 }
 
 // firstPartitions maps each partitioned rule's app collection to its

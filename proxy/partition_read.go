@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/tsproxy/tsproxy/rewrite/caps"
+	"github.com/tsproxy/tsproxy/rewrite/cursor"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
@@ -107,7 +108,7 @@ func (c *conn) findPartitioned(req *request, rule *rules.Rule, parts []partition
 		}
 		reply, err := c.subRead(req, rule, p.coll, f.Sub, c.rewriteRead)
 		for err == nil {
-			docs, id, derr := rewrite.CursorDocs(reply)
+			docs, id, derr := cursor.Docs(reply)
 			if derr != nil {
 				return c.replyBody(req, reply) // the partition's error reply
 			}
@@ -169,7 +170,7 @@ func (c *conn) killPartitionCursor(rule *rules.Rule, coll string, id int64) {
 func (c *conn) servePartitionMore(req *request, id int64, pc *partitionCursor) error {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
-	n, ok := rewrite.GetMoreBatchSize(req.msg.Body)
+	n, ok := cursor.GetMoreBatchSize(req.msg.Body)
 	if !ok || n == 0 {
 		n = -1
 	}

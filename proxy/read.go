@@ -7,6 +7,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
 	"github.com/tsproxy/tsproxy/rules"
@@ -65,7 +66,7 @@ func (c *conn) rewriteRead(req *request, rule *rules.Rule) error {
 			if err != nil {
 				return err
 			}
-			out = rewrite.WithUpstreamPlan(out, reply)
+			out = cursor.WithUpstreamPlan(out, reply)
 		}
 		return c.replyBody(req, out)
 	case plan.Point != nil:
@@ -224,14 +225,14 @@ func (c *conn) rewriteKillCursors(req *request, rule *rules.Rule) error {
 	}
 	if len(local) > 0 && len(local) == len(ids) {
 		// Only proxy-held cursors: nothing to kill upstream.
-		return c.replyBody(req, rewrite.KillCursorsReply(nil, local))
+		return c.replyBody(req, cursor.KillCursorsReply(nil, local))
 	}
 	reply, err := c.upCommand(cmd)
 	if err != nil {
 		return err
 	}
 	if len(local) > 0 {
-		reply = rewrite.KillCursorsReply(reply, local)
+		reply = cursor.KillCursorsReply(reply, local)
 	}
 	return c.replyBody(req, reply)
 }

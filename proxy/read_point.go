@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/upstream"
@@ -83,7 +84,7 @@ func (c *conn) servePointMore(req *request, rule *rules.Rule, id int64, pc *poin
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
 	// A getMore without batchSize (or 0) takes as many as fit.
-	n, ok := rewrite.GetMoreBatchSize(req.msg.Body)
+	n, ok := cursor.GetMoreBatchSize(req.msg.Body)
 	if !ok || n == 0 {
 		n = -1
 	}

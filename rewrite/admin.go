@@ -1,6 +1,7 @@
 package rewrite
 
 import (
+	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"strconv"
 	"strings"
 
@@ -284,10 +285,10 @@ func PlanListIndexes(body []byte, rule *rules.Rule) ([]byte, error) {
 // whole list is one batch (a collection has at most 64 indexes).
 func ListIndexesReply(reply []byte, rule *rules.Rule) []byte {
 	doc := bsoncore.Document(reply)
-	if err := replyError(doc); err != nil {
+	if err := mongoerr.ReplyError(doc); err != nil {
 		return renameNSError(err, rule)
 	}
-	docs, _, err := CursorDocs(reply)
+	docs, _, err := cursor.Docs(reply)
 	if err != nil {
 		return mongoerr.Reply(err)
 	}
@@ -359,7 +360,7 @@ func renameNSError(err error, rule *rules.Rule) []byte {
 // AdminReply passes an upstream reply on, with the bucket collection's
 // name in an error message replaced by the app's namespace.
 func AdminReply(reply []byte, rule *rules.Rule) []byte {
-	if err := replyError(bsoncore.Document(reply)); err != nil {
+	if err := mongoerr.ReplyError(bsoncore.Document(reply)); err != nil {
 		return renameNSError(err, rule)
 	}
 	return reply

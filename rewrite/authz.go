@@ -89,7 +89,7 @@ type AuthInfo struct {
 // ParseConnectionStatus reads a connectionStatus reply.
 func ParseConnectionStatus(reply []byte) (AuthInfo, error) {
 	doc := bsoncore.Document(reply)
-	if err := replyError(doc); err != nil {
+	if err := mongoerr.ReplyError(doc); err != nil {
 		return AuthInfo{}, fmt.Errorf("connectionStatus: %w", err)
 	}
 	info, ok := doc.Lookup("authInfo").DocumentOK()

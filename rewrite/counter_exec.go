@@ -1,6 +1,7 @@
 package rewrite
 
 import (
+	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"encoding/hex"
 	"slices"
 	"strconv"
@@ -164,7 +165,7 @@ func (r *LayoutRead) Feed(reply bsoncore.Document) (bsoncore.Document, error) {
 	if err := reply.Validate(); err != nil {
 		return nil, mongoerr.Errorf(mongoerr.InternalError, "upstream reply is not valid BSON: %v", err)
 	}
-	if !replyOK(reply) {
+	if !mongoerr.IsOK(reply) {
 		e := commandErrorOf(reply)
 		return nil, mongoerr.Errorf(e.code, "tsproxy rule %s: reading buckets: %s", r.rule.Namespace, e.errmsg)
 	}
@@ -389,49 +390,25 @@ func (r *LayoutRead) Result(id int64) (bsoncore.Document, *LayoutCursor) {
 	}
 	out := cur.reply("firstBatch", size, id)
 	if len(cur.docs) == 0 || r.single {
-		return out.withID(0), nil
+		return out.WithID(0), nil
 	}
-	return out.withID(id), cur
+	return out.WithID(id), cur
 }
 
-type cursorReply struct {
-	key   string
-	batch []bsoncore.Document
-	ns    string
-}
 
-// batchLen is how many of docs the next batch takes, and their bytes: at
-// most want (no bound when want < 0) and at most maxBatchBytes, yet one
-// document at least when one is wanted, however large.
-func batchLen(docs []bsoncore.Document, want int64) (n, bytes int) {
-	for n < len(docs) && (want < 0 || int64(n) < want) && (n == 0 || bytes+len(docs[n]) <= query.MaxBatchBytes) {
-		bytes += len(docs[n])
-		n++
-	}
-	return n, bytes
-}
+
+
 
 // reply takes the next batch of at most size documents (and at most
 // maxBatchBytes).
-func (c *LayoutCursor) reply(key string, size int64, id int64) cursorReply {
-	n, _ := batchLen(c.docs, size)
-	out := cursorReply{key: key, batch: c.docs[:n], ns: c.ns}
+func (c *LayoutCursor) reply(key string, size int64, id int64) cursor.Reply {
+	n, _ := cursor.BatchLen(c.docs, size)
+	out := cursor.Reply{Key: key, Batch: c.docs[:n], NS: c.ns}
 	c.docs = c.docs[n:]
 	return out
 }
 
-func (cr cursorReply) withID(id int64) bsoncore.Document {
-	ci, cd := bsoncore.AppendDocumentStart(nil)
-	ai, cd := bsoncore.AppendArrayElementStart(cd, cr.key)
-	for i, d := range cr.batch {
-		cd = bsoncore.AppendDocumentElement(cd, bsonutil.Itoa(i), d)
-	}
-	cd, _ = bsoncore.AppendArrayEnd(cd, ai)
-	cd = bsoncore.AppendInt64Element(cd, "id", id)
-	cd = bsoncore.AppendStringElement(cd, "ns", cr.ns)
-	cd, _ = bsoncore.AppendDocumentEnd(cd, ci)
-	return bsoncore.NewDocumentBuilder().AppendDocument("cursor", cd).AppendDouble("ok", 1).Build()
-}
+
 
 // GetMore answers a getMore on the cursor kept under id; done says the
 // cursor is exhausted and may be forgotten.
@@ -442,7 +419,7 @@ func (c *LayoutCursor) GetMore(body bsoncore.Document, id int64) (reply bsoncore
 	}
 	cr := c.reply("nextBatch", size, id)
 	if len(c.docs) == 0 {
-		return cr.withID(0), true
+		return cr.WithID(0), true
 	}
-	return cr.withID(id), false
+	return cr.WithID(id), false
 }

@@ -17,7 +17,7 @@ func (p *LayoutWrite) Continue(i int, reply bsoncore.Document) bool {
 	if !p.ordered {
 		return true
 	}
-	return replyOK(reply) && len(replyWriteErrors(reply)) == 0
+	return mongoerr.IsOK(reply) && len(replyWriteErrors(reply)) == 0
 }
 
 // Reply is the app's insert reply: n is the events the acknowledged
@@ -38,7 +38,7 @@ func (p *LayoutWrite) Reply(replies [][]byte) []byte {
 		if v, ok := bsonutil.Lookup(reply, "writeConcernError"); ok && wce.Type == 0 {
 			wce = v
 		}
-		if !replyOK(reply) {
+		if !mongoerr.IsOK(reply) {
 			e := commandErrorOf(reply)
 			errs = p.notRun(errs, stmts, &e)
 			if p.ordered {

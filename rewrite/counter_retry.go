@@ -3,9 +3,10 @@ package rewrite
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"strconv"
 	"time"
+
+	"github.com/tsproxy/tsproxy/rewrite/caps"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 

@@ -2,9 +2,10 @@ package rewrite
 
 import (
 	"fmt"
+	"strconv"
+
 	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rewrite/query"
-	"strconv"
 
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 

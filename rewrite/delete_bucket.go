@@ -1,6 +1,7 @@
 package rewrite
 
 import (
+	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"strconv"
 
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
@@ -41,7 +42,7 @@ func (st *DeleteStatement) NewCandidates() *Candidates {
 // returns the cursor id to continue with (0: done). An upstream error
 // reply is returned as a *mongoerr.Error with the upstream's code.
 func (c *Candidates) Feed(reply []byte) (int64, error) {
-	docs, id, err := CursorDocs(reply)
+	docs, id, err := cursor.Docs(reply)
 	if err != nil {
 		return 0, err
 	}
@@ -107,45 +108,7 @@ func (c *Candidate) SetBucket(bdoc bsoncore.Document) error {
 	return nil
 }
 
-// CursorDocs reads the documents of a cursor reply (firstBatch or
-// nextBatch) and the cursor id; an error reply becomes a *mongoerr.Error
-// with the upstream's code and message.
-func CursorDocs(reply []byte) ([]bsoncore.Document, int64, error) {
-	doc := bsoncore.Document(reply)
-	if err := replyError(doc); err != nil {
-		return nil, 0, err
-	}
-	cur, ok := bsonutil.Lookup(doc, "cursor")
-	if !ok || cur.Type != bsoncore.TypeEmbeddedDocument {
-		return nil, 0, mongoerr.Errorf(mongoerr.InternalError, "upstream reply without a cursor")
-	}
-	cd := cur.Document()
-	id, _ := bsonutil.Lookup(cd, "id")
-	cid, _ := id.AsInt64OK()
-	batch, ok := bsonutil.Lookup(cd, "firstBatch")
-	if !ok {
-		batch, ok = bsonutil.Lookup(cd, "nextBatch")
-	}
-	if !ok || batch.Type != bsoncore.TypeArray {
-		return nil, 0, mongoerr.Errorf(mongoerr.InternalError, "upstream cursor without a batch")
-	}
-	vals, err := batch.Array().Values()
-	if err != nil {
-		return nil, 0, mongoerr.Errorf(mongoerr.InternalError, "upstream batch is not valid BSON: %v", err)
-	}
-	docs := make([]bsoncore.Document, 0, len(vals))
-	for _, v := range vals {
-		d, ok := v.DocumentOK()
-		if !ok {
-			return nil, 0, mongoerr.Errorf(mongoerr.InternalError, "upstream batch entry is a %s", bsonutil.TypeName(v.Type))
-		}
-		docs = append(docs, d)
-	}
-	return docs, cid, nil
-}
 
-// replyError is the error of an {ok: 0} reply, or nil.
-func replyError(reply bsoncore.Document) error { return mongoerr.ReplyError(reply) }
 
 // BucketEdit is what a delete statement does to one bucket.
 type BucketEdit struct {
@@ -297,7 +260,7 @@ func (p *DeletePlan) RemoveCommand(ids []bson.ObjectID) []byte {
 // err is nil). A write concern error is kept for the app's reply.
 func (p *DeletePlan) WriteOutcome(reply []byte, statements int) (done int, err error) {
 	doc := bsoncore.Document(reply)
-	if err := replyError(doc); err != nil {
+	if err := mongoerr.ReplyError(doc); err != nil {
 		return 0, err
 	}
 	if wce, ok := bsonutil.Lookup(doc, "writeConcernError"); ok {
@@ -323,7 +286,7 @@ func (p *DeletePlan) WriteOutcome(reply []byte, statements int) (done int, err e
 
 // FoundBucket reads the reply of a FindBucketCommand.
 func FoundBucket(reply []byte) ([]byte, bool, error) {
-	docs, _, err := CursorDocs(reply)
+	docs, _, err := cursor.Docs(reply)
 	if err != nil || len(docs) == 0 {
 		return nil, false, err
 	}

@@ -2,8 +2,9 @@ package rewrite
 
 import (
 	"fmt"
-	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"slices"
+
+	"github.com/tsproxy/tsproxy/rewrite/caps"
 
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 

@@ -92,7 +92,7 @@ func (p *InsertPlan) readReply(i int, reply bsoncore.Document) commandOutcome {
 	}
 	out.wce, _ = bsonutil.Lookup(reply, "writeConcernError")
 	out.labels, _ = bsonutil.Lookup(reply, "errorLabels")
-	if !replyOK(reply) {
+	if !mongoerr.IsOK(reply) {
 		e := commandErrorOf(reply)
 		out.cmdErr = &e
 		for j := range out.stmts {
@@ -122,15 +122,6 @@ func (p *InsertPlan) readReply(i int, reply bsoncore.Document) commandOutcome {
 		}
 	}
 	return out
-}
-
-func replyOK(reply bsoncore.Document) bool {
-	v, ok := bsonutil.Lookup(reply, "ok")
-	if !ok || !v.IsNumber() {
-		return false
-	}
-	f, ok := v.AsFloat64OK()
-	return ok && f == 1
 }
 
 func commandErrorOf(reply bsoncore.Document) upstreamError {

@@ -180,7 +180,7 @@ func containsName(v bsoncore.Value) bool {
 // nil when done.
 func (p *ListCollectionsPlan) Feed(reply []byte) []byte {
 	doc := bsoncore.Document(reply)
-	if doc.Validate() != nil || !replyOK(doc) {
+	if doc.Validate() != nil || !mongoerr.IsOK(doc) {
 		p.errReply = append([]byte(nil), reply...)
 		return nil
 	}

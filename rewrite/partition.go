@@ -3,6 +3,8 @@ package rewrite
 import (
 	"slices"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -121,7 +123,7 @@ func eventPartitions(docs []bsoncore.Document, rule *rules.Rule, now int64) []st
 // insert: a command error or a writeError.
 func InsertPartFailed(reply []byte) bool {
 	doc := bsoncore.Document(reply)
-	if doc.Validate() != nil || !replyOK(doc) {
+	if doc.Validate() != nil || !mongoerr.IsOK(doc) {
 		return true
 	}
 	_, has := bsonutil.Lookup(doc, "writeErrors")
@@ -144,7 +146,7 @@ func MergeInsertReplies(parts []InsertPart, replies [][]byte) []byte {
 	var wce bsoncore.Value
 	for i, r := range replies {
 		doc := bsoncore.Document(r)
-		if doc.Validate() != nil || !replyOK(doc) {
+		if doc.Validate() != nil || !mongoerr.IsOK(doc) {
 			return r
 		}
 		if v, ok := bsonutil.Lookup(doc, "n"); ok {

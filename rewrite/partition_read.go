@@ -1,6 +1,7 @@
 package rewrite
 
 import (
+	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"math"
 	"slices"
 	"strings"
@@ -225,14 +226,14 @@ func (f *PartitionedFind) Batch(id, want int64) (reply []byte, more bool) {
 		key, want = "firstBatch", f.first
 	}
 	f.begun = true
-	n, _ := batchLen(f.out, want)
+	n, _ := cursor.BatchLen(f.out, want)
 	batch := f.out[:n]
 	f.out = f.out[n:]
 	more = !f.single && len(f.out) > 0
 	if !more {
 		id = 0
 	}
-	d := cursorReply{key: key, batch: batch, ns: f.ns}.withID(id)
+	d := cursor.Reply{Key: key, Batch: batch, NS: f.ns}.WithID(id)
 	return d, more
 }
 
@@ -266,7 +267,7 @@ func PlanPartitionedCount(body []byte, rule *rules.Rule) (*PartitionedCount, err
 // answer with.
 func (c *PartitionedCount) Add(reply []byte) (errReply []byte) {
 	doc := bsoncore.Document(reply)
-	if doc.Validate() != nil || !replyOK(doc) {
+	if doc.Validate() != nil || !mongoerr.IsOK(doc) {
 		return reply
 	}
 	v, _ := bsonutil.Lookup(doc, "n")
@@ -297,7 +298,7 @@ type PartitionedDistinct struct {
 // to answer with.
 func (p *PartitionedDistinct) Add(reply []byte) (errReply []byte) {
 	doc := bsoncore.Document(reply)
-	if doc.Validate() != nil || !replyOK(doc) {
+	if doc.Validate() != nil || !mongoerr.IsOK(doc) {
 		return reply
 	}
 	arr, ok := bsonutil.Lookup(doc, "values")
@@ -554,7 +555,7 @@ func (g *PartitionedGroupCount) Result() []byte {
 	if cnt, _ := n.AsInt64OK(); cnt > 0 {
 		batch = append(batch, bsoncore.NewDocumentBuilder().AppendValue("_id", g.id).AppendValue(g.key, n).Build())
 	}
-	return cursorReply{key: "firstBatch", batch: batch, ns: g.ns}.withID(0)
+	return cursor.Reply{Key: "firstBatch", Batch: batch, NS: g.ns}.WithID(0)
 }
 
 // TimeLed reports the direction of a sort led by the timeField with a

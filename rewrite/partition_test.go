@@ -1,6 +1,7 @@
 package rewrite
 
 import (
+	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"fmt"
 	"math"
 	"reflect"
@@ -190,7 +191,7 @@ func TestPartitionTimeRange(t *testing.T) {
 
 func cursorDocsOf(t *testing.T, reply []byte) ([]bson.D, int64) {
 	t.Helper()
-	docs, id, err := CursorDocs(reply)
+	docs, id, err := cursor.Docs(reply)
 	if err != nil {
 		t.Fatal(err)
 	}

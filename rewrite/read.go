@@ -316,7 +316,7 @@ func (p *ReadPlan) Feed(reply []byte) []byte {
 	if p.drain == nil {
 		return nil
 	}
-	if !replyOK(doc) {
+	if !mongoerr.IsOK(doc) {
 		p.drain = &errorDrain{reply: doc}
 		return nil
 	}

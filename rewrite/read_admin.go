@@ -1,6 +1,7 @@
 package rewrite
 
 import (
+	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"strings"
 
 	"github.com/tsproxy/tsproxy/rewrite/query"
@@ -95,7 +96,7 @@ func PlanCollStats(body []byte, rule *rules.Rule) (*CollStatsPlan, error) {
 // CountFallback; ok is false when the upstream refused it.
 func (p *CollStatsPlan) CountFrom(reply []byte) (int64, bool) {
 	doc := bsoncore.Document(reply)
-	if doc.Validate() != nil || !replyOK(doc) {
+	if doc.Validate() != nil || !mongoerr.IsOK(doc) {
 		return 0, false
 	}
 	v, err := doc.LookupErr("cursor", "firstBatch")
@@ -186,7 +187,7 @@ func readsCountOrNS(d bsoncore.Document) bool {
 // count < 0: unknown (left as the upstream's bucket count).
 func (p *CollStatsPlan) Reply(stats []byte, count int64) []byte {
 	doc := bsoncore.Document(stats)
-	if doc.Validate() != nil || !replyOK(doc) {
+	if doc.Validate() != nil || !mongoerr.IsOK(doc) {
 		return stats
 	}
 	if p.stage {
@@ -267,7 +268,7 @@ func (p *CollStatsPlan) stageReply(doc bsoncore.Document, count int64) []byte {
 				batch = append(batch, mapDoc(d))
 			}
 		}
-		return cursorReply{key: key, batch: batch, ns: p.rc.NS}.withID(0)
+		return cursor.Reply{Key: key, Batch: batch, NS: p.rc.NS}.WithID(0)
 	}
 	return doc
 }

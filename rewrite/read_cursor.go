@@ -57,7 +57,7 @@ func (s *CursorShape) MapReply(reply []byte) ([]byte, int64, error) {
 	if err := doc.Validate(); err != nil {
 		return nil, 0, mongoerr.Errorf(mongoerr.InternalError, "upstream reply is not valid BSON: %v", err)
 	}
-	if !replyOK(doc) {
+	if !mongoerr.IsOK(doc) {
 		return reply, 0, nil
 	}
 	elems, _ := doc.Elements()

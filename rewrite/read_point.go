@@ -1,6 +1,7 @@
 package rewrite
 
 import (
+	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"slices"
 
 	"github.com/tsproxy/tsproxy/rewrite/query"
@@ -158,7 +159,7 @@ func (p *PointRead) Feed(replies [][]byte) error {
 		if err := doc.Validate(); err != nil {
 			return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: upstream reply is not valid BSON: %v", p.ns, err)
 		}
-		if !replyOK(doc) {
+		if !mongoerr.IsOK(doc) {
 			return lookupError(p.ns, doc)
 		}
 		k := &p.keys[l.key]
@@ -299,7 +300,7 @@ func (p *PointRead) compare(a, b pointEvent) int {
 // exhausted or single-batch). more tells whether the proxy must keep the
 // cursor.
 func (p *PointRead) Batch(id int64) (reply []byte, more bool) {
-	n, size := batchLen(p.out, p.want)
+	n, size := cursor.BatchLen(p.out, p.want)
 	batch := p.out[:n]
 	more = !p.single && (n < len(p.out) || !p.exhausted())
 	if !more {
@@ -310,7 +311,7 @@ func (p *PointRead) Batch(id int64) (reply []byte, more bool) {
 		key = "firstBatch"
 	}
 	p.started = true
-	d := cursorReply{key: key, batch: batch, ns: p.ns}.withID(id)
+	d := cursor.Reply{Key: key, Batch: batch, NS: p.ns}.WithID(id)
 	p.out = append(p.out[:0:0], p.out[n:]...)
 	p.outSize -= size
 	return d, more
@@ -374,101 +375,8 @@ func (p *PointRead) explainTarget() []byte {
 	return d
 }
 
-// WithUpstreamPlan adds to a point or scan read's explain (local) the
-// upstream's explain of the command it sends (reply), as
-// queryPlanner.upstreamPlan; a failed upstream explain is shown as its
-// error, since the proxy's own plan stands without it.
-func WithUpstreamPlan(local, reply []byte) []byte {
-	doc := bsoncore.Document(local)
-	elems, err := doc.Elements()
-	if err != nil {
-		return local
-	}
-	up := bsoncore.Document(reply)
-	if up.Validate() != nil {
-		return local
-	}
-	if qp, ok := bsonutil.Lookup(up, "queryPlanner"); ok && qp.Type == bsoncore.TypeEmbeddedDocument {
-		up = qp.Document()
-	}
-	idx, d := bsoncore.AppendDocumentStart(nil)
-	for _, e := range elems {
-		if e.Key() != "queryPlanner" {
-			d = append(d, e...)
-			continue
-		}
-		qp, ok := e.Value().DocumentOK()
-		if !ok {
-			d = append(d, e...)
-			continue
-		}
-		qidx, dd := bsoncore.AppendDocumentElementStart(d, "queryPlanner")
-		qelems, _ := qp.Elements()
-		for _, qe := range qelems {
-			dd = append(dd, qe...)
-		}
-		dd = bsoncore.AppendDocumentElement(dd, "upstreamPlan", up)
-		d, _ = bsoncore.AppendDocumentEnd(dd, qidx)
-	}
-	d, _ = bsoncore.AppendDocumentEnd(d, idx)
-	return d
-}
 
-// GetMoreBatchSize is a getMore's batchSize; 0 (as many as fit) when none.
-func GetMoreBatchSize(body []byte) (int64, bool) {
-	v, ok := bsonutil.Lookup(bsoncore.Document(body), "batchSize")
-	if !ok {
-		return 0, false
-	}
-	n, ok := v.AsInt64OK()
-	if !ok || n < 0 {
-		return 0, false
-	}
-	return n, true
-}
 
-// KillCursorsReply is the reply to a killCursors naming proxy-held cursors
-// (local, now forgotten): upstream is the upstream's reply to the same
-// command, or nil when every cursor named was the proxy's. The proxy's
-// cursors move from cursorsNotFound to cursorsKilled.
-func KillCursorsReply(upstream []byte, local []int64) []byte {
-	isLocal := map[int64]bool{}
-	for _, id := range local {
-		isLocal[id] = true
-	}
-	killed := append([]int64(nil), local...)
-	var notFound, alive, unknown []int64
-	if upstream != nil {
-		doc := bsoncore.Document(upstream)
-		if !replyOK(doc) {
-			return upstream
-		}
-		read := func(key string) []int64 {
-			var ids []int64
-			arr, _ := doc.Lookup(key).ArrayOK()
-			vals, _ := arr.Values()
-			for _, v := range vals {
-				if id, okID := v.AsInt64OK(); okID && !isLocal[id] {
-					ids = append(ids, id)
-				}
-			}
-			return ids
-		}
-		killed = append(read("cursorsKilled"), local...)
-		notFound, alive, unknown = read("cursorsNotFound"), read("cursorsAlive"), read("cursorsUnknown")
-	}
-	arr := func(ids []int64) bsoncore.Array {
-		b := bsoncore.NewArrayBuilder()
-		for _, id := range ids {
-			b.AppendInt64(id)
-		}
-		return b.Build()
-	}
-	b := bsoncore.NewDocumentBuilder().
-		AppendArray("cursorsKilled", arr(killed)).
-		AppendArray("cursorsNotFound", arr(notFound)).
-		AppendArray("cursorsAlive", arr(alive)).
-		AppendArray("cursorsUnknown", arr(unknown)).
-		AppendDouble("ok", 1)
-	return b.Build()
-}
+
+
+

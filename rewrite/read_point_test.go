@@ -1,6 +1,7 @@
 package rewrite
 
 import (
+	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"fmt"
 	"sort"
 	"strings"
@@ -338,12 +339,12 @@ func expectPoint(all []ptEvent, metas A, lo, hi int64, dir int, skip, limit int6
 }
 
 func TestKillCursorsReply(t *testing.T) {
-	local := rdJSON(KillCursorsReply(nil, []int64{7}))
+	local := rdJSON(cursor.KillCursorsReply(nil, []int64{7}))
 	if !strings.Contains(local, `"cursorsKilled": [{"$numberLong":"7"}]`) || !strings.Contains(local, `"ok": {"$numberDouble":"1.0"}`) {
 		t.Fatalf("local: %s", local)
 	}
 	up := rdRaw(t, D{{Key: "cursorsKilled", Value: A{int64(5)}}, {Key: "cursorsNotFound", Value: A{int64(7)}}, {Key: "cursorsAlive", Value: A{}}, {Key: "cursorsUnknown", Value: A{}}, {Key: "ok", Value: 1.0}})
-	mixed := rdJSON(KillCursorsReply(up, []int64{7}))
+	mixed := rdJSON(cursor.KillCursorsReply(up, []int64{7}))
 	if !strings.Contains(mixed, `"cursorsKilled": [{"$numberLong":"5"},{"$numberLong":"7"}]`) || !strings.Contains(mixed, `"cursorsNotFound": []`) {
 		t.Fatalf("mixed: %s", mixed)
 	}

@@ -173,7 +173,7 @@ func (p *PointRead) scanFeed(replies [][]byte) error {
 	if err := doc.Validate(); err != nil {
 		return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: upstream reply is not valid BSON: %v", p.ns, err)
 	}
-	if !replyOK(doc) {
+	if !mongoerr.IsOK(doc) {
 		sc.done, sc.cursor = true, 0
 		return scanError(p.ns, doc)
 	}

@@ -1,6 +1,7 @@
 package rewrite
 
 import (
+	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"fmt"
 	"math"
 	"slices"
@@ -130,7 +131,7 @@ func TestScanPlanHook(t *testing.T) {
 			t.Fatalf("%v: upstream explain %s without $db iot", c.filter, rdJSON(plan.LocalExplain))
 		}
 		upReply := mustDoc(t, D{{Key: "queryPlanner", Value: D{{Key: "winningPlan", Value: D{{Key: "stage", Value: "IDHACK"}}}}}, {Key: "ok", Value: 1.0}})
-		merged := bsoncore.Document(WithUpstreamPlan(plan.Local, upReply))
+		merged := bsoncore.Document(cursor.WithUpstreamPlan(plan.Local, upReply))
 		if st, _ := merged.Lookup("queryPlanner", "upstreamPlan", "winningPlan", "stage").StringValueOK(); st != "IDHACK" {
 			t.Fatalf("%v: merged explain %s lacks the upstream plan", c.filter, rdJSON(merged))
 		}
@@ -138,7 +139,7 @@ func TestScanPlanHook(t *testing.T) {
 			t.Fatalf("%v: merged explain %s lost the proxy's stage", c.filter, rdJSON(merged))
 		}
 		errReply := mustDoc(t, D{{Key: "ok", Value: 0.0}, {Key: "errmsg", Value: "no"}})
-		if m, _ := bsoncore.Document(WithUpstreamPlan(plan.Local, errReply)).Lookup("queryPlanner", "upstreamPlan", "errmsg").StringValueOK(); m != "no" {
+		if m, _ := bsoncore.Document(cursor.WithUpstreamPlan(plan.Local, errReply)).Lookup("queryPlanner", "upstreamPlan", "errmsg").StringValueOK(); m != "no" {
 			t.Fatalf("%v: an upstream explain error is not shown", c.filter)
 		}
 	}

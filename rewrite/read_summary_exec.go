@@ -1,6 +1,7 @@
 package rewrite
 
 import (
+	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"math"
 	"math/big"
 	"sort"
@@ -34,7 +35,7 @@ func (b *bucketSummary) complete() bool { return b.counted == b.count }
 // getMore to send next, or nil when the buckets are all read. An upstream
 // error reply comes back as a *mongoerr.Error with the upstream's code.
 func (p *SummaryPlan) Feed(reply []byte) ([]byte, error) {
-	docs, id, err := CursorDocs(reply)
+	docs, id, err := cursor.Docs(reply)
 	if err != nil {
 		return nil, err
 	}

@@ -108,7 +108,7 @@ func (m *metaResolver) query(reply []byte) [][]byte {
 		return nil
 	}
 	doc := bsoncore.Document(reply)
-	if doc.Validate() != nil || !replyOK(doc) {
+	if doc.Validate() != nil || !mongoerr.IsOK(doc) {
 		return nil
 	}
 	var ids []bsoncore.Value
@@ -153,7 +153,7 @@ func (m *metaResolver) add(reply []byte) error {
 	if err := doc.Validate(); err != nil {
 		return mongoerr.Errorf(mongoerr.InternalError, "upstream reply is not valid BSON: %v", err)
 	}
-	if !replyOK(doc) {
+	if !mongoerr.IsOK(doc) {
 		msg, _ := doc.Lookup("errmsg").StringValueOK()
 		return mongoerr.Errorf(mongoerr.InternalError, "looking up bucket metas: %s", msg)
 	}

@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
@@ -155,7 +157,7 @@ func acknowledgedEvents(cmd Command, rule *rules.Rule, reply bsoncore.Document) 
 	if err := reply.Validate(); err != nil {
 		return nil, fmt.Errorf("reply is not valid BSON: %w", err)
 	}
-	if !replyOK(reply) {
+	if !mongoerr.IsOK(reply) {
 		return nil, nil
 	}
 	failed := replyWriteErrors(reply)
@@ -295,7 +297,7 @@ func RollupReplyError(cmd, reply []byte) error {
 	if err := r.Validate(); err != nil {
 		return fmt.Errorf("rollup update of %s: malformed reply: %w", coll, err)
 	}
-	if !replyOK(r) {
+	if !mongoerr.IsOK(r) {
 		e := commandErrorOf(r)
 		return fmt.Errorf("rollup update of %s: %s (code %d)", coll, e.errmsg, e.code)
 	}

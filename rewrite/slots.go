@@ -2,8 +2,9 @@ package rewrite
 
 import (
 	"fmt"
-	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"strconv"
+
+	"github.com/tsproxy/tsproxy/rewrite/caps"
 
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 
@@ -47,31 +48,7 @@ func SlotsFetch(rule *rules.Rule, keys []bucket.Key) []bsoncore.Document {
 	return out
 }
 
-// FirstBatchDoc returns the first document of a find reply's first batch,
-// nil when there is none, or an error when the reply is an error.
-func FirstBatchDoc(reply bsoncore.Document) (bsoncore.Document, error) {
-	if err := reply.Validate(); err != nil {
-		return nil, fmt.Errorf("upstream reply is not valid BSON: %w", err)
-	}
-	if !replyOK(reply) {
-		e := commandErrorOf(reply)
-		return nil, fmt.Errorf("upstream find failed: %s", e.errmsg)
-	}
-	v, err := reply.LookupErr("cursor", "firstBatch")
-	if err != nil {
-		return nil, nil
-	}
-	arr, ok := v.ArrayOK()
-	if !ok {
-		return nil, nil
-	}
-	vals, _ := arr.Values()
-	if len(vals) == 0 {
-		return nil, nil
-	}
-	d, _ := vals[0].DocumentOK()
-	return d, nil
-}
+
 
 // SlotsOptions are what SlotsInsert needs besides the command.
 type SlotsOptions struct {

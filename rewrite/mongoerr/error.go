@@ -87,3 +87,13 @@ func ReplyError(reply bsoncore.Document) error {
 	}
 	return FromReply(reply, "upstream error")
 }
+
+// IsOK says whether reply is a command's success ({ok: 1}).
+func IsOK(reply bsoncore.Document) bool {
+	v, err := reply.LookupErr("ok")
+	if err != nil || !v.IsNumber() {
+		return false
+	}
+	f, ok := v.AsFloat64OK()
+	return ok && f == 1
+}

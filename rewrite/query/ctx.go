@@ -2,10 +2,11 @@ package query
 
 import (
 	"fmt"
-	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"math"
 	"strconv"
 	"strings"
+
+	"github.com/tsproxy/tsproxy/rewrite/caps"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
