@@ -1,8 +1,8 @@
 package rewrite
 
 import (
-	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"encoding/hex"
+	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"slices"
 	"strconv"
 
@@ -395,10 +395,6 @@ func (r *LayoutRead) Result(id int64) (bsoncore.Document, *LayoutCursor) {
 	return out.WithID(id), cur
 }
 
-
-
-
-
 // reply takes the next batch of at most size documents (and at most
 // maxBatchBytes).
 func (c *LayoutCursor) reply(key string, size int64, id int64) cursor.Reply {
@@ -407,8 +403,6 @@ func (c *LayoutCursor) reply(key string, size int64, id int64) cursor.Reply {
 	c.docs = c.docs[n:]
 	return out
 }
-
-
 
 // GetMore answers a getMore on the cursor kept under id; done says the
 // cursor is exhausted and may be forgotten.

@@ -108,8 +108,6 @@ func (c *Candidate) SetBucket(bdoc bsoncore.Document) error {
 	return nil
 }
 
-
-
 // BucketEdit is what a delete statement does to one bucket.
 type BucketEdit struct {
 	ID  bson.ObjectID

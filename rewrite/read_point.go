@@ -374,9 +374,3 @@ func (p *PointRead) explainTarget() []byte {
 	d, _ = bsoncore.AppendDocumentEnd(d, idx)
 	return d
 }
-
-
-
-
-
-

@@ -1,8 +1,8 @@
 package rewrite
 
 import (
-	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"fmt"
+	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"math"
 	"slices"
 	"strings"

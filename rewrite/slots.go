@@ -48,8 +48,6 @@ func SlotsFetch(rule *rules.Rule, keys []bucket.Key) []bsoncore.Document {
 	return out
 }
 
-
-
 // SlotsOptions are what SlotsInsert needs besides the command.
 type SlotsOptions struct {
 	Caps caps.Upstream
