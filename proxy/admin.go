@@ -4,9 +4,10 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/admin"
+
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/wire"
@@ -19,7 +20,7 @@ import (
 
 // refuseWrite answers update and findAndModify on a bucketed namespace.
 func (c *conn) refuseWrite(req *request, rule *rules.Rule) error {
-	err := rewrite.RefuseWrite(rule, req.name)
+	err := admin.RefuseWrite(rule, req.name)
 	if req.msg.Flags&wire.MoreToCome != 0 {
 		c.log.Warn("unacknowledged write refused", "rule", rule.Namespace, "err", err.Error())
 		return nil
@@ -30,7 +31,7 @@ func (c *conn) refuseWrite(req *request, rule *rules.Rule) error {
 // rewriteCreate creates the bucket collection (and its index) for a
 // create of the app's namespace.
 func (c *conn) rewriteCreate(req *request, rule *rules.Rule) error {
-	cmd, err := rewrite.PlanCreate(req.msg.Body, rule)
+	cmd, err := admin.PlanCreate(req.msg.Body, rule)
 	if err != nil {
 		return c.replyRewriteError(req, err)
 	}
@@ -41,12 +42,12 @@ func (c *conn) rewriteCreate(req *request, rule *rules.Rule) error {
 	if ok, _ := bson.Raw(reply).Lookup("ok").AsFloat64OK(); ok == 1 {
 		c.ensureBucketIndex(rule)
 	}
-	return c.replyBody(req, rewrite.AdminReply(reply, rule))
+	return c.replyBody(req, admin.AdminReply(reply, rule))
 }
 
 // rewriteCreateIndexes creates the translated indexes on the buckets.
 func (c *conn) rewriteCreateIndexes(req *request, rule *rules.Rule) error {
-	cmd, err := rewrite.PlanCreateIndexes(req.msg.Body, rule)
+	cmd, err := admin.PlanCreateIndexes(req.msg.Body, rule)
 	if err != nil {
 		return c.replyRewriteError(req, err)
 	}
@@ -54,12 +55,12 @@ func (c *conn) rewriteCreateIndexes(req *request, rule *rules.Rule) error {
 	if err != nil {
 		return err
 	}
-	return c.replyBody(req, rewrite.AdminReply(reply, rule))
+	return c.replyBody(req, admin.AdminReply(reply, rule))
 }
 
 // rewriteListIndexes lists the buckets' indexes as the app's.
 func (c *conn) rewriteListIndexes(req *request, rule *rules.Rule) error {
-	cmd, err := rewrite.PlanListIndexes(req.msg.Body, rule)
+	cmd, err := admin.PlanListIndexes(req.msg.Body, rule)
 	if err != nil {
 		return c.replyRewriteError(req, err)
 	}
@@ -67,13 +68,13 @@ func (c *conn) rewriteListIndexes(req *request, rule *rules.Rule) error {
 	if err != nil {
 		return err
 	}
-	return c.replyBody(req, rewrite.ListIndexesReply(reply, rule))
+	return c.replyBody(req, admin.ListIndexesReply(reply, rule))
 }
 
 // rewriteDropIndexes drops translated indexes; after "*" the proxy's own
 // index is created again at once.
 func (c *conn) rewriteDropIndexes(req *request, rule *rules.Rule) error {
-	cmd, recreate, err := rewrite.PlanDropIndexes(req.msg.Body, rule)
+	cmd, recreate, err := admin.PlanDropIndexes(req.msg.Body, rule)
 	if err != nil {
 		return c.replyRewriteError(req, err)
 	}
@@ -88,7 +89,7 @@ func (c *conn) rewriteDropIndexes(req *request, rule *rules.Rule) error {
 		st.mu.Unlock()
 		c.ensureBucketIndex(rule)
 	}
-	return c.replyBody(req, rewrite.AdminReply(reply, rule))
+	return c.replyBody(req, admin.AdminReply(reply, rule))
 }
 
 // renameTouchesRule reports the rule whose namespace a renameCollection

@@ -5,6 +5,10 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/admin"
+	"github.com/tsproxy/tsproxy/rewrite/insert"
+	"github.com/tsproxy/tsproxy/rewrite/partition"
+
 	"github.com/tsproxy/tsproxy/rewrite/caps"
 
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
@@ -41,11 +45,11 @@ func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
 	if rule.Layout == rules.LayoutCounter || rule.Layout == rules.LayoutSlots {
 		return c.handleLayout(req, rule) // proxy/layout.go
 	}
-	if req.name == "aggregate" && rewrite.BeginsWithCollStats(req.msg.Body) {
+	if req.name == "aggregate" && admin.BeginsWithCollStats(req.msg.Body) {
 		// mongosh's stats(), dataSize(), totalIndexSize(): collStats as an
 		// aggregate stage, answered as the command is.
 		if rule.Partitioned() {
-			return c.replyRewriteError(req, rewrite.PartitionCommandRefusal(rule, "$collStats"))
+			return c.replyRewriteError(req, partition.PartitionCommandRefusal(rule, "$collStats"))
 		}
 		return c.rewriteCollStats(req, rule)
 	}
@@ -113,7 +117,7 @@ func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
 	// Everything that does not depend on the fills (validation, the
 	// stored events, grouping) is done before locking, so that inserts into
 	// the same series overlap it with each other's upstream round trips.
-	prepared, err := rewrite.PrepareInsert(cmd, rule, bson.NewObjectID)
+	prepared, err := insert.PrepareInsert(cmd, rule, bson.NewObjectID)
 	if err != nil {
 		return refuse(err)
 	}
@@ -126,8 +130,8 @@ func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
 	unknown := c.keysToCheck(req, locked)
 	err = c.loadFills(rule, locked)
 	// A retry of a write whose reply was lost (see insert_replay.go).
-	var replay *rewrite.ReplayFilter
-	if err == nil && len(unknown) > 0 && rewrite.MayBeUnseenRetry(cmd, caps) {
+	var replay *insert.ReplayFilter
+	if err == nil && len(unknown) > 0 && insert.MayBeUnseenRetry(cmd, caps) {
 		replay, err = c.filterReplayed(rule, cmd, locked, unknown)
 	}
 	upTime += time.Since(t0)
@@ -147,12 +151,12 @@ func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
 		cmd = replay.Command
 		// The events left are a subset of those prepared, so their keys
 		// are among the locked ones.
-		if prepared, err = rewrite.PrepareInsert(cmd, rule, bson.NewObjectID); err != nil {
+		if prepared, err = insert.PrepareInsert(cmd, rule, bson.NewObjectID); err != nil {
 			span.end(req, upTime, nil)
 			return refuse(err)
 		}
 	}
-	plan := prepared.Plan(rewrite.InsertOptions{Caps: caps, NewObjectID: bson.NewObjectID, Buckets: locked.fill})
+	plan := prepared.Plan(insert.InsertOptions{Caps: caps, NewObjectID: bson.NewObjectID, Buckets: locked.fill})
 	var replies [][]byte
 	for {
 		replies = make([][]byte, 0, len(plan.Commands))
@@ -213,7 +217,7 @@ func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
 
 // bucketWriteFrame encodes command i of plan with its statements in a
 // document sequence, as drivers send them (see CommandSections).
-func (c *conn) bucketWriteFrame(plan *rewrite.InsertPlan, i int) ([]byte, error) {
+func (c *conn) bucketWriteFrame(plan *insert.InsertPlan, i int) ([]byte, error) {
 	body, id, stmts, err := plan.CommandSections(i)
 	if err != nil {
 		return nil, err

@@ -122,7 +122,7 @@ func (l *lockedKeys) unlock() {
 	c.mu.Unlock()
 }
 
-// fill is the Buckets function of rewrite.InsertOptions over the locked
+// fill is the Buckets function of insert.InsertOptions over the locked
 // entries.
 func (l *lockedKeys) fill(k bucket.Key) bucket.Fill {
 	if e := l.byKey[k.String()]; e != nil {

@@ -5,13 +5,14 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/delete"
+
 	"github.com/tsproxy/tsproxy/rewrite/caps"
 
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/wire"
@@ -39,14 +40,14 @@ func (c *conn) rewriteDelete(req *request, rule *rules.Rule) error {
 	if err != nil {
 		return err
 	}
-	plan, err := rewrite.PlanDelete(commandOf(req), rule, rewrite.DeleteOptions{Caps: caps})
+	plan, err := delete.PlanDelete(commandOf(req), rule, delete.DeleteOptions{Caps: caps})
 	if err != nil {
 		return c.refuseBeforeWrite(req, rule, err, c.replyRewriteError)
 	}
 	span := c.s.tel.startCommand(req, routeRewrite)
 	t0 := time.Now()
 	n := 0
-	var errs []rewrite.StatementError
+	var errs []delete.StatementError
 	for _, st := range plan.Statements {
 		err := st.Err
 		if err == nil {
@@ -62,7 +63,7 @@ func (c *conn) rewriteDelete(req *request, rule *rules.Rule) error {
 			span.end(req, time.Since(t0), err)
 			return err // the upstream connection failed: the client must reconnect
 		}
-		errs = append(errs, rewrite.StatementError{Index: st.Index, Err: err})
+		errs = append(errs, delete.StatementError{Index: st.Index, Err: err})
 		if plan.Ordered() {
 			break
 		}
@@ -84,7 +85,7 @@ func (c *conn) rewriteDelete(req *request, rule *rules.Rule) error {
 const deleteChunk = 500
 
 // deleteStatement runs one statement and returns the events it removed.
-func (c *conn) deleteStatement(plan *rewrite.DeletePlan, st *rewrite.DeleteStatement, caps caps.Upstream) (int, error) {
+func (c *conn) deleteStatement(plan *delete.DeletePlan, st *delete.DeleteStatement, caps caps.Upstream) (int, error) {
 	cands, err := c.matchCandidates(plan, st)
 	if err != nil || len(cands.List) == 0 {
 		return 0, err
@@ -107,7 +108,7 @@ func (c *conn) deleteStatement(plan *rewrite.DeletePlan, st *rewrite.DeleteState
 
 // deleteBuckets locks the keys of some candidate buckets, and removes the
 // statement's matching events from them.
-func (c *conn) deleteBuckets(plan *rewrite.DeletePlan, st *rewrite.DeleteStatement, caps caps.Upstream, list []*rewrite.Candidate) (int, error) {
+func (c *conn) deleteBuckets(plan *delete.DeletePlan, st *delete.DeleteStatement, caps caps.Upstream, list []*delete.Candidate) (int, error) {
 	rule := plan.Rule()
 	var keys []bucket.Key
 	for _, cand := range list {
@@ -131,7 +132,7 @@ func (c *conn) deleteBuckets(plan *rewrite.DeletePlan, st *rewrite.DeleteStateme
 	// these keys loads their fills again.
 	defer locked.forgetAll()
 
-	var edits []rewrite.BucketEdit
+	var edits []delete.BucketEdit
 	for _, cand := range list {
 		if !cand.HasKey {
 			continue
@@ -166,7 +167,7 @@ func (c *conn) deleteBuckets(plan *rewrite.DeletePlan, st *rewrite.DeleteStateme
 }
 
 // matchCandidates runs the statement's match aggregate to its end.
-func (c *conn) matchCandidates(plan *rewrite.DeletePlan, st *rewrite.DeleteStatement) (*rewrite.Candidates, error) {
+func (c *conn) matchCandidates(plan *delete.DeletePlan, st *delete.DeleteStatement) (*delete.Candidates, error) {
 	cands := st.NewCandidates()
 	reply, err := c.upCommand(st.Match)
 	for {
@@ -189,12 +190,12 @@ func (c *conn) matchCandidates(plan *rewrite.DeletePlan, st *rewrite.DeleteState
 }
 
 // readBucket reads a bucket by _id, with its events or without.
-func (c *conn) readBucket(plan *rewrite.DeletePlan, id bson.ObjectID, events bool) ([]byte, bool, error) {
+func (c *conn) readBucket(plan *delete.DeletePlan, id bson.ObjectID, events bool) ([]byte, bool, error) {
 	reply, err := c.upCommand(plan.FindBucketCommand(id, events))
 	if err != nil {
 		return nil, false, err
 	}
-	return rewrite.FoundBucket(reply)
+	return delete.FoundBucket(reply)
 }
 
 // bucketRemoval is one bucket to delete, with the events that removes.
@@ -207,7 +208,7 @@ type bucketRemoval struct {
 // key's highest seq down, every empty bucket (emptied now, or a shell left
 // by an earlier delete) until the first that holds events. The others
 // emptied are kept as shells. Removals come highest seq first.
-func (c *conn) planBucketWrites(plan *rewrite.DeletePlan, edits []rewrite.BucketEdit) ([]rewrite.BucketEdit, []bucketRemoval, error) {
+func (c *conn) planBucketWrites(plan *delete.DeletePlan, edits []delete.BucketEdit) ([]delete.BucketEdit, []bucketRemoval, error) {
 	rule := plan.Rule()
 	ns := rule.BucketNamespace()
 	byKey := map[string][]int{}
@@ -272,7 +273,7 @@ func (c *conn) planBucketWrites(plan *rewrite.DeletePlan, edits []rewrite.Bucket
 			remove = append(remove, bucketRemoval{id: key.ID(ns, s)})
 		}
 	}
-	var replace []rewrite.BucketEdit
+	var replace []delete.BucketEdit
 	for i, e := range edits {
 		if !dropped[i] {
 			replace = append(replace, e)
@@ -283,7 +284,7 @@ func (c *conn) planBucketWrites(plan *rewrite.DeletePlan, edits []rewrite.Bucket
 
 // writeBuckets runs the replacements, then the removals, and returns the
 // events removed by the writes that took effect.
-func (c *conn) writeBuckets(plan *rewrite.DeletePlan, caps caps.Upstream, replace []rewrite.BucketEdit, remove []bucketRemoval) (int, error) {
+func (c *conn) writeBuckets(plan *delete.DeletePlan, caps caps.Upstream, replace []delete.BucketEdit, remove []bucketRemoval) (int, error) {
 	limit := maxReplaceStatements
 	if m := caps.MaxUpdateStatements; m > 0 {
 		limit = min(limit, m)
@@ -326,7 +327,7 @@ func (c *conn) writeBuckets(plan *rewrite.DeletePlan, caps caps.Upstream, replac
 
 // runBucketWrite sends one rewritten write (in the write slots an upstream
 // with bounded update statements needs) and reads its outcome.
-func (c *conn) runBucketWrite(plan *rewrite.DeletePlan, caps caps.Upstream, cmd []byte, statements int) (int, error) {
+func (c *conn) runBucketWrite(plan *delete.DeletePlan, caps caps.Upstream, cmd []byte, statements int) (int, error) {
 	reply, err := c.roundTripInSlot(c.commandFrame(cmd), caps.MaxUpdateStatements > 0)
 	if err != nil {
 		return 0, err

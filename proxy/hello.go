@@ -4,9 +4,10 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/hello"
+
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/wire"
 )
@@ -16,7 +17,7 @@ import (
 // as a router in the reply, so drivers never learn of, nor connect to,
 // anything but the proxy. The proxy negotiates compression itself.
 func (c *conn) handleHello(req *request) error {
-	body, offers, err := rewrite.HelloRequest(req.msg.Body)
+	body, offers, err := hello.HelloRequest(req.msg.Body)
 	if err != nil {
 		return c.replyError(req, mongoerr.InvalidBSON, "tsproxy: "+err.Error())
 	}
@@ -32,7 +33,7 @@ func (c *conn) handleHello(req *request) error {
 		// the commands that follow fail at once with the upstream error,
 		// instead of each waiting out server selection.
 		c.log.Warn("upstream unreachable; answering hello alone", "err", err.Error())
-		reply := rewrite.RouterHello(req.name != "hello", c.s.state.helloLimits(), time.Now().UnixMilli(), chosen)
+		reply := hello.RouterHello(req.name != "hello", c.s.state.helloLimits(), time.Now().UnixMilli(), chosen)
 		return c.replyBody(req, c.capHelloLimits(reply))
 	}
 	frame := wire.AppendMsg(c.outBuf[:0], req.h.RequestID, 0, 0, body)
@@ -49,7 +50,7 @@ func (c *conn) handleHello(req *request) error {
 		return fmt.Errorf("upstream hello reply: %w", err)
 	}
 	c.s.state.rememberHello(bson.Raw(m.Body))
-	reply, err := rewrite.HelloReply(m.Body, chosen)
+	reply, err := hello.HelloReply(m.Body, chosen)
 	if err != nil {
 		return fmt.Errorf("upstream hello reply: %w", err)
 	}
@@ -72,7 +73,7 @@ func (c *conn) replyError(req *request, code mongoerr.Code, msg string) error {
 
 // routerLimits is what a synthetic hello says before any upstream hello
 // was seen: MongoDB 7.0's values (what FerretDB 1.24 also reports).
-var defaultLimits = rewrite.RouterHelloLimits{
+var defaultLimits = hello.RouterHelloLimits{
 	MinWireVersion: 0, MaxWireVersion: 21,
 	MaxBSONObjectSize: 16 * 1024 * 1024, MaxMessageSizeBytes: 48_000_000,
 	MaxWriteBatchSize: 100_000, LogicalSessionTimeoutMinutes: 30,

@@ -3,6 +3,8 @@ package proxy
 import (
 	"fmt"
 
+	"github.com/tsproxy/tsproxy/rewrite/insert"
+
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -48,7 +50,7 @@ func (l *lockedKeys) unknownKeys() []int {
 // filterReplayed reads the buckets of the keys at idx (their fills
 // loaded) and returns the insert without the events already stored there,
 // or nil when none is.
-func (c *conn) filterReplayed(rule *rules.Rule, cmd rewrite.Command, l *lockedKeys, idx []int) (*rewrite.ReplayFilter, error) {
+func (c *conn) filterReplayed(rule *rules.Rule, cmd rewrite.Command, l *lockedKeys, idx []int) (*insert.ReplayFilter, error) {
 	stored := map[string]bool{}
 	ns := rule.BucketNamespace()
 	for _, i := range idx {
@@ -58,7 +60,7 @@ func (c *conn) filterReplayed(rule *rules.Rule, cmd rewrite.Command, l *lockedKe
 			}
 		}
 	}
-	return rewrite.WithoutStored(cmd, rule, stored), nil
+	return insert.WithoutStored(cmd, rule, stored), nil
 }
 
 // storedEvents adds the identities of the events of bucket id to set.
@@ -90,7 +92,7 @@ func (c *conn) storedEvents(rule *rules.Rule, id bson.ObjectID, set map[string]b
 		return nil
 	}
 	if bucket, ok := vals[0].DocumentOK(); ok {
-		rewrite.StoredEventIdentities(bucket, rule, set)
+		insert.StoredEventIdentities(bucket, rule, set)
 	}
 	return nil
 }

@@ -7,6 +7,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/insert"
+	"github.com/tsproxy/tsproxy/rewrite/layout"
+
 	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rewrite/cursor"
 
@@ -58,12 +61,12 @@ func (c *conn) layoutInsert(req *request, rule *rules.Rule) error {
 	refuse := func(err error) error { return c.refuseBeforeWrite(req, rule, err, c.replyRewriteError) }
 	span := c.s.tel.startCommand(req, routeRewrite)
 	t0 := time.Now()
-	var plan *rewrite.LayoutWrite
+	var plan *layout.LayoutWrite
 	// The keys are locked for counters too: on an upstream whose updates
 	// are not isolated (FerretDB), two $inc upserts of one bucket at once
 	// lose an increment, or both try to create it and one fails on its
 	// _id.
-	keys, err := rewrite.InsertKeys(cmd, rule)
+	keys, err := insert.InsertKeys(cmd, rule)
 	if err != nil {
 		span.end(req, time.Since(t0), nil)
 		return refuse(err)
@@ -82,7 +85,7 @@ func (c *conn) layoutInsert(req *request, rule *rules.Rule) error {
 			span.end(req, time.Since(t0), err)
 			return refuse(err)
 		}
-		plan, err = rewrite.SlotsInsert(cmd, rule, rewrite.SlotsOptions{Caps: caps,
+		plan, err = layout.SlotsInsert(cmd, rule, layout.SlotsOptions{Caps: caps,
 			Before: func(k bucket.Key) []byte { return before[k.String()] }})
 	}
 	if err != nil {
@@ -116,7 +119,7 @@ func (c *conn) layoutInsert(req *request, rule *rules.Rule) error {
 // slotsBefore reads the buckets of keys as stored, by point lookups.
 func (c *conn) slotsBefore(rule *rules.Rule, keys []bucket.Key) (map[string]bson.Raw, error) {
 	out := make(map[string]bson.Raw, len(keys))
-	for i, q := range rewrite.SlotsFetch(rule, keys) {
+	for i, q := range layout.SlotsFetch(rule, keys) {
 		reply, err := c.upCommand(q)
 		if err != nil {
 			return nil, err
@@ -163,7 +166,7 @@ func (c *conn) preallocate(rule *rules.Rule, keys []bucket.Key) {
 			continue
 		}
 		preallocated.seen[name] = true
-		shells = append(shells, bson.Raw(rewrite.SlotsShellOf(rule, next)))
+		shells = append(shells, bson.Raw(layout.SlotsShellOf(rule, next)))
 	}
 	preallocated.Unlock()
 	if len(shells) == 0 {
@@ -199,7 +202,7 @@ func forgetPreallocated(rule *rules.Rule) {
 // layoutRead serves find, aggregate and count: the candidate buckets are
 // fetched, then the proxy answers from them.
 func (c *conn) layoutRead(req *request, rule *rules.Rule) error {
-	plan, err := rewrite.PlanLayoutRead(req.msg.Body, rule)
+	plan, err := layout.PlanLayoutRead(req.msg.Body, rule)
 	if err != nil {
 		return c.replyRewriteError(req, err)
 	}
@@ -235,9 +238,9 @@ func newLayoutCursorID() int64 {
 
 func (c *conn) layoutGetMore(req *request, rule *rules.Rule) error {
 	id, _ := bson.Raw(req.msg.Body).Lookup("getMore").AsInt64OK()
-	var cur *rewrite.LayoutCursor
+	var cur *layout.LayoutCursor
 	if e := c.s.cursors.get(id); e != nil && e.rule == rule {
-		cur, _ = e.reshape.(*rewrite.LayoutCursor)
+		cur, _ = e.reshape.(*layout.LayoutCursor)
 	}
 	if cur == nil {
 		return c.replyError(req, mongoerr.CursorNotFound, fmt.Sprintf("tsproxy rule %s: cursor id %d not found", rule.Namespace, id))
@@ -281,10 +284,10 @@ var counterWrites = struct {
 	sync.Mutex
 	seen          map[string]time.Time
 	checkAllUntil time.Time
-}{seen: map[string]time.Time{}, checkAllUntil: time.Now().Add(rewrite.MarkerLife)}
+}{seen: map[string]time.Time{}, checkAllUntil: time.Now().Add(layout.MarkerLife)}
 
 // maxCounterWrites bounds that memory; past it, ids older than
-// rewrite.MarkerLife are forgotten, then all if need be.
+// layout.MarkerLife are forgotten, then all if need be.
 const maxCounterWrites = 200_000
 
 // counterAttempt says whether a write id must be checked for an earlier
@@ -295,20 +298,20 @@ func counterAttempt(id string, now time.Time) (check bool, late time.Duration) {
 	if first, ok := counterWrites.seen[id]; ok {
 		// Some margin: the mark's period was picked when the first
 		// attempt was planned, and it reached the upstream later.
-		if age := now.Sub(first); age > rewrite.MarkerLife-time.Second {
+		if age := now.Sub(first); age > layout.MarkerLife-time.Second {
 			return false, age
 		}
 		return true, 0
 	}
 	if len(counterWrites.seen) >= maxCounterWrites {
 		for k, t := range counterWrites.seen {
-			if now.Sub(t) > rewrite.MarkerLife {
+			if now.Sub(t) > layout.MarkerLife {
 				delete(counterWrites.seen, k)
 			}
 		}
 		if len(counterWrites.seen) >= maxCounterWrites {
 			counterWrites.seen = map[string]time.Time{}
-			counterWrites.checkAllUntil = now.Add(rewrite.MarkerLife)
+			counterWrites.checkAllUntil = now.Add(layout.MarkerLife)
 		}
 	}
 	counterWrites.seen[id] = now
@@ -319,24 +322,24 @@ func counterAttempt(id string, now time.Time) (check bool, late time.Duration) {
 // recognise as a retry carries its write id's mark, and is checked
 // against its buckets' marks when it may be a retry. err is answered to
 // the client; upErr (the upstream failed) closes the connection.
-func (c *conn) counterPlan(cmd rewrite.Command, rule *rules.Rule, caps caps.Upstream) (plan *rewrite.LayoutWrite, err, upErr error) {
+func (c *conn) counterPlan(cmd rewrite.Command, rule *rules.Rule, caps caps.Upstream) (plan *layout.LayoutWrite, err, upErr error) {
 	now := time.Now()
-	opts := rewrite.CounterOptions{Caps: caps, WriteID: rewrite.CounterWriteID(cmd, caps), Now: now.UnixMilli()}
+	opts := layout.CounterOptions{Caps: caps, WriteID: layout.CounterWriteID(cmd, caps), Now: now.UnixMilli()}
 	if opts.WriteID == "" {
-		plan, err = rewrite.CounterInsertWith(cmd, rule, opts)
+		plan, err = layout.CounterInsertWith(cmd, rule, opts)
 		return plan, err, nil
 	}
 	check, late := counterAttempt(opts.WriteID, now)
 	if late > 0 {
-		return nil, rewrite.CounterRetryTooLate(rule.Namespace, late), nil
+		return nil, layout.CounterRetryTooLate(rule.Namespace, late), nil
 	}
-	plan, err = rewrite.CounterInsertWith(cmd, rule, opts)
+	plan, err = layout.CounterInsertWith(cmd, rule, opts)
 	if err != nil || !check {
 		return plan, err, nil
 	}
 	applied := map[[12]byte]bool{}
 	for _, id := range plan.Buckets {
-		reply, err := c.upCommand(rewrite.CounterMarkFetch(rule.BucketCollection, rule.DB, id))
+		reply, err := c.upCommand(layout.CounterMarkFetch(rule.BucketCollection, rule.DB, id))
 		if err != nil {
 			return nil, nil, err
 		}
@@ -344,7 +347,7 @@ func (c *conn) counterPlan(cmd rewrite.Command, rule *rules.Rule, caps caps.Upst
 		if err != nil {
 			return nil, fmt.Errorf("tsproxy rule %s: reading a bucket's marks for a retried insert: %w", rule.Namespace, err), nil
 		}
-		if doc != nil && rewrite.CounterHasMark(doc, opts.WriteID) {
+		if doc != nil && layout.CounterHasMark(doc, opts.WriteID) {
 			applied[id] = true
 		}
 	}
@@ -353,6 +356,6 @@ func (c *conn) counterPlan(cmd rewrite.Command, rule *rules.Rule, caps caps.Upst
 	}
 	c.log.Info("retried counter insert: statements applied by its first attempt left out", "rule", rule.Namespace, "applied", len(applied), "of", len(plan.Buckets))
 	opts.Applied = func(id [12]byte) bool { return applied[id] }
-	plan, err = rewrite.CounterInsertWith(cmd, rule, opts)
+	plan, err = layout.CounterInsertWith(cmd, rule, opts)
 	return plan, err, nil
 }

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/layout"
 )
 
 // TestCounterAttempt: a counter write id seen before is checked for an
@@ -15,7 +15,7 @@ func TestCounterAttempt(t *testing.T) {
 	start := time.Now()
 	counterWrites.Lock()
 	saved := counterWrites.checkAllUntil
-	counterWrites.checkAllUntil = start.Add(rewrite.MarkerLife) // as at a process start
+	counterWrites.checkAllUntil = start.Add(layout.MarkerLife) // as at a process start
 	counterWrites.Unlock()
 	t.Cleanup(func() {
 		counterWrites.Lock()
@@ -23,7 +23,7 @@ func TestCounterAttempt(t *testing.T) {
 		counterWrites.Unlock()
 	})
 	later := start.Add(time.Hour) // past the start-up window
-	life := rewrite.MarkerLife
+	life := layout.MarkerLife
 	cases := []struct {
 		name      string
 		id        string

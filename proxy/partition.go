@@ -5,9 +5,12 @@ import (
 	"slices"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/partition"
+
+	"github.com/tsproxy/tsproxy/rewrite/rollup"
+
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
@@ -33,7 +36,7 @@ func partitionRule(rule *rules.Rule, coll string) *rules.Rule {
 }
 
 // partition is one existing partition collection of a rule.
-type partition struct {
+type partColl struct {
 	start int64 // period start, ms
 	coll  string
 }
@@ -47,13 +50,13 @@ type commander interface {
 // listPartitions lists the rule's existing partitions in time order, by
 // listCollections on the rule's database (nameOnly; names are filtered
 // here, as a regex filter is not supported everywhere).
-func listPartitions(up commander, rule *rules.Rule) ([]partition, error) {
+func listPartitions(up commander, rule *rules.Rule) ([]partColl, error) {
 	reply, err := up.Command(bson.D{
 		{Key: "listCollections", Value: 1},
 		{Key: "nameOnly", Value: true},
 		{Key: "$db", Value: rule.DB},
 	})
-	var out []partition
+	var out []partColl
 	for {
 		if err != nil {
 			return nil, fmt.Errorf("tsproxy rule %s: list partitions: %w", rule.Namespace, err)
@@ -73,7 +76,7 @@ func listPartitions(up commander, rule *rules.Rule) ([]partition, error) {
 			}
 			name, _ := doc.Lookup("name").StringValueOK()
 			if start, ok := rule.ParsePartition(name); ok {
-				out = append(out, partition{start: start, coll: name})
+				out = append(out, partColl{start: start, coll: name})
 			}
 		}
 		id, _ := reply.Lookup("cursor", "id").AsInt64OK()
@@ -86,7 +89,7 @@ func listPartitions(up commander, rule *rules.Rule) ([]partition, error) {
 			{Key: "$db", Value: rule.DB},
 		})
 	}
-	slices.SortFunc(out, func(a, b partition) int { return int(min(max(a.start-b.start, -1), 1)) })
+	slices.SortFunc(out, func(a, b partColl) int { return int(min(max(a.start-b.start, -1), 1)) })
 	return out, nil
 }
 
@@ -96,11 +99,11 @@ type connCommander struct{ c *conn }
 func (cc connCommander) Command(cmd any) (bson.Raw, error) { return cc.c.up.Command(cmd) }
 
 // rewriteInsertPartitioned splits an insert per partition (see
-// rewrite.SplitInsert), runs each part as an ordinary bucket insert on
+// partition.SplitInsert), runs each part as an ordinary bucket insert on
 // its partition and answers with the merged reply.
 func (c *conn) rewriteInsertPartitioned(req *request, rule *rules.Rule) error {
 	unacked := req.msg.Flags&wire.MoreToCome != 0
-	parts, ordered := rewrite.SplitInsert(commandOf(req), rule, time.Now().UnixMilli())
+	parts, ordered := partition.SplitInsert(commandOf(req), rule, time.Now().UnixMilli())
 	replies := make([][]byte, 0, len(parts))
 	for _, p := range parts {
 		var out []byte
@@ -118,14 +121,14 @@ func (c *conn) rewriteInsertPartitioned(req *request, rule *rules.Rule) error {
 			return err
 		}
 		replies = append(replies, out)
-		if ordered && rewrite.InsertPartFailed(out) {
+		if ordered && partition.InsertPartFailed(out) {
 			break
 		}
 	}
 	if unacked {
 		return nil
 	}
-	return c.replyBody(req, rewrite.MergeInsertReplies(parts, replies))
+	return c.replyBody(req, partition.MergeInsertReplies(parts, replies))
 }
 
 // dropPartitions drops every partition of rule and forgets what the proxy
@@ -160,7 +163,7 @@ func dropPartition(up commander, st *upstreamState, rule *rules.Rule, coll strin
 	st.mu.Unlock()
 	st.forgetBuckets(ns)
 	if err != nil {
-		return fmt.Errorf("tsproxy rule %s: drop partition %s: %w", rule.Namespace, coll, err)
+		return fmt.Errorf("tsproxy rule %s: drop partColl %s: %w", rule.Namespace, coll, err)
 	}
 	return nil
 }
@@ -196,14 +199,14 @@ func (s *Server) retainPartitions(up *upstream.Conn, rule *rules.Rule, modes map
 				return err
 			}
 			delete(modes, p.coll)
-			s.log.Info("retention: expired partition dropped", "rule", rule.Namespace, "collection", p.coll)
+			s.log.Info("retention: expired partColl dropped", "rule", rule.Namespace, "collection", p.coll)
 			continue
 		}
 		if modes[p.coll] == modeSweep && p.start+rule.SpanMillis() > now.Add(-rule.ExpireAfter).UnixMilli() {
 			continue // no bucket of it has expired yet: no delete to send
 		}
 		pr := partitionRule(rule, p.coll)
-		if err := s.retainCollection(up, pr, rewrite.Expiry{Collection: p.coll, Window: rule.Span}, modes, now); err != nil {
+		if err := s.retainCollection(up, pr, rollup.Expiry{Collection: p.coll, Window: rule.Span}, modes, now); err != nil {
 			return err
 		}
 	}
@@ -223,7 +226,7 @@ func (c *conn) handlePartitioned(req *request, rule *rules.Rule) (done bool, err
 		if req.msg.Flags&wire.MoreToCome != 0 {
 			return true, nil
 		}
-		return true, c.replyRewriteError(req, rewrite.PartitionCommandRefusal(rule, req.name))
+		return true, c.replyRewriteError(req, partition.PartitionCommandRefusal(rule, req.name))
 	}
 	return false, nil
 }
@@ -235,17 +238,17 @@ func (c *conn) deletePartitioned(req *request, rule *rules.Rule) error {
 	if err != nil {
 		return err
 	}
-	if len(parts) > 1 && rewrite.DeleteLimitOne(commandOf(req)) {
+	if len(parts) > 1 && partition.DeleteLimitOne(commandOf(req)) {
 		if unacked {
 			return nil
 		}
-		return c.replyRewriteError(req, rewrite.PartitionCommandRefusal(rule, "delete with limit 1 spanning partitions"))
+		return c.replyRewriteError(req, partition.PartitionCommandRefusal(rule, "delete with limit 1 spanning partitions"))
 	}
 	if len(parts) == 0 {
-		parts = []partition{{coll: rule.BucketCollection}} // an empty delete, validated as usual
+		parts = []partColl{{coll: rule.BucketCollection}} // an empty delete, validated as usual
 	}
 	var replies [][]byte
-	ip := make([]rewrite.InsertPart, len(parts))
+	ip := make([]partition.InsertPart, len(parts))
 	for _, p := range parts {
 		var out []byte
 		sub := *req
@@ -262,7 +265,7 @@ func (c *conn) deletePartitioned(req *request, rule *rules.Rule) error {
 	if unacked {
 		return nil
 	}
-	return c.replyBody(req, rewrite.MergeInsertReplies(ip[:len(replies)], replies))
+	return c.replyBody(req, partition.MergeInsertReplies(ip[:len(replies)], replies))
 }
 
 // killCursorsPartitioned kills cursors of a partitioned rule: each

@@ -5,12 +5,15 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/tsproxy/tsproxy/rewrite/partition"
+	"github.com/tsproxy/tsproxy/rewrite/read"
+	"github.com/tsproxy/tsproxy/rewrite/summary"
+
 	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rewrite/cursor"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rules"
 )
 
@@ -27,7 +30,7 @@ import (
 // partitionCursor is a proxy-held cursor over a merged find.
 type partitionCursor struct {
 	mu sync.Mutex
-	f  *rewrite.PartitionedFind
+	f  *partition.PartitionedFind
 }
 
 // rewriteReadPartitioned serves find, aggregate, count, distinct and
@@ -37,10 +40,10 @@ func (c *conn) rewriteReadPartitioned(req *request, rule *rules.Rule) error {
 	if err != nil {
 		return err
 	}
-	from, to := rewrite.PartitionTimeRange(req.msg.Body, rule)
-	var parts []partition
+	from, to := partition.PartitionTimeRange(req.msg.Body, rule)
+	var parts []partColl
 	for _, p := range all {
-		if rewrite.PartitionOverlaps(rule, p.start, from, to) {
+		if partition.PartitionOverlaps(rule, p.start, from, to) {
 			parts = append(parts, p)
 		}
 	}
@@ -66,12 +69,12 @@ func (c *conn) rewriteReadPartitioned(req *request, rule *rules.Rule) error {
 		if done, err := c.summariesPartitioned(req, rule, parts, caps); done {
 			return err
 		}
-		if g, ok := rewrite.PlanPartitionedGroupCount(req.msg.Body, rule); ok {
+		if g, ok := partition.PlanPartitionedGroupCount(req.msg.Body, rule); ok {
 			return c.groupCountPartitioned(req, rule, parts, g)
 		}
-		return c.replyRewriteError(req, rewrite.PartitionReadRefusal(rule, "an aggregate not answered from the bucket summaries", len(parts)))
+		return c.replyRewriteError(req, partition.PartitionReadRefusal(rule, "an aggregate not answered from the bucket summaries", len(parts)))
 	}
-	return c.replyRewriteError(req, rewrite.PartitionReadRefusal(rule, req.name, len(parts)))
+	return c.replyRewriteError(req, partition.PartitionReadRefusal(rule, req.name, len(parts)))
 }
 
 // subRead runs body as the ordinary read of one partition and returns its
@@ -86,14 +89,14 @@ func (c *conn) subRead(req *request, rule *rules.Rule, coll string, body []byte,
 		return nil, err
 	}
 	if out == nil {
-		return nil, fmt.Errorf("tsproxy rule %s: partition %s: no reply", rule.Namespace, coll)
+		return nil, fmt.Errorf("tsproxy rule %s: partColl %s: no reply", rule.Namespace, coll)
 	}
 	return out, nil
 }
 
 // findPartitioned merges a find over several partitions.
-func (c *conn) findPartitioned(req *request, rule *rules.Rule, parts []partition) error {
-	f, err := rewrite.PlanPartitionedFind(req.msg.Body, rule)
+func (c *conn) findPartitioned(req *request, rule *rules.Rule, parts []partColl) error {
+	f, err := partition.PlanPartitionedFind(req.msg.Body, rule)
 	if err != nil {
 		return c.replyRewriteError(req, err)
 	}
@@ -110,7 +113,7 @@ func (c *conn) findPartitioned(req *request, rule *rules.Rule, parts []partition
 		for err == nil {
 			docs, id, derr := cursor.Docs(reply)
 			if derr != nil {
-				return c.replyBody(req, reply) // the partition's error reply
+				return c.replyBody(req, reply) // the partColl's error reply
 			}
 			if aerr := f.Add(docs); aerr != nil {
 				if id != 0 {
@@ -142,10 +145,10 @@ func (c *conn) findPartitioned(req *request, rule *rules.Rule, parts []partition
 	return c.replyBody(req, reply)
 }
 
-// nextBound is what rewrite.PartitionedFind.Enough compares with for the
+// nextBound is what partition.PartitionedFind.Enough compares with for the
 // partition p about to be read: its start (ascending), or the end of its
 // last window (descending).
-func nextBound(rule *rules.Rule, p partition, desc bool) int64 {
+func nextBound(rule *rules.Rule, p partColl, desc bool) int64 {
 	if !desc {
 		return p.start
 	}
@@ -183,8 +186,8 @@ func (c *conn) servePartitionMore(req *request, id int64, pc *partitionCursor) e
 }
 
 // countPartitioned sums a count over several partitions.
-func (c *conn) countPartitioned(req *request, rule *rules.Rule, parts []partition) error {
-	pc, err := rewrite.PlanPartitionedCount(req.msg.Body, rule)
+func (c *conn) countPartitioned(req *request, rule *rules.Rule, parts []partColl) error {
+	pc, err := partition.PlanPartitionedCount(req.msg.Body, rule)
 	if err != nil {
 		return c.replyRewriteError(req, err)
 	}
@@ -201,7 +204,7 @@ func (c *conn) countPartitioned(req *request, rule *rules.Rule, parts []partitio
 }
 
 // groupCountPartitioned serves countDocuments over several partitions.
-func (c *conn) groupCountPartitioned(req *request, rule *rules.Rule, parts []partition, g *rewrite.PartitionedGroupCount) error {
+func (c *conn) groupCountPartitioned(req *request, rule *rules.Rule, parts []partColl, g *partition.PartitionedGroupCount) error {
 	for _, p := range parts {
 		reply, err := c.subRead(req, rule, p.coll, g.Count.Sub, c.rewriteRead)
 		if err != nil {
@@ -215,8 +218,8 @@ func (c *conn) groupCountPartitioned(req *request, rule *rules.Rule, parts []par
 }
 
 // distinctPartitioned unites distinct over several partitions.
-func (c *conn) distinctPartitioned(req *request, rule *rules.Rule, parts []partition) error {
-	var d rewrite.PartitionedDistinct
+func (c *conn) distinctPartitioned(req *request, rule *rules.Rule, parts []partColl) error {
+	var d partition.PartitionedDistinct
 	for _, p := range parts {
 		reply, err := c.subRead(req, rule, p.coll, req.msg.Body, c.rewriteRead)
 		if err != nil {
@@ -233,14 +236,14 @@ func (c *conn) distinctPartitioned(req *request, rule *rules.Rule, parts []parti
 // every partition: one plan (of the first) is fed the buckets of all, each
 // partition's own plan giving the commands that read them. done is false
 // when the aggregate is not of that shape.
-func (c *conn) summariesPartitioned(req *request, rule *rules.Rule, parts []partition, caps caps.Upstream) (done bool, err error) {
-	opts := rewrite.ReadOptions{Caps: caps}
-	all, ok := rewrite.PlanSummary(req.msg.Body, partitionRule(rule, parts[0].coll), opts)
+func (c *conn) summariesPartitioned(req *request, rule *rules.Rule, parts []partColl, caps caps.Upstream) (done bool, err error) {
+	opts := read.ReadOptions{Caps: caps}
+	all, ok := summary.PlanSummary(req.msg.Body, partitionRule(rule, parts[0].coll), opts)
 	if !ok {
 		return false, nil
 	}
 	for _, p := range parts {
-		own, ok := rewrite.PlanSummary(req.msg.Body, partitionRule(rule, p.coll), opts)
+		own, ok := summary.PlanSummary(req.msg.Body, partitionRule(rule, p.coll), opts)
 		if !ok {
 			return false, nil
 		}

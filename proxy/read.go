@@ -4,9 +4,11 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/admin"
+	"github.com/tsproxy/tsproxy/rewrite/read"
+
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
@@ -17,7 +19,7 @@ import (
 
 // This file serves the read path of a bucketed namespace: find, aggregate,
 // count, distinct and explain become aggregates on the bucket collection
-// (rewrite.PlanRead), their cursors are remembered in the registry so
+// (read.PlanRead), their cursors are remembered in the registry so
 // getMore and killCursors on any connection are mapped back, and
 // collStats, drop and listCollections show the buckets as the app's
 // collection.
@@ -54,7 +56,7 @@ func (c *conn) rewriteRead(req *request, rule *rules.Rule) error {
 	if done, err := c.answerFromSummaries(req, rule, caps); done {
 		return err
 	}
-	plan, err := rewrite.PlanRead(req.msg.Body, rule, rewrite.ReadOptions{Caps: caps})
+	plan, err := read.PlanRead(req.msg.Body, rule, read.ReadOptions{Caps: caps})
 	if err != nil {
 		return c.replyRewriteError(req, err)
 	}
@@ -166,7 +168,7 @@ func (c *conn) rewriteGetMore(req *request, rule *rules.Rule) error {
 		case *partitionCursor:
 			return c.servePartitionMore(req, id, pc)
 		}
-		rule = entry.rule // a partition's, for a partitioned rule
+		rule = entry.rule // a partColl's, for a partitioned rule
 	}
 	shape, _ := entryShape(entry)
 	if shape == nil {
@@ -198,11 +200,11 @@ func (c *conn) rewriteGetMore(req *request, rule *rules.Rule) error {
 	return c.replyBody(req, out)
 }
 
-func entryShape(e *cursorEntry) (*rewrite.CursorShape, bool) {
+func entryShape(e *cursorEntry) (*read.CursorShape, bool) {
 	if e == nil {
 		return nil, false
 	}
-	s, ok := e.reshape.(*rewrite.CursorShape)
+	s, ok := e.reshape.(*read.CursorShape)
 	return s, ok
 }
 
@@ -240,7 +242,7 @@ func (c *conn) rewriteKillCursors(req *request, rule *rules.Rule) error {
 // rewriteCollStats reports the bucket collection's statistics under the
 // app's namespace, with the number of events as count.
 func (c *conn) rewriteCollStats(req *request, rule *rules.Rule) error {
-	plan, err := rewrite.PlanCollStats(req.msg.Body, rule)
+	plan, err := admin.PlanCollStats(req.msg.Body, rule)
 	if err != nil {
 		return c.replyRewriteError(req, err)
 	}
@@ -269,7 +271,7 @@ func (c *conn) rewriteCollStats(req *request, rule *rules.Rule) error {
 // rewriteDrop drops the bucket collection and forgets that its index was
 // ensured, so the next write creates it again.
 func (c *conn) rewriteDrop(req *request, rule *rules.Rule) error {
-	cmd, err := rewrite.PlanDrop(req.msg.Body, rule)
+	cmd, err := admin.PlanDrop(req.msg.Body, rule)
 	if err != nil {
 		return c.replyRewriteError(req, err)
 	}
@@ -290,7 +292,7 @@ func (c *conn) rewriteDrop(req *request, rule *rules.Rule) error {
 		return err
 	}
 	c.dropRollups(rule)
-	return c.replyBody(req, partitionDropReply(rewrite.DropReply(reply, rule), rule, dropped))
+	return c.replyBody(req, partitionDropReply(admin.DropReply(reply, rule), rule, dropped))
 }
 
 // rewriteListCollections lists a database holding bucketed namespaces as
@@ -311,7 +313,7 @@ func (c *conn) rewriteListCollections(req *request) error {
 	if err != nil {
 		return err
 	}
-	plan, err := rewrite.PlanListCollectionsPartitioned(req.msg.Body, req.db, rs, first)
+	plan, err := admin.PlanListCollectionsPartitioned(req.msg.Body, req.db, rs, first)
 	if err != nil {
 		return c.replyRewriteError(req, err)
 	}

@@ -7,7 +7,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/read"
+
 	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
@@ -15,7 +16,7 @@ import (
 	"github.com/tsproxy/tsproxy/wire"
 )
 
-// This file serves finds that name their buckets (rewrite.PointRead): the
+// This file serves finds that name their buckets (read.PointRead): the
 // proxy looks the buckets up by _id, pipelining the lookups on the
 // client's upstream connection, or scans them with one sorted find
 // (read_scan.go), and holds the cursor itself.
@@ -23,7 +24,7 @@ import (
 // pointCursor is a proxy-held cursor; getMores of one cursor take turns.
 type pointCursor struct {
 	mu sync.Mutex
-	pr *rewrite.PointRead
+	pr *read.PointRead
 }
 
 // pointCursorID is a fresh id for a proxy-held cursor. Bit 62 set keeps it
@@ -32,7 +33,7 @@ type pointCursor struct {
 func pointCursorID() int64 { return rand.Int64()>>2 | 1<<62 }
 
 // servePoint answers a find from bucket lookups.
-func (c *conn) servePoint(req *request, rule *rules.Rule, pr *rewrite.PointRead) error {
+func (c *conn) servePoint(req *request, rule *rules.Rule, pr *read.PointRead) error {
 	span := c.s.tel.startCommand(req, routeRewrite)
 	t0 := time.Now()
 	reply, id, err := c.runPoint(pr, pointCursorID())
@@ -52,7 +53,7 @@ func (c *conn) servePoint(req *request, rule *rules.Rule, pr *rewrite.PointRead)
 
 // runPoint does the lookups the next batch needs and builds it; the id
 // returned is 0 when the cursor is done.
-func (c *conn) runPoint(pr *rewrite.PointRead, id int64) ([]byte, int64, error) {
+func (c *conn) runPoint(pr *read.PointRead, id int64) ([]byte, int64, error) {
 	for cmds := pr.Lookups(); cmds != nil; cmds = pr.Lookups() {
 		replies, err := c.upPipeline(cmds)
 		if err != nil {

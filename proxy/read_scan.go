@@ -1,12 +1,12 @@
 package proxy
 
 import (
-	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/query"
+	"github.com/tsproxy/tsproxy/rewrite/read"
 	"github.com/tsproxy/tsproxy/rules"
 )
 
-// A scan read (rewrite.PointRead with a bucket scan source) holds an
+// A scan read (read.PointRead with a bucket scan source) holds an
 // upstream cursor on the bucket collection while the proxy's own cursor
 // lives. FerretDB v1.24 keeps cursors until they are killed, so the proxy
 // kills it whenever its cursor ends first: a limit reached, a single
@@ -14,7 +14,7 @@ import (
 
 // closeScan kills the upstream cursor pr still holds open, if any; a
 // failure only leaves it to the upstream.
-func (c *conn) closeScan(rule *rules.Rule, pr *rewrite.PointRead) {
+func (c *conn) closeScan(rule *rules.Rule, pr *read.PointRead) {
 	id := pr.OpenUpstreamCursor()
 	if id == 0 {
 		return

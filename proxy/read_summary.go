@@ -3,20 +3,22 @@ package proxy
 import (
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/read"
+	"github.com/tsproxy/tsproxy/rewrite/summary"
+
 	"github.com/tsproxy/tsproxy/rewrite/caps"
 
-	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rules"
 )
 
 // answerFromSummaries serves an aggregate that the bucket summaries answer
-// exactly (rewrite.PlanSummary): it reads only the buckets' count, min,
+// exactly (summary.PlanSummary): it reads only the buckets' count, min,
 // max and sum and computes the groups here, on every upstream alike.
 // done is false when the aggregate is not of that shape, or the buckets
 // found leave the answer ambiguous: the caller then plans the read as
 // usual (which unwinds, or refuses clearly on FerretDB).
 func (c *conn) answerFromSummaries(req *request, rule *rules.Rule, caps caps.Upstream) (done bool, err error) {
-	plan, ok := rewrite.PlanSummary(req.msg.Body, rule, rewrite.ReadOptions{Caps: caps})
+	plan, ok := summary.PlanSummary(req.msg.Body, rule, read.ReadOptions{Caps: caps})
 	if !ok {
 		return false, nil
 	}

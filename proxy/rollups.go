@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/rollup"
+
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -37,7 +39,7 @@ func (c *conn) maintainRollups(rule *rules.Rule, cmd rewrite.Command, reply []by
 		c.log.Error("rollups not updated: upstream capabilities unknown", "rule", rule.Namespace, "err", err.Error())
 		return
 	}
-	plan, err := rewrite.Rollups(cmd, rule, reply, rewrite.RollupOptions{MaxStatements: caps.MaxUpdateStatements, StmtIDs: caps.StmtIDs})
+	plan, err := rollup.Rollups(cmd, rule, reply, rollup.RollupOptions{MaxStatements: caps.MaxUpdateStatements, StmtIDs: caps.StmtIDs})
 	if err != nil || plan == nil {
 		if err != nil {
 			c.log.Error("rollups not updated", "rule", rule.Namespace, "err", err.Error())
@@ -74,7 +76,7 @@ func (c *conn) runRollupCommand(cmd []byte, slotted bool) error {
 		c.upRef.Store(nil)
 		return fmt.Errorf("rollup update: %w", err)
 	}
-	return rewrite.RollupReplyError(cmd, body)
+	return rollup.RollupReplyError(cmd, body)
 }
 
 // lifecycleState remembers which rules' one-time lifecycle steps ran.
@@ -181,12 +183,12 @@ func (c *conn) ensureSharded(rule *rules.Rule) {
 		c.log.Error("shardKey: hello failed; will retry", "rule", rule.Namespace, "err", err.Error())
 		return
 	}
-	if !rewrite.IsMongos(hello) {
+	if !rollup.IsMongos(hello) {
 		c.log.Info("shardKey: the upstream is not a mongos; the bucket collection stays unsharded", "rule", rule.Namespace, "collection", ns)
 		done()
 		return
 	}
-	for _, cmd := range rewrite.ShardCommands(rule) {
+	for _, cmd := range rollup.ShardCommands(rule) {
 		reply, err := c.up.Command(cmd)
 		if err == nil {
 			err = commandError(reply)

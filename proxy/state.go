@@ -4,11 +4,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/hello"
+
 	"github.com/tsproxy/tsproxy/rewrite/caps"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
-
-	"github.com/tsproxy/tsproxy/rewrite"
 )
 
 // upstreamState is what the proxy learns about its upstream and shares
@@ -17,7 +17,7 @@ import (
 // have their index.
 type upstreamState struct {
 	mu       sync.Mutex
-	limits   rewrite.RouterHelloLimits
+	limits   hello.RouterHelloLimits
 	caps     *caps.Upstream
 	indexes  map[string]time.Time // bucket namespace -> when its index was ensured
 	isFerret bool
@@ -53,7 +53,7 @@ func (u *upstreamState) rememberHello(r bson.Raw) {
 	u.mu.Unlock()
 }
 
-func (u *upstreamState) helloLimits() rewrite.RouterHelloLimits {
+func (u *upstreamState) helloLimits() hello.RouterHelloLimits {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	return u.limits

@@ -7,13 +7,14 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/rollup"
+
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/upstream"
 )
 
 // Retention (a rule's expireAfter). Each collection that ages out (the
-// bucket collection and the rollup collections, see rewrite.Expiries) is
+// bucket collection and the rollup collections, see rollup.Expiries) is
 // first given a TTL index on start with expireAfterSeconds = expireAfter +
 // the document's window, so MongoDB removes expired documents itself. An
 // upstream that refuses TTL indexes (FerretDB v1.24 answers NotImplemented)
@@ -137,7 +138,7 @@ func (s *Server) retain(ctx context.Context, rule *rules.Rule) {
 // partitioned rule's buckets are retained partition by partition
 // (retainPartitions).
 func (s *Server) retainOnce(up *upstream.Conn, rule *rules.Rule, modes map[string]retentionMode, now time.Time) error {
-	for _, e := range rewrite.Expiries(rule) {
+	for _, e := range rollup.Expiries(rule) {
 		if rule.Partitioned() && e.Collection == rule.BucketCollection {
 			if err := s.retainPartitions(up, rule, modes, now); err != nil {
 				return err
@@ -152,7 +153,7 @@ func (s *Server) retainOnce(up *upstream.Conn, rule *rules.Rule, modes map[strin
 }
 
 // retainCollection is retainOnce for one collection.
-func (s *Server) retainCollection(up *upstream.Conn, rule *rules.Rule, e rewrite.Expiry, modes map[string]retentionMode, now time.Time) error {
+func (s *Server) retainCollection(up *upstream.Conn, rule *rules.Rule, e rollup.Expiry, modes map[string]retentionMode, now time.Time) error {
 	if modes[e.Collection] == modeUnknown {
 		mode, why, err := ensureTTL(up, rule, e)
 		if err != nil {
@@ -188,8 +189,8 @@ func (s *Server) retainCollection(up *upstream.Conn, rule *rules.Rule, e rewrite
 // (FerretDB v1.24: NotImplemented; MongoDB: an index on start with other
 // options, or no privilege) gets swept instead, which removes exactly the
 // same documents; why is returned for the log.
-func ensureTTL(up *upstream.Conn, rule *rules.Rule, e rewrite.Expiry) (mode retentionMode, why string, err error) {
-	reply, err := up.Command(rewrite.TTLIndexCommand(rule, e))
+func ensureTTL(up *upstream.Conn, rule *rules.Rule, e rollup.Expiry) (mode retentionMode, why string, err error) {
+	reply, err := up.Command(rollup.TTLIndexCommand(rule, e))
 	if err != nil {
 		return modeUnknown, "", fmt.Errorf("create TTL index on %s.%s: %w", rule.DB, e.Collection, err)
 	}
@@ -200,8 +201,8 @@ func ensureTTL(up *upstream.Conn, rule *rules.Rule, e rewrite.Expiry) (mode rete
 }
 
 // sweepOnce deletes e's expired documents and returns how many.
-func sweepOnce(up *upstream.Conn, rule *rules.Rule, e rewrite.Expiry, now time.Time) (int64, error) {
-	reply, err := up.Command(rewrite.SweepCommand(rule, e, e.Cutoff(rule, now)))
+func sweepOnce(up *upstream.Conn, rule *rules.Rule, e rollup.Expiry, now time.Time) (int64, error) {
+	reply, err := up.Command(rollup.SweepCommand(rule, e, e.Cutoff(rule, now)))
 	if err != nil {
 		return 0, fmt.Errorf("sweep %s.%s: %w", rule.DB, e.Collection, err)
 	}

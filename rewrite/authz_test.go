@@ -1,7 +1,9 @@
-package rewrite
+package rewrite_test
 
 import (
 	"testing"
+
+	"github.com/tsproxy/tsproxy/rewrite"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
@@ -24,7 +26,7 @@ func TestParseConnectionStatus(t *testing.T) {
 		}},
 		{Key: "ok", Value: 1.0},
 	})
-	info, err := ParseConnectionStatus(mongo)
+	info, err := rewrite.ParseConnectionStatus(mongo)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,18 +34,18 @@ func TestParseConnectionStatus(t *testing.T) {
 		t.Fatalf("users %v", info.Users)
 	}
 	cases := []struct {
-		action   Action
+		action   rewrite.Action
 		db, coll string
 		want     bool
 	}{
-		{ActionInsert, "iot", "readings", true},
-		{ActionInsert, "iot", "readings.buckets", true},
-		{ActionInsert, "iot", "system.views", false}, // system collections need naming
-		{ActionRemove, "iot", "readings", false},     // the cluster resource grants no collection
-		{ActionUpdate, "iot", "readings", false},
-		{ActionRemove, "logs", "hits", true},
-		{ActionRemove, "logs", "other", false},
-		{ActionFind, "other", "readings", false},
+		{rewrite.ActionInsert, "iot", "readings", true},
+		{rewrite.ActionInsert, "iot", "readings.buckets", true},
+		{rewrite.ActionInsert, "iot", "system.views", false}, // system collections need naming
+		{rewrite.ActionRemove, "iot", "readings", false},     // the cluster resource grants no collection
+		{rewrite.ActionUpdate, "iot", "readings", false},
+		{rewrite.ActionRemove, "logs", "hits", true},
+		{rewrite.ActionRemove, "logs", "other", false},
+		{rewrite.ActionFind, "other", "readings", false},
 	}
 	for _, tc := range cases {
 		if got := info.Allows(tc.action, tc.db, tc.coll); got != tc.want {
@@ -55,12 +57,12 @@ func TestParseConnectionStatus(t *testing.T) {
 	ferret, _ := bson.Marshal(bson.D{{Key: "authInfo", Value: bson.D{
 		{Key: "authenticatedUsers", Value: bson.A{bson.D{{Key: "user", Value: "u"}, {Key: "db", Value: "admin"}}}},
 		{Key: "authenticatedUserRoles", Value: bson.A{}}}}, {Key: "ok", Value: 1.0}})
-	info, err = ParseConnectionStatus(ferret)
-	if err != nil || len(info.Users) != 1 || info.Privileges != nil || !info.Allows(ActionRemove, "x", "y") {
+	info, err = rewrite.ParseConnectionStatus(ferret)
+	if err != nil || len(info.Users) != 1 || info.Privileges != nil || !info.Allows(rewrite.ActionRemove, "x", "y") {
 		t.Fatalf("FerretDB's reply: %+v %v", info, err)
 	}
 	bad, _ := bson.Marshal(bson.D{{Key: "ok", Value: 0.0}, {Key: "errmsg", Value: "no"}, {Key: "code", Value: 13}})
-	if _, err := ParseConnectionStatus(bad); err == nil {
+	if _, err := rewrite.ParseConnectionStatus(bad); err == nil {
 		t.Fatal("an error reply parsed")
 	}
 }
@@ -77,7 +79,7 @@ func TestCoauthorized(t *testing.T) {
 		{[]string{"a@admin", "b@admin"}, []string{"b@admin"}, true},
 	}
 	for _, tc := range cases {
-		if got := Coauthorized(tc.owners, tc.others); got != tc.want {
+		if got := rewrite.Coauthorized(tc.owners, tc.others); got != tc.want {
 			t.Errorf("Coauthorized(%v, %v) = %v", tc.owners, tc.others, got)
 		}
 	}
@@ -94,7 +96,7 @@ func TestIsUnauthorized(t *testing.T) {
 		{bson.D{{Key: "ok", Value: 1.0}}, false},
 	} {
 		b, _ := bson.Marshal(tc.reply)
-		if got := IsUnauthorized(b); got != tc.want {
+		if got := rewrite.IsUnauthorized(b); got != tc.want {
 			t.Errorf("IsUnauthorized(%v) = %v", tc.reply, got)
 		}
 	}

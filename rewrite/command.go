@@ -28,7 +28,7 @@ type Command struct {
 
 // commandDocuments returns the documents of the array field name, taken
 // from the body or from a document sequence of that name (not both).
-func commandDocuments(cmd Command, name string) ([]bsoncore.Document, error) {
+func CommandDocuments(cmd Command, name string) ([]bsoncore.Document, error) {
 	inBody, hasBody := bsonutil.Lookup(cmd.Body, name)
 	var seq *Sequence
 	for i := range cmd.Sequences {
@@ -47,7 +47,7 @@ func commandDocuments(cmd Command, name string) ([]bsoncore.Document, error) {
 	case seq != nil:
 		return sequenceDocuments(seq)
 	case hasBody:
-		return arrayDocuments(inBody, name)
+		return ArrayDocuments(inBody, name)
 	}
 	return nil, mongoerr.Errorf(mongoerr.BadValue, "missing field %q", name)
 }
@@ -61,7 +61,7 @@ func sequenceDocuments(seq *Sequence) ([]bsoncore.Document, error) {
 	return seq.Documents, nil
 }
 
-func arrayDocuments(v bsoncore.Value, name string) ([]bsoncore.Document, error) {
+func ArrayDocuments(v bsoncore.Value, name string) ([]bsoncore.Document, error) {
 	arr, ok := v.ArrayOK()
 	if !ok {
 		return nil, mongoerr.Errorf(mongoerr.TypeMismatch, "field %q must be an array, got %s", name, bsonutil.TypeName(v.Type))
@@ -108,13 +108,13 @@ var firstCommandFields = []string{
 
 // carriedArgs holds the client's generic arguments, each as a raw element,
 // in the order carriedFields lists them.
-type carriedArgs struct {
+type CarriedArgs struct {
 	always []bsoncore.Element
 	first  []bsoncore.Element
 }
 
-func readCarriedArgs(body bsoncore.Document) carriedArgs {
-	var c carriedArgs
+func ReadCarriedArgs(body bsoncore.Document) CarriedArgs {
+	var c CarriedArgs
 	c.always = bsonutil.Pick(body, carriedFields)
 	c.first = bsonutil.Pick(body, firstCommandFields)
 	return c
@@ -122,7 +122,7 @@ func readCarriedArgs(body bsoncore.Document) carriedArgs {
 
 // appendCarried appends the carried arguments to a command under
 // construction; first says whether it is the first upstream command.
-func (c carriedArgs) appendTo(dst []byte, first bool) []byte {
+func (c CarriedArgs) AppendTo(dst []byte, first bool) []byte {
 	for _, e := range c.always {
 		dst = append(dst, e...)
 	}
@@ -136,7 +136,7 @@ func (c carriedArgs) appendTo(dst []byte, first bool) []byte {
 
 // inTransaction reports whether the command is part of a multi-document
 // transaction (drivers send autocommit:false on every statement of one).
-func inTransaction(body bsoncore.Document) bool {
+func InTransaction(body bsoncore.Document) bool {
 	_, ok := bsonutil.Lookup(body, "autocommit")
 	return ok
 }

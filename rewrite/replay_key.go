@@ -45,7 +45,7 @@ func (k RetryKey) SessionHex() string { return fmt.Sprintf("%x", k.id) }
 // error, as on MongoDB.
 func RetryKeyOf(body bsoncore.Document) (key RetryKey, ok bool, err error) {
 	txn, has := bsonutil.Lookup(body, "txnNumber")
-	if !has || inTransaction(body) {
+	if !has || InTransaction(body) {
 		return RetryKey{}, false, nil
 	}
 	n, isNum := txn.AsInt64OK()

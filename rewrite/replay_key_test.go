@@ -1,9 +1,13 @@
-package rewrite
+package rewrite_test
 
 import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/tsproxy/tsproxy/rewrite"
+
+	"github.com/tsproxy/tsproxy/rewrite/internal/rwtest"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -40,7 +44,7 @@ func TestRetryKeyOf(t *testing.T) {
 		{"lsid.uid not binary", bson.D{insert, lsid(bson.E{Key: "id", Value: id}, bson.E{Key: "uid", Value: 5}), txn(int64(1))}, false, 0, mongoerr.InvalidOptions, "lsid.uid must be binary"},
 	}
 	for _, c := range cases {
-		key, ok, err := RetryKeyOf(mustDoc(t, c.body))
+		key, ok, err := rewrite.RetryKeyOf(rwtest.Doc(t, c.body))
 		if c.errCode != 0 {
 			var ce *mongoerr.Error
 			if !errors.As(err, &ce) || ce.Code != c.errCode || !strings.Contains(err.Error(), c.errHas) {
@@ -57,14 +61,14 @@ func TestRetryKeyOf(t *testing.T) {
 	// txnNumber; another id, or another uid, or a uid against none, gives
 	// another one.
 	session := func(fields ...bson.E) string {
-		k, ok, err := RetryKeyOf(mustDoc(t, bson.D{insert, lsid(fields...), txn(int64(1))}))
+		k, ok, err := rewrite.RetryKeyOf(rwtest.Doc(t, bson.D{insert, lsid(fields...), txn(int64(1))}))
 		if !ok || err != nil {
 			t.Fatalf("%v: %v %v", fields, ok, err)
 		}
 		return k.Session
 	}
 	plain := session(bson.E{Key: "id", Value: id})
-	k2, _, _ := RetryKeyOf(mustDoc(t, bson.D{insert, lsid(bson.E{Key: "id", Value: id}), txn(int64(9))}))
+	k2, _, _ := rewrite.RetryKeyOf(rwtest.Doc(t, bson.D{insert, lsid(bson.E{Key: "id", Value: id}), txn(int64(9))}))
 	if k2.Session != plain {
 		t.Error("one lsid, two txnNumbers: two sessions")
 	}
@@ -103,19 +107,19 @@ func TestReplyRecordable(t *testing.T) {
 		{"no ok", bson.D{{Key: "n", Value: 3}}, false},
 	}
 	for _, c := range cases {
-		if got := ReplyRecordable(mustDoc(t, c.reply)); got != c.want {
+		if got := rewrite.ReplyRecordable(rwtest.Doc(t, c.reply)); got != c.want {
 			t.Errorf("%s: got %v, want %v", c.name, got, c.want)
 		}
 	}
-	if ReplyRecordable([]byte{1, 2}) {
+	if rewrite.ReplyRecordable([]byte{1, 2}) {
 		t.Error("malformed reply recordable")
 	}
 }
 
 func TestTransactionTooOld(t *testing.T) {
-	k, _, _ := RetryKeyOf(mustDoc(t, bson.D{{Key: "insert", Value: "x"},
+	k, _, _ := rewrite.RetryKeyOf(rwtest.Doc(t, bson.D{{Key: "insert", Value: "x"},
 		{Key: "lsid", Value: bson.D{{Key: "id", Value: bson.Binary{Subtype: 4, Data: []byte{0xab, 0xcd}}}}}, {Key: "txnNumber", Value: int64(4)}}))
-	err := TransactionTooOld(k, 6)
+	err := rewrite.TransactionTooOld(k, 6)
 	reply := bson.Raw(mongoerr.Reply(err))
 	if code, _ := reply.Lookup("code").AsInt64OK(); code != 225 || reply.Lookup("codeName").StringValue() != "TransactionTooOld" {
 		t.Fatalf("reply %s", reply)
@@ -140,7 +144,7 @@ func FuzzRetryKeyOf(f *testing.F) {
 		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		key, ok, err := RetryKeyOf(body)
+		key, ok, err := rewrite.RetryKeyOf(body)
 		if ok && (err != nil || key.TxnNumber < 0 || key.Session == "") {
 			t.Fatalf("key %+v with err %v", key, err)
 		}

@@ -68,8 +68,8 @@ fuzz_one() { # pkg target: fuzzes one target, prints its log, returns 1 on a fai
   return 0
 }
 targets=()
-for pkg in ./wire ./rewrite; do
-  go test -c -o /dev/null "$pkg" # build once, before targets run side by side
+for pkg in $(go list -f '{{if or .TestGoFiles .XTestGoFiles}}{{.Dir}}{{end}}' ./wire/... ./rewrite/...); do
+  pkg="./${pkg#"$PWD"/}"
   for target in $(go test -list '^Fuzz' "$pkg" | grep '^Fuzz' || true); do
     targets+=("$pkg $target")
   done

@@ -1,12 +1,14 @@
 package main
 
 import (
-	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+	"github.com/tsproxy/tsproxy/rewrite/rollup"
 
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 
@@ -15,7 +17,6 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
-	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rules"
 )
 
@@ -83,7 +84,7 @@ func rebuildRollups(ctx context.Context, env *migrationEnv, rule *rules.Rule, ou
 	var counted, skipped int
 	var docs [][]byte
 	flush := func() error {
-		plan, sk, err := rewrite.RollupsOfEvents(rule, docs, rewrite.RollupOptions{MaxStatements: upCaps.MaxUpdateStatements})
+		plan, sk, err := rollup.RollupsOfEvents(rule, docs, rollup.RollupOptions{MaxStatements: upCaps.MaxUpdateStatements})
 		if err != nil {
 			return err
 		}
@@ -156,5 +157,5 @@ func runRollupCommand(ctx context.Context, updb *mongo.Database, cmd []byte) err
 	if err := updb.RunCommand(ctx, kept).Decode(&reply); err != nil {
 		return fmt.Errorf("rollups: write: %w", err)
 	}
-	return rewrite.RollupReplyError(cmd, reply)
+	return rollup.RollupReplyError(cmd, reply)
 }

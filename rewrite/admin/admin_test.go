@@ -1,0 +1,157 @@
+package admin
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/tsproxy/tsproxy/rewrite/internal/rwtest"
+
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+)
+
+func TestPlanCreate(t *testing.T) {
+	cases := []struct {
+		name string
+		body D
+		want D
+		err  string
+	}{
+		{"plain", D{{Key: "create", Value: "readings"}, {Key: "$db", Value: "iot"}},
+			D{{Key: "create", Value: "readings.buckets"}, {Key: "$db", Value: "iot"}}, ""},
+		{"generic arguments", D{{Key: "create", Value: "readings"}, {Key: "writeConcern", Value: D{{Key: "w", Value: 1}}}, {Key: "lsid", Value: D{{Key: "id", Value: 1}}}, {Key: "$db", Value: "iot"}},
+			D{{Key: "create", Value: "readings.buckets"}, {Key: "lsid", Value: D{{Key: "id", Value: 1}}}, {Key: "writeConcern", Value: D{{Key: "w", Value: 1}}}, {Key: "$db", Value: "iot"}}, ""},
+		{"matching timeseries", D{{Key: "create", Value: "readings"}, {Key: "timeseries", Value: D{{Key: "timeField", Value: "ts"}, {Key: "metaField", Value: "sensorId"}, {Key: "granularity", Value: "hours"}}}},
+			D{{Key: "create", Value: "readings.buckets"}, {Key: "$db", Value: "iot"}}, ""},
+		{"other timeField", D{{Key: "create", Value: "readings"}, {Key: "timeseries", Value: D{{Key: "timeField", Value: "t"}}}}, nil, `timeseries.timeField "t" differs from the rule's timeField "ts"`},
+		{"other metaField", D{{Key: "create", Value: "readings"}, {Key: "timeseries", Value: D{{Key: "timeField", Value: "ts"}, {Key: "metaField", Value: "m"}}}}, nil, `metaField "m" differs`},
+		{"capped", D{{Key: "create", Value: "readings"}, {Key: "capped", Value: true}}, nil, `create option "capped" is not supported`},
+		{"validator", D{{Key: "create", Value: "readings"}, {Key: "validator", Value: D{}}}, nil, `create option "validator"`},
+		{"other collection", D{{Key: "create", Value: "x"}}, nil, "does not match"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := PlanCreate(rwtest.Doc(t, c.body), rwtest.Rule())
+			if c.err != "" {
+				if err == nil || !strings.Contains(err.Error(), c.err) {
+					t.Fatalf("err %v, want %q", err, c.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			rwtest.AssertDoc(t, "create", got, c.want)
+		})
+	}
+}
+
+func TestPlanCreateIndexes(t *testing.T) {
+	idx := func(key D, extra ...E) D {
+		return append(D{{Key: "key", Value: key}, {Key: "name", Value: "n"}}, extra...)
+	}
+	cases := []struct {
+		name    string
+		indexes A
+		want    A
+		err     string
+	}{
+		{"meta and time", A{idx(D{{Key: "sensorId", Value: 1}, {Key: "ts", Value: -1}})}, A{idx(D{{Key: "meta", Value: 1}, {Key: "start", Value: -1}})}, ""},
+		{"inside meta", A{idx(D{{Key: "sensorId.site", Value: 1}}, E{Key: "background", Value: true})}, A{idx(D{{Key: "meta.site", Value: 1}}, E{Key: "background", Value: true})}, ""},
+		{"event field", A{idx(D{{Key: "value", Value: 1}})}, nil, `an index on "value" is not supported on a bucketed namespace: only the metaField "sensorId"`},
+		{"_id", A{idx(D{{Key: "_id", Value: 1}})}, nil, `an index on "_id"`},
+		{"text", A{idx(D{{Key: "sensorId", Value: "text"}})}, nil, "only 1 and -1"},
+		{"unique", A{idx(D{{Key: "sensorId", Value: 1}}, E{Key: "unique", Value: true})}, nil, `index option "unique"`},
+		{"ttl", A{idx(D{{Key: "ts", Value: 1}}, E{Key: "expireAfterSeconds", Value: 60})}, nil, `index option "expireAfterSeconds"`},
+		{"no name", A{D{{Key: "key", Value: D{{Key: "ts", Value: 1}}}}}, nil, `needs "key" and "name"`},
+		{"none", A{}, nil, "at least one index"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			body := rwtest.Doc(t, D{{Key: "createIndexes", Value: "readings"}, {Key: "indexes", Value: c.indexes}, {Key: "$db", Value: "iot"}})
+			got, err := PlanCreateIndexes(body, rwtest.Rule())
+			if c.err != "" {
+				if err == nil || !strings.Contains(err.Error(), c.err) {
+					t.Fatalf("err %v, want %q", err, c.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			rwtest.AssertDoc(t, "createIndexes", got, D{{Key: "createIndexes", Value: "readings.buckets"}, {Key: "indexes", Value: c.want}, {Key: "$db", Value: "iot"}})
+		})
+	}
+}
+
+func TestListIndexesReply(t *testing.T) {
+	spec := func(name string, key D) D {
+		return D{{Key: "v", Value: 2}, {Key: "key", Value: key}, {Key: "name", Value: name}, {Key: "ns", Value: "iot.readings.buckets"}}
+	}
+	reply := rwtest.CursorReply(t, 0,
+		spec("_id_", D{{Key: "_id", Value: 1}}),
+		spec("meta_1_start_1", D{{Key: "meta", Value: 1}, {Key: "start", Value: 1}}),
+		spec("site", D{{Key: "meta.site", Value: -1}}),
+		spec("direct", D{{Key: "events.value", Value: 1}}),
+	)
+	app := func(name string, key D) D {
+		return D{{Key: "v", Value: 2}, {Key: "key", Value: key}, {Key: "name", Value: name}, {Key: "ns", Value: "iot.readings"}}
+	}
+	rwtest.AssertDoc(t, "listIndexes", ListIndexesReply(reply, rwtest.Rule()), D{{Key: "cursor", Value: D{{Key: "id", Value: int64(0)}, {Key: "ns", Value: "iot.readings"}, {Key: "firstBatch", Value: A{
+		app("_id_", D{{Key: "_id", Value: 1}}),
+		app("meta_1_start_1", D{{Key: "sensorId", Value: 1}, {Key: "ts", Value: 1}}),
+		app("site", D{{Key: "sensorId.site", Value: -1}}),
+	}}}}, {Key: "ok", Value: 1.0}})
+	// An upstream error names the app's namespace.
+	got := ListIndexesReply(rwtest.Doc(t, D{{Key: "ok", Value: 0.0}, {Key: "errmsg", Value: "ns does not exist: iot.readings.buckets"}, {Key: "code", Value: 26}}), rwtest.Rule())
+	rwtest.AssertDoc(t, "error", got, D{{Key: "ok", Value: 0.0}, {Key: "errmsg", Value: "ns does not exist: iot.readings"}, {Key: "code", Value: 26}, {Key: "codeName", Value: "NamespaceNotFound"}})
+}
+
+func TestPlanDropIndexes(t *testing.T) {
+	cases := []struct {
+		name     string
+		index    any
+		want     any
+		recreate bool
+		err      string
+	}{
+		{"by name", "site", "site", false, ""},
+		{"all", "*", "*", true, ""},
+		{"names", A{"a", "b"}, A{"a", "b"}, false, ""},
+		{"key pattern", D{{Key: "sensorId", Value: 1}, {Key: "ts", Value: -1}}, D{{Key: "meta", Value: 1}, {Key: "start", Value: -1}}, false, ""},
+		{"the proxy's by name", "meta_1_start_1", nil, false, "the proxy's own"},
+		{"the proxy's in names", A{"a", "meta_1_start_1"}, nil, false, "the proxy's own"},
+		{"the proxy's by key", D{{Key: "sensorId", Value: 1}, {Key: "ts", Value: 1}}, nil, false, "the proxy's own"},
+		{"the proxy's by key, doubles", D{{Key: "sensorId", Value: 1.0}, {Key: "ts", Value: int64(1)}}, nil, false, "the proxy's own"},
+		{"event field key", D{{Key: "value", Value: 1}}, nil, false, `an index on "value"`},
+		{"number", 5, nil, false, "must be a name"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			body := rwtest.Doc(t, D{{Key: "dropIndexes", Value: "readings"}, {Key: "index", Value: c.index}, {Key: "$db", Value: "iot"}})
+			got, recreate, err := PlanDropIndexes(body, rwtest.Rule())
+			if c.err != "" {
+				if err == nil || !strings.Contains(err.Error(), c.err) {
+					t.Fatalf("err %v, want %q", err, c.err)
+				}
+				return
+			}
+			if err != nil || recreate != c.recreate {
+				t.Fatalf("err %v recreate %v", err, recreate)
+			}
+			rwtest.AssertDoc(t, "dropIndexes", got, D{{Key: "dropIndexes", Value: "readings.buckets"}, {Key: "index", Value: c.want}, {Key: "$db", Value: "iot"}})
+		})
+	}
+}
+
+func TestRefuseWrite(t *testing.T) {
+	for cmd, want := range map[string]string{
+		"update":        "tsproxy rule iot.readings: update is not supported on a bucketed namespace (its events are stored in buckets of iot.readings.buckets",
+		"findAndModify": "tsproxy rule iot.readings: findAndModify is not supported",
+	} {
+		err := RefuseWrite(rwtest.Rule(), cmd)
+		ce, ok := err.(*mongoerr.Error)
+		if !ok || ce.Code != mongoerr.NotImplemented || !strings.HasPrefix(err.Error(), want) || !strings.Contains(err.Error(), "delete the events and insert") {
+			t.Fatalf("%s: %v", cmd, err)
+		}
+	}
+}

@@ -1,0 +1,433 @@
+package admin
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+	"github.com/tsproxy/tsproxy/rewrite/cursor"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rewrite/query"
+	"github.com/tsproxy/tsproxy/rules"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+// BucketIndexName is the proxy's own index {meta: 1, start: 1}, which
+// bucketed reads rely on.
+const BucketIndexName = "meta_1_start_1"
+
+// RefuseWrite is the error for a write command a bucketed namespace does
+// not support (update, findAndModify): events live inside bucket documents
+// whose _id is derived from the metaField and the time window, so changing
+// an event in place is not a plain update of one document.
+func RefuseWrite(rule *rules.Rule, cmd string) error {
+	what := "update"
+	if cmd == "findAndModify" || cmd == "findandmodify" {
+		what = "findAndModify"
+	}
+	return query.RuleErrorf(rule, mongoerr.NotImplemented,
+		"%s is not supported on a bucketed namespace (its events are stored in buckets of %s keyed by metaField %q and timeField %q); delete the events and insert the changed ones instead",
+		what, rule.BucketNamespace(), rule.MetaField, rule.TimeField)
+}
+
+// adminCarried are the generic arguments carried by a rewritten admin
+// command.
+var adminCarried = []string{"lsid", "txnNumber", "writeConcern", "comment", "maxTimeMS", "$clusterTime", "$readPreference", "apiVersion", "apiStrict", "apiDeprecationErrors"}
+
+// isGeneric reports whether key is a generic command argument.
+func isGeneric(key string) bool {
+	if key == "$db" || key == "autocommit" || key == "startTransaction" || key == "readConcern" {
+		return true
+	}
+	for _, k := range adminCarried {
+		if k == key {
+			return true
+		}
+	}
+	return false
+}
+
+// adminCommand starts an upstream command named cmd on the bucket
+// collection; finish it with endAdmin.
+func adminCommand(cmd string, rule *rules.Rule) (int32, []byte) {
+	idx, d := bsoncore.AppendDocumentStart(nil)
+	d = bsoncore.AppendStringElement(d, cmd, rule.BucketCollection)
+	return idx, d
+}
+
+func endAdmin(idx int32, d []byte, body bsoncore.Document, rule *rules.Rule) []byte {
+	d = bsonutil.AppendElems(d, bsonutil.Pick(body, adminCarried))
+	d = bsoncore.AppendStringElement(d, "$db", rule.DB)
+	d, _ = bsoncore.AppendDocumentEnd(d, idx)
+	return d
+}
+
+// PlanCreate maps create (createCollection) of a rule's namespace to the
+// creation of its bucket collection. A timeseries option must agree with
+// the rule (its bucketing settings are the rule's); options that would
+// change what a plain bucket collection is are refused.
+func PlanCreate(body []byte, rule *rules.Rule) ([]byte, error) {
+	doc := bsoncore.Document(body)
+	if err := bsonutil.Validate(doc, 1); err != nil {
+		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "create is not valid BSON: %v", err)
+	}
+	if err := query.CheckTarget(doc, rule, "create"); err != nil {
+		return nil, err
+	}
+	elems, _ := doc.Elements()
+	for _, e := range elems[1:] {
+		k := e.Key()
+		switch {
+		case isGeneric(k):
+		case k == "timeseries":
+			if err := checkTimeseries(e.Value(), rule); err != nil {
+				return nil, err
+			}
+		default:
+			return nil, query.RuleErrorf(rule, mongoerr.NotImplemented, "create option %q is not supported on a bucketed namespace (the proxy creates the bucket collection %s)", k, rule.BucketNamespace())
+		}
+	}
+	idx, d := adminCommand("create", rule)
+	return endAdmin(idx, d, doc, rule), nil
+}
+
+func checkTimeseries(v bsoncore.Value, rule *rules.Rule) error {
+	ts, ok := v.DocumentOK()
+	if !ok {
+		return mongoerr.Errorf(mongoerr.TypeMismatch, "create option \"timeseries\" must be a document")
+	}
+	elems, _ := ts.Elements()
+	for _, e := range elems {
+		s, _ := e.Value().StringValueOK()
+		switch e.Key() {
+		case "timeField":
+			if s != rule.TimeField {
+				return query.RuleErrorf(rule, mongoerr.InvalidOptions, "timeseries.timeField %q differs from the rule's timeField %q", s, rule.TimeField)
+			}
+		case "metaField":
+			if s != rule.MetaField {
+				return query.RuleErrorf(rule, mongoerr.InvalidOptions, "timeseries.metaField %q differs from the rule's metaField %q", s, rule.MetaField)
+			}
+		case "granularity", "bucketMaxSpanSeconds", "bucketRoundingSeconds":
+			// The rule's bucket settings apply.
+		default:
+			return query.RuleErrorf(rule, mongoerr.NotImplemented, "timeseries option %q is not supported by the proxy", e.Key())
+		}
+	}
+	return nil
+}
+
+// indexField maps an event path of an index key to its bucket path.
+func indexField(rule *rules.Rule, path string) (string, bool) {
+	switch {
+	case path == rule.TimeField:
+		return bucket.FieldStart, true
+	case rule.MetaField != "" && path == rule.MetaField:
+		return bucket.FieldMeta, true
+	case rule.MetaField != "" && strings.HasPrefix(path, rule.MetaField+"."):
+		return bucket.FieldMeta + path[len(rule.MetaField):], true
+	}
+	return "", false
+}
+
+// appField maps a bucket path of an index key back to the event path.
+func appField(rule *rules.Rule, path string) (string, bool) {
+	switch {
+	case path == bucket.FieldID:
+		return path, true
+	case path == bucket.FieldStart:
+		return rule.TimeField, true
+	case rule.MetaField == "":
+		return "", false
+	case path == bucket.FieldMeta:
+		return rule.MetaField, true
+	case strings.HasPrefix(path, bucket.FieldMeta+"."):
+		return rule.MetaField + path[len(bucket.FieldMeta):], true
+	}
+	return "", false
+}
+
+// translateIndexKey maps an app index key to the bucket collection: the
+// metaField (and paths inside it) to meta, the timeField to start. Only
+// ascending and descending keys: a bucket's start is the window's, so an
+// index on it serves time ranges at the window's grain.
+func translateIndexKey(rule *rules.Rule, key bsoncore.Document) (bsoncore.Document, error) {
+	elems, err := key.Elements()
+	if err != nil || len(elems) == 0 {
+		return nil, mongoerr.Errorf(mongoerr.BadValue, "index key must be a non-empty document")
+	}
+	idx, d := bsoncore.AppendDocumentStart(nil)
+	for _, e := range elems {
+		f, ok := indexField(rule, e.Key())
+		if !ok {
+			return nil, query.RuleErrorf(rule, mongoerr.NotImplemented, "an index on %q is not supported on a bucketed namespace: only the metaField %q (and fields inside it) and the timeField %q can be indexed", e.Key(), rule.MetaField, rule.TimeField)
+		}
+		dir, ok := e.Value().AsFloat64OK()
+		if !ok || (dir != 1 && dir != -1) {
+			return nil, query.RuleErrorf(rule, mongoerr.NotImplemented, "index type %s on %q is not supported on a bucketed namespace: only 1 and -1", e.Value().String(), e.Key())
+		}
+		d = bsoncore.AppendValueElement(d, f, e.Value())
+	}
+	d, _ = bsoncore.AppendDocumentEnd(d, idx)
+	return d, nil
+}
+
+// PlanCreateIndexes maps createIndexes to the bucket collection.
+func PlanCreateIndexes(body []byte, rule *rules.Rule) ([]byte, error) {
+	doc := bsoncore.Document(body)
+	if err := bsonutil.Validate(doc, 1); err != nil {
+		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "createIndexes is not valid BSON: %v", err)
+	}
+	if err := query.CheckTarget(doc, rule, "createIndexes"); err != nil {
+		return nil, err
+	}
+	elems, _ := doc.Elements()
+	idx, d := adminCommand("createIndexes", rule)
+	found := false
+	for _, e := range elems[1:] {
+		k := e.Key()
+		switch {
+		case isGeneric(k), k == "commitQuorum":
+			if k == "commitQuorum" {
+				d = append(d, e...)
+			}
+		case k == "indexes":
+			specs, err := rewrite.ArrayDocuments(e.Value(), "indexes")
+			if err != nil {
+				return nil, err
+			}
+			if len(specs) == 0 {
+				return nil, mongoerr.Errorf(mongoerr.BadValue, "createIndexes needs at least one index")
+			}
+			aidx, a := bsoncore.AppendArrayElementStart(d, "indexes")
+			for i, s := range specs {
+				t, err := translateIndexSpec(rule, s)
+				if err != nil {
+					return nil, err
+				}
+				a = bsoncore.AppendDocumentElement(a, strconv.Itoa(i), t)
+			}
+			d, _ = bsoncore.AppendArrayEnd(a, aidx)
+			found = true
+		default:
+			return nil, query.RuleErrorf(rule, mongoerr.NotImplemented, "createIndexes option %q is not supported on a bucketed namespace", k)
+		}
+	}
+	if !found {
+		return nil, mongoerr.Errorf(mongoerr.FailedToParse, "createIndexes needs \"indexes\"")
+	}
+	return endAdmin(idx, d, doc, rule), nil
+}
+
+func translateIndexSpec(rule *rules.Rule, spec bsoncore.Document) (bsoncore.Document, error) {
+	elems, _ := spec.Elements()
+	idx, d := bsoncore.AppendDocumentStart(nil)
+	hasKey, hasName := false, false
+	for _, e := range elems {
+		switch e.Key() {
+		case "key":
+			kd, ok := e.Value().DocumentOK()
+			if !ok {
+				return nil, mongoerr.Errorf(mongoerr.TypeMismatch, "index \"key\" must be a document")
+			}
+			t, err := translateIndexKey(rule, kd)
+			if err != nil {
+				return nil, err
+			}
+			d = bsoncore.AppendDocumentElement(d, "key", t)
+			hasKey = true
+		case "name":
+			if _, ok := e.Value().StringValueOK(); !ok {
+				return nil, mongoerr.Errorf(mongoerr.TypeMismatch, "index \"name\" must be a string")
+			}
+			d = append(d, e...)
+			hasName = true
+		case "background", "hidden", "v":
+			d = append(d, e...)
+		default:
+			// unique, sparse, partial and TTL indexes hold for events, not
+			// for buckets: on the bucket collection they would mean
+			// something else.
+			return nil, query.RuleErrorf(rule, mongoerr.NotImplemented, "index option %q is not supported on a bucketed namespace", e.Key())
+		}
+	}
+	if !hasKey || !hasName {
+		return nil, mongoerr.Errorf(mongoerr.FailedToParse, "each index needs \"key\" and \"name\"")
+	}
+	d, _ = bsoncore.AppendDocumentEnd(d, idx)
+	return d, nil
+}
+
+// PlanListIndexes maps listIndexes to the bucket collection; map its
+// reply with ListIndexesReply.
+func PlanListIndexes(body []byte, rule *rules.Rule) ([]byte, error) {
+	doc := bsoncore.Document(body)
+	if err := bsonutil.Validate(doc, 1); err != nil {
+		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "listIndexes is not valid BSON: %v", err)
+	}
+	if err := query.CheckTarget(doc, rule, "listIndexes"); err != nil {
+		return nil, err
+	}
+	idx, d := adminCommand("listIndexes", rule)
+	return endAdmin(idx, d, doc, rule), nil
+}
+
+// ListIndexesReply shows the bucket collection's indexes as the app's:
+// keys on meta and start under the metaField and timeField names, the
+// reply's ns the app's. Indexes on other bucket fields (made directly on
+// the bucket collection) mean nothing for events and are left out. The
+// whole list is one batch (a collection has at most 64 indexes).
+func ListIndexesReply(reply []byte, rule *rules.Rule) []byte {
+	doc := bsoncore.Document(reply)
+	if err := mongoerr.ReplyError(doc); err != nil {
+		return renameNSError(err, rule)
+	}
+	docs, _, err := cursor.Docs(reply)
+	if err != nil {
+		return mongoerr.Reply(err)
+	}
+	idx, d := bsoncore.AppendDocumentStart(nil)
+	cidx, c := bsoncore.AppendDocumentElementStart(d, "cursor")
+	c = bsoncore.AppendInt64Element(c, "id", 0)
+	c = bsoncore.AppendStringElement(c, "ns", rule.Namespace)
+	aidx, a := bsoncore.AppendArrayElementStart(c, "firstBatch")
+	n := 0
+	for _, spec := range docs {
+		m, ok := appIndexSpec(spec, rule)
+		if !ok {
+			continue
+		}
+		a = bsoncore.AppendDocumentElement(a, strconv.Itoa(n), m)
+		n++
+	}
+	c, _ = bsoncore.AppendArrayEnd(a, aidx)
+	d, _ = bsoncore.AppendDocumentEnd(c, cidx)
+	d = bsoncore.AppendDoubleElement(d, "ok", 1)
+	d, _ = bsoncore.AppendDocumentEnd(d, idx)
+	return d
+}
+
+func appIndexSpec(spec bsoncore.Document, rule *rules.Rule) (bsoncore.Document, bool) {
+	elems, err := spec.Elements()
+	if err != nil {
+		return nil, false
+	}
+	idx, d := bsoncore.AppendDocumentStart(nil)
+	for _, e := range elems {
+		switch e.Key() {
+		case "key":
+			kd, ok := e.Value().DocumentOK()
+			if !ok {
+				return nil, false
+			}
+			kes, _ := kd.Elements()
+			kidx, k := bsoncore.AppendDocumentElementStart(d, "key")
+			for _, ke := range kes {
+				f, ok := appField(rule, ke.Key())
+				if !ok {
+					return nil, false
+				}
+				k = bsoncore.AppendValueElement(k, f, ke.Value())
+			}
+			d, _ = bsoncore.AppendDocumentEnd(k, kidx)
+		case "ns":
+			d = bsoncore.AppendStringElement(d, "ns", rule.Namespace)
+		default:
+			d = append(d, e...)
+		}
+	}
+	d, _ = bsoncore.AppendDocumentEnd(d, idx)
+	return d, true
+}
+
+// renameNSError is an upstream error reply about the bucket collection,
+// told of the app's namespace.
+func renameNSError(err error, rule *rules.Rule) []byte {
+	ce, ok := err.(*mongoerr.Error)
+	if !ok {
+		return mongoerr.Reply(err)
+	}
+	msg := strings.ReplaceAll(ce.Msg, rule.BucketNamespace(), rule.Namespace)
+	return mongoerr.Reply(&mongoerr.Error{Code: ce.Code, Msg: msg})
+}
+
+// AdminReply passes an upstream reply on, with the bucket collection's
+// name in an error message replaced by the app's namespace.
+func AdminReply(reply []byte, rule *rules.Rule) []byte {
+	if err := mongoerr.ReplyError(bsoncore.Document(reply)); err != nil {
+		return renameNSError(err, rule)
+	}
+	return reply
+}
+
+// PlanDropIndexes maps dropIndexes to the bucket collection: index names
+// pass as they are, key patterns are translated. The proxy's own index
+// cannot be dropped by name; "*" drops it with the others, and the proxy
+// creates it again (DropIndexesPlan.Recreate).
+func PlanDropIndexes(body []byte, rule *rules.Rule) (cmd []byte, recreate bool, err error) {
+	doc := bsoncore.Document(body)
+	if err := bsonutil.Validate(doc, 1); err != nil {
+		return nil, false, mongoerr.Errorf(mongoerr.InvalidBSON, "dropIndexes is not valid BSON: %v", err)
+	}
+	if err := query.CheckTarget(doc, rule, "dropIndexes"); err != nil {
+		return nil, false, err
+	}
+	iv, ok := bsonutil.Lookup(doc, "index")
+	if !ok {
+		return nil, false, mongoerr.Errorf(mongoerr.FailedToParse, "dropIndexes needs \"index\"")
+	}
+	refuseOwn := func() error {
+		return query.RuleErrorf(rule, mongoerr.NotImplemented, "index %q is the proxy's own (bucketed reads select buckets with it) and cannot be dropped", BucketIndexName)
+	}
+	idx, d := adminCommand("dropIndexes", rule)
+	switch iv.Type {
+	case bsoncore.TypeString:
+		name := iv.StringValue()
+		if name == BucketIndexName {
+			return nil, false, refuseOwn()
+		}
+		recreate = name == "*"
+		d = bsoncore.AppendStringElement(d, "index", name)
+	case bsoncore.TypeArray:
+		vals, _ := iv.Array().Values()
+		for _, v := range vals {
+			s, ok := v.StringValueOK()
+			if !ok {
+				return nil, false, mongoerr.Errorf(mongoerr.TypeMismatch, "dropIndexes \"index\" array must hold names")
+			}
+			if s == BucketIndexName {
+				return nil, false, refuseOwn()
+			}
+		}
+		d = bsoncore.AppendArrayElement(d, "index", iv.Array())
+	case bsoncore.TypeEmbeddedDocument:
+		t, err := translateIndexKey(rule, iv.Document())
+		if err != nil {
+			return nil, false, err
+		}
+		if isBucketIndexKey(t) {
+			return nil, false, refuseOwn()
+		}
+		d = bsoncore.AppendDocumentElement(d, "index", t)
+	default:
+		return nil, false, mongoerr.Errorf(mongoerr.TypeMismatch, "dropIndexes \"index\" must be a name, names or a key pattern, got %s", bsonutil.TypeName(iv.Type))
+	}
+	return endAdmin(idx, d, doc, rule), recreate, nil
+}
+
+// isBucketIndexKey reports whether a bucket index key is {meta: 1,
+// start: 1}, whatever the numbers' types.
+func isBucketIndexKey(key bsoncore.Document) bool {
+	elems, _ := key.Elements()
+	if len(elems) != 2 || elems[0].Key() != bucket.FieldMeta || elems[1].Key() != bucket.FieldStart {
+		return false
+	}
+	for _, e := range elems {
+		if f, ok := e.Value().AsFloat64OK(); !ok || f != 1 {
+			return false
+		}
+	}
+	return true
+}

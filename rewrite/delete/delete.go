@@ -1,0 +1,395 @@
+package delete
+
+import (
+	"strconv"
+
+	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+	"github.com/tsproxy/tsproxy/rewrite/insert"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rewrite/query"
+	"github.com/tsproxy/tsproxy/rules"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+// DeleteOptions are what PlanDelete needs besides the command.
+type DeleteOptions struct {
+	Caps caps.Upstream
+}
+
+// DeletePlan is a parsed delete command on a bucketed namespace.
+type DeletePlan struct {
+	rule    *rules.Rule
+	lim     bucket.Limits
+	ordered bool
+	args    []bsoncore.Element // generic arguments carried to upstream writes
+	reads   []bsoncore.Element // generic arguments carried to upstream reads
+	wce     bsoncore.Value     // the last upstream writeConcernError
+	// Statements in the app's order.
+	Statements []*DeleteStatement
+}
+
+// DeleteStatement is one entry of the delete's "deletes".
+type DeleteStatement struct {
+	Index int
+	// LimitOne: deleteOne (limit: 1) removes at most one matching event.
+	LimitOne bool
+	// Err is why the statement cannot run; it is reported as the
+	// statement's write error without reaching the upstream.
+	Err error
+	// Whole: the filter holds for whole buckets (only metaField
+	// conditions), so every event of a candidate bucket matches.
+	Whole bool
+	// Match is the upstream command that lists the candidates: an
+	// aggregate whose documents are {_id: bucket id, events: event} for
+	// each matching event or, when Whole, {_id, meta, start} per bucket.
+	Match []byte
+}
+
+// writeCarried and readCarriedDelete are the generic arguments a
+// rewritten delete carries. txnNumber is not: the rewrite runs several
+// upstream writes, which one txnNumber would make retries of each other.
+var (
+	writeCarried      = []string{"lsid", "writeConcern", "comment", "maxTimeMS", "$clusterTime", "apiVersion", "apiStrict", "apiDeprecationErrors"}
+	readCarriedDelete = []string{"lsid", "comment", "maxTimeMS", "$clusterTime", "apiVersion", "apiStrict", "apiDeprecationErrors"}
+)
+
+// deleteMatchBatch is the batch size of the match aggregate.
+const deleteMatchBatch = 10_000
+
+// PlanDelete parses a delete command (statements in the body or in a
+// "deletes" document sequence).
+func PlanDelete(cmd rewrite.Command, rule *rules.Rule, opts DeleteOptions) (*DeletePlan, error) {
+	lim, err := bucket.LimitsOf(rule)
+	if err != nil {
+		return nil, err
+	}
+	if err := query.CheckTarget(cmd.Body, rule, "delete"); err != nil {
+		return nil, err
+	}
+	if rewrite.InTransaction(cmd.Body) {
+		return nil, query.RuleErrorf(rule, mongoerr.NotImplemented, "delete inside a transaction is not supported on a bucketed namespace")
+	}
+	if _, ok := bsonutil.Lookup(cmd.Body, "let"); ok {
+		return nil, query.RuleErrorf(rule, mongoerr.NotImplemented, "delete option \"let\" is not supported on a bucketed namespace")
+	}
+	ordered, err := bsonutil.Bool(cmd.Body, "ordered", true)
+	if err != nil {
+		return nil, err
+	}
+	docs, err := rewrite.CommandDocuments(cmd, "deletes")
+	if err != nil {
+		return nil, err
+	}
+	p := &DeletePlan{
+		rule: rule, lim: lim, ordered: ordered,
+		args:  bsonutil.Pick(cmd.Body, writeCarried),
+		reads: bsonutil.Pick(cmd.Body, readCarriedDelete),
+	}
+	for i, d := range docs {
+		st, err := p.planStatement(i, d, opts.Caps)
+		if err != nil {
+			return nil, err
+		}
+		p.Statements = append(p.Statements, st)
+	}
+	return p, nil
+}
+
+// Ordered: the first failed statement stops the command.
+func (p *DeletePlan) Ordered() bool { return p.ordered }
+
+// Rule is the plan's rule.
+func (p *DeletePlan) Rule() *rules.Rule { return p.rule }
+
+// planStatement parses one delete statement. A malformed statement fails
+// the command (as the server's parser does); a filter the rewrite cannot
+// run is the statement's write error.
+func (p *DeletePlan) planStatement(i int, d bsoncore.Document, caps caps.Upstream) (*DeleteStatement, error) {
+	st := &DeleteStatement{Index: i}
+	q, ok := bsonutil.Lookup(d, "q")
+	if !ok {
+		return nil, mongoerr.Errorf(mongoerr.FailedToParse, "delete statement %d: missing field \"q\"", i)
+	}
+	filter, ok := q.DocumentOK()
+	if !ok {
+		return nil, mongoerr.Errorf(mongoerr.TypeMismatch, "delete statement %d: \"q\" must be a document, got %s", i, bsonutil.TypeName(q.Type))
+	}
+	lv, ok := bsonutil.Lookup(d, "limit")
+	if !ok {
+		return nil, mongoerr.Errorf(mongoerr.FailedToParse, "delete statement %d: missing field \"limit\"", i)
+	}
+	limit, ok := lv.AsFloat64OK()
+	if !ok || (limit != 0 && limit != 1) {
+		return nil, mongoerr.Errorf(mongoerr.FailedToParse, "delete statement %d: \"limit\" must be 0 (all) or 1 (one), got %s", i, lv.String())
+	}
+	st.LimitOne = limit == 1
+	elems, _ := d.Elements()
+	for _, e := range elems {
+		switch e.Key() {
+		case "q", "limit":
+		case "hint", "collation":
+			st.Err = query.RuleErrorf(p.rule, mongoerr.NotImplemented, "delete option %q is not supported on a bucketed namespace", e.Key())
+			return st, nil
+		default:
+			return nil, mongoerr.Errorf(mongoerr.FailedToParse, "delete statement %d: unknown field %q", i, e.Key())
+		}
+	}
+	rc, err := query.NewCtx(p.rule)
+	if err != nil {
+		return nil, err
+	}
+	rc.Caps = caps
+	sf, err := rc.Split(filter)
+	if err != nil {
+		st.Err = err
+		return st, nil
+	}
+	st.Whole = sf.Event == nil
+	st.Match = p.matchCommand(sf, st.Whole, st.LimitOne, caps.UnwindKeepsFields)
+	return st, nil
+}
+
+// matchCommand lists matching events as {_id: bucket, events: event}
+// ($unwind keeps the bucket _id on every upstream; on one that keeps the
+// other fields too, meta and start come along and spare a read of each
+// bucket's key), or whole buckets.
+func (p *DeletePlan) matchCommand(sf query.SplitFilter, whole, limitOne, withKey bool) []byte {
+	var pipeline []bsoncore.Document
+	if whole {
+		if sf.Bucket != nil {
+			pipeline = append(pipeline, bsonutil.Stage("$match", bsonutil.DocValue(sf.Bucket)))
+		}
+		proj := bsoncore.NewDocumentBuilder().
+			AppendInt32(bucket.FieldMeta, 1).
+			AppendInt32(bucket.FieldStart, 1).
+			Build()
+		pipeline = append(pipeline, bsonutil.Stage("$project", bsonutil.DocValue(proj)))
+	} else {
+		pipeline = query.EventPipeline(sf)
+		pb := bsoncore.NewDocumentBuilder()
+		if withKey {
+			pb.AppendInt32(bucket.FieldMeta, 1).AppendInt32(bucket.FieldStart, 1)
+		}
+		proj := pb.AppendInt32(bucket.FieldEvents, 1).Build()
+		pipeline = append(pipeline, bsonutil.Stage("$project", bsonutil.DocValue(proj)))
+	}
+	if limitOne {
+		pipeline = append(pipeline, bsonutil.Stage("$limit", bsonutil.Int64Value(1)))
+	}
+	idx, d := bsoncore.AppendDocumentStart(nil)
+	d = bsoncore.AppendStringElement(d, "aggregate", p.rule.BucketCollection)
+	aidx, a := bsoncore.AppendArrayElementStart(d, "pipeline")
+	for i, s := range pipeline {
+		a = bsoncore.AppendDocumentElement(a, strconv.Itoa(i), s)
+	}
+	d, _ = bsoncore.AppendArrayEnd(a, aidx)
+	cidx, c := bsoncore.AppendDocumentElementStart(d, "cursor")
+	c = bsoncore.AppendInt32Element(c, "batchSize", deleteMatchBatch)
+	d, _ = bsoncore.AppendDocumentEnd(c, cidx)
+	d = bsonutil.AppendElems(d, p.reads)
+	d = bsoncore.AppendStringElement(d, "$db", p.rule.DB)
+	d, _ = bsoncore.AppendDocumentEnd(d, idx)
+	return d
+}
+
+// GetMoreCommand continues an upstream cursor on the bucket collection.
+func (p *DeletePlan) GetMoreCommand(id int64) []byte {
+	idx, d := bsoncore.AppendDocumentStart(nil)
+	d = bsoncore.AppendInt64Element(d, "getMore", id)
+	d = bsoncore.AppendStringElement(d, "collection", p.rule.BucketCollection)
+	d = bsoncore.AppendInt32Element(d, "batchSize", deleteMatchBatch)
+	d = bsonutil.AppendElems(d, p.reads)
+	d = bsoncore.AppendStringElement(d, "$db", p.rule.DB)
+	d, _ = bsoncore.AppendDocumentEnd(d, idx)
+	return d
+}
+
+// FindBucketCommand reads one bucket by _id (a point read on every
+// upstream): whole, or without its events when whole is false (a bucket
+// deleted whole needs only its key and count).
+func (p *DeletePlan) FindBucketCommand(id bson.ObjectID, whole bool) []byte {
+	idx, d := bsoncore.AppendDocumentStart(nil)
+	d = bsoncore.AppendStringElement(d, "find", p.rule.BucketCollection)
+	fidx, f := bsoncore.AppendDocumentElementStart(d, "filter")
+	f = bsoncore.AppendObjectIDElement(f, bucket.FieldID, id)
+	d, _ = bsoncore.AppendDocumentEnd(f, fidx)
+	if !whole {
+		pidx, pr := bsoncore.AppendDocumentElementStart(d, "projection")
+		pr = bsoncore.AppendInt32Element(pr, bucket.FieldEvents, 0)
+		d, _ = bsoncore.AppendDocumentEnd(pr, pidx)
+	}
+	d = bsoncore.AppendInt32Element(d, "limit", 1)
+	d = bsoncore.AppendBooleanElement(d, "singleBatch", true)
+	d = bsonutil.AppendElems(d, p.reads)
+	d = bsoncore.AppendStringElement(d, "$db", p.rule.DB)
+	d, _ = bsoncore.AppendDocumentEnd(d, idx)
+	return d
+}
+
+// NewCandidates collects the match results of st.
+func (st *DeleteStatement) NewCandidates() *Candidates {
+	return &Candidates{whole: st.Whole, byID: map[bson.ObjectID]*Candidate{}}
+}
+
+// Edit computes the bucket that remains of bucket once the candidate's
+// matched events are removed; limitOne removes at most one.
+func (p *DeletePlan) Edit(c *Candidate, bdoc bsoncore.Document, limitOne bool) (BucketEdit, error) {
+	if err := bsonutil.Validate(bdoc, 1); err != nil {
+		return BucketEdit{}, mongoerr.Errorf(mongoerr.InternalError, "bucket %s is not valid BSON: %v", c.ID.Hex(), err)
+	}
+	meta, start, err := bucket.KeyFields(bdoc)
+	if err != nil {
+		return BucketEdit{}, err
+	}
+	key := bucket.KeyOf(meta, start)
+	seq, ok := bucket.SeqOf(p.rule.BucketNamespace(), key, c.ID)
+	if !ok {
+		return BucketEdit{}, query.RuleErrorf(p.rule, mongoerr.NotImplemented, "bucket %s is not one the proxy wrote (its _id is not of its series and window); delete it directly", c.ID.Hex())
+	}
+	if c.all && !limitOne {
+		// Every event goes: the bucket may have been read without them.
+		n := bucket.CountOf(bdoc)
+		return BucketEdit{ID: c.ID, Key: key, Seq: seq, Removed: n, OldCount: n, Replacement: bucket.Shell(meta, start)}, nil
+	}
+	stored, err := bucket.EventDocs(bdoc)
+	if err != nil {
+		return BucketEdit{}, query.RuleErrorf(p.rule, mongoerr.InternalError, "bucket %s: %v", c.ID.Hex(), err)
+	}
+	left := make(map[string]int, len(c.match))
+	for k, n := range c.match {
+		left[k] = n
+	}
+	var keep []bucket.Event
+	removed := 0
+	for _, d := range stored {
+		if limitOne && removed == 1 {
+			keep = append(keep, p.storedToEvent(d, meta, start))
+			continue
+		}
+		if c.all {
+			removed++
+			continue
+		}
+		if k := string(d); left[k] > 0 {
+			left[k]--
+			removed++
+			continue
+		}
+		keep = append(keep, p.storedToEvent(d, meta, start))
+	}
+	e := BucketEdit{ID: c.ID, Key: key, Seq: seq, Removed: removed, Remaining: len(keep), OldCount: len(stored)}
+	if len(keep) == 0 {
+		e.Replacement = bucket.Shell(meta, start)
+	} else {
+		e.Replacement = withoutID(bucket.Complete(c.ID, keep, p.rule, p.lim))
+	}
+	return e, nil
+}
+
+// storedToEvent reads back what summarize needs of a stored event. The
+// insert path validated it: a missing time reads as 0 and a non-number
+// aggregate is skipped, neither of which a stored event has.
+func (p *DeletePlan) storedToEvent(d bsoncore.Document, meta bsoncore.Value, start int64) bucket.Event {
+	ev := bucket.Event{Meta: meta, Start: start, Stored: d}
+	if t, ok := bsonutil.Lookup(d, p.rule.TimeField); ok {
+		ev.Time, _ = t.DateTimeOK()
+	}
+	for _, name := range p.lim.Aggregates {
+		v, ok := bsonutil.Lookup(d, name)
+		if !ok || !bucket.IsAggregatable(v.Type) {
+			v = bsoncore.Value{}
+		}
+		ev.Aggs = append(ev.Aggs, v)
+	}
+	return ev
+}
+
+// ReplaceCommand is an update replacing each edited bucket by _id.
+func (p *DeletePlan) ReplaceCommand(edits []BucketEdit) []byte {
+	idx, d := bsoncore.AppendDocumentStart(nil)
+	d = bsoncore.AppendStringElement(d, "update", p.rule.BucketCollection)
+	aidx, a := bsoncore.AppendArrayElementStart(d, "updates")
+	for i, e := range edits {
+		sidx, s := bsoncore.AppendDocumentElementStart(a, strconv.Itoa(i))
+		qidx, q := bsoncore.AppendDocumentElementStart(s, "q")
+		q = bsoncore.AppendObjectIDElement(q, bucket.FieldID, e.ID)
+		s, _ = bsoncore.AppendDocumentEnd(q, qidx)
+		s = bsoncore.AppendDocumentElement(s, "u", e.Replacement)
+		a, _ = bsoncore.AppendDocumentEnd(s, sidx)
+	}
+	d, _ = bsoncore.AppendArrayEnd(a, aidx)
+	d = bsoncore.AppendBooleanElement(d, "ordered", true)
+	d = bsonutil.AppendElems(d, p.args)
+	d = bsoncore.AppendStringElement(d, "$db", p.rule.DB)
+	d, _ = bsoncore.AppendDocumentEnd(d, idx)
+	return d
+}
+
+// RemoveCommand deletes buckets by _id, in the order given (the proxy
+// gives the highest seq first, so a failure part way leaves no gap).
+func (p *DeletePlan) RemoveCommand(ids []bson.ObjectID) []byte {
+	idx, d := bsoncore.AppendDocumentStart(nil)
+	d = bsoncore.AppendStringElement(d, "delete", p.rule.BucketCollection)
+	aidx, a := bsoncore.AppendArrayElementStart(d, "deletes")
+	for i, id := range ids {
+		sidx, s := bsoncore.AppendDocumentElementStart(a, strconv.Itoa(i))
+		qidx, q := bsoncore.AppendDocumentElementStart(s, "q")
+		q = bsoncore.AppendObjectIDElement(q, bucket.FieldID, id)
+		s, _ = bsoncore.AppendDocumentEnd(q, qidx)
+		s = bsoncore.AppendInt32Element(s, "limit", 1)
+		a, _ = bsoncore.AppendDocumentEnd(s, sidx)
+	}
+	d, _ = bsoncore.AppendArrayEnd(a, aidx)
+	d = bsoncore.AppendBooleanElement(d, "ordered", true)
+	d = bsonutil.AppendElems(d, p.args)
+	d = bsoncore.AppendStringElement(d, "$db", p.rule.DB)
+	d, _ = bsoncore.AppendDocumentEnd(d, idx)
+	return d
+}
+
+// WriteOutcome reads the reply of a ReplaceCommand or RemoveCommand: how
+// many statements took effect before the first failure (all of them when
+// err is nil). A write concern error is kept for the app's reply.
+func (p *DeletePlan) WriteOutcome(reply []byte, statements int) (done int, err error) {
+	doc := bsoncore.Document(reply)
+	if err := mongoerr.ReplyError(doc); err != nil {
+		return 0, err
+	}
+	if wce, ok := bsonutil.Lookup(doc, "writeConcernError"); ok {
+		p.wce = wce
+	}
+	v, ok := bsonutil.Lookup(doc, "writeErrors")
+	if !ok {
+		return statements, nil
+	}
+	arr, ok := v.ArrayOK()
+	if !ok {
+		return 0, mongoerr.Errorf(mongoerr.InternalError, "upstream writeErrors is a %s", bsonutil.TypeName(v.Type))
+	}
+	vals, _ := arr.Values()
+	if len(vals) == 0 {
+		return statements, nil
+	}
+	first, _ := vals[0].DocumentOK()
+	idx, _ := bsonutil.Lookup(first, "index")
+	i, _ := idx.AsInt64OK()
+	return int(i), upstreamWriteError(first)
+}
+
+// Reply is the app's delete reply: {n, writeErrors?, writeConcernError?,
+// ok: 1}. A statement error's code is its *mongoerr.Error's.
+func (p *DeletePlan) Reply(n int, errs []StatementError) []byte {
+	var werrs []bucket.WriteError
+	for _, e := range errs {
+		code := mongoerr.InternalError
+		if ce, ok := e.Err.(*mongoerr.Error); ok {
+			code = ce.Code
+		}
+		werrs = append(werrs, bucket.WriteError{Index: e.Index, Code: code, Msg: e.Err.Error()})
+	}
+	return insert.WriteReply(n, werrs, p.wce, bsoncore.Value{})
+}

@@ -1,0 +1,237 @@
+package layout
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+	"github.com/tsproxy/tsproxy/rewrite/insert"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rules"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+// SlotsFetch returns the upstream finds of the buckets of keys, one point
+// lookup {_id} each (the only filter the embedded upstream pushes down).
+// Give their replies, in order, to SlotsInsert as SlotsOptions.Before.
+func SlotsFetch(rule *rules.Rule, keys []bucket.Key) []bsoncore.Document {
+	out := make([]bsoncore.Document, len(keys))
+	for i, k := range keys {
+		out[i] = bsoncore.NewDocumentBuilder().
+			AppendString("find", rule.BucketCollection).
+			AppendDocument("filter", bsoncore.NewDocumentBuilder().AppendObjectID("_id", k.ID(rule.BucketNamespace(), 0)).Build()).
+			AppendInt32("limit", 1).
+			AppendBoolean("singleBatch", true).
+			AppendString("$db", rule.DB).
+			Build()
+	}
+	return out
+}
+
+// SlotsOptions are what SlotsInsert needs besides the command.
+type SlotsOptions struct {
+	Caps caps.Upstream
+	// Before returns the bucket of a key as stored before this insert, nil
+	// when there is none.
+	Before func(bucket.Key) []byte
+}
+
+// SlotsInsert plans an insert on a slots rule.
+func SlotsInsert(cmd rewrite.Command, rule *rules.Rule, opts SlotsOptions) (*LayoutWrite, error) {
+	li, err := readLayoutInsert(cmd, rule, rules.LayoutSlots)
+	if err != nil {
+		return nil, fmt.Errorf("rewrite slots insert %s: %w", insert.RuleName(rule), err)
+	}
+	o := rule.LayoutOptions
+	check := func(doc bsoncore.Document, ev *layoutEvent) *bucket.WriteError {
+		v, ok := bsonutil.Lookup(doc, o.ValueField)
+		if !ok {
+			return bucket.WriteErrorf(ev.index, rule, mongoerr.BadValue, "event has no valueField %q", o.ValueField)
+		}
+		if o.Aggregated && !bucket.IsAggregatable(v.Type) {
+			return bucket.WriteErrorf(ev.index, rule, mongoerr.BadValue, "valueField %q must be a number (int, long or double) because it is aggregated, got %s", o.ValueField, bsonutil.TypeName(v.Type))
+		}
+		ev.value = v
+		return nil
+	}
+	groups := groupByKey(li.events(rule, check))
+	stmts := make([]layoutStmt, 0, len(groups))
+	for _, g := range groups {
+		var before bsoncore.Document
+		if opts.Before != nil {
+			before = opts.Before(g[0].key)
+		}
+		stmts = append(stmts, slotsStatement(rule, g, before))
+	}
+	return li.plan(rule, opts.Caps, stmts), nil
+}
+
+// slotsStatement writes the group's values, the last of a slot winning,
+// and the bucket's new num_samples and total_samples.
+func slotsStatement(rule *rules.Rule, g []layoutEvent, before bsoncore.Document) layoutStmt {
+	o := rule.LayoutOptions
+	last := map[int]bsoncore.Value{}
+	var order []int
+	idx := make([]int, len(g))
+	for i, ev := range g {
+		if _, ok := last[ev.slot]; !ok {
+			order = append(order, ev.slot)
+		}
+		last[ev.slot] = ev.value
+		idx[i] = ev.index
+	}
+	st := readSlotsState(before, o)
+	for _, s := range order {
+		if old, was := st.value(s); was {
+			st.total = subNum(st.total, old)
+		} else {
+			st.num++
+		}
+		st.total = addNum(st.total, last[s])
+	}
+
+	ui, u := bsoncore.AppendDocumentStart(nil)
+	si, u := bsoncore.AppendDocumentElementStart(u, "$set")
+	for _, s := range order {
+		u = bsoncore.AppendValueElement(u, rules.BucketValues+"."+o.SlotPath(s), last[s])
+	}
+	if o.Preallocate {
+		for _, s := range order {
+			u = bsoncore.AppendBooleanElement(u, rules.BucketSet+"."+o.SlotPath(s), true)
+		}
+	}
+	u = bsoncore.AppendInt64Element(u, rules.BucketNumSamples, st.num)
+	if o.Aggregated {
+		u = bucket.AppendNum(u, rules.BucketTotalSamples, st.total)
+	}
+	u, _ = bsoncore.AppendDocumentEnd(u, si)
+	u = appendSetOnInsert(u, g[0].meta, g[0].key.Start)
+	u, _ = bsoncore.AppendDocumentEnd(u, ui)
+	return layoutStmt{doc: upsertByID(g[0].key.ID(rule.BucketNamespace(), 0), u), events: idx}
+}
+
+// slotsState is a stored slots bucket as the write path reads it.
+type slotsState struct {
+	doc   bsoncore.Document
+	o     rules.LayoutOptions
+	num   int64
+	total bucket.Num
+}
+
+func readSlotsState(doc bsoncore.Document, o rules.LayoutOptions) slotsState {
+	st := slotsState{doc: doc, o: o, total: bucket.Num{T: bsoncore.TypeInt64}}
+	if doc == nil {
+		return st
+	}
+	if v, ok := bsonutil.Lookup(doc, rules.BucketNumSamples); ok {
+		st.num, _ = v.AsInt64OK()
+	}
+	if v, ok := bsonutil.Lookup(doc, rules.BucketTotalSamples); ok && bucket.IsAggregatable(v.Type) {
+		st.total = bucket.NumFrom(v)
+	}
+	return st
+}
+
+// value returns the stored value of slot s and whether it was written (a
+// preallocated zero was not).
+func (st slotsState) value(s int) (bsoncore.Value, bool) {
+	if st.doc == nil {
+		return bsoncore.Value{}, false
+	}
+	return slotValue(st.doc, st.o, s)
+}
+
+// slotValue reads slot s of a stored slots bucket: its value and whether
+// it was written.
+func slotValue(doc bsoncore.Document, o rules.LayoutOptions, s int) (bsoncore.Value, bool) {
+	path := slotKeys(o, s)
+	v, err := doc.LookupErr(append([]string{rules.BucketValues}, path...)...)
+	if err != nil {
+		return bsoncore.Value{}, false
+	}
+	if o.Preallocate {
+		if set, err := doc.LookupErr(append([]string{rules.BucketSet}, path...)...); err != nil || !set.Boolean() {
+			return bsoncore.Value{}, false
+		}
+	}
+	return v, true
+}
+
+func slotKeys(o rules.LayoutOptions, s int) []string {
+	if o.Nested() {
+		return []string{strconv.Itoa(s / rules.SlotGroup), strconv.Itoa(s % rules.SlotGroup)}
+	}
+	return []string{strconv.Itoa(s)}
+}
+
+// addNum and subNum keep total_samples: non-numbers (stored while the
+// rule did not aggregate) count as 0.
+func addNum(a bucket.Num, v bsoncore.Value) bucket.Num {
+	if !bucket.IsAggregatable(v.Type) {
+		return a
+	}
+	return bucket.AddNums(a, bucket.NumFrom(v))
+}
+
+func subNum(a bucket.Num, v bsoncore.Value) bucket.Num {
+	if !bucket.IsAggregatable(v.Type) {
+		return a
+	}
+	n := bucket.NumFrom(v)
+	n.I, n.F = -n.I, -n.F
+	return bucket.AddNums(a, n)
+}
+
+// SlotsShell is the zero-filled bucket that preallocation inserts for a
+// series and window ahead of time: every value 0, every presence flag
+// false, so later writes only change values in place.
+func SlotsShell(rule *rules.Rule, meta bsoncore.Value, start int64) bsoncore.Document {
+	o := rule.LayoutOptions
+	k := bucket.KeyOf(meta, start)
+	n := o.SlotsPerWindow()
+	appendGrid := func(dst []byte, key string, leaf func([]byte, string) []byte) []byte {
+		gi, dst := bsoncore.AppendDocumentElementStart(dst, key)
+		if !o.Nested() {
+			for s := 0; s < n; s++ {
+				dst = leaf(dst, strconv.Itoa(s))
+			}
+		} else {
+			for g := 0; g*rules.SlotGroup < n; g++ {
+				ii, d := bsoncore.AppendDocumentElementStart(dst, strconv.Itoa(g))
+				for s := g * rules.SlotGroup; s < min(n, (g+1)*rules.SlotGroup); s++ {
+					d = leaf(d, strconv.Itoa(s%rules.SlotGroup))
+				}
+				dst, _ = bsoncore.AppendDocumentEnd(d, ii)
+			}
+		}
+		dst, _ = bsoncore.AppendDocumentEnd(dst, gi)
+		return dst
+	}
+	if meta.Type == 0 {
+		meta = bsoncore.Value{Type: bsoncore.TypeNull}
+	}
+	di, d := bsoncore.AppendDocumentStart(nil)
+	d = bsoncore.AppendObjectIDElement(d, bucket.FieldID, k.ID(rule.BucketNamespace(), 0))
+	d = bsoncore.AppendValueElement(d, bucket.FieldMeta, meta)
+	d = bsoncore.AppendDateTimeElement(d, bucket.FieldStart, start)
+	d = bsoncore.AppendInt64Element(d, rules.BucketNumSamples, 0)
+	if o.Aggregated {
+		d = bsoncore.AppendInt64Element(d, rules.BucketTotalSamples, 0)
+	}
+	d = appendGrid(d, rules.BucketValues, func(b []byte, key string) []byte { return bsoncore.AppendInt32Element(b, key, 0) })
+	d = appendGrid(d, rules.BucketSet, func(b []byte, key string) []byte { return bsoncore.AppendBooleanElement(b, key, false) })
+	d, _ = bsoncore.AppendDocumentEnd(d, di)
+	return d
+}
+
+// SlotsShellOf is SlotsShell for the series and window of k.
+func SlotsShellOf(rule *rules.Rule, k bucket.Key) bsoncore.Document {
+	meta := bsoncore.Value{Type: bsoncore.TypeNull}
+	if len(k.Meta) > 0 {
+		meta = bsoncore.Value{Type: bsoncore.Type(k.Meta[0]), Data: k.Meta[1:]}
+	}
+	return SlotsShell(rule, meta, k.Start)
+}

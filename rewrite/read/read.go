@@ -1,0 +1,388 @@
+package read
+
+import (
+	"strings"
+
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rewrite/query"
+	"github.com/tsproxy/tsproxy/rules"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+// ReadPlan is the rewrite of one read command on a bucketed namespace: an
+// aggregate on the bucket collection (only $match, $unwind, $sort, $skip,
+// $limit and $count upstream, so it runs on every upstream), and how to
+// turn its reply into the reply the app expects.
+//
+// The proxy sends Command. Then:
+//   - Drain (count, distinct): it feeds every reply to Feed, sending the
+//     getMore Feed returns until it returns nil, and answers with Result.
+//   - Passthrough (explain): it answers with the upstream reply unchanged.
+//   - otherwise (a cursor): it answers with Cursor.MapReply of the reply,
+//     remembering the upstream cursor (unless Cursor.SingleBatch, when it
+//     kills it with KillCursorsCommand instead).
+type ReadPlan struct {
+	Command     []byte
+	Drain       bool
+	Passthrough bool
+	Cursor      *CursorShape
+	// Point, when set, serves the find from bucket point lookups instead
+	// of Command (see PointRead).
+	Point *PointRead
+	// Local, when set, is the whole answer (explain of a point read).
+	Local []byte
+	// LocalExplain, with Local, is the upstream explain of the command a
+	// point or scan read sends first; the proxy runs it and adds its
+	// reply to Local with WithUpstreamPlan.
+	LocalExplain []byte
+
+	rc    *query.Ctx
+	drain drainer
+	metas *metaResolver
+	// bucketFilter is the bucket-level filter, for MetaPrefetch.
+	bucketFilter bsoncore.Document
+}
+
+// MetaPrefetch is the find that learns the metas of the buckets the read
+// selects (nil when the upstream's $unwind keeps them, or the rule has no
+// metaField). Send it before Command, feeding each reply to AddPrefetched
+// and sending the getMore it returns until nil.
+func (p *ReadPlan) MetaPrefetch() []byte {
+	if p.rc == nil || p.rc.Caps.UnwindKeepsFields || p.Passthrough {
+		return nil
+	}
+	m := p.metas
+	if p.Cursor != nil {
+		if p.Cursor.mode != shapeEvent {
+			return nil
+		}
+		m = p.Cursor.metas
+	}
+	return m.prefetch(p.bucketFilter)
+}
+
+// AddPrefetched learns a reply to MetaPrefetch (or its getMore) and
+// returns the next getMore, or nil.
+func (p *ReadPlan) AddPrefetched(reply []byte) []byte {
+	if p.Cursor != nil {
+		return p.Cursor.metas.addPrefetched(reply)
+	}
+	return p.metas.addPrefetched(reply)
+}
+
+// MetaQuery and AddMetas: as CursorShape's, for a Drain plan's replies.
+func (p *ReadPlan) MetaQuery(reply []byte) [][]byte {
+	if p.Cursor != nil {
+		return p.Cursor.MetaQuery(reply)
+	}
+	return p.metas.query(reply)
+}
+
+// AddMetas learns the metas from the reply to MetaQuery.
+func (p *ReadPlan) AddMetas(reply []byte) error {
+	if p.Cursor != nil {
+		return p.Cursor.AddMetas(reply)
+	}
+	return p.metas.add(reply)
+}
+
+// drainer accumulates the batches of a count or distinct.
+type drainer interface {
+	feed(doc bsoncore.Document) error
+	result() bsoncore.Document
+}
+
+// ReadOptions are the inputs of PlanRead that do not come from the client.
+type ReadOptions struct {
+	Caps caps.Upstream
+}
+
+// PlanRead rewrites a find, aggregate, count, distinct or explain command
+// body on rule's namespace. Errors are *mongoerr.Error: answer with
+// ErrorReply.
+func PlanRead(body []byte, rule *rules.Rule, opts ReadOptions) (p *ReadPlan, err error) {
+	rc, err := query.NewCtx(rule)
+	if err != nil {
+		return nil, err
+	}
+	rc.Caps = opts.Caps
+	doc := bsoncore.Document(body)
+	if err := bsonutil.Validate(doc, 0); err != nil {
+		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "tsproxy rule %s: command is not valid BSON: %v", rc.NS, err)
+	}
+	elems, _ := doc.Elements()
+	if len(elems) == 0 {
+		return nil, rc.BadValue(mongoerr.BadValue, "empty command")
+	}
+	name := elems[0].Key()
+	switch name {
+	case "find":
+		return planFind(rc, doc, opts, false)
+	case "aggregate":
+		return planAggregate(rc, doc, opts, false)
+	case "count":
+		return planCount(rc, doc, false)
+	case "distinct":
+		return planDistinct(rc, doc, false)
+	case "explain":
+		return planExplain(rc, doc, opts)
+	}
+	return nil, rc.Unsupported("command %q is not supported on a bucketed namespace", name)
+}
+
+// planFind rewrites find into an aggregate of events.
+func planFind(rc *query.Ctx, body bsoncore.Document, opts ReadOptions, forExplain bool) (*ReadPlan, error) {
+	const cmd = "find"
+	if err := rc.CheckOptions(body, cmd, "filter", "sort", "projection", "skip", "limit", "batchSize", "singleBatch", "allowDiskUse", "maxScan"); err != nil {
+		return nil, err
+	}
+	if _, ok := bsonutil.Lookup(body, "maxScan"); ok {
+		return nil, rc.Unsupported("find option %q is not supported on a bucketed namespace", "maxScan")
+	}
+	filter, err := rc.ReadDoc(body, "filter", cmd)
+	if err != nil {
+		return nil, err
+	}
+	sf, err := rc.Split(filter)
+	if err != nil {
+		return nil, err
+	}
+	pipeline := query.EventPipeline(sf)
+	sortDoc, err := rc.ReadDoc(body, "sort", cmd)
+	if err != nil {
+		return nil, err
+	}
+	if sortDoc != nil {
+		s, err := rc.TranslateSort(sortDoc, cmd)
+		if err != nil {
+			return nil, err
+		}
+		if s != nil {
+			pipeline = append(pipeline, bsonutil.Stage("$sort", bsonutil.DocValue(s)))
+		}
+	}
+	pg, err := rc.ReadFindPaging(body)
+	if err != nil {
+		return nil, err
+	}
+	skip, limit, single, batchSize := pg.Skip, pg.Limit, pg.Single, pg.BatchSize
+	if skip > 0 {
+		pipeline = append(pipeline, bsonutil.Stage("$skip", bsonutil.Int64Value(skip)))
+	}
+	if limit > 0 {
+		pipeline = append(pipeline, bsonutil.Stage("$limit", bsonutil.Int64Value(limit)))
+	}
+	if single && limit > 0 && (batchSize < 0 || batchSize > limit) {
+		batchSize = limit
+	}
+	projDoc, err := rc.ReadDoc(body, "projection", cmd)
+	if err != nil {
+		return nil, err
+	}
+	proj, err := rc.ParseProjection(projDoc, "find option \"projection\"")
+	if err != nil {
+		return nil, err
+	}
+	extra := bsonutil.Pick(body, []string{"allowDiskUse"})
+	p := &ReadPlan{rc: rc, bucketFilter: sf.Bucket}
+	if spec, _ := planPoint(rc, filter, sortDoc); spec != nil {
+		p.Point = newPointRead(rc, spec, proj, skip, limit, single)
+	} else if spec, sc, _ := planScan(rc, filter, sortDoc); spec != nil {
+		p.Point = newScanRead(rc, spec, sc, proj, skip, limit, single)
+	}
+	if p.Point != nil {
+		p.Point.Want(pg.FirstBatch())
+	}
+	p.Command = rc.AggregateCommand(pipeline, batchSize, body, extra, forExplain)
+	p.Cursor = &CursorShape{ns: rc.NS, metaField: rc.MetaField, mode: shapeEvent, proj: proj, SingleBatch: single, metas: newMetaResolver(rc)}
+	return p, nil
+}
+
+// planCount rewrites count into [..events.., $skip, $limit, $count].
+func planCount(rc *query.Ctx, body bsoncore.Document, forExplain bool) (*ReadPlan, error) {
+	const cmd = "count"
+	if err := rc.CheckOptions(body, cmd, "query", "skip", "limit", "fields"); err != nil {
+		return nil, err
+	}
+	filter, err := rc.ReadDoc(body, "query", cmd)
+	if err != nil {
+		return nil, err
+	}
+	sf, err := rc.Split(filter)
+	if err != nil {
+		return nil, err
+	}
+	pipeline := query.EventPipeline(sf)
+	skip, limit, err := rc.ReadCountPaging(body)
+	if err != nil {
+		return nil, err
+	}
+	if skip > 0 {
+		pipeline = append(pipeline, bsonutil.Stage("$skip", bsonutil.Int64Value(skip)))
+	}
+	if limit > 0 {
+		pipeline = append(pipeline, bsonutil.Stage("$limit", bsonutil.Int64Value(limit)))
+	}
+	pipeline = append(pipeline, bsonutil.Stage("$count", bsonutil.StringValue("n")))
+	p := &ReadPlan{rc: rc, Drain: true, drain: &countDrain{}}
+	p.Command = rc.AggregateCommand(pipeline, -1, body, nil, forExplain)
+	return p, nil
+}
+
+// planDistinct rewrites distinct into an event read whose values the
+// proxy collects.
+func planDistinct(rc *query.Ctx, body bsoncore.Document, forExplain bool) (*ReadPlan, error) {
+	const cmd = "distinct"
+	if err := rc.CheckOptions(body, cmd, "key", "query"); err != nil {
+		return nil, err
+	}
+	kv, ok := bsonutil.Lookup(body, "key")
+	if !ok {
+		return nil, rc.BadValue(mongoerr.FailedToParse, "distinct needs a \"key\"")
+	}
+	key, ok := kv.StringValueOK()
+	if !ok {
+		return nil, rc.BadValue(mongoerr.TypeMismatch, "distinct \"key\" must be a string, got %s", bsonutil.TypeName(kv.Type))
+	}
+	if key == "" || strings.HasPrefix(key, "$") || strings.Contains(key, "..") || strings.HasPrefix(key, ".") || strings.HasSuffix(key, ".") {
+		return nil, rc.BadValue(mongoerr.BadValue, "distinct \"key\" %q is not a field path", key)
+	}
+	filter, err := rc.ReadDoc(body, "query", cmd)
+	if err != nil {
+		return nil, err
+	}
+	sf, err := rc.Split(filter)
+	if err != nil {
+		return nil, err
+	}
+	metas := newMetaResolver(rc)
+	p := &ReadPlan{rc: rc, Drain: true, metas: metas, bucketFilter: sf.Bucket, drain: &distinctDrain{path: strings.Split(key, "."), metaField: rc.MetaField, metas: metas}}
+	p.Command = rc.AggregateCommand(query.EventPipeline(sf), -1, body, nil, forExplain)
+	return p, nil
+}
+
+// planExplain explains the rewritten aggregate, so the user sees the
+// upstream's plan on the bucket collection.
+func planExplain(rc *query.Ctx, body bsoncore.Document, opts ReadOptions) (*ReadPlan, error) {
+	if err := rc.CheckOptions(body, "explain", "verbosity"); err != nil {
+		return nil, err
+	}
+	v, _ := bsonutil.Lookup(body, "explain")
+	inner, ok := v.DocumentOK()
+	if !ok {
+		return nil, rc.BadValue(mongoerr.TypeMismatch, "explain needs a command document")
+	}
+	elems, _ := inner.Elements()
+	if len(elems) == 0 {
+		return nil, rc.BadValue(mongoerr.BadValue, "explain of an empty command")
+	}
+	var ip *ReadPlan
+	var err error
+	switch name := elems[0].Key(); name {
+	case "find":
+		ip, err = planFind(rc, inner, opts, true)
+	case "aggregate":
+		ip, err = planAggregate(rc, inner, opts, true)
+	case "count":
+		ip, err = planCount(rc, inner, true)
+	case "distinct":
+		ip, err = planDistinct(rc, inner, true)
+	default:
+		return nil, rc.Unsupported("explain of %q is not supported on a bucketed namespace", name)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if ip.Point != nil {
+		return &ReadPlan{rc: rc, Local: ip.Point.explain(), LocalExplain: ip.Point.explainTarget()}, nil
+	}
+	idx, d := bsoncore.AppendDocumentStart(nil)
+	d = bsoncore.AppendDocumentElement(d, "explain", ip.Command)
+	d = bsonutil.AppendElems(d, bsonutil.Pick(body, []string{"verbosity"}))
+	d = bsonutil.AppendElems(d, bsonutil.Pick(body, query.Carried))
+	d = bsoncore.AppendStringElement(d, "$db", rc.Rule.DB)
+	d, _ = bsoncore.AppendDocumentEnd(d, idx)
+	return &ReadPlan{rc: rc, Passthrough: true, Command: d}, nil
+}
+
+// Feed takes one upstream reply of a Drain plan and returns the getMore to
+// send next, or nil when the plan has all it needs (then call Result).
+func (p *ReadPlan) Feed(reply []byte) []byte {
+	doc := bsoncore.Document(reply)
+	if p.drain == nil {
+		return nil
+	}
+	if !mongoerr.IsOK(doc) {
+		p.drain = &errorDrain{reply: doc}
+		return nil
+	}
+	cur, err := doc.LookupErr("cursor")
+	if err != nil {
+		p.drain = &errorDrain{reply: mongoerr.Reply(mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: upstream reply has no cursor", p.rc.NS))}
+		return nil
+	}
+	cd, _ := cur.DocumentOK()
+	batch, err := cd.LookupErr("firstBatch")
+	if err != nil {
+		batch, err = cd.LookupErr("nextBatch")
+	}
+	if err == nil {
+		arr, _ := batch.ArrayOK()
+		vals, _ := arr.Values()
+		for _, v := range vals {
+			d, ok := v.DocumentOK()
+			if !ok {
+				continue
+			}
+			if err := p.drain.feed(d); err != nil {
+				p.drain = &errorDrain{reply: mongoerr.Reply(err)}
+				return nil
+			}
+		}
+	}
+	id, _ := cd.Lookup("id").AsInt64OK()
+	if id == 0 {
+		return nil
+	}
+	return query.GetMoreCommand(p.rc, id)
+}
+
+// DrainCursor is the upstream cursor a Drain plan left open (after an
+// error or a refusal), to be killed; 0 if none.
+func (p *ReadPlan) Result() []byte {
+	if p.drain == nil {
+		return mongoerr.Reply(mongoerr.Errorf(mongoerr.InternalError, "not a drained read"))
+	}
+	return p.drain.result()
+}
+
+type errorDrain struct{ reply bsoncore.Document }
+
+func (e *errorDrain) feed(bsoncore.Document) error { return nil }
+
+func (e *errorDrain) result() bsoncore.Document { return e.reply }
+
+type countDrain struct{ n int64 }
+
+func (c *countDrain) feed(d bsoncore.Document) error {
+	v, err := d.LookupErr("n")
+	if err != nil {
+		return mongoerr.Errorf(mongoerr.InternalError, "upstream $count gave no n")
+	}
+	n, ok := v.AsInt64OK()
+	if !ok {
+		return mongoerr.Errorf(mongoerr.InternalError, "upstream $count gave a %s", bsonutil.TypeName(v.Type))
+	}
+	c.n += n
+	return nil
+}
+
+func (c *countDrain) result() bsoncore.Document {
+	idx, d := bsoncore.AppendDocumentStart(nil)
+	d = query.AppendCount(d, "n", c.n)
+	d = bsoncore.AppendDoubleElement(d, "ok", 1)
+	d, _ = bsoncore.AppendDocumentEnd(d, idx)
+	return d
+}

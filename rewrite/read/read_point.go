@@ -1,0 +1,495 @@
+package read
+
+import (
+	"slices"
+
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+	"github.com/tsproxy/tsproxy/rewrite/cursor"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rewrite/query"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+// PointRead is a find served from bucket point lookups (see
+// read_point_plan.go): a cursor the proxy holds itself. It streams window
+// by window: only the buckets of the windows in flight and the events of
+// the batch being built are in memory.
+//
+// The proxy calls Want with the batch size the client asked for, then
+// sends the commands Lookups returns (pipelined, in order) and gives their
+// replies, in the same order, to Feed, until Lookups returns nil; then
+// Batch builds the reply.
+type PointRead struct {
+	spec      *pointSpec
+	scan      *bucketScan // set: the buckets come from a scan, not keys
+	bucketNS  string
+	coll, db  string
+	ns        string
+	metaField string
+	timeField string
+	proj      *query.Projection
+	skip      int64
+	limited   bool
+	limit     int64 // when limited: how many may still be returned
+	single    bool
+
+	keys    []pointKey // window-major, metas in the filter's order
+	head    int        // the first key not yet flushed to out
+	pending []pointLookup
+	out     []bsoncore.Document
+	outSize int
+	want    int64 // documents the next batch wants; -1: as many as fit
+	started bool
+
+	// BucketsRead and Lookups count the buckets fetched and the lookups
+	// sent (a lookup that finds nothing ends a key), for explain and
+	// metrics.
+	BucketsRead, LookupsSent int
+}
+
+type pointKey struct {
+	window  int64
+	meta    bsoncore.Value
+	seq     int // the next seq to look up
+	done    bool
+	buckets []bsoncore.Document
+}
+
+type pointLookup struct{ key, seq int }
+
+// maxPipelined bounds the lookups in flight on the upstream connection.
+const maxPipelined = 16
+
+func newPointRead(rc *query.Ctx, s *pointSpec, proj *query.Projection, skip, limit int64, single bool) *PointRead {
+	p := &PointRead{
+		spec: s, bucketNS: rc.Rule.BucketNamespace(), coll: rc.Rule.BucketCollection, db: rc.Rule.DB,
+		ns: rc.NS, metaField: rc.MetaField, timeField: rc.TimeField,
+		proj: proj, skip: skip, limited: limit > 0, limit: limit, single: single, want: -1,
+	}
+	p.keys = make([]pointKey, 0, s.keys())
+	for _, w := range s.windows {
+		for _, m := range s.metas {
+			p.keys = append(p.keys, pointKey{window: w, meta: m})
+		}
+	}
+	return p
+}
+
+// newScanRead is a PointRead whose buckets come from one sorted upstream
+// find (see read_scan.go) instead of _id lookups.
+func newScanRead(rc *query.Ctx, s *pointSpec, sc *bucketScan, proj *query.Projection, skip, limit int64, single bool) *PointRead {
+	p := newPointRead(rc, s, proj, skip, limit, single)
+	p.scan = sc
+	return p
+}
+
+// NS is the app's namespace.
+func (p *PointRead) NS() string { return p.ns }
+
+// Want sets how many documents the next batch holds at most: n >= 0 (a
+// find's batchSize 0 opens the cursor with an empty batch), or n < 0 for
+// as many as fit in a reply (a getMore without batchSize). The first
+// batch of a find without batchSize holds 101, as MongoDB's.
+func (p *PointRead) Want(n int64) { p.want = n }
+
+// exhausted: every key flushed (or the limit reached).
+func (p *PointRead) exhausted() bool {
+	if p.limited && p.limit == 0 {
+		return true
+	}
+	if p.scan != nil {
+		return p.scan.exhausted()
+	}
+	return p.head >= len(p.keys)
+}
+
+// Lookups returns the next upstream finds to send, or nil when the batch
+// can be built.
+func (p *PointRead) Lookups() [][]byte {
+	if p.exhausted() || p.batchFull() {
+		return nil
+	}
+	if p.scan != nil {
+		return p.scanLookups()
+	}
+	p.pending = p.pending[:0]
+	var cmds [][]byte
+	for i := p.head; i < len(p.keys) && len(cmds) < maxPipelined; i++ {
+		k := &p.keys[i]
+		if k.done {
+			continue
+		}
+		p.pending = append(p.pending, pointLookup{key: i, seq: k.seq})
+		cmds = append(cmds, p.lookupCommand(*k, k.seq))
+	}
+	p.LookupsSent += len(cmds)
+	return cmds
+}
+
+func (p *PointRead) batchFull() bool {
+	return p.outSize >= query.MaxBatchBytes || (p.want > 0 && int64(len(p.out)) >= p.want) || p.want == 0
+}
+
+// lookupCommand is the find of one bucket by _id.
+func (p *PointRead) lookupCommand(k pointKey, seq int) []byte {
+	id := bucket.ID(p.bucketNS, k.meta, k.window, seq)
+	nb := bsoncore.NewDocumentBuilder
+	return nb().AppendString("find", p.coll).
+		AppendDocument("filter", nb().AppendObjectID(bucket.FieldID, id).Build()).
+		AppendInt32("limit", 1).
+		AppendBoolean("singleBatch", true).
+		AppendString("$db", p.db).Build()
+}
+
+// Feed takes the replies to the last Lookups, in order.
+func (p *PointRead) Feed(replies [][]byte) error {
+	if p.scan != nil {
+		return p.scanFeed(replies)
+	}
+	if len(replies) != len(p.pending) {
+		return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: %d replies to %d bucket lookups", p.ns, len(replies), len(p.pending))
+	}
+	for i, r := range replies {
+		l := p.pending[i]
+		doc := bsoncore.Document(r)
+		if err := doc.Validate(); err != nil {
+			return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: upstream reply is not valid BSON: %v", p.ns, err)
+		}
+		if !mongoerr.IsOK(doc) {
+			return lookupError(p.ns, doc)
+		}
+		k := &p.keys[l.key]
+		if k.done || k.seq != l.seq {
+			continue
+		}
+		docs := batchDocs(doc)
+		if len(docs) == 0 {
+			// By the invariant, no higher seq exists either.
+			k.done = true
+			continue
+		}
+		p.BucketsRead++
+		k.buckets = append(k.buckets, docs[0])
+		k.seq++
+	}
+	p.pending = p.pending[:0]
+	return p.flush()
+}
+
+// lookupError is an upstream's error reply as the proxy's own.
+func lookupError(ns string, reply bsoncore.Document) error {
+	e := mongoerr.FromReply(reply, "")
+	return mongoerr.Errorf(e.Code, "tsproxy rule %s: bucket lookup failed upstream: %s", ns, e.Msg)
+}
+
+// flush moves every complete leading window to out.
+func (p *PointRead) flush() error {
+	per := len(p.spec.metas)
+	for p.head < len(p.keys) && !p.exhausted() {
+		win := p.keys[p.head : p.head+per]
+		for _, k := range win {
+			if !k.done {
+				return nil
+			}
+		}
+		var buckets []bsoncore.Document
+		for _, k := range win {
+			buckets = append(buckets, k.buckets...)
+		}
+		if err := p.emitBuckets(buckets); err != nil {
+			return err
+		}
+		for i := range win {
+			win[i].buckets = nil
+		}
+		p.head += per
+	}
+	return nil
+}
+
+// pointEvent is one matching stored event and its bucket's meta.
+type pointEvent struct {
+	ev   bsoncore.Document
+	ms   int64
+	meta bsoncore.Value
+}
+
+// emitBuckets filters, sorts, skips, limits, reshapes and projects the
+// events of one window's buckets. Windows are disjoint in time, so a sort
+// on time needs only the window's own events.
+func (p *PointRead) emitBuckets(buckets []bsoncore.Document) error {
+	var evs []pointEvent
+	for _, b := range buckets {
+		meta, err := b.LookupErr(bucket.FieldMeta)
+		if err != nil {
+			meta = bsoncore.Value{Type: bsoncore.TypeNull}
+		}
+		arr, err := b.LookupErr(bucket.FieldEvents)
+		if err != nil {
+			continue // an emptied shell
+		}
+		a, ok := arr.ArrayOK()
+		if !ok {
+			return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: bucket %s has events of type %s", p.ns, b.Lookup(bucket.FieldID).String(), bsonutil.TypeName(arr.Type))
+		}
+		vals, err := a.Values()
+		if err != nil {
+			return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: bucket events are not valid BSON: %v", p.ns, err)
+		}
+		for _, v := range vals {
+			ev, ok := v.DocumentOK()
+			if !ok {
+				continue
+			}
+			// A stored time that is not a date (never written by the
+			// proxy) cannot match a date range, as in MongoDB.
+			ms, ok := ev.Lookup(p.timeField).DateTimeOK()
+			if !ok || !p.spec.inRange(ms) {
+				continue
+			}
+			evs = append(evs, pointEvent{ev: ev, ms: ms, meta: meta})
+		}
+	}
+	if p.spec.sortDir != 0 {
+		slices.SortStableFunc(evs, p.compare)
+	}
+	for _, e := range evs {
+		if p.limited && p.limit == 0 {
+			break
+		}
+		if p.skip > 0 {
+			p.skip--
+			continue
+		}
+		doc, err := bucket.RestoreMeta(e.ev, p.metaField, func() (bsoncore.Value, error) { return e.meta, nil })
+		if err != nil {
+			return err
+		}
+		if doc, err = p.proj.Apply(doc); err != nil {
+			return err
+		}
+		p.out = append(p.out, doc)
+		p.outSize += len(doc)
+		if p.limited {
+			p.limit--
+		}
+	}
+	return nil
+}
+
+func (p *PointRead) compare(a, b pointEvent) int {
+	c := 0
+	switch {
+	case a.ms < b.ms:
+		c = -1
+	case a.ms > b.ms:
+		c = 1
+	}
+	if c == 0 && p.spec.idDir != 0 {
+		return p.spec.idDir * bsonutil.Compare(a.ev.Lookup("_id"), b.ev.Lookup("_id"))
+	}
+	return p.spec.sortDir * c
+}
+
+// Batch builds the reply: a find's firstBatch the first time, a getMore's
+// nextBatch after, with cursor id id while documents remain (0 when
+// exhausted or single-batch). more tells whether the proxy must keep the
+// cursor.
+func (p *PointRead) Batch(id int64) (reply []byte, more bool) {
+	n, size := cursor.BatchLen(p.out, p.want)
+	batch := p.out[:n]
+	more = !p.single && (n < len(p.out) || !p.exhausted())
+	if !more {
+		id = 0
+	}
+	key := "nextBatch"
+	if !p.started {
+		key = "firstBatch"
+	}
+	p.started = true
+	d := cursor.Reply{Key: key, Batch: batch, NS: p.ns}.WithID(id)
+	p.out = append(p.out[:0:0], p.out[n:]...)
+	p.outSize -= size
+	return d, more
+}
+
+// explainPoint is what explain shows of a point plan: what the proxy
+// sends upstream, and what it does itself.
+func (p *PointRead) explain() bsoncore.Document {
+	if p.scan != nil {
+		return p.scanExplain()
+	}
+	nb := bsoncore.NewDocumentBuilder
+	metas := bsoncore.NewArrayBuilder()
+	for _, m := range p.spec.metas {
+		metas.AppendValue(m)
+	}
+	tp := nb().AppendString("stage", "TSPROXY_BUCKET_ID_LOOKUPS").
+		AppendString("bucketCollection", p.bucketNS).
+		AppendArray("metas", metas.Build()).
+		AppendInt64("windows", int64(len(p.spec.windows))).
+		AppendInt64("keys", int64(len(p.keys))).
+		AppendString("lookup", "find {_id: BucketID(meta, window, seq)} for seq 0, 1, ... until the first missing id").
+		AppendString("eventFilter", "time range, applied by the proxy").
+		AppendInt32("sortTime", int32(p.spec.sortDir)).
+		AppendInt32("sortID", int32(p.spec.idDir))
+	if len(p.keys) > 0 {
+		tp.AppendDocument("firstLookup", p.lookupCommand(p.keys[0], 0))
+	}
+	return nb().AppendDocument("queryPlanner", nb().
+		AppendString("namespace", p.ns).
+		AppendDocument("winningPlan", tp.Build()).Build()).
+		AppendDouble("ok", 1).Build()
+}
+
+// explainTarget is the explain command of the first command the plan
+// sends upstream (the first lookup, or the scan's find), so that explain
+// can show the upstream's own plan of it; nil when nothing is sent.
+func (p *PointRead) explainTarget() []byte {
+	var cmd []byte
+	switch {
+	case p.scan != nil:
+		cmd = p.scanFind()
+	case len(p.keys) > 0:
+		cmd = p.lookupCommand(p.keys[0], 0)
+	default:
+		return nil
+	}
+	inner := bsoncore.Document(cmd)
+	idx, d := bsoncore.AppendDocumentStart(nil)
+	elems, _ := inner.Elements()
+	iidx, d := bsoncore.AppendDocumentElementStart(d, "explain")
+	for _, e := range elems {
+		if e.Key() != "$db" {
+			d = append(d, e...)
+		}
+	}
+	d, _ = bsoncore.AppendDocumentEnd(d, iidx)
+	d = bsoncore.AppendStringElement(d, "verbosity", "queryPlanner")
+	d = bsoncore.AppendStringElement(d, "$db", p.db)
+	d, _ = bsoncore.AppendDocumentEnd(d, idx)
+	return d
+}
+
+// scanFind is the upstream find of a scan read.
+func (p *PointRead) scanFind() []byte {
+	sc := p.scan
+	nb := bsoncore.NewDocumentBuilder
+	return nb().AppendString("find", p.coll).
+		AppendDocument("filter", sc.scanFilter()).
+		AppendDocument("sort", nb().AppendInt32(bucket.FieldStart, int32(sc.dir)).Build()).
+		AppendInt32("batchSize", scanBatchBuckets).
+		AppendString("$db", p.db).Build()
+}
+
+func (p *PointRead) scanGetMore() []byte {
+	return bsoncore.NewDocumentBuilder().AppendInt64("getMore", p.scan.cursor).
+		AppendString("collection", p.coll).
+		AppendInt32("batchSize", scanBatchBuckets).
+		AppendString("$db", p.db).Build()
+}
+
+// scanLookups is Lookups of a scan: the find, then one getMore at a time.
+func (p *PointRead) scanLookups() [][]byte {
+	sc := p.scan
+	if sc.done {
+		return nil
+	}
+	if !sc.sent {
+		sc.sent = true
+		p.LookupsSent++
+		return [][]byte{p.scanFind()}
+	}
+	p.LookupsSent++
+	return [][]byte{p.scanGetMore()}
+}
+
+// scanFeed takes the reply to the find or a getMore: each bucket joins
+// its window, and a window is emitted once the next one starts (or the
+// upstream cursor ends).
+func (p *PointRead) scanFeed(replies [][]byte) error {
+	sc := p.scan
+	if len(replies) != 1 {
+		return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: %d replies to one bucket scan command", p.ns, len(replies))
+	}
+	doc := bsoncore.Document(replies[0])
+	if err := doc.Validate(); err != nil {
+		return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: upstream reply is not valid BSON: %v", p.ns, err)
+	}
+	if !mongoerr.IsOK(doc) {
+		sc.done, sc.cursor = true, 0
+		return scanError(p.ns, doc)
+	}
+	id, ok := doc.Lookup("cursor", "id").AsInt64OK()
+	if !ok {
+		sc.done, sc.cursor = true, 0
+		return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: upstream bucket scan reply has no cursor id", p.ns)
+	}
+	sc.cursor = id
+	for _, b := range batchDocs(doc) {
+		start, ok := b.Lookup(bucket.FieldStart).DateTimeOK()
+		if !ok {
+			return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: bucket %s has no date start", p.ns, b.Lookup(bucket.FieldID).String())
+		}
+		p.BucketsRead++
+		if sc.hasWin && start != sc.win {
+			if (start-sc.win > 0) != (sc.dir > 0) {
+				return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: upstream returned buckets out of start order", p.ns)
+			}
+			if err := p.emitScanWindow(); err != nil {
+				return err
+			}
+		}
+		sc.hasWin, sc.win = true, start
+		sc.cur = append(sc.cur, b)
+	}
+	if id == 0 {
+		sc.done = true
+		if sc.hasWin {
+			return p.emitScanWindow()
+		}
+	}
+	return nil
+}
+
+func (p *PointRead) emitScanWindow() error {
+	sc := p.scan
+	err := p.emitBuckets(sc.cur)
+	sc.cur, sc.hasWin = nil, false
+	return err
+}
+
+// OpenUpstreamCursor is the upstream cursor a scan read still holds open
+// (0 if none): the proxy kills it when the read ends before the upstream
+// cursor does (a limit, a single batch, killCursors).
+func (p *PointRead) OpenUpstreamCursor() int64 {
+	if p.scan == nil || p.scan.done {
+		return 0
+	}
+	return p.scan.cursor
+}
+
+// UpstreamCursorClosed records that the proxy killed the upstream cursor:
+// the read is over, and the cursor is not killed twice.
+func (p *PointRead) UpstreamCursorClosed() {
+	if p.scan != nil {
+		p.scan.done, p.scan.cursor = true, 0
+	}
+}
+
+// scanExplain is what explain shows of a scan read.
+func (p *PointRead) scanExplain() bsoncore.Document {
+	nb := bsoncore.NewDocumentBuilder
+	tp := nb().AppendString("stage", "TSPROXY_BUCKET_SCAN").
+		AppendString("bucketCollection", p.bucketNS).
+		AppendDocument("find", p.scanFind()).
+		AppendString("eventFilter", "time range, applied by the proxy").
+		AppendString("order", "buckets by start, each window's events sorted by the proxy").
+		AppendInt32("sortTime", int32(p.spec.sortDir)).
+		AppendInt32("sortID", int32(p.spec.idDir))
+	return nb().AppendDocument("queryPlanner", nb().
+		AppendString("namespace", p.ns).
+		AppendDocument("winningPlan", tp.Build()).Build()).
+		AppendDouble("ok", 1).Build()
+}

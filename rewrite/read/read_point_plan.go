@@ -1,0 +1,275 @@
+package read
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+	"github.com/tsproxy/tsproxy/rewrite/query"
+	"github.com/tsproxy/tsproxy/rules"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+// pointSpec is what a point read needs from the find: the keys it names,
+// the time bounds of the events and the order.
+type pointSpec struct {
+	metas              []bsoncore.Value
+	windows            []int64 // window starts, in output order
+	lo, hi             int64   // event time bounds (ms)
+	loStrict, hiStrict bool
+	sortDir            int // 0: no sort; 1 or -1 on the timeField
+	idDir              int // 0, or a tie-break on _id
+}
+
+// keys is the number of (meta, window) keys.
+func (s *pointSpec) keys() int { return len(s.metas) * len(s.windows) }
+
+// inRange reports whether an event time is inside the bounds.
+func (s *pointSpec) inRange(ms int64) bool {
+	if ms < s.lo || (s.loStrict && ms == s.lo) {
+		return false
+	}
+	return ms < s.hi || (!s.hiStrict && ms == s.hi)
+}
+
+// planPoint returns the point spec of a find, or why it has none (then the
+// aggregate path serves it).
+func planPoint(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*pointSpec, string) {
+	if rc.MetaField == "" {
+		return nil, "the rule has no metaField"
+	}
+	if len(filter) == 0 {
+		return nil, "no filter"
+	}
+	conj, err := rc.Conjuncts(filter, 0, nil)
+	if err != nil {
+		return nil, err.Error()
+	}
+	s := &pointSpec{}
+	var hasLo, hasHi, hasMeta bool
+	for _, e := range conj {
+		switch e.Key() {
+		case rc.MetaField:
+			if hasMeta {
+				return nil, "more than one condition on the metaField"
+			}
+			metas, why := pointMetas(e.Value())
+			if why != "" {
+				return nil, why
+			}
+			s.metas, hasMeta = metas, true
+		case rc.TimeField:
+			if why := s.addTimeBounds(e.Value(), &hasLo, &hasHi); why != "" {
+				return nil, why
+			}
+		default:
+			return nil, fmt.Sprintf("a condition on %q", e.Key())
+		}
+	}
+	switch {
+	case !hasMeta:
+		return nil, "the metaField is not fixed"
+	case !hasLo || !hasHi:
+		return nil, "the time range is not bounded on both sides"
+	}
+	if why := s.setSort(sortDoc, rc.TimeField); why != "" {
+		return nil, why
+	}
+	if len(s.metas) > maxPointMetas {
+		return nil, fmt.Sprintf("more than %d metas", maxPointMetas)
+	}
+	if why := s.setWindows(rc.Span, len(s.metas)); why != "" {
+		return nil, why
+	}
+	return s, ""
+}
+
+// pointMetas reads an equality or $in on the metaField: the metas it
+// matches exactly, or why they cannot be named.
+func pointMetas(v bsoncore.Value) ([]bsoncore.Value, string) {
+	vals := []bsoncore.Value{v}
+	if ops, ok := query.IsOperatorDoc(v); ok {
+		elems, _ := ops.Elements()
+		if len(elems) != 1 {
+			return nil, "metaField operators other than one $eq or $in"
+		}
+		switch elems[0].Key() {
+		case "$eq":
+			vals = []bsoncore.Value{elems[0].Value()}
+		case "$in":
+			arr, ok := elems[0].Value().ArrayOK()
+			if !ok {
+				return nil, "$in on the metaField is not an array"
+			}
+			vals, _ = arr.Values()
+		default:
+			return nil, fmt.Sprintf("metaField operator %s", elems[0].Key())
+		}
+	}
+	var out []bsoncore.Value
+	seen := map[string]bool{}
+	for _, m := range vals {
+		if !byteEqualValue(m, 0) {
+			return nil, fmt.Sprintf("a metaField value of type %s (equal values of other encodings exist)", bsonutil.TypeName(m.Type))
+		}
+		k := idKey(m)
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
+		out = append(out, bsoncore.Value{Type: m.Type, Data: append([]byte(nil), m.Data...)})
+	}
+	return out, ""
+}
+
+// byteEqualValue reports whether every value MongoDB's equality matches to
+// v has v's exact bytes, so that the bucket id hashed from v is the only
+// one. Numbers are not (1, 1L and 1.0 are equal), nor regexes (they match
+// strings), nor a top-level array (it would match array metas, which the
+// insert path refuses anyway); strings compare bytewise (no collation).
+func byteEqualValue(v bsoncore.Value, depth int) bool {
+	if depth > bsonutil.MaxDepth {
+		return false
+	}
+	switch v.Type {
+	case bsoncore.TypeString, bsoncore.TypeObjectID, bsoncore.TypeBoolean, bsoncore.TypeNull, bsoncore.TypeDateTime:
+		return true
+	case bsoncore.TypeEmbeddedDocument, bsoncore.TypeArray:
+		if v.Type == bsoncore.TypeArray && depth == 0 {
+			return false
+		}
+		d := bsoncore.Document(v.Data)
+		elems, err := d.Elements()
+		if err != nil {
+			return false
+		}
+		if depth == 0 && len(elems) > 0 && strings.HasPrefix(elems[0].Key(), "$") {
+			return false
+		}
+		for _, e := range elems {
+			if !byteEqualValue(e.Value(), depth+1) {
+				return false
+			}
+		}
+		return true
+	}
+	return false
+}
+
+// addTimeBounds reads one predicate on the timeField.
+func (s *pointSpec) addTimeBounds(v bsoncore.Value, hasLo, hasHi *bool) string {
+	if ms, ok := v.DateTimeOK(); ok {
+		s.lower(ms, false, hasLo)
+		s.upper(ms, false, hasHi)
+		return ""
+	}
+	ops, ok := query.IsOperatorDoc(v)
+	if !ok {
+		return fmt.Sprintf("timeField equality to a %s", bsonutil.TypeName(v.Type))
+	}
+	elems, _ := ops.Elements()
+	for _, e := range elems {
+		ms, ok := e.Value().DateTimeOK()
+		if !ok {
+			return fmt.Sprintf("timeField %s with a %s", e.Key(), bsonutil.TypeName(e.Value().Type))
+		}
+		switch e.Key() {
+		case "$eq":
+			s.lower(ms, false, hasLo)
+			s.upper(ms, false, hasHi)
+		case "$gt", "$gte":
+			s.lower(ms, e.Key() == "$gt", hasLo)
+		case "$lt", "$lte":
+			s.upper(ms, e.Key() == "$lt", hasHi)
+		default:
+			return fmt.Sprintf("timeField operator %s", e.Key())
+		}
+	}
+	return ""
+}
+
+func (s *pointSpec) lower(ms int64, strict bool, has *bool) {
+	if !*has || ms > s.lo || (ms == s.lo && strict) {
+		s.lo, s.loStrict = ms, strict
+	}
+	*has = true
+}
+
+func (s *pointSpec) upper(ms int64, strict bool, has *bool) {
+	if !*has || ms < s.hi || (ms == s.hi && strict) {
+		s.hi, s.hiStrict = ms, strict
+	}
+	*has = true
+}
+
+// setSort accepts no sort, {time: ±1} or {time: ±1, _id: ±1}.
+func (s *pointSpec) setSort(sortDoc bsoncore.Document, timeField string) string {
+	if len(sortDoc) == 0 {
+		return ""
+	}
+	elems, err := sortDoc.Elements()
+	if err != nil {
+		return "sort is not valid BSON"
+	}
+	dirs := make([]int, len(elems))
+	for i, e := range elems {
+		f, ok := e.Value().AsFloat64OK()
+		if !ok || (f != 1 && f != -1) {
+			return fmt.Sprintf("sort on %q by %s", e.Key(), e.Value().String())
+		}
+		dirs[i] = int(f)
+	}
+	switch {
+	case len(elems) == 0:
+	case elems[0].Key() != timeField:
+		return fmt.Sprintf("a sort on %q", elems[0].Key())
+	case len(elems) > 2 || (len(elems) == 2 && elems[1].Key() != "_id"):
+		return "a sort on more than the timeField and _id"
+	default:
+		s.sortDir = dirs[0]
+		if len(elems) == 2 {
+			s.idDir = dirs[1]
+		}
+	}
+	return ""
+}
+
+// setWindows lists the window starts the bounds cover, in output order.
+func (s *pointSpec) setWindows(span int64, metas int) string {
+	if s.lo > s.hi || (s.lo == s.hi && (s.loStrict || s.hiStrict)) {
+		return "" // an empty range: no keys
+	}
+	first := rules.FloorMillis(s.lo, span)
+	last := rules.FloorMillis(s.hi, span)
+	if s.hiStrict && last == s.hi {
+		last -= span
+	}
+	if first > last {
+		return ""
+	}
+	n := (last-first)/span + 1
+	if n < 0 || n*int64(max(metas, 1)) > maxPointKeys {
+		return fmt.Sprintf("more than %d (meta, window) keys", maxPointKeys)
+	}
+	s.windows = make([]int64, 0, n)
+	for w := first; w <= last; w += span {
+		s.windows = append(s.windows, w)
+	}
+	if s.sortDir < 0 {
+		for i, j := 0, len(s.windows)-1; i < j; i, j = i+1, j-1 {
+			s.windows[i], s.windows[j] = s.windows[j], s.windows[i]
+		}
+	}
+	return ""
+}
+
+// Limits of a point plan: beyond them the aggregate path is used.
+const (
+	// maxPointMetas bounds the metas of one plan: a window's buckets of
+	// every meta are held together to sort them, so this bounds memory
+	// with the rule's maxBytes per bucket.
+	maxPointMetas = 100
+	// maxPointKeys bounds the (meta, window) keys, each at least one
+	// lookup: past it a scan of the buckets is likely cheaper.
+	maxPointKeys = 20_000
+)
