@@ -150,11 +150,7 @@ func (c *conn) endCursorSessions(req *request) {
 		return
 	}
 	for _, cur := range c.s.cursors.forgetSessions(ended, users) {
-		if cur.local {
-			c.closeScanEntry(cur.entry)
-			continue
-		}
-		c.killUpstreamCursor(cur.rule, cur.id)
+		_ = c.releaseEntry(cur.entry)
 	}
 }
 

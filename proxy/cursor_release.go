@@ -5,7 +5,6 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/tsproxy/tsproxy/rewrite/query"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/wire"
 )
@@ -73,12 +72,7 @@ func (c *conn) releaseCursors() {
 		if !usable {
 			continue
 		}
-		if e.local {
-			c.closeScanEntry(e)
-			continue
-		}
-		if _, err := c.upCommand(query.KillCursorsCommand(e.rule, id)); err != nil {
-			c.log.Debug("killCursors of a closing connection's cursor failed; the upstream times it out", "rule", e.rule.Namespace, "cursor", id, "err", err.Error())
+		if err := c.releaseEntry(e); err != nil {
 			usable = false // the upstream connection is broken or stuck
 		}
 	}

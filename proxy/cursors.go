@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -24,12 +25,11 @@ type cursorRegistry struct {
 
 type cursorEntry struct {
 	rule *rules.Rule
-	// reshape is how the rewritten read turns upstream documents into the
-	// app's; kept per cursor so getMore batches come out as the first did.
-	reshape any
-	// cursor is the plan seam's cursor (rewrite.Cursor), for reads served
-	// through drive.
+	// cursor gives the plans of the cursor's getMores and of its release.
 	cursor rewrite.Cursor
+	// mu makes the getMores of one cursor take turns (a client may send
+	// them on several connections at once).
+	mu sync.Mutex
 	// session is the lsid of the read that opened the cursor ("" for
 	// none): endSessions of that session kills and forgets it, and
 	// getMores in another session are refused.
@@ -37,9 +37,6 @@ type cursorEntry struct {
 	// users are the users authenticated on the connection that opened the
 	// cursor ("user@db", sorted): only they may continue or kill it.
 	users []string
-	// local: the proxy serves the cursor itself (point reads, counter and
-	// slots reads); there is no upstream cursor to kill.
-	local bool
 	// owner is the id of the client connection that last used the
 	// cursor; see releaseCursors.
 	owner atomic.Uint64
@@ -77,11 +74,9 @@ func (r *cursorRegistry) rule(id int64) *rules.Rule {
 
 func (r *cursorRegistry) forget(id int64) { r.lru.Remove(id) }
 
-// sessionCursor is a cursor of an ended session, to kill upstream.
+// sessionCursor is a cursor of an ended session, to release.
 type sessionCursor struct {
 	id    int64
-	rule  *rules.Rule
-	local bool
 	entry *cursorEntry
 }
 
@@ -99,7 +94,7 @@ func (r *cursorRegistry) forgetSessions(sessions map[string]bool, users []string
 	for _, id := range r.lru.Keys() {
 		if e, ok := r.lru.Peek(id); ok && e.session != "" && sessions[e.session] && rewrite.Coauthorized(e.users, users) {
 			r.lru.Remove(id)
-			out = append(out, sessionCursor{id: id, rule: e.rule, local: e.local, entry: e})
+			out = append(out, sessionCursor{id: id, entry: e})
 		}
 	}
 	return out

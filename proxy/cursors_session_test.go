@@ -19,7 +19,7 @@ func TestCursorRegistryForgetSession(t *testing.T) {
 		t.Fatalf("no session forgot %v", got)
 	}
 	got := r.forgetSessions(map[string]bool{"a": true, "zz": true}, nil)
-	if len(got) != 2 || got[0].id+got[1].id != 4 || got[0].rule != rule {
+	if len(got) != 2 || got[0].id+got[1].id != 4 || got[0].entry.rule != rule {
 		t.Fatalf("forgot %v, want cursors 1 and 3", got)
 	}
 	if r.Len() != 2 || r.get(1) != nil || r.get(3) != nil || r.get(2) == nil || r.get(4) == nil {

@@ -68,8 +68,8 @@ func (c *conn) servePlan(req *request, rule *rules.Rule, r route, p rewrite.Plan
 	for _, ns := range res.Forget {
 		c.s.state.forgetNamespace(ns)
 	}
-	if res.Cursor != nil && !c.registerCursor(req, res.Cursor.ID(), &cursorEntry{rule: rule, cursor: res.Cursor, local: res.Cursor.Local()}) {
-		c.releaseCursor(rule, res.Cursor)
+	if res.Cursor != nil && !c.registerCursor(req, res.Cursor.ID(), &cursorEntry{rule: rule, cursor: res.Cursor}) {
+		_ = c.releaseCursor(rule, res.Cursor)
 		return c.replyTooManyCursors(req, rule)
 	}
 	if req.msg.Flags&wire.MoreToCome == 0 && res.Reply != nil {
@@ -86,16 +86,19 @@ func (c *conn) servePlan(req *request, rule *rules.Rule, r route, p rewrite.Plan
 	return nil
 }
 
-// releaseCursor runs a cursor's Close plan; a failure leaves the upstream
-// cursor to the upstream's timeout.
-func (c *conn) releaseCursor(rule *rules.Rule, cur rewrite.Cursor) {
+// releaseCursor runs a cursor's Close plan. A failure (the upstream
+// connection's) is logged and leaves the upstream cursor to the
+// upstream's timeout.
+func (c *conn) releaseCursor(rule *rules.Rule, cur rewrite.Cursor) error {
 	p := cur.Close()
 	if p == nil {
-		return
+		return nil
 	}
-	if _, err := drive(c, p); err != nil {
-		c.log.Debug("releasing a cursor upstream failed", "rule", rule.Namespace, "cursor", cur.ID(), "err", err.Error())
+	_, err := drive(c, p)
+	if err != nil {
+		c.log.Debug("releasing a cursor upstream failed; the upstream times it out", "rule", rule.Namespace, "cursor", cur.ID(), "err", err.Error())
 	}
+	return err
 }
 
 // runStep sends a step's commands together on the client's upstream

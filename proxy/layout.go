@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"sync"
 	"time"
@@ -30,11 +29,11 @@ func (c *conn) handleLayout(req *request, rule *rules.Rule) error {
 	case "insert":
 		return c.answerRefusal(req, c.layoutInsert(req, rule))
 	case "find", "aggregate", "count":
-		return c.layoutRead(req, rule)
+		return c.servePlan(req, rule, routeRewrite, layout.ReadPlan(req.msg.Body, rule, newCursorID))
 	case "getMore":
-		return c.layoutGetMore(req, rule)
+		return c.rewriteGetMore(req, rule)
 	case "killCursors":
-		return c.layoutKillCursors(req, rule)
+		return c.rewriteKillCursors(req, rule)
 	case "drop":
 		forgetPreallocated(rule)
 		return c.rewriteDrop(req, rule)
@@ -197,81 +196,6 @@ func forgetPreallocated(rule *rules.Rule) {
 			delete(preallocated.seen, k)
 		}
 	}
-}
-
-// layoutRead serves find, aggregate and count: the candidate buckets are
-// fetched, then the proxy answers from them.
-func (c *conn) layoutRead(req *request, rule *rules.Rule) error {
-	plan, err := layout.PlanLayoutRead(req.msg.Body, rule)
-	if err != nil {
-		return c.replyRewriteError(req, err)
-	}
-	span := c.s.tel.startCommand(req, routeRewrite)
-	t0 := time.Now()
-	for next := plan.Next(); next != nil; {
-		reply, err := c.upCommand(next)
-		if err != nil {
-			span.end(req, time.Since(t0), err)
-			return err
-		}
-		if next, err = plan.Feed(reply); err != nil {
-			span.end(req, time.Since(t0), nil)
-			return c.replyRewriteError(req, err)
-		}
-	}
-	id := newLayoutCursorID()
-	out, cur := plan.Result(id)
-	if cur != nil && !c.registerCursor(req, id, &cursorEntry{rule: rule, reshape: cur, local: true}) {
-		span.end(req, time.Since(t0), nil)
-		return c.replyTooManyCursors(req, rule)
-	}
-	span.end(req, time.Since(t0), nil)
-	return c.replyBody(req, out)
-}
-
-// newLayoutCursorID picks the id of a cursor the proxy serves itself:
-// random, positive, with bit 61 set so that it does not meet the small
-// sequential ids of the embedded upstream's cursors in the registry.
-func newLayoutCursorID() int64 {
-	return rand.Int64N(1<<61) | 1<<61
-}
-
-func (c *conn) layoutGetMore(req *request, rule *rules.Rule) error {
-	id, _ := bson.Raw(req.msg.Body).Lookup("getMore").AsInt64OK()
-	var cur *layout.LayoutCursor
-	if e := c.s.cursors.get(id); e != nil && e.rule == rule {
-		cur, _ = e.reshape.(*layout.LayoutCursor)
-	}
-	if cur == nil {
-		return c.replyError(req, mongoerr.CursorNotFound, fmt.Sprintf("tsproxy rule %s: cursor id %d not found", rule.Namespace, id))
-	}
-	c.ownCursor(id)
-	out, done := cur.GetMore(req.msg.Body, id)
-	if done {
-		c.s.cursors.forget(id)
-	}
-	return c.replyBody(req, out)
-}
-
-func (c *conn) layoutKillCursors(req *request, rule *rules.Rule) error {
-	var killed bson.A
-	ids, _ := bson.Raw(req.msg.Body).Lookup("cursors").ArrayOK()
-	vals, _ := ids.Values()
-	for _, v := range vals {
-		if id, ok := v.AsInt64OK(); ok {
-			c.s.cursors.forget(id)
-			killed = append(killed, id)
-		}
-	}
-	if req.msg.Flags&wire.MoreToCome != 0 {
-		return nil
-	}
-	body, err := bson.Marshal(bson.D{{Key: "cursorsKilled", Value: killed}, {Key: "cursorsNotFound", Value: bson.A{}},
-		{Key: "cursorsAlive", Value: bson.A{}}, {Key: "cursorsUnknown", Value: bson.A{}}, {Key: "ok", Value: 1.0}})
-	if err != nil {
-		return err
-	}
-	return c.replyBody(req, body)
 }
 
 // counterWrites remembers the write ids of the retryable counter inserts

@@ -280,11 +280,8 @@ func (c *conn) killCursorsPartitioned(req *request, rule *rules.Rule) error {
 		if e == nil {
 			continue
 		}
-		c.closeScanEntry(e)
 		c.s.cursors.forget(id)
-		if !e.local {
-			c.killUpstreamCursor(e.rule, id)
-		}
+		_ = c.releaseEntry(e)
 	}
 	return c.replyBody(req, cursor.KillCursorsReply(nil, ids))
 }

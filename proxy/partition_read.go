@@ -3,7 +3,6 @@ package proxy
 import (
 	"fmt"
 	"slices"
-	"sync"
 
 	"github.com/tsproxy/tsproxy/rewrite/partition"
 	"github.com/tsproxy/tsproxy/rewrite/read"
@@ -26,12 +25,6 @@ import (
 // proxy-held cursor, counts summed, distinct values united, aggregates
 // answered from the summaries of all partitions' buckets; other shapes are
 // refused with an error naming the rule.
-
-// partitionCursor is a proxy-held cursor over a merged find.
-type partitionCursor struct {
-	mu sync.Mutex
-	f  *partition.PartitionedFind
-}
 
 // rewriteReadPartitioned serves find, aggregate, count, distinct and
 // explain on a partitioned rule.
@@ -137,9 +130,9 @@ func (c *conn) findPartitioned(req *request, rule *rules.Rule, parts []partColl)
 	if err := f.Finish(); err != nil {
 		return c.replyRewriteError(req, err)
 	}
-	id := pointCursorID()
+	id := newCursorID()
 	reply, more := f.Batch(id, -1)
-	if more && !c.registerCursor(req, id, &cursorEntry{rule: rule, reshape: &partitionCursor{f: f}, local: true}) {
+	if more && !c.registerCursor(req, id, &cursorEntry{rule: rule, cursor: partition.NewMergedCursor(id, f)}) {
 		return c.replyTooManyCursors(req, rule)
 	}
 	return c.replyBody(req, reply)
@@ -158,31 +151,12 @@ func nextBound(rule *rules.Rule, p partColl, desc bool) int64 {
 
 // killPartitionCursor ends a sub-read's cursor the proxy stops reading.
 func (c *conn) killPartitionCursor(rule *rules.Rule, coll string, id int64) {
-	pr := partitionRule(rule, coll)
 	if e := c.s.cursors.get(id); e != nil {
-		c.closeScanEntry(e)
 		c.s.cursors.forget(id)
-		if e.local {
-			return
-		}
+		_ = c.releaseEntry(e)
+		return
 	}
-	c.killUpstreamCursor(pr, id)
-}
-
-// servePartitionMore continues a merged find's cursor.
-func (c *conn) servePartitionMore(req *request, id int64, pc *partitionCursor) error {
-	pc.mu.Lock()
-	defer pc.mu.Unlock()
-	n, ok := cursor.GetMoreBatchSize(req.msg.Body)
-	if !ok || n == 0 {
-		n = -1
-	}
-	c.ownCursor(id)
-	reply, more := pc.f.Batch(id, n)
-	if !more {
-		c.s.cursors.forget(id)
-	}
-	return c.replyBody(req, reply)
+	c.killUpstreamCursor(partitionRule(rule, coll), id)
 }
 
 // countPartitioned sums a count over several partitions.

@@ -2,10 +2,12 @@ package proxy
 
 import (
 	"fmt"
-	"time"
+	"math/rand/v2"
 
+	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/admin"
 	"github.com/tsproxy/tsproxy/rewrite/read"
+	"github.com/tsproxy/tsproxy/rewrite/summary"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
@@ -44,7 +46,9 @@ func (c *conn) replyRewriteError(req *request, err error) error {
 	return c.replyBody(req, mongoerr.Reply(err))
 }
 
-// rewriteRead serves find, aggregate, count, distinct and explain.
+// rewriteRead serves find, aggregate, count, distinct and explain: from
+// the bucket summaries where they answer exactly, else by point lookups,
+// a bucket scan or an aggregate on the bucket collection (rewrite/read).
 func (c *conn) rewriteRead(req *request, rule *rules.Rule) error {
 	if rule.Partitioned() {
 		return c.rewriteReadPartitioned(req, rule) // proxy/partition_read.go
@@ -53,163 +57,56 @@ func (c *conn) rewriteRead(req *request, rule *rules.Rule) error {
 	if err != nil {
 		return err
 	}
-	if done, err := c.answerFromSummaries(req, rule, caps); done {
-		return err
-	}
-	plan, err := read.PlanRead(req.msg.Body, rule, read.ReadOptions{Caps: caps})
-	if err != nil {
-		return c.replyRewriteError(req, err)
-	}
-	switch {
-	case plan.Local != nil:
-		out := plan.Local
-		if plan.LocalExplain != nil {
-			reply, err := c.upCommand(plan.LocalExplain)
-			if err != nil {
-				return err
-			}
-			out = cursor.WithUpstreamPlan(out, reply)
-		}
-		return c.replyBody(req, out)
-	case plan.Point != nil:
-		return c.servePoint(req, rule, plan.Point)
-	}
-	span := c.s.tel.startCommand(req, routeRewrite)
-	t0 := time.Now()
-	for next := plan.MetaPrefetch(); next != nil; {
-		r, err := c.upCommand(next)
-		if err != nil {
-			span.end(req, time.Since(t0), err)
-			return err
-		}
-		next = plan.AddPrefetched(r)
-	}
-	reply, err := c.upCommand(plan.Command)
-	if err != nil {
-		span.end(req, time.Since(t0), err)
-		return err
-	}
-	switch {
-	case plan.Passthrough:
-		span.end(req, time.Since(t0), nil)
-		return c.replyBody(req, reply)
-	case plan.Drain:
-		for {
-			if err := c.resolveMetas(plan.MetaQuery(reply), plan.AddMetas); err != nil {
-				span.end(req, time.Since(t0), err)
-				return err
-			}
-			next := plan.Feed(reply)
-			if next == nil {
-				break
-			}
-			if reply, err = c.upCommand(next); err != nil {
-				span.end(req, time.Since(t0), err)
-				return err
-			}
-		}
-		span.end(req, time.Since(t0), nil)
-		return c.replyBody(req, plan.Result())
-	}
-	if err := c.resolveMetas(plan.Cursor.MetaQuery(reply), plan.Cursor.AddMetas); err != nil {
-		span.end(req, time.Since(t0), err)
-		return err
-	}
-	out, id, err := plan.Cursor.MapReply(reply)
-	if err != nil {
-		span.end(req, time.Since(t0), err)
-		return c.replyRewriteError(req, err)
-	}
-	if id != 0 {
-		if plan.Cursor.SingleBatch {
-			c.killUpstreamCursor(rule, id)
-		} else if !c.registerCursor(req, id, &cursorEntry{rule: rule, reshape: plan.Cursor}) {
-			c.killUpstreamCursor(rule, id)
-			span.end(req, time.Since(t0), nil)
-			return c.replyTooManyCursors(req, rule)
-		}
-	}
-	span.end(req, time.Since(t0), nil)
-	return c.replyBody(req, out)
+	opts := read.ReadOptions{Caps: caps}
+	body := req.msg.Body
+	p := summary.Plan(body, rule, opts, func() rewrite.Plan {
+		return read.Plan(body, rule, opts, newCursorID)
+	})
+	return c.servePlan(req, rule, routeRewrite, p)
 }
 
-// resolveMetas runs the lookups of bucket metas a batch needs (FerretDB's
-// $unwind drops them); an upstream refusal shows up when the batch is
-// mapped, as an unknown meta.
-func (c *conn) resolveMetas(queries [][]byte, add func([]byte) error) error {
-	for _, q := range queries {
-		reply, err := c.upCommand(q)
-		if err != nil {
-			return err
-		}
-		if err := add(reply); err != nil {
-			c.log.Warn("bucket meta lookup failed", "err", err.Error())
-		}
-	}
-	return nil
-}
+// newCursorID is a fresh id for a cursor the proxy holds. Bit 62 set keeps
+// it apart from FerretDB's small sequential ids; against MongoDB's random
+// ids a collision has a 2^-62 chance.
+func newCursorID() int64 { return rand.Int64()>>2 | 1<<62 }
 
 // killUpstreamCursor kills a cursor the app will never read on; a failure
 // only leaves it to the upstream's timeout.
 func (c *conn) killUpstreamCursor(rule *rules.Rule, id int64) {
 	if _, err := c.upCommand(query.KillCursorsCommand(rule, id)); err != nil {
-		c.log.Debug("killCursors of a single-batch cursor failed", "rule", rule.Namespace, "err", err.Error())
+		c.log.Debug("killCursors of a cursor nobody reads failed", "rule", rule.Namespace, "err", err.Error())
 	}
 }
 
-// rewriteGetMore continues a rewritten read's cursor.
+// rewriteGetMore continues a cursor a rewritten read left open: the
+// cursor's own plan gives the next batch, and the cursor is forgotten once
+// it is exhausted.
 func (c *conn) rewriteGetMore(req *request, rule *rules.Rule) error {
 	id, _ := bson.Raw(req.msg.Body).Lookup("getMore").AsInt64OK()
-	entry := c.s.cursors.get(id)
-	if entry != nil {
-		switch pc := entry.reshape.(type) {
-		case *pointCursor:
-			return c.servePointMore(req, entry.rule, id, pc)
-		case *partitionCursor:
-			return c.servePartitionMore(req, id, pc)
-		}
-		rule = entry.rule // a partColl's, for a partitioned rule
-	}
-	shape, _ := entryShape(entry)
-	if shape == nil {
+	e := c.s.cursors.get(id)
+	if e == nil {
 		return c.replyError(req, mongoerr.CursorNotFound, fmt.Sprintf("tsproxy rule %s: cursor id %d not found", rule.Namespace, id))
 	}
-	cmd, err := query.GetMore(req.msg.Body, rule)
-	if err != nil {
-		return c.replyRewriteError(req, err)
-	}
 	c.ownCursor(id)
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	span := c.s.tel.startCommand(req, routeCursor)
-	t0 := time.Now()
-	reply, err := c.upCommand(cmd)
-	span.end(req, time.Since(t0), err)
-	if err != nil {
-		return err
-	}
-	if err := c.resolveMetas(shape.MetaQuery(reply), shape.AddMetas); err != nil {
-		return err
-	}
-	out, next, err := shape.MapReply(reply)
+	tr := &timedRunner{c: c}
+	res, err := drive(tr, e.cursor.More(req.msg.Body))
+	span.end(req, tr.wait, err)
 	if err != nil {
 		c.s.cursors.forget(id)
-		return c.replyRewriteError(req, err)
+		return err
 	}
-	if next == 0 {
+	if res.Cursor == nil {
 		c.s.cursors.forget(id)
 	}
-	return c.replyBody(req, out)
+	return c.replyBody(req, res.Reply)
 }
 
-func entryShape(e *cursorEntry) (*read.CursorShape, bool) {
-	if e == nil {
-		return nil, false
-	}
-	s, ok := e.reshape.(*read.CursorShape)
-	return s, ok
-}
-
-// rewriteKillCursors kills cursors of the app's namespace: they are the
-// bucket collection's upstream.
+// rewriteKillCursors kills cursors of the app's namespace: those the proxy
+// holds here, the others (upstream cursors on the bucket collection) with
+// the client's killCursors sent to the bucket collection.
 func (c *conn) rewriteKillCursors(req *request, rule *rules.Rule) error {
 	cmd, ids, err := query.KillCursors(req.msg.Body, rule)
 	if err != nil {
@@ -217,13 +114,15 @@ func (c *conn) rewriteKillCursors(req *request, rule *rules.Rule) error {
 	}
 	var local []int64
 	for _, id := range ids {
-		if e := c.s.cursors.get(id); e != nil {
-			if _, ok := e.reshape.(*pointCursor); ok {
-				local = append(local, id)
-				c.closeScanEntry(e)
-			}
+		e := c.s.cursors.get(id)
+		if e == nil {
+			continue
 		}
 		c.s.cursors.forget(id)
+		if e.cursor.Local() {
+			local = append(local, id)
+			_ = c.releaseEntry(e)
+		}
 	}
 	if len(local) > 0 && len(local) == len(ids) {
 		// Only proxy-held cursors: nothing to kill upstream.
@@ -237,6 +136,14 @@ func (c *conn) rewriteKillCursors(req *request, rule *rules.Rule) error {
 		reply = cursor.KillCursorsReply(reply, local)
 	}
 	return c.replyBody(req, reply)
+}
+
+// releaseEntry releases a forgotten cursor's upstream resources, after any
+// getMore of it running on another connection.
+func (c *conn) releaseEntry(e *cursorEntry) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return c.releaseCursor(e.rule, e.cursor)
 }
 
 // rewriteCollStats reports the bucket collection's statistics under the

@@ -70,6 +70,7 @@ func appendLayoutCount(b *bsoncore.DocumentBuilder, key string, n int64) {
 
 // LayoutCursor holds the documents of a read the app has not fetched yet.
 type LayoutCursor struct {
+	id   int64
 	ns   string
 	docs []bsoncore.Document
 }
