@@ -18,6 +18,32 @@ import (
 // findAndModify clearly, keeps renameCollection away from rule
 // namespaces, and ends the rewritten cursors of sessions the client ends.
 
+// rewriteCreate creates the bucket collection (and its index) for a
+// create of the app's namespace.
+func (c *conn) rewriteCreate(req *request, rule *rules.Rule) error {
+	res, err := c.runPlan(req, rule, routeRewrite, admin.Create(req.msg.Body, rule))
+	if err != nil {
+		return err
+	}
+	if mongoerr.IsOK(res.Reply) {
+		c.ensureBucketIndex(rule)
+	}
+	return c.answer(req, rule, res)
+}
+
+// rewriteDropIndexes drops translated indexes; after "*" the proxy's own
+// index is created again at once.
+func (c *conn) rewriteDropIndexes(req *request, rule *rules.Rule) error {
+	res, err := c.runPlan(req, rule, routeRewrite, admin.DropIndexes(req.msg.Body, rule))
+	if err != nil {
+		return err
+	}
+	if len(res.Forget) > 0 {
+		c.ensureBucketIndex(rule)
+	}
+	return c.answer(req, rule, res)
+}
+
 // refuseWrite answers update and findAndModify on a bucketed namespace.
 func (c *conn) refuseWrite(req *request, rule *rules.Rule) error {
 	err := admin.RefuseWrite(rule, req.name)
@@ -26,70 +52,6 @@ func (c *conn) refuseWrite(req *request, rule *rules.Rule) error {
 		return nil
 	}
 	return c.replyRewriteError(req, err)
-}
-
-// rewriteCreate creates the bucket collection (and its index) for a
-// create of the app's namespace.
-func (c *conn) rewriteCreate(req *request, rule *rules.Rule) error {
-	cmd, err := admin.PlanCreate(req.msg.Body, rule)
-	if err != nil {
-		return c.replyRewriteError(req, err)
-	}
-	reply, err := c.upCommand(cmd)
-	if err != nil {
-		return err
-	}
-	if ok, _ := bson.Raw(reply).Lookup("ok").AsFloat64OK(); ok == 1 {
-		c.ensureBucketIndex(rule)
-	}
-	return c.replyBody(req, admin.AdminReply(reply, rule))
-}
-
-// rewriteCreateIndexes creates the translated indexes on the buckets.
-func (c *conn) rewriteCreateIndexes(req *request, rule *rules.Rule) error {
-	cmd, err := admin.PlanCreateIndexes(req.msg.Body, rule)
-	if err != nil {
-		return c.replyRewriteError(req, err)
-	}
-	reply, err := c.upCommand(cmd)
-	if err != nil {
-		return err
-	}
-	return c.replyBody(req, admin.AdminReply(reply, rule))
-}
-
-// rewriteListIndexes lists the buckets' indexes as the app's.
-func (c *conn) rewriteListIndexes(req *request, rule *rules.Rule) error {
-	cmd, err := admin.PlanListIndexes(req.msg.Body, rule)
-	if err != nil {
-		return c.replyRewriteError(req, err)
-	}
-	reply, err := c.upCommand(cmd)
-	if err != nil {
-		return err
-	}
-	return c.replyBody(req, admin.ListIndexesReply(reply, rule))
-}
-
-// rewriteDropIndexes drops translated indexes; after "*" the proxy's own
-// index is created again at once.
-func (c *conn) rewriteDropIndexes(req *request, rule *rules.Rule) error {
-	cmd, recreate, err := admin.PlanDropIndexes(req.msg.Body, rule)
-	if err != nil {
-		return c.replyRewriteError(req, err)
-	}
-	reply, err := c.upCommand(cmd)
-	if err != nil {
-		return err
-	}
-	if recreate {
-		st := c.s.state
-		st.mu.Lock()
-		delete(st.indexes, rule.BucketNamespace())
-		st.mu.Unlock()
-		c.ensureBucketIndex(rule)
-	}
-	return c.replyBody(req, admin.AdminReply(reply, rule))
 }
 
 // renameTouchesRule reports the rule whose namespace a renameCollection

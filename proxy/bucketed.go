@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"context"
 	"fmt"
 	"time"
 
@@ -10,8 +9,6 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/partition"
 
 	"github.com/tsproxy/tsproxy/rewrite/caps"
-
-	"github.com/tsproxy/tsproxy/rewrite/bucket"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
@@ -51,7 +48,7 @@ func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
 		if rule.Partitioned() {
 			return c.replyRewriteError(req, partition.PartitionCommandRefusal(rule, "$collStats"))
 		}
-		return c.rewriteCollStats(req, rule)
+		return c.servePlan(req, rule, routeRewrite, admin.CollStats(req.msg.Body, rule))
 	}
 	if rule.Partitioned() {
 		if done, err := c.handlePartitioned(req, rule); done { // proxy/partition.go
@@ -68,9 +65,9 @@ func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
 	case "killCursors":
 		return c.rewriteKillCursors(req, rule)
 	case "collStats":
-		return c.rewriteCollStats(req, rule)
+		return c.servePlan(req, rule, routeRewrite, admin.CollStats(req.msg.Body, rule))
 	case "drop":
-		return c.rewriteDrop(req, rule)
+		return c.servePlan(req, rule, routeRewrite, admin.Drop(req.msg.Body, rule))
 	case "delete":
 		return c.answerRefusal(req, c.rewriteDelete(req, rule))
 	case "update", "findAndModify", "findandmodify":
@@ -78,9 +75,9 @@ func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
 	case "create":
 		return c.rewriteCreate(req, rule)
 	case "createIndexes":
-		return c.rewriteCreateIndexes(req, rule)
+		return c.servePlan(req, rule, routeRewrite, admin.CreateIndexes(req.msg.Body, rule))
 	case "listIndexes":
-		return c.rewriteListIndexes(req, rule)
+		return c.servePlan(req, rule, routeRewrite, admin.ListIndexes(req.msg.Body, rule))
 	case "dropIndexes":
 		return c.rewriteDropIndexes(req, rule)
 	}
@@ -323,57 +320,4 @@ func (c *conn) upstreamCaps() (caps.Upstream, error) {
 	st.mu.Unlock()
 	c.log.Info("upstream capabilities detected", "caps", fmt.Sprintf("%+v", caps))
 	return caps, nil
-}
-
-// indexRetry is how long after a failed index creation the proxy tries
-// again (the next client may have the privilege the last one lacked).
-const indexRetry = time.Minute
-
-// ensureBucketIndex creates the bucket collection's {meta: 1, start: 1}
-// index the first time the proxy writes to it, on the client's connection
-// and so with the client's privileges. A failure is logged, not fatal: the
-// write is still correct, reads are only slower.
-func (c *conn) ensureBucketIndex(rule *rules.Rule) {
-	st := c.s.state
-	ns := rule.BucketNamespace()
-	st.mu.Lock()
-	last, seen := st.indexes[ns]
-	if seen && (last.IsZero() || time.Since(last) < indexRetry) {
-		st.mu.Unlock()
-		return
-	}
-	st.indexes[ns] = time.Now() // a failed attempt: retried after indexRetry
-	st.mu.Unlock()
-	reply, err := c.up.Command(bson.D{
-		{Key: "createIndexes", Value: rule.BucketCollection},
-		{Key: "indexes", Value: bson.A{bson.D{
-			{Key: "key", Value: bson.D{{Key: bucket.FieldMeta, Value: 1}, {Key: bucket.FieldStart, Value: 1}}},
-			{Key: "name", Value: "meta_1_start_1"},
-		}}},
-		{Key: "$db", Value: rule.DB},
-	})
-	if err == nil {
-		if ok, _ := reply.Lookup("ok").AsFloat64OK(); ok != 1 {
-			err = fmt.Errorf("%s", reply.Lookup("errmsg").StringValue())
-		}
-	}
-	if err != nil {
-		c.log.Error("could not create the bucket index {meta: 1, start: 1}; writes are stored, reads will be slow. Grant createIndex on the bucket collection, or create the index yourself",
-			"rule", rule.Namespace, "collection", ns, "err", err.Error())
-		return
-	}
-	if hook := c.s.opts.IndexIDs; hook != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		err := hook(ctx, rule.DB, rule.BucketCollection)
-		cancel()
-		if err != nil {
-			c.log.Error("could not index bucket _ids in the embedded upstream; writes and reads stay correct but slow",
-				"rule", rule.Namespace, "collection", ns, "err", err.Error())
-			return
-		}
-	}
-	st.mu.Lock()
-	st.indexes[ns] = time.Time{} // done
-	st.mu.Unlock()
-	c.log.Info("bucket index ensured", "rule", rule.Namespace, "collection", ns)
 }

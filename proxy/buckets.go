@@ -175,15 +175,6 @@ func (u *upstreamState) forgetBuckets(bucketNS string) {
 	u.bucketCache().forget(bucketNS)
 }
 
-// forgetNamespace forgets everything the proxy keeps of a bucket namespace
-// that was dropped or emptied: that its index was ensured, and its fills.
-func (u *upstreamState) forgetNamespace(ns string) {
-	u.mu.Lock()
-	delete(u.indexes, ns)
-	u.mu.Unlock()
-	u.forgetBuckets(ns)
-}
-
 func (u *upstreamState) bucketCache() *bucketCache {
 	u.mu.Lock()
 	defer u.mu.Unlock()

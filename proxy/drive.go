@@ -53,35 +53,57 @@ func (t *timedRunner) runStep(step rewrite.Step) ([][]byte, error) {
 	return t.c.runStep(step)
 }
 
-// servePlan runs the plan of req on rule's namespace and answers the client:
-// the plan's reply, its cursor remembered for getMore and killCursors, the
-// proxy state it invalidates forgotten, and its After work run once the
-// client has the reply.
+// servePlan runs the plan of req on rule's namespace and answers the
+// client (runPlan, then answer).
 func (c *conn) servePlan(req *request, rule *rules.Rule, r route, p rewrite.Plan) error {
+	res, err := c.runPlan(req, rule, r, p)
+	if err != nil {
+		return err
+	}
+	return c.answer(req, rule, res)
+}
+
+// runPlan runs the plan of req on rule's namespace: the proxy state its
+// result invalidates is forgotten and its cursor remembered for getMore
+// and killCursors (a cursor over the limit is released and refused).
+func (c *conn) runPlan(req *request, rule *rules.Rule, r route, p rewrite.Plan) (rewrite.Result, error) {
 	span := c.s.tel.startCommand(req, r)
 	tr := &timedRunner{c: c}
 	res, err := drive(tr, p)
 	span.end(req, tr.wait, err)
 	if err != nil {
-		return err
+		return res, err
 	}
 	for _, ns := range res.Forget {
-		c.s.state.forgetNamespace(ns)
+		c.s.forgetNamespace(ns)
 	}
 	if res.Cursor != nil && !c.registerCursor(req, res.Cursor.ID(), &cursorEntry{rule: rule, cursor: res.Cursor}) {
 		_ = c.releaseCursor(rule, res.Cursor)
-		return c.replyTooManyCursors(req, rule)
+		res = rewrite.Result{Reply: c.tooManyCursors(rule)}
 	}
+	return res, nil
+}
+
+// answer sends a plan's reply (none to an unacknowledged command) and runs
+// its After work; a failure of that work is logged, as the client has its
+// answer.
+func (c *conn) answer(req *request, rule *rules.Rule, res rewrite.Result) error {
 	if req.msg.Flags&wire.MoreToCome == 0 && res.Reply != nil {
 		if err := c.replyBody(req, res.Reply); err != nil {
 			return err
 		}
 	}
-	if res.After != nil {
-		if _, err := drive(c, res.After); err != nil {
-			c.log.Warn("work after the reply failed", "rule", rule.Namespace, "command", req.name, "err", err.Error())
-			return err
-		}
+	if res.After == nil {
+		return nil
+	}
+	after, err := drive(c, res.After)
+	if err != nil {
+		c.log.Warn("work after the reply failed", "rule", rule.Namespace, "command", req.name, "err", err.Error())
+		return err
+	}
+	if after.Reply != nil && !mongoerr.IsOK(after.Reply) {
+		c.log.Warn("work after the reply was refused by the upstream", "rule", rule.Namespace, "command", req.name,
+			"err", mongoerr.FromReply(after.Reply, "refused").Error())
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/admin"
 	"github.com/tsproxy/tsproxy/rewrite/insert"
 	"github.com/tsproxy/tsproxy/rewrite/layout"
 
@@ -35,8 +36,7 @@ func (c *conn) handleLayout(req *request, rule *rules.Rule) error {
 	case "killCursors":
 		return c.rewriteKillCursors(req, rule)
 	case "drop":
-		forgetPreallocated(rule)
-		return c.rewriteDrop(req, rule)
+		return c.servePlan(req, rule, routeRewrite, admin.Drop(req.msg.Body, rule))
 	}
 	if req.msg.Flags&wire.MoreToCome != 0 {
 		return nil
@@ -134,16 +134,49 @@ func (c *conn) slotsBefore(rule *rules.Rule, keys []bucket.Key) (map[string]bson
 	return out, nil
 }
 
-// preallocated remembers the (bucket namespace, series, window) shells
-// this proxy inserted, so each is tried once.
-var preallocated = struct {
-	sync.Mutex
+// shellMemory remembers the (bucket namespace, series, window) shells a
+// proxy inserted, so that each is tried once. It is bounded: past
+// maxPreallocated it starts over (a shell tried again only meets a
+// duplicate key).
+type shellMemory struct {
+	mu   sync.Mutex
 	seen map[string]bool
-}{seen: map[string]bool{}}
+}
 
-// maxPreallocated bounds that memory; past it, it starts over (a shell
-// tried again only meets a duplicate key).
 const maxPreallocated = 100_000
+
+func newShellMemory() *shellMemory { return &shellMemory{seen: map[string]bool{}} }
+
+// claim returns the keys of keys not tried yet, and marks them tried.
+func (m *shellMemory) claim(ns string, keys []bucket.Key) []bucket.Key {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.seen) > maxPreallocated {
+		m.seen = map[string]bool{}
+	}
+	var out []bucket.Key
+	for _, k := range keys {
+		name := ns + "\x00" + k.String()
+		if !m.seen[name] {
+			m.seen[name] = true
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// forget forgets the shells of a dropped bucket collection, so the windows
+// written after the drop get theirs again.
+func (m *shellMemory) forget(ns string) {
+	prefix := ns + "\x00"
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for k := range m.seen {
+		if strings.HasPrefix(k, prefix) {
+			delete(m.seen, k)
+		}
+	}
+}
 
 // preallocate inserts the zero-filled buckets of the window after each
 // written one, once the client has its reply, on the client's connection
@@ -153,21 +186,14 @@ const maxPreallocated = 100_000
 // shells.
 func (c *conn) preallocate(rule *rules.Rule, keys []bucket.Key) {
 	win := rule.LayoutOptions.Window.Milliseconds()
+	next := make([]bucket.Key, len(keys))
+	for i, k := range keys {
+		next[i] = bucket.Key{Meta: k.Meta, Start: k.Start + win}
+	}
 	var shells []any
-	preallocated.Lock()
-	if len(preallocated.seen) > maxPreallocated {
-		preallocated.seen = map[string]bool{}
+	for _, k := range c.s.shells.claim(rule.BucketNamespace(), next) {
+		shells = append(shells, bson.Raw(layout.SlotsShellOf(rule, k)))
 	}
-	for _, k := range keys {
-		next := bucket.Key{Meta: k.Meta, Start: k.Start + win}
-		name := rule.BucketNamespace() + "\x00" + next.String()
-		if preallocated.seen[name] {
-			continue
-		}
-		preallocated.seen[name] = true
-		shells = append(shells, bson.Raw(layout.SlotsShellOf(rule, next)))
-	}
-	preallocated.Unlock()
 	if len(shells) == 0 {
 		return
 	}
@@ -185,41 +211,32 @@ func (c *conn) preallocate(rule *rules.Rule, keys []bucket.Key) {
 	c.log.Debug("slots buckets preallocated", "rule", rule.Namespace, "inserted", n, "tried", len(shells))
 }
 
-// forgetPreallocated forgets the shells of a dropped bucket collection,
-// so the windows written after the drop get theirs again.
-func forgetPreallocated(rule *rules.Rule) {
-	prefix := rule.BucketNamespace() + "\x00"
-	preallocated.Lock()
-	defer preallocated.Unlock()
-	for k := range preallocated.seen {
-		if strings.HasPrefix(k, prefix) {
-			delete(preallocated.seen, k)
-		}
-	}
-}
-
-// counterWrites remembers the write ids of the retryable counter inserts
-// this process saw (see rewrite/counter_retry.go), to recognise a
+// writeIDs remembers the write ids of the retryable counter inserts this
+// proxy saw (see rewrite/layout/counter_retry.go), to recognise a
 // driver's retry: a write id seen before is checked against its buckets'
-// marks. Until checkAllUntil (a process start, or forgetting ids under
+// marks. Until checkAllUntil (the proxy's start, or forgetting ids under
 // load) an unseen id may be a retry of a write sent to a proxy that is
 // gone, so every write is checked.
-var counterWrites = struct {
-	sync.Mutex
+type writeIDs struct {
+	mu            sync.Mutex
 	seen          map[string]time.Time
 	checkAllUntil time.Time
-}{seen: map[string]time.Time{}, checkAllUntil: time.Now().Add(layout.MarkerLife)}
+}
+
+func newWriteIDs(start time.Time) *writeIDs {
+	return &writeIDs{seen: map[string]time.Time{}, checkAllUntil: start.Add(layout.MarkerLife)}
+}
 
 // maxCounterWrites bounds that memory; past it, ids older than
 // layout.MarkerLife are forgotten, then all if need be.
 const maxCounterWrites = 200_000
 
-// counterAttempt says whether a write id must be checked for an earlier
-// attempt, or is a retry too late to be checked (its marks may be gone).
-func counterAttempt(id string, now time.Time) (check bool, late time.Duration) {
-	counterWrites.Lock()
-	defer counterWrites.Unlock()
-	if first, ok := counterWrites.seen[id]; ok {
+// attempt says whether a write id must be checked for an earlier attempt,
+// or is a retry too late to be checked (its marks may be gone).
+func (w *writeIDs) attempt(id string, now time.Time) (check bool, late time.Duration) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if first, ok := w.seen[id]; ok {
 		// Some margin: the mark's period was picked when the first
 		// attempt was planned, and it reached the upstream later.
 		if age := now.Sub(first); age > layout.MarkerLife-time.Second {
@@ -227,19 +244,19 @@ func counterAttempt(id string, now time.Time) (check bool, late time.Duration) {
 		}
 		return true, 0
 	}
-	if len(counterWrites.seen) >= maxCounterWrites {
-		for k, t := range counterWrites.seen {
+	if len(w.seen) >= maxCounterWrites {
+		for k, t := range w.seen {
 			if now.Sub(t) > layout.MarkerLife {
-				delete(counterWrites.seen, k)
+				delete(w.seen, k)
 			}
 		}
-		if len(counterWrites.seen) >= maxCounterWrites {
-			counterWrites.seen = map[string]time.Time{}
-			counterWrites.checkAllUntil = now.Add(layout.MarkerLife)
+		if len(w.seen) >= maxCounterWrites {
+			w.seen = map[string]time.Time{}
+			w.checkAllUntil = now.Add(layout.MarkerLife)
 		}
 	}
-	counterWrites.seen[id] = now
-	return now.Before(counterWrites.checkAllUntil), 0
+	w.seen[id] = now
+	return now.Before(w.checkAllUntil), 0
 }
 
 // counterPlan plans a counter insert; a retryable one the upstream cannot
@@ -253,7 +270,7 @@ func (c *conn) counterPlan(cmd rewrite.Command, rule *rules.Rule, caps caps.Upst
 		plan, err = layout.CounterInsertWith(cmd, rule, opts)
 		return plan, err, nil
 	}
-	check, late := counterAttempt(opts.WriteID, now)
+	check, late := c.s.writes.attempt(opts.WriteID, now)
 	if late > 0 {
 		return nil, layout.CounterRetryTooLate(rule.Namespace, late), nil
 	}

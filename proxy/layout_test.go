@@ -7,21 +7,13 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/layout"
 )
 
-// TestCounterAttempt: a counter write id seen before is checked for an
+// TestWriteIDs: a counter write id seen before is checked for an
 // earlier attempt while its marks last, refused as too late after; an
 // unseen one is checked only while the process may have missed the first
 // attempt (just started).
-func TestCounterAttempt(t *testing.T) {
+func TestWriteIDs(t *testing.T) {
 	start := time.Now()
-	counterWrites.Lock()
-	saved := counterWrites.checkAllUntil
-	counterWrites.checkAllUntil = start.Add(layout.MarkerLife) // as at a process start
-	counterWrites.Unlock()
-	t.Cleanup(func() {
-		counterWrites.Lock()
-		counterWrites.checkAllUntil = saved
-		counterWrites.Unlock()
-	})
+	w := newWriteIDs(start)       // as at a proxy's start
 	later := start.Add(time.Hour) // past the start-up window
 	life := layout.MarkerLife
 	cases := []struct {
@@ -39,7 +31,7 @@ func TestCounterAttempt(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			check, late := counterAttempt(tc.id+"@"+start.String(), tc.at)
+			check, late := w.attempt(tc.id+"@"+start.String(), tc.at)
 			if check != tc.wantCheck || (late > 0) != tc.wantLate {
 				t.Fatalf("check %v late %v, want check %v late %v", check, late, tc.wantCheck, tc.wantLate)
 			}

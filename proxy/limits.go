@@ -82,9 +82,15 @@ func (c *conn) capHelloLimits(reply []byte) []byte {
 }
 
 // replyTooManyCursors refuses a read whose cursor would pass
-// limits.maxCursors; the upstream cursor is already killed.
+// limits.maxCursors.
 func (c *conn) replyTooManyCursors(req *request, rule *rules.Rule) error {
+	return c.replyBody(req, c.tooManyCursors(rule))
+}
+
+// tooManyCursors is the refusal of a cursor over limits.maxCursors.
+func (c *conn) tooManyCursors(rule *rules.Rule) []byte {
 	c.log.Warn("open cursor limit reached", "rule", rule.Namespace, "limit", c.s.opts.MaxCursors)
-	return c.replyError(req, mongoerr.TooManyCursors, fmt.Sprintf(
+	c.s.tel.errorSeen(mongoerr.TooManyCursors.Name())
+	return mongoerr.ReplyNamed(mongoerr.TooManyCursors, "", fmt.Sprintf(
 		"tsproxy rule %s: the proxy holds its limit of %d open cursors (limits.maxCursors); exhaust or kill cursors, or raise the limit", rule.Namespace, c.s.opts.MaxCursors))
 }

@@ -131,24 +131,9 @@ func (c *conn) rewriteInsertPartitioned(req *request, rule *rules.Rule) error {
 	return c.replyBody(req, partition.MergeInsertReplies(parts, replies))
 }
 
-// dropPartitions drops every partition of rule and forgets what the proxy
-// knew of them; it returns how many it dropped.
-func (c *conn) dropPartitions(rule *rules.Rule) (int, error) {
-	parts, err := listPartitions(connCommander{c}, rule)
-	if err != nil {
-		return 0, err
-	}
-	for _, p := range parts {
-		if err := dropPartition(connCommander{c}, c.s.state, rule, p.coll); err != nil {
-			return 0, err
-		}
-	}
-	return len(parts), nil
-}
-
 // dropPartition drops one partition collection and forgets its index and
 // fills, so that a later write into the period starts afresh.
-func dropPartition(up commander, st *upstreamState, rule *rules.Rule, coll string) error {
+func dropPartition(up commander, s *Server, rule *rules.Rule, coll string) error {
 	reply, err := up.Command(bson.D{{Key: "drop", Value: coll}, {Key: "$db", Value: rule.DB}})
 	if err == nil {
 		if r := refusalOf(reply); r != nil {
@@ -157,31 +142,11 @@ func dropPartition(up commander, st *upstreamState, rule *rules.Rule, coll strin
 			}
 		}
 	}
-	ns := rule.DB + "." + coll
-	st.mu.Lock()
-	delete(st.indexes, ns)
-	st.mu.Unlock()
-	st.forgetBuckets(ns)
+	s.forgetNamespace(rule.DB + "." + coll)
 	if err != nil {
 		return fmt.Errorf("tsproxy rule %s: drop partColl %s: %w", rule.Namespace, coll, err)
 	}
 	return nil
-}
-
-// partitionDropReply is the reply of a drop that dropped n partitions:
-// the (never written) bucket collection's "ns not found" is no error then.
-func partitionDropReply(reply []byte, rule *rules.Rule, n int) []byte {
-	if n == 0 {
-		return reply
-	}
-	if ok, _ := bson.Raw(reply).Lookup("ok").AsFloat64OK(); ok == 1 {
-		return reply
-	}
-	out, err := bson.Marshal(bson.D{{Key: "ns", Value: rule.Namespace}, {Key: "ok", Value: 1.0}})
-	if err != nil {
-		return reply
-	}
-	return out
 }
 
 // retainPartitions drops the rule's partitions whose every bucket has
@@ -195,7 +160,7 @@ func (s *Server) retainPartitions(up *upstream.Conn, rule *rules.Rule, modes map
 	}
 	for _, p := range parts {
 		if rule.PartitionExpired(p.start, now) {
-			if err := dropPartition(up, s.state, rule, p.coll); err != nil {
+			if err := dropPartition(up, s, rule, p.coll); err != nil {
 				return err
 			}
 			delete(modes, p.coll)

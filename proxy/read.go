@@ -146,62 +146,6 @@ func (c *conn) releaseEntry(e *cursorEntry) error {
 	return c.releaseCursor(e.rule, e.cursor)
 }
 
-// rewriteCollStats reports the bucket collection's statistics under the
-// app's namespace, with the number of events as count.
-func (c *conn) rewriteCollStats(req *request, rule *rules.Rule) error {
-	plan, err := admin.PlanCollStats(req.msg.Body, rule)
-	if err != nil {
-		return c.replyRewriteError(req, err)
-	}
-	stats, err := c.upCommand(plan.Stats)
-	if err != nil {
-		return err
-	}
-	count := int64(-1)
-	reply, err := c.upCommand(plan.Count)
-	if err != nil {
-		return err
-	}
-	if n, ok := plan.CountFrom(reply); ok {
-		count = n
-	} else {
-		if reply, err = c.upCommand(plan.CountFallback); err != nil {
-			return err
-		}
-		if n, ok := plan.CountFrom(reply); ok {
-			count = n
-		}
-	}
-	return c.replyBody(req, plan.Reply(stats, count))
-}
-
-// rewriteDrop drops the bucket collection and forgets that its index was
-// ensured, so the next write creates it again.
-func (c *conn) rewriteDrop(req *request, rule *rules.Rule) error {
-	cmd, err := admin.PlanDrop(req.msg.Body, rule)
-	if err != nil {
-		return c.replyRewriteError(req, err)
-	}
-	dropped := 0
-	if rule.Partitioned() {
-		if dropped, err = c.dropPartitions(rule); err != nil {
-			return err
-		}
-	}
-	reply, err := c.upCommand(cmd)
-	st := c.s.state
-	st.mu.Lock()
-	delete(st.indexes, rule.BucketNamespace())
-	st.mu.Unlock()
-	// The next insert must find the buckets again, from seq 0.
-	st.forgetBuckets(rule.BucketNamespace())
-	if err != nil {
-		return err
-	}
-	c.dropRollups(rule)
-	return c.replyBody(req, partitionDropReply(admin.DropReply(reply, rule), rule, dropped))
-}
-
 // rewriteListCollections lists a database holding bucketed namespaces as
 // the app sees it. It is reached for listCollections on a database where
 // Rules.InDB is true.
@@ -216,22 +160,5 @@ func (c *conn) rewriteListCollections(req *request) error {
 			rs = append(rs, &all[i])
 		}
 	}
-	first, err := c.firstPartitions(rs) // proxy/partition.go
-	if err != nil {
-		return err
-	}
-	plan, err := admin.PlanListCollectionsPartitioned(req.msg.Body, req.db, rs, first)
-	if err != nil {
-		return c.replyRewriteError(req, err)
-	}
-	reply, err := c.upCommand(plan.Command)
-	if err != nil {
-		return err
-	}
-	for next := plan.Feed(reply); next != nil; next = plan.Feed(reply) {
-		if reply, err = c.upCommand(next); err != nil {
-			return err
-		}
-	}
-	return c.replyBody(req, plan.Result())
+	return c.servePlan(req, rs[0], routeRewrite, admin.ListCollections(req.msg.Body, req.db, rs))
 }

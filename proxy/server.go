@@ -71,6 +71,9 @@ type Server struct {
 	life    *lifecycleState // rollups.go
 	sweep   *sweeper        // sweeper.go
 	leases  *writerLeases   // writer_lease.go
+	once    *onceSteps      // ensure.go
+	shells  *shellMemory    // layout.go
+	writes  *writeIDs       // layout.go
 
 	mu       sync.Mutex
 	ln       net.Listener
@@ -123,6 +126,9 @@ func New(opts Options) (*Server, error) {
 		replies: newReplyCache(opts.RetryCacheSize, opts.RetryCacheTTL),
 		life:    newLifecycleState(),
 		leases:  newWriterLeases(opts.WriterLease, opts.WriterID),
+		once:    newOnceSteps(),
+		shells:  newShellMemory(),
+		writes:  newWriteIDs(time.Now()),
 		conns:   make(map[*conn]struct{}),
 	}, nil
 }

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"sync"
-	"time"
 
 	"github.com/tsproxy/tsproxy/rewrite/hello"
 
@@ -19,7 +18,6 @@ type upstreamState struct {
 	mu       sync.Mutex
 	limits   hello.RouterHelloLimits
 	caps     *caps.Upstream
-	indexes  map[string]time.Time // bucket namespace -> when its index was ensured
 	isFerret bool
 	buckets  *bucketCache // fills of open buckets; see buckets.go
 	// writeSlots bounds the bucket update commands running at once on an
@@ -28,7 +26,7 @@ type upstreamState struct {
 }
 
 func newUpstreamState() *upstreamState {
-	return &upstreamState{limits: defaultLimits, indexes: make(map[string]time.Time),
+	return &upstreamState{limits: defaultLimits,
 		writeSlots: make(chan struct{}, caps.FerretDBWriteSlots)}
 }
 

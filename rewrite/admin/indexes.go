@@ -14,10 +14,6 @@ import (
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
-// BucketIndexName is the proxy's own index {meta: 1, start: 1}, which
-// bucketed reads rely on.
-const BucketIndexName = "meta_1_start_1"
-
 // RefuseWrite is the error for a write command a bucketed namespace does
 // not support (update, findAndModify): events live inside bucket documents
 // whose _id is derived from the metaField and the time window, so changing
@@ -379,13 +375,13 @@ func PlanDropIndexes(body []byte, rule *rules.Rule) (cmd []byte, recreate bool, 
 		return nil, false, mongoerr.Errorf(mongoerr.FailedToParse, "dropIndexes needs \"index\"")
 	}
 	refuseOwn := func() error {
-		return query.RuleErrorf(rule, mongoerr.NotImplemented, "index %q is the proxy's own (bucketed reads select buckets with it) and cannot be dropped", BucketIndexName)
+		return query.RuleErrorf(rule, mongoerr.NotImplemented, "index %q is the proxy's own (bucketed reads select buckets with it) and cannot be dropped", bucket.IndexName)
 	}
 	idx, d := adminCommand("dropIndexes", rule)
 	switch iv.Type {
 	case bsoncore.TypeString:
 		name := iv.StringValue()
-		if name == BucketIndexName {
+		if name == bucket.IndexName {
 			return nil, false, refuseOwn()
 		}
 		recreate = name == "*"
@@ -397,7 +393,7 @@ func PlanDropIndexes(body []byte, rule *rules.Rule) (cmd []byte, recreate bool, 
 			if !ok {
 				return nil, false, mongoerr.Errorf(mongoerr.TypeMismatch, "dropIndexes \"index\" array must hold names")
 			}
-			if s == BucketIndexName {
+			if s == bucket.IndexName {
 				return nil, false, refuseOwn()
 			}
 		}

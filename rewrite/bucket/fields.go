@@ -1,5 +1,7 @@
 package bucket
 
+import "go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
 // Field names of the stored bucket document (see DESIGN.md). Changing any of
 // them changes the stored format and needs a migration.
 const (
@@ -13,3 +15,17 @@ const (
 	FieldSum    = "sum"
 	FieldEvents = "events"
 )
+
+// IndexName is the proxy's own index {meta: 1, start: 1} on every
+// collection of buckets (and rollups): reads select buckets by series and
+// window with it.
+const IndexName = "meta_1_start_1"
+
+// IndexCommand creates that index on db.coll (and so the collection).
+func IndexCommand(db, coll string) []byte {
+	key := bsoncore.NewDocumentBuilder().AppendInt32(FieldMeta, 1).AppendInt32(FieldStart, 1).Build()
+	spec := bsoncore.NewDocumentBuilder().AppendDocument("key", key).AppendString("name", IndexName).Build()
+	return bsoncore.NewDocumentBuilder().AppendString("createIndexes", coll).
+		AppendArray("indexes", bsoncore.NewArrayBuilder().AppendDocument(spec).Build()).
+		AppendString("$db", db).Build()
+}

@@ -6,6 +6,7 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/x/bsonx/bsoncore"
 )
 
 // TTLIndexName names the index that expires a rule's buckets or rollups.
@@ -67,24 +68,35 @@ func SweepCommand(rule *rules.Rule, e Expiry, cutoff time.Time) bson.D {
 	}
 }
 
-// IsMongos reports whether a hello (or isMaster) reply comes from a
-// mongos router.
-func IsMongos(hello bson.Raw) bool {
-	msg, ok := hello.Lookup("msg").StringValueOK()
+// HelloCommand asks the upstream what it is.
+func HelloCommand() []byte {
+	return bsoncore.NewDocumentBuilder().AppendInt32("hello", 1).AppendString("$db", "admin").Build()
+}
+
+// IsMongos says whether a hello reply is a mongos's.
+func IsMongos(hello []byte) bool {
+	msg, ok := bsoncore.Document(hello).Lookup("msg").StringValueOK()
 	return ok && msg == "isdbgrid"
+}
+
+// ShardCommand is one command of sharding a bucket collection; the
+// sharding failed when a Required one is refused.
+type ShardCommand struct {
+	Body     []byte
+	Required bool
 }
 
 // ShardCommands shard the rule's bucket collection on {meta: 1, start: 1}:
 // enableSharding of the database (needed before MongoDB 6.0, harmless
-// after), then shardCollection. The shard key is the bucket index's key,
-// so an existing collection with that index can be sharded too.
-func ShardCommands(rule *rules.Rule) []bson.D {
-	return []bson.D{
-		{{Key: "enableSharding", Value: rule.DB}, {Key: "$db", Value: "admin"}},
-		{
-			{Key: "shardCollection", Value: rule.BucketNamespace()},
-			{Key: "key", Value: bson.D{{Key: bucket.FieldMeta, Value: 1}, {Key: bucket.FieldStart, Value: 1}}},
-			{Key: "$db", Value: "admin"},
-		},
+// after, so its refusal is not a failure), then shardCollection. The
+// shard key is the bucket index's key, so an existing collection with that
+// index can be sharded too.
+func ShardCommands(rule *rules.Rule) []ShardCommand {
+	nb := bsoncore.NewDocumentBuilder
+	return []ShardCommand{
+		{Body: nb().AppendString("enableSharding", rule.DB).AppendString("$db", "admin").Build()},
+		{Body: nb().AppendString("shardCollection", rule.BucketNamespace()).
+			AppendDocument("key", nb().AppendInt32(bucket.FieldMeta, 1).AppendInt32(bucket.FieldStart, 1).Build()).
+			AppendString("$db", "admin").Build(), Required: true},
 	}
 }

@@ -65,7 +65,7 @@ func TestShardCommands(t *testing.T) {
 		{bson.D{{Key: "isWritablePrimary", Value: true}, {Key: "setName", Value: "rs0"}, {Key: "ok", Value: 1.0}}, false},
 		{bson.D{{Key: "msg", Value: 1}}, false},
 	} {
-		if got := IsMongos(bson.Raw(rwtest.Doc(t, tc.hello))); got != tc.want {
+		if got := IsMongos(rwtest.Doc(t, tc.hello)); got != tc.want {
 			t.Errorf("IsMongos(%v) = %v", tc.hello, got)
 		}
 	}
@@ -73,8 +73,11 @@ func TestShardCommands(t *testing.T) {
 	if len(cmds) != 2 {
 		t.Fatalf("%d commands", len(cmds))
 	}
-	rwtest.AssertDoc(t, "enableSharding", rwtest.Doc(t, cmds[0]), bson.D{{Key: "enableSharding", Value: "iot"}, {Key: "$db", Value: "admin"}})
-	rwtest.AssertDoc(t, "shardCollection", rwtest.Doc(t, cmds[1]), bson.D{
+	if cmds[0].Required || !cmds[1].Required {
+		t.Errorf("required: enableSharding %v, shardCollection %v", cmds[0].Required, cmds[1].Required)
+	}
+	rwtest.AssertDoc(t, "enableSharding", cmds[0].Body, bson.D{{Key: "enableSharding", Value: "iot"}, {Key: "$db", Value: "admin"}})
+	rwtest.AssertDoc(t, "shardCollection", cmds[1].Body, bson.D{
 		{Key: "shardCollection", Value: "iot.readings.buckets"},
 		{Key: "key", Value: bson.D{{Key: "meta", Value: 1}, {Key: "start", Value: 1}}},
 		{Key: "$db", Value: "admin"},
