@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"fmt"
-	"time"
 
 	"github.com/tsproxy/tsproxy/rewrite/admin"
 	"github.com/tsproxy/tsproxy/rewrite/insert"
@@ -15,7 +14,6 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
-	"github.com/tsproxy/tsproxy/upstream"
 	"github.com/tsproxy/tsproxy/wire"
 )
 
@@ -89,11 +87,10 @@ func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
 }
 
 // rewriteInsert stores the events of an insert as buckets: it prepares the
-// events, locks the insert's (series, window) keys, loads the fills it does
-// not know by point reads, plans against them, runs the commands on the
-// client's connection (an update only while holding a write slot),
-// re-plans statements that met a duplicate key (a full bucket, or a seq
-// another writer took), and keeps the new fills for the next insert.
+// events (validation, stored forms, grouping) before locking, so that
+// inserts into the same series overlap that work with each other's
+// upstream round trips; it locks the insert's (series, window) keys and
+// runs the insert plan (rewrite/insert) under them, then the rollups.
 //
 // An unacknowledged insert (moreToCome) is run acknowledged upstream all
 // the same, without answering the client: the proxy needs the replies to
@@ -102,7 +99,6 @@ func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
 	if rule.Partitioned() {
 		return c.rewriteInsertPartitioned(req, rule) // proxy/partition.go
 	}
-	unacked := req.msg.Flags&wire.MoreToCome != 0
 	caps, err := c.startWrite(rule)
 	if err != nil {
 		return err
@@ -110,122 +106,26 @@ func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
 	c.ensureBucketIndex(rule)
 	c.ensureLifecycle(rule)
 	cmd := commandOf(req)
-	refuse := func(err error) error { return c.refuseBeforeWrite(req, rule, err, c.replyParseError) }
-	// Everything that does not depend on the fills (validation, the
-	// stored events, grouping) is done before locking, so that inserts into
-	// the same series overlap it with each other's upstream round trips.
 	prepared, err := insert.PrepareInsert(cmd, rule, bson.NewObjectID)
 	if err != nil {
-		return refuse(err)
+		return c.refuseBeforeWrite(req, rule, err, c.replyParseError)
 	}
 	locked := c.s.state.bucketCache().lock(rule.BucketNamespace(), prepared.Keys())
 	defer locked.unlock()
-
-	span := c.s.tel.startCommand(req, routeRewrite)
-	var upTime time.Duration
-	t0 := time.Now()
-	unknown := c.keysToCheck(req, locked)
-	err = c.loadFills(rule, locked)
-	// A retry of a write whose reply was lost (see insert_replay.go).
-	var replay *insert.ReplayFilter
-	if err == nil && len(unknown) > 0 && insert.MayBeUnseenRetry(cmd, caps) {
-		replay, err = c.filterReplayed(rule, cmd, locked, unknown)
+	p := insert.Plan(cmd, prepared, insert.Env{Caps: caps, NewObjectID: bson.NewObjectID, Fills: locked, Check: c.keysToCheck(req, locked)})
+	res, err := c.runPlan(req, rule, routeRewrite, p)
+	if err == nil && mongoerr.IsOK(res.Reply) {
+		err = c.maintainRollups(rule, cmd, res.Reply)
 	}
-	upTime += time.Since(t0)
+	if err == nil {
+		err = c.answer(req, rule, res)
+	}
 	if err != nil {
-		span.end(req, upTime, err)
-		return err
-	}
-	if replay != nil {
-		c.log.Info("retried insert: events already stored are not written again", "rule", rule.Namespace, "stored", replay.Skipped())
-		if replay.AllStored() {
-			span.end(req, upTime, nil)
-			if unacked {
-				return nil
-			}
-			return c.replyBody(req, replay.AllStoredReply())
-		}
-		cmd = replay.Command
-		// The events left are a subset of those prepared, so their keys
-		// are among the locked ones.
-		if prepared, err = insert.PrepareInsert(cmd, rule, bson.NewObjectID); err != nil {
-			span.end(req, upTime, nil)
-			return refuse(err)
-		}
-	}
-	plan := prepared.Plan(insert.InsertOptions{Caps: caps, NewObjectID: bson.NewObjectID, Buckets: locked.fill})
-	var replies [][]byte
-	for {
-		replies = make([][]byte, 0, len(plan.Commands))
-		for i := range plan.Commands {
-			frame, err := c.bucketWriteFrame(plan, i)
-			if err != nil {
-				locked.forgetAll()
-				span.end(req, upTime, err)
-				return err
-			}
-			t0 := time.Now()
-			body, err := c.roundTripInSlot(frame, caps.MaxUpdateStatements > 0 && plan.IsUpdate(i))
-			upTime += time.Since(t0)
-			if err != nil {
-				locked.forgetAll()
-				span.end(req, upTime, err)
-				return err
-			}
-			replies = append(replies, body)
-			if !plan.Continue(i, body) {
-				break
-			}
-		}
-		locked.store(plan.FillsFromRaw(replies))
-		if !plan.RetriableRaw(replies) {
-			break
-		}
-		t0 := time.Now()
-		err := c.loadFills(rule, locked)
-		upTime += time.Since(t0)
-		if err != nil {
-			span.end(req, upTime, err)
-			return err
-		}
-		next := plan.RetryFromRaw(replies, locked.fill)
-		if next == nil {
-			break
-		}
-		c.log.Debug("bucket insert retried after a duplicate key", "rule", rule.Namespace, "round", next.Round())
-		plan = next
-	}
-	reply := plan.ReplyFromRaw(replies)
-	c.maintainRollups(rule, cmd, reply)
-	span.end(req, upTime, nil)
-	if unacked {
-		return nil
-	}
-	if replay != nil {
-		reply = replay.MapReply(reply)
-	}
-	if err := c.replyBody(req, reply); err != nil {
-		// The client may retry a write whose reply it did not get.
+		// The outcome is not known (or not delivered): the client may
+		// retry, and the fills may be stale.
 		locked.forgetAll()
-		return err
 	}
-	return nil
-}
-
-// bucketWriteFrame encodes command i of plan with its statements in a
-// document sequence, as drivers send them (see CommandSections).
-func (c *conn) bucketWriteFrame(plan *insert.InsertPlan, i int) ([]byte, error) {
-	body, id, stmts, err := plan.CommandSections(i)
-	if err != nil {
-		return nil, err
-	}
-	m := wire.Msg{Body: body, Sequences: []wire.Sequence{{Identifier: id, Documents: stmts}}}
-	frame, err := m.Encode(c.outBuf[:0], wire.Header{RequestID: upstream.NextRequestID()})
-	if err != nil {
-		return nil, fmt.Errorf("encode bucket write: %w", err)
-	}
-	c.outBuf = frame[:0]
-	return frame, nil
+	return err
 }
 
 // roundTripBody sends a frame the proxy built and returns a copy of the

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -10,8 +9,6 @@ import (
 
 	lru "github.com/hashicorp/golang-lru/v2"
 	"go.mongodb.org/mongo-driver/v2/bson"
-
-	"github.com/tsproxy/tsproxy/rules"
 )
 
 // bucketCacheSize bounds the (series, window) fills the proxy remembers.
@@ -122,22 +119,19 @@ func (l *lockedKeys) unlock() {
 	c.mu.Unlock()
 }
 
-// fill is the Buckets function of insert.InsertOptions over the locked
-// entries.
-func (l *lockedKeys) fill(k bucket.Key) bucket.Fill {
+// Fill is the fill of a locked key (insert.Fills).
+func (l *lockedKeys) Fill(k bucket.Key) bucket.Fill {
 	if e := l.byKey[k.String()]; e != nil {
 		return e.fill
 	}
 	return bucket.Fill{Seq: -1}
 }
 
-// store records the fills a round reported (unknown ones included, so
-// that they are loaded again).
-func (l *lockedKeys) store(fills []bucket.KeyFill) {
-	for _, f := range fills {
-		if e := l.byKey[f.Key.String()]; e != nil {
-			e.fill = f.Fill
-		}
+// Set records the fill of a locked key (insert.Fills); an unknown one is
+// loaded again by the next insert.
+func (l *lockedKeys) Set(k bucket.Key, f bucket.Fill) {
+	if e := l.byKey[k.String()]; e != nil {
+		e.fill = f
 	}
 }
 
@@ -182,68 +176,6 @@ func (u *upstreamState) bucketCache() *bucketCache {
 		u.buckets = newBucketCache(bucketCacheSize)
 	}
 	return u.buckets
-}
-
-// loadFills finds the open bucket of every locked key whose fill is
-// unknown, by point reads on the deterministic bucket ids: seq 0, 1, ...
-// until a miss; the last hit is the open bucket. Each read is a find on
-// {_id: X}, which every upstream answers from its _id index.
-func (c *conn) loadFills(rule *rules.Rule, l *lockedKeys) error {
-	ns := rule.BucketNamespace()
-	for i, e := range l.entries {
-		if e.fill.Known {
-			continue
-		}
-		fill := bucket.Fill{Seq: -1, Known: true}
-		for seq := 0; ; seq++ {
-			if seq >= maxProbeSeq {
-				return fmt.Errorf("tsproxy rule %s: more than %d buckets for one series and window", rule.Namespace, maxProbeSeq)
-			}
-			doc, found, err := c.probeBucket(rule, l.keys[i].ID(ns, seq))
-			if err != nil {
-				return fmt.Errorf("tsproxy rule %s: load bucket fill: %w", rule.Namespace, err)
-			}
-			if !found {
-				break
-			}
-			fill.Seq = seq
-			fill.Count = int(rawInt(doc, bucket.FieldCount))
-			fill.Bytes = rawInt(doc, bucket.FieldBytes)
-		}
-		e.fill = fill
-	}
-	return nil
-}
-
-// probeBucket reads count and bytes of the bucket with _id id.
-func (c *conn) probeBucket(rule *rules.Rule, id bson.ObjectID) (bson.Raw, bool, error) {
-	reply, err := c.up.Command(bson.D{
-		{Key: "find", Value: rule.BucketCollection},
-		{Key: "filter", Value: bson.D{{Key: bucket.FieldID, Value: id}}},
-		{Key: "projection", Value: bson.D{{Key: bucket.FieldCount, Value: 1}, {Key: bucket.FieldBytes, Value: 1}}},
-		{Key: "limit", Value: 1},
-		{Key: "singleBatch", Value: true},
-		{Key: "$db", Value: rule.DB},
-	})
-	if err != nil {
-		return nil, false, err
-	}
-	if r := refusalOf(reply); r != nil {
-		return nil, false, fmt.Errorf("find bucket %s: %w", id.Hex(), r)
-	}
-	batch, ok := reply.Lookup("cursor", "firstBatch").ArrayOK()
-	if !ok {
-		return nil, false, fmt.Errorf("find bucket %s: reply without cursor.firstBatch", id.Hex())
-	}
-	vals, err := batch.Values()
-	if err != nil || len(vals) == 0 {
-		return nil, false, err
-	}
-	doc, ok := vals[0].DocumentOK()
-	if !ok {
-		return nil, false, fmt.Errorf("find bucket %s: batch entry is not a document", id.Hex())
-	}
-	return doc, true, nil
 }
 
 // rawInt reads a numeric field as an int64 (0 when absent or not a number).

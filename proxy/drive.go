@@ -32,6 +32,9 @@ func drive(r stepRunner, p rewrite.Plan) (rewrite.Result, error) {
 		}
 		replies, err := r.runStep(step)
 		if err != nil {
+			if rel, ok := p.(rewrite.Releaser); ok {
+				rel.Release()
+			}
 			return rewrite.Result{}, err
 		}
 		if err := p.Feed(replies); err != nil {
@@ -88,6 +91,9 @@ func (c *conn) runPlan(req *request, rule *rules.Rule, r route, p rewrite.Plan) 
 // its After work; a failure of that work is logged, as the client has its
 // answer.
 func (c *conn) answer(req *request, rule *rules.Rule, res rewrite.Result) error {
+	if req.msg.Flags&wire.MoreToCome != 0 && res.Reply != nil && !mongoerr.IsOK(res.Reply) {
+		c.log.Warn("unacknowledged "+req.name+" failed", "rule", rule.Namespace, "err", mongoerr.FromReply(res.Reply, "refused").Error())
+	}
 	if req.msg.Flags&wire.MoreToCome == 0 && res.Reply != nil {
 		if err := c.replyBody(req, res.Reply); err != nil {
 			return err

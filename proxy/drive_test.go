@@ -132,3 +132,43 @@ func TestDriveCombinators(t *testing.T) {
 		t.Fatalf("Done: %v %v", res, err)
 	}
 }
+
+// A script reads in order; the driver hands it each step's replies, and
+// releases its coroutine when the upstream fails halfway.
+func TestDriveScript(t *testing.T) {
+	n := func(v int64) []byte { return doc(t, bson.D{{Key: "n", Value: v}}) }
+	script := func(steps int) rewrite.Plan {
+		return rewrite.Script(func(x *rewrite.Exec) (rewrite.Result, error) {
+			var sum int64
+			for i := 0; i < steps; i++ {
+				r, ok := x.One(doc(t, bson.D{{Key: "step", Value: i}}))
+				if !ok {
+					return rewrite.Result{}, rewrite.ErrAborted
+				}
+				v, _ := bson.Raw(r).Lookup("n").AsInt64OK()
+				if v < 0 {
+					return rewrite.Result{}, mongoerr.Errorf(mongoerr.BadValue, "negative")
+				}
+				sum += v
+			}
+			return rewrite.Result{Reply: doc(t, bson.D{{Key: "sum", Value: sum}})}, nil
+		})
+	}
+	r := &scriptedRunner{replies: [][][]byte{{n(1)}, {n(2)}, {n(3)}}}
+	res, err := drive(r, script(3))
+	if err != nil || len(r.sent) != 3 {
+		t.Fatalf("%v after %d steps", err, len(r.sent))
+	}
+	if got, _ := bson.Raw(res.Reply).Lookup("sum").AsInt64OK(); got != 6 {
+		t.Fatalf("sum %d", got)
+	}
+	r = &scriptedRunner{replies: [][][]byte{{n(1)}, {n(-1)}}}
+	if res, err = drive(r, script(3)); err != nil || mongoerr.Code(bson.Raw(res.Reply).Lookup("code").Int32()) != mongoerr.BadValue {
+		t.Fatalf("script error: %s %v", bson.Raw(res.Reply), err)
+	}
+	down := errors.New("upstream gone")
+	r = &scriptedRunner{replies: [][][]byte{{n(1)}}, fail: down}
+	if _, err := drive(r, script(3)); !errors.Is(err, down) || len(r.sent) != 2 {
+		t.Fatalf("abandoned script: %v after %d steps", err, len(r.sent))
+	}
+}

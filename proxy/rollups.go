@@ -1,9 +1,9 @@
 package proxy
 
 import (
-	"fmt"
 	"sync"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/rollup"
 
 	"github.com/tsproxy/tsproxy/rewrite"
@@ -22,22 +22,16 @@ import (
 // again.
 
 // maintainRollups runs the rollup upserts of an insert whose client reply
-// is reply. Errors are logged, never returned (see above).
-func (c *conn) maintainRollups(rule *rules.Rule, cmd rewrite.Command, reply []byte) {
-	if len(rule.Rollups) == 0 || c.up == nil {
-		return
+// is reply. Errors are logged, never returned (see above), but for the
+// upstream connection's, which closes the client's.
+func (c *conn) maintainRollups(rule *rules.Rule, cmd rewrite.Command, reply []byte) error {
+	if len(rule.Rollups) == 0 {
+		return nil
 	}
 	caps, err := c.upstreamCaps()
 	if err != nil {
 		c.log.Error("rollups not updated: upstream capabilities unknown", "rule", rule.Namespace, "err", err.Error())
-		return
-	}
-	plan, err := rollup.Rollups(cmd, rule, reply, rollup.RollupOptions{MaxStatements: caps.MaxUpdateStatements, StmtIDs: caps.StmtIDs})
-	if err != nil || plan == nil {
-		if err != nil {
-			c.log.Error("rollups not updated", "rule", rule.Namespace, "err", err.Error())
-		}
-		return
+		return nil
 	}
 	if caps.SingleWriter {
 		// Inserts into different windows of one series hold different
@@ -47,29 +41,15 @@ func (c *conn) maintainRollups(rule *rules.Rule, cmd rewrite.Command, reply []by
 		mu.Lock()
 		defer mu.Unlock()
 	}
-	for i, cmd := range plan.Commands {
-		if err := c.runRollupCommand(cmd, caps.MaxUpdateStatements > 0); err != nil {
-			c.log.Error("rollup write failed; the events are stored but these rollup documents lag (rebuild them from the buckets if needed)",
-				"rule", rule.Namespace, "events", plan.Events, "command", i+1, "of", len(plan.Commands), "err", err.Error())
-			if c.up == nil {
-				return // the connection is gone; the other commands would fail too
-			}
-		}
-	}
-}
-
-// runRollupCommand sends one rollup update and checks its reply. On a
-// transport error the upstream connection is dropped, so the next request
-// dials a fresh one instead of reading this command's late reply.
-func (c *conn) runRollupCommand(cmd []byte, slotted bool) error {
-	body, err := c.roundTripInSlot(c.commandFrame(cmd), slotted)
+	res, err := drive(c, rollup.Plan(cmd, rule, reply, rollup.RollupOptions{MaxStatements: caps.MaxUpdateStatements, StmtIDs: caps.StmtIDs}))
 	if err != nil {
-		c.up.Close()
-		c.up = nil
-		c.upRef.Store(nil)
-		return fmt.Errorf("rollup update: %w", err)
+		c.log.Error("rollup write failed on a broken upstream connection; the events are stored but rollups lag", "rule", rule.Namespace, "err", err.Error())
+		return err
 	}
-	return rollup.RollupReplyError(cmd, body)
+	if res.Reply != nil && !mongoerr.IsOK(res.Reply) {
+		c.log.Error(mongoerr.FromReply(res.Reply, "rollups not updated").Msg, "rule", rule.Namespace)
+	}
+	return nil
 }
 
 // lifecycleState remembers which rules' one-time lifecycle steps ran.

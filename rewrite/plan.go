@@ -163,3 +163,10 @@ func (p *thenPlan) Feed(replies [][]byte) error {
 }
 
 func (p *thenPlan) Result() Result { return p.cur.Result() }
+
+// Release passes the driver's giving up to the plan running now.
+func (p *thenPlan) Release() {
+	if r, ok := p.cur.(Releaser); ok {
+		r.Release()
+	}
+}

@@ -127,7 +127,7 @@ func recreateRollupCollection(ctx context.Context, env *migrationEnv, updb *mong
 		return fmt.Errorf("rollups: drop %s.%s: %w", rule.DB, name, err)
 	}
 	_, err := updb.Collection(name).Indexes().CreateOne(ctx, mongo.IndexModel{
-		Keys: bson.D{{Key: bucket.FieldMeta, Value: 1}, {Key: bucket.FieldStart, Value: 1}}, Options: options.Index().SetName("meta_1_start_1"),
+		Keys: bson.D{{Key: bucket.FieldMeta, Value: 1}, {Key: bucket.FieldStart, Value: 1}}, Options: options.Index().SetName(bucket.IndexName),
 	})
 	if err != nil {
 		return fmt.Errorf("rollups: index %s.%s: %w", rule.DB, name, err)

@@ -1,4 +1,4 @@
-package delete
+package deletes
 
 import "go.mongodb.org/mongo-driver/v2/bson"
 

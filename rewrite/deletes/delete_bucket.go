@@ -1,4 +1,4 @@
-package delete
+package deletes
 
 import (
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"

@@ -1,0 +1,103 @@
+package rewrite
+
+import (
+	"errors"
+	"iter"
+
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+)
+
+// Script is a plan written as straight-line code: run asks for each
+// upstream step it needs with x.Do and returns the result. It runs as a
+// coroutine of the proxy's driver (iter.Pull), so a plan with many phases
+// (a delete's match, reads, rewrites and trims) reads in order while it
+// stays free of I/O: Do only hands the step to the driver and waits for
+// the replies. An error run returns is answered with its error reply.
+func Script(run func(x *Exec) (Result, error)) Plan {
+	sp := &scriptPlan{}
+	seq := func(yield func(Step) bool) {
+		x := &Exec{yield: yield, plan: sp}
+		res, err := run(x)
+		if x.aborted {
+			return
+		}
+		if err != nil {
+			res = Result{Reply: mongoerr.Reply(err)}
+		}
+		sp.res = res
+	}
+	sp.next, sp.stop = iter.Pull(seq)
+	return sp
+}
+
+// ErrAborted is what Do's caller returns when the driver gave up the plan
+// (its upstream connection failed): the script must end at once.
+var ErrAborted = errors.New("tsproxy: plan aborted")
+
+// Exec is a script's access to the driver.
+type Exec struct {
+	yield   func(Step) bool
+	plan    *scriptPlan
+	aborted bool
+}
+
+// Do sends step upstream and returns its replies; ok is false when the
+// plan was abandoned, and the script must then return ErrAborted.
+func (x *Exec) Do(step Step) (replies [][]byte, ok bool) {
+	if x.aborted || !x.yield(step) {
+		x.aborted = true
+		return nil, false
+	}
+	return x.plan.replies, true
+}
+
+// One sends one command and returns its reply.
+func (x *Exec) One(body []byte) ([]byte, bool) {
+	r, ok := x.Do(Step{{Body: body}})
+	if !ok {
+		return nil, false
+	}
+	return r[0], true
+}
+
+type scriptPlan struct {
+	next    func() (Step, bool)
+	stop    func()
+	replies [][]byte
+	res     Result
+	ended   bool
+}
+
+func (sp *scriptPlan) Next() (Step, bool) {
+	if sp.ended {
+		return nil, true
+	}
+	step, ok := sp.next()
+	if !ok {
+		sp.ended = true
+		return nil, true
+	}
+	return step, false
+}
+
+func (sp *scriptPlan) Feed(replies [][]byte) error {
+	sp.replies = replies
+	return nil
+}
+
+func (sp *scriptPlan) Result() Result { return sp.res }
+
+// Release ends the script's coroutine when the driver gives the plan up.
+func (sp *scriptPlan) Release() {
+	if !sp.ended {
+		sp.ended = true
+		sp.stop()
+	}
+}
+
+// Releaser is a plan that holds something until it runs to its end (a
+// script's coroutine): the driver calls Release when it gives the plan up
+// before that.
+type Releaser interface {
+	Release()
+}
