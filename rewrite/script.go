@@ -44,6 +44,9 @@ type Exec struct {
 // Do sends step upstream and returns its replies; ok is false when the
 // plan was abandoned, and the script must then return ErrAborted.
 func (x *Exec) Do(step Step) (replies [][]byte, ok bool) {
+	if len(step) == 0 {
+		return nil, !x.aborted
+	}
 	if x.aborted || !x.yield(step) {
 		x.aborted = true
 		return nil, false

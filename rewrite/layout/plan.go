@@ -1,8 +1,15 @@
 package layout
 
 import (
+	"time"
+
 	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+	"github.com/tsproxy/tsproxy/rewrite/cursor"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
+	"go.mongodb.org/mongo-driver/x/bsonx/bsoncore"
 )
 
 // ReadPlan is the plan of a find, aggregate or count on a counter or
@@ -68,3 +75,145 @@ func (c *LayoutCursor) More(body []byte) rewrite.Plan {
 
 // Close releases nothing upstream.
 func (c *LayoutCursor) Close() rewrite.Plan { return nil }
+
+// WriteEnv is what a counter or slots insert needs besides the command.
+type WriteEnv struct {
+	Caps caps.Upstream
+	Now  time.Time
+	// Attempt says, for a counter write id, whether an earlier attempt of
+	// the same write may have counted already (check), or whether the
+	// retry comes too late to be checked (its marks may be gone).
+	Attempt func(writeID string, now time.Time) (check bool, late time.Duration)
+	// Shells claims the preallocated shells not tried yet among keys (the
+	// proxy tries each once).
+	Shells func(keys []bucket.Key) []bucket.Key
+}
+
+// InsertPlan counts (counter) or stores (slots) the events of an insert
+// whose keys (InsertKeys) the proxy holds locked: slots buckets are read
+// first, to keep num_samples exact when a slot is written again; a
+// retryable counter write that may be a retry reads its buckets' marks and
+// leaves out the statements its first attempt applied. With preallocate,
+// the next window's shells are inserted after the reply.
+func InsertPlan(cmd rewrite.Command, rule *rules.Rule, keys []bucket.Key, env WriteEnv) rewrite.Plan {
+	return rewrite.Script(func(x *rewrite.Exec) (rewrite.Result, error) {
+		var plan *LayoutWrite
+		var err error
+		if rule.Layout == rules.LayoutCounter {
+			plan, err = counterWrite(x, cmd, rule, env)
+		} else {
+			plan, err = slotsWrite(x, cmd, rule, keys, env.Caps)
+		}
+		if err != nil {
+			return rewrite.Result{}, err
+		}
+		replies := make([][]byte, 0, len(plan.Commands))
+		for i, c := range plan.Commands {
+			r, ok := x.Do(rewrite.Step{{Body: c, Update: true}})
+			if !ok {
+				return rewrite.Result{}, rewrite.ErrAborted
+			}
+			replies = append(replies, r[0])
+			if !plan.Continue(i, r[0]) {
+				break
+			}
+		}
+		res := rewrite.Result{Reply: plan.Reply(replies)}
+		if rule.LayoutOptions.Preallocate && env.Shells != nil {
+			res.After = preallocate(rule, keys, env.Shells)
+		}
+		return res, nil
+	})
+}
+
+// counterWrite plans a counter insert; a retryable one the upstream cannot
+// recognise as a retry carries its write id's mark, and is checked against
+// its buckets' marks when it may be a retry.
+func counterWrite(x *rewrite.Exec, cmd rewrite.Command, rule *rules.Rule, env WriteEnv) (*LayoutWrite, error) {
+	opts := CounterOptions{Caps: env.Caps, WriteID: CounterWriteID(cmd, env.Caps), Now: env.Now.UnixMilli()}
+	if opts.WriteID == "" {
+		return CounterInsertWith(cmd, rule, opts)
+	}
+	check, late := env.Attempt(opts.WriteID, env.Now)
+	if late > 0 {
+		return nil, CounterRetryTooLate(rule.Namespace, late)
+	}
+	plan, err := CounterInsertWith(cmd, rule, opts)
+	if err != nil || !check || len(plan.Buckets) == 0 {
+		return plan, err
+	}
+	step := make(rewrite.Step, len(plan.Buckets))
+	for i, id := range plan.Buckets {
+		step[i] = rewrite.Upstream{Body: CounterMarkFetch(rule.BucketCollection, rule.DB, id)}
+	}
+	replies, ok := x.Do(step)
+	if !ok {
+		return nil, rewrite.ErrAborted
+	}
+	applied := map[[12]byte]bool{}
+	for i, r := range replies {
+		doc, err := cursor.First(r)
+		if err != nil {
+			return nil, mongoerr.Errorf(mongoerr.FromReply(r, "").Code, "tsproxy rule %s: reading a bucket's marks for a retried insert: %v", rule.Namespace, err)
+		}
+		if doc != nil && CounterHasMark(doc, opts.WriteID) {
+			applied[plan.Buckets[i]] = true
+		}
+	}
+	if len(applied) == 0 {
+		return plan, nil
+	}
+	opts.Applied = func(id [12]byte) bool { return applied[id] }
+	return CounterInsertWith(cmd, rule, opts)
+}
+
+// slotsWrite reads the buckets of keys as stored, then plans against them.
+func slotsWrite(x *rewrite.Exec, cmd rewrite.Command, rule *rules.Rule, keys []bucket.Key, c caps.Upstream) (*LayoutWrite, error) {
+	fetch := SlotsFetch(rule, keys)
+	step := make(rewrite.Step, len(fetch))
+	for i, q := range fetch {
+		step[i] = rewrite.Upstream{Body: q}
+	}
+	before := make(map[string][]byte, len(keys))
+	if len(step) > 0 {
+		replies, ok := x.Do(step)
+		if !ok {
+			return nil, rewrite.ErrAborted
+		}
+		for i, r := range replies {
+			doc, err := cursor.First(r)
+			if err != nil {
+				return nil, mongoerr.Errorf(mongoerr.FromReply(r, "").Code, "tsproxy rule %s: reading a bucket before writing it: %v", rule.Namespace, err)
+			}
+			if doc != nil {
+				before[keys[i].String()] = doc
+			}
+		}
+	}
+	return SlotsInsert(cmd, rule, SlotsOptions{Caps: c, Before: func(k bucket.Key) []byte { return before[k.String()] }})
+}
+
+// preallocate inserts the zero-filled buckets of the window after each
+// written one, on the client's connection and so with its privileges. A
+// shell that exists already (the window was written first) fails with a
+// duplicate key and is left alone: an insert never overwrites.
+func preallocate(rule *rules.Rule, keys []bucket.Key, claim func([]bucket.Key) []bucket.Key) rewrite.Plan {
+	win := rule.LayoutOptions.Window.Milliseconds()
+	next := make([]bucket.Key, len(keys))
+	for i, k := range keys {
+		next[i] = bucket.Key{Meta: k.Meta, Start: k.Start + win}
+	}
+	claimed := claim(next)
+	if len(claimed) == 0 {
+		return nil
+	}
+	docs := bsoncore.NewArrayBuilder()
+	for _, k := range claimed {
+		docs.AppendDocument(SlotsShellOf(rule, k))
+	}
+	cmd := bsoncore.NewDocumentBuilder().AppendString("insert", rule.BucketCollection).
+		AppendArray("documents", docs.Build()).AppendBoolean("ordered", false).AppendString("$db", rule.DB).Build()
+	// A duplicate key is a shell written already: only a refused command
+	// is worth the proxy's log.
+	return rewrite.Passthrough(cmd, nil)
+}
