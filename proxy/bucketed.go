@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/tsproxy/tsproxy/rewrite/admin"
 	"github.com/tsproxy/tsproxy/rewrite/insert"
@@ -49,8 +50,9 @@ func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
 		return c.servePlan(req, rule, routeRewrite, admin.CollStats(req.msg.Body, rule))
 	}
 	if rule.Partitioned() {
-		if done, err := c.handlePartitioned(req, rule); done { // proxy/partition.go
-			return err
+		switch req.name {
+		case "collStats", "createIndexes", "listIndexes", "dropIndexes", "create":
+			return c.servePlan(req, rule, routeRewrite, rewrite.Fail(partition.PartitionCommandRefusal(rule, req.name)))
 		}
 	}
 	switch req.name {
@@ -86,33 +88,47 @@ func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
 		fmt.Sprintf("tsproxy rule %s: command %q is not supported on a bucketed namespace", rule.Namespace, req.name))
 }
 
-// rewriteInsert stores the events of an insert as buckets: it prepares the
-// events (validation, stored forms, grouping) before locking, so that
-// inserts into the same series overlap that work with each other's
-// upstream round trips; it locks the insert's (series, window) keys and
-// runs the insert plan (rewrite/insert) under them, then the rollups.
+// rewriteInsert stores the events of an insert as buckets (rewrite/insert),
+// per partition for a partitioned rule (rewrite/partition), then counts
+// them into the rule's rollups. Each part prepares its events (validation,
+// stored forms, grouping) before locking, so that inserts into the same
+// series overlap that work with each other's upstream round trips, then
+// runs under the locks of its (series, window) keys, which are held until
+// the client has its reply: a reply that could not be delivered, or an
+// outcome not known, makes the proxy forget those keys' fills.
 //
 // An unacknowledged insert (moreToCome) is run acknowledged upstream all
 // the same, without answering the client: the proxy needs the replies to
 // keep its fills exact and to retry duplicate keys.
 func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
-	if rule.Partitioned() {
-		return c.rewriteInsertPartitioned(req, rule) // proxy/partition.go
-	}
 	caps, err := c.startWrite(rule)
 	if err != nil {
 		return err
 	}
-	c.ensureBucketIndex(rule)
-	c.ensureLifecycle(rule)
 	cmd := commandOf(req)
-	prepared, err := insert.PrepareInsert(cmd, rule, bson.NewObjectID)
-	if err != nil {
-		return c.refuseBeforeWrite(req, rule, err, c.replyParseError)
+	held := &heldLocks{c: c}
+	defer held.releaseAll()
+	part := func(r *rules.Rule, cmd rewrite.Command) rewrite.Plan {
+		prepared, err := insert.PrepareInsert(cmd, r, bson.NewObjectID)
+		if err != nil {
+			// As MongoDB answers a document it cannot take.
+			return rewrite.Fail(mongoerr.Errorf(mongoerr.FailedToParse, "%s", err.Error()))
+		}
+		locked := held.lock(r.BucketNamespace(), prepared.Keys())
+		return insert.Plan(cmd, prepared, insert.Env{Caps: caps, NewObjectID: bson.NewObjectID, Fills: locked, Check: c.keysToCheck(req, locked)})
 	}
-	locked := c.s.state.bucketCache().lock(rule.BucketNamespace(), prepared.Keys())
-	defer locked.unlock()
-	p := insert.Plan(cmd, prepared, insert.Env{Caps: caps, NewObjectID: bson.NewObjectID, Fills: locked, Check: c.keysToCheck(req, locked)})
+	var p rewrite.Plan
+	if rule.Partitioned() {
+		parts, ordered := partition.SplitInsert(cmd, rule, time.Now().UnixMilli())
+		for _, pt := range parts {
+			c.ensureBucketIndex(partition.Rule(rule, pt.Collection))
+		}
+		p = partition.Insert(parts, ordered, rule, part)
+	} else {
+		c.ensureBucketIndex(rule)
+		p = part(rule, cmd)
+	}
+	c.ensureLifecycle(rule)
 	res, err := c.runPlan(req, rule, routeRewrite, p)
 	if err == nil && mongoerr.IsOK(res.Reply) {
 		err = c.maintainRollups(rule, cmd, res.Reply)
@@ -121,9 +137,7 @@ func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
 		err = c.answer(req, rule, res)
 	}
 	if err != nil {
-		// The outcome is not known (or not delivered): the client may
-		// retry, and the fills may be stale.
-		locked.forgetAll()
+		held.forgetAll()
 	}
 	return err
 }

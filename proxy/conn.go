@@ -84,10 +84,6 @@ func newConn(s *Server, nc net.Conn, id uint64) *conn {
 
 // request is one client message, decoded as far as routing needs.
 type request struct {
-	// sink, when set, receives the reply instead of the client: a
-	// sub-command the proxy runs for a partitioned rule (partition.go).
-	sink *[]byte
-
 	h          wire.Header
 	frame      []byte // the (decompressed) frame as the client sent it
 	msg        wire.Msg
@@ -358,12 +354,6 @@ func (c *conn) writeFrame(req *request, frame []byte) error {
 
 // replyBody sends body as the reply to req, in the opcode the client used.
 func (c *conn) replyBody(req *request, body []byte) error {
-	if req.sink != nil {
-		// A sub-request of a partitioned command: only the merged reply
-		// reaches the client and the reply cache.
-		*req.sink = append((*req.sink)[:0], body...)
-		return nil
-	}
 	if req.txn != nil {
 		req.txn.offer(body)
 	}

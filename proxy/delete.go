@@ -1,7 +1,9 @@
 package proxy
 
 import (
+	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/deletes"
+	"github.com/tsproxy/tsproxy/rewrite/partition"
 
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 
@@ -15,49 +17,73 @@ import (
 // when emptied and last of their (series, window), so the seq family of a
 // key stays gapless. Fills of touched keys are forgotten afterwards.
 
-// rewriteDelete serves delete (rewrite/deletes): the plan locks the
-// buckets it rewrites as inserts lock them, through heldLocks, which
-// releases whatever the plan still holds when it ends, however it ends.
-// An unacknowledged delete (moreToCome) runs acknowledged upstream all the
-// same, without answering the client.
+// rewriteDelete serves delete (rewrite/deletes), on every partition of a
+// partitioned rule (rewrite/partition): the plan locks the buckets it
+// rewrites as inserts lock them, through heldLocks, which releases
+// whatever the plan still holds when it ends, however it ends, and forgets
+// their fills (their buckets changed, or may have). An unacknowledged
+// delete (moreToCome) runs acknowledged upstream all the same, without
+// answering the client.
 func (c *conn) rewriteDelete(req *request, rule *rules.Rule) error {
 	caps, err := c.startWrite(rule)
 	if err != nil {
 		return err
 	}
-	held := &heldLocks{c: c, ns: rule.BucketNamespace()}
+	held := &heldLocks{c: c}
 	defer held.releaseAll()
-	return c.servePlan(req, rule, routeRewrite, deletes.Plan(commandOf(req), rule, deletes.Env{Caps: caps, Lock: held.lock}))
+	cmd := commandOf(req)
+	part := func(r *rules.Rule) rewrite.Plan {
+		lock := func(keys []bucket.Key) func() {
+			l := held.lock(r.BucketNamespace(), keys)
+			return func() { held.release(l, true) }
+		}
+		return deletes.Plan(cmd, r, deletes.Env{Caps: caps, Lock: lock})
+	}
+	p := part(rule)
+	if rule.Partitioned() {
+		p = partition.Delete(cmd, rule, part)
+	}
+	return c.servePlan(req, rule, routeRewrite, p)
 }
 
-// heldLocks are the bucket keys a running plan locked.
+// heldLocks are the bucket keys a running plan locked, released when the
+// command ends.
 type heldLocks struct {
 	c    *conn
-	ns   string
 	held []*lockedKeys
 }
 
-// lock takes the locks of keys; the release it returns also forgets their
-// fills, as their buckets changed (or may have).
-func (h *heldLocks) lock(keys []bucket.Key) func() {
-	l := h.c.s.state.bucketCache().lock(h.ns, keys)
+// lock takes the locks of keys of the bucket namespace ns.
+func (h *heldLocks) lock(ns string, keys []bucket.Key) *lockedKeys {
+	l := h.c.s.state.bucketCache().lock(ns, keys)
 	h.held = append(h.held, l)
-	return func() { h.release(l) }
+	return l
 }
 
-func (h *heldLocks) release(l *lockedKeys) {
+// release unlocks l, forgetting its keys' fills when forget says so.
+func (h *heldLocks) release(l *lockedKeys, forget bool) {
 	for i, x := range h.held {
 		if x == l {
 			h.held = append(h.held[:i], h.held[i+1:]...)
-			l.forgetAll()
+			if forget {
+				l.forgetAll()
+			}
 			l.unlock()
 			return
 		}
 	}
 }
 
+// forgetAll forgets the fills of every key held.
+func (h *heldLocks) forgetAll() {
+	for _, l := range h.held {
+		l.forgetAll()
+	}
+}
+
+// releaseAll unlocks every key still held.
 func (h *heldLocks) releaseAll() {
 	for len(h.held) > 0 {
-		h.release(h.held[0])
+		h.release(h.held[0], false)
 	}
 }

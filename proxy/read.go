@@ -6,6 +6,7 @@ import (
 
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/admin"
+	"github.com/tsproxy/tsproxy/rewrite/partition"
 	"github.com/tsproxy/tsproxy/rewrite/read"
 	"github.com/tsproxy/tsproxy/rewrite/summary"
 
@@ -50,18 +51,18 @@ func (c *conn) replyRewriteError(req *request, err error) error {
 // the bucket summaries where they answer exactly, else by point lookups,
 // a bucket scan or an aggregate on the bucket collection (rewrite/read).
 func (c *conn) rewriteRead(req *request, rule *rules.Rule) error {
-	if rule.Partitioned() {
-		return c.rewriteReadPartitioned(req, rule) // proxy/partition_read.go
-	}
 	caps, err := c.upstreamCaps()
 	if err != nil {
 		return err
 	}
 	opts := read.ReadOptions{Caps: caps}
-	body := req.msg.Body
-	p := summary.Plan(body, rule, opts, func() rewrite.Plan {
-		return read.Plan(body, rule, opts, newCursorID)
-	})
+	single := func(r *rules.Rule, body []byte) rewrite.Plan {
+		return summary.Plan(body, r, opts, func() rewrite.Plan { return read.Plan(body, r, opts, newCursorID) })
+	}
+	p := single(rule, req.msg.Body)
+	if rule.Partitioned() {
+		p = partition.Read(req.msg.Body, rule, opts, newCursorID, single)
+	}
 	return c.servePlan(req, rule, routeRewrite, p)
 }
 
@@ -105,35 +106,37 @@ func (c *conn) rewriteGetMore(req *request, rule *rules.Rule) error {
 }
 
 // rewriteKillCursors kills cursors of the app's namespace: those the proxy
-// holds here, the others (upstream cursors on the bucket collection) with
-// the client's killCursors sent to the bucket collection.
+// knows by their own Close plans (which name the right collection, a
+// partition's included), the others with the client's killCursors sent to
+// the bucket collection.
 func (c *conn) rewriteKillCursors(req *request, rule *rules.Rule) error {
 	cmd, ids, err := query.KillCursors(req.msg.Body, rule)
 	if err != nil {
 		return c.replyRewriteError(req, err)
 	}
-	var local []int64
+	var known []int64
 	for _, id := range ids {
 		e := c.s.cursors.get(id)
 		if e == nil {
 			continue
 		}
 		c.s.cursors.forget(id)
-		if e.cursor.Local() {
-			local = append(local, id)
-			_ = c.releaseEntry(e)
+		known = append(known, id)
+		if err := c.releaseEntry(e); err != nil {
+			return err
 		}
 	}
-	if len(local) > 0 && len(local) == len(ids) {
-		// Only proxy-held cursors: nothing to kill upstream.
-		return c.replyBody(req, cursor.KillCursorsReply(nil, local))
+	if len(known) == len(ids) || rule.Partitioned() {
+		// Nothing else to kill upstream (a partitioned rule has no single
+		// collection to send it to: its cursors are all known).
+		return c.replyBody(req, cursor.KillCursorsReply(nil, known))
 	}
 	reply, err := c.upCommand(cmd)
 	if err != nil {
 		return err
 	}
-	if len(local) > 0 {
-		reply = cursor.KillCursorsReply(reply, local)
+	if len(known) > 0 {
+		reply = cursor.KillCursorsReply(reply, known)
 	}
 	return c.replyBody(req, reply)
 }

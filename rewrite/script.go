@@ -104,3 +104,25 @@ func (sp *scriptPlan) Release() {
 type Releaser interface {
 	Release()
 }
+
+// Run runs a plan to its end inside the script and returns its result (an
+// error reply when it failed, as the driver would answer); ok is false
+// when the script was abandoned.
+func (x *Exec) Run(p Plan) (Result, bool) {
+	for {
+		step, done := p.Next()
+		if done {
+			return p.Result(), true
+		}
+		replies, ok := x.Do(step)
+		if !ok {
+			if r, isRel := p.(Releaser); isRel {
+				r.Release()
+			}
+			return Result{}, false
+		}
+		if err := p.Feed(replies); err != nil {
+			return Result{Reply: mongoerr.Reply(err)}, true
+		}
+	}
+}
