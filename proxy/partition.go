@@ -81,7 +81,6 @@ func listPartitions(up commander, rule *rules.Rule) ([]partColl, error) {
 	return out, nil
 }
 
-
 // dropPartition drops one partition collection and forgets its index and
 // fills, so that a later write into the period starts afresh.
 func dropPartition(up commander, s *Server, rule *rules.Rule, coll string) error {
