@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/tsproxy/tsproxy/rewrite/admin"
 	"github.com/tsproxy/tsproxy/rewrite/insert"
 	"github.com/tsproxy/tsproxy/rewrite/partition"
 
@@ -38,54 +37,18 @@ func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
 		return err
 	}
 	defer c.endRetryable(req)
-	if rule.Layout == rules.LayoutCounter || rule.Layout == rules.LayoutSlots {
-		return c.handleLayout(req, rule) // proxy/layout.go
-	}
-	if req.name == "aggregate" && admin.BeginsWithCollStats(req.msg.Body) {
-		// mongosh's stats(), dataSize(), totalIndexSize(): collStats as an
-		// aggregate stage, answered as the command is.
-		if rule.Partitioned() {
-			return c.replyRewriteError(req, partition.PartitionCommandRefusal(rule, "$collStats"))
+	h := handlerFor(req.name, rule) // commands.go
+	if h == nil {
+		msg := fmt.Sprintf("tsproxy rule %s: command %q is not supported on a bucketed namespace", rule.Namespace, req.name)
+		if rule.Layout != rules.LayoutEvents {
+			msg = fmt.Sprintf("tsproxy rule %s: command %q is not supported on a namespace with layout %s", rule.Namespace, req.name, rule.Layout)
 		}
-		return c.servePlan(req, rule, routeRewrite, admin.CollStats(req.msg.Body, rule))
+		return c.servePlan(req, rule, routeRewrite, rewrite.Fail(mongoerr.Errorf(mongoerr.NotImplemented, "%s", msg)))
 	}
-	if rule.Partitioned() {
-		switch req.name {
-		case "collStats", "createIndexes", "listIndexes", "dropIndexes", "create":
-			return c.servePlan(req, rule, routeRewrite, rewrite.Fail(partition.PartitionCommandRefusal(rule, req.name)))
-		}
+	if commands[req.name].unpartitioned && rule.Partitioned() {
+		return c.servePlan(req, rule, routeRewrite, rewrite.Fail(partition.PartitionCommandRefusal(rule, req.name)))
 	}
-	switch req.name {
-	case "insert":
-		return c.answerRefusal(req, c.rewriteInsert(req, rule))
-	case "find", "aggregate", "count", "distinct", "explain":
-		return c.answerRefusal(req, c.rewriteRead(req, rule))
-	case "getMore":
-		return c.rewriteGetMore(req, rule)
-	case "killCursors":
-		return c.rewriteKillCursors(req, rule)
-	case "collStats":
-		return c.servePlan(req, rule, routeRewrite, admin.CollStats(req.msg.Body, rule))
-	case "drop":
-		return c.servePlan(req, rule, routeRewrite, admin.Drop(req.msg.Body, rule))
-	case "delete":
-		return c.answerRefusal(req, c.rewriteDelete(req, rule))
-	case "update", "findAndModify", "findandmodify":
-		return c.refuseWrite(req, rule)
-	case "create":
-		return c.rewriteCreate(req, rule)
-	case "createIndexes":
-		return c.servePlan(req, rule, routeRewrite, admin.CreateIndexes(req.msg.Body, rule))
-	case "listIndexes":
-		return c.servePlan(req, rule, routeRewrite, admin.ListIndexes(req.msg.Body, rule))
-	case "dropIndexes":
-		return c.rewriteDropIndexes(req, rule)
-	}
-	if req.msg.Flags&wire.MoreToCome != 0 {
-		return nil
-	}
-	return c.replyError(req, mongoerr.NotImplemented,
-		fmt.Sprintf("tsproxy rule %s: command %q is not supported on a bucketed namespace", rule.Namespace, req.name))
+	return h(c, req, rule)
 }
 
 // rewriteInsert stores the events of an insert as buckets (rewrite/insert),

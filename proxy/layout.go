@@ -1,43 +1,17 @@
 package proxy
 
 import (
-	"fmt"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/tsproxy/tsproxy/rewrite/admin"
 	"github.com/tsproxy/tsproxy/rewrite/insert"
 	"github.com/tsproxy/tsproxy/rewrite/layout"
 
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 
-	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
-	"github.com/tsproxy/tsproxy/wire"
 )
-
-// handleLayout serves a command on a namespace whose rule has layout
-// counter or slots (see rewrite/counter*.go and rewrite/slots.go).
-func (c *conn) handleLayout(req *request, rule *rules.Rule) error {
-	switch req.name {
-	case "insert":
-		return c.answerRefusal(req, c.layoutInsert(req, rule))
-	case "find", "aggregate", "count":
-		return c.servePlan(req, rule, routeRewrite, layout.ReadPlan(req.msg.Body, rule, newCursorID))
-	case "getMore":
-		return c.rewriteGetMore(req, rule)
-	case "killCursors":
-		return c.rewriteKillCursors(req, rule)
-	case "drop":
-		return c.servePlan(req, rule, routeRewrite, admin.Drop(req.msg.Body, rule))
-	}
-	if req.msg.Flags&wire.MoreToCome != 0 {
-		return nil
-	}
-	return c.replyError(req, mongoerr.NotImplemented,
-		fmt.Sprintf("tsproxy rule %s: command %q is not supported on a namespace with layout %s", rule.Namespace, req.name, rule.Layout))
-}
 
 // layoutInsert counts (counter) or stores (slots) the events of an insert
 // (rewrite/layout) under the proxy's locks of their keys: on an upstream

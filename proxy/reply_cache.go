@@ -198,7 +198,7 @@ func (rc *replyCache) Len() int { return rc.done.Len() }
 // cannot be run (done is true then), or registers the attempt in
 // req.txn; endRetryable must follow.
 func (c *conn) retriedReply(req *request, rule *rules.Rule) (done bool, err error) {
-	if req.name != "insert" && req.name != "delete" {
+	if !commands[req.name].retryable {
 		return false, nil
 	}
 	key, ok, kerr := rewrite.RetryKeyOf(req.msg.Body)

@@ -87,6 +87,9 @@ func init() {
 		"whatsmyuri", "getLog", "hostInfo", "validate", "currentOp", "killOp", "getCmdLineOpts"} {
 		knownCommands[n] = true
 	}
+	for n := range commands {
+		knownCommands[n] = true
+	}
 }
 
 func (t *telemetry) attrsFor(name string, r route) metric.MeasurementOption {
