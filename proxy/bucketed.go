@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/fanout"
 	"github.com/tsproxy/tsproxy/rewrite/insert"
-	"github.com/tsproxy/tsproxy/rewrite/partition"
 
 	"github.com/tsproxy/tsproxy/rewrite/caps"
 
@@ -46,7 +46,7 @@ func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
 		return c.servePlan(req, rule, routeRewrite, rewrite.Fail(mongoerr.Errorf(mongoerr.NotImplemented, "%s", msg)))
 	}
 	if commands[req.name].unpartitioned && rule.Partitioned() {
-		return c.servePlan(req, rule, routeRewrite, rewrite.Fail(partition.PartitionCommandRefusal(rule, req.name)))
+		return c.servePlan(req, rule, routeRewrite, rewrite.Fail(fanout.PartitionCommandRefusal(rule, req.name)))
 	}
 	return h(c, req, rule)
 }
@@ -82,11 +82,11 @@ func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
 	}
 	var p rewrite.Plan
 	if rule.Partitioned() {
-		parts, ordered := partition.SplitInsert(cmd, rule, time.Now().UnixMilli())
+		parts, ordered := fanout.SplitInsert(cmd, rule, time.Now().UnixMilli())
 		for _, pt := range parts {
-			c.ensureBucketIndex(partition.Rule(rule, pt.Collection))
+			c.ensureBucketIndex(fanout.Rule(rule, pt.Collection))
 		}
-		p = partition.Insert(parts, ordered, rule, part)
+		p = fanout.Insert(parts, ordered, rule, part)
 	} else {
 		c.ensureBucketIndex(rule)
 		p = part(rule, cmd)

@@ -3,8 +3,8 @@ package proxy
 import (
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/admin"
+	"github.com/tsproxy/tsproxy/rewrite/fanout"
 	"github.com/tsproxy/tsproxy/rewrite/layout"
-	"github.com/tsproxy/tsproxy/rewrite/partition"
 	"github.com/tsproxy/tsproxy/rules"
 )
 
@@ -55,7 +55,7 @@ var reads = map[string]handler{
 func eventsRead(c *conn, req *request, rule *rules.Rule) error {
 	if req.name == "aggregate" && admin.BeginsWithCollStats(req.msg.Body) {
 		if rule.Partitioned() {
-			return c.servePlan(req, rule, routeRewrite, rewrite.Fail(partition.PartitionCommandRefusal(rule, "$collStats")))
+			return c.servePlan(req, rule, routeRewrite, rewrite.Fail(fanout.PartitionCommandRefusal(rule, "$collStats")))
 		}
 		return plan(admin.CollStats)(c, req, rule)
 	}

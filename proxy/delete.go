@@ -3,7 +3,7 @@ package proxy
 import (
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/deletes"
-	"github.com/tsproxy/tsproxy/rewrite/partition"
+	"github.com/tsproxy/tsproxy/rewrite/fanout"
 
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 
@@ -39,11 +39,7 @@ func (c *conn) rewriteDelete(req *request, rule *rules.Rule) error {
 		}
 		return deletes.Plan(cmd, r, deletes.Env{Caps: caps, Lock: lock})
 	}
-	p := part(rule)
-	if rule.Partitioned() {
-		p = partition.Delete(cmd, rule, part)
-	}
-	return c.servePlan(req, rule, routeRewrite, p)
+	return c.servePlan(req, rule, routeRewrite, fanout.Delete(cmd, rule, part))
 }
 
 // heldLocks are the bucket keys a running plan locked, released when the

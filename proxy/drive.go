@@ -129,9 +129,47 @@ func (c *conn) releaseCursor(rule *rules.Rule, cur rewrite.Cursor) error {
 	return err
 }
 
-// runStep sends a step's commands together on the client's upstream
-// connection and reads their replies in order (the upstream answers one
-// connection's requests in order, so only round trips are saved). An
+// upRunner runs steps on an upstream connection of the proxy's own (the
+// sweeper's): its commands are deletes and reads, which hold no write
+// slot.
+type upRunner struct{ up *upstream.Conn }
+
+func (r upRunner) runStep(step rewrite.Step) ([][]byte, error) {
+	var buf []byte
+	return pipeline(r.up, &buf, step)
+}
+
+// pipeline sends a step's commands together on up and reads their
+// replies in order (the upstream answers one connection's requests in
+// order, so only round trips are saved); buf is reused for the frames.
+func pipeline(up *upstream.Conn, buf *[]byte, step rewrite.Step) ([][]byte, error) {
+	b := (*buf)[:0]
+	for _, u := range step {
+		var err error
+		if b, err = appendUpstreamFrame(b, u); err != nil {
+			return nil, err
+		}
+	}
+	*buf = b[:0]
+	if err := up.Write(b); err != nil {
+		return nil, err
+	}
+	out := make([][]byte, len(step))
+	for i := range step {
+		_, rf, err := up.ReadMessage()
+		if err != nil {
+			return nil, err
+		}
+		var m wire.Msg
+		if err := m.Decode(rf); err != nil {
+			return nil, fmt.Errorf("upstream reply: %w", err)
+		}
+		out[i] = append([]byte(nil), m.Body...)
+	}
+	return out, nil
+}
+
+// runStep sends a step on the client's upstream connection (pipeline). An
 // update on an upstream that bounds them holds a write slot meanwhile.
 func (c *conn) runStep(step rewrite.Step) ([][]byte, error) {
 	if len(step) == 1 {
@@ -151,30 +189,7 @@ func (c *conn) runStep(step rewrite.Step) ([][]byte, error) {
 			return c.runEach(step)
 		}
 	}
-	buf := c.outBuf[:0]
-	for _, u := range step {
-		var err error
-		if buf, err = appendUpstreamFrame(buf, u); err != nil {
-			return nil, err
-		}
-	}
-	c.outBuf = buf[:0]
-	if err := c.up.Write(buf); err != nil {
-		return nil, err
-	}
-	out := make([][]byte, len(step))
-	for i := range step {
-		_, rf, err := c.up.ReadMessage()
-		if err != nil {
-			return nil, err
-		}
-		var m wire.Msg
-		if err := m.Decode(rf); err != nil {
-			return nil, fmt.Errorf("upstream reply: %w", err)
-		}
-		out[i] = append([]byte(nil), m.Body...)
-	}
-	return out, nil
+	return pipeline(c.up, &c.outBuf, step)
 }
 
 func (c *conn) runEach(step rewrite.Step) ([][]byte, error) {

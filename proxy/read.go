@@ -6,7 +6,7 @@ import (
 
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/admin"
-	"github.com/tsproxy/tsproxy/rewrite/partition"
+	"github.com/tsproxy/tsproxy/rewrite/fanout"
 	"github.com/tsproxy/tsproxy/rewrite/read"
 	"github.com/tsproxy/tsproxy/rewrite/summary"
 
@@ -59,11 +59,7 @@ func (c *conn) rewriteRead(req *request, rule *rules.Rule) error {
 	single := func(r *rules.Rule, body []byte) rewrite.Plan {
 		return summary.Plan(body, r, opts, func() rewrite.Plan { return read.Plan(body, r, opts, newCursorID) })
 	}
-	p := single(rule, req.msg.Body)
-	if rule.Partitioned() {
-		p = partition.Read(req.msg.Body, rule, opts, newCursorID, single)
-	}
-	return c.servePlan(req, rule, routeRewrite, p)
+	return c.servePlan(req, rule, routeRewrite, fanout.Read(req.msg.Body, rule, opts, newCursorID, single))
 }
 
 // newCursorID is a fresh id for a cursor the proxy holds. Bit 62 set keeps

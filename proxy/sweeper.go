@@ -7,7 +7,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/admin"
+	"github.com/tsproxy/tsproxy/rewrite/fanout"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/rollup"
+	"github.com/tsproxy/tsproxy/rewrite/source"
 
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/upstream"
@@ -134,13 +139,13 @@ func (s *Server) retain(ctx context.Context, rule *rules.Rule) {
 }
 
 // retainOnce ensures the TTL index of each collection of the rule whose
-// mode is not known yet, and sweeps the collections in modeSweep. A
-// partitioned rule's buckets are retained partition by partition
-// (retainPartitions).
+// mode is not known yet, and sweeps the collections in modeSweep. The
+// rule's buckets are retained wherever its source says they are
+// (retainBuckets).
 func (s *Server) retainOnce(up *upstream.Conn, rule *rules.Rule, modes map[string]retentionMode, now time.Time) error {
 	for _, e := range rollup.Expiries(rule) {
-		if rule.Partitioned() && e.Collection == rule.BucketCollection {
-			if err := s.retainPartitions(up, rule, modes, now); err != nil {
+		if e.Collection == rule.BucketCollection {
+			if err := s.retainBuckets(up, rule, e, modes, now); err != nil {
 				return err
 			}
 			continue
@@ -211,4 +216,44 @@ func sweepOnce(up *upstream.Conn, rule *rules.Rule, e rollup.Expiry, now time.Ti
 	}
 	n, _ := reply.Lookup("n").AsInt64OK()
 	return n, nil
+}
+
+// retainBuckets retains every collection of the rule's buckets
+// (rewrite/source): a partition whose every bucket has expired is dropped
+// whole; the others (and an unpartitioned rule's bucket collection) get
+// their TTL index or are swept, so that the expired buckets of the partly
+// expired period go too.
+func (s *Server) retainBuckets(up *upstream.Conn, rule *rules.Rule, e rollup.Expiry, modes map[string]retentionMode, now time.Time) error {
+	l := source.List(rule)
+	if _, err := drive(upRunner{up: up}, l); err != nil {
+		return err
+	}
+	for _, c := range l.Collections() {
+		if !rule.Partitioned() {
+			if err := s.retainCollection(up, rule, e, modes, now); err != nil {
+				return err
+			}
+			continue
+		}
+		if rule.PartitionExpired(c.Start, now) {
+			res, err := drive(upRunner{up: up}, rewrite.Passthrough(admin.DropCommand(rule.DB, c.Name), nil))
+			if err == nil && !mongoerr.IsOK(res.Reply) && mongoerr.FromReply(res.Reply, "").Code != mongoerr.NamespaceNotFound {
+				err = mongoerr.FromReply(res.Reply, "drop refused")
+			}
+			s.forgetNamespace(rule.DB + "." + c.Name)
+			if err != nil {
+				return fmt.Errorf("tsproxy rule %s: drop partition %s: %w", rule.Namespace, c.Name, err)
+			}
+			delete(modes, c.Name)
+			s.log.Info("retention: expired partition dropped", "rule", rule.Namespace, "collection", c.Name)
+			continue
+		}
+		if modes[c.Name] == modeSweep && c.Start+rule.SpanMillis() > now.Add(-rule.ExpireAfter).UnixMilli() {
+			continue // no bucket of it has expired yet: no delete to send
+		}
+		if err := s.retainCollection(up, fanout.Rule(rule, c.Name), rollup.Expiry{Collection: c.Name, Window: rule.Span}, modes, now); err != nil {
+			return err
+		}
+	}
+	return nil
 }

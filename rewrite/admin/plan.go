@@ -142,11 +142,11 @@ type dropPlan struct {
 func (d *dropPlan) Next() (rewrite.Step, bool) {
 	switch {
 	case d.step < len(d.drops):
-		return rewrite.Step{{Body: dropCommand(d.rule.DB, d.drops[d.step])}}, false
+		return rewrite.Step{{Body: DropCommand(d.rule.DB, d.drops[d.step])}}, false
 	case d.step == len(d.drops):
 		return rewrite.Step{{Body: d.cmd}}, false
 	case d.step <= len(d.drops)+len(d.rollups):
-		return rewrite.Step{{Body: dropCommand(d.rule.DB, d.rollups[d.step-len(d.drops)-1])}}, false
+		return rewrite.Step{{Body: DropCommand(d.rule.DB, d.rollups[d.step-len(d.drops)-1])}}, false
 	}
 	return nil, true
 }
@@ -186,7 +186,8 @@ func (d *dropPlan) Result() rewrite.Result {
 	return res
 }
 
-func dropCommand(db, coll string) []byte {
+// DropCommand drops db.coll.
+func DropCommand(db, coll string) []byte {
 	return bsoncore.NewDocumentBuilder().AppendString("drop", coll).AppendString("$db", db).Build()
 }
 

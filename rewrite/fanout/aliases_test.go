@@ -1,4 +1,4 @@
-package partition
+package fanout
 
 import "go.mongodb.org/mongo-driver/v2/bson"
 

@@ -1,4 +1,4 @@
-package partition
+package fanout
 
 import (
 	"github.com/tsproxy/tsproxy/rewrite"
@@ -28,10 +28,10 @@ func Insert(parts []InsertPart, ordered bool, rule *rules.Rule, part func(r *rul
 	})
 }
 
-// Delete is the plan of a delete on a partitioned rule: the ordinary
-// delete (part's plan) of every existing partition, the counts summed. A
-// deleteOne could remove an event from each partition, so one spanning
-// several is refused.
+// Delete is the plan of a delete: the ordinary delete (part's plan) of
+// every collection of the rule's buckets (rewrite/source), the counts
+// summed. A deleteOne could remove an event from each partition of a
+// partitioned rule, so one spanning several is refused.
 func Delete(cmd rewrite.Command, rule *rules.Rule, part func(r *rules.Rule) rewrite.Plan) rewrite.Plan {
 	return rewrite.Script(func(x *rewrite.Exec) (rewrite.Result, error) {
 		l := source.List(rule)
@@ -55,6 +55,9 @@ func Delete(cmd rewrite.Command, rule *rules.Rule, part func(r *rules.Rule) rewr
 			if !mongoerr.IsOK(res.Reply) {
 				break
 			}
+		}
+		if len(replies) == 1 {
+			return rewrite.Result{Reply: replies[0]}, nil // an unpartitioned rule's
 		}
 		return rewrite.Result{Reply: MergeInsertReplies(make([]InsertPart, len(replies)), replies)}, nil
 	})

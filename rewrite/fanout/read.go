@@ -1,4 +1,4 @@
-package partition
+package fanout
 
 import (
 	"slices"
@@ -23,10 +23,11 @@ func Rule(rule *rules.Rule, coll string) *rules.Rule {
 	return &r
 }
 
-// Read is the plan of a read on a partitioned rule: it lists the rule's
-// partitions and keeps those overlapping the read's time bounds. With at
-// most one, the read is the ordinary read of that partition (single's
-// plan, with every read plan and upstream cursor). Across several, each
+// Read is the plan of every read: it lists the collections of the rule's
+// buckets (rewrite/source: the bucket collection, or the partitions) and
+// keeps those overlapping the read's time bounds. With at most one, the
+// read is the ordinary read of that collection (single's plan, with every
+// read plan and upstream cursor). Across several, each
 // partition runs the ordinary read and the plan combines them: finds
 // merged by their sort into a cursor the proxy holds, counts summed,
 // distinct values united, aggregates answered from the summaries of every

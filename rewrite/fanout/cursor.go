@@ -1,4 +1,4 @@
-package partition
+package fanout
 
 import (
 	"github.com/tsproxy/tsproxy/rewrite"
