@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tsproxy/tsproxy/proxy/replycache"
+
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -92,7 +94,7 @@ type request struct {
 	name       string
 	db         string
 	start      time.Time
-	txn        *txnAttempt // a retryable write's attempt (reply_cache.go)
+	txn        *replycache.Attempt // a retryable write's attempt (reply_cache.go)
 }
 
 // serve reads and answers requests until the client goes away, a frame
@@ -355,7 +357,7 @@ func (c *conn) writeFrame(req *request, frame []byte) error {
 // replyBody sends body as the reply to req, in the opcode the client used.
 func (c *conn) replyBody(req *request, body []byte) error {
 	if req.txn != nil {
-		req.txn.offer(body)
+		req.txn.Offer(body)
 	}
 	var frame []byte
 	if req.legacy {

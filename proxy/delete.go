@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"github.com/tsproxy/tsproxy/proxy/fills"
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/deletes"
 	"github.com/tsproxy/tsproxy/rewrite/fanout"
@@ -46,25 +47,25 @@ func (c *conn) rewriteDelete(req *request, rule *rules.Rule) error {
 // command ends.
 type heldLocks struct {
 	c    *conn
-	held []*lockedKeys
+	held []*fills.Locked
 }
 
 // lock takes the locks of keys of the bucket namespace ns.
-func (h *heldLocks) lock(ns string, keys []bucket.Key) *lockedKeys {
-	l := h.c.s.state.bucketCache().lock(ns, keys)
+func (h *heldLocks) lock(ns string, keys []bucket.Key) *fills.Locked {
+	l := h.c.s.state.bucketCache().Lock(ns, keys)
 	h.held = append(h.held, l)
 	return l
 }
 
 // release unlocks l, forgetting its keys' fills when forget says so.
-func (h *heldLocks) release(l *lockedKeys, forget bool) {
+func (h *heldLocks) release(l *fills.Locked, forget bool) {
 	for i, x := range h.held {
 		if x == l {
 			h.held = append(h.held[:i], h.held[i+1:]...)
 			if forget {
-				l.forgetAll()
+				l.ForgetAll()
 			}
-			l.unlock()
+			l.Unlock()
 			return
 		}
 	}
@@ -73,7 +74,7 @@ func (h *heldLocks) release(l *lockedKeys, forget bool) {
 // forgetAll forgets the fills of every key held.
 func (h *heldLocks) forgetAll() {
 	for _, l := range h.held {
-		l.forgetAll()
+		l.ForgetAll()
 	}
 }
 

@@ -29,8 +29,8 @@ func (c *conn) layoutInsert(req *request, rule *rules.Rule) error {
 	if err != nil {
 		return c.refuseBeforeWrite(req, rule, err, c.replyRewriteError)
 	}
-	locked := c.s.state.bucketCache().lock(rule.BucketNamespace(), keys)
-	defer locked.unlock()
+	locked := c.s.state.bucketCache().Lock(rule.BucketNamespace(), keys)
+	defer locked.Unlock()
 	env := layout.WriteEnv{Caps: caps, Now: time.Now(), Attempt: c.s.writes.attempt,
 		Shells: func(ks []bucket.Key) []bucket.Key { return c.s.shells.claim(rule.BucketNamespace(), ks) }}
 	return c.servePlan(req, rule, routeRewrite, layout.InsertPlan(cmd, rule, keys, env))

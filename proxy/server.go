@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tsproxy/tsproxy/proxy/replycache"
+
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/upstream"
 )
@@ -67,13 +69,13 @@ type Server struct {
 	tel     *telemetry
 	state   *upstreamState
 	cursors *cursorRegistry
-	replies *replyCache     // reply_cache.go
-	life    *lifecycleState // rollups.go
-	sweep   *sweeper        // sweeper.go
-	leases  *writerLeases   // writer_lease.go
-	once    *onceSteps      // ensure.go
-	shells  *shellMemory    // layout.go
-	writes  *writeIDs       // layout.go
+	replies *replycache.Cache // reply_cache.go
+	life    *lifecycleState   // rollups.go
+	sweep   *sweeper          // sweeper.go
+	leases  *writerLeases     // writer_lease.go
+	once    *onceSteps        // ensure.go
+	shells  *shellMemory      // layout.go
+	writes  *writeIDs         // layout.go
 
 	mu       sync.Mutex
 	ln       net.Listener
@@ -105,10 +107,10 @@ func New(opts Options) (*Server, error) {
 		opts.CursorTTL = 10 * time.Minute
 	}
 	if opts.RetryCacheSize <= 0 {
-		opts.RetryCacheSize = defaultRetryCacheSize
+		opts.RetryCacheSize = replycache.DefaultSize
 	}
 	if opts.RetryCacheTTL <= 0 {
-		opts.RetryCacheTTL = defaultRetryCacheTTL
+		opts.RetryCacheTTL = replycache.DefaultTTL
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -123,7 +125,7 @@ func New(opts Options) (*Server, error) {
 		tel:     tel,
 		state:   newUpstreamState(),
 		cursors: newCursorRegistry(opts.MaxCursors, opts.CursorTTL),
-		replies: newReplyCache(opts.RetryCacheSize, opts.RetryCacheTTL),
+		replies: replycache.New(opts.RetryCacheSize, opts.RetryCacheTTL),
 		life:    newLifecycleState(),
 		leases:  newWriterLeases(opts.WriterLease, opts.WriterID),
 		once:    newOnceSteps(),

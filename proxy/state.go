@@ -3,6 +3,8 @@ package proxy
 import (
 	"sync"
 
+	"github.com/tsproxy/tsproxy/proxy/fills"
+
 	"github.com/tsproxy/tsproxy/rewrite/hello"
 
 	"github.com/tsproxy/tsproxy/rewrite/caps"
@@ -19,7 +21,7 @@ type upstreamState struct {
 	limits   hello.RouterHelloLimits
 	caps     *caps.Upstream
 	isFerret bool
-	buckets  *bucketCache // fills of open buckets; see buckets.go
+	buckets  *fills.Cache // fills of open buckets; see buckets.go
 	// writeSlots bounds the bucket update commands running at once on an
 	// upstream with Caps.MaxUpdateStatements (FerretDB); see buckets.go.
 	writeSlots chan struct{}
@@ -55,4 +57,21 @@ func (u *upstreamState) helloLimits() hello.RouterHelloLimits {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	return u.limits
+}
+
+// forgetBuckets forgets what the proxy knows of the buckets in bucketNS
+// ("db.collection" of a rule's bucket collection). Call it when that
+// collection is dropped (or renamed, or emptied outside the proxy), so the
+// next insert finds the buckets again by point reads.
+func (u *upstreamState) forgetBuckets(bucketNS string) {
+	u.bucketCache().Forget(bucketNS)
+}
+
+func (u *upstreamState) bucketCache() *fills.Cache {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.buckets == nil {
+		u.buckets = fills.New(fills.DefaultSize)
+	}
+	return u.buckets
 }

@@ -1,4 +1,7 @@
-package proxy
+// Package fills is the proxy's memory of the open bucket of each
+// (bucket namespace, series, window) key, and the locks that serialize
+// the writers of a key within one proxy. It does no I/O.
+package fills
 
 import (
 	"slices"
@@ -8,17 +11,13 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 
 	lru "github.com/hashicorp/golang-lru/v2"
-	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
-// bucketCacheSize bounds the (series, window) fills the proxy remembers.
+// DefaultSize bounds the (series, window) fills the proxy remembers.
 // A forgotten fill costs one or two point reads to load again.
-const bucketCacheSize = 100_000
+const DefaultSize = 100_000
 
-// maxProbeSeq bounds the point reads that look for a key's open bucket.
-const maxProbeSeq = 1 << 16
-
-// bucketCache remembers, per (bucket namespace, meta, window start), the
+// Cache remembers, per (bucket namespace, meta, window start), the
 // fill of the open bucket: its seq and how full it is. With the embedded
 // upstream one proxy owns the data and serializes the writers of a key, so
 // its fills are exact; with several proxies in front of one MongoDB they
@@ -27,40 +26,40 @@ const maxProbeSeq = 1 << 16
 // Each entry has its own mutex, held by one insert from loading the fill
 // to storing the new one. Entries in use are pinned in active, so the LRU
 // evicting one cannot give two inserts two mutexes for the same key.
-type bucketCache struct {
+type Cache struct {
 	mu     sync.Mutex
-	lru    *lru.Cache[string, *bucketEntry]
-	active map[string]*bucketEntry
+	lru    *lru.Cache[string, *entry]
+	active map[string]*entry
 }
 
-type bucketEntry struct {
+type entry struct {
 	mu      sync.Mutex // held by the insert writing the key
 	fill    bucket.Fill
-	refs    int  // inserts holding or waiting for mu; guarded by bucketCache.mu
-	dropped bool // the collection was dropped while in use; guarded by bucketCache.mu
+	refs    int  // inserts holding or waiting for mu; guarded by Cache.mu
+	dropped bool // the collection was dropped while in use; guarded by Cache.mu
 }
 
-func newBucketCache(size int) *bucketCache {
-	c, _ := lru.New[string, *bucketEntry](max(size, 1)) // fails only for size < 1
-	return &bucketCache{lru: c, active: make(map[string]*bucketEntry)}
+func New(size int) *Cache {
+	c, _ := lru.New[string, *entry](max(size, 1)) // fails only for size < 1
+	return &Cache{lru: c, active: make(map[string]*entry)}
 }
 
 func cacheKey(bucketNS string, k bucket.Key) string {
 	return bucketNS + "\x00" + k.String()
 }
 
-// lockedKeys are the entries of one insert, locked.
-type lockedKeys struct {
-	c       *bucketCache
+// Locked are the entries of one insert, locked.
+type Locked struct {
+	c       *Cache
 	names   []string
-	entries []*bucketEntry
-	byKey   map[string]*bucketEntry // BucketKey.String() -> entry
+	entries []*entry
+	byKey   map[string]*entry // BucketKey.String() -> entry
 	keys    []bucket.Key
 }
 
-// lock takes the entries of keys in sorted order (so two inserts never
+// Lock takes the entries of keys in sorted order (so two inserts never
 // wait for each other in a cycle) and returns them locked.
-func (c *bucketCache) lock(bucketNS string, keys []bucket.Key) *lockedKeys {
+func (c *Cache) Lock(bucketNS string, keys []bucket.Key) *Locked {
 	type item struct {
 		name string
 		key  bucket.Key
@@ -70,7 +69,7 @@ func (c *bucketCache) lock(bucketNS string, keys []bucket.Key) *lockedKeys {
 		items[i] = item{cacheKey(bucketNS, k), k}
 	}
 	slices.SortFunc(items, func(a, b item) int { return strings.Compare(a.name, b.name) })
-	l := &lockedKeys{c: c, byKey: make(map[string]*bucketEntry, len(keys))}
+	l := &Locked{c: c, byKey: make(map[string]*entry, len(keys))}
 	c.mu.Lock()
 	for i, it := range items {
 		if i > 0 && it.name == items[i-1].name {
@@ -80,7 +79,7 @@ func (c *bucketCache) lock(bucketNS string, keys []bucket.Key) *lockedKeys {
 		if e == nil {
 			var ok bool
 			if e, ok = c.lru.Get(it.name); !ok {
-				e = &bucketEntry{fill: bucket.Fill{Seq: -1}}
+				e = &entry{fill: bucket.Fill{Seq: -1}}
 			}
 			c.active[it.name] = e
 		}
@@ -98,8 +97,8 @@ func (c *bucketCache) lock(bucketNS string, keys []bucket.Key) *lockedKeys {
 	return l
 }
 
-// unlock releases the entries in reverse order and unpins them.
-func (l *lockedKeys) unlock() {
+// Unlock releases the entries in reverse order and unpins them.
+func (l *Locked) Unlock() {
 	for i := len(l.entries) - 1; i >= 0; i-- {
 		l.entries[i].mu.Unlock()
 	}
@@ -120,7 +119,7 @@ func (l *lockedKeys) unlock() {
 }
 
 // Fill is the fill of a locked key (insert.Fills).
-func (l *lockedKeys) Fill(k bucket.Key) bucket.Fill {
+func (l *Locked) Fill(k bucket.Key) bucket.Fill {
 	if e := l.byKey[k.String()]; e != nil {
 		return e.fill
 	}
@@ -129,23 +128,23 @@ func (l *lockedKeys) Fill(k bucket.Key) bucket.Fill {
 
 // Set records the fill of a locked key (insert.Fills); an unknown one is
 // loaded again by the next insert.
-func (l *lockedKeys) Set(k bucket.Key, f bucket.Fill) {
+func (l *Locked) Set(k bucket.Key, f bucket.Fill) {
 	if e := l.byKey[k.String()]; e != nil {
 		e.fill = f
 	}
 }
 
-// forgetAll marks every locked key unknown (after a failure whose effect
+// ForgetAll marks every locked key unknown (after a failure whose effect
 // is not known).
-func (l *lockedKeys) forgetAll() {
+func (l *Locked) ForgetAll() {
 	for _, e := range l.entries {
 		e.fill = bucket.Fill{Seq: -1}
 	}
 }
 
-// forget drops the fills of one bucket namespace (its collection was
+// Forget drops the fills of one bucket namespace (its collection was
 // dropped): the next insert loads them again.
-func (c *bucketCache) forget(bucketNS string) {
+func (c *Cache) Forget(bucketNS string) {
 	prefix := bucketNS + "\x00"
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -161,31 +160,16 @@ func (c *bucketCache) forget(bucketNS string) {
 	}
 }
 
-// forgetBuckets forgets what the proxy knows of the buckets in bucketNS
-// ("db.collection" of a rule's bucket collection). Call it when that
-// collection is dropped (or renamed, or emptied outside the proxy), so the
-// next insert finds the buckets again by point reads.
-func (u *upstreamState) forgetBuckets(bucketNS string) {
-	u.bucketCache().forget(bucketNS)
-}
+// Keys are the locked keys.
+func (l *Locked) Keys() []bucket.Key { return l.keys }
 
-func (u *upstreamState) bucketCache() *bucketCache {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if u.buckets == nil {
-		u.buckets = newBucketCache(bucketCacheSize)
+// Unknown are the locked keys whose fill is unknown.
+func (l *Locked) Unknown() []bucket.Key {
+	var out []bucket.Key
+	for i, e := range l.entries {
+		if !e.fill.Known {
+			out = append(out, l.keys[i])
+		}
 	}
-	return u.buckets
-}
-
-// rawInt reads a numeric field as an int64 (0 when absent or not a number).
-func rawInt(doc bson.Raw, key string) int64 {
-	v, err := doc.LookupErr(key)
-	if err != nil {
-		return 0
-	}
-	if n, ok := v.AsInt64OK(); ok {
-		return n
-	}
-	return 0
+	return out
 }

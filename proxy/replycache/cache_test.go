@@ -1,4 +1,4 @@
-package proxy
+package replycache
 
 import (
 	"bytes"
@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
@@ -45,70 +46,70 @@ func okReply(t *testing.T, n int) []byte {
 
 // run begins key as the session's attempt, offers reply (nil: none) and
 // finishes.
-func run(t *testing.T, rc *replyCache, key rewrite.RetryKey, op string, reply []byte) {
+func run(t *testing.T, rc *Cache, key rewrite.RetryKey, op string, reply []byte) {
 	t.Helper()
-	out := rc.begin(key, op)
-	if out.attempt == nil {
-		t.Fatalf("txnNumber %d: not run (%v, reply %v)", key.TxnNumber, out.err, out.reply)
+	out := rc.Begin(key, op)
+	if out.Attempt == nil {
+		t.Fatalf("txnNumber %d: not run (%v, reply %v)", key.TxnNumber, out.Err, out.Reply)
 	}
 	if reply != nil {
-		out.attempt.offer(reply)
+		out.Attempt.Offer(reply)
 	}
-	out.attempt.finish()
+	out.Attempt.Finish()
 }
 
 func TestReplyCacheSessionRules(t *testing.T) {
-	rc := newReplyCache(100, time.Hour)
+	rc := New(100, time.Hour)
 	const op = "db.readings insert"
 	run(t, rc, retryKey(t, "s1", "", 5), op, okReply(t, 3))
 
 	// The same write again: its reply, not a run.
-	out := rc.begin(retryKey(t, "s1", "", 5), op)
-	if out.attempt != nil || out.err != nil || !bytes.Equal(out.reply, okReply(t, 3)) {
+	out := rc.Begin(retryKey(t, "s1", "", 5), op)
+	if out.Attempt != nil || out.Err != nil || !bytes.Equal(out.Reply, okReply(t, 3)) {
 		t.Fatalf("retry: %+v", out)
 	}
 	// An older one: TransactionTooOld.
-	out = rc.begin(retryKey(t, "s1", "", 4), op)
-	if ce, ok := out.err.(*mongoerr.Error); !ok || ce.Code != mongoerr.TransactionTooOld {
+	out = rc.Begin(retryKey(t, "s1", "", 4), op)
+	if ce, ok := out.Err.(*mongoerr.Error); !ok || ce.Code != mongoerr.TransactionTooOld {
 		t.Fatalf("older txnNumber: %+v", out)
 	}
 	// The same txnNumber for another command: refused.
-	out = rc.begin(retryKey(t, "s1", "", 5), "db.readings delete")
-	if ce, ok := out.err.(*mongoerr.Error); !ok || ce.Code != mongoerr.BadValue || !strings.Contains(ce.Msg, "db.readings insert") {
+	out = rc.Begin(retryKey(t, "s1", "", 5), "db.readings delete")
+	if ce, ok := out.Err.(*mongoerr.Error); !ok || ce.Code != mongoerr.BadValue || !strings.Contains(ce.Msg, "db.readings insert") {
 		t.Fatalf("txnNumber reused by a delete: %+v", out)
 	}
 	// Another uid, or none against one, is another session.
 	run(t, rc, retryKey(t, "s1", "userA", 1), op, okReply(t, 7))
-	out = rc.begin(retryKey(t, "s1", "userA", 1), op)
-	if !bytes.Equal(out.reply, okReply(t, 7)) {
+	out = rc.Begin(retryKey(t, "s1", "userA", 1), op)
+	if !bytes.Equal(out.Reply, okReply(t, 7)) {
 		t.Fatalf("uid session: %+v", out)
 	}
-	out = rc.begin(retryKey(t, "s1", "userB", 5), op)
-	if out.attempt == nil {
+	out = rc.Begin(retryKey(t, "s1", "userB", 5), op)
+	if out.Attempt == nil {
 		t.Fatalf("another uid answered from s1's record: %+v", out)
 	}
-	out.attempt.finish() // no reply offered: nothing recorded
+	out.Attempt.Finish() // no reply offered: nothing recorded
 	if rc.Len() != 2 {
 		t.Fatalf("%d sessions recorded, want 2", rc.Len())
 	}
 	// A newer write runs and replaces the session's record.
 	run(t, rc, retryKey(t, "s1", "", 6), op, okReply(t, 1))
-	if out = rc.begin(retryKey(t, "s1", "", 5), op); out.err == nil {
+	if out = rc.Begin(retryKey(t, "s1", "", 5), op); out.Err == nil {
 		t.Fatalf("txnNumber 5 after 6: %+v", out)
 	}
 	// A failed command is not recorded: its retry runs again.
 	failed, _ := bson.Marshal(bson.D{{Key: "ok", Value: 0.0}, {Key: "code", Value: 91}})
 	run(t, rc, retryKey(t, "s2", "", 1), op, failed)
-	out = rc.begin(retryKey(t, "s2", "", 1), op)
-	if out.attempt == nil || out.attempt.check {
+	out = rc.Begin(retryKey(t, "s2", "", 1), op)
+	if out.Attempt == nil || out.Attempt.Check {
 		t.Fatalf("retry of a failed command: %+v", out)
 	}
-	out.attempt.finish()
+	out.Attempt.Finish()
 }
 
 func TestReplyCacheBoundAndTTL(t *testing.T) {
 	const op = "db.c insert"
-	rc := newReplyCache(3, time.Hour)
+	rc := New(3, time.Hour)
 	for i := range 5 {
 		run(t, rc, retryKey(t, string(rune('a'+i)), "", 1), op, okReply(t, i))
 	}
@@ -118,53 +119,53 @@ func TestReplyCacheBoundAndTTL(t *testing.T) {
 	// The two oldest are gone, young: a retry of them may still come, so
 	// the miss is checked against what is stored.
 	for _, id := range []string{"a", "b"} {
-		out := rc.begin(retryKey(t, id, "", 1), op)
-		if out.attempt == nil || !out.attempt.check {
+		out := rc.Begin(retryKey(t, id, "", 1), op)
+		if out.Attempt == nil || !out.Attempt.Check {
 			t.Fatalf("evicted %s: %+v, want a checked run", id, out)
 		}
-		out.attempt.finish()
+		out.Attempt.Finish()
 	}
 	for i, id := range []string{"c", "d", "e"} {
-		if out := rc.begin(retryKey(t, id, "", 1), op); !bytes.Equal(out.reply, okReply(t, i+2)) {
+		if out := rc.Begin(retryKey(t, id, "", 1), op); !bytes.Equal(out.Reply, okReply(t, i+2)) {
 			t.Fatalf("kept %s: %+v", id, out)
 		}
 	}
 	// Used last, c survives the next record; d, now the least recently
 	// used, does not.
-	rc.begin(retryKey(t, "c", "", 1), op)
+	rc.Begin(retryKey(t, "c", "", 1), op)
 	run(t, rc, retryKey(t, "f", "", 1), op, okReply(t, 0))
-	if out := rc.begin(retryKey(t, "c", "", 1), op); out.reply == nil {
+	if out := rc.Begin(retryKey(t, "c", "", 1), op); out.Reply == nil {
 		t.Fatal("recently used record evicted first")
 	}
-	if out := rc.begin(retryKey(t, "d", "", 1), op); out.attempt == nil {
+	if out := rc.Begin(retryKey(t, "d", "", 1), op); out.Attempt == nil {
 		t.Fatal("least recently used record kept")
 	} else {
-		out.attempt.finish()
+		out.Attempt.Finish()
 	}
 
 	// Old records evicted for room leave no doubt.
 	now := time.Now()
-	rc = newReplyCache(1, time.Hour)
-	rc.now = func() time.Time { return now }
+	rc = New(1, time.Hour)
+	rc.Now = func() time.Time { return now }
 	run(t, rc, retryKey(t, "a", "", 1), op, okReply(t, 1))
-	now = now.Add(retryWindow + time.Second)
+	now = now.Add(RetryWindow + time.Second)
 	run(t, rc, retryKey(t, "b", "", 1), op, okReply(t, 1))
-	if out := rc.begin(retryKey(t, "c", "", 1), op); out.attempt == nil || out.attempt.check {
+	if out := rc.Begin(retryKey(t, "c", "", 1), op); out.Attempt == nil || out.Attempt.Check {
 		t.Fatalf("after an old eviction: %+v, want an unchecked run", out)
 	}
 
 	// TTL: a record is forgotten after it.
-	rc = newReplyCache(10, 50*time.Millisecond)
+	rc = New(10, 50*time.Millisecond)
 	run(t, rc, retryKey(t, "a", "", 1), op, okReply(t, 1))
-	if out := rc.begin(retryKey(t, "a", "", 1), op); out.reply == nil {
+	if out := rc.Begin(retryKey(t, "a", "", 1), op); out.Reply == nil {
 		t.Fatal("record missing before its TTL")
 	}
 	time.Sleep(150 * time.Millisecond)
-	out := rc.begin(retryKey(t, "a", "", 1), op)
-	if out.attempt == nil {
+	out := rc.Begin(retryKey(t, "a", "", 1), op)
+	if out.Attempt == nil {
 		t.Fatalf("record kept past its TTL: %+v", out)
 	}
-	out.attempt.finish()
+	out.Attempt.Finish()
 }
 
 // TestReplyCacheConcurrentAttempts: copies of one write that arrive while
@@ -172,25 +173,25 @@ func TestReplyCacheBoundAndTTL(t *testing.T) {
 // copy runs, the others wait again.
 func TestReplyCacheConcurrentAttempts(t *testing.T) {
 	const op = "db.c insert"
-	rc := newReplyCache(100, time.Hour)
+	rc := New(100, time.Hour)
 	key := retryKey(t, "s", "", 1)
-	first := rc.begin(key, op)
-	if first.attempt == nil {
+	first := rc.Begin(key, op)
+	if first.Attempt == nil {
 		t.Fatal("first not run")
 	}
 	var ran, answered atomic.Int32
 	var wg sync.WaitGroup
-	results := make(chan txnOutcome, 3)
+	results := make(chan Outcome, 3)
 	for range 3 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			out := rc.begin(key, op)
-			if out.attempt != nil {
+			out := rc.Begin(key, op)
+			if out.Attempt != nil {
 				ran.Add(1)
 				time.Sleep(20 * time.Millisecond) // runs while the others wait
-				out.attempt.offer(okReply(t, 9))
-				out.attempt.finish()
+				out.Attempt.Offer(okReply(t, 9))
+				out.Attempt.Finish()
 				return
 			}
 			answered.Add(1)
@@ -201,27 +202,27 @@ func TestReplyCacheConcurrentAttempts(t *testing.T) {
 	if ran.Load()+answered.Load() != 0 {
 		t.Fatal("a copy went on while the first ran")
 	}
-	first.attempt.finish() // lost its outcome (an upstream failure)
+	first.Attempt.Finish() // lost its outcome (an upstream failure)
 	wg.Wait()
 	close(results)
 	if ran.Load() != 1 || answered.Load() != 2 {
 		t.Fatalf("%d copies ran, %d answered; want 1 and 2", ran.Load(), answered.Load())
 	}
 	for out := range results {
-		if !bytes.Equal(out.reply, okReply(t, 9)) {
+		if !bytes.Equal(out.Reply, okReply(t, 9)) {
 			t.Fatalf("copy answered %+v", out)
 		}
 	}
 
 	// A copy that waits too long is refused, not run.
-	rc.wait = 30 * time.Millisecond
+	rc.Wait = 30 * time.Millisecond
 	next := retryKey(t, "s", "", 2)
-	held := rc.begin(next, op)
-	out := rc.begin(next, op)
-	if ce, ok := out.err.(*mongoerr.Error); out.attempt != nil || !ok || ce.Code != mongoerr.ConflictingOperationInProgress || !strings.Contains(ce.Msg, "still running") {
+	held := rc.Begin(next, op)
+	out := rc.Begin(next, op)
+	if ce, ok := out.Err.(*mongoerr.Error); out.Attempt != nil || !ok || ce.Code != mongoerr.ConflictingOperationInProgress || !strings.Contains(ce.Msg, "still running") {
 		t.Fatalf("copy past the wait limit: %+v", out)
 	}
-	held.attempt.finish()
+	held.Attempt.Finish()
 }
 
 // BenchmarkReplyCache is the cache's cost per retryable write as the
@@ -229,7 +230,7 @@ func TestReplyCacheConcurrentAttempts(t *testing.T) {
 // reply, finish. Each goroutine is a driver with sessions of its own, each
 // write a new txnNumber.
 func BenchmarkReplyCache(b *testing.B) {
-	rc := newReplyCache(defaultRetryCacheSize, defaultRetryCacheTTL)
+	rc := New(DefaultSize, DefaultTTL)
 	reply, _ := bson.Marshal(bson.D{{Key: "n", Value: int32(100)}, {Key: "ok", Value: 1.0}})
 	var driver atomic.Int64
 	b.ReportAllocs()
@@ -250,13 +251,13 @@ func BenchmarkReplyCache(b *testing.B) {
 				return
 			}
 			k.TxnNumber = txn // as if the body carried it
-			out := rc.begin(k, "db.c insert")
-			if out.attempt == nil {
-				b.Errorf("not run: %v", out.err)
+			out := rc.Begin(k, "db.c insert")
+			if out.Attempt == nil {
+				b.Errorf("not run: %v", out.Err)
 				return
 			}
-			out.attempt.offer(reply)
-			out.attempt.finish()
+			out.Attempt.Offer(reply)
+			out.Attempt.Finish()
 		}
 	})
 }
@@ -265,28 +266,28 @@ func BenchmarkReplyCache(b *testing.B) {
 // txnNumber, and does not make it wait: MongoDB's sessions belong to
 // their users.
 func TestReplyCacheOwnedBySessionUsers(t *testing.T) {
-	rc := newReplyCache(100, time.Hour)
+	rc := New(100, time.Hour)
 	key := retryKey(t, "session-1", "", 5)
 	alice, bob, anon := key.OwnedBy("alice@admin\x00"), key.OwnedBy("bob@admin\x00"), key.OwnedBy("")
-	running := rc.begin(alice, "db.c insert")
-	if running.attempt == nil {
+	running := rc.Begin(alice, "db.c insert")
+	if running.Attempt == nil {
 		t.Fatal("alice's write not run")
 	}
-	other := rc.begin(bob, "db.c insert") // would wait for alice's if they shared a key
-	if other.attempt == nil {
+	other := rc.Begin(bob, "db.c insert") // would wait for alice's if they shared a key
+	if other.Attempt == nil {
 		t.Fatal("bob's write of the same lsid waited for or was answered from alice's")
 	}
-	other.attempt.finish()
-	running.attempt.offer(okReply(t, 10))
-	running.attempt.finish()
+	other.Attempt.Finish()
+	running.Attempt.Offer(okReply(t, 10))
+	running.Attempt.Finish()
 	for _, k := range []rewrite.RetryKey{bob, anon} {
-		out := rc.begin(k, "db.c insert")
-		if out.attempt == nil || out.reply != nil {
-			t.Fatalf("%q got alice's recorded reply %v (%v)", k.Session, out.reply, out.err)
+		out := rc.Begin(k, "db.c insert")
+		if out.Attempt == nil || out.Reply != nil {
+			t.Fatalf("%q got alice's recorded reply %v (%v)", k.Session, out.Reply, out.Err)
 		}
-		out.attempt.finish()
+		out.Attempt.Finish()
 	}
-	if out := rc.begin(alice, "db.c insert"); !bytes.Equal(out.reply, okReply(t, 10)) {
-		t.Fatalf("alice's retry: %v %v, want her recorded reply", out.reply, out.err)
+	if out := rc.Begin(alice, "db.c insert"); !bytes.Equal(out.Reply, okReply(t, 10)) {
+		t.Fatalf("alice's retry: %v %v, want her recorded reply", out.Reply, out.Err)
 	}
 }
