@@ -2,9 +2,11 @@ package query
 
 import (
 	"strconv"
+	"strings"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
@@ -191,4 +193,147 @@ func excludeValue(dst []byte, key string, v bsoncore.Value, n *projNode, depth i
 		dst = bsoncore.AppendValueElement(dst, key, v)
 	}
 	return dst, nil
+}
+
+// parseProjection reads a projection document; nil (no error) means no
+// projection at all ({} or absent). what names it in errors ("find option
+// \"projection\"" or "$project").
+func (rc *Ctx) ParseProjection(spec bsoncore.Document, what string) (*Projection, error) {
+	if len(spec) == 0 {
+		return nil, nil
+	}
+	type entry struct {
+		path    string
+		include bool
+	}
+	var entries []entry
+	var walk func(prefix string, d bsoncore.Document, depth int) error
+	walk = func(prefix string, d bsoncore.Document, depth int) error {
+		if depth > bsonutil.MaxDepth {
+			return rc.BadValue(mongoerr.BadValue, "%s nested too deep", what)
+		}
+		elems, err := d.Elements()
+		if err != nil {
+			return rc.BadValue(mongoerr.InvalidBSON, "%s is not valid BSON: %v", what, err)
+		}
+		for _, e := range elems {
+			k := e.Key()
+			path := k
+			if prefix != "" {
+				path = prefix + "." + k
+			}
+			if strings.HasPrefix(k, "$") || strings.Contains(k, ".$") || k == "" || strings.HasPrefix(k, ".") || strings.HasSuffix(k, ".") || strings.Contains(k, "..") {
+				return rc.Unsupported("%s path %q (positional or $-prefixed paths) is not supported on a bucketed namespace", what, path)
+			}
+			v := e.Value()
+			switch v.Type {
+			case bsoncore.TypeBoolean:
+				entries = append(entries, entry{path, v.Boolean()})
+			case bsoncore.TypeInt32, bsoncore.TypeInt64, bsoncore.TypeDouble, bsoncore.TypeDecimal128:
+				f, ok := v.AsFloat64OK()
+				if v.Type == bsoncore.TypeDecimal128 {
+					f, ok = 1, true
+					if h, l, okD := v.Decimal128OK(); okD {
+						if d, _, err := bson.NewDecimal128(h, l).BigInt(); err == nil && d.Sign() == 0 {
+							f = 0
+						}
+					}
+				}
+				entries = append(entries, entry{path, !ok || f != 0})
+			case bsoncore.TypeEmbeddedDocument:
+				sub := bsoncore.Document(v.Data)
+				if se, err := sub.Elements(); err == nil && len(se) > 0 && strings.HasPrefix(se[0].Key(), "$") {
+					return rc.Unsupported("%s operator %q on %q is not supported on a bucketed namespace", what, se[0].Key(), path)
+				}
+				if err := walk(path, sub, depth+1); err != nil {
+					return err
+				}
+			default:
+				return rc.Unsupported("%s: computed field %q (a %s value) is not supported on a bucketed namespace; use 1/true or 0/false", what, path, bsonutil.TypeName(v.Type))
+			}
+		}
+		return nil
+	}
+	if err := walk("", spec, 0); err != nil {
+		return nil, err
+	}
+	if len(entries) == 0 {
+		if what == "$project" {
+			return nil, rc.BadValue(mongoerr.BadValue, "$project specification must have at least one field")
+		}
+		return nil, nil
+	}
+	p := &Projection{root: &projNode{children: map[string]*projNode{}}}
+	mode := 0 // 0 unknown, 1 inclusion, -1 exclusion
+	idIncluded, idGiven := true, false
+	for _, en := range entries {
+		if en.path == "_id" {
+			idGiven, idIncluded = true, en.include
+			continue
+		}
+		m := -1
+		if en.include {
+			m = 1
+		}
+		if mode != 0 && m != mode {
+			kind := "exclusion"
+			where := "inclusion"
+			if m == 1 {
+				kind, where = "inclusion", "exclusion"
+			}
+			return nil, rc.BadValue(mongoerr.ProjectionMixed, "Cannot do %s on field %s in %s projection", kind, en.path, where)
+		}
+		mode = m
+	}
+	if mode == 0 { // only _id
+		if idIncluded {
+			mode = 1
+		} else {
+			mode = -1
+		}
+	}
+	p.Inclusion = mode == 1
+	for _, en := range entries {
+		if en.path == "_id" {
+			continue
+		}
+		if err := rc.insertPath(p.root, en.path); err != nil {
+			return nil, err
+		}
+	}
+	if p.Inclusion {
+		p.ExcludeID = idGiven && !idIncluded
+		if idGiven && idIncluded && p.root.children["_id"] == nil {
+			p.root.children["_id"] = &projNode{leaf: true}
+		}
+	} else if idGiven && !idIncluded {
+		if err := rc.insertPath(p.root, "_id"); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+func (rc *Ctx) insertPath(root *projNode, path string) error {
+	parts := strings.Split(path, ".")
+	n := root
+	for i, part := range parts {
+		if n.leaf {
+			return rc.BadValue(mongoerr.ProjectionCollide, "Path collision at %s remaining portion %s", path, strings.Join(parts[i:], "."))
+		}
+		if n.children == nil {
+			n.children = map[string]*projNode{}
+		}
+		c := n.children[part]
+		if c == nil {
+			c = &projNode{}
+			n.children[part] = c
+		}
+		n = c
+	}
+	if n.leaf || len(n.children) > 0 {
+		return rc.BadValue(mongoerr.ProjectionCollide, "Path collision at %s", path)
+	}
+	n.leaf = true
+	return nil
 }
