@@ -100,12 +100,39 @@ func benchRange(e *benchEnv, o *rangeOptions) error {
 		return err
 	}
 	defer cs.close()
-	proxyC, directC := cs.proxy, cs.direct
-	db := directC.Database("tsbench")
-	plain, buckets := db.Collection("plain"), db.Collection("events.buckets")
-	proxied := proxyC.Database("tsbench").Collection("events")
-	_ = plain.Drop(ctx)
-	_ = proxied.Drop(ctx)
+	db := cs.direct.Database("tsbench")
+	r := &rangeRun{
+		o: o, proxyC: cs.proxy, db: db,
+		plain: db.Collection("plain"), buckets: db.Collection("events.buckets"),
+		proxied: cs.proxy.Database("tsbench").Collection("events"),
+		qs:      rangeQueries(o),
+	}
+	if err := r.load(ctx); err != nil {
+		return err
+	}
+	if err := r.time(ctx); err != nil {
+		return err
+	}
+	return r.report(ctx)
+}
+
+// rangeRun is one range benchmark: the same events loaded plain and
+// through the proxy, the same queries timed on both, interleaved.
+type rangeRun struct {
+	o                       *rangeOptions
+	proxyC                  *mongo.Client
+	db                      *mongo.Database
+	plain, buckets, proxied *mongo.Collection
+	qs                      []rangeQuery
+	nPlain, nBuckets        int64
+	proxyMS, directMS       [][]float64
+	counts                  [][2]int
+}
+
+func (r *rangeRun) load(ctx context.Context) error {
+	o := r.o
+	_ = r.plain.Drop(ctx)
+	_ = r.proxied.Drop(ctx)
 	perSeries := int(time.Duration(o.days) * 24 * time.Hour / o.every)
 	total := perSeries * o.series
 	fmt.Printf("scale: %d series x %d days at one event per %s = %d events per layout; rule span %s, maxEvents 3600; batch-1000 insertMany, series by series\n",
@@ -113,77 +140,90 @@ func benchRange(e *benchEnv, o *rangeOptions) error {
 	for _, l := range []struct {
 		name string
 		coll *mongo.Collection
-	}{{"direct (plain)", plain}, {"proxy (buckets)", proxied}} {
+	}{{"direct (plain)", r.plain}, {"proxy (buckets)", r.proxied}} {
 		t0 := time.Now()
 		if err := loadRange(ctx, l.coll, o, perSeries); err != nil {
 			return fmt.Errorf("load %s: %w", l.name, err)
 		}
 		fmt.Printf("loaded %s in %.1f s (%.0f events/s)\n", l.name, time.Since(t0).Seconds(), float64(total)/time.Since(t0).Seconds())
 	}
-	nPlain, err := plain.EstimatedDocumentCount(ctx)
-	if err != nil {
+	var err error
+	if r.nPlain, err = r.plain.EstimatedDocumentCount(ctx); err != nil {
 		return err
 	}
-	nBuckets, err := buckets.CountDocuments(ctx, bson.D{})
-	if err != nil {
+	if r.nBuckets, err = r.buckets.CountDocuments(ctx, bson.D{}); err != nil {
 		return err
 	}
-	fmt.Printf("stored: %d plain documents, %d buckets\n", nPlain, nBuckets)
+	fmt.Printf("stored: %d plain documents, %d buckets\n", r.nPlain, r.nBuckets)
+	return nil
+}
 
-	qs := rangeQueries(o)
-	type sample struct{ proxy, direct []float64 }
-	times := make([]sample, len(qs))
-	counts := make([][2]int, len(qs))
-	sortTS := options.Find().SetSort(bson.D{{Key: "ts", Value: 1}})
-	for r := 0; r < o.runs; r++ {
-		for i, q := range qs {
+// time runs every query o.runs times on both paths, alternating which
+// goes first, and checks both return the same number of documents.
+func (r *rangeRun) time(ctx context.Context) error {
+	r.proxyMS = make([][]float64, len(r.qs))
+	r.directMS = make([][]float64, len(r.qs))
+	r.counts = make([][2]int, len(r.qs))
+	for run := 0; run < r.o.runs; run++ {
+		for i, q := range r.qs {
 			paths := []string{"proxy", "direct"}
-			if r%2 == 1 {
+			if run%2 == 1 {
 				paths = []string{"direct", "proxy"}
 			}
 			for _, path := range paths {
-				coll := proxied
-				if path == "direct" {
-					coll = plain
-				}
-				t0 := time.Now()
-				cur, err := coll.Find(ctx, q.filter, sortTS)
+				n, ms, err := r.timeFind(ctx, path, q)
 				if err != nil {
-					return fmt.Errorf("%s %s: %w", path, q.name, err)
+					return err
 				}
-				var docs []bson.Raw
-				if err := cur.All(ctx, &docs); err != nil {
-					return fmt.Errorf("%s %s: %w", path, q.name, err)
-				}
-				ms := float64(time.Since(t0).Microseconds()) / 1000
 				if path == "proxy" {
-					times[i].proxy = append(times[i].proxy, ms)
-					counts[i][0] = len(docs)
+					r.proxyMS[i] = append(r.proxyMS[i], ms)
+					r.counts[i][0] = n
 				} else {
-					times[i].direct = append(times[i].direct, ms)
-					counts[i][1] = len(docs)
+					r.directMS[i] = append(r.directMS[i], ms)
+					r.counts[i][1] = n
 				}
-				fmt.Fprintf(os.Stderr, "  run %d %-28s %-6s %6d docs %9.1f ms\n", r+1, q.name, path, len(docs), ms)
+				fmt.Fprintf(os.Stderr, "  run %d %-28s %-6s %6d docs %9.1f ms\n", run+1, q.name, path, n, ms)
 			}
-			if counts[i][0] != counts[i][1] {
-				return fmt.Errorf("%s: proxy returned %d documents, direct %d", q.name, counts[i][0], counts[i][1])
+			if r.counts[i][0] != r.counts[i][1] {
+				return fmt.Errorf("%s: proxy returned %d documents, direct %d", q.name, r.counts[i][0], r.counts[i][1])
 			}
 		}
 	}
-	fmt.Printf("\nmedians of %d runs, interleaved; find(filter).sort({ts: 1}), whole cursor read; embedded FerretDB/SQLite unless -upstream\n\n", o.runs)
+	return nil
+}
+
+func (r *rangeRun) timeFind(ctx context.Context, path string, q rangeQuery) (int, float64, error) {
+	coll := r.proxied
+	if path == "direct" {
+		coll = r.plain
+	}
+	t0 := time.Now()
+	cur, err := coll.Find(ctx, q.filter, options.Find().SetSort(bson.D{{Key: "ts", Value: 1}}))
+	if err != nil {
+		return 0, 0, fmt.Errorf("%s %s: %w", path, q.name, err)
+	}
+	var docs []bson.Raw
+	if err := cur.All(ctx, &docs); err != nil {
+		return 0, 0, fmt.Errorf("%s %s: %w", path, q.name, err)
+	}
+	return len(docs), float64(time.Since(t0).Microseconds()) / 1000, nil
+}
+
+func (r *rangeRun) report(ctx context.Context) error {
+	fmt.Printf("\nmedians of %d runs, interleaved; find(filter).sort({ts: 1}), whole cursor read; embedded FerretDB/SQLite unless -upstream\n\n", r.o.runs)
 	fmt.Println("| query | docs returned | direct ms | proxy ms | direct/proxy | direct docs examined | proxy buckets read (lookups) | proxy plan |")
 	fmt.Println("|---|---:|---:|---:|---:|---:|---:|---|")
-	for i, q := range qs {
-		d, p := median(times[i].direct), median(times[i].proxy)
-		read, lookups, plan, err := proxyExamined(ctx, proxyC, buckets, q, nBuckets)
+	for i, q := range r.qs {
+		d, p := median(r.directMS[i]), median(r.proxyMS[i])
+		read, lookups, plan, err := proxyExamined(ctx, r.proxyC, r.buckets, q, r.nBuckets)
 		if err != nil {
 			return err
 		}
-		direct, err := directExamined(ctx, db, q, nPlain)
+		direct, err := directExamined(ctx, r.db, q, r.nPlain)
 		if err != nil {
 			return err
 		}
-		fmt.Printf("| %s | %d | %.1f | %.1f | %.1fx | %s | %d (%s) | %s |\n", q.name, counts[i][0], d, p, d/p, direct, read, lookups, plan)
+		fmt.Printf("| %s | %d | %.1f | %.1f | %.1fx | %s | %d (%s) | %s |\n", q.name, r.counts[i][0], d, p, d/p, direct, read, lookups, plan)
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -65,44 +66,12 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 	}
 	defer tel.shutdown()
 
-	uri := cfg.Upstream.URI
-	var indexIDs func(context.Context, string, string) error
-	if cfg.Upstream.Embedded() {
-		emb, err := upstream.StartEmbedded(upstream.EmbeddedOptions{DataDir: cfg.Upstream.DataDir, Logger: embeddedLogger(log)})
-		if err != nil {
-			return err
-		}
-		defer emb.Close()
-		uri = emb.URI()
-		indexIDs = emb.IndexIDs
-		log.Info("embedded upstream started (FerretDB, SQLite)", "data", cfg.Upstream.DataDir, "addr", emb.Addr())
-	}
-	upTLS, err := upstreamTLS(cfg.Upstream)
+	up, err := startUpstream(cfg, log)
 	if err != nil {
 		return err
 	}
-	dialer, err := upstream.NewDialer(upstream.Options{URI: uri, DialTimeout: cfg.Upstream.DialTimeout, TLS: upTLS})
-	if err != nil {
-		return err
-	}
-	lnTLS, err := listenerTLS(cfg.ListenTLS)
-	if err != nil {
-		return err
-	}
-	srv, err := proxy.New(proxy.Options{
-		Dialer:          dialer,
-		Rules:           cfg.RuleSet(),
-		TLS:             lnTLS,
-		MaxConnections:  cfg.Limits.MaxConnections,
-		MaxMessageBytes: cfg.Limits.MaxMessageBytes,
-		MaxCursors:      cfg.Limits.MaxCursors,
-		CursorTTL:       cfg.Limits.CursorTTL,
-		RetryCacheSize:  cfg.Limits.RetryCacheSize,
-		RetryCacheTTL:   cfg.Limits.RetryCacheTTL,
-		Logger:          log,
-		Tracing:         tel.tracing,
-		IndexIDs:        indexIDs,
-	})
+	defer up.close()
+	srv, lnTLS, err := newServer(cfg, up, tel, log)
 	if err != nil {
 		return err
 	}
@@ -134,8 +103,64 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 		return err
 	case <-ctx.Done():
 	}
-	log.Info("shutting down: no new connections; finishing in-flight requests", "timeout", cfg.ShutdownTimeout.String())
-	sctx, scancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	return shutdown(srv, cfg.ShutdownTimeout, log)
+}
+
+// upstreamHandle is the server the proxy forwards to: the configured URI,
+// or the embedded FerretDB started here (then with its _id index hook).
+type upstreamHandle struct {
+	uri      string
+	indexIDs func(context.Context, string, string) error
+	close    func()
+}
+
+func startUpstream(cfg *rules.Config, log *slog.Logger) (upstreamHandle, error) {
+	if !cfg.Upstream.Embedded() {
+		return upstreamHandle{uri: cfg.Upstream.URI, close: func() {}}, nil
+	}
+	emb, err := upstream.StartEmbedded(upstream.EmbeddedOptions{DataDir: cfg.Upstream.DataDir, Logger: embeddedLogger(log)})
+	if err != nil {
+		return upstreamHandle{}, err
+	}
+	log.Info("embedded upstream started (FerretDB, SQLite)", "data", cfg.Upstream.DataDir, "addr", emb.Addr())
+	return upstreamHandle{uri: emb.URI(), indexIDs: emb.IndexIDs, close: func() { emb.Close() }}, nil
+}
+
+func newServer(cfg *rules.Config, up upstreamHandle, tel *telemetrySetup, log *slog.Logger) (*proxy.Server, *tls.Config, error) {
+	upTLS, err := upstreamTLS(cfg.Upstream)
+	if err != nil {
+		return nil, nil, err
+	}
+	dialer, err := upstream.NewDialer(upstream.Options{URI: up.uri, DialTimeout: cfg.Upstream.DialTimeout, TLS: upTLS})
+	if err != nil {
+		return nil, nil, err
+	}
+	lnTLS, err := listenerTLS(cfg.ListenTLS)
+	if err != nil {
+		return nil, nil, err
+	}
+	srv, err := proxy.New(proxy.Options{
+		Dialer:          dialer,
+		Rules:           cfg.RuleSet(),
+		TLS:             lnTLS,
+		MaxConnections:  cfg.Limits.MaxConnections,
+		MaxMessageBytes: cfg.Limits.MaxMessageBytes,
+		MaxCursors:      cfg.Limits.MaxCursors,
+		CursorTTL:       cfg.Limits.CursorTTL,
+		RetryCacheSize:  cfg.Limits.RetryCacheSize,
+		RetryCacheTTL:   cfg.Limits.RetryCacheTTL,
+		Logger:          log,
+		Tracing:         tel.tracing,
+		IndexIDs:        up.indexIDs,
+	})
+	return srv, lnTLS, err
+}
+
+// shutdown stops taking connections and lets in-flight requests finish
+// for up to timeout.
+func shutdown(srv *proxy.Server, timeout time.Duration, log *slog.Logger) error {
+	log.Info("shutting down: no new connections; finishing in-flight requests", "timeout", timeout.String())
+	sctx, scancel := context.WithTimeout(context.Background(), timeout)
 	defer scancel()
 	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return err

@@ -202,59 +202,8 @@ func (rc *Ctx) ParseProjection(spec bsoncore.Document, what string) (*Projection
 	if len(spec) == 0 {
 		return nil, nil
 	}
-	type entry struct {
-		path    string
-		include bool
-	}
-	var entries []entry
-	var walk func(prefix string, d bsoncore.Document, depth int) error
-	walk = func(prefix string, d bsoncore.Document, depth int) error {
-		if depth > bsonutil.MaxDepth {
-			return rc.BadValue(mongoerr.BadValue, "%s nested too deep", what)
-		}
-		elems, err := d.Elements()
-		if err != nil {
-			return rc.BadValue(mongoerr.InvalidBSON, "%s is not valid BSON: %v", what, err)
-		}
-		for _, e := range elems {
-			k := e.Key()
-			path := k
-			if prefix != "" {
-				path = prefix + "." + k
-			}
-			if strings.HasPrefix(k, "$") || strings.Contains(k, ".$") || k == "" || strings.HasPrefix(k, ".") || strings.HasSuffix(k, ".") || strings.Contains(k, "..") {
-				return rc.Unsupported("%s path %q (positional or $-prefixed paths) is not supported on a bucketed namespace", what, path)
-			}
-			v := e.Value()
-			switch v.Type {
-			case bsoncore.TypeBoolean:
-				entries = append(entries, entry{path, v.Boolean()})
-			case bsoncore.TypeInt32, bsoncore.TypeInt64, bsoncore.TypeDouble, bsoncore.TypeDecimal128:
-				f, ok := v.AsFloat64OK()
-				if v.Type == bsoncore.TypeDecimal128 {
-					f, ok = 1, true
-					if h, l, okD := v.Decimal128OK(); okD {
-						if d, _, err := bson.NewDecimal128(h, l).BigInt(); err == nil && d.Sign() == 0 {
-							f = 0
-						}
-					}
-				}
-				entries = append(entries, entry{path, !ok || f != 0})
-			case bsoncore.TypeEmbeddedDocument:
-				sub := bsoncore.Document(v.Data)
-				if se, err := sub.Elements(); err == nil && len(se) > 0 && strings.HasPrefix(se[0].Key(), "$") {
-					return rc.Unsupported("%s operator %q on %q is not supported on a bucketed namespace", what, se[0].Key(), path)
-				}
-				if err := walk(path, sub, depth+1); err != nil {
-					return err
-				}
-			default:
-				return rc.Unsupported("%s: computed field %q (a %s value) is not supported on a bucketed namespace; use 1/true or 0/false", what, path, bsonutil.TypeName(v.Type))
-			}
-		}
-		return nil
-	}
-	if err := walk("", spec, 0); err != nil {
+	var entries []projEntry
+	if err := rc.flattenProjection(&entries, "", spec, what, 0); err != nil {
 		return nil, err
 	}
 	if len(entries) == 0 {
@@ -263,38 +212,15 @@ func (rc *Ctx) ParseProjection(spec bsoncore.Document, what string) (*Projection
 		}
 		return nil, nil
 	}
-	p := &Projection{root: &projNode{children: map[string]*projNode{}}}
-	mode := 0 // 0 unknown, 1 inclusion, -1 exclusion
+	inclusion, err := rc.projectionMode(entries)
+	if err != nil {
+		return nil, err
+	}
+	p := &Projection{root: &projNode{children: map[string]*projNode{}}, Inclusion: inclusion}
 	idIncluded, idGiven := true, false
 	for _, en := range entries {
 		if en.path == "_id" {
 			idGiven, idIncluded = true, en.include
-			continue
-		}
-		m := -1
-		if en.include {
-			m = 1
-		}
-		if mode != 0 && m != mode {
-			kind := "exclusion"
-			where := "inclusion"
-			if m == 1 {
-				kind, where = "inclusion", "exclusion"
-			}
-			return nil, rc.BadValue(mongoerr.ProjectionMixed, "Cannot do %s on field %s in %s projection", kind, en.path, where)
-		}
-		mode = m
-	}
-	if mode == 0 { // only _id
-		if idIncluded {
-			mode = 1
-		} else {
-			mode = -1
-		}
-	}
-	p.Inclusion = mode == 1
-	for _, en := range entries {
-		if en.path == "_id" {
 			continue
 		}
 		if err := rc.insertPath(p.root, en.path); err != nil {
@@ -312,6 +238,97 @@ func (rc *Ctx) ParseProjection(spec bsoncore.Document, what string) (*Projection
 		}
 	}
 	return p, nil
+}
+
+// projEntry is one dotted path of a projection and whether it includes.
+type projEntry struct {
+	path    string
+	include bool
+}
+
+// flattenProjection lists the projection's paths, nested documents
+// spelled out as dotted paths; operators and computed fields are refused.
+func (rc *Ctx) flattenProjection(out *[]projEntry, prefix string, d bsoncore.Document, what string, depth int) error {
+	if depth > bsonutil.MaxDepth {
+		return rc.BadValue(mongoerr.BadValue, "%s nested too deep", what)
+	}
+	elems, err := d.Elements()
+	if err != nil {
+		return rc.BadValue(mongoerr.InvalidBSON, "%s is not valid BSON: %v", what, err)
+	}
+	for _, e := range elems {
+		k := e.Key()
+		path := k
+		if prefix != "" {
+			path = prefix + "." + k
+		}
+		if strings.HasPrefix(k, "$") || strings.Contains(k, ".$") || k == "" || strings.HasPrefix(k, ".") || strings.HasSuffix(k, ".") || strings.Contains(k, "..") {
+			return rc.Unsupported("%s path %q (positional or $-prefixed paths) is not supported on a bucketed namespace", what, path)
+		}
+		v := e.Value()
+		switch v.Type {
+		case bsoncore.TypeBoolean, bsoncore.TypeInt32, bsoncore.TypeInt64, bsoncore.TypeDouble, bsoncore.TypeDecimal128:
+			*out = append(*out, projEntry{path, projectionTruthy(v)})
+		case bsoncore.TypeEmbeddedDocument:
+			sub := bsoncore.Document(v.Data)
+			if se, err := sub.Elements(); err == nil && len(se) > 0 && strings.HasPrefix(se[0].Key(), "$") {
+				return rc.Unsupported("%s operator %q on %q is not supported on a bucketed namespace", what, se[0].Key(), path)
+			}
+			if err := rc.flattenProjection(out, path, sub, what, depth+1); err != nil {
+				return err
+			}
+		default:
+			return rc.Unsupported("%s: computed field %q (a %s value) is not supported on a bucketed namespace; use 1/true or 0/false", what, path, bsonutil.TypeName(v.Type))
+		}
+	}
+	return nil
+}
+
+// projectionTruthy reads a projection value as MongoDB does: false and
+// numeric zero exclude, anything else includes.
+func projectionTruthy(v bsoncore.Value) bool {
+	switch v.Type {
+	case bsoncore.TypeBoolean:
+		return v.Boolean()
+	case bsoncore.TypeDecimal128:
+		if h, l, ok := v.Decimal128OK(); ok {
+			if d, _, err := bson.NewDecimal128(h, l).BigInt(); err == nil && d.Sign() == 0 {
+				return false
+			}
+		}
+		return true
+	}
+	f, ok := v.AsFloat64OK()
+	return !ok || f != 0
+}
+
+// projectionMode says whether the projection includes (true) or excludes;
+// _id alone decides when it is the only path, and mixing is refused.
+func (rc *Ctx) projectionMode(entries []projEntry) (bool, error) {
+	mode := 0 // 0 unknown, 1 inclusion, -1 exclusion
+	idIncluded := true
+	for _, en := range entries {
+		if en.path == "_id" {
+			idIncluded = en.include
+			continue
+		}
+		m := -1
+		if en.include {
+			m = 1
+		}
+		if mode != 0 && m != mode {
+			kind, where := "exclusion", "inclusion"
+			if m == 1 {
+				kind, where = "inclusion", "exclusion"
+			}
+			return false, rc.BadValue(mongoerr.ProjectionMixed, "Cannot do %s on field %s in %s projection", kind, en.path, where)
+		}
+		mode = m
+	}
+	if mode == 0 {
+		return idIncluded, nil
+	}
+	return mode == 1, nil
 }
 
 func (rc *Ctx) insertPath(root *projNode, path string) error {
