@@ -72,7 +72,7 @@ func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
 	held := &heldLocks{c: c}
 	defer held.releaseAll()
 	part := func(r *rules.Rule, cmd rewrite.Command) rewrite.Plan {
-		prepared, err := insert.PrepareInsert(cmd, r, bson.NewObjectID)
+		prepared, err := insert.Prepare(cmd, r, bson.NewObjectID)
 		if err != nil {
 			// As MongoDB answers a document it cannot take.
 			return rewrite.Fail(mongoerr.Errorf(mongoerr.FailedToParse, "%s", err.Error()))

@@ -17,7 +17,7 @@ import (
 // as a router in the reply, so drivers never learn of, nor connect to,
 // anything but the proxy. The proxy negotiates compression itself.
 func (c *conn) handleHello(req *request) error {
-	body, offers, err := hello.HelloRequest(req.msg.Body)
+	body, offers, err := hello.Request(req.msg.Body)
 	if err != nil {
 		return c.replyError(req, mongoerr.InvalidBSON, "tsproxy: "+err.Error())
 	}
@@ -50,7 +50,7 @@ func (c *conn) handleHello(req *request) error {
 		return fmt.Errorf("upstream hello reply: %w", err)
 	}
 	c.s.state.rememberHello(bson.Raw(m.Body))
-	reply, err := hello.HelloReply(m.Body, chosen)
+	reply, err := hello.Reply(m.Body, chosen)
 	if err != nil {
 		return fmt.Errorf("upstream hello reply: %w", err)
 	}

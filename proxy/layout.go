@@ -25,7 +25,7 @@ func (c *conn) layoutInsert(req *request, rule *rules.Rule) error {
 	}
 	c.ensureBucketIndex(rule)
 	cmd := commandOf(req)
-	keys, err := insert.InsertKeys(cmd, rule)
+	keys, err := insert.Keys(cmd, rule)
 	if err != nil {
 		return c.refuseBeforeWrite(req, rule, err, c.replyRewriteError)
 	}

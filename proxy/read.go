@@ -55,7 +55,7 @@ func (c *conn) rewriteRead(req *request, rule *rules.Rule) error {
 	if err != nil {
 		return err
 	}
-	opts := read.ReadOptions{Caps: caps}
+	opts := read.Options{Caps: caps}
 	single := func(r *rules.Rule, body []byte) rewrite.Plan {
 		return summary.Plan(body, r, opts, func() rewrite.Plan { return read.Plan(body, r, opts, newCursorID) })
 	}

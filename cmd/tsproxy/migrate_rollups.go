@@ -84,7 +84,7 @@ func rebuildRollups(ctx context.Context, env *migrationEnv, rule *rules.Rule, ou
 	var counted, skipped int
 	var docs [][]byte
 	flush := func() error {
-		plan, sk, err := rollup.RollupsOfEvents(rule, docs, rollup.RollupOptions{MaxStatements: upCaps.MaxUpdateStatements})
+		plan, sk, err := rollup.OfEvents(rule, docs, rollup.Options{MaxStatements: upCaps.MaxUpdateStatements})
 		if err != nil {
 			return err
 		}
@@ -157,5 +157,5 @@ func runRollupCommand(ctx context.Context, updb *mongo.Database, cmd []byte) err
 	if err := updb.RunCommand(ctx, kept).Decode(&reply); err != nil {
 		return fmt.Errorf("rollups: write: %w", err)
 	}
-	return rollup.RollupReplyError(cmd, reply)
+	return rollup.ReplyError(cmd, reply)
 }

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/tsproxy/tsproxy/rewrite"

@@ -351,7 +351,7 @@ func renameNSError(err error, rule *rules.Rule) []byte {
 
 // AdminReply passes an upstream reply on, with the bucket collection's
 // name in an error message replaced by the app's namespace.
-func AdminReply(reply []byte, rule *rules.Rule) []byte {
+func Reply(reply []byte, rule *rules.Rule) []byte {
 	if err := mongoerr.ReplyError(bsoncore.Document(reply)); err != nil {
 		return renameNSError(err, rule)
 	}

@@ -16,7 +16,7 @@ func Create(body []byte, rule *rules.Rule) rewrite.Plan {
 	if err != nil {
 		return rewrite.Fail(err)
 	}
-	return rewrite.Passthrough(cmd, func(r []byte) []byte { return AdminReply(r, rule) })
+	return rewrite.Passthrough(cmd, func(r []byte) []byte { return Reply(r, rule) })
 }
 
 // CreateIndexes creates the app's indexes on the bucket collection.
@@ -25,7 +25,7 @@ func CreateIndexes(body []byte, rule *rules.Rule) rewrite.Plan {
 	if err != nil {
 		return rewrite.Fail(err)
 	}
-	return rewrite.Passthrough(cmd, func(r []byte) []byte { return AdminReply(r, rule) })
+	return rewrite.Passthrough(cmd, func(r []byte) []byte { return Reply(r, rule) })
 }
 
 // ListIndexes lists the bucket collection's indexes as the app's.
@@ -46,7 +46,7 @@ func DropIndexes(body []byte, rule *rules.Rule) rewrite.Plan {
 		return rewrite.Fail(err)
 	}
 	return rewrite.Single(rewrite.Upstream{Body: cmd}, func(reply []byte) (rewrite.Result, error) {
-		res := rewrite.Result{Reply: AdminReply(reply, rule)}
+		res := rewrite.Result{Reply: Reply(reply, rule)}
 		if recreate {
 			res.Forget = []string{rule.BucketNamespace()}
 		}

@@ -29,11 +29,11 @@ type DeletePlan struct {
 	reads   []bsoncore.Element // generic arguments carried to upstream reads
 	wce     bsoncore.Value     // the last upstream writeConcernError
 	// Statements in the app's order.
-	Statements []*DeleteStatement
+	Statements []*Statement
 }
 
 // DeleteStatement is one entry of the delete's "deletes".
-type DeleteStatement struct {
+type Statement struct {
 	Index int
 	// LimitOne: deleteOne (limit: 1) removes at most one matching event.
 	LimitOne bool
@@ -108,8 +108,8 @@ func (p *DeletePlan) Rule() *rules.Rule { return p.rule }
 // planStatement parses one delete statement. A malformed statement fails
 // the command (as the server's parser does); a filter the rewrite cannot
 // run is the statement's write error.
-func (p *DeletePlan) planStatement(i int, d bsoncore.Document, caps caps.Upstream) (*DeleteStatement, error) {
-	st := &DeleteStatement{Index: i}
+func (p *DeletePlan) planStatement(i int, d bsoncore.Document, caps caps.Upstream) (*Statement, error) {
+	st := &Statement{Index: i}
 	q, ok := bsonutil.Lookup(d, "q")
 	if !ok {
 		return nil, mongoerr.Errorf(mongoerr.FailedToParse, "delete statement %d: missing field \"q\"", i)
@@ -231,7 +231,7 @@ func (p *DeletePlan) FindBucketCommand(id bson.ObjectID, whole bool) []byte {
 }
 
 // NewCandidates collects the match results of st.
-func (st *DeleteStatement) NewCandidates() *Candidates {
+func (st *Statement) NewCandidates() *Candidates {
 	return &Candidates{whole: st.Whole, byID: map[bson.ObjectID]*Candidate{}}
 }
 

@@ -84,7 +84,7 @@ type deleter struct {
 func (d *deleter) rule() *rules.Rule { return d.plan.Rule() }
 
 // statement runs one statement and returns the events it removed.
-func (d *deleter) statement(st *DeleteStatement) (int, error) {
+func (d *deleter) statement(st *Statement) (int, error) {
 	cands, err := d.match(st)
 	if err != nil || len(cands.List) == 0 {
 		return 0, err
@@ -107,7 +107,7 @@ func (d *deleter) statement(st *DeleteStatement) (int, error) {
 
 // match runs the statement's match aggregate to its end (or its first
 // match, for a deleteOne).
-func (d *deleter) match(st *DeleteStatement) (*Candidates, error) {
+func (d *deleter) match(st *Statement) (*Candidates, error) {
 	cands := st.NewCandidates()
 	next := st.Match
 	for {
@@ -158,7 +158,7 @@ func (d *deleter) read(ids []bson.ObjectID, events bool) ([][]byte, error) {
 
 // buckets locks the keys of some candidate buckets, and removes the
 // statement's matching events from them.
-func (d *deleter) buckets(st *DeleteStatement, list []*Candidate) (int, error) {
+func (d *deleter) buckets(st *Statement, list []*Candidate) (int, error) {
 	var unkeyed []*Candidate
 	var ids []bson.ObjectID
 	for _, cand := range list {
@@ -204,7 +204,7 @@ func (d *deleter) buckets(st *DeleteStatement, list []*Candidate) (int, error) {
 
 // edits reads the locked buckets and computes what the statement leaves
 // of each.
-func (d *deleter) edits(st *DeleteStatement, keyed []*Candidate) ([]BucketEdit, error) {
+func (d *deleter) edits(st *Statement, keyed []*Candidate) ([]BucketEdit, error) {
 	var edits []BucketEdit
 	for _, cand := range keyed {
 		docs, err := d.read([]bson.ObjectID{cand.ID}, cand.NeedsEvents(st.LimitOne))

@@ -14,14 +14,14 @@ import (
 
 // PartitionedCount is a count across partitions: each partition counts
 // without skip and limit (Sub), the proxy sums and applies them.
-type PartitionedCount struct {
+type CountSum struct {
 	Sub         []byte
 	skip, limit int64
 	n           int64
 }
 
 // PlanPartitionedCount plans a count across partitions.
-func PlanPartitionedCount(body []byte, rule *rules.Rule) (*PartitionedCount, error) {
+func PlanCountSum(body []byte, rule *rules.Rule) (*CountSum, error) {
 	rc, err := query.NewCtx(rule)
 	if err != nil {
 		return nil, err
@@ -30,7 +30,7 @@ func PlanPartitionedCount(body []byte, rule *rules.Rule) (*PartitionedCount, err
 	if err := bsonutil.Validate(doc, 0); err != nil {
 		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "tsproxy rule %s: command is not valid BSON: %v", rc.NS, err)
 	}
-	c := &PartitionedCount{}
+	c := &CountSum{}
 	if c.skip, c.limit, err = rc.ReadCountPaging(doc); err != nil {
 		return nil, err
 	}
@@ -40,7 +40,7 @@ func PlanPartitionedCount(body []byte, rule *rules.Rule) (*PartitionedCount, err
 
 // Add sums one partition's count reply; an error reply is returned to
 // answer with.
-func (c *PartitionedCount) Add(reply []byte) (errReply []byte) {
+func (c *CountSum) Add(reply []byte) (errReply []byte) {
 	doc := bsoncore.Document(reply)
 	if doc.Validate() != nil || !mongoerr.IsOK(doc) {
 		return reply
@@ -52,7 +52,7 @@ func (c *PartitionedCount) Add(reply []byte) (errReply []byte) {
 }
 
 // Result is the count reply.
-func (c *PartitionedCount) Result() []byte {
+func (c *CountSum) Result() []byte {
 	n := max(c.n-c.skip, 0)
 	if c.limit > 0 && n > c.limit {
 		n = c.limit
@@ -65,13 +65,13 @@ func (c *PartitionedCount) Result() []byte {
 }
 
 // PartitionedDistinct unites the distinct values of the partitions.
-type PartitionedDistinct struct {
+type DistinctUnion struct {
 	values []bsoncore.Value
 }
 
 // Add unites one partition's distinct reply; an error reply is returned
 // to answer with.
-func (p *PartitionedDistinct) Add(reply []byte) (errReply []byte) {
+func (p *DistinctUnion) Add(reply []byte) (errReply []byte) {
 	doc := bsoncore.Document(reply)
 	if doc.Validate() != nil || !mongoerr.IsOK(doc) {
 		return reply
@@ -97,7 +97,7 @@ func sameNumber(a, b bsoncore.Value) bool {
 }
 
 // Result is the distinct reply.
-func (p *PartitionedDistinct) Result() []byte {
+func (p *DistinctUnion) Result() []byte {
 	idx, d := bsoncore.AppendDocumentStart(nil)
 	aidx, a := bsoncore.AppendArrayElementStart(d, "values")
 	for i, v := range p.values {
@@ -125,8 +125,8 @@ func withoutFields(doc bsoncore.Document, keys ...string) bsoncore.Document {
 // PartitionedGroupCount is countDocuments across partitions: the
 // aggregate [$match..., $skip?, $limit?, {$group: {_id: c, n: {$sum: 1}}}]
 // counted as a count (Count), answered as the aggregate's cursor.
-type PartitionedGroupCount struct {
-	Count *PartitionedCount
+type GroupCountSum struct {
+	Count *CountSum
 	ns    string
 	id    bsoncore.Value
 	key   string
@@ -134,7 +134,7 @@ type PartitionedGroupCount struct {
 
 // PlanPartitionedGroupCount recognises countDocuments' pipeline; ok is
 // false for any other aggregate.
-func PlanPartitionedGroupCount(body []byte, rule *rules.Rule) (*PartitionedGroupCount, bool) {
+func PlanGroupCountSum(body []byte, rule *rules.Rule) (*GroupCountSum, bool) {
 	doc := bsoncore.Document(body)
 	if bsonutil.Validate(doc, 0) != nil {
 		return nil, false
@@ -175,10 +175,10 @@ func PlanPartitionedGroupCount(body []byte, rule *rules.Rule) (*PartitionedGroup
 			if !ok {
 				return nil, false
 			}
-			g := &PartitionedGroupCount{ns: rule.Namespace, key: key}
+			g := &GroupCountSum{ns: rule.Namespace, key: key}
 			g.id = v.Document().Lookup("_id")
 			cmd := countCommand(doc, rule, matches, skip, limit)
-			if g.Count, err = PlanPartitionedCount(cmd, rule); err != nil {
+			if g.Count, err = PlanCountSum(cmd, rule); err != nil {
 				return nil, false
 			}
 			return g, true
@@ -224,7 +224,7 @@ func countCommand(agg bsoncore.Document, rule *rules.Rule, matches []bsoncore.Do
 
 // Result is the aggregate's reply: one group document, or none when no
 // event counted.
-func (g *PartitionedGroupCount) Result() []byte {
+func (g *GroupCountSum) Result() []byte {
 	n := bsoncore.Document(g.Count.Result()).Lookup("n")
 	var batch []bsoncore.Document
 	if cnt, _ := n.AsInt64OK(); cnt > 0 {

@@ -9,11 +9,11 @@ import (
 // partitions.
 type MergedCursor struct {
 	id int64
-	f  *PartitionedFind
+	f  *FindMerge
 }
 
 // NewMergedCursor holds the rest of f's merged result under id.
-func NewMergedCursor(id int64, f *PartitionedFind) *MergedCursor {
+func NewMergedCursor(id int64, f *FindMerge) *MergedCursor {
 	return &MergedCursor{id: id, f: f}
 }
 

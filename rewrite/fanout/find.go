@@ -17,7 +17,7 @@ import (
 const MaxPartitionedReadBytes = 64 << 20
 
 // PartitionedFind is a find across partitions.
-type PartitionedFind struct {
+type FindMerge struct {
 	// Sub is the find each partition runs: the client's, without skip,
 	// limit, batchSize, singleBatch and projection, and limit = skip +
 	// limit when limited.
@@ -41,7 +41,7 @@ type mergeKey struct {
 }
 
 // PlanPartitionedFind plans a find across partitions.
-func PlanPartitionedFind(body []byte, rule *rules.Rule) (*PartitionedFind, error) {
+func PlanFindMerge(body []byte, rule *rules.Rule) (*FindMerge, error) {
 	rc, err := query.NewCtx(rule)
 	if err != nil {
 		return nil, err
@@ -54,7 +54,7 @@ func PlanPartitionedFind(body []byte, rule *rules.Rule) (*PartitionedFind, error
 	if err != nil {
 		return nil, err
 	}
-	f := &PartitionedFind{ns: rc.NS, skip: pg.Skip, limit: pg.Limit, single: pg.Single, first: pg.FirstBatch()}
+	f := &FindMerge{ns: rc.NS, skip: pg.Skip, limit: pg.Limit, single: pg.Single, first: pg.FirstBatch()}
 	projDoc, err := rc.ReadDoc(doc, "projection", "find")
 	if err != nil {
 		return nil, err
@@ -113,7 +113,7 @@ func parseMergeSort(rc *query.Ctx, sortDoc bsoncore.Document) ([]mergeKey, error
 
 // Add collects the documents of one partition, in partition time order;
 // it fails when the whole read would exceed MaxPartitionedReadBytes.
-func (f *PartitionedFind) Add(docs []bsoncore.Document) error {
+func (f *FindMerge) Add(docs []bsoncore.Document) error {
 	for _, d := range docs {
 		f.bytes += len(d)
 		if f.bytes > MaxPartitionedReadBytes {
@@ -126,7 +126,7 @@ func (f *PartitionedFind) Add(docs []bsoncore.Document) error {
 
 // Finish merges what was added by the sort (stable, so ties keep
 // partition order), then skips, limits and projects.
-func (f *PartitionedFind) Finish() error {
+func (f *FindMerge) Finish() error {
 	if len(f.sort) > 0 {
 		var bad error
 		slices.SortStableFunc(f.out, func(a, b bsoncore.Document) int {
@@ -160,7 +160,7 @@ func (f *PartitionedFind) Finish() error {
 	return nil
 }
 
-func (f *PartitionedFind) compare(a, b bsoncore.Document) (int, error) {
+func (f *FindMerge) compare(a, b bsoncore.Document) (int, error) {
 	for _, k := range f.sort {
 		va, err := f.sortValue(a, k.path)
 		if err != nil {
@@ -183,7 +183,7 @@ func (f *PartitionedFind) compare(a, b bsoncore.Document) (int, error) {
 
 // sortValue is the value a sort compares: null when missing; an array on
 // the path is refused (its sort key is an element, chosen by direction).
-func (f *PartitionedFind) sortValue(d bsoncore.Document, path []string) (bsoncore.Value, error) {
+func (f *FindMerge) sortValue(d bsoncore.Document, path []string) (bsoncore.Value, error) {
 	null := bsoncore.Value{Type: bsoncore.TypeNull}
 	cur := d
 	for i, p := range path {
@@ -209,7 +209,7 @@ func (f *PartitionedFind) sortValue(d bsoncore.Document, path []string) (bsoncor
 // Batch answers the next batch of the merged cursor (first batch on the
 // first call); want < 0 takes as many as fit. more is false when the
 // cursor is done (id is then answered as 0).
-func (f *PartitionedFind) Batch(id, want int64) (reply []byte, more bool) {
+func (f *FindMerge) Batch(id, want int64) (reply []byte, more bool) {
 	key := "nextBatch"
 	if !f.begun {
 		key, want = "firstBatch", f.first
@@ -229,7 +229,7 @@ func (f *PartitionedFind) Batch(id, want int64) (reply []byte, more bool) {
 // TimeLed reports the direction of a sort led by the timeField with a
 // limit: the partitions are then read in that time order (desc: newest
 // first) until Enough says the rest cannot reach the result.
-func (f *PartitionedFind) TimeLed(rule *rules.Rule) (led, desc bool) {
+func (f *FindMerge) TimeLed(rule *rules.Rule) (led, desc bool) {
 	if f.limit <= 0 || len(f.sort) == 0 || len(f.sort[0].path) != 1 || f.sort[0].path[0] != rule.TimeField {
 		return false, false
 	}
@@ -241,7 +241,7 @@ func (f *PartitionedFind) TimeLed(rule *rules.Rule) (led, desc bool) {
 // bound (ascending: the next partition's start) or before it
 // (descending: the end of the next partition's last window), and the
 // skip+limit-th document read so far sorts strictly before them.
-func (f *PartitionedFind) Enough(rule *rules.Rule, bound int64) bool {
+func (f *FindMerge) Enough(rule *rules.Rule, bound int64) bool {
 	k := f.skip + f.limit
 	if int64(len(f.out)) < k {
 		return false

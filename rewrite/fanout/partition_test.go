@@ -244,7 +244,7 @@ func TestPartitionedFind(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			body := append(bson.D{{Key: "find", Value: "readings"}, {Key: "filter", Value: bson.D{}}}, tc.opts...)
 			body = append(body, bson.E{Key: "$db", Value: "iot"})
-			f, err := PlanPartitionedFind(rwtest.Doc(t, body), r)
+			f, err := PlanFindMerge(rwtest.Doc(t, body), r)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -278,7 +278,7 @@ func TestPartitionedFind(t *testing.T) {
 	}
 	t.Run("projection applied after the merge", func(t *testing.T) {
 		body := rwtest.Doc(t, bson.D{{Key: "find", Value: "readings"}, {Key: "sort", Value: bson.D{{Key: "v", Value: -1}}}, {Key: "projection", Value: bson.D{{Key: "_id", Value: 0}, {Key: "v", Value: 1}}}, {Key: "$db", Value: "iot"}})
-		f, err := PlanPartitionedFind(body, r)
+		f, err := PlanFindMerge(body, r)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -308,11 +308,11 @@ func TestPartitionedFind(t *testing.T) {
 			{{Key: "find", Value: "readings"}, {Key: "sort", Value: bson.D{{Key: "v", Value: bson.D{{Key: "$meta", Value: "textScore"}}}}}},
 			{{Key: "find", Value: "readings"}, {Key: "skip", Value: int32(-1)}},
 		} {
-			if _, err := PlanPartitionedFind(rwtest.Doc(t, body), r); err == nil {
+			if _, err := PlanFindMerge(rwtest.Doc(t, body), r); err == nil {
 				t.Errorf("%v accepted", body)
 			}
 		}
-		f, err := PlanPartitionedFind(rwtest.Doc(t, bson.D{{Key: "find", Value: "readings"}, {Key: "sort", Value: bson.D{{Key: "v", Value: 1}}}}), r)
+		f, err := PlanFindMerge(rwtest.Doc(t, bson.D{{Key: "find", Value: "readings"}, {Key: "sort", Value: bson.D{{Key: "v", Value: 1}}}}), r)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -344,7 +344,7 @@ func TestPartitionedCountAndDistinct(t *testing.T) {
 		{"skip past the end", bson.D{{Key: "skip", Value: int32(10)}}, []int32{3, 4}, 0},
 	} {
 		body := append(bson.D{{Key: "count", Value: "readings"}, {Key: "query", Value: bson.D{{Key: "v", Value: 1}}}}, tc.opts...)
-		c, err := PlanPartitionedCount(rwtest.Doc(t, append(body, bson.E{Key: "$db", Value: "iot"})), r)
+		c, err := PlanCountSum(rwtest.Doc(t, append(body, bson.E{Key: "$db", Value: "iot"})), r)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -357,7 +357,7 @@ func TestPartitionedCountAndDistinct(t *testing.T) {
 		rwtest.AssertDoc(t, tc.name, c.Result(), bson.D{{Key: "n", Value: tc.want}, {Key: "ok", Value: 1.0}})
 	}
 
-	g, ok := PlanPartitionedGroupCount(rwtest.Doc(t, bson.D{{Key: "aggregate", Value: "readings"}, {Key: "pipeline", Value: bson.A{
+	g, ok := PlanGroupCountSum(rwtest.Doc(t, bson.D{{Key: "aggregate", Value: "readings"}, {Key: "pipeline", Value: bson.A{
 		bson.D{{Key: "$match", Value: bson.D{{Key: "a", Value: 1}}}}, bson.D{{Key: "$match", Value: bson.D{{Key: "b", Value: 2}}}},
 		bson.D{{Key: "$skip", Value: int32(1)}},
 		bson.D{{Key: "$group", Value: bson.D{{Key: "_id", Value: int32(1)}, {Key: "n", Value: bson.D{{Key: "$sum", Value: int32(1)}}}}}},
@@ -372,12 +372,12 @@ func TestPartitionedCountAndDistinct(t *testing.T) {
 	g.Count.Add(rwtest.Doc(t, bson.D{{Key: "n", Value: int32(2)}, {Key: "ok", Value: 1.0}}))
 	rwtest.AssertDoc(t, "countDocuments", g.Result(), bson.D{{Key: "cursor", Value: bson.D{{Key: "firstBatch", Value: bson.A{bson.D{{Key: "_id", Value: int32(1)}, {Key: "n", Value: int32(4)}}}},
 		{Key: "id", Value: int64(0)}, {Key: "ns", Value: "iot.readings"}}}, {Key: "ok", Value: 1.0}})
-	if _, ok := PlanPartitionedGroupCount(rwtest.Doc(t, bson.D{{Key: "aggregate", Value: "readings"}, {Key: "pipeline", Value: bson.A{
+	if _, ok := PlanGroupCountSum(rwtest.Doc(t, bson.D{{Key: "aggregate", Value: "readings"}, {Key: "pipeline", Value: bson.A{
 		bson.D{{Key: "$sort", Value: bson.D{{Key: "a", Value: 1}}}}, bson.D{{Key: "$group", Value: bson.D{{Key: "_id", Value: int32(1)}, {Key: "n", Value: bson.D{{Key: "$sum", Value: int32(1)}}}}}}}}}), r); ok {
 		t.Error("a $sort before the count group was taken for countDocuments")
 	}
 
-	var d PartitionedDistinct
+	var d DistinctUnion
 	d.Add(rwtest.Doc(t, bson.D{{Key: "values", Value: bson.A{"a", int32(1), "b"}}, {Key: "ok", Value: 1.0}}))
 	d.Add(rwtest.Doc(t, bson.D{{Key: "values", Value: bson.A{"b", 1.0, "c", int64(2)}}, {Key: "ok", Value: 1.0}}))
 	rwtest.AssertDoc(t, "distinct", d.Result(), bson.D{{Key: "values", Value: bson.A{"a", int32(1), "b", "c", int64(2)}}, {Key: "ok", Value: 1.0}})
@@ -410,9 +410,9 @@ func TestListCollectionsPartitions(t *testing.T) {
 func TestPartitionedFindEnough(t *testing.T) {
 	r := partRule()
 	ev := func(ms int64) bsoncore.Document { return rwtest.Doc(t, bson.D{{Key: "ts", Value: rwtest.DT(ms)}}) }
-	plan := func(sort bson.D, skip, limit int32) *PartitionedFind {
+	plan := func(sort bson.D, skip, limit int32) *FindMerge {
 		body := bson.D{{Key: "find", Value: "readings"}, {Key: "sort", Value: sort}, {Key: "skip", Value: skip}, {Key: "limit", Value: limit}}
-		f, err := PlanPartitionedFind(rwtest.Doc(t, body), r)
+		f, err := PlanFindMerge(rwtest.Doc(t, body), r)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -421,7 +421,7 @@ func TestPartitionedFindEnough(t *testing.T) {
 	asc, desc := bson.D{{Key: "ts", Value: 1}}, bson.D{{Key: "ts", Value: -1}}
 	for _, tc := range []struct {
 		name   string
-		f      *PartitionedFind
+		f      *FindMerge
 		led    bool
 		docs   []int64
 		bound  int64

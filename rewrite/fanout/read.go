@@ -33,7 +33,7 @@ func Rule(rule *rules.Rule, coll string) *rules.Rule {
 // distinct values united, aggregates answered from the summaries of every
 // partition's buckets; other shapes are refused with an error naming the
 // rule.
-func Read(body []byte, rule *rules.Rule, opts read.ReadOptions, newID func() int64, single func(r *rules.Rule, body []byte) rewrite.Plan) rewrite.Plan {
+func Read(body []byte, rule *rules.Rule, opts read.Options, newID func() int64, single func(r *rules.Rule, body []byte) rewrite.Plan) rewrite.Plan {
 	return rewrite.Script(func(x *rewrite.Exec) (rewrite.Result, error) {
 		l := source.List(rule)
 		if _, ok := x.Run(l); !ok {
@@ -65,7 +65,7 @@ func Read(body []byte, rule *rules.Rule, opts read.ReadOptions, newID func() int
 			if res, ok, err := m.summaries(body, opts); ok || err != nil {
 				return res, err
 			}
-			if g, ok := PlanPartitionedGroupCount(body, rule); ok {
+			if g, ok := PlanGroupCountSum(body, rule); ok {
 				return m.groupCount(g)
 			}
 			return rewrite.Result{}, PartitionReadRefusal(rule, "an aggregate not answered from the bucket summaries", len(parts))
@@ -136,7 +136,7 @@ func getMoreAll(rule *rules.Rule, id int64) []byte {
 // stopping early when the sort is by time and the rest cannot reach the
 // result.
 func (m *merger) find(body []byte, newID func() int64) (rewrite.Result, error) {
-	f, err := PlanPartitionedFind(body, m.rule)
+	f, err := PlanFindMerge(body, m.rule)
 	if err != nil {
 		return rewrite.Result{}, err
 	}
@@ -189,7 +189,7 @@ func nextBound(rule *rules.Rule, p source.Collection, desc bool) int64 {
 
 // count sums a count over the partitions.
 func (m *merger) count(body []byte) (rewrite.Result, error) {
-	pc, err := PlanPartitionedCount(body, m.rule)
+	pc, err := PlanCountSum(body, m.rule)
 	if err != nil {
 		return rewrite.Result{}, err
 	}
@@ -206,7 +206,7 @@ func (m *merger) count(body []byte) (rewrite.Result, error) {
 }
 
 // groupCount serves countDocuments over the partitions.
-func (m *merger) groupCount(g *PartitionedGroupCount) (rewrite.Result, error) {
+func (m *merger) groupCount(g *GroupCountSum) (rewrite.Result, error) {
 	for _, p := range m.parts {
 		res, err := runAll(m.x, m.single(Rule(m.rule, p.Name), g.Count.Sub))
 		if err != nil {
@@ -221,7 +221,7 @@ func (m *merger) groupCount(g *PartitionedGroupCount) (rewrite.Result, error) {
 
 // distinct unites distinct over the partitions.
 func (m *merger) distinct(body []byte) (rewrite.Result, error) {
-	var d PartitionedDistinct
+	var d DistinctUnion
 	for _, p := range m.parts {
 		res, err := runAll(m.x, m.single(Rule(m.rule, p.Name), body))
 		if err != nil {
@@ -238,13 +238,13 @@ func (m *merger) distinct(body []byte) (rewrite.Result, error) {
 // partition: one plan (of the first) is fed the buckets of all, each
 // partition's own plan giving the commands that read them. ok is false
 // when the aggregate is not of that shape.
-func (m *merger) summaries(body []byte, opts read.ReadOptions) (rewrite.Result, bool, error) {
-	all, ok := summary.PlanSummary(body, Rule(m.rule, m.parts[0].Name), opts)
+func (m *merger) summaries(body []byte, opts read.Options) (rewrite.Result, bool, error) {
+	all, ok := summary.PlanAggregation(body, Rule(m.rule, m.parts[0].Name), opts)
 	if !ok {
 		return rewrite.Result{}, false, nil
 	}
 	for _, p := range m.parts {
-		own, ok := summary.PlanSummary(body, Rule(m.rule, p.Name), opts)
+		own, ok := summary.PlanAggregation(body, Rule(m.rule, p.Name), opts)
 		if !ok {
 			return rewrite.Result{}, false, nil
 		}

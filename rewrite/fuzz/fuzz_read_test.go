@@ -55,7 +55,7 @@ func FuzzReadReply(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body, reply []byte) {
 		mustValid := validIfInputsValid(body, reply)
 		for _, caps := range fuzzCaps {
-			p, err := read.PlanRead(body, rwtest.Rule(), read.ReadOptions{Caps: caps})
+			p, err := read.PlanRead(body, rwtest.Rule(), read.Options{Caps: caps})
 			if err != nil {
 				mustValid(t, "error reply", mongoerr.Reply(err))
 				continue
@@ -134,17 +134,17 @@ func FuzzAdminRewrite(f *testing.F) {
 		if bsoncore.Document(reply).Validate() == nil {
 			mustValid(t, "drop reply", admin.DropReply(reply, r))
 		}
-		if out, _, err := hello.HelloRequest(body); err == nil {
+		if out, _, err := hello.Request(body); err == nil {
 			mustValid(t, "hello", out)
 		}
-		if out, err := hello.HelloReply(reply, "zstd"); err == nil {
+		if out, err := hello.Reply(reply, "zstd"); err == nil {
 			mustValid(t, "hello reply", out)
 			if _, err := bsoncore.Document(out).LookupErr("hosts"); err == nil {
 				t.Fatal("hello reply keeps the upstream's hosts")
 			}
 		}
 		_ = caps.Detect(reply)
-		if keys, err := insert.InsertKeys(rewrite.Command{Body: body}, rwtest.InsertRule()); err == nil {
+		if keys, err := insert.Keys(rewrite.Command{Body: body}, rwtest.InsertRule()); err == nil {
 			for _, k := range keys {
 				_ = k.ID("iot.readings.buckets", 0)
 			}
@@ -220,7 +220,7 @@ func checkRoundTrip(t *testing.T, event []byte, k uint8) int {
 	body = bsoncore.AppendStringElement(body, "$db", "iot")
 	body, _ = bsoncore.AppendDocumentEnd(body, idx)
 	rule := rwtest.InsertRule()
-	p, err := insert.Insert(rewrite.Command{Body: body}, rule, insert.InsertOptions{NewObjectID: func() bson.ObjectID { return rwtest.OID(1) }})
+	p, err := insert.New(rewrite.Command{Body: body}, rule, insert.Options{NewObjectID: func() bson.ObjectID { return rwtest.OID(1) }})
 	if err != nil {
 		t.Fatalf("insert of a valid document refused as a command: %v", err)
 	}
@@ -340,7 +340,7 @@ func countEvents(bs []*simBucket) int {
 func readBack(t *testing.T, rule *rules.Rule, caps caps.Upstream, bs []*simBucket) []bsoncore.Document {
 	t.Helper()
 	find := bsoncore.NewDocumentBuilder().AppendString("find", rule.Collection).AppendString("$db", rule.DB).Build()
-	p, err := read.PlanRead(find, rule, read.ReadOptions{Caps: caps})
+	p, err := read.PlanRead(find, rule, read.Options{Caps: caps})
 	if err != nil || p.Cursor == nil {
 		t.Fatalf("find {}: %v", err)
 	}

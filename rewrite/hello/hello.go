@@ -21,7 +21,7 @@ var helloTopologyFields = map[string]bool{
 // returns the command without its "compression" offer (the proxy negotiates
 // compression with the client itself; the upstream link stays plain) and
 // the compressors the client offered, in its order of preference.
-func HelloRequest(body bsoncore.Document) (bsoncore.Document, []string, error) {
+func Request(body bsoncore.Document) (bsoncore.Document, []string, error) {
 	elems, err := body.Elements()
 	if err != nil {
 		return nil, nil, fmt.Errorf("rewrite hello: %w", err)
@@ -54,7 +54,7 @@ func HelloRequest(body bsoncore.Document) (bsoncore.Document, []string, error) {
 // wire versions, size limits, session timeout, SASL mechanisms and
 // speculative authentication reply. compressor, when not empty, is the
 // compressor the proxy accepts from this client.
-func HelloReply(reply bsoncore.Document, compressor string) (bsoncore.Document, error) {
+func Reply(reply bsoncore.Document, compressor string) (bsoncore.Document, error) {
 	elems, err := reply.Elements()
 	if err != nil {
 		return nil, fmt.Errorf("rewrite hello reply: %w", err)

@@ -45,11 +45,11 @@ func BenchmarkInsertPlan1000(b *testing.B) {
 	caps := caps.Upstream{IDOnlyFilters: true, CostlyUpdates: true, MaxUpdateStatements: caps.FerretDBMaxUpdateStatements}
 	b.ReportAllocs()
 	for b.Loop() {
-		pi, err := PrepareInsert(cmd, rule, bson.NewObjectID)
+		pi, err := Prepare(cmd, rule, bson.NewObjectID)
 		if err != nil || len(pi.Keys()) != 10 {
 			b.Fatalf("prepare: %v", err)
 		}
-		if p := pi.Plan(InsertOptions{Caps: caps}); len(p.Commands) != 1 {
+		if p := pi.Plan(Options{Caps: caps}); len(p.Commands) != 1 {
 			b.Fatalf("plan: %d commands", len(p.Commands))
 		}
 	}

@@ -23,10 +23,10 @@ import (
 // stale one makes the insert meet a duplicate key, which Retry re-plans as
 // it does for a complete bucket). Statements become upstream commands:
 // inserts first, then updates.
-func (p *InsertPlan) buildCommands(events []bucket.Event) { p.buildGroups(bucket.GroupEvents(events)) }
+func (p *Commands) buildCommands(events []bucket.Event) { p.buildGroups(bucket.GroupEvents(events)) }
 
 // buildGroups is buildCommands for events already grouped.
-func (p *InsertPlan) buildGroups(groups [][]bucket.Event) {
+func (p *Commands) buildGroups(groups [][]bucket.Event) {
 	rule, lim := p.rule, p.lim
 	ns := rule.BucketNamespace()
 	idOnly := p.opts.Caps.IDOnlyFilters
@@ -100,7 +100,7 @@ func (p *InsertPlan) buildGroups(groups [][]bucket.Event) {
 // again from the same first event. The first-command-only arguments
 // (startTransaction, readConcern) go on the first command of the first
 // round.
-func (p *InsertPlan) addCommand(kind, arrayField string, ordered bool, batch []statementDoc, rule *rules.Rule, args rewrite.CarriedArgs, withStmtIDs bool) {
+func (p *Commands) addCommand(kind, arrayField string, ordered bool, batch []statementDoc, rule *rules.Rule, args rewrite.CarriedArgs, withStmtIDs bool) {
 	first := len(p.Commands) == 0 && p.round == 0
 	idx, doc := bsoncore.AppendDocumentStart(nil)
 	doc = bsoncore.AppendStringElement(doc, kind, rule.BucketCollection)
@@ -136,7 +136,7 @@ func (p *InsertPlan) addCommand(kind, arrayField string, ordered bool, batch []s
 // measured), only into a bucket still below the insert threshold and only
 // for a group below it, so an update never rewrites a large bucket and a
 // large group is inserted as buckets of its own.
-func (p *InsertPlan) mayJoin(fill bucket.Fill, k int) bool {
+func (p *Commands) mayJoin(fill bucket.Fill, k int) bool {
 	if !p.opts.Caps.CostlyUpdates {
 		return true
 	}
@@ -146,7 +146,7 @@ func (p *InsertPlan) mayJoin(fill bucket.Fill, k int) bool {
 // IsUpdate reports whether Commands[i] is an update command (of upserts)
 // rather than an insert of complete buckets: only updates hold FerretDB's
 // SQLite connections while they run (see Caps.MaxUpdateStatements).
-func (p *InsertPlan) IsUpdate(i int) bool {
+func (p *Commands) IsUpdate(i int) bool {
 	return i >= 0 && i < len(p.upstream) && p.upstream[i].kind == "update"
 }
 
@@ -158,7 +158,7 @@ func (p *InsertPlan) IsUpdate(i int) bool {
 // in the body cost it twice the decoding of the same events sent by a
 // driver, which uses a sequence (measured with tsbench -cpuprofile). The
 // statements alias Commands[i].
-func (p *InsertPlan) CommandSections(i int) (body []byte, identifier string, statements [][]byte, err error) {
+func (p *Commands) CommandSections(i int) (body []byte, identifier string, statements [][]byte, err error) {
 	if i < 0 || i >= len(p.Commands) {
 		return nil, "", nil, fmt.Errorf("rewrite insert %s: no command %d", p.namespace, i)
 	}

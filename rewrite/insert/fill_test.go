@@ -170,7 +170,7 @@ func TestInsertKeys(t *testing.T) {
 		rwtest.Event(rwtest.OID(1), rwtest.DT(rwtest.Hour+5), "b", nil), rwtest.Event(rwtest.OID(2), rwtest.DT(5), "b", nil), rwtest.Event(rwtest.OID(3), rwtest.DT(7), "a", nil),
 		rwtest.Event(rwtest.OID(4), rwtest.DT(6), "b", nil), {{Key: "sensorId", Value: "c"}}, rwtest.Event(rwtest.OID(5), rwtest.DT(9), nil, nil),
 	}
-	keys, err := InsertKeys(rwtest.BodyCmd(t, events), rwtest.InsertRule())
+	keys, err := Keys(rwtest.BodyCmd(t, events), rwtest.InsertRule())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +183,7 @@ func TestInsertKeys(t *testing.T) {
 			t.Errorf("key %d = %v, want %v", i, keys[i], want[i])
 		}
 	}
-	if _, err := InsertKeys(rewrite.Command{Body: rwtest.Doc(t, bson.D{{Key: "insert", Value: "other"}})}, rwtest.InsertRule()); err == nil {
+	if _, err := Keys(rewrite.Command{Body: rwtest.Doc(t, bson.D{{Key: "insert", Value: "other"}})}, rwtest.InsertRule()); err == nil {
 		t.Errorf("InsertKeys accepted an insert into another collection")
 	}
 }

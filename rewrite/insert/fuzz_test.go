@@ -28,7 +28,7 @@ func FuzzInsert(f *testing.F) {
 	f.Add([]byte{5, 0, 0, 0, 0})
 	f.Fuzz(func(t *testing.T, body []byte) {
 		for _, caps := range []caps.Upstream{{}, {StmtIDs: true}} {
-			p, err := Insert(rewrite.Command{Body: body}, rwtest.InsertRule(), InsertOptions{Caps: caps, NewObjectID: idGen()})
+			p, err := New(rewrite.Command{Body: body}, rwtest.InsertRule(), Options{Caps: caps, NewObjectID: idGen()})
 			if err != nil {
 				_ = mongoerr.Reply(err)
 				continue

@@ -37,9 +37,9 @@ func bid(meta any, start int64, seq int) bson.ObjectID {
 	return bucket.ID("iot.readings.buckets", v, start, seq)
 }
 
-func opts() InsertOptions { return InsertOptions{NewObjectID: idGen()} }
+func opts() Options { return Options{NewObjectID: idGen()} }
 
-func assertCommands(t testing.TB, p *InsertPlan, want ...bson.D) {
+func assertCommands(t testing.TB, p *Commands, want ...bson.D) {
 	t.Helper()
 	if len(p.Commands) != len(want) {
 		for i, c := range p.Commands {
@@ -132,9 +132,9 @@ func size(t testing.TB, docs ...bson.D) int32 {
 	return int32(n)
 }
 
-func mustInsert(t testing.TB, cmd rewrite.Command, rule *rules.Rule, o InsertOptions) *InsertPlan {
+func mustInsert(t testing.TB, cmd rewrite.Command, rule *rules.Rule, o Options) *Commands {
 	t.Helper()
-	p, err := Insert(cmd, rule, o)
+	p, err := New(cmd, rule, o)
 	if err != nil {
 		t.Fatalf("Insert: %v", err)
 	}

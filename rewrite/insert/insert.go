@@ -16,7 +16,7 @@ import (
 )
 
 // InsertOptions are the inputs of Insert that do not come from the client.
-type InsertOptions struct {
+type Options struct {
 	// Caps describes the upstream the commands will run on.
 	Caps caps.Upstream
 	// NewObjectID makes the _id of an event that has none (as mongod
@@ -39,7 +39,7 @@ const maxInsertRounds = 8
 // duplicate key on a bucket _id (the bucket was full, or another writer
 // took that seq) is retried with a new plan from Retry, which carries what
 // the earlier rounds wrote.
-type InsertPlan struct {
+type Commands struct {
 	// Commands are complete upstream command bodies, "$db" included: at
 	// most one insert of complete buckets and one update of upsert
 	// statements (more only when a batch would exceed the upstream's
@@ -55,7 +55,7 @@ type InsertPlan struct {
 	// For retries.
 	rule  *rules.Rule
 	lim   bucket.Limits
-	opts  InsertOptions
+	opts  Options
 	body  bsoncore.Document
 	inTxn bool
 	round int
@@ -90,7 +90,7 @@ type plannedFill struct {
 // Events that are themselves invalid (no timeField, not a date, a
 // non-numeric aggregate, too large) become writeErrors in the plan's Reply,
 // as a plain collection reports a document it refuses.
-func Insert(cmd rewrite.Command, rule *rules.Rule, opts InsertOptions) (*InsertPlan, error) {
+func New(cmd rewrite.Command, rule *rules.Rule, opts Options) (*Commands, error) {
 	p, err := planInsert(cmd, rule, opts)
 	if err != nil {
 		return nil, fmt.Errorf("rewrite insert %s: %w", RuleName(rule), err)
@@ -110,7 +110,7 @@ func RuleName(rule *rules.Rule) string {
 // and load their fills before calling Insert. It validates the command as
 // Insert does; events Insert would refuse for their time or meta field
 // have no key.
-func InsertKeys(cmd rewrite.Command, rule *rules.Rule) ([]bucket.Key, error) {
+func Keys(cmd rewrite.Command, rule *rules.Rule) ([]bucket.Key, error) {
 	keys, err := insertKeys(cmd, rule)
 	if err != nil {
 		return nil, fmt.Errorf("rewrite insert %s: %w", RuleName(rule), err)
@@ -119,7 +119,7 @@ func InsertKeys(cmd rewrite.Command, rule *rules.Rule) ([]bucket.Key, error) {
 }
 
 func insertKeys(cmd rewrite.Command, rule *rules.Rule) ([]bucket.Key, error) {
-	lim, docs, _, err := CheckInsert(cmd, rule)
+	lim, docs, _, err := Check(cmd, rule)
 	if err != nil {
 		return nil, err
 	}
@@ -142,7 +142,7 @@ func insertKeys(cmd rewrite.Command, rule *rules.Rule) ([]bucket.Key, error) {
 
 // checkInsert validates the command and the rule: the limits, the events
 // and the client's ordered.
-func CheckInsert(cmd rewrite.Command, rule *rules.Rule) (bucket.Limits, []bsoncore.Document, bool, error) {
+func Check(cmd rewrite.Command, rule *rules.Rule) (bucket.Limits, []bsoncore.Document, bool, error) {
 	lim, err := bucket.LimitsOf(rule)
 	if err != nil {
 		return lim, nil, false, err
@@ -167,7 +167,7 @@ func CheckInsert(cmd rewrite.Command, rule *rules.Rule) (bucket.Limits, []bsonco
 	return lim, docs, ordered, nil
 }
 
-func planInsert(cmd rewrite.Command, rule *rules.Rule, opts InsertOptions) (*InsertPlan, error) {
+func planInsert(cmd rewrite.Command, rule *rules.Rule, opts Options) (*Commands, error) {
 	pi, err := prepareInsert(cmd, rule, opts.NewObjectID)
 	if err != nil {
 		return nil, err
@@ -179,7 +179,7 @@ func planInsert(cmd rewrite.Command, rule *rules.Rule, opts InsertOptions) (*Ins
 // store, before any bucket is chosen: the work of an insert that does not
 // depend on the buckets' fills, so that a caller can do it before taking
 // the locks of the insert's keys (see Keys) and plan under them (Plan).
-type PreparedInsert struct {
+type Prepared struct {
 	rule     *rules.Rule
 	lim      bucket.Limits
 	body     bsoncore.Document
@@ -192,7 +192,7 @@ type PreparedInsert struct {
 // PrepareInsert validates an insert on rule's namespace and prepares its
 // events (newID makes the _id of an event that has none). Its errors are
 // Insert's.
-func PrepareInsert(cmd rewrite.Command, rule *rules.Rule, newID func() bson.ObjectID) (*PreparedInsert, error) {
+func Prepare(cmd rewrite.Command, rule *rules.Rule, newID func() bson.ObjectID) (*Prepared, error) {
 	pi, err := prepareInsert(cmd, rule, newID)
 	if err != nil {
 		return nil, fmt.Errorf("rewrite insert %s: %w", RuleName(rule), err)
@@ -200,8 +200,8 @@ func PrepareInsert(cmd rewrite.Command, rule *rules.Rule, newID func() bson.Obje
 	return pi, nil
 }
 
-func prepareInsert(cmd rewrite.Command, rule *rules.Rule, newID func() bson.ObjectID) (*PreparedInsert, error) {
-	lim, docs, ordered, err := CheckInsert(cmd, rule)
+func prepareInsert(cmd rewrite.Command, rule *rules.Rule, newID func() bson.ObjectID) (*Prepared, error) {
+	lim, docs, ordered, err := Check(cmd, rule)
 	if err != nil {
 		return nil, err
 	}
@@ -209,7 +209,7 @@ func prepareInsert(cmd rewrite.Command, rule *rules.Rule, newID func() bson.Obje
 		return nil, mongoerr.Errorf(mongoerr.InternalError, "InsertOptions.NewObjectID is nil")
 	}
 	events, rejected := bucket.PrepareEvents(docs, ordered, rule, lim, newID)
-	pi := &PreparedInsert{rule: rule, lim: lim, body: cmd.Body, ordered: ordered, rejected: rejected, groups: bucket.GroupEvents(events)}
+	pi := &Prepared{rule: rule, lim: lim, body: cmd.Body, ordered: ordered, rejected: rejected, groups: bucket.GroupEvents(events)}
 	for _, g := range pi.groups {
 		pi.keys = append(pi.keys, bucket.KeyOf(g[0].Meta, g[0].Start))
 	}
@@ -221,15 +221,15 @@ func prepareInsert(cmd rewrite.Command, rule *rules.Rule, newID func() bson.Obje
 // keys whose fills Plan asks opts.Buckets for. Events refused before
 // sending have none; with ordered:true neither have the events after the
 // first refused one.
-func (pi *PreparedInsert) Keys() []bucket.Key { return pi.keys }
+func (pi *Prepared) Keys() []bucket.Key { return pi.keys }
 
 // Plan is Insert's plan for the prepared insert against the fills
 // opts.Buckets reports (opts.NewObjectID is not used: the events' ids were
 // made by PrepareInsert). A PreparedInsert may be planned more than once.
-func (pi *PreparedInsert) Plan(opts InsertOptions) *InsertPlan { return pi.plan(opts) }
+func (pi *Prepared) Plan(opts Options) *Commands { return pi.plan(opts) }
 
-func (pi *PreparedInsert) plan(opts InsertOptions) *InsertPlan {
-	p := &InsertPlan{namespace: pi.rule.Namespace, ordered: pi.ordered, rule: pi.rule, lim: pi.lim, opts: opts,
+func (pi *Prepared) plan(opts Options) *Commands {
+	p := &Commands{namespace: pi.rule.Namespace, ordered: pi.ordered, rule: pi.rule, lim: pi.lim, opts: opts,
 		body: pi.body, inTxn: rewrite.InTransaction(pi.body), rejected: slices.Clone(pi.rejected)}
 	p.buildGroups(pi.groups)
 	return p

@@ -359,7 +359,7 @@ func equalIndexes(a, b [][]int) bool {
 }
 
 // okReplies answers every command of p with success.
-func okReplies(t testing.TB, p *InsertPlan) []bsoncore.Document {
+func okReplies(t testing.TB, p *Commands) []bsoncore.Document {
 	var out []bsoncore.Document
 	for _, pc := range p.upstream {
 		out = append(out, rwtest.Doc(t, bson.D{{Key: "n", Value: int32(len(pc.statements))}, {Key: "ok", Value: 1.0}}))
@@ -464,7 +464,7 @@ func TestInsertCommandErrors(t *testing.T) {
 		name string
 		cmd  func(testing.TB) rewrite.Command
 		rule func(*rules.Rule)
-		opts func(*InsertOptions)
+		opts func(*Options)
 		code mongoerr.Code
 		msg  string
 	}{
@@ -506,7 +506,7 @@ func TestInsertCommandErrors(t *testing.T) {
 			c.Sequences[0].Documents = append(c.Sequences[0].Documents, d)
 			return c
 		}, code: mongoerr.InvalidBSON, msg: `document sequence "documents" document 1 is not valid BSON`},
-		{name: "no id generator", cmd: func(t testing.TB) rewrite.Command { return rwtest.BodyCmd(t, docs) }, opts: func(o *InsertOptions) { o.NewObjectID = nil },
+		{name: "no id generator", cmd: func(t testing.TB) rewrite.Command { return rwtest.BodyCmd(t, docs) }, opts: func(o *Options) { o.NewObjectID = nil },
 			code: mongoerr.InternalError, msg: "NewObjectID is nil"},
 		{name: "dotted aggregate", cmd: func(t testing.TB) rewrite.Command { return rwtest.BodyCmd(t, docs) }, rule: func(r *rules.Rule) { r.Aggregates = []string{"a.b"} },
 			code: mongoerr.InternalError, msg: `field name "a.b"`},
@@ -523,7 +523,7 @@ func TestInsertCommandErrors(t *testing.T) {
 			if tc.opts != nil {
 				tc.opts(&o)
 			}
-			p, err := Insert(tc.cmd(t), rule, o)
+			p, err := New(tc.cmd(t), rule, o)
 			if err == nil {
 				t.Fatalf("Insert succeeded with %d commands, want an error", len(p.Commands))
 			}
@@ -543,7 +543,7 @@ func TestInsertCommandErrors(t *testing.T) {
 			}
 		})
 	}
-	if _, err := Insert(rwtest.BodyCmd(t, docs), nil, opts()); err == nil {
+	if _, err := New(rwtest.BodyCmd(t, docs), nil, opts()); err == nil {
 		t.Errorf("Insert with a nil rule succeeded")
 	}
 }

@@ -41,7 +41,7 @@ const maxProbeSeq = 1 << 16
 // marked so, for the proxy's write slots), and re-plans the statements
 // that met a duplicate key (a full bucket, or a seq another writer took),
 // keeping the new fills.
-func Plan(cmd rewrite.Command, pi *PreparedInsert, env Env) rewrite.Plan {
+func Plan(cmd rewrite.Command, pi *Prepared, env Env) rewrite.Plan {
 	p := &plan{cmd: cmd, pi: pi, env: env, rule: pi.rule}
 	if len(env.Check) > 0 && MayBeUnseenRetry(cmd, env.Caps) {
 		p.load = newFillLoader(pi.rule, env.Fills, env.Check)
@@ -64,7 +64,7 @@ const (
 
 type plan struct {
 	cmd  rewrite.Command
-	pi   *PreparedInsert
+	pi   *Prepared
 	env  Env
 	rule *rules.Rule
 
@@ -73,7 +73,7 @@ type plan struct {
 	reads   []bson.ObjectID // phaseCheckRead: buckets to read
 	stored  map[string]bool // identities of the events found stored
 	replay  *ReplayFilter   // the events a retry leaves to write
-	ins     *InsertPlan     // phaseWrite
+	ins     *Commands       // phaseWrite
 	next    int             // the command of ins to send next
 	replies [][]byte        // of ins's commands so far
 	// retrying holds the replies of a round that met duplicate keys,
@@ -186,7 +186,7 @@ func (p *plan) afterCheck() {
 	}
 	// The events left are a subset of those prepared, so their keys are
 	// among the locked ones.
-	pi, err := PrepareInsert(p.replay.Command, p.rule, p.env.NewObjectID)
+	pi, err := Prepare(p.replay.Command, p.rule, p.env.NewObjectID)
 	if err != nil {
 		p.fail(err)
 		return
@@ -204,7 +204,7 @@ func (p *plan) startFills() {
 // write plans against the fills and starts the bucket writes.
 func (p *plan) write() {
 	if p.ins == nil {
-		p.ins = p.pi.Plan(InsertOptions{Caps: p.env.Caps, NewObjectID: p.env.NewObjectID, Buckets: p.env.Fills.Fill})
+		p.ins = p.pi.Plan(Options{Caps: p.env.Caps, NewObjectID: p.env.NewObjectID, Buckets: p.env.Fills.Fill})
 	}
 	p.next, p.replies = 0, nil
 	if len(p.ins.Commands) == 0 {

@@ -39,11 +39,11 @@ func TestPrepareInsertPlan(t *testing.T) {
 			t.Run(fmt.Sprintf("%s ordered=%v", name, ordered), func(t *testing.T) {
 				rule := rwtest.InsertRule()
 				want := mustInsert(t, cmd, rule, opts())
-				pi, err := PrepareInsert(cmd, rule, idGen())
+				pi, err := Prepare(cmd, rule, idGen())
 				if err != nil {
 					t.Fatalf("PrepareInsert: %v", err)
 				}
-				got := pi.Plan(InsertOptions{NewObjectID: func() bson.ObjectID { t.Fatal("Plan made an _id"); return bson.ObjectID{} }})
+				got := pi.Plan(Options{NewObjectID: func() bson.ObjectID { t.Fatal("Plan made an _id"); return bson.ObjectID{} }})
 				if len(got.Commands) != len(want.Commands) || len(got.Commands) == 0 {
 					t.Fatalf("%d commands, want %d", len(got.Commands), len(want.Commands))
 				}
@@ -76,10 +76,10 @@ func TestPrepareInsertPlan(t *testing.T) {
 // as by Insert.
 func TestPrepareInsertErrors(t *testing.T) {
 	rule := rwtest.InsertRule()
-	if _, err := PrepareInsert(rewrite.Command{Body: rwtest.Doc(t, bson.D{{Key: "insert", Value: "other"}, {Key: "documents", Value: bson.A{}}})}, rule, idGen()); err == nil {
+	if _, err := Prepare(rewrite.Command{Body: rwtest.Doc(t, bson.D{{Key: "insert", Value: "other"}, {Key: "documents", Value: bson.A{}}})}, rule, idGen()); err == nil {
 		t.Fatal("insert into another collection accepted")
 	}
-	if _, err := PrepareInsert(rwtest.BodyCmd(t, []bson.D{rwtest.Event(rwtest.OID(1), rwtest.DT(1), "a", 1.0)}), rule, nil); err == nil {
+	if _, err := Prepare(rwtest.BodyCmd(t, []bson.D{rwtest.Event(rwtest.OID(1), rwtest.DT(1), "a", 1.0)}), rule, nil); err == nil {
 		t.Fatal("nil NewObjectID accepted")
 	}
 }

@@ -16,7 +16,7 @@ import (
 
 // replyPlan: events 0-2 (series A) make a complete bucket inserted by
 // command 0; events 3 (B) and 4 (C) are upserts 0 and 1 of command 1.
-func replyPlan(t testing.TB, extra ...bson.E) *InsertPlan {
+func replyPlan(t testing.TB, extra ...bson.E) *Commands {
 	events := []bson.D{
 		rwtest.Event(rwtest.OID(1), rwtest.DT(1), "A", nil), rwtest.Event(rwtest.OID(2), rwtest.DT(2), "A", nil), rwtest.Event(rwtest.OID(3), rwtest.DT(3), "A", nil),
 		rwtest.Event(rwtest.OID(4), rwtest.DT(4), "B", nil), rwtest.Event(rwtest.OID(5), rwtest.DT(5), "C", nil),
@@ -161,7 +161,7 @@ func TestInsertDeterministic(t *testing.T) {
 	extra := []bson.E{{Key: "lsid", Value: bson.D{{Key: "id", Value: bson.Binary{Subtype: 4, Data: make([]byte, 16)}}}}, {Key: "txnNumber", Value: int64(3)}}
 	rule := rwtest.InsertRule()
 	rule.MaxEvents = 7
-	o := InsertOptions{Caps: caps.Upstream{StmtIDs: true}}
+	o := Options{Caps: caps.Upstream{StmtIDs: true}}
 	o.NewObjectID = idGen()
 	first := mustInsert(t, rwtest.BodyCmd(t, events, extra...), rule, o)
 	o.NewObjectID = idGen()

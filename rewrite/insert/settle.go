@@ -12,18 +12,18 @@ import (
 
 // ReplyFromRaw is Reply for callers outside rewrite, which hold replies as
 // plain byte slices (only wire/ and rewrite/ use bsoncore).
-func (p *InsertPlan) ReplyFromRaw(replies [][]byte) []byte {
+func (p *Commands) ReplyFromRaw(replies [][]byte) []byte {
 	return p.Reply(docs(replies))
 }
 
 // FillsFromRaw is Fills over raw reply bodies.
-func (p *InsertPlan) FillsFromRaw(replies [][]byte) []bucket.KeyFill { return p.Fills(docs(replies)) }
+func (p *Commands) FillsFromRaw(replies [][]byte) []bucket.KeyFill { return p.Fills(docs(replies)) }
 
 // RetriableRaw is Retriable over raw reply bodies.
-func (p *InsertPlan) RetriableRaw(replies [][]byte) bool { return p.Retriable(docs(replies)) }
+func (p *Commands) RetriableRaw(replies [][]byte) bool { return p.Retriable(docs(replies)) }
 
 // RetryFromRaw is Retry over raw reply bodies.
-func (p *InsertPlan) RetryFromRaw(replies [][]byte, buckets func(bucket.Key) bucket.Fill) *InsertPlan {
+func (p *Commands) RetryFromRaw(replies [][]byte, buckets func(bucket.Key) bucket.Fill) *Commands {
 	return p.Retry(docs(replies), buckets)
 }
 
@@ -31,7 +31,7 @@ func (p *InsertPlan) RetryFromRaw(replies [][]byte, buckets func(bucket.Key) buc
 // transport error), the proxy should run command i+1: not after a transport
 // error (the connection is gone), and not after any failure when the client
 // asked for ordered:true.
-func (p *InsertPlan) Continue(i int, reply bsoncore.Document) bool {
+func (p *Commands) Continue(i int, reply bsoncore.Document) bool {
 	if i < 0 || i+1 >= len(p.upstream) || reply == nil {
 		return false
 	}
@@ -42,7 +42,7 @@ func (p *InsertPlan) Continue(i int, reply bsoncore.Document) bool {
 // on a statement means its bucket _id was taken (a full bucket met by a
 // guarded upsert, or a seq another writer created): nothing of it was
 // written, and Retry can place its events again.
-func (p *InsertPlan) readReply(i int, reply bsoncore.Document) commandOutcome {
+func (p *Commands) readReply(i int, reply bsoncore.Document) commandOutcome {
 	pc := p.upstream[i]
 	out := commandOutcome{stmts: make([]stmtResult, len(pc.statements))}
 	if reply == nil {
@@ -95,7 +95,7 @@ func (p *InsertPlan) readReply(i int, reply bsoncore.Document) commandOutcome {
 
 // outcomes reads the replies of this round's commands; commands without a
 // reply (len(replies) <= i) did not run.
-func (p *InsertPlan) outcomes(replies []bsoncore.Document) []*commandOutcome {
+func (p *Commands) outcomes(replies []bsoncore.Document) []*commandOutcome {
 	outs := make([]*commandOutcome, len(p.upstream))
 	for i := range p.upstream {
 		if i < len(replies) {
@@ -115,7 +115,7 @@ func (p *InsertPlan) outcomes(replies []bsoncore.Document) []*commandOutcome {
 // was not written (with the upstream's code and errmsg, or a note that it
 // was not attempted). When a command failed as a whole and nothing at all
 // was written, the reply is that command error.
-func (p *InsertPlan) Reply(replies []bsoncore.Document) bsoncore.Document {
+func (p *Commands) Reply(replies []bsoncore.Document) bsoncore.Document {
 	r, _ := p.settle(replies, false)
 	if r.cmdErr != nil && r.written == 0 {
 		return mongoerr.ReplyWith(r.cmdErr.Code, r.cmdErr.codeName, r.cmdErr.Msg, r.cmdErr.labels)
@@ -126,7 +126,7 @@ func (p *InsertPlan) Reply(replies []bsoncore.Document) bsoncore.Document {
 // settle folds this round's replies into the prior outcome. With retrying,
 // the statements that Retry places again (duplicate keys, and those an
 // ordered batch did not run after one) are left out and returned.
-func (p *InsertPlan) settle(replies []bsoncore.Document, retrying bool) (out priorOutcome, retry []plannedStatement) {
+func (p *Commands) settle(replies []bsoncore.Document, retrying bool) (out priorOutcome, retry []plannedStatement) {
 	out = p.prior
 	out.errs = append(slices.Clone(p.prior.errs), p.rejected...)
 	stop := out.lastError
@@ -205,7 +205,7 @@ func (p *InsertPlan) settle(replies []bsoncore.Document, retrying bool) (out pri
 // plain collection's would), the insert is part of a transaction (a write
 // error aborts it upstream), or the rounds are spent (maxInsertRounds); the
 // caller then answers with Reply(replies).
-func (p *InsertPlan) Retry(replies []bsoncore.Document, buckets func(bucket.Key) bucket.Fill) *InsertPlan {
+func (p *Commands) Retry(replies []bsoncore.Document, buckets func(bucket.Key) bucket.Fill) *Commands {
 	if !p.Retriable(replies) {
 		return nil
 	}
@@ -215,7 +215,7 @@ func (p *InsertPlan) Retry(replies []bsoncore.Document, buckets func(bucket.Key)
 		events = append(events, st.chunk...)
 	}
 	slices.SortFunc(events, func(a, b bucket.Event) int { return a.Index - b.Index })
-	next := &InsertPlan{namespace: p.namespace, ordered: p.ordered, rule: p.rule, lim: p.lim, opts: p.opts,
+	next := &Commands{namespace: p.namespace, ordered: p.ordered, rule: p.rule, lim: p.lim, opts: p.opts,
 		body: p.body, inTxn: p.inTxn, round: p.round + 1, prior: prior}
 	next.opts.Buckets = buckets
 	next.buildCommands(events)
@@ -224,7 +224,7 @@ func (p *InsertPlan) Retry(replies []bsoncore.Document, buckets func(bucket.Key)
 
 // Retriable reports whether Retry would return a plan for these replies:
 // the caller then reloads the unknown fills and calls Retry.
-func (p *InsertPlan) Retriable(replies []bsoncore.Document) bool {
+func (p *Commands) Retriable(replies []bsoncore.Document) bool {
 	if p.inTxn || p.round+1 >= maxInsertRounds {
 		return false
 	}
@@ -249,7 +249,7 @@ func (p *InsertPlan) Retriable(replies []bsoncore.Document) bool {
 
 // Round is the plan's round: 0 for the plan Insert returns, then 1, 2, ...
 // for the plans Retry returns.
-func (p *InsertPlan) Round() int { return p.round }
+func (p *Commands) Round() int { return p.round }
 
 // Fills reports, for every key this round wrote to, the key's fill after
 // the round: the planned fill (Known) when every statement of the key was
@@ -257,7 +257,7 @@ func (p *InsertPlan) Round() int { return p.round }
 // always unknown inside a transaction, whose writes may yet be aborted.
 // The caller keeps the known fills for the next insert and reloads the
 // unknown ones before planning again.
-func (p *InsertPlan) Fills(replies []bsoncore.Document) []bucket.KeyFill {
+func (p *Commands) Fills(replies []bsoncore.Document) []bucket.KeyFill {
 	ok := make([]bool, len(p.fills))
 	for i := range ok {
 		ok[i] = !p.inTxn
@@ -283,7 +283,7 @@ func (p *InsertPlan) Fills(replies []bsoncore.Document) []bucket.KeyFill {
 // appendNotRun reports the events of statements that never ran because an
 // earlier write failed (ordered) or the proxy stopped: they are not
 // stored, and the client must not count them as written.
-func (p *InsertPlan) appendNotRun(errs []bucket.WriteError, stmts []plannedStatement, stop *UpstreamError) []bucket.WriteError {
+func (p *Commands) appendNotRun(errs []bucket.WriteError, stmts []plannedStatement, stop *UpstreamError) []bucket.WriteError {
 	code, cause := mongoerr.InternalError, "the proxy stopped the batch"
 	if stop != nil {
 		code, cause = stop.Code, stop.Msg

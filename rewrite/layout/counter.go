@@ -18,7 +18,7 @@ import (
 // LayoutWrite is the plan of an insert on a counter or slots rule: update
 // commands on the bucket collection, each statement an upsert of one
 // (series, window) standing for the events of the batch that fell in it.
-type LayoutWrite struct {
+type Write struct {
 	// Commands are run in order; stop when Continue says so.
 	Commands []bsoncore.Document
 	// events[c][s] are the app's indexes of the events of statement s of
@@ -52,7 +52,7 @@ func readLayoutInsert(cmd rewrite.Command, rule *rules.Rule, layout string) (*la
 	if rule.LayoutOptions.Slot <= 0 || rule.LayoutOptions.Window%rule.LayoutOptions.Slot != 0 {
 		return nil, mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: window %v is not a multiple of slot %v", rule.Namespace, rule.LayoutOptions.Window, rule.LayoutOptions.Slot)
 	}
-	lim, docs, ordered, err := insert.CheckInsert(cmd, rule)
+	lim, docs, ordered, err := insert.Check(cmd, rule)
 	if err != nil {
 		return nil, err
 	}
@@ -115,14 +115,14 @@ func groupByKey(evs []layoutEvent) [][]layoutEvent {
 }
 
 // CounterInsert plans an insert on a counter rule.
-func CounterInsert(cmd rewrite.Command, rule *rules.Rule, caps caps.Upstream) (*LayoutWrite, error) {
+func CounterInsert(cmd rewrite.Command, rule *rules.Rule, caps caps.Upstream) (*Write, error) {
 	return CounterInsertWith(cmd, rule, CounterOptions{Caps: caps})
 }
 
 // CounterInsertWith plans an insert on a counter rule whose upserts carry
 // the write's mark, leaving out those opts.Applied says were applied (see
 // counter_retry.go).
-func CounterInsertWith(cmd rewrite.Command, rule *rules.Rule, opts CounterOptions) (*LayoutWrite, error) {
+func CounterInsertWith(cmd rewrite.Command, rule *rules.Rule, opts CounterOptions) (*Write, error) {
 	li, err := readLayoutInsert(cmd, rule, rules.LayoutCounter)
 	if err != nil {
 		return nil, fmt.Errorf("rewrite counter insert %s: %w", insert.RuleName(rule), err)
@@ -201,8 +201,8 @@ func upsertByID(id [12]byte, update bsoncore.Document) bsoncore.Document {
 
 // plan splits the statements into update commands of at most
 // caps.MaxUpdateStatements statements.
-func (li *layoutInsert) plan(rule *rules.Rule, caps caps.Upstream, stmts []layoutStmt) *LayoutWrite {
-	p := &LayoutWrite{rejected: li.rejected, ordered: li.ordered, rule: rule}
+func (li *layoutInsert) plan(rule *rules.Rule, caps caps.Upstream, stmts []layoutStmt) *Write {
+	p := &Write{rejected: li.rejected, ordered: li.ordered, rule: rule}
 	per := len(stmts)
 	if caps.MaxUpdateStatements > 0 {
 		per = caps.MaxUpdateStatements
@@ -245,7 +245,7 @@ func (li *layoutInsert) plan(rule *rules.Rule, caps caps.Upstream, stmts []layou
 
 // Continue reports whether to run the command after command i, given its
 // reply: an ordered insert stops at the first failure.
-func (p *LayoutWrite) Continue(i int, reply bsoncore.Document) bool {
+func (p *Write) Continue(i int, reply bsoncore.Document) bool {
 	if !p.ordered {
 		return true
 	}
@@ -256,7 +256,7 @@ func (p *LayoutWrite) Continue(i int, reply bsoncore.Document) bool {
 // statements stand for (counted, for a counter; written, for slots), and
 // writeErrors name the app's own indexes: rejected events, the events of a
 // failed statement, and those of statements an ordered insert did not run.
-func (p *LayoutWrite) Reply(replies [][]byte) []byte {
+func (p *Write) Reply(replies [][]byte) []byte {
 	n := p.done
 	errs := append([]bucket.WriteError(nil), p.rejected...)
 	var wce bsoncore.Value
@@ -295,13 +295,13 @@ func (p *LayoutWrite) Reply(replies [][]byte) []byte {
 	return insert.WriteReply(n, errs, wce, bsoncore.Value{})
 }
 
-func (p *LayoutWrite) errmsg(upstream string) string {
+func (p *Write) errmsg(upstream string) string {
 	return fmt.Sprintf("tsproxy rule %s: bucket update failed: %s", p.rule.Namespace, upstream)
 }
 
 // notRun reports the events of statements that did not run (or whose
 // command failed as a whole).
-func (p *LayoutWrite) notRun(errs []bucket.WriteError, stmts [][]int, cause *insert.UpstreamError) []bucket.WriteError {
+func (p *Write) notRun(errs []bucket.WriteError, stmts [][]int, cause *insert.UpstreamError) []bucket.WriteError {
 	code, msg := mongoerr.InternalError, fmt.Sprintf("tsproxy rule %s: not written: an earlier bucket update of this ordered insert failed", p.rule.Namespace)
 	if cause != nil {
 		code, msg = cause.Code, p.errmsg(cause.Msg)

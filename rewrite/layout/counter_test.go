@@ -185,9 +185,9 @@ func TestCounterReplyUpstreamErrors(t *testing.T) {
 	})
 }
 
-func runLayoutRead(t *testing.T, rule *rules.Rule, cmd bson.D, buckets ...bson.D) (*LayoutRead, []bsoncore.Document, []byte) {
+func runLayoutRead(t *testing.T, rule *rules.Rule, cmd bson.D, buckets ...bson.D) (*Read, []bsoncore.Document, []byte) {
 	t.Helper()
-	r, err := PlanLayoutRead(rwtest.Doc(t, cmd), rule)
+	r, err := PlanRead(rwtest.Doc(t, cmd), rule)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,7 +267,7 @@ func TestCounterRead(t *testing.T) {
 		rwtest.AssertDoc(t, "reply", out, cursor(bson.D{{Key: "_id", Value: int32(1)}, {Key: "n", Value: int32(6)}}))
 	})
 	t.Run("first batch and getMore", func(t *testing.T) {
-		r, err := PlanLayoutRead(rwtest.Doc(t, find(bson.E{Key: "batchSize", Value: 2})), rule)
+		r, err := PlanRead(rwtest.Doc(t, find(bson.E{Key: "batchSize", Value: 2})), rule)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -296,7 +296,7 @@ func TestCounterRead(t *testing.T) {
 			{bson.D{{Key: "aggregate", Value: "readings"}, {Key: "pipeline", Value: bson.A{bson.D{{Key: "$unwind", Value: "$x"}}}}, {Key: "$db", Value: "iot"}}, "aggregation stage $unwind is not supported"},
 			{bson.D{{Key: "aggregate", Value: "readings"}, {Key: "pipeline", Value: bson.A{bson.D{{Key: "$group", Value: bson.D{{Key: "_id", Value: "$page"}, {Key: "n", Value: bson.D{{Key: "$sum", Value: 1}}}}}}}}, {Key: "$db", Value: "iot"}}, "$group is supported only as"},
 		} {
-			_, err := PlanLayoutRead(rwtest.Doc(t, tc.cmd), rule)
+			_, err := PlanRead(rwtest.Doc(t, tc.cmd), rule)
 			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "tsproxy rule iot.readings (layout counter)") {
 				t.Errorf("%v: err %v, want %q", tc.cmd, err, tc.want)
 			}

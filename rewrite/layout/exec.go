@@ -69,7 +69,7 @@ func appendLayoutCount(b *bsoncore.DocumentBuilder, key string, n int64) {
 }
 
 // LayoutCursor holds the documents of a read the app has not fetched yet.
-type LayoutCursor struct {
+type Cursor struct {
 	id   int64
 	ns   string
 	docs []bsoncore.Document
@@ -77,7 +77,7 @@ type LayoutCursor struct {
 
 // reply takes the next batch of at most size documents (and at most
 // maxBatchBytes).
-func (c *LayoutCursor) reply(key string, size int64, id int64) cursor.Reply {
+func (c *Cursor) reply(key string, size int64, id int64) cursor.Reply {
 	n, _ := cursor.BatchLen(c.docs, size)
 	out := cursor.Reply{Key: key, Batch: c.docs[:n], NS: c.ns}
 	c.docs = c.docs[n:]
@@ -86,7 +86,7 @@ func (c *LayoutCursor) reply(key string, size int64, id int64) cursor.Reply {
 
 // GetMore answers a getMore on the cursor kept under id; done says the
 // cursor is exhausted and may be forgotten.
-func (c *LayoutCursor) GetMore(body bsoncore.Document, id int64) (reply bsoncore.Document, done bool) {
+func (c *Cursor) GetMore(body bsoncore.Document, id int64) (reply bsoncore.Document, done bool) {
 	size := int64(len(c.docs))
 	if n, ok, err := intArg(body, "batchSize"); err == nil && ok && n > 0 {
 		size = n

@@ -15,7 +15,7 @@ import (
 )
 
 // planFetch chooses between point lookups and a scan.
-func (r *LayoutRead) planFetch(filter bsoncore.Document) {
+func (r *Read) planFetch(filter bsoncore.Document) {
 	var b fetchBounds
 	r.bounds(filter, &b, 0)
 	win := r.rule.LayoutOptions.Window.Milliseconds()
@@ -62,7 +62,7 @@ func (r *LayoutRead) planFetch(filter bsoncore.Document) {
 }
 
 // bounds reads the top-level conjuncts (and those of a top-level $and).
-func (r *LayoutRead) bounds(filter bsoncore.Document, b *fetchBounds, depth int) {
+func (r *Read) bounds(filter bsoncore.Document, b *fetchBounds, depth int) {
 	es, _ := filter.Elements()
 	for _, e := range es {
 		switch key, v := e.Key(), e.Value(); {
@@ -100,7 +100,7 @@ func (r *LayoutRead) bounds(filter bsoncore.Document, b *fetchBounds, depth int)
 }
 
 // Next is the first upstream command to send, nil when none is needed.
-func (r *LayoutRead) Next() bsoncore.Document {
+func (r *Read) Next() bsoncore.Document {
 	if len(r.fetch) == 0 {
 		return nil
 	}
@@ -111,7 +111,7 @@ func (r *LayoutRead) Next() bsoncore.Document {
 
 // Feed takes the reply to the last command and returns the next one to
 // send, or nil when every candidate bucket was fetched.
-func (r *LayoutRead) Feed(reply bsoncore.Document) (bsoncore.Document, error) {
+func (r *Read) Feed(reply bsoncore.Document) (bsoncore.Document, error) {
 	if err := reply.Validate(); err != nil {
 		return nil, mongoerr.Errorf(mongoerr.InternalError, "upstream reply is not valid BSON: %v", err)
 	}
@@ -151,7 +151,7 @@ func (r *LayoutRead) Feed(reply bsoncore.Document) (bsoncore.Document, error) {
 }
 
 // slotsIn is an upper bound of the documents a bucket expands to.
-func (r *LayoutRead) slotsIn(b bsoncore.Document) int {
+func (r *Read) slotsIn(b bsoncore.Document) int {
 	if r.rule.Layout == rules.LayoutCounter {
 		if v, err := b.LookupErr(rules.BucketSlots); err == nil {
 			d, _ := v.DocumentOK()
@@ -169,7 +169,7 @@ func (r *LayoutRead) slotsIn(b bsoncore.Document) int {
 
 // expand turns the fetched buckets into the app's documents, in (time,
 // meta) order.
-func (r *LayoutRead) expand() []layoutDoc {
+func (r *Read) expand() []layoutDoc {
 	out := make([]layoutDoc, 0, r.docs)
 	slotMS := r.rule.LayoutOptions.Slot.Milliseconds()
 	for _, b := range r.buckets {
@@ -208,7 +208,7 @@ func (r *LayoutRead) expand() []layoutDoc {
 	return out
 }
 
-func (r *LayoutRead) expandCounter(b bsoncore.Document, emit func(int, string, bsoncore.Value, int64)) {
+func (r *Read) expandCounter(b bsoncore.Document, emit func(int, string, bsoncore.Value, int64)) {
 	v, err := b.LookupErr(rules.BucketSlots)
 	if err != nil {
 		return
@@ -230,7 +230,7 @@ func (r *LayoutRead) expandCounter(b bsoncore.Document, emit func(int, string, b
 	}
 }
 
-func (r *LayoutRead) expandSlots(b bsoncore.Document, emit func(int, string, bsoncore.Value, int64)) {
+func (r *Read) expandSlots(b bsoncore.Document, emit func(int, string, bsoncore.Value, int64)) {
 	o := r.rule.LayoutOptions
 	for s := 0; s < o.SlotsPerWindow(); s++ {
 		if v, ok := slotValue(b, o, s); ok {
@@ -240,7 +240,7 @@ func (r *LayoutRead) expandSlots(b bsoncore.Document, emit func(int, string, bso
 }
 
 // run applies the filter and the stages.
-func (r *LayoutRead) run() []layoutDoc {
+func (r *Read) run() []layoutDoc {
 	all := r.expand()
 	docs := all[:0]
 	for _, d := range all {
@@ -295,7 +295,7 @@ func (r *LayoutRead) run() []layoutDoc {
 // Result answers the read once every bucket was fetched. For a cursor
 // that is not exhausted by the first batch it returns the rest as a
 // LayoutCursor, to be kept under id (the id the proxy chose for it).
-func (r *LayoutRead) Result(id int64) (bsoncore.Document, *LayoutCursor) {
+func (r *Read) Result(id int64) (bsoncore.Document, *Cursor) {
 	docs := r.run()
 	if r.kind == "count" {
 		var n int64
@@ -308,7 +308,7 @@ func (r *LayoutRead) Result(id int64) (bsoncore.Document, *LayoutCursor) {
 	for i, d := range docs {
 		raw[i] = d.doc
 	}
-	cur := &LayoutCursor{ns: r.rule.Namespace, docs: raw}
+	cur := &Cursor{ns: r.rule.Namespace, docs: raw}
 	size := int64(101)
 	if r.batch >= 0 {
 		size = r.batch

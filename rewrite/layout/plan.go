@@ -17,7 +17,7 @@ import (
 // answers from them; newID names the cursor it holds when the first batch
 // does not exhaust the result.
 func ReadPlan(body []byte, rule *rules.Rule, newID func() int64) rewrite.Plan {
-	r, err := PlanLayoutRead(body, rule)
+	r, err := PlanRead(body, rule)
 	if err != nil {
 		return rewrite.Fail(err)
 	}
@@ -25,7 +25,7 @@ func ReadPlan(body []byte, rule *rules.Rule, newID func() int64) rewrite.Plan {
 }
 
 type readPlan struct {
-	r     *LayoutRead
+	r     *Read
 	next  []byte
 	newID func() int64
 }
@@ -58,13 +58,13 @@ func (p *readPlan) Result() rewrite.Result {
 }
 
 // ID is the id the client knows the cursor by.
-func (c *LayoutCursor) ID() int64 { return c.id }
+func (c *Cursor) ID() int64 { return c.id }
 
 // Local: the proxy holds every document of the result.
-func (c *LayoutCursor) Local() bool { return true }
+func (c *Cursor) Local() bool { return true }
 
 // More answers a getMore from the documents held.
-func (c *LayoutCursor) More(body []byte) rewrite.Plan {
+func (c *Cursor) More(body []byte) rewrite.Plan {
 	reply, done := c.GetMore(body, c.id)
 	res := rewrite.Result{Reply: reply}
 	if !done {
@@ -74,7 +74,7 @@ func (c *LayoutCursor) More(body []byte) rewrite.Plan {
 }
 
 // Close releases nothing upstream.
-func (c *LayoutCursor) Close() rewrite.Plan { return nil }
+func (c *Cursor) Close() rewrite.Plan { return nil }
 
 // WriteEnv is what a counter or slots insert needs besides the command.
 type WriteEnv struct {
@@ -97,7 +97,7 @@ type WriteEnv struct {
 // the next window's shells are inserted after the reply.
 func InsertPlan(cmd rewrite.Command, rule *rules.Rule, keys []bucket.Key, env WriteEnv) rewrite.Plan {
 	return rewrite.Script(func(x *rewrite.Exec) (rewrite.Result, error) {
-		var plan *LayoutWrite
+		var plan *Write
 		var err error
 		if rule.Layout == rules.LayoutCounter {
 			plan, err = counterWrite(x, cmd, rule, env)
@@ -129,7 +129,7 @@ func InsertPlan(cmd rewrite.Command, rule *rules.Rule, keys []bucket.Key, env Wr
 // counterWrite plans a counter insert; a retryable one the upstream cannot
 // recognise as a retry carries its write id's mark, and is checked against
 // its buckets' marks when it may be a retry.
-func counterWrite(x *rewrite.Exec, cmd rewrite.Command, rule *rules.Rule, env WriteEnv) (*LayoutWrite, error) {
+func counterWrite(x *rewrite.Exec, cmd rewrite.Command, rule *rules.Rule, env WriteEnv) (*Write, error) {
 	opts := CounterOptions{Caps: env.Caps, WriteID: CounterWriteID(cmd, env.Caps), Now: env.Now.UnixMilli()}
 	if opts.WriteID == "" {
 		return CounterInsertWith(cmd, rule, opts)
@@ -168,7 +168,7 @@ func counterWrite(x *rewrite.Exec, cmd rewrite.Command, rule *rules.Rule, env Wr
 }
 
 // slotsWrite reads the buckets of keys as stored, then plans against them.
-func slotsWrite(x *rewrite.Exec, cmd rewrite.Command, rule *rules.Rule, keys []bucket.Key, c caps.Upstream) (*LayoutWrite, error) {
+func slotsWrite(x *rewrite.Exec, cmd rewrite.Command, rule *rules.Rule, keys []bucket.Key, c caps.Upstream) (*Write, error) {
 	fetch := SlotsFetch(rule, keys)
 	step := make(rewrite.Step, len(fetch))
 	for i, q := range fetch {

@@ -14,7 +14,7 @@ type layoutProjection struct {
 	noID    bool
 }
 
-func (r *LayoutRead) parseProjection(d bsoncore.Document) (*layoutProjection, error) {
+func (r *Read) parseProjection(d bsoncore.Document) (*layoutProjection, error) {
 	es, err := d.Elements()
 	if err != nil {
 		return nil, mongoerr.Errorf(mongoerr.BadValue, "projection is not valid BSON")

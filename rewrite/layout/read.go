@@ -29,7 +29,7 @@ type layoutDoc struct {
 
 // LayoutRead is a read on a counter or slots rule: fetch the candidate
 // buckets with Next/Feed, then answer with Result.
-type LayoutRead struct {
+type Read struct {
 	rule    *rules.Rule
 	kind    string // find, aggregate, count
 	match   query.DocPred
@@ -61,13 +61,13 @@ type sortKey struct {
 	desc bool
 }
 
-func (r *LayoutRead) unsupported(format string, args ...any) error {
+func (r *Read) unsupported(format string, args ...any) error {
 	return mongoerr.Errorf(mongoerr.NotImplemented, "tsproxy rule %s (layout %s): %s", r.rule.Namespace, r.rule.Layout, fmt.Sprintf(format, args...))
 }
 
 // PlanLayoutRead plans a find, aggregate or count on a counter or slots
 // rule; other commands are refused with an error naming the rule.
-func PlanLayoutRead(body bsoncore.Document, rule *rules.Rule) (*LayoutRead, error) {
+func PlanRead(body bsoncore.Document, rule *rules.Rule) (*Read, error) {
 	if err := bsonutil.Validate(body, 0); err != nil {
 		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "command is not valid BSON: %v", err)
 	}
@@ -75,7 +75,7 @@ func PlanLayoutRead(body bsoncore.Document, rule *rules.Rule) (*LayoutRead, erro
 	if err != nil || len(elems) == 0 {
 		return nil, mongoerr.Errorf(mongoerr.BadValue, "empty command")
 	}
-	r := &LayoutRead{rule: rule, kind: elems[0].Key(), batch: -1}
+	r := &Read{rule: rule, kind: elems[0].Key(), batch: -1}
 	if coll, _ := elems[0].Value().StringValueOK(); coll != rule.Collection {
 		return nil, mongoerr.Errorf(mongoerr.BadValue, "%s on collection %q does not match the rule's collection %q", r.kind, coll, rule.Collection)
 	}
@@ -130,7 +130,7 @@ func intArg(body bsoncore.Document, key string) (int64, bool, error) {
 	return int64(f), true, nil
 }
 
-func (r *LayoutRead) readFind(body bsoncore.Document) (bsoncore.Document, error) {
+func (r *Read) readFind(body bsoncore.Document) (bsoncore.Document, error) {
 	for _, k := range []string{"hint", "min", "max", "returnKey", "showRecordId", "tailable", "awaitData", "let"} {
 		if _, ok := bsonutil.Lookup(body, k); ok {
 			return nil, r.unsupported("find option %q is not supported", k)
@@ -190,7 +190,7 @@ func (r *LayoutRead) readFind(body bsoncore.Document) (bsoncore.Document, error)
 	return filter, nil
 }
 
-func (r *LayoutRead) readCount(body bsoncore.Document) (bsoncore.Document, error) {
+func (r *Read) readCount(body bsoncore.Document) (bsoncore.Document, error) {
 	filter, err := docArg(body, "query")
 	if err != nil {
 		return nil, err
@@ -208,7 +208,7 @@ func (r *LayoutRead) readCount(body bsoncore.Document) (bsoncore.Document, error
 	return filter, nil
 }
 
-func (r *LayoutRead) readAggregate(body bsoncore.Document) (bsoncore.Document, error) {
+func (r *Read) readAggregate(body bsoncore.Document) (bsoncore.Document, error) {
 	v, ok := bsonutil.Lookup(body, "pipeline")
 	arr, isArr := v.ArrayOK()
 	if !ok || !isArr {
@@ -250,7 +250,7 @@ func (r *LayoutRead) readAggregate(body bsoncore.Document) (bsoncore.Document, e
 }
 
 // readStage reads one pipeline stage; leading $match stages make the filter.
-func (r *LayoutRead) readStage(name string, arg bsoncore.Value, leading bool, filters *[]bsoncore.Document) error {
+func (r *Read) readStage(name string, arg bsoncore.Value, leading bool, filters *[]bsoncore.Document) error {
 	switch name {
 	case "$match":
 		d, ok := arg.DocumentOK()
@@ -314,7 +314,7 @@ func (r *LayoutRead) readStage(name string, arg bsoncore.Value, leading bool, fi
 
 // readGroupCount accepts the count form drivers send for countDocuments:
 // {$group: {_id: <constant>, n: {$sum: 1}}}.
-func (r *LayoutRead) readGroupCount(arg bsoncore.Value) error {
+func (r *Read) readGroupCount(arg bsoncore.Value) error {
 	refuse := r.unsupported("$group is supported only as {_id: <constant>, <field>: {$sum: 1}}")
 	d, ok := arg.DocumentOK()
 	if !ok {
@@ -346,7 +346,7 @@ func (r *LayoutRead) readGroupCount(arg bsoncore.Value) error {
 	return nil
 }
 
-func (r *LayoutRead) parseSort(d bsoncore.Document) (layoutStage, error) {
+func (r *Read) parseSort(d bsoncore.Document) (layoutStage, error) {
 	es, err := d.Elements()
 	if err != nil {
 		return layoutStage{}, mongoerr.Errorf(mongoerr.BadValue, "sort is not valid BSON")

@@ -40,7 +40,7 @@ type SlotsOptions struct {
 }
 
 // SlotsInsert plans an insert on a slots rule.
-func SlotsInsert(cmd rewrite.Command, rule *rules.Rule, opts SlotsOptions) (*LayoutWrite, error) {
+func SlotsInsert(cmd rewrite.Command, rule *rules.Rule, opts SlotsOptions) (*Write, error) {
 	li, err := readLayoutInsert(cmd, rule, rules.LayoutSlots)
 	if err != nil {
 		return nil, fmt.Errorf("rewrite slots insert %s: %w", insert.RuleName(rule), err)

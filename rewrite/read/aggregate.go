@@ -18,7 +18,7 @@ import (
 // other stage needs an upstream that runs full aggregation (MongoDB): the
 // events are rebuilt upstream with $replaceWith and the app's pipeline
 // runs unchanged after it; elsewhere it is refused by name.
-func planAggregate(rc *query.Ctx, body bsoncore.Document, opts ReadOptions, forExplain bool) (*ReadPlan, error) {
+func planAggregate(rc *query.Ctx, body bsoncore.Document, opts Options, forExplain bool) (*Command, error) {
 	a := &aggregateRewrite{rc: rc, body: body, opts: opts, forExplain: forExplain}
 	if err := a.readOptions(); err != nil {
 		return nil, err
@@ -54,7 +54,7 @@ var errNeedsFullAggregation = errors.New("stage needs full aggregation")
 type aggregateRewrite struct {
 	rc                  *query.Ctx
 	body                bsoncore.Document
-	opts                ReadOptions
+	opts                Options
 	forExplain, explain bool
 	batchSize           int64
 	stages              []PipelineStage
@@ -226,9 +226,9 @@ func (a *aggregateRewrite) addStage(i int) error {
 	return nil
 }
 
-func aggregatePlan(rc *query.Ctx, body bsoncore.Document, pipeline []bsoncore.Document, batchSize int64, shape *CursorShape, explain, forExplain bool) *ReadPlan {
+func aggregatePlan(rc *query.Ctx, body bsoncore.Document, pipeline []bsoncore.Document, batchSize int64, shape *CursorShape, explain, forExplain bool) *Command {
 	extra := bsonutil.Pick(body, []string{"allowDiskUse"})
-	p := &ReadPlan{rc: rc, Cursor: shape}
+	p := &Command{rc: rc, Cursor: shape}
 	if explain && !forExplain {
 		inner := rc.AggregateCommand(pipeline, batchSize, body, extra, true)
 		idx, d := bsoncore.AppendDocumentStart(nil)
@@ -245,7 +245,7 @@ func aggregatePlan(rc *query.Ctx, body bsoncore.Document, pipeline []bsoncore.Do
 
 // fullAggregate runs the app's pipeline upstream on the events rebuilt
 // there: for upstreams with full aggregation only.
-func (a *aggregateRewrite) fullAggregate() *ReadPlan {
+func (a *aggregateRewrite) fullAggregate() *Command {
 	rc := a.rc
 	var pipeline []bsoncore.Document
 	if a.split.Bucket != nil {

@@ -12,7 +12,7 @@ import (
 // rule's namespace: point lookups or a bucket scan the proxy serves
 // itself, or an aggregate on the bucket collection whose batches it maps
 // (see PlanRead). newID names a cursor the proxy holds.
-func Plan(body []byte, rule *rules.Rule, opts ReadOptions, newID func() int64) rewrite.Plan {
+func Plan(body []byte, rule *rules.Rule, opts Options, newID func() int64) rewrite.Plan {
 	p, err := PlanRead(body, rule, opts)
 	if err != nil {
 		return rewrite.Fail(err)
@@ -34,7 +34,7 @@ func Plan(body []byte, rule *rules.Rule, opts ReadOptions, newID func() int64) r
 // (where the upstream's $unwind drops the bucket's meta), then the
 // command, each batch's meta lookups, and the drain's getMores.
 type upstreamRead struct {
-	p           *ReadPlan
+	p           *Command
 	rule        *rules.Rule
 	next        []byte   // the command to send next
 	metas       [][]byte // meta lookups the pending reply needs first

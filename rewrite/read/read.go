@@ -23,7 +23,7 @@ import (
 //   - otherwise (a cursor): it answers with Cursor.MapReply of the reply,
 //     remembering the upstream cursor (unless Cursor.SingleBatch, when it
 //     kills it with KillCursorsCommand instead).
-type ReadPlan struct {
+type Command struct {
 	Command     []byte
 	Drain       bool
 	Passthrough bool
@@ -49,7 +49,7 @@ type ReadPlan struct {
 // selects (nil when the upstream's $unwind keeps them, or the rule has no
 // metaField). Send it before Command, feeding each reply to AddPrefetched
 // and sending the getMore it returns until nil.
-func (p *ReadPlan) MetaPrefetch() []byte {
+func (p *Command) MetaPrefetch() []byte {
 	if p.rc == nil || p.rc.Caps.UnwindKeepsFields || p.Passthrough {
 		return nil
 	}
@@ -65,7 +65,7 @@ func (p *ReadPlan) MetaPrefetch() []byte {
 
 // AddPrefetched learns a reply to MetaPrefetch (or its getMore) and
 // returns the next getMore, or nil.
-func (p *ReadPlan) AddPrefetched(reply []byte) []byte {
+func (p *Command) AddPrefetched(reply []byte) []byte {
 	if p.Cursor != nil {
 		return p.Cursor.metas.addPrefetched(reply)
 	}
@@ -73,7 +73,7 @@ func (p *ReadPlan) AddPrefetched(reply []byte) []byte {
 }
 
 // MetaQuery and AddMetas: as CursorShape's, for a Drain plan's replies.
-func (p *ReadPlan) MetaQuery(reply []byte) [][]byte {
+func (p *Command) MetaQuery(reply []byte) [][]byte {
 	if p.Cursor != nil {
 		return p.Cursor.MetaQuery(reply)
 	}
@@ -81,7 +81,7 @@ func (p *ReadPlan) MetaQuery(reply []byte) [][]byte {
 }
 
 // AddMetas learns the metas from the reply to MetaQuery.
-func (p *ReadPlan) AddMetas(reply []byte) error {
+func (p *Command) AddMetas(reply []byte) error {
 	if p.Cursor != nil {
 		return p.Cursor.AddMetas(reply)
 	}
@@ -95,14 +95,14 @@ type drainer interface {
 }
 
 // ReadOptions are the inputs of PlanRead that do not come from the client.
-type ReadOptions struct {
+type Options struct {
 	Caps caps.Upstream
 }
 
 // PlanRead rewrites a find, aggregate, count, distinct or explain command
 // body on rule's namespace. Errors are *mongoerr.Error: answer with
 // ErrorReply.
-func PlanRead(body []byte, rule *rules.Rule, opts ReadOptions) (p *ReadPlan, err error) {
+func PlanRead(body []byte, rule *rules.Rule, opts Options) (p *Command, err error) {
 	rc, err := query.NewCtx(rule)
 	if err != nil {
 		return nil, err
@@ -133,7 +133,7 @@ func PlanRead(body []byte, rule *rules.Rule, opts ReadOptions) (p *ReadPlan, err
 }
 
 // planFind rewrites find into an aggregate of events.
-func planFind(rc *query.Ctx, body bsoncore.Document, opts ReadOptions, forExplain bool) (*ReadPlan, error) {
+func planFind(rc *query.Ctx, body bsoncore.Document, opts Options, forExplain bool) (*Command, error) {
 	const cmd = "find"
 	if err := rc.CheckOptions(body, cmd, "filter", "sort", "projection", "skip", "limit", "batchSize", "singleBatch", "allowDiskUse", "maxScan"); err != nil {
 		return nil, err
@@ -186,7 +186,7 @@ func planFind(rc *query.Ctx, body bsoncore.Document, opts ReadOptions, forExplai
 		return nil, err
 	}
 	extra := bsonutil.Pick(body, []string{"allowDiskUse"})
-	p := &ReadPlan{rc: rc, bucketFilter: sf.Bucket}
+	p := &Command{rc: rc, bucketFilter: sf.Bucket}
 	if spec, _ := planPoint(rc, filter, sortDoc); spec != nil {
 		p.Point = newPointRead(rc, spec, proj, skip, limit, single)
 	} else if spec, sc, _ := planScan(rc, filter, sortDoc); spec != nil {
@@ -201,7 +201,7 @@ func planFind(rc *query.Ctx, body bsoncore.Document, opts ReadOptions, forExplai
 }
 
 // planCount rewrites count into [..events.., $skip, $limit, $count].
-func planCount(rc *query.Ctx, body bsoncore.Document, forExplain bool) (*ReadPlan, error) {
+func planCount(rc *query.Ctx, body bsoncore.Document, forExplain bool) (*Command, error) {
 	const cmd = "count"
 	if err := rc.CheckOptions(body, cmd, "query", "skip", "limit", "fields"); err != nil {
 		return nil, err
@@ -226,14 +226,14 @@ func planCount(rc *query.Ctx, body bsoncore.Document, forExplain bool) (*ReadPla
 		pipeline = append(pipeline, bsonutil.Stage("$limit", bsonutil.Int64Value(limit)))
 	}
 	pipeline = append(pipeline, bsonutil.Stage("$count", bsonutil.StringValue("n")))
-	p := &ReadPlan{rc: rc, Drain: true, drain: &countDrain{}}
+	p := &Command{rc: rc, Drain: true, drain: &countDrain{}}
 	p.Command = rc.AggregateCommand(pipeline, -1, body, nil, forExplain)
 	return p, nil
 }
 
 // planDistinct rewrites distinct into an event read whose values the
 // proxy collects.
-func planDistinct(rc *query.Ctx, body bsoncore.Document, forExplain bool) (*ReadPlan, error) {
+func planDistinct(rc *query.Ctx, body bsoncore.Document, forExplain bool) (*Command, error) {
 	const cmd = "distinct"
 	if err := rc.CheckOptions(body, cmd, "key", "query"); err != nil {
 		return nil, err
@@ -258,14 +258,14 @@ func planDistinct(rc *query.Ctx, body bsoncore.Document, forExplain bool) (*Read
 		return nil, err
 	}
 	metas := newMetaResolver(rc)
-	p := &ReadPlan{rc: rc, Drain: true, metas: metas, bucketFilter: sf.Bucket, drain: &distinctDrain{path: strings.Split(key, "."), metaField: rc.MetaField, metas: metas}}
+	p := &Command{rc: rc, Drain: true, metas: metas, bucketFilter: sf.Bucket, drain: &distinctDrain{path: strings.Split(key, "."), metaField: rc.MetaField, metas: metas}}
 	p.Command = rc.AggregateCommand(query.EventPipeline(sf), -1, body, nil, forExplain)
 	return p, nil
 }
 
 // planExplain explains the rewritten aggregate, so the user sees the
 // upstream's plan on the bucket collection.
-func planExplain(rc *query.Ctx, body bsoncore.Document, opts ReadOptions) (*ReadPlan, error) {
+func planExplain(rc *query.Ctx, body bsoncore.Document, opts Options) (*Command, error) {
 	if err := rc.CheckOptions(body, "explain", "verbosity"); err != nil {
 		return nil, err
 	}
@@ -278,7 +278,7 @@ func planExplain(rc *query.Ctx, body bsoncore.Document, opts ReadOptions) (*Read
 	if len(elems) == 0 {
 		return nil, rc.BadValue(mongoerr.BadValue, "explain of an empty command")
 	}
-	var ip *ReadPlan
+	var ip *Command
 	var err error
 	switch name := elems[0].Key(); name {
 	case "find":
@@ -296,7 +296,7 @@ func planExplain(rc *query.Ctx, body bsoncore.Document, opts ReadOptions) (*Read
 		return nil, err
 	}
 	if ip.Point != nil {
-		return &ReadPlan{rc: rc, Local: ip.Point.explain(), LocalExplain: ip.Point.explainTarget()}, nil
+		return &Command{rc: rc, Local: ip.Point.explain(), LocalExplain: ip.Point.explainTarget()}, nil
 	}
 	idx, d := bsoncore.AppendDocumentStart(nil)
 	d = bsoncore.AppendDocumentElement(d, "explain", ip.Command)
@@ -304,12 +304,12 @@ func planExplain(rc *query.Ctx, body bsoncore.Document, opts ReadOptions) (*Read
 	d = bsonutil.AppendElems(d, bsonutil.Pick(body, query.Carried))
 	d = bsoncore.AppendStringElement(d, "$db", rc.Rule.DB)
 	d, _ = bsoncore.AppendDocumentEnd(d, idx)
-	return &ReadPlan{rc: rc, Passthrough: true, Command: d}, nil
+	return &Command{rc: rc, Passthrough: true, Command: d}, nil
 }
 
 // Feed takes one upstream reply of a Drain plan and returns the getMore to
 // send next, or nil when the plan has all it needs (then call Result).
-func (p *ReadPlan) Feed(reply []byte) []byte {
+func (p *Command) Feed(reply []byte) []byte {
 	doc := bsoncore.Document(reply)
 	if p.drain == nil {
 		return nil
@@ -351,7 +351,7 @@ func (p *ReadPlan) Feed(reply []byte) []byte {
 
 // DrainCursor is the upstream cursor a Drain plan left open (after an
 // error or a refusal), to be killed; 0 if none.
-func (p *ReadPlan) Result() []byte {
+func (p *Command) Result() []byte {
 	if p.drain == nil {
 		return mongoerr.Reply(mongoerr.Errorf(mongoerr.InternalError, "not a drained read"))
 	}

@@ -129,9 +129,9 @@ func TestProjection(t *testing.T) {
 	}
 }
 
-func rdPlan(t testing.TB, caps caps.Upstream, cmd D) (*ReadPlan, error) {
+func rdPlan(t testing.TB, caps caps.Upstream, cmd D) (*Command, error) {
 	t.Helper()
-	return PlanRead(rwtest.Doc(t, append(cmd, E{Key: "$db", Value: "iot"})), rwtest.Rule(), ReadOptions{Caps: caps})
+	return PlanRead(rwtest.Doc(t, append(cmd, E{Key: "$db", Value: "iot"})), rwtest.Rule(), Options{Caps: caps})
 }
 
 func TestFindRewrite(t *testing.T) {
@@ -355,7 +355,7 @@ func FuzzFindRewrite(f *testing.F) {
 	f.Add([]byte{5, 0, 0, 0, 0})
 	f.Fuzz(func(t *testing.T, body []byte) {
 		for _, caps := range []caps.Upstream{rwtest.FerretCaps, rwtest.MongoCaps} {
-			p, err := PlanRead(body, rwtest.Rule(), ReadOptions{Caps: caps})
+			p, err := PlanRead(body, rwtest.Rule(), Options{Caps: caps})
 			if err != nil {
 				_ = mongoerr.Reply(err)
 				continue
@@ -412,7 +412,7 @@ func FuzzFindRewrite(f *testing.F) {
 func TestCursorShapeOwnsItsBytes(t *testing.T) {
 	body := rwtest.Doc(t, D{{Key: "find", Value: "readings"}, {Key: "filter", Value: D{{Key: "sensorId", Value: "abc"}}},
 		{Key: "projection", Value: D{{Key: "sensorId", Value: 1}}}, {Key: "$db", Value: "iot"}})
-	p, err := PlanRead(body, rwtest.Rule(), ReadOptions{Caps: rwtest.FerretCaps})
+	p, err := PlanRead(body, rwtest.Rule(), Options{Caps: rwtest.FerretCaps})
 	if err != nil {
 		t.Fatal(err)
 	}

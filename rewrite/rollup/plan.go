@@ -15,8 +15,8 @@ import (
 // an event twice; a failed one leaves those events uncounted, and the plan
 // goes on with the others. Its result's reply is not the client's: it is
 // {ok: 1}, or an error naming the failed writes, for the proxy's log.
-func Plan(cmd rewrite.Command, rule *rules.Rule, reply []byte, opts RollupOptions) rewrite.Plan {
-	p, err := Rollups(cmd, rule, reply, opts)
+func Plan(cmd rewrite.Command, rule *rules.Rule, reply []byte, opts Options) rewrite.Plan {
+	p, err := Of(cmd, rule, reply, opts)
 	if err != nil {
 		return rewrite.Fail(mongoerr.Errorf(mongoerr.InternalError, "rollups not updated: %v", err))
 	}
@@ -27,7 +27,7 @@ func Plan(cmd rewrite.Command, rule *rules.Rule, reply []byte, opts RollupOption
 }
 
 type plan struct {
-	p      *RollupPlan
+	p      *Writes
 	next   int
 	failed []string
 }
@@ -40,7 +40,7 @@ func (r *plan) Next() (rewrite.Step, bool) {
 }
 
 func (r *plan) Feed(replies [][]byte) error {
-	if err := RollupReplyError(r.p.Commands[r.next], replies[0]); err != nil {
+	if err := ReplyError(r.p.Commands[r.next], replies[0]); err != nil {
 		r.failed = append(r.failed, fmt.Sprintf("command %d of %d: %v", r.next+1, len(r.p.Commands), err))
 	}
 	r.next++

@@ -16,7 +16,7 @@ import (
 )
 
 // RollupOptions are the inputs of Rollups that do not come from the client.
-type RollupOptions struct {
+type Options struct {
 	// MaxStatements bounds the statements of one update command (0: 1000).
 	// Use Caps.MaxUpdateStatements when it is set (FerretDB hangs on large
 	// update commands).
@@ -42,7 +42,7 @@ const (
 const defaultRollupStatements = 1000
 
 // RollupPlan is the rollup maintenance of one acknowledged insert.
-type RollupPlan struct {
+type Writes struct {
 	// Commands are complete update commands ("$db" included), one or more
 	// per resolution, finest resolution first.
 	Commands []bsoncore.Document
@@ -64,7 +64,7 @@ type RollupPlan struct {
 //
 // filtered by _id alone (the only filter FerretDB answers from an index).
 // It returns nil when the rule has no rollups or nothing was written.
-func Rollups(cmd rewrite.Command, rule *rules.Rule, reply []byte, opts RollupOptions) (*RollupPlan, error) {
+func Of(cmd rewrite.Command, rule *rules.Rule, reply []byte, opts Options) (*Writes, error) {
 	if rule == nil || len(rule.Rollups) == 0 {
 		return nil, nil
 	}
@@ -80,7 +80,7 @@ func Rollups(cmd rewrite.Command, rule *rules.Rule, reply []byte, opts RollupOpt
 // app inserted them (as a bucketed find returns them): the rebuild of
 // rollup collections from stored events. Events a rule would refuse are
 // left out (they are not stored either); skipped says how many.
-func RollupsOfEvents(rule *rules.Rule, docs [][]byte, opts RollupOptions) (plan *RollupPlan, skipped int, err error) {
+func OfEvents(rule *rules.Rule, docs [][]byte, opts Options) (plan *Writes, skipped int, err error) {
 	if rule == nil || len(rule.Rollups) == 0 {
 		return nil, 0, nil
 	}
@@ -108,7 +108,7 @@ func RollupsOfEvents(rule *rules.Rule, docs [][]byte, opts RollupOptions) (plan 
 // planRollups builds the commands counting written into every resolution
 // of the rule; body is the client's insert (for writeConcern and session
 // fields), or nil. It returns nil when there is nothing to count.
-func planRollups(body bsoncore.Document, rule *rules.Rule, lim bucket.Limits, written []bucket.Event, opts RollupOptions) *RollupPlan {
+func planRollups(body bsoncore.Document, rule *rules.Rule, lim bucket.Limits, written []bucket.Event, opts Options) *Writes {
 	if len(written) == 0 {
 		return nil
 	}
@@ -116,7 +116,7 @@ func planRollups(body bsoncore.Document, rule *rules.Rule, lim bucket.Limits, wr
 	if maxStmts <= 0 {
 		maxStmts = defaultRollupStatements
 	}
-	p := &RollupPlan{Events: len(written)}
+	p := &Writes{Events: len(written)}
 	retryable := opts.StmtIDs && rewrite.ReadSession(body).Retryable()
 	for r, res := range rule.Rollups {
 		stmts, firsts := rollupStatements(written, rule, lim, res)
@@ -139,7 +139,7 @@ func planRollups(body bsoncore.Document, rule *rules.Rule, lim bucket.Limits, wr
 // type and bytes like BucketKey.Meta) and period start in the rollup
 // collection rollupNS: BucketID's family with seq 0, so a series and period
 // names its document and a reader can compute it.
-func RollupID(rollupNS string, meta bsoncore.Value, startMillis int64) bson.ObjectID {
+func ID(rollupNS string, meta bsoncore.Value, startMillis int64) bson.ObjectID {
 	return bucket.ID(rollupNS, meta, startMillis, 0)
 }
 
@@ -149,7 +149,7 @@ func RollupID(rollupNS string, meta bsoncore.Value, startMillis int64) bson.Obje
 // reply names every planned event that was not written, so this is exact.
 // A command error reply (ok: 0) means nothing was written.
 func acknowledgedEvents(cmd rewrite.Command, rule *rules.Rule, reply bsoncore.Document) ([]bucket.Event, error) {
-	lim, docs, ordered, err := insert.CheckInsert(cmd, rule)
+	lim, docs, ordered, err := insert.Check(cmd, rule)
 	if err != nil {
 		return nil, err
 	}
@@ -206,7 +206,7 @@ func rollupStatements(events []bucket.Event, rule *rules.Rule, lim bucket.Limits
 	firsts := make([]int, 0, len(order))
 	for _, key := range order {
 		g := groups[key]
-		out = append(out, rollupStatement(RollupID(ns, g.evs[0].Meta, g.start), g.start, g.evs, rule, lim))
+		out = append(out, rollupStatement(ID(ns, g.evs[0].Meta, g.start), g.start, g.evs, rule, lim))
 		firsts = append(firsts, g.evs[0].Index)
 	}
 	return out, firsts
@@ -290,7 +290,7 @@ func rollupCommand(body bsoncore.Document, rule *rules.Rule, res time.Duration, 
 // RollupReplyError reads the reply to one rollup command: nil when every
 // statement was applied, else an error naming the collection and the first
 // failure.
-func RollupReplyError(cmd, reply []byte) error {
+func ReplyError(cmd, reply []byte) error {
 	coll, _ := bsoncore.Document(cmd).Lookup("update").StringValueOK()
 	r := bsoncore.Document(reply)
 	if err := r.Validate(); err != nil {

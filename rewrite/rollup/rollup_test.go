@@ -29,7 +29,7 @@ func rid(label string, meta any, start int64) bson.ObjectID {
 		t, data, _ := bson.MarshalValue(meta)
 		v = bsoncore.Value{Type: bsoncore.Type(t), Data: data}
 	}
-	return RollupID("iot.readings.rollup_"+label, v, start)
+	return ID("iot.readings.rollup_"+label, v, start)
 }
 
 func rollupUpsert(label string, meta any, start int64, count int32, sum any, minT, maxT int64, minV, maxV any) bson.D {
@@ -80,7 +80,7 @@ func TestRollups(t *testing.T) {
 		rule   *rules.Rule
 		cmd    func(t *testing.T) rewrite.Command
 		reply  bson.D
-		opts   RollupOptions
+		opts   Options
 		events int
 		want   []bson.D
 	}{
@@ -171,7 +171,7 @@ func TestRollups(t *testing.T) {
 					bson.E{Key: "lsid", Value: bson.D{{Key: "id", Value: int32(1)}}}, bson.E{Key: "txnNumber", Value: int64(4)})
 			},
 			reply:  okReply(3),
-			opts:   RollupOptions{MaxStatements: 2},
+			opts:   Options{MaxStatements: 2},
 			events: 3,
 			want: []bson.D{
 				rollupUpdate("1m", []bson.D{
@@ -191,7 +191,7 @@ func TestRollups(t *testing.T) {
 					bson.E{Key: "lsid", Value: bson.D{{Key: "id", Value: int32(1)}}}, bson.E{Key: "txnNumber", Value: int64(4)})
 			},
 			reply:  okReply(3),
-			opts:   RollupOptions{StmtIDs: true},
+			opts:   Options{StmtIDs: true},
 			events: 3,
 			want: []bson.D{
 				rollupUpdate("1m", []bson.D{
@@ -247,7 +247,7 @@ func TestRollups(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			p, err := Rollups(tc.cmd(t), tc.rule, rwtest.Doc(t, tc.reply), tc.opts)
+			p, err := Of(tc.cmd(t), tc.rule, rwtest.Doc(t, tc.reply), tc.opts)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -275,7 +275,7 @@ func TestRollups(t *testing.T) {
 
 func TestRollupsBadCommand(t *testing.T) {
 	cmd := rewrite.Command{Body: rwtest.Doc(t, bson.D{{Key: "insert", Value: "other"}, {Key: "documents", Value: bson.A{}}, {Key: "$db", Value: "iot"}})}
-	_, err := Rollups(cmd, rollupRule(time.Hour), rwtest.Doc(t, okReply(0)), RollupOptions{})
+	_, err := Of(cmd, rollupRule(time.Hour), rwtest.Doc(t, okReply(0)), Options{})
 	if err == nil || !strings.Contains(err.Error(), "rollups iot.readings") {
 		t.Fatalf("err = %v", err)
 	}
@@ -292,7 +292,7 @@ func TestRollupReplyError(t *testing.T) {
 		{bson.D{{Key: "ok", Value: 0.0}, {Key: "errmsg", Value: "no"}, {Key: "code", Value: int32(13)}}, "rollup update of readings.rollup_1h: no (code 13)"},
 	}
 	for _, tc := range cases {
-		err := RollupReplyError(cmd, rwtest.Doc(t, tc.reply))
+		err := ReplyError(cmd, rwtest.Doc(t, tc.reply))
 		got := ""
 		if err != nil {
 			got = err.Error()
@@ -314,7 +314,7 @@ func TestRollupsOfEvents(t *testing.T) {
 		docs = append(docs, rwtest.Doc(t, e))
 	}
 	docs = append(docs, []byte{1, 2, 3}) // not BSON
-	p, skipped, err := RollupsOfEvents(rollupRule(time.Hour), docs, RollupOptions{})
+	p, skipped, err := OfEvents(rollupRule(time.Hour), docs, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,7 +324,7 @@ func TestRollupsOfEvents(t *testing.T) {
 	rwtest.AssertDoc(t, "rebuild", p.Commands[0], rollupUpdate("1h", []bson.D{
 		rollupUpsert("1h", "a", base, 2, int32(5), base+5, base+10, int32(2), int32(3)),
 	}))
-	if p, _, _ := RollupsOfEvents(rollupRule(), docs, RollupOptions{}); p != nil {
+	if p, _, _ := OfEvents(rollupRule(), docs, Options{}); p != nil {
 		t.Fatal("a rule without rollups planned commands")
 	}
 }

@@ -8,7 +8,7 @@ import (
 )
 
 // parseAfter accepts $sort on the output's fields, $skip and $limit.
-func (p *SummaryPlan) parseAfter(stages []read.PipelineStage) ([]summaryStage, bool) {
+func (p *Aggregation) parseAfter(stages []read.PipelineStage) ([]summaryStage, bool) {
 	var out []summaryStage
 	for _, st := range stages {
 		switch st.Name {
@@ -31,7 +31,7 @@ func (p *SummaryPlan) parseAfter(stages []read.PipelineStage) ([]summaryStage, b
 	return out, true
 }
 
-func (p *SummaryPlan) parseSort(v bsoncore.Value) ([]summarySortKey, bool) {
+func (p *Aggregation) parseSort(v bsoncore.Value) ([]summarySortKey, bool) {
 	elems, ok := docElems(v)
 	if !ok {
 		return nil, false
@@ -52,7 +52,7 @@ func (p *SummaryPlan) parseSort(v bsoncore.Value) ([]summarySortKey, bool) {
 }
 
 // outputPath reports whether path names a field the group outputs.
-func (p *SummaryPlan) outputPath(path []string) bool {
+func (p *Aggregation) outputPath(path []string) bool {
 	if path[0] == "_id" {
 		if len(path) == 1 {
 			return true

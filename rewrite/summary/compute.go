@@ -14,7 +14,7 @@ import (
 // Feed learns one reply to Command (or to a getMore) and returns the
 // getMore to send next, or nil when the buckets are all read. An upstream
 // error reply comes back as a *mongoerr.Error with the upstream's code.
-func (p *SummaryPlan) Feed(reply []byte) ([]byte, error) {
+func (p *Aggregation) Feed(reply []byte) ([]byte, error) {
 	docs, id, err := cursor.Docs(reply)
 	if err != nil {
 		return nil, err
@@ -37,7 +37,7 @@ func (p *SummaryPlan) Feed(reply []byte) ([]byte, error) {
 	return d, nil
 }
 
-func (p *SummaryPlan) readBucket(d bsoncore.Document) (bucketSummary, error) {
+func (p *Aggregation) readBucket(d bsoncore.Document) (bucketSummary, error) {
 	var b bucketSummary
 	st, ok := bsonutil.Lookup(d, bucket.FieldStart)
 	if !ok || st.Type != bsoncore.TypeDateTime {
@@ -67,7 +67,7 @@ func (p *SummaryPlan) readBucket(d bsoncore.Document) (bucketSummary, error) {
 // cannot give the exact answer (a null meta under a named _id part, sums
 // whose type the buckets do not pin down, group keys equal across types):
 // the proxy then plans the read with PlanRead instead.
-func (p *SummaryPlan) Result() (reply bsoncore.Document, ok bool, err error) {
+func (p *Aggregation) Result() (reply bsoncore.Document, ok bool, err error) {
 	groups, ok, err := p.groups()
 	if err != nil || !ok {
 		return nil, false, err
@@ -86,7 +86,7 @@ func (p *SummaryPlan) Result() (reply bsoncore.Document, ok bool, err error) {
 
 // groups folds the buckets into groups, sorted by _id. The error is
 // MongoDB's for events outside a $bucket's boundaries without a default.
-func (p *SummaryPlan) groups() ([]*groupState, bool, error) {
+func (p *Aggregation) groups() ([]*groupState, bool, error) {
 	byKey := map[string]*groupState{}
 	var list []*groupState
 	for i := range p.buckets {
@@ -125,7 +125,7 @@ func (p *SummaryPlan) groups() ([]*groupState, bool, error) {
 	return list, true, nil
 }
 
-func (p *SummaryPlan) newGroup(id bsoncore.Value) *groupState {
+func (p *Aggregation) newGroup(id bsoncore.Value) *groupState {
 	g := &groupState{id: id, sums: make([]sumState, len(p.group.accs)), ext: make([]bsoncore.Value, len(p.group.accs))}
 	for i := range g.sums {
 		g.sums[i].low = bucket.LowBitZero
@@ -133,7 +133,7 @@ func (p *SummaryPlan) newGroup(id bsoncore.Value) *groupState {
 	return g
 }
 
-func (p *SummaryPlan) groupID(b *bucketSummary) (bsoncore.Value, bool) {
+func (p *Aggregation) groupID(b *bucketSummary) (bsoncore.Value, bool) {
 	part := func(k summaryKey) (bsoncore.Value, bool) {
 		switch k.kind {
 		case keyMeta:
@@ -168,7 +168,7 @@ func (p *SummaryPlan) groupID(b *bucketSummary) (bsoncore.Value, bool) {
 	return bsoncore.Value{Type: bsoncore.TypeEmbeddedDocument, Data: bld.Build()}, true
 }
 
-func (p *SummaryPlan) addBucket(g *groupState, b *bucketSummary) bool {
+func (p *Aggregation) addBucket(g *groupState, b *bucketSummary) bool {
 	g.count += b.count
 	for i, a := range p.group.accs {
 		switch a.kind {
@@ -194,7 +194,7 @@ func (p *SummaryPlan) addBucket(g *groupState, b *bucketSummary) bool {
 	return true
 }
 
-func (p *SummaryPlan) output(g *groupState) (bsoncore.Document, bool) {
+func (p *Aggregation) output(g *groupState) (bsoncore.Document, bool) {
 	b := bsoncore.NewDocumentBuilder().AppendValue("_id", g.id)
 	for i, a := range p.group.accs {
 		switch a.kind {
@@ -224,7 +224,7 @@ func (p *SummaryPlan) output(g *groupState) (bsoncore.Document, bool) {
 }
 
 // applyAfter runs the $sort, $skip and $limit stages after the $group.
-func (p *SummaryPlan) applyAfter(docs []bsoncore.Document) []bsoncore.Document {
+func (p *Aggregation) applyAfter(docs []bsoncore.Document) []bsoncore.Document {
 	for _, st := range p.after {
 		switch st.name {
 		case "$sort":
@@ -244,7 +244,7 @@ func (p *SummaryPlan) applyAfter(docs []bsoncore.Document) []bsoncore.Document {
 	return docs
 }
 
-func (p *SummaryPlan) reply(docs []bsoncore.Document) (bsoncore.Document, bool, error) {
+func (p *Aggregation) reply(docs []bsoncore.Document) (bsoncore.Document, bool, error) {
 	size := 0
 	for _, d := range docs {
 		size += len(d)

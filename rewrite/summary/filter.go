@@ -11,7 +11,7 @@ import (
 // span), and the metaField equal to, or $in, plain values. Every event of
 // a selected bucket matches and no event of another bucket does, so the
 // summaries of the selected buckets are exactly the matched events'.
-func (p *SummaryPlan) bucketFilter(match bsoncore.Document) (bsoncore.Document, bool) {
+func (p *Aggregation) bucketFilter(match bsoncore.Document) (bsoncore.Document, bool) {
 	elems, err := match.Elements()
 	if err != nil {
 		return nil, false
@@ -41,7 +41,7 @@ func (p *SummaryPlan) bucketFilter(match bsoncore.Document) (bsoncore.Document, 
 	return b.Build(), true
 }
 
-func (p *SummaryPlan) timeRange(v bsoncore.Value) (bsoncore.Document, bool) {
+func (p *Aggregation) timeRange(v bsoncore.Value) (bsoncore.Document, bool) {
 	elems, ok := docElems(v)
 	if !ok {
 		return nil, false
@@ -100,7 +100,7 @@ func plainScalar(t bsoncore.Type) bool {
 
 // findCommand reads the summaries of the selected buckets, never their
 // events: a plain inclusion projection, which FerretDB supports.
-func (p *SummaryPlan) findCommand(filter bsoncore.Document, carried []bsoncore.Element) []byte {
+func (p *Aggregation) findCommand(filter bsoncore.Document, carried []bsoncore.Element) []byte {
 	proj := bsoncore.NewDocumentBuilder().
 		AppendInt32(bucket.FieldMeta, 1).
 		AppendInt32(bucket.FieldStart, 1).

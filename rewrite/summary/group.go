@@ -7,7 +7,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
-func (p *SummaryPlan) parseGroup(v bsoncore.Value) (summaryGroup, bool) {
+func (p *Aggregation) parseGroup(v bsoncore.Value) (summaryGroup, bool) {
 	var g summaryGroup
 	elems, ok := docElems(v)
 	if !ok || len(elems) < 2 || elems[0].Key() != "_id" {
@@ -21,7 +21,7 @@ func (p *SummaryPlan) parseGroup(v bsoncore.Value) (summaryGroup, bool) {
 }
 
 // parseAccs parses the output fields of a $group or $bucket.
-func (p *SummaryPlan) parseAccs(elems []bsoncore.Element) ([]summaryAcc, bool) {
+func (p *Aggregation) parseAccs(elems []bsoncore.Element) ([]summaryAcc, bool) {
 	accs := make([]summaryAcc, 0, len(elems))
 	seen := map[string]bool{}
 	for _, e := range elems {
@@ -48,7 +48,7 @@ func plainName(s string) bool {
 // window edges], default?: <constant outside them>, output?: {...}}: every
 // bucket then falls in one range (or none), as a whole. Without output,
 // MongoDB outputs {count: {$sum: 1}}.
-func (p *SummaryPlan) parseBucket(v bsoncore.Value) (summaryGroup, bool) {
+func (p *Aggregation) parseBucket(v bsoncore.Value) (summaryGroup, bool) {
 	var g summaryGroup
 	elems, ok := docElems(v)
 	if !ok {
@@ -91,7 +91,7 @@ func (p *SummaryPlan) parseBucket(v bsoncore.Value) (summaryGroup, bool) {
 }
 
 // bucketEdges accepts at least two ascending dates, each a window edge.
-func (p *SummaryPlan) bucketEdges(v bsoncore.Value) ([]int64, bool) {
+func (p *Aggregation) bucketEdges(v bsoncore.Value) ([]int64, bool) {
 	arr, ok := v.ArrayOK()
 	if !ok {
 		return nil, false
@@ -139,7 +139,7 @@ func (r bucketRanges) rangeOf(start int64) (bsoncore.Value, bool) {
 
 // parseGroupID accepts null, "$<metaField>", {$dateTrunc: ...}, or a
 // document of named "$<metaField>" and $dateTrunc parts.
-func (p *SummaryPlan) parseGroupID(v bsoncore.Value) ([]summaryKey, bool) {
+func (p *Aggregation) parseGroupID(v bsoncore.Value) ([]summaryKey, bool) {
 	if v.Type == bsoncore.TypeNull {
 		return []summaryKey{{kind: keyNull}}, true
 	}
@@ -166,7 +166,7 @@ func (p *SummaryPlan) parseGroupID(v bsoncore.Value) ([]summaryKey, bool) {
 	return keys, true
 }
 
-func (p *SummaryPlan) parseKeyPart(v bsoncore.Value) (summaryKey, bool) {
+func (p *Aggregation) parseKeyPart(v bsoncore.Value) (summaryKey, bool) {
 	if s, ok := v.StringValueOK(); ok {
 		return summaryKey{kind: keyMeta}, p.rule.MetaField != "" && s == "$"+p.rule.MetaField
 	}
@@ -181,7 +181,7 @@ func (p *SummaryPlan) parseKeyPart(v bsoncore.Value) (summaryKey, bool) {
 	return summaryKey{kind: keyTrunc, trunc: dt}, true
 }
 
-func (p *SummaryPlan) parseAcc(out string, v bsoncore.Value) (summaryAcc, bool) {
+func (p *Aggregation) parseAcc(out string, v bsoncore.Value) (summaryAcc, bool) {
 	acc := summaryAcc{out: out}
 	e, ok := singleElem(v)
 	if !ok {
@@ -223,7 +223,7 @@ func (p *SummaryPlan) parseAcc(out string, v bsoncore.Value) (summaryAcc, bool) 
 
 // fieldRef accepts "$<aggregate field>" (undotted, as the bucket keeps
 // it under sum/min/max), and "$<timeField>" when withTime (min/max keep it).
-func (p *SummaryPlan) fieldRef(v bsoncore.Value, withTime bool) (string, bool) {
+func (p *Aggregation) fieldRef(v bsoncore.Value, withTime bool) (string, bool) {
 	s, ok := v.StringValueOK()
 	if !ok || !strings.HasPrefix(s, "$") || strings.HasPrefix(s, "$$") {
 		return "", false

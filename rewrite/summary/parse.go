@@ -12,7 +12,7 @@ import (
 // Command, feeds every reply to Feed (sending the getMore it returns until
 // nil) and then answers with Result; when Result says the summaries are not
 // exact for the data found, the proxy plans the read with PlanRead instead.
-type SummaryPlan struct {
+type Aggregation struct {
 	Command []byte
 
 	rule      *rules.Rule
@@ -83,7 +83,7 @@ type summarySortKey struct {
 
 // PlanSummary returns the plan that answers body from bucket summaries,
 // or false when body is not an aggregate of a shape they answer exactly.
-func PlanSummary(body []byte, rule *rules.Rule, opts read.ReadOptions) (*SummaryPlan, bool) {
+func PlanAggregation(body []byte, rule *rules.Rule, opts read.Options) (*Aggregation, bool) {
 	if rule == nil || (rule.Layout != "" && rule.Layout != rules.LayoutEvents) || rule.SpanMillis() <= 0 {
 		return nil, false
 	}
@@ -102,7 +102,7 @@ func PlanSummary(body []byte, rule *rules.Rule, opts read.ReadOptions) (*Summary
 	if !ok || len(stages) == 0 {
 		return nil, false
 	}
-	p := &SummaryPlan{rule: rule, span: rule.SpanMillis(), batchSize: batchSize}
+	p := &Aggregation{rule: rule, span: rule.SpanMillis(), batchSize: batchSize}
 	var filter bsoncore.Document
 	if stages[0].Name == "$match" {
 		d, ok := stages[0].Value.DocumentOK()

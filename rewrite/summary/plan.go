@@ -12,8 +12,8 @@ import (
 // and sum, on every upstream alike; otherwise, when the aggregate is not
 // of that shape or the buckets found leave the answer ambiguous, it runs
 // the plan otherwise builds.
-func Plan(body []byte, rule *rules.Rule, opts read.ReadOptions, otherwise func() rewrite.Plan) rewrite.Plan {
-	p, ok := PlanSummary(body, rule, opts)
+func Plan(body []byte, rule *rules.Rule, opts read.Options, otherwise func() rewrite.Plan) rewrite.Plan {
+	p, ok := PlanAggregation(body, rule, opts)
 	if !ok {
 		return otherwise()
 	}
@@ -29,7 +29,7 @@ func Plan(body []byte, rule *rules.Rule, opts read.ReadOptions, otherwise func()
 // plan reads the buckets' summaries (the find and its getMores), then
 // computes the groups.
 type plan struct {
-	p        *SummaryPlan
+	p        *Aggregation
 	next     []byte
 	res      rewrite.Result
 	fallBack bool

@@ -104,7 +104,7 @@ func TestPlanSummaryShapes(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			p, ok := PlanSummary(sumCmd(t, c.pipeline, c.extra...), sumRule(), read.ReadOptions{})
+			p, ok := PlanAggregation(sumCmd(t, c.pipeline, c.extra...), sumRule(), read.Options{})
 			if ok != c.ok {
 				t.Fatalf("accepted %v, want %v", ok, c.ok)
 			}
@@ -116,7 +116,7 @@ func TestPlanSummaryShapes(t *testing.T) {
 	// Not an events rule, or no rule aggregates: never.
 	r := sumRule()
 	r.Layout = rules.LayoutCounter
-	if _, ok := PlanSummary(sumCmd(t, A{hourSum}), r, read.ReadOptions{}); ok {
+	if _, ok := PlanAggregation(sumCmd(t, A{hourSum}), r, read.Options{}); ok {
 		t.Fatal("counter layout accepted")
 	}
 }
@@ -133,7 +133,7 @@ func bucketStage(more D, edges ...int64) D {
 func TestSummaryFindCommand(t *testing.T) {
 	day := time.Date(2026, 1, 5, 0, 0, 0, 0, time.UTC).UnixMilli()
 	f := D{{Key: "ts", Value: D{{Key: "$gte", Value: rwtest.DT(day)}, {Key: "$lt", Value: rwtest.DT(day + 2*rwtest.Hour)}}}, {Key: "sensorId", Value: "s1"}}
-	p, ok := PlanSummary(sumCmd(t, A{D{{Key: "$match", Value: f}}, grp(trunc("hour"), acc("s", "$sum", "$v"))}, E{Key: "maxTimeMS", Value: 500}), sumRule(), read.ReadOptions{})
+	p, ok := PlanAggregation(sumCmd(t, A{D{{Key: "$match", Value: f}}, grp(trunc("hour"), acc("s", "$sum", "$v"))}, E{Key: "maxTimeMS", Value: 500}), sumRule(), read.Options{})
 	if !ok {
 		t.Fatal("refused")
 	}
@@ -243,7 +243,7 @@ func runSummary(t *testing.T, pipeline A, batches ...A) (string, bool) {
 
 func runSummaryErr(t *testing.T, pipeline A, batches ...A) (string, bool, error) {
 	t.Helper()
-	p, ok := PlanSummary(sumCmd(t, pipeline), sumRule(), read.ReadOptions{})
+	p, ok := PlanAggregation(sumCmd(t, pipeline), sumRule(), read.Options{})
 	if !ok {
 		t.Fatal("refused")
 	}
