@@ -20,7 +20,11 @@ type Sequence struct {
 	Documents  []bsoncore.Document
 }
 
-// Command is an OP_MSG command as the client sent it.
+// Command is an OP_MSG command as the client sent it. Its body and every
+// sequence document have passed wire.ValidateDocument (wire.Msg.Decode
+// checks each section), as have the upstream replies fed to plans: the
+// rewrite reads them without validating again, so callers outside the
+// proxy (tests, fuzz targets) validate first.
 type Command struct {
 	Body      bsoncore.Document
 	Sequences []Sequence
@@ -45,20 +49,11 @@ func CommandDocuments(cmd Command, name string) ([]bsoncore.Document, error) {
 	case hasBody && seq != nil:
 		return nil, mongoerr.Errorf(mongoerr.BadValue, "field %q is both in the body and in a document sequence", name)
 	case seq != nil:
-		return sequenceDocuments(seq)
+		return seq.Documents, nil
 	case hasBody:
 		return ArrayDocuments(inBody, name)
 	}
 	return nil, mongoerr.Errorf(mongoerr.BadValue, "missing field %q", name)
-}
-
-func sequenceDocuments(seq *Sequence) ([]bsoncore.Document, error) {
-	for i, d := range seq.Documents {
-		if err := bsonutil.Validate(d, 1); err != nil {
-			return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "document sequence %q document %d is not valid BSON: %v", seq.Identifier, i, err)
-		}
-	}
-	return seq.Documents, nil
 }
 
 func ArrayDocuments(v bsoncore.Value, name string) ([]bsoncore.Document, error) {

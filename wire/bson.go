@@ -2,6 +2,7 @@ package wire
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -43,16 +44,17 @@ func readDocNamed(src []byte, what docName) (doc, rem []byte, err error) {
 	if !ok {
 		return nil, src, malformed("truncated %s: document length %d but %d bytes left", what, n, len(src))
 	}
-	if err := validateDoc(d); err != nil {
+	if err := ValidateDocument(d); err != nil {
 		return nil, src, malformed("invalid BSON in %s: %w", what, err)
 	}
 	return d, rem, nil
 }
 
-// validateDoc validates a document whose length prefix equals len(d):
+// ValidateDocument validates a document whose length prefix equals len(d):
 // the driver's Validate, then a walk of every element for what Validate
-// does not check (nesting depth, strings ending in their NUL byte).
-func validateDoc(d []byte) error {
+// does not check (nesting depth, strings ending in their NUL byte). Every
+// document of a decoded message has passed it.
+func ValidateDocument(d []byte) error {
 	if err := bsoncore.Document(d).Validate(); err != nil {
 		return err
 	}
@@ -63,39 +65,50 @@ func validateDoc(d []byte) error {
 // more than max levels deep, or holds a string (also JavaScript code,
 // symbol, DBPointer) whose last byte is not the NUL the BSON spec requires:
 // the driver's Validate accepts those, and servers drop the connection on
-// them. It walks iteratively, so an adversarial document cannot exhaust the
-// stack. d must already have passed Validate.
+// them, or nests a document, array or scope that is not itself valid (the
+// driver's Validate checks one level). It walks iteratively, so an
+// adversarial document cannot exhaust the stack. d must already have
+// passed Validate.
 func walkDoc(d []byte, max int) error {
 	stack := make([][]byte, 0, 16)
 	stack = append(stack, d[4:len(d)-1])
 	for len(stack) > 0 {
 		top := len(stack) - 1
-		elem, rem, ok := bsoncore.ReadElement(stack[top])
-		if !ok {
+		if len(stack[top]) == 0 {
 			stack = stack[:top]
 			continue
+		}
+		elem, rem, ok := bsoncore.ReadElement(stack[top])
+		if !ok {
+			return errors.New("malformed element")
 		}
 		stack[top] = rem
 		var inner []byte
 		switch v := elem.Value(); v.Type {
-		case bsoncore.TypeEmbeddedDocument:
-			inner, _ = v.DocumentOK()
-		case bsoncore.TypeArray:
-			a, _ := v.ArrayOK()
-			inner = a
+		case bsoncore.TypeEmbeddedDocument, bsoncore.TypeArray:
+			inner = v.Data
 		case bsoncore.TypeCodeWithScope:
 			if len(v.Data) < 8 || !nulTerminated(v.Data[4:]) {
 				return fmt.Errorf("field %q: code string without its terminating NUL", elem.Key())
 			}
-			_, inner, _ = v.CodeWithScopeOK()
+			_, scope, ok := v.CodeWithScopeOK()
+			if !ok {
+				return fmt.Errorf("field %q: malformed code with scope", elem.Key())
+			}
+			inner = scope
 		case bsoncore.TypeString, bsoncore.TypeJavaScript, bsoncore.TypeSymbol, bsoncore.TypeDBPointer:
 			if !nulTerminated(v.Data) {
 				return fmt.Errorf("field %q: string without its terminating NUL", elem.Key())
 			}
 		}
-		if len(inner) >= 5 {
+		if inner != nil {
 			if len(stack) >= max {
 				return fmt.Errorf("documents nested more than %d levels deep", max)
+			}
+			// Validate checks one level: its elements' types and lengths
+			// and its terminator; the walk does the levels below.
+			if err := bsoncore.Document(inner).Validate(); err != nil {
+				return fmt.Errorf("field %q: %w", elem.Key(), err)
 			}
 			stack = append(stack, inner[4:len(inner)-1])
 		}

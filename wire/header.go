@@ -19,9 +19,11 @@ const HeaderLen = 16
 const MaxDocLen = 16*1024*1024 + 16*1024
 
 // MaxDepth is the deepest nesting of documents and arrays accepted in a BSON
-// document (MongoDB itself refuses more than 200 levels). It keeps recursive
-// BSON code, here and in callers, from exhausting the stack.
-const MaxDepth = 256
+// document: MongoDB's own limit (maxBSONDepth). Every document the proxy
+// reads, from a client or from the upstream, is checked against it here,
+// once; the rewrite's recursive code relies on it and bounds its recursion
+// by the same constant.
+const MaxDepth = 200
 
 // OpCode is a wire-protocol opcode.
 type OpCode int32

@@ -84,6 +84,8 @@ func TestMsgDecodeBad(t *testing.T) {
 	d1 := mdoc(t, D("_id", 1))
 	badBSON := append([]byte(nil), d1...)
 	badBSON[4] = 0x7f // unknown element type
+	badNested := mdoc(t, D("ts", 1, "m", D("x", int32(1))))
+	badNested[len(badNested)-2-4-2-1] = 0x77 // the inner element's type byte: an unknown type
 	big := u32(MaxDocLen + 1)
 
 	okFrame := frame(OpMsg, 1, 0, u32(0), kind0(body))
@@ -123,6 +125,7 @@ func TestMsgDecodeBad(t *testing.T) {
 		{"sequence also a body field", frame(OpMsg, 1, 0, u32(0), kind0(withDocs), kind1("documents", d1)), `OP_MSG: document sequence "documents" also a field of the body`, false},
 		{"duplicate sequence", frame(OpMsg, 1, 0, u32(0), kind0(body), kind1("documents", d1), kind1("documents", d1)), `document sequence "documents" appears twice`, false},
 		{"invalid BSON in body", frame(OpMsg, 1, 0, u32(0), kind0(badBSON)), "OP_MSG: invalid BSON in body: ", false},
+		{"invalid nested BSON in sequence", frame(OpMsg, 1, 0, u32(0), kind0(body), kind1("documents", d1, badNested)), `OP_MSG: document 1: invalid BSON in document sequence "documents"`, false},
 		{"invalid BSON in sequence", frame(OpMsg, 1, 0, u32(0), kind0(body), kind1("documents", d1, badBSON)), `OP_MSG: document 1: invalid BSON in document sequence "documents"`, false},
 		{"body missing terminator", frame(OpMsg, 1, 0, u32(0), kind0(append(u32(6), 0x0a, 0))), "invalid BSON in body", false},
 		{"truncated body", frame(OpMsg, 1, 0, u32(0), kind0(body[:len(body)-3])), "truncated body", false},
@@ -136,7 +139,7 @@ func TestMsgDecodeBad(t *testing.T) {
 		{"partial document in sequence", frame(OpMsg, 1, 0, u32(0), kind0(body), kind1("documents", d1, d1[:6])), `truncated document sequence "documents"`, false},
 		{"empty identifier", frame(OpMsg, 1, 0, u32(0), kind0(body), kind1("", d1)), "document sequence with empty identifier", false},
 		{"unterminated identifier", frame(OpMsg, 1, 0, u32(0), kind0(body), unterminated), "identifier not NUL-terminated", false},
-		{"nested too deep", frame(OpMsg, 1, 0, u32(0), kind0(nested(MaxDepth+1))), "nested more than 256 levels", false},
+		{"nested too deep", frame(OpMsg, 1, 0, u32(0), kind0(nested(MaxDepth+1))), "nested more than 200 levels", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var m Msg

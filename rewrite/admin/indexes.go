@@ -66,9 +66,6 @@ func endAdmin(idx int32, d []byte, body bsoncore.Document, rule *rules.Rule) []b
 // change what a plain bucket collection is are refused.
 func PlanCreate(body []byte, rule *rules.Rule) ([]byte, error) {
 	doc := bsoncore.Document(body)
-	if err := bsonutil.Validate(doc, 1); err != nil {
-		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "create is not valid BSON: %v", err)
-	}
 	if err := query.CheckTarget(doc, rule, "create"); err != nil {
 		return nil, err
 	}
@@ -173,9 +170,6 @@ func translateIndexKey(rule *rules.Rule, key bsoncore.Document) (bsoncore.Docume
 // PlanCreateIndexes maps createIndexes to the bucket collection.
 func PlanCreateIndexes(body []byte, rule *rules.Rule) ([]byte, error) {
 	doc := bsoncore.Document(body)
-	if err := bsonutil.Validate(doc, 1); err != nil {
-		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "createIndexes is not valid BSON: %v", err)
-	}
 	if err := query.CheckTarget(doc, rule, "createIndexes"); err != nil {
 		return nil, err
 	}
@@ -260,9 +254,6 @@ func translateIndexSpec(rule *rules.Rule, spec bsoncore.Document) (bsoncore.Docu
 // reply with ListIndexesReply.
 func PlanListIndexes(body []byte, rule *rules.Rule) ([]byte, error) {
 	doc := bsoncore.Document(body)
-	if err := bsonutil.Validate(doc, 1); err != nil {
-		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "listIndexes is not valid BSON: %v", err)
-	}
 	if err := query.CheckTarget(doc, rule, "listIndexes"); err != nil {
 		return nil, err
 	}
@@ -364,9 +355,6 @@ func Reply(reply []byte, rule *rules.Rule) []byte {
 // creates it again (DropIndexesPlan.Recreate).
 func PlanDropIndexes(body []byte, rule *rules.Rule) (cmd []byte, recreate bool, err error) {
 	doc := bsoncore.Document(body)
-	if err := bsonutil.Validate(doc, 1); err != nil {
-		return nil, false, mongoerr.Errorf(mongoerr.InvalidBSON, "dropIndexes is not valid BSON: %v", err)
-	}
 	if err := query.CheckTarget(doc, rule, "dropIndexes"); err != nil {
 		return nil, false, err
 	}

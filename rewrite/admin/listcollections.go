@@ -43,9 +43,6 @@ func PlanListCollections(body []byte, db string, rs []*rules.Rule) (*ListCollect
 // collection; see rewrite/partition.go), shown under the app's name.
 func PlanListCollectionsPartitioned(body []byte, db string, rs []*rules.Rule, firstPartition map[string]string) (*ListCollectionsPlan, error) {
 	doc := bsoncore.Document(body)
-	if err := bsonutil.Validate(doc, 0); err != nil {
-		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "listCollections is not valid BSON: %v", err)
-	}
 	p := &ListCollectionsPlan{db: db, byBucket: map[string]*rules.Rule{}, byApp: map[string]*rules.Rule{}, firstPartition: firstPartition}
 	for _, r := range rs {
 		p.byBucket[r.BucketCollection] = r

@@ -4,54 +4,15 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/tsproxy/tsproxy/wire"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
-// MaxDepth bounds document nesting, like the server's own limit,
-// so validation of hostile input cannot recurse without end.
-const MaxDepth = 200
-
-// Validate checks that doc, and every document, array and scope
-// nested in it, is well-formed BSON. bsoncore's Validate checks only the
-// outer layer; the rewrite reads and copies nested values, so it checks
-// all of them once, up front.
-func Validate(doc []byte, depth int) error {
-	if depth > MaxDepth {
-		return fmt.Errorf("nested deeper than %d levels", MaxDepth)
-	}
-	if err := bsoncore.Document(doc).Validate(); err != nil {
-		return err
-	}
-	// Walked without Elements(), which allocates a slice per document:
-	// this runs on every event of every bucketed insert.
-	rem := doc[4 : len(doc)-1] // Validate checked the length and terminator
-	for len(rem) > 0 {
-		e, rest, ok := bsoncore.ReadElement(rem)
-		if !ok {
-			return bsoncore.ErrElementMissingKey
-		}
-		rem = rest
-		if err := validateNestedValue(e.Value(), depth); err != nil {
-			return fmt.Errorf("field %q: %w", e.Key(), err)
-		}
-	}
-	return nil
-}
-
-func validateNestedValue(v bsoncore.Value, depth int) error {
-	switch v.Type {
-	case bsoncore.TypeEmbeddedDocument, bsoncore.TypeArray:
-		return Validate(v.Data, depth+1)
-	case bsoncore.TypeCodeWithScope:
-		_, scope, ok := v.CodeWithScopeOK()
-		if !ok {
-			return fmt.Errorf("malformed code with scope")
-		}
-		return Validate(scope, depth+1)
-	}
-	return nil
-}
+// MaxDepth bounds the recursion of code that walks documents: the wire
+// package's limit, which every document has passed before it gets here.
+const MaxDepth = wire.MaxDepth
 
 // Lookup returns the first top-level field named key, without
 // descending into dotted paths (bsoncore's Lookup would not either, but

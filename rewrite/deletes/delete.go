@@ -238,9 +238,6 @@ func (st *Statement) NewCandidates() *Candidates {
 // Edit computes the bucket that remains of bucket once the candidate's
 // matched events are removed; limitOne removes at most one.
 func (p *DeletePlan) Edit(c *Candidate, bdoc bsoncore.Document, limitOne bool) (BucketEdit, error) {
-	if err := bsonutil.Validate(bdoc, 1); err != nil {
-		return BucketEdit{}, mongoerr.Errorf(mongoerr.InternalError, "bucket %s is not valid BSON: %v", c.ID.Hex(), err)
-	}
 	meta, start, err := bucket.KeyFields(bdoc)
 	if err != nil {
 		return BucketEdit{}, err

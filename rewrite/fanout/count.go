@@ -27,9 +27,6 @@ func PlanCountSum(body []byte, rule *rules.Rule) (*CountSum, error) {
 		return nil, err
 	}
 	doc := bsoncore.Document(body)
-	if err := bsonutil.Validate(doc, 0); err != nil {
-		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "tsproxy rule %s: command is not valid BSON: %v", rc.NS, err)
-	}
 	c := &CountSum{}
 	if c.skip, c.limit, err = rc.ReadCountPaging(doc); err != nil {
 		return nil, err
@@ -136,9 +133,6 @@ type GroupCountSum struct {
 // false for any other aggregate.
 func PlanGroupCountSum(body []byte, rule *rules.Rule) (*GroupCountSum, bool) {
 	doc := bsoncore.Document(body)
-	if bsonutil.Validate(doc, 0) != nil {
-		return nil, false
-	}
 	arr, ok := doc.Lookup("pipeline").ArrayOK()
 	if !ok {
 		return nil, false

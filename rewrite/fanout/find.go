@@ -47,9 +47,6 @@ func PlanFindMerge(body []byte, rule *rules.Rule) (*FindMerge, error) {
 		return nil, err
 	}
 	doc := bsoncore.Document(body)
-	if err := bsonutil.Validate(doc, 0); err != nil {
-		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "tsproxy rule %s: command is not valid BSON: %v", rc.NS, err)
-	}
 	pg, err := rc.ReadFindPaging(doc)
 	if err != nil {
 		return nil, err

@@ -32,9 +32,6 @@ type InsertPart struct {
 // whole, in the partition of now, for the insert path to refuse.
 func SplitInsert(cmd rewrite.Command, rule *rules.Rule, now int64) (parts []InsertPart, ordered bool) {
 	whole := []InsertPart{{Collection: rule.PartitionCollection(now), Command: cmd}}
-	if err := bsonutil.Validate(cmd.Body, 0); err != nil {
-		return whole, true
-	}
 	docs, err := rewrite.CommandDocuments(cmd, "documents")
 	if err != nil || len(docs) == 0 {
 		return whole, true

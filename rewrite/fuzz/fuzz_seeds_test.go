@@ -7,8 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
-
 	"github.com/tsproxy/tsproxy/wire"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -103,7 +101,7 @@ func mustValid(t *testing.T, what string, b []byte) {
 	if b == nil {
 		return
 	}
-	if err := bsonutil.Validate(b, 0); err != nil {
+	if err := wire.ValidateDocument(b); err != nil {
 		t.Fatalf("%s is not valid BSON: %v\n%q", what, err, b)
 	}
 }

@@ -147,9 +147,6 @@ func Check(cmd rewrite.Command, rule *rules.Rule) (bucket.Limits, []bsoncore.Doc
 	if err != nil {
 		return lim, nil, false, err
 	}
-	if err := bsonutil.Validate(cmd.Body, 0); err != nil {
-		return lim, nil, false, mongoerr.Errorf(mongoerr.InvalidBSON, "command is not valid BSON: %v", err)
-	}
 	if err := checkInsertTarget(cmd.Body, rule); err != nil {
 		return lim, nil, false, err
 	}

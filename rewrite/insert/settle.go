@@ -51,14 +51,6 @@ func (p *Commands) readReply(i int, reply bsoncore.Document) commandOutcome {
 		}
 		return out
 	}
-	if err := bsonutil.Validate(reply, 0); err != nil {
-		out.cmdErr = &UpstreamError{Code: mongoerr.InternalError, codeName: mongoerr.InternalError.Name(),
-			Msg: fmt.Sprintf("tsproxy rule %s: malformed reply from the upstream: %v", p.namespace, err)}
-		for j := range out.stmts {
-			out.stmts[j].state = stmtUnknown
-		}
-		return out
-	}
 	out.wce, _ = bsonutil.Lookup(reply, "writeConcernError")
 	out.labels, _ = bsonutil.Lookup(reply, "errorLabels")
 	if !mongoerr.IsOK(reply) {

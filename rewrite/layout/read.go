@@ -68,9 +68,6 @@ func (r *Read) unsupported(format string, args ...any) error {
 // PlanLayoutRead plans a find, aggregate or count on a counter or slots
 // rule; other commands are refused with an error naming the rule.
 func PlanRead(body bsoncore.Document, rule *rules.Rule) (*Read, error) {
-	if err := bsonutil.Validate(body, 0); err != nil {
-		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "command is not valid BSON: %v", err)
-	}
 	elems, err := body.Elements()
 	if err != nil || len(elems) == 0 {
 		return nil, mongoerr.Errorf(mongoerr.BadValue, "empty command")

@@ -167,9 +167,6 @@ func (rc *Ctx) Split(filter bsoncore.Document) (SplitFilter, error) {
 	if len(filter) == 0 {
 		return sf, nil
 	}
-	if err := bsonutil.Validate(filter, 1); err != nil {
-		return sf, rc.BadValue(mongoerr.InvalidBSON, "filter is not valid BSON: %v", err)
-	}
 	conj, err := rc.Conjuncts(filter, 0, nil)
 	if err != nil {
 		return sf, err

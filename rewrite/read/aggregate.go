@@ -155,9 +155,6 @@ func (a *aggregateRewrite) addStage(i int) error {
 		if !ok {
 			return rc.BadValue(mongoerr.TypeMismatch, "the match filter must be an expression in an object")
 		}
-		if err := bsonutil.Validate(d, 1); err != nil {
-			return rc.BadValue(mongoerr.InvalidBSON, "$match is not valid BSON: %v", err)
-		}
 		rc.UsedMeta = false
 		t, err := rc.TranslateFilter(d, 1)
 		if err != nil {

@@ -109,9 +109,6 @@ func PlanRead(body []byte, rule *rules.Rule, opts Options) (p *Command, err erro
 	}
 	rc.Caps = opts.Caps
 	doc := bsoncore.Document(body)
-	if err := bsonutil.Validate(doc, 0); err != nil {
-		return nil, mongoerr.Errorf(mongoerr.InvalidBSON, "tsproxy rule %s: command is not valid BSON: %v", rc.NS, err)
-	}
 	elems, _ := doc.Elements()
 	if len(elems) == 0 {
 		return nil, rc.BadValue(mongoerr.BadValue, "empty command")

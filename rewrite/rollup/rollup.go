@@ -91,10 +91,6 @@ func OfEvents(rule *rules.Rule, docs [][]byte, opts Options) (plan *Writes, skip
 	zeroID := func() bson.ObjectID { return bson.ObjectID{} }
 	var events []bucket.Event
 	for i, d := range docs {
-		if err := bsonutil.Validate(d, 0); err != nil {
-			skipped++
-			continue
-		}
 		ev, werr := bucket.PrepareEvent(d, i, rule, lim, zeroID, new([]byte), make([]bsoncore.Value, len(lim.Aggregates)))
 		if werr != nil {
 			skipped++

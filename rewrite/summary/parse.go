@@ -90,7 +90,7 @@ func PlanAggregation(body []byte, rule *rules.Rule, opts read.Options) (*Aggrega
 	doc := bsoncore.Document(body)
 	// Every read passes here: refuse other commands before validating.
 	elems, err := doc.Elements()
-	if err != nil || len(elems) == 0 || elems[0].Key() != "aggregate" || bsonutil.Validate(doc, 0) != nil {
+	if err != nil || len(elems) == 0 || elems[0].Key() != "aggregate" {
 		return nil, false
 	}
 	batchSize, ok := summaryOptions(elems[1:])
