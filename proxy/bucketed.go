@@ -52,7 +52,7 @@ func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
 }
 
 // rewriteInsert stores the events of an insert as buckets (rewrite/insert),
-// per partition for a partitioned rule (rewrite/partition), then counts
+// per partition for a partitioned rule (rewrite/fanout), then counts
 // them into the rule's rollups. Each part prepares its events (validation,
 // stored forms, grouping) before locking, so that inserts into the same
 // series overlap that work with each other's upstream round trips, then

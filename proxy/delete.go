@@ -19,7 +19,7 @@ import (
 // key stays gapless. Fills of touched keys are forgotten afterwards.
 
 // rewriteDelete serves delete (rewrite/deletes), on every partition of a
-// partitioned rule (rewrite/partition): the plan locks the buckets it
+// partitioned rule (rewrite/fanout): the plan locks the buckets it
 // rewrites as inserts lock them, through heldLocks, which releases
 // whatever the plan still holds when it ends, however it ends, and forgets
 // their fills (their buckets changed, or may have). An unacknowledged

@@ -10,7 +10,7 @@ import (
 )
 
 // TestShutdownBeforeServe: a Shutdown that runs before Serve has set up
-// its listener must still make Serve return (it used to accept forever).
+// its listener must still make Serve return (and not accept forever).
 func TestShutdownBeforeServe(t *testing.T) {
 	d, err := upstream.NewDialer(upstream.Options{URI: "mongodb://127.0.0.1:1/"})
 	if err != nil {

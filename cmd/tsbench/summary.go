@@ -45,7 +45,7 @@ type hourStats struct {
 //
 // The values are in steps of 1/64, so every sum is exact in doubles: the
 // summaries answer (they decline sums that could round, see
-// rewrite/read_summary_exec.go) and the answers agree to the last bit.
+// rewrite/summary) and the answers agree to the last bit.
 func benchSummary(e *benchEnv, runs int) error {
 	ctx := context.Background()
 	cs, err := e.connectBoth(10*time.Minute, 0)

@@ -40,7 +40,7 @@ func PlanListCollections(body []byte, db string, rs []*rules.Rule) (*ListCollect
 // PlanListCollectionsPartitioned is PlanListCollections where a
 // partitioned rule's app name in a name filter asks for its first
 // existing partition (firstPartition: app collection -> partition
-// collection; see rewrite/partition.go), shown under the app's name.
+// collection; see rewrite/fanout), shown under the app's name.
 func PlanListCollectionsPartitioned(body []byte, db string, rs []*rules.Rule, firstPartition map[string]string) (*ListCollectionsPlan, error) {
 	doc := bsoncore.Document(body)
 	p := &ListCollectionsPlan{db: db, byBucket: map[string]*rules.Rule{}, byApp: map[string]*rules.Rule{}, firstPartition: firstPartition}
@@ -230,7 +230,7 @@ func (p *ListCollectionsPlan) mapDoc(d bsoncore.Document) bsoncore.Document {
 	}
 	r := p.byBucket[name]
 	if r == nil {
-		r = partitionOwner(p.byApp, name) // rewrite/partition.go
+		r = partitionOwner(p.byApp, name)
 	}
 	if r == nil {
 		return append(bsoncore.Document(nil), d...)

@@ -66,7 +66,7 @@ func Summarize(chunk []Event, lim Limits) Summary {
 // Bounds of LowBitOf: no finite nonzero double has a bit below 2^-1074
 // or above 2^1023, so a zero takes a value above every real one (it
 // constrains nothing) and NaN and the infinities one below (they make
-// every sum inexact, see rewrite/read_summary_exec.go exactDoubles).
+// every sum inexact, see rewrite/summary, sumState.exact).
 const (
 	LowBitZero    = 2000
 	LowBitSpecial = -2000

@@ -34,7 +34,7 @@ type Upstream struct {
 	// update statement's query open until its command ends, one SQLite
 	// connection each out of a pool of 100: an update of 100 statements
 	// waits forever for a connection. The proxy also bounds how many such
-	// commands run at once (see proxy/buckets.go).
+	// commands run at once (proxy/state.go, writeSlots).
 	MaxUpdateStatements int
 	// CostlyUpdates: an update rewrites the whole document, at a cost
 	// proportional to its size (FerretDB v1.24: read, decode, re-encode and

@@ -35,7 +35,7 @@ func waitReleased(t *testing.T, p *testProxy, r *relay, what string) time.Durati
 	}
 }
 
-// TestFaultClientDisconnects (issue 6, case 5): a client that goes away
+// TestFaultClientDisconnects: a client that goes away
 // mid-message, mid-reply or with open cursors leaves nothing behind: its
 // client and upstream connections close, its cursors leave the registry
 // and are killed upstream; a cursor of a client still connected stays.

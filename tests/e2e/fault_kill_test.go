@@ -214,7 +214,7 @@ func idChecksum(ids []bson.ObjectID) (int, string) {
 	return len(s), fmt.Sprintf("%x", h.Sum(nil))[:16]
 }
 
-// TestFaultKillProxy (issue 6, case 1): the proxy, a separate process, is
+// TestFaultKillProxy: the proxy, a separate process, is
 // killed with SIGKILL while 16 clients insert, then restarted on the same
 // address. Every acknowledged event is stored exactly once, through the
 // restarted proxy and in the buckets alike; an unacknowledged batch (one

@@ -23,7 +23,7 @@ func bigEvent(sensor string, ts time.Time, size int) (sentEvent, bson.D) {
 	return e, append(e.doc(), bson.E{Key: "blob", Value: strings.Repeat("x", size)})
 }
 
-// TestFaultLargeEvents (issue 6, case 8): buckets never grow past the
+// TestFaultLargeEvents: buckets never grow past the
 // rule's maxBytes (at most 8 MiB, well under the 16 MiB document limit):
 // large events start new buckets; an event larger than maxBytes gets a
 // per-event BSONObjectTooLarge write error while the rest of the batch is

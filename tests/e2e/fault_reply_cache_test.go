@@ -30,7 +30,7 @@ func clientInsert(coll string) func(frame []byte) bool {
 	}
 }
 
-// TestFaultClientReplyLostRetry (issue 6, case 3, the client's side): the
+// TestFaultClientReplyLostRetry (the client's side): the
 // proxy stored the insert and wrote its reply, but the client's connection
 // broke before the driver read it (the relay sits between the client and
 // the proxy and drops the reply). The driver retries with the same lsid

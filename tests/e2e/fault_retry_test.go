@@ -59,7 +59,7 @@ func docsOf(evs []sentEvent) []any {
 	return docs
 }
 
-// TestFaultReplyLostRetry (issue 6, case 3): the upstream connection is
+// TestFaultReplyLostRetry: the upstream connection is
 // cut after a rewritten bucket write reached the upstream and before its
 // reply came back. FerretDB ignores lsid/txnNumber, so it cannot recognise
 // the driver's retry; whatever the driver is told, no event may be stored

@@ -22,7 +22,7 @@ func heapAfterGC() (uint64, int) {
 	return m.HeapAlloc, runtime.NumGoroutine()
 }
 
-// TestFaultSlowUpstream (issue 6, case 4): with the upstream made slow by
+// TestFaultSlowUpstream: with the upstream made slow by
 // a relay that holds every reply back, a client's timeout (context
 // deadline, the driver's CSOT) ends its operation on time, reads and
 // writes alike, and maxTimeMS reaches the upstream through the rewrite;

@@ -29,7 +29,7 @@ func ownEmbedded(t testing.TB, dir, listen string) *upstream.Embedded {
 	return emb
 }
 
-// TestFaultUpstreamRestart (issue 6, case 2): the upstream (an embedded
+// TestFaultUpstreamRestart: the upstream (an embedded
 // FerretDB of the test's own) is stopped and started again on the same
 // data and port while 16 clients insert. Clients get prompt errors (none
 // waits past its timeout), the proxy reconnects by itself, writes succeed
