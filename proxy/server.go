@@ -1,7 +1,3 @@
-// Package proxy accepts client connections, routes each message (through
-// unchanged, or rewritten for a bucketed namespace), and keeps the state
-// that spans messages: one upstream connection per client, the cursor
-// registry, what the upstream supports. It knows nothing of bucket math.
 package proxy
 
 import (

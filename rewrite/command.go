@@ -1,9 +1,3 @@
-// Package rewrite turns a command on a bucketed namespace into the
-// commands to run upstream on the bucket collection, and maps their
-// replies back to the reply the client expects from a plain collection.
-//
-// It is pure: no I/O, no clock, no randomness except what the caller
-// injects (ObjectId generation), so every case has a table test.
 package rewrite
 
 import (

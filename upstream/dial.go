@@ -1,6 +1,3 @@
-// Package upstream dials the server the proxy fronts: a standalone mongod,
-// the primary of a replica set, a list of mongos routers, or the embedded
-// FerretDB. It knows nothing of bucketing.
 package upstream
 
 import (

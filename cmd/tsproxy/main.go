@@ -1,10 +1,3 @@
-// Command tsproxy is a MongoDB wire-protocol proxy that stores the events of
-// the namespaces named by its rules as time-series buckets, and passes all
-// other traffic through unchanged.
-//
-//	tsproxy --config FILE [--listen HOST:PORT] [--upstream URI|embedded] [--data DIR]
-//	tsproxy migrate --config FILE --rule NAMESPACE --from DB.COLLECTION [--batch N]
-//	tsproxy rollups rebuild --config FILE --rule NAMESPACE
 package main
 
 import (

@@ -16,12 +16,12 @@ import (
 )
 
 // DeleteOptions are what PlanDelete needs besides the command.
-type DeleteOptions struct {
+type Options struct {
 	Caps caps.Upstream
 }
 
 // DeletePlan is a parsed delete command on a bucketed namespace.
-type DeletePlan struct {
+type Request struct {
 	rule    *rules.Rule
 	lim     bucket.Limits
 	ordered bool
@@ -62,7 +62,7 @@ const deleteMatchBatch = 10_000
 
 // PlanDelete parses a delete command (statements in the body or in a
 // "deletes" document sequence).
-func PlanDelete(cmd rewrite.Command, rule *rules.Rule, opts DeleteOptions) (*DeletePlan, error) {
+func NewRequest(cmd rewrite.Command, rule *rules.Rule, opts Options) (*Request, error) {
 	lim, err := bucket.LimitsOf(rule)
 	if err != nil {
 		return nil, err
@@ -84,7 +84,7 @@ func PlanDelete(cmd rewrite.Command, rule *rules.Rule, opts DeleteOptions) (*Del
 	if err != nil {
 		return nil, err
 	}
-	p := &DeletePlan{
+	p := &Request{
 		rule: rule, lim: lim, ordered: ordered,
 		args:  bsonutil.Pick(cmd.Body, writeCarried),
 		reads: bsonutil.Pick(cmd.Body, readCarriedDelete),
@@ -100,15 +100,15 @@ func PlanDelete(cmd rewrite.Command, rule *rules.Rule, opts DeleteOptions) (*Del
 }
 
 // Ordered: the first failed statement stops the command.
-func (p *DeletePlan) Ordered() bool { return p.ordered }
+func (p *Request) Ordered() bool { return p.ordered }
 
 // Rule is the plan's rule.
-func (p *DeletePlan) Rule() *rules.Rule { return p.rule }
+func (p *Request) Rule() *rules.Rule { return p.rule }
 
 // planStatement parses one delete statement. A malformed statement fails
 // the command (as the server's parser does); a filter the rewrite cannot
 // run is the statement's write error.
-func (p *DeletePlan) planStatement(i int, d bsoncore.Document, caps caps.Upstream) (*Statement, error) {
+func (p *Request) planStatement(i int, d bsoncore.Document, caps caps.Upstream) (*Statement, error) {
 	st := &Statement{Index: i}
 	q, ok := bsonutil.Lookup(d, "q")
 	if !ok {
@@ -157,7 +157,7 @@ func (p *DeletePlan) planStatement(i int, d bsoncore.Document, caps caps.Upstrea
 // ($unwind keeps the bucket _id on every upstream; on one that keeps the
 // other fields too, meta and start come along and spare a read of each
 // bucket's key), or whole buckets.
-func (p *DeletePlan) matchCommand(sf query.SplitFilter, whole, limitOne, withKey bool) []byte {
+func (p *Request) matchCommand(sf query.SplitFilter, whole, limitOne, withKey bool) []byte {
 	var pipeline []bsoncore.Document
 	if whole {
 		if sf.Bucket != nil {
@@ -197,7 +197,7 @@ func (p *DeletePlan) matchCommand(sf query.SplitFilter, whole, limitOne, withKey
 }
 
 // GetMoreCommand continues an upstream cursor on the bucket collection.
-func (p *DeletePlan) GetMoreCommand(id int64) []byte {
+func (p *Request) GetMoreCommand(id int64) []byte {
 	idx, d := bsoncore.AppendDocumentStart(nil)
 	d = bsoncore.AppendInt64Element(d, "getMore", id)
 	d = bsoncore.AppendStringElement(d, "collection", p.rule.BucketCollection)
@@ -211,7 +211,7 @@ func (p *DeletePlan) GetMoreCommand(id int64) []byte {
 // FindBucketCommand reads one bucket by _id (a point read on every
 // upstream): whole, or without its events when whole is false (a bucket
 // deleted whole needs only its key and count).
-func (p *DeletePlan) FindBucketCommand(id bson.ObjectID, whole bool) []byte {
+func (p *Request) FindBucketCommand(id bson.ObjectID, whole bool) []byte {
 	idx, d := bsoncore.AppendDocumentStart(nil)
 	d = bsoncore.AppendStringElement(d, "find", p.rule.BucketCollection)
 	fidx, f := bsoncore.AppendDocumentElementStart(d, "filter")
@@ -237,7 +237,7 @@ func (st *Statement) NewCandidates() *Candidates {
 
 // Edit computes the bucket that remains of bucket once the candidate's
 // matched events are removed; limitOne removes at most one.
-func (p *DeletePlan) Edit(c *Candidate, bdoc bsoncore.Document, limitOne bool) (BucketEdit, error) {
+func (p *Request) Edit(c *Candidate, bdoc bsoncore.Document, limitOne bool) (BucketEdit, error) {
 	meta, start, err := bucket.KeyFields(bdoc)
 	if err != nil {
 		return BucketEdit{}, err
@@ -290,7 +290,7 @@ func (p *DeletePlan) Edit(c *Candidate, bdoc bsoncore.Document, limitOne bool) (
 // storedToEvent reads back what summarize needs of a stored event. The
 // insert path validated it: a missing time reads as 0 and a non-number
 // aggregate is skipped, neither of which a stored event has.
-func (p *DeletePlan) storedToEvent(d bsoncore.Document, meta bsoncore.Value, start int64) bucket.Event {
+func (p *Request) storedToEvent(d bsoncore.Document, meta bsoncore.Value, start int64) bucket.Event {
 	ev := bucket.Event{Meta: meta, Start: start, Stored: d}
 	if t, ok := bsonutil.Lookup(d, p.rule.TimeField); ok {
 		ev.Time, _ = t.DateTimeOK()
@@ -306,7 +306,7 @@ func (p *DeletePlan) storedToEvent(d bsoncore.Document, meta bsoncore.Value, sta
 }
 
 // ReplaceCommand is an update replacing each edited bucket by _id.
-func (p *DeletePlan) ReplaceCommand(edits []BucketEdit) []byte {
+func (p *Request) ReplaceCommand(edits []BucketEdit) []byte {
 	idx, d := bsoncore.AppendDocumentStart(nil)
 	d = bsoncore.AppendStringElement(d, "update", p.rule.BucketCollection)
 	aidx, a := bsoncore.AppendArrayElementStart(d, "updates")
@@ -328,7 +328,7 @@ func (p *DeletePlan) ReplaceCommand(edits []BucketEdit) []byte {
 
 // RemoveCommand deletes buckets by _id, in the order given (the proxy
 // gives the highest seq first, so a failure part way leaves no gap).
-func (p *DeletePlan) RemoveCommand(ids []bson.ObjectID) []byte {
+func (p *Request) RemoveCommand(ids []bson.ObjectID) []byte {
 	idx, d := bsoncore.AppendDocumentStart(nil)
 	d = bsoncore.AppendStringElement(d, "delete", p.rule.BucketCollection)
 	aidx, a := bsoncore.AppendArrayElementStart(d, "deletes")
@@ -351,7 +351,7 @@ func (p *DeletePlan) RemoveCommand(ids []bson.ObjectID) []byte {
 // WriteOutcome reads the reply of a ReplaceCommand or RemoveCommand: how
 // many statements took effect before the first failure (all of them when
 // err is nil). A write concern error is kept for the app's reply.
-func (p *DeletePlan) WriteOutcome(reply []byte, statements int) (done int, err error) {
+func (p *Request) WriteOutcome(reply []byte, statements int) (done int, err error) {
 	doc := bsoncore.Document(reply)
 	if err := mongoerr.ReplyError(doc); err != nil {
 		return 0, err
@@ -379,7 +379,7 @@ func (p *DeletePlan) WriteOutcome(reply []byte, statements int) (done int, err e
 
 // Reply is the app's delete reply: {n, writeErrors?, writeConcernError?,
 // ok: 1}. A statement error's code is its *mongoerr.Error's.
-func (p *DeletePlan) Reply(n int, errs []StatementError) []byte {
+func (p *Request) Reply(n int, errs []StatementError) []byte {
 	var werrs []bucket.WriteError
 	for _, e := range errs {
 		code := mongoerr.InternalError

@@ -82,7 +82,7 @@ func TestPlanDelete(t *testing.T) {
 			if c.ferret {
 				caps = rwtest.FerretCaps
 			}
-			p, err := PlanDelete(c.cmd, rwtest.Rule(), DeleteOptions{Caps: caps})
+			p, err := NewRequest(c.cmd, rwtest.Rule(), Options{Caps: caps})
 			if c.err != "" {
 				if err == nil || !strings.Contains(err.Error(), c.err) {
 					t.Fatalf("err %v, want %q", err, c.err)
@@ -140,7 +140,7 @@ func TestDeleteEdit(t *testing.T) {
 	e2 := rwtest.Stored(rwtest.OID(2), rwtest.DT(2000), true, 7)
 	e3 := rwtest.Stored(rwtest.OID(3), rwtest.DT(3000), true, 1.5)
 	id, bdoc := delBucket(t, "s1", 0, 1, e1, e2, e3, e1)
-	plan, err := PlanDelete(rewrite.Command{Body: rwtest.Doc(t, D{{Key: "delete", Value: "readings"}, {Key: "deletes", Value: A{stmt(D{{Key: "value", Value: D{{Key: "$gt", Value: 6}}}}, 0)}}, {Key: "$db", Value: "iot"}})}, rule, DeleteOptions{Caps: rwtest.MongoCaps})
+	plan, err := NewRequest(rewrite.Command{Body: rwtest.Doc(t, D{{Key: "delete", Value: "readings"}, {Key: "deletes", Value: A{stmt(D{{Key: "value", Value: D{{Key: "$gt", Value: 6}}}}, 0)}}, {Key: "$db", Value: "iot"}})}, rule, Options{Caps: rwtest.MongoCaps})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,7 +288,7 @@ func asCommandError(err error, out **mongoerr.Error) bool {
 }
 
 func TestDeleteWrites(t *testing.T) {
-	plan, err := PlanDelete(delCmd(t, A{stmt(D{}, 0)}, E{Key: "writeConcern", Value: D{{Key: "w", Value: "majority"}}}, E{Key: "txnNumber", Value: int64(1)}), rwtest.Rule(), DeleteOptions{Caps: rwtest.MongoCaps})
+	plan, err := NewRequest(delCmd(t, A{stmt(D{}, 0)}, E{Key: "writeConcern", Value: D{{Key: "w", Value: "majority"}}}, E{Key: "txnNumber", Value: int64(1)}), rwtest.Rule(), Options{Caps: rwtest.MongoCaps})
 	if err != nil {
 		t.Fatal(err)
 	}

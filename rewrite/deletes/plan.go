@@ -45,7 +45,7 @@ const maxProbeSeq = 1 << 16
 // emptied and last of their (series, window), so the seq family of a key
 // stays gapless. A statement that fails is a write error at its index.
 func Plan(cmd rewrite.Command, rule *rules.Rule, env Env) rewrite.Plan {
-	plan, err := PlanDelete(cmd, rule, DeleteOptions{Caps: env.Caps})
+	plan, err := NewRequest(cmd, rule, Options{Caps: env.Caps})
 	if err != nil {
 		return rewrite.Fail(err)
 	}
@@ -77,7 +77,7 @@ func Plan(cmd rewrite.Command, rule *rules.Rule, env Env) rewrite.Plan {
 
 type deleter struct {
 	x    *rewrite.Exec
-	plan *DeletePlan
+	plan *Request
 	env  Env
 }
 

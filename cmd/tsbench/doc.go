@@ -1,0 +1,13 @@
+// Command tsbench measures tsproxy against the direct path to the same
+// upstream, in one run, and prints medians over several runs and the
+// ratios. The machines it runs on are shared and noisy: read the medians.
+//
+//	tsbench passthrough   ping and a small find: p50/p99 latency and throughput
+//	tsbench ingest        bucketed inserts vs plain inserts: events/s, documents, sizes
+//	tsbench layouts       counter and slots layouts vs plain inserts: events/s, documents, sizes
+//	tsbench range         range finds on buckets vs on plain documents: latency, documents examined
+//	tsbench summary       hourly aggregates from bucket summaries vs a scan of plain documents
+//
+// It owns no proxy logic: it starts the proxy (package proxy) and the
+// upstream (package upstream) as the product does.
+package main
