@@ -285,15 +285,7 @@ func DropReply(reply []byte, rule *rules.Rule) []byte {
 	if _, err := doc.LookupErr("ns"); err != nil {
 		return reply
 	}
-	elems, _ := doc.Elements()
-	idx, out := bsoncore.AppendDocumentStart(nil)
-	for _, e := range elems {
-		if e.Key() == "ns" {
-			out = bsoncore.AppendStringElement(out, "ns", rule.Namespace)
-			continue
-		}
-		out = append(out, e...)
-	}
-	out, _ = bsoncore.AppendDocumentEnd(out, idx)
-	return out
+	return bsonutil.ReplaceField(doc, "ns", func(dst []byte) []byte {
+		return bsoncore.AppendStringElement(dst, "ns", rule.Namespace)
+	})
 }

@@ -242,17 +242,9 @@ func (p *ListCollectionsPlan) mapDoc(d bsoncore.Document) bsoncore.Document {
 		p.shown = map[*rules.Rule]bool{}
 	}
 	p.shown[r] = true
-	elems, _ := d.Elements()
-	idx, out := bsoncore.AppendDocumentStart(nil)
-	for _, e := range elems {
-		if e.Key() == "name" {
-			out = bsoncore.AppendStringElement(out, "name", r.Collection)
-			continue
-		}
-		out = append(out, e...)
-	}
-	out, _ = bsoncore.AppendDocumentEnd(out, idx)
-	return out
+	return bsonutil.ReplaceField(d, "name", func(dst []byte) []byte {
+		return bsoncore.AppendStringElement(dst, "name", r.Collection)
+	})
 }
 
 // Result is the reply for the client.

@@ -307,37 +307,29 @@ func (p *Request) storedToEvent(d bsoncore.Document, meta bsoncore.Value, start 
 
 // ReplaceCommand is an update replacing each edited bucket by _id.
 func (p *Request) ReplaceCommand(edits []BucketEdit) []byte {
-	idx, d := bsoncore.AppendDocumentStart(nil)
-	d = bsoncore.AppendStringElement(d, "update", p.rule.BucketCollection)
-	aidx, a := bsoncore.AppendArrayElementStart(d, "updates")
-	for i, e := range edits {
-		sidx, s := bsoncore.AppendDocumentElementStart(a, strconv.Itoa(i))
-		qidx, q := bsoncore.AppendDocumentElementStart(s, "q")
-		q = bsoncore.AppendObjectIDElement(q, bucket.FieldID, e.ID)
-		s, _ = bsoncore.AppendDocumentEnd(q, qidx)
-		s = bsoncore.AppendDocumentElement(s, "u", e.Replacement)
-		a, _ = bsoncore.AppendDocumentEnd(s, sidx)
-	}
-	d, _ = bsoncore.AppendArrayEnd(a, aidx)
-	d = bsoncore.AppendBooleanElement(d, "ordered", true)
-	d = bsonutil.AppendElems(d, p.args)
-	d = bsoncore.AppendStringElement(d, "$db", p.rule.DB)
-	d, _ = bsoncore.AppendDocumentEnd(d, idx)
-	return d
+	return p.byIDCommand("update", "updates", len(edits), func(i int) bson.ObjectID { return edits[i].ID },
+		func(s []byte, i int) []byte { return bsoncore.AppendDocumentElement(s, "u", edits[i].Replacement) })
 }
 
 // RemoveCommand deletes buckets by _id, in the order given (the proxy
 // gives the highest seq first, so a failure part way leaves no gap).
 func (p *Request) RemoveCommand(ids []bson.ObjectID) []byte {
+	return p.byIDCommand("delete", "deletes", len(ids), func(i int) bson.ObjectID { return ids[i] },
+		func(s []byte, _ int) []byte { return bsoncore.AppendInt32Element(s, "limit", 1) })
+}
+
+// byIDCommand is an ordered write on the bucket collection of n
+// statements, each {q: {_id: id(i)}, ...rest(i)}.
+func (p *Request) byIDCommand(command, field string, n int, id func(int) bson.ObjectID, rest func([]byte, int) []byte) []byte {
 	idx, d := bsoncore.AppendDocumentStart(nil)
-	d = bsoncore.AppendStringElement(d, "delete", p.rule.BucketCollection)
-	aidx, a := bsoncore.AppendArrayElementStart(d, "deletes")
-	for i, id := range ids {
+	d = bsoncore.AppendStringElement(d, command, p.rule.BucketCollection)
+	aidx, a := bsoncore.AppendArrayElementStart(d, field)
+	for i := 0; i < n; i++ {
 		sidx, s := bsoncore.AppendDocumentElementStart(a, strconv.Itoa(i))
 		qidx, q := bsoncore.AppendDocumentElementStart(s, "q")
-		q = bsoncore.AppendObjectIDElement(q, bucket.FieldID, id)
+		q = bsoncore.AppendObjectIDElement(q, bucket.FieldID, id(i))
 		s, _ = bsoncore.AppendDocumentEnd(q, qidx)
-		s = bsoncore.AppendInt32Element(s, "limit", 1)
+		s = rest(s, i)
 		a, _ = bsoncore.AppendDocumentEnd(s, sidx)
 	}
 	d, _ = bsoncore.AppendArrayEnd(a, aidx)

@@ -54,13 +54,7 @@ func assertCommands(t testing.TB, p *Commands, want ...bson.D) {
 
 // insertCmd is the expected upstream insert of complete buckets.
 func insertCmd(ordered bool, buckets []bson.D, tail ...bson.E) bson.D {
-	arr := bson.A{}
-	for _, b := range buckets {
-		arr = append(arr, b)
-	}
-	d := bson.D{{Key: "insert", Value: "readings.buckets"}, {Key: "documents", Value: arr}, {Key: "ordered", Value: ordered}}
-	d = append(d, tail...)
-	return append(d, bson.E{Key: "$db", Value: "iot"})
+	return rwtest.BucketWriteCmd("insert", "documents", ordered, buckets, tail...)
 }
 
 // upsert is an expected upsert statement creating bucket seq 0 (rule

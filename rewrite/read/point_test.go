@@ -212,21 +212,7 @@ func TestPointReadResults(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			filter := D{{Key: "sensorId", Value: D{{Key: "$in", Value: c.metas}}}, {Key: "ts", Value: D{{Key: "$gte", Value: rwtest.DT(lo)}, {Key: "$lt", Value: rwtest.DT(hi)}}}}
-			cmd := D{{Key: "find", Value: "readings"}, {Key: "filter", Value: filter}}
-			sortKey := D{}
-			if c.sortDir != 0 {
-				sortKey = D{{Key: "ts", Value: c.sortDir}, {Key: "_id", Value: 1}}
-				cmd = append(cmd, E{Key: "sort", Value: sortKey})
-			}
-			if c.skip > 0 {
-				cmd = append(cmd, E{Key: "skip", Value: c.skip})
-			}
-			if c.limit > 0 {
-				cmd = append(cmd, E{Key: "limit", Value: c.limit})
-			}
-			if c.batch > 0 || c.zeroFirst {
-				cmd = append(cmd, E{Key: "batchSize", Value: c.batch})
-			}
+			cmd := pagedFind(filter, c.sortDir, c.skip, c.limit, c.batch, c.zeroFirst)
 			plan, err := rdPlan(t, rwtest.FerretCaps, cmd)
 			if err != nil {
 				t.Fatal(err)
@@ -351,4 +337,24 @@ func TestKillCursorsReply(t *testing.T) {
 	if !strings.Contains(mixed, `"cursorsKilled": [{"$numberLong":"5"},{"$numberLong":"7"}]`) || !strings.Contains(mixed, `"cursorsNotFound": []`) {
 		t.Fatalf("mixed: %s", mixed)
 	}
+}
+
+// pagedFind is a find on readings by filter, sorted by time (sortDir 0:
+// unsorted) with the given paging; zero skip, limit and batch are left
+// out unless zeroFirst asks for batchSize 0.
+func pagedFind(filter any, sortDir int, skip, limit, batch int64, zeroFirst bool) D {
+	cmd := D{{Key: "find", Value: "readings"}, {Key: "filter", Value: filter}}
+	if sortDir != 0 {
+		cmd = append(cmd, E{Key: "sort", Value: D{{Key: "ts", Value: sortDir}, {Key: "_id", Value: 1}}})
+	}
+	if skip > 0 {
+		cmd = append(cmd, E{Key: "skip", Value: skip})
+	}
+	if limit > 0 {
+		cmd = append(cmd, E{Key: "limit", Value: limit})
+	}
+	if batch > 0 || zeroFirst {
+		cmd = append(cmd, E{Key: "batchSize", Value: batch})
+	}
+	return cmd
 }

@@ -265,19 +265,7 @@ func TestScanReadResults(t *testing.T) {
 			} else {
 				hi = math.MaxInt64
 			}
-			cmd := D{{Key: "find", Value: "readings"}, {Key: "filter", Value: D{{Key: "ts", Value: bounds}}}}
-			if c.sortDir != 0 {
-				cmd = append(cmd, E{Key: "sort", Value: D{{Key: "ts", Value: c.sortDir}, {Key: "_id", Value: 1}}})
-			}
-			if c.skip > 0 {
-				cmd = append(cmd, E{Key: "skip", Value: c.skip})
-			}
-			if c.limit > 0 {
-				cmd = append(cmd, E{Key: "limit", Value: c.limit})
-			}
-			if c.batch > 0 || c.zeroFirst {
-				cmd = append(cmd, E{Key: "batchSize", Value: c.batch})
-			}
+			cmd := pagedFind(D{{Key: "ts", Value: bounds}}, c.sortDir, c.skip, c.limit, c.batch, c.zeroFirst)
 			plan, err := rdPlan(t, rwtest.FerretCaps, cmd)
 			if err != nil {
 				t.Fatal(err)

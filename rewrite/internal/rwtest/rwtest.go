@@ -169,11 +169,17 @@ func SeqCmd(t testing.TB, events []bson.D, extra ...bson.E) rewrite.Command {
 
 // UpdateCmd is an expected update of the bucket collection.
 func UpdateCmd(ordered bool, stmts []bson.D, tail ...bson.E) bson.D {
+	return BucketWriteCmd("update", "updates", ordered, stmts, tail...)
+}
+
+// BucketWriteCmd is an expected write command on the bucket collection
+// (iot.readings.buckets) with its documents or statements under field.
+func BucketWriteCmd(command, field string, ordered bool, docs []bson.D, tail ...bson.E) bson.D {
 	arr := bson.A{}
-	for _, s := range stmts {
+	for _, s := range docs {
 		arr = append(arr, s)
 	}
-	d := bson.D{{Key: "update", Value: "readings.buckets"}, {Key: "updates", Value: arr}, {Key: "ordered", Value: ordered}}
+	d := bson.D{{Key: command, Value: "readings.buckets"}, {Key: field, Value: arr}, {Key: "ordered", Value: ordered}}
 	d = append(d, tail...)
 	return append(d, bson.E{Key: "$db", Value: "iot"})
 }
