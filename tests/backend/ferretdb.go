@@ -208,10 +208,7 @@ func (f *FerretDB) Stop() {
 
 // Logs are the process's latest output.
 func (f *FerretDB) Logs() string {
-	if f.p == nil {
-		return ""
-	}
-	return f.p.logs.String()
+	return f.p.output()
 }
 
 // Close kills the process (its data is a test's, nothing to flush) and

@@ -216,10 +216,7 @@ func (pg *Postgres) NewDatabase() (string, error) {
 
 // Logs are the server's latest output.
 func (pg *Postgres) Logs() string {
-	if pg.p == nil {
-		return ""
-	}
-	return pg.p.logs.String()
+	return pg.p.output()
 }
 
 // Close stops the server (fast shutdown) and removes the cluster.

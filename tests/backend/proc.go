@@ -52,6 +52,14 @@ func (p *proc) stop(sig os.Signal, grace time.Duration) {
 	}
 }
 
+// output is the child's latest output ("" before it started).
+func (p *proc) output() string {
+	if p == nil {
+		return ""
+	}
+	return p.logs.String()
+}
+
 // exited reports whether the child is gone.
 func (p *proc) exited() bool {
 	select {
