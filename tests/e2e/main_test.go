@@ -59,15 +59,6 @@ func runMain(m *testing.M) int {
 	return m.Run()
 }
 
-// skipUnlessEmbedded skips a test that needs the embedded upstream itself
-// (its SQLite files, its _id index, its plans), saying why.
-func skipUnlessEmbedded(t testing.TB, why string) {
-	t.Helper()
-	if env.emb == nil {
-		t.Skipf("needs the embedded upstream (upstream %s): %s", cmp.Or(env.kind, "external"), why)
-	}
-}
-
 func quietLogger() *slog.Logger {
 	level := slog.LevelWarn
 	if os.Getenv("TSPROXY_E2E_DEBUG") != "" {
