@@ -8,6 +8,10 @@
 //	tsbench range         range finds on buckets vs on plain documents: latency, documents examined
 //	tsbench summary       hourly aggregates from bucket summaries vs a scan of plain documents
 //
+// -backend picks the FerretDB it starts (embedded, the stock ferretdb
+// command on SQLite, or ferretdb on a throwaway PostgreSQL cluster);
+// -upstream measures on a running server instead.
+//
 // It owns no proxy logic: it starts the proxy (package proxy) and the
-// upstream (package upstream) as the product does.
+// upstream (package upstream, tests/backend) as the product does.
 package main

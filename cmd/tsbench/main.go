@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime/pprof"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/tsproxy/tsproxy/proxy"
 	"github.com/tsproxy/tsproxy/rules"
+	"github.com/tsproxy/tsproxy/tests/backend"
 	"github.com/tsproxy/tsproxy/upstream"
 )
 
@@ -29,7 +31,8 @@ type benchEnv struct {
 
 func main() {
 	fs := flag.NewFlagSet("tsbench", flag.ExitOnError)
-	upstreamURI := fs.String("upstream", "", "upstream URI (default: an embedded FerretDB in a temp dir)")
+	upstreamURI := fs.String("upstream", "", "upstream URI (default: a FerretDB of -backend's kind in a temp dir)")
+	kind := fs.String("backend", backend.KindEmbedded, "the FerretDB to start when -upstream is empty: "+strings.Join(backend.Kinds, " | "))
 	runs := fs.Int("runs", 5, "runs; medians are reported")
 	n := fs.Int("n", 5000, "operations per latency run")
 	dur := fs.Duration("dur", 2*time.Second, "duration of each throughput run")
@@ -48,6 +51,11 @@ func main() {
 		os.Exit(2)
 	}
 	mode := fs.Arg(0)
+	if err := backend.ParseKind(*kind); err != nil {
+		fmt.Fprintln(os.Stderr, "tsbench: -backend:", err)
+		os.Exit(2)
+	}
+	up := upstreamSpec{uri: *upstreamURI, kind: *kind}
 	stopProfile, err := startCPUProfile(*cpuProfile)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "tsbench:", err)
@@ -55,27 +63,27 @@ func main() {
 	}
 	switch mode {
 	case "passthrough":
-		err = withEnv(*upstreamURI, nil, func(e *benchEnv) error { return benchPassthrough(e, *runs, *n, *dur) })
+		err = withEnv(up, nil, func(e *benchEnv) error { return benchPassthrough(e, *runs, *n, *dur) })
 	case "ingest":
 		var rs []rules.Rule
 		if rs, err = ingestRules(*threshold); err == nil {
-			err = withEnv(*upstreamURI, rs, func(e *benchEnv) error { return benchIngest(e, *runs, *events, *cases) })
+			err = withEnv(up, rs, func(e *benchEnv) error { return benchIngest(e, *runs, *events, *cases) })
 		}
 	case "layouts":
 		var rs []rules.Rule
 		if rs, err = layoutRules(); err == nil {
-			err = withEnv(*upstreamURI, rs, func(e *benchEnv) error { return benchLayouts(e, *runs, *events, 1000) })
+			err = withEnv(up, rs, func(e *benchEnv) error { return benchLayouts(e, *runs, *events, 1000) })
 		}
 	case "range":
 		ro.runs = *runs
 		var rs []rules.Rule
 		if rs, err = rangeRules(ro.span); err == nil {
-			err = withEnv(*upstreamURI, rs, func(e *benchEnv) error { return benchRange(e, ro) })
+			err = withEnv(up, rs, func(e *benchEnv) error { return benchRange(e, ro) })
 		}
 	case "summary":
 		var rs []rules.Rule
 		if rs, err = summaryRules(); err == nil {
-			err = withEnv(*upstreamURI, rs, func(e *benchEnv) error { return benchSummary(e, *runs) })
+			err = withEnv(up, rs, func(e *benchEnv) error { return benchSummary(e, *runs) })
 		}
 	default:
 		fs.Usage()
@@ -88,25 +96,27 @@ func main() {
 	}
 }
 
+// upstreamSpec is the upstream to measure on: uri when set, else a new
+// FerretDB of kind.
+type upstreamSpec struct {
+	uri, kind string
+}
+
 // withEnv starts the upstream (unless given) and a proxy with rules, runs
 // f, and stops them.
-func withEnv(upURI string, rs []rules.Rule, f func(*benchEnv) error) error {
+func withEnv(us upstreamSpec, rs []rules.Rule, f func(*benchEnv) error) error {
 	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-	e := &benchEnv{upstreamURI: upURI}
+	e := &benchEnv{upstreamURI: us.uri}
 	var indexIDs func(context.Context, string, string) error
-	if upURI == "" {
-		dir, err := os.MkdirTemp("", "tsbench-*")
+	if us.uri == "" {
+		up, err := backend.Start(us.kind, backend.Options{Logger: quiet})
 		if err != nil {
 			return err
 		}
-		defer os.RemoveAll(dir)
-		emb, err := upstream.StartEmbedded(upstream.EmbeddedOptions{DataDir: dir, Logger: quiet})
-		if err != nil {
-			return err
-		}
-		defer emb.Close()
-		e.upstreamURI = emb.URI()
-		indexIDs = emb.IndexIDs
+		defer up.Close()
+		e.upstreamURI = up.URI()
+		indexIDs = up.IndexIDs()
+		fmt.Printf("backend %s\n", us.kind)
 	}
 	dialer, err := upstream.NewDialer(upstream.Options{URI: e.upstreamURI})
 	if err != nil {

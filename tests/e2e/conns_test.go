@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tsproxy/tsproxy/tests/backend"
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
@@ -37,9 +38,9 @@ func TestThousandConnections(t *testing.T) {
 	if testing.Short() {
 		t.Skip("1,000 connections: not in -short")
 	}
-	fdb := startFerretDB(t, ferretOptions{})
+	fdb := startFerretDB(t, backend.FerretDBOptions{})
 	db := uniqueDB(t)
-	p := startProxy(t, proxyOptions{yaml: readingsRule(db, 1000), upstreamURI: "mongodb://" + fdb.addr + "/"})
+	p := startProxy(t, proxyOptions{yaml: readingsRule(db, 1000), upstreamURI: "mongodb://" + fdb.Addr + "/"})
 	warm := dialRaw(t, p.addr)
 	useConn(t, warm, db, -1)
 

@@ -1,10 +1,9 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"fmt"
-	"log/slog"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -14,40 +13,34 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
-	"github.com/tsproxy/tsproxy/upstream"
+	"github.com/tsproxy/tsproxy/tests/backend"
 )
 
-// ownEmbedded starts an embedded upstream of the test's own, on dir and
-// listen ("127.0.0.1:0" for a free port).
-func ownEmbedded(t testing.TB, dir, listen string) *upstream.Embedded {
+// ownUpstream starts an upstream of the test's own, of the run's kind (the
+// embedded one when the run's upstream is a real MongoDB; a new database of
+// the run's cluster on postgresql), stopped at the end of the test.
+func ownUpstream(t testing.TB) *backend.Upstream {
 	t.Helper()
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-	emb, err := upstream.StartEmbedded(upstream.EmbeddedOptions{DataDir: dir, Listen: listen, Logger: log})
+	kind := cmp.Or(env.kind, backend.KindEmbedded)
+	up, err := backend.Start(kind, backend.Options{Postgres: env.pg})
 	if err != nil {
-		t.Fatalf("start embedded upstream on %s: %v", listen, err)
+		t.Fatalf("start a %s upstream: %v", kind, err)
 	}
-	return emb
+	t.Cleanup(up.Close)
+	return up
 }
 
-// TestFaultUpstreamRestart: the upstream (an embedded
-// FerretDB of the test's own) is stopped and started again on the same
-// data and port while 16 clients insert. Clients get prompt errors (none
-// waits past its timeout), the proxy reconnects by itself, writes succeed
-// after the restart, nothing acknowledged is lost or doubled, and an
-// unacknowledged batch (one bucket write) is stored whole or not at all.
+// TestFaultUpstreamRestart: the upstream (a FerretDB of
+// the test's own, of the run's kind) is stopped and started again on the
+// same data and port while 16 clients insert. Clients get prompt errors
+// (none waits past its timeout), the proxy reconnects by itself, writes
+// succeed after the restart, nothing acknowledged is lost or doubled, and
+// an unacknowledged batch (one bucket write) is stored whole or not at
+// all.
 func TestFaultUpstreamRestart(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	emb := ownEmbedded(t, dir, "127.0.0.1:0")
-	addr := emb.Addr()
-	var embMu sync.Mutex
-	t.Cleanup(func() {
-		embMu.Lock()
-		defer embMu.Unlock()
-		if emb != nil {
-			emb.Close()
-		}
-	})
+	up := ownUpstream(t)
+	addr := up.Addr()
 	db := uniqueDB(t)
 	rule := fmt.Sprintf(`rules:
   - namespace: %s.readings
@@ -59,7 +52,7 @@ func TestFaultUpstreamRestart(t *testing.T) {
       insertThreshold: 50
     aggregates: [value]
 `, db)
-	p := startProxy(t, proxyOptions{yaml: rule, upstreamURI: emb.URI()})
+	p := startProxy(t, proxyOptions{yaml: rule, upstreamURI: up.URI()})
 	ctx := ctxFor(t)
 
 	const clients = 16
@@ -85,14 +78,11 @@ func TestFaultUpstreamRestart(t *testing.T) {
 
 	time.Sleep(2 * time.Second)
 	stoppedAt := time.Now()
-	embMu.Lock()
-	emb.Close()
-	emb = nil
-	embMu.Unlock()
+	up.Stop()
 	time.Sleep(time.Second)
-	embMu.Lock()
-	emb = ownEmbedded(t, dir, addr)
-	embMu.Unlock()
+	if err := up.Restart(); err != nil {
+		t.Fatalf("restart the upstream: %v", err)
+	}
 	restartedAt := time.Now()
 	// How long the restarted upstream itself takes to take a write, for
 	// comparison with the first write acknowledged through the proxy.
@@ -164,7 +154,7 @@ func TestFaultUpstreamRestart(t *testing.T) {
 		t.Fatalf("an insert with a %v timeout returned after %v", opTimeout, slowest)
 	}
 
-	direct := connect(t, emb.URI())
+	direct := connect(t, up.URI())
 	cur, err := direct.Database(db).Collection("readings.buckets").Find(ctx, bson.D{})
 	if err != nil {
 		t.Fatal(err)

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -20,14 +21,17 @@ import (
 
 	"github.com/tsproxy/tsproxy/proxy"
 	"github.com/tsproxy/tsproxy/rules"
+	"github.com/tsproxy/tsproxy/tests/backend"
 	"github.com/tsproxy/tsproxy/upstream"
 )
 
 // env is the shared upstream of the whole run.
 var env struct {
 	upstreamURI string // what the proxies dial
-	external    bool   // TSPROXY_E2E_UPSTREAM: a real MongoDB, not the embedded FerretDB
+	external    bool   // TSPROXY_E2E_UPSTREAM: a real MongoDB, not a FerretDB of this run
+	kind        string // TSPROXY_E2E_BACKEND: which FerretDB (backend.Kinds)
 	emb         *upstream.Embedded
+	pg          *backend.Postgres // kind postgresql: the cluster, for the tests' own upstreams
 }
 
 func TestMain(m *testing.M) {
@@ -37,23 +41,17 @@ func TestMain(m *testing.M) {
 func runMain(m *testing.M) int {
 	if uri := os.Getenv("TSPROXY_E2E_UPSTREAM"); uri != "" {
 		env.upstreamURI, env.external = uri, true
-	} else {
-		dir, err := os.MkdirTemp("", "tsproxy-e2e-*")
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		defer os.RemoveAll(dir)
-		// FerretDB logs every error reply, document included, at warn.
-		embLog := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-		emb, err := upstream.StartEmbedded(upstream.EmbeddedOptions{DataDir: dir, Logger: embLog})
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "start embedded upstream:", err)
-			return 1
-		}
-		defer emb.Close()
-		env.emb, env.upstreamURI = emb, emb.URI()
+		return m.Run()
 	}
+	env.kind = cmp.Or(os.Getenv("TSPROXY_E2E_BACKEND"), backend.KindEmbedded)
+	up, err := backend.Start(env.kind, backend.Options{})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "start the %s upstream: %v\n", env.kind, err)
+		return 1
+	}
+	defer up.Close()
+	env.emb, env.pg, env.upstreamURI = up.Embedded, up.Postgres, up.URI()
+	fmt.Fprintf(os.Stderr, "e2e upstream: %s at %s\n", env.kind, env.upstreamURI)
 	return m.Run()
 }
 

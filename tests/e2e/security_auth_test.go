@@ -13,6 +13,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/tsproxy/tsproxy/proxy"
+	"github.com/tsproxy/tsproxy/tests/backend"
 )
 
 // authMarker is a field value of every event the auth test writes, to
@@ -88,12 +89,12 @@ func authOps(events []sentEvent) []authOp {
 func TestAuthPassesThrough(t *testing.T) {
 	t.Parallel()
 	const user, pass = "tsproxy_app", "pw-Zq81x-never-in-logs"
-	fdb := startFerretDB(t, ferretOptions{user: user, password: pass})
+	fdb := startFerretDB(t, backend.FerretDBOptions{User: user, Password: pass})
 	db := uniqueDB(t)
 	var logs syncBuffer
 	p := startProxy(t, proxyOptions{
 		yaml:        readingsRule(db, 100),
-		upstreamURI: "mongodb://" + fdb.addr + "/",
+		upstreamURI: "mongodb://" + fdb.Addr + "/",
 		edit: func(o *proxy.Options) {
 			o.Logger = slog.New(slog.NewTextHandler(&logs, nil)) // the default level, info
 		},
@@ -143,7 +144,7 @@ func TestAuthPassesThrough(t *testing.T) {
 		t.Fatalf("find of one event: %v %v", got, err)
 	}
 	// What is stored, read straight from the upstream with the same user.
-	up := connect(t, fmt.Sprintf("mongodb://%s:%s@%s/?authSource=admin", user, pass, fdb.addr))
+	up := connect(t, fmt.Sprintf("mongodb://%s:%s@%s/?authSource=admin", user, pass, fdb.Addr))
 	stored, err := up.Database(db).Collection("readings.buckets").Aggregate(ctx, bson.A{
 		bson.D{{Key: "$unwind", Value: "$events"}}, bson.D{{Key: "$count", Value: "n"}}})
 	var counted []struct{ N int64 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tsproxy/tsproxy/tests/backend"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/event"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -30,12 +31,12 @@ const ownerPass = "pw-owner-81x"
 
 func newOwnerSetup(t *testing.T) *ownerSetup {
 	t.Helper()
-	fdb := startFerretDB(t, ferretOptions{user: "alice", password: ownerPass})
+	fdb := startFerretDB(t, backend.FerretDBOptions{User: "alice", Password: ownerPass})
 	db := uniqueDB(t)
 	yaml := readingsRule(db, 100) + strings.TrimPrefix(counterRule(db), "rules:\n")
-	p := startProxy(t, proxyOptions{yaml: yaml, upstreamURI: "mongodb://" + fdb.addr + "/"})
+	p := startProxy(t, proxyOptions{yaml: yaml, upstreamURI: "mongodb://" + fdb.Addr + "/"})
 	ctx := ctxFor(t)
-	up := connect(t, fmt.Sprintf("mongodb://alice:%s@%s/?authSource=admin", ownerPass, fdb.addr))
+	up := connect(t, fmt.Sprintf("mongodb://alice:%s@%s/?authSource=admin", ownerPass, fdb.Addr))
 	if err := up.Database("admin").RunCommand(ctx, bson.D{{Key: "createUser", Value: "bob"},
 		{Key: "pwd", Value: ownerPass}, {Key: "roles", Value: bson.A{}}}).Err(); err != nil {
 		t.Fatalf("create user bob: %v", err)

@@ -23,6 +23,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/tsproxy/tsproxy/proxy"
+	"github.com/tsproxy/tsproxy/tests/backend"
 	"github.com/tsproxy/tsproxy/upstream"
 )
 
@@ -151,19 +152,19 @@ func writeAndRead(ctx context.Context, c *mongo.Client, db string, n int) error 
 func TestUpstreamTLS(t *testing.T) {
 	t.Parallel()
 	pki := newTestPKI(t)
-	fdb := startFerretDB(t, ferretOptions{tlsCert: pki.serverCert, tlsKey: pki.serverKey})
+	fdb := startFerretDB(t, backend.FerretDBOptions{TLSCert: pki.serverCert, TLSKey: pki.serverKey})
 	ctx := ctxFor(t)
 	good, err := upstream.ClientTLS(upstream.TLSFiles{CAFile: pki.ca})
 	if err != nil {
 		t.Fatal(err)
 	}
 	db := uniqueDB(t)
-	p := proxyToUpstream(t, db, fdb.tlsAddr, good)
+	p := proxyToUpstream(t, db, fdb.TLSAddr, good)
 	if err := writeAndRead(ctx, connect(t, p.URI()), db, 250); err != nil {
 		t.Fatalf("through a TLS upstream: %v", err)
 	}
 	// The same through the URI's own TLS options (upstream.uri ...?tls=true).
-	p2 := startProxy(t, proxyOptions{yaml: readingsRule(db, 100), upstreamURI: "mongodb://" + fdb.tlsAddr + "/?tls=true&tlsCAFile=" + pki.ca})
+	p2 := startProxy(t, proxyOptions{yaml: readingsRule(db, 100), upstreamURI: "mongodb://" + fdb.TLSAddr + "/?tls=true&tlsCAFile=" + pki.ca})
 	if err := writeAndRead(ctx, connect(t, p2.URI()), uniqueDB(t), 40); err != nil {
 		t.Fatalf("through a TLS upstream named by the URI: %v", err)
 	}
@@ -174,7 +175,7 @@ func TestUpstreamTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, cfg := range map[string]*tls.Config{"an untrusted upstream certificate": wrongCA, "plain TCP to a TLS port": nil} {
-		bad := proxyToUpstream(t, db, fdb.tlsAddr, cfg)
+		bad := proxyToUpstream(t, db, fdb.TLSAddr, cfg)
 		c := connect(t, bad.URI())
 		octx, cancel := context.WithTimeout(ctx, 20*time.Second)
 		start := time.Now()
@@ -198,21 +199,21 @@ func TestUpstreamTLS(t *testing.T) {
 func TestUpstreamMutualTLS(t *testing.T) {
 	t.Parallel()
 	pki := newTestPKI(t)
-	fdb := startFerretDB(t, ferretOptions{tlsCert: pki.serverCert, tlsKey: pki.serverKey, tlsCA: pki.ca})
+	fdb := startFerretDB(t, backend.FerretDBOptions{TLSCert: pki.serverCert, TLSKey: pki.serverKey, TLSCA: pki.ca})
 	ctx := ctxFor(t)
 	withCert, err := upstream.ClientTLS(upstream.TLSFiles{CAFile: pki.ca, CertFile: pki.clientCert, KeyFile: pki.clientKey})
 	if err != nil {
 		t.Fatal(err)
 	}
 	db := uniqueDB(t)
-	if err := writeAndRead(ctx, connect(t, proxyToUpstream(t, db, fdb.tlsAddr, withCert).URI()), db, 120); err != nil {
+	if err := writeAndRead(ctx, connect(t, proxyToUpstream(t, db, fdb.TLSAddr, withCert).URI()), db, 120); err != nil {
 		t.Fatalf("proxy with a client certificate: %v", err)
 	}
 	noCert, err := upstream.ClientTLS(upstream.TLSFiles{CAFile: pki.ca})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := connect(t, proxyToUpstream(t, db, fdb.tlsAddr, noCert).URI())
+	c := connect(t, proxyToUpstream(t, db, fdb.TLSAddr, noCert).URI())
 	octx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	start := time.Now()

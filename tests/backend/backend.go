@@ -1,0 +1,201 @@
+package backend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/tsproxy/tsproxy/upstream"
+)
+
+// The kinds of upstream Start knows.
+const (
+	KindEmbedded   = "embedded"
+	KindFerretDB   = "ferretdb"
+	KindPostgreSQL = "postgresql"
+)
+
+// Kinds lists them, for flags and messages.
+var Kinds = []string{KindEmbedded, KindFerretDB, KindPostgreSQL}
+
+// Options configures Start.
+type Options struct {
+	// User and Password create that SCRAM user and turn authentication on
+	// (ferretdb and postgresql only).
+	User, Password string
+	// TLSCert, TLSKey and TLSCA: see FerretDBOptions (ferretdb and
+	// postgresql only).
+	TLSCert, TLSKey, TLSCA string
+	// Postgres is the cluster a postgresql upstream gets a new database
+	// on; nil: a cluster of its own, removed by Close.
+	Postgres *Postgres
+	// Logger receives the embedded upstream's logs (default: errors only,
+	// to stderr: FerretDB logs every error reply, document included, at
+	// warn).
+	Logger *slog.Logger
+}
+
+// Upstream is a running upstream of one kind.
+type Upstream struct {
+	Kind string
+	// Embedded is the in-process server (kind embedded only), for the
+	// IndexIDs hook; Restart replaces it.
+	Embedded *upstream.Embedded
+	// FerretDB is the ferretdb process (other kinds).
+	FerretDB *FerretDB
+	// Postgres is the cluster under a postgresql upstream.
+	Postgres *Postgres
+
+	addr    string
+	dir     string // the embedded upstream's data
+	logger  *slog.Logger
+	ownsPG  bool
+	stopped bool
+}
+
+// ParseKind checks a kind's name.
+func ParseKind(kind string) error {
+	for _, k := range Kinds {
+		if kind == k {
+			return nil
+		}
+	}
+	return fmt.Errorf("unknown backend %q (want %s)", kind, strings.Join(Kinds, ", "))
+}
+
+// Start starts an upstream of kind; Close stops it and removes its data.
+func Start(kind string, o Options) (*Upstream, error) {
+	if err := ParseKind(kind); err != nil {
+		return nil, err
+	}
+	u := &Upstream{Kind: kind, logger: o.Logger}
+	var err error
+	switch kind {
+	case KindEmbedded:
+		err = u.startEmbedded(o)
+	case KindFerretDB:
+		err = u.startFerretDB(o, "")
+	case KindPostgreSQL:
+		err = u.startOnPostgres(o)
+	}
+	if err != nil {
+		u.Close()
+		return nil, err
+	}
+	return u, nil
+}
+
+func (u *Upstream) startEmbedded(o Options) error {
+	if o.User != "" || o.TLSCert != "" {
+		return errors.New("the embedded upstream has no SCRAM users nor TLS: use kind ferretdb or postgresql")
+	}
+	if u.logger == nil {
+		u.logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	}
+	dir, err := os.MkdirTemp("", "tsproxy-embedded-*")
+	if err != nil {
+		return err
+	}
+	u.dir = dir
+	return u.runEmbedded("127.0.0.1:0")
+}
+
+func (u *Upstream) runEmbedded(listen string) error {
+	emb, err := upstream.StartEmbedded(upstream.EmbeddedOptions{DataDir: u.dir, Listen: listen, Logger: u.logger})
+	if err != nil {
+		return fmt.Errorf("start embedded upstream on %s: %w", listen, err)
+	}
+	u.Embedded, u.addr = emb, emb.Addr()
+	return nil
+}
+
+func (u *Upstream) startOnPostgres(o Options) error {
+	if u.Postgres = o.Postgres; u.Postgres == nil {
+		pg, err := StartPostgres()
+		if err != nil {
+			return err
+		}
+		u.Postgres, u.ownsPG = pg, true
+	}
+	url, err := u.Postgres.NewDatabase()
+	if err != nil {
+		return err
+	}
+	return u.startFerretDB(o, url)
+}
+
+func (u *Upstream) startFerretDB(o Options, pgURL string) error {
+	f, err := StartFerretDB(FerretDBOptions{PostgreSQLURL: pgURL, User: o.User, Password: o.Password,
+		TLSCert: o.TLSCert, TLSKey: o.TLSKey, TLSCA: o.TLSCA})
+	if err != nil {
+		return err
+	}
+	u.FerretDB, u.addr = f, f.Addr
+	return nil
+}
+
+// URI is the plain mongodb:// URI of the upstream.
+func (u *Upstream) URI() string { return "mongodb://" + u.addr + "/" }
+
+// Addr is its host:port.
+func (u *Upstream) Addr() string { return u.addr }
+
+// IndexIDs is the proxy's hook for the embedded upstream's _id index; nil
+// on the other kinds, which need none.
+func (u *Upstream) IndexIDs() func(ctx context.Context, db, coll string) error {
+	if u.Embedded == nil {
+		return nil
+	}
+	return u.Embedded.IndexIDs
+}
+
+// Stop stops the MongoDB-protocol server (the embedded FerretDB or the
+// ferretdb process); its data, and a postgresql upstream's cluster, stay
+// for Restart.
+func (u *Upstream) Stop() {
+	switch {
+	case u.stopped:
+	case u.Embedded != nil:
+		u.Embedded.Close()
+	case u.FerretDB != nil:
+		u.FerretDB.Stop()
+	}
+	u.stopped = true
+}
+
+// Restart starts the server again after Stop, on the same address and
+// data.
+func (u *Upstream) Restart() error {
+	if !u.stopped {
+		return errors.New("restart of a running upstream")
+	}
+	var err error
+	if u.FerretDB != nil {
+		err = u.FerretDB.Restart()
+	} else {
+		err = u.runEmbedded(u.addr)
+	}
+	if err == nil {
+		u.stopped = false
+	}
+	return err
+}
+
+// Close stops everything Start started and removes its data.
+func (u *Upstream) Close() {
+	if u.Embedded != nil {
+		u.Stop()
+	}
+	if u.FerretDB != nil {
+		u.FerretDB.Close()
+	}
+	if u.ownsPG && u.Postgres != nil {
+		u.Postgres.Close()
+	}
+	if u.dir != "" {
+		os.RemoveAll(u.dir)
+	}
+}
