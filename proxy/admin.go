@@ -111,8 +111,8 @@ func (c *conn) endCursorSessions(req *request) {
 	if err != nil {
 		return
 	}
-	for _, cur := range c.s.cursors.forgetSessions(ended, users) {
-		_ = c.releaseEntry(cur.entry)
+	for _, cur := range c.s.cursors.ForgetSessions(ended, users) {
+		_ = c.releaseEntry(cur.Entry)
 	}
 }
 

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/tsproxy/tsproxy/proxy/cursors"
+
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/tsproxy/tsproxy/rewrite"
@@ -145,7 +147,7 @@ func (c *conn) gate(req *request, rule *rules.Rule) (done bool, err error) {
 	if err != nil || denied == nil {
 		return false, err
 	}
-	c.s.tel.errorSeen("Unauthorized")
+	c.s.tel.ErrorSeen("Unauthorized")
 	c.log.Info("command refused by the upstream's authorization", "rule", rule.Namespace, "command", req.name)
 	if req.msg.Flags&wire.MoreToCome != 0 {
 		return true, nil
@@ -155,8 +157,8 @@ func (c *conn) gate(req *request, rule *rules.Rule) (done bool, err error) {
 
 // cursorUserError is MongoDB's refusal of a getMore or killCursors of a
 // cursor none of the client's users opened.
-func cursorUserError(id int64, e *cursorEntry, users []string) error {
-	if rewrite.Coauthorized(e.users, users) {
+func cursorUserError(id int64, e *cursors.Entry, users []string) error {
+	if rewrite.Coauthorized(e.Users, users) {
 		return nil
 	}
 	return &mongoerr.Error{Code: mongoerr.Unauthorized,
@@ -165,22 +167,22 @@ func cursorUserError(id int64, e *cursorEntry, users []string) error {
 
 // cursorOwnerError is MongoDB's refusal of a getMore of a cursor the
 // client's users did not open, or opened in another session.
-func cursorOwnerError(id int64, e *cursorEntry, users []string, session string) error {
+func cursorOwnerError(id int64, e *cursors.Entry, users []string, session string) error {
 	if err := cursorUserError(id, e, users); err != nil {
 		return err
 	}
 	switch {
-	case session == e.session:
+	case session == e.Session:
 		return nil
-	case e.session == "":
+	case e.Session == "":
 		return &mongoerr.Error{Code: mongoerr.GetMoreOutsideSession, Msg: fmt.Sprintf(
 			"Cannot run getMore on cursor %d, which was not created in a session, in session %s", id, sessionHex(session))}
 	case session == "":
 		return &mongoerr.Error{Code: mongoerr.GetMoreWithoutSession, Msg: fmt.Sprintf(
-			"Cannot run getMore on cursor %d, which was created in session %s, without an lsid", id, sessionHex(e.session))}
+			"Cannot run getMore on cursor %d, which was created in session %s, without an lsid", id, sessionHex(e.Session))}
 	}
 	return &mongoerr.Error{Code: mongoerr.GetMoreInOtherSession, Msg: fmt.Sprintf(
-		"Cannot run getMore on cursor %d, which was created in session %s, in session %s", id, sessionHex(e.session), sessionHex(session))}
+		"Cannot run getMore on cursor %d, which was created in session %s, in session %s", id, sessionHex(e.Session), sessionHex(session))}
 }
 
 func sessionHex(key string) string {

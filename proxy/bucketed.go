@@ -6,6 +6,7 @@ import (
 
 	"github.com/tsproxy/tsproxy/rewrite/fanout"
 	"github.com/tsproxy/tsproxy/rewrite/insert"
+	"github.com/tsproxy/tsproxy/upstream"
 
 	"github.com/tsproxy/tsproxy/rewrite/caps"
 
@@ -187,7 +188,7 @@ func (c *conn) upstreamCaps() (caps.Upstream, error) {
 	if err != nil {
 		return caps.Upstream{}, err
 	}
-	if r := refusalOf(reply); r != nil {
+	if r := upstream.RefusalOf(reply); r != nil {
 		// Not cached: an error reply says nothing of what the upstream is.
 		return caps.Upstream{}, fmt.Errorf("upstream capabilities: buildInfo: %w", r)
 	}

@@ -108,3 +108,12 @@ func handlerFor(name string, rule *rules.Rule) handler {
 	}
 	return spec.by[rule.Layout]
 }
+
+// commandNames lists the registry's commands (the telemetry's labels).
+func commandNames() []string {
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	return names
+}

@@ -124,7 +124,7 @@ func (c *conn) serve() {
 			c.inBuf = frame[:0] // keep ordinary buffers; let huge ones go
 		}
 		c.busy.Store(true)
-		c.s.tel.bytesIn(len(frame))
+		c.s.tel.BytesIn(len(frame))
 		err = c.handle(h, frame)
 		c.busy.Store(false)
 		if cap(c.outBuf) > maxKeptBuf {
@@ -144,7 +144,7 @@ func (c *conn) logReadError(err error) {
 	case errors.Is(err, net.ErrClosed):
 		c.log.Debug("client connection closed")
 	default:
-		c.s.tel.errorSeen("bad_frame")
+		c.s.tel.ErrorSeen("bad_frame")
 		c.log.Warn("closing client connection: bad frame", "reason", err.Error())
 	}
 }
@@ -178,7 +178,7 @@ func (c *conn) handle(h wire.Header, frame []byte) error {
 	switch req.h.OpCode {
 	case wire.OpMsg:
 		if err := req.msg.Decode(req.frame); err != nil {
-			c.s.tel.errorSeen("bad_message")
+			c.s.tel.ErrorSeen("bad_message")
 			c.log.Warn("rejected message", "reason", err.Error())
 			if req.msg.Flags&wire.MoreToCome != 0 {
 				return nil // the client reads no reply
@@ -189,7 +189,7 @@ func (c *conn) handle(h wire.Header, frame []byte) error {
 		// A legacy client reads only OP_REPLY, error replies included.
 		req.legacy = true
 		if err := c.decodeQuery(req); err != nil {
-			c.s.tel.errorSeen("bad_message")
+			c.s.tel.ErrorSeen("bad_message")
 			c.log.Warn("rejected message", "reason", err.Error())
 			return c.replyError(req, mongoerr.InvalidBSON, "tsproxy: "+err.Error())
 		}
@@ -284,7 +284,7 @@ func (c *conn) ensureUpstream() error {
 	defer cancel()
 	up, err := c.s.opts.Dialer.Dial(ctx)
 	if err != nil {
-		c.s.tel.errorSeen("upstream_unreachable")
+		c.s.tel.ErrorSeen("upstream_unreachable")
 		return err
 	}
 	c.up = up
@@ -314,10 +314,10 @@ func (c *conn) passthrough(req *request) error {
 		}
 		fwd = f
 	}
-	span := c.s.tel.startCommand(req, routePassthrough)
+	span := c.s.tel.Start(req.name, req.db, routePassthrough.String(), req.start)
 	upStart := time.Now()
 	_, reply, err := c.up.RoundTrip(fwd)
-	span.end(req, time.Since(upStart), err)
+	span.End(time.Since(upStart), err)
 	if err != nil {
 		// The client's session and authentication live on this upstream
 		// connection; a new one would not have them, so the client must
@@ -350,7 +350,7 @@ func (c *conn) writeFrame(req *request, frame []byte) error {
 	if _, err := c.nc.Write(frame); err != nil {
 		return err
 	}
-	c.s.tel.bytesOut(len(frame))
+	c.s.tel.BytesOut(len(frame))
 	return nil
 }
 

@@ -3,6 +3,8 @@ package proxy
 import (
 	"time"
 
+	"github.com/tsproxy/tsproxy/proxy/cursors"
+
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/tsproxy/tsproxy/rules"
@@ -17,16 +19,16 @@ const cursorKillTimeout = 2 * time.Second
 // endSessions) and this connection as its owner (for releaseCursors). It
 // reports false, remembering nothing, when the registry is at its limit
 // (limits.maxCursors); the caller then releases the cursor and refuses.
-func (c *conn) registerCursor(req *request, id int64, e *cursorEntry) bool {
-	e.session = requestSession(req)
+func (c *conn) registerCursor(req *request, id int64, e *cursors.Entry) bool {
+	e.Session = requestSession(req)
 	users, err := c.users()
 	if err != nil {
 		// Who opened it is unknown: nobody may continue it, this client
 		// included, rather than anybody.
 		users = []string{"\x00unknown"}
 	}
-	e.users = users
-	if !c.s.cursors.add(id, e) {
+	e.Users = users
+	if !c.s.cursors.Add(id, e) {
 		return false
 	}
 	c.ownCursor(id)
@@ -36,11 +38,11 @@ func (c *conn) registerCursor(req *request, id int64, e *cursorEntry) bool {
 // ownCursor makes this connection the owner of a registered cursor: the
 // last connection to use a cursor is the one the app reads it through.
 func (c *conn) ownCursor(id int64) {
-	e := c.s.cursors.peek(id)
+	e := c.s.cursors.Peek(id)
 	if e == nil {
 		return
 	}
-	e.owner.Store(c.id)
+	e.Owner.Store(c.id)
 	if c.cursors == nil {
 		c.cursors = make(map[int64]struct{})
 	}
@@ -64,11 +66,11 @@ func (c *conn) releaseCursors() {
 		_ = up.SetDeadline(time.Now().Add(cursorKillTimeout))
 	}
 	for id := range c.cursors {
-		e := c.s.cursors.peek(id)
-		if e == nil || e.owner.Load() != c.id {
+		e := c.s.cursors.Peek(id)
+		if e == nil || e.Owner.Load() != c.id {
 			continue
 		}
-		c.s.cursors.forget(id)
+		c.s.cursors.Forget(id)
 		if !usable {
 			continue
 		}
@@ -110,7 +112,7 @@ func (c *conn) checkCursorOwner(req *request, rule *rules.Rule) (done bool, err 
 		return false, err
 	}
 	for _, id := range ids {
-		e := c.s.cursors.peek(id)
+		e := c.s.cursors.Peek(id)
 		if e == nil {
 			continue
 		}

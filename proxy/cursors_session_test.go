@@ -4,28 +4,30 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tsproxy/tsproxy/proxy/cursors"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 )
 
 func TestCursorRegistryForgetSession(t *testing.T) {
-	r := newCursorRegistry(100, time.Hour)
+	r := cursors.New(100, time.Hour)
 	rule := &rules.Rule{Namespace: "iot.readings"}
-	r.add(1, &cursorEntry{rule: rule, session: "a"})
-	r.add(2, &cursorEntry{rule: rule, session: "b"})
-	r.add(3, &cursorEntry{rule: rule, session: "a"})
-	r.add(4, &cursorEntry{rule: rule})
-	if got := r.forgetSessions(map[string]bool{"": true}, nil); got != nil {
+	r.Add(1, &cursors.Entry{Rule: rule, Session: "a"})
+	r.Add(2, &cursors.Entry{Rule: rule, Session: "b"})
+	r.Add(3, &cursors.Entry{Rule: rule, Session: "a"})
+	r.Add(4, &cursors.Entry{Rule: rule})
+	if got := r.ForgetSessions(map[string]bool{"": true}, nil); got != nil {
 		t.Fatalf("no session forgot %v", got)
 	}
-	got := r.forgetSessions(map[string]bool{"a": true, "zz": true}, nil)
-	if len(got) != 2 || got[0].id+got[1].id != 4 || got[0].entry.rule != rule {
+	got := r.ForgetSessions(map[string]bool{"a": true, "zz": true}, nil)
+	if len(got) != 2 || got[0].ID+got[1].ID != 4 || got[0].Entry.Rule != rule {
 		t.Fatalf("forgot %v, want cursors 1 and 3", got)
 	}
-	if r.Len() != 2 || r.get(1) != nil || r.get(3) != nil || r.get(2) == nil || r.get(4) == nil {
+	if r.Len() != 2 || r.Get(1) != nil || r.Get(3) != nil || r.Get(2) == nil || r.Get(4) == nil {
 		t.Fatalf("registry after endSessions of a: %d cursors", r.Len())
 	}
-	if got := r.forgetSessions(map[string]bool{"a": true, "zz": true}, nil); len(got) != 0 {
+	if got := r.ForgetSessions(map[string]bool{"a": true, "zz": true}, nil); len(got) != 0 {
 		t.Fatalf("forgot %v again", got)
 	}
 }
@@ -35,18 +37,18 @@ func TestCursorRegistryForgetSession(t *testing.T) {
 // anyone but a co-authenticated user, or from another session, is refused
 // with MongoDB's codes.
 func TestCursorOwnership(t *testing.T) {
-	r := newCursorRegistry(100, time.Hour)
+	r := cursors.New(100, time.Hour)
 	rule := &rules.Rule{Namespace: "iot.readings"}
 	alice := []string{"alice@admin"}
-	r.add(1, &cursorEntry{rule: rule, session: "s", users: alice})
-	r.add(2, &cursorEntry{rule: rule, session: "s"}) // opened without authentication
-	if got := r.forgetSessions(map[string]bool{"s": true}, []string{"bob@admin"}); len(got) != 1 || got[0].id != 2 {
+	r.Add(1, &cursors.Entry{Rule: rule, Session: "s", Users: alice})
+	r.Add(2, &cursors.Entry{Rule: rule, Session: "s"}) // opened without authentication
+	if got := r.ForgetSessions(map[string]bool{"s": true}, []string{"bob@admin"}); len(got) != 1 || got[0].ID != 2 {
 		t.Fatalf("bob's endSessions forgot %v, want only the anonymous cursor 2", got)
 	}
-	if r.get(1) == nil {
+	if r.Get(1) == nil {
 		t.Fatal("alice's cursor forgotten by bob's endSessions")
 	}
-	e := r.get(1)
+	e := r.Get(1)
 	cases := []struct {
 		users   []string
 		session string
@@ -70,7 +72,7 @@ func TestCursorOwnership(t *testing.T) {
 			t.Errorf("users %v session %q: code %d (%v), want %d", tc.users, tc.session, code, err, tc.code)
 		}
 	}
-	if err := cursorOwnerError(2, &cursorEntry{rule: rule}, nil, "s"); err == nil || err.(*mongoerr.Error).Code != 50736 {
+	if err := cursorOwnerError(2, &cursors.Entry{Rule: rule}, nil, "s"); err == nil || err.(*mongoerr.Error).Code != 50736 {
 		t.Errorf("a session's getMore of a cursor opened outside sessions: %v, want 50736", err)
 	}
 	if err := cursorUserError(1, e, alice); err != nil {

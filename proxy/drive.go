@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/tsproxy/tsproxy/proxy/cursors"
+
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
@@ -70,17 +72,17 @@ func (c *conn) servePlan(req *request, rule *rules.Rule, r route, p rewrite.Plan
 // result invalidates is forgotten and its cursor remembered for getMore
 // and killCursors (a cursor over the limit is released and refused).
 func (c *conn) runPlan(req *request, rule *rules.Rule, r route, p rewrite.Plan) (rewrite.Result, error) {
-	span := c.s.tel.startCommand(req, r)
+	span := c.s.tel.Start(req.name, req.db, r.String(), req.start)
 	tr := &timedRunner{c: c}
 	res, err := drive(tr, p)
-	span.end(req, tr.wait, err)
+	span.End(tr.wait, err)
 	if err != nil {
 		return res, err
 	}
 	for _, ns := range res.Forget {
 		c.s.forgetNamespace(ns)
 	}
-	if res.Cursor != nil && !c.registerCursor(req, res.Cursor.ID(), &cursorEntry{rule: rule, cursor: res.Cursor}) {
+	if res.Cursor != nil && !c.registerCursor(req, res.Cursor.ID(), &cursors.Entry{Rule: rule, Cursor: res.Cursor}) {
 		_ = c.releaseCursor(rule, res.Cursor)
 		res = rewrite.Result{Reply: c.tooManyCursors(rule)}
 	}

@@ -38,10 +38,10 @@ func (c *conn) handleHello(req *request) error {
 	}
 	frame := wire.AppendMsg(c.outBuf[:0], req.h.RequestID, 0, 0, body)
 	c.outBuf = frame[:0]
-	span := c.s.tel.startCommand(req, routePassthrough)
+	span := c.s.tel.Start(req.name, req.db, routePassthrough.String(), req.start)
 	upStart := time.Now()
 	_, rf, err := c.up.RoundTrip(frame)
-	span.end(req, time.Since(upStart), err)
+	span.End(time.Since(upStart), err)
 	if err != nil {
 		return err
 	}
@@ -67,7 +67,7 @@ func (c *conn) replyUpstreamDown(req *request, err error) error {
 
 // replyError answers req with {ok: 0, errmsg, code, codeName}.
 func (c *conn) replyError(req *request, code mongoerr.Code, msg string) error {
-	c.s.tel.errorSeen(code.Name())
+	c.s.tel.ErrorSeen(code.Name())
 	return c.replyBody(req, mongoerr.ReplyNamed(code, "", msg))
 }
 

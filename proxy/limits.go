@@ -90,7 +90,7 @@ func (c *conn) replyTooManyCursors(req *request, rule *rules.Rule) error {
 // tooManyCursors is the refusal of a cursor over limits.maxCursors.
 func (c *conn) tooManyCursors(rule *rules.Rule) []byte {
 	c.log.Warn("open cursor limit reached", "rule", rule.Namespace, "limit", c.s.opts.MaxCursors)
-	c.s.tel.errorSeen(mongoerr.TooManyCursors.Name())
+	c.s.tel.ErrorSeen(mongoerr.TooManyCursors.Name())
 	return mongoerr.ReplyNamed(mongoerr.TooManyCursors, "", fmt.Sprintf(
 		"tsproxy rule %s: the proxy holds its limit of %d open cursors (limits.maxCursors); exhaust or kill cursors, or raise the limit", rule.Namespace, c.s.opts.MaxCursors))
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 
+	"github.com/tsproxy/tsproxy/proxy/cursors"
+
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/admin"
 	"github.com/tsproxy/tsproxy/rewrite/fanout"
@@ -43,7 +45,7 @@ func (c *conn) commandFrame(cmd []byte) []byte {
 
 // replyRewriteError answers with a rewrite error (its own code).
 func (c *conn) replyRewriteError(req *request, err error) error {
-	c.s.tel.errorSeen("unsupported")
+	c.s.tel.ErrorSeen("unsupported")
 	return c.replyBody(req, mongoerr.Reply(err))
 }
 
@@ -80,23 +82,23 @@ func (c *conn) killUpstreamCursor(rule *rules.Rule, id int64) {
 // it is exhausted.
 func (c *conn) rewriteGetMore(req *request, rule *rules.Rule) error {
 	id, _ := bson.Raw(req.msg.Body).Lookup("getMore").AsInt64OK()
-	e := c.s.cursors.get(id)
+	e := c.s.cursors.Get(id)
 	if e == nil {
 		return c.replyError(req, mongoerr.CursorNotFound, fmt.Sprintf("tsproxy rule %s: cursor id %d not found", rule.Namespace, id))
 	}
 	c.ownCursor(id)
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	span := c.s.tel.startCommand(req, routeCursor)
+	e.Mu.Lock()
+	defer e.Mu.Unlock()
+	span := c.s.tel.Start(req.name, req.db, routeCursor.String(), req.start)
 	tr := &timedRunner{c: c}
-	res, err := drive(tr, e.cursor.More(req.msg.Body))
-	span.end(req, tr.wait, err)
+	res, err := drive(tr, e.Cursor.More(req.msg.Body))
+	span.End(tr.wait, err)
 	if err != nil {
-		c.s.cursors.forget(id)
+		c.s.cursors.Forget(id)
 		return err
 	}
 	if res.Cursor == nil {
-		c.s.cursors.forget(id)
+		c.s.cursors.Forget(id)
 	}
 	return c.replyBody(req, res.Reply)
 }
@@ -112,11 +114,11 @@ func (c *conn) rewriteKillCursors(req *request, rule *rules.Rule) error {
 	}
 	var known []int64
 	for _, id := range ids {
-		e := c.s.cursors.get(id)
+		e := c.s.cursors.Get(id)
 		if e == nil {
 			continue
 		}
-		c.s.cursors.forget(id)
+		c.s.cursors.Forget(id)
 		known = append(known, id)
 		if err := c.releaseEntry(e); err != nil {
 			return err
@@ -139,10 +141,10 @@ func (c *conn) rewriteKillCursors(req *request, rule *rules.Rule) error {
 
 // releaseEntry releases a forgotten cursor's upstream resources, after any
 // getMore of it running on another connection.
-func (c *conn) releaseEntry(e *cursorEntry) error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return c.releaseCursor(e.rule, e.cursor)
+func (c *conn) releaseEntry(e *cursors.Entry) error {
+	e.Mu.Lock()
+	defer e.Mu.Unlock()
+	return c.releaseCursor(e.Rule, e.Cursor)
 }
 
 // rewriteListCollections lists a database holding bucketed namespaces as

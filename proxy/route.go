@@ -44,7 +44,7 @@ func (c *conn) bucketedTarget(req *request) (*rules.Rule, route) {
 		if !ok {
 			return nil, routePassthrough
 		}
-		if rule := c.s.cursors.rule(id); rule != nil {
+		if rule := c.s.cursors.Rule(id); rule != nil {
 			return rule, routeCursor
 		}
 		return nil, routePassthrough

@@ -11,7 +11,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tsproxy/tsproxy/proxy/cursors"
+
+	"github.com/tsproxy/tsproxy/proxy/lease"
 	"github.com/tsproxy/tsproxy/proxy/replycache"
+	"github.com/tsproxy/tsproxy/proxy/telemetry"
 
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/upstream"
@@ -62,13 +66,13 @@ type Options struct {
 type Server struct {
 	opts    Options
 	log     *slog.Logger
-	tel     *telemetry
+	tel     *telemetry.Instruments
 	state   *upstreamState
-	cursors *cursorRegistry
+	cursors *cursors.Registry
 	replies *replycache.Cache // reply_cache.go
 	life    *lifecycleState   // rollups.go
 	sweep   *sweeper          // sweeper.go
-	leases  *writerLeases     // writer_lease.go
+	leases  *lease.Set        // writer leases (package lease)
 	once    *onceSteps        // ensure.go
 	shells  *shellMemory      // layout.go
 	writes  *writeIDs         // layout.go
@@ -111,7 +115,7 @@ func New(opts Options) (*Server, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	tel, err := newTelemetry(opts.Tracing)
+	tel, err := telemetry.New(opts.Tracing, commandNames())
 	if err != nil {
 		return nil, fmt.Errorf("proxy: telemetry: %w", err)
 	}
@@ -120,10 +124,10 @@ func New(opts Options) (*Server, error) {
 		log:     opts.Logger,
 		tel:     tel,
 		state:   newUpstreamState(),
-		cursors: newCursorRegistry(opts.MaxCursors, opts.CursorTTL),
+		cursors: cursors.New(opts.MaxCursors, opts.CursorTTL),
 		replies: replycache.New(opts.RetryCacheSize, opts.RetryCacheTTL),
 		life:    newLifecycleState(),
-		leases:  newWriterLeases(opts.WriterLease, opts.WriterID),
+		leases:  lease.NewSet(opts.WriterLease, opts.WriterID),
 		once:    newOnceSteps(),
 		shells:  newShellMemory(),
 		writes:  newWriteIDs(time.Now()),
@@ -148,7 +152,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	}
 	s.mu.Unlock()
 	if s.opts.WriterID == "" {
-		s.leases.setIdentity(ln.Addr().String())
+		s.leases.SetIdentity(ln.Addr().String())
 	}
 	s.startSweeper()
 	var backoff time.Duration
@@ -187,14 +191,14 @@ func (s *Server) startConn(nc net.Conn) {
 	s.conns[c] = struct{}{}
 	s.connWG.Add(1)
 	s.mu.Unlock()
-	s.tel.connOpened()
+	s.tel.ConnOpened()
 	go func() {
 		defer func() {
 			s.mu.Lock()
 			delete(s.conns, c)
 			s.mu.Unlock()
 			s.numConns.Add(-1)
-			s.tel.connClosed()
+			s.tel.ConnClosed()
 			s.connWG.Done()
 		}()
 		if over {

@@ -123,7 +123,7 @@ func (s *Server) retain(ctx context.Context, rule *rules.Rule) {
 					return
 				}
 				s.log.Error("retention: sweep failed; will retry", "rule", rule.Namespace, "err", err.Error())
-				var refused *upstreamRefusal
+				var refused *upstream.Refusal
 				if !errors.As(err, &refused) { // a transport error: dial again
 					up.Close()
 					up = nil
@@ -199,7 +199,7 @@ func ensureTTL(up *upstream.Conn, rule *rules.Rule, e rollup.Expiry) (mode reten
 	if err != nil {
 		return modeUnknown, "", fmt.Errorf("create TTL index on %s.%s: %w", rule.DB, e.Collection, err)
 	}
-	if err := commandError(reply); err != nil {
+	if err := upstream.CommandError(reply); err != nil {
 		return modeSweep, err.Error(), nil
 	}
 	return modeTTL, "", nil
@@ -211,7 +211,7 @@ func sweepOnce(up *upstream.Conn, rule *rules.Rule, e rollup.Expiry, now time.Ti
 	if err != nil {
 		return 0, fmt.Errorf("sweep %s.%s: %w", rule.DB, e.Collection, err)
 	}
-	if err := commandError(reply); err != nil {
+	if err := upstream.CommandError(reply); err != nil {
 		return 0, fmt.Errorf("sweep %s.%s: %w", rule.DB, e.Collection, err)
 	}
 	n, _ := reply.Lookup("n").AsInt64OK()
