@@ -38,6 +38,13 @@ func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
 		return err
 	}
 	defer c.endRetryable(req)
+	switch req.name {
+	case "insert", "getMore", "killCursors":
+	default:
+		if done, err := c.settleStaged(req, rule); done || err != nil { // stage.go
+			return err
+		}
+	}
 	h := handlerFor(req.name, rule) // commands.go
 	if h == nil {
 		msg := fmt.Sprintf("tsproxy rule %s: command %q is not supported on a bucketed namespace", rule.Namespace, req.name)
@@ -65,6 +72,11 @@ func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
 // the same, without answering the client: the proxy needs the replies to
 // keep its fills exact and to retry duplicate keys.
 func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
+	if staged, _, err := c.stagedRule(rule); err != nil {
+		return err
+	} else if staged {
+		return c.stagedInsert(req, rule) // stage.go
+	}
 	caps, err := c.startWrite(rule)
 	if err != nil {
 		return err

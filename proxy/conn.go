@@ -258,6 +258,8 @@ func (c *conn) route(req *request) error {
 		}
 	case "endSessions":
 		c.endCursorSessions(req) // then passes through
+	case "tsproxyFlush":
+		return c.handleFlush(req) // stage.go
 	case "renameCollection":
 		if rule := c.renameTouchesRule(req); rule != nil {
 			if err := c.ensureUpstream(); err != nil {

@@ -75,32 +75,43 @@ func (s *Server) forgetNamespace(ns string) {
 // ensureBucketIndex creates the rule's bucket index the first time the
 // proxy writes its namespace.
 func (c *conn) ensureBucketIndex(rule *rules.Rule) {
-	c.ensureIndex(rule, rule.BucketCollection, "could not create the bucket index {meta: 1, start: 1}; writes are stored, reads will be slow. Grant createIndex on the bucket collection, or create the index yourself")
+	c.ensureIndex(rule, rule.BucketCollection, bucketIndexFailure)
 }
 
 // ensureIndex runs the index step of db.coll (a collection of rule's
 // buckets or rollups).
 func (c *conn) ensureIndex(rule *rules.Rule, coll, failure string) {
+	_ = c.s.ensureIndexOn(c, rule, coll, failure)
+}
+
+// ensureIndexOn is ensureIndex on any step runner (a background merge's
+// connection); the error is logged, and returned for a caller that needs
+// the index.
+func (s *Server) ensureIndexOn(r stepRunner, rule *rules.Rule, coll, failure string) error {
 	ns := rule.DB + "." + coll
-	if !c.s.once.begin("index", ns) {
-		return
+	if !s.once.begin("index", ns) {
+		return nil
 	}
-	res, err := drive(c, rewrite.Passthrough(bucket.IndexCommand(rule.DB, coll), nil))
+	res, err := drive(r, rewrite.Passthrough(bucket.IndexCommand(rule.DB, coll), nil))
 	if err == nil {
 		err = mongoerr.ReplyError(res.Reply)
 	}
-	if err == nil && c.s.opts.IndexIDs != nil {
+	if err == nil && s.opts.IndexIDs != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		err = c.s.opts.IndexIDs(ctx, rule.DB, coll)
+		err = s.opts.IndexIDs(ctx, rule.DB, coll)
 		cancel()
 	}
 	if err != nil {
-		c.log.Error(failure, "rule", rule.Namespace, "collection", ns, "err", err.Error())
-		return
+		s.log.Error(failure, "rule", rule.Namespace, "collection", ns, "err", err.Error())
+		return err
 	}
-	c.s.once.done("index", ns)
-	c.log.Info("index ensured", "rule", rule.Namespace, "collection", ns)
+	s.once.done("index", ns)
+	s.log.Info("index ensured", "rule", rule.Namespace, "collection", ns)
+	return nil
 }
+
+// bucketIndexFailure is what a missing bucket index is logged as.
+const bucketIndexFailure = "could not create the bucket index {meta: 1, start: 1}; writes are stored, reads will be slow. Grant createIndex on the bucket collection, or create the index yourself"
 
 // ensureLifecycle runs the one-time steps of a rule's lifecycle before
 // its first write: with shardKey, sharding its bucket collection on a

@@ -73,6 +73,7 @@ type Server struct {
 	life    *lifecycleState   // rollups.go
 	sweep   *sweeper          // sweeper.go
 	leases  *lease.Set        // writer leases (package lease)
+	merges  *mergeState       // stage.go
 	once    *onceSteps        // ensure.go
 	shells  *shellMemory      // layout.go
 	writes  *writeIDs         // layout.go
@@ -119,7 +120,7 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("proxy: telemetry: %w", err)
 	}
-	return &Server{
+	s := &Server{
 		opts:    opts,
 		log:     opts.Logger,
 		tel:     tel,
@@ -128,11 +129,16 @@ func New(opts Options) (*Server, error) {
 		replies: replycache.New(opts.RetryCacheSize, opts.RetryCacheTTL),
 		life:    newLifecycleState(),
 		leases:  lease.NewSet(opts.WriterLease, opts.WriterID),
+		merges:  newMergeState(),
 		once:    newOnceSteps(),
 		shells:  newShellMemory(),
 		writes:  newWriteIDs(time.Now()),
 		conns:   make(map[*conn]struct{}),
-	}, nil
+	}
+	if err := telemetry.ObserveStaging(s.merges.snapshot); err != nil {
+		return nil, fmt.Errorf("proxy: telemetry: %w", err)
+	}
+	return s, nil
 }
 
 // Serve accepts clients on ln until Shutdown; it returns nil after a

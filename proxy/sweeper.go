@@ -47,6 +47,7 @@ func (s *Server) startSweeper() {
 	ctx, cancel := context.WithCancel(context.Background())
 	sw := &sweeper{cancel: cancel}
 	s.sweep = sw
+	s.startMergers(ctx, &sw.wg) // stage.go
 	for _, r := range s.opts.Rules.All() {
 		if r.ExpireAfter <= 0 {
 			continue

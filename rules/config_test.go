@@ -197,20 +197,20 @@ rules:
 			{
 				Namespace: "iot.readings", DB: "iot", Collection: "readings",
 				TimeField: "ts", MetaField: "sensorId",
-				Span: 90 * time.Second, MaxEvents: 500, MaxBytes: 512 << 10, InsertThreshold: 20,
+				Span: 90 * time.Second, MaxEvents: 500, MaxBytes: 512 << 10, InsertThreshold: 20, Ingest: DefaultIngest, MergeAfter: DefaultMergeAfter,
 				Aggregates:       []string{"value", "env.temp"},
 				BucketCollection: "readings_buckets", Layout: "events",
 			},
 			{
 				Namespace: "logs.app.events", DB: "logs", Collection: "app.events",
 				TimeField: "at",
-				Span:      24 * time.Hour, MaxEvents: 1000, MaxBytes: 2_000_000, InsertThreshold: 100,
+				Span:      24 * time.Hour, MaxEvents: 1000, MaxBytes: 2_000_000, InsertThreshold: 100, Ingest: DefaultIngest, MergeAfter: DefaultMergeAfter,
 				BucketCollection: "app.events.buckets", Layout: "events",
 			},
 			{
 				Namespace: "iot.other", DB: "iot", Collection: "other",
 				TimeField: "t",
-				Span:      time.Hour, MaxEvents: 1000, MaxBytes: 1 << 20, InsertThreshold: 100,
+				Span:      time.Hour, MaxEvents: 1000, MaxBytes: 1 << 20, InsertThreshold: 100, Ingest: DefaultIngest, MergeAfter: DefaultMergeAfter,
 				BucketCollection: "other.buckets", Layout: "events",
 			},
 		},
@@ -399,7 +399,7 @@ func TestInvalid(t *testing.T) {
 		{"rules not a list", "rules:\n  namespace: a.b\n", nil, nil,
 			`config: rules: must be a list, not a mapping`},
 		{"rule not a mapping", "rules:\n  - a.b\n", nil, nil,
-			`config: rules[0]: must be a mapping of keys (namespace, timeField, metaField, layout, window, slot, valueField, preallocate, bucket, aggregates, collection, rollups, expireAfter, sweepInterval, shardKey, partitionBy), not "a.b"`},
+			`config: rules[0]: must be a mapping of keys (namespace, timeField, metaField, layout, window, slot, valueField, preallocate, bucket, aggregates, collection, rollups, expireAfter, sweepInterval, shardKey, partitionBy, ingest, mergeAfter), not "a.b"`},
 		{"scalar given a list", "listen: [a, b]\n", nil, nil,
 			`config: listen: must be a single value, not a list`},
 		{"aggregates not a list", "rules:\n  - namespace: a.b\n    timeField: t\n    aggregates: value\n", nil, nil,
@@ -546,6 +546,12 @@ func TestInvalid(t *testing.T) {
 			`config: rules[0].bucket.maxBytes: "1TB" is not a byte count such as 1048576, 512KiB or 1MiB`},
 		{"insertThreshold over maxEvents", "rules:\n  - namespace: iot.readings\n    timeField: ts\n    bucket: {maxEvents: 10, insertThreshold: 11}\n", nil, nil,
 			`config: rules[0].bucket.insertThreshold: 11 is out of range [1, maxEvents=10]`},
+		{"ingest unknown", "rules:\n  - namespace: iot.readings\n    timeField: ts\n    ingest: fast\n", nil, nil,
+			`config: rules[0].ingest: "fast" is not an ingest mode; use auto, staged or direct`},
+		{"ingest staged counter", "rules:\n  - namespace: web.hits\n    timeField: ts\n    layout: counter\n    window: 1m\n    slot: 1s\n    ingest: staged\n", nil, nil,
+			`config: rules[0].ingest: staged applies only to layout events, not counter`},
+		{"mergeAfter too short", "rules:\n  - namespace: iot.readings\n    timeField: ts\n    mergeAfter: 1ms\n", nil, nil,
+			`config: rules[0].mergeAfter: "1ms" is less than 100ms`},
 		{"insertThreshold zero", "rules:\n  - namespace: iot.readings\n    timeField: ts\n    bucket: {insertThreshold: 0}\n", nil, nil,
 			`config: rules[0].bucket.insertThreshold: 0 is out of range [1, maxEvents=1000]`},
 		{"aggregate duplicate", "rules:\n  - namespace: iot.readings\n    timeField: ts\n    aggregates: [v, w, v]\n", nil, nil,
@@ -663,7 +669,7 @@ func TestShippedConfig(t *testing.T) {
 	demo := Rule{
 		Namespace: "demo.readings", DB: "demo", Collection: "readings",
 		TimeField: "ts", MetaField: "sensorId",
-		Span: time.Hour, MaxEvents: 1000, MaxBytes: 1 << 20, InsertThreshold: 100,
+		Span: time.Hour, MaxEvents: 1000, MaxBytes: 1 << 20, InsertThreshold: 100, Ingest: DefaultIngest, MergeAfter: DefaultMergeAfter,
 		Aggregates: []string{"value"}, BucketCollection: "readings.buckets", Layout: "events",
 	}
 	if !reflect.DeepEqual(c.Rules, []Rule{demo}) {
@@ -694,18 +700,18 @@ func TestShippedConfig(t *testing.T) {
 	want := []Rule{demo, {
 		Namespace: "iot.readings", DB: "iot", Collection: "readings",
 		TimeField: "ts", MetaField: "sensorId",
-		Span: time.Hour, MaxEvents: 1000, MaxBytes: 1 << 20, InsertThreshold: 100,
+		Span: time.Hour, MaxEvents: 1000, MaxBytes: 1 << 20, InsertThreshold: 100, Ingest: DefaultIngest, MergeAfter: DefaultMergeAfter,
 		Aggregates: []string{"value"}, BucketCollection: "readings.buckets", Layout: "events",
 	}, {
 		Namespace: "web.hits", DB: "web", Collection: "hits",
 		TimeField: "ts", MetaField: "page",
-		Span: time.Minute, MaxEvents: 1000, MaxBytes: 1 << 20, InsertThreshold: 100,
+		Span: time.Minute, MaxEvents: 1000, MaxBytes: 1 << 20, InsertThreshold: 100, Ingest: DefaultIngest, MergeAfter: DefaultMergeAfter,
 		BucketCollection: "hits.buckets", Layout: "counter",
 		LayoutOptions: LayoutOptions{Window: time.Minute, Slot: time.Second},
 	}, {
 		Namespace: "mon.cpu", DB: "mon", Collection: "cpu",
 		TimeField: "ts", MetaField: "host",
-		Span: time.Hour, MaxEvents: 1000, MaxBytes: 1 << 20, InsertThreshold: 100,
+		Span: time.Hour, MaxEvents: 1000, MaxBytes: 1 << 20, InsertThreshold: 100, Ingest: DefaultIngest, MergeAfter: DefaultMergeAfter,
 		Aggregates: []string{"value"}, BucketCollection: "cpu.buckets", Layout: "slots",
 		LayoutOptions: LayoutOptions{Window: time.Hour, Slot: time.Second, ValueField: "value", Aggregated: true, Preallocate: true},
 	}}

@@ -61,6 +61,8 @@ var schema = []keySpec{
 		{name: "sweepInterval"},
 		{name: "shardKey"},
 		{name: "partitionBy"},
+		{name: "ingest"},
+		{name: "mergeAfter"},
 	}},
 	{name: "shutdownTimeout"},
 }

@@ -83,6 +83,13 @@ type Rule struct {
 	// PartitionBy, when set (PartitionMonth or PartitionDay), writes the
 	// buckets into one collection per period (rules/partition.go).
 	PartitionBy string
+
+	// Ingest is the rule's ingest mode (rules/ingest.go): IngestAuto
+	// unless configured.
+	Ingest string
+	// MergeAfter is how long a staging collection takes no new event
+	// before the proxy merges it into buckets.
+	MergeAfter time.Duration
 }
 
 // BucketNamespace is "db.bucketCollection".

@@ -185,6 +185,7 @@ func (d *decoder) rule(p string, m map[string]any) (Rule, bool) {
 	if v := field(m, "partitionBy"); v != nil {
 		d.partitionBy(k("partitionBy"), v, &r) // rules/partition.go
 	}
+	d.ingest(p, m, &r) // rules/ingest.go
 	return r, nsOK
 }
 

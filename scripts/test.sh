@@ -54,13 +54,14 @@ echo "== end-to-end and command tests (embedded upstream)"
 go test -count=1 -timeout 25m ./tests/e2e/... ./cmd/...
 
 # The e2e subset CI runs on the two other upstreams, chosen by priority
-# (the 50,000-event read differential, inserts, deletes, faults) and time:
+# (the 50,000-event read differential, the staging tier, inserts,
+# deletes, faults) and time:
 # each passed there in full runs (README, Tests). Left out, everywhere:
 # the rest of the suite (passthrough, layouts, summaries, partitions,
 # rollups, security, limits), for time. On postgresql TestPartitionRetention
 # also fails (FerretDB's postgresql handler answers a find on a partition
 # the sweeper is dropping with "relation does not exist").
-E2E_SUBSET='^(TestReadDifferential|TestInsert.*|TestDelete.*|TestFault.*|TestReplyCache.*|TestTwoProxies.*|TestWriterLeaseLapses)$'
+E2E_SUBSET='^(TestReadDifferential|TestStage.*|TestInsert.*|TestDelete.*|TestFault.*|TestReplyCache.*|TestTwoProxies.*|TestWriterLeaseLapses)$'
 # On ferretdb, of the differential's queries only the point and scan ones
 # (the paths that differ without the _id index): each other query scans the
 # 50,000 plain events at about 3 s a side. "point large unsorted" is left

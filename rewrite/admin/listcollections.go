@@ -3,6 +3,7 @@ package admin
 import (
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -233,6 +234,11 @@ func (p *ListCollectionsPlan) mapDoc(d bsoncore.Document) bsoncore.Document {
 		r = partitionOwner(p.byApp, name)
 	}
 	if r == nil {
+		// A staging collection (rewrite/stage) shows as its rule's
+		// namespace, which may have no bucket collection yet.
+		r = stageOwner(p.byApp, name)
+	}
+	if r == nil {
 		return append(bsoncore.Document(nil), d...)
 	}
 	if p.shown[r] {
@@ -276,6 +282,17 @@ func (p *ListCollectionsPlan) Result() []byte {
 func partitionOwner(byApp map[string]*rules.Rule, coll string) *rules.Rule {
 	for _, r := range byApp {
 		if _, ok := r.ParsePartition(coll); ok && r.Partitioned() {
+			return r
+		}
+	}
+	return nil
+}
+
+// stageOwner is the rule (among byApp's) whose staging tier coll belongs
+// to, or nil.
+func stageOwner(byApp map[string]*rules.Rule, coll string) *rules.Rule {
+	for _, r := range byApp {
+		if strings.HasPrefix(coll, r.StagePrefix()) {
 			return r
 		}
 	}

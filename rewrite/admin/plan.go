@@ -4,6 +4,7 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/source"
+	"github.com/tsproxy/tsproxy/rewrite/stage"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -121,6 +122,9 @@ func Drop(body []byte, rule *rules.Rule) rewrite.Plan {
 		}
 		for _, res := range rule.Rollups {
 			d.rollups = append(d.rollups, rule.RollupCollection(res))
+		}
+		if rule.Layout == rules.LayoutEvents {
+			d.rollups = append(d.rollups, stage.TxnsCollection(rule))
 		}
 		return d
 	})

@@ -5,6 +5,7 @@ import (
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -122,4 +123,32 @@ func RestoreMeta(stored bsoncore.Document, metaField string, metaOf func() (bson
 		out = append(out, e...)
 	}
 	return bsoncore.AppendDocumentEnd(out, idx)
+}
+
+// StoredEvents reads a bucket document back into the events it holds, in
+// stored order, as PrepareEvent made them (Index is the position in the
+// bucket): what a merge needs to write them into other buckets.
+func StoredEvents(bdoc bsoncore.Document, rule *rules.Rule, lim Limits) ([]Event, error) {
+	meta, start, err := KeyFields(bdoc)
+	if err != nil {
+		return nil, err
+	}
+	docs, err := EventDocs(bdoc)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Event, 0, len(docs))
+	for i, d := range docs {
+		aggs := make([]bsoncore.Value, len(lim.Aggregates))
+		f, err := readEventFields(d, rule, lim, aggs)
+		if err != nil {
+			return nil, fmt.Errorf("event %d: %w", i, err)
+		}
+		ms, ok := f.time.DateTimeOK()
+		if !ok {
+			return nil, fmt.Errorf("event %d: %q is a %s, not a date", i, rule.TimeField, bsonutil.TypeName(f.time.Type))
+		}
+		out = append(out, Event{Index: i, Meta: meta, Start: start, Time: ms, Stored: d, Aggs: aggs})
+	}
+	return out, nil
 }

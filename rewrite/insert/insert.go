@@ -257,3 +257,19 @@ func checkInsertTarget(body bsoncore.Document, rule *rules.Rule) error {
 	}
 	return nil
 }
+
+// Groups are the prepared events by (series, window), in order of first
+// appearance, batch order inside each group.
+func (pi *Prepared) Groups() [][]bucket.Event { return pi.groups }
+
+// Rejected are the events refused before anything is sent.
+func (pi *Prepared) Rejected() []bucket.WriteError { return pi.rejected }
+
+// Ordered is the client's "ordered".
+func (pi *Prepared) Ordered() bool { return pi.ordered }
+
+// Limits are the rule's bucket limits.
+func (pi *Prepared) Limits() bucket.Limits { return pi.lim }
+
+// Rule is the rule the insert was prepared for.
+func (pi *Prepared) Rule() *rules.Rule { return pi.rule }

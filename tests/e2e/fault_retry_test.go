@@ -12,7 +12,8 @@ import (
 )
 
 // bucketWrite matches the proxy's rewritten writes (insert or update of a
-// bucket collection) among client→upstream frames.
+// bucket collection, insert into a staging collection) among
+// client→upstream frames.
 func bucketWrite(frame []byte) bool {
 	var m wire.Msg
 	if err := m.Decode(frame); err != nil {
@@ -23,7 +24,7 @@ func bucketWrite(frame []byte) bool {
 		return false
 	}
 	coll, _ := bson.Raw(m.Body).Lookup(name).StringValueOK()
-	return strings.HasSuffix(coll, ".buckets")
+	return strings.HasSuffix(coll, ".buckets") || (name == "insert" && strings.HasPrefix(coll, "tsproxy_stage_") && !strings.HasSuffix(coll, "_txns"))
 }
 
 // storedIDs counts, per event _id, how often the buckets of db hold it.

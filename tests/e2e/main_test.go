@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bufio"
 	"cmp"
 	"context"
 	"fmt"
@@ -23,6 +24,7 @@ import (
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/tests/backend"
 	"github.com/tsproxy/tsproxy/upstream"
+	"github.com/tsproxy/tsproxy/wire"
 )
 
 // env is the shared upstream of the whole run.
@@ -105,9 +107,20 @@ func startProxy(t testing.TB, po proxyOptions) *testProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ruleSet := cfg.RuleSet()
+	// TSPROXY_E2E_INGEST=auto|staged runs the suite's events rules through
+	// the staging tier (rewrite/stage) unless a test set the mode itself.
+	if mode := os.Getenv("TSPROXY_E2E_INGEST"); mode != "" {
+		for i, r := range cfg.Rules {
+			if r.Layout == rules.LayoutEvents && !r.Partitioned() && r.Ingest == rules.DefaultIngest && !strings.Contains(po.yaml, "ingest:") {
+				cfg.Rules[i].Ingest = mode
+			}
+		}
+		ruleSet = rules.NewSet(cfg.Rules)
+	}
 	opts := proxy.Options{
 		Dialer:          dialer,
-		Rules:           cfg.RuleSet(),
+		Rules:           ruleSet,
 		MaxConnections:  cfg.Limits.MaxConnections,
 		MaxMessageBytes: cfg.Limits.MaxMessageBytes,
 		MaxCursors:      cfg.Limits.MaxCursors,
@@ -132,13 +145,20 @@ func startProxy(t testing.TB, po proxyOptions) *testProxy {
 	}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()
+	tp := &testProxy{srv: srv, addr: ln.Addr().String(), cfg: cfg}
+	live.Lock()
+	live.proxies[tp] = liveProxy{owner: t.Name()}
+	live.Unlock()
 	t.Cleanup(func() {
+		live.Lock()
+		delete(live.proxies, tp)
+		live.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(ctx)
 		<-done
 	})
-	return &testProxy{srv: srv, addr: ln.Addr().String(), cfg: cfg}
+	return tp
 }
 
 // connect opens a Go driver client; extra is appended to the URI options.
@@ -160,9 +180,47 @@ func connect(t testing.TB, uri string, extra ...string) *mongo.Client {
 }
 
 // direct is a client straight to the upstream, bypassing the proxy, for
-// checking what the proxy stored.
+// checking what the proxy stored. It first settles what the running test
+// proxies staged (settleLive), so what it finds is complete buckets.
 func direct(t testing.TB) *mongo.Client {
+	settleLive(t)
 	return connect(t, env.upstreamURI)
+}
+
+// live are the test proxies running now, with a client of each for
+// settling their staging tiers.
+var live = struct {
+	sync.Mutex
+	proxies map[*testProxy]liveProxy
+}{proxies: map[*testProxy]liveProxy{}}
+
+// liveProxy is a running test proxy: the test that started it.
+type liveProxy struct {
+	owner string
+}
+
+// settleLive merges the staging tier of the running proxies of test t
+// and its parents (tsproxyFlush): a test that reads the upstream
+// directly sees what reads through the proxy see. A proxy that cannot
+// (its upstream is down, another proxy holds the rule's lease) is
+// skipped. Other tests' proxies are left alone: a flush in the middle
+// of their inserts would change how their events are bucketed.
+func settleLive(t testing.TB) {
+	live.Lock()
+	var addrs []string
+	for tp, lp := range live.proxies {
+		if t.Name() == lp.owner || strings.HasPrefix(t.Name(), lp.owner+"/") {
+			addrs = append(addrs, tp.addr)
+		}
+	}
+	live.Unlock()
+	// A raw connection of its own, closed at once: tests count the
+	// proxy's client connections.
+	for _, addr := range addrs {
+		if err := flushAt(addr); err != nil {
+			t.Logf("settle a test proxy's staging tier: %v", err)
+		}
+	}
 }
 
 // uniqueDB names a database of its own for a test.
@@ -264,4 +322,38 @@ func runClients(t testing.TB, n int, f func(c int) error) {
 	for err := range errs {
 		t.Fatal(err)
 	}
+}
+
+// flushAt runs tsproxyFlush on the proxy at addr over a connection of its
+// own, and returns the command's error.
+func flushAt(addr string) error {
+	nc, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	body, err := bson.Marshal(bson.D{{Key: "tsproxyFlush", Value: 1}, {Key: "$db", Value: "admin"}})
+	if err != nil {
+		return err
+	}
+	frame, err := (&wire.Msg{Body: body}).Encode(nil, wire.Header{RequestID: 1})
+	if err != nil {
+		return err
+	}
+	_ = nc.SetDeadline(time.Now().Add(time.Minute))
+	if _, err := nc.Write(frame); err != nil {
+		return err
+	}
+	_, rf, err := wire.ReadMessage(bufio.NewReader(nc), nil, 48_000_000)
+	if err != nil {
+		return err
+	}
+	var reply wire.Msg
+	if err := reply.Decode(rf); err != nil {
+		return err
+	}
+	if ok, _ := bson.Raw(reply.Body).Lookup("ok").AsFloat64OK(); ok != 1 {
+		return fmt.Errorf("tsproxyFlush: %s", bson.Raw(reply.Body))
+	}
+	return nil
 }

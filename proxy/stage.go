@@ -1,0 +1,429 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/tsproxy/tsproxy/proxy/lease"
+	"github.com/tsproxy/tsproxy/proxy/telemetry"
+	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+	"github.com/tsproxy/tsproxy/rewrite/insert"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rewrite/stage"
+	"github.com/tsproxy/tsproxy/rules"
+	"github.com/tsproxy/tsproxy/upstream"
+)
+
+// The staging tier (rewrite/stage): inserts of a staged rule go to its
+// staging collections with no lock and no lease; merges write its
+// buckets. One merge of a rule runs at a time in this proxy (mergeState's
+// lock) and in the fleet (the rule's writer lease). A merge runs before
+// every command on the rule's namespace but inserts, getMore and
+// killCursors (so reads, counts, deletes and drops see complete buckets
+// only), on tsproxyFlush, and in the background once a staging
+// collection has taken nothing new for the rule's mergeAfter.
+
+// RetryHorizon is how long the records of merged retryable writes are
+// kept: a driver retries within its server selection timeout (30 s by
+// default), after a proxy restarts too.
+const RetryHorizon = 10 * time.Minute
+
+// mergeState is the proxy's side of its merges.
+type mergeState struct {
+	mu    sync.Mutex
+	locks map[string]*sync.Mutex // by rule namespace
+	// inflight, by rule namespace: staged inserts hold it shared, a
+	// freeze exclusively, so no insert of this proxy is past FerretDB's
+	// catalog lookup when a staging collection is renamed.
+	inflight map[string]*sync.RWMutex
+	// quiet remembers, per staging collection (db.coll), its count and
+	// since when it has had that count: the background merger's measure
+	// of "took nothing new".
+	quiet map[string]quietSeen
+	stats map[string]*ruleStageStats // by rule namespace, for metrics
+}
+
+type quietSeen struct {
+	count int64
+	since time.Time
+}
+
+// ruleStageStats are one rule's staging figures, for the metrics.
+type ruleStageStats = telemetry.Staging
+
+func newMergeState() *mergeState {
+	return &mergeState{locks: map[string]*sync.Mutex{}, inflight: map[string]*sync.RWMutex{}, quiet: map[string]quietSeen{}, stats: map[string]*ruleStageStats{}}
+}
+
+func (m *mergeState) lock(ns string) *sync.Mutex {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	l := m.locks[ns]
+	if l == nil {
+		l = &sync.Mutex{}
+		m.locks[ns] = l
+	}
+	return l
+}
+
+func (m *mergeState) inserts(ns string) *sync.RWMutex {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	l := m.inflight[ns]
+	if l == nil {
+		l = &sync.RWMutex{}
+		m.inflight[ns] = l
+	}
+	return l
+}
+
+// MaxStagedDocs bounds a staging collection: one that holds this many
+// staged documents is merged even while it still takes inserts (the
+// records of merged retryable writes keep that safe), so what staging
+// holds, and what one merge reads into memory, stays bounded.
+const MaxStagedDocs = 20_000
+
+// due is the background policy: a staging collection is merged once its
+// count has not changed for the rule's mergeAfter, or once it holds
+// MaxStagedDocs.
+func (m *mergeState) due(rule *rules.Rule, now time.Time) func(c stage.Collection, count int64) bool {
+	return func(c stage.Collection, count int64) bool {
+		if count >= MaxStagedDocs {
+			return true
+		}
+		key := rule.DB + "." + c.Name
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		q, ok := m.quiet[key]
+		if !ok || q.count != count {
+			m.quiet[key] = quietSeen{count: count, since: now}
+			return false
+		}
+		if now.Sub(q.since) < rule.MergeAfter {
+			return false
+		}
+		delete(m.quiet, key)
+		return true
+	}
+}
+
+// record adds a merge's figures to the rule's.
+func (m *mergeState) record(rule *rules.Rule, st stage.Stats, background bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.ruleStats(rule)
+	r.Merged += int64(st.Events)
+	r.Buckets += int64(st.Buckets)
+	r.Retries += int64(st.Retries)
+	if background || st.Pending == 0 {
+		r.Pending, r.PendingDocs = int64(st.Pending), st.Staged
+		switch {
+		case st.Pending == 0:
+			r.Oldest = time.Time{}
+		case r.Oldest.IsZero():
+			r.Oldest = time.Now()
+		}
+	}
+}
+
+func (m *mergeState) ruleStats(rule *rules.Rule) *ruleStageStats {
+	r := m.stats[rule.Namespace]
+	if r == nil {
+		r = &ruleStageStats{}
+		m.stats[rule.Namespace] = r
+	}
+	return r
+}
+
+// staged records events acknowledged into a rule's staging tier.
+func (m *mergeState) staged(rule *rules.Rule, n int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.ruleStats(rule).Staged += n
+}
+
+// snapshot copies every rule's figures.
+func (m *mergeState) snapshot() map[string]ruleStageStats {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make(map[string]ruleStageStats, len(m.stats))
+	for ns, r := range m.stats {
+		out[ns] = *r
+	}
+	return out
+}
+
+// stagedRule says whether rule stages its events on this upstream.
+func (c *conn) stagedRule(rule *rules.Rule) (bool, caps.Upstream, error) {
+	caps, err := c.upstreamCaps()
+	if err != nil {
+		return false, caps, err
+	}
+	return rule.Staged(caps.CostlyUpdates), caps, nil
+}
+
+// stagedInsert stores an insert's events in the rule's staging tier: no
+// key lock, no fills, no writer lease.
+func (c *conn) stagedInsert(req *request, rule *rules.Rule) error {
+	cmd := commandOf(req)
+	identity, err := c.identity()
+	if err != nil {
+		return err
+	}
+	prepared, err := insert.Prepare(cmd, rule, bson.NewObjectID)
+	var p rewrite.Plan
+	if err != nil {
+		p = rewrite.Fail(mongoerr.Errorf(mongoerr.FailedToParse, "%s", err.Error()))
+	} else {
+		p = stage.Insert(cmd, prepared, stage.InsertEnv{Identity: identity, NewObjectID: bson.NewObjectID})
+	}
+	c.ensureLifecycle(rule)
+	inflight := c.s.merges.inserts(rule.Namespace)
+	inflight.RLock()
+	res, err := c.runPlan(req, rule, routeRewrite, p)
+	inflight.RUnlock()
+	if err == nil && mongoerr.IsOK(res.Reply) {
+		n, _ := bson.Raw(res.Reply).Lookup("n").AsInt64OK()
+		c.s.merges.staged(rule, n)
+		err = c.maintainRollups(rule, cmd, res.Reply)
+	}
+	if err == nil {
+		err = c.answer(req, rule, res)
+	}
+	return err
+}
+
+// settleStaged merges everything staged of rule before a command that
+// reads or changes its stored events, so that the command sees every
+// acknowledged event exactly once, in complete buckets. An error is the
+// client's answer (the command does not run).
+func (c *conn) settleStaged(req *request, rule *rules.Rule) (done bool, err error) {
+	staged, caps, err := c.stagedRule(rule)
+	if err != nil || !staged {
+		return false, nil // no caps: the command itself meets the upstream's error
+	}
+	if _, err := c.mergeStaged(rule, caps, stage.MergeOptions{All: true}); err != nil {
+		var up upstreamFailure
+		if errors.As(err, &up) {
+			return true, up.err
+		}
+		return true, c.replyError(req, mongoerr.CodeOf(err), err.Error())
+	}
+	return false, nil
+}
+
+// upstreamFailure is a merge that lost its upstream connection.
+type upstreamFailure struct{ err error }
+
+func (u upstreamFailure) Error() string { return u.err.Error() }
+
+// mergeStaged runs one merge of rule on the client's connection, holding
+// the rule's writer lease and this proxy's merge lock.
+func (c *conn) mergeStaged(rule *rules.Rule, caps caps.Upstream, opts stage.MergeOptions) (stage.Stats, error) {
+	if err := c.ensureWriter(rule, caps); err != nil {
+		return stage.Stats{}, err
+	}
+	return c.s.runMerge(c, rule, opts, false)
+}
+
+// runMerge runs a merge plan on r under the rule's merge lock.
+func (s *Server) runMerge(r stepRunner, rule *rules.Rule, opts stage.MergeOptions, background bool) (stage.Stats, error) {
+	l := s.merges.lock(rule.Namespace)
+	l.Lock()
+	defer l.Unlock()
+	if opts.Now.IsZero() {
+		opts.Now = time.Now()
+	}
+	opts.RetryHorizon = RetryHorizon
+	// The freeze, with this proxy's inserts into the rule held off.
+	freezeOpts := opts
+	freezeOpts.FreezeOnly = true
+	freeze := stage.NewMerge(rule, freezeOpts)
+	inflight := s.merges.inserts(rule.Namespace)
+	inflight.Lock()
+	res, err := drive(r, freeze)
+	inflight.Unlock()
+	if err != nil {
+		return freeze.Stats, upstreamFailure{err: err}
+	}
+	if !mongoerr.IsOK(res.Reply) {
+		return freeze.Stats, mongoerr.FromReply(res.Reply, "merge failed")
+	}
+	if freeze.Stats.Frozen == 0 {
+		s.merges.record(rule, freeze.Stats, background)
+		return freeze.Stats, nil
+	}
+	// The merge of what is retired now, into a bucket collection with
+	// its index (created only now: a create or drop of the namespace
+	// settles first, and must not find the collection made by that).
+	_ = s.ensureIndexOn(r, rule, rule.BucketCollection, bucketIndexFailure) // logged; the merge works without it
+	mergeOpts := opts
+	mergeOpts.All, mergeOpts.Due = false, nil
+	m := stage.NewMerge(rule, mergeOpts)
+	res, err = drive(r, m)
+	m.Stats.Pending, m.Stats.Staged = freeze.Stats.Pending, freeze.Stats.Staged
+	if err != nil {
+		return m.Stats, upstreamFailure{err: err}
+	}
+	s.merges.record(rule, m.Stats, background)
+	if !mongoerr.IsOK(res.Reply) {
+		return m.Stats, mongoerr.FromReply(res.Reply, "merge failed")
+	}
+	if m.Stats.Collections > 0 {
+		s.log.Debug("staging merged", "rule", rule.Namespace, "collections", m.Stats.Collections, "events", m.Stats.Events, "buckets", m.Stats.Buckets)
+	}
+	return m.Stats, nil
+}
+
+// handleFlush answers tsproxyFlush: {tsproxyFlush: 1} merges every staged
+// rule, {tsproxyFlush: "db.coll"} one; the reply counts what was merged.
+func (c *conn) handleFlush(req *request) error {
+	if err := c.ensureUpstream(); err != nil {
+		return c.replyUpstreamDown(req, err)
+	}
+	targets, err := c.flushTargets(req)
+	if err != nil {
+		return c.replyError(req, mongoerr.CodeOf(err), err.Error())
+	}
+	var total stage.Stats
+	rulesMerged := 0
+	for _, rule := range targets {
+		staged, caps, err := c.stagedRule(rule)
+		if err != nil {
+			return c.replyError(req, mongoerr.HostUnreachable, fmt.Sprintf("tsproxyFlush: %v", err))
+		}
+		if !staged {
+			continue
+		}
+		st, err := c.mergeStaged(rule, caps, stage.MergeOptions{All: true})
+		var up upstreamFailure
+		if errors.As(err, &up) {
+			return up.err
+		}
+		if err != nil {
+			return c.replyError(req, mongoerr.CodeOf(err), fmt.Sprintf("tsproxyFlush %s: %v", rule.Namespace, err))
+		}
+		rulesMerged++
+		total.Collections += st.Collections
+		total.Events += st.Events
+		total.Buckets += st.Buckets
+		total.Retries += st.Retries
+	}
+	reply, err := bson.Marshal(bson.D{
+		{Key: "rules", Value: rulesMerged},
+		{Key: "collections", Value: total.Collections},
+		{Key: "events", Value: total.Events},
+		{Key: "buckets", Value: total.Buckets},
+		{Key: "retries", Value: total.Retries},
+		{Key: "ok", Value: 1.0},
+	})
+	if err != nil {
+		return err
+	}
+	return c.replyBody(req, reply)
+}
+
+// flushTargets are the rules a tsproxyFlush names.
+func (c *conn) flushTargets(req *request) ([]*rules.Rule, error) {
+	v := bson.Raw(req.msg.Body).Lookup("tsproxyFlush")
+	if ns, ok := v.StringValueOK(); ok {
+		db, coll, _ := strings.Cut(ns, ".")
+		rule := c.s.opts.Rules.Lookup(db, coll)
+		if rule == nil {
+			return nil, mongoerr.Errorf(mongoerr.NamespaceNotFound, "tsproxyFlush: no rule for namespace %q", ns)
+		}
+		return []*rules.Rule{rule}, nil
+	}
+	if n, ok := v.AsInt64OK(); !ok || n != 1 {
+		return nil, mongoerr.Errorf(mongoerr.BadValue, "tsproxyFlush takes 1 (every rule) or a namespace \"db.collection\", not %s", v)
+	}
+	var out []*rules.Rule
+	for _, r := range c.s.opts.Rules.All() {
+		out = append(out, &r)
+	}
+	return out, nil
+}
+
+// startMergers starts the background merger of every rule that may
+// stage; Shutdown stops them (stopSweeper).
+func (s *Server) startMergers(ctx context.Context, wg *sync.WaitGroup) {
+	for _, r := range s.opts.Rules.All() {
+		if r.Layout != rules.LayoutEvents || r.Partitioned() || r.Ingest == rules.IngestDirect {
+			continue
+		}
+		rule := r
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.mergeLoop(ctx, &rule)
+		}()
+	}
+}
+
+// mergeLoop merges rule's quiet staging collections until ctx ends.
+func (s *Server) mergeLoop(ctx context.Context, rule *rules.Rule) {
+	interval := min(max(rule.MergeAfter/4, 50*time.Millisecond), time.Second)
+	var up *upstream.Conn
+	defer func() {
+		if up != nil {
+			up.Close()
+		}
+	}()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if up == nil {
+			dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			c, err := s.opts.Dialer.Dial(dctx)
+			cancel()
+			if err != nil {
+				continue
+			}
+			up = c
+			stop := context.AfterFunc(ctx, func() { _ = c.Close() })
+			defer stop()
+		}
+		if err := s.mergeOnce(up, rule); err != nil && ctx.Err() == nil {
+			var uf upstreamFailure
+			if errors.As(err, &uf) {
+				up.Close()
+				up = nil
+			}
+			var held *lease.HeldError
+			if !errors.As(err, &held) { // another proxy merges this rule
+				s.log.Warn("staging: background merge failed; will retry", "rule", rule.Namespace, "err", err.Error())
+			}
+		}
+	}
+}
+
+// mergeOnce is one background round: merge the due staging collections.
+func (s *Server) mergeOnce(up *upstream.Conn, rule *rules.Rule) error {
+	reply, err := up.Command(bson.D{{Key: "buildInfo", Value: 1}, {Key: "$db", Value: "admin"}})
+	if err != nil {
+		return upstreamFailure{err: err}
+	}
+	if !rule.Staged(caps.Detect(reply).CostlyUpdates) {
+		return nil
+	}
+	now := time.Now()
+	if caps.Detect(reply).SingleWriter {
+		if err := s.leases.Ensure(up, rule.DB, rule.Collection, s.log); err != nil {
+			return err
+		}
+	}
+	_, err = s.runMerge(upRunner{up: up}, rule, stage.MergeOptions{Due: s.merges.due(rule, now), Now: now}, true)
+	return err
+}

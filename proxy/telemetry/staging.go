@@ -1,0 +1,71 @@
+package telemetry
+
+import (
+	"context"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// Staging are one rule's staging-tier figures (rewrite/stage): totals
+// since the proxy started, and the backlog its last background merge saw.
+type Staging struct {
+	Staged, Merged, Buckets, Retries int64
+	// Pending staging collections and the staged documents in them;
+	// Oldest is when the oldest of them was first seen pending (zero
+	// when none is).
+	Pending     int64
+	PendingDocs int64
+	Oldest      time.Time
+}
+
+// ObserveStaging reports snapshot's figures, per rule, at each collection
+// of the metrics: tsproxy.staging.events{state=staged|merged},
+// tsproxy.staging.buckets, tsproxy.staging.retries,
+// tsproxy.staging.pending{unit=collections|documents} and
+// tsproxy.staging.lag (seconds the oldest pending collection has waited).
+// The mean fill of merged buckets is merged events / buckets.
+func ObserveStaging(snapshot func() map[string]Staging) error {
+	m := otel.Meter(instrumentationName)
+	events, err := m.Int64ObservableCounter("tsproxy.staging.events", metric.WithDescription("Events staged and merged into buckets, by rule."))
+	if err != nil {
+		return err
+	}
+	buckets, err := m.Int64ObservableCounter("tsproxy.staging.buckets", metric.WithDescription("Buckets written by merges, by rule."))
+	if err != nil {
+		return err
+	}
+	retries, err := m.Int64ObservableCounter("tsproxy.staging.retries", metric.WithDescription("Staged documents left out of a merge as retries of writes merged before, by rule."))
+	if err != nil {
+		return err
+	}
+	pending, err := m.Int64ObservableGauge("tsproxy.staging.pending", metric.WithDescription("Merge backlog: staging collections and staged documents not merged yet, by rule."))
+	if err != nil {
+		return err
+	}
+	lag, err := m.Float64ObservableGauge("tsproxy.staging.lag", metric.WithDescription("How long the oldest pending staging collection has waited, by rule."), metric.WithUnit("s"))
+	if err != nil {
+		return err
+	}
+	_, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		now := time.Now()
+		for ns, s := range snapshot() {
+			rule := attribute.String("rule", ns)
+			o.ObserveInt64(events, s.Staged, metric.WithAttributes(rule, attribute.String("state", "staged")))
+			o.ObserveInt64(events, s.Merged, metric.WithAttributes(rule, attribute.String("state", "merged")))
+			o.ObserveInt64(buckets, s.Buckets, metric.WithAttributes(rule))
+			o.ObserveInt64(retries, s.Retries, metric.WithAttributes(rule))
+			o.ObserveInt64(pending, s.Pending, metric.WithAttributes(rule, attribute.String("unit", "collections")))
+			o.ObserveInt64(pending, s.PendingDocs, metric.WithAttributes(rule, attribute.String("unit", "documents")))
+			var waited float64
+			if !s.Oldest.IsZero() {
+				waited = now.Sub(s.Oldest).Seconds()
+			}
+			o.ObserveFloat64(lag, waited, metric.WithAttributes(rule))
+		}
+		return nil
+	}, events, buckets, retries, pending, lag)
+	return err
+}

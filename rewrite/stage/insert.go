@@ -1,0 +1,187 @@
+package stage
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"slices"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+	"github.com/tsproxy/tsproxy/rewrite/insert"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+)
+
+// InsertEnv is what a staged insert needs besides the command.
+type InsertEnv struct {
+	// Identity names the users authenticated on the client's connection
+	// (empty for none): a retry is recognised only for the same users.
+	Identity string
+	// NewObjectID makes the _id of a staged document of a write that is
+	// not retryable. Required.
+	NewObjectID func() bson.ObjectID
+}
+
+// stagedDoc is one staged document and the client's events it carries.
+type stagedDoc struct {
+	doc    bsoncore.Document
+	events []int // indexes in the client's batch
+	fixed  bool  // its _id is derived from the write (a retry meets it)
+}
+
+// stagedCommand is one insert into one staging collection.
+type stagedCommand struct {
+	coll string
+	docs []stagedDoc
+}
+
+// Insert is the plan of a prepared insert on a staged rule: one insert of
+// staged documents per staging collection. A duplicate key on a derived _id is the
+// write's own earlier attempt: its events count as stored. Each upstream
+// insert is unordered, even for an ordered client insert, because an
+// ordered one would stop at that duplicate key and leave the rest of a
+// retry unwritten; an ordered insert stops after the first command with
+// a failure (a failure of a staged document is the upstream's, such as
+// a full disk, never the events': they were validated before).
+func Insert(cmd rewrite.Command, pi *insert.Prepared, env InsertEnv) rewrite.Plan {
+	cmds, err := stagedCommands(cmd, pi, env)
+	if err != nil {
+		return rewrite.Fail(err)
+	}
+	args := rewrite.ReadCarriedArgs(cmd.Body)
+	return rewrite.Script(func(x *rewrite.Exec) (rewrite.Result, error) {
+		out := outcome{errs: slices.Clone(pi.Rejected())}
+		for _, c := range cmds {
+			if out.stopped(pi.Ordered()) {
+				break
+			}
+			body, seq := insertCommand(pi.Rule().DB, c, args)
+			reply, ok := x.Do(rewrite.Step{{Body: body, Seq: seq}})
+			if !ok {
+				return rewrite.Result{}, rewrite.ErrAborted
+			}
+			out.read(c, reply[0])
+		}
+		return rewrite.Result{Reply: insert.WriteReply(out.n, out.errs, out.wce, bsoncore.Value{})}, nil
+	})
+}
+
+// stagedCommands builds the staged documents of the insert's groups,
+// cut to the rule's bucket limits, by staging collection in order of
+// first appearance.
+func stagedCommands(cmd rewrite.Command, pi *insert.Prepared, env InsertEnv) ([]stagedCommand, error) {
+	key, retryable, err := rewrite.RetryKeyOf(cmd.Body)
+	if err != nil {
+		return nil, err
+	}
+	if !retryable && env.NewObjectID == nil {
+		return nil, mongoerr.Errorf(mongoerr.InternalError, "stage: InsertEnv.NewObjectID is nil")
+	}
+	rule, lim := pi.Rule(), pi.Limits()
+	byColl := map[string]int{}
+	var out []stagedCommand
+	part := 0
+	for _, g := range pi.Groups() {
+		coll := rule.StageCollection(g[0].Start)
+		i, ok := byColl[coll]
+		if !ok {
+			i = len(out)
+			byColl[coll] = i
+			out = append(out, stagedCommand{coll: coll})
+		}
+		for _, chunk := range bucket.ChunkEvents(g, lim) {
+			var id bson.ObjectID
+			if retryable {
+				id = DerivedID(key.OwnedBy(env.Identity), part)
+			} else {
+				id = env.NewObjectID()
+			}
+			part++
+			events := make([]int, len(chunk))
+			for j, ev := range chunk {
+				events[j] = ev.Index
+			}
+			out[i].docs = append(out[i].docs, stagedDoc{doc: bucket.Complete(id, chunk, rule, lim), events: events, fixed: retryable})
+		}
+	}
+	return out, nil
+}
+
+// derivedPrefix starts every derived _id: a time no ObjectID made today
+// carries (2106), so derived ids are told from random ones.
+var derivedPrefix = [4]byte{0xff, 0xff, 0xff, 0xff}
+
+// DerivedID is the _id of staged document number part of a retryable
+// write: the same for every attempt of that write by the same users.
+func DerivedID(key rewrite.RetryKey, part int) bson.ObjectID {
+	h := sha256.New()
+	h.Write([]byte(key.Session))
+	var buf [16]byte
+	binary.BigEndian.PutUint64(buf[:8], uint64(key.TxnNumber))
+	binary.BigEndian.PutUint64(buf[8:], uint64(part))
+	h.Write(buf[:])
+	var id bson.ObjectID
+	copy(id[:4], derivedPrefix[:])
+	copy(id[4:], h.Sum(nil))
+	return id
+}
+
+// IsDerived says whether id is a DerivedID.
+func IsDerived(id bson.ObjectID) bool { return [4]byte(id[:4]) == derivedPrefix }
+
+// insertCommand is the upstream insert of c's documents.
+func insertCommand(db string, c stagedCommand, args rewrite.CarriedArgs) ([]byte, *rewrite.Sequence) {
+	idx, body := bsoncore.AppendDocumentStart(nil)
+	body = bsoncore.AppendStringElement(body, "insert", c.coll)
+	body = bsoncore.AppendBooleanElement(body, "ordered", false)
+	body = args.AppendTo(body, true)
+	body = bsoncore.AppendStringElement(body, "$db", db)
+	body, _ = bsoncore.AppendDocumentEnd(body, idx)
+	seq := &rewrite.Sequence{Identifier: "documents"}
+	for _, d := range c.docs {
+		seq.Documents = append(seq.Documents, d.doc)
+	}
+	return body, seq
+}
+
+// outcome gathers the replies of a staged insert into the client's reply.
+type outcome struct {
+	n      int
+	errs   []bucket.WriteError
+	wce    bsoncore.Value
+	failed bool // some statement failed: an ordered insert stops
+}
+
+func (o *outcome) stopped(ordered bool) bool { return ordered && o.failed }
+
+// read takes the reply to c's insert.
+func (o *outcome) read(c stagedCommand, reply []byte) {
+	doc := bsoncore.Document(reply)
+	if !mongoerr.IsOK(doc) {
+		e := insert.CommandErrorOf(doc)
+		for _, d := range c.docs {
+			o.errs = insert.AppendEventErrors(o.errs, d.events, e.Code, e.Msg)
+		}
+		o.failed = true
+		return
+	}
+	if v, err := doc.LookupErr("writeConcernError"); err == nil && o.wce.Type == 0 {
+		o.wce = v
+	}
+	werrs := insert.ReplyWriteErrors(doc)
+	for i, d := range c.docs {
+		e, bad := werrs[i]
+		switch {
+		case !bad:
+			o.n += len(d.events)
+		case e.Code == mongoerr.DuplicateKey && d.fixed:
+			o.n += len(d.events) // stored by an earlier attempt of this write
+		default:
+			o.errs = insert.AppendEventErrors(o.errs, d.events, e.Code, fmt.Sprintf("tsproxy: staging insert: %s", e.Msg))
+			o.failed = true
+		}
+	}
+}

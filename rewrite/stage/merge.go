@@ -1,0 +1,255 @@
+package stage
+
+import (
+	"bytes"
+	"fmt"
+	"slices"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rewrite/source"
+	"github.com/tsproxy/tsproxy/rules"
+)
+
+// MergeOptions say what one merge takes.
+type MergeOptions struct {
+	// All merges every staging collection (a flush). Otherwise only the
+	// retired ones (an earlier merge was cut, or a freeze ran) and those
+	// Due says.
+	All bool
+	// FreezeOnly stops after freezing (renaming) the staging collections
+	// to merge: the caller holds off its own inserts into the rule while
+	// a freeze runs, then merges the retired collections with a second
+	// Merge (see the package comment).
+	FreezeOnly bool
+	// Due says whether staging collection c, which holds count staged
+	// documents, is due for merging (it took nothing new for long
+	// enough). Nil: none is.
+	Due func(c Collection, count int64) bool
+	// Now is the time of the merge: its tokens and its records.
+	Now time.Time
+	// RetryHorizon is how long the records of merged retryable writes
+	// are kept: a driver's retry arriving later than that is not
+	// recognised once its first attempt was merged.
+	RetryHorizon time.Duration
+}
+
+// Stats count what a merge did.
+type Stats struct {
+	Collections int   // staging collections merged and dropped
+	Events      int   // events written into buckets
+	Buckets     int   // buckets written
+	Retries     int   // staged documents left out: retries of writes merged before
+	Pending     int   // staging collections not due yet
+	Frozen      int   // retired collections left to merge (after a freeze)
+	Staged      int64 // staged documents in those (counted only when Due is asked)
+}
+
+// Merge is the plan of one merge of a rule's staging tier; once it is
+// done, Stats says what it did. Its reply is {ok: 1} or the error that
+// stopped it (what was merged before stays merged; the rest is merged by
+// the next run).
+type Merge struct {
+	rewrite.Plan
+	Stats Stats
+	rule  *rules.Rule
+	lim   bucket.Limits
+	opts  MergeOptions
+}
+
+// NewMerge plans a merge of rule's staging tier.
+func NewMerge(rule *rules.Rule, opts MergeOptions) *Merge {
+	m := &Merge{rule: rule, opts: opts}
+	lim, err := bucket.LimitsOf(rule)
+	if err != nil {
+		m.Plan = rewrite.Fail(fmt.Errorf("merge %s: %w", rule.Namespace, err))
+		return m
+	}
+	m.lim = lim
+	m.Plan = rewrite.Script(func(x *rewrite.Exec) (rewrite.Result, error) {
+		if err := m.run(x); err != nil {
+			return rewrite.Result{}, err
+		}
+		return rewrite.Result{Reply: okReply()}, nil
+	})
+	return m
+}
+
+func okReply() []byte {
+	return bsoncore.NewDocumentBuilder().AppendDouble("ok", 1).Build()
+}
+
+func (m *Merge) run(x *rewrite.Exec) error {
+	open, retired, err := m.list(x)
+	if err != nil || len(open)+len(retired) == 0 {
+		return err
+	}
+	due, err := m.due(x, open)
+	if err != nil {
+		return err
+	}
+	token := m.opts.Now.UnixMilli()
+	for _, r := range retired {
+		token = max(token, r.Token+1)
+	}
+	for _, c := range due {
+		name := RetiredName(c.Name, token)
+		reply, ok := x.One(renameCommand(m.rule.DB, c.Name, name))
+		if !ok {
+			return rewrite.ErrAborted
+		}
+		if err := mongoerr.ReplyError(reply); err != nil {
+			if mongoerr.CodeOf(err) == mongoerr.NamespaceNotFound {
+				continue // merged by someone else meanwhile
+			}
+			return fmt.Errorf("merge %s: freeze %s: %w", m.rule.Namespace, c.Name, err)
+		}
+		retired = append(retired, Collection{Name: name, Window: c.Window, Token: token})
+		token++
+	}
+	m.Stats.Frozen = len(retired)
+	if len(retired) == 0 || m.opts.FreezeOnly {
+		return nil
+	}
+	slices.SortFunc(retired, func(a, b Collection) int { return cmpInt(a.Token, b.Token) })
+	records, err := m.loadRecords(x)
+	if err != nil {
+		return err
+	}
+	for _, r := range retired {
+		if err := m.mergeOne(x, r, records); err != nil {
+			return fmt.Errorf("merge %s: %s: %w", m.rule.Namespace, r.Name, err)
+		}
+	}
+	return m.expireRecords(x)
+}
+
+func cmpInt(a, b int64) int { return int(min(max(a-b, -1), 1)) }
+
+// list finds the rule's staging and retired collections.
+func (m *Merge) list(x *rewrite.Exec) (open, retired []Collection, err error) {
+	take := func(docs []bsoncore.Document) error {
+		for _, d := range docs {
+			name, _ := d.Lookup("name").StringValueOK()
+			if c, ok := Parse(m.rule, name); ok {
+				if c.Retired() {
+					retired = append(retired, c)
+				} else {
+					open = append(open, c)
+				}
+			}
+		}
+		return nil
+	}
+	res, ok := x.Run(rewrite.Drain(source.ListCommand(m.rule.DB), m.rule.DB, "$cmd.listCollections", take, func() rewrite.Result { return rewrite.Result{} }))
+	if !ok {
+		return nil, nil, rewrite.ErrAborted
+	}
+	if res.Reply != nil {
+		return nil, nil, fmt.Errorf("merge %s: list collections: %w", m.rule.Namespace, mongoerr.ReplyError(res.Reply))
+	}
+	slices.SortFunc(open, func(a, b Collection) int { return cmpInt(a.Window, b.Window) })
+	return open, retired, nil
+}
+
+// due picks the staging collections to merge now.
+func (m *Merge) due(x *rewrite.Exec, open []Collection) ([]Collection, error) {
+	if m.opts.All {
+		return open, nil
+	}
+	if m.opts.Due == nil || len(open) == 0 {
+		m.Stats.Pending = len(open)
+		return nil, nil
+	}
+	step := make(rewrite.Step, len(open))
+	for i, c := range open {
+		step[i] = rewrite.Upstream{Body: bsoncore.NewDocumentBuilder().AppendString("count", c.Name).AppendString("$db", m.rule.DB).Build()}
+	}
+	replies, ok := x.Do(step)
+	if !ok {
+		return nil, rewrite.ErrAborted
+	}
+	var due []Collection
+	for i, c := range open {
+		if err := mongoerr.ReplyError(replies[i]); err != nil {
+			return nil, fmt.Errorf("merge %s: count %s: %w", m.rule.Namespace, c.Name, err)
+		}
+		n, _ := bsoncore.Document(replies[i]).Lookup("n").AsInt64OK()
+		if m.opts.Due(c, n) {
+			due = append(due, c)
+		} else {
+			m.Stats.Pending++
+			m.Stats.Staged += n
+		}
+	}
+	return due, nil
+}
+
+// renameCommand renames db.from to db.to (never over an existing one).
+func renameCommand(db, from, to string) []byte {
+	return bsoncore.NewDocumentBuilder().AppendString("renameCollection", db+"."+from).
+		AppendString("to", db+"."+to).AppendBoolean("dropTarget", false).AppendString("$db", "admin").Build()
+}
+
+// drainAll reads every document of find (a find command on coll).
+func drainAll(x *rewrite.Exec, db, coll string, find []byte) ([]bsoncore.Document, error) {
+	var out []bsoncore.Document
+	take := func(docs []bsoncore.Document) error { out = append(out, docs...); return nil }
+	res, ok := x.Run(rewrite.Drain(find, db, coll, take, func() rewrite.Result { return rewrite.Result{} }))
+	if !ok {
+		return nil, rewrite.ErrAborted
+	}
+	if res.Reply != nil {
+		return nil, fmt.Errorf("read %s: %w", coll, mongoerr.ReplyError(res.Reply))
+	}
+	return out, nil
+}
+
+// findCommand finds filter's documents of coll (projection may be nil).
+func findCommand(db, coll string, filter, projection bsoncore.Document) []byte {
+	return findProjected(db, coll, filter, projection, 10_000)
+}
+
+// findBatched is findCommand of whole documents, batchSize at a time.
+func findBatched(db, coll string, filter bsoncore.Document, batchSize int32) []byte {
+	return findProjected(db, coll, filter, nil, batchSize)
+}
+
+func findProjected(db, coll string, filter, projection bsoncore.Document, batchSize int32) []byte {
+	b := bsoncore.NewDocumentBuilder().AppendString("find", coll)
+	if filter != nil {
+		b.AppendDocument("filter", filter)
+	}
+	if projection != nil {
+		b.AppendDocument("projection", projection)
+	}
+	return b.AppendInt32("batchSize", batchSize).AppendString("$db", db).Build()
+}
+
+// idsIn is the filter {_id: {$in: ids}}.
+func idsIn(ids []bson.ObjectID) bsoncore.Document {
+	arr := bsoncore.NewArrayBuilder()
+	for _, id := range ids {
+		arr.AppendObjectID(id)
+	}
+	in := bsoncore.NewDocumentBuilder().AppendArray("$in", arr.Build()).Build()
+	return bsoncore.NewDocumentBuilder().AppendDocument("_id", in).Build()
+}
+
+// idOf reads a document's ObjectID _id; ok is false for another type.
+func idOf(d bsoncore.Document) (bson.ObjectID, bool) {
+	return d.Lookup("_id").ObjectIDOK()
+}
+
+// sortByID orders documents by their _id's bytes: the order a merge
+// reads staged documents in, the same on every run.
+func sortByID(docs []bsoncore.Document) {
+	slices.SortStableFunc(docs, func(a, b bsoncore.Document) int {
+		return bytes.Compare(a.Lookup("_id").Data, b.Lookup("_id").Data)
+	})
+}

@@ -1,0 +1,253 @@
+package stage
+
+import (
+	"fmt"
+	"slices"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+)
+
+// planID is the _id of a retired collection's plan document: the first
+// seq of each key and the staged documents left out as retries, recorded
+// before any bucket is written so a repeated merge writes the same ones.
+const planID = "plan"
+
+// mergePlan is what a merge of one retired collection writes.
+type mergePlan struct {
+	bases map[string]int // by Key.String(): the first seq to write
+	skip  map[bson.ObjectID]bool
+}
+
+// group is the events of one key, sorted by time.
+type group struct {
+	key    bucket.Key
+	events []bucket.Event
+}
+
+// mergeOne merges retired collection r into the bucket collection and
+// drops it. records are the derived ids merged before, by token.
+func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records map[bson.ObjectID]int64) error {
+	docs, err := m.readRetired(x, r.Name)
+	if err != nil {
+		return err
+	}
+	var plan *mergePlan
+	var staged []bsoncore.Document
+	for _, d := range docs {
+		if s, ok := d.Lookup("_id").StringValueOK(); ok && s == planID {
+			if plan, err = readPlan(d); err != nil {
+				return err
+			}
+			continue
+		}
+		staged = append(staged, d)
+	}
+	sortByID(staged)
+	if plan == nil {
+		plan = &mergePlan{skip: map[bson.ObjectID]bool{}}
+		for _, d := range staged {
+			if id, ok := idOf(d); ok && IsDerived(id) {
+				if t, seen := records[id]; seen && t != r.Token {
+					plan.skip[id] = true
+				}
+			}
+		}
+	}
+	groups, derived, err := m.groups(staged, plan.skip)
+	if err != nil {
+		return err
+	}
+	if plan.bases == nil {
+		if plan.bases, err = m.probeBases(x, groups); err != nil {
+			return err
+		}
+		if err := m.insertOne(x, r.Name, planDoc(plan)); err != nil {
+			return fmt.Errorf("record plan: %w", err)
+		}
+	}
+	if len(derived) > 0 {
+		if err := m.insertOne(x, TxnsCollection(m.rule), recordDoc(r.Token, derived, m.opts.Now)); err != nil {
+			return fmt.Errorf("record merged retryable writes: %w", err)
+		}
+	}
+	buckets, events := m.buckets(groups, plan.bases)
+	if err := m.insertBuckets(x, buckets); err != nil {
+		return err
+	}
+	reply, ok := x.One(bsoncore.NewDocumentBuilder().AppendString("drop", r.Name).AppendString("$db", m.rule.DB).Build())
+	if !ok {
+		return rewrite.ErrAborted
+	}
+	if err := mongoerr.ReplyError(reply); err != nil && mongoerr.CodeOf(err) != mongoerr.NamespaceNotFound {
+		return fmt.Errorf("drop: %w", err)
+	}
+	m.Stats.Collections++
+	m.Stats.Events += events
+	m.Stats.Buckets += len(buckets)
+	m.Stats.Retries += len(plan.skip)
+	return nil
+}
+
+// groups reads the staged documents' events, by key in key order, each
+// sorted by time (staged documents in _id order, so ties keep one order
+// on every run); derived are the derived ids among the documents merged.
+func (m *Merge) groups(staged []bsoncore.Document, skip map[bson.ObjectID]bool) ([]group, []bson.ObjectID, error) {
+	byKey := map[string]int{}
+	var groups []group
+	var derived []bson.ObjectID
+	for _, d := range staged {
+		id, isOID := idOf(d)
+		if isOID && skip[id] {
+			continue
+		}
+		if isOID && IsDerived(id) {
+			derived = append(derived, id)
+		}
+		evs, err := bucket.StoredEvents(d, m.rule, m.lim)
+		if err != nil {
+			return nil, nil, fmt.Errorf("staged document %s: %w", d.Lookup("_id"), err)
+		}
+		if len(evs) == 0 {
+			continue
+		}
+		k := bucket.KeyOf(evs[0].Meta, evs[0].Start)
+		i, ok := byKey[k.String()]
+		if !ok {
+			i = len(groups)
+			byKey[k.String()] = i
+			groups = append(groups, group{key: k})
+		}
+		groups[i].events = append(groups[i].events, evs...)
+	}
+	for i := range groups {
+		slices.SortStableFunc(groups[i].events, func(a, b bucket.Event) int { return cmpInt(a.Time, b.Time) })
+	}
+	slices.SortFunc(groups, func(a, b group) int { return bucket.CompareKeys(a.key, b.key) })
+	return groups, derived, nil
+}
+
+// probeSeqs is how many seqs of each key one probe asks for.
+const probeSeqs = 8
+
+// probeBases finds the first free seq of each group's key in the bucket
+// collection: the buckets of a key are seq 0..n without gaps (deletes
+// leave shells), so it is the first id that is missing.
+func (m *Merge) probeBases(x *rewrite.Exec, groups []group) (map[string]int, error) {
+	ns := m.rule.BucketNamespace()
+	bases := map[string]int{}
+	pending := groups
+	for from := 0; len(pending) > 0; from += probeSeqs {
+		if from >= bucket.MaxSeq {
+			return nil, fmt.Errorf("key %x has more than %d buckets", pending[0].key.Meta, bucket.MaxSeq)
+		}
+		var ids []bson.ObjectID
+		for _, g := range pending {
+			for s := from; s < from+probeSeqs; s++ {
+				ids = append(ids, g.key.ID(ns, s))
+			}
+		}
+		proj := bsoncore.NewDocumentBuilder().AppendInt32("_id", 1).Build()
+		found, err := drainAll(x, m.rule.DB, m.rule.BucketCollection, findCommand(m.rule.DB, m.rule.BucketCollection, idsIn(ids), proj))
+		if err != nil {
+			return nil, err
+		}
+		have := map[bson.ObjectID]bool{}
+		for _, d := range found {
+			if id, ok := idOf(d); ok {
+				have[id] = true
+			}
+		}
+		var next []group
+		for _, g := range pending {
+			s := from
+			for s < from+probeSeqs && have[g.key.ID(ns, s)] {
+				s++
+			}
+			if s == from+probeSeqs {
+				next = append(next, g)
+				continue
+			}
+			bases[g.key.String()] = s
+		}
+		pending = next
+	}
+	return bases, nil
+}
+
+// builtBucket is one merged bucket and what identifies its content.
+type builtBucket struct {
+	id    bson.ObjectID
+	doc   bsoncore.Document
+	count int
+	first bsoncore.Value // the first event's _id
+}
+
+// buckets cuts each group into complete buckets from its base seq.
+func (m *Merge) buckets(groups []group, bases map[string]int) ([]builtBucket, int) {
+	ns := m.rule.BucketNamespace()
+	var out []builtBucket
+	events := 0
+	for _, g := range groups {
+		seq := bases[g.key.String()]
+		for _, chunk := range bucket.ChunkEvents(g.events, m.lim) {
+			id := g.key.ID(ns, seq)
+			seq++
+			out = append(out, builtBucket{id: id, doc: bucket.Complete(id, chunk, m.rule, m.lim), count: len(chunk), first: chunk[0].Stored.Lookup("_id")})
+			events += len(chunk)
+		}
+	}
+	return out, events
+}
+
+// maxReadBytes bounds the staged bytes one read of a retired collection
+// asks for: FerretDB does not cut a batch at 16MiB as MongoDB does, and
+// a larger reply is refused.
+const maxReadBytes = 8 << 20
+
+// readRetired reads every document of a retired collection: at once when
+// their events add up to less than maxReadBytes (the sizes read first,
+// by _id and bytes only), else by groups of _ids that do.
+func (m *Merge) readRetired(x *rewrite.Exec, coll string) ([]bsoncore.Document, error) {
+	proj := bsoncore.NewDocumentBuilder().AppendInt32("_id", 1).AppendInt32(bucket.FieldBytes, 1).Build()
+	sizes, err := drainAll(x, m.rule.DB, coll, findCommand(m.rule.DB, coll, nil, proj))
+	if err != nil {
+		return nil, err
+	}
+	var groups [][]bsoncore.Value
+	var cur []bsoncore.Value
+	total, curBytes := int64(0), int64(0)
+	for _, d := range sizes {
+		n, _ := d.Lookup(bucket.FieldBytes).AsInt64OK()
+		n += 1024 // the summaries, roughly
+		total += n
+		if len(cur) > 0 && curBytes+n > maxReadBytes {
+			groups = append(groups, cur)
+			cur, curBytes = nil, 0
+		}
+		cur = append(cur, d.Lookup("_id"))
+		curBytes += n
+	}
+	if total <= maxReadBytes {
+		return drainAll(x, m.rule.DB, coll, findCommand(m.rule.DB, coll, nil, nil))
+	}
+	groups = append(groups, cur)
+	var out []bsoncore.Document
+	for _, g := range groups {
+		arr := bsoncore.NewArrayBuilder()
+		for _, id := range g {
+			arr.AppendValue(id)
+		}
+		filter := bsoncore.NewDocumentBuilder().AppendDocument("_id", bsoncore.NewDocumentBuilder().AppendArray("$in", arr.Build()).Build()).Build()
+		docs, err := drainAll(x, m.rule.DB, coll, findBatched(m.rule.DB, coll, filter, int32(len(g)))) // one reply of at most about maxReadBytes
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, docs...)
+	}
+	return out, nil
+}

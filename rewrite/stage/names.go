@@ -1,0 +1,60 @@
+package stage
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/tsproxy/tsproxy/rules"
+)
+
+// Collection is one collection of a rule's staging tier.
+type Collection struct {
+	Name string
+	// Window is the start (ms since the epoch) of the staging period
+	// whose events it holds (rules.Rule.StagePeriod).
+	Window int64
+	// Token orders retired collections (being merged); 0 for a staging
+	// collection that still takes inserts.
+	Token int64
+}
+
+// Retired says whether the collection is frozen for a merge.
+func (c Collection) Retired() bool { return c.Token != 0 }
+
+// retiredInfix joins a staging collection's name and a merge token.
+const retiredInfix = "_m"
+
+// RetiredName is the name a staging collection gets when a merge freezes
+// it.
+func RetiredName(stage string, token int64) string {
+	return stage + retiredInfix + strconv.FormatInt(token, 10)
+}
+
+// TxnsCollection holds the records of the retryable writes merged lately.
+func TxnsCollection(rule *rules.Rule) string {
+	return rule.StagePrefix() + "txns"
+}
+
+// Parse reads a collection name of rule's staging tier: a staging
+// collection (<bucket>.stage.<window>) or a retired one
+// (<bucket>.stage.<window>.m<token>).
+func Parse(rule *rules.Rule, name string) (Collection, bool) {
+	rest, ok := strings.CutPrefix(name, rule.StagePrefix())
+	if !ok {
+		return Collection{}, false
+	}
+	win, tok, retired := strings.Cut(rest, retiredInfix)
+	w, err := strconv.ParseInt(win, 10, 64)
+	if err != nil || strconv.FormatInt(w, 10) != win {
+		return Collection{}, false
+	}
+	c := Collection{Name: name, Window: w}
+	if retired {
+		t, err := strconv.ParseInt(tok, 10, 64)
+		if err != nil || t <= 0 || strconv.FormatInt(t, 10) != tok {
+			return Collection{}, false
+		}
+		c.Token = t
+	}
+	return c, true
+}

@@ -1,0 +1,248 @@
+package stage
+
+import (
+	"fmt"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+)
+
+// planDoc is a merge plan as stored in its retired collection:
+// {_id: "plan", bases: [{k: <key>, s: <seq>}...], skip: [<id>...]}.
+func planDoc(p *mergePlan) bsoncore.Document {
+	bases := bsoncore.NewArrayBuilder()
+	for k, s := range p.bases {
+		bases.AppendDocument(bsoncore.NewDocumentBuilder().AppendBinary("k", 0, []byte(k)).AppendInt32("s", int32(s)).Build())
+	}
+	skip := bsoncore.NewArrayBuilder()
+	for id := range p.skip {
+		skip.AppendObjectID(id)
+	}
+	return bsoncore.NewDocumentBuilder().AppendString("_id", planID).
+		AppendArray("bases", bases.Build()).AppendArray("skip", skip.Build()).Build()
+}
+
+// readPlan reads planDoc's output back.
+func readPlan(d bsoncore.Document) (*mergePlan, error) {
+	p := &mergePlan{bases: map[string]int{}, skip: map[bson.ObjectID]bool{}}
+	bad := func(what string) (*mergePlan, error) { return nil, fmt.Errorf("plan document: %s", what) }
+	bases, ok := d.Lookup("bases").ArrayOK()
+	if !ok {
+		return bad("no bases")
+	}
+	vals, err := bases.Values()
+	if err != nil {
+		return bad(err.Error())
+	}
+	for _, v := range vals {
+		e, ok := v.DocumentOK()
+		if !ok {
+			return bad("a base is not a document")
+		}
+		_, k, okK := e.Lookup("k").BinaryOK()
+		s, okS := e.Lookup("s").AsInt64OK()
+		if !okK || !okS {
+			return bad("a base lacks k or s")
+		}
+		p.bases[string(k)] = int(s)
+	}
+	if skip, ok := d.Lookup("skip").ArrayOK(); ok {
+		ids, err := skip.Values()
+		if err != nil {
+			return bad(err.Error())
+		}
+		for _, v := range ids {
+			if id, ok := v.ObjectIDOK(); ok {
+				p.skip[id] = true
+			}
+		}
+	}
+	return p, nil
+}
+
+// recordDoc is the record of the derived ids merged under token:
+// {_id: token, ids: [...], at: now}.
+func recordDoc(token int64, ids []bson.ObjectID, now time.Time) bsoncore.Document {
+	arr := bsoncore.NewArrayBuilder()
+	for _, id := range ids {
+		arr.AppendObjectID(id)
+	}
+	return bsoncore.NewDocumentBuilder().AppendInt64("_id", token).AppendArray("ids", arr.Build()).
+		AppendDateTime("at", now.UnixMilli()).Build()
+}
+
+// horizonFilter is {at: {op: now - RetryHorizon}}.
+func (m *Merge) horizonFilter(op string) bsoncore.Document {
+	cut := m.opts.Now.Add(-m.opts.RetryHorizon).UnixMilli()
+	return bsoncore.NewDocumentBuilder().AppendDocument("at", bsoncore.NewDocumentBuilder().AppendDateTime(op, cut).Build()).Build()
+}
+
+// loadRecords reads the derived ids merged within the retry horizon.
+func (m *Merge) loadRecords(x *rewrite.Exec) (map[bson.ObjectID]int64, error) {
+	coll := TxnsCollection(m.rule)
+	docs, err := drainAll(x, m.rule.DB, coll, findCommand(m.rule.DB, coll, m.horizonFilter("$gte"), nil))
+	if err != nil {
+		return nil, err
+	}
+	out := map[bson.ObjectID]int64{}
+	for _, d := range docs {
+		token, _ := d.Lookup("_id").AsInt64OK()
+		arr, _ := d.Lookup("ids").ArrayOK()
+		vals, _ := arr.Values()
+		for _, v := range vals {
+			if id, ok := v.ObjectIDOK(); ok {
+				out[id] = token
+			}
+		}
+	}
+	return out, nil
+}
+
+// expireRecords deletes the records older than the retry horizon.
+func (m *Merge) expireRecords(x *rewrite.Exec) error {
+	del := bsoncore.NewDocumentBuilder().AppendDocument("q", m.horizonFilter("$lt")).AppendInt32("limit", 0).Build()
+	cmd := bsoncore.NewDocumentBuilder().AppendString("delete", TxnsCollection(m.rule)).
+		AppendArray("deletes", bsoncore.NewArrayBuilder().AppendDocument(del).Build()).
+		AppendString("$db", m.rule.DB).Build()
+	reply, ok := x.One(cmd)
+	if !ok {
+		return rewrite.ErrAborted
+	}
+	if err := mongoerr.ReplyError(reply); err != nil {
+		return fmt.Errorf("merge %s: expire records: %w", m.rule.Namespace, err)
+	}
+	return nil
+}
+
+// insertOne inserts doc into coll; a duplicate key (an earlier run of
+// the same merge wrote it) is no failure.
+func (m *Merge) insertOne(x *rewrite.Exec, coll string, doc bsoncore.Document) error {
+	reply, ok := x.Do(rewrite.Step{insertStep(m.rule.DB, coll, []bsoncore.Document{doc})})
+	if !ok {
+		return rewrite.ErrAborted
+	}
+	_, err := insertOutcome(reply[0])
+	return err
+}
+
+// insertStep is an unordered insert of docs into db.coll.
+func insertStep(db, coll string, docs []bsoncore.Document) rewrite.Upstream {
+	body := bsoncore.NewDocumentBuilder().AppendString("insert", coll).AppendBoolean("ordered", false).AppendString("$db", db).Build()
+	return rewrite.Upstream{Body: body, Seq: &rewrite.Sequence{Identifier: "documents", Documents: docs}}
+}
+
+// insertOutcome reads an insert's reply: the indexes that met a duplicate
+// key, or the first other failure.
+func insertOutcome(reply []byte) ([]int, error) {
+	doc := bsoncore.Document(reply)
+	if err := mongoerr.ReplyError(doc); err != nil {
+		return nil, err
+	}
+	if wce, err := doc.LookupErr("writeConcernError"); err == nil {
+		return nil, mongoerr.Errorf(mongoerr.InternalError, "write concern: %s", wce)
+	}
+	var dups []int
+	arr, ok := doc.Lookup("writeErrors").ArrayOK()
+	if !ok {
+		return nil, nil
+	}
+	vals, _ := arr.Values()
+	for _, v := range vals {
+		e, _ := v.DocumentOK()
+		code, _ := e.Lookup("code").AsInt64OK()
+		idx, _ := e.Lookup("index").AsInt64OK()
+		if mongoerr.Code(code) != mongoerr.DuplicateKey {
+			msg, _ := e.Lookup("errmsg").StringValueOK()
+			return nil, mongoerr.Errorf(mongoerr.Code(code), "%s", msg)
+		}
+		dups = append(dups, int(idx))
+	}
+	return dups, nil
+}
+
+// maxInsertBytes bounds the documents of one merged insert, under the
+// 48MB message limit with room to spare.
+const maxInsertBytes = 8 << 20
+
+// insertBuckets inserts the merged buckets. A duplicate key is a bucket
+// an earlier run of this merge wrote: accepted when it holds the same
+// events (count and first event), an error otherwise (a bucket written
+// outside the merge).
+func (m *Merge) insertBuckets(x *rewrite.Exec, buckets []builtBucket) error {
+	for len(buckets) > 0 {
+		n, size := 0, 0
+		for n < len(buckets) && n < 1000 && (n == 0 || size+len(buckets[n].doc) <= maxInsertBytes) {
+			size += len(buckets[n].doc)
+			n++
+		}
+		batch := buckets[:n]
+		buckets = buckets[n:]
+		docs := make([]bsoncore.Document, len(batch))
+		for i, b := range batch {
+			docs[i] = b.doc
+		}
+		reply, ok := x.Do(rewrite.Step{insertStep(m.rule.DB, m.rule.BucketCollection, docs)})
+		if !ok {
+			return rewrite.ErrAborted
+		}
+		dups, err := insertOutcome(reply[0])
+		if err != nil {
+			return fmt.Errorf("insert buckets: %w", err)
+		}
+		if err := m.verifyExisting(x, batch, dups); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// verifyExisting checks that the buckets that met a duplicate key hold
+// what this merge would have written.
+func (m *Merge) verifyExisting(x *rewrite.Exec, batch []builtBucket, dups []int) error {
+	if len(dups) == 0 {
+		return nil
+	}
+	want := map[bson.ObjectID]builtBucket{}
+	ids := make([]bson.ObjectID, 0, len(dups))
+	for _, i := range dups {
+		want[batch[i].id] = batch[i]
+		ids = append(ids, batch[i].id)
+	}
+	found, err := drainAll(x, m.rule.DB, m.rule.BucketCollection, findCommand(m.rule.DB, m.rule.BucketCollection, idsIn(ids), nil))
+	if err != nil {
+		return err
+	}
+	for _, d := range found {
+		id, _ := idOf(d)
+		b := want[id]
+		evs, _ := d.Lookup("events").ArrayOK()
+		var firstID bsoncore.Value
+		if first, err := evs.IndexErr(0); err == nil {
+			if fd, ok := first.DocumentOK(); ok {
+				firstID = fd.Lookup("_id")
+			}
+		}
+		if bucketCount(d) != b.count || !firstID.Equal(b.first) {
+			return mongoerr.Errorf(mongoerr.InternalError, "bucket %s exists with other events than the merge's (was it written outside the staging tier?)", id.Hex())
+		}
+		delete(want, id)
+	}
+	if len(want) > 0 {
+		return mongoerr.Errorf(mongoerr.InternalError, "%d buckets met a duplicate key but are not there", len(want))
+	}
+	return nil
+}
+
+func bucketCount(d bsoncore.Document) int {
+	v, ok := bsonutil.Lookup(d, "count")
+	if !ok {
+		return -1
+	}
+	n, _ := v.AsInt64OK()
+	return int(n)
+}

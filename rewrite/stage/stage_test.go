@@ -1,0 +1,359 @@
+package stage_test
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/insert"
+	"github.com/tsproxy/tsproxy/rewrite/internal/rwtest"
+	"github.com/tsproxy/tsproxy/rewrite/stage"
+)
+
+// mem is a database in memory that answers the commands a staged insert
+// and a merge send, as FerretDB does, so the plans run to their end
+// without a server (the e2e tests run them against real ones).
+type mem struct {
+	t     *testing.T
+	colls map[string][]bsoncore.Document
+	fail  map[string]bool // commands answered with an error, by name
+}
+
+func newMem(t *testing.T) *mem {
+	return &mem{t: t, colls: map[string][]bsoncore.Document{}, fail: map[string]bool{}}
+}
+
+func (m *mem) run(p rewrite.Plan) rewrite.Result {
+	m.t.Helper()
+	for i := 0; i < 10_000; i++ {
+		step, done := p.Next()
+		if done {
+			return p.Result()
+		}
+		replies := make([][]byte, len(step))
+		for j, u := range step {
+			replies[j] = m.answer(u)
+		}
+		if err := p.Feed(replies); err != nil {
+			return rewrite.Result{Reply: bsoncore.NewDocumentBuilder().AppendDouble("ok", 0).AppendString("errmsg", err.Error()).Build()}
+		}
+	}
+	m.t.Fatal("plan did not end")
+	return rewrite.Result{}
+}
+
+func doc(v any) bsoncore.Document {
+	b, err := bson.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+func (m *mem) answer(u rewrite.Upstream) []byte {
+	body := bsoncore.Document(u.Body)
+	first, _ := body.IndexErr(0)
+	name := first.Key()
+	if m.fail[name] {
+		return doc(bson.D{{Key: "ok", Value: 0.0}, {Key: "code", Value: 1}, {Key: "errmsg", Value: "injected"}})
+	}
+	coll, _ := first.Value().StringValueOK()
+	switch name {
+	case "listCollections":
+		names := []any{}
+		for n := range m.colls {
+			names = append(names, bson.D{{Key: "name", Value: n}})
+		}
+		return doc(bson.D{{Key: "cursor", Value: bson.D{{Key: "id", Value: int64(0)}, {Key: "ns", Value: "iot.$cmd.listCollections"}, {Key: "firstBatch", Value: names}}}, {Key: "ok", Value: 1.0}})
+	case "renameCollection":
+		from := strings.TrimPrefix(coll, "iot.")
+		to, _ := body.Lookup("to").StringValueOK()
+		docs, ok := m.colls[from]
+		if !ok {
+			return doc(bson.D{{Key: "ok", Value: 0.0}, {Key: "code", Value: 26}, {Key: "errmsg", Value: "no source"}})
+		}
+		delete(m.colls, from)
+		m.colls[strings.TrimPrefix(to, "iot.")] = docs
+	case "count":
+		return doc(bson.D{{Key: "n", Value: len(m.colls[coll])}, {Key: "ok", Value: 1.0}})
+	case "drop":
+		delete(m.colls, coll)
+	case "delete":
+		// Only the records' expiry, and the tests' records are all
+		// within the horizon.
+	case "insert":
+		var errs []any
+		for i, d := range u.Seq.Documents {
+			id := bsoncore.Document(d).Lookup("_id")
+			if slices.ContainsFunc(m.colls[coll], func(e bsoncore.Document) bool { return e.Lookup("_id").Equal(id) }) {
+				errs = append(errs, bson.D{{Key: "index", Value: i}, {Key: "code", Value: 11000}, {Key: "errmsg", Value: "E11000 duplicate key"}})
+				continue
+			}
+			m.colls[coll] = append(m.colls[coll], bsoncore.Document(d))
+		}
+		r := bson.D{{Key: "n", Value: len(u.Seq.Documents) - len(errs)}}
+		if errs != nil {
+			r = append(r, bson.E{Key: "writeErrors", Value: errs})
+		}
+		return doc(append(r, bson.E{Key: "ok", Value: 1.0}))
+	case "find":
+		out := []any{}
+		in, _ := body.Lookup("filter", "_id", "$in").ArrayOK()
+		ids, _ := in.Values()
+		for _, d := range m.colls[coll] {
+			if in != nil && !slices.ContainsFunc(ids, func(v bsoncore.Value) bool { return v.Equal(d.Lookup("_id")) }) {
+				continue
+			}
+			out = append(out, bson.Raw(d))
+		}
+		return doc(bson.D{{Key: "cursor", Value: bson.D{{Key: "id", Value: int64(0)}, {Key: "ns", Value: "iot." + coll}, {Key: "firstBatch", Value: out}}}, {Key: "ok", Value: 1.0}})
+	default:
+		m.t.Fatalf("unexpected command %s", name)
+	}
+	return doc(bson.D{{Key: "ok", Value: 1.0}})
+}
+
+// events are n events of sensor s, one per second from 10:00.
+func events(s string, from, n int) []bson.D {
+	var out []bson.D
+	for i := from; i < from+n; i++ {
+		out = append(out, rwtest.Event(rwtest.OID(byte(i)), rwtest.DT(36_000_000+int64(i)*1000), s, float64(i)))
+	}
+	return out
+}
+
+func stagedInsert(t *testing.T, m *mem, evs []bson.D, extra ...bson.E) bson.Raw {
+	t.Helper()
+	rule := rwtest.InsertRule()
+	cmd := rwtest.SeqCmd(t, evs, extra...)
+	pi, err := insert.Prepare(cmd, rule, bson.NewObjectID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bson.Raw(m.run(stage.Insert(cmd, pi, stage.InsertEnv{Identity: "u", NewObjectID: bson.NewObjectID})).Reply)
+}
+
+func TestParse(t *testing.T) {
+	rule := rwtest.InsertRule()
+	open := rule.StageCollection(36_000_000)
+	cases := []struct {
+		name string
+		want stage.Collection
+		ok   bool
+	}{
+		{open, stage.Collection{Name: open, Window: 0}, true},
+		{stage.RetiredName(open, 7), stage.Collection{Name: stage.RetiredName(open, 7), Window: 0, Token: 7}, true},
+		{stage.TxnsCollection(rule), stage.Collection{}, false},
+		{rule.BucketCollection, stage.Collection{}, false},
+		{open + "_m0", stage.Collection{}, false},
+		{open + "_mx", stage.Collection{}, false},
+		{rule.StagePrefix() + "007", stage.Collection{}, false},
+	}
+	for _, c := range cases {
+		got, ok := stage.Parse(rule, c.name)
+		if ok != c.ok || got != c.want {
+			t.Errorf("Parse(%q) = %+v, %v; want %+v, %v", c.name, got, ok, c.want, c.ok)
+		}
+	}
+	if strings.Contains(open, ".") {
+		t.Errorf("staging name %q has a dot (FerretDB cannot rename it)", open)
+	}
+}
+
+func TestDerivedID(t *testing.T) {
+	lsid := bson.D{{Key: "lsid", Value: bson.D{{Key: "id", Value: bson.Binary{Subtype: 4, Data: make([]byte, 16)}}}}, {Key: "txnNumber", Value: int64(3)}}
+	key, ok, err := rewrite.RetryKeyOf(doc(lsid))
+	if !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	a := stage.DerivedID(key.OwnedBy("alice"), 0)
+	if a != stage.DerivedID(key.OwnedBy("alice"), 0) || !stage.IsDerived(a) {
+		t.Fatal("not stable or not marked")
+	}
+	for _, other := range []bson.ObjectID{stage.DerivedID(key.OwnedBy("bob"), 0), stage.DerivedID(key.OwnedBy("alice"), 1)} {
+		if other == a {
+			t.Fatal("another user or part got the same id")
+		}
+	}
+	if stage.IsDerived(bson.NewObjectID()) {
+		t.Fatal("a random ObjectID is taken for a derived one")
+	}
+}
+
+func TestInsertReplies(t *testing.T) {
+	retryable := []bson.E{{Key: "lsid", Value: bson.D{{Key: "id", Value: bson.Binary{Subtype: 4, Data: make([]byte, 16)}}}}, {Key: "txnNumber", Value: int64(1)}}
+	t.Run("stores groups as staged buckets", func(t *testing.T) {
+		m := newMem(t)
+		r := stagedInsert(t, m, append(events("a", 0, 4), events("b", 0, 1)...))
+		if n := r.Lookup("n").Int32(); n != 5 {
+			t.Fatalf("reply %s, want n: 5", r)
+		}
+		staged := m.colls[rwtest.InsertRule().StageCollection(36_000_000)]
+		// a: 3 + 1 (maxEvents 3), b: 1.
+		if len(staged) != 3 {
+			t.Fatalf("%d staged documents, want 3", len(staged))
+		}
+	})
+	t.Run("a retry meets its derived ids", func(t *testing.T) {
+		m := newMem(t)
+		evs := events("a", 0, 4)
+		stagedInsert(t, m, evs, retryable...)
+		r := stagedInsert(t, m, evs, retryable...)
+		if n := r.Lookup("n").Int32(); n != 4 || r.Lookup("writeErrors").Type != 0 {
+			t.Fatalf("retry reply %s, want n: 4 and no write errors", r)
+		}
+		if got := len(m.colls[rwtest.InsertRule().StageCollection(36_000_000)]); got != 2 {
+			t.Fatalf("%d staged documents after the retry, want 2", got)
+		}
+	})
+	t.Run("command error maps to every event", func(t *testing.T) {
+		m := newMem(t)
+		m.fail["insert"] = true
+		r := stagedInsert(t, m, events("a", 0, 2))
+		errs, _ := r.Lookup("writeErrors").Array().Values()
+		if n := r.Lookup("n").Int32(); n != 0 || len(errs) != 2 {
+			t.Fatalf("reply %s, want n: 0 and 2 write errors", r)
+		}
+	})
+	t.Run("bad events are refused before staging", func(t *testing.T) {
+		m := newMem(t)
+		evs := events("a", 0, 2)
+		evs[1] = rwtest.Event(rwtest.OID(9), "not a date", "a", 1.0)
+		r := stagedInsert(t, m, evs)
+		errs, _ := r.Lookup("writeErrors").Array().Values()
+		if n := r.Lookup("n").Int32(); n != 1 || len(errs) != 1 {
+			t.Fatalf("reply %s, want n: 1 and one write error", r)
+		}
+	})
+}
+
+func merge(t *testing.T, m *mem, opts stage.MergeOptions) stage.Stats {
+	t.Helper()
+	if opts.Now.IsZero() {
+		opts.Now = time.UnixMilli(1_000_000)
+	}
+	opts.RetryHorizon = time.Hour
+	mp := stage.NewMerge(rwtest.InsertRule(), opts)
+	res := m.run(mp)
+	if ok, _ := bson.Raw(res.Reply).Lookup("ok").AsFloat64OK(); ok != 1 {
+		t.Fatalf("merge: %s", bson.Raw(res.Reply))
+	}
+	return mp.Stats
+}
+
+// storedEvents counts the events in the bucket collection by _id.
+func storedEvents(t *testing.T, m *mem) map[string]int {
+	got := map[string]int{}
+	for _, b := range m.colls["readings.buckets"] {
+		arr, _ := b.Lookup("events").ArrayOK()
+		vals, _ := arr.Values()
+		if c, _ := b.Lookup("count").AsInt64OK(); int(c) != len(vals) {
+			t.Fatalf("bucket count %d but %d events", c, len(vals))
+		}
+		for _, v := range vals {
+			got[fmt.Sprint(v.Document().Lookup("_id"))]++
+		}
+	}
+	return got
+}
+
+func TestMerge(t *testing.T) {
+	t.Run("merges into full buckets after existing ones and drops staging", func(t *testing.T) {
+		m := newMem(t)
+		for i := 0; i < 7; i++ {
+			stagedInsert(t, m, events("a", i, 1))
+		}
+		st := merge(t, m, stage.MergeOptions{All: true})
+		if st.Events != 7 || st.Buckets != 3 || st.Collections != 1 {
+			t.Fatalf("stats %+v, want 7 events in 3 buckets from 1 collection", st)
+		}
+		stagedInsert(t, m, events("a", 7, 1))
+		st = merge(t, m, stage.MergeOptions{All: true})
+		if st.Buckets != 1 {
+			t.Fatalf("second merge %+v, want 1 bucket", st)
+		}
+		// The new bucket is seq 3 of the key: reads find 0..3.
+		if !slices.ContainsFunc(m.colls["readings.buckets"], func(d bsoncore.Document) bool {
+			id, _ := d.Lookup("_id").ObjectIDOK()
+			return id == rwtest.BucketID(t, "a", 36_000_000, 3)
+		}) {
+			t.Fatal("the second merge did not write seq 3")
+		}
+		for n := range m.colls {
+			if strings.HasPrefix(n, "tsproxy_stage_") && !strings.HasSuffix(n, "_txns") {
+				t.Fatalf("staging collection %s left", n)
+			}
+		}
+		for id, n := range storedEvents(t, m) {
+			if n != 1 {
+				t.Fatalf("event %s stored %d times", id, n)
+			}
+		}
+	})
+	t.Run("a merge cut after its plan is finished by the next", func(t *testing.T) {
+		m := newMem(t)
+		for i := 0; i < 5; i++ {
+			stagedInsert(t, m, events("a", i, 1))
+		}
+		m.fail["drop"] = true
+		mp := stage.NewMerge(rwtest.InsertRule(), stage.MergeOptions{All: true, Now: time.UnixMilli(1_000_000), RetryHorizon: time.Hour})
+		m.run(mp) // fails at the drop: buckets written, retired collection left
+		m.fail["drop"] = false
+		st := merge(t, m, stage.MergeOptions{})
+		if st.Collections != 1 {
+			t.Fatalf("resume %+v, want the retired collection merged", st)
+		}
+		got := storedEvents(t, m)
+		if len(got) != 5 {
+			t.Fatalf("%d events stored, want 5", len(got))
+		}
+		for id, n := range got {
+			if n != 1 {
+				t.Fatalf("event %s stored %d times after the resumed merge", id, n)
+			}
+		}
+	})
+	t.Run("a retry merged earlier is left out", func(t *testing.T) {
+		m := newMem(t)
+		retry := []bson.E{{Key: "lsid", Value: bson.D{{Key: "id", Value: bson.Binary{Subtype: 4, Data: make([]byte, 16)}}}}, {Key: "txnNumber", Value: int64(5)}}
+		stagedInsert(t, m, events("a", 0, 2), retry...)
+		merge(t, m, stage.MergeOptions{All: true})
+		stagedInsert(t, m, events("a", 0, 2), retry...) // the late retry lands in a new staging collection
+		st := merge(t, m, stage.MergeOptions{All: true, Now: time.UnixMilli(1_000_500)})
+		if st.Retries != 1 || st.Events != 0 {
+			t.Fatalf("stats %+v, want the retry left out", st)
+		}
+		if got := storedEvents(t, m); len(got) != 2 {
+			t.Fatalf("%d events stored, want 2", len(got))
+		}
+	})
+	t.Run("only due collections in the background", func(t *testing.T) {
+		m := newMem(t)
+		stagedInsert(t, m, events("a", 0, 1))
+		st := merge(t, m, stage.MergeOptions{Due: func(stage.Collection, int64) bool { return false }})
+		if st.Pending != 1 || st.Staged != 1 || st.Events != 0 {
+			t.Fatalf("stats %+v, want 1 pending", st)
+		}
+		st = merge(t, m, stage.MergeOptions{Due: func(stage.Collection, int64) bool { return true }})
+		if st.Events != 1 {
+			t.Fatalf("stats %+v, want 1 merged", st)
+		}
+	})
+	t.Run("freeze only renames", func(t *testing.T) {
+		m := newMem(t)
+		stagedInsert(t, m, events("a", 0, 1))
+		st := merge(t, m, stage.MergeOptions{All: true, FreezeOnly: true})
+		if st.Events != 0 || len(m.colls["readings.buckets"]) != 0 {
+			t.Fatalf("freeze merged: %+v", st)
+		}
+		if st = merge(t, m, stage.MergeOptions{}); st.Events != 1 {
+			t.Fatalf("merge of the frozen collection: %+v", st)
+		}
+	})
+}

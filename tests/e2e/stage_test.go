@@ -1,0 +1,300 @@
+package e2e
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+)
+
+// stagedRule is readingsRule with the staging tier on whatever the
+// upstream (ingest: staged), merged in the background after mergeAfter.
+func stagedRule(db string, maxEvents int, mergeAfter string) string {
+	return readingsRule(db, maxEvents) + "    ingest: staged\n    mergeAfter: " + mergeAfter + "\n"
+}
+
+// stagingNames lists db's staging collections on the upstream, without
+// settling anything first (direct would).
+func stagingNames(t *testing.T, ctx context.Context, db string) []string {
+	t.Helper()
+	names, err := connect(t, env.upstreamURI).Database(db).ListCollectionNames(ctx, bson.D{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, n := range names {
+		if strings.HasPrefix(n, "tsproxy_stage_") && !strings.HasSuffix(n, "_txns") {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// flush runs tsproxyFlush through the proxy and returns its reply.
+func flush(t *testing.T, ctx context.Context, c *mongo.Client, target any) bson.M {
+	t.Helper()
+	var out bson.M
+	if err := c.Database("admin").RunCommand(ctx, bson.D{{Key: "tsproxyFlush", Value: target}}).Decode(&out); err != nil {
+		t.Fatalf("tsproxyFlush: %v", err)
+	}
+	return out
+}
+
+func asInt(v any) int64 {
+	switch n := v.(type) {
+	case int32:
+		return int64(n)
+	case int64:
+		return n
+	case float64:
+		return int64(n)
+	}
+	return -1
+}
+
+// TestStageReadYourWrites: events inserted one by one sit in the staging
+// tier; the next find, count, distinct and aggregate through the proxy
+// return each of them exactly once (the read merges first), and a flush
+// afterwards has nothing left to merge.
+func TestStageReadYourWrites(t *testing.T) {
+	t.Parallel()
+	ctx := ctxFor(t)
+	db := uniqueDB(t)
+	p := startProxy(t, proxyOptions{yaml: stagedRule(db, 100, "1h")})
+	c := connect(t, p.URI())
+	coll := c.Database(db).Collection("readings")
+	base := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
+	var sent []sentEvent
+	for i, s := range []string{"a", "b", "c"} {
+		evs := seriesEvents(150, s, base.Add(time.Duration(i)*time.Minute))
+		for _, e := range evs[:50] { // batch 1
+			if _, err := coll.InsertOne(ctx, e.doc()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for j := 50; j < 150; j += 10 { // batch 10
+			if _, err := coll.InsertMany(ctx, docsOf(evs[j:j+10])); err != nil {
+				t.Fatal(err)
+			}
+		}
+		sent = append(sent, evs...)
+	}
+	if n := len(stagingNames(t, ctx, db)); n == 0 {
+		t.Fatal("no staging collection after inserts: the rule did not stage")
+	}
+	if n, err := coll.CountDocuments(ctx, bson.D{}); err != nil || n != int64(len(sent)) {
+		t.Fatalf("count while staged: %d (%v), want %d", n, err, len(sent))
+	}
+	if left := stagingNames(t, ctx, db); len(left) != 0 {
+		t.Fatalf("staging collections left after a read: %v", left)
+	}
+	cur, err := coll.Find(ctx, bson.D{}, options.Find().SetSort(bson.D{{Key: "ts", Value: 1}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []bson.M
+	if err := cur.All(ctx, &got); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[bson.ObjectID]int{}
+	for _, d := range got {
+		seen[d["_id"].(bson.ObjectID)]++
+	}
+	for _, e := range sent {
+		if seen[e.id] != 1 {
+			t.Fatalf("event %v found %d times, want once", e.id, seen[e.id])
+		}
+	}
+	if len(got) != len(sent) {
+		t.Fatalf("find returned %d events, want %d", len(got), len(sent))
+	}
+	// More staged events, then distinct and an aggregate.
+	more := seriesEvents(20, "d", base.Add(time.Hour))
+	if _, err := coll.InsertMany(ctx, docsOf(more)); err != nil {
+		t.Fatal(err)
+	}
+	ds := coll.Distinct(ctx, "sensorId", bson.D{})
+	var series []string
+	if err := ds.Decode(&series); err != nil || len(series) != 4 {
+		t.Fatalf("distinct: %v (%v), want 4 series", series, err)
+	}
+	agg, err := coll.Aggregate(ctx, mongo.Pipeline{{{Key: "$match", Value: bson.D{{Key: "sensorId", Value: "d"}}}}, {{Key: "$count", Value: "n"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var counted []bson.M
+	if err := agg.All(ctx, &counted); err != nil || len(counted) != 1 || asInt(counted[0]["n"]) != 20 {
+		t.Fatalf("aggregate count of d: %v (%v), want 20", counted, err)
+	}
+	if r := flush(t, ctx, c, 1); asInt(r["events"]) != 0 {
+		t.Fatalf("flush after reads merged %v events, want 0", r["events"])
+	}
+}
+
+// TestStageFlush: 1-second data inserted one event at a time ends, after
+// tsproxyFlush, in complete buckets (as compact as a large batch), with
+// no staging collection left, and the flush counts what it merged.
+func TestStageFlush(t *testing.T) {
+	t.Parallel()
+	ctx := ctxFor(t)
+	db := uniqueDB(t)
+	p := startProxy(t, proxyOptions{yaml: stagedRule(db, 100, "1h")})
+	c := connect(t, p.URI())
+	coll := c.Database(db).Collection("readings")
+	base := time.Date(2026, 3, 2, 0, 0, 0, 0, time.UTC)
+	var sent []sentEvent
+	for _, s := range []string{"a", "b"} {
+		evs := seriesEvents(250, s, base)
+		for _, e := range evs {
+			if _, err := coll.InsertOne(ctx, e.doc()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		sent = append(sent, evs...)
+	}
+	r := flush(t, ctx, c, db+".readings")
+	if asInt(r["events"]) != int64(len(sent)) || asInt(r["rules"]) != 1 || asInt(r["collections"]) < 1 {
+		t.Fatalf("flush reply %v, want events %d of 1 rule", r, len(sent))
+	}
+	if left := stagingNames(t, ctx, db); len(left) != 0 {
+		t.Fatalf("staging collections left after the flush: %v", left)
+	}
+	buckets := readBuckets(t, ctx, db)
+	// 250 events of each series in one 1-hour window, 100 per bucket.
+	if len(buckets) != 6 || asInt(r["buckets"]) != 6 {
+		t.Fatalf("%d buckets (flush says %v), want 6 (3 per series)", len(buckets), r["buckets"])
+	}
+	checkStored(t, buckets, sent, 100)
+	if _, err := c.Database("admin").RunCommand(ctx, bson.D{{Key: "tsproxyFlush", Value: "nodb.norule"}}).Raw(); err == nil || !strings.Contains(err.Error(), "no rule") {
+		t.Fatalf("flush of a namespace without a rule: %v, want an error naming it", err)
+	}
+}
+
+// TestStageBackgroundMerge: a staging collection that takes nothing new
+// for mergeAfter is merged without any read or flush.
+func TestStageBackgroundMerge(t *testing.T) {
+	t.Parallel()
+	ctx := ctxFor(t)
+	db := uniqueDB(t)
+	p := startProxy(t, proxyOptions{yaml: stagedRule(db, 100, "300ms")})
+	coll := connect(t, p.URI()).Database(db).Collection("readings")
+	evs := seriesEvents(30, "a", time.Date(2026, 3, 3, 0, 0, 0, 0, time.UTC))
+	for _, e := range evs {
+		if _, err := coll.InsertOne(ctx, e.doc()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for len(stagingNames(t, ctx, db)) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("staging not merged in the background after 30s: %v", stagingNames(t, ctx, db))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	checkStored(t, readBuckets(t, ctx, db), evs, 100)
+}
+
+// TestStageRetryAcrossRestartAndMerge is issue 11's deterministic case on
+// the staging tier: a retryable insert (lsid L, txnNumber 1) is stored,
+// its reply is lost (the proxy restarts, so its reply cache is gone),
+// another client writes to the same series and window, and the driver's
+// retry of (L, 1) arrives: before the staged events are merged, and
+// again after a merge. Every event is stored once.
+func TestStageRetryAcrossRestartAndMerge(t *testing.T) {
+	t.Parallel()
+	ctx := ctxFor(t)
+	db := uniqueDB(t)
+	yaml := stagedRule(db, 100, "1h")
+	base := time.Date(2026, 3, 4, 0, 0, 0, 0, time.UTC)
+	first := seriesEvents(10, "a", base)
+	other := seriesEvents(1, "a", base.Add(time.Minute))
+	lsid := newLsid(t)
+	insert := retryableInsert(db, "readings", lsid, 1)
+
+	p1 := startProxy(t, proxyOptions{yaml: yaml})
+	if r, err := dialRawClient(t, p1.addr).run(insert, docsOf(first)); err != nil || asInt(r.Lookup("n").Int32()) != 10 {
+		t.Fatalf("first attempt: %v %v", r, err)
+	}
+	// A new proxy: the retry is not in its reply cache.
+	p2 := startProxy(t, proxyOptions{yaml: yaml})
+	if _, err := connect(t, p2.URI()).Database(db).Collection("readings").InsertMany(ctx, docsOf(other)); err != nil {
+		t.Fatal(err)
+	}
+	r, err := dialRawClient(t, p2.addr).run(insert, docsOf(first))
+	if err != nil || r.Lookup("ok").Double() != 1 || r.Lookup("n").Int32() != 10 {
+		t.Fatalf("retry while staged: %v %v, want n: 10", r, err)
+	}
+	flush(t, ctx, connect(t, p2.URI()), 1)
+	// And once more after the merge, through a third proxy, once the
+	// others are gone (p2 holds the rule's writer lease, which merges
+	// need).
+	for _, p := range []*testProxy{p1, p2} {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_ = p.srv.Shutdown(sctx)
+		cancel()
+	}
+	p3 := startProxy(t, proxyOptions{yaml: yaml})
+	r, err = dialRawClient(t, p3.addr).run(insert, docsOf(first))
+	if err != nil || r.Lookup("ok").Double() != 1 || r.Lookup("n").Int32() != 10 {
+		t.Fatalf("retry after the merge: %v %v, want n: 10", r, err)
+	}
+	out := flush(t, ctx, connect(t, p3.URI()), 1)
+	if asInt(out["retries"]) != 1 {
+		t.Fatalf("flush after the late retry: %v, want 1 staged document left out as a retry", out)
+	}
+	got := storedIDs(t, ctx, db)
+	for _, e := range append(first, other...) {
+		if got[e.id] != 1 {
+			t.Fatalf("event %v stored %d times, want once", e.id, got[e.id])
+		}
+	}
+	if len(got) != 11 {
+		t.Fatalf("%d distinct events stored, want 11", len(got))
+	}
+}
+
+// TestStageConcurrentInsertsAndFlushes: clients insert while flushes
+// freeze and merge the staging collections they write to: every
+// acknowledged event is stored exactly once.
+func TestStageConcurrentInsertsAndFlushes(t *testing.T) {
+	t.Parallel()
+	ctx := ctxFor(t)
+	db := uniqueDB(t)
+	p := startProxy(t, proxyOptions{yaml: stagedRule(db, 50, "1h")})
+	admin := connect(t, p.URI())
+	stop := make(chan struct{})
+	flushed := make(chan int)
+	go func() {
+		n := 0
+		defer func() { flushed <- n }()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if err := admin.Database("admin").RunCommand(context.Background(), bson.D{{Key: "tsproxyFlush", Value: 1}}).Err(); err == nil {
+				n++
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	sent := insertConcurrently(t, ctx, p.URI(), db, "s", 8, 200, 5, time.Date(2026, 3, 5, 0, 0, 0, 0, time.UTC))
+	close(stop)
+	if n := <-flushed; n == 0 {
+		t.Fatal("no flush ran during the inserts")
+	}
+	got := storedIDs(t, ctx, db)
+	for _, e := range sent {
+		if got[e.id] != 1 {
+			t.Fatalf("event %v stored %d times, want once", e.id, got[e.id])
+		}
+	}
+	if len(got) != len(sent) {
+		t.Fatalf("%d distinct events stored, want %d", len(got), len(sent))
+	}
+}
