@@ -74,6 +74,11 @@ func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records map[bson.ObjectI
 		if err := m.insertOne(x, TxnsCollection(m.rule), recordDoc(r.Token, derived, m.opts.Now)); err != nil {
 			return fmt.Errorf("record merged retryable writes: %w", err)
 		}
+		// The retired collections after this one in the same run leave
+		// these out too.
+		for _, id := range derived {
+			records[id] = r.Token
+		}
 	}
 	buckets, events := m.buckets(groups, plan.bases)
 	if err := m.insertBuckets(x, buckets); err != nil {

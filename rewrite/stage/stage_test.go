@@ -333,6 +333,21 @@ func TestMerge(t *testing.T) {
 			t.Fatalf("%d events stored, want 2", len(got))
 		}
 	})
+	t.Run("a retry frozen in the same run as its first attempt is left out", func(t *testing.T) {
+		m := newMem(t)
+		retry := []bson.E{{Key: "lsid", Value: bson.D{{Key: "id", Value: bson.Binary{Subtype: 4, Data: make([]byte, 16)}}}}, {Key: "txnNumber", Value: int64(6)}}
+		stagedInsert(t, m, events("a", 0, 2), retry...)
+		merge(t, m, stage.MergeOptions{All: true, FreezeOnly: true})
+		stagedInsert(t, m, events("a", 0, 2), retry...) // lands in a new staging collection
+		merge(t, m, stage.MergeOptions{All: true, FreezeOnly: true, Now: time.UnixMilli(1_000_100)})
+		st := merge(t, m, stage.MergeOptions{Now: time.UnixMilli(1_000_200)})
+		if st.Collections != 2 || st.Retries != 1 || st.Events != 2 {
+			t.Fatalf("stats %+v, want 2 collections merged, the retry left out", st)
+		}
+		if got := storedEvents(t, m); len(got) != 2 {
+			t.Fatalf("%d events stored, want 2", len(got))
+		}
+	})
 	t.Run("only due collections in the background", func(t *testing.T) {
 		m := newMem(t)
 		stagedInsert(t, m, events("a", 0, 1))

@@ -221,6 +221,17 @@ func idChecksum(ids []bson.ObjectID) (int, string) {
 // bucket write each here) is stored whole or not at all.
 func TestFaultKillProxy(t *testing.T) {
 	t.Parallel()
+	t.Run("direct", func(t *testing.T) { killProxyRun(t, "", 1, false) })
+	// The staging tier (rewrite/stage): 5 kills in one run, while a client
+	// flushes all along, so kills land during staged inserts and during
+	// merges (freeze, plan, bucket inserts, drop) alike.
+	t.Run("staged", func(t *testing.T) { killProxyRun(t, "    ingest: staged\n    mergeAfter: 200ms\n", 5, true) })
+}
+
+// killProxyRun is the kill test: rule options extra, kills kill -9s with
+// restarts, and with flusher a client running tsproxyFlush throughout.
+func killProxyRun(t *testing.T, extra string, kills int, flusher bool) {
+	t.Parallel()
 	db := uniqueDB(t)
 	// maxEvents a multiple of every batch size, and the windows of one
 	// client never shared: each batch is exactly one bucket write, a $push
@@ -234,7 +245,7 @@ func TestFaultKillProxy(t *testing.T) {
       maxEvents: 100
       insertThreshold: 50
     aggregates: [value]
-`, db)
+`, db) + extra
 	pp := newProxyProcess(t, rule)
 	pp.start()
 	ctx := ctxFor(t)
@@ -254,20 +265,44 @@ func TestFaultKillProxy(t *testing.T) {
 	done := make(chan [][]batchOutcome)
 	base := time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC)
 	go func() { done <- loadClients(ctx, colls, []int{10, 10, 50, 10, 10}, base, stop) }()
+	flushes := make(chan int, 1)
+	go func() {
+		n := 0
+		defer func() { flushes <- n }()
+		for flusher {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if flushAt(pp.addr) == nil {
+				n++
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
 
 	time.Sleep(2 * time.Second)
-	killedAt := time.Now()
-	pp.kill()
+	var killedAt, restartAt time.Time
+	var listening time.Duration
+	for range kills {
+		killedAt = time.Now()
+		pp.kill()
+		time.Sleep(500 * time.Millisecond)
+		restartAt = time.Now()
+		pp.start()
+		listening = time.Since(restartAt)
+		time.Sleep(1500 * time.Millisecond)
+	}
 	time.Sleep(500 * time.Millisecond)
-	restartAt := time.Now()
-	pp.start()
-	listening := time.Since(restartAt)
-	time.Sleep(2 * time.Second)
 	close(stop)
 	outcomes := <-done
+	if n := <-flushes; flusher && n == 0 {
+		t.Fatal("no flush succeeded during the run")
+	}
 
-	// Time to recover: from the kill to the first insert acknowledged
-	// after the restart.
+	// Time to recover: from the last kill to the first insert acknowledged
+	// after the last restart.
 	var firstAfter time.Time
 	for _, cl := range outcomes {
 		for _, b := range cl {
@@ -280,11 +315,13 @@ func TestFaultKillProxy(t *testing.T) {
 	if firstAfter.IsZero() {
 		t.Fatal("no insert was acknowledged after the restart")
 	}
-
+	if err := flushAt(pp.addr); err != nil {
+		t.Fatalf("final flush: %v", err)
+	}
 	stored := storedIDs(t, ctx, db)
 	f := checkOutcomes(t, stored, outcomes)
-	t.Logf("kill -9 under 16 clients: acknowledged %d, found %d; unacknowledged %d, found %d (partial batches %d); duplicates %d; retries recognised by the restarted proxy %d; restarted proxy listening after %v, first ack %v after the kill",
-		f.acked, f.ackedFound, f.unacked, f.unackedFound, f.partial, f.dups, retried, listening.Round(time.Millisecond), firstAfter.Sub(killedAt).Round(time.Millisecond))
+	t.Logf("%d × kill -9 under 16 clients: acknowledged %d, found %d; unacknowledged %d, found %d (partial batches %d); duplicates %d; retries recognised by the restarted proxy %d; restarted proxy listening after %v, first ack %v after the last kill",
+		kills, f.acked, f.ackedFound, f.unacked, f.unackedFound, f.partial, f.dups, retried, listening.Round(time.Millisecond), firstAfter.Sub(killedAt).Round(time.Millisecond))
 	if f.dups != 0 || f.ackedFound != f.acked || f.partial != 0 {
 		t.Fatalf("after kill -9: %+v", f)
 	}
