@@ -9,11 +9,14 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/proxy/lease"
 	"github.com/tsproxy/tsproxy/proxy/telemetry"
 	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/admin"
 	"github.com/tsproxy/tsproxy/rewrite/caps"
+	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"github.com/tsproxy/tsproxy/rewrite/insert"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
@@ -209,7 +212,12 @@ func (c *conn) settleStaged(req *request, rule *rules.Rule) (done bool, err erro
 	if err != nil || !staged {
 		return false, nil // no caps: the command itself meets the upstream's error
 	}
-	if _, err := c.mergeStaged(rule, caps, stage.MergeOptions{All: true}); err != nil {
+	_, err = c.mergeStaged(rule, caps, stage.MergeOptions{All: true})
+	var held *lease.HeldError
+	if errors.As(err, &held) {
+		err = c.requestFlush(rule, caps)
+	}
+	if err != nil {
 		var up upstreamFailure
 		if errors.As(err, &up) {
 			return true, up.err
@@ -217,6 +225,59 @@ func (c *conn) settleStaged(req *request, rule *rules.Rule) (done bool, err erro
 		return true, c.replyError(req, mongoerr.CodeOf(err), err.Error())
 	}
 	return false, nil
+}
+
+// flushWaitLeases bounds how long a proxy waits for the holder of a
+// rule's writer lease to answer its flush request, in lease lifetimes: a
+// holder that died is replaced (by this proxy) once its lease lapses.
+const flushWaitLeases = 3
+
+// requestFlush asks the proxy that holds rule's writer lease to merge
+// everything staged, and waits until it did: it creates a flush request
+// collection of its own, which the holder's background merger (one round
+// a second at most) drops after a merge of everything that began once it
+// saw the request.
+func (c *conn) requestFlush(rule *rules.Rule, caps caps.Upstream) error {
+	marker := stage.FlushMarker(rule, bson.NewObjectID().Hex())
+	res, err := drive(c, rewrite.Passthrough(bsoncore.NewDocumentBuilder().AppendString("create", marker).AppendString("$db", rule.DB).Build(), nil))
+	if err != nil {
+		return upstreamFailure{err: err}
+	}
+	if err := mongoerr.ReplyError(res.Reply); err != nil {
+		return fmt.Errorf("tsproxy rule %s: request a merge from the proxy holding the writer lease: %w", rule.Namespace, err)
+	}
+	list := bsoncore.NewDocumentBuilder().AppendInt32("listCollections", 1).
+		AppendDocument("filter", bsoncore.NewDocumentBuilder().AppendString("name", marker).Build()).
+		AppendBoolean("nameOnly", true).AppendString("$db", rule.DB).Build()
+	wait := flushWaitLeases * c.s.leases.TTL()
+	deadline := time.Now().Add(wait)
+	tries := 0
+	for {
+		res, err := drive(c, rewrite.Passthrough(list, nil))
+		if err != nil {
+			return upstreamFailure{err: err}
+		}
+		docs, _, err := cursor.Docs(res.Reply)
+		if err != nil {
+			return fmt.Errorf("tsproxy rule %s: wait for the merge: %w", rule.Namespace, err)
+		}
+		if len(docs) == 0 {
+			return nil
+		}
+		// The holder may be gone: once its lease lapsed, merge here.
+		if tries++; tries%20 == 0 {
+			if _, err := c.mergeStaged(rule, caps, stage.MergeOptions{All: true}); err == nil {
+				_, err := drive(c, rewrite.Passthrough(admin.DropCommand(rule.DB, marker), nil))
+				return err
+			} else if held := (*lease.HeldError)(nil); !errors.As(err, &held) {
+				return err
+			}
+		}
+		if time.Now().After(deadline) {
+			return mongoerr.Errorf(mongoerr.ConflictingOperationInProgress, "tsproxy rule %s: the proxy holding the rule's writer lease did not merge its staged events within %s (request %s left for it)", rule.Namespace, wait, marker)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // upstreamFailure is a merge that lost its upstream connection.
@@ -268,7 +329,7 @@ func (s *Server) runMerge(r stepRunner, rule *rules.Rule, opts stage.MergeOption
 	mergeOpts.All, mergeOpts.Due = false, nil
 	m := stage.NewMerge(rule, mergeOpts)
 	res, err = drive(r, m)
-	m.Stats.Pending, m.Stats.Staged = freeze.Stats.Pending, freeze.Stats.Staged
+	m.Stats.Pending, m.Stats.Staged, m.Stats.Markers = freeze.Stats.Pending, freeze.Stats.Staged, freeze.Stats.Markers
 	if err != nil {
 		return m.Stats, upstreamFailure{err: err}
 	}
@@ -303,6 +364,9 @@ func (c *conn) handleFlush(req *request) error {
 			continue
 		}
 		st, err := c.mergeStaged(rule, caps, stage.MergeOptions{All: true})
+		if held := (*lease.HeldError)(nil); errors.As(err, &held) {
+			err = c.requestFlush(rule, caps) // merged by the holder: no counts here
+		}
 		var up upstreamFailure
 		if errors.As(err, &up) {
 			return up.err
@@ -315,6 +379,7 @@ func (c *conn) handleFlush(req *request) error {
 		total.Events += st.Events
 		total.Buckets += st.Buckets
 		total.Retries += st.Retries
+		total.Late += st.Late
 	}
 	reply, err := bson.Marshal(bson.D{
 		{Key: "rules", Value: rulesMerged},
@@ -322,6 +387,7 @@ func (c *conn) handleFlush(req *request) error {
 		{Key: "events", Value: total.Events},
 		{Key: "buckets", Value: total.Buckets},
 		{Key: "retries", Value: total.Retries},
+		{Key: "late", Value: total.Late},
 		{Key: "ok", Value: 1.0},
 	})
 	if err != nil {
@@ -371,11 +437,15 @@ func (s *Server) startMergers(ctx context.Context, wg *sync.WaitGroup) {
 func (s *Server) mergeLoop(ctx context.Context, rule *rules.Rule) {
 	interval := min(max(rule.MergeAfter/4, 50*time.Millisecond), time.Second)
 	var up *upstream.Conn
-	defer func() {
+	stopClose := func() bool { return false }
+	closeUp := func() {
 		if up != nil {
+			stopClose()
 			up.Close()
+			up = nil
 		}
-	}()
+	}
+	defer closeUp()
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -392,15 +462,13 @@ func (s *Server) mergeLoop(ctx context.Context, rule *rules.Rule) {
 				continue
 			}
 			up = c
-			stop := context.AfterFunc(ctx, func() { _ = c.Close() })
-			defer stop()
+			stopClose = context.AfterFunc(ctx, func() { _ = c.Close() }) // unblock a round trip at shutdown
 		}
-		if err := s.mergeOnce(up, rule); err != nil && ctx.Err() == nil {
-			var uf upstreamFailure
-			if errors.As(err, &uf) {
-				up.Close()
-				up = nil
-			}
+		_, err := s.mergeOnce(up, rule)
+		// A connection per round, not kept between rounds: an idle
+		// background merger holds no upstream connection.
+		closeUp()
+		if err != nil && ctx.Err() == nil {
 			var held *lease.HeldError
 			if !errors.As(err, &held) { // another proxy merges this rule
 				s.log.Warn("staging: background merge failed; will retry", "rule", rule.Namespace, "err", err.Error())
@@ -410,20 +478,33 @@ func (s *Server) mergeLoop(ctx context.Context, rule *rules.Rule) {
 }
 
 // mergeOnce is one background round: merge the due staging collections.
-func (s *Server) mergeOnce(up *upstream.Conn, rule *rules.Rule) error {
+func (s *Server) mergeOnce(up *upstream.Conn, rule *rules.Rule) (stage.Stats, error) {
 	reply, err := up.Command(bson.D{{Key: "buildInfo", Value: 1}, {Key: "$db", Value: "admin"}})
 	if err != nil {
-		return upstreamFailure{err: err}
+		return stage.Stats{}, upstreamFailure{err: err}
 	}
 	if !rule.Staged(caps.Detect(reply).CostlyUpdates) {
-		return nil
+		return stage.Stats{}, nil
 	}
 	now := time.Now()
 	if caps.Detect(reply).SingleWriter {
 		if err := s.leases.Ensure(up, rule.DB, rule.Collection, s.log); err != nil {
-			return err
+			return stage.Stats{}, err
 		}
 	}
-	_, err = s.runMerge(upRunner{up: up}, rule, stage.MergeOptions{Due: s.merges.due(rule, now), Now: now}, true)
-	return err
+	st, err := s.runMerge(upRunner{up: up}, rule, stage.MergeOptions{Due: s.merges.due(rule, now), Now: now}, true)
+	if err != nil || len(st.Markers) == 0 {
+		return st, err
+	}
+	// Flush requests of proxies that cannot merge: everything, then the
+	// requests seen before this merge began are answered.
+	if _, err := s.runMerge(upRunner{up: up}, rule, stage.MergeOptions{All: true}, false); err != nil {
+		return st, err
+	}
+	for _, marker := range st.Markers {
+		if _, err := drive(upRunner{up: up}, rewrite.Passthrough(admin.DropCommand(rule.DB, marker), nil)); err != nil {
+			return st, upstreamFailure{err: err}
+		}
+	}
+	return st, nil
 }

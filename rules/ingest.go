@@ -21,11 +21,8 @@ const (
 
 // Staging defaults and bounds.
 const (
-	// DefaultIngest is the ingest mode of a rule that sets none. It is
-	// direct for now: the staging tier passes its own tests and the read
-	// differential, but not yet every fault and multi-proxy test of the
-	// suite (see the README, Bucketed ingest); "ingest: auto" opts in.
-	DefaultIngest = IngestDirect
+	// DefaultIngest is the ingest mode of a rule that sets none.
+	DefaultIngest = IngestAuto
 	// DefaultMergeAfter is how long a staging collection must have taken
 	// no new event before the proxy merges it by itself. A window that
 	// is written to all along is merged once it closes (nothing lands in

@@ -9,8 +9,9 @@ import (
 	"time"
 )
 
-// DefaultTTL is how long a writer lease lasts without renewal.
-const DefaultTTL = 30 * time.Second
+// DefaultTTL is how long a writer lease lasts without renewal: how long
+// a rule's merges (and direct writes) wait when the proxy holding it dies.
+const DefaultTTL = 10 * time.Second
 
 // recheck is how long a proxy that found the lease held by another
 // answers from what it found before asking the upstream again.
@@ -140,6 +141,9 @@ func (s *Set) Ensure(up Commander, db, coll string, log *slog.Logger) error {
 	log.Info("writer lease taken", "rule", ns, "term", term, "owner", c.Owner)
 	return nil
 }
+
+// TTL is how long the set's leases last without renewal.
+func (s *Set) TTL() time.Duration { return s.ttl }
 
 // Held is one lease this proxy holds.
 type Held struct {

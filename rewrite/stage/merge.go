@@ -41,13 +41,16 @@ type MergeOptions struct {
 
 // Stats count what a merge did.
 type Stats struct {
-	Collections int   // staging collections merged and dropped
-	Events      int   // events written into buckets
-	Buckets     int   // buckets written
-	Retries     int   // staged documents left out: retries of writes merged before
-	Pending     int   // staging collections not due yet
-	Frozen      int   // retired collections left to merge (after a freeze)
-	Staged      int64 // staged documents in those (counted only when Due is asked)
+	Collections int // staging collections merged and dropped
+	Events      int // events written into buckets
+	Buckets     int // buckets written
+	Retries     int // staged documents left out: retries of writes merged before
+	Pending     int // staging collections not due yet
+	Frozen      int // retired collections left to merge (after a freeze)
+	Late        int // documents that reached a retired collection after it was read, moved back to staging
+	// Markers are the flush requests the merge's listing found.
+	Markers []string
+	Staged  int64 // staged documents in those (counted only when Due is asked)
 }
 
 // Merge is the plan of one merge of a rule's staging tier; once it is
@@ -89,13 +92,23 @@ func (m *Merge) run(x *rewrite.Exec) error {
 	if err != nil || len(open)+len(retired) == 0 {
 		return err
 	}
-	due, err := m.due(x, open)
-	if err != nil {
-		return err
-	}
 	token := m.opts.Now.UnixMilli()
 	for _, r := range retired {
 		token = max(token, r.Token+1)
+	}
+	// Retired collections left by a merge that was cut are finished
+	// first, before anything is frozen: the late documents they move
+	// back to staging must be in a staging collection that this run
+	// freezes after, or they would be merged twice.
+	if len(retired) > 0 {
+		if err := m.mergeRetired(x, retired); err != nil {
+			return err
+		}
+		retired = nil
+	}
+	due, err := m.due(x, open)
+	if err != nil {
+		return err
 	}
 	for _, c := range due {
 		name := RetiredName(c.Name, token)
@@ -116,6 +129,12 @@ func (m *Merge) run(x *rewrite.Exec) error {
 	if len(retired) == 0 || m.opts.FreezeOnly {
 		return nil
 	}
+	return m.mergeRetired(x, retired)
+}
+
+// mergeRetired merges retired collections in token order, then expires
+// old records.
+func (m *Merge) mergeRetired(x *rewrite.Exec, retired []Collection) error {
 	slices.SortFunc(retired, func(a, b Collection) int { return cmpInt(a.Token, b.Token) })
 	records, err := m.loadRecords(x)
 	if err != nil {
@@ -136,6 +155,9 @@ func (m *Merge) list(x *rewrite.Exec) (open, retired []Collection, err error) {
 	take := func(docs []bsoncore.Document) error {
 		for _, d := range docs {
 			name, _ := d.Lookup("name").StringValueOK()
+			if IsFlushMarker(m.rule, name) {
+				m.Stats.Markers = append(m.Stats.Markers, name)
+			}
 			if c, ok := Parse(m.rule, name); ok {
 				if c.Retired() {
 					retired = append(retired, c)

@@ -21,6 +21,52 @@ const planID = "plan"
 type mergePlan struct {
 	bases map[string]int // by Key.String(): the first seq to write
 	skip  map[bson.ObjectID]bool
+	ids   map[string]bool // the staged documents merged, by idKey
+}
+
+// idKey is a staged document's _id as a map key (type and bytes).
+func idKey(d bsoncore.Document) string {
+	v := d.Lookup("_id")
+	return string(rune(v.Type)) + string(v.Data)
+}
+
+// moveLate moves the documents that reached retired collection coll
+// after the merge read it back into staging: FerretDB's rename changes
+// only its catalog, so an insert of another proxy that had looked the
+// staging collection up before the rename commits into the renamed one.
+// This proxy holds its own inserts off during a freeze; another's are
+// caught here, just before the drop (an insert the drop overtakes fails
+// and is not acknowledged). They go to the staging collection of their
+// period, where the next merge takes them.
+func (m *Merge) moveLate(x *rewrite.Exec, coll string, merged map[string]bool) error {
+	all, err := drainAll(x, m.rule.DB, coll, findCommand(m.rule.DB, coll, nil, bsoncore.NewDocumentBuilder().AppendInt32("_id", 1).Build()))
+	if err != nil {
+		return err
+	}
+	var late []bson.ObjectID
+	for _, d := range all {
+		if id, ok := idOf(d); ok && !merged[idKey(d)] {
+			late = append(late, id)
+		}
+	}
+	if len(late) == 0 {
+		return nil
+	}
+	docs, err := drainAll(x, m.rule.DB, coll, findBatched(m.rule.DB, coll, idsIn(late), 1))
+	if err != nil {
+		return err
+	}
+	for _, d := range docs {
+		_, start, err := bucket.KeyFields(d)
+		if err != nil {
+			return fmt.Errorf("late staged document %s: %w", d.Lookup("_id"), err)
+		}
+		if err := m.insertOne(x, m.rule.StageCollection(start), d); err != nil {
+			return fmt.Errorf("move late staged document %s: %w", d.Lookup("_id"), err)
+		}
+	}
+	m.Stats.Late += len(docs)
+	return nil
 }
 
 // group is the events of one key, sorted by time.
@@ -49,14 +95,19 @@ func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records map[bson.ObjectI
 	}
 	sortByID(staged)
 	if plan == nil {
-		plan = &mergePlan{skip: map[bson.ObjectID]bool{}}
+		plan = &mergePlan{skip: map[bson.ObjectID]bool{}, ids: map[string]bool{}}
 		for _, d := range staged {
+			plan.ids[idKey(d)] = true
 			if id, ok := idOf(d); ok && IsDerived(id) {
 				if t, seen := records[id]; seen && t != r.Token {
 					plan.skip[id] = true
 				}
 			}
 		}
+	} else {
+		// A repeated merge merges what the first run planned; documents
+		// that reached the collection after that are late (see moveLate).
+		staged = slices.DeleteFunc(staged, func(d bsoncore.Document) bool { return !plan.ids[idKey(d)] })
 	}
 	groups, derived, err := m.groups(staged, plan.skip)
 	if err != nil {
@@ -82,6 +133,9 @@ func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records map[bson.ObjectI
 	}
 	buckets, events := m.buckets(groups, plan.bases)
 	if err := m.insertBuckets(x, buckets); err != nil {
+		return err
+	}
+	if err := m.moveLate(x, r.Name, plan.ids); err != nil {
 		return err
 	}
 	reply, ok := x.One(bsoncore.NewDocumentBuilder().AppendString("drop", r.Name).AppendString("$db", m.rule.DB).Build())

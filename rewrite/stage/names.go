@@ -58,3 +58,19 @@ func Parse(rule *rules.Rule, name string) (Collection, bool) {
 	}
 	return c, true
 }
+
+// flushInfix names a flush request: a collection a proxy that cannot
+// merge a rule (another holds its writer lease) creates, and the holder's
+// background merger drops once it merged everything (see FlushMarker).
+const flushInfix = "flush_"
+
+// FlushMarker is the flush request collection with token (unique per
+// request).
+func FlushMarker(rule *rules.Rule, token string) string {
+	return rule.StagePrefix() + flushInfix + token
+}
+
+// IsFlushMarker says whether name is one of rule's flush requests.
+func IsFlushMarker(rule *rules.Rule, name string) bool {
+	return strings.HasPrefix(name, rule.StagePrefix()+flushInfix)
+}

@@ -13,7 +13,8 @@ import (
 )
 
 // planDoc is a merge plan as stored in its retired collection:
-// {_id: "plan", bases: [{k: <key>, s: <seq>}...], skip: [<id>...]}.
+// {_id: "plan", bases: [{k: <key>, s: <seq>}...], skip: [<id>...],
+// ids: [<staged _id as type byte and bytes>...]}.
 func planDoc(p *mergePlan) bsoncore.Document {
 	bases := bsoncore.NewArrayBuilder()
 	for k, s := range p.bases {
@@ -23,13 +24,17 @@ func planDoc(p *mergePlan) bsoncore.Document {
 	for id := range p.skip {
 		skip.AppendObjectID(id)
 	}
+	ids := bsoncore.NewArrayBuilder()
+	for k := range p.ids {
+		ids.AppendBinary(0, []byte(k))
+	}
 	return bsoncore.NewDocumentBuilder().AppendString("_id", planID).
-		AppendArray("bases", bases.Build()).AppendArray("skip", skip.Build()).Build()
+		AppendArray("bases", bases.Build()).AppendArray("skip", skip.Build()).AppendArray("ids", ids.Build()).Build()
 }
 
 // readPlan reads planDoc's output back.
 func readPlan(d bsoncore.Document) (*mergePlan, error) {
-	p := &mergePlan{bases: map[string]int{}, skip: map[bson.ObjectID]bool{}}
+	p := &mergePlan{bases: map[string]int{}, skip: map[bson.ObjectID]bool{}, ids: map[string]bool{}}
 	bad := func(what string) (*mergePlan, error) { return nil, fmt.Errorf("plan document: %s", what) }
 	bases, ok := d.Lookup("bases").ArrayOK()
 	if !ok {
@@ -50,6 +55,17 @@ func readPlan(d bsoncore.Document) (*mergePlan, error) {
 			return bad("a base lacks k or s")
 		}
 		p.bases[string(k)] = int(s)
+	}
+	if ids, ok := d.Lookup("ids").ArrayOK(); ok {
+		vals, err := ids.Values()
+		if err != nil {
+			return bad(err.Error())
+		}
+		for _, v := range vals {
+			if _, k, ok := v.BinaryOK(); ok {
+				p.ids[string(k)] = true
+			}
+		}
 	}
 	if skip, ok := d.Lookup("skip").ArrayOK(); ok {
 		ids, err := skip.Values()

@@ -333,19 +333,55 @@ func TestMerge(t *testing.T) {
 			t.Fatalf("%d events stored, want 2", len(got))
 		}
 	})
-	t.Run("a retry frozen in the same run as its first attempt is left out", func(t *testing.T) {
+	t.Run("a merge cut after its freeze is finished before the next freeze", func(t *testing.T) {
 		m := newMem(t)
 		retry := []bson.E{{Key: "lsid", Value: bson.D{{Key: "id", Value: bson.Binary{Subtype: 4, Data: make([]byte, 16)}}}}, {Key: "txnNumber", Value: int64(6)}}
 		stagedInsert(t, m, events("a", 0, 2), retry...)
-		merge(t, m, stage.MergeOptions{All: true, FreezeOnly: true})
-		stagedInsert(t, m, events("a", 0, 2), retry...) // lands in a new staging collection
-		merge(t, m, stage.MergeOptions{All: true, FreezeOnly: true, Now: time.UnixMilli(1_000_100)})
-		st := merge(t, m, stage.MergeOptions{Now: time.UnixMilli(1_000_200)})
-		if st.Collections != 2 || st.Retries != 1 || st.Events != 2 {
-			t.Fatalf("stats %+v, want 2 collections merged, the retry left out", st)
+		merge(t, m, stage.MergeOptions{All: true, FreezeOnly: true}) // then the proxy died
+		stagedInsert(t, m, events("a", 0, 2), retry...)              // the retry lands in a new staging collection
+		st := merge(t, m, stage.MergeOptions{All: true, FreezeOnly: true, Now: time.UnixMilli(1_000_100)})
+		if st.Collections != 1 || st.Events != 2 || st.Frozen != 1 {
+			t.Fatalf("stats %+v, want the left retired collection merged, the new one frozen", st)
 		}
-		if got := storedEvents(t, m); len(got) != 2 {
-			t.Fatalf("%d events stored, want 2", len(got))
+		if st = merge(t, m, stage.MergeOptions{Now: time.UnixMilli(1_000_200)}); st.Retries != 1 || st.Events != 0 {
+			t.Fatalf("stats %+v, want the retry left out", st)
+		}
+		for id, n := range storedEvents(t, m) {
+			if n != 1 {
+				t.Fatalf("event %s stored %d times", id, n)
+			}
+		}
+	})
+	t.Run("late documents go back to staging", func(t *testing.T) {
+		m := newMem(t)
+		stagedInsert(t, m, events("a", 0, 2))
+		merge(t, m, stage.MergeOptions{All: true, FreezeOnly: true})
+		// Another proxy's insert commits into the retired collection
+		// after the merge read it: simulated by a plan written before it.
+		m.fail["drop"] = true
+		merge2 := stage.NewMerge(rwtest.InsertRule(), stage.MergeOptions{Now: time.UnixMilli(1_000_100), RetryHorizon: time.Hour})
+		m.run(merge2) // plan and buckets written, drop refused
+		m.fail["drop"] = false
+		for name := range m.colls {
+			if strings.Contains(name, "_m") {
+				m.colls[name] = append(m.colls[name], doc(bson.D{{Key: "_id", Value: rwtest.OID(200)}, {Key: "meta", Value: "a"}, {Key: "start", Value: bson.DateTime(36_000_000)}, {Key: "count", Value: int32(1)}, {Key: "events", Value: bson.A{rwtest.Stored(rwtest.OID(99), rwtest.DT(36_099_000), true, 9.0)}}}))
+			}
+		}
+		st := merge(t, m, stage.MergeOptions{Now: time.UnixMilli(1_000_200)})
+		if st.Late != 1 || st.Collections != 1 {
+			t.Fatalf("stats %+v, want 1 late document moved", st)
+		}
+		if st = merge(t, m, stage.MergeOptions{All: true, Now: time.UnixMilli(1_000_300)}); st.Events != 1 {
+			t.Fatalf("stats %+v, want the late event merged", st)
+		}
+		got := storedEvents(t, m)
+		if len(got) != 3 {
+			t.Fatalf("%d events stored, want 3", len(got))
+		}
+		for id, n := range got {
+			if n != 1 {
+				t.Fatalf("event %s stored %d times", id, n)
+			}
 		}
 	})
 	t.Run("only due collections in the background", func(t *testing.T) {

@@ -79,8 +79,10 @@ func insertThroughBoth(t *testing.T, ctx context.Context, uris []string, db stri
 func TestTwoProxiesOneSeries(t *testing.T) {
 	t.Parallel()
 	db := uniqueDB(t)
-	a := startProxy(t, proxyOptions{yaml: readingsRule(db, 100)})
-	b := startProxy(t, proxyOptions{yaml: readingsRule(db, 100)})
+	// The direct path's writer lease (staged inserts take none:
+	// TestStageThreeProxies).
+	a := startProxy(t, proxyOptions{yaml: readingsRule(db, 100) + "    ingest: direct\n"})
+	b := startProxy(t, proxyOptions{yaml: readingsRule(db, 100) + "    ingest: direct\n"})
 	ctx := ctxFor(t)
 	base := time.Date(2026, 6, 2, 0, 0, 0, 0, time.UTC)
 
@@ -151,8 +153,8 @@ func TestWriterLeaseLapses(t *testing.T) {
 	t.Parallel()
 	db := uniqueDB(t)
 	short := func(o *proxy.Options) { o.WriterLease = 2 * time.Second }
-	a := startProxy(t, proxyOptions{yaml: readingsRule(db, 100), edit: short})
-	b := startProxy(t, proxyOptions{yaml: readingsRule(db, 100), edit: short})
+	a := startProxy(t, proxyOptions{yaml: readingsRule(db, 100) + "    ingest: direct\n", edit: short})
+	b := startProxy(t, proxyOptions{yaml: readingsRule(db, 100) + "    ingest: direct\n", edit: short})
 	ctx := ctxFor(t)
 	ca := connect(t, a.URI()).Database(db).Collection("readings")
 	cb := connect(t, b.URI()).Database(db).Collection("readings")

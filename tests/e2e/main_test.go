@@ -108,8 +108,9 @@ func startProxy(t testing.TB, po proxyOptions) *testProxy {
 		t.Fatal(err)
 	}
 	ruleSet := cfg.RuleSet()
-	// TSPROXY_E2E_INGEST=auto|staged runs the suite's events rules through
-	// the staging tier (rewrite/stage) unless a test set the mode itself.
+	// TSPROXY_E2E_INGEST=direct|staged|auto sets the ingest mode of the
+	// suite's events rules (default auto: staged on FerretDB) unless a
+	// test set the mode itself.
 	if mode := os.Getenv("TSPROXY_E2E_INGEST"); mode != "" {
 		for i, r := range cfg.Rules {
 			if r.Layout == rules.LayoutEvents && !r.Partitioned() && r.Ingest == rules.DefaultIngest && !strings.Contains(po.yaml, "ingest:") {

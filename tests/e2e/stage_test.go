@@ -298,3 +298,91 @@ func TestStageConcurrentInsertsAndFlushes(t *testing.T) {
 		t.Fatalf("%d distinct events stored, want %d", len(got), len(sent))
 	}
 }
+
+// TestStageThreeProxies: 16 clients ingest one staged rule through three
+// proxies at once (no writer lease on the ingest path), each reading
+// through its own proxy now and then (a proxy without the lease asks the
+// holder to merge); one proxy is killed with SIGKILL mid-run. Every
+// acknowledged event is stored exactly once, an unacknowledged batch
+// whole or not at all, and every proxy answers reads after the run.
+func TestStageThreeProxies(t *testing.T) {
+	t.Parallel()
+	db := uniqueDB(t)
+	rule := stagedRule(db, 100, "200ms")
+	var pps []*proxyProcess
+	for range 3 {
+		pp := newProxyProcess(t, rule)
+		pp.start()
+		pps = append(pps, pp)
+	}
+	ctx := ctxFor(t)
+	const clients = 16
+	colls := make([]*mongo.Collection, clients)
+	for i := range colls {
+		c, err := mongo.Connect(options.Client().ApplyURI(pps[i%3].URI()).SetServerSelectionTimeout(5 * time.Second).SetTimeout(20 * time.Second).SetRetryWrites(i%2 == 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Disconnect(context.Background()) })
+		colls[i] = c.Database(db).Collection("readings")
+	}
+	stop := make(chan struct{})
+	done := make(chan [][]batchOutcome)
+	base := time.Date(2026, 10, 2, 0, 0, 0, 0, time.UTC)
+	go func() { done <- loadClients(ctx, colls, []int{1, 10, 1, 50, 5}, base, stop) }()
+	// Reads on the two proxies that live, during the load: one may wait
+	// for the killed proxy's writer lease to lapse (10 s) and merge.
+	readers := make([]*mongo.Collection, 2)
+	for i := range readers {
+		c, err := mongo.Connect(options.Client().ApplyURI(pps[1+i].URI()).SetTimeout(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Disconnect(context.Background()) })
+		readers[i] = c.Database(db).Collection("readings")
+	}
+	reads := make(chan error, 1)
+	go func() {
+		var firstErr error
+		for k := 0; ; k++ {
+			select {
+			case <-stop:
+				reads <- firstErr
+				return
+			default:
+			}
+			_, err := readers[k%2].CountDocuments(ctx, bson.D{})
+			if err != nil && firstErr == nil {
+				firstErr = err
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}()
+	time.Sleep(2 * time.Second)
+	pps[0].kill()
+	time.Sleep(3 * time.Second)
+	close(stop)
+	outcomes := <-done
+	if err := <-reads; err != nil {
+		for i, pp := range pps {
+			t.Logf("proxy %d log:\n%s", i, pp.log.String())
+		}
+		t.Fatalf("a read through a living proxy during the load: %v", err)
+	}
+	for _, pp := range pps[1:] {
+		if err := flushAt(pp.addr); err != nil {
+			t.Fatalf("final flush on %s: %v", pp.addr, err)
+		}
+	}
+	stored := storedIDs(t, ctx, db)
+	f := checkOutcomes(t, stored, outcomes)
+	t.Logf("3 proxies, 16 clients, one proxy killed: acknowledged %d, found %d; unacknowledged %d, found %d (partial batches %d); duplicates %d",
+		f.acked, f.ackedFound, f.unacked, f.unackedFound, f.partial, f.dups)
+	if f.dups != 0 || f.ackedFound != f.acked || f.partial != 0 || f.acked == 0 {
+		t.Fatalf("three proxies: %+v", f)
+	}
+	n, err := colls[1].CountDocuments(ctx, bson.D{})
+	if err != nil || n != int64(len(stored)) {
+		t.Fatalf("count through a living proxy: %d (%v), want %d", n, err, len(stored))
+	}
+}
