@@ -25,7 +25,8 @@ import (
 )
 
 // The staging tier (rewrite/stage): inserts of a staged rule go to its
-// staging collections with no lock and no lease; merges write its
+// staging collections with no lock and no update (under the rule's writer
+// lease where the upstream needs one, see stagedInsert); merges write its
 // buckets. One merge of a rule runs at a time in this proxy (mergeState's
 // lock) and in the fleet (the rule's writer lease). A merge runs before
 // every command on the rule's namespace but inserts, getMore and
@@ -173,8 +174,18 @@ func (c *conn) stagedRule(rule *rules.Rule) (bool, caps.Upstream, error) {
 }
 
 // stagedInsert stores an insert's events in the rule's staging tier: no
-// key lock, no fills, no writer lease.
+// key lock, no fills, no update. On an upstream whose writes are not
+// isolated (FerretDB) it still needs the rule's writer lease: FerretDB's
+// rename changes only its catalog, so another proxy's insert that looked
+// a staging collection up before a merge renamed it can commit into the
+// renamed collection after the merge dropped it, and be lost
+// (TestStageThreeProxies found 51 of 22,926 events so on the stock
+// ferretdb command). One proxy per rule holds its own inserts off during
+// a freeze, which closes that race.
 func (c *conn) stagedInsert(req *request, rule *rules.Rule) error {
+	if _, err := c.startWrite(rule); err != nil {
+		return err
+	}
 	cmd := commandOf(req)
 	identity, err := c.identity()
 	if err != nil {

@@ -219,7 +219,9 @@ func TestStageRetryAcrossRestartAndMerge(t *testing.T) {
 	if r, err := dialRawClient(t, p1.addr).run(insert, docsOf(first)); err != nil || asInt(r.Lookup("n").Int32()) != 10 {
 		t.Fatalf("first attempt: %v %v", r, err)
 	}
-	// A new proxy: the retry is not in its reply cache.
+	// The proxy restarts: a new one, whose reply cache lacks the write
+	// (and which needs the rule's writer lease, so the old one is gone).
+	stopProxy(t, p1)
 	p2 := startProxy(t, proxyOptions{yaml: yaml})
 	if _, err := connect(t, p2.URI()).Database(db).Collection("readings").InsertMany(ctx, docsOf(other)); err != nil {
 		t.Fatal(err)
@@ -229,14 +231,8 @@ func TestStageRetryAcrossRestartAndMerge(t *testing.T) {
 		t.Fatalf("retry while staged: %v %v, want n: 10", r, err)
 	}
 	flush(t, ctx, connect(t, p2.URI()), 1)
-	// And once more after the merge, through a third proxy, once the
-	// others are gone (p2 holds the rule's writer lease, which merges
-	// need).
-	for _, p := range []*testProxy{p1, p2} {
-		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		_ = p.srv.Shutdown(sctx)
-		cancel()
-	}
+	// And once more after the merge, through a third proxy.
+	stopProxy(t, p2)
 	p3 := startProxy(t, proxyOptions{yaml: yaml})
 	r, err = dialRawClient(t, p3.addr).run(insert, docsOf(first))
 	if err != nil || r.Lookup("ok").Double() != 1 || r.Lookup("n").Int32() != 10 {
@@ -300,11 +296,13 @@ func TestStageConcurrentInsertsAndFlushes(t *testing.T) {
 }
 
 // TestStageThreeProxies: 16 clients ingest one staged rule through three
-// proxies at once (no writer lease on the ingest path), each reading
-// through its own proxy now and then (a proxy without the lease asks the
-// holder to merge); one proxy is killed with SIGKILL mid-run. Every
-// acknowledged event is stored exactly once, an unacknowledged batch
-// whole or not at all, and every proxy answers reads after the run.
+// proxies at once, reading through two of them now and then (a proxy
+// without the rule's writer lease asks the holder to merge); one proxy is
+// killed with SIGKILL mid-run. On FerretDB only the lease holder takes
+// inserts (see proxy.stagedInsert: without that, 51 of 22,926 events were
+// lost here on the stock ferretdb command); the others refuse them.
+// Every acknowledged event is stored exactly once, an unacknowledged
+// batch whole or not at all, and the living proxies answer reads.
 func TestStageThreeProxies(t *testing.T) {
 	t.Parallel()
 	db := uniqueDB(t)
@@ -385,4 +383,13 @@ func TestStageThreeProxies(t *testing.T) {
 	if err != nil || n != int64(len(stored)) {
 		t.Fatalf("count through a living proxy: %d (%v), want %d", n, err, len(stored))
 	}
+}
+
+// stopProxy shuts a test proxy down (releasing its writer leases) before
+// the test ends.
+func stopProxy(t *testing.T, p *testProxy) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = p.srv.Shutdown(ctx)
 }
