@@ -39,6 +39,14 @@ func idKey(d bsoncore.Document) string {
 // and is not acknowledged). They go to the staging collection of their
 // period, where the next merge takes them.
 func (m *Merge) moveLate(x *rewrite.Exec, coll string, merged map[string]bool) error {
+	// The count first: reading the ids decodes every document on FerretDB.
+	n, err := m.countOf(x, coll)
+	if err != nil {
+		return err
+	}
+	if n <= int64(len(merged))+1 { // the staged documents and the plan
+		return nil
+	}
 	all, err := drainAll(x, m.rule.DB, coll, findCommand(m.rule.DB, coll, nil, bsoncore.NewDocumentBuilder().AppendInt32("_id", 1).Build()))
 	if err != nil {
 		return err
@@ -263,50 +271,37 @@ func (m *Merge) buckets(groups []group, bases map[string]int) ([]builtBucket, in
 	return out, events
 }
 
-// maxReadBytes bounds the staged bytes one read of a retired collection
-// asks for: FerretDB does not cut a batch at 16MiB as MongoDB does, and
-// a larger reply is refused.
+// maxReadBytes bounds the staged bytes one reply of a retired
+// collection's read may hold: FerretDB does not cut a batch at 16MiB as
+// MongoDB does, and a larger reply is refused.
 const maxReadBytes = 8 << 20
 
-// readRetired reads every document of a retired collection: at once when
-// their events add up to less than maxReadBytes (the sizes read first,
-// by _id and bytes only), else by groups of _ids that do.
+// countOf counts coll's documents (cheap on every upstream: no document
+// is decoded).
+func (m *Merge) countOf(x *rewrite.Exec, coll string) (int64, error) {
+	reply, ok := x.One(bsoncore.NewDocumentBuilder().AppendString("count", coll).AppendString("$db", m.rule.DB).Build())
+	if !ok {
+		return 0, rewrite.ErrAborted
+	}
+	if err := mongoerr.ReplyError(reply); err != nil {
+		return 0, fmt.Errorf("count %s: %w", coll, err)
+	}
+	n, _ := bsoncore.Document(reply).Lookup("n").AsInt64OK()
+	return n, nil
+}
+
+// readRetired reads every document of a retired collection, in batches
+// that cannot exceed maxReadBytes: a staged document holds at most the
+// rule's maxBytes of events (and summaries about as large as one event).
 func (m *Merge) readRetired(x *rewrite.Exec, coll string) ([]bsoncore.Document, error) {
-	proj := bsoncore.NewDocumentBuilder().AppendInt32("_id", 1).AppendInt32(bucket.FieldBytes, 1).Build()
-	sizes, err := drainAll(x, m.rule.DB, coll, findCommand(m.rule.DB, coll, nil, proj))
+	n, err := m.countOf(x, coll)
 	if err != nil {
 		return nil, err
 	}
-	var groups [][]bsoncore.Value
-	var cur []bsoncore.Value
-	total, curBytes := int64(0), int64(0)
-	for _, d := range sizes {
-		n, _ := d.Lookup(bucket.FieldBytes).AsInt64OK()
-		n += 1024 // the summaries, roughly
-		total += n
-		if len(cur) > 0 && curBytes+n > maxReadBytes {
-			groups = append(groups, cur)
-			cur, curBytes = nil, 0
-		}
-		cur = append(cur, d.Lookup("_id"))
-		curBytes += n
+	perDoc := m.rule.MaxBytes + 64<<10
+	batch := int64(10_000)
+	if n*perDoc > maxReadBytes {
+		batch = max(1, maxReadBytes/perDoc)
 	}
-	if total <= maxReadBytes {
-		return drainAll(x, m.rule.DB, coll, findCommand(m.rule.DB, coll, nil, nil))
-	}
-	groups = append(groups, cur)
-	var out []bsoncore.Document
-	for _, g := range groups {
-		arr := bsoncore.NewArrayBuilder()
-		for _, id := range g {
-			arr.AppendValue(id)
-		}
-		filter := bsoncore.NewDocumentBuilder().AppendDocument("_id", bsoncore.NewDocumentBuilder().AppendArray("$in", arr.Build()).Build()).Build()
-		docs, err := drainAll(x, m.rule.DB, coll, findBatched(m.rule.DB, coll, filter, int32(len(g)))) // one reply of at most about maxReadBytes
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, docs...)
-	}
-	return out, nil
+	return drainAll(x, m.rule.DB, coll, findBatched(m.rule.DB, coll, nil, int32(batch)))
 }
