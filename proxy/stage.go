@@ -9,14 +9,12 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/proxy/lease"
 	"github.com/tsproxy/tsproxy/proxy/telemetry"
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/admin"
 	"github.com/tsproxy/tsproxy/rewrite/caps"
-	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"github.com/tsproxy/tsproxy/rewrite/insert"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
@@ -250,16 +248,14 @@ const flushWaitLeases = 3
 // saw the request.
 func (c *conn) requestFlush(rule *rules.Rule, caps caps.Upstream) error {
 	marker := stage.FlushMarker(rule, bson.NewObjectID().Hex())
-	res, err := drive(c, rewrite.Passthrough(bsoncore.NewDocumentBuilder().AppendString("create", marker).AppendString("$db", rule.DB).Build(), nil))
+	res, err := drive(c, rewrite.Passthrough(stage.FlushRequestCommand(rule, marker), nil))
 	if err != nil {
 		return upstreamFailure{err: err}
 	}
 	if err := mongoerr.ReplyError(res.Reply); err != nil {
 		return fmt.Errorf("tsproxy rule %s: request a merge from the proxy holding the writer lease: %w", rule.Namespace, err)
 	}
-	list := bsoncore.NewDocumentBuilder().AppendInt32("listCollections", 1).
-		AppendDocument("filter", bsoncore.NewDocumentBuilder().AppendString("name", marker).Build()).
-		AppendBoolean("nameOnly", true).AppendString("$db", rule.DB).Build()
+	list := stage.FlushPendingCommand(rule, marker)
 	wait := flushWaitLeases * c.s.leases.TTL()
 	deadline := time.Now().Add(wait)
 	tries := 0
@@ -268,11 +264,11 @@ func (c *conn) requestFlush(rule *rules.Rule, caps caps.Upstream) error {
 		if err != nil {
 			return upstreamFailure{err: err}
 		}
-		docs, _, err := cursor.Docs(res.Reply)
+		pending, err := stage.FlushPending(res.Reply)
 		if err != nil {
 			return fmt.Errorf("tsproxy rule %s: wait for the merge: %w", rule.Namespace, err)
 		}
-		if len(docs) == 0 {
+		if !pending {
 			return nil
 		}
 		// The holder may be gone: once its lease lapsed, merge here.

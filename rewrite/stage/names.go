@@ -4,6 +4,9 @@ import (
 	"strconv"
 	"strings"
 
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"github.com/tsproxy/tsproxy/rules"
 )
 
@@ -73,4 +76,23 @@ func FlushMarker(rule *rules.Rule, token string) string {
 // IsFlushMarker says whether name is one of rule's flush requests.
 func IsFlushMarker(rule *rules.Rule, name string) bool {
 	return strings.HasPrefix(name, rule.StagePrefix()+flushInfix)
+}
+
+// FlushRequestCommand creates flush request marker in rule's database.
+func FlushRequestCommand(rule *rules.Rule, marker string) []byte {
+	return bsoncore.NewDocumentBuilder().AppendString("create", marker).AppendString("$db", rule.DB).Build()
+}
+
+// FlushPendingCommand lists flush request marker (one document while it
+// is pending, none once answered).
+func FlushPendingCommand(rule *rules.Rule, marker string) []byte {
+	return bsoncore.NewDocumentBuilder().AppendInt32("listCollections", 1).
+		AppendDocument("filter", bsoncore.NewDocumentBuilder().AppendString("name", marker).Build()).
+		AppendBoolean("nameOnly", true).AppendString("$db", rule.DB).Build()
+}
+
+// FlushPending reads FlushPendingCommand's reply.
+func FlushPending(reply []byte) (bool, error) {
+	docs, _, err := cursor.Docs(reply)
+	return len(docs) > 0, err
 }
