@@ -4,39 +4,76 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/tsproxy/tsproxy/rules"
 )
 
-// ingestRules buckets tsbench.events: 1-second data in 1-hour buckets;
-// threshold is the insertThreshold (0: the default).
+// The ingest benchmark (issue 13): 4 series of 1-second data, bucketed
+// with span 1h and maxEvents 1000. Each run of each case gets a database
+// of its own (a rule per database, as rules name exact namespaces), so
+// runs do not interfere; it is dropped after the run.
+const (
+	ingestSeries = 4
+	ingestColl   = "events" // the bucketed namespace's collection
+	plainColl    = "plain"  // the direct path's collection, same database
+	bucketColl   = ingestColl + rules.BucketCollectionSuffix
+)
+
+// ingestDB is the database of run (1-based) of the i-th case.
+func ingestDB(run, i int, c ingestCase) string {
+	return fmt.Sprintf("tsbench_ingest_r%d_k%d_b%d_c%d", run, i, c.batch, c.conc)
+}
+
+// ingestNamespaces are the namespaces ingestRules made rules for.
+var ingestNamespaces = map[string]bool{}
+
+// ingestRules buckets <db>.events of every run and case (-runs and -cases,
+// read by ingest_args.go): 1-second data in 1-hour buckets of at most 1000
+// events; threshold is the insertThreshold (0: the default). The rules
+// stage their inserts (ingest: staged) whatever the default ingest mode:
+// this measures the staging tier (issue 13).
 func ingestRules(threshold int) ([]rules.Rule, error) {
-	yaml := `rules:
-  - namespace: tsbench.events
+	cases, err := parseCases(ingestArgs.cases)
+	if err != nil {
+		return nil, err
+	}
+	extra := ""
+	if threshold > 0 {
+		extra = fmt.Sprintf(", insertThreshold: %d", threshold)
+	}
+	var b strings.Builder
+	b.WriteString("rules:\n")
+	for r := 1; r <= max(ingestArgs.runs, 1); r++ {
+		for i, c := range cases {
+			ns := ingestDB(r, i, c) + "." + ingestColl
+			ingestNamespaces[ns] = true
+			fmt.Fprintf(&b, `  - namespace: %s
     timeField: ts
     metaField: sensor
-    bucket: {span: 1h, maxEvents: 3600%s}
+    bucket: {span: 1h, maxEvents: 1000%s}
     aggregates: [value]
-`
-	if threshold > 0 {
-		yaml = fmt.Sprintf(yaml, fmt.Sprintf(", insertThreshold: %d", threshold))
-	} else {
-		yaml = fmt.Sprintf(yaml, "")
+    ingest: staged
+`, ns, extra)
+		}
 	}
-	return rulesFromYAML(yaml)
+	return rulesFromYAML(b.String())
 }
 
 type ingestCase struct{ batch, conc int }
 
-var allIngestCases = []ingestCase{{1000, 1}, {1000, 16}, {100, 1}, {100, 16}, {1, 1}, {1, 16}}
+var allIngestCases = []ingestCase{
+	{1000, 1}, {1000, 16}, {100, 1}, {100, 16}, {10, 1}, {10, 16}, {1, 1}, {1, 16},
+}
 
 // parseCases reads "batch/clients,..." ("" is every case).
 func parseCases(s string) ([]ingestCase, error) {
@@ -54,13 +91,54 @@ func parseCases(s string) ([]ingestCase, error) {
 	return cs, nil
 }
 
-// benchIngest inserts the same events through the proxy into buckets and
-// directly as plain documents, for each batch size and concurrency, and
-// reports events/s and what each layout stores.
+// ingestEvents is the event count of a case, so that the default matrix
+// (-events 100000, 3 runs) ends within 10 minutes: batches of 1 and 10 are
+// slow by nature and get a tenth of -events, the others half.
+func ingestEvents(events int, c ingestCase) int {
+	if c.batch <= 10 {
+		return max(events/10, 1)
+	}
+	return max(events/2, 1)
+}
+
+// ingestSample is what one run of one case measured.
+type ingestSample struct {
+	direct, proxy float64 // events/s; proxy: sustained (inserts + flush)
+	proxyInsert   float64 // events/s of the proxy's inserts alone
+	flush         time.Duration
+	flushed       flushReply
+	directP50     time.Duration // per insert call
+	proxyP50      time.Duration
+	others        float64 // cores other processes kept busy meanwhile
+	st            ingestStorage
+}
+
+// ingestStorage is what the upstream holds after the flush.
+type ingestStorage struct {
+	plain, bucket   collStats // collStats of the two collections
+	plainN, bucketN int64     // their documents, counted
+	stored          int64     // the sum of the buckets' counts
+	leftover        []string  // staging collections left after the flush
+	txns            bool      // <bucket>.stage.txns exists
+	txnsDocs        int64
+	docsRat, idxRat float64 // plain/bucketed: documents (counted), index bytes
+}
+
+// benchIngest measures, for each batch size and client count, sustained
+// ingest through the proxy (inserts, then tsproxyFlush) against plain
+// inserts of the same events straight to the upstream, and what each
+// stores, and checks that every event sent is stored once.
 func benchIngest(e *benchEnv, runs, events int, only string) error {
 	cases, err := parseCases(only)
 	if err != nil {
 		return err
+	}
+	for r := 1; r <= runs; r++ {
+		for i, c := range cases {
+			if ns := ingestDB(r, i, c) + "." + ingestColl; !ingestNamespaces[ns] {
+				return fmt.Errorf("no rule for %s: ingestRules saw -runs %d -cases %q", ns, ingestArgs.runs, ingestArgs.cases)
+			}
+		}
 	}
 	ctx := context.Background()
 	cs, err := e.connectBoth(10*time.Minute, 32)
@@ -69,72 +147,327 @@ func benchIngest(e *benchEnv, runs, events int, only string) error {
 	}
 	defer cs.close()
 	proxyC, directC := cs.proxy, cs.direct
-	type key struct {
-		c    ingestCase
-		path string
+
+	// The first tsproxyFlush does every rule's one-time steps (bucket
+	// index, writer lease); then time one with nothing staged: the fixed
+	// part of every flush below (it visits every rule).
+	t0 := time.Now()
+	warm, _, err := tsproxyFlush(ctx, proxyC)
+	if err != nil {
+		return fmt.Errorf("warm-up tsproxyFlush: %w", err)
 	}
-	rates := map[key][]float64{}
-	cpus := map[key][]float64{}
-	var lastStats map[string]collStats
-	for r := 0; r < runs; r++ {
-		for _, c := range cases {
-			n := events
-			if c.batch == 1 {
-				n = min(events, 2000*c.conc) // batch 1 is slow by nature; see README
-			}
-			for _, path := range []string{"direct", "proxy"} {
-				client, coll := directC, "plain"
-				if path == "proxy" {
-					client, coll = proxyC, "events"
-				}
-				dropIngest(ctx, directC, proxyC)
-				cpu0 := processCPU()
-				rate, err := ingest(ctx, client.Database("tsbench").Collection(coll), n, c)
-				if err != nil {
-					return fmt.Errorf("%s batch %d conc %d: %w", path, c.batch, c.conc, err)
-				}
-				cpu := float64((processCPU() - cpu0).Nanoseconds()) / 1e3 / float64(n)
-				rates[key{c, path}] = append(rates[key{c, path}], rate)
-				cpus[key{c, path}] = append(cpus[key{c, path}], cpu)
-				fmt.Fprintf(os.Stderr, "  %s batch %d clients %d: %d events, %.0f events/s, %.1f CPU µs/event\n", path, c.batch, c.conc, n, rate, cpu)
-			}
-		}
-		fmt.Printf("run %d/%d done\n", r+1, runs)
-	}
-	// Storage, measured once on the full event count with batch 1000.
-	dropIngest(ctx, directC, proxyC)
-	if _, err := ingest(ctx, directC.Database("tsbench").Collection("plain"), events, ingestCase{1000, 1}); err != nil {
-		return err
-	}
-	if _, err := ingest(ctx, proxyC.Database("tsbench").Collection("events"), events, ingestCase{1000, 1}); err != nil {
-		return err
-	}
-	lastStats = map[string]collStats{}
-	for _, coll := range []string{"plain", "events.buckets"} {
-		st, err := stats(ctx, directC.Database("tsbench"), coll)
+	warmTime := time.Since(t0)
+	var idle []float64
+	for range 3 {
+		_, d, err := tsproxyFlush(ctx, proxyC)
 		if err != nil {
-			return err
+			return fmt.Errorf("idle tsproxyFlush: %w", err)
 		}
-		lastStats[coll] = st
+		idle = append(idle, d.Seconds())
 	}
-	fmt.Printf("\nmedians of %d runs; %d events per case (batch 1: %d per client), 1-second data, 10 series; the clients take batches of consecutive events from one queue\n\n", runs, events, 2000)
-	fmt.Println("CPU µs/event: CPU time of the whole process (clients, proxy and embedded upstream) per event, less sensitive than events/s to other load on the machine")
+	c0 := readCPU()
+	time.Sleep(3 * time.Second)
+	idleOthers := othersCores(c0, readCPU(), runtime.NumCPU())
+
+	batches := map[[2]int][][]any{} // by events and batch size
+	samples := make([][]ingestSample, len(cases))
+	var failures []string
+	fail := func(format string, args ...any) {
+		msg := fmt.Sprintf(format, args...)
+		failures = append(failures, msg)
+		fmt.Printf("ERROR: %s\n", msg)
+		fmt.Fprintf(os.Stderr, "ERROR: %s\n", msg)
+	}
+	start := time.Now()
+	for r := 1; r <= runs; r++ {
+		for i, c := range cases {
+			n := ingestEvents(events, c)
+			k := [2]int{n, c.batch}
+			if batches[k] == nil {
+				batches[k] = ingestBatches(n, c.batch)
+			}
+			db := ingestDB(r, i, c)
+			cpu0 := readCPU()
+			s, err := ingestRun(ctx, directC, proxyC, db, batches[k], n, c, r%2 == 0)
+			s.others = othersCores(cpu0, readCPU(), runtime.NumCPU())
+			if err != nil {
+				fail("run %d batch %d clients %d: %v", r, c.batch, c.conc, err)
+			} else {
+				st, err := settled(ctx, directC.Database(db))
+				s.st = st
+				switch {
+				case err != nil:
+					fail("run %d batch %d clients %d: %v", r, c.batch, c.conc, err)
+				case st.stored != int64(n) || st.plainN != int64(n):
+					fail("run %d batch %d clients %d: %d events sent; stored after tsproxyFlush: %d in buckets (sum of count, %d bucket documents), %d plain documents",
+						r, c.batch, c.conc, n, st.stored, st.bucketN, st.plainN)
+				case len(st.leftover) > 0:
+					fail("run %d batch %d clients %d: staging collections left after tsproxyFlush: %s", r, c.batch, c.conc, strings.Join(st.leftover, ", "))
+				}
+				samples[i] = append(samples[i], s) // failed checks still fail the command
+				fmt.Fprintf(os.Stderr, "  run %d batch %d clients %d: %d events: direct %.0f ev/s; proxy %.0f ev/s sustained (inserts %.0f ev/s, flush %.2f s merged %d events into %d buckets); ratio %.2f; buckets %d, %d stored; other load %.2f cores\n",
+					r, c.batch, c.conc, n, s.direct, s.proxy, s.proxyInsert, s.flush.Seconds(), s.flushed.events, s.flushed.buckets, s.proxy/s.direct, st.bucketN, st.stored, s.others)
+			}
+			if err := directC.Database(db).Drop(ctx); err != nil {
+				fail("drop database %s: %v", db, err)
+			}
+		}
+		fmt.Fprintf(os.Stderr, "run %d/%d done (%s)\n", r, runs, time.Since(start).Round(time.Second))
+	}
+
+	report(cases, samples, runs, events, len(ingestNamespaces), warm, warmTime, median(idle), idleOthers)
+	left, err := directC.ListDatabaseNames(ctx, bson.D{{Key: "name", Value: bson.D{{Key: "$regex", Value: "^tsbench_ingest_"}}}})
+	if err != nil {
+		fail("listDatabases: %v", err)
+	}
+	var small []string
+	for _, name := range left {
+		colls, _ := directC.Database(name).ListCollectionNames(ctx, bson.D{})
+		small = append(small, fmt.Sprintf("%s [%s]", name, strings.Join(colls, " ")))
+	}
+	fmt.Printf("\nbenchmark databases on the upstream after the runs (each was dropped after its run; a writer lease renewal may recreate %s): %d", rules.LeaseCollection, len(left))
+	if len(small) > 0 {
+		fmt.Printf(": %s", strings.Join(small, ", "))
+	}
 	fmt.Println()
-	fmt.Println("| batch | clients | direct events/s | proxy events/s | proxy/direct | direct CPU µs/event | proxy CPU µs/event |")
-	fmt.Println("|---:|---:|---:|---:|---:|---:|---:|")
-	for _, c := range cases {
-		d, p := median(rates[key{c, "direct"}]), median(rates[key{c, "proxy"}])
-		dc, pc := median(cpus[key{c, "direct"}]), median(cpus[key{c, "proxy"}])
-		fmt.Printf("| %d | %d | %.0f | %.0f | %.2f | %.1f | %.1f |\n", c.batch, c.conc, d, p, p/d, dc, pc)
+	if ingestArgs.png != "" {
+		ratios := map[ingestCase]float64{}
+		for i, c := range cases {
+			ratios[c] = median(field(samples[i], func(s ingestSample) float64 { return s.proxy / s.direct }))
+		}
+		title := fmt.Sprintf("tsbench ingest on %s: sustained proxy/direct (median of %d runs)", ingestBackend(), runs)
+		if err := writeIngestPNG(ingestArgs.png, title, ratios); err != nil {
+			return fmt.Errorf("-png: %w", err)
+		}
+		fmt.Printf("\nchart: %s\n", ingestArgs.png)
 	}
-	pl, bu := lastStats["plain"], lastStats["events.buckets"]
-	fmt.Printf("\n%d events, collStats:\n\n", events)
-	fmt.Println("| layout | documents | data bytes | index bytes |")
-	fmt.Println("|---|---:|---:|---:|")
-	fmt.Printf("| plain (direct) | %d | %d | %d |\n", pl.count, pl.size, pl.indexSize)
-	fmt.Printf("| buckets (proxy) | %d | %d | %d |\n", bu.count, bu.size, bu.indexSize)
-	fmt.Printf("| ratio plain/buckets | %.0fx | %.1fx | %.1fx |\n", ratio(pl.count, bu.count), ratio(pl.size, bu.size), ratio(pl.indexSize, bu.indexSize))
+	if len(failures) > 0 {
+		return fmt.Errorf("%d failed check(s); the first: %s", len(failures), failures[0])
+	}
 	return nil
+}
+
+func ingestBackend() string {
+	if ingestArgs.custom {
+		return "upstream"
+	}
+	return ingestArgs.backend
+}
+
+// ingestRun inserts the events of one case directly into db.plain and
+// through the proxy into db.events (in that order, or the other when
+// proxyFirst), then flushes the proxy.
+func ingestRun(ctx context.Context, directC, proxyC *mongo.Client, db string, batches [][]any, n int, c ingestCase, proxyFirst bool) (ingestSample, error) {
+	var s ingestSample
+	if err := directC.Database(db).CreateCollection(ctx, plainColl); err != nil {
+		return s, fmt.Errorf("create %s.%s: %w", db, plainColl, err)
+	}
+	direct := func() error {
+		runtime.GC()
+		d, calls, err := ingest(ctx, directC.Database(db).Collection(plainColl), batches, c.conc)
+		if err != nil {
+			return fmt.Errorf("direct insert: %w", err)
+		}
+		s.direct, s.directP50 = float64(n)/d.Seconds(), calls
+		return nil
+	}
+	proxy := func() error {
+		runtime.GC()
+		d, calls, err := ingest(ctx, proxyC.Database(db).Collection(ingestColl), batches, c.conc)
+		if err != nil {
+			return fmt.Errorf("insert through the proxy: %w", err)
+		}
+		f, fd, err := tsproxyFlush(ctx, proxyC)
+		if err != nil {
+			return fmt.Errorf("tsproxyFlush after %d events: %w", n, err)
+		}
+		s.proxy = float64(n) / (d + fd).Seconds()
+		s.proxyInsert = float64(n) / d.Seconds()
+		s.flush, s.flushed, s.proxyP50 = fd, f, calls
+		return nil
+	}
+	steps := []func() error{direct, proxy}
+	if proxyFirst {
+		steps[0], steps[1] = proxy, direct
+	}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			return s, err
+		}
+	}
+	return s, nil
+}
+
+// flushReply is tsproxyFlush's answer.
+type flushReply struct{ rules, collections, events, buckets, retries int64 }
+
+// tsproxyFlush merges everything staged, through the proxy, and times it.
+func tsproxyFlush(ctx context.Context, proxyC *mongo.Client) (flushReply, time.Duration, error) {
+	t0 := time.Now()
+	var r bson.Raw
+	err := proxyC.Database("admin").RunCommand(ctx, bson.D{{Key: "tsproxyFlush", Value: 1}}).Decode(&r)
+	d := time.Since(t0)
+	if err != nil {
+		return flushReply{}, d, err
+	}
+	get := func(k string) int64 { v, _ := r.Lookup(k).AsInt64OK(); return v }
+	return flushReply{get("rules"), get("collections"), get("events"), get("buckets"), get("retries")}, d, nil
+}
+
+// settled reads, straight from the upstream, what db holds once flushed:
+// the collections' statistics and counts, the events in the buckets, and
+// the staging collections left (any collection but the plain one, the
+// bucket collection, the writer leases and the staging tier's txns).
+func settled(ctx context.Context, db *mongo.Database) (ingestStorage, error) {
+	var st ingestStorage
+	names, err := db.ListCollectionNames(ctx, bson.D{})
+	if err != nil {
+		return st, fmt.Errorf("listCollections %s: %w", db.Name(), err)
+	}
+	for _, name := range names {
+		switch {
+		case name == plainColl || name == bucketColl || name == rules.LeaseCollection:
+		case isTxns(name):
+			st.txns = true
+			if st.txnsDocs, err = db.Collection(name).CountDocuments(ctx, bson.D{}); err != nil {
+				return st, fmt.Errorf("count %s: %w", name, err)
+			}
+		default: // a staging collection, or a retired one (being merged)
+			n, _ := db.Collection(name).CountDocuments(ctx, bson.D{})
+			st.leftover = append(st.leftover, fmt.Sprintf("%s (%d documents)", name, n))
+		}
+	}
+	cur, err := db.Collection(bucketColl).Aggregate(ctx, mongo.Pipeline{
+		{{Key: "$group", Value: bson.D{{Key: "_id", Value: nil}, {Key: "n", Value: bson.D{{Key: "$sum", Value: "$count"}}}}}},
+	})
+	if err != nil {
+		return st, fmt.Errorf("sum of the bucket counts: %w", err)
+	}
+	var sums []bson.Raw
+	if err := cur.All(ctx, &sums); err != nil {
+		return st, fmt.Errorf("sum of the bucket counts: %w", err)
+	}
+	if len(sums) > 0 {
+		st.stored, _ = sums[0].Lookup("n").AsInt64OK()
+	}
+	if st.plainN, err = db.Collection(plainColl).CountDocuments(ctx, bson.D{}); err != nil {
+		return st, fmt.Errorf("count %s: %w", plainColl, err)
+	}
+	if st.bucketN, err = db.Collection(bucketColl).CountDocuments(ctx, bson.D{}); err != nil {
+		return st, fmt.Errorf("count %s: %w", bucketColl, err)
+	}
+	if st.plain, err = stats(ctx, db, plainColl); err != nil {
+		return st, err
+	}
+	if st.bucket, err = stats(ctx, db, bucketColl); err != nil {
+		return st, err
+	}
+	st.docsRat = ratio(st.plainN, st.bucketN)
+	st.idxRat = ratio(st.plain.indexSize, st.bucket.indexSize)
+	return st, nil
+}
+
+// isTxns says whether name is the staging tier's small bookkeeping
+// collection of merged retryable writes: <bucket>.stage.txns, or
+// tsproxy_stage_<hash>_txns since staging names hold no dot.
+func isTxns(name string) bool {
+	return strings.HasSuffix(name, "txns") && (strings.Contains(name, ".stage.") || strings.HasPrefix(name, "tsproxy_stage_"))
+}
+
+// report prints the Markdown tables.
+func report(cases []ingestCase, samples [][]ingestSample, runs, events, nRules int, warm flushReply, warmTime time.Duration, idleFlush, idleOthers float64) {
+	med := func(i int, f func(ingestSample) float64) float64 { return median(field(samples[i], f)) }
+	num := func(v float64, format string) string {
+		if v == 0 {
+			return "–"
+		}
+		return fmt.Sprintf(format, v)
+	}
+	var counts []string
+	seen := map[int]bool{}
+	for _, c := range cases {
+		if n := ingestEvents(events, c); !seen[c.batch] {
+			seen[c.batch] = true
+			counts = append(counts, fmt.Sprintf("batch %d: %d", c.batch, n))
+		}
+	}
+	fmt.Printf("\n## tsbench ingest, backend %s\n\n", ingestBackend())
+	fmt.Printf("- rule: %d series of 1-second data, `bucket: {span: 1h, maxEvents: 1000}`, `aggregates: [value]`, `ingest: staged`; one database per run and case (%d rules)\n", ingestSeries, nRules)
+	fmt.Printf("- events per case: %s; unordered insertMany (insertOne for batch 1), the clients take batches of consecutive events from one queue\n", strings.Join(counts, ", "))
+	fmt.Printf("- medians of %d runs; proxy sustained = events / (insert time + time of `tsproxyFlush: 1` through the proxy right after); direct = plain inserts of the same events into a plain collection on the same upstream\n", runs)
+	fmt.Printf("- warm-up `tsproxyFlush: 1` (first one: every rule's bucket index and lease): %.2f s, staged rules %d of %d; `tsproxyFlush: 1` with nothing staged: %.3f s (part of every flush s below)\n", warmTime.Seconds(), warm.rules, nRules, idleFlush)
+	if warm.rules == 0 {
+		fmt.Println("- WARNING: tsproxyFlush reports no staged rule: on this upstream and build the proxy writes these rules' buckets directly (ingest mode direct), so this measures the direct path, not the staging tier")
+	}
+	fmt.Printf("- the machine has %d cores; other processes (not tsbench, its proxy, its upstream) kept %.2f cores busy in the 3 s before the runs, and the median shown per case below while it ran\n\n", runtime.NumCPU(), idleOthers)
+
+	fmt.Println("| batch | clients | direct ev/s | proxy sustained ev/s | ratio | flush s | docs ratio | index ratio |")
+	fmt.Println("|---:|---:|---:|---:|---:|---:|---:|---:|")
+	var below []string
+	for i, c := range cases {
+		rat := med(i, func(s ingestSample) float64 { return s.proxy / s.direct })
+		fmt.Printf("| %d | %d | %s | %s | %s | %s | %s | %s |\n", c.batch, c.conc,
+			num(med(i, func(s ingestSample) float64 { return s.direct }), "%.0f"),
+			num(med(i, func(s ingestSample) float64 { return s.proxy }), "%.0f"),
+			num(rat, "%.2f"),
+			num(med(i, func(s ingestSample) float64 { return s.flush.Seconds() }), "%.2f"),
+			num(med(i, func(s ingestSample) float64 { return s.st.docsRat }), "%.0f"),
+			num(med(i, func(s ingestSample) float64 { return s.st.idxRat }), "%.1f"))
+		if t, ok := ingestTargets[c.batch]; ok && rat < t {
+			below = append(below, fmt.Sprintf("%d/%d (%.2f < %.1f)", c.batch, c.conc, rat, t))
+		}
+	}
+	fmt.Println()
+	fmt.Println("ratio: proxy sustained / direct events/s; docs ratio, index ratio: plain / bucketed (documents counted, collStats totalIndexSize)")
+	if len(below) > 0 {
+		fmt.Printf("\nbelow issue 13's targets (0.8 at batch 1, 1.0 at 10, 1.5 at 100 and 1000): %s\n", strings.Join(below, ", "))
+	} else {
+		fmt.Println("\nevery case meets issue 13's targets (0.8 at batch 1, 1.0 at 10, 1.5 at 100 and 1000)")
+	}
+
+	fmt.Printf("\n### insert calls and flush (medians of %d runs)\n\n", runs)
+	fmt.Println("| batch | clients | events | direct p50 ms/call | proxy p50 ms/call | p50 ratio proxy/direct | proxy inserts alone ev/s | flush s | events merged by the flush | buckets written by the flush | other load, cores |")
+	fmt.Println("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	for i, c := range cases {
+		dp := med(i, func(s ingestSample) float64 { return s.directP50.Seconds() * 1e3 })
+		pp := med(i, func(s ingestSample) float64 { return s.proxyP50.Seconds() * 1e3 })
+		fmt.Printf("| %d | %d | %d | %s | %s | %s | %s | %s | %s | %s | %.2f |\n", c.batch, c.conc, ingestEvents(events, c),
+			num(dp, "%.2f"), num(pp, "%.2f"), num(med(i, func(s ingestSample) float64 { return s.proxyP50.Seconds() / s.directP50.Seconds() }), "%.2f"),
+			num(med(i, func(s ingestSample) float64 { return s.proxyInsert }), "%.0f"),
+			num(med(i, func(s ingestSample) float64 { return s.flush.Seconds() }), "%.2f"),
+			num(med(i, func(s ingestSample) float64 { return float64(s.flushed.events) }), "%.0f"),
+			num(med(i, func(s ingestSample) float64 { return float64(s.flushed.buckets) }), "%.0f"),
+			med(i, func(s ingestSample) float64 { return s.others }))
+	}
+
+	fmt.Printf("\n### storage after the flush (last good run; straight from the upstream)\n\n")
+	fmt.Println("| batch | clients | events stored (sum of bucket counts) | plain docs | bucket docs | collStats count plain / bucket | plain index bytes | bucket index bytes | plain data bytes | bucket data bytes | staging left | stage.txns docs |")
+	fmt.Println("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+	for i, c := range cases {
+		if len(samples[i]) == 0 {
+			fmt.Printf("| %d | %d | – | – | – | – | – | – | – | – | – | – |\n", c.batch, c.conc)
+			continue
+		}
+		st := samples[i][len(samples[i])-1].st
+		left, txns := "none", "–"
+		if len(st.leftover) > 0 {
+			left = strings.Join(st.leftover, ", ")
+		}
+		if st.txns {
+			txns = fmt.Sprint(st.txnsDocs)
+		}
+		fmt.Printf("| %d | %d | %d | %d | %d | %d / %d | %d | %d | %d | %d | %s | %s |\n", c.batch, c.conc, st.stored, st.plainN, st.bucketN,
+			st.plain.count, st.bucket.count, st.plain.indexSize, st.bucket.indexSize, st.plain.size, st.bucket.size, left, txns)
+	}
+}
+
+// field is f of every sample.
+func field(ss []ingestSample, f func(ingestSample) float64) []float64 {
+	out := make([]float64, len(ss))
+	for i, s := range ss {
+		out[i] = f(s)
+	}
+	return out
 }
 
 func ratio(a, b int64) float64 {
@@ -144,50 +477,54 @@ func ratio(a, b int64) float64 {
 	return float64(a) / float64(b)
 }
 
-// dropIngest empties both layouts; the bucketed one through the proxy,
-// as an app would, so the proxy also forgets what it knew of its buckets.
-func dropIngest(ctx context.Context, direct, proxied *mongo.Client) {
-	_ = direct.Database("tsbench").Collection("plain").Drop(ctx)
-	_ = proxied.Database("tsbench").Collection("events").Drop(ctx)
+// ingestBatches cuts n events of ingestSeries series at a 1-second cadence
+// (event k: series k%4, second k/4) into batches of batch consecutive
+// events. The same batches go to both paths.
+func ingestBatches(n, batch int) [][]any {
+	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	var out [][]any
+	for k := 0; k < n; k += batch {
+		b := make([]any, 0, min(batch, n-k))
+		for j := k; j < min(n, k+batch); j++ {
+			b = append(b, bson.D{
+				{Key: "ts", Value: base.Add(time.Duration(j/ingestSeries) * time.Second)},
+				{Key: "sensor", Value: fmt.Sprintf("s%d", j%ingestSeries)},
+				{Key: "value", Value: float64(j%1000) / 10},
+			})
+		}
+		out = append(out, b)
+	}
+	return out
 }
 
-// ingest writes n events of 10 series at 1-second cadence in batches of
-// c.batch events, consecutive in time, that c.conc clients take in turn
-// from a shared queue (as concurrent writers of one stream of events
-// would); it returns events per second. Every batch but the last holds
-// exactly c.batch events, on both paths.
-func ingest(ctx context.Context, coll *mongo.Collection, n int, c ingestCase) (float64, error) {
-	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	batches := (n + c.batch - 1) / c.batch
+// ingest writes batches with conc clients that take them in turn from a
+// shared queue (as concurrent writers of one stream of events would):
+// insertOne for a batch of one, else an unordered insertMany. It returns
+// the time it took and the median time of one insert call.
+func ingest(ctx context.Context, coll *mongo.Collection, batches [][]any, conc int) (time.Duration, time.Duration, error) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
-	errs := make(chan error, c.conc)
+	errs := make(chan error, conc)
+	calls := make([][]time.Duration, conc)
+	unordered := options.InsertMany().SetOrdered(false)
 	t0 := time.Now()
-	for g := 0; g < c.conc; g++ {
+	for g := range conc {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			batch := make([]any, 0, c.batch)
 			for {
 				b := int(next.Add(1) - 1)
-				if b >= batches {
+				if b >= len(batches) {
 					return
 				}
-				batch = batch[:0]
-				for k := b * c.batch; k < min(n, (b+1)*c.batch); k++ {
-					// series = k%10, one event per second per series
-					batch = append(batch, bson.D{
-						{Key: "ts", Value: base.Add(time.Duration(k/10) * time.Second)},
-						{Key: "sensor", Value: fmt.Sprintf("s%02d", k%10)},
-						{Key: "value", Value: float64(k%1000) / 10},
-					})
-				}
+				c0 := time.Now()
 				var err error
-				if len(batch) == 1 {
-					_, err = coll.InsertOne(ctx, batch[0])
+				if len(batches[b]) == 1 {
+					_, err = coll.InsertOne(ctx, batches[b][0])
 				} else {
-					_, err = coll.InsertMany(ctx, batch)
+					_, err = coll.InsertMany(ctx, batches[b], unordered)
 				}
+				calls[g] = append(calls[g], time.Since(c0))
 				if err != nil {
 					errs <- err
 					return
@@ -196,11 +533,14 @@ func ingest(ctx context.Context, coll *mongo.Collection, n int, c ingestCase) (f
 		}()
 	}
 	wg.Wait()
+	d := time.Since(t0)
 	close(errs)
 	if err := <-errs; err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return float64(n) / time.Since(t0).Seconds(), nil
+	all := slices.Concat(calls...)
+	slices.Sort(all)
+	return d, percentile(all, 0.5), nil
 }
 
 type collStats struct{ count, size, indexSize int64 }
@@ -212,13 +552,4 @@ func stats(ctx context.Context, db *mongo.Database, coll string) (collStats, err
 	}
 	get := func(k string) int64 { v, _ := r.Lookup(k).AsInt64OK(); return v }
 	return collStats{count: get("count"), size: get("size"), indexSize: get("totalIndexSize")}, nil
-}
-
-// processCPU is the user and system CPU time the process has used so far.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
