@@ -73,7 +73,7 @@ type Server struct {
 	life    *lifecycleState   // rollups.go
 	sweep   *sweeper          // sweeper.go
 	leases  *lease.Set        // writer leases (package lease)
-	merges  *mergeState       // stage.go
+	merges  *mergeState       // merge_state.go
 	once    *onceSteps        // ensure.go
 	shells  *shellMemory      // layout.go
 	writes  *writeIDs         // layout.go

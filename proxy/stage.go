@@ -1,25 +1,21 @@
 package proxy
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/tsproxy/tsproxy/proxy/lease"
-	"github.com/tsproxy/tsproxy/proxy/telemetry"
 	"github.com/tsproxy/tsproxy/rewrite"
-	"github.com/tsproxy/tsproxy/rewrite/admin"
 	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rewrite/insert"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rewrite/source"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
 	"github.com/tsproxy/tsproxy/rules"
-	"github.com/tsproxy/tsproxy/upstream"
 )
 
 // The staging tier (rewrite/stage): inserts of a staged rule go to its
@@ -31,136 +27,6 @@ import (
 // killCursors (so reads, counts, deletes and drops see complete buckets
 // only), on tsproxyFlush, and in the background once a staging
 // collection has taken nothing new for the rule's mergeAfter.
-
-// RetryHorizon is how long the records of merged retryable writes are
-// kept: a driver retries within its server selection timeout (30 s by
-// default), after a proxy restarts too.
-const RetryHorizon = 10 * time.Minute
-
-// mergeState is the proxy's side of its merges.
-type mergeState struct {
-	mu    sync.Mutex
-	locks map[string]*sync.Mutex // by rule namespace
-	// inflight, by rule namespace: staged inserts hold it shared, a
-	// freeze exclusively, so no insert of this proxy is past FerretDB's
-	// catalog lookup when a staging collection is renamed.
-	inflight map[string]*sync.RWMutex
-	// quiet remembers, per staging collection (db.coll), its count and
-	// since when it has had that count: the background merger's measure
-	// of "took nothing new".
-	quiet map[string]quietSeen
-	stats map[string]*ruleStageStats // by rule namespace, for metrics
-}
-
-type quietSeen struct {
-	count int64
-	since time.Time
-}
-
-// ruleStageStats are one rule's staging figures, for the metrics.
-type ruleStageStats = telemetry.Staging
-
-func newMergeState() *mergeState {
-	return &mergeState{locks: map[string]*sync.Mutex{}, inflight: map[string]*sync.RWMutex{}, quiet: map[string]quietSeen{}, stats: map[string]*ruleStageStats{}}
-}
-
-func (m *mergeState) lock(ns string) *sync.Mutex {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	l := m.locks[ns]
-	if l == nil {
-		l = &sync.Mutex{}
-		m.locks[ns] = l
-	}
-	return l
-}
-
-func (m *mergeState) inserts(ns string) *sync.RWMutex {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	l := m.inflight[ns]
-	if l == nil {
-		l = &sync.RWMutex{}
-		m.inflight[ns] = l
-	}
-	return l
-}
-
-// MaxStagedDocs bounds a staging collection: one that holds this many
-// staged documents is merged even while it still takes inserts (the
-// records of merged retryable writes keep that safe), so what staging
-// holds, and what one merge reads into memory, stays bounded.
-const MaxStagedDocs = 20_000
-
-// due is the background policy: a staging collection is merged once its
-// count has not changed for the rule's mergeAfter, or once it holds
-// MaxStagedDocs.
-func (m *mergeState) due(rule *rules.Rule, now time.Time) func(c stage.Collection, count int64) bool {
-	return func(c stage.Collection, count int64) bool {
-		if count >= MaxStagedDocs {
-			return true
-		}
-		key := rule.DB + "." + c.Name
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		q, ok := m.quiet[key]
-		if !ok || q.count != count {
-			m.quiet[key] = quietSeen{count: count, since: now}
-			return false
-		}
-		if now.Sub(q.since) < rule.MergeAfter {
-			return false
-		}
-		delete(m.quiet, key)
-		return true
-	}
-}
-
-// record adds a merge's figures to the rule's.
-func (m *mergeState) record(rule *rules.Rule, st stage.Stats, background bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	r := m.ruleStats(rule)
-	r.Merged += int64(st.Events)
-	r.Buckets += int64(st.Buckets)
-	r.Retries += int64(st.Retries)
-	if background || st.Pending == 0 {
-		r.Pending, r.PendingDocs = int64(st.Pending), st.Staged
-		switch {
-		case st.Pending == 0:
-			r.Oldest = time.Time{}
-		case r.Oldest.IsZero():
-			r.Oldest = time.Now()
-		}
-	}
-}
-
-func (m *mergeState) ruleStats(rule *rules.Rule) *ruleStageStats {
-	r := m.stats[rule.Namespace]
-	if r == nil {
-		r = &ruleStageStats{}
-		m.stats[rule.Namespace] = r
-	}
-	return r
-}
-
-// staged records events acknowledged into a rule's staging tier.
-func (m *mergeState) staged(rule *rules.Rule, n int64) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.ruleStats(rule).Staged += n
-}
-
-// snapshot copies every rule's figures.
-func (m *mergeState) snapshot() map[string]ruleStageStats {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	out := make(map[string]ruleStageStats, len(m.stats))
-	for ns, r := range m.stats {
-		out[ns] = *r
-	}
-	return out
-}
 
 // stagedRule says whether rule stages its events on this upstream.
 func (c *conn) stagedRule(rule *rules.Rule) (bool, caps.Upstream, error) {
@@ -274,7 +140,7 @@ func (c *conn) requestFlush(rule *rules.Rule, caps caps.Upstream) error {
 		// The holder may be gone: once its lease lapsed, merge here.
 		if tries++; tries%20 == 0 {
 			if _, err := c.mergeStaged(rule, caps, stage.MergeOptions{All: true}); err == nil {
-				_, err := drive(c, rewrite.Passthrough(admin.DropCommand(rule.DB, marker), nil))
+				_, err := drive(c, rewrite.Passthrough(source.DropCommand(rule.DB, marker), nil))
 				return err
 			} else if held := (*lease.HeldError)(nil); !errors.As(err, &held) {
 				return err
@@ -422,96 +288,4 @@ func (c *conn) flushTargets(req *request) ([]*rules.Rule, error) {
 		out = append(out, &r)
 	}
 	return out, nil
-}
-
-// startMergers starts the background merger of every rule that may
-// stage; Shutdown stops them (stopSweeper).
-func (s *Server) startMergers(ctx context.Context, wg *sync.WaitGroup) {
-	for _, r := range s.opts.Rules.All() {
-		if r.Layout != rules.LayoutEvents || r.Partitioned() || r.Ingest == rules.IngestDirect {
-			continue
-		}
-		rule := r
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.mergeLoop(ctx, &rule)
-		}()
-	}
-}
-
-// mergeLoop merges rule's quiet staging collections until ctx ends.
-func (s *Server) mergeLoop(ctx context.Context, rule *rules.Rule) {
-	interval := min(max(rule.MergeAfter/4, 50*time.Millisecond), time.Second)
-	var up *upstream.Conn
-	stopClose := func() bool { return false }
-	closeUp := func() {
-		if up != nil {
-			stopClose()
-			up.Close()
-			up = nil
-		}
-	}
-	defer closeUp()
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if up == nil {
-			dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			c, err := s.opts.Dialer.Dial(dctx)
-			cancel()
-			if err != nil {
-				continue
-			}
-			up = c
-			stopClose = context.AfterFunc(ctx, func() { _ = c.Close() }) // unblock a round trip at shutdown
-		}
-		_, err := s.mergeOnce(up, rule)
-		// A connection per round, not kept between rounds: an idle
-		// background merger holds no upstream connection.
-		closeUp()
-		if err != nil && ctx.Err() == nil {
-			var held *lease.HeldError
-			if !errors.As(err, &held) { // another proxy merges this rule
-				s.log.Warn("staging: background merge failed; will retry", "rule", rule.Namespace, "err", err.Error())
-			}
-		}
-	}
-}
-
-// mergeOnce is one background round: merge the due staging collections.
-func (s *Server) mergeOnce(up *upstream.Conn, rule *rules.Rule) (stage.Stats, error) {
-	reply, err := up.Command(bson.D{{Key: "buildInfo", Value: 1}, {Key: "$db", Value: "admin"}})
-	if err != nil {
-		return stage.Stats{}, upstreamFailure{err: err}
-	}
-	if !rule.Staged(caps.Detect(reply).CostlyUpdates) {
-		return stage.Stats{}, nil
-	}
-	now := time.Now()
-	if caps.Detect(reply).SingleWriter {
-		if err := s.leases.Ensure(up, rule.DB, rule.Collection, s.log); err != nil {
-			return stage.Stats{}, err
-		}
-	}
-	st, err := s.runMerge(upRunner{up: up}, rule, stage.MergeOptions{Due: s.merges.due(rule, now), Now: now}, true)
-	if err != nil || len(st.Markers) == 0 {
-		return st, err
-	}
-	// Flush requests of proxies that cannot merge: everything, then the
-	// requests seen before this merge began are answered.
-	if _, err := s.runMerge(upRunner{up: up}, rule, stage.MergeOptions{All: true}, false); err != nil {
-		return st, err
-	}
-	for _, marker := range st.Markers {
-		if _, err := drive(upRunner{up: up}, rewrite.Passthrough(admin.DropCommand(rule.DB, marker), nil)); err != nil {
-			return st, upstreamFailure{err: err}
-		}
-	}
-	return st, nil
 }

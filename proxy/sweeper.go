@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/tsproxy/tsproxy/rewrite"
-	"github.com/tsproxy/tsproxy/rewrite/admin"
 	"github.com/tsproxy/tsproxy/rewrite/fanout"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/rollup"
@@ -47,7 +46,7 @@ func (s *Server) startSweeper() {
 	ctx, cancel := context.WithCancel(context.Background())
 	sw := &sweeper{cancel: cancel}
 	s.sweep = sw
-	s.startMergers(ctx, &sw.wg) // stage.go
+	s.startMergers(ctx, &sw.wg) // merger.go
 	for _, r := range s.opts.Rules.All() {
 		if r.ExpireAfter <= 0 {
 			continue
@@ -93,42 +92,23 @@ func (s *Server) retain(ctx context.Context, rule *rules.Rule) {
 		interval = rules.DefaultSweepInterval
 	}
 	modes := map[string]retentionMode{}
-	var up *upstream.Conn
-	stopClose := func() bool { return false }
-	defer func() {
-		stopClose()
-		if up != nil {
-			up.Close()
-		}
-	}()
+	conn := newBackgroundConn(ctx, s) // background.go
+	defer conn.close()
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		if up == nil {
-			dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			c, err := s.opts.Dialer.Dial(dctx)
-			cancel()
-			if err != nil {
-				if ctx.Err() == nil {
-					s.log.Warn("retention: upstream unreachable; will retry", "rule", rule.Namespace, "err", err.Error())
-				}
-			} else {
-				up = c
-				stopClose()                                                  // the previous connection's
-				stopClose = context.AfterFunc(ctx, func() { _ = c.Close() }) // unblock a round trip at shutdown
+		if up, err := conn.get(); err != nil {
+			if ctx.Err() == nil {
+				s.log.Warn("retention: upstream unreachable; will retry", "rule", rule.Namespace, "err", err.Error())
 			}
-		}
-		if up != nil {
-			if err := s.retainOnce(up, rule, modes, time.Now()); err != nil {
-				if ctx.Err() != nil {
-					return
-				}
-				s.log.Error("retention: sweep failed; will retry", "rule", rule.Namespace, "err", err.Error())
-				var refused *upstream.Refusal
-				if !errors.As(err, &refused) { // a transport error: dial again
-					up.Close()
-					up = nil
-				}
+		} else if err := s.retainOnce(up, rule, modes, time.Now()); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			s.log.Error("retention: sweep failed; will retry", "rule", rule.Namespace, "err", err.Error())
+			var refused *upstream.Refusal
+			if !errors.As(err, &refused) { // a transport error: dial again
+				conn.close()
 			}
 		}
 		select {
@@ -237,7 +217,7 @@ func (s *Server) retainBuckets(up *upstream.Conn, rule *rules.Rule, e rollup.Exp
 			continue
 		}
 		if rule.PartitionExpired(c.Start, now) {
-			res, err := drive(upRunner{up: up}, rewrite.Passthrough(admin.DropCommand(rule.DB, c.Name), nil))
+			res, err := drive(upRunner{up: up}, rewrite.Passthrough(source.DropCommand(rule.DB, c.Name), nil))
 			if err == nil && !mongoerr.IsOK(res.Reply) && mongoerr.FromReply(res.Reply, "").Code != mongoerr.NamespaceNotFound {
 				err = mongoerr.FromReply(res.Reply, "drop refused")
 			}

@@ -146,11 +146,11 @@ type dropPlan struct {
 func (d *dropPlan) Next() (rewrite.Step, bool) {
 	switch {
 	case d.step < len(d.drops):
-		return rewrite.Step{{Body: DropCommand(d.rule.DB, d.drops[d.step])}}, false
+		return rewrite.Step{{Body: source.DropCommand(d.rule.DB, d.drops[d.step])}}, false
 	case d.step == len(d.drops):
 		return rewrite.Step{{Body: d.cmd}}, false
 	case d.step <= len(d.drops)+len(d.rollups):
-		return rewrite.Step{{Body: DropCommand(d.rule.DB, d.rollups[d.step-len(d.drops)-1])}}, false
+		return rewrite.Step{{Body: source.DropCommand(d.rule.DB, d.rollups[d.step-len(d.drops)-1])}}, false
 	}
 	return nil, true
 }
@@ -188,11 +188,6 @@ func (d *dropPlan) Result() rewrite.Result {
 		res.After = rewrite.Done(rewrite.Result{Reply: d.failed})
 	}
 	return res
-}
-
-// DropCommand drops db.coll.
-func DropCommand(db, coll string) []byte {
-	return bsoncore.NewDocumentBuilder().AppendString("drop", coll).AppendString("$db", db).Build()
 }
 
 // ListCollections lists db's collections as the app sees them, rs being

@@ -61,3 +61,9 @@ func ListCommand(db string) []byte {
 	return bsoncore.NewDocumentBuilder().AppendInt32("listCollections", 1).
 		AppendBoolean("nameOnly", true).AppendString("$db", db).Build()
 }
+
+// DropCommand drops db.coll: a partition, a rollup collection, a
+// staging collection.
+func DropCommand(db, coll string) []byte {
+	return bsoncore.NewDocumentBuilder().AppendString("drop", coll).AppendString("$db", db).Build()
+}

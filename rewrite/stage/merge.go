@@ -190,7 +190,7 @@ func (m *Merge) due(x *rewrite.Exec, open []Collection) ([]Collection, error) {
 	}
 	step := make(rewrite.Step, len(open))
 	for i, c := range open {
-		step[i] = rewrite.Upstream{Body: bsoncore.NewDocumentBuilder().AppendString("count", c.Name).AppendString("$db", m.rule.DB).Build()}
+		step[i] = rewrite.Upstream{Body: countCommand(m.rule.DB, c.Name)}
 	}
 	replies, ok := x.Do(step)
 	if !ok {
@@ -210,6 +210,11 @@ func (m *Merge) due(x *rewrite.Exec, open []Collection) ([]Collection, error) {
 		}
 	}
 	return due, nil
+}
+
+// countCommand counts db.coll's documents.
+func countCommand(db, coll string) []byte {
+	return bsoncore.NewDocumentBuilder().AppendString("count", coll).AppendString("$db", db).Build()
 }
 
 // renameCommand renames db.from to db.to (never over an existing one).

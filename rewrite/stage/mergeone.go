@@ -10,6 +10,7 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rewrite/source"
 )
 
 // planID is the _id of a retired collection's plan document: the first
@@ -146,7 +147,7 @@ func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records map[bson.ObjectI
 	if err := m.moveLate(x, r.Name, plan.ids); err != nil {
 		return err
 	}
-	reply, ok := x.One(bsoncore.NewDocumentBuilder().AppendString("drop", r.Name).AppendString("$db", m.rule.DB).Build())
+	reply, ok := x.One(source.DropCommand(m.rule.DB, r.Name))
 	if !ok {
 		return rewrite.ErrAborted
 	}
@@ -279,7 +280,7 @@ const maxReadBytes = 8 << 20
 // countOf counts coll's documents (cheap on every upstream: no document
 // is decoded).
 func (m *Merge) countOf(x *rewrite.Exec, coll string) (int64, error) {
-	reply, ok := x.One(bsoncore.NewDocumentBuilder().AppendString("count", coll).AppendString("$db", m.rule.DB).Build())
+	reply, ok := x.One(countCommand(m.rule.DB, coll))
 	if !ok {
 		return 0, rewrite.ErrAborted
 	}

@@ -119,6 +119,12 @@ func (m *mem) answer(u rewrite.Upstream) []byte {
 	return doc(bson.D{{Key: "ok", Value: 1.0}})
 }
 
+// retryArgs are the fields of a retryable write: a session (all zero)
+// and txnNumber txn.
+func retryArgs(txn int64) []bson.E {
+	return []bson.E{{Key: "lsid", Value: bson.D{{Key: "id", Value: bson.Binary{Subtype: 4, Data: make([]byte, 16)}}}}, {Key: "txnNumber", Value: txn}}
+}
+
 // events are n events of sensor s, one per second from 10:00.
 func events(s string, from, n int) []bson.D {
 	var out []bson.D
@@ -167,8 +173,7 @@ func TestParse(t *testing.T) {
 }
 
 func TestDerivedID(t *testing.T) {
-	lsid := bson.D{{Key: "lsid", Value: bson.D{{Key: "id", Value: bson.Binary{Subtype: 4, Data: make([]byte, 16)}}}}, {Key: "txnNumber", Value: int64(3)}}
-	key, ok, err := rewrite.RetryKeyOf(doc(lsid))
+	key, ok, err := rewrite.RetryKeyOf(doc(bson.D(retryArgs(3))))
 	if !ok || err != nil {
 		t.Fatal(ok, err)
 	}
@@ -187,7 +192,7 @@ func TestDerivedID(t *testing.T) {
 }
 
 func TestInsertReplies(t *testing.T) {
-	retryable := []bson.E{{Key: "lsid", Value: bson.D{{Key: "id", Value: bson.Binary{Subtype: 4, Data: make([]byte, 16)}}}}, {Key: "txnNumber", Value: int64(1)}}
+	retryable := retryArgs(1)
 	t.Run("stores groups as staged buckets", func(t *testing.T) {
 		m := newMem(t)
 		r := stagedInsert(t, m, append(events("a", 0, 4), events("b", 0, 1)...))
@@ -321,7 +326,7 @@ func TestMerge(t *testing.T) {
 	})
 	t.Run("a retry merged earlier is left out", func(t *testing.T) {
 		m := newMem(t)
-		retry := []bson.E{{Key: "lsid", Value: bson.D{{Key: "id", Value: bson.Binary{Subtype: 4, Data: make([]byte, 16)}}}}, {Key: "txnNumber", Value: int64(5)}}
+		retry := retryArgs(5)
 		stagedInsert(t, m, events("a", 0, 2), retry...)
 		merge(t, m, stage.MergeOptions{All: true})
 		stagedInsert(t, m, events("a", 0, 2), retry...) // the late retry lands in a new staging collection
@@ -335,7 +340,7 @@ func TestMerge(t *testing.T) {
 	})
 	t.Run("a merge cut after its freeze is finished before the next freeze", func(t *testing.T) {
 		m := newMem(t)
-		retry := []bson.E{{Key: "lsid", Value: bson.D{{Key: "id", Value: bson.Binary{Subtype: 4, Data: make([]byte, 16)}}}}, {Key: "txnNumber", Value: int64(6)}}
+		retry := retryArgs(6)
 		stagedInsert(t, m, events("a", 0, 2), retry...)
 		merge(t, m, stage.MergeOptions{All: true, FreezeOnly: true}) // then the proxy died
 		stagedInsert(t, m, events("a", 0, 2), retry...)              // the retry lands in a new staging collection
