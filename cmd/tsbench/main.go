@@ -39,6 +39,7 @@ func main() {
 	events := fs.Int("events", 100_000, "ingest: events per configuration")
 	cases := fs.String("cases", "", "ingest: batch/clients pairs to run, e.g. 1000/1,1000/16 (default: all six)")
 	threshold := fs.Int("insert-threshold", 0, "ingest: the rule's bucket.insertThreshold (0: the default)")
+	png := fs.String("png", "", "ingest: write a chart of the proxy/direct ratios to `file` (PNG)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (proxy, upstream and clients) to `file`")
 	ro := addRangeFlags(fs)
 	fs.Usage = func() {
@@ -65,6 +66,8 @@ func main() {
 	case "passthrough":
 		err = withEnv(up, nil, func(e *benchEnv) error { return benchPassthrough(e, *runs, *n, *dur) })
 	case "ingest":
+		ingestArgs.png, ingestArgs.runs, ingestArgs.cases = *png, *runs, *cases
+		ingestArgs.backend, ingestArgs.custom = *kind, *upstreamURI != ""
 		var rs []rules.Rule
 		if rs, err = ingestRules(*threshold); err == nil {
 			err = withEnv(up, rs, func(e *benchEnv) error { return benchIngest(e, *runs, *events, *cases) })
