@@ -79,13 +79,13 @@ func (s *Server) mergeOnce(up *upstream.Conn, rule *rules.Rule) (stage.Stats, er
 			return stage.Stats{}, err
 		}
 	}
-	st, err := s.runMerge(upRunner{up: up}, rule, stage.MergeOptions{Due: s.merges.due(rule, now), Now: now}, true)
+	st, err := s.runMerge(upRunner{up: up}, rule, stage.MergeOptions{Due: s.merges.due(rule, now), Now: now, CheckLate: s.lateDocsPossible(rule, upCaps)}, true)
 	if err != nil || len(st.Markers) == 0 {
 		return st, err
 	}
 	// Flush requests of proxies that cannot merge: everything, then the
 	// requests seen before this merge began are answered.
-	if _, err := s.runMerge(upRunner{up: up}, rule, stage.MergeOptions{All: true}, false); err != nil {
+	if _, err := s.runMerge(upRunner{up: up}, rule, stage.MergeOptions{All: true, CheckLate: s.lateDocsPossible(rule, upCaps)}, false); err != nil {
 		return st, err
 	}
 	for _, marker := range st.Markers {

@@ -164,7 +164,27 @@ func (c *conn) mergeStaged(rule *rules.Rule, caps caps.Upstream, opts stage.Merg
 	if err := c.ensureWriter(rule, caps); err != nil {
 		return stage.Stats{}, err
 	}
+	opts.CheckLate = c.s.lateDocsPossible(rule, caps)
 	return c.s.runMerge(c, rule, opts, false)
+}
+
+// lateGuard is how long after the previous term of a rule's writer lease
+// ran out a merge looks for late documents: an insert its holder began
+// must have been stuck in the upstream that long to land after a freeze.
+const lateGuard = time.Minute
+
+// lateDocsPossible says whether a retired collection of rule may take
+// documents after its freeze (stage.MergeOptions.CheckLate). Only where
+// a rename changes nothing but the upstream's catalog (FerretDB, whose
+// staged inserts need the writer lease): this proxy holds its own
+// inserts off during a freeze, so only an insert begun under an earlier
+// term (another proxy's, or this one's before a restart) can be late.
+func (s *Server) lateDocsPossible(rule *rules.Rule, caps caps.Upstream) bool {
+	if !caps.SingleWriter {
+		return false
+	}
+	prev, held := s.leases.EarlierWritesBefore(rule.DB, rule.Collection)
+	return !held || time.Since(prev) < lateGuard
 }
 
 // runMerge runs a merge plan on r under the rule's merge lock.
@@ -183,6 +203,9 @@ func (s *Server) runMerge(r stepRunner, rule *rules.Rule, opts stage.MergeOption
 	inflight := s.merges.inserts(rule.Namespace)
 	inflight.Lock()
 	res, err := drive(r, freeze)
+	if err == nil && mongoerr.IsOK(res.Reply) && freeze.Stats.Pending == 0 {
+		s.merges.frozeAll(rule)
+	}
 	inflight.Unlock()
 	if err != nil {
 		return freeze.Stats, upstreamFailure{err: err}
@@ -202,7 +225,7 @@ func (s *Server) runMerge(r stepRunner, rule *rules.Rule, opts stage.MergeOption
 	mergeOpts.All, mergeOpts.Due = false, nil
 	m := stage.NewMerge(rule, mergeOpts)
 	res, err = drive(r, m)
-	m.Stats.Pending, m.Stats.Staged, m.Stats.Markers = freeze.Stats.Pending, freeze.Stats.Staged, freeze.Stats.Markers
+	m.Stats.Pending, m.Stats.Markers = freeze.Stats.Pending, freeze.Stats.Markers
 	if err != nil {
 		return m.Stats, upstreamFailure{err: err}
 	}

@@ -13,9 +13,17 @@ func Drain(cmd []byte, db, coll string, take func([]bsoncore.Document) error, do
 	return &drainPlan{next: cmd, db: db, coll: coll, take: take, done: done}
 }
 
+// DrainBatched is Drain with every getMore asking for batch documents:
+// without a batchSize, FerretDB answers a getMore with 250 documents
+// whatever their size, and the find's own batchSize is not kept.
+func DrainBatched(cmd []byte, db, coll string, batch int32, take func([]bsoncore.Document) error, done func() Result) Plan {
+	return &drainPlan{next: cmd, db: db, coll: coll, batch: batch, take: take, done: done}
+}
+
 type drainPlan struct {
 	next     []byte
 	db, coll string
+	batch    int32 // of each getMore; 0: the upstream's default
 	take     func([]bsoncore.Document) error
 	done     func() Result
 	failed   error // take's error: the cursor is killed, then this answers
@@ -49,11 +57,19 @@ func (p *drainPlan) Feed(replies [][]byte) error {
 	}
 	if id != 0 {
 		p.next = GetMoreCommand(p.db, p.coll, id)
+		if p.batch > 0 {
+			p.next = getMoreBatched(p.db, p.coll, id, p.batch)
+		}
 	}
 	return nil
 }
 
 func (p *drainPlan) Result() Result { return p.done() }
+
+func getMoreBatched(db, coll string, id int64, batch int32) []byte {
+	return bsoncore.NewDocumentBuilder().AppendInt64("getMore", id).
+		AppendString("collection", coll).AppendInt32("batchSize", batch).AppendString("$db", db).Build()
+}
 
 // KillCursorsCommand kills cursor id on db.coll.
 func KillCursorsCommand(db, coll string, id int64) []byte {

@@ -65,17 +65,27 @@ func (c Client) latest() (*leaseDoc, error) {
 	return top, nil
 }
 
+// Taken is a term Take took.
+type Taken struct {
+	Term int64
+	// PreviousExpiry is when the term before it ran out (zero when it is
+	// the first): the previous holder began its last write before that.
+	PreviousExpiry time.Time
+}
+
 // Take inserts the next term when the lease is free, lapsed or already
 // this proxy's; otherwise it returns who holds it.
-func (c Client) Take(now time.Time) (int64, *HeldError, error) {
+func (c Client) Take(now time.Time) (Taken, *HeldError, error) {
 	top, err := c.latest()
 	if err != nil {
-		return 0, nil, err
+		return Taken{}, nil, err
 	}
 	next := int64(1)
+	var prev time.Time
 	if top != nil {
+		prev = top.Expires
 		if top.Owner != c.Owner && now.Before(top.Expires.Add(c.TTL/6)) {
-			return 0, &HeldError{Owner: top.Owner, Expires: top.Expires}, nil
+			return Taken{}, &HeldError{Owner: top.Owner, Expires: top.Expires}, nil
 		}
 		next = top.Term + 1
 	}
@@ -84,20 +94,20 @@ func (c Client) Take(now time.Time) (int64, *HeldError, error) {
 		{Key: "documents", Value: bson.A{leaseDoc{ID: c.id(next), NS: c.Coll, Term: next, Owner: c.Owner, Expires: now.Add(c.TTL)}}},
 	})
 	if err != nil {
-		return 0, nil, err
+		return Taken{}, nil, err
 	}
 	if code, msg, failed := firstWriteError(reply); failed {
 		if code != mongoerr.DuplicateKey {
-			return 0, nil, fmt.Errorf("insert lease %s: %s (code %d)", c.id(next), msg, code)
+			return Taken{}, nil, fmt.Errorf("insert lease %s: %s (code %d)", c.id(next), msg, code)
 		}
 		// Another proxy inserted this term first: it holds the lease.
 		if top, err = c.latest(); err != nil {
-			return 0, nil, err
+			return Taken{}, nil, err
 		}
 		if top == nil {
-			return 0, nil, errors.New("lease insert refused and no lease found")
+			return Taken{}, nil, errors.New("lease insert refused and no lease found")
 		}
-		return 0, &HeldError{Owner: top.Owner, Expires: top.Expires}, nil
+		return Taken{}, &HeldError{Owner: top.Owner, Expires: top.Expires}, nil
 	}
 	// Earlier terms are history; a failure to remove them costs nothing.
 	_, _ = c.run(bson.D{
@@ -107,7 +117,7 @@ func (c Client) Take(now time.Time) (int64, *HeldError, error) {
 			{Key: "limit", Value: 0},
 		}}},
 	})
-	return next, nil, nil
+	return Taken{Term: next, PreviousExpiry: prev}, nil, nil
 }
 
 // firstWriteError returns the code and message of a reply's first write

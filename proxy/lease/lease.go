@@ -36,6 +36,9 @@ type lease struct {
 	mu         sync.Mutex
 	term       int64     // held term; 0 when not held
 	validUntil time.Time // local clock: the lease is ours until then
+	// prevExpiry is when the term before this proxy's current one ran
+	// out (zero if there was none): no write of another term began later.
+	prevExpiry time.Time
 	// When another proxy holds it: who, until when (its stored expiry),
 	// and when to ask again.
 	other        string
@@ -128,7 +131,7 @@ func (s *Set) Ensure(up Commander, db, coll string, log *slog.Logger) error {
 		log.Warn("writer lease lost to another proxy", "rule", ns, "term", l.term)
 		l.term = 0
 	}
-	term, held, err := c.Take(now)
+	taken, held, err := c.Take(now)
 	if err != nil {
 		return fmt.Errorf("tsproxy rule %s: take the writer lease: %w", ns, err)
 	}
@@ -137,9 +140,21 @@ func (s *Set) Ensure(up Commander, db, coll string, log *slog.Logger) error {
 		held.Namespace = ns
 		return held
 	}
-	l.term, l.validUntil, l.other = term, now.Add(s.ttl-s.ttl/6), ""
-	log.Info("writer lease taken", "rule", ns, "term", term, "owner", c.Owner)
+	l.term, l.validUntil, l.prevExpiry, l.other = taken.Term, now.Add(s.ttl-s.ttl/6), taken.PreviousExpiry, ""
+	log.Info("writer lease taken", "rule", ns, "term", taken.Term, "owner", c.Owner)
 	return nil
+}
+
+// EarlierWritesBefore says when the writes of the terms before this
+// proxy's current lease of db.coll began at the latest: when the previous
+// term ran out (its holder, this proxy before a restart included, began
+// none later). Zero with held true: there was no earlier term. held is
+// false when this proxy holds no lease of db.coll.
+func (s *Set) EarlierWritesBefore(db, coll string) (t time.Time, held bool) {
+	l := s.lease(db, coll)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.prevExpiry, l.term > 0
 }
 
 // TTL is how long the set's leases last without renewal.

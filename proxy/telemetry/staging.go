@@ -13,18 +13,18 @@ import (
 // since the proxy started, and the backlog its last background merge saw.
 type Staging struct {
 	Staged, Merged, Buckets, Retries int64
-	// Pending staging collections and the staged documents in them;
-	// Oldest is when the oldest of them was first seen pending (zero
-	// when none is).
-	Pending     int64
-	PendingDocs int64
-	Oldest      time.Time
+	// Pending staging collections and the events this proxy staged in
+	// them; Oldest is when the oldest of them was first seen pending
+	// (zero when none is).
+	Pending       int64
+	PendingEvents int64
+	Oldest        time.Time
 }
 
 // ObserveStaging reports snapshot's figures, per rule, at each collection
 // of the metrics: tsproxy.staging.events{state=staged|merged},
 // tsproxy.staging.buckets, tsproxy.staging.retries,
-// tsproxy.staging.pending{unit=collections|documents} and
+// tsproxy.staging.pending{unit=collections|events} and
 // tsproxy.staging.lag (seconds the oldest pending collection has waited).
 // The mean fill of merged buckets is merged events / buckets.
 func ObserveStaging(snapshot func() map[string]Staging) error {
@@ -41,7 +41,7 @@ func ObserveStaging(snapshot func() map[string]Staging) error {
 	if err != nil {
 		return err
 	}
-	pending, err := m.Int64ObservableGauge("tsproxy.staging.pending", metric.WithDescription("Merge backlog: staging collections and staged documents not merged yet, by rule."))
+	pending, err := m.Int64ObservableGauge("tsproxy.staging.pending", metric.WithDescription("Merge backlog: staging collections and the events this proxy staged in them, not merged yet, by rule."))
 	if err != nil {
 		return err
 	}
@@ -58,7 +58,7 @@ func ObserveStaging(snapshot func() map[string]Staging) error {
 			o.ObserveInt64(buckets, s.Buckets, metric.WithAttributes(rule))
 			o.ObserveInt64(retries, s.Retries, metric.WithAttributes(rule))
 			o.ObserveInt64(pending, s.Pending, metric.WithAttributes(rule, attribute.String("unit", "collections")))
-			o.ObserveInt64(pending, s.PendingDocs, metric.WithAttributes(rule, attribute.String("unit", "documents")))
+			o.ObserveInt64(pending, s.PendingEvents, metric.WithAttributes(rule, attribute.String("unit", "events")))
 			var waited float64
 			if !s.Oldest.IsZero() {
 				waited = now.Sub(s.Oldest).Seconds()

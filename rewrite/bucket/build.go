@@ -19,6 +19,29 @@ func appendEventsArray(dst []byte, key string, chunk []Event) []byte {
 	return dst
 }
 
+// Staged builds the document the staging tier stores for a chunk: the
+// bucket's key and its events packed as one binary value (FieldPacked),
+// without the summaries (a merge computes them for the buckets it writes,
+// and nothing reads a staged document as a bucket). FerretDB stores a
+// document as JSON, one value at a time: packed, a staged document costs
+// it one string to encode and to decode instead of every field of every
+// event, which made reading staging back the most costly part of a merge
+// (20 µs an event, more than inserting it).
+func Staged(id bson.ObjectID, chunk []Event) bsoncore.Document {
+	idx, doc := bsoncore.AppendDocumentStart(nil)
+	doc = bsoncore.AppendObjectIDElement(doc, FieldID, id)
+	doc = bsoncore.AppendValueElement(doc, FieldMeta, chunk[0].Meta)
+	doc = bsoncore.AppendDateTimeElement(doc, FieldStart, chunk[0].Start)
+	aidx, arr := bsoncore.AppendArrayStart(nil)
+	for i, ev := range chunk {
+		arr = bsoncore.AppendDocumentElement(arr, strconv.Itoa(i), ev.Stored)
+	}
+	arr, _ = bsoncore.AppendArrayEnd(arr, aidx)
+	doc = bsoncore.AppendBinaryElement(doc, FieldPacked, 0x00, arr)
+	doc, _ = bsoncore.AppendDocumentEnd(doc, idx)
+	return doc
+}
+
 // Complete builds a whole bucket document for a chunk large enough to
 // stand alone (see DESIGN.md). "sum" is left out when no event carries an
 // aggregate, as the upsert path would leave it out.

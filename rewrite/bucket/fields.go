@@ -14,6 +14,9 @@ const (
 	FieldMax    = "max"
 	FieldSum    = "sum"
 	FieldEvents = "events"
+	// FieldPacked holds a staged document's events (Staged): the BSON of
+	// their array, as binary data.
+	FieldPacked = "packed"
 )
 
 // IndexName is the proxy's own index {meta: 1, start: 1} on every

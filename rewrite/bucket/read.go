@@ -40,10 +40,15 @@ func SeqOf(bucketNS string, key Key, id bson.ObjectID) (int, bool) {
 	return 0, false
 }
 
+// EventDocs are the stored events of a bucket, or of a staged document
+// (packed, see Staged).
 func EventDocs(bdoc bsoncore.Document) ([]bsoncore.Document, error) {
 	v, ok := bsonutil.Lookup(bdoc, FieldEvents)
 	if !ok {
-		return nil, nil
+		var err error
+		if v, ok, err = packedEvents(bdoc); !ok || err != nil {
+			return nil, err
+		}
 	}
 	arr, ok := v.ArrayOK()
 	if !ok {
@@ -62,6 +67,23 @@ func EventDocs(bdoc bsoncore.Document) ([]bsoncore.Document, error) {
 		out = append(out, d)
 	}
 	return out, nil
+}
+
+// packedEvents reads a staged document's packed events as an array value;
+// ok is false when it has none.
+func packedEvents(bdoc bsoncore.Document) (bsoncore.Value, bool, error) {
+	p, ok := bsonutil.Lookup(bdoc, FieldPacked)
+	if !ok {
+		return bsoncore.Value{}, false, nil
+	}
+	_, data, ok := p.BinaryOK()
+	if !ok {
+		return bsoncore.Value{}, false, fmt.Errorf("%q is a %s, not binary data", FieldPacked, bsonutil.TypeName(p.Type))
+	}
+	if err := bsoncore.Array(data).Validate(); err != nil {
+		return bsoncore.Value{}, false, fmt.Errorf("%q does not hold a BSON array: %w", FieldPacked, err)
+	}
+	return bsoncore.Value{Type: bsoncore.TypeArray, Data: data}, true, nil
 }
 
 // Shell is a bucket emptied by a delete that must stay because a

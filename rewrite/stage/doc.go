@@ -10,11 +10,13 @@
 // about what a plain insert of the events costs, and ends in the same
 // compact buckets as a large batch.
 //
-// Stored form. A staged document is a bucket document (rewrite/bucket) of
-// one group of one insert: the events of one series and window, with
-// their summaries. The staging collection of the events whose window starts in staging
-// period P (a day, or the span if longer) is tsproxy_stage_<hash of the bucket collection>_<P's start in ms> (no dots:
-// FerretDB renames only such names). Its _id is random, or, for a
+// Stored form. A staged document (bucket.Staged) is the key and events of
+// one group of one insert: {_id, meta, start, events}, the events of one
+// series and window, without a bucket's summaries (the merge computes
+// them). The staging collection of the events whose window starts in
+// staging period P (a day, or the span if longer) is
+// tsproxy_stage_<hash of the bucket collection>_<P's start in ms> (no
+// dots: FerretDB renames only such names). Its _id is random, or, for a
 // retryable write (lsid and txnNumber), derived from the session, its
 // owner, the txnNumber and the group's position, so that a driver's retry
 // of a write whose reply was lost meets a duplicate key and is
@@ -27,7 +29,8 @@
 // collection is then merged (FerretDB's rename changes only its catalog:
 // an insert already past its catalog lookup still lands in the renamed
 // table, so the proxy runs the freeze while no insert of its own into the
-// rule is in flight, and only then reads the retired collection): its staged documents read, the events
+// rule is in flight, and only then reads the retired collection): its
+// staged documents read, the events
 // grouped by series and window, sorted by time, cut into buckets of at
 // most maxEvents and maxBytes, and inserted after the highest seq of
 // their key in the bucket collection; then it is dropped. Every step is

@@ -104,7 +104,7 @@ func stagedCommands(cmd rewrite.Command, pi *insert.Prepared, env InsertEnv) ([]
 			for j, ev := range chunk {
 				events[j] = ev.Index
 			}
-			out[i].docs = append(out[i].docs, stagedDoc{doc: bucket.Complete(id, chunk, rule, lim), events: events, fixed: retryable})
+			out[i].docs = append(out[i].docs, stagedDoc{doc: bucket.Staged(id, chunk), events: events, fixed: retryable})
 		}
 	}
 	return out, nil

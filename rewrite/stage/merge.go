@@ -27,10 +27,18 @@ type MergeOptions struct {
 	// a freeze runs, then merges the retired collections with a second
 	// Merge (see the package comment).
 	FreezeOnly bool
-	// Due says whether staging collection c, which holds count staged
-	// documents, is due for merging (it took nothing new for long
-	// enough). Nil: none is.
-	Due func(c Collection, count int64) bool
+	// Due says whether staging collection c is due for merging (it took
+	// nothing new for long enough, or holds enough). Nil: none is. The
+	// merge does not count staged documents to decide: a count decodes
+	// every document on FerretDB, and the caller knows what it staged.
+	Due func(c Collection) bool
+	// CheckLate looks for documents that reached a retired collection
+	// after the merge read it, and moves them back to staging (see
+	// moveLate). Only an upstream whose rename changes nothing but its
+	// catalog (FerretDB) can take such documents, and only from another
+	// proxy's insert that began before this one held the rule's writer
+	// lease; the caller knows when that may be.
+	CheckLate bool
 	// Now is the time of the merge: its tokens and its records.
 	Now time.Time
 	// RetryHorizon is how long the records of merged retryable writes
@@ -50,7 +58,6 @@ type Stats struct {
 	Late        int // documents that reached a retired collection after it was read, moved back to staging
 	// Markers are the flush requests the merge's listing found.
 	Markers []string
-	Staged  int64 // staged documents in those (counted only when Due is asked)
 }
 
 // Merge is the plan of one merge of a rule's staging tier; once it is
@@ -106,7 +113,7 @@ func (m *Merge) run(x *rewrite.Exec) error {
 		}
 		retired = nil
 	}
-	due, err := m.due(x, open)
+	due, err := m.due(open)
 	if err != nil {
 		return err
 	}
@@ -180,7 +187,7 @@ func (m *Merge) list(x *rewrite.Exec) (open, retired []Collection, err error) {
 }
 
 // due picks the staging collections to merge now.
-func (m *Merge) due(x *rewrite.Exec, open []Collection) ([]Collection, error) {
+func (m *Merge) due(open []Collection) ([]Collection, error) {
 	if m.opts.All {
 		return open, nil
 	}
@@ -188,25 +195,12 @@ func (m *Merge) due(x *rewrite.Exec, open []Collection) ([]Collection, error) {
 		m.Stats.Pending = len(open)
 		return nil, nil
 	}
-	step := make(rewrite.Step, len(open))
-	for i, c := range open {
-		step[i] = rewrite.Upstream{Body: countCommand(m.rule.DB, c.Name)}
-	}
-	replies, ok := x.Do(step)
-	if !ok {
-		return nil, rewrite.ErrAborted
-	}
 	var due []Collection
-	for i, c := range open {
-		if err := mongoerr.ReplyError(replies[i]); err != nil {
-			return nil, fmt.Errorf("merge %s: count %s: %w", m.rule.Namespace, c.Name, err)
-		}
-		n, _ := bsoncore.Document(replies[i]).Lookup("n").AsInt64OK()
-		if m.opts.Due(c, n) {
+	for _, c := range open {
+		if m.opts.Due(c) {
 			due = append(due, c)
 		} else {
 			m.Stats.Pending++
-			m.Stats.Staged += n
 		}
 	}
 	return due, nil
@@ -223,11 +217,12 @@ func renameCommand(db, from, to string) []byte {
 		AppendString("to", db+"."+to).AppendBoolean("dropTarget", false).AppendString("$db", "admin").Build()
 }
 
-// drainAll reads every document of find (a find command on coll).
-func drainAll(x *rewrite.Exec, db, coll string, find []byte) ([]bsoncore.Document, error) {
+// drainAll reads every document of find (a find command on coll), with
+// getMores of batch documents (0: the upstream's default).
+func drainAll(x *rewrite.Exec, db, coll string, find []byte, batch int32) ([]bsoncore.Document, error) {
 	var out []bsoncore.Document
 	take := func(docs []bsoncore.Document) error { out = append(out, docs...); return nil }
-	res, ok := x.Run(rewrite.Drain(find, db, coll, take, func() rewrite.Result { return rewrite.Result{} }))
+	res, ok := x.Run(rewrite.DrainBatched(find, db, coll, batch, take, func() rewrite.Result { return rewrite.Result{} }))
 	if !ok {
 		return nil, rewrite.ErrAborted
 	}

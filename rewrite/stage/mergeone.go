@@ -40,6 +40,9 @@ func idKey(d bsoncore.Document) string {
 // and is not acknowledged). They go to the staging collection of their
 // period, where the next merge takes them.
 func (m *Merge) moveLate(x *rewrite.Exec, coll string, merged map[string]bool) error {
+	if !m.opts.CheckLate {
+		return nil
+	}
 	// The count first: reading the ids decodes every document on FerretDB.
 	n, err := m.countOf(x, coll)
 	if err != nil {
@@ -48,7 +51,7 @@ func (m *Merge) moveLate(x *rewrite.Exec, coll string, merged map[string]bool) e
 	if n <= int64(len(merged))+1 { // the staged documents and the plan
 		return nil
 	}
-	all, err := drainAll(x, m.rule.DB, coll, findCommand(m.rule.DB, coll, nil, bsoncore.NewDocumentBuilder().AppendInt32("_id", 1).Build()))
+	all, err := drainAll(x, m.rule.DB, coll, findCommand(m.rule.DB, coll, nil, bsoncore.NewDocumentBuilder().AppendInt32("_id", 1).Build()), 0)
 	if err != nil {
 		return err
 	}
@@ -61,7 +64,7 @@ func (m *Merge) moveLate(x *rewrite.Exec, coll string, merged map[string]bool) e
 	if len(late) == 0 {
 		return nil
 	}
-	docs, err := drainAll(x, m.rule.DB, coll, findBatched(m.rule.DB, coll, idsIn(late), 1))
+	docs, err := drainAll(x, m.rule.DB, coll, findBatched(m.rule.DB, coll, idsIn(late), m.readBatch()), m.readBatch())
 	if err != nil {
 		return err
 	}
@@ -220,7 +223,7 @@ func (m *Merge) probeBases(x *rewrite.Exec, groups []group) (map[string]int, err
 			}
 		}
 		proj := bsoncore.NewDocumentBuilder().AppendInt32("_id", 1).Build()
-		found, err := drainAll(x, m.rule.DB, m.rule.BucketCollection, findCommand(m.rule.DB, m.rule.BucketCollection, idsIn(ids), proj))
+		found, err := drainAll(x, m.rule.DB, m.rule.BucketCollection, findCommand(m.rule.DB, m.rule.BucketCollection, idsIn(ids), proj), 0)
 		if err != nil {
 			return nil, err
 		}
@@ -275,7 +278,7 @@ func (m *Merge) buckets(groups []group, bases map[string]int) ([]builtBucket, in
 // maxReadBytes bounds the staged bytes one reply of a retired
 // collection's read may hold: FerretDB does not cut a batch at 16MiB as
 // MongoDB does, and a larger reply is refused.
-const maxReadBytes = 8 << 20
+const maxReadBytes = 32 << 20
 
 // countOf counts coll's documents (cheap on every upstream: no document
 // is decoded).
@@ -291,18 +294,17 @@ func (m *Merge) countOf(x *rewrite.Exec, coll string) (int64, error) {
 	return n, nil
 }
 
-// readRetired reads every document of a retired collection, in batches
-// that cannot exceed maxReadBytes: a staged document holds at most the
-// rule's maxBytes of events (and summaries about as large as one event).
+// readRetired reads every document of a retired collection. Nothing is
+// counted first: a count decodes every document on FerretDB, as the read
+// does again.
 func (m *Merge) readRetired(x *rewrite.Exec, coll string) ([]bsoncore.Document, error) {
-	n, err := m.countOf(x, coll)
-	if err != nil {
-		return nil, err
-	}
+	return drainAll(x, m.rule.DB, coll, findBatched(m.rule.DB, coll, nil, m.readBatch()), m.readBatch())
+}
+
+// readBatch is how many staged documents (or buckets) one reply may hold
+// within maxReadBytes: each holds at most the rule's maxBytes of events
+// (and summaries about as large as one event).
+func (m *Merge) readBatch() int32 {
 	perDoc := m.rule.MaxBytes + 64<<10
-	batch := int64(10_000)
-	if n*perDoc > maxReadBytes {
-		batch = max(1, maxReadBytes/perDoc)
-	}
-	return drainAll(x, m.rule.DB, coll, findBatched(m.rule.DB, coll, nil, int32(batch)))
+	return int32(min(max(1, maxReadBytes/perDoc), 10_000))
 }

@@ -101,7 +101,7 @@ func (m *Merge) horizonFilter(op string) bsoncore.Document {
 // loadRecords reads the derived ids merged within the retry horizon.
 func (m *Merge) loadRecords(x *rewrite.Exec) (map[bson.ObjectID]int64, error) {
 	coll := TxnsCollection(m.rule)
-	docs, err := drainAll(x, m.rule.DB, coll, findCommand(m.rule.DB, coll, m.horizonFilter("$gte"), nil))
+	docs, err := drainAll(x, m.rule.DB, coll, findCommand(m.rule.DB, coll, m.horizonFilter("$gte"), nil), 0)
 	if err != nil {
 		return nil, err
 	}
@@ -229,7 +229,7 @@ func (m *Merge) verifyExisting(x *rewrite.Exec, batch []builtBucket, dups []int)
 		want[batch[i].id] = batch[i]
 		ids = append(ids, batch[i].id)
 	}
-	found, err := drainAll(x, m.rule.DB, m.rule.BucketCollection, findCommand(m.rule.DB, m.rule.BucketCollection, idsIn(ids), nil))
+	found, err := drainAll(x, m.rule.DB, m.rule.BucketCollection, findBatched(m.rule.DB, m.rule.BucketCollection, idsIn(ids), m.readBatch()), m.readBatch())
 	if err != nil {
 		return err
 	}

@@ -372,7 +372,7 @@ func TestMerge(t *testing.T) {
 				m.colls[name] = append(m.colls[name], doc(bson.D{{Key: "_id", Value: rwtest.OID(200)}, {Key: "meta", Value: "a"}, {Key: "start", Value: bson.DateTime(36_000_000)}, {Key: "count", Value: int32(1)}, {Key: "events", Value: bson.A{rwtest.Stored(rwtest.OID(99), rwtest.DT(36_099_000), true, 9.0)}}}))
 			}
 		}
-		st := merge(t, m, stage.MergeOptions{Now: time.UnixMilli(1_000_200)})
+		st := merge(t, m, stage.MergeOptions{Now: time.UnixMilli(1_000_200), CheckLate: true})
 		if st.Late != 1 || st.Collections != 1 {
 			t.Fatalf("stats %+v, want 1 late document moved", st)
 		}
@@ -392,11 +392,11 @@ func TestMerge(t *testing.T) {
 	t.Run("only due collections in the background", func(t *testing.T) {
 		m := newMem(t)
 		stagedInsert(t, m, events("a", 0, 1))
-		st := merge(t, m, stage.MergeOptions{Due: func(stage.Collection, int64) bool { return false }})
-		if st.Pending != 1 || st.Staged != 1 || st.Events != 0 {
+		st := merge(t, m, stage.MergeOptions{Due: func(stage.Collection) bool { return false }})
+		if st.Pending != 1 || st.Events != 0 {
 			t.Fatalf("stats %+v, want 1 pending", st)
 		}
-		st = merge(t, m, stage.MergeOptions{Due: func(stage.Collection, int64) bool { return true }})
+		st = merge(t, m, stage.MergeOptions{Due: func(stage.Collection) bool { return true }})
 		if st.Events != 1 {
 			t.Fatalf("stats %+v, want 1 merged", st)
 		}
