@@ -73,6 +73,13 @@ func (s *Server) mergeOnce(up *upstream.Conn, rule *rules.Rule) (stage.Stats, er
 	if !rule.Staged(upCaps.CostlyUpdates) {
 		return stage.Stats{}, nil
 	}
+	list, err := up.Command(bson.Raw(source.ListCommand(rule.DB)))
+	if err != nil {
+		return stage.Stats{}, upstreamFailure{err: err}
+	}
+	if work, err := stage.HasWork(rule, list); err != nil || !work {
+		return stage.Stats{}, err
+	}
 	now := time.Now()
 	if upCaps.SingleWriter {
 		if err := s.leases.Ensure(up, rule.DB, rule.Collection, s.log); err != nil {

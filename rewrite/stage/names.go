@@ -96,3 +96,26 @@ func FlushPending(reply []byte) (bool, error) {
 	docs, _, err := cursor.Docs(reply)
 	return len(docs) > 0, err
 }
+
+// HasWork reads the reply to source.ListCommand of rule's database: true
+// when it lists a staging collection of rule, a retired one or a flush
+// request (or more names than its first batch holds). The background
+// merger asks before it takes the rule's writer lease, so that an idle
+// rule costs one listing a round and no write: a lease renewal would
+// create a dropped database again.
+func HasWork(rule *rules.Rule, reply []byte) (bool, error) {
+	docs, id, err := cursor.Docs(reply)
+	if err != nil {
+		return false, err
+	}
+	if id != 0 {
+		return true, nil
+	}
+	for _, d := range docs {
+		name, _ := d.Lookup("name").StringValueOK()
+		if _, ok := Parse(rule, name); ok || IsFlushMarker(rule, name) {
+			return true, nil
+		}
+	}
+	return false, nil
+}

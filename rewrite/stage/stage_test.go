@@ -172,6 +172,38 @@ func TestParse(t *testing.T) {
 	}
 }
 
+func TestHasWork(t *testing.T) {
+	rule := rwtest.InsertRule()
+	open := rule.StageCollection(36_000_000)
+	names := func(id int64, ns ...string) []byte {
+		var docs []bson.D
+		for _, n := range ns {
+			docs = append(docs, bson.D{{Key: "name", Value: n}, {Key: "type", Value: "collection"}})
+		}
+		return rwtest.CursorReply(t, id, docs...)
+	}
+	cases := []struct {
+		name  string
+		reply []byte
+		want  bool
+	}{
+		{"nothing staged", names(0, rule.BucketCollection, stage.TxnsCollection(rule), "other"), false},
+		{"a staging collection", names(0, rule.BucketCollection, open), true},
+		{"a retired one", names(0, stage.RetiredName(open, 3)), true},
+		{"a flush request", names(0, stage.FlushMarker(rule, "ab")), true},
+		{"more than one batch", names(42, "other"), true},
+	}
+	for _, c := range cases {
+		got, err := stage.HasWork(rule, c.reply)
+		if err != nil || got != c.want {
+			t.Errorf("%s: HasWork = %v, %v; want %v", c.name, got, err, c.want)
+		}
+	}
+	if _, err := stage.HasWork(rule, rwtest.Doc(t, bson.D{{Key: "ok", Value: 0.0}, {Key: "errmsg", Value: "no"}, {Key: "code", Value: 13}})); err == nil {
+		t.Error("HasWork of an error reply: no error")
+	}
+}
+
 func TestDerivedID(t *testing.T) {
 	key, ok, err := rewrite.RetryKeyOf(doc(bson.D(retryArgs(3))))
 	if !ok || err != nil {
