@@ -48,23 +48,23 @@ func newMergeState() *mergeState {
 func (m *mergeState) lock(ns string) *sync.Mutex {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	l := m.locks[ns]
-	if l == nil {
-		l = &sync.Mutex{}
-		m.locks[ns] = l
-	}
-	return l
+	return entry(m.locks, ns)
 }
 
 func (m *mergeState) inserts(ns string) *sync.RWMutex {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	l := m.inflight[ns]
-	if l == nil {
-		l = &sync.RWMutex{}
-		m.inflight[ns] = l
+	return entry(m.inflight, ns)
+}
+
+// entry is byName[name], made (zero) when missing. The caller holds mu.
+func entry[T any](byName map[string]*T, name string) *T {
+	v := byName[name]
+	if v == nil {
+		v = new(T)
+		byName[name] = v
 	}
-	return l
+	return v
 }
 
 // MaxStagedEvents bounds a rule's staging: once this proxy staged this
@@ -92,12 +92,7 @@ func (m *mergeState) due(rule *rules.Rule, now time.Time) func(c stage.Collectio
 }
 
 func (m *mergeState) stagedSince(rule *rules.Rule) *stagedSince {
-	a := m.activity[rule.Namespace]
-	if a == nil {
-		a = &stagedSince{}
-		m.activity[rule.Namespace] = a
-	}
-	return a
+	return entry(m.activity, rule.Namespace)
 }
 
 // frozeAll forgets rule's staging activity: a freeze took everything
@@ -128,12 +123,7 @@ func (m *mergeState) record(rule *rules.Rule, st stage.Stats, background bool) {
 }
 
 func (m *mergeState) ruleStats(rule *rules.Rule) *ruleStageStats {
-	r := m.stats[rule.Namespace]
-	if r == nil {
-		r = &ruleStageStats{}
-		m.stats[rule.Namespace] = r
-	}
-	return r
+	return entry(m.stats, rule.Namespace)
 }
 
 // staged records events acknowledged into a rule's staging tier.

@@ -15,28 +15,22 @@ func TestMergeDuePolicy(t *testing.T) {
 	c := stage.Collection{Name: "tsproxy_stage_x_0"}
 	t0 := time.Now()
 
+	// dueAt checks the policy's answer at each offset from t0.
+	dueAt := func(t *testing.T, m *mergeState, t0 time.Time, want map[time.Duration]bool) {
+		t.Helper()
+		for _, d := range []time.Duration{0, 10 * time.Second, 29 * time.Second, 31 * time.Second} {
+			if w, ok := want[d]; ok && m.due(rule, t0.Add(d))(c) != w {
+				t.Errorf("due %s after: %v, want %v", d, !w, w)
+			}
+		}
+	}
 	t.Run("left by a restart: due mergeAfter after first seen", func(t *testing.T) {
-		m := newMergeState()
-		if m.due(rule, t0)(c) {
-			t.Fatal("due when first seen")
-		}
-		if m.due(rule, t0.Add(29*time.Second))(c) {
-			t.Fatal("due before mergeAfter")
-		}
-		if !m.due(rule, t0.Add(30*time.Second))(c) {
-			t.Fatal("not due after mergeAfter")
-		}
+		dueAt(t, newMergeState(), t0, map[time.Duration]bool{0: false, 29 * time.Second: false, 31 * time.Second: true})
 	})
 	t.Run("quiet for mergeAfter", func(t *testing.T) {
 		m := newMergeState()
 		m.staged(rule, 10)
-		now := time.Now()
-		if m.due(rule, now.Add(10*time.Second))(c) {
-			t.Fatal("due 10s after an insert")
-		}
-		if !m.due(rule, now.Add(31*time.Second))(c) {
-			t.Fatal("not due 31s after the last insert")
-		}
+		dueAt(t, m, time.Now(), map[time.Duration]bool{10 * time.Second: false, 31 * time.Second: true})
 	})
 	t.Run("backlog bound", func(t *testing.T) {
 		m := newMergeState()
