@@ -119,6 +119,23 @@ type batchOutcome struct {
 	took   time.Duration
 }
 
+// loadCollections connects n load clients, client i to uri(i), each to
+// db.readings. Half of them (the odd ones) do not retry: their writes in
+// flight at a kill stay unacknowledged, stored whole or not at all.
+func loadCollections(t *testing.T, db string, n int, selection time.Duration, uri func(i int) string) []*mongo.Collection {
+	t.Helper()
+	colls := make([]*mongo.Collection, n)
+	for i := range colls {
+		c, err := mongo.Connect(options.Client().ApplyURI(uri(i)).SetServerSelectionTimeout(selection).SetTimeout(20 * time.Second).SetRetryWrites(i%2 == 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Disconnect(context.Background()) })
+		colls[i] = c.Database(db).Collection("readings")
+	}
+	return colls
+}
+
 // loadClients runs clients, each inserting batches of its own series into
 // coll until stop is closed; batch sizes cycle through sizes.
 func loadClients(ctx context.Context, colls []*mongo.Collection, sizes []int, base time.Time, stop <-chan struct{}) [][]batchOutcome {
@@ -250,17 +267,7 @@ func killProxyRun(t *testing.T, extra string, kills int, flusher bool) {
 	pp.start()
 	ctx := ctxFor(t)
 	const clients = 16
-	colls := make([]*mongo.Collection, clients)
-	for i := range colls {
-		// Half the clients do not retry: their writes in flight at the kill
-		// stay unacknowledged, stored whole or not at all.
-		c, err := mongo.Connect(options.Client().ApplyURI(pp.URI()).SetServerSelectionTimeout(10 * time.Second).SetTimeout(20 * time.Second).SetRetryWrites(i%2 == 0))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = c.Disconnect(context.Background()) })
-		colls[i] = c.Database(db).Collection("readings")
-	}
+	colls := loadCollections(t, db, clients, 10*time.Second, func(int) string { return pp.URI() })
 	stop := make(chan struct{})
 	done := make(chan [][]batchOutcome)
 	base := time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC)

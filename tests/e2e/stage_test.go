@@ -315,15 +315,7 @@ func TestStageThreeProxies(t *testing.T) {
 	}
 	ctx := ctxFor(t)
 	const clients = 16
-	colls := make([]*mongo.Collection, clients)
-	for i := range colls {
-		c, err := mongo.Connect(options.Client().ApplyURI(pps[i%3].URI()).SetServerSelectionTimeout(5 * time.Second).SetTimeout(20 * time.Second).SetRetryWrites(i%2 == 0))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = c.Disconnect(context.Background()) })
-		colls[i] = c.Database(db).Collection("readings")
-	}
+	colls := loadCollections(t, db, clients, 5*time.Second, func(i int) string { return pps[i%3].URI() })
 	stop := make(chan struct{})
 	done := make(chan [][]batchOutcome)
 	base := time.Date(2026, 10, 2, 0, 0, 0, 0, time.UTC)
