@@ -91,7 +91,7 @@ func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
 			return rewrite.Fail(mongoerr.Errorf(mongoerr.FailedToParse, "%s", err.Error()))
 		}
 		locked := held.lock(r.BucketNamespace(), prepared.Keys())
-		return insert.Plan(cmd, prepared, insert.Env{Caps: caps, NewObjectID: bson.NewObjectID, Fills: locked, Check: c.keysToCheck(req, locked)})
+		return insert.Plan(cmd, prepared, insert.Env{Caps: caps, NewObjectID: bson.NewObjectID, Fills: locked, Check: c.keysToCheck(req, rule, caps, locked)})
 	}
 	var p rewrite.Plan
 	if rule.Partitioned() {

@@ -82,6 +82,9 @@ func (c *conn) runPlan(req *request, rule *rules.Rule, r route, p rewrite.Plan) 
 	for _, ns := range res.Forget {
 		c.s.forgetNamespace(ns)
 	}
+	if res.StoredBefore > 0 {
+		c.log.Info("retried insert: events an earlier attempt stored are not written again", "rule", rule.Namespace, "events", res.StoredBefore)
+	}
 	if res.Cursor != nil && !c.registerCursor(req, res.Cursor.ID(), &cursors.Entry{Rule: rule, Cursor: res.Cursor}) {
 		_ = c.releaseCursor(rule, res.Cursor)
 		res = rewrite.Result{Reply: c.tooManyCursors(rule)}

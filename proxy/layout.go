@@ -31,7 +31,13 @@ func (c *conn) layoutInsert(req *request, rule *rules.Rule) error {
 	}
 	locked := c.s.state.bucketCache().Lock(rule.BucketNamespace(), keys)
 	defer locked.Unlock()
-	env := layout.WriteEnv{Caps: caps, Now: time.Now(), Attempt: c.s.writes.attempt,
+	// A write id this proxy has not seen may also be a retry of a write
+	// that went through an earlier term of the rule's writer lease.
+	attempt := func(id string, now time.Time) (bool, time.Duration) {
+		check, late := c.s.writes.attempt(id, now)
+		return check || c.s.earlierTermRetryPossible(rule, caps, time.Time{}), late
+	}
+	env := layout.WriteEnv{Caps: caps, Now: time.Now(), Attempt: attempt,
 		Shells: func(ks []bucket.Key) []bucket.Key { return c.s.shells.claim(rule.BucketNamespace(), ks) }}
 	return c.servePlan(req, rule, routeRewrite, layout.InsertPlan(cmd, rule, keys, env))
 }

@@ -1,11 +1,15 @@
 package proxy
 
 import (
+	"time"
+
 	"github.com/tsproxy/tsproxy/proxy/fills"
+	"github.com/tsproxy/tsproxy/proxy/lease"
 	"github.com/tsproxy/tsproxy/proxy/replycache"
 
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
+	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/wire"
@@ -57,20 +61,50 @@ func (c *conn) endRetryable(req *request) {
 }
 
 // The proxy recognises a driver's retry of an insert the upstream cannot
-// recognise (see rewrite/insert/replay.go). Checking costs a read of the key's
-// buckets, so it checks only when a retry of a write it did not see
-// through is possible: when it does not know the key's fill. That is the
-// case after any failure whose outcome it did not learn (it forgets the
-// fills then) and after a restart; while it knows a fill, every write of
-// that key went through it and got its reply, and a retry of such a
-// write is answered from the reply cache (proxy/replycache).
+// recognise (see rewrite/insert/replay.go). Checking costs a read of the
+// key's buckets, so it checks only when a retry of a write it did not see
+// through is possible:
+//   - when it does not know the key's fill: after any failure whose outcome
+//     it did not learn (it forgets the fills then);
+//   - when its reply cache lost records a retry may still need;
+//   - within the retry window after an earlier term of the rule's writer
+//     lease ended (another proxy's, or this one's before a restart), for a
+//     session whose last write it did not record in its current term: the
+//     write may have gone through that term's holder. Knowing the fill is
+//     no proof then: another client's write loads it.
+//
+// Otherwise every write of the key went through this proxy and got its
+// reply, and a retry of such a write is answered from the reply cache
+// (proxy/replycache).
 
 // keysToCheck are the locked keys whose buckets a retry may have been
-// stored in already: those whose fill is unknown, or all when the reply
-// cache lost records a retry may still need.
-func (c *conn) keysToCheck(req *request, l *fills.Locked) []bucket.Key {
-	if req.txn != nil && req.txn.Check {
+// stored in already.
+func (c *conn) keysToCheck(req *request, rule *rules.Rule, caps caps.Upstream, l *fills.Locked) []bucket.Key {
+	if req.txn != nil && (req.txn.Check || c.s.earlierTermRetryPossible(rule, caps, req.txn.Previous)) {
 		return l.Keys()
 	}
 	return l.Unknown()
+}
+
+// earlierTermRetryPossible says whether a retryable write of a session
+// whose last write this proxy recorded at previous (zero: none) may be a
+// retry of one that went through an earlier term of rule's writer lease.
+// Only where writes need the lease (elsewhere the upstream recognises
+// retries itself); without a lease held, it cannot be ruled out.
+func (s *Server) earlierTermRetryPossible(rule *rules.Rule, caps caps.Upstream, previous time.Time) bool {
+	if !caps.SingleWriter {
+		return false
+	}
+	term, held := s.leases.Current(rule.DB, rule.Collection)
+	return retryOfEarlierTerm(term, held, previous, time.Now())
+}
+
+func retryOfEarlierTerm(term lease.Term, held bool, previous, now time.Time) bool {
+	switch {
+	case !held:
+		return true
+	case term.EarlierWritesBefore.IsZero() || now.Sub(term.EarlierWritesBefore) >= replycache.RetryWindow:
+		return false
+	}
+	return previous.IsZero() || previous.Before(term.Since)
 }

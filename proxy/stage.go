@@ -183,8 +183,8 @@ func (s *Server) lateDocsPossible(rule *rules.Rule, caps caps.Upstream) bool {
 	if !caps.SingleWriter {
 		return false
 	}
-	prev, held := s.leases.EarlierWritesBefore(rule.DB, rule.Collection)
-	return !held || time.Since(prev) < lateGuard
+	term, held := s.leases.Current(rule.DB, rule.Collection)
+	return !held || time.Since(term.EarlierWritesBefore) < lateGuard
 }
 
 // runMerge runs a merge plan on r under the rule's merge lock.

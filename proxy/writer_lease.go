@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"time"
 
 	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rules"
@@ -34,7 +35,7 @@ func (s *Server) releaseLeases(ctx context.Context) {
 	}
 	defer up.Close()
 	for _, h := range hs {
-		if err := s.leases.Client(up, h.DB, h.Coll).Release(h.Term); err != nil {
+		if err := s.leases.Client(up, h.DB, h.Coll).Release(h.Term, time.Now()); err != nil {
 			s.log.Warn("writer lease not released; it lapses by itself", "rule", h.DB+"."+h.Coll, "err", err.Error())
 		}
 	}

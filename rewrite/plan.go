@@ -61,6 +61,9 @@ type Result struct {
 	// After, when set, runs once the client has its reply (work that is
 	// not part of the answer, such as preallocating the next window).
 	After Plan
+	// StoredBefore counts the events of a retried write that an earlier
+	// attempt had stored: answered as inserted, not written again.
+	StoredBefore int
 }
 
 // Cursor is a cursor a read left open: one held by the proxy, or an

@@ -33,6 +33,17 @@ type leaseDoc struct {
 	Term    int64     `bson:"term"`
 	Owner   string    `bson:"owner"`
 	Expires time.Time `bson:"expires"`
+	// Released is when its holder gave the term up (Release); its writes
+	// began before then, though Expires was set back to let others in.
+	Released time.Time `bson:"released,omitempty"`
+}
+
+// ended is when the term's last write began at the latest.
+func (d *leaseDoc) ended() time.Time {
+	if d.Released.After(d.Expires) {
+		return d.Released
+	}
+	return d.Expires
 }
 
 func (c Client) id(term int64) string { return fmt.Sprintf("%s#%d", c.Coll, term) }
@@ -68,9 +79,10 @@ func (c Client) latest() (*leaseDoc, error) {
 // Taken is a term Take took.
 type Taken struct {
 	Term int64
-	// PreviousExpiry is when the term before it ran out (zero when it is
-	// the first): the previous holder began its last write before that.
-	PreviousExpiry time.Time
+	// PreviousEnd is when the term before it ran out or was released
+	// (zero when it is the first): the previous holder began its last
+	// write before that.
+	PreviousEnd time.Time
 }
 
 // Take inserts the next term when the lease is free, lapsed or already
@@ -83,7 +95,7 @@ func (c Client) Take(now time.Time) (Taken, *HeldError, error) {
 	next := int64(1)
 	var prev time.Time
 	if top != nil {
-		prev = top.Expires
+		prev = top.ended()
 		if top.Owner != c.Owner && now.Before(top.Expires.Add(c.TTL/6)) {
 			return Taken{}, &HeldError{Owner: top.Owner, Expires: top.Expires}, nil
 		}
@@ -117,7 +129,7 @@ func (c Client) Take(now time.Time) (Taken, *HeldError, error) {
 			{Key: "limit", Value: 0},
 		}}},
 	})
-	return Taken{Term: next, PreviousExpiry: prev}, nil, nil
+	return Taken{Term: next, PreviousEnd: prev}, nil, nil
 }
 
 // firstWriteError returns the code and message of a reply's first write
@@ -164,12 +176,12 @@ func (c Client) Renew(term int64, now time.Time) error {
 }
 
 // Release ends the held term now, so another proxy may take over at once.
-func (c Client) Release(term int64) error {
+func (c Client) Release(term int64, now time.Time) error {
 	_, err := c.run(bson.D{
 		{Key: "update", Value: rules.LeaseCollection},
 		{Key: "updates", Value: bson.A{bson.D{
 			{Key: "q", Value: bson.D{{Key: "_id", Value: c.id(term)}, {Key: "owner", Value: c.Owner}}},
-			{Key: "u", Value: bson.D{{Key: "$set", Value: bson.D{{Key: "expires", Value: time.Unix(0, 0)}}}}},
+			{Key: "u", Value: bson.D{{Key: "$set", Value: bson.D{{Key: "expires", Value: time.Unix(0, 0)}, {Key: "released", Value: now}}}}},
 		}}},
 	})
 	return err

@@ -36,9 +36,10 @@ type lease struct {
 	mu         sync.Mutex
 	term       int64     // held term; 0 when not held
 	validUntil time.Time // local clock: the lease is ours until then
-	// prevExpiry is when the term before this proxy's current one ran
-	// out (zero if there was none): no write of another term began later.
-	prevExpiry time.Time
+	// since is when this proxy took its current term (local clock);
+	// prevEnd when the term before it ran out or was released (zero if
+	// there was none): no write of another term began later.
+	since, prevEnd time.Time
 	// When another proxy holds it: who, until when (its stored expiry),
 	// and when to ask again.
 	other        string
@@ -140,21 +141,29 @@ func (s *Set) Ensure(up Commander, db, coll string, log *slog.Logger) error {
 		held.Namespace = ns
 		return held
 	}
-	l.term, l.validUntil, l.prevExpiry, l.other = taken.Term, now.Add(s.ttl-s.ttl/6), taken.PreviousExpiry, ""
+	l.term, l.validUntil, l.since, l.prevEnd, l.other = taken.Term, now.Add(s.ttl-s.ttl/6), now, taken.PreviousEnd, ""
 	log.Info("writer lease taken", "rule", ns, "term", taken.Term, "owner", c.Owner)
 	return nil
 }
 
-// EarlierWritesBefore says when the writes of the terms before this
-// proxy's current lease of db.coll began at the latest: when the previous
-// term ran out (its holder, this proxy before a restart included, began
-// none later). Zero with held true: there was no earlier term. held is
-// false when this proxy holds no lease of db.coll.
-func (s *Set) EarlierWritesBefore(db, coll string) (t time.Time, held bool) {
+// Term is this proxy's current term of a lease.
+type Term struct {
+	// Since is when this proxy took it.
+	Since time.Time
+	// EarlierWritesBefore is when the writes of the terms before it began
+	// at the latest: when the previous term ran out or was released (its
+	// holder, this proxy before a restart included, began none later).
+	// Zero: there was no earlier term.
+	EarlierWritesBefore time.Time
+}
+
+// Current returns this proxy's term of db.coll's lease; held is false
+// when it holds none.
+func (s *Set) Current(db, coll string) (t Term, held bool) {
 	l := s.lease(db, coll)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.prevExpiry, l.term > 0
+	return Term{Since: l.since, EarlierWritesBefore: l.prevEnd}, l.term > 0
 }
 
 // TTL is how long the set's leases last without renewal.

@@ -61,6 +61,9 @@ type Attempt struct {
 	// check says a retry of this write cannot be ruled out although the
 	// cache has no record of it: check what is stored.
 	Check bool
+	// Previous is when the session's last write was recorded here (zero:
+	// none is): the session's writes since went through this proxy.
+	Previous time.Time
 }
 
 // Outcome is what begin decides for a retryable write: run it
@@ -124,6 +127,9 @@ func (rc *Cache) Begin(key rewrite.RetryKey, op string) Outcome {
 		}
 		a := &Attempt{cache: rc, key: key, op: op, done: make(chan struct{}),
 			Check: !found && rc.Now().UnixNano() < rc.unsureUntil.Load()}
+		if found {
+			a.Previous = rec.at
+		}
 		rc.running[key.Session] = a
 		rc.mu.Unlock()
 		return Outcome{Attempt: a}

@@ -91,8 +91,19 @@ func TestReplyCacheSessionRules(t *testing.T) {
 	if rc.Len() != 2 {
 		t.Fatalf("%d sessions recorded, want 2", rc.Len())
 	}
-	// A newer write runs and replaces the session's record.
+	// A newer write runs, told when the session's last write was
+	// recorded, and replaces the session's record.
+	rc.Now = func() time.Time { return time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC) }
 	run(t, rc, retryKey(t, "s1", "", 6), op, okReply(t, 1))
+	out = rc.Begin(retryKey(t, "s1", "", 7), op)
+	if out.Attempt == nil || !out.Attempt.Previous.Equal(rc.Now()) {
+		t.Fatalf("txnNumber 7: %+v, want an attempt whose Previous is txnNumber 6's record", out)
+	}
+	out.Attempt.Finish()
+	if out = rc.Begin(retryKey(t, "s9", "", 1), op); out.Attempt == nil || !out.Attempt.Previous.IsZero() {
+		t.Fatalf("a session never seen: %+v, want no Previous", out)
+	}
+	out.Attempt.Finish()
 	if out = rc.Begin(retryKey(t, "s1", "", 5), op); out.Err == nil {
 		t.Fatalf("txnNumber 5 after 6: %+v", out)
 	}

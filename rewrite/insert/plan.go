@@ -239,6 +239,9 @@ func (p *plan) reply(replies [][]byte) []byte {
 }
 
 func (p *plan) finish(r rewrite.Result) {
+	if p.replay != nil {
+		r.StoredBefore = p.replay.Skipped()
+	}
 	p.res, p.phase = r, phaseDone
 }
 

@@ -65,7 +65,7 @@ func Insert(cmd rewrite.Command, pi *insert.Prepared, env InsertEnv) rewrite.Pla
 			}
 			out.read(c, reply[0])
 		}
-		return rewrite.Result{Reply: insert.WriteReply(out.n, out.errs, out.wce, bsoncore.Value{})}, nil
+		return rewrite.Result{Reply: insert.WriteReply(out.n, out.errs, out.wce, bsoncore.Value{}), StoredBefore: out.before}, nil
 	})
 }
 
@@ -150,6 +150,7 @@ func insertCommand(db string, c stagedCommand, args rewrite.CarriedArgs) ([]byte
 // outcome gathers the replies of a staged insert into the client's reply.
 type outcome struct {
 	n      int
+	before int // of n: stored by an earlier attempt
 	errs   []bucket.WriteError
 	wce    bsoncore.Value
 	failed bool // some statement failed: an ordered insert stops
@@ -179,6 +180,7 @@ func (o *outcome) read(c stagedCommand, reply []byte) {
 			o.n += len(d.events)
 		case e.Code == mongoerr.DuplicateKey && d.fixed:
 			o.n += len(d.events) // stored by an earlier attempt of this write
+			o.before += len(d.events)
 		default:
 			o.errs = insert.AppendEventErrors(o.errs, d.events, e.Code, fmt.Sprintf("tsproxy: staging insert: %s", e.Msg))
 			o.failed = true

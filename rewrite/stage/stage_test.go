@@ -136,13 +136,18 @@ func events(s string, from, n int) []bson.D {
 
 func stagedInsert(t *testing.T, m *mem, evs []bson.D, extra ...bson.E) bson.Raw {
 	t.Helper()
+	return bson.Raw(stagedInsertResult(t, m, evs, extra...).Reply)
+}
+
+func stagedInsertResult(t *testing.T, m *mem, evs []bson.D, extra ...bson.E) rewrite.Result {
+	t.Helper()
 	rule := rwtest.InsertRule()
 	cmd := rwtest.SeqCmd(t, evs, extra...)
 	pi, err := insert.Prepare(cmd, rule, bson.NewObjectID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return bson.Raw(m.run(stage.Insert(cmd, pi, stage.InsertEnv{Identity: "u", NewObjectID: bson.NewObjectID})).Reply)
+	return m.run(stage.Insert(cmd, pi, stage.InsertEnv{Identity: "u", NewObjectID: bson.NewObjectID}))
 }
 
 func TestParse(t *testing.T) {
@@ -240,10 +245,13 @@ func TestInsertReplies(t *testing.T) {
 	t.Run("a retry meets its derived ids", func(t *testing.T) {
 		m := newMem(t)
 		evs := events("a", 0, 4)
-		stagedInsert(t, m, evs, retryable...)
-		r := stagedInsert(t, m, evs, retryable...)
-		if n := r.Lookup("n").Int32(); n != 4 || r.Lookup("writeErrors").Type != 0 {
-			t.Fatalf("retry reply %s, want n: 4 and no write errors", r)
+		if res := stagedInsertResult(t, m, evs, retryable...); res.StoredBefore != 0 {
+			t.Fatalf("first attempt: %d events stored before, want 0", res.StoredBefore)
+		}
+		res := stagedInsertResult(t, m, evs, retryable...)
+		r := bson.Raw(res.Reply)
+		if n := r.Lookup("n").Int32(); n != 4 || r.Lookup("writeErrors").Type != 0 || res.StoredBefore != 4 {
+			t.Fatalf("retry reply %s (%d stored before), want n: 4, no write errors, 4 stored before", r, res.StoredBefore)
 		}
 		if got := len(m.colls[rwtest.InsertRule().StageCollection(36_000_000)]); got != 2 {
 			t.Fatalf("%d staged documents after the retry, want 2", got)

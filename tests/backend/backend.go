@@ -166,8 +166,21 @@ func (u *Upstream) Stop() {
 	u.stopped = true
 }
 
-// Restart starts the server again after Stop, on the same address and
-// data.
+// Kill stops the MongoDB-protocol server as a crash would: SIGKILL of the
+// ferretdb process. The embedded FerretDB runs in the test's own process,
+// which cannot be killed alone: it is closed (its listener and
+// connections cut at once).
+func (u *Upstream) Kill() {
+	if u.FerretDB != nil && !u.stopped {
+		u.FerretDB.Kill()
+		u.stopped = true
+		return
+	}
+	u.Stop()
+}
+
+// Restart starts the server again after Stop or Kill, on the same address
+// and data.
 func (u *Upstream) Restart() error {
 	if !u.stopped {
 		return errors.New("restart of a running upstream")

@@ -206,6 +206,14 @@ func (f *FerretDB) Stop() {
 	}
 }
 
+// Kill ends the process with SIGKILL, as a crash would (its data is kept
+// for Restart).
+func (f *FerretDB) Kill() {
+	if f.p != nil {
+		f.p.stop(syscall.SIGKILL, 5*time.Second)
+	}
+}
+
 // Logs are the process's latest output.
 func (f *FerretDB) Logs() string {
 	return f.p.output()

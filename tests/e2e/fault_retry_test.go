@@ -144,3 +144,55 @@ func TestFaultReplyLostRetry(t *testing.T) {
 		})
 	}
 }
+
+// TestFaultRetryAcrossRestartDirect is issue 11's deterministic case on a rule
+// that writes buckets directly (ingest: direct): a retryable insert (lsid
+// L, txnNumber 1) is stored, its reply is lost (the proxy restarts, so its
+// reply cache is gone), another client writes to the same series and
+// window (so the bucket the first attempt wrote has changed), and the
+// driver's retry of (L, 1) arrives. The retry is recognised by the stored
+// events' identities, not by the bucket's state: every event is stored
+// once. TestStageRetryAcrossRestartAndMerge is the staged case.
+func TestFaultRetryAcrossRestartDirect(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		n    int // events of the retried insert: a $push upsert below the threshold, a complete bucket at it
+	}{{"pushUpsert", 10}, {"completeBucket", 100}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := ctxFor(t)
+			db := uniqueDB(t)
+			yaml := readingsRule(db, 100) + "    ingest: direct\n"
+			base := time.Date(2026, 3, 4, 0, 0, 0, 0, time.UTC)
+			first := seriesEvents(tc.n, "a", base)
+			other := seriesEvents(1, "a", base.Add(30*time.Minute))
+			insert := retryableInsert(db, "readings", newLsid(t), 1)
+
+			p1 := startProxy(t, proxyOptions{yaml: yaml})
+			if r, err := dialRawClient(t, p1.addr).run(insert, docsOf(first)); err != nil || asInt(r.Lookup("n").Int32()) != int64(tc.n) {
+				t.Fatalf("first attempt: %v %v", r, err)
+			}
+			stopProxy(t, p1)
+			p2 := startProxy(t, proxyOptions{yaml: yaml})
+			if _, err := connect(t, p2.URI()).Database(db).Collection("readings").InsertMany(ctx, docsOf(other)); err != nil {
+				t.Fatal(err)
+			}
+			for attempt := 1; attempt <= 2; attempt++ { // the second retry is answered from p2's reply cache
+				r, err := dialRawClient(t, p2.addr).run(insert, docsOf(first))
+				if err != nil || r.Lookup("ok").Double() != 1 || asInt(r.Lookup("n").Int32()) != int64(tc.n) {
+					t.Fatalf("retry %d: %v %v, want n: %d", attempt, r, err, tc.n)
+				}
+			}
+			got := storedIDs(t, ctx, db)
+			for _, e := range append(first, other...) {
+				if got[e.id] != 1 {
+					t.Fatalf("event %v stored %d times, want once", e.id, got[e.id])
+				}
+			}
+			if len(got) != tc.n+1 {
+				t.Fatalf("%d distinct events stored, want %d", len(got), tc.n+1)
+			}
+		})
+	}
+}

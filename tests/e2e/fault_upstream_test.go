@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"testing"
@@ -30,15 +31,30 @@ func ownUpstream(t testing.TB) *backend.Upstream {
 	return up
 }
 
+// upstreamKills is how often TestFaultUpstreamRestart crashes the upstream.
+const upstreamKills = 5
+
 // TestFaultUpstreamRestart: the upstream (a FerretDB of
-// the test's own, of the run's kind) is stopped and started again on the
-// same data and port while 16 clients insert. Clients get prompt errors
+// the test's own, of the run's kind) is killed and started again on the
+// same data and port, upstreamKills times, while 16 clients insert (half
+// of them retrying writes). Clients get prompt errors
 // (none waits past its timeout), the proxy reconnects by itself, writes
 // succeed after the restart, nothing acknowledged is lost or doubled, and
 // an unacknowledged batch (one bucket write) is stored whole or not at
 // all.
+// It runs with the rule's ingest mode as the upstream picks it (staged on
+// FerretDB) and with direct bucket writes.
 func TestFaultUpstreamRestart(t *testing.T) {
 	t.Parallel()
+	for _, ingest := range []string{"auto", "direct"} {
+		t.Run(ingest, func(t *testing.T) {
+			t.Parallel()
+			upstreamRestarts(t, ingest)
+		})
+	}
+}
+
+func upstreamRestarts(t *testing.T, ingest string) {
 	up := ownUpstream(t)
 	addr := up.Addr()
 	db := uniqueDB(t)
@@ -51,7 +67,8 @@ func TestFaultUpstreamRestart(t *testing.T) {
       maxEvents: 100
       insertThreshold: 50
     aggregates: [value]
-`, db)
+    ingest: %s
+`, db, ingest)
 	p := startProxy(t, proxyOptions{yaml: rule, upstreamURI: up.URI()})
 	ctx := ctxFor(t)
 
@@ -69,21 +86,30 @@ func TestFaultUpstreamRestart(t *testing.T) {
 	var slowMu sync.Mutex
 	base := time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC)
 	go func() {
-		done <- loadClientsTimed(colls, []int{10, 10, 50, 10, 10}, base, stop, opTimeout, func(d time.Duration) {
+		// Small batches with a pause: many inserts in flight at each
+		// kill, without piling up more events than the check can read.
+		done <- runLoad(context.Background(), colls, loadOptions{sizes: []int{1, 5, 1, 10, 2}, base: base, stop: stop, timeout: opTimeout, pause: 20 * time.Millisecond, took: func(d time.Duration) {
 			slowMu.Lock()
 			slowest = max(slowest, d)
 			slowMu.Unlock()
-		})
+		}})
 	}()
 
-	time.Sleep(2 * time.Second)
-	stoppedAt := time.Now()
-	up.Stop()
-	time.Sleep(time.Second)
-	if err := up.Restart(); err != nil {
-		t.Fatalf("restart the upstream: %v", err)
+	// Five crashes: the upstream is killed at a random point of the load
+	// (SIGKILL of the ferretdb process), stays down half a second, and is
+	// started again on the same data and port.
+	var stoppedAt, restartedAt time.Time
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 11))
+	for i := 0; i < upstreamKills; i++ {
+		time.Sleep(500*time.Millisecond + time.Duration(rng.Int64N(int64(time.Second))))
+		stoppedAt = time.Now()
+		up.Kill()
+		time.Sleep(500 * time.Millisecond)
+		if err := up.Restart(); err != nil {
+			t.Fatalf("restart the upstream (kill %d): %v", i+1, err)
+		}
+		restartedAt = time.Now()
 	}
-	restartedAt := time.Now()
 	// How long the restarted upstream itself takes to take a write, for
 	// comparison with the first write acknowledged through the proxy.
 	upReady := make(chan time.Duration, 1)
@@ -179,8 +205,8 @@ func TestFaultUpstreamRestart(t *testing.T) {
 		}
 	}
 	f := checkOutcomes(t, stored, outcomes)
-	t.Logf("upstream restart under 16 clients: acknowledged %d, found %d; unacknowledged %d (%d batches failed), found %d (partial batches %d); duplicates %d; slowest insert %v, slowest failure %v; upstream down %v; first ack %v after the restart (%v after the stop)",
-		f.acked, f.ackedFound, f.unacked, failed, f.unackedFound, f.partial, f.dups, slowest.Round(time.Millisecond), slowestErr.Round(time.Millisecond),
+	t.Logf("%d upstream kills under 16 clients (ingest %s): acknowledged %d, found %d; unacknowledged %d (%d batches failed), found %d (partial batches %d); duplicates %d; slowest insert %v, slowest failure %v; upstream down %v each time; first ack %v after the last restart (%v after the last kill)",
+		upstreamKills, ingest, f.acked, f.ackedFound, f.unacked, failed, f.unackedFound, f.partial, f.dups, slowest.Round(time.Millisecond), slowestErr.Round(time.Millisecond),
 		restartedAt.Sub(stoppedAt).Round(time.Millisecond), firstAfter.Sub(restartedAt).Round(time.Millisecond), firstAfter.Sub(stoppedAt).Round(time.Millisecond))
 	if f.dups != 0 || f.ackedFound != f.acked || f.partial != 0 {
 		t.Fatalf("after the upstream restart: %+v", f)
@@ -194,10 +220,4 @@ func TestFaultUpstreamRestart(t *testing.T) {
 	if err != nil || n != 10 {
 		t.Fatalf("read after the restart: %d, %v", n, err)
 	}
-}
-
-// loadClientsTimed is loadClients with a timeout per insert; took gets the
-// duration of each.
-func loadClientsTimed(colls []*mongo.Collection, sizes []int, base time.Time, stop <-chan struct{}, timeout time.Duration, took func(time.Duration)) [][]batchOutcome {
-	return runLoad(context.Background(), colls, sizes, base, stop, timeout, took)
 }

@@ -381,6 +381,9 @@ func TestStageThreeProxies(t *testing.T) {
 // the test ends.
 func stopProxy(t *testing.T, p *testProxy) {
 	t.Helper()
+	live.Lock()
+	delete(live.proxies, p) // nothing left to settle
+	live.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_ = p.srv.Shutdown(ctx)
