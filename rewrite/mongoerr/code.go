@@ -28,6 +28,7 @@ const (
 	OperationFailed                Code = 96    // OperationFailed
 	ConflictingOperationInProgress Code = 117   // ConflictingOperationInProgress
 	TransactionTooOld              Code = 225   // TransactionTooOld
+	QueryExceededMemoryLimit       Code = 292   // QueryExceededMemoryLimitNoDiskUseAllowed
 	NotImplemented                 Code = 238   // NotImplemented
 	BSONObjectTooLarge             Code = 10334 // BSONObjectTooLarge
 	DuplicateKey                   Code = 11000 // DuplicateKey

@@ -28,6 +28,7 @@ func _() {
 	_ = x[OperationFailed-96]
 	_ = x[ConflictingOperationInProgress-117]
 	_ = x[TransactionTooOld-225]
+	_ = x[QueryExceededMemoryLimit-292]
 	_ = x[NotImplemented-238]
 	_ = x[BSONObjectTooLarge-10334]
 	_ = x[DuplicateKey-11000]
@@ -42,7 +43,7 @@ func _() {
 	_ = x[TooManyCursors-8002]
 }
 
-const _Code_name = "InternalErrorBadValueHostUnreachableUnknownErrorFailedToParseUnauthorizedTypeMismatchInvalidLengthAuthenticationFailedInvalidBSONNamespaceNotFoundIndexNotFoundCursorNotFoundNamespaceExistsCommandNotFoundInvalidOptionsInvalidNamespaceOperationFailedConflictingOperationInProgressTransactionTooOldNotImplementedTooManyConnectionsTooManyCursorsBSONObjectTooLargeDuplicateKeyLocation17217Location31249Location31254Location40066Location50736Location50737Location50738"
+const _Code_name = "InternalErrorBadValueHostUnreachableUnknownErrorFailedToParseUnauthorizedTypeMismatchInvalidLengthAuthenticationFailedInvalidBSONNamespaceNotFoundIndexNotFoundCursorNotFoundNamespaceExistsCommandNotFoundInvalidOptionsInvalidNamespaceOperationFailedConflictingOperationInProgressTransactionTooOldNotImplementedQueryExceededMemoryLimitNoDiskUseAllowedTooManyConnectionsTooManyCursorsBSONObjectTooLargeDuplicateKeyLocation17217Location31249Location31254Location40066Location50736Location50737Location50738"
 
 var _Code_map = map[Code]string{
 	1:     _Code_name[0:13],
@@ -66,17 +67,18 @@ var _Code_map = map[Code]string{
 	117:   _Code_name[248:278],
 	225:   _Code_name[278:295],
 	238:   _Code_name[295:309],
-	8001:  _Code_name[309:327],
-	8002:  _Code_name[327:341],
-	10334: _Code_name[341:359],
-	11000: _Code_name[359:371],
-	17217: _Code_name[371:384],
-	31249: _Code_name[384:397],
-	31254: _Code_name[397:410],
-	40066: _Code_name[410:423],
-	50736: _Code_name[423:436],
-	50737: _Code_name[436:449],
-	50738: _Code_name[449:462],
+	292:   _Code_name[309:349],
+	8001:  _Code_name[349:367],
+	8002:  _Code_name[367:381],
+	10334: _Code_name[381:399],
+	11000: _Code_name[399:411],
+	17217: _Code_name[411:424],
+	31249: _Code_name[424:437],
+	31254: _Code_name[437:450],
+	40066: _Code_name[450:463],
+	50736: _Code_name[463:476],
+	50737: _Code_name[476:489],
+	50738: _Code_name[489:502],
 }
 
 func (i Code) String() string {

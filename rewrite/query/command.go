@@ -28,7 +28,6 @@ var CarriedSet = func() map[string]bool {
 
 // refusedReadOptions explains why an option has no bucketed equivalent.
 var refusedReadOptions = map[string]string{
-	"hint":                "the bucket collection has other indexes",
 	"collation":           "comparisons run on the bucket collection without it",
 	"min":                 "index bounds name the bucket collection's indexes",
 	"max":                 "index bounds name the bucket collection's indexes",

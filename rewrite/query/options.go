@@ -28,6 +28,15 @@ func (rc *Ctx) CheckOptions(body bsoncore.Document, cmd string, known ...string)
 		if ok {
 			continue
 		}
+		if k == "hint" {
+			// Accepted and ignored, as the server ignores a hint on a
+			// view: the app's index names do not name the bucket
+			// collection's indexes, and the proxy plans the read itself.
+			if t := e.Value().Type; t != bsoncore.TypeString && t != bsoncore.TypeEmbeddedDocument {
+				return rc.BadValue(mongoerr.FailedToParse, "hint must be either a string or nested object")
+			}
+			continue
+		}
 		if boolFalseOK[k] {
 			if b, isBool := e.Value().BooleanOK(); isBool && !b {
 				continue

@@ -219,6 +219,18 @@ type pointEvent struct {
 // events of one window's buckets. Windows are disjoint in time, so a sort
 // on time needs only the window's own events.
 func (p *PointRead) emitBuckets(buckets []bsoncore.Document) error {
+	if p.spec.pred != nil || p.spec.order != nil {
+		docs, err := p.eventsOfBuckets(buckets)
+		if err != nil {
+			return err
+		}
+		for _, doc := range docs {
+			if done, err := p.take(doc); done || err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	var evs []pointEvent
 	for _, b := range buckets {
 		meta, err := b.LookupErr(bucket.FieldMeta)
@@ -266,16 +278,32 @@ func (p *PointRead) emitBuckets(buckets []bsoncore.Document) error {
 		if err != nil {
 			return err
 		}
-		if doc, err = p.proj.Apply(doc); err != nil {
+		if _, err := p.take(doc); err != nil {
 			return err
-		}
-		p.out = append(p.out, doc)
-		p.outSize += len(doc)
-		if p.limited {
-			p.limit--
 		}
 	}
 	return nil
+}
+
+// take adds an event (meta restored) to the output, after the skip and
+// within the limit; done says the limit is reached.
+func (p *PointRead) take(doc bsoncore.Document) (done bool, err error) {
+	if p.limited && p.limit == 0 {
+		return true, nil
+	}
+	if p.skip > 0 {
+		p.skip--
+		return false, nil
+	}
+	if doc, err = p.proj.Apply(doc); err != nil {
+		return false, err
+	}
+	p.out = append(p.out, doc)
+	p.outSize += len(doc)
+	if p.limited {
+		p.limit--
+	}
+	return false, nil
 }
 
 func (p *PointRead) compare(a, b pointEvent) int {
@@ -378,7 +406,7 @@ func (p *PointRead) scanFind() []byte {
 	nb := bsoncore.NewDocumentBuilder
 	return nb().AppendString("find", p.coll).
 		AppendDocument("filter", sc.scanFilter()).
-		AppendDocument("sort", nb().AppendInt32(bucket.FieldStart, int32(sc.dir)).Build()).
+		AppendDocument("sort", sc.upstreamSort()).
 		AppendInt32("batchSize", scanBatchBuckets).
 		AppendString("$db", p.db).Build()
 }
@@ -428,21 +456,26 @@ func (p *PointRead) scanFeed(replies [][]byte) error {
 	}
 	sc.cursor = id
 	for _, b := range batchDocs(doc) {
-		start, ok := b.Lookup(bucket.FieldStart).DateTimeOK()
-		if !ok {
-			return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: bucket %s has no date start", p.ns, b.Lookup(bucket.FieldID).String())
+		k, err := sc.runKeyOf(b, p.ns)
+		if err != nil {
+			return err
 		}
 		p.BucketsRead++
-		if sc.hasWin && start != sc.win {
-			if (start-sc.win > 0) != (sc.dir > 0) {
-				return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: upstream returned buckets out of start order", p.ns)
-			}
-			if err := p.emitScanWindow(); err != nil {
-				return err
+		if sc.hasWin && !sc.oneRun {
+			switch sc.step(k) {
+			case -1:
+				return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: upstream returned buckets out of the order of %s", p.ns, sc.upstreamSort())
+			case 1:
+				if err := p.emitScanWindow(); err != nil {
+					return err
+				}
 			}
 		}
-		sc.hasWin, sc.win = true, start
+		sc.hasWin, sc.run = true, k
 		sc.cur = append(sc.cur, b)
+		if sc.curBytes += len(b); sc.curBytes > maxRunBytes {
+			return runTooLarge(p.ns, sc)
+		}
 	}
 	if id == 0 {
 		sc.done = true
@@ -456,7 +489,7 @@ func (p *PointRead) scanFeed(replies [][]byte) error {
 func (p *PointRead) emitScanWindow() error {
 	sc := p.scan
 	err := p.emitBuckets(sc.cur)
-	sc.cur, sc.hasWin = nil, false
+	sc.cur, sc.hasWin, sc.curBytes = nil, false, 0
 	return err
 }
 
@@ -484,10 +517,11 @@ func (p *PointRead) scanExplain() bsoncore.Document {
 	tp := nb().AppendString("stage", "TSPROXY_BUCKET_SCAN").
 		AppendString("bucketCollection", p.bucketNS).
 		AppendDocument("find", p.scanFind()).
-		AppendString("eventFilter", "time range, applied by the proxy").
-		AppendString("order", "buckets by start, each window's events sorted by the proxy").
-		AppendInt32("sortTime", int32(p.spec.sortDir)).
-		AppendInt32("sortID", int32(p.spec.idDir))
+		AppendString("eventFilter", p.spec.filterExplain()).
+		AppendString("order", p.scan.orderExplain())
+	if p.spec.order == nil {
+		tp.AppendInt32("sortTime", int32(p.spec.sortDir)).AppendInt32("sortID", int32(p.spec.idDir))
+	}
 	return nb().AppendDocument("queryPlanner", nb().
 		AppendString("namespace", p.ns).
 		AppendDocument("winningPlan", tp.Build()).Build()).

@@ -19,6 +19,13 @@ type pointSpec struct {
 	loStrict, hiStrict bool
 	sortDir            int // 0: no sort; 1 or -1 on the timeField
 	idDir              int // 0, or a tie-break on _id
+
+	// An event scan's (event_scan.go): the app's filter, the field paths
+	// it names, and the sort, applied by the proxy to events with their
+	// meta restored.
+	pred      query.DocPred
+	predPaths [][]string
+	order     eventOrder
 }
 
 // keys is the number of (meta, window) keys.

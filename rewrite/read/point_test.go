@@ -273,7 +273,7 @@ func drainPoint(t *testing.T, pr *PointRead, fb bucketSource, batch int64) []int
 		for _, v := range vals {
 			d := v.Document()
 			ids = append(ids, d.Lookup("_id").Int32())
-			if m, err := d.LookupErr("sensorId"); err == nil && m.Type != bsoncore.TypeString && m.Type != bsoncore.TypeNull {
+			if m, err := d.LookupErr("sensorId"); err == nil && m.Type != bsoncore.TypeString && m.Type != bsoncore.TypeNull && m.Type != bsoncore.TypeEmbeddedDocument {
 				t.Fatalf("event %s: meta not restored", rwtest.JSON(d))
 			}
 		}

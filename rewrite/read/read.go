@@ -142,38 +142,15 @@ func planFind(rc *query.Ctx, body bsoncore.Document, opts Options, forExplain bo
 	if err != nil {
 		return nil, err
 	}
-	sf, err := rc.Split(filter)
-	if err != nil {
-		return nil, err
-	}
-	pipeline := query.EventPipeline(sf)
 	sortDoc, err := rc.ReadDoc(body, "sort", cmd)
 	if err != nil {
 		return nil, err
-	}
-	if sortDoc != nil {
-		s, err := rc.TranslateSort(sortDoc, cmd)
-		if err != nil {
-			return nil, err
-		}
-		if s != nil {
-			pipeline = append(pipeline, bsonutil.Stage("$sort", bsonutil.DocValue(s)))
-		}
 	}
 	pg, err := rc.ReadFindPaging(body)
 	if err != nil {
 		return nil, err
 	}
 	skip, limit, single, batchSize := pg.Skip, pg.Limit, pg.Single, pg.BatchSize
-	if skip > 0 {
-		pipeline = append(pipeline, bsonutil.Stage("$skip", bsonutil.Int64Value(skip)))
-	}
-	if limit > 0 {
-		pipeline = append(pipeline, bsonutil.Stage("$limit", bsonutil.Int64Value(limit)))
-	}
-	if single && limit > 0 && (batchSize < 0 || batchSize > limit) {
-		batchSize = limit
-	}
 	projDoc, err := rc.ReadDoc(body, "projection", cmd)
 	if err != nil {
 		return nil, err
@@ -181,6 +158,21 @@ func planFind(rc *query.Ctx, body bsoncore.Document, opts Options, forExplain bo
 	proj, err := rc.ParseProjection(projDoc, "find option \"projection\"")
 	if err != nil {
 		return nil, err
+	}
+	pipeline, sf, err := findPipeline(rc, filter, sortDoc, pg)
+	if err != nil {
+		// What the upstream cannot run on unwound events, the proxy may
+		// run itself on whole buckets.
+		spec, sc, _ := planEventScan(rc, filter, sortDoc)
+		if spec == nil {
+			return nil, err
+		}
+		p := &Command{rc: rc, Point: newScanRead(rc, spec, sc, proj, skip, limit, single)}
+		p.Point.Want(pg.FirstBatch())
+		return p, nil
+	}
+	if single && limit > 0 && (batchSize < 0 || batchSize > limit) {
+		batchSize = limit
 	}
 	extra := bsonutil.Pick(body, []string{"allowDiskUse"})
 	p := &Command{rc: rc, bucketFilter: sf.Bucket}
@@ -195,6 +187,32 @@ func planFind(rc *query.Ctx, body bsoncore.Document, opts Options, forExplain bo
 	p.Command = rc.AggregateCommand(pipeline, batchSize, body, extra, forExplain)
 	p.Cursor = &CursorShape{ns: rc.NS, metaField: rc.MetaField, mode: shapeEvent, proj: proj, SingleBatch: single, metas: newMetaResolver(rc)}
 	return p, nil
+}
+
+// findPipeline is the upstream pipeline of a find: the event filter split
+// into its bucket and event parts, the sort, skip and limit.
+func findPipeline(rc *query.Ctx, filter, sortDoc bsoncore.Document, pg query.Paging) ([]bsoncore.Document, query.SplitFilter, error) {
+	sf, err := rc.Split(filter)
+	if err != nil {
+		return nil, sf, err
+	}
+	pipeline := query.EventPipeline(sf)
+	if sortDoc != nil {
+		s, err := rc.TranslateSort(sortDoc, "find")
+		if err != nil {
+			return nil, sf, err
+		}
+		if s != nil {
+			pipeline = append(pipeline, bsonutil.Stage("$sort", bsonutil.DocValue(s)))
+		}
+	}
+	if pg.Skip > 0 {
+		pipeline = append(pipeline, bsonutil.Stage("$skip", bsonutil.Int64Value(pg.Skip)))
+	}
+	if pg.Limit > 0 {
+		pipeline = append(pipeline, bsonutil.Stage("$limit", bsonutil.Int64Value(pg.Limit)))
+	}
+	return pipeline, sf, nil
 }
 
 // planCount rewrites count into [..events.., $skip, $limit, $count].

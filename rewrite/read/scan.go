@@ -27,9 +27,19 @@ type bucketScan struct {
 	done   bool  // the upstream cursor is exhausted (or never needed)
 	cursor int64 // the upstream cursor while it is open
 
-	hasWin bool
-	win    int64               // the start of the window being collected
-	cur    []bsoncore.Document // its buckets so far
+	// How buckets are sorted and cut into runs (event_scan.go): on
+	// metaKeys first, then on start; a run ends where the keys change,
+	// and, with byStart, where start does. oneRun: the whole scan is one.
+	metaKeys eventOrder
+	byStart  bool
+	oneRun   bool
+	// metaIn, when set, narrows the find to these metas.
+	metaIn []bsoncore.Value
+
+	hasWin   bool
+	run      runKey              // the run being collected
+	cur      []bsoncore.Document // its buckets so far
+	curBytes int
 }
 
 // planScan returns the spec and the upstream bounds of a scan read, or
@@ -63,7 +73,7 @@ func planScan(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*pointSpec, *bu
 	if why := s.setSort(sortDoc, rc.TimeField); why != "" {
 		return nil, nil, why
 	}
-	sc := &bucketScan{dir: 1}
+	sc := &bucketScan{dir: 1, byStart: true}
 	if s.sortDir < 0 {
 		sc.dir = -1
 	}
@@ -88,8 +98,16 @@ func planScan(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*pointSpec, *bu
 // scanFilter is the bucket-level filter of the upstream find.
 func (sc *bucketScan) scanFilter() bsoncore.Document {
 	nb := bsoncore.NewDocumentBuilder
+	f := nb()
+	if sc.metaIn != nil {
+		in := bsoncore.NewArrayBuilder()
+		for _, m := range sc.metaIn {
+			in.AppendValue(m)
+		}
+		f.AppendDocument(bucket.FieldMeta, nb().AppendArray("$in", in.Build()).Build())
+	}
 	if !sc.hasStartLo && !sc.hasStartHi {
-		return nb().Build()
+		return f.Build()
 	}
 	b := nb()
 	if sc.hasStartLo {
@@ -102,7 +120,7 @@ func (sc *bucketScan) scanFilter() bsoncore.Document {
 		}
 		b.AppendDateTime(op, sc.startHi)
 	}
-	return nb().AppendDocument(bucket.FieldStart, b.Build()).Build()
+	return f.AppendDocument(bucket.FieldStart, b.Build()).Build()
 }
 
 // scanExhausted: the upstream is read to the end and the last window

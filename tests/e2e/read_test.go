@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand"
 	"reflect"
@@ -223,7 +224,19 @@ func rdQueries(edges []time.Time) []rdQuery {
 		{name: "sort ts desc skip limit", filter: doc(bson.E{Key: "sensor", Value: "s-c"}), sort: bson.D{{Key: "ts", Value: -1}}, skip: 10, limit: 50, sorted: true, min: 50},
 		{name: "sort ts,_id range", filter: doc(rng(20, 26)), sort: byTsID, sorted: true, min: 100},
 		{name: "sort value desc", filter: doc(rng(0, 6)), sort: bson.D{{Key: "value", Value: -1}, {Key: "_id", Value: 1}}, limit: 200, sorted: true, min: 200},
-		{name: "sort by meta", filter: doc(rng(30, 32)), sort: bson.D{{Key: "sensor", Value: 1}, {Key: "ts", Value: -1}, {Key: "_id", Value: 1}}, sorted: true, min: 100, ferretErr: `sort on the metaField "sensor" is not supported`},
+		{name: "sort by meta", filter: doc(rng(30, 32)), sort: bson.D{{Key: "sensor", Value: 1}, {Key: "ts", Value: -1}, {Key: "_id", Value: 1}}, sorted: true, min: 100},
+		// Sorts naming the metaField, and the metaField inside $or: on
+		// FerretDB, whose $unwind drops the bucket's meta, the proxy runs
+		// them itself on whole buckets (an event scan). Named "scan: ...",
+		// they run in CI on every upstream (scripts/test.sh).
+		{name: "scan: sort ts then meta", filter: doc(rng(30, 31)), sort: bson.D{{Key: "ts", Value: 1}, {Key: "sensor", Value: 1}, {Key: "_id", Value: 1}}, sorted: true, min: 100},
+		{name: "scan: sort meta desc ts desc $in", filter: doc(bson.E{Key: "sensor", Value: bson.D{{Key: "$in", Value: bson.A{"s-a", "s-c"}}}}, rng(0, 10)), sort: bson.D{{Key: "sensor", Value: -1}, {Key: "ts", Value: -1}}, sorted: true, min: 100},
+		{name: "scan: sort meta subfield", filter: doc(rng(40, 41)), sort: bson.D{{Key: "sensor.site", Value: 1}, {Key: "ts", Value: 1}, {Key: "_id", Value: 1}}, sorted: true, min: 100},
+		{name: "scan: latest of each series", sort: bson.D{{Key: "sensor", Value: 1}, {Key: "ts", Value: -1}, {Key: "_id", Value: 1}}, limit: 50, sorted: true, min: 50},
+		{name: "scan: sort meta skip limit batches", filter: doc(rng(12, 20)), sort: bson.D{{Key: "sensor", Value: 1}, {Key: "ts", Value: 1}, {Key: "_id", Value: 1}}, skip: 33, limit: 400, batch: 50, sorted: true, min: 400},
+		{name: "scan: $or with meta", filter: doc(rng(10, 12), bson.E{Key: "$or", Value: bson.A{doc(bson.E{Key: "sensor", Value: "s-a"}), doc(bson.E{Key: "status", Value: "err"})}}), sort: byTsID, sorted: true, min: 10},
+		{name: "scan: $or of metas", filter: doc(bson.E{Key: "$or", Value: bson.A{doc(bson.E{Key: "sensor", Value: "s-b"}), doc(bson.E{Key: "sensor", Value: int32(7)})}}), sort: byTsID, limit: 300, sorted: true, min: 300},
+		{name: "scan: $nor with meta subfield", filter: doc(rng(50, 51), bson.E{Key: "$nor", Value: bson.A{doc(bson.E{Key: "sensor.site", Value: "north"})}}), sort: byTsID, sorted: true, min: 10},
 		{name: "skip only sorted", filter: doc(rng(33, 34)), sort: byTsID, skip: 17, sorted: true, min: 10},
 		{name: "projection inclusion", filter: doc(rng(2, 4)), proj: bson.D{{Key: "ts", Value: 1}, {Key: "value", Value: 1}}, min: 10},
 		{name: "projection exclusion", filter: doc(rng(4, 6)), proj: bson.D{{Key: "tags", Value: 0}, {Key: "loc", Value: 0}, {Key: "sensor", Value: 0}}, min: 10},
@@ -635,5 +648,41 @@ func rdMongosh(t *testing.T, p *testProxy, db string, edges []time.Time) {
 	}
 	if len(viaProxy) < 1000 {
 		t.Fatalf("mongosh printed little: %s", viaProxy)
+	}
+}
+
+// TestReadHintIgnored: a hint naming the app's indexes (by name or key
+// pattern) is accepted and ignored, as the server ignores one on a view;
+// a hint that is neither a string nor a document is refused as the
+// server refuses it.
+func TestReadHintIgnored(t *testing.T) {
+	t.Parallel()
+	ctx := ctxFor(t)
+	db := uniqueDB(t)
+	p := startProxy(t, proxyOptions{yaml: readingsRule(db, 100)})
+	coll := connect(t, p.URI()).Database(db).Collection("readings")
+	base := time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC)
+	if _, err := coll.InsertMany(ctx, docsOf(append(seriesEvents(30, "a", base), seriesEvents(30, "b", base)...))); err != nil {
+		t.Fatal(err)
+	}
+	filter := bson.D{{Key: "sensorId", Value: "a"}}
+	for _, hint := range []any{"sensorId_1_ts_1", bson.D{{Key: "ts", Value: 1}}} {
+		n, err := coll.CountDocuments(ctx, filter, options.Count().SetHint(hint))
+		if err != nil || n != 30 {
+			t.Fatalf("count with hint %v: %d, %v", hint, n, err)
+		}
+		cur, err := coll.Find(ctx, filter, options.Find().SetHint(hint).SetSort(bson.D{{Key: "sensorId", Value: 1}, {Key: "ts", Value: -1}}))
+		if err != nil {
+			t.Fatalf("find with hint %v: %v", hint, err)
+		}
+		var got []bson.M
+		if err := cur.All(ctx, &got); err != nil || len(got) != 30 {
+			t.Fatalf("find with hint %v: %d events, %v", hint, len(got), err)
+		}
+	}
+	err := coll.Database().RunCommand(ctx, bson.D{{Key: "find", Value: "readings"}, {Key: "hint", Value: 1}}).Err()
+	var se mongo.ServerError
+	if !errors.As(err, &se) || !se.HasErrorCode(9) || !strings.Contains(err.Error(), "hint must be either a string or nested object") {
+		t.Fatalf("find with hint 1: %v, want FailedToParse", err)
 	}
 }

@@ -1,0 +1,381 @@
+package read
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rewrite/query"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+// An event scan serves a find the upstream cannot run on the unwound
+// events: where FerretDB's $unwind drops the bucket's meta, a sort that
+// names the metaField (or a subfield of it), or a filter with the
+// metaField inside $or or $nor, has no upstream form. The proxy reads
+// whole buckets with one sorted find, so that their events come in runs
+// it can sort one at a time:
+//   - a sort led by the timeField (or none): runs are windows (buckets of
+//     one start), which are disjoint in time;
+//   - a sort led by metaField keys: the buckets are sorted on those keys
+//     (then on start), and a run is the buckets of equal keys (and of one
+//     start, when the timeField comes next);
+//   - any other sort: one run, the whole result.
+//
+// Each run's events, with their meta restored, are filtered with the
+// app's filter and sorted on the whole sort. A run is bounded as MongoDB
+// bounds a blocking sort. The proxy checks the order the upstream returns
+// the runs in, so a server that orders metas otherwise gets an error,
+// never a wrongly ordered answer.
+
+// maxRunBytes bounds the buckets of one run held to be sorted: MongoDB's
+// limit of a blocking sort without allowDiskUse.
+const maxRunBytes = 100 << 20
+
+// sortKey is one key of a find's sort.
+type sortKey struct {
+	field string // as the app names it
+	path  []string
+	dir   int
+	// bucketPath, for a key on the metaField or a subfield of it, is the
+	// key's path in a bucket ("meta" or "meta.<subfield>").
+	bucketPath []string
+}
+
+// eventOrder is a sort the proxy applies to events with their meta
+// restored.
+type eventOrder []sortKey
+
+func (o eventOrder) compare(a, b bsoncore.Document) int {
+	for _, k := range o {
+		if c := bsonutil.Compare(sortValue(a, k.path), sortValue(b, k.path)); c != 0 {
+			return c * k.dir
+		}
+	}
+	return 0
+}
+
+// sortValue is a document's value at path as a sort sees it: a missing
+// field sorts as null.
+func sortValue(doc bsoncore.Document, path []string) bsoncore.Value {
+	v, err := doc.LookupErr(path...)
+	if err != nil {
+		return bsoncore.Value{Type: bsoncore.TypeNull}
+	}
+	return v
+}
+
+// arrayOnPath reports whether path reaches into, or ends at, an array in
+// doc. MongoDB matches and sorts arrays element-wise; the proxy's filter
+// and sort do not, so such an event is refused rather than misplaced.
+func arrayOnPath(doc bsoncore.Document, path []string) bool {
+	for i := range path {
+		v, err := doc.LookupErr(path[:i+1]...)
+		if err != nil {
+			return false
+		}
+		if v.Type == bsoncore.TypeArray {
+			return true
+		}
+		if v.Type != bsoncore.TypeEmbeddedDocument {
+			return false
+		}
+	}
+	return false
+}
+
+// planEventScan returns the spec and the upstream side of an event scan
+// of a find, or why the find has none.
+func planEventScan(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*pointSpec, *bucketScan, string) {
+	if rc.Caps.UnwindKeepsFields {
+		return nil, nil, "the upstream's $unwind keeps the meta"
+	}
+	s := &pointSpec{lo: math.MinInt64, hi: math.MaxInt64}
+	sc := &bucketScan{dir: 1}
+	if len(filter) > 0 {
+		fc := &query.Compiler{Unsupported: func(format string, args ...any) error { return fmt.Errorf(format, args...) }}
+		pred, err := fc.Compile(filter, 0)
+		if err != nil {
+			return nil, nil, err.Error()
+		}
+		s.pred, s.predPaths = pred, filterPaths(filter, 0, nil)
+		pushDown(rc, filter, s, sc)
+	}
+	order, why := parseOrder(rc, sortDoc)
+	if why != "" {
+		return nil, nil, why
+	}
+	s.order = order
+	sc.setRuns(order, rc.TimeField)
+	if s.lo > s.hi || (s.lo == s.hi && (s.loStrict || s.hiStrict)) {
+		sc.done = true // an empty range: nothing to read
+	}
+	return s, sc, ""
+}
+
+// pushDown narrows the upstream find by the filter's top-level conditions
+// that name buckets exactly: time bounds (on start) and an equality or
+// $in on the metaField. The proxy applies the whole filter all the same.
+func pushDown(rc *query.Ctx, filter bsoncore.Document, s *pointSpec, sc *bucketScan) {
+	conj, err := rc.Conjuncts(filter, 0, nil)
+	if err != nil {
+		return
+	}
+	bounds := pointSpec{}
+	var hasLo, hasHi, timeOK = false, false, true
+	for _, e := range conj {
+		switch e.Key() {
+		case rc.TimeField:
+			if why := bounds.addTimeBounds(e.Value(), &hasLo, &hasHi); why != "" {
+				timeOK = false
+			}
+		case rc.MetaField:
+			if metas, why := pointMetas(e.Value()); why == "" && sc.metaIn == nil {
+				sc.metaIn = metas
+			}
+		}
+	}
+	if !timeOK {
+		return
+	}
+	if hasLo {
+		s.lo, s.loStrict = bounds.lo, bounds.loStrict
+		if f, ok := rc.Floor(bounds.lo); ok {
+			sc.startLo, sc.hasStartLo = f, true
+		}
+	}
+	if hasHi {
+		s.hi, s.hiStrict = bounds.hi, bounds.hiStrict
+		sc.startHi, sc.hasStartHi, sc.startHiStrict = bounds.hi, true, bounds.hiStrict
+	}
+}
+
+// filterPaths lists the field paths a filter names.
+func filterPaths(f bsoncore.Document, depth int, out [][]string) [][]string {
+	if depth > bsonutil.MaxDepth {
+		return out
+	}
+	elems, _ := f.Elements()
+	for _, e := range elems {
+		switch k := e.Key(); {
+		case k == "$and" || k == "$or" || k == "$nor":
+			arr, _ := e.Value().ArrayOK()
+			vals, _ := arr.Values()
+			for _, v := range vals {
+				if d, ok := v.DocumentOK(); ok {
+					out = filterPaths(d, depth+1, out)
+				}
+			}
+		case !strings.HasPrefix(k, "$"):
+			out = append(out, strings.Split(k, "."))
+		}
+	}
+	return out
+}
+
+// parseOrder reads a find's sort for the proxy to apply.
+func parseOrder(rc *query.Ctx, sortDoc bsoncore.Document) (eventOrder, string) {
+	if len(sortDoc) == 0 {
+		return nil, ""
+	}
+	elems, err := sortDoc.Elements()
+	if err != nil {
+		return nil, "sort is not valid BSON"
+	}
+	order := make(eventOrder, 0, len(elems))
+	for _, e := range elems {
+		f, ok := e.Value().AsFloat64OK()
+		if !ok || (f != 1 && f != -1) {
+			return nil, fmt.Sprintf("sort on %q by %s", e.Key(), e.Value().String())
+		}
+		key := e.Key()
+		if key == "" || strings.HasPrefix(key, "$") {
+			return nil, fmt.Sprintf("sort key %q", key)
+		}
+		k := sortKey{field: key, path: strings.Split(key, "."), dir: int(f)}
+		if rc.MetaField != "" && (key == rc.MetaField || strings.HasPrefix(key, rc.MetaField+".")) {
+			k.bucketPath = strings.Split(bucket.FieldMeta+strings.TrimPrefix(key, rc.MetaField), ".")
+		}
+		order = append(order, k)
+	}
+	return order, ""
+}
+
+// setRuns picks how the buckets are sorted upstream and cut into runs.
+func (sc *bucketScan) setRuns(order eventOrder, timeField string) {
+	m := 0
+	for m < len(order) && order[m].bucketPath != nil {
+		m++
+	}
+	sc.metaKeys = order[:m]
+	switch {
+	case m == 0 && (len(order) == 0 || order[0].field == timeField):
+		sc.byStart = true
+		if len(order) > 0 {
+			sc.dir = order[0].dir
+		}
+	case m == 0:
+		sc.oneRun = true
+	case m < len(order) && order[m].field == timeField:
+		sc.byStart, sc.dir = true, order[m].dir
+	}
+}
+
+// runKey is where a bucket belongs in the scan's order.
+type runKey struct {
+	metas []bsoncore.Value
+	start int64
+}
+
+// runKeyOf reads a bucket's run key.
+func (sc *bucketScan) runKeyOf(b bsoncore.Document, ns string) (runKey, error) {
+	start, ok := b.Lookup(bucket.FieldStart).DateTimeOK()
+	if !ok {
+		return runKey{}, mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: bucket %s has no date start", ns, b.Lookup(bucket.FieldID).String())
+	}
+	k := runKey{start: start}
+	for _, mk := range sc.metaKeys {
+		if arrayOnPath(b, mk.bucketPath) {
+			return runKey{}, mongoerr.Errorf(mongoerr.NotImplemented, "tsproxy rule %s: sort on %q: a series holds an array there, which MongoDB sorts element-wise; the proxy does not", ns, mk.field)
+		}
+		k.metas = append(k.metas, sortValue(b, mk.bucketPath))
+	}
+	return k, nil
+}
+
+// step compares a bucket's run key with the current run's: 0 the same
+// run, 1 a later one, -1 out of the scan's order.
+func (sc *bucketScan) step(k runKey) int {
+	for i, mk := range sc.metaKeys {
+		if c := bsonutil.Compare(k.metas[i], sc.run.metas[i]) * mk.dir; c != 0 {
+			return min(max(c, -1), 1)
+		}
+	}
+	switch {
+	case !sc.byStart || k.start == sc.run.start:
+		return 0
+	case (k.start > sc.run.start) == (sc.dir > 0):
+		return 1
+	}
+	return -1
+}
+
+// upstreamSort is the sort of the scan's find.
+func (sc *bucketScan) upstreamSort() bsoncore.Document {
+	b := bsoncore.NewDocumentBuilder()
+	for _, mk := range sc.metaKeys {
+		b.AppendInt32(strings.Join(mk.bucketPath, "."), int32(mk.dir))
+	}
+	return b.AppendInt32(bucket.FieldStart, int32(sc.dir)).Build()
+}
+
+// eventsOfBuckets are the events of buckets that the spec's bounds and
+// filter select, with their meta restored, sorted on the spec's order.
+func (p *PointRead) eventsOfBuckets(buckets []bsoncore.Document) ([]bsoncore.Document, error) {
+	var docs []bsoncore.Document
+	for _, b := range buckets {
+		meta, err := b.LookupErr(bucket.FieldMeta)
+		if err != nil {
+			meta = bsoncore.Value{Type: bsoncore.TypeNull}
+		}
+		vals, err := bucketEvents(b, p.ns)
+		if err != nil {
+			return nil, err
+		}
+		for _, v := range vals {
+			ev, ok := v.DocumentOK()
+			if !ok {
+				continue
+			}
+			if ms, ok := ev.Lookup(p.timeField).DateTimeOK(); !ok || !p.spec.inRange(ms) {
+				continue
+			}
+			doc, err := bucket.RestoreMeta(ev, p.metaField, func() (bsoncore.Value, error) { return meta, nil })
+			if err != nil {
+				return nil, err
+			}
+			if err := p.checkArrays(doc); err != nil {
+				return nil, err
+			}
+			if p.spec.pred == nil || p.spec.pred(doc) {
+				docs = append(docs, doc)
+			}
+		}
+	}
+	if len(p.spec.order) > 0 {
+		slices.SortStableFunc(docs, p.spec.order.compare)
+	}
+	return docs, nil
+}
+
+// checkArrays refuses an event whose filtered or sorted fields hold an
+// array (see arrayOnPath).
+func (p *PointRead) checkArrays(doc bsoncore.Document) error {
+	for _, path := range p.spec.predPaths {
+		if arrayOnPath(doc, path) {
+			return mongoerr.Errorf(mongoerr.NotImplemented, "tsproxy rule %s: the filter names %q, which holds an array in a stored event: MongoDB matches arrays element-wise, and the proxy, which evaluates this find itself, does not", p.ns, strings.Join(path, "."))
+		}
+	}
+	for _, k := range p.spec.order {
+		if arrayOnPath(doc, k.path) {
+			return mongoerr.Errorf(mongoerr.NotImplemented, "tsproxy rule %s: the sort names %q, which holds an array in a stored event: MongoDB sorts arrays by their least or greatest element, and the proxy, which sorts this find itself, does not", p.ns, k.field)
+		}
+	}
+	return nil
+}
+
+// bucketEvents is a bucket's events array.
+func bucketEvents(b bsoncore.Document, ns string) ([]bsoncore.Value, error) {
+	arr, err := b.LookupErr(bucket.FieldEvents)
+	if err != nil {
+		return nil, nil // an emptied shell
+	}
+	a, ok := arr.ArrayOK()
+	if !ok {
+		return nil, mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: bucket %s has events of type %s", ns, b.Lookup(bucket.FieldID).String(), bsonutil.TypeName(arr.Type))
+	}
+	vals, err := a.Values()
+	if err != nil {
+		return nil, mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: bucket events are not valid BSON: %v", ns, err)
+	}
+	return vals, nil
+}
+
+// runTooLarge is the error of a run past maxRunBytes.
+func runTooLarge(ns string, sc *bucketScan) error {
+	what := "the whole result (the sort is led by neither the timeField nor the metaField)"
+	switch {
+	case len(sc.metaKeys) > 0 && sc.byStart:
+		what = "the buckets of one series and window"
+	case len(sc.metaKeys) > 0:
+		what = "the buckets of one series"
+	case sc.byStart:
+		what = "the buckets of one window"
+	}
+	return mongoerr.Errorf(mongoerr.QueryExceededMemoryLimit, "tsproxy rule %s: sort exceeded memory limit of %d bytes: the proxy sorts %s at once; narrow the filter, or sort on the timeField first", ns, maxRunBytes, what)
+}
+
+// filterExplain says how a scan filters events.
+func (s *pointSpec) filterExplain() string {
+	if s.pred != nil {
+		return "the find's filter, applied by the proxy to each event with its meta"
+	}
+	return "time range, applied by the proxy"
+}
+
+// orderExplain says how a scan orders events.
+func (sc *bucketScan) orderExplain() string {
+	switch {
+	case sc.oneRun:
+		return "all matching events, sorted by the proxy"
+	case len(sc.metaKeys) > 0 && sc.byStart:
+		return "buckets by meta keys then start, each series' window sorted by the proxy"
+	case len(sc.metaKeys) > 0:
+		return "buckets by meta keys, each series' events sorted by the proxy"
+	}
+	return "buckets by start, each window's events sorted by the proxy"
+}

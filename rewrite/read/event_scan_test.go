@@ -1,0 +1,282 @@
+package read
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+	"github.com/tsproxy/tsproxy/rewrite/internal/rwtest"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+)
+
+// sortedBuckets answers an event scan's find and getMores as a server
+// would: the meta $in and start bounds of the filter, the sort on any
+// bucket paths (BSON order), then batches.
+type sortedBuckets struct {
+	all  []bsoncore.Document
+	rest []bsoncore.Document
+	// reorder, when set, changes the sorted buckets (a server whose order
+	// differs).
+	reorder func([]bsoncore.Document)
+}
+
+func (sb *sortedBuckets) reply(t *testing.T, cmd []byte) []byte {
+	t.Helper()
+	d := bsoncore.Document(cmd)
+	key := "nextBatch"
+	if _, err := d.LookupErr("find"); err == nil {
+		key = "firstBatch"
+		sb.rest = nil
+		f := d.Lookup("filter")
+		for _, b := range sb.all {
+			if sb.selects(f.Document(), b) {
+				sb.rest = append(sb.rest, b)
+			}
+		}
+		keys, _ := d.Lookup("sort").Document().Elements()
+		slices.SortStableFunc(sb.rest, func(a, b bsoncore.Document) int {
+			for _, k := range keys {
+				path := strings.Split(k.Key(), ".")
+				if c := bsonutil.Compare(sortValue(a, path), sortValue(b, path)); c != 0 {
+					return c * int(k.Value().Int32())
+				}
+			}
+			return 0
+		})
+		if sb.reorder != nil {
+			sb.reorder(sb.rest)
+		}
+	}
+	n := min(int(d.Lookup("batchSize").Int32()), len(sb.rest))
+	batch := A{}
+	for _, b := range sb.rest[:n] {
+		batch = append(batch, bson.Raw(b))
+	}
+	sb.rest = sb.rest[n:]
+	id := int64(7)
+	if len(sb.rest) == 0 {
+		id = 0
+	}
+	return rwtest.Doc(t, D{{Key: "cursor", Value: D{{Key: key, Value: batch}, {Key: "id", Value: id}, {Key: "ns", Value: "iot.readings.buckets"}}}, {Key: "ok", Value: 1.0}})
+}
+
+func (sb *sortedBuckets) selects(f bsoncore.Document, b bsoncore.Document) bool {
+	if in, err := f.LookupErr("meta", "$in"); err == nil {
+		vals, _ := in.Array().Values()
+		if !slices.ContainsFunc(vals, func(v bsoncore.Value) bool { return bsonutil.Compare(v, b.Lookup("meta")) == 0 }) {
+			return false
+		}
+	}
+	st := b.Lookup("start").DateTime()
+	if v, err := f.LookupErr("start", "$gte"); err == nil && st < v.DateTime() {
+		return false
+	}
+	if v, err := f.LookupErr("start", "$lt"); err == nil && st >= v.DateTime() {
+		return false
+	}
+	if v, err := f.LookupErr("start", "$lte"); err == nil && st > v.DateTime() {
+		return false
+	}
+	return true
+}
+
+// esEvent is one event of the event scan tests.
+type esEvent struct {
+	site string
+	n    int32
+	ms   int64
+	id   int32
+	v    int32
+}
+
+// eventScanData: 4 series (document metas {site, n}) x 5 windows x 2 seqs
+// x 5 events, out of time order inside a bucket, buckets of a window in
+// no particular order.
+func eventScanData(t *testing.T) (*sortedBuckets, []esEvent) {
+	sb := &sortedBuckets{}
+	var all []esEvent
+	id := int32(0)
+	series := []struct {
+		site string
+		n    int32
+	}{{"south", 2}, {"north", 1}, {"south", 1}, {"north", 2}}
+	for w := int64(0); w < 5; w++ {
+		for _, s := range series {
+			for seq := 1; seq >= 0; seq-- {
+				var evs A
+				for i := 0; i < 5; i++ {
+					id++
+					ms := w*rwtest.Hour + int64((7*i+3*seq)%15)*60_000
+					v := (id * 7) % 11
+					all = append(all, esEvent{site: s.site, n: s.n, ms: ms, id: id, v: v})
+					evs = append(evs, D{{Key: "_id", Value: id}, {Key: "ts", Value: rwtest.DT(ms)}, {Key: "sensorId", Value: nil}, {Key: "v", Value: v}})
+				}
+				meta := D{{Key: "site", Value: s.site}, {Key: "n", Value: s.n}}
+				sb.all = append(sb.all, rwtest.Doc(t, D{{Key: "_id", Value: bson.NewObjectID()}, {Key: "meta", Value: meta}, {Key: "start", Value: rwtest.DT(w * rwtest.Hour)}, {Key: "count", Value: 5}, {Key: "events", Value: evs}}))
+			}
+		}
+	}
+	return sb, all
+}
+
+// TestEventScanResults checks finds the upstream cannot run on unwound
+// events (sorts naming the metaField, the metaField inside $or) against a
+// brute-force filter and sort of the same events.
+func TestEventScanResults(t *testing.T) {
+	sb, all := eventScanData(t)
+	metaCmp := func(a, b esEvent) int { return cmp.Or(cmp.Compare(a.site, b.site), cmp.Compare(a.n, b.n)) }
+	tsRange := D{{Key: "$gte", Value: rwtest.DT(rwtest.Hour + 60_000)}, {Key: "$lt", Value: rwtest.DT(4 * rwtest.Hour)}}
+	inRange := func(e esEvent) bool { return e.ms >= rwtest.Hour+60_000 && e.ms < 4*rwtest.Hour }
+	cases := []struct {
+		name        string
+		filter      D
+		sort        D
+		match       func(esEvent) bool
+		less        func(a, b esEvent) int
+		skip, limit int64
+		batch       int64
+		order       string // the scan's order (explain)
+	}{
+		{name: "time then series", filter: D{{Key: "ts", Value: tsRange}}, sort: D{{Key: "ts", Value: 1}, {Key: "sensorId", Value: 1}},
+			match: inRange, less: func(a, b esEvent) int { return cmp.Or(cmp.Compare(a.ms, b.ms), metaCmp(a, b)) }, order: "each window's"},
+		{name: "series then time", sort: D{{Key: "sensorId", Value: 1}, {Key: "ts", Value: 1}},
+			less: func(a, b esEvent) int { return cmp.Or(metaCmp(a, b), cmp.Compare(a.ms, b.ms)) }, batch: 7, order: "meta keys then start"},
+		{name: "series desc, time desc, paged", filter: D{{Key: "ts", Value: tsRange}}, sort: D{{Key: "sensorId", Value: -1}, {Key: "ts", Value: -1}},
+			match: inRange, less: func(a, b esEvent) int { return cmp.Or(metaCmp(b, a), cmp.Compare(b.ms, a.ms)) }, skip: 9, limit: 23, batch: 5, order: "meta keys then start"},
+		{name: "a meta subfield, then time, then the other subfield", sort: D{{Key: "sensorId.site", Value: -1}, {Key: "ts", Value: 1}, {Key: "sensorId.n", Value: 1}},
+			less: func(a, b esEvent) int {
+				return cmp.Or(cmp.Compare(b.site, a.site), cmp.Compare(a.ms, b.ms), cmp.Compare(a.n, b.n))
+			}, order: "meta keys then start"},
+		{name: "a meta subfield then a value", filter: D{{Key: "sensorId.n", Value: int32(2)}}, sort: D{{Key: "sensorId.site", Value: 1}, {Key: "v", Value: -1}, {Key: "_id", Value: 1}},
+			match: func(e esEvent) bool { return e.n == 2 },
+			less: func(a, b esEvent) int {
+				return cmp.Or(cmp.Compare(a.site, b.site), cmp.Compare(b.v, a.v), cmp.Compare(a.id, b.id))
+			}, order: "meta keys,"},
+		{name: "meta inside $or, by time", filter: D{{Key: "$or", Value: A{D{{Key: "sensorId.site", Value: "north"}}, D{{Key: "v", Value: int32(3)}}}}}, sort: D{{Key: "ts", Value: -1}, {Key: "_id", Value: 1}},
+			match: func(e esEvent) bool { return e.site == "north" || e.v == 3 },
+			less:  func(a, b esEvent) int { return cmp.Or(cmp.Compare(b.ms, a.ms), cmp.Compare(a.id, b.id)) }, skip: 3, limit: 17, batch: 4, order: "each window's"},
+		{name: "$nor with meta, sorted on a value", filter: D{{Key: "$nor", Value: A{D{{Key: "sensorId", Value: D{{Key: "site", Value: "south"}, {Key: "n", Value: int32(1)}}}}}}}, sort: D{{Key: "v", Value: 1}, {Key: "_id", Value: -1}},
+			match: func(e esEvent) bool { return e.site != "south" || e.n != 1 },
+			less:  func(a, b esEvent) int { return cmp.Or(cmp.Compare(a.v, b.v), cmp.Compare(b.id, a.id)) }, limit: 30, order: "all matching"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cmd := D{{Key: "find", Value: "readings"}}
+			if c.filter != nil {
+				cmd = append(cmd, E{Key: "filter", Value: c.filter})
+			}
+			cmd = append(cmd, E{Key: "sort", Value: c.sort})
+			for _, o := range []struct {
+				k string
+				v int64
+			}{{"skip", c.skip}, {"limit", c.limit}, {"batchSize", c.batch}} {
+				if o.v > 0 {
+					cmd = append(cmd, E{Key: o.k, Value: o.v})
+				}
+			}
+			plan, err := rdPlan(t, rwtest.FerretCaps, cmd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if plan.Point == nil || plan.Point.scan == nil || plan.Point.spec.order == nil {
+				t.Fatal("not an event scan")
+			}
+			if got := plan.Point.scan.orderExplain(); !strings.Contains(got, c.order) {
+				t.Fatalf("order %q, want %q", got, c.order)
+			}
+			got := drainPoint(t, plan.Point, sb, c.batch)
+			var want []int32
+			sel := slices.Clone(all)
+			if c.match != nil {
+				sel = slices.DeleteFunc(sel, func(e esEvent) bool { return !c.match(e) })
+			}
+			slices.SortStableFunc(sel, c.less)
+			for i, e := range sel {
+				if int64(i) < c.skip || (c.limit > 0 && int64(len(want)) >= c.limit) {
+					continue
+				}
+				want = append(want, e.id)
+			}
+			if len(want) == 0 {
+				t.Fatal("the case selects nothing")
+			}
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("got  %v\nwant %v", got, want)
+			}
+		})
+	}
+}
+
+// TestEventScanRefusals: what the proxy cannot order or match exactly is
+// an error, never a wrong answer.
+func TestEventScanRefusals(t *testing.T) {
+	find := func(filter, sort D) D {
+		cmd := D{{Key: "find", Value: "readings"}, {Key: "sort", Value: sort}}
+		if filter != nil {
+			cmd = append(cmd, E{Key: "filter", Value: filter})
+		}
+		return cmd
+	}
+	t.Run("server orders metas otherwise", func(t *testing.T) {
+		sb, _ := eventScanData(t)
+		sb.reorder = func(bs []bsoncore.Document) { slices.Reverse(bs) }
+		plan, err := rdPlan(t, rwtest.FerretCaps, find(nil, D{{Key: "sensorId", Value: 1}, {Key: "ts", Value: 1}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = feedAll(t, plan.Point, sb)
+		if e, ok := err.(*mongoerr.Error); !ok || e.Code != mongoerr.InternalError || !strings.Contains(e.Msg, "out of the order") {
+			t.Fatalf("got %v, want an error about the upstream's order", err)
+		}
+	})
+	t.Run("array under a filtered field", func(t *testing.T) {
+		sb := &sortedBuckets{all: []bsoncore.Document{rwtest.Doc(t, D{{Key: "_id", Value: bson.NewObjectID()}, {Key: "meta", Value: "a"}, {Key: "start", Value: rwtest.DT(0)}, {Key: "count", Value: 1},
+			{Key: "events", Value: A{D{{Key: "_id", Value: 1}, {Key: "ts", Value: rwtest.DT(5)}, {Key: "sensorId", Value: nil}, {Key: "v", Value: A{1, 2}}}}}})}}
+		plan, err := rdPlan(t, rwtest.FerretCaps, find(D{{Key: "$or", Value: A{D{{Key: "sensorId", Value: "b"}}, D{{Key: "v", Value: 2}}}}}, D{{Key: "ts", Value: 1}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = feedAll(t, plan.Point, sb)
+		if e, ok := err.(*mongoerr.Error); !ok || e.Code != mongoerr.NotImplemented || !strings.Contains(e.Msg, `"v"`) {
+			t.Fatalf("got %v, want an error naming the array field", err)
+		}
+	})
+	t.Run("operator the proxy does not evaluate", func(t *testing.T) {
+		_, err := rdPlan(t, rwtest.FerretCaps, find(D{{Key: "v", Value: D{{Key: "$type", Value: "int"}}}}, D{{Key: "sensorId", Value: 1}}))
+		if err == nil || !strings.Contains(err.Error(), "sort on the metaField") {
+			t.Fatalf("got %v, want the sort's refusal", err)
+		}
+	})
+	t.Run("meta $in is pushed down", func(t *testing.T) {
+		plan, err := rdPlan(t, rwtest.FerretCaps, find(D{{Key: "sensorId", Value: D{{Key: "$in", Value: A{"a", "b"}}}}}, D{{Key: "sensorId", Value: -1}, {Key: "ts", Value: -1}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := strings.Join(strings.Fields(rwtest.JSON(plan.Point.scanFind())), "")
+		if !strings.Contains(got, `"filter":{"meta":{"$in":["a","b"]}}`) || !strings.Contains(got, `"sort":{"meta":{"$numberInt":"-1"},"start":{"$numberInt":"-1"}}`) {
+			t.Fatalf("find %s", got)
+		}
+	})
+}
+
+// feedAll runs a point read's lookups until it ends or fails.
+func feedAll(t *testing.T, pr *PointRead, src bucketSource) error {
+	for cmds := pr.Lookups(); cmds != nil; cmds = pr.Lookups() {
+		var replies [][]byte
+		for _, c := range cmds {
+			replies = append(replies, src.reply(t, c))
+		}
+		if err := pr.Feed(replies); err != nil {
+			return err
+		}
+		pr.Want(-1)
+		pr.Batch(1)
+	}
+	return nil
+}
