@@ -237,17 +237,9 @@ func (p *PointRead) emitBuckets(buckets []bsoncore.Document) error {
 		if err != nil {
 			meta = bsoncore.Value{Type: bsoncore.TypeNull}
 		}
-		arr, err := b.LookupErr(bucket.FieldEvents)
+		vals, err := bucketEvents(b, p.ns)
 		if err != nil {
-			continue // an emptied shell
-		}
-		a, ok := arr.ArrayOK()
-		if !ok {
-			return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: bucket %s has events of type %s", p.ns, b.Lookup(bucket.FieldID).String(), bsonutil.TypeName(arr.Type))
-		}
-		vals, err := a.Values()
-		if err != nil {
-			return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: bucket events are not valid BSON: %v", p.ns, err)
+			return err
 		}
 		for _, v := range vals {
 			ev, ok := v.DocumentOK()
