@@ -24,11 +24,17 @@ type sortedBuckets struct {
 	// reorder, when set, changes the sorted buckets (a server whose order
 	// differs).
 	reorder func([]bsoncore.Document)
+	killed  int // killCursors received
 }
 
 func (sb *sortedBuckets) reply(t *testing.T, cmd []byte) []byte {
 	t.Helper()
 	d := bsoncore.Document(cmd)
+	if _, err := d.LookupErr("killCursors"); err == nil {
+		sb.killed++
+		sb.rest = nil
+		return rwtest.Doc(t, D{{Key: "ok", Value: 1.0}})
+	}
 	key := "nextBatch"
 	if _, err := d.LookupErr("find"); err == nil {
 		key = "firstBatch"
@@ -95,8 +101,8 @@ type esEvent struct {
 	v    int32
 }
 
-// eventScanData: 4 series (document metas {site, n}) x 5 windows x 2 seqs
-// x 5 events, out of time order inside a bucket, buckets of a window in
+// eventScanData: 4 series (document metas {site, n}) x 10 windows x 2
+// seqs x 5 events (more buckets than one upstream batch), out of time order inside a bucket, buckets of a window in
 // no particular order.
 func eventScanData(t *testing.T) (*sortedBuckets, []esEvent) {
 	sb := &sortedBuckets{}
@@ -106,7 +112,7 @@ func eventScanData(t *testing.T) (*sortedBuckets, []esEvent) {
 		site string
 		n    int32
 	}{{"south", 2}, {"north", 1}, {"south", 1}, {"north", 2}}
-	for w := int64(0); w < 5; w++ {
+	for w := int64(0); w < 10; w++ {
 		for _, s := range series {
 			for seq := 1; seq >= 0; seq-- {
 				var evs A
@@ -279,4 +285,58 @@ func feedAll(t *testing.T, pr *PointRead, src bucketSource) error {
 		pr.Batch(1)
 	}
 	return nil
+}
+
+// TestEventScanCount: a count whose filter the upstream cannot run on
+// unwound events counts the events an event scan yields, with skip and
+// limit, and kills the upstream cursor a limit leaves open.
+func TestEventScanCount(t *testing.T) {
+	sb, all := eventScanData(t)
+	or := A{D{{Key: "sensorId.site", Value: "north"}}, D{{Key: "v", Value: D{{Key: "$lt", Value: int32(3)}}}}}
+	want := 0
+	for _, e := range all {
+		if e.site == "north" || e.v < 3 {
+			want++
+		}
+	}
+	for _, c := range []struct {
+		skip, limit int64
+		n           int
+		killed      int
+	}{{0, 0, want, 0}, {10, 0, want - 10, 0}, {5, 7, 7, 1}} {
+		cmd := D{{Key: "count", Value: "readings"}, {Key: "query", Value: D{{Key: "$or", Value: or}}}}
+		if c.skip > 0 {
+			cmd = append(cmd, E{Key: "skip", Value: c.skip})
+		}
+		if c.limit > 0 {
+			cmd = append(cmd, E{Key: "limit", Value: c.limit})
+		}
+		sb.killed = 0
+		plan, err := rdPlan(t, rwtest.FerretCaps, cmd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := Plan(rwtest.Doc(t, append(cmd, E{Key: "$db", Value: "iot"})), rwtest.Rule(), Options{Caps: rwtest.FerretCaps}, func() int64 { return 1 })
+		if !plan.CountPoint {
+			t.Fatal("not a counting event scan")
+		}
+		var res bsoncore.Document
+		for i := 0; ; i++ {
+			step, done := p.Next()
+			if done {
+				res = p.Result().Reply
+				break
+			}
+			replies := make([][]byte, len(step))
+			for j, u := range step {
+				replies[j] = sb.reply(t, u.Body)
+			}
+			if err := p.Feed(replies); err != nil || i > 1000 {
+				t.Fatalf("feed: %v (round %d)", err, i)
+			}
+		}
+		if n, _ := res.Lookup("n").AsInt64OK(); int(n) != c.n || sb.killed != c.killed {
+			t.Fatalf("skip %d limit %d: %s, %d kills; want n %d, %d kills", c.skip, c.limit, rwtest.JSON(res), sb.killed, c.n, c.killed)
+		}
+	}
 }

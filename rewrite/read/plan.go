@@ -24,6 +24,8 @@ func Plan(body []byte, rule *rules.Rule, opts Options, newID func() int64) rewri
 		})
 	case p.Local != nil:
 		return rewrite.Done(rewrite.Result{Reply: p.Local})
+	case p.Point != nil && p.CountPoint:
+		return countPoint(p.Point, rule)
 	case p.Point != nil:
 		return newPointPlan(p.Point, rule, newID())
 	}
@@ -303,4 +305,45 @@ func (c *pointCursor) Close() rewrite.Plan {
 	}
 	c.pr.UpstreamCursorClosed()
 	return rewrite.Passthrough(query.KillCursorsCommand(c.rule, id), nil)
+}
+
+// countPoint answers a count with the number of events a point read
+// yields, read to its end batch by batch.
+func countPoint(pr *PointRead, rule *rules.Rule) rewrite.Plan {
+	return rewrite.Script(func(x *rewrite.Exec) (rewrite.Result, error) {
+		var n int64
+		pr.Want(-1)
+		for {
+			for cmds := pr.Lookups(); cmds != nil; cmds = pr.Lookups() {
+				step := make(rewrite.Step, len(cmds))
+				for i, c := range cmds {
+					step[i] = rewrite.Upstream{Body: c}
+				}
+				replies, ok := x.Do(step)
+				if !ok {
+					return rewrite.Result{}, rewrite.ErrAborted
+				}
+				if err := pr.Feed(replies); err != nil {
+					closeUpstream(x, pr, rule)
+					return rewrite.Result{}, err
+				}
+			}
+			n += int64(len(pr.out))
+			pr.out, pr.outSize = pr.out[:0], 0
+			if pr.exhausted() {
+				break
+			}
+		}
+		closeUpstream(x, pr, rule)
+		return rewrite.Result{Reply: (&countDrain{n: n}).result()}, nil
+	})
+}
+
+// closeUpstream kills the point read's upstream cursor if it is still
+// open (a limit reached, an error); its outcome does not change the answer.
+func closeUpstream(x *rewrite.Exec, pr *PointRead, rule *rules.Rule) {
+	if id := pr.OpenUpstreamCursor(); id != 0 {
+		pr.UpstreamCursorClosed()
+		x.Do(rewrite.Step{{Body: query.KillCursorsCommand(rule, id)}})
+	}
 }

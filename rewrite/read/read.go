@@ -31,6 +31,9 @@ type Command struct {
 	// Point, when set, serves the find from bucket point lookups instead
 	// of Command (see PointRead).
 	Point *PointRead
+	// CountPoint: Point serves a count, answered with the number of
+	// events it yields.
+	CountPoint bool
 	// Local, when set, is the whole answer (explain of a point read).
 	Local []byte
 	// LocalExplain, with Local, is the upstream explain of the command a
@@ -225,15 +228,20 @@ func planCount(rc *query.Ctx, body bsoncore.Document, forExplain bool) (*Command
 	if err != nil {
 		return nil, err
 	}
-	sf, err := rc.Split(filter)
-	if err != nil {
-		return nil, err
-	}
-	pipeline := query.EventPipeline(sf)
 	skip, limit, err := rc.ReadCountPaging(body)
 	if err != nil {
 		return nil, err
 	}
+	sf, err := rc.Split(filter)
+	if err != nil {
+		// As a find's: the proxy may count what the upstream cannot.
+		spec, sc, _ := planEventScan(rc, filter, nil)
+		if spec == nil {
+			return nil, err
+		}
+		return &Command{rc: rc, Point: newScanRead(rc, spec, sc, nil, skip, limit, false), CountPoint: true}, nil
+	}
+	pipeline := query.EventPipeline(sf)
 	if skip > 0 {
 		pipeline = append(pipeline, bsonutil.Stage("$skip", bsonutil.Int64Value(skip)))
 	}

@@ -686,3 +686,49 @@ func TestReadHintIgnored(t *testing.T) {
 		t.Fatalf("find with hint 1: %v, want FailedToParse", err)
 	}
 }
+
+// TestCountMetaInOr: a count command whose filter has the metaField
+// inside $or or $nor, which FerretDB cannot run on unwound events, is
+// counted by the proxy; the same as on a plain collection of the same
+// events. (countDocuments is an aggregate, which such a filter still
+// cannot run.)
+func TestCountMetaInOr(t *testing.T) {
+	t.Parallel()
+	ctx := ctxFor(t)
+	db := uniqueDB(t)
+	p := startProxy(t, proxyOptions{yaml: readingsRule(db, 100)})
+	proxied := connect(t, p.URI()).Database(db)
+	plain := direct(t).Database(db)
+	base := time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC)
+	var evs []sentEvent
+	for _, s := range []string{"a", "b", "c"} {
+		evs = append(evs, seriesEvents(250, s, base)...)
+	}
+	for _, c := range []*mongo.Collection{proxied.Collection("readings"), plain.Collection("plain")} {
+		if _, err := c.InsertMany(ctx, docsOf(evs)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	count := func(d *mongo.Database, coll string, f bson.D, paging bson.D) (int64, error) {
+		var out struct {
+			N int64 `bson:"n"`
+		}
+		err := d.RunCommand(ctx, append(bson.D{{Key: "count", Value: coll}, {Key: "query", Value: f}}, paging...)).Decode(&out)
+		return out.N, err
+	}
+	for _, f := range []bson.D{
+		{{Key: "$or", Value: bson.A{bson.D{{Key: "sensorId", Value: "a"}}, bson.D{{Key: "value", Value: bson.D{{Key: "$lt", Value: 10}}}}}}},
+		{{Key: "$nor", Value: bson.A{bson.D{{Key: "sensorId", Value: "b"}}}}, {Key: "ts", Value: bson.D{{Key: "$gte", Value: base.Add(time.Minute)}}}},
+	} {
+		for _, paging := range []bson.D{nil, {{Key: "skip", Value: 20}, {Key: "limit", Value: 100}}} {
+			want, err := count(plain, "plain", f, paging)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := count(proxied, "readings", f, paging)
+			if err != nil || got != want || want == 0 {
+				t.Fatalf("count %v %v: %d (%v), plain %d", f, paging, got, err, want)
+			}
+		}
+	}
+}
