@@ -3,11 +3,13 @@ package proxy
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 
 	"github.com/tsproxy/tsproxy/proxy/cursors"
 
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/admin"
+	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rewrite/fanout"
 	"github.com/tsproxy/tsproxy/rewrite/read"
 	"github.com/tsproxy/tsproxy/rewrite/summary"
@@ -57,7 +59,7 @@ func (c *conn) rewriteRead(req *request, rule *rules.Rule) error {
 	if err != nil {
 		return err
 	}
-	opts := read.Options{Caps: caps}
+	opts := read.Options{Caps: caps, IDLookups: c.idLookupCost(rule, caps)}
 	single := func(r *rules.Rule, body []byte) rewrite.Plan {
 		return summary.Plan(body, r, opts, func() rewrite.Plan { return read.Plan(body, r, opts, newCursorID) })
 	}
@@ -162,4 +164,61 @@ func (c *conn) rewriteListCollections(req *request) error {
 		}
 	}
 	return c.servePlan(req, rs[0], routeRewrite, admin.ListCollections(req.msg.Body, req.db, rs))
+}
+
+// idLookupCost says what a find by _id on rule's bucket collection costs
+// on this upstream. FerretDB v1.24 does on both its storages: its _id
+// index is on an expression its own queries do not use (SQLite compares
+// `->'$._id'`, PostgreSQL tests `-> '_id' @> ...`), unless the proxy added
+// the index SQLite can use (the embedded upstream). The upstream's plan
+// of a probe tells, once per upstream.
+func (c *conn) idLookupCost(rule *rules.Rule, caps caps.Upstream) read.IDLookupCost {
+	if !caps.IDOnlyFilters || c.s.opts.IndexIDs != nil {
+		return read.IDLookupIndexed
+	}
+	st := c.s.state
+	st.mu.Lock()
+	known := st.idLookups
+	st.mu.Unlock()
+	if known != nil {
+		return *known
+	}
+	reply, err := c.up.Command(bson.D{
+		{Key: "explain", Value: bson.D{{Key: "find", Value: rule.BucketCollection}, {Key: "filter", Value: bson.D{{Key: "_id", Value: bson.NilObjectID}}}}},
+		{Key: "$db", Value: rule.DB},
+	})
+	if err != nil || upstream.RefusalOf(reply) != nil {
+		return read.IDLookupIndexed // asked again on the next read
+	}
+	plan, _ := reply.Lookup("queryPlanner").DocumentOK()
+	if elems, _ := plan.Elements(); len(elems) == 0 {
+		return read.IDLookupIndexed // no plan: no collection yet, asked again later
+	}
+	cost := lookupCostOf(plan)
+	st.mu.Lock()
+	st.idLookups = &cost
+	st.mu.Unlock()
+	c.log.Info("upstream lookups by _id probed", "rule", rule.Namespace, "cost", int(cost))
+	return cost
+}
+
+// lookupCostOf reads FerretDB's explain of a find by _id: SQLite's steps
+// name a full scan "SCAN <table>" (and it parses each row's JSON),
+// PostgreSQL's plan is a "Seq Scan" node (whose jsonb filter runs in
+// storage).
+func lookupCostOf(queryPlanner bson.Raw) read.IDLookupCost {
+	switch plan := queryPlanner.Lookup("Plan"); plan.Type {
+	case bson.TypeArray:
+		vals, _ := plan.Array().Values()
+		for _, v := range vals {
+			if s, ok := v.StringValueOK(); ok && strings.Contains(s, "detail=SCAN ") {
+				return read.IDLookupScansParsed
+			}
+		}
+	case bson.TypeEmbeddedDocument:
+		if node, _ := plan.Document().Lookup("Node Type").StringValueOK(); node == "Seq Scan" {
+			return read.IDLookupScansFiltered
+		}
+	}
+	return read.IDLookupIndexed
 }

@@ -6,6 +6,7 @@ import (
 	"github.com/tsproxy/tsproxy/proxy/fills"
 
 	"github.com/tsproxy/tsproxy/rewrite/hello"
+	"github.com/tsproxy/tsproxy/rewrite/read"
 
 	"github.com/tsproxy/tsproxy/rewrite/caps"
 
@@ -21,7 +22,10 @@ type upstreamState struct {
 	limits   hello.RouterHelloLimits
 	caps     *caps.Upstream
 	isFerret bool
-	buckets  *fills.Cache // fills of open buckets; see buckets.go
+	// idLookups: what a find by _id on a bucket collection costs (see
+	// read.Options.IDLookups); nil until probed.
+	idLookups *read.IDLookupCost
+	buckets   *fills.Cache // fills of open buckets; see buckets.go
 	// writeSlots bounds the bucket update commands running at once on an
 	// upstream with Caps.MaxUpdateStatements (FerretDB); see buckets.go.
 	writeSlots chan struct{}

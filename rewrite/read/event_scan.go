@@ -97,6 +97,9 @@ func planEventScan(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*pointSpec
 	s := &pointSpec{lo: math.MinInt64, hi: math.MaxInt64}
 	sc := &bucketScan{dir: 1}
 	if len(filter) > 0 {
+		// The compiled filter outlives the command: the cursor's getMores
+		// evaluate it after the request's buffer is reused.
+		filter = slices.Clone(filter)
 		fc := &query.Compiler{Unsupported: func(format string, args ...any) error { return fmt.Errorf(format, args...) }}
 		pred, err := fc.Compile(filter, 0)
 		if err != nil {

@@ -340,3 +340,83 @@ func TestEventScanCount(t *testing.T) {
 		}
 	}
 }
+
+// TestPointShapeWhereIDLookupsScan: where a find by _id scans the bucket
+// collection, a find the point lookups would serve is one event scan,
+// narrowed to its metas and time bounds.
+func TestPointShapeWhereIDLookupsScan(t *testing.T) {
+	find := D{{Key: "find", Value: "readings"}, {Key: "filter", Value: D{{Key: "sensorId", Value: "a"}, {Key: "ts", Value: D{{Key: "$gte", Value: rwtest.DT(0)}, {Key: "$lt", Value: rwtest.DT(2 * rwtest.Hour)}}}}},
+		{Key: "sort", Value: D{{Key: "ts", Value: 1}}}, {Key: "$db", Value: "iot"}}
+	for _, scan := range []bool{false, true} {
+		plan, err := PlanRead(rwtest.Doc(t, find), rwtest.Rule(), Options{Caps: rwtest.FerretCaps, IDLookups: map[bool]IDLookupCost{false: IDLookupIndexed, true: IDLookupScansParsed}[scan]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if plan.Point == nil || (plan.Point.scan != nil) != scan {
+			t.Fatalf("IDLookupsScan %v: scan %v", scan, plan.Point != nil && plan.Point.scan != nil)
+		}
+		if scan {
+			got := strings.Join(strings.Fields(rwtest.JSON(plan.Point.scanFind())), "")
+			if !strings.Contains(got, `"filter":{"meta":"a",`) || !strings.Contains(got, `"start":{"$gte":{"$date":{"$numberLong":"0"}},"$lt":{"$date":{"$numberLong":"7200000"}}}`) {
+				t.Fatalf("find %s", got)
+			}
+		}
+	}
+}
+
+// TestEventScanOutlivesRequestBuffer: the proxy reuses a request's buffer
+// once the first batch is answered, while the event scan's cursor still
+// evaluates the find's filter on every getMore.
+func TestEventScanOutlivesRequestBuffer(t *testing.T) {
+	sb, all := eventScanData(t)
+	body := rwtest.Doc(t, D{{Key: "find", Value: "readings"}, {Key: "filter", Value: D{{Key: "$or", Value: A{D{{Key: "sensorId.site", Value: "north"}}, D{{Key: "v", Value: int32(3)}}}}}},
+		{Key: "sort", Value: D{{Key: "ts", Value: 1}, {Key: "_id", Value: 1}}}, {Key: "batchSize", Value: 5}, {Key: "$db", Value: "iot"}})
+	plan, err := PlanRead(body, rwtest.Rule(), Options{Caps: rwtest.FerretCaps})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range body {
+		body[i] = 0xee
+	}
+	got := drainPoint(t, plan.Point, sb, 5)
+	want := 0
+	for _, e := range all {
+		if e.site == "north" || e.v == 3 {
+			want++
+		}
+	}
+	if len(got) != want {
+		t.Fatalf("%d events, want %d", len(got), want)
+	}
+}
+
+// TestPointOrScan: the choice between point lookups and one event scan,
+// by what a lookup costs.
+func TestPointOrScan(t *testing.T) {
+	rng := func(hours int64) E {
+		return E{Key: "ts", Value: D{{Key: "$gte", Value: rwtest.DT(0)}, {Key: "$lt", Value: rwtest.DT(hours * rwtest.Hour)}}}
+	}
+	two := E{Key: "sensorId", Value: D{{Key: "$in", Value: A{"a", "b"}}}}
+	one := E{Key: "sensorId", Value: "a"}
+	for _, c := range []struct {
+		name   string
+		filter D
+		cost   IDLookupCost
+		scan   bool
+	}{
+		{"indexed", D{one, rng(100)}, IDLookupIndexed, false},
+		{"parsed scans: always one scan", D{two, rng(2)}, IDLookupScansParsed, true},
+		{"filtered scans, few keys", D{two, rng(2)}, IDLookupScansFiltered, false},
+		{"filtered scans, one meta: its equality is filtered too", D{one, rng(2)}, IDLookupScansFiltered, true},
+		{"filtered scans, many keys", D{two, rng(maxFilteredLookups)}, IDLookupScansFiltered, true},
+	} {
+		body := rwtest.Doc(t, D{{Key: "find", Value: "readings"}, {Key: "filter", Value: c.filter}, {Key: "$db", Value: "iot"}})
+		plan, err := PlanRead(body, rwtest.Rule(), Options{Caps: rwtest.FerretCaps, IDLookups: c.cost})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if plan.Point == nil || (plan.Point.scan != nil) != c.scan {
+			t.Errorf("%s: scan %v, want %v", c.name, plan.Point != nil && plan.Point.scan != nil, c.scan)
+		}
+	}
+}

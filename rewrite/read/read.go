@@ -100,6 +100,50 @@ type drainer interface {
 // ReadOptions are the inputs of PlanRead that do not come from the client.
 type Options struct {
 	Caps caps.Upstream
+	// IDLookups is what a find {_id: X} on a bucket collection costs;
+	// where it scans, the finds the point lookups could serve take one
+	// event scan instead (see pointOrScan).
+	IDLookups IDLookupCost
+}
+
+// IDLookupCost is what a find by _id costs on an upstream.
+type IDLookupCost int
+
+const (
+	// IDLookupIndexed: an index lookup (MongoDB; the embedded FerretDB,
+	// whose SQLite index the proxy adds).
+	IDLookupIndexed IDLookupCost = iota
+	// IDLookupScansFiltered: a scan the storage filters itself, without
+	// decoding the documents (FerretDB on PostgreSQL: a jsonb test per
+	// row). A few such lookups still beat one scan whose documents
+	// FerretDB decodes.
+	IDLookupScansFiltered
+	// IDLookupScansParsed: a scan that parses every document (FerretDB on
+	// SQLite: the JSON of each row), as costly as an event scan.
+	IDLookupScansParsed
+)
+
+// maxFilteredLookups is how many lookups that scan but filter in storage
+// a point read may send before one event scan is cheaper: measured on
+// FerretDB over PostgreSQL, a lookup costs about 1/60 of a scan whose
+// buckets FerretDB decodes.
+const maxFilteredLookups = 32
+
+// pointOrScan picks, for a find the point lookups can serve, between
+// them and one event scan, by what a lookup costs on the upstream.
+func pointOrScan(rc *query.Ctx, spec *pointSpec, filter, sortDoc bsoncore.Document, opts Options) (*pointSpec, *bucketScan) {
+	if opts.IDLookups == IDLookupIndexed {
+		return spec, nil
+	}
+	es, sc, _ := planEventScan(rc, filter, sortDoc)
+	switch {
+	case es == nil:
+		return spec, nil
+	case opts.IDLookups == IDLookupScansParsed, len(sc.metaIn) == 1, spec.keys() > maxFilteredLookups:
+		// One meta: the scan's equality on it is filtered in storage too.
+		return es, sc
+	}
+	return spec, nil
 }
 
 // PlanRead rewrites a find, aggregate, count, distinct or explain command
@@ -180,7 +224,11 @@ func planFind(rc *query.Ctx, body bsoncore.Document, opts Options, forExplain bo
 	extra := bsonutil.Pick(body, []string{"allowDiskUse"})
 	p := &Command{rc: rc, bucketFilter: sf.Bucket}
 	if spec, _ := planPoint(rc, filter, sortDoc); spec != nil {
-		p.Point = newPointRead(rc, spec, proj, skip, limit, single)
+		if spec, sc := pointOrScan(rc, spec, filter, sortDoc, opts); sc != nil {
+			p.Point = newScanRead(rc, spec, sc, proj, skip, limit, single)
+		} else {
+			p.Point = newPointRead(rc, spec, proj, skip, limit, single)
+		}
 	} else if spec, sc, _ := planScan(rc, filter, sortDoc); spec != nil {
 		p.Point = newScanRead(rc, spec, sc, proj, skip, limit, single)
 	}

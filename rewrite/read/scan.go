@@ -99,7 +99,11 @@ func planScan(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*pointSpec, *bu
 func (sc *bucketScan) scanFilter() bsoncore.Document {
 	nb := bsoncore.NewDocumentBuilder
 	f := nb()
-	if sc.metaIn != nil {
+	switch {
+	case len(sc.metaIn) == 1:
+		// An equality FerretDB pushes down to its storage.
+		f.AppendValue(bucket.FieldMeta, sc.metaIn[0])
+	case sc.metaIn != nil:
 		in := bsoncore.NewArrayBuilder()
 		for _, m := range sc.metaIn {
 			in.AppendValue(m)
