@@ -74,6 +74,11 @@ func Complete(id bson.ObjectID, chunk []Event, rule *rules.Rule, lim Limits) bso
 		doc = AppendLowBits(doc, "", s, lim)
 		doc, _ = bsoncore.AppendDocumentEnd(doc, sub)
 	}
+	if s.HasMixed() {
+		sub, doc = bsoncore.AppendDocumentElementStart(doc, FieldMixed)
+		doc = AppendMixed(doc, "", s, lim)
+		doc, _ = bsoncore.AppendDocumentEnd(doc, sub)
+	}
 	doc = appendEventsArray(doc, FieldEvents, chunk)
 	doc, _ = bsoncore.AppendDocumentEnd(doc, idx)
 	return doc
@@ -111,9 +116,12 @@ func UpsertStatement(id bson.ObjectID, chunk []Event, lim Limits, timeField stri
 
 	u, doc := bsoncore.AppendDocumentElementStart(doc, "u")
 	meta := chunk[0].Meta
-	if meta.Type == bsoncore.TypeNull {
+	if meta.Type == bsoncore.TypeNull || s.HasMixed() {
 		op, d := bsoncore.AppendDocumentElementStart(doc, "$set")
-		d = bsoncore.AppendNullElement(d, FieldMeta)
+		if meta.Type == bsoncore.TypeNull {
+			d = bsoncore.AppendNullElement(d, FieldMeta)
+		}
+		d = AppendMixed(d, FieldMixed+".", s, lim)
 		doc, _ = bsoncore.AppendDocumentEnd(d, op)
 	}
 	op, doc := bsoncore.AppendDocumentElementStart(doc, "$setOnInsert")

@@ -145,9 +145,11 @@ func PrepareEvent(doc bsoncore.Document, index int, rule *rules.Rule, lim Limits
 	if werr != nil {
 		return Event{}, werr
 	}
-	for i, name := range lim.Aggregates {
-		if v := aggs[i]; v.Type != 0 && !IsAggregatable(v.Type) {
-			return reject(mongoerr.BadValue, "aggregate field %q must be a number (int, long or double), got %s", name, bsonutil.TypeName(v.Type))
+	if lim.NumbersOnly {
+		for i, name := range lim.Aggregates {
+			if v := aggs[i]; v.Type != 0 && !IsAggregatable(v.Type) {
+				return reject(mongoerr.BadValue, "aggregate field %q must be a number (int, long or double) on a rule with rollups, got %s", name, bsonutil.TypeName(v.Type))
+			}
 		}
 	}
 	from := len(*buf)

@@ -15,6 +15,10 @@ type Limits struct {
 	MaxBytes   int64
 	Threshold  int      // chunks with at least this many events are inserted whole
 	Aggregates []string // deduplicated
+	// NumbersOnly: the aggregate fields must hold numbers (a rule with
+	// rollups, whose documents keep only summaries). Elsewhere an event
+	// may hold anything there; its bucket is marked mixed (FieldMixed).
+	NumbersOnly bool
 }
 
 // LimitsOf rejects a rule the write path cannot apply safely (rules/
@@ -38,10 +42,11 @@ func LimitsOf(rule *rules.Rule) (Limits, error) {
 		return bad("timeField %q and metaField %q must be distinct and not _id", rule.TimeField, rule.MetaField)
 	}
 	lim := Limits{
-		SpanMillis: rules.DefaultSpan.Milliseconds(),
-		MaxEvents:  rule.MaxEvents,
-		MaxBytes:   rule.MaxBytes,
-		Threshold:  rule.InsertThreshold,
+		SpanMillis:  rules.DefaultSpan.Milliseconds(),
+		MaxEvents:   rule.MaxEvents,
+		MaxBytes:    rule.MaxBytes,
+		Threshold:   rule.InsertThreshold,
+		NumbersOnly: len(rule.Rollups) > 0,
 	}
 	if rule.Span != 0 {
 		lim.SpanMillis = rule.SpanMillis()

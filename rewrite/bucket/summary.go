@@ -18,7 +18,12 @@ type Summary struct {
 }
 
 type AggSummary struct {
-	Present  bool // some event of the chunk has the field
+	// Mixed: some event of the chunk holds a value other than a number
+	// there (a string, null, ...). Such values are stored with their
+	// events but left out of min, max, sum and counts, which then cannot
+	// answer for the field: the bucket says so (FieldMixed).
+	Mixed    bool
+	Present  bool // some event of the chunk has a number in the field
 	Min, Max bsoncore.Value
 	Sum      Num
 	N        int   // events with the field: the values summed
@@ -45,8 +50,12 @@ func Summarize(chunk []Event, lim Limits) Summary {
 				continue
 			}
 			a := &s.Aggs[i]
+			if !IsAggregatable(v.Type) {
+				a.Mixed = true
+				continue
+			}
 			if !a.Present {
-				*a = AggSummary{Present: true, Min: v, Max: v, Sum: NumFrom(v), N: 1, LowBit: LowBitOf(v)}
+				*a = AggSummary{Mixed: a.Mixed, Present: true, Min: v, Max: v, Sum: NumFrom(v), N: 1, LowBit: LowBitOf(v)}
 				continue
 			}
 			a.N++
@@ -225,6 +234,32 @@ func hasAggregates(s Summary) bool {
 // counted tells, as it equals count only when every event was counted.
 const (
 	FieldCounted = "counted" // events written with counts and lowBit
-	FieldCounts  = "counts"  // {<aggregate field>: values summed}
-	FieldLowBit  = "lowBit"  // {<aggregate field>: $min of LowBitOf}
+	// FieldMixed is {<aggregate field>: true} for the fields some event of
+	// the bucket holds a non-number in: the summaries leave those values
+	// out, so they cannot answer for the field.
+	FieldMixed  = "mixed"
+	FieldCounts = "counts" // {<aggregate field>: values summed}
+	FieldLowBit = "lowBit" // {<aggregate field>: $min of LowBitOf}
 )
+
+// AppendMixed appends <prefix><field>: true for each aggregate field the
+// chunk holds a non-number in (see FieldMixed).
+func AppendMixed(dst []byte, prefix string, s Summary, lim Limits) []byte {
+	for i, a := range s.Aggs {
+		if a.Mixed {
+			dst = bsoncore.AppendBooleanElement(dst, prefix+lim.Aggregates[i], true)
+		}
+	}
+	return dst
+}
+
+// HasMixed reports whether the chunk holds a non-number in an aggregate
+// field.
+func (s Summary) HasMixed() bool {
+	for _, a := range s.Aggs {
+		if a.Mixed {
+			return true
+		}
+	}
+	return false
+}

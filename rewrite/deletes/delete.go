@@ -288,18 +288,15 @@ func (p *Request) Edit(c *Candidate, bdoc bsoncore.Document, limitOne bool) (Buc
 }
 
 // storedToEvent reads back what summarize needs of a stored event. The
-// insert path validated it: a missing time reads as 0 and a non-number
-// aggregate is skipped, neither of which a stored event has.
+// insert path validated it: a missing time reads as 0, which a stored
+// event never has; a non-number aggregate marks the bucket mixed again.
 func (p *Request) storedToEvent(d bsoncore.Document, meta bsoncore.Value, start int64) bucket.Event {
 	ev := bucket.Event{Meta: meta, Start: start, Stored: d}
 	if t, ok := bsonutil.Lookup(d, p.rule.TimeField); ok {
 		ev.Time, _ = t.DateTimeOK()
 	}
 	for _, name := range p.lim.Aggregates {
-		v, ok := bsonutil.Lookup(d, name)
-		if !ok || !bucket.IsAggregatable(v.Type) {
-			v = bsoncore.Value{}
-		}
+		v, _ := bsonutil.Lookup(d, name)
 		ev.Aggs = append(ev.Aggs, v)
 	}
 	return ev

@@ -60,6 +60,7 @@ func (p *Aggregation) readBucket(d bsoncore.Document) (bucketSummary, error) {
 	}
 	b.counts = subDoc(d, bucket.FieldCounts)
 	b.lowBit = subDoc(d, bucket.FieldLowBit)
+	b.mixed = subDoc(d, bucket.FieldMixed)
 	return b, nil
 }
 
@@ -171,6 +172,9 @@ func (p *Aggregation) groupID(b *bucketSummary) (bsoncore.Value, bool) {
 func (p *Aggregation) addBucket(g *groupState, b *bucketSummary) bool {
 	g.count += b.count
 	for i, a := range p.group.accs {
+		if _, mixed := bsonutil.Lookup(b.mixed, a.field); mixed && a.field != "" {
+			return false // the summaries leave the field's non-numbers out
+		}
 		switch a.kind {
 		case accSum, accAvg:
 			if !g.sums[i].add(b, a.field) {
@@ -276,6 +280,9 @@ type bucketSummary struct {
 	// BucketCounted); -1 when the bucket predates them.
 	counted        int64
 	counts, lowBit bsoncore.Document
+	// mixed names the aggregate fields some event holds a non-number in,
+	// which the summaries leave out (bucket.FieldMixed).
+	mixed bsoncore.Document
 }
 
 // complete reports whether counts and lowBit cover every event.

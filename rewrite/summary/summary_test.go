@@ -137,7 +137,7 @@ func TestSummaryFindCommand(t *testing.T) {
 	if !ok {
 		t.Fatal("refused")
 	}
-	want := `{"find": "readings.buckets","filter": {"start": {"$gte": {"$date":{"$numberLong":"1767571200000"}},"$lt": {"$date":{"$numberLong":"1767578400000"}}},"meta": "s1"},"projection": {"meta": {"$numberInt":"1"},"start": {"$numberInt":"1"},"count": {"$numberInt":"1"},"min": {"$numberInt":"1"},"max": {"$numberInt":"1"},"sum": {"$numberInt":"1"},"counted": {"$numberInt":"1"},"counts": {"$numberInt":"1"},"lowBit": {"$numberInt":"1"}},"maxTimeMS": {"$numberInt":"500"},"$db": "iot"}`
+	want := `{"find": "readings.buckets","filter": {"start": {"$gte": {"$date":{"$numberLong":"1767571200000"}},"$lt": {"$date":{"$numberLong":"1767578400000"}}},"meta": "s1"},"projection": {"meta": {"$numberInt":"1"},"start": {"$numberInt":"1"},"count": {"$numberInt":"1"},"min": {"$numberInt":"1"},"max": {"$numberInt":"1"},"sum": {"$numberInt":"1"},"counted": {"$numberInt":"1"},"mixed": {"$numberInt":"1"},"counts": {"$numberInt":"1"},"lowBit": {"$numberInt":"1"}},"maxTimeMS": {"$numberInt":"500"},"$db": "iot"}`
 	if got := rwtest.JSON(p.Command); got != want {
 		t.Fatalf("got  %s\nwant %s", got, want)
 	}
@@ -304,6 +304,9 @@ func TestSummaryCompute(t *testing.T) {
 		{"int64 total past int64 is a double", sumOnly,
 			[]A{{bkt("a", h(0), 1, mm(0, int64(4e18)), mm(0, int64(4e18)), sumV(int64(4e18))), bkt("a", h(1), 1, mm(1, int64(4e18)), mm(1, int64(4e18)), sumV(int64(4e18))), bkt("a", h(2), 1, mm(2, int64(4e18)), mm(2, int64(4e18)), sumV(int64(4e18)))}},
 			`{"_id": null,"s": {"$numberDouble":"1.2E+19"}}`},
+		{"a bucket holding a non-number in an aggregate field: answered from the events", sumOnly,
+			[]A{{append(counted(t, bkt("a", h(0), 2, mm(0, int32(4)), mm(0, int32(4)), sumV(int32(4))), int32(4)), E{Key: "mixed", Value: D{{Key: "v", Value: true}}})}},
+			""},
 		{"an int32 sum that may have wrapped (FerretDB's $inc): not exact", sumOnly,
 			[]A{{bkt("a", h(0), 2, mm(0, int32(2e9)), mm(0, int32(2e9)), sumV(int32(-294967296)))}},
 			""},

@@ -184,12 +184,6 @@ func TestSummaryAggregates(t *testing.T) {
 	if _, err := direct(t).Database(db).Collection("plain").InsertMany(ctx, docs); err != nil {
 		t.Fatal(err)
 	}
-	// A value that is not a number is refused at insert (aggregates are
-	// numbers), so it never reaches a sum, an average or a count.
-	bad := bson.D{{Key: "ts", Value: summaryBase.Add(time.Hour)}, {Key: "sensorId", Value: "s1"}, {Key: "value", Value: "21.5"}}
-	if _, err := pc.Database(db).Collection("readings").InsertOne(ctx, bad); err == nil || !strings.Contains(err.Error(), "must be a number") {
-		t.Fatalf("a string aggregate value: want a clear error, got %v", err)
-	}
 	from, to := summaryBase.Add(26*time.Hour), summaryBase.Add(75*time.Hour)
 	inRange := func(e sumEvent) bool { return !e.ts.Before(from) && e.ts.Before(to) && e.sensor == "s1" }
 	week := func(t time.Time) time.Time { // Sunday-start weeks
@@ -730,4 +724,76 @@ func TestSummaryAvgFormats(t *testing.T) {
 		declined(bySensor("old", avg("value")), bson.D{{Key: "_id", Value: "old"}, {Key: "a", Value: 2.5}})
 		declined(bySensor("old", avg("n")), bson.D{{Key: "_id", Value: "old"}, {Key: "a", Value: 2.0}})
 	})
+}
+
+// TestSummaryMixedValues: events whose aggregated field holds a string or
+// a null are stored, as a plain collection stores them; their buckets'
+// summaries say they cannot answer, so reads and aggregations give the
+// plain collection's answers, from the events.
+func TestSummaryMixedValues(t *testing.T) {
+	t.Parallel()
+	db := uniqueDB(t)
+	ctx := ctxFor(t)
+	p := startProxy(t, proxyOptions{yaml: summaryRule(db)})
+	proxied := connect(t, p.URI()).Database(db).Collection("readings")
+	plain := direct(t).Database(db).Collection("plain")
+	var docs []any
+	for i := 0; i < 300; i++ {
+		var v any = float64(i%17) + 0.25
+		switch i % 50 {
+		case 7:
+			v = "n/a"
+		case 19:
+			v = nil
+		}
+		docs = append(docs, bson.D{{Key: "_id", Value: bson.NewObjectID()}, {Key: "ts", Value: summaryBase.Add(time.Duration(i) * time.Minute)}, {Key: "sensorId", Value: "m1"}, {Key: "value", Value: v}})
+	}
+	for _, c := range []*mongo.Collection{proxied, plain} {
+		for i := 0; i < len(docs); i += 60 { // several inserts: upserts and complete buckets
+			if _, err := c.InsertMany(ctx, docs[i:i+60]); err != nil {
+				t.Fatalf("insert into %s: %v", c.Name(), err)
+			}
+		}
+	}
+	read := func(c *mongo.Collection, pipeline bson.A) ([]bson.D, error) {
+		t.Helper()
+		cur, err := c.Aggregate(ctx, pipeline)
+		if err != nil {
+			return nil, err
+		}
+		var out []bson.D
+		err = cur.All(ctx, &out)
+		return out, err
+	}
+	match := bson.D{{Key: "$match", Value: bson.D{{Key: "sensorId", Value: "m1"}, {Key: "ts", Value: bson.D{{Key: "$gte", Value: summaryBase}, {Key: "$lt", Value: summaryBase.Add(5 * time.Hour)}}}}}}
+	sumValue := bson.A{match, bson.D{{Key: "$group", Value: bson.D{{Key: "_id", Value: nil}, {Key: "s", Value: bson.D{{Key: "$sum", Value: "$value"}}}}}}}
+	for _, pl := range []bson.A{
+		{match, bson.D{{Key: "$sort", Value: bson.D{{Key: "ts", Value: 1}}}}},
+		sumValue,
+		{match, bson.D{{Key: "$group", Value: bson.D{{Key: "_id", Value: "$sensorId"}, {Key: "n", Value: bson.D{{Key: "$sum", Value: 1}}}}}}},
+		{match, bson.D{{Key: "$count", Value: "n"}}},
+	} {
+		want, err := read(plain, pl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := read(proxied, pl)
+		if err != nil && fmt.Sprint(pl) == fmt.Sprint(sumValue) && !env.external && strings.Contains(err.Error(), `"$group" is supported`) {
+			// The summaries cannot answer, and FerretDB cannot run the
+			// $group on the events (issue 17): refused, not answered
+			// from summaries that leave the string out.
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%v: %v", pl, err)
+		}
+		if len(want) == 0 || len(got) != len(want) {
+			t.Fatalf("%v: proxy %d documents, plain %d", pl, len(got), len(want))
+		}
+		for i := range want {
+			if fmt.Sprint(got[i]) != fmt.Sprint(want[i]) {
+				t.Fatalf("%v: document %d:\nproxy %v\nplain %v", pl, i, got[i], want[i])
+			}
+		}
+	}
 }
