@@ -200,7 +200,7 @@ func (p *CollStatsPlan) Reply(stats []byte, count int64) []byte {
 		case "count":
 			buckets = e.Value()
 			if count >= 0 {
-				out = query.AppendCount(out, "count", count)
+				out = appendCountAs(out, "count", count, e.Value().Type)
 			} else {
 				out = append(out, e...)
 			}
@@ -235,9 +235,10 @@ func (p *CollStatsPlan) stageReply(doc bsoncore.Document, count int64) []byte {
 			case e.Key() == "ns" && e.Value().Type == bsoncore.TypeString:
 				out = bsoncore.AppendStringElement(out, "ns", p.rc.NS)
 			case e.Key() == "count" && count >= 0 && bsonutil.IsNumber(e.Value().Type):
-				out = query.AppendCount(out, "count", count)
+				out = appendCountAs(out, "count", count, e.Value().Type)
 			case e.Key() == "storageStats" && count >= 0 && e.Value().Type == bsoncore.TypeEmbeddedDocument:
-				stats := bsonutil.ReplaceField(e.Value().Document(), "count", func(dst []byte) []byte { return query.AppendCount(dst, "count", count) })
+				like := e.Value().Document().Lookup("count").Type
+				stats := bsonutil.ReplaceField(e.Value().Document(), "count", func(dst []byte) []byte { return appendCountAs(dst, "count", count, like) })
 				out = bsoncore.AppendDocumentElement(out, "storageStats", stats)
 			default:
 				out = append(out, e...)
@@ -288,4 +289,17 @@ func DropReply(reply []byte, rule *rules.Rule) []byte {
 	return bsonutil.ReplaceField(doc, "ns", func(dst []byte) []byte {
 		return bsoncore.AppendStringElement(dst, "ns", rule.Namespace)
 	})
+}
+
+// appendCountAs appends the number of events n in the BSON type of the
+// bucket count it replaces, which is the type the same upstream gives a
+// plain collection's count (an int64 on FerretDB).
+func appendCountAs(dst []byte, key string, n int64, like bsoncore.Type) []byte {
+	switch like {
+	case bsoncore.TypeInt64:
+		return bsoncore.AppendInt64Element(dst, key, n)
+	case bsoncore.TypeDouble:
+		return bsoncore.AppendDoubleElement(dst, key, float64(n))
+	}
+	return query.AppendCount(dst, key, n)
 }

@@ -616,6 +616,18 @@ func TestReadDifferential(t *testing.T) {
 		if res.NS != db+".readings" || res.Count != rdEvents || res.TSProxy.BucketCollection != db+".readings.buckets" || res.TSProxy.Buckets != nb {
 			t.Fatalf("collStats: %+v, want ns %s.readings, count %d, %d buckets", res, db, rdEvents, nb)
 		}
+		// The count's BSON type is the plain collection's.
+		types := map[string]bson.Type{}
+		for name, c := range map[string]*mongo.Collection{"proxy": proxied, "plain": plain} {
+			raw, err := c.Database().RunCommand(ctx, bson.D{{Key: "collStats", Value: c.Name()}}).Raw()
+			if err != nil {
+				t.Fatal(err)
+			}
+			types[name] = raw.Lookup("count").Type
+		}
+		if types["proxy"] != types["plain"] {
+			t.Fatalf("collStats count is a %v through the proxy, a %v on a plain collection", types["proxy"], types["plain"])
+		}
 	})
 	t.Run("mongosh", func(t *testing.T) { rdMongosh(t, p, db, edges) })
 }
