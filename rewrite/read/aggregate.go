@@ -2,10 +2,12 @@ package read
 
 import (
 	"errors"
+	"slices"
 	"strings"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
+	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -30,6 +32,11 @@ func planAggregate(rc *query.Ctx, body bsoncore.Document, opts Options, forExpla
 	a.stages = stages
 	i, err := a.splitLeadingMatches()
 	if err != nil {
+		// countDocuments of what the upstream cannot filter on unwound
+		// events: counted by the proxy.
+		if p := a.countByEventScan(); p != nil {
+			return p, nil
+		}
 		return nil, err
 	}
 	for ; i < len(stages); i++ {
@@ -390,4 +397,73 @@ func WholeNumber(v bsoncore.Value) (int64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// countByEventScan plans a count-shaped pipeline, [$match...] [$skip]
+// [$limit] then a count $group or $count (what drivers send for
+// countDocuments), as an event scan the proxy counts; nil when the
+// pipeline has another shape or the scan cannot serve the filter.
+func (a *aggregateRewrite) countByEventScan() *Command {
+	var filters []bsoncore.Document
+	i := 0
+	for ; i < len(a.stages) && a.stages[i].Name == "$match"; i++ {
+		d, _ := a.stages[i].Value.DocumentOK()
+		filters = append(filters, d)
+	}
+	var skip, limit int64
+	for ; i < len(a.stages)-1; i++ {
+		n, ok := WholeNumber(a.stages[i].Value)
+		switch {
+		case !ok || n < 0:
+			return nil
+		case a.stages[i].Name == "$skip" && limit == 0:
+			skip += n
+		case a.stages[i].Name == "$limit" && n > 0:
+			limit = n
+		default:
+			return nil
+		}
+	}
+	if i != len(a.stages)-1 {
+		return nil
+	}
+	last := a.stages[i]
+	var id bsoncore.Value
+	var key string
+	switch last.Name {
+	case "$count":
+		k, ok := last.Value.StringValueOK()
+		if !ok || k == "" || strings.HasPrefix(k, "$") || strings.Contains(k, ".") {
+			return nil
+		}
+		key = k
+	case "$group":
+		k, ok := CountGroup(last.Value)
+		if !ok {
+			return nil
+		}
+		v := last.Value.Document().Lookup("_id")
+		key, id = k, bsoncore.Value{Type: v.Type, Data: slices.Clone(v.Data)} // outlives the request
+	default:
+		return nil
+	}
+	spec, sc, _ := planEventScan(a.rc, query.AndOf(filters), nil)
+	if spec == nil {
+		return nil
+	}
+	ns := a.rc.NS
+	reply := func(n int64) bsoncore.Document {
+		var batch []bsoncore.Document
+		if n > 0 { // no input, no group: an empty batch, as from the server
+			idx, d := bsoncore.AppendDocumentStart(nil)
+			if id.Type != 0 {
+				d = bsoncore.AppendValueElement(d, "_id", id)
+			}
+			d = query.AppendCount(d, key, n)
+			d, _ = bsoncore.AppendDocumentEnd(d, idx)
+			batch = append(batch, d)
+		}
+		return cursor.Reply{Key: "firstBatch", Batch: batch, NS: ns}.WithID(0)
+	}
+	return &Command{rc: a.rc, Point: newScanRead(a.rc, spec, sc, nil, skip, limit, false), CountReply: reply}
 }

@@ -10,6 +10,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
+	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/internal/rwtest"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -317,24 +318,10 @@ func TestEventScanCount(t *testing.T) {
 			t.Fatal(err)
 		}
 		p := Plan(rwtest.Doc(t, append(cmd, E{Key: "$db", Value: "iot"})), rwtest.Rule(), Options{Caps: rwtest.FerretCaps}, func() int64 { return 1 })
-		if !plan.CountPoint {
+		if plan.CountReply == nil {
 			t.Fatal("not a counting event scan")
 		}
-		var res bsoncore.Document
-		for i := 0; ; i++ {
-			step, done := p.Next()
-			if done {
-				res = p.Result().Reply
-				break
-			}
-			replies := make([][]byte, len(step))
-			for j, u := range step {
-				replies[j] = sb.reply(t, u.Body)
-			}
-			if err := p.Feed(replies); err != nil || i > 1000 {
-				t.Fatalf("feed: %v (round %d)", err, i)
-			}
-		}
+		res := runPlan(t, p, sb)
 		if n, _ := res.Lookup("n").AsInt64OK(); int(n) != c.n || sb.killed != c.killed {
 			t.Fatalf("skip %d limit %d: %s, %d kills; want n %d, %d kills", c.skip, c.limit, rwtest.JSON(res), sb.killed, c.n, c.killed)
 		}
@@ -419,4 +406,54 @@ func TestPointOrScan(t *testing.T) {
 			t.Errorf("%s: scan %v, want %v", c.name, plan.Point != nil && plan.Point.scan != nil, c.scan)
 		}
 	}
+}
+
+// TestEventScanCountDocuments: the pipeline drivers send for
+// countDocuments, with the metaField inside $or, is counted by the proxy
+// and answered as the server answers it.
+func TestEventScanCountDocuments(t *testing.T) {
+	sb, all := eventScanData(t)
+	match := D{{Key: "$match", Value: D{{Key: "$or", Value: A{D{{Key: "sensorId.site", Value: "north"}}, D{{Key: "v", Value: D{{Key: "$lt", Value: int32(3)}}}}}}}}}
+	want := 0
+	for _, e := range all {
+		if e.site == "north" || e.v < 3 {
+			want++
+		}
+	}
+	for _, c := range []struct {
+		stages A
+		reply  string
+	}{
+		{A{match, D{{Key: "$group", Value: D{{Key: "_id", Value: 1}, {Key: "n", Value: D{{Key: "$sum", Value: 1}}}}}}}, fmt.Sprintf(`"firstBatch": [{"_id": {"$numberInt":"1"},"n": {"$numberInt":"%d"}}]`, want)},
+		{A{match, D{{Key: "$skip", Value: int64(10)}}, D{{Key: "$limit", Value: int64(5)}}, D{{Key: "$group", Value: D{{Key: "_id", Value: 1}, {Key: "n", Value: D{{Key: "$sum", Value: 1}}}}}}}, `"firstBatch": [{"_id": {"$numberInt":"1"},"n": {"$numberInt":"5"}}]`},
+		{A{match, D{{Key: "$count", Value: "total"}}}, fmt.Sprintf(`"firstBatch": [{"total": {"$numberInt":"%d"}}]`, want)},
+		{A{match, D{{Key: "$skip", Value: int64(100_000)}}, D{{Key: "$count", Value: "total"}}}, `"firstBatch": []`},
+	} {
+		cmd := D{{Key: "aggregate", Value: "readings"}, {Key: "pipeline", Value: c.stages}, {Key: "cursor", Value: D{}}, {Key: "$db", Value: "iot"}}
+		p := Plan(rwtest.Doc(t, cmd), rwtest.Rule(), Options{Caps: rwtest.FerretCaps}, func() int64 { return 1 })
+		res := runPlan(t, p, sb)
+		if got := rwtest.JSON(res); !strings.Contains(got, c.reply) || !strings.Contains(got, `"ns": "iot.readings"`) {
+			t.Errorf("%v:\n got %s\nwant %s", c.stages, got, c.reply)
+		}
+	}
+}
+
+// runPlan runs a plan against src and returns its reply.
+func runPlan(t *testing.T, p rewrite.Plan, src bucketSource) bsoncore.Document {
+	t.Helper()
+	for i := 0; i < 1000; i++ {
+		step, done := p.Next()
+		if done {
+			return p.Result().Reply
+		}
+		replies := make([][]byte, len(step))
+		for j, u := range step {
+			replies[j] = src.reply(t, u.Body)
+		}
+		if err := p.Feed(replies); err != nil {
+			t.Fatalf("feed: %v (round %d)", err, i)
+		}
+	}
+	t.Fatal("plan did not end")
+	return nil
 }

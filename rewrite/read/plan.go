@@ -6,6 +6,7 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
 	"github.com/tsproxy/tsproxy/rules"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
 // Plan is the plan of a find, aggregate, count, distinct or explain on
@@ -24,8 +25,8 @@ func Plan(body []byte, rule *rules.Rule, opts Options, newID func() int64) rewri
 		})
 	case p.Local != nil:
 		return rewrite.Done(rewrite.Result{Reply: p.Local})
-	case p.Point != nil && p.CountPoint:
-		return countPoint(p.Point, rule)
+	case p.Point != nil && p.CountReply != nil:
+		return countPoint(p.Point, rule, p.CountReply)
 	case p.Point != nil:
 		return newPointPlan(p.Point, rule, newID())
 	}
@@ -309,7 +310,7 @@ func (c *pointCursor) Close() rewrite.Plan {
 
 // countPoint answers a count with the number of events a point read
 // yields, read to its end batch by batch.
-func countPoint(pr *PointRead, rule *rules.Rule) rewrite.Plan {
+func countPoint(pr *PointRead, rule *rules.Rule, reply func(n int64) bsoncore.Document) rewrite.Plan {
 	return rewrite.Script(func(x *rewrite.Exec) (rewrite.Result, error) {
 		var n int64
 		pr.Want(-1)
@@ -335,7 +336,7 @@ func countPoint(pr *PointRead, rule *rules.Rule) rewrite.Plan {
 			}
 		}
 		closeUpstream(x, pr, rule)
-		return rewrite.Result{Reply: (&countDrain{n: n}).result()}, nil
+		return rewrite.Result{Reply: reply(n)}, nil
 	})
 }
 

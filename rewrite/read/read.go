@@ -31,9 +31,9 @@ type Command struct {
 	// Point, when set, serves the find from bucket point lookups instead
 	// of Command (see PointRead).
 	Point *PointRead
-	// CountPoint: Point serves a count, answered with the number of
-	// events it yields.
-	CountPoint bool
+	// CountReply, when set, makes Point serve a count: the reply for
+	// the number of events it yields.
+	CountReply func(n int64) bsoncore.Document
 	// Local, when set, is the whole answer (explain of a point read).
 	Local []byte
 	// LocalExplain, with Local, is the upstream explain of the command a
@@ -287,7 +287,8 @@ func planCount(rc *query.Ctx, body bsoncore.Document, forExplain bool) (*Command
 		if spec == nil {
 			return nil, err
 		}
-		return &Command{rc: rc, Point: newScanRead(rc, spec, sc, nil, skip, limit, false), CountPoint: true}, nil
+		countReply := func(n int64) bsoncore.Document { return (&countDrain{n: n}).result() }
+		return &Command{rc: rc, Point: newScanRead(rc, spec, sc, nil, skip, limit, false), CountReply: countReply}, nil
 	}
 	pipeline := query.EventPipeline(sf)
 	if skip > 0 {

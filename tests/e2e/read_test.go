@@ -699,11 +699,10 @@ func TestReadHintIgnored(t *testing.T) {
 	}
 }
 
-// TestCountMetaInOr: a count command whose filter has the metaField
-// inside $or or $nor, which FerretDB cannot run on unwound events, is
-// counted by the proxy; the same as on a plain collection of the same
-// events. (countDocuments is an aggregate, which such a filter still
-// cannot run.)
+// TestCountMetaInOr: a count command or countDocuments whose filter has
+// the metaField inside $or or $nor, which FerretDB cannot run on unwound
+// events, is counted by the proxy; the same as on a plain collection of
+// the same events.
 func TestCountMetaInOr(t *testing.T) {
 	t.Parallel()
 	ctx := ctxFor(t)
@@ -740,6 +739,18 @@ func TestCountMetaInOr(t *testing.T) {
 			got, err := count(proxied, "readings", f, paging)
 			if err != nil || got != want || want == 0 {
 				t.Fatalf("count %v %v: %d (%v), plain %d", f, paging, got, err, want)
+			}
+		}
+		// countDocuments: the driver's aggregate ($match, $skip, $limit,
+		// a count $group).
+		for _, o := range []*options.CountOptionsBuilder{options.Count(), options.Count().SetSkip(20).SetLimit(100), options.Count().SetSkip(100_000)} {
+			want, err := plain.Collection("plain").CountDocuments(ctx, f, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := proxied.Collection("readings").CountDocuments(ctx, f, o)
+			if err != nil || got != want {
+				t.Fatalf("countDocuments %v: %d (%v), plain %d", f, got, err, want)
 			}
 		}
 	}
