@@ -452,7 +452,9 @@ func (a *aggregateRewrite) countByEventScan() *Command {
 		return nil
 	}
 	ns := a.rc.NS
-	reply := func(n int64) bsoncore.Document {
+	c := &countDrain{}
+	reply := func() bsoncore.Document {
+		n := c.n
 		var batch []bsoncore.Document
 		if n > 0 { // no input, no group: an empty batch, as from the server
 			idx, d := bsoncore.AppendDocumentStart(nil)
@@ -465,5 +467,5 @@ func (a *aggregateRewrite) countByEventScan() *Command {
 		}
 		return cursor.Reply{Key: "firstBatch", Batch: batch, NS: ns}.WithID(0)
 	}
-	return &Command{rc: a.rc, Point: newScanRead(a.rc, spec, sc, nil, skip, limit, false), CountReply: reply}
+	return &Command{rc: a.rc, Point: newScanRead(a.rc, spec, sc, nil, skip, limit, false), PointDrain: c.pointDrain(reply)}
 }

@@ -30,6 +30,17 @@ func (d *distinctDrain) feed(unwound bsoncore.Document) error {
 	if err != nil {
 		return err
 	}
+	return d.addEvent(ev)
+}
+
+// pointDrain collects the distinct values of the events of a point read
+// (whose events come with their meta restored).
+func (d *distinctDrain) pointDrain() *PointDrain {
+	return &PointDrain{take: d.addEvent, result: d.result}
+}
+
+// addEvent adds the values of an event (meta restored) at the path.
+func (d *distinctDrain) addEvent(ev bsoncore.Document) error {
 	var ferr error
 	collectPath(bsoncore.Value{Type: bsoncore.TypeEmbeddedDocument, Data: ev}, d.path, 0, func(v bsoncore.Value) {
 		if ferr == nil {

@@ -318,7 +318,7 @@ func TestEventScanCount(t *testing.T) {
 			t.Fatal(err)
 		}
 		p := Plan(rwtest.Doc(t, append(cmd, E{Key: "$db", Value: "iot"})), rwtest.Rule(), Options{Caps: rwtest.FerretCaps}, func() int64 { return 1 })
-		if plan.CountReply == nil {
+		if plan.PointDrain == nil {
 			t.Fatal("not a counting event scan")
 		}
 		res := runPlan(t, p, sb)
@@ -456,4 +456,28 @@ func runPlan(t *testing.T, p rewrite.Plan, src bucketSource) bsoncore.Document {
 	}
 	t.Fatal("plan did not end")
 	return nil
+}
+
+// TestEventScanDistinct: a distinct whose query has the metaField inside
+// $or is collected by the proxy from the events.
+func TestEventScanDistinct(t *testing.T) {
+	sb, all := eventScanData(t)
+	cmd := D{{Key: "distinct", Value: "readings"}, {Key: "key", Value: "v"},
+		{Key: "query", Value: D{{Key: "$or", Value: A{D{{Key: "sensorId.n", Value: int32(2)}}, D{{Key: "v", Value: int32(0)}}}}}}, {Key: "$db", Value: "iot"}}
+	got := rwtest.JSON(runPlan(t, Plan(rwtest.Doc(t, cmd), rwtest.Rule(), Options{Caps: rwtest.FerretCaps}, func() int64 { return 1 }), sb))
+	seen := map[int32]bool{}
+	for _, e := range all {
+		if e.n == 2 || e.v == 0 {
+			seen[e.v] = true
+		}
+	}
+	var vals []string
+	for v := int32(0); v < 11; v++ {
+		if seen[v] {
+			vals = append(vals, fmt.Sprintf(`{"$numberInt":"%d"}`, v))
+		}
+	}
+	if want := `{"values": [` + strings.Join(vals, ",") + `],"ok"`; !strings.Contains(got, want) {
+		t.Fatalf("got %s\nwant %s", got, want)
+	}
 }

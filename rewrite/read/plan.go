@@ -6,7 +6,6 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
 	"github.com/tsproxy/tsproxy/rules"
-	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
 // Plan is the plan of a find, aggregate, count, distinct or explain on
@@ -25,8 +24,8 @@ func Plan(body []byte, rule *rules.Rule, opts Options, newID func() int64) rewri
 		})
 	case p.Local != nil:
 		return rewrite.Done(rewrite.Result{Reply: p.Local})
-	case p.Point != nil && p.CountReply != nil:
-		return countPoint(p.Point, rule, p.CountReply)
+	case p.Point != nil && p.PointDrain != nil:
+		return drainPointRead(p.Point, rule, p.PointDrain)
 	case p.Point != nil:
 		return newPointPlan(p.Point, rule, newID())
 	}
@@ -308,11 +307,11 @@ func (c *pointCursor) Close() rewrite.Plan {
 	return rewrite.Passthrough(query.KillCursorsCommand(c.rule, id), nil)
 }
 
-// countPoint answers a count with the number of events a point read
-// yields, read to its end batch by batch.
-func countPoint(pr *PointRead, rule *rules.Rule, reply func(n int64) bsoncore.Document) rewrite.Plan {
+// drainPointRead serves a count or distinct from a point read, read to
+// its end batch by batch: each event goes to d.take, then d.result
+// answers.
+func drainPointRead(pr *PointRead, rule *rules.Rule, d *PointDrain) rewrite.Plan {
 	return rewrite.Script(func(x *rewrite.Exec) (rewrite.Result, error) {
-		var n int64
 		pr.Want(-1)
 		for {
 			for cmds := pr.Lookups(); cmds != nil; cmds = pr.Lookups() {
@@ -329,14 +328,19 @@ func countPoint(pr *PointRead, rule *rules.Rule, reply func(n int64) bsoncore.Do
 					return rewrite.Result{}, err
 				}
 			}
-			n += int64(len(pr.out))
+			for _, ev := range pr.out {
+				if err := d.take(ev); err != nil {
+					closeUpstream(x, pr, rule)
+					return rewrite.Result{}, err
+				}
+			}
 			pr.out, pr.outSize = pr.out[:0], 0
 			if pr.exhausted() {
 				break
 			}
 		}
 		closeUpstream(x, pr, rule)
-		return rewrite.Result{Reply: reply(n)}, nil
+		return rewrite.Result{Reply: d.result()}, nil
 	})
 }
 

@@ -31,9 +31,9 @@ type Command struct {
 	// Point, when set, serves the find from bucket point lookups instead
 	// of Command (see PointRead).
 	Point *PointRead
-	// CountReply, when set, makes Point serve a count: the reply for
-	// the number of events it yields.
-	CountReply func(n int64) bsoncore.Document
+	// Drain, when set, makes Point serve a count or a distinct: every
+	// event it yields goes to Drain.take, then Drain.result answers.
+	PointDrain *PointDrain
 	// Local, when set, is the whole answer (explain of a point read).
 	Local []byte
 	// LocalExplain, with Local, is the upstream explain of the command a
@@ -287,8 +287,8 @@ func planCount(rc *query.Ctx, body bsoncore.Document, forExplain bool) (*Command
 		if spec == nil {
 			return nil, err
 		}
-		countReply := func(n int64) bsoncore.Document { return (&countDrain{n: n}).result() }
-		return &Command{rc: rc, Point: newScanRead(rc, spec, sc, nil, skip, limit, false), CountReply: countReply}, nil
+		c := &countDrain{}
+		return &Command{rc: rc, Point: newScanRead(rc, spec, sc, nil, skip, limit, false), PointDrain: c.pointDrain(c.result)}, nil
 	}
 	pipeline := query.EventPipeline(sf)
 	if skip > 0 {
@@ -327,7 +327,13 @@ func planDistinct(rc *query.Ctx, body bsoncore.Document, forExplain bool) (*Comm
 	}
 	sf, err := rc.Split(filter)
 	if err != nil {
-		return nil, err
+		// As a find's: the proxy may collect what the upstream cannot.
+		spec, sc, _ := planEventScan(rc, filter, nil)
+		if spec == nil {
+			return nil, err
+		}
+		d := &distinctDrain{path: strings.Split(key, ".")}
+		return &Command{rc: rc, Point: newScanRead(rc, spec, sc, nil, 0, 0, false), PointDrain: d.pointDrain()}, nil
 	}
 	metas := newMetaResolver(rc)
 	p := &Command{rc: rc, Drain: true, metas: metas, bucketFilter: sf.Bucket, drain: &distinctDrain{path: strings.Split(key, "."), metaField: rc.MetaField, metas: metas}}
@@ -437,6 +443,18 @@ func (e *errorDrain) feed(bsoncore.Document) error { return nil }
 func (e *errorDrain) result() bsoncore.Document { return e.reply }
 
 type countDrain struct{ n int64 }
+
+// PointDrain is what a count or distinct served by a point read does
+// with its events (see Command.PointDrain).
+type PointDrain struct {
+	take   func(ev bsoncore.Document) error
+	result func() bsoncore.Document
+}
+
+// pointDrain counts the events, answering with reply.
+func (c *countDrain) pointDrain(reply func() bsoncore.Document) *PointDrain {
+	return &PointDrain{take: func(bsoncore.Document) error { c.n++; return nil }, result: reply}
+}
 
 func (c *countDrain) feed(d bsoncore.Document) error {
 	v, err := d.LookupErr("n")

@@ -699,8 +699,8 @@ func TestReadHintIgnored(t *testing.T) {
 	}
 }
 
-// TestCountMetaInOr: a count command or countDocuments whose filter has
-// the metaField inside $or or $nor, which FerretDB cannot run on unwound
+// TestCountMetaInOr: a count command, countDocuments or distinct whose
+// filter has the metaField inside $or or $nor, which FerretDB cannot run on unwound
 // events, is counted by the proxy; the same as on a plain collection of
 // the same events.
 func TestCountMetaInOr(t *testing.T) {
@@ -751,6 +751,18 @@ func TestCountMetaInOr(t *testing.T) {
 			got, err := proxied.Collection("readings").CountDocuments(ctx, f, o)
 			if err != nil || got != want {
 				t.Fatalf("countDocuments %v: %d (%v), plain %d", f, got, err, want)
+			}
+		}
+		// distinct, of an event field and of the metaField (without a
+		// deadline: FerretDB's distinct refuses maxTimeMS).
+		for _, key := range []string{"value", "sensorId"} {
+			want, err := connectNoTimeout(t, env.upstreamURI).Database(db).Collection("plain").Distinct(context.Background(), key, f).Raw()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := connectNoTimeout(t, p.URI()).Database(db).Collection("readings").Distinct(context.Background(), key, f).Raw()
+			if err != nil || got.String() != want.String() || len(want) <= 5 {
+				t.Fatalf("distinct %s %v: %v (%v), plain %v", key, f, got, err, want)
 			}
 		}
 	}
