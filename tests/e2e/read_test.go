@@ -586,7 +586,6 @@ func TestReadDifferential(t *testing.T) {
 			want string
 		}{
 			{bson.D{{Key: "find", Value: "readings"}, {Key: "filter", Value: bson.D{{Key: "$where", Value: "1"}}}}, `filter operator "$where"`},
-			{bson.D{{Key: "find", Value: "readings"}, {Key: "hint", Value: bson.D{{Key: "ts", Value: 1}}}}, `find option "hint"`},
 			{bson.D{{Key: "find", Value: "readings"}, {Key: "collation", Value: bson.D{{Key: "locale", Value: "fr"}}}}, `find option "collation"`},
 			{bson.D{{Key: "aggregate", Value: "readings"}, {Key: "pipeline", Value: bson.A{bson.D{{Key: "$group", Value: bson.D{{Key: "_id", Value: "$sensor"}}}}}}, {Key: "cursor", Value: bson.D{}}}, `"$group"`},
 			{bson.D{{Key: "update", Value: "readings"}, {Key: "updates", Value: bson.A{bson.D{{Key: "q", Value: bson.D{}}, {Key: "u", Value: bson.D{{Key: "$set", Value: bson.D{{Key: "x", Value: 1}}}}}}}}}, `update is not supported`},

@@ -239,7 +239,8 @@ func TestAuthorizationBeforeRefusals(t *testing.T) {
 		{{Key: "findAndModify", Value: "readings"}, {Key: "query", Value: bson.D{}}, {Key: "update", Value: bson.D{{Key: "$set", Value: bson.D{{Key: "v", Value: 1}}}}}},
 		{{Key: "explain", Value: bson.D{{Key: "find", Value: "readings"}, {Key: "filter", Value: bson.D{}}}}},
 		{{Key: "find", Value: "readings"}, {Key: "filter", Value: bson.D{{Key: "$where", Value: "true"}}}},
-		{{Key: "find", Value: "readings"}, {Key: "hint", Value: bson.D{{Key: "ts", Value: 1}}}},
+		{{Key: "find", Value: "readings"}, {Key: "collation", Value: bson.D{{Key: "locale", Value: "fr"}}}},
+		{{Key: "find", Value: "readings"}, {Key: "filter", Value: bson.D{{Key: "$or", Value: bson.A{bson.D{{Key: "sensorId", Value: "x"}}}}}}, {Key: "sort", Value: bson.D{{Key: "sensorId", Value: 1}}}}, // an event scan
 		{{Key: "insert", Value: "readings"}, {Key: "documents", Value: bson.A{bson.D{{Key: "sensorId", Value: "x"}}}}},
 		{{Key: "delete", Value: "readings"}, {Key: "deletes", Value: bson.A{bson.D{{Key: "q", Value: bson.D{{Key: "$where", Value: "1"}}}, {Key: "limit", Value: 0}}}}},
 		{{Key: "aggregate", Value: "readings"}, {Key: "pipeline", Value: bson.A{bson.D{{Key: "$lookup", Value: bson.D{{Key: "from", Value: "x"}, {Key: "as", Value: "y"}, {Key: "localField", Value: "a"}, {Key: "foreignField", Value: "b"}}}}}}, {Key: "cursor", Value: bson.D{}}},
