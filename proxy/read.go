@@ -167,11 +167,11 @@ func (c *conn) rewriteListCollections(req *request) error {
 }
 
 // idLookupCost says what a find by _id on rule's bucket collection costs
-// on this upstream. FerretDB v1.24 does on both its storages: its _id
-// index is on an expression its own queries do not use (SQLite compares
-// `->'$._id'`, PostgreSQL tests `-> '_id' @> ...`), unless the proxy added
-// the index SQLite can use (the embedded upstream). The upstream's plan
-// of a probe tells, once per upstream.
+// on this upstream. On both of FerretDB v1.24's storages it scans the
+// collection: its _id index is on an expression its own queries do not
+// use (SQLite compares `->'$._id'`, PostgreSQL tests `-> '_id' @> ...`),
+// unless the proxy added the index SQLite can use (the embedded
+// upstream). The upstream's plan of a probe tells, once per upstream.
 func (c *conn) idLookupCost(rule *rules.Rule, caps caps.Upstream) read.IDLookupCost {
 	if !caps.IDOnlyFilters || c.s.opts.IndexIDs != nil {
 		return read.IDLookupIndexed
