@@ -419,7 +419,9 @@ func (a *aggregateRewrite) countByEventScan() *Command {
 		case a.stages[i].Name == "$skip" && limit == 0:
 			skip += n
 		case a.stages[i].Name == "$limit" && n > 0:
-			limit = n
+			if limit == 0 || n < limit {
+				limit = n
+			}
 		default:
 			return nil
 		}
