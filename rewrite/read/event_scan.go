@@ -279,34 +279,21 @@ func (sc *bucketScan) upstreamSort() bsoncore.Document {
 // eventsOfBuckets are the events of buckets that the spec's bounds and
 // filter select, with their meta restored, sorted on the spec's order.
 func (p *PointRead) eventsOfBuckets(buckets []bsoncore.Document) ([]bsoncore.Document, error) {
+	evs, err := p.eventsInRange(buckets)
+	if err != nil {
+		return nil, err
+	}
 	var docs []bsoncore.Document
-	for _, b := range buckets {
-		meta, err := b.LookupErr(bucket.FieldMeta)
-		if err != nil {
-			meta = bsoncore.Value{Type: bsoncore.TypeNull}
-		}
-		vals, err := bucketEvents(b, p.ns)
+	for _, e := range evs {
+		doc, err := bucket.RestoreMeta(e.ev, p.metaField, func() (bsoncore.Value, error) { return e.meta, nil })
 		if err != nil {
 			return nil, err
 		}
-		for _, v := range vals {
-			ev, ok := v.DocumentOK()
-			if !ok {
-				continue
-			}
-			if ms, ok := ev.Lookup(p.timeField).DateTimeOK(); !ok || !p.spec.inRange(ms) {
-				continue
-			}
-			doc, err := bucket.RestoreMeta(ev, p.metaField, func() (bsoncore.Value, error) { return meta, nil })
-			if err != nil {
-				return nil, err
-			}
-			if err := p.checkArrays(doc); err != nil {
-				return nil, err
-			}
-			if p.spec.pred == nil || p.spec.pred(doc) {
-				docs = append(docs, doc)
-			}
+		if err := p.checkArrays(doc); err != nil {
+			return nil, err
+		}
+		if p.spec.pred == nil || p.spec.pred(doc) {
+			docs = append(docs, doc)
 		}
 	}
 	if len(p.spec.order) > 0 {

@@ -231,29 +231,9 @@ func (p *PointRead) emitBuckets(buckets []bsoncore.Document) error {
 		}
 		return nil
 	}
-	var evs []pointEvent
-	for _, b := range buckets {
-		meta, err := b.LookupErr(bucket.FieldMeta)
-		if err != nil {
-			meta = bsoncore.Value{Type: bsoncore.TypeNull}
-		}
-		vals, err := bucketEvents(b, p.ns)
-		if err != nil {
-			return err
-		}
-		for _, v := range vals {
-			ev, ok := v.DocumentOK()
-			if !ok {
-				continue
-			}
-			// A stored time that is not a date (never written by the
-			// proxy) cannot match a date range, as in MongoDB.
-			ms, ok := ev.Lookup(p.timeField).DateTimeOK()
-			if !ok || !p.spec.inRange(ms) {
-				continue
-			}
-			evs = append(evs, pointEvent{ev: ev, ms: ms, meta: meta})
-		}
+	evs, err := p.eventsInRange(buckets)
+	if err != nil {
+		return err
 	}
 	if p.spec.sortDir != 0 {
 		slices.SortStableFunc(evs, p.compare)
@@ -296,6 +276,36 @@ func (p *PointRead) take(doc bsoncore.Document) (done bool, err error) {
 		p.limit--
 	}
 	return false, nil
+}
+
+// eventsInRange are the events of buckets inside the spec's time bounds,
+// each with its bucket's meta.
+func (p *PointRead) eventsInRange(buckets []bsoncore.Document) ([]pointEvent, error) {
+	var evs []pointEvent
+	for _, b := range buckets {
+		meta, err := b.LookupErr(bucket.FieldMeta)
+		if err != nil {
+			meta = bsoncore.Value{Type: bsoncore.TypeNull}
+		}
+		vals, err := bucketEvents(b, p.ns)
+		if err != nil {
+			return nil, err
+		}
+		for _, v := range vals {
+			ev, ok := v.DocumentOK()
+			if !ok {
+				continue
+			}
+			// A stored time that is not a date (never written by the
+			// proxy) cannot match a date range, as in MongoDB.
+			ms, ok := ev.Lookup(p.timeField).DateTimeOK()
+			if !ok || !p.spec.inRange(ms) {
+				continue
+			}
+			evs = append(evs, pointEvent{ev: ev, ms: ms, meta: meta})
+		}
+	}
+	return evs, nil
 }
 
 func (p *PointRead) compare(a, b pointEvent) int {
