@@ -21,6 +21,15 @@ import (
 // to Feed in the same order.
 type Step []Upstream
 
+// StepOf is the step that sends each of bodies, in order.
+func StepOf(bodies [][]byte) Step {
+	step := make(Step, len(bodies))
+	for i, b := range bodies {
+		step[i] = Upstream{Body: b}
+	}
+	return step
+}
+
 // Upstream is one command for the upstream.
 type Upstream struct {
 	// Body is the command document ($db included).

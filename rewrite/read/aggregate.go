@@ -449,8 +449,8 @@ func (a *aggregateRewrite) countByEventScan() *Command {
 	default:
 		return nil
 	}
-	spec, sc, _ := planEventScan(a.rc, query.AndOf(filters), nil)
-	if spec == nil {
+	pr := eventScanRead(a.rc, query.AndOf(filters), nil, nil, query.Paging{Skip: skip, Limit: limit})
+	if pr == nil {
 		return nil
 	}
 	ns := a.rc.NS
@@ -469,5 +469,5 @@ func (a *aggregateRewrite) countByEventScan() *Command {
 		}
 		return cursor.Reply{Key: "firstBatch", Batch: batch, NS: ns}.WithID(0)
 	}
-	return &Command{rc: a.rc, Point: newScanRead(a.rc, spec, sc, nil, skip, limit, false), PointDrain: c.pointDrain(reply)}
+	return &Command{rc: a.rc, Point: pr, PointDrain: c.pointDrain(reply)}
 }

@@ -120,6 +120,18 @@ func planEventScan(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*pointSpec
 	return s, sc, ""
 }
 
+// eventScanRead is the read of an event scan of filter and sortDoc with
+// the given projection and paging, or nil when the scan cannot serve
+// them: the fallback of the reads the upstream cannot run on unwound
+// events.
+func eventScanRead(rc *query.Ctx, filter, sortDoc bsoncore.Document, proj *query.Projection, pg query.Paging) *PointRead {
+	spec, sc, _ := planEventScan(rc, filter, sortDoc)
+	if spec == nil {
+		return nil
+	}
+	return newScanRead(rc, spec, sc, proj, pg.Skip, pg.Limit, pg.Single)
+}
+
 // pushDown narrows the upstream find by the filter's top-level conditions
 // that name buckets exactly: time bounds (on start) and an equality or
 // $in on the metaField. The proxy applies the whole filter all the same.

@@ -51,11 +51,7 @@ func (a *upstreamRead) Next() (rewrite.Step, bool) {
 		return nil, true
 	}
 	if len(a.metas) > 0 {
-		step := make(rewrite.Step, len(a.metas))
-		for i, q := range a.metas {
-			step[i] = rewrite.Upstream{Body: q}
-		}
-		return step, false
+		return rewrite.StepOf(a.metas), false
 	}
 	if a.prefetching && a.next == nil {
 		a.prefetching = false
@@ -160,11 +156,7 @@ func (m *shapeMore) Next() (rewrite.Step, bool) {
 	case m.done:
 		return nil, true
 	case len(m.metas) > 0:
-		step := make(rewrite.Step, len(m.metas))
-		for i, q := range m.metas {
-			step[i] = rewrite.Upstream{Body: q}
-		}
-		return step, false
+		return rewrite.StepOf(m.metas), false
 	}
 	m.sent = true
 	return rewrite.Step{{Body: m.cmd}}, false
@@ -228,11 +220,7 @@ func (p *pointPlan) Next() (rewrite.Step, bool) {
 		return rewrite.Step{{Body: query.KillCursorsCommand(p.rule, p.kill)}}, false
 	}
 	if cmds := p.pr.Lookups(); cmds != nil {
-		step := make(rewrite.Step, len(cmds))
-		for i, c := range cmds {
-			step[i] = rewrite.Upstream{Body: c}
-		}
-		return step, false
+		return rewrite.StepOf(cmds), false
 	}
 	reply, more := p.pr.Batch(p.id)
 	p.res = rewrite.Result{Reply: reply}
@@ -315,11 +303,7 @@ func drainPointRead(pr *PointRead, rule *rules.Rule, d *PointDrain) rewrite.Plan
 		pr.Want(-1)
 		for {
 			for cmds := pr.Lookups(); cmds != nil; cmds = pr.Lookups() {
-				step := make(rewrite.Step, len(cmds))
-				for i, c := range cmds {
-					step[i] = rewrite.Upstream{Body: c}
-				}
-				replies, ok := x.Do(step)
+				replies, ok := x.Do(rewrite.StepOf(cmds))
 				if !ok {
 					return rewrite.Result{}, rewrite.ErrAborted
 				}

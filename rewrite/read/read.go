@@ -31,8 +31,9 @@ type Command struct {
 	// Point, when set, serves the find from bucket point lookups instead
 	// of Command (see PointRead).
 	Point *PointRead
-	// Drain, when set, makes Point serve a count or a distinct: every
-	// event it yields goes to Drain.take, then Drain.result answers.
+	// PointDrain, when set, makes Point serve a count or a distinct:
+	// every event it yields goes to PointDrain.take, then
+	// PointDrain.result answers.
 	PointDrain *PointDrain
 	// Local, when set, is the whole answer (explain of a point read).
 	Local []byte
@@ -210,13 +211,12 @@ func planFind(rc *query.Ctx, body bsoncore.Document, opts Options, forExplain bo
 	if err != nil {
 		// What the upstream cannot run on unwound events, the proxy may
 		// run itself on whole buckets.
-		spec, sc, _ := planEventScan(rc, filter, sortDoc)
-		if spec == nil {
+		pr := eventScanRead(rc, filter, sortDoc, proj, pg)
+		if pr == nil {
 			return nil, err
 		}
-		p := &Command{rc: rc, Point: newScanRead(rc, spec, sc, proj, skip, limit, single)}
-		p.Point.Want(pg.FirstBatch())
-		return p, nil
+		pr.Want(pg.FirstBatch())
+		return &Command{rc: rc, Point: pr}, nil
 	}
 	if single && limit > 0 && (batchSize < 0 || batchSize > limit) {
 		batchSize = limit
@@ -283,12 +283,12 @@ func planCount(rc *query.Ctx, body bsoncore.Document, forExplain bool) (*Command
 	sf, err := rc.Split(filter)
 	if err != nil {
 		// As a find's: the proxy may count what the upstream cannot.
-		spec, sc, _ := planEventScan(rc, filter, nil)
-		if spec == nil {
+		pr := eventScanRead(rc, filter, nil, nil, query.Paging{Skip: skip, Limit: limit})
+		if pr == nil {
 			return nil, err
 		}
 		c := &countDrain{}
-		return &Command{rc: rc, Point: newScanRead(rc, spec, sc, nil, skip, limit, false), PointDrain: c.pointDrain(c.result)}, nil
+		return &Command{rc: rc, Point: pr, PointDrain: c.pointDrain(c.result)}, nil
 	}
 	pipeline := query.EventPipeline(sf)
 	if skip > 0 {
@@ -328,12 +328,12 @@ func planDistinct(rc *query.Ctx, body bsoncore.Document, forExplain bool) (*Comm
 	sf, err := rc.Split(filter)
 	if err != nil {
 		// As a find's: the proxy may collect what the upstream cannot.
-		spec, sc, _ := planEventScan(rc, filter, nil)
-		if spec == nil {
+		pr := eventScanRead(rc, filter, nil, nil, query.Paging{})
+		if pr == nil {
 			return nil, err
 		}
 		d := &distinctDrain{path: strings.Split(key, ".")}
-		return &Command{rc: rc, Point: newScanRead(rc, spec, sc, nil, 0, 0, false), PointDrain: d.pointDrain()}, nil
+		return &Command{rc: rc, Point: pr, PointDrain: d.pointDrain()}, nil
 	}
 	metas := newMetaResolver(rc)
 	p := &Command{rc: rc, Drain: true, metas: metas, bucketFilter: sf.Bucket, drain: &distinctDrain{path: strings.Split(key, "."), metaField: rc.MetaField, metas: metas}}
