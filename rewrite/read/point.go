@@ -12,7 +12,7 @@ import (
 )
 
 // PointRead is a find served from bucket point lookups (see
-// read_point_plan.go): a cursor the proxy holds itself. It streams window
+// point_plan.go): a cursor the proxy holds itself. It streams window
 // by window: only the buckets of the windows in flight and the events of
 // the batch being built are in memory.
 //
@@ -77,7 +77,7 @@ func newPointRead(rc *query.Ctx, s *pointSpec, proj *query.Projection, skip, lim
 }
 
 // newScanRead is a PointRead whose buckets come from one sorted upstream
-// find (see read_scan.go) instead of _id lookups.
+// find (see scan.go) instead of _id lookups.
 func newScanRead(rc *query.Ctx, s *pointSpec, sc *bucketScan, proj *query.Projection, skip, limit int64, single bool) *PointRead {
 	p := newPointRead(rc, s, proj, skip, limit, single)
 	p.scan = sc
@@ -400,132 +400,4 @@ func (p *PointRead) explainTarget() []byte {
 	d = bsoncore.AppendStringElement(d, "$db", p.db)
 	d, _ = bsoncore.AppendDocumentEnd(d, idx)
 	return d
-}
-
-// scanFind is the upstream find of a scan read.
-func (p *PointRead) scanFind() []byte {
-	sc := p.scan
-	nb := bsoncore.NewDocumentBuilder
-	return nb().AppendString("find", p.coll).
-		AppendDocument("filter", sc.scanFilter()).
-		AppendDocument("sort", sc.upstreamSort()).
-		AppendInt32("batchSize", scanBatchBuckets).
-		AppendString("$db", p.db).Build()
-}
-
-func (p *PointRead) scanGetMore() []byte {
-	return bsoncore.NewDocumentBuilder().AppendInt64("getMore", p.scan.cursor).
-		AppendString("collection", p.coll).
-		AppendInt32("batchSize", scanBatchBuckets).
-		AppendString("$db", p.db).Build()
-}
-
-// scanLookups is Lookups of a scan: the find, then one getMore at a time.
-func (p *PointRead) scanLookups() [][]byte {
-	sc := p.scan
-	if sc.done {
-		return nil
-	}
-	if !sc.sent {
-		sc.sent = true
-		p.LookupsSent++
-		return [][]byte{p.scanFind()}
-	}
-	p.LookupsSent++
-	return [][]byte{p.scanGetMore()}
-}
-
-// scanFeed takes the reply to the find or a getMore: each bucket joins
-// its window, and a window is emitted once the next one starts (or the
-// upstream cursor ends).
-func (p *PointRead) scanFeed(replies [][]byte) error {
-	sc := p.scan
-	if len(replies) != 1 {
-		return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: %d replies to one bucket scan command", p.ns, len(replies))
-	}
-	doc := bsoncore.Document(replies[0])
-	if err := doc.Validate(); err != nil {
-		return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: upstream reply is not valid BSON: %v", p.ns, err)
-	}
-	if !mongoerr.IsOK(doc) {
-		sc.done, sc.cursor = true, 0
-		return scanError(p.ns, doc)
-	}
-	id, ok := doc.Lookup("cursor", "id").AsInt64OK()
-	if !ok {
-		sc.done, sc.cursor = true, 0
-		return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: upstream bucket scan reply has no cursor id", p.ns)
-	}
-	sc.cursor = id
-	for _, b := range batchDocs(doc) {
-		k, err := sc.runKeyOf(b, p.ns)
-		if err != nil {
-			return err
-		}
-		p.BucketsRead++
-		if sc.hasWin && !sc.oneRun {
-			switch sc.step(k) {
-			case -1:
-				return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: upstream returned buckets out of the order of %s", p.ns, sc.upstreamSort())
-			case 1:
-				if err := p.emitScanWindow(); err != nil {
-					return err
-				}
-			}
-		}
-		sc.hasWin, sc.run = true, k
-		sc.cur = append(sc.cur, b)
-		if sc.curBytes += len(b); sc.curBytes > maxRunBytes {
-			return runTooLarge(p.ns, sc)
-		}
-	}
-	if id == 0 {
-		sc.done = true
-		if sc.hasWin {
-			return p.emitScanWindow()
-		}
-	}
-	return nil
-}
-
-func (p *PointRead) emitScanWindow() error {
-	sc := p.scan
-	err := p.emitBuckets(sc.cur)
-	sc.cur, sc.hasWin, sc.curBytes = nil, false, 0
-	return err
-}
-
-// OpenUpstreamCursor is the upstream cursor a scan read still holds open
-// (0 if none): the proxy kills it when the read ends before the upstream
-// cursor does (a limit, a single batch, killCursors).
-func (p *PointRead) OpenUpstreamCursor() int64 {
-	if p.scan == nil || p.scan.done {
-		return 0
-	}
-	return p.scan.cursor
-}
-
-// UpstreamCursorClosed records that the proxy killed the upstream cursor:
-// the read is over, and the cursor is not killed twice.
-func (p *PointRead) UpstreamCursorClosed() {
-	if p.scan != nil {
-		p.scan.done, p.scan.cursor = true, 0
-	}
-}
-
-// scanExplain is what explain shows of a scan read.
-func (p *PointRead) scanExplain() bsoncore.Document {
-	nb := bsoncore.NewDocumentBuilder
-	tp := nb().AppendString("stage", "TSPROXY_BUCKET_SCAN").
-		AppendString("bucketCollection", p.bucketNS).
-		AppendDocument("find", p.scanFind()).
-		AppendString("eventFilter", p.spec.filterExplain()).
-		AppendString("order", p.scan.orderExplain())
-	if p.spec.order == nil {
-		tp.AppendInt32("sortTime", int32(p.spec.sortDir)).AppendInt32("sortID", int32(p.spec.idDir))
-	}
-	return nb().AppendDocument("queryPlanner", nb().
-		AppendString("namespace", p.ns).
-		AppendDocument("winningPlan", tp.Build()).Build()).
-		AppendDouble("ok", 1).Build()
 }
