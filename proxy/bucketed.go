@@ -81,6 +81,9 @@ func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
 	if err != nil {
 		return err
 	}
+	if err := c.stopIDIndex(rule); err != nil {
+		return c.refuseBeforeWrite(req, rule, err, c.replyRewriteError)
+	}
 	cmd := commandOf(req)
 	held := &heldLocks{c: c}
 	defer held.releaseAll()

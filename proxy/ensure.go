@@ -70,6 +70,7 @@ func (s *Server) forgetNamespace(ns string) {
 	s.once.forget(ns)
 	s.state.forgetBuckets(ns)
 	s.shells.forget(ns)
+	s.idIndexOff.Delete(ns)
 }
 
 // ensureBucketIndex creates the rule's bucket index the first time the

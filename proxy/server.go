@@ -77,6 +77,10 @@ type Server struct {
 	once    *onceSteps        // ensure.go
 	shells  *shellMemory      // layout.go
 	writes  *writeIDs         // layout.go
+	// idIndexOff: bucket namespace -> the writer-lease term (its start;
+	// zero without leases) in which this proxy stopped the event-id
+	// index before writing directly (id_index.go).
+	idIndexOff sync.Map
 
 	mu       sync.Mutex
 	ln       net.Listener

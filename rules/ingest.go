@@ -74,6 +74,11 @@ func (r *Rule) StagePrefix() string {
 	return StagePrefix + hex.EncodeToString(sum[:6]) + "_"
 }
 
+// IDIndexCollection holds the rule's event-id index (rewrite/bucket's
+// IDIndexEntry): in the staging tier's names, so it is hidden and
+// dropped with them.
+func (r *Rule) IDIndexCollection() string { return r.StagePrefix() + "ids" }
+
 // ingest decodes ingest and mergeAfter of the rule at path p.
 func (d *decoder) ingest(p string, m map[string]any, r *Rule) {
 	k := func(name string) string { return p + "." + name }

@@ -121,6 +121,9 @@ type ingestStorage struct {
 	leftover        []string  // staging collections left after the flush
 	txns            bool      // <bucket>.stage.txns exists
 	txnsDocs        int64
+	// idIndex is the event-id index (one small document per bucket),
+	// counted into bucket and bucketN: it is storage the buckets need.
+	idIndex         collStats
 	docsRat, idxRat float64 // plain/bucketed: documents (counted), index bytes
 }
 
@@ -327,6 +330,10 @@ func settled(ctx context.Context, db *mongo.Database) (ingestStorage, error) {
 	for _, name := range names {
 		switch {
 		case name == plainColl || name == bucketColl || name == rules.LeaseCollection:
+		case isIDIndex(name):
+			if st.idIndex, err = stats(ctx, db, name); err != nil {
+				return st, err
+			}
 		case isTxns(name):
 			st.txns = true
 			if st.txnsDocs, err = db.Collection(name).CountDocuments(ctx, bson.D{}); err != nil {
@@ -362,9 +369,18 @@ func settled(ctx context.Context, db *mongo.Database) (ingestStorage, error) {
 	if st.bucket, err = stats(ctx, db, bucketColl); err != nil {
 		return st, err
 	}
+	st.bucketN += st.idIndex.count
+	st.bucket.size += st.idIndex.size
+	st.bucket.indexSize += st.idIndex.indexSize
 	st.docsRat = ratio(st.plainN, st.bucketN)
 	st.idxRat = ratio(st.plain.indexSize, st.bucket.indexSize)
 	return st, nil
+}
+
+// isIDIndex says whether name is a rule's event-id index collection
+// (rules.Rule.IDIndexCollection).
+func isIDIndex(name string) bool {
+	return strings.HasPrefix(name, "tsproxy_stage_") && strings.HasSuffix(name, "_ids")
 }
 
 // isTxns says whether name is the staging tier's small bookkeeping

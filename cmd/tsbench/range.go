@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"flag"
 	"fmt"
 	"os"
@@ -53,6 +54,9 @@ type rangeQuery struct {
 	// bucketFilter selects, on the bucket collection, the buckets the
 	// proxy reads for this query (to report them).
 	bucketFilter bson.D
+	// one makes the query a findOne (limit 1, no sort), as drivers and
+	// ODMs read a document back by its _id.
+	one bool
 }
 
 func rangeQueries(o *rangeOptions) []rangeQuery {
@@ -85,6 +89,12 @@ func rangeQueries(o *rangeOptions) []rangeQuery {
 			name:         "same, aggregate path",
 			filter:       bson.D{{Key: "$and", Value: bson.A{dayRange, bson.D{{Key: "ts", Value: bson.D{{Key: "$type", Value: "date"}}}}}}},
 			bucketFilter: bson.D{}, // the aggregate path decodes every bucket on FerretDB
+		},
+		{
+			name:         "findOne by event _id",
+			filter:       bson.D{{Key: "_id", Value: rangeEventID(o.series/2, int(mid.Sub(rangeBase)/o.every), mid)}},
+			bucketFilter: bson.D{{Key: "meta", Value: series}, {Key: "start", Value: mid.Truncate(o.span)}},
+			one:          true,
 		},
 	}
 	return qs
@@ -198,6 +208,13 @@ func (r *rangeRun) timeFind(ctx context.Context, path string, q rangeQuery) (int
 		coll = r.plain
 	}
 	t0 := time.Now()
+	if q.one {
+		err := coll.FindOne(ctx, q.filter).Err()
+		if err != nil {
+			return 0, 0, fmt.Errorf("%s %s: %w", path, q.name, err)
+		}
+		return 1, float64(time.Since(t0).Microseconds()) / 1000, nil
+	}
 	cur, err := coll.Find(ctx, q.filter, options.Find().SetSort(bson.D{{Key: "ts", Value: 1}}))
 	if err != nil {
 		return 0, 0, fmt.Errorf("%s %s: %w", path, q.name, err)
@@ -235,8 +252,10 @@ func loadRange(ctx context.Context, coll *mongo.Collection, o *rangeOptions, per
 	for s := 0; s < o.series; s++ {
 		sensor := fmt.Sprintf("s%03d", s)
 		for i := 0; i < perSeries; i++ {
+			ts := rangeBase.Add(time.Duration(i) * o.every)
 			batch = append(batch, bson.D{
-				{Key: "ts", Value: rangeBase.Add(time.Duration(i) * o.every)},
+				{Key: "_id", Value: rangeEventID(s, i, ts)},
+				{Key: "ts", Value: ts},
 				{Key: "sensor", Value: sensor},
 				{Key: "value", Value: float64((i*7+s)%1000) / 10},
 			})
@@ -253,6 +272,17 @@ func loadRange(ctx context.Context, coll *mongo.Collection, o *rangeOptions, per
 		return err
 	}
 	return nil
+}
+
+// rangeEventID is the _id a driver would have given the i-th event of
+// series s had it been inserted live: an ObjectID whose time is the
+// event's, unique per event, the same on both paths.
+func rangeEventID(s, i int, ts time.Time) bson.ObjectID {
+	var id bson.ObjectID
+	binary.BigEndian.PutUint32(id[0:4], uint32(ts.Unix()))
+	binary.BigEndian.PutUint32(id[4:8], uint32(s))
+	binary.BigEndian.PutUint32(id[8:12], uint32(i))
+	return id
 }
 
 // proxyExamined is what the proxy read for a query: the buckets its plan

@@ -30,11 +30,15 @@ func planAggregate(rc *query.Ctx, body bsoncore.Document, opts Options, forExpla
 		return nil, err
 	}
 	a.stages = stages
+	// countDocuments by event _id: from the index.
+	if p := a.countBy(idIndexRead); p != nil {
+		return p, nil
+	}
 	i, err := a.splitLeadingMatches()
 	if err != nil {
 		// countDocuments of what the upstream cannot filter on unwound
 		// events: counted by the proxy.
-		if p := a.countByEventScan(); p != nil {
+		if p := a.countBy(eventScanRead); p != nil {
 			return p, nil
 		}
 		return nil, err
@@ -399,11 +403,12 @@ func WholeNumber(v bsoncore.Value) (int64, bool) {
 	return 0, false
 }
 
-// countByEventScan plans a count-shaped pipeline, [$match...] [$skip]
-// [$limit] then a count $group or $count (what drivers send for
-// countDocuments), as an event scan the proxy counts; nil when the
-// pipeline has another shape or the scan cannot serve the filter.
-func (a *aggregateRewrite) countByEventScan() *Command {
+// countBy plans a count-shaped pipeline, [$match...] [$skip] [$limit]
+// then a count $group or $count (what drivers send for countDocuments),
+// as a read of the proxy's own (an event scan, an index read) that it
+// counts; nil when the pipeline has another shape or read cannot serve
+// the filter.
+func (a *aggregateRewrite) countBy(read func(rc *query.Ctx, filter, sortDoc bsoncore.Document, proj *query.Projection, pg query.Paging) *PointRead) *Command {
 	var filters []bsoncore.Document
 	i := 0
 	for ; i < len(a.stages) && a.stages[i].Name == "$match"; i++ {
@@ -449,7 +454,7 @@ func (a *aggregateRewrite) countByEventScan() *Command {
 	default:
 		return nil
 	}
-	pr := eventScanRead(a.rc, query.AndOf(filters), nil, nil, query.Paging{Skip: skip, Limit: limit})
+	pr := read(a.rc, query.AndOf(filters), nil, nil, query.Paging{Skip: skip, Limit: limit})
 	if pr == nil {
 		return nil
 	}

@@ -23,6 +23,7 @@ import (
 type PointRead struct {
 	spec      *pointSpec
 	scan      *bucketScan // set: the buckets come from a scan, not keys
+	ids       *idRead     // set: from the event-id index first (id_read.go)
 	bucketNS  string
 	coll, db  string
 	ns        string
@@ -98,6 +99,9 @@ func (p *PointRead) exhausted() bool {
 	if p.limited && p.limit == 0 {
 		return true
 	}
+	if p.ids != nil {
+		return p.ids.emitted
+	}
 	if p.scan != nil {
 		return p.scan.exhausted()
 	}
@@ -109,6 +113,9 @@ func (p *PointRead) exhausted() bool {
 func (p *PointRead) Lookups() [][]byte {
 	if p.exhausted() || p.batchFull() {
 		return nil
+	}
+	if p.ids != nil {
+		return p.idLookups()
 	}
 	if p.scan != nil {
 		return p.scanLookups()
@@ -144,6 +151,9 @@ func (p *PointRead) lookupCommand(k pointKey, seq int) []byte {
 
 // Feed takes the replies to the last Lookups, in order.
 func (p *PointRead) Feed(replies [][]byte) error {
+	if p.ids != nil {
+		return p.idFeed(replies)
+	}
 	if p.scan != nil {
 		return p.scanFeed(replies)
 	}
@@ -347,6 +357,9 @@ func (p *PointRead) Batch(id int64) (reply []byte, more bool) {
 // explainPoint is what explain shows of a point plan: what the proxy
 // sends upstream, and what it does itself.
 func (p *PointRead) explain() bsoncore.Document {
+	if p.ids != nil {
+		return p.idExplain()
+	}
 	if p.scan != nil {
 		return p.scanExplain()
 	}
@@ -379,6 +392,8 @@ func (p *PointRead) explain() bsoncore.Document {
 func (p *PointRead) explainTarget() []byte {
 	var cmd []byte
 	switch {
+	case p.ids != nil:
+		cmd = p.idFind()
 	case p.scan != nil:
 		cmd = p.scanFind()
 	case len(p.keys) > 0:

@@ -207,6 +207,10 @@ func planFind(rc *query.Ctx, body bsoncore.Document, opts Options, forExplain bo
 	if err != nil {
 		return nil, err
 	}
+	if pr := idIndexRead(rc, filter, sortDoc, proj, pg); pr != nil {
+		pr.Want(pg.FirstBatch())
+		return &Command{rc: rc, Point: pr}, nil
+	}
 	pipeline, sf, err := findPipeline(rc, filter, sortDoc, pg)
 	if err != nil {
 		// What the upstream cannot run on unwound events, the proxy may
@@ -280,13 +284,17 @@ func planCount(rc *query.Ctx, body bsoncore.Document, forExplain bool) (*Command
 	if err != nil {
 		return nil, err
 	}
+	pg := query.Paging{Skip: skip, Limit: limit}
+	// By event _id, from the index; else what the upstream cannot filter
+	// on unwound events, counted by the proxy as a find's.
 	sf, err := rc.Split(filter)
-	if err != nil {
-		// As a find's: the proxy may count what the upstream cannot.
-		pr := eventScanRead(rc, filter, nil, nil, query.Paging{Skip: skip, Limit: limit})
-		if pr == nil {
+	pr := idIndexRead(rc, filter, nil, nil, pg)
+	if pr == nil && err != nil {
+		if pr = eventScanRead(rc, filter, nil, nil, pg); pr == nil {
 			return nil, err
 		}
+	}
+	if pr != nil {
 		c := &countDrain{}
 		return &Command{rc: rc, Point: pr, PointDrain: c.pointDrain(c.result)}, nil
 	}
@@ -325,13 +333,16 @@ func planDistinct(rc *query.Ctx, body bsoncore.Document, forExplain bool) (*Comm
 	if err != nil {
 		return nil, err
 	}
+	// As a count's: by event _id from the index, or collected by the
+	// proxy where the upstream cannot filter.
 	sf, err := rc.Split(filter)
-	if err != nil {
-		// As a find's: the proxy may collect what the upstream cannot.
-		pr := eventScanRead(rc, filter, nil, nil, query.Paging{})
-		if pr == nil {
+	pr := idIndexRead(rc, filter, nil, nil, query.Paging{})
+	if pr == nil && err != nil {
+		if pr = eventScanRead(rc, filter, nil, nil, query.Paging{}); pr == nil {
 			return nil, err
 		}
+	}
+	if pr != nil {
 		d := &distinctDrain{path: strings.Split(key, ".")}
 		return &Command{rc: rc, Point: pr, PointDrain: d.pointDrain()}, nil
 	}

@@ -70,6 +70,9 @@ type Merge struct {
 	rule  *rules.Rule
 	lim   bucket.Limits
 	opts  MergeOptions
+	// idIndexListed: the rule's event-id index collection existed when
+	// the merge listed the collections (see writeIDIndex).
+	idIndexListed bool
 }
 
 // NewMerge plans a merge of rule's staging tier.
@@ -162,6 +165,9 @@ func (m *Merge) list(x *rewrite.Exec) (open, retired []Collection, err error) {
 	take := func(docs []bsoncore.Document) error {
 		for _, d := range docs {
 			name, _ := d.Lookup("name").StringValueOK()
+			if name == m.rule.IDIndexCollection() {
+				m.idIndexListed = true
+			}
 			if IsFlushMarker(m.rule, name) {
 				m.Stats.Markers = append(m.Stats.Markers, name)
 			}

@@ -144,6 +144,9 @@ func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records map[bson.ObjectI
 		}
 	}
 	buckets, events := m.buckets(groups, plan.bases)
+	if err := m.writeIDIndex(x, buckets); err != nil {
+		return err
+	}
 	if err := m.insertBuckets(x, buckets); err != nil {
 		return err
 	}
@@ -255,7 +258,8 @@ type builtBucket struct {
 	id    bson.ObjectID
 	doc   bsoncore.Document
 	count int
-	first bsoncore.Value // the first event's _id
+	first bsoncore.Value    // the first event's _id
+	entry bsoncore.Document // its event-id index entry
 }
 
 // buckets cuts each group into complete buckets from its base seq.
@@ -268,7 +272,10 @@ func (m *Merge) buckets(groups []group, bases map[string]int) ([]builtBucket, in
 		for _, chunk := range bucket.ChunkEvents(g.events, m.lim) {
 			id := g.key.ID(ns, seq)
 			seq++
-			out = append(out, builtBucket{id: id, doc: bucket.Complete(id, chunk, m.rule, m.lim), count: len(chunk), first: chunk[0].Stored.Lookup("_id")})
+			out = append(out, builtBucket{
+				id: id, doc: bucket.Complete(id, chunk, m.rule, m.lim), count: len(chunk), first: chunk[0].Stored.Lookup("_id"),
+				entry: bucket.IDIndexEntry(id, g.key.Start, chunk),
+			})
 			events += len(chunk)
 		}
 	}

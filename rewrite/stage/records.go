@@ -9,6 +9,7 @@ import (
 
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 )
 
@@ -261,4 +262,44 @@ func bucketCount(d bsoncore.Document) int {
 	}
 	n, _ := v.AsInt64OK()
 	return int(n)
+}
+
+// writeIDIndex writes the event-id index entries of buckets before the
+// buckets, so a crash between leaves an entry without a bucket (a wasted
+// lookup), never a bucket without an entry. The first merge into an
+// empty bucket collection starts the index with its marker; one into a
+// collection that already holds buckets without entries (written before
+// the index existed) leaves the marker out, and finds by _id keep reading
+// every bucket there.
+func (m *Merge) writeIDIndex(x *rewrite.Exec, buckets []builtBucket) error {
+	coll := m.rule.IDIndexCollection()
+	if !m.idIndexListed {
+		n, err := m.countOf(x, m.rule.BucketCollection)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			if err := m.insertOne(x, coll, bucket.IDIndexMarkerDoc()); err != nil {
+				return fmt.Errorf("start the event-id index: %w", err)
+			}
+		}
+		m.idIndexListed = true
+	}
+	for len(buckets) > 0 {
+		n := min(len(buckets), 1000)
+		docs := make([]bsoncore.Document, n)
+		for i, b := range buckets[:n] {
+			docs[i] = b.entry
+		}
+		buckets = buckets[n:]
+		reply, ok := x.Do(rewrite.Step{insertStep(m.rule.DB, coll, docs)})
+		if !ok {
+			return rewrite.ErrAborted
+		}
+		// A duplicate key is the same entry, written by an earlier run.
+		if _, err := insertOutcome(reply[0]); err != nil {
+			return fmt.Errorf("write event-id index: %w", err)
+		}
+	}
+	return nil
 }

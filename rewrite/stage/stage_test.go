@@ -11,6 +11,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/insert"
 	"github.com/tsproxy/tsproxy/rewrite/internal/rwtest"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
@@ -308,6 +309,31 @@ func storedEvents(t *testing.T, m *mem) map[string]int {
 	return got
 }
 
+// checkIDIndex checks the event-id index of m's rule: each merged bucket
+// has an entry that may hold each of its events' ids, and the marker is
+// there when wantMarker.
+func checkIDIndex(t *testing.T, m *mem, wantMarker bool) {
+	t.Helper()
+	index := m.colls[rwtest.Rule().IDIndexCollection()]
+	marker := slices.ContainsFunc(index, bucket.IsIDIndexMarker)
+	if marker != wantMarker {
+		t.Fatalf("index marker: %v, want %v", marker, wantMarker)
+	}
+	for _, b := range m.colls["readings.buckets"] {
+		bid := b.Lookup("_id").ObjectID()
+		vals, _ := b.Lookup("events").Array().Values()
+		for _, v := range vals {
+			set := bucket.NewIDSet([]bsoncore.Value{v.Document().Lookup("_id")})
+			if !slices.ContainsFunc(index, func(e bsoncore.Document) bool {
+				id, may, ok := set.MayHold(e)
+				return ok && may && id == bid
+			}) {
+				t.Fatalf("event %s of bucket %s: no index entry may hold it", v.Document().Lookup("_id"), bson.ObjectID(bid).Hex())
+			}
+		}
+	}
+}
+
 func TestMerge(t *testing.T) {
 	t.Run("merges into full buckets after existing ones and drops staging", func(t *testing.T) {
 		m := newMem(t)
@@ -331,7 +357,7 @@ func TestMerge(t *testing.T) {
 			t.Fatal("the second merge did not write seq 3")
 		}
 		for n := range m.colls {
-			if strings.HasPrefix(n, "tsproxy_stage_") && !strings.HasSuffix(n, "_txns") {
+			if strings.HasPrefix(n, "tsproxy_stage_") && !strings.HasSuffix(n, "_txns") && !strings.HasSuffix(n, "_ids") {
 				t.Fatalf("staging collection %s left", n)
 			}
 		}
@@ -340,6 +366,14 @@ func TestMerge(t *testing.T) {
 				t.Fatalf("event %s stored %d times", id, n)
 			}
 		}
+		checkIDIndex(t, m, true)
+	})
+	t.Run("an event-id index started on buckets it does not cover has no marker", func(t *testing.T) {
+		m := newMem(t)
+		m.colls["readings.buckets"] = append(m.colls["readings.buckets"], rwtest.Doc(t, bson.D{{Key: "_id", Value: rwtest.OID(9)}, {Key: "meta", Value: "z"}, {Key: "start", Value: rwtest.DT(0)}, {Key: "count", Value: 0}, {Key: "events", Value: bson.A{}}}))
+		stagedInsert(t, m, events("a", 0, 1))
+		merge(t, m, stage.MergeOptions{All: true})
+		checkIDIndex(t, m, false)
 	})
 	t.Run("a merge cut after its plan is finished by the next", func(t *testing.T) {
 		m := newMem(t)

@@ -24,7 +24,7 @@ func bucketWrite(frame []byte) bool {
 		return false
 	}
 	coll, _ := bson.Raw(m.Body).Lookup(name).StringValueOK()
-	return strings.HasSuffix(coll, ".buckets") || (name == "insert" && strings.HasPrefix(coll, "tsproxy_stage_") && !strings.HasSuffix(coll, "_txns"))
+	return strings.HasSuffix(coll, ".buckets") || (name == "insert" && strings.HasPrefix(coll, "tsproxy_stage_") && !strings.HasSuffix(coll, "_txns") && !strings.HasSuffix(coll, "_ids"))
 }
 
 // storedIDs counts, per event _id, how often the buckets of db hold it.

@@ -110,6 +110,27 @@ func TestRetention(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	// The event-id index entries of the swept buckets go with them.
+	name := idIndexCollection(t, ctx, db)
+	if name == "" && !env.external {
+		t.Fatal("no event-id index: the staged merges write one")
+	}
+	if name != "" {
+		index := direct(t).Database(db).Collection(name)
+		for {
+			n, err := index.CountDocuments(ctx, bson.D{{Key: "s", Value: bson.D{{Key: "$lt", Value: cutoff}}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d event-id index entries of swept buckets left", n)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
 }
 
 // TestShardKeyNotSharded: shardKey on an upstream that is not a mongos

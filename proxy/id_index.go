@@ -1,0 +1,50 @@
+package proxy
+
+import (
+	"time"
+
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rules"
+	"github.com/tsproxy/tsproxy/upstream"
+)
+
+// stopIDIndex deletes the marker of rule's event-id index (see
+// rewrite/bucket's IDIndexEntry) before this proxy writes the rule's
+// buckets directly: those buckets get no index entries, so from then on
+// a find by event _id reads every bucket. It runs once per writer-lease
+// term, so a staged merge of another proxy that started the index again
+// in between (after a drop) is undone before the next direct write; on
+// upstreams without leases, once per process and drop.
+func (c *conn) stopIDIndex(rule *rules.Rule) error {
+	if rule.Layout != rules.LayoutEvents || rule.Partitioned() {
+		return nil
+	}
+	ns := rule.BucketNamespace()
+	term, _ := c.s.leases.Current(rule.DB, rule.Collection)
+	if v, ok := c.s.idIndexOff.Load(ns); ok && v.(time.Time).Equal(term.Since) {
+		return nil
+	}
+	reply, err := c.up.Command(bucket.IDIndexStopCommand(rule))
+	if err != nil {
+		return err
+	}
+	if r := upstream.RefusalOf(reply); r != nil {
+		return mongoerr.Errorf(r.Code, "tsproxy rule %s: stop the event-id index before a direct write: %s", rule.Namespace, r.Error())
+	}
+	c.s.idIndexOff.Store(ns, term.Since)
+	return nil
+}
+
+// sweepIDIndex deletes the event-id index entries of the buckets the
+// sweeper deleted (those whose window starts before cutoff). A failure
+// only leaves stale entries, which cost a lookup and never an answer.
+func (s *Server) sweepIDIndex(up *upstream.Conn, rule *rules.Rule, cutoff time.Time) {
+	reply, err := up.Command(bucket.IDIndexSweepCommand(rule, cutoff))
+	if err == nil {
+		err = upstream.CommandError(reply)
+	}
+	if err != nil {
+		s.log.Warn("retention: stale event-id index entries left", "rule", rule.Namespace, "err", err.Error())
+	}
+}

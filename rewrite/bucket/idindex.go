@@ -1,0 +1,247 @@
+package bucket
+
+import (
+	"encoding/binary"
+	"hash/fnv"
+	"math"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rules"
+)
+
+// The event-id index of a rule (rules.Rule.IDIndexCollection) lets a find
+// by event _id read the few buckets that may hold the id instead of every
+// bucket: on FerretDB a filter on "events._id" decodes every bucket, and
+// only a find by a document's own _id is cheap.
+//
+// One entry per bucket, written before the bucket by the merge that writes
+// it (rewrite/stage): {_id: {b: bucket _id, h: hash of the rest}, s:
+// window start, n: events, u: true when some event _id is not hashed, f:
+// a Bloom filter of the hashed ids}. An entry's _id names its content, so
+// a stale entry (its bucket was deleted, or rewritten by a delete with a
+// subset of its events) never stops the entry of a new bucket with the
+// same _id from being written; stale entries cost a lookup, never an
+// answer.
+//
+// The index answers only when it covers every bucket, which the marker
+// document {_id: IDIndexMarker} says: a merge writes it before the first
+// bucket of an empty bucket collection, and the direct write path, whose
+// buckets get no entries, deletes it before its first write (proxy).
+
+// IDIndexMarker is the _id of the document that says the index covers
+// every bucket of the collection.
+const IDIndexMarker = "complete"
+
+// Bloom filter shape: 10 bits per id and 7 probes, about 1% false
+// positives. Fixed, so entries written by any proxy read the same.
+const (
+	idBloomBitsPerID = 10
+	idBloomProbes    = 7
+)
+
+// IDIndexStartField is an entry's window start: the sweeper deletes the
+// entries of the buckets it deletes by it.
+const IDIndexStartField = "s"
+
+// Entry fields.
+const (
+	idEntryBucket   = "b"
+	idEntryHash     = "h"
+	idEntryStart    = "s"
+	idEntryCount    = "n"
+	idEntryUnhashed = "u"
+	idEntryFilter   = "f"
+)
+
+// IDIndexEntry is the index entry of bucket id, of window start (ms),
+// holding events (stored events, each with its _id).
+func IDIndexEntry(id bson.ObjectID, start int64, events []Event) bsoncore.Document {
+	bits := max(128, (len(events)*idBloomBitsPerID+7)/8*8)
+	filter := make([]byte, bits/8)
+	unhashed := false
+	for _, e := range events {
+		key, ok := idHashKey(e.Stored.Lookup("_id"))
+		if !ok {
+			unhashed = true
+			continue
+		}
+		setBloom(filter, key)
+	}
+	h := fnv.New64a()
+	h.Write(filter)
+	if unhashed {
+		h.Write([]byte{1})
+	}
+	nb := bsoncore.NewDocumentBuilder
+	return nb().
+		AppendDocument("_id", nb().AppendObjectID(idEntryBucket, id).AppendInt64(idEntryHash, int64(h.Sum64())).Build()).
+		AppendDateTime(idEntryStart, start).
+		AppendInt32(idEntryCount, int32(len(events))).
+		AppendBoolean(idEntryUnhashed, unhashed).
+		AppendBinary(idEntryFilter, 0, filter).
+		Build()
+}
+
+// IDIndexMarkerDoc is the marker document.
+func IDIndexMarkerDoc() bsoncore.Document {
+	return bsoncore.NewDocumentBuilder().AppendString("_id", IDIndexMarker).Build()
+}
+
+// IsIDIndexMarker says whether doc is the marker document.
+func IsIDIndexMarker(doc bsoncore.Document) bool {
+	s, ok := doc.Lookup("_id").StringValueOK()
+	return ok && s == IDIndexMarker
+}
+
+// IDSet is the event _ids a find asks for, ready to test index entries.
+type IDSet struct {
+	hashed [][]byte
+	// anyUnhashed: some id can equal only ids the filters do not hold
+	// (documents, dates, null...), so entries marked u may hold it.
+	anyUnhashed bool
+	// always: some id may equal an id of any entry (a decimal equals
+	// numbers of every type, and decimals are not hashed).
+	always bool
+}
+
+// NewIDSet prepares the ids of an equality or $in on _id.
+func NewIDSet(ids []bsoncore.Value) *IDSet {
+	s := &IDSet{}
+	for _, v := range ids {
+		if key, ok := idHashKey(v); ok {
+			s.hashed = append(s.hashed, key)
+			continue
+		}
+		if v.Type == bsoncore.TypeDecimal128 || v.Type == bsoncore.TypeDouble {
+			s.always = true // a decimal, or a NaN double
+		}
+		s.anyUnhashed = true
+	}
+	return s
+}
+
+// MayHold says whether the bucket of index entry doc may hold one of the
+// ids, and returns the bucket's _id; ok is false for a document that is
+// not an entry (the marker).
+func (s *IDSet) MayHold(doc bsoncore.Document) (id bson.ObjectID, may, ok bool) {
+	key, err := doc.LookupErr("_id")
+	if err != nil {
+		return id, false, false
+	}
+	kd, isDoc := key.DocumentOK()
+	if !isDoc {
+		return id, false, false
+	}
+	if id, ok = kd.Lookup(idEntryBucket).ObjectIDOK(); !ok {
+		return id, false, false
+	}
+	unhashed, _ := doc.Lookup(idEntryUnhashed).BooleanOK()
+	_, filter, okf := doc.Lookup(idEntryFilter).BinaryOK()
+	if !okf || len(filter) == 0 || s.always || (unhashed && (s.anyUnhashed || len(s.hashed) > 0 && hasNumberKey(s.hashed))) {
+		// No usable filter, or an id the filter cannot rule out.
+		return id, true, true
+	}
+	for _, k := range s.hashed {
+		if testBloom(filter, k) {
+			return id, true, true
+		}
+	}
+	return id, false, true
+}
+
+// hasNumberKey: a number may equal an unhashed decimal of the bucket.
+func hasNumberKey(keys [][]byte) bool {
+	for _, k := range keys {
+		if k[0] == 'n' || k[0] == 'd' {
+			return true
+		}
+	}
+	return false
+}
+
+// idHashKey is the key an id is hashed under, equal for ids MongoDB
+// compares equal: ObjectIDs and strings by their bytes, numbers by value
+// (int32 5, int64 5 and double 5.0 alike). Other types (and decimals,
+// NaN) are not hashed.
+func idHashKey(v bsoncore.Value) ([]byte, bool) {
+	switch v.Type {
+	case bsoncore.TypeObjectID:
+		oid, ok := v.ObjectIDOK()
+		return append([]byte{'o'}, oid[:]...), ok
+	case bsoncore.TypeString:
+		s, ok := v.StringValueOK()
+		return append([]byte{'s'}, s...), ok
+	case bsoncore.TypeInt32, bsoncore.TypeInt64:
+		n, ok := v.AsInt64OK()
+		return binary.BigEndian.AppendUint64([]byte{'n'}, uint64(n)), ok
+	case bsoncore.TypeDouble:
+		f, ok := v.DoubleOK()
+		switch {
+		case !ok || math.IsNaN(f):
+			return nil, false
+		case f == math.Trunc(f) && f >= -(1<<63) && f < 1<<63:
+			return binary.BigEndian.AppendUint64([]byte{'n'}, uint64(int64(f))), true
+		}
+		return binary.BigEndian.AppendUint64([]byte{'d'}, math.Float64bits(f)), true
+	}
+	return nil, false
+}
+
+// bloomProbes calls f with the bit of each probe of key in a filter of
+// nbits bits: double hashing over FNV-1a, whose low bits it first mixes
+// with MurmurHash3's finalizer (FNV's multiply carries a key's last
+// bytes only upward, and ids often differ only there).
+func bloomProbes(nbits int, key []byte, f func(bit int) bool) bool {
+	h := fnv.New64a()
+	h.Write(key)
+	sum := fmix64(h.Sum64())
+	h1, h2 := uint32(sum), uint32(sum>>32)|1
+	for i := uint32(0); i < idBloomProbes; i++ {
+		if !f(int((h1 + i*h2) % uint32(nbits))) {
+			return false
+		}
+	}
+	return true
+}
+
+func fmix64(k uint64) uint64 {
+	k ^= k >> 33
+	k *= 0xff51afd7ed558ccd
+	k ^= k >> 33
+	k *= 0xc4ceb9fe1a85ec53
+	k ^= k >> 33
+	return k
+}
+
+func setBloom(filter, key []byte) {
+	bloomProbes(len(filter)*8, key, func(bit int) bool {
+		filter[bit/8] |= 1 << (bit % 8)
+		return true
+	})
+}
+
+func testBloom(filter, key []byte) bool {
+	return bloomProbes(len(filter)*8, key, func(bit int) bool { return filter[bit/8]&(1<<(bit%8)) != 0 })
+}
+
+// IDIndexStopCommand deletes the marker of rule's event-id index.
+func IDIndexStopCommand(rule *rules.Rule) bson.D {
+	return idIndexDelete(rule, bson.D{{Key: "_id", Value: IDIndexMarker}})
+}
+
+// IDIndexSweepCommand deletes the entries of rule's event-id index whose
+// buckets start before cutoff.
+func IDIndexSweepCommand(rule *rules.Rule, cutoff time.Time) bson.D {
+	return idIndexDelete(rule, bson.D{{Key: IDIndexStartField, Value: bson.D{{Key: "$lt", Value: bson.NewDateTimeFromTime(cutoff)}}}})
+}
+
+func idIndexDelete(rule *rules.Rule, q bson.D) bson.D {
+	return bson.D{
+		{Key: "delete", Value: rule.IDIndexCollection()},
+		{Key: "deletes", Value: bson.A{bson.D{{Key: "q", Value: q}, {Key: "limit", Value: 0}}}},
+		{Key: "$db", Value: rule.DB},
+	}
+}

@@ -1,0 +1,202 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+)
+
+// TestReadByEventID: finds by an event's own _id (what drivers and ODMs
+// send after an insert: findOne({_id}), and $in of ids) return what the
+// same finds return on a plain collection, through the event-id index on
+// FerretDB (explain names it), in every state: after a merge, with more
+// events staged, after a delete, with ids of several types, with two
+// events sharing an _id (both returned), and after another proxy wrote
+// the rule directly (the index stops answering; the scan does).
+func TestReadByEventID(t *testing.T) {
+	t.Parallel()
+	ctx := ctxFor(t)
+	db := uniqueDB(t)
+	p := startProxy(t, proxyOptions{yaml: readingsRule(db, 100)})
+	client := connect(t, p.URI())
+	coll := client.Database(db).Collection("readings")
+	plain := direct(t).Database(db).Collection("plain")
+	base := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
+	var sent []bson.D
+	for i, s := range []string{"a", "b", "c", "d"} {
+		for _, e := range seriesEvents(300, s, base.Add(time.Duration(i)*time.Minute)) {
+			sent = append(sent, e.doc())
+		}
+	}
+	// Ids of other types, equal across number types as MongoDB compares.
+	sent = append(sent,
+		bson.D{{Key: "_id", Value: "reading-1"}, {Key: "ts", Value: base}, {Key: "sensorId", Value: "a"}, {Key: "value", Value: 1.0}},
+		bson.D{{Key: "_id", Value: int32(42)}, {Key: "ts", Value: base.Add(time.Hour)}, {Key: "sensorId", Value: "b"}, {Key: "value", Value: 2.0}},
+		bson.D{{Key: "_id", Value: 7.5}, {Key: "ts", Value: base.Add(2 * time.Hour)}, {Key: "sensorId", Value: "c"}, {Key: "value", Value: 3.0}},
+		bson.D{{Key: "_id", Value: bson.D{{Key: "k", Value: int32(1)}}}, {Key: "ts", Value: base}, {Key: "sensorId", Value: "d"}, {Key: "value", Value: 4.0}},
+	)
+	insertBoth := func(docs []bson.D) {
+		for i := 0; i < len(docs); i += 7 { // small batches, as apps send
+			batch := make([]any, 0, 7)
+			for _, d := range docs[i:min(i+7, len(docs))] {
+				batch = append(batch, d)
+			}
+			if _, err := coll.InsertMany(ctx, batch); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := plain.InsertMany(ctx, batch); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	insertBoth(sent)
+	flush(t, ctx, coll.Database().Client(), 1)
+	if !env.external && !indexMarker(t, ctx, db) {
+		t.Fatal("no event-id index marker after the first merge")
+	}
+
+	same := func(what string, filter any, opts ...options.Lister[options.FindOptions]) {
+		t.Helper()
+		got, want := findAll(t, ctx, coll, filter, opts...), findAll(t, ctx, plain, filter, opts...)
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("%s: proxy %v\nplain %v", what, got, want)
+		}
+	}
+	idOf := func(i int) any { return sent[i][0].Value }
+	for _, i := range []int{0, 17, 299, 300, 777, 1199, 1200, 1201, 1202, 1203} {
+		var got, want bson.D
+		errP := coll.FindOne(ctx, bson.D{{Key: "_id", Value: idOf(i)}}).Decode(&got)
+		errD := plain.FindOne(ctx, bson.D{{Key: "_id", Value: idOf(i)}}).Decode(&want)
+		if errP != nil || errD != nil || fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("findOne %v: proxy %v (%v), plain %v (%v)", idOf(i), got, errP, want, errD)
+		}
+	}
+	same("int64 42 finds int32 42", bson.D{{Key: "_id", Value: int64(42)}})
+	same("double 42.0 finds int32 42", bson.D{{Key: "_id", Value: 42.0}})
+	same("an id nobody has", bson.D{{Key: "_id", Value: bson.NewObjectID()}})
+	in := bson.A{idOf(3), idOf(450), idOf(1100), idOf(1201), "nobody", idOf(1203)}
+	same("$in sorted by time", bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: in}}}}, options.Find().SetSort(bson.D{{Key: "ts", Value: 1}, {Key: "_id", Value: 1}}))
+	same("$in and a value", bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: in}}}, {Key: "value", Value: bson.D{{Key: "$lt", Value: 100}}}}, options.Find().SetSort(bson.D{{Key: "ts", Value: -1}}).SetProjection(bson.D{{Key: "value", Value: 1}}))
+
+	if !env.external {
+		var ex bson.Raw
+		if err := coll.Database().RunCommand(ctx, bson.D{{Key: "explain", Value: bson.D{{Key: "find", Value: "readings"}, {Key: "filter", Value: bson.D{{Key: "_id", Value: idOf(5)}}}}}}).Decode(&ex); err != nil {
+			t.Fatal(err)
+		}
+		if stage, _ := ex.Lookup("queryPlanner", "winningPlan", "stage").StringValueOK(); stage != "TSPROXY_EVENT_ID_INDEX" {
+			t.Fatalf("explain of a find by _id: stage %v, want TSPROXY_EVENT_ID_INDEX", stage)
+		}
+	}
+
+	// Staged, not merged yet: the read merges first, and the index
+	// holds the new buckets.
+	more := seriesEvents(30, "e", base.Add(3*time.Hour))
+	var moreDocs []bson.D
+	for _, e := range more {
+		moreDocs = append(moreDocs, e.doc())
+	}
+	insertBoth(moreDocs)
+	same("findOne of a staged event", bson.D{{Key: "_id", Value: more[29].id}})
+
+	// Deleted events are gone.
+	for _, c := range []*mongo.Collection{coll, plain} {
+		if r, err := c.DeleteOne(ctx, bson.D{{Key: "_id", Value: idOf(17)}}); err != nil || r.DeletedCount != 1 {
+			t.Fatalf("deleteOne: %v %v", r, err)
+		}
+	}
+	same("after a delete", bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: bson.A{idOf(16), idOf(17), idOf(18)}}}}}, options.Find().SetSort(bson.D{{Key: "ts", Value: 1}}))
+
+	// Two events with one _id (a plain collection refuses the second):
+	// both come back, as from a native time-series collection.
+	dup := bson.D{{Key: "_id", Value: idOf(1000)}, {Key: "ts", Value: base.Add(5 * time.Hour)}, {Key: "sensorId", Value: "z"}, {Key: "value", Value: 9.0}}
+	if _, err := coll.InsertOne(ctx, dup); err != nil {
+		t.Fatal(err)
+	}
+	if got := findAll(t, ctx, coll, bson.D{{Key: "_id", Value: idOf(1000)}}); len(got) != 2 {
+		t.Fatalf("two events with one _id: found %d, want 2: %v", len(got), got)
+	}
+
+	// Another proxy writes the rule directly: its buckets have no index
+	// entries, so the index stops answering and the finds scan. (The
+	// first proxy stops first: it holds the rule's writer lease.)
+	_ = client.Disconnect(ctx)
+	stopProxy(t, p)
+	p2 := startProxy(t, proxyOptions{yaml: readingsRule(db, 100) + "    ingest: direct\n"})
+	client2 := connect(t, p2.URI())
+	coll2 := client2.Database(db).Collection("readings")
+	late := seriesEvents(5, "f", base.Add(4*time.Hour))
+	for _, e := range late {
+		if _, err := coll2.InsertOne(ctx, e.doc()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = client2.Disconnect(ctx)
+	stopProxy(t, p2)
+	if !env.external && indexMarker(t, ctx, db) {
+		t.Fatal("the event-id index marker is still there after a direct write")
+	}
+	p3 := startProxy(t, proxyOptions{yaml: readingsRule(db, 100)})
+	coll = connect(t, p3.URI()).Database(db).Collection("readings")
+	for _, e := range late {
+		var got bson.M
+		if err := coll.FindOne(ctx, bson.D{{Key: "_id", Value: e.id}}).Decode(&got); err != nil {
+			t.Fatalf("findOne of an event written directly by another proxy: %v", err)
+		}
+	}
+	same("an id of the first batch, index stopped", bson.D{{Key: "_id", Value: idOf(299)}})
+}
+
+// idIndexCollection is the name of db's event-id index collection on
+// the upstream, or "".
+func idIndexCollection(t *testing.T, ctx context.Context, db string) string {
+	t.Helper()
+	names, err := direct(t).Database(db).ListCollectionNames(ctx, bson.D{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range names {
+		if strings.HasPrefix(n, "tsproxy_stage_") && strings.HasSuffix(n, "_ids") {
+			return n
+		}
+	}
+	return ""
+}
+
+// indexMarker says whether db holds an event-id index with its marker.
+func indexMarker(t *testing.T, ctx context.Context, db string) bool {
+	t.Helper()
+	name := idIndexCollection(t, ctx, db)
+	if name == "" {
+		return false
+	}
+	n, err := direct(t).Database(db).Collection(name).CountDocuments(ctx, bson.D{{Key: "_id", Value: "complete"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n == 1
+}
+
+// findAll reads a whole find as documents.
+func findAll(t *testing.T, ctx context.Context, c *mongo.Collection, filter any, opts ...options.Lister[options.FindOptions]) []bson.D {
+	t.Helper()
+	cur, err := c.Find(ctx, filter, opts...)
+	if err != nil {
+		t.Fatalf("find %v on %s: %v", filter, c.Name(), err)
+	}
+	var out []bson.D
+	if err := cur.All(ctx, &out); err != nil {
+		t.Fatalf("find %v on %s: %v", filter, c.Name(), err)
+	}
+	if len(opts) == 0 {
+		// No sort: compare as sets.
+		slices.SortFunc(out, func(a, b bson.D) int { return strings.Compare(fmt.Sprint(a), fmt.Sprint(b)) })
+	}
+	return out
+}
