@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
@@ -47,4 +49,52 @@ func (s *Server) sweepIDIndex(up *upstream.Conn, rule *rules.Rule, cutoff time.T
 	if err != nil {
 		s.log.Warn("retention: stale event-id index entries left", "rule", rule.Namespace, "err", err.Error())
 	}
+}
+
+// idIndexCache keeps the event-id indexes reads by event _id read
+// (bucket.IDIndexCache), within maxIDIndexCacheBytes: a read whose
+// index's marker still shows the version kept reads the marker alone.
+type idIndexCache struct {
+	mu    sync.Mutex
+	snaps map[string]*bucket.IDIndexSnapshot
+	order []string // insertion order, oldest first, for eviction
+	bytes int
+}
+
+// maxIDIndexCacheBytes bounds the indexes kept: about 2 KB per 1,000
+// events, so 64 MB covers 30M events' worth of buckets.
+const maxIDIndexCacheBytes = 64 << 20
+
+func newIDIndexCache() *idIndexCache {
+	return &idIndexCache{snaps: map[string]*bucket.IDIndexSnapshot{}}
+}
+
+func (c *idIndexCache) Get(ns string) *bucket.IDIndexSnapshot {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.snaps[ns]
+}
+
+// Put keeps s as ns's index (nil forgets it), evicting the oldest kept
+// indexes past the bound.
+func (c *idIndexCache) Put(ns string, s *bucket.IDIndexSnapshot) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if old := c.snaps[ns]; old != nil {
+		c.bytes -= old.Bytes
+		delete(c.snaps, ns)
+		c.order = slices.DeleteFunc(c.order, func(n string) bool { return n == ns })
+	}
+	if s == nil || s.Bytes > maxIDIndexCacheBytes {
+		return
+	}
+	for c.bytes+s.Bytes > maxIDIndexCacheBytes && len(c.order) > 0 {
+		oldest := c.order[0]
+		c.order = c.order[1:]
+		c.bytes -= c.snaps[oldest].Bytes
+		delete(c.snaps, oldest)
+	}
+	c.snaps[ns] = s
+	c.order = append(c.order, ns)
+	c.bytes += s.Bytes
 }

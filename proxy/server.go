@@ -81,6 +81,7 @@ type Server struct {
 	// zero without leases) in which this proxy stopped the event-id
 	// index before writing directly (id_index.go).
 	idIndexOff sync.Map
+	idIndexes  *idIndexCache // id_index.go
 
 	mu       sync.Mutex
 	ln       net.Listener
@@ -125,19 +126,20 @@ func New(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("proxy: telemetry: %w", err)
 	}
 	s := &Server{
-		opts:    opts,
-		log:     opts.Logger,
-		tel:     tel,
-		state:   newUpstreamState(),
-		cursors: cursors.New(opts.MaxCursors, opts.CursorTTL),
-		replies: replycache.New(opts.RetryCacheSize, opts.RetryCacheTTL),
-		life:    newLifecycleState(),
-		leases:  lease.NewSet(opts.WriterLease, opts.WriterID),
-		merges:  newMergeState(),
-		once:    newOnceSteps(),
-		shells:  newShellMemory(),
-		writes:  newWriteIDs(time.Now()),
-		conns:   make(map[*conn]struct{}),
+		opts:      opts,
+		log:       opts.Logger,
+		tel:       tel,
+		state:     newUpstreamState(),
+		cursors:   cursors.New(opts.MaxCursors, opts.CursorTTL),
+		replies:   replycache.New(opts.RetryCacheSize, opts.RetryCacheTTL),
+		life:      newLifecycleState(),
+		leases:    lease.NewSet(opts.WriterLease, opts.WriterID),
+		merges:    newMergeState(),
+		once:      newOnceSteps(),
+		shells:    newShellMemory(),
+		writes:    newWriteIDs(time.Now()),
+		idIndexes: newIDIndexCache(),
+		conns:     make(map[*conn]struct{}),
 	}
 	if err := telemetry.ObserveStaging(s.merges.snapshot); err != nil {
 		return nil, fmt.Errorf("proxy: telemetry: %w", err)

@@ -294,6 +294,13 @@ func proxyExamined(ctx context.Context, proxyC *mongo.Client, buckets *mongo.Col
 		return 0, "", "", fmt.Errorf("explain %s: %w", q.name, err)
 	}
 	stage, _ := ex.Lookup("queryPlanner", "winningPlan", "stage").StringValueOK()
+	if stage == "TSPROXY_EVENT_ID_INDEX" {
+		n, err := buckets.CountDocuments(ctx, q.bucketFilter)
+		if err != nil {
+			return 0, "", "", err
+		}
+		return n, "1 find of the whole event-id index, then _id lookups of the buckets its Bloom filters name", "event-id index", nil
+	}
 	if stage == "TSPROXY_BUCKET_SCAN" {
 		n, err := buckets.CountDocuments(ctx, q.bucketFilter)
 		if err != nil {

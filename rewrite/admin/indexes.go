@@ -247,7 +247,27 @@ func translateIndexSpec(rule *rules.Rule, spec bsoncore.Document) (bsoncore.Docu
 		return nil, mongoerr.Errorf(mongoerr.FailedToParse, "each index needs \"key\" and \"name\"")
 	}
 	d, _ = bsoncore.AppendDocumentEnd(d, idx)
+	if isBucketIndexKey(bsoncore.Document(d).Lookup("key").Document()) {
+		// The proxy's own index already: under its bucket name, the
+		// create is the no-op it is on a native time-series collection.
+		d = renameIndexSpec(d, bucket.IndexName)
+	}
 	return d, nil
+}
+
+// renameIndexSpec is spec with its name set to name.
+func renameIndexSpec(spec bsoncore.Document, name string) bsoncore.Document {
+	elems, _ := spec.Elements()
+	idx, d := bsoncore.AppendDocumentStart(nil)
+	for _, e := range elems {
+		if e.Key() == "name" {
+			d = bsoncore.AppendStringElement(d, "name", name)
+			continue
+		}
+		d = append(d, e...)
+	}
+	d, _ = bsoncore.AppendDocumentEnd(d, idx)
+	return d
 }
 
 // PlanListIndexes maps listIndexes to the bucket collection; map its
@@ -296,14 +316,35 @@ func ListIndexesReply(reply []byte, rule *rules.Rule) []byte {
 	return d
 }
 
+// appIndexSpec is a bucket index as a native time-series collection
+// lists it: the proxy's own {meta: 1, start: 1} as the metaField and
+// timeField index MongoDB creates (named <metaField>_1_<timeField>_1),
+// and no _id index (the buckets' _ids are not the events'; a native
+// time-series collection lists none either).
 func appIndexSpec(spec bsoncore.Document, rule *rules.Rule) (bsoncore.Document, bool) {
 	elems, err := spec.Elements()
 	if err != nil {
 		return nil, false
 	}
+	name, _ := spec.Lookup("name").StringValueOK()
+	if kd, ok := spec.Lookup("key").DocumentOK(); ok {
+		if first, err := kd.IndexErr(0); err == nil && first.Key() == bucket.FieldID {
+			return nil, false
+		}
+	}
 	idx, d := bsoncore.AppendDocumentStart(nil)
 	for _, e := range elems {
 		switch e.Key() {
+		case "name":
+			if name == bucket.IndexName {
+				own, ok := ownIndexAppName(rule)
+				if !ok {
+					return nil, false
+				}
+				d = bsoncore.AppendStringElement(d, "name", own)
+				continue
+			}
+			d = append(d, e...)
 		case "key":
 			kd, ok := e.Value().DocumentOK()
 			if !ok {
@@ -369,7 +410,7 @@ func PlanDropIndexes(body []byte, rule *rules.Rule) (cmd []byte, recreate bool, 
 	switch iv.Type {
 	case bsoncore.TypeString:
 		name := iv.StringValue()
-		if name == bucket.IndexName {
+		if isOwnIndexName(rule, name) {
 			return nil, false, refuseOwn()
 		}
 		recreate = name == "*"
@@ -381,7 +422,7 @@ func PlanDropIndexes(body []byte, rule *rules.Rule) (cmd []byte, recreate bool, 
 			if !ok {
 				return nil, false, mongoerr.Errorf(mongoerr.TypeMismatch, "dropIndexes \"index\" array must hold names")
 			}
-			if s == bucket.IndexName {
+			if isOwnIndexName(rule, s) {
 				return nil, false, refuseOwn()
 			}
 		}
@@ -399,6 +440,23 @@ func PlanDropIndexes(body []byte, rule *rules.Rule) (cmd []byte, recreate bool, 
 		return nil, false, mongoerr.Errorf(mongoerr.TypeMismatch, "dropIndexes \"index\" must be a name, names or a key pattern, got %s", bsonutil.TypeName(iv.Type))
 	}
 	return endAdmin(idx, d, doc, rule), recreate, nil
+}
+
+// ownIndexAppName is the name the app sees of the proxy's own index:
+// MongoDB's name of the {metaField: 1, timeField: 1} index it creates on
+// a native time-series collection. A rule without a metaField shows none.
+func ownIndexAppName(rule *rules.Rule) (string, bool) {
+	if rule.MetaField == "" {
+		return "", false
+	}
+	return rule.MetaField + "_1_" + rule.TimeField + "_1", true
+}
+
+// isOwnIndexName says whether name names the proxy's own index, by its
+// bucket name or the app's.
+func isOwnIndexName(rule *rules.Rule, name string) bool {
+	own, ok := ownIndexAppName(rule)
+	return name == bucket.IndexName || ok && name == own
 }
 
 // isBucketIndexKey reports whether a bucket index key is {meta: 1,

@@ -3,6 +3,7 @@ package bucket
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -89,10 +90,10 @@ func TestIDIndexMayHold(t *testing.T) {
 			}
 		})
 	}
-	if _, _, ok := NewIDSet(oids[:1]).MayHold(IDIndexMarkerDoc()); ok {
+	if _, _, ok := NewIDSet(oids[:1]).MayHold(IDIndexMarkerDoc(3)); ok {
 		t.Fatal("the marker read as an entry")
 	}
-	if !IsIDIndexMarker(IDIndexMarkerDoc()) || IsIDIndexMarker(oidEntry) {
+	if !IsIDIndexMarker(IDIndexMarkerDoc(3)) || IsIDIndexMarker(oidEntry) {
 		t.Fatal("IsIDIndexMarker")
 	}
 }
@@ -126,5 +127,25 @@ func TestIDIndexEntryIDNamesContent(t *testing.T) {
 	b := IDIndexEntry(bid, 0, eventsWithIDs(oidValue(bson.NewObjectID())))
 	if string(a.Lookup("_id").Data) == string(b.Lookup("_id").Data) {
 		t.Fatal("two entries of different content share an _id")
+	}
+}
+
+// TestIDIndexLikely: the bucket whose window holds an ObjectID's time is
+// the likely one.
+func TestIDIndexLikely(t *testing.T) {
+	const hour = int64(3_600_000)
+	id := bson.NewObjectIDFromTimestamp(time.UnixMilli(5*hour + 1000))
+	set := NewIDSet([]bsoncore.Value{oidValue(id)})
+	for _, c := range []struct {
+		start int64
+		want  bool
+	}{{5 * hour, true}, {4 * hour, false}, {6 * hour, false}} {
+		e := IDIndexEntry(bson.NewObjectID(), c.start, eventsWithIDs(oidValue(id)))
+		if got := set.Likely(e, hour); got != c.want {
+			t.Errorf("window at %d h: likely %v, want %v", c.start/hour, got, c.want)
+		}
+	}
+	if NewIDSet([]bsoncore.Value{{Type: bsoncore.TypeString, Data: bsoncore.AppendString(nil, "a")}}).Likely(IDIndexEntry(bson.NewObjectID(), 0, nil), hour) {
+		t.Error("a string id has no time")
 	}
 }

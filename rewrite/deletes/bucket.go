@@ -71,6 +71,29 @@ func (c *Candidates) Feed(reply []byte) (int64, error) {
 	return id, nil
 }
 
+// AddEvent adds an event of bucket b (as stored) that a statement
+// matched, as Feed adds the match aggregate's: the delete path's index
+// read finds them itself.
+func (c *Candidates) AddEvent(b, stored bsoncore.Document) error {
+	bid, ok := b.Lookup(bucket.FieldID).ObjectIDOK()
+	if !ok {
+		return mongoerr.Errorf(mongoerr.InternalError, "bucket without an ObjectId _id")
+	}
+	cand := c.byID[bid]
+	if cand == nil {
+		cand = &Candidate{ID: bid, all: c.whole, match: map[string]int{}}
+		if err := cand.SetBucket(b); err != nil {
+			return err
+		}
+		c.byID[bid] = cand
+		c.List = append(c.List, cand)
+	}
+	k := string(stored)
+	cand.match[k]++
+	cand.order = append(cand.order, k)
+	return nil
+}
+
 // NeedsEvents reports whether the edit of a candidate reads the bucket's
 // events (not when it goes whole).
 func (c *Candidate) NeedsEvents(limitOne bool) bool { return !c.all || limitOne }

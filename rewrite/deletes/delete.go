@@ -10,6 +10,7 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/insert"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
+	"github.com/tsproxy/tsproxy/rewrite/read"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -47,6 +48,12 @@ type Statement struct {
 	// aggregate whose documents are {_id: bucket id, events: event} for
 	// each matching event or, when Whole, {_id, meta, start} per bucket.
 	Match []byte
+	// IDs and Events are set for a filter that names event _ids, on an
+	// upstream whose aggregate decodes every bucket (FerretDB): the
+	// candidates then come from the event-id index where it answers
+	// (by_id.go), Match where it does not.
+	IDs    *bucket.IDSet
+	Events *read.EventMatcher
 }
 
 // writeCarried and readCarriedDelete are the generic arguments a
@@ -150,6 +157,11 @@ func (p *Request) planStatement(i int, d bsoncore.Document, caps caps.Upstream) 
 	}
 	st.Whole = sf.Event == nil
 	st.Match = p.matchCommand(sf, st.Whole, st.LimitOne, caps.UnwindKeepsFields)
+	if ids := read.EventIDs(rc, filter); ids != nil && !caps.UnwindKeepsFields && !st.Whole {
+		if m, err := read.NewEventMatcher(rc, filter); err == nil {
+			st.IDs, st.Events = bucket.NewIDSet(ids), m
+		}
+	}
 	return st, nil
 }
 

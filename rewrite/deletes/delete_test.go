@@ -9,6 +9,7 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/internal/rwtest"
 
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
+	"github.com/tsproxy/tsproxy/rewrite/caps"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -336,5 +337,43 @@ func TestSeqOf(t *testing.T) {
 	}
 	if _, ok := bucket.SeqOf("iot.readings.buckets", k, rwtest.OID(5)); ok {
 		t.Fatal("a foreign id has a seq")
+	}
+}
+
+// TestPlanDeleteByID: a statement naming event _ids gets the index read
+// on FerretDB (its aggregate decodes every bucket), not on MongoDB, and
+// the matcher it gets finds the event in a bucket.
+func TestPlanDeleteByID(t *testing.T) {
+	byID := delCmd(t, A{stmt(D{{Key: "_id", Value: D{{Key: "$in", Value: A{int32(1), "b"}}}}}, 1), stmt(D{{Key: "value", Value: 1}}, 0)})
+	for _, c := range []struct {
+		caps caps.Upstream
+		want []bool
+	}{{rwtest.FerretCaps, []bool{true, false}}, {rwtest.MongoCaps, []bool{false, false}}} {
+		p, err := NewRequest(byID, rwtest.Rule(), Options{Caps: c.caps})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, st := range p.Statements {
+			if got := st.IDs != nil && st.Events != nil; got != c.want[i] {
+				t.Fatalf("caps %+v, statement %d: index read %v, want %v", c.caps, i, got, c.want[i])
+			}
+		}
+		if !c.want[0] {
+			continue
+		}
+		_, b := delBucket(t, "s1", 0, 0, D{{Key: "_id", Value: int32(2)}, {Key: "ts", Value: rwtest.DT(1)}, {Key: "sensorId", Value: nil}, {Key: "value", Value: 1.0}},
+			D{{Key: "_id", Value: 1.0}, {Key: "ts", Value: rwtest.DT(2)}, {Key: "sensorId", Value: nil}, {Key: "value", Value: 2.0}})
+		cands := p.Statements[0].NewCandidates()
+		if err := p.Statements[0].Events.Match(b, func(stored bsoncore.Document) bool {
+			if err := cands.AddEvent(b, stored); err != nil {
+				t.Fatal(err)
+			}
+			return false
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if len(cands.List) != 1 || len(cands.List[0].order) != 1 || !cands.List[0].HasKey {
+			t.Fatalf("candidates %+v, want the event with _id 1.0", cands.List)
+		}
 	}
 }

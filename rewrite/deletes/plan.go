@@ -108,6 +108,11 @@ func (d *deleter) statement(st *Statement) (int, error) {
 // match runs the statement's match aggregate to its end (or its first
 // match, for a deleteOne).
 func (d *deleter) match(st *Statement) (*Candidates, error) {
+	if st.IDs != nil {
+		if cands, ok, err := d.matchByIndex(st); ok || err != nil {
+			return cands, err
+		}
+	}
 	cands := st.NewCandidates()
 	next := st.Match
 	for {

@@ -26,6 +26,8 @@ type Ctx struct {
 	// usedMeta is set when a translation renames a path to the bucket's
 	// meta (FerretDB's $unwind drops it: only the bucket-level filter may).
 	UsedMeta bool
+	// IDIndex, when set, keeps the event-id indexes the reads read.
+	IDIndex bucket.IDIndexCache
 }
 
 func NewCtx(rule *rules.Rule) (*Ctx, error) {

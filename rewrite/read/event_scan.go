@@ -317,14 +317,23 @@ func (p *PointRead) eventsOfBuckets(buckets []bsoncore.Document) ([]bsoncore.Doc
 // checkArrays refuses an event whose filtered or sorted fields hold an
 // array (see arrayOnPath).
 func (p *PointRead) checkArrays(doc bsoncore.Document) error {
-	for _, path := range p.spec.predPaths {
-		if arrayOnPath(doc, path) {
-			return mongoerr.Errorf(mongoerr.NotImplemented, "tsproxy rule %s: the filter names %q, which holds an array in a stored event: MongoDB matches arrays element-wise, and the proxy, which evaluates this find itself, does not", p.ns, strings.Join(path, "."))
-		}
+	if err := filterArrays(p.ns, doc, p.spec.predPaths); err != nil {
+		return err
 	}
 	for _, k := range p.spec.order {
 		if arrayOnPath(doc, k.path) {
 			return mongoerr.Errorf(mongoerr.NotImplemented, "tsproxy rule %s: the sort names %q, which holds an array in a stored event: MongoDB sorts arrays by their least or greatest element, and the proxy, which sorts this find itself, does not", p.ns, k.field)
+		}
+	}
+	return nil
+}
+
+// filterArrays refuses an event whose filtered fields (paths) hold an
+// array.
+func filterArrays(ns string, doc bsoncore.Document, paths [][]string) error {
+	for _, path := range paths {
+		if arrayOnPath(doc, path) {
+			return mongoerr.Errorf(mongoerr.NotImplemented, "tsproxy rule %s: the filter names %q, which holds an array in a stored event: MongoDB matches arrays element-wise, and the proxy, which evaluates this filter itself, does not", ns, strings.Join(path, "."))
 		}
 	}
 	return nil

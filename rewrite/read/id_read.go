@@ -1,6 +1,9 @@
 package read
 
 import (
+	"fmt"
+	"slices"
+
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
@@ -15,18 +18,28 @@ import (
 // the read falls back to the event scan it was built on, before anything
 // is returned.
 
-// maxIDCandidates is how many buckets an index read looks up before the
+// MaxIDCandidates is how many buckets an index read looks up before the
 // event scan is the cheaper read.
-const maxIDCandidates = 64
+const MaxIDCandidates = 64
 
-// idIndexBatch is the batchSize of the index read: entries are about
+// IDIndexBatch is the batchSize of the index read: entries are about
 // 1.3 KB for a bucket of 1000 events.
-const idIndexBatch = 4096
+const IDIndexBatch = 4096
 
 // idRead is the index side of a PointRead.
 type idRead struct {
 	set  *bucket.IDSet
 	coll string // the index collection
+
+	// With a cache, the read first finds the marker alone: at the
+	// version of the cached snapshot, the snapshot is the index. Else it
+	// reads the whole index, and keeps it (snap) for the next reads.
+	cache    bucket.IDIndexCache
+	cacheKey string
+	cached   *bucket.IDIndexSnapshot // to check against the marker
+	checking bool                    // the marker find was sent
+	checked  bool                    // and answered
+	snap     *bucket.IDIndexSnapshot // being read
 
 	sent     bool  // the index find was sent
 	cursor   int64 // its upstream cursor while open
@@ -35,6 +48,7 @@ type idRead struct {
 
 	seen       map[bson.ObjectID]bool
 	candidates []bson.ObjectID
+	likely     int // candidates[:likely] are Likely ones, looked up first
 	next       int // the first candidate not yet looked up
 	inFlight   int
 	buckets    []bsoncore.Document
@@ -42,9 +56,9 @@ type idRead struct {
 	emitted    bool
 }
 
-// eventIDs reads a top-level equality, $eq or $in on _id: the ids a find
-// names, or nil.
-func eventIDs(rc *query.Ctx, filter bsoncore.Document) []bsoncore.Value {
+// EventIDs reads a top-level equality, $eq or $in on _id: the ids a
+// filter names, or nil.
+func EventIDs(rc *query.Ctx, filter bsoncore.Document) []bsoncore.Value {
 	if len(filter) == 0 {
 		return nil
 	}
@@ -97,7 +111,7 @@ func idIndexRead(rc *query.Ctx, filter, sortDoc bsoncore.Document, proj *query.P
 	if rc.Rule.Partitioned() {
 		return nil
 	}
-	ids := eventIDs(rc, filter)
+	ids := EventIDs(rc, filter)
 	if ids == nil {
 		return nil
 	}
@@ -105,15 +119,29 @@ func idIndexRead(rc *query.Ctx, filter, sortDoc bsoncore.Document, proj *query.P
 	if pr == nil {
 		return nil
 	}
-	pr.ids = &idRead{set: bucket.NewIDSet(ids), coll: rc.Rule.IDIndexCollection(), seen: map[bson.ObjectID]bool{}}
+	r := &idRead{set: bucket.NewIDSet(ids), coll: rc.Rule.IDIndexCollection(), seen: map[bson.ObjectID]bool{}}
+	if rc.IDIndex != nil {
+		r.cache, r.cacheKey = rc.IDIndex, rc.Rule.DB+"."+r.coll
+		r.cached = r.cache.Get(r.cacheKey)
+		r.snap = &bucket.IDIndexSnapshot{}
+	}
+	pr.ids = r
 	return pr
 }
 
+// maxCachedIndexBytes bounds the snapshot one read keeps; the proxy's
+// cache bounds them all.
+const maxCachedIndexBytes = 16 << 20
+
 // idFind is the find of the whole index.
-func (p *PointRead) idFind() []byte {
-	return bsoncore.NewDocumentBuilder().AppendString("find", p.ids.coll).
-		AppendInt32("batchSize", idIndexBatch).
-		AppendString("$db", p.db).Build()
+func (p *PointRead) idFind() []byte { return IDIndexFind(p.ids.coll, p.db) }
+
+// IDIndexFind is the find of a whole event-id index, coll in db, and
+// IDIndexBatch its batch size.
+func IDIndexFind(coll, db string) []byte {
+	return bsoncore.NewDocumentBuilder().AppendString("find", coll).
+		AppendInt32("batchSize", IDIndexBatch).
+		AppendString("$db", db).Build()
 }
 
 // idLookups is Lookups of an index read: the index find and its
@@ -121,7 +149,16 @@ func (p *PointRead) idFind() []byte {
 func (p *PointRead) idLookups() [][]byte {
 	r := p.ids
 	switch {
-	case !r.sent:
+	case r.cached != nil && !r.checking:
+		r.checking = true
+		p.LookupsSent++
+		nb := bsoncore.NewDocumentBuilder
+		return [][]byte{nb().AppendString("find", r.coll).
+			AppendDocument("filter", nb().AppendString("_id", bucket.IDIndexMarker).Build()).
+			AppendInt32("limit", 1).
+			AppendBoolean("singleBatch", true).
+			AppendString("$db", p.db).Build()}
+	case !r.listed && !r.sent:
 		r.sent = true
 		p.LookupsSent++
 		return [][]byte{p.idFind()}
@@ -129,11 +166,18 @@ func (p *PointRead) idLookups() [][]byte {
 		p.LookupsSent++
 		return [][]byte{bsoncore.NewDocumentBuilder().AppendInt64("getMore", r.cursor).
 			AppendString("collection", r.coll).
-			AppendInt32("batchSize", idIndexBatch).
+			AppendInt32("batchSize", IDIndexBatch).
 			AppendString("$db", p.db).Build()}
 	}
+	// A read that may stop early (a limit, no sort: findOne) looks the
+	// candidates up one at a time, likely ones first; on the stock
+	// upstreams each lookup scans the bucket collection.
+	inFlight := maxPipelined
+	if p.limited && p.spec.order == nil {
+		inFlight = 1
+	}
 	var cmds [][]byte
-	for r.next < len(r.candidates) && len(cmds) < maxPipelined {
+	for r.next < len(r.candidates) && len(cmds) < inFlight {
 		nb := bsoncore.NewDocumentBuilder
 		cmds = append(cmds, nb().AppendString("find", p.coll).
 			AppendDocument("filter", nb().AppendObjectID(bucket.FieldID, r.candidates[r.next]).Build()).
@@ -159,11 +203,22 @@ func (p *PointRead) idFeed(replies [][]byte) error {
 			r.listed = true
 			return lookupError(p.ns, doc)
 		}
+		if r.checking && !r.checked {
+			r.checked = true
+			return p.idMarker(doc)
+		}
 		if !r.listed {
 			return p.idIndexBatch(doc)
 		}
 		for _, b := range batchDocs(doc) {
 			p.BucketsRead++
+			if p.spec.order == nil {
+				// Unsorted: each bucket's events go out as they come.
+				if err := p.emitBuckets([]bsoncore.Document{b}); err != nil {
+					return err
+				}
+				continue
+			}
 			r.buckets = append(r.buckets, b)
 			if r.bytes += len(b); r.bytes > maxRunBytes {
 				return mongoerr.Errorf(mongoerr.QueryExceededMemoryLimit, "tsproxy rule %s: the buckets a find by _id may read hold more than %d bytes", p.ns, maxRunBytes)
@@ -177,6 +232,9 @@ func (p *PointRead) idFeed(replies [][]byte) error {
 	r.emitted = true
 	buckets := r.buckets
 	r.buckets = nil
+	if len(buckets) == 0 {
+		return nil
+	}
 	return p.emitBuckets(buckets)
 }
 
@@ -186,22 +244,78 @@ func (p *PointRead) idFeed(replies [][]byte) error {
 func (p *PointRead) idIndexBatch(reply bsoncore.Document) error {
 	r := p.ids
 	for _, d := range batchDocs(reply) {
-		if bucket.IsIDIndexMarker(d) {
-			r.complete = true
-			continue
+		if r.snap != nil {
+			if r.snap.Bytes += len(d); r.snap.Bytes > maxCachedIndexBytes {
+				r.snap = nil // too large to keep
+			} else {
+				r.snap.Entries = append(r.snap.Entries, slices.Clone(d))
+			}
 		}
-		id, may, ok := r.set.MayHold(d)
-		if ok && may && !r.seen[id] {
-			r.seen[id] = true
-			r.candidates = append(r.candidates, id)
-		}
+		p.idEntry(d)
 	}
 	r.cursor, _ = reply.Lookup("cursor", "id").AsInt64OK()
 	if r.cursor != 0 {
 		return nil
 	}
+	if r.snap != nil && r.complete {
+		r.cache.Put(r.cacheKey, r.snap)
+	}
+	r.snap = nil
+	return p.idListed()
+}
+
+// idMarker takes the reply to the marker find of a read with a cached
+// snapshot: no marker, the index cannot answer; the snapshot's version,
+// the snapshot is the index; another, the index is read again.
+func (p *PointRead) idMarker(reply bsoncore.Document) error {
+	r := p.ids
+	docs := batchDocs(reply)
+	switch {
+	case len(docs) == 0 || !bucket.IsIDIndexMarker(docs[0]):
+		r.cache.Put(r.cacheKey, nil)
+		r.listed = true
+		return p.idListed()
+	case bucket.IDIndexVersionOf(docs[0]) == r.cached.V:
+		for _, d := range r.cached.Entries {
+			p.idEntry(d)
+		}
+		r.listed = true
+		return p.idListed()
+	}
+	r.cached = nil // stale: the next idLookups reads the whole index
+	return nil
+}
+
+// idEntry takes one document of the index: the marker, or an entry whose
+// bucket becomes a candidate when it may hold an id.
+func (p *PointRead) idEntry(d bsoncore.Document) {
+	r := p.ids
+	if bucket.IsIDIndexMarker(d) {
+		r.complete = true
+		if r.snap != nil {
+			r.snap.V = bucket.IDIndexVersionOf(d)
+		}
+		return
+	}
+	id, may, ok := r.set.MayHold(d)
+	if !ok || !may || r.seen[id] {
+		return
+	}
+	r.seen[id] = true
+	r.candidates = append(r.candidates, id)
+	if r.set.Likely(d, p.span) {
+		last := len(r.candidates) - 1
+		r.candidates[r.likely], r.candidates[last] = r.candidates[last], r.candidates[r.likely]
+		r.likely++
+	}
+}
+
+// idListed: the index is read. The read looks the candidates up or, when
+// the index cannot answer, becomes its event scan.
+func (p *PointRead) idListed() error {
+	r := p.ids
 	r.listed = true
-	if !r.complete || len(r.candidates) > maxIDCandidates {
+	if !r.complete || len(r.candidates) > MaxIDCandidates {
 		p.ids = nil // the event scan reads every bucket instead
 		return nil
 	}
@@ -219,7 +333,7 @@ func (p *PointRead) idExplain() bsoncore.Document {
 		AppendString("indexCollection", p.ids.coll).
 		AppendDocument("indexFind", p.idFind()).
 		AppendString("lookup", "find {_id: <bucket _id>} for each bucket whose entry's Bloom filter may hold an id").
-		AppendInt64("maxBuckets", maxIDCandidates).
+		AppendInt64("maxBuckets", MaxIDCandidates).
 		AppendString("eventFilter", p.spec.filterExplain()).
 		AppendString("fallback", "TSPROXY_BUCKET_SCAN when the index does not cover every bucket or names more buckets").
 		AppendDocument("fallbackFind", p.scanFind())
@@ -227,4 +341,56 @@ func (p *PointRead) idExplain() bsoncore.Document {
 		AppendString("namespace", p.ns).
 		AppendDocument("winningPlan", tp.Build()).Build()).
 		AppendDouble("ok", 1).Build()
+}
+
+// EventMatcher evaluates a filter on the stored events of whole buckets,
+// as an event scan does (meta restored; an array under a filtered field
+// is refused): the delete path's index read uses it.
+type EventMatcher struct {
+	pred      query.DocPred
+	paths     [][]string
+	ns        string
+	metaField string
+}
+
+// NewEventMatcher compiles filter, or says why the proxy cannot
+// evaluate it.
+func NewEventMatcher(rc *query.Ctx, filter bsoncore.Document) (*EventMatcher, error) {
+	filter = slices.Clone(filter) // the matcher outlives the request buffer
+	fc := &query.Compiler{Unsupported: func(format string, args ...any) error { return fmt.Errorf(format, args...) }}
+	pred, err := fc.Compile(filter, 0)
+	if err != nil {
+		return nil, err
+	}
+	return &EventMatcher{pred: pred, paths: filterPaths(filter, 0, nil), ns: rc.NS, metaField: rc.MetaField}, nil
+}
+
+// Match calls f with each event of bucket b that matches, as stored (what
+// $unwind returns), until f returns true.
+func (m *EventMatcher) Match(b bsoncore.Document, f func(stored bsoncore.Document) (stop bool)) error {
+	meta, err := b.LookupErr(bucket.FieldMeta)
+	if err != nil {
+		meta = bsoncore.Value{Type: bsoncore.TypeNull}
+	}
+	vals, err := bucketEvents(b, m.ns)
+	if err != nil {
+		return err
+	}
+	for _, v := range vals {
+		ev, ok := v.DocumentOK()
+		if !ok {
+			continue
+		}
+		doc, err := bucket.RestoreMeta(ev, m.metaField, func() (bsoncore.Value, error) { return meta, nil })
+		if err != nil {
+			return err
+		}
+		if err := filterArrays(m.ns, doc, m.paths); err != nil {
+			return err
+		}
+		if m.pred(doc) && f(ev) {
+			return nil
+		}
+	}
+	return nil
 }

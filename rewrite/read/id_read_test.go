@@ -17,11 +17,12 @@ import (
 // without its marker), lookups by bucket _id, and the event scan's finds
 // (the fallback), counting each.
 type indexedBuckets struct {
-	sb                         *sortedBuckets
-	byID                       map[bson.ObjectID]bsoncore.Document
-	entries                    []bsoncore.Document
-	marker                     bool
-	indexReads, lookups, scans int
+	sb                                      *sortedBuckets
+	byID                                    map[bson.ObjectID]bsoncore.Document
+	entries                                 []bsoncore.Document
+	marker                                  bool
+	version                                 int64
+	indexReads, markerReads, lookups, scans int
 }
 
 func newIndexedBuckets(t *testing.T, sb *sortedBuckets, marker bool) *indexedBuckets {
@@ -44,13 +45,17 @@ func (ib *indexedBuckets) reply(t *testing.T, cmd []byte) []byte {
 	d := bsoncore.Document(cmd)
 	coll, _ := d.Lookup("find").StringValueOK()
 	if coll == rwtest.Rule().IDIndexCollection() {
-		ib.indexReads++
 		batch := A{}
 		if ib.marker {
-			batch = append(batch, bson.Raw(bucket.IDIndexMarkerDoc()))
+			batch = append(batch, bson.Raw(bucket.IDIndexMarkerDoc(ib.version)))
 		}
-		for _, e := range ib.entries {
-			batch = append(batch, bson.Raw(e))
+		if _, err := d.LookupErr("filter", "_id"); err == nil {
+			ib.markerReads++
+		} else {
+			ib.indexReads++
+			for _, e := range ib.entries {
+				batch = append(batch, bson.Raw(e))
+			}
 		}
 		return rwtest.Doc(t, D{{Key: "cursor", Value: D{{Key: "firstBatch", Value: batch}, {Key: "id", Value: int64(0)}, {Key: "ns", Value: "iot." + coll}}}, {Key: "ok", Value: 1.0}})
 	}
@@ -170,7 +175,7 @@ func TestEventIDs(t *testing.T) {
 		{D{{Key: "$or", Value: A{D{{Key: "_id", Value: 1}}, D{{Key: "v", Value: 1}}}}}, -1},
 		{D{{Key: "v", Value: 1}}, -1},
 	} {
-		ids := eventIDs(rc, rwtest.Doc(t, c.filter))
+		ids := EventIDs(rc, rwtest.Doc(t, c.filter))
 		if (c.n < 0) != (ids == nil) || (c.n >= 0 && len(ids) != c.n) {
 			t.Errorf("%v: %d ids, want %d", c.filter, len(ids), c.n)
 		}
@@ -200,5 +205,48 @@ func TestIDIndexCountAndDistinct(t *testing.T) {
 		if ib.indexReads != 1 || ib.scans != 0 || ib.lookups > 4 {
 			t.Errorf("%v: %d index reads, %d scans, %d lookups", c.cmd[0].Key, ib.indexReads, ib.scans, ib.lookups)
 		}
+	}
+}
+
+// memCache is an IDIndexCache in a map.
+type memCache map[string]*bucket.IDIndexSnapshot
+
+func (m memCache) Get(ns string) *bucket.IDIndexSnapshot    { return m[ns] }
+func (m memCache) Put(ns string, s *bucket.IDIndexSnapshot) { m[ns] = s }
+
+// TestIDIndexCache: a read keeps the index it read; the next reads find
+// the marker alone while its version is the same, read the index again
+// once a merge changed it, and scan once the marker is gone.
+func TestIDIndexCache(t *testing.T) {
+	sb, _ := eventScanData(t)
+	ib := newIndexedBuckets(t, sb, true)
+	ib.version = 7
+	cache := memCache{}
+	find := func(id int32) []int32 {
+		cmd := rwtest.Doc(t, D{{Key: "find", Value: "readings"}, {Key: "filter", Value: D{{Key: "_id", Value: id}}}, {Key: "$db", Value: "iot"}})
+		plan, err := PlanRead(cmd, rwtest.Rule(), Options{Caps: rwtest.FerretCaps, IDIndex: cache})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return drainPoint(t, plan.Point, ib, 0)
+	}
+	check := func(what string, got []int32, want int32, index, markers, scans int) {
+		t.Helper()
+		if len(got) != 1 || got[0] != want || ib.indexReads != index || ib.markerReads != markers || ib.scans != scans {
+			t.Fatalf("%s: got %v; %d index reads, %d marker reads, %d scans; want [%d], %d, %d, %d", what, got, ib.indexReads, ib.markerReads, ib.scans, want, index, markers, scans)
+		}
+	}
+	check("first read", find(11), 11, 1, 0, 0)
+	check("same version", find(12), 12, 1, 1, 0)
+	ib.version = 8
+	check("new version", find(13), 13, 2, 2, 0)
+	check("kept again", find(14), 14, 2, 3, 0)
+	ib.marker = false
+	got := find(15)
+	if len(got) != 1 || ib.scans == 0 || ib.indexReads != 2 {
+		t.Fatalf("no marker: %v, %d scans, %d index reads; want the event scan", got, ib.scans, ib.indexReads)
+	}
+	if cache[rwtest.Rule().DB+"."+rwtest.Rule().IDIndexCollection()] != nil {
+		t.Fatalf("cache after the marker went: %v", cache)
 	}
 }

@@ -29,6 +29,7 @@ type PointRead struct {
 	ns        string
 	metaField string
 	timeField string
+	span      int64 // the rule's window (ms)
 	proj      *query.Projection
 	skip      int64
 	limited   bool
@@ -65,7 +66,7 @@ const maxPipelined = 16
 func newPointRead(rc *query.Ctx, s *pointSpec, proj *query.Projection, skip, limit int64, single bool) *PointRead {
 	p := &PointRead{
 		spec: s, bucketNS: rc.Rule.BucketNamespace(), coll: rc.Rule.BucketCollection, db: rc.Rule.DB,
-		ns: rc.NS, metaField: rc.MetaField, timeField: rc.TimeField,
+		ns: rc.NS, metaField: rc.MetaField, timeField: rc.TimeField, span: rc.Rule.SpanMillis(),
 		proj: proj, skip: skip, limited: limit > 0, limit: limit, single: single, want: -1,
 	}
 	p.keys = make([]pointKey, 0, s.keys())

@@ -4,6 +4,7 @@ import (
 	"strings"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
@@ -105,6 +106,9 @@ type Options struct {
 	// where it scans, the finds the point lookups could serve take one
 	// event scan instead (see pointOrScan).
 	IDLookups IDLookupCost
+	// IDIndex, when set, keeps the event-id indexes reads by event _id
+	// read (id_read.go).
+	IDIndex bucket.IDIndexCache
 }
 
 // IDLookupCost is what a find by _id costs on an upstream.
@@ -156,6 +160,7 @@ func PlanRead(body []byte, rule *rules.Rule, opts Options) (p *Command, err erro
 		return nil, err
 	}
 	rc.Caps = opts.Caps
+	rc.IDIndex = opts.IDIndex
 	doc := bsoncore.Document(body)
 	elems, _ := doc.Elements()
 	if len(elems) == 0 {

@@ -2,6 +2,7 @@ package stage
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -279,11 +280,14 @@ func (m *Merge) writeIDIndex(x *rewrite.Exec, buckets []builtBucket) error {
 			return err
 		}
 		if n == 0 {
-			if err := m.insertOne(x, coll, bucket.IDIndexMarkerDoc()); err != nil {
+			if err := m.insertOne(x, coll, bucket.IDIndexMarkerDoc(rand.Int64())); err != nil {
 				return fmt.Errorf("start the event-id index: %w", err)
 			}
 		}
 		m.idIndexListed = true
+	}
+	if len(buckets) == 0 {
+		return nil
 	}
 	for len(buckets) > 0 {
 		n := min(len(buckets), 1000)
@@ -300,6 +304,16 @@ func (m *Merge) writeIDIndex(x *rewrite.Exec, buckets []builtBucket) error {
 		if _, err := insertOutcome(reply[0]); err != nil {
 			return fmt.Errorf("write event-id index: %w", err)
 		}
+	}
+	// A new version (random: two proxies' merges never share one):
+	// readers that kept the index re-read it.
+	body := bsoncore.NewDocumentBuilder().AppendString("update", coll).AppendBoolean("ordered", false).AppendString("$db", m.rule.DB).Build()
+	reply, ok := x.Do(rewrite.Step{{Body: body, Seq: &rewrite.Sequence{Identifier: "updates", Documents: []bsoncore.Document{bucket.IDIndexBumpUpdate(rand.Int64())}}}})
+	if !ok {
+		return rewrite.ErrAborted
+	}
+	if err := mongoerr.ReplyError(reply[0]); err != nil {
+		return fmt.Errorf("version the event-id index: %w", err)
 	}
 	return nil
 }

@@ -24,6 +24,8 @@ type mem struct {
 	t     *testing.T
 	colls map[string][]bsoncore.Document
 	fail  map[string]bool // commands answered with an error, by name
+	// lastVersion is the event-id index version checkIDIndex saw last.
+	lastVersion int64
 }
 
 func newMem(t *testing.T) *mem {
@@ -103,6 +105,17 @@ func (m *mem) answer(u rewrite.Upstream) []byte {
 			r = append(r, bson.E{Key: "writeErrors", Value: errs})
 		}
 		return doc(append(r, bson.E{Key: "ok", Value: 1.0}))
+	case "update":
+		// Only the event-id index marker's version: {$set: {v: n}}.
+		for _, st := range u.Seq.Documents {
+			id := bsoncore.Document(st).Lookup("q", "_id")
+			v := bsoncore.Document(st).Lookup("u", "$set", "v").Int64()
+			for i, d := range m.colls[coll] {
+				if d.Lookup("_id").Equal(id) {
+					m.colls[coll][i] = bucket.IDIndexMarkerDoc(v)
+				}
+			}
+		}
 	case "find":
 		out := []any{}
 		in, _ := body.Lookup("filter", "_id", "$in").ArrayOK()
@@ -315,9 +328,15 @@ func storedEvents(t *testing.T, m *mem) map[string]int {
 func checkIDIndex(t *testing.T, m *mem, wantMarker bool) {
 	t.Helper()
 	index := m.colls[rwtest.Rule().IDIndexCollection()]
-	marker := slices.ContainsFunc(index, bucket.IsIDIndexMarker)
-	if marker != wantMarker {
-		t.Fatalf("index marker: %v, want %v", marker, wantMarker)
+	i := slices.IndexFunc(index, bucket.IsIDIndexMarker)
+	if (i >= 0) != wantMarker {
+		t.Fatalf("index marker: %v, want %v", i >= 0, wantMarker)
+	}
+	if i >= 0 && bucket.IDIndexVersionOf(index[i]) == m.lastVersion {
+		t.Fatal("the merge left the index version as it was")
+	}
+	if i >= 0 {
+		m.lastVersion = bucket.IDIndexVersionOf(index[i])
 	}
 	for _, b := range m.colls["readings.buckets"] {
 		bid := b.Lookup("_id").ObjectID()

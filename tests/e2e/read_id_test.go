@@ -112,6 +112,16 @@ func TestReadByEventID(t *testing.T) {
 		}
 	}
 	same("after a delete", bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: bson.A{idOf(16), idOf(17), idOf(18)}}}}}, options.Find().SetSort(bson.D{{Key: "ts", Value: 1}}))
+	gone := bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: bson.A{idOf(20), idOf(640), more[3].id, "reading-1", idOf(17)}}}}}
+	for _, c := range []*mongo.Collection{coll, plain} {
+		if r, err := c.DeleteMany(ctx, gone); err != nil || r.DeletedCount != 4 {
+			t.Fatalf("deleteMany of 4 ids on %s: %v %v", c.Name(), r, err)
+		}
+	}
+	same("after a deleteMany by _id", bson.D{{Key: "sensorId", Value: bson.D{{Key: "$in", Value: bson.A{"a", "c", "e"}}}}}, options.Find().SetSort(bson.D{{Key: "ts", Value: 1}, {Key: "_id", Value: 1}}))
+	if n, err := coll.CountDocuments(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: bson.A{idOf(19), idOf(20), idOf(21)}}}}}); err != nil || n != 2 {
+		t.Fatalf("countDocuments by _id after the delete: %d %v, want 2", n, err)
+	}
 
 	// Two events with one _id (a plain collection refuses the second):
 	// both come back, as from a native time-series collection.
