@@ -23,7 +23,7 @@ import (
 const MaxIDCandidates = 64
 
 // IDIndexBatch is the batchSize of the index read: entries are about
-// 1.3 KB for a bucket of 1000 events.
+// 2 KB for a bucket of 1000 events.
 const IDIndexBatch = 4096
 
 // idRead is the index side of a PointRead.
