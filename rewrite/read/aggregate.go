@@ -41,6 +41,10 @@ func planAggregate(rc *query.Ctx, body bsoncore.Document, opts Options, forExpla
 		if p := a.countBy(eventScanRead); p != nil {
 			return p, nil
 		}
+		// A find-shaped pipeline: the proxy runs it as a find.
+		if p := a.findShaped(); p != nil {
+			return p, nil
+		}
 		return nil, err
 	}
 	for ; i < len(stages); i++ {
@@ -475,4 +479,68 @@ func (a *aggregateRewrite) countBy(read func(rc *query.Ctx, filter, sortDoc bson
 		return cursor.Reply{Key: "firstBatch", Batch: batch, NS: ns}.WithID(0)
 	}
 	return &Command{rc: a.rc, Point: pr, PointDrain: c.pointDrain(reply)}
+}
+
+// findShaped plans a pipeline a find can express, [$match...] [$sort]
+// [$skip] [$limit] [$project or $unset], as an event scan the proxy runs
+// (for a filter the upstream cannot run on unwound events: the metaField
+// inside $or or $nor); nil for any other pipeline, or one the scan cannot
+// serve.
+func (a *aggregateRewrite) findShaped() *Command {
+	if a.explain {
+		return nil
+	}
+	var filters []bsoncore.Document
+	i := 0
+	for ; i < len(a.stages) && a.stages[i].Name == "$match"; i++ {
+		d, ok := a.stages[i].Value.DocumentOK()
+		if !ok {
+			return nil
+		}
+		filters = append(filters, d)
+	}
+	var sortDoc bsoncore.Document
+	if i < len(a.stages) && a.stages[i].Name == "$sort" {
+		d, ok := a.stages[i].Value.DocumentOK()
+		if !ok {
+			return nil
+		}
+		sortDoc = d
+		i++
+	}
+	pg := query.Paging{BatchSize: a.batchSize}
+	for _, name := range []string{"$skip", "$limit"} {
+		if i < len(a.stages) && a.stages[i].Name == name {
+			n, ok := WholeNumber(a.stages[i].Value)
+			if !ok || n < 0 || (name == "$limit" && n == 0) {
+				return nil
+			}
+			if name == "$skip" {
+				pg.Skip = n
+			} else {
+				pg.Limit = n
+			}
+			i++
+		}
+	}
+	var proj *query.Projection
+	if i == len(a.stages)-1 && (a.stages[i].Name == "$project" || a.stages[i].Name == "$unset") {
+		spec, err := projectSpec(a.rc, a.stages[i])
+		if err != nil {
+			return nil
+		}
+		if proj, err = a.rc.ParseProjection(spec, a.stages[i].Name); err != nil {
+			return nil
+		}
+		i++
+	}
+	if i != len(a.stages) {
+		return nil
+	}
+	pr := eventScanRead(a.rc, query.AndOf(filters), sortDoc, proj, pg)
+	if pr == nil {
+		return nil
+	}
+	pr.Want(pg.FirstBatch())
+	return &Command{rc: a.rc, Point: pr}
 }

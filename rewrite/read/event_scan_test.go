@@ -481,3 +481,32 @@ func TestEventScanDistinct(t *testing.T) {
 		t.Fatalf("got %s\nwant %s", got, want)
 	}
 }
+
+// TestEventScanAggregate: a find-shaped aggregate ($match, $sort, $skip,
+// $limit, $project) whose filter the upstream cannot run on unwound
+// events is run by the proxy as the same find; other shapes stay refused.
+func TestEventScanAggregate(t *testing.T) {
+	sb, all := eventScanData(t)
+	match := D{{Key: "$match", Value: D{{Key: "$or", Value: A{D{{Key: "sensorId.site", Value: "north"}}, D{{Key: "v", Value: int32(3)}}}}}}}
+	sel := slices.DeleteFunc(slices.Clone(all), func(e esEvent) bool { return e.site != "north" && e.v != 3 })
+	slices.SortStableFunc(sel, func(a, b esEvent) int { return cmp.Or(cmp.Compare(b.ms, a.ms), cmp.Compare(a.id, b.id)) })
+	var want []string
+	for _, e := range sel[3:20] {
+		want = append(want, fmt.Sprintf(`{"_id": {"$numberInt":"%d"},"v": {"$numberInt":"%d"}}`, e.id, e.v))
+	}
+	stages := A{match, D{{Key: "$sort", Value: D{{Key: "ts", Value: -1}, {Key: "_id", Value: 1}}}}, D{{Key: "$skip", Value: 3}}, D{{Key: "$limit", Value: 17}}, D{{Key: "$project", Value: D{{Key: "v", Value: 1}}}}}
+	cmd := D{{Key: "aggregate", Value: "readings"}, {Key: "pipeline", Value: stages}, {Key: "cursor", Value: D{}}, {Key: "$db", Value: "iot"}}
+	got := rwtest.JSON(runPlan(t, Plan(rwtest.Doc(t, cmd), rwtest.Rule(), Options{Caps: rwtest.FerretCaps}, func() int64 { return 1 }), sb))
+	if !strings.Contains(got, `"firstBatch": [`+strings.Join(want, ",")+`]`) || !strings.Contains(got, `"ns": "iot.readings"`) {
+		t.Fatalf("got %s\nwant the batch %s", got, strings.Join(want, ","))
+	}
+	for _, bad := range []A{
+		{match, D{{Key: "$limit", Value: 5}}, D{{Key: "$sort", Value: D{{Key: "ts", Value: 1}}}}},
+		{match, D{{Key: "$group", Value: D{{Key: "_id", Value: "$v"}}}}},
+	} {
+		cmd := D{{Key: "aggregate", Value: "readings"}, {Key: "pipeline", Value: bad}, {Key: "cursor", Value: D{}}, {Key: "$db", Value: "iot"}}
+		if _, err := PlanRead(rwtest.Doc(t, cmd), rwtest.Rule(), Options{Caps: rwtest.FerretCaps}); err == nil {
+			t.Errorf("%v: planned, want the refusal", bad)
+		}
+	}
+}

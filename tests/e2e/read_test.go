@@ -770,5 +770,23 @@ func TestCountMetaInOr(t *testing.T) {
 				t.Fatalf("distinct %s %v: %v (%v), plain %v", key, f, got, err, want)
 			}
 		}
+		// A find-shaped aggregate: run by the proxy as the same find.
+		pipeline := mongo.Pipeline{{{Key: "$match", Value: f}}, {{Key: "$sort", Value: bson.D{{Key: "ts", Value: -1}, {Key: "sensorId", Value: 1}}}}, {{Key: "$skip", Value: 5}}, {{Key: "$limit", Value: 40}}, {{Key: "$project", Value: bson.D{{Key: "_id", Value: 0}, {Key: "sensorId", Value: 1}, {Key: "value", Value: 1}}}}}
+		var got, want []bson.D
+		for _, side := range []struct {
+			c   *mongo.Collection
+			out *[]bson.D
+		}{{proxied.Collection("readings"), &got}, {plain.Collection("plain"), &want}} {
+			cur, err := side.c.Aggregate(ctx, pipeline)
+			if err != nil {
+				t.Fatalf("aggregate %v on %s: %v", f, side.c.Name(), err)
+			}
+			if err := cur.All(ctx, side.out); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) || len(want) != 40 {
+			t.Fatalf("aggregate %v:\nproxy %v\nplain %v", f, got, want)
+		}
 	}
 }
