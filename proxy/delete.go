@@ -38,7 +38,7 @@ func (c *conn) rewriteDelete(req *request, rule *rules.Rule) error {
 			l := held.lock(r.BucketNamespace(), keys)
 			return func() { held.release(l, true) }
 		}
-		return deletes.Plan(cmd, r, deletes.Env{Caps: caps, Lock: lock})
+		return deletes.Plan(cmd, r, deletes.Env{Caps: caps, Lock: lock, IDIndex: c.s.idIndexes})
 	}
 	return c.servePlan(req, rule, routeRewrite, fanout.Delete(cmd, rule, part))
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"hash/fnv"
 	"math"
+	"slices"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -307,4 +308,112 @@ func idIndexDelete(rule *rules.Rule, q bson.D) bson.D {
 		{Key: "deletes", Value: bson.A{bson.D{{Key: "q", Value: q}, {Key: "limit", Value: 0}}}},
 		{Key: "$db", Value: rule.DB},
 	}
+}
+
+// IDIndexScan takes the documents of an event-id index, as read or as
+// kept: whether the marker is there, and the candidate buckets in the
+// order to look them up (Likely ones first). Reads and deletes by event
+// _id use it alike.
+type IDIndexScan struct {
+	set      *IDSet
+	span     int64
+	complete bool
+	version  int64
+	ids      []bson.ObjectID
+	likely   int
+	seen     map[bson.ObjectID]bool
+	keep     *IDIndexSnapshot // the documents read, for a cache; nil: not kept
+}
+
+// maxKeptIndexBytes bounds the snapshot one scan keeps.
+const maxKeptIndexBytes = 16 << 20
+
+// NewIDIndexScan scans for set's ids in buckets of span ms; keep keeps
+// what it reads as a snapshot.
+func NewIDIndexScan(set *IDSet, span int64, keep bool) *IDIndexScan {
+	s := &IDIndexScan{set: set, span: span, seen: map[bson.ObjectID]bool{}}
+	if keep {
+		s.keep = &IDIndexSnapshot{}
+	}
+	return s
+}
+
+// Take takes one document read from the index.
+func (s *IDIndexScan) Take(doc bsoncore.Document) {
+	if s.keep != nil {
+		if s.keep.Bytes += len(doc); s.keep.Bytes > maxKeptIndexBytes {
+			s.keep = nil // too large to keep
+		} else {
+			s.keep.Entries = append(s.keep.Entries, slices.Clone(doc))
+		}
+	}
+	s.take(doc)
+}
+
+// TakeSnapshot takes a kept snapshot whole.
+func (s *IDIndexScan) TakeSnapshot(snap *IDIndexSnapshot) {
+	s.keep = nil
+	for _, d := range snap.Entries {
+		s.take(d)
+	}
+}
+
+func (s *IDIndexScan) take(doc bsoncore.Document) {
+	if IsIDIndexMarker(doc) {
+		s.complete, s.version = true, IDIndexVersionOf(doc)
+		return
+	}
+	id, may, ok := s.set.MayHold(doc)
+	if !ok || !may || s.seen[id] {
+		return
+	}
+	s.seen[id] = true
+	s.ids = append(s.ids, id)
+	if s.set.Likely(doc, s.span) {
+		last := len(s.ids) - 1
+		s.ids[s.likely], s.ids[last] = s.ids[last], s.ids[s.likely]
+		s.likely++
+	}
+}
+
+// Complete says whether the marker was seen: the index covers every
+// bucket.
+func (s *IDIndexScan) Complete() bool { return s.complete }
+
+// Candidates are the buckets that may hold an id, likely ones first.
+func (s *IDIndexScan) Candidates() []bson.ObjectID { return s.ids }
+
+// Kept is the snapshot of what the scan read, or nil (not kept, too
+// large, or the index cannot answer).
+func (s *IDIndexScan) Kept() *IDIndexSnapshot {
+	if s.keep == nil || !s.complete {
+		return nil
+	}
+	s.keep.V = s.version
+	return s.keep
+}
+
+// IDIndexMarkerFind finds the marker of the index coll in db alone.
+func IDIndexMarkerFind(coll, db string) []byte {
+	nb := bsoncore.NewDocumentBuilder
+	return nb().AppendString("find", coll).
+		AppendDocument("filter", nb().AppendString("_id", IDIndexMarker).Build()).
+		AppendInt32("limit", 1).
+		AppendBoolean("singleBatch", true).
+		AppendString("$db", db).Build()
+}
+
+// CheckKept takes the documents IDIndexMarkerFind found, for a kept
+// snapshot: done when they settle the scan without reading the index (no
+// marker: the index cannot answer, and kept is to be forgotten; the
+// kept version: kept is the index); false when kept is stale.
+func (s *IDIndexScan) CheckKept(marker []bsoncore.Document, kept *IDIndexSnapshot) (done bool) {
+	switch {
+	case len(marker) == 0 || !IsIDIndexMarker(marker[0]):
+		return true
+	case IDIndexVersionOf(marker[0]) == kept.V:
+		s.TakeSnapshot(kept)
+		return true
+	}
+	return false
 }

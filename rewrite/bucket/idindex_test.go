@@ -149,3 +149,36 @@ func TestIDIndexLikely(t *testing.T) {
 		t.Error("a string id has no time")
 	}
 }
+
+// TestIDIndexScanKeeps: a scan keeps what it read (with the marker's
+// version), and a kept snapshot settles a later scan while the marker
+// shows its version.
+func TestIDIndexScanKeeps(t *testing.T) {
+	a, b := oidValue(bson.NewObjectID()), oidValue(bson.NewObjectID())
+	ea := IDIndexEntry(bson.NewObjectID(), 0, eventsWithIDs(a))
+	eb := IDIndexEntry(bson.NewObjectID(), 0, eventsWithIDs(b))
+	s := NewIDIndexScan(NewIDSet([]bsoncore.Value{b}), 3_600_000, true)
+	for _, d := range []bsoncore.Document{IDIndexMarkerDoc(5), ea, eb} {
+		s.Take(d)
+	}
+	kept := s.Kept()
+	if !s.Complete() || len(s.Candidates()) != 1 || kept == nil || kept.V != 5 || len(kept.Entries) != 3 {
+		t.Fatalf("scan: complete %v, candidates %v, kept %+v", s.Complete(), s.Candidates(), kept)
+	}
+	next := NewIDIndexScan(NewIDSet([]bsoncore.Value{a}), 3_600_000, true)
+	if !next.CheckKept([]bsoncore.Document{IDIndexMarkerDoc(5)}, kept) || !next.Complete() || len(next.Candidates()) != 1 {
+		t.Fatal("the kept version did not settle the scan")
+	}
+	if NewIDIndexScan(NewIDSet([]bsoncore.Value{a}), 3_600_000, true).CheckKept([]bsoncore.Document{IDIndexMarkerDoc(6)}, kept) {
+		t.Fatal("another version settled the scan")
+	}
+	gone := NewIDIndexScan(NewIDSet([]bsoncore.Value{a}), 3_600_000, true)
+	if !gone.CheckKept(nil, kept) || gone.Complete() {
+		t.Fatal("no marker: the scan is settled and cannot answer")
+	}
+	noMarker := NewIDIndexScan(NewIDSet([]bsoncore.Value{a}), 3_600_000, true)
+	noMarker.Take(ea)
+	if noMarker.Kept() != nil {
+		t.Fatal("kept an index without its marker")
+	}
+}

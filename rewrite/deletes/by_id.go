@@ -8,6 +8,7 @@ import (
 
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
+	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/read"
 )
@@ -18,41 +19,11 @@ import (
 // proxy. ok is false when the index cannot answer (no marker, or more
 // buckets than read.MaxIDCandidates): the match aggregate then runs.
 func (d *deleter) matchByIndex(st *Statement) (cands *Candidates, ok bool, err error) {
-	rule := d.rule()
-	coll := rule.IDIndexCollection()
-	var ids []bson.ObjectID
-	seen := map[bson.ObjectID]bool{}
-	likely := 0 // ids[:likely]: buckets whose window holds an ObjectID's time
-	complete := false
-	take := func(docs []bsoncore.Document) error {
-		for _, e := range docs {
-			if bucket.IsIDIndexMarker(e) {
-				complete = true
-				continue
-			}
-			id, may, isEntry := st.IDs.MayHold(e)
-			if !isEntry || !may || seen[id] {
-				continue
-			}
-			seen[id] = true
-			ids = append(ids, id)
-			if st.IDs.Likely(e, rule.SpanMillis()) {
-				ids[likely], ids[len(ids)-1] = ids[len(ids)-1], ids[likely]
-				likely++
-			}
-		}
-		return nil
+	scan, err := d.readIDIndex(st.IDs)
+	if err != nil || !scan.Complete() || len(scan.Candidates()) > read.MaxIDCandidates {
+		return nil, false, err
 	}
-	res, done := d.x.Run(rewrite.DrainBatched(read.IDIndexFind(coll, rule.DB), rule.DB, coll, read.IDIndexBatch, take, func() rewrite.Result { return rewrite.Result{} }))
-	if !done {
-		return nil, false, rewrite.ErrAborted
-	}
-	if res.Reply != nil {
-		return nil, false, fmt.Errorf("read the event-id index: %w", mongoerr.ReplyError(res.Reply))
-	}
-	if !complete || len(ids) > read.MaxIDCandidates {
-		return nil, false, nil
-	}
+	ids := scan.Candidates()
 	cands = st.NewCandidates()
 	// A deleteOne reads the buckets one at a time, likely ones first, and
 	// stops at its event: on the stock upstreams each read scans.
@@ -68,6 +39,51 @@ func (d *deleter) matchByIndex(st *Statement) (cands *Candidates, ok bool, err e
 		ids = ids[n:]
 	}
 	return cands, true, nil
+}
+
+// readIDIndex reads the rule's event-id index for set's ids: from the
+// proxy's cache while the marker shows the version kept, else whole (and
+// kept for the next reads).
+func (d *deleter) readIDIndex(set *bucket.IDSet) (*bucket.IDIndexScan, error) {
+	rule, cache := d.rule(), d.env.IDIndex
+	coll := rule.IDIndexCollection()
+	key := rule.DB + "." + coll
+	scan := bucket.NewIDIndexScan(set, rule.SpanMillis(), cache != nil)
+	if cache != nil {
+		if kept := cache.Get(key); kept != nil {
+			reply, ok := d.x.One(bucket.IDIndexMarkerFind(coll, rule.DB))
+			if !ok {
+				return nil, rewrite.ErrAborted
+			}
+			docs, _, err := cursor.Docs(reply)
+			if err != nil {
+				return nil, fmt.Errorf("read the event-id index: %w", err)
+			}
+			if scan.CheckKept(docs, kept) {
+				if !scan.Complete() {
+					cache.Put(key, nil)
+				}
+				return scan, nil
+			}
+		}
+	}
+	take := func(docs []bsoncore.Document) error {
+		for _, e := range docs {
+			scan.Take(e)
+		}
+		return nil
+	}
+	res, ok := d.x.Run(rewrite.DrainBatched(read.IDIndexFind(coll, rule.DB), rule.DB, coll, read.IDIndexBatch, take, func() rewrite.Result { return rewrite.Result{} }))
+	if !ok {
+		return nil, rewrite.ErrAborted
+	}
+	if res.Reply != nil {
+		return nil, fmt.Errorf("read the event-id index: %w", mongoerr.ReplyError(res.Reply))
+	}
+	if kept := scan.Kept(); kept != nil {
+		cache.Put(key, kept)
+	}
+	return scan, nil
 }
 
 // matchBuckets reads buckets ids and adds their events that match st.

@@ -21,6 +21,9 @@ type Env struct {
 	// returns their release, which also forgets their fills: a delete
 	// changes (or may have changed, after a failure) their buckets.
 	Lock func(keys []bucket.Key) (unlock func())
+	// IDIndex, when set, keeps the event-id indexes deletes by event _id
+	// read (by_id.go).
+	IDIndex bucket.IDIndexCache
 }
 
 // replaceBatchBytes bounds the replacement buckets sent in one update.

@@ -28,29 +28,24 @@ const IDIndexBatch = 4096
 
 // idRead is the index side of a PointRead.
 type idRead struct {
-	set  *bucket.IDSet
 	coll string // the index collection
+	scan *bucket.IDIndexScan
 
 	// With a cache, the read first finds the marker alone: at the
 	// version of the cached snapshot, the snapshot is the index. Else it
-	// reads the whole index, and keeps it (snap) for the next reads.
+	// reads the whole index, and the cache keeps it for the next reads.
 	cache    bucket.IDIndexCache
 	cacheKey string
 	cached   *bucket.IDIndexSnapshot // to check against the marker
 	checking bool                    // the marker find was sent
 	checked  bool                    // and answered
-	snap     *bucket.IDIndexSnapshot // being read
 
-	sent     bool  // the index find was sent
-	cursor   int64 // its upstream cursor while open
-	listed   bool  // the index is read to the end
-	complete bool  // its marker was seen
+	sent   bool  // the index find was sent
+	cursor int64 // its upstream cursor while open
+	listed bool  // the index is read to the end
 
-	seen       map[bson.ObjectID]bool
-	candidates []bson.ObjectID
-	likely     int // candidates[:likely] are Likely ones, looked up first
-	next       int // the first candidate not yet looked up
-	inFlight   int
+	candidates []bson.ObjectID // likely ones first
+	next       int             // the first candidate not yet looked up
 	buckets    []bsoncore.Document
 	bytes      int
 	emitted    bool
@@ -119,19 +114,15 @@ func idIndexRead(rc *query.Ctx, filter, sortDoc bsoncore.Document, proj *query.P
 	if pr == nil {
 		return nil
 	}
-	r := &idRead{set: bucket.NewIDSet(ids), coll: rc.Rule.IDIndexCollection(), seen: map[bson.ObjectID]bool{}}
+	r := &idRead{coll: rc.Rule.IDIndexCollection()}
+	r.scan = bucket.NewIDIndexScan(bucket.NewIDSet(ids), rc.Span, rc.IDIndex != nil)
 	if rc.IDIndex != nil {
 		r.cache, r.cacheKey = rc.IDIndex, rc.Rule.DB+"."+r.coll
 		r.cached = r.cache.Get(r.cacheKey)
-		r.snap = &bucket.IDIndexSnapshot{}
 	}
 	pr.ids = r
 	return pr
 }
-
-// maxCachedIndexBytes bounds the snapshot one read keeps; the proxy's
-// cache bounds them all.
-const maxCachedIndexBytes = 16 << 20
 
 // idFind is the find of the whole index.
 func (p *PointRead) idFind() []byte { return IDIndexFind(p.ids.coll, p.db) }
@@ -152,12 +143,7 @@ func (p *PointRead) idLookups() [][]byte {
 	case r.cached != nil && !r.checking:
 		r.checking = true
 		p.LookupsSent++
-		nb := bsoncore.NewDocumentBuilder
-		return [][]byte{nb().AppendString("find", r.coll).
-			AppendDocument("filter", nb().AppendString("_id", bucket.IDIndexMarker).Build()).
-			AppendInt32("limit", 1).
-			AppendBoolean("singleBatch", true).
-			AppendString("$db", p.db).Build()}
+		return [][]byte{bucket.IDIndexMarkerFind(r.coll, p.db)}
 	case !r.listed && !r.sent:
 		r.sent = true
 		p.LookupsSent++
@@ -186,7 +172,6 @@ func (p *PointRead) idLookups() [][]byte {
 			AppendString("$db", p.db).Build())
 		r.next++
 	}
-	r.inFlight = len(cmds)
 	p.LookupsSent += len(cmds)
 	return cmds
 }
@@ -225,7 +210,6 @@ func (p *PointRead) idFeed(replies [][]byte) error {
 			}
 		}
 	}
-	r.inFlight = 0
 	if r.next < len(r.candidates) {
 		return nil
 	}
@@ -238,29 +222,19 @@ func (p *PointRead) idFeed(replies [][]byte) error {
 	return p.emitBuckets(buckets)
 }
 
-// idIndexBatch takes one batch of the index: the marker and the entries
-// that may hold an id. Once the index is read, the read either looks the
-// candidates up or, when the index cannot answer, becomes its event scan.
+// idIndexBatch takes one batch of the index.
 func (p *PointRead) idIndexBatch(reply bsoncore.Document) error {
 	r := p.ids
 	for _, d := range batchDocs(reply) {
-		if r.snap != nil {
-			if r.snap.Bytes += len(d); r.snap.Bytes > maxCachedIndexBytes {
-				r.snap = nil // too large to keep
-			} else {
-				r.snap.Entries = append(r.snap.Entries, slices.Clone(d))
-			}
-		}
-		p.idEntry(d)
+		r.scan.Take(d)
 	}
 	r.cursor, _ = reply.Lookup("cursor", "id").AsInt64OK()
 	if r.cursor != 0 {
 		return nil
 	}
-	if r.snap != nil && r.complete {
-		r.cache.Put(r.cacheKey, r.snap)
+	if kept := r.scan.Kept(); kept != nil {
+		r.cache.Put(r.cacheKey, kept)
 	}
-	r.snap = nil
 	return p.idListed()
 }
 
@@ -269,45 +243,14 @@ func (p *PointRead) idIndexBatch(reply bsoncore.Document) error {
 // the snapshot is the index; another, the index is read again.
 func (p *PointRead) idMarker(reply bsoncore.Document) error {
 	r := p.ids
-	docs := batchDocs(reply)
-	switch {
-	case len(docs) == 0 || !bucket.IsIDIndexMarker(docs[0]):
-		r.cache.Put(r.cacheKey, nil)
-		r.listed = true
-		return p.idListed()
-	case bucket.IDIndexVersionOf(docs[0]) == r.cached.V:
-		for _, d := range r.cached.Entries {
-			p.idEntry(d)
+	if r.scan.CheckKept(batchDocs(reply), r.cached) {
+		if !r.scan.Complete() {
+			r.cache.Put(r.cacheKey, nil)
 		}
-		r.listed = true
 		return p.idListed()
 	}
 	r.cached = nil // stale: the next idLookups reads the whole index
 	return nil
-}
-
-// idEntry takes one document of the index: the marker, or an entry whose
-// bucket becomes a candidate when it may hold an id.
-func (p *PointRead) idEntry(d bsoncore.Document) {
-	r := p.ids
-	if bucket.IsIDIndexMarker(d) {
-		r.complete = true
-		if r.snap != nil {
-			r.snap.V = bucket.IDIndexVersionOf(d)
-		}
-		return
-	}
-	id, may, ok := r.set.MayHold(d)
-	if !ok || !may || r.seen[id] {
-		return
-	}
-	r.seen[id] = true
-	r.candidates = append(r.candidates, id)
-	if r.set.Likely(d, p.span) {
-		last := len(r.candidates) - 1
-		r.candidates[r.likely], r.candidates[last] = r.candidates[last], r.candidates[r.likely]
-		r.likely++
-	}
 }
 
 // idListed: the index is read. The read looks the candidates up or, when
@@ -315,7 +258,8 @@ func (p *PointRead) idEntry(d bsoncore.Document) {
 func (p *PointRead) idListed() error {
 	r := p.ids
 	r.listed = true
-	if !r.complete || len(r.candidates) > MaxIDCandidates {
+	r.candidates = r.scan.Candidates()
+	if !r.scan.Complete() || len(r.candidates) > MaxIDCandidates {
 		p.ids = nil // the event scan reads every bucket instead
 		return nil
 	}
