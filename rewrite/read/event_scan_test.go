@@ -81,6 +81,9 @@ func (sb *sortedBuckets) selects(f bsoncore.Document, b bsoncore.Document) bool 
 		}
 	}
 	st := b.Lookup("start").DateTime()
+	if eq, ok := f.Lookup("start").DateTimeOK(); ok && st != eq {
+		return false
+	}
 	if v, err := f.LookupErr("start", "$gte"); err == nil && st < v.DateTime() {
 		return false
 	}
@@ -396,6 +399,7 @@ func TestPointOrScan(t *testing.T) {
 		{"filtered scans, few keys", D{two, rng(2)}, IDLookupScansFiltered, false},
 		{"filtered scans, one meta: its equality is filtered too", D{one, rng(2)}, IDLookupScansFiltered, true},
 		{"filtered scans, many keys", D{two, rng(maxFilteredLookups)}, IDLookupScansFiltered, true},
+		{"filtered scans, one window: its start equality is filtered too", D{two, rng(1)}, IDLookupScansFiltered, true},
 	} {
 		body := rwtest.Doc(t, D{{Key: "find", Value: "readings"}, {Key: "filter", Value: c.filter}, {Key: "$db", Value: "iot"}})
 		plan, err := PlanRead(body, rwtest.Rule(), Options{Caps: rwtest.FerretCaps, IDLookups: c.cost})

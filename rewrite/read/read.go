@@ -144,8 +144,9 @@ func pointOrScan(rc *query.Ctx, spec *pointSpec, filter, sortDoc bsoncore.Docume
 	switch {
 	case es == nil:
 		return spec, nil
-	case opts.IDLookups == IDLookupScansParsed, len(sc.metaIn) == 1, spec.keys() > maxFilteredLookups:
-		// One meta: the scan's equality on it is filtered in storage too.
+	case opts.IDLookups == IDLookupScansParsed, len(sc.metaIn) == 1, len(spec.windows) == 1, spec.keys() > maxFilteredLookups:
+		// One meta, or one window: the scan's equality on it is filtered
+		// in storage too.
 		return es, sc
 	}
 	return spec, nil

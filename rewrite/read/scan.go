@@ -7,6 +7,7 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
+	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
@@ -95,8 +96,23 @@ func planScan(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*pointSpec, *bu
 	return s, sc, ""
 }
 
+// oneStart is the only window start the scan's bounds admit, when they
+// admit one (an exact time, or a range inside one window): an equality
+// on start, which FerretDB on PostgreSQL filters in storage, where a
+// range is filtered by FerretDB after decoding every bucket.
+func (sc *bucketScan) oneStart(span int64) (int64, bool) {
+	if !sc.hasStartLo || !sc.hasStartHi || span <= 0 {
+		return 0, false
+	}
+	last := rules.FloorMillis(sc.startHi, span)
+	if sc.startHiStrict && last == sc.startHi {
+		last -= span
+	}
+	return sc.startLo, last == sc.startLo
+}
+
 // scanFilter is the bucket-level filter of the upstream find.
-func (sc *bucketScan) scanFilter() bsoncore.Document {
+func (sc *bucketScan) scanFilter(span int64) bsoncore.Document {
 	nb := bsoncore.NewDocumentBuilder
 	f := nb()
 	switch {
@@ -112,6 +128,9 @@ func (sc *bucketScan) scanFilter() bsoncore.Document {
 	}
 	if !sc.hasStartLo && !sc.hasStartHi {
 		return f.Build()
+	}
+	if start, ok := sc.oneStart(span); ok {
+		return f.AppendDateTime(bucket.FieldStart, start).Build()
 	}
 	b := nb()
 	if sc.hasStartLo {
@@ -142,7 +161,7 @@ func (p *PointRead) scanFind() []byte {
 	sc := p.scan
 	nb := bsoncore.NewDocumentBuilder
 	return nb().AppendString("find", p.coll).
-		AppendDocument("filter", sc.scanFilter()).
+		AppendDocument("filter", sc.scanFilter(p.span)).
 		AppendDocument("sort", sc.upstreamSort()).
 		AppendInt32("batchSize", scanBatchBuckets).
 		AppendString("$db", p.db).Build()

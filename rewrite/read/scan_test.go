@@ -36,10 +36,14 @@ func TestScanPlan(t *testing.T) {
 			find: `"filter": {"start": {"$gte": {"$date": {"$numberLong": "-7200000"}}}},"sort": {"start": {"$numberInt":"1"}}`},
 		{name: "half-bounded above", filter: D{ts(E{Key: "$lt", Value: rwtest.DT(rwtest.Hour)})},
 			find: `"filter": {"start": {"$lt": {"$date": {"$numberLong": "3600000"}}}}`},
-		{name: "bare date", filter: D{{Key: "ts", Value: rwtest.DT(rwtest.Hour + 1)}},
-			find: `"filter": {"start": {"$gte": {"$date": {"$numberLong": "3600000"}},"$lte": {"$date": {"$numberLong": "3600001"}}}}`},
+		{name: "bare date: one window, an equality on start", filter: D{{Key: "ts", Value: rwtest.DT(rwtest.Hour + 1)}},
+			find: `"filter": {"start": {"$date": {"$numberLong": "3600000"}}}`},
+		{name: "range inside one window", filter: D{ts(E{Key: "$gte", Value: rwtest.DT(rwtest.Hour + 5)}, E{Key: "$lt", Value: rwtest.DT(2 * rwtest.Hour)})},
+			find: `"filter": {"start": {"$date": {"$numberLong": "3600000"}}}`},
+		{name: "range ending at the next window, inclusive", filter: D{ts(E{Key: "$gte", Value: rwtest.DT(rwtest.Hour + 5)}, E{Key: "$lte", Value: rwtest.DT(2 * rwtest.Hour)})},
+			find: `"filter": {"start": {"$gte": {"$date": {"$numberLong": "3600000"}},"$lte": {"$date": {"$numberLong": "7200000"}}}}`},
 		{name: "$and of bounds", filter: D{{Key: "$and", Value: A{D{ts(E{Key: "$gte", Value: rwtest.DT(0)})}, D{ts(E{Key: "$lt", Value: rwtest.DT(rwtest.Hour)})}}}},
-			find: `"$gte": {"$date": {"$numberLong": "0"}},"$lt": {"$date": {"$numberLong": "3600000"}}`},
+			find: `"filter": {"start": {"$date": {"$numberLong": "0"}}}`},
 		{name: "empty range", filter: D{ts(E{Key: "$gt", Value: rwtest.DT(rwtest.Hour)}, E{Key: "$lt", Value: rwtest.DT(rwtest.Hour)})}, empty: true},
 		{name: "lowest date: no lower start bound", filter: D{ts(E{Key: "$gte", Value: bson.DateTime(math.MinInt64)})},
 			find: `"filter": {},"sort": {"start": {"$numberInt":"1"}}`},
@@ -169,6 +173,12 @@ func (sb *scanBuckets) reply(t *testing.T, cmd []byte) []byte {
 		sb.rest = nil
 		for _, b := range sb.all {
 			st := b.Lookup("start").DateTime()
+			if eq, ok := f.DateTimeOK(); ok {
+				if st == eq {
+					sb.rest = append(sb.rest, b)
+				}
+				continue
+			}
 			if v, err := f.Document().LookupErr("$gte"); err == nil && st < v.DateTime() {
 				continue
 			}
