@@ -11,6 +11,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/tsproxy/tsproxy/proxy"
 )
 
 // TestReadByEventID: finds by an event's own _id (what drivers and ODMs
@@ -209,4 +211,56 @@ func findAll(t *testing.T, ctx context.Context, c *mongo.Collection, filter any,
 		slices.SortFunc(out, func(a, b bson.D) int { return strings.Compare(fmt.Sprint(a), fmt.Sprint(b)) })
 	}
 	return out
+}
+
+// TestReadByEventIDAcrossProxies: a proxy that kept a rule's event-id
+// index reads it again once another proxy's merge added entries (the
+// marker's version changed), so it finds the other proxy's events by _id.
+func TestReadByEventIDAcrossProxies(t *testing.T) {
+	if env.external {
+		t.Skip("the event-id index serves FerretDB upstreams")
+	}
+	t.Parallel()
+	ctx := ctxFor(t)
+	db := uniqueDB(t)
+	short := func(o *proxy.Options) { o.WriterLease = 2 * time.Second }
+	pa := startProxy(t, proxyOptions{yaml: readingsRule(db, 100), edit: short})
+	pb := startProxy(t, proxyOptions{yaml: readingsRule(db, 100), edit: short})
+	ca, cb := connect(t, pa.URI()), connect(t, pb.URI())
+	a, b := ca.Database(db).Collection("readings"), cb.Database(db).Collection("readings")
+	base := time.Date(2026, 4, 1, 0, 0, 0, 0, time.UTC)
+	first := seriesEvents(50, "a", base)
+	if _, err := a.InsertMany(ctx, docsOf(first)); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, ctx, ca, 1)
+	if err := a.FindOne(ctx, bson.D{{Key: "_id", Value: first[10].id}}).Err(); err != nil {
+		t.Fatalf("findOne through the first proxy: %v", err)
+	}
+	// The second proxy writes once the first one's lease lapsed, and
+	// merges: the index gets entries, and a new version.
+	second := seriesEvents(50, "b", base.Add(time.Hour))
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := b.InsertMany(ctx, docsOf(second))
+		if err == nil {
+			break
+		}
+		if !leaseRefusal(err) || time.Now().After(deadline) {
+			t.Fatalf("insert through the second proxy: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	flush(t, ctx, cb, 1)
+	for _, e := range []sentEvent{second[0], second[49], first[10]} {
+		var got sentEventDoc
+		if err := a.FindOne(ctx, bson.D{{Key: "_id", Value: e.id}}).Decode(&got); err != nil || got.ID != e.id {
+			t.Fatalf("findOne of %v through the first proxy after the second one's merge: %v (%v)", e.id, got.ID, err)
+		}
+	}
+}
+
+// sentEventDoc is an event read back.
+type sentEventDoc struct {
+	ID bson.ObjectID `bson:"_id"`
 }
