@@ -113,20 +113,6 @@ type ingestSample struct {
 	st            ingestStorage
 }
 
-// ingestStorage is what the upstream holds after the flush.
-type ingestStorage struct {
-	plain, bucket   collStats // collStats of the two collections
-	plainN, bucketN int64     // their documents, counted
-	stored          int64     // the sum of the buckets' counts
-	leftover        []string  // staging collections left after the flush
-	txns            bool      // <bucket>.stage.txns exists
-	txnsDocs        int64
-	// idIndex is the event-id index (one small document per bucket),
-	// counted into bucket and bucketN: it is storage the buckets need.
-	idIndex         collStats
-	docsRat, idxRat float64 // plain/bucketed: documents (counted), index bytes
-}
-
 // benchIngest measures, for each batch size and client count, sustained
 // ingest through the proxy (inserts, then tsproxyFlush) against plain
 // inserts of the same events straight to the upstream, and what each
@@ -317,79 +303,6 @@ func tsproxyFlush(ctx context.Context, proxyC *mongo.Client) (flushReply, time.D
 	return flushReply{get("rules"), get("collections"), get("events"), get("buckets"), get("retries")}, d, nil
 }
 
-// settled reads, straight from the upstream, what db holds once flushed:
-// the collections' statistics and counts, the events in the buckets, and
-// the staging collections left (any collection but the plain one, the
-// bucket collection, the writer leases and the staging tier's txns).
-func settled(ctx context.Context, db *mongo.Database) (ingestStorage, error) {
-	var st ingestStorage
-	names, err := db.ListCollectionNames(ctx, bson.D{})
-	if err != nil {
-		return st, fmt.Errorf("listCollections %s: %w", db.Name(), err)
-	}
-	for _, name := range names {
-		switch {
-		case name == plainColl || name == bucketColl || name == rules.LeaseCollection:
-		case isIDIndex(name):
-			if st.idIndex, err = stats(ctx, db, name); err != nil {
-				return st, err
-			}
-		case isTxns(name):
-			st.txns = true
-			if st.txnsDocs, err = db.Collection(name).CountDocuments(ctx, bson.D{}); err != nil {
-				return st, fmt.Errorf("count %s: %w", name, err)
-			}
-		default: // a staging collection, or a retired one (being merged)
-			n, _ := db.Collection(name).CountDocuments(ctx, bson.D{})
-			st.leftover = append(st.leftover, fmt.Sprintf("%s (%d documents)", name, n))
-		}
-	}
-	cur, err := db.Collection(bucketColl).Aggregate(ctx, mongo.Pipeline{
-		{{Key: "$group", Value: bson.D{{Key: "_id", Value: nil}, {Key: "n", Value: bson.D{{Key: "$sum", Value: "$count"}}}}}},
-	})
-	if err != nil {
-		return st, fmt.Errorf("sum of the bucket counts: %w", err)
-	}
-	var sums []bson.Raw
-	if err := cur.All(ctx, &sums); err != nil {
-		return st, fmt.Errorf("sum of the bucket counts: %w", err)
-	}
-	if len(sums) > 0 {
-		st.stored, _ = sums[0].Lookup("n").AsInt64OK()
-	}
-	if st.plainN, err = db.Collection(plainColl).CountDocuments(ctx, bson.D{}); err != nil {
-		return st, fmt.Errorf("count %s: %w", plainColl, err)
-	}
-	if st.bucketN, err = db.Collection(bucketColl).CountDocuments(ctx, bson.D{}); err != nil {
-		return st, fmt.Errorf("count %s: %w", bucketColl, err)
-	}
-	if st.plain, err = stats(ctx, db, plainColl); err != nil {
-		return st, err
-	}
-	if st.bucket, err = stats(ctx, db, bucketColl); err != nil {
-		return st, err
-	}
-	st.bucketN += st.idIndex.count
-	st.bucket.size += st.idIndex.size
-	st.bucket.indexSize += st.idIndex.indexSize
-	st.docsRat = ratio(st.plainN, st.bucketN)
-	st.idxRat = ratio(st.plain.indexSize, st.bucket.indexSize)
-	return st, nil
-}
-
-// isIDIndex says whether name is a rule's event-id index collection
-// (rules.Rule.IDIndexCollection).
-func isIDIndex(name string) bool {
-	return strings.HasPrefix(name, "tsproxy_stage_") && strings.HasSuffix(name, "_ids")
-}
-
-// isTxns says whether name is the staging tier's small bookkeeping
-// collection of merged retryable writes: <bucket>.stage.txns, or
-// tsproxy_stage_<hash>_txns since staging names hold no dot.
-func isTxns(name string) bool {
-	return strings.HasSuffix(name, "txns") && (strings.Contains(name, ".stage.") || strings.HasPrefix(name, "tsproxy_stage_"))
-}
-
 // report prints the Markdown tables.
 func report(cases []ingestCase, samples [][]ingestSample, runs, events, nRules int, warm flushReply, warmTime time.Duration, idleFlush, idleOthers float64) {
 	med := func(i int, f func(ingestSample) float64) float64 { return median(field(samples[i], f)) }
@@ -557,15 +470,4 @@ func ingest(ctx context.Context, coll *mongo.Collection, batches [][]any, conc i
 	all := slices.Concat(calls...)
 	slices.Sort(all)
 	return d, percentile(all, 0.5), nil
-}
-
-type collStats struct{ count, size, indexSize int64 }
-
-func stats(ctx context.Context, db *mongo.Database, coll string) (collStats, error) {
-	var r bson.Raw
-	if err := db.RunCommand(ctx, bson.D{{Key: "collStats", Value: coll}}).Decode(&r); err != nil {
-		return collStats{}, fmt.Errorf("collStats %s: %w", coll, err)
-	}
-	get := func(k string) int64 { v, _ := r.Lookup(k).AsInt64OK(); return v }
-	return collStats{count: get("count"), size: get("size"), indexSize: get("totalIndexSize")}, nil
 }
