@@ -65,35 +65,11 @@ func EventIDs(rc *query.Ctx, filter bsoncore.Document) []bsoncore.Value {
 		if e.Key() != "_id" {
 			continue
 		}
-		v := e.Value()
-		ops, isOp := query.IsOperatorDoc(v)
-		if !isOp {
-			if v.Type == bsoncore.TypeRegex {
-				return nil
-			}
-			return []bsoncore.Value{v}
-		}
-		elems, _ := ops.Elements()
-		if len(elems) != 1 {
+		ids, why := equalityValues(e.Value(), "_id")
+		if why != "" || slices.ContainsFunc(ids, func(v bsoncore.Value) bool { return v.Type == bsoncore.TypeRegex }) {
 			return nil
 		}
-		switch elems[0].Key() {
-		case "$eq":
-			return []bsoncore.Value{elems[0].Value()}
-		case "$in":
-			arr, ok := elems[0].Value().ArrayOK()
-			if !ok {
-				return nil
-			}
-			vals, _ := arr.Values()
-			for _, x := range vals {
-				if x.Type == bsoncore.TypeRegex {
-					return nil
-				}
-			}
-			return vals
-		}
-		return nil
+		return ids
 	}
 	return nil
 }
@@ -164,12 +140,7 @@ func (p *PointRead) idLookups() [][]byte {
 	}
 	var cmds [][]byte
 	for r.next < len(r.candidates) && len(cmds) < inFlight {
-		nb := bsoncore.NewDocumentBuilder
-		cmds = append(cmds, nb().AppendString("find", p.coll).
-			AppendDocument("filter", nb().AppendObjectID(bucket.FieldID, r.candidates[r.next]).Build()).
-			AppendInt32("limit", 1).
-			AppendBoolean("singleBatch", true).
-			AppendString("$db", p.db).Build())
+		cmds = append(cmds, p.bucketLookup(r.candidates[r.next]))
 		r.next++
 	}
 	p.LookupsSent += len(cmds)

@@ -8,6 +8,7 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
+	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
@@ -141,7 +142,11 @@ func (p *PointRead) batchFull() bool {
 
 // lookupCommand is the find of one bucket by _id.
 func (p *PointRead) lookupCommand(k pointKey, seq int) []byte {
-	id := bucket.ID(p.bucketNS, k.meta, k.window, seq)
+	return p.bucketLookup(bucket.ID(p.bucketNS, k.meta, k.window, seq))
+}
+
+// bucketLookup is the find of the bucket whose _id is id.
+func (p *PointRead) bucketLookup(id bson.ObjectID) []byte {
 	nb := bsoncore.NewDocumentBuilder
 	return nb().AppendString("find", p.coll).
 		AppendDocument("filter", nb().AppendObjectID(bucket.FieldID, id).Build()).

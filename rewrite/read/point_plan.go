@@ -91,27 +91,38 @@ func planPoint(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*pointSpec, st
 	return s, ""
 }
 
+// equalityValues reads a condition on a field (what names it) that is an
+// equality, one $eq or one $in: the values it names, or why it is none of
+// those.
+func equalityValues(v bsoncore.Value, what string) ([]bsoncore.Value, string) {
+	ops, ok := query.IsOperatorDoc(v)
+	if !ok {
+		return []bsoncore.Value{v}, ""
+	}
+	elems, _ := ops.Elements()
+	if len(elems) != 1 {
+		return nil, what + " operators other than one $eq or $in"
+	}
+	switch elems[0].Key() {
+	case "$eq":
+		return []bsoncore.Value{elems[0].Value()}, ""
+	case "$in":
+		arr, ok := elems[0].Value().ArrayOK()
+		if !ok {
+			return nil, "$in on the " + what + " is not an array"
+		}
+		vals, _ := arr.Values()
+		return vals, ""
+	}
+	return nil, fmt.Sprintf("%s operator %s", what, elems[0].Key())
+}
+
 // pointMetas reads an equality or $in on the metaField: the metas it
 // matches exactly, or why they cannot be named.
 func pointMetas(v bsoncore.Value) ([]bsoncore.Value, string) {
-	vals := []bsoncore.Value{v}
-	if ops, ok := query.IsOperatorDoc(v); ok {
-		elems, _ := ops.Elements()
-		if len(elems) != 1 {
-			return nil, "metaField operators other than one $eq or $in"
-		}
-		switch elems[0].Key() {
-		case "$eq":
-			vals = []bsoncore.Value{elems[0].Value()}
-		case "$in":
-			arr, ok := elems[0].Value().ArrayOK()
-			if !ok {
-				return nil, "$in on the metaField is not an array"
-			}
-			vals, _ = arr.Values()
-		default:
-			return nil, fmt.Sprintf("metaField operator %s", elems[0].Key())
-		}
+	vals, why := equalityValues(v, "metaField")
+	if why != "" {
+		return nil, why
 	}
 	var out []bsoncore.Value
 	seen := map[string]bool{}

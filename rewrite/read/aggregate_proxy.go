@@ -1,0 +1,146 @@
+package read
+
+import (
+	"slices"
+	"strings"
+
+	"github.com/tsproxy/tsproxy/rewrite/cursor"
+	"github.com/tsproxy/tsproxy/rewrite/query"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+// The aggregates the proxy runs itself, over the events of one of its own
+// reads (an event scan, an event-id index read): count-shaped and
+// find-shaped pipelines whose filter the upstream cannot run on unwound
+// events, or that name event _ids.
+
+// countBy plans a count-shaped pipeline, [$match...] [$skip] [$limit]
+// then a count $group or $count (what drivers send for countDocuments),
+// as a read of the proxy's own (an event scan, an index read) that it
+// counts; nil when the pipeline has another shape or read cannot serve
+// the filter.
+func (a *aggregateRewrite) countBy(read func(rc *query.Ctx, filter, sortDoc bsoncore.Document, proj *query.Projection, pg query.Paging) *PointRead) *Command {
+	filters, i, err := a.leadingMatches()
+	if err != nil {
+		return nil
+	}
+	var skip, limit int64
+	for ; i < len(a.stages)-1; i++ {
+		n, ok := WholeNumber(a.stages[i].Value)
+		switch {
+		case !ok || n < 0:
+			return nil
+		case a.stages[i].Name == "$skip" && limit == 0:
+			skip += n
+		case a.stages[i].Name == "$limit" && n > 0:
+			if limit == 0 || n < limit {
+				limit = n
+			}
+		default:
+			return nil
+		}
+	}
+	if i != len(a.stages)-1 {
+		return nil
+	}
+	last := a.stages[i]
+	var id bsoncore.Value
+	var key string
+	switch last.Name {
+	case "$count":
+		k, ok := last.Value.StringValueOK()
+		if !ok || k == "" || strings.HasPrefix(k, "$") || strings.Contains(k, ".") {
+			return nil
+		}
+		key = k
+	case "$group":
+		k, ok := CountGroup(last.Value)
+		if !ok {
+			return nil
+		}
+		v := last.Value.Document().Lookup("_id")
+		key, id = k, bsoncore.Value{Type: v.Type, Data: slices.Clone(v.Data)} // outlives the request
+	default:
+		return nil
+	}
+	pr := read(a.rc, query.AndOf(filters), nil, nil, query.Paging{Skip: skip, Limit: limit})
+	if pr == nil {
+		return nil
+	}
+	ns := a.rc.NS
+	c := &countDrain{}
+	reply := func() bsoncore.Document {
+		n := c.n
+		var batch []bsoncore.Document
+		if n > 0 { // no input, no group: an empty batch, as from the server
+			idx, d := bsoncore.AppendDocumentStart(nil)
+			if id.Type != 0 {
+				d = bsoncore.AppendValueElement(d, "_id", id)
+			}
+			d = query.AppendCount(d, key, n)
+			d, _ = bsoncore.AppendDocumentEnd(d, idx)
+			batch = append(batch, d)
+		}
+		return cursor.Reply{Key: "firstBatch", Batch: batch, NS: ns}.WithID(0)
+	}
+	return &Command{rc: a.rc, Point: pr, PointDrain: c.pointDrain(reply)}
+}
+
+// findShaped plans a pipeline a find can express, [$match...] [$sort]
+// [$skip] [$limit] [$project or $unset], as an event scan the proxy runs
+// (for a filter the upstream cannot run on unwound events: the metaField
+// inside $or or $nor); nil for any other pipeline, or one the scan cannot
+// serve.
+func (a *aggregateRewrite) findShaped() *Command {
+	if a.explain {
+		return nil
+	}
+	filters, i, err := a.leadingMatches()
+	if err != nil {
+		return nil
+	}
+	var sortDoc bsoncore.Document
+	if i < len(a.stages) && a.stages[i].Name == "$sort" {
+		d, ok := a.stages[i].Value.DocumentOK()
+		if !ok {
+			return nil
+		}
+		sortDoc = d
+		i++
+	}
+	pg := query.Paging{BatchSize: a.batchSize}
+	for _, name := range []string{"$skip", "$limit"} {
+		if i < len(a.stages) && a.stages[i].Name == name {
+			n, ok := WholeNumber(a.stages[i].Value)
+			if !ok || n < 0 || (name == "$limit" && n == 0) {
+				return nil
+			}
+			if name == "$skip" {
+				pg.Skip = n
+			} else {
+				pg.Limit = n
+			}
+			i++
+		}
+	}
+	var proj *query.Projection
+	if i == len(a.stages)-1 && (a.stages[i].Name == "$project" || a.stages[i].Name == "$unset") {
+		spec, err := projectSpec(a.rc, a.stages[i])
+		if err != nil {
+			return nil
+		}
+		if proj, err = a.rc.ParseProjection(spec, a.stages[i].Name); err != nil {
+			return nil
+		}
+		i++
+	}
+	if i != len(a.stages) {
+		return nil
+	}
+	pr := eventScanRead(a.rc, query.AndOf(filters), sortDoc, proj, pg)
+	if pr == nil {
+		return nil
+	}
+	pr.Want(pg.FirstBatch())
+	return &Command{rc: a.rc, Point: pr}
+}
