@@ -29,7 +29,6 @@ type EmbeddedOptions struct {
 // over loopback TCP exactly as it talks to any other upstream.
 type Embedded struct {
 	dir    string
-	files  sqliteFiles
 	uri    string
 	addr   string
 	cancel context.CancelFunc
@@ -91,7 +90,6 @@ func (e *Embedded) Addr() string { return e.addr }
 func (e *Embedded) Close() error {
 	e.cancel()
 	<-e.done
-	e.closeFiles()
 	return nil
 }
 

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 
 	_ "modernc.org/sqlite" // the SQLite driver FerretDB itself uses
 )
@@ -22,20 +21,20 @@ import (
 // use, on the exact expression FerretDB queries with.
 const idExpr = `_ferretdb_sjson->'$._id'`
 
-// sqliteFiles caches one handle per database file.
-type sqliteFiles struct {
-	mu  sync.Mutex
-	dbs map[string]*sql.DB
-}
-
 // IndexIDs makes point reads and updates by _id of db.coll an index lookup
 // in the embedded upstream's storage. The collection must exist. It is safe
 // to call more than once.
+//
+// Each call opens the database file and closes it again: a handle kept
+// open outlives a dropDatabase, which deletes the file, and FerretDB then
+// fails with "disk I/O error" on the file it creates anew while the old
+// one's shared WAL index is still mapped here.
 func (e *Embedded) IndexIDs(ctx context.Context, db, coll string) error {
 	sdb, err := e.sqlite(db)
 	if err != nil {
 		return err
 	}
+	defer sdb.Close()
 	var table string
 	err = sdb.QueryRowContext(ctx, `SELECT table_name FROM "_ferretdb_collections" WHERE name = ?`, coll).Scan(&table)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -55,11 +54,6 @@ func (e *Embedded) sqlite(db string) (*sql.DB, error) {
 	if strings.ContainsAny(db, `/\`) || db == "" {
 		return nil, fmt.Errorf("embedded upstream: bad database name %q", db)
 	}
-	e.files.mu.Lock()
-	defer e.files.mu.Unlock()
-	if sdb, ok := e.files.dbs[db]; ok {
-		return sdb, nil
-	}
 	path := filepath.Join(e.dir, db+".sqlite")
 	if _, err := os.Stat(path); err != nil {
 		return nil, fmt.Errorf("embedded upstream: database %s: %w", db, err)
@@ -69,20 +63,7 @@ func (e *Embedded) sqlite(db string) (*sql.DB, error) {
 		return nil, fmt.Errorf("embedded upstream: open %s: %w", path, err)
 	}
 	sdb.SetMaxOpenConns(1)
-	if e.files.dbs == nil {
-		e.files.dbs = make(map[string]*sql.DB)
-	}
-	e.files.dbs[db] = sdb
 	return sdb, nil
-}
-
-func (e *Embedded) closeFiles() {
-	e.files.mu.Lock()
-	defer e.files.mu.Unlock()
-	for _, sdb := range e.files.dbs {
-		_ = sdb.Close()
-	}
-	e.files.dbs = nil
 }
 
 func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
