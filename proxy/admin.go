@@ -69,7 +69,7 @@ func (c *conn) renameTouchesRule(req *request) *rules.Rule {
 		if !ok {
 			continue
 		}
-		if rule := c.s.opts.Rules.Lookup(db, coll); rule != nil {
+		if rule := c.rules.Lookup(db, coll); rule != nil {
 			return rule
 		}
 	}
@@ -80,6 +80,9 @@ func (c *conn) renameTouchesRule(req *request) *rules.Rule {
 func (c *conn) refuseRename(req *request, rule *rules.Rule) error {
 	if req.msg.Flags&wire.MoreToCome != 0 {
 		return nil
+	}
+	if rule.Declared != nil {
+		return c.replyRewriteError(req, admin.RenameError(rule.Namespace))
 	}
 	return c.replyError(req, mongoerr.NotImplemented,
 		fmt.Sprintf("tsproxy rule %s: renameCollection of or onto a bucketed namespace is not supported (its events are in %s; change the rule instead)", rule.Namespace, rule.BucketNamespace()))

@@ -25,6 +25,7 @@ func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
 	if err := c.ensureUpstream(); err != nil {
 		return c.replyUpstreamDown(req, err)
 	}
+	c.s.noteServed(rule) // loops.go
 	// The server authorizes the client before the proxy answers anything
 	// of its own (authz.go), and a cursor it holds is read only by the
 	// users, and in the session, that opened it.

@@ -86,15 +86,33 @@ var commands = map[string]commandSpec{
 	"explain":       {by: map[string]handler{rules.LayoutEvents: eventsRead}},
 	"getMore":       {by: map[string]handler{anyLayout: (*conn).rewriteGetMore}},
 	"killCursors":   {by: map[string]handler{anyLayout: (*conn).rewriteKillCursors}},
-	"drop":          {by: map[string]handler{anyLayout: plan(admin.Drop)}},
+	"drop":          {by: map[string]handler{anyLayout: serveDrop}},
+	"collMod":       {unpartitioned: true, by: map[string]handler{rules.LayoutEvents: (*conn).collModTimeseries}},
 	"collStats":     {unpartitioned: true, by: map[string]handler{rules.LayoutEvents: plan(admin.CollStats)}},
-	"create":        {unpartitioned: true, by: map[string]handler{rules.LayoutEvents: (*conn).rewriteCreate}},
+	"create":        {unpartitioned: true, by: map[string]handler{rules.LayoutEvents: serveCreate}},
 	"createIndexes": {unpartitioned: true, by: map[string]handler{rules.LayoutEvents: plan(admin.CreateIndexes)}},
 	"listIndexes":   {unpartitioned: true, by: map[string]handler{rules.LayoutEvents: plan(admin.ListIndexes)}},
 	"dropIndexes":   {unpartitioned: true, by: map[string]handler{rules.LayoutEvents: (*conn).rewriteDropIndexes}},
 	"update":        {by: map[string]handler{rules.LayoutEvents: (*conn).refuseWrite}},
 	"findAndModify": {by: map[string]handler{rules.LayoutEvents: (*conn).refuseWrite}},
 	"findandmodify": {by: map[string]handler{rules.LayoutEvents: (*conn).refuseWrite}},
+}
+
+// serveDrop drops a rule's collections; a created time-series
+// collection's through the catalog (timeseries.go).
+func serveDrop(c *conn, req *request, rule *rules.Rule) error {
+	if rule.Declared != nil {
+		return c.dropTimeseries(req, rule)
+	}
+	return plan(admin.Drop)(c, req, rule)
+}
+
+// serveCreate answers a create of a rule's namespace.
+func serveCreate(c *conn, req *request, rule *rules.Rule) error {
+	if rule.Declared != nil {
+		return c.createdRuleCreate(req, rule)
+	}
+	return c.rewriteCreate(req, rule)
 }
 
 // handlerFor is how rule's layout serves the command name, or nil.

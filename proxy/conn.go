@@ -18,6 +18,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/upstream"
 	"github.com/tsproxy/tsproxy/wire"
 )
@@ -69,6 +70,9 @@ type conn struct {
 	// auth is what the connection knows of its client's authentication
 	// (authz.go).
 	auth connAuth
+	// rules is the rule set the request being served is routed by: config
+	// rules and created time-series collections (catalogGate).
+	rules *rules.Set
 
 	busy   atomic.Bool // serving a request
 	closed atomic.Bool
@@ -248,13 +252,27 @@ func appendDB(cmd bson.Raw, db string) ([]byte, error) {
 // route sends a request where it belongs.
 func (c *conn) route(req *request) error {
 	c.noteAuthChange(req)
+	if done, err := c.catalogGate(req); done || err != nil { // timeseries.go
+		return err
+	}
 	switch req.name {
 	case "hello", "isMaster", "ismaster":
 		return c.handleHello(req)
+	case "create":
+		if c.createsTimeseries(req) {
+			return c.createTimeseries(req)
+		}
 	case "listCollections":
-		// Show each rule's namespace in place of its bucket collection.
-		if c.s.opts.Rules.InDB(req.db) {
+		// Show each rule's namespace in place of its bucket collection,
+		// and hide the proxy's own collections (a database whose
+		// time-series collections were all dropped keeps its writer
+		// leases).
+		if c.rules.InDB(req.db) || !c.s.cat.snap.Load().static {
 			return c.rewriteListCollections(req)
+		}
+	case "dropDatabase":
+		if created := createdInDB(c.rules, req.db); len(created) > 0 {
+			return c.dropDatabaseTimeseries(req, created) // timeseries.go
 		}
 	case "endSessions":
 		c.endCursorSessions(req) // then passes through

@@ -10,6 +10,12 @@
 // lease) lives in the Server and is safe for concurrent use. Nothing is
 // process-wide: two Servers in one process share nothing.
 //
+// The rules a request is routed by are the config file's and those of the
+// time-series collections apps created, kept in the upstream's catalog
+// (catalog.go, timeseries.go); each conn takes a fresh enough rule set per
+// request, and the background loops follow the set as it changes
+// (loops.go).
+//
 // Every rewritten command is a rewrite.Plan run by drive (drive.go): the
 // span, the write slot, the lease and the reply cache wrap that one loop.
 // It must not build upstream commands for bucket collections itself (that

@@ -3,7 +3,6 @@ package proxy
 import (
 	"context"
 	"errors"
-	"sync"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -17,22 +16,6 @@ import (
 	"github.com/tsproxy/tsproxy/upstream"
 )
 
-// startMergers starts the background merger of every rule that may
-// stage; Shutdown stops them (stopSweeper).
-func (s *Server) startMergers(ctx context.Context, wg *sync.WaitGroup) {
-	for _, r := range s.opts.Rules.All() {
-		if r.Layout != rules.LayoutEvents || r.Partitioned() || r.Ingest == rules.IngestDirect {
-			continue
-		}
-		rule := r
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.mergeLoop(ctx, &rule)
-		}()
-	}
-}
-
 // mergeLoop merges rule's quiet staging collections until ctx ends.
 func (s *Server) mergeLoop(ctx context.Context, rule *rules.Rule) {
 	interval := min(max(rule.MergeAfter/4, 50*time.Millisecond), time.Second)
@@ -40,11 +23,18 @@ func (s *Server) mergeLoop(ctx context.Context, rule *rules.Rule) {
 	defer conn.close()
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	var watched time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if !s.servedHere(rule) { // loops.go
+			if time.Since(watched) < untouchedMergeCheck {
+				continue
+			}
+			watched = time.Now()
 		}
 		up, err := conn.get()
 		if err != nil {
@@ -79,6 +69,12 @@ func (s *Server) mergeOnce(up *upstream.Conn, rule *rules.Rule) (stage.Stats, er
 	}
 	if work, err := stage.HasWork(rule, list); err != nil || !work {
 		return stage.Stats{}, err
+	}
+	if !s.routesRule(rule) {
+		// A created collection being dropped: merging now would write
+		// buckets the drop has removed, or is about to (the read of the
+		// catalog this needed also stops this loop).
+		return stage.Stats{}, nil
 	}
 	now := time.Now()
 	if upCaps.SingleWriter {

@@ -157,13 +157,17 @@ func (c *conn) rewriteListCollections(req *request) error {
 		return c.replyUpstreamDown(req, err)
 	}
 	var rs []*rules.Rule
-	all := c.s.opts.Rules.All()
+	all := c.rules.All()
 	for i := range all {
 		if all[i].DB == req.db {
 			rs = append(rs, &all[i])
 		}
 	}
-	return c.servePlan(req, rs[0], routeRewrite, admin.ListCollections(req.msg.Body, req.db, rs))
+	owner := &rules.Rule{DB: req.db, Collection: "$cmd", Namespace: req.db + ".$cmd"} // for logs: no rule in db
+	if len(rs) > 0 {
+		owner = rs[0]
+	}
+	return c.servePlan(req, owner, routeRewrite, admin.ListCollections(req.msg.Body, req.db, rs))
 }
 
 // idLookupCost says what a find by _id on rule's bucket collection costs

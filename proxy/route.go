@@ -30,7 +30,7 @@ func (r route) String() string {
 // cursor, which is the proxy's if a rewritten read opened it; explain
 // wraps another command.
 func (c *conn) bucketedTarget(req *request) (*rules.Rule, route) {
-	if c.s.opts.Rules.Len() == 0 {
+	if c.rules.Len() == 0 {
 		return nil, routePassthrough
 	}
 	body := bson.Raw(req.msg.Body)
@@ -55,7 +55,7 @@ func (c *conn) bucketedTarget(req *request) (*rules.Rule, route) {
 		}
 		if ie, err := inner.IndexErr(0); err == nil {
 			if coll, ok := ie.Value().StringValueOK(); ok {
-				if rule := c.s.opts.Rules.Lookup(req.db, coll); rule != nil {
+				if rule := c.rules.Lookup(req.db, coll); rule != nil {
 					return rule, routeRewrite
 				}
 			}
@@ -66,7 +66,7 @@ func (c *conn) bucketedTarget(req *request) (*rules.Rule, route) {
 	if !ok {
 		return nil, routePassthrough
 	}
-	if rule := c.s.opts.Rules.Lookup(req.db, coll); rule != nil {
+	if rule := c.rules.Lookup(req.db, coll); rule != nil {
 		return rule, routeRewrite
 	}
 	return nil, routePassthrough

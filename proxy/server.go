@@ -60,6 +60,13 @@ type Options struct {
 	// WriterID names this proxy in writer leases; empty means its host and
 	// listen address.
 	WriterID string
+	// CreateTimeseries says who serves a create with the timeseries option
+	// on a namespace without a rule: rules.CreateTimeseriesAuto (""), ...Proxy
+	// or ...Upstream (see rules.Config.CreateTimeseries and catalog.go).
+	CreateTimeseries string
+	// CatalogLease is how old a catalog snapshot may be when the proxy
+	// routes by it (0: DefaultCatalogLease; see catalog.go).
+	CatalogLease time.Duration
 }
 
 // Server is a running proxy.
@@ -82,6 +89,8 @@ type Server struct {
 	// index before writing directly (id_index.go).
 	idIndexOff sync.Map
 	idIndexes  *idIndexCache // id_index.go
+	cat        *catalog      // catalog.go
+	served     sync.Map      // namespace → struct{}: created rules served here (loops.go)
 
 	mu       sync.Mutex
 	ln       net.Listener
@@ -141,6 +150,7 @@ func New(opts Options) (*Server, error) {
 		idIndexes: newIDIndexCache(),
 		conns:     make(map[*conn]struct{}),
 	}
+	s.cat = newCatalog(s, opts.CatalogLease, opts.CreateTimeseries)
 	if err := telemetry.ObserveStaging(s.merges.snapshot); err != nil {
 		return nil, fmt.Errorf("proxy: telemetry: %w", err)
 	}
@@ -237,6 +247,7 @@ func (s *Server) Addr() net.Addr {
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.closing.Store(true)
 	s.stopSweeper()
+	defer s.cat.close() // catalog.go
 	s.mu.Lock()
 	if s.ln != nil {
 		s.ln.Close()

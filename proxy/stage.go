@@ -137,6 +137,13 @@ func (c *conn) requestFlush(rule *rules.Rule, caps caps.Upstream) error {
 		if !pending {
 			return nil
 		}
+		// A request for a namespace dropped meanwhile (its collections
+		// and pending requests dropped already, or about to be) is
+		// answered by nobody: withdrawn.
+		if !c.s.routesRule(rule) {
+			_, err := drive(c, rewrite.Passthrough(source.DropCommand(rule.DB, marker), nil))
+			return err
+		}
 		// The holder may be gone: once its lease lapsed, merge here.
 		if tries++; tries%20 == 0 {
 			if _, err := c.mergeStaged(rule, caps, stage.MergeOptions{All: true}); err == nil {
@@ -147,6 +154,12 @@ func (c *conn) requestFlush(rule *rules.Rule, caps caps.Upstream) error {
 			}
 		}
 		if time.Now().After(deadline) {
+			// Withdrawn, so that a holder that comes back later does not
+			// merge for a client that gave up (a failed drop is logged: the
+			// holder answers it on its next round all the same).
+			if _, err := drive(c, rewrite.Passthrough(source.DropCommand(rule.DB, marker), nil)); err != nil {
+				c.log.Warn("staging: a flush request was left", "rule", rule.Namespace, "request", marker, "err", err.Error())
+			}
 			return mongoerr.Errorf(mongoerr.ConflictingOperationInProgress, "tsproxy rule %s: the proxy holding the rule's writer lease did not merge its staged events within %s (request %s left for it)", rule.Namespace, wait, marker)
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -297,7 +310,7 @@ func (c *conn) flushTargets(req *request) ([]*rules.Rule, error) {
 	v := bson.Raw(req.msg.Body).Lookup("tsproxyFlush")
 	if ns, ok := v.StringValueOK(); ok {
 		db, coll, _ := strings.Cut(ns, ".")
-		rule := c.s.opts.Rules.Lookup(db, coll)
+		rule := c.rules.Lookup(db, coll)
 		if rule == nil {
 			return nil, mongoerr.Errorf(mongoerr.NamespaceNotFound, "tsproxyFlush: no rule for namespace %q", ns)
 		}
@@ -307,7 +320,7 @@ func (c *conn) flushTargets(req *request) ([]*rules.Rule, error) {
 		return nil, mongoerr.Errorf(mongoerr.BadValue, "tsproxyFlush takes 1 (every rule) or a namespace \"db.collection\", not %s", v)
 	}
 	var out []*rules.Rule
-	for _, r := range c.s.opts.Rules.All() {
+	for _, r := range c.rules.All() {
 		out = append(out, &r)
 	}
 	return out, nil

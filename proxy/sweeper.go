@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -30,46 +29,44 @@ import (
 // (so with the credentials of the upstream URI, if any), one goroutine per
 // rule with expireAfter.
 
-// sweeper runs the retention of every rule with expireAfter.
+// sweeper runs the background loops of every rule (loops.go): retention
+// where it has expireAfter, merges where it stages.
 type sweeper struct {
+	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	running map[string]ruleLoop // by loop kind and namespace
+	stopped bool
 }
 
-// startSweeper starts the retention goroutines once; Shutdown stops them.
+// startSweeper starts the background loops once; Shutdown stops them.
 func (s *Server) startSweeper() {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.sweep != nil || s.closing.Load() {
+		s.mu.Unlock()
 		return
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	sw := &sweeper{cancel: cancel}
-	s.sweep = sw
-	s.startMergers(ctx, &sw.wg) // merger.go
-	for _, r := range s.opts.Rules.All() {
-		if r.ExpireAfter <= 0 {
-			continue
-		}
-		rule := r
-		sw.wg.Add(1)
-		go func() {
-			defer sw.wg.Done()
-			s.retain(ctx, &rule)
-		}()
-	}
+	s.sweep = &sweeper{ctx: ctx, cancel: cancel, running: map[string]ruleLoop{}}
+	s.mu.Unlock()
+	s.syncLoops(s.rules()) // loops.go
 }
 
-// stopSweeper stops the retention goroutines and waits for them (a sweep
-// in progress ends with its connection).
+// stopSweeper stops the background loops and waits for them (a sweep in
+// progress ends with its connection).
 func (s *Server) stopSweeper() {
 	s.mu.Lock()
 	sw := s.sweep
 	if sw == nil {
-		s.sweep = &sweeper{cancel: func() {}} // a later startSweeper does nothing
+		s.sweep = &sweeper{stopped: true, cancel: func() {}} // a later startSweeper does nothing
 	}
 	s.mu.Unlock()
 	if sw != nil {
+		sw.mu.Lock()
+		sw.stopped = true
+		sw.mu.Unlock()
 		sw.cancel()
 		sw.wg.Wait()
 	}
@@ -101,14 +98,17 @@ func (s *Server) retain(ctx context.Context, rule *rules.Rule) {
 			if ctx.Err() == nil {
 				s.log.Warn("retention: upstream unreachable; will retry", "rule", rule.Namespace, "err", err.Error())
 			}
-		} else if err := s.retainOnce(up, rule, modes, time.Now()); err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			s.log.Error("retention: sweep failed; will retry", "rule", rule.Namespace, "err", err.Error())
-			var refused *upstream.Refusal
-			if !errors.As(err, &refused) { // a transport error: dial again
-				conn.close()
+		} else {
+			err := s.retainOnce(up, rule, modes, time.Now())
+			// A connection per sweep, not kept between sweeps: every
+			// proxy runs the loop of every rule, and an idle proxy holds
+			// no upstream connection.
+			conn.close()
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				s.log.Error("retention: sweep failed; will retry", "rule", rule.Namespace, "err", err.Error())
 			}
 		}
 		select {
@@ -124,6 +124,9 @@ func (s *Server) retain(ctx context.Context, rule *rules.Rule) {
 // rule's buckets are retained wherever its source says they are
 // (retainBuckets).
 func (s *Server) retainOnce(up *upstream.Conn, rule *rules.Rule, modes map[string]retentionMode, now time.Time) error {
+	if !s.routesRule(rule) {
+		return nil // a created collection being dropped: its TTL index would create it again
+	}
 	for _, e := range rollup.Expiries(rule) {
 		if e.Collection == rule.BucketCollection {
 			if err := s.retainBuckets(up, rule, e, modes, now); err != nil {

@@ -26,11 +26,18 @@ const (
 	ActionInsert Action = "insert"
 	ActionUpdate Action = "update"
 	ActionRemove Action = "remove"
+	// The catalog commands of time-series collections: the proxy changes
+	// its catalog (with its own credentials) before the upstream sees the
+	// client's command, so it checks them first.
+	ActionCreateCollection Action = "createCollection"
+	ActionDropCollection   Action = "dropCollection"
+	ActionCollMod          Action = "collMod"
+	ActionDropDatabase     Action = "dropDatabase" // on the database: coll ""
 )
 
 // ActionOf is the action MongoDB checks for command name on its namespace;
-// admin commands reach the upstream themselves and are checked there, so
-// reading is what the proxy confirms for them.
+// other admin commands reach the upstream themselves and are checked
+// there, so reading is what the proxy confirms for them.
 func ActionOf(name string) Action {
 	switch name {
 	case "insert":
@@ -39,6 +46,12 @@ func ActionOf(name string) Action {
 		return ActionRemove
 	case "update", "findAndModify", "findandmodify":
 		return ActionUpdate
+	case "create":
+		return ActionCreateCollection
+	case "drop":
+		return ActionDropCollection
+	case "collMod":
+		return ActionCollMod
 	}
 	return ActionFind
 }

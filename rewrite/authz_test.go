@@ -46,6 +46,11 @@ func TestParseConnectionStatus(t *testing.T) {
 		{rewrite.ActionRemove, "logs", "hits", true},
 		{rewrite.ActionRemove, "logs", "other", false},
 		{rewrite.ActionFind, "other", "readings", false},
+		// A reader and writer of iot may not create, drop or change its
+		// time-series collections.
+		{rewrite.ActionDropCollection, "iot", "readings", false},
+		{rewrite.ActionCreateCollection, "iot", "readings", false},
+		{rewrite.ActionCollMod, "iot", "readings", false},
 	}
 	for _, tc := range cases {
 		if got := info.Allows(tc.action, tc.db, tc.coll); got != tc.want {
@@ -64,6 +69,18 @@ func TestParseConnectionStatus(t *testing.T) {
 	bad, _ := bson.Marshal(bson.D{{Key: "ok", Value: 0.0}, {Key: "errmsg", Value: "no"}, {Key: "code", Value: 13}})
 	if _, err := rewrite.ParseConnectionStatus(bad); err == nil {
 		t.Fatal("an error reply parsed")
+	}
+}
+
+func TestActionOf(t *testing.T) {
+	for name, want := range map[string]rewrite.Action{
+		"find": rewrite.ActionFind, "aggregate": rewrite.ActionFind, "insert": rewrite.ActionInsert,
+		"delete": rewrite.ActionRemove, "update": rewrite.ActionUpdate, "findAndModify": rewrite.ActionUpdate,
+		"create": rewrite.ActionCreateCollection, "drop": rewrite.ActionDropCollection, "collMod": rewrite.ActionCollMod,
+	} {
+		if got := rewrite.ActionOf(name); got != want {
+			t.Errorf("ActionOf(%s) = %s, want %s", name, got, want)
+		}
 	}
 }
 

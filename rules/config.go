@@ -70,6 +70,12 @@ type Config struct {
 	// 0 closes at once.
 	ShutdownTimeout time.Duration
 
+	// CreateTimeseries says who serves a create with MongoDB's timeseries
+	// option on a namespace without a rule (key "createTimeseries"):
+	// CreateTimeseriesAuto (the default) the upstream where it has
+	// time-series collections (MongoDB 5.0+), else the proxy.
+	CreateTimeseries string
+
 	// File is the config file that was read; empty when none was.
 	File string
 

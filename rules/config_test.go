@@ -71,7 +71,8 @@ func defaultConfig() Config {
 			LogLevel:      "info",
 			LogFormat:     "text",
 		},
-		ShutdownTimeout: 30 * time.Second,
+		ShutdownTimeout:  30 * time.Second,
+		CreateTimeseries: CreateTimeseriesAuto,
 	}
 }
 
@@ -192,7 +193,8 @@ rules:
 			MetricsListen: ":9100", OTLPEndpoint: "http://otel:4318",
 			ServiceName: "tsproxy-eu", LogLevel: "debug", LogFormat: "json",
 		},
-		ShutdownTimeout: 5 * time.Second,
+		ShutdownTimeout:  5 * time.Second,
+		CreateTimeseries: CreateTimeseriesAuto,
 		Rules: []Rule{
 			{
 				Namespace: "iot.readings", DB: "iot", Collection: "readings",

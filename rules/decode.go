@@ -122,6 +122,15 @@ func (d *decoder) config() *Config {
 		d.fail("shutdownTimeout", "%s is negative", c.ShutdownTimeout)
 	}
 
+	c.CreateTimeseries = strings.ToLower(d.str("createTimeseries", d.v.Get("createTimeseries")))
+	switch c.CreateTimeseries {
+	case CreateTimeseriesAuto, CreateTimeseriesProxy, CreateTimeseriesUpstream:
+	default:
+		if d.ok("createTimeseries") {
+			d.fail("createTimeseries", "%q is not %s, %s or %s", c.CreateTimeseries, CreateTimeseriesAuto, CreateTimeseriesProxy, CreateTimeseriesUpstream)
+		}
+	}
+
 	c.Rules = d.rules(d.v.Get("rules"))
 	return c
 }

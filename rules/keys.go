@@ -65,6 +65,7 @@ var schema = []keySpec{
 		{name: "mergeAfter"},
 	}},
 	{name: "shutdownTimeout"},
+	{name: "createTimeseries"},
 }
 
 // checkKeys walks the parsed file and reports every key the schema does

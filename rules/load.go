@@ -99,6 +99,7 @@ var defaults = map[string]any{
 	"telemetry.logLevel":              DefaultLogLevel,
 	"telemetry.logFormat":             DefaultLogFormat,
 	"shutdownTimeout":                 DefaultShutdownTimeout,
+	"createTimeseries":                CreateTimeseriesAuto,
 	"listenTLS.certFile":              "",
 	"listenTLS.keyFile":               "",
 	"listenTLS.caFile":                "",

@@ -90,6 +90,11 @@ type Rule struct {
 	// MergeAfter is how long a staging collection takes no new event
 	// before the proxy merges it into buckets.
 	MergeAfter time.Duration
+
+	// Declared, set on a rule an application created with MongoDB's
+	// timeseries option (rules/timeseries.go), is what it declared; nil on
+	// a config.yaml rule.
+	Declared *Timeseries
 }
 
 // BucketNamespace is "db.bucketCollection".

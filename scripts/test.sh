@@ -4,7 +4,7 @@
 # a subset of it on the stock ferretdb command (SQLite) and on FerretDB's
 # postgresql handler (a throwaway PostgreSQL 15 cluster, see .ci/run), and
 # each fuzz target for a bounded time. Installs what it needs: Go modules
-# and mongosh from npm (pinned in tests/e2e/package.json).
+# and mongosh and mongoose from npm (pinned in tests/e2e/package.json).
 #
 #   FUZZTIME=10m ./scripts/test.sh     longer fuzzing by hand (default 60s per target)
 #   TSPROXY_E2E_UPSTREAM=mongodb://host:27017 ./scripts/test.sh   e2e against a real MongoDB (no subsets)
@@ -20,8 +20,8 @@ FUZZPAR="${FUZZPAR:-2}"
 echo "== go modules"
 go mod download
 
-echo "== mongosh (npm)"
-if [ ! -x tests/e2e/node_modules/.bin/mongosh ]; then
+echo "== mongosh and mongoose (npm)"
+if [ ! -x tests/e2e/node_modules/.bin/mongosh ] || [ ! -f tests/e2e/node_modules/mongoose/package.json ]; then
   (cd tests/e2e && npm install --no-audit --no-fund --loglevel=error)
 fi
 tests/e2e/node_modules/.bin/mongosh --version
@@ -55,13 +55,13 @@ go test -count=1 -timeout 25m ./tests/e2e/... ./cmd/...
 
 # The e2e subset CI runs on the two other upstreams, chosen by priority
 # (the 50,000-event read differential, the staging tier, inserts,
-# deletes, faults) and time:
+# deletes, faults, MongoDB's time-series API with mongosh and Mongoose) and time:
 # each passed there in full runs (README, Tests). Left out, everywhere:
 # the rest of the suite (passthrough, layouts, summaries, partitions,
 # rollups, security, limits), for time. On postgresql TestPartitionRetention
 # also fails (FerretDB's postgresql handler answers a find on a partition
 # the sweeper is dropping with "relation does not exist").
-E2E_SUBSET='^(TestReadDifferential|TestCountMetaInOr|TestReadHintIgnored|TestReadByEventID.*|TestStage.*|TestInsert.*|TestDelete.*|TestFault.*|TestReplyCache.*|TestTwoProxies.*|TestWriterLeaseLapses)$'
+E2E_SUBSET='^(TestReadDifferential|TestCountMetaInOr|TestReadHintIgnored|TestReadByEventID.*|TestStage.*|TestInsert.*|TestDelete.*|TestFault.*|TestReplyCache.*|TestTwoProxies.*|TestWriterLeaseLapses|TestTimeseries.*)$'
 # On ferretdb, of the differential's queries only the point and scan ones
 # (the paths that differ without the _id index): each other query scans the
 # 50,000 plain events at about 3 s a side.

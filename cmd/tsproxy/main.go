@@ -145,6 +145,8 @@ func newServer(cfg *rules.Config, up upstreamHandle, tel *telemetrySetup, log *s
 		Logger:          log,
 		Tracing:         tel.tracing,
 		IndexIDs:        up.indexIDs,
+
+		CreateTimeseries: cfg.CreateTimeseries,
 	})
 	return srv, lnTLS, err
 }

@@ -65,6 +65,10 @@ func writeConfig(t *testing.T, yaml string) string {
 // embedded upstream, proxy, metrics endpoint), drives it with the Go
 // driver and over HTTP, then cancels its context.
 func TestRunServesAndShutsDown(t *testing.T) {
+	// Every file the proxy writes is under its data folder: none in the
+	// working directory (FerretDB's own command writes state.json there).
+	work := t.TempDir()
+	t.Chdir(work)
 	data := filepath.Join(t.TempDir(), "data")
 	cfg := writeConfig(t, `
 listen: 127.0.0.1:0
@@ -127,6 +131,17 @@ shutdownTimeout: 5s
 	if err := coll.FindOne(octx, bson.D{{Key: "_id", Value: 1}}).Decode(&back); err != nil || back.X != "y" {
 		t.Fatalf("find: %+v, %v", back, err)
 	}
+	// A time-series collection: its catalog, staging and buckets.
+	ts := options.CreateCollection().SetTimeSeriesOptions(options.TimeSeries().SetTimeField("ts"))
+	if err := client.Database("runtest").CreateCollection(octx, "ts", ts); err != nil {
+		t.Fatalf("create time-series: %v", err)
+	}
+	if _, err := client.Database("runtest").Collection("ts").InsertOne(octx, bson.D{{Key: "ts", Value: time.Now()}}); err != nil {
+		t.Fatalf("insert into time-series: %v", err)
+	}
+	if n, err := client.Database("runtest").Collection("ts").CountDocuments(octx, bson.D{}); err != nil || n != 1 {
+		t.Fatalf("count of time-series: %d, %v", n, err)
+	}
 
 	get := func(path string) (int, string) {
 		t.Helper()
@@ -188,6 +203,9 @@ shutdownTimeout: 5s
 	}
 	if !strings.Contains(logs.String(), "shutdown complete") {
 		t.Fatalf("no \"shutdown complete\" in the log:\n%s", logs)
+	}
+	if left, err := os.ReadDir(work); err != nil || len(left) != 0 {
+		t.Fatalf("the proxy wrote into its working directory: %v %v", left, err)
 	}
 	// Everything is closed: the proxy and the metrics endpoint refuse.
 	if _, err := http.Get("http://" + metricsAddr + "/healthz"); err == nil {

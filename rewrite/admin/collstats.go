@@ -211,6 +211,9 @@ func (p *CollStatsPlan) Reply(stats []byte, count int64) []byte {
 				ts.AppendValue("buckets", buckets)
 			}
 			out = bsoncore.AppendDocumentElement(out, "tsproxy", ts.Build())
+			if native := p.timeseriesStats(buckets, doc.Lookup("size")); native != nil {
+				out = bsoncore.AppendDocumentElement(out, "timeseries", native)
+			}
 			out = append(out, e...)
 		default:
 			out = append(out, e...)
@@ -237,8 +240,12 @@ func (p *CollStatsPlan) stageReply(doc bsoncore.Document, count int64) []byte {
 			case e.Key() == "count" && count >= 0 && bsonutil.IsNumber(e.Value().Type):
 				out = appendCountAs(out, "count", count, e.Value().Type)
 			case e.Key() == "storageStats" && count >= 0 && e.Value().Type == bsoncore.TypeEmbeddedDocument:
-				like := e.Value().Document().Lookup("count").Type
-				stats := bsonutil.ReplaceField(e.Value().Document(), "count", func(dst []byte) []byte { return appendCountAs(dst, "count", count, like) })
+				storage := e.Value().Document()
+				buckets := storage.Lookup("count")
+				stats := bsonutil.ReplaceField(storage, "count", func(dst []byte) []byte { return appendCountAs(dst, "count", count, buckets.Type) })
+				if native := p.timeseriesStats(buckets, storage.Lookup("size")); native != nil {
+					stats = bsonutil.AppendField(stats, "timeseries", bsoncore.Value{Type: bsoncore.TypeEmbeddedDocument, Data: native})
+				}
 				out = bsoncore.AppendDocumentElement(out, "storageStats", stats)
 			default:
 				out = append(out, e...)
@@ -269,6 +276,32 @@ func (p *CollStatsPlan) stageReply(doc bsoncore.Document, count int64) []byte {
 		return cursor.Reply{Key: key, Batch: batch, NS: p.rc.NS}.WithID(0)
 	}
 	return doc
+}
+
+// timeseriesStats is the "timeseries" statistics MongoDB gives a
+// time-series collection (the events layout), from what the upstream
+// says of the bucket collection: bucketsNs, bucketCount and
+// avgBucketSize. nil for the other layouts, or without a bucket count.
+// MongoDB's counters of its own bucket catalog (numBucketInserts, ...)
+// have no counterpart here and are left out.
+func (p *CollStatsPlan) timeseriesStats(buckets, size bsoncore.Value) bsoncore.Document {
+	rule := p.rc.Rule
+	if rule.Layout != rules.LayoutEvents && rule.Layout != "" {
+		return nil
+	}
+	n, ok := buckets.AsInt64OK()
+	if !ok {
+		return nil
+	}
+	b := bsoncore.NewDocumentBuilder().
+		AppendString("bucketsNs", rule.BucketNamespace()).
+		AppendValue("bucketCount", buckets)
+	if bytes, ok := size.AsInt64OK(); ok && n > 0 {
+		b.AppendInt64("avgBucketSize", bytes/n)
+	} else if n == 0 {
+		b.AppendInt64("avgBucketSize", 0)
+	}
+	return b.Build()
 }
 
 // PlanDrop rewrites drop of the app's namespace into drop of the bucket

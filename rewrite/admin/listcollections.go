@@ -26,6 +26,7 @@ type ListCollectionsPlan struct {
 	errReply []byte
 	extra    []bsoncore.Element // top-level reply fields besides cursor and ok
 	shown    map[*rules.Rule]bool
+	nameOnly bool
 	// firstPartition: see PlanListCollectionsPartitioned.
 	firstPartition map[string]string
 }
@@ -44,7 +45,7 @@ func PlanListCollections(body []byte, db string, rs []*rules.Rule) (*ListCollect
 // collection; see rewrite/fanout), shown under the app's name.
 func PlanListCollectionsPartitioned(body []byte, db string, rs []*rules.Rule, firstPartition map[string]string) (*ListCollectionsPlan, error) {
 	doc := bsoncore.Document(body)
-	p := &ListCollectionsPlan{db: db, byBucket: map[string]*rules.Rule{}, byApp: map[string]*rules.Rule{}, firstPartition: firstPartition}
+	p := &ListCollectionsPlan{db: db, byBucket: map[string]*rules.Rule{}, byApp: map[string]*rules.Rule{}, firstPartition: firstPartition, nameOnly: nameOnly(body)}
 	for _, r := range rs {
 		p.byBucket[r.BucketCollection] = r
 		p.byApp[r.Collection] = r
@@ -222,8 +223,9 @@ func (p *ListCollectionsPlan) Feed(reply []byte) []byte {
 		AppendString("collection", coll).AppendString("$db", p.db).Build()
 }
 
-// mapDoc renames a bucket collection to its app name and hides the app
-// collection's own upstream entry and the proxy's writer leases (nil).
+// mapDoc shows a bucket collection of the events layout as its app's
+// time-series collection (TimeseriesInfo) and hides the app collection's own upstream entry and
+// the proxy's writer leases (nil).
 func (p *ListCollectionsPlan) mapDoc(d bsoncore.Document) bsoncore.Document {
 	name, _ := d.Lookup("name").StringValueOK()
 	if p.byApp[name] != nil || name == rules.LeaseCollection {
@@ -238,6 +240,9 @@ func (p *ListCollectionsPlan) mapDoc(d bsoncore.Document) bsoncore.Document {
 		// namespace, which may have no bucket collection yet.
 		r = stageOwner(p.byApp, name)
 	}
+	if r == nil && strings.HasPrefix(name, rules.StagePrefix) {
+		return nil // a dropped rule's leftovers: the proxy's, not the app's
+	}
 	if r == nil {
 		return append(bsoncore.Document(nil), d...)
 	}
@@ -248,6 +253,11 @@ func (p *ListCollectionsPlan) mapDoc(d bsoncore.Document) bsoncore.Document {
 		p.shown = map[*rules.Rule]bool{}
 	}
 	p.shown[r] = true
+	if r.Layout == rules.LayoutEvents || r.Layout == "" {
+		return TimeseriesInfo(r, p.nameOnly)
+	}
+	// The counter and slots layouts are not MongoDB's time series: their
+	// bucket collection shows under the app's name.
 	return bsonutil.ReplaceField(d, "name", func(dst []byte) []byte {
 		return bsoncore.AppendStringElement(dst, "name", r.Collection)
 	})

@@ -1,6 +1,8 @@
 package admin
 
 import (
+	"strings"
+
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/source"
@@ -244,3 +246,43 @@ func (l *listPlan) Feed(replies [][]byte) error {
 }
 
 func (l *listPlan) Result() rewrite.Result { return rewrite.Result{Reply: l.p.Result()} }
+
+// DropStaging drops a rule's staging collections (events not merged into
+// buckets yet), so that a namespace created again after a drop starts
+// empty. Failed drops are the proxy's to log: its reply lists them.
+func DropStaging(rule *rules.Rule) rewrite.Plan {
+	var names []string
+	list := rewrite.Drain(source.ListCommand(rule.DB), rule.DB, "$cmd.listCollections", func(docs []bsoncore.Document) error {
+		for _, d := range docs {
+			if name, _ := d.Lookup("name").StringValueOK(); strings.HasPrefix(name, rule.StagePrefix()) {
+				names = append(names, name)
+			}
+		}
+		return nil
+	}, func() rewrite.Result { return rewrite.Result{} })
+	return rewrite.Then(list, func(rewrite.Result) rewrite.Plan {
+		if len(names) == 0 {
+			return rewrite.Done(rewrite.Result{})
+		}
+		bodies := make([][]byte, len(names))
+		for i, n := range names {
+			bodies[i] = source.DropCommand(rule.DB, n)
+		}
+		return rewrite.Script(func(x *rewrite.Exec) (rewrite.Result, error) {
+			replies, ok := x.Do(rewrite.StepOf(bodies))
+			if !ok {
+				return rewrite.Result{}, rewrite.ErrAborted
+			}
+			var failed []string
+			for i, r := range replies {
+				if !mongoerr.IsOK(r) {
+					failed = append(failed, names[i])
+				}
+			}
+			if len(failed) > 0 {
+				return rewrite.Result{}, mongoerr.Errorf(mongoerr.OperationFailed, "staging collections not dropped: %s", strings.Join(failed, ", "))
+			}
+			return rewrite.Result{}, nil
+		})
+	})
+}

@@ -72,6 +72,16 @@ func ReplaceField(d bsoncore.Document, key string, put func(dst []byte) []byte) 
 	return out
 }
 
+// AppendField copies d with key: v added as its last element (d must be
+// a valid document).
+func AppendField(d bsoncore.Document, key string, v bsoncore.Value) bsoncore.Document {
+	out := make([]byte, 0, len(d)+len(key)+len(v.Data)+2)
+	out = append(out, d[:len(d)-1]...)
+	out = bsoncore.AppendValueElement(out, key, v)
+	out = append(out, 0)
+	return bsoncore.UpdateLength(out, 0, int32(len(out)))
+}
+
 // TypeName is MongoDB's alias for a BSON type, as $type and error
 // messages spell it.
 func TypeName(t bsoncore.Type) string {

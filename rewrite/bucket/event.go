@@ -167,9 +167,29 @@ func PrepareEvent(doc bsoncore.Document, index int, rule *rules.Rule, lim Limits
 	return Event{Index: index, Meta: meta, Time: ms, Start: start, Stored: stored, Aggs: aggs}, nil
 }
 
+// WriteErrorf is the write error of the event at index. The message names
+// the config rule, if any: a namespace the app created as a time-series
+// collection gets MongoDB's messages as they are.
 func WriteErrorf(index int, rule *rules.Rule, code mongoerr.Code, format string, args ...any) *WriteError {
-	msg := fmt.Sprintf("tsproxy rule %s: ", rule.Namespace) + fmt.Sprintf(format, args...)
+	msg := fmt.Sprintf(format, args...)
+	if rule.Declared == nil {
+		msg = fmt.Sprintf("tsproxy rule %s: ", rule.Namespace) + msg
+	}
 	return &WriteError{Index: index, Code: code, Msg: msg}
+}
+
+// badTimeField is MongoDB's error for a measurement without a date in
+// its timeField.
+func badTimeField(index int, rule *rules.Rule, t bsoncore.Value) *WriteError {
+	got := "none"
+	if t.Type != 0 {
+		got = bsonutil.TypeName(t.Type)
+	}
+	werr := WriteErrorf(index, rule, mongoerr.BadValue, "'%s' must be present and contain a valid BSON UTC datetime value", rule.TimeField)
+	if rule.Declared == nil {
+		werr.Msg += " (got " + got + ")"
+	}
+	return werr
 }
 
 // TimeMeta reads and checks the fields that place an event in its
@@ -187,12 +207,9 @@ func TimeMeta(doc bsoncore.Document, index int, rule *rules.Rule, lim Limits) (m
 // checkTimeMeta checks an event's time and meta values (Type 0: absent).
 func checkTimeMeta(t, m bsoncore.Value, index int, rule *rules.Rule, lim Limits) (meta bsoncore.Value, ms, start int64, werr *WriteError) {
 	meta = bsoncore.Value{Type: bsoncore.TypeNull}
-	if t.Type == 0 {
-		return meta, 0, 0, WriteErrorf(index, rule, mongoerr.BadValue, "event has no timeField %q", rule.TimeField)
-	}
 	ms, ok := t.DateTimeOK()
 	if !ok {
-		return meta, 0, 0, WriteErrorf(index, rule, mongoerr.BadValue, "timeField %q must be a BSON date, got %s", rule.TimeField, bsonutil.TypeName(t.Type))
+		return meta, 0, 0, badTimeField(index, rule, t)
 	}
 	start = rules.FloorMillis(ms, lim.SpanMillis)
 	if start > ms { // flooring wrapped around the int64 range

@@ -47,6 +47,10 @@ type Upstream struct {
 	// update. The proxy then writes a bucketed namespace only while it
 	// holds its writer lease (proxy/writer_lease.go).
 	SingleWriter bool
+	// NativeTimeseries: the upstream has time-series collections of its
+	// own (MongoDB 5.0+), so a create with the timeseries option may pass
+	// through (rules.CreateTimeseriesAuto).
+	NativeTimeseries bool
 }
 
 // Detect reads what the upstream supports from its buildInfo reply.
@@ -58,7 +62,21 @@ func Detect(buildInfo []byte) Upstream {
 	if _, err := doc.LookupErr("ferretdbVersion"); err == nil {
 		return Upstream{IDOnlyFilters: true, CostlyUpdates: true, SingleWriter: true, MaxUpdateStatements: FerretDBMaxUpdateStatements}
 	}
-	return Upstream{StmtIDs: true, FullAggregation: true, UnwindKeepsFields: true}
+	return Upstream{StmtIDs: true, FullAggregation: true, UnwindKeepsFields: true, NativeTimeseries: majorVersion(doc) >= 5}
+}
+
+// majorVersion reads buildInfo's versionArray[0] (0 when absent).
+func majorVersion(buildInfo bsoncore.Document) int64 {
+	arr, ok := buildInfo.Lookup("versionArray").ArrayOK()
+	if !ok {
+		return 0
+	}
+	v, err := arr.IndexErr(0)
+	if err != nil {
+		return 0
+	}
+	n, _ := v.AsInt64OK()
+	return n
 }
 
 // FerretDBMaxUpdateStatements is Caps.MaxUpdateStatements for FerretDB:

@@ -387,8 +387,8 @@ func reply(n int32, errs ...we) bson.D {
 
 func TestInsertValidation(t *testing.T) {
 	const (
-		noTS     = `tsproxy rule iot.readings: event has no timeField "ts"`
-		tsString = `tsproxy rule iot.readings: timeField "ts" must be a BSON date, got string`
+		noTS     = `tsproxy rule iot.readings: 'ts' must be present and contain a valid BSON UTC datetime value (got none)`
+		tsString = `tsproxy rule iot.readings: 'ts' must be present and contain a valid BSON UTC datetime value (got string)`
 		metaArr  = `tsproxy rule iot.readings: metaField "sensorId": values of type array are not supported`
 		metaOp   = `tsproxy rule iot.readings: metaField "sensorId": documents whose first field is $-prefixed ("$gt") are not supported`
 		tooBig   = `tsproxy rule iot.readings: event is 124 bytes as stored, more than the bucket limit maxBytes 120`

@@ -14,6 +14,7 @@ const (
 	HostUnreachable                Code = 6     // HostUnreachable
 	FailedToParse                  Code = 9     // FailedToParse
 	Unauthorized                   Code = 13    // Unauthorized
+	IllegalOperation               Code = 20    // IllegalOperation
 	TypeMismatch                   Code = 14    // TypeMismatch
 	InvalidLength                  Code = 16    // InvalidLength
 	AuthenticationFailed           Code = 18    // AuthenticationFailed
@@ -27,6 +28,7 @@ const (
 	InvalidNamespace               Code = 73    // InvalidNamespace
 	OperationFailed                Code = 96    // OperationFailed
 	ConflictingOperationInProgress Code = 117   // ConflictingOperationInProgress
+	CommandNotSupportedOnView      Code = 166   // CommandNotSupportedOnView
 	TransactionTooOld              Code = 225   // TransactionTooOld
 	QueryExceededMemoryLimit       Code = 292   // QueryExceededMemoryLimitNoDiskUseAllowed
 	NotImplemented                 Code = 238   // NotImplemented
@@ -36,6 +38,8 @@ const (
 	ProjectionCollide              Code = 31249 // Location31249
 	ProjectionMixed                Code = 31254 // Location31254
 	NoBucketBranch                 Code = 40066 // Location40066
+	IDLFailedToParse               Code = 40414 // Location40414
+	IDLUnknownField                Code = 40415 // Location40415
 	GetMoreOutsideSession          Code = 50736 // Location50736
 	GetMoreWithoutSession          Code = 50737 // Location50737
 	GetMoreInOtherSession          Code = 50738 // Location50738

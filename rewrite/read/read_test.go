@@ -321,7 +321,7 @@ func TestListCollectionsAndAdmin(t *testing.T) {
 		D{{Key: "name", Value: "readings"}, {Key: "type", Value: "collection"}},
 		D{{Key: "name", Value: "other"}, {Key: "type", Value: "collection"}},
 		D{{Key: "name", Value: "tsproxy_leases"}, {Key: "type", Value: "collection"}}}}}}, {Key: "ok", Value: 1.0}}))
-	if got := rwtest.JSON(p.Result()); !strings.Contains(got, `"firstBatch": [{"name": "readings","type": "collection"},{"name": "other","type": "collection"}]`) {
+	if got := rwtest.JSON(p.Result()); !strings.Contains(got, `"firstBatch": [{"name": "readings","type": "timeseries"},{"name": "other","type": "collection"}]`) {
 		t.Fatal(got)
 	}
 	if _, err := admin.PlanListCollections(rwtest.Doc(t, D{{Key: "listCollections", Value: 1}, {Key: "filter", Value: D{{Key: "name", Value: bson.Regex{Pattern: "^r"}}}}}), "iot", []*rules.Rule{r}); err == nil {
@@ -332,7 +332,8 @@ func TestListCollectionsAndAdmin(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := rwtest.JSON(cs.Reply(rwtest.Doc(t, D{{Key: "ns", Value: "iot.readings.buckets"}, {Key: "count", Value: 3}, {Key: "size", Value: 10}, {Key: "ok", Value: 1.0}}), 2500))
-	if got != `{"ns": "iot.readings","count": {"$numberInt":"2500"},"size": {"$numberInt":"10"},"tsproxy": {"bucketCollection": "iot.readings.buckets","buckets": {"$numberInt":"3"}},"ok": {"$numberDouble":"1.0"}}` {
+	if got != `{"ns": "iot.readings","count": {"$numberInt":"2500"},"size": {"$numberInt":"10"},"tsproxy": {"bucketCollection": "iot.readings.buckets","buckets": {"$numberInt":"3"}},`+
+		`"timeseries": {"bucketsNs": "iot.readings.buckets","bucketCount": {"$numberInt":"3"},"avgBucketSize": {"$numberLong":"3"}},"ok": {"$numberDouble":"1.0"}}` {
 		t.Fatal(got)
 	}
 	// The count keeps the upstream's type (FerretDB gives a plain
@@ -474,7 +475,8 @@ func collStatsStage(t *testing.T, r *rules.Rule) {
 	reply := rwtest.Doc(t, D{{Key: "cursor", Value: D{{Key: "firstBatch", Value: A{D{{Key: "ns", Value: "iot.readings.buckets"}, {Key: "host", Value: "h"},
 		{Key: "storageStats", Value: D{{Key: "size", Value: 10}, {Key: "count", Value: 3}, {Key: "nindexes", Value: 2}}}, {Key: "count", Value: int64(3)}}}},
 		{Key: "id", Value: int64(0)}, {Key: "ns", Value: "iot.readings.buckets"}}}, {Key: "ok", Value: 1.0}})
-	want := `{"cursor": {"firstBatch": [{"ns": "iot.readings","host": "h","storageStats": {"size": {"$numberInt":"10"},"count": {"$numberInt":"2500"},"nindexes": {"$numberInt":"2"}},"count": {"$numberLong":"2500"}}],"id": {"$numberLong":"0"},"ns": "iot.readings"},"ok": {"$numberDouble":"1.0"}}`
+	want := `{"cursor": {"firstBatch": [{"ns": "iot.readings","host": "h","storageStats": {"size": {"$numberInt":"10"},"count": {"$numberInt":"2500"},"nindexes": {"$numberInt":"2"},` +
+		`"timeseries": {"bucketsNs": "iot.readings.buckets","bucketCount": {"$numberInt":"3"},"avgBucketSize": {"$numberLong":"3"}}},"count": {"$numberLong":"2500"}}],"id": {"$numberLong":"0"},"ns": "iot.readings"},"ok": {"$numberDouble":"1.0"}}`
 	if got := rwtest.JSON(cs.Reply(reply, 2500)); got != want {
 		t.Fatalf("reply:\n got %s\nwant %s", got, want)
 	}

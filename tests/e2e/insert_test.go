@@ -292,7 +292,7 @@ func TestInsertBadEvents(t *testing.T) {
 	if !errors.As(err, &bwe) || len(bwe.WriteErrors) != 1 || bwe.WriteErrors[0].Index != 2 {
 		t.Fatalf("ordered: want one write error at index 2, got %v", err)
 	}
-	if !strings.Contains(bwe.WriteErrors[0].Message, `"ts"`) || !strings.Contains(bwe.WriteErrors[0].Message, db+".readings") {
+	if !strings.Contains(bwe.WriteErrors[0].Message, `'ts' must be present`) || !strings.Contains(bwe.WriteErrors[0].Message, db+".readings") {
 		t.Fatalf("error should name the time field and the rule: %q", bwe.WriteErrors[0].Message)
 	}
 	checkStored(t, readBuckets(t, ctx, db), good[:2], 1000)
@@ -389,7 +389,7 @@ print(JSON.stringify({n: n, sum: sum, err: err}));
 `, db)
 	out := runMongosh(t, p.URI(), script)
 	line := out[strings.LastIndex(strings.TrimSpace(out), "\n")+1:]
-	if !strings.Contains(line, `"n":2000`) || !strings.Contains(line, `timeField`) {
+	if !strings.Contains(line, `"n":2000`) || !strings.Contains(line, `'ts' must be present and contain a valid BSON UTC datetime value`) {
 		t.Fatalf("mongosh output: %s", out)
 	}
 	buckets := readBuckets(t, ctx, db)

@@ -214,9 +214,9 @@ func TestLayoutCounterGoDriver(t *testing.T) {
 		bson.D{{Key: "page", Value: "/x"}, {Key: "ts", Value: t1}},
 	}
 	_, err = coll.InsertMany(ctx, bad, options.InsertMany().SetOrdered(false))
-	checkWriteErrors(t, err, []int{1, 2}, "timeField")
+	checkWriteErrors(t, err, []int{1, 2}, "'ts' must be present")
 	_, err = coll.InsertMany(ctx, bad) // ordered: stops at index 1
-	checkWriteErrors(t, err, []int{1}, "has no timeField \"ts\"")
+	checkWriteErrors(t, err, []int{1}, "'ts' must be present and contain a valid BSON UTC datetime value (got none)")
 	if c, err := coll.CountDocuments(ctx, bson.D{{Key: "page", Value: "/x"}}); err != nil || c != 3 {
 		t.Fatalf("countDocuments(/x) = %d, %v; want 3 (2 unordered + 1 ordered)", c, err)
 	}
@@ -290,7 +290,7 @@ print(JSON.stringify({sent: sent, total: d.hits.countDocuments(), index: d.hits.
 	line := out[strings.LastIndex(strings.TrimSpace(out), "\n")+1:]
 	// 1000 events in batches, every third on /index.htm (334), plus one more.
 	want := `{"sent":1001,"total":1001,"index":335,"sum":335,"first":2,"est":1001,"err":`
-	if !strings.HasPrefix(line, want) || !strings.Contains(line, "has no timeField") {
+	if !strings.HasPrefix(line, want) || !strings.Contains(line, "must be present and contain a valid BSON UTC datetime value") {
 		t.Fatalf("mongosh output:\n%s\nwant a line starting %s", out, want)
 	}
 }

@@ -129,6 +129,8 @@ func startProxy(t testing.TB, po proxyOptions) *testProxy {
 		RetryCacheSize:  cfg.Limits.RetryCacheSize,
 		RetryCacheTTL:   cfg.Limits.RetryCacheTTL,
 		Logger:          quietLogger(),
+
+		CreateTimeseries: cfg.CreateTimeseries,
 	}
 	if env.emb != nil && po.upstreamURI == "" {
 		opts.IndexIDs = env.emb.IndexIDs
@@ -256,12 +258,14 @@ func mongosh(t testing.TB) string {
 			return
 		}
 		bin := filepath.Join(wd, "node_modules", ".bin", "mongosh")
-		if _, err := os.Stat(bin); err != nil {
+		_, errMongosh := os.Stat(bin)
+		_, errMongoose := os.Stat(filepath.Join(wd, "node_modules", "mongoose", "package.json"))
+		if errMongosh != nil || errMongoose != nil {
 			cmd := exec.Command("npm", "install", "--no-audit", "--no-fund", "--loglevel=error")
 			cmd.Dir = wd
 			out, err := cmd.CombinedOutput()
 			if err != nil {
-				mongoshOnce.err = fmt.Errorf("npm install mongosh: %v\n%s", err, out)
+				mongoshOnce.err = fmt.Errorf("npm install (mongosh, mongoose): %v\n%s", err, out)
 				return
 			}
 		}

@@ -1,0 +1,101 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/tsproxy/tsproxy/rules"
+)
+
+// The background loops of the rules: a merger for each rule that may
+// stage, a retention loop for each rule with expireAfter. The rule set
+// changes when apps create, change or drop time-series collections
+// (catalog.go), so the loops follow it: syncLoops starts the loops of new
+// rules, and stops and restarts those whose rule changed.
+
+// untouchedMergeCheck is how often a proxy looks for staged events of a
+// created time-series collection it has served no command of (another
+// proxy writes it): often enough to take over the merges of a proxy
+// that died, rarely enough that many proxies and many collections do not
+// add up to a stream of listings. Reads merge whatever is staged before
+// they run, so this bounds only how long events may stay staged.
+const untouchedMergeCheck = 30 * time.Second
+
+// servedHere reports whether the proxy's merger of rule runs at full
+// pace: a config rule always; a created time-series collection once this
+// proxy has served a command on it.
+func (s *Server) servedHere(rule *rules.Rule) bool {
+	if rule.Declared == nil {
+		return true
+	}
+	_, ok := s.served.Load(rule.Namespace)
+	return ok
+}
+
+// noteServed records that the proxy serves commands on rule's namespace.
+func (s *Server) noteServed(rule *rules.Rule) {
+	if rule.Declared != nil {
+		if _, ok := s.served.Load(rule.Namespace); !ok {
+			s.served.Store(rule.Namespace, struct{}{})
+		}
+	}
+}
+
+// ruleLoop is one running loop.
+type ruleLoop struct {
+	fingerprint string
+	cancel      context.CancelFunc
+}
+
+// loopFingerprint is what, changed, restarts a rule's loops.
+func loopFingerprint(r *rules.Rule) string {
+	return fmt.Sprintf("%s|%s|%s|%d|%d|%d|%d|%s|%s", r.Namespace, r.BucketCollection, r.Layout, r.Span, r.ExpireAfter, r.SweepInterval, r.MergeAfter, r.Ingest, r.PartitionBy)
+}
+
+// syncLoops makes the running loops those of set's rules.
+func (s *Server) syncLoops(set *rules.Set) {
+	s.mu.Lock()
+	sw := s.sweep
+	s.mu.Unlock()
+	if sw == nil || sw.ctx == nil {
+		return // not serving yet: startSweeper syncs
+	}
+	sw.mu.Lock()
+	defer sw.mu.Unlock()
+	if sw.stopped {
+		return
+	}
+	want := map[string]func(ctx context.Context, rule *rules.Rule){}
+	rulesByKey := map[string]rules.Rule{}
+	for _, r := range set.All() {
+		if r.Layout == rules.LayoutEvents && !r.Partitioned() && r.Ingest != rules.IngestDirect {
+			want["merge "+r.Namespace] = s.mergeLoop // merger.go
+			rulesByKey["merge "+r.Namespace] = r
+		}
+		if r.ExpireAfter > 0 {
+			want["retain "+r.Namespace] = s.retain // sweeper.go
+			rulesByKey["retain "+r.Namespace] = r
+		}
+	}
+	for key, l := range sw.running {
+		r, ok := rulesByKey[key]
+		if !ok || loopFingerprint(&r) != l.fingerprint {
+			l.cancel()
+			delete(sw.running, key)
+		}
+	}
+	for key, run := range want {
+		if _, ok := sw.running[key]; ok {
+			continue
+		}
+		rule := rulesByKey[key]
+		ctx, cancel := context.WithCancel(sw.ctx)
+		sw.running[key] = ruleLoop{fingerprint: loopFingerprint(&rule), cancel: cancel}
+		sw.wg.Add(1)
+		go func() {
+			defer sw.wg.Done()
+			run(ctx, &rule)
+		}()
+	}
+}
