@@ -91,6 +91,7 @@ type Server struct {
 	idIndexes  *idIndexCache // id_index.go
 	cat        *catalog      // catalog.go
 	served     sync.Map      // namespace → struct{}: created rules served here (loops.go)
+	combiner   combiner      // staged inserts sharing upstream inserts (combine.go)
 
 	mu       sync.Mutex
 	ln       net.Listener

@@ -47,7 +47,8 @@ func (c *conn) stagedRule(rule *rules.Rule) (bool, caps.Upstream, error) {
 // ferretdb command). One proxy per rule holds its own inserts off during
 // a freeze, which closes that race.
 func (c *conn) stagedInsert(req *request, rule *rules.Rule) error {
-	if _, err := c.startWrite(rule); err != nil {
+	caps, err := c.startWrite(rule)
+	if err != nil {
 		return err
 	}
 	cmd := commandOf(req)
@@ -60,7 +61,9 @@ func (c *conn) stagedInsert(req *request, rule *rules.Rule) error {
 	if err != nil {
 		p = rewrite.Fail(mongoerr.Errorf(mongoerr.FailedToParse, "%s", err.Error()))
 	} else {
-		p = stage.Insert(cmd, prepared, stage.InsertEnv{Identity: identity, NewObjectID: bson.NewObjectID})
+		// An upstream that keeps no session state (no stmtIds: FerretDB)
+		// takes concurrent clients' staged inserts as one (combine.go).
+		p = stage.Insert(cmd, prepared, stage.InsertEnv{Identity: identity, NewObjectID: bson.NewObjectID, Combinable: !caps.StmtIDs})
 	}
 	c.ensureLifecycle(rule)
 	inflight := c.s.merges.inserts(rule.Namespace)

@@ -10,11 +10,15 @@ type Stats struct {
 	UpstreamConns int
 	// Cursors is the number of rewritten-read cursors in the registry.
 	Cursors int
+	// SharedInserts counts the upstream inserts that carried more than
+	// one client's staged insert, and SharedRiders the client inserts
+	// that rode along in one led by another (combine.go).
+	SharedInserts, SharedRiders int64
 }
 
 // Stats returns the current counts.
 func (s *Server) Stats() Stats {
-	st := Stats{Cursors: s.cursors.Len()}
+	st := Stats{Cursors: s.cursors.Len(), SharedInserts: s.combiner.shared.Load(), SharedRiders: s.combiner.riders.Load()}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st.ClientConns = len(s.conns)

@@ -109,6 +109,21 @@ func ReadCarriedArgs(body bsoncore.Document) CarriedArgs {
 	return c
 }
 
+// WithoutSession is c without the session's fields (lsid, txnNumber,
+// $clusterTime): for a command that carries other sessions' documents
+// too, on an upstream that keeps no session state (FerretDB).
+func (c CarriedArgs) WithoutSession() CarriedArgs {
+	out := CarriedArgs{first: c.first}
+	for _, e := range c.always {
+		switch e.Key() {
+		case "lsid", "txnNumber", "$clusterTime":
+		default:
+			out.always = append(out.always, e)
+		}
+	}
+	return out
+}
+
 // appendCarried appends the carried arguments to a command under
 // construction; first says whether it is the first upstream command.
 func (c CarriedArgs) AppendTo(dst []byte, first bool) []byte {

@@ -41,6 +41,12 @@ type Upstream struct {
 	// upstream that bounds them (Caps.MaxUpdateStatements) the proxy runs
 	// it holding one of its write slots.
 	Update bool
+	// Combine marks an insert whose documents may share one upstream
+	// insert with other clients' documents under a byte-identical Body
+	// (stage.Combine): each document stands on its own, and its _id, not
+	// the command's session, says whose retry it is. Its reply is then
+	// the part of the shared reply that is its own (stage.SplitReply).
+	Combine bool
 }
 
 // Plan is one command's rewrite, run by the proxy.

@@ -23,6 +23,11 @@ type InsertEnv struct {
 	// NewObjectID makes the _id of a staged document of a write that is
 	// not retryable. Required.
 	NewObjectID func() bson.ObjectID
+	// Combinable: the upstream keeps no session state (FerretDB), so the
+	// staged inserts go without the session's fields and may share an
+	// upstream insert with other clients' (rewrite.Upstream.Combine).
+	// Never inside a transaction.
+	Combinable bool
 }
 
 // stagedDoc is one staged document and the client's events it carries.
@@ -52,6 +57,10 @@ func Insert(cmd rewrite.Command, pi *insert.Prepared, env InsertEnv) rewrite.Pla
 		return rewrite.Fail(err)
 	}
 	args := rewrite.ReadCarriedArgs(cmd.Body)
+	combine := env.Combinable && !rewrite.InTransaction(cmd.Body)
+	if combine {
+		args = args.WithoutSession()
+	}
 	return rewrite.Script(func(x *rewrite.Exec) (rewrite.Result, error) {
 		out := outcome{errs: slices.Clone(pi.Rejected())}
 		for _, c := range cmds {
@@ -59,7 +68,7 @@ func Insert(cmd rewrite.Command, pi *insert.Prepared, env InsertEnv) rewrite.Pla
 				break
 			}
 			body, seq := insertCommand(pi.Rule().DB, c, args)
-			reply, ok := x.Do(rewrite.Step{{Body: body, Seq: seq}})
+			reply, ok := x.Do(rewrite.Step{{Body: body, Seq: seq, Combine: combine}})
 			if !ok {
 				return rewrite.Result{}, rewrite.ErrAborted
 			}
