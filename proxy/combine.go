@@ -26,7 +26,7 @@ type combiner struct {
 	mu     sync.Mutex
 	queues map[string][]*combined // by key; present while an insert of the key is in flight
 
-	shared, riders atomic.Int64 // Stats.SharedInserts, SharedRiders
+	shared, riders atomic.Int64 // Server.SharedInserts
 }
 
 // combined is one client's insert in the combiner.

@@ -17,26 +17,31 @@ import (
 // as a router in the reply, so drivers never learn of, nor connect to,
 // anything but the proxy. The proxy negotiates compression itself.
 func (c *conn) handleHello(req *request) error {
-	body, offers, err := hello.Request(req.msg.Body)
+	hs, err := hello.Request(req.msg.Body)
 	if err != nil {
 		return c.replyError(req, mongoerr.InvalidBSON, "tsproxy: "+err.Error())
 	}
-	chosen := ""
-	for _, name := range offers {
+	var opts hello.ReplyOptions
+	for _, name := range hs.Compressors {
 		if id, ok := wire.CompressorID(name); ok && id != 0 {
-			chosen, c.compressor = name, id
+			opts.Compressor, c.compressor = name, id
 			break
 		}
+	}
+	if hs.LoadBalanced {
+		// This proxy is the service behind the client's load balancer;
+		// the driver pins cursors and transactions to this connection.
+		opts.ServiceID = &c.s.serviceID
 	}
 	if err := c.ensureUpstream(); err != nil {
 		// Answer as a router anyway so that drivers select the proxy and
 		// the commands that follow fail at once with the upstream error,
 		// instead of each waiting out server selection.
 		c.log.Warn("upstream unreachable; answering hello alone", "err", err.Error())
-		reply := hello.RouterHello(req.name != "hello", c.s.state.helloLimits(), time.Now().UnixMilli(), chosen)
+		reply := hello.RouterHello(req.name != "hello", c.s.state.helloLimits(), time.Now().UnixMilli(), opts)
 		return c.replyBody(req, c.capHelloLimits(reply))
 	}
-	frame := wire.AppendMsg(c.outBuf[:0], req.h.RequestID, 0, 0, body)
+	frame := wire.AppendMsg(c.outBuf[:0], req.h.RequestID, 0, 0, hs.Body)
 	c.outBuf = frame[:0]
 	span := c.s.tel.Start(req.name, req.db, routePassthrough.String(), req.start)
 	upStart := time.Now()
@@ -50,7 +55,7 @@ func (c *conn) handleHello(req *request) error {
 		return fmt.Errorf("upstream hello reply: %w", err)
 	}
 	c.s.state.rememberHello(bson.Raw(m.Body))
-	reply, err := hello.Reply(m.Body, chosen)
+	reply, err := hello.Reply(m.Body, opts)
 	if err != nil {
 		return fmt.Errorf("upstream hello reply: %w", err)
 	}

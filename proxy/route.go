@@ -47,6 +47,15 @@ func (c *conn) bucketedTarget(req *request) (*rules.Rule, route) {
 		if rule := c.s.cursors.Rule(id); rule != nil {
 			return rule, routeCursor
 		}
+		// A cursor on a rule's namespace that this proxy does not hold
+		// (another proxy's, behind a load balancer, or one that expired):
+		// CursorNotFound from the proxy. Passed through, it could meet the
+		// upstream's cursor of the same id on the bucket collection.
+		if coll, ok := body.Lookup("collection").StringValueOK(); ok {
+			if rule := c.rules.Lookup(req.db, coll); rule != nil {
+				return rule, routeCursor
+			}
+		}
 		return nil, routePassthrough
 	case "explain":
 		inner, ok := first.Value().DocumentOK()

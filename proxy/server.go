@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"go.mongodb.org/mongo-driver/v2/bson"
+
 	"context"
 	"crypto/tls"
 	"errors"
@@ -92,6 +94,9 @@ type Server struct {
 	cat        *catalog      // catalog.go
 	served     sync.Map      // namespace → struct{}: created rules served here (loops.go)
 	combiner   combiner      // staged inserts sharing upstream inserts (combine.go)
+	// serviceID names this proxy to drivers in load-balanced mode
+	// (hello.go): one per process, as a mongos behind a balancer has.
+	serviceID bson.ObjectID
 
 	mu       sync.Mutex
 	ln       net.Listener
@@ -149,6 +154,7 @@ func New(opts Options) (*Server, error) {
 		shells:    newShellMemory(),
 		writes:    newWriteIDs(time.Now()),
 		idIndexes: newIDIndexCache(),
+		serviceID: bson.NewObjectID(),
 		conns:     make(map[*conn]struct{}),
 	}
 	s.cat = newCatalog(s, opts.CatalogLease, opts.CreateTimeseries)
@@ -273,7 +279,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 }
 
-// Ready reports whether the upstream can be reached now (for /readyz).
+// Ready reports whether the proxy can serve now (for /readyz, which a
+// load balancer's health check reads): not shutting down, the upstream
+// reachable, and the time-series catalog read (commands on namespaces
+// wait for it otherwise).
 func (s *Server) Ready(ctx context.Context) error {
 	if s.closing.Load() {
 		return errors.New("shutting down")
@@ -282,7 +291,13 @@ func (s *Server) Ready(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return up.Close()
+	if err := up.Close(); err != nil {
+		return err
+	}
+	if _, err := s.cat.fresh(); err != nil {
+		return err
+	}
+	return nil
 }
 
 // OpenCursors is the number of rewritten-read cursors the proxy tracks.

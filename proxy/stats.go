@@ -10,15 +10,18 @@ type Stats struct {
 	UpstreamConns int
 	// Cursors is the number of rewritten-read cursors in the registry.
 	Cursors int
-	// SharedInserts counts the upstream inserts that carried more than
-	// one client's staged insert, and SharedRiders the client inserts
-	// that rode along in one led by another (combine.go).
-	SharedInserts, SharedRiders int64
+}
+
+// SharedInserts counts, since the start, the upstream inserts that
+// carried more than one client's staged insert, and the client inserts
+// that rode along in one another led (combine.go).
+func (s *Server) SharedInserts() (inserts, riders int64) {
+	return s.combiner.shared.Load(), s.combiner.riders.Load()
 }
 
 // Stats returns the current counts.
 func (s *Server) Stats() Stats {
-	st := Stats{Cursors: s.cursors.Len(), SharedInserts: s.combiner.shared.Load(), SharedRiders: s.combiner.riders.Load()}
+	st := Stats{Cursors: s.cursors.Len()}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st.ClientConns = len(s.conns)

@@ -3,6 +3,7 @@ package hello
 import (
 	"fmt"
 
+	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
@@ -10,51 +11,95 @@ import (
 // tell a driver about servers other than the proxy (or let it stream
 // topology changes). Drivers that saw them would connect around the proxy.
 var helloTopologyFields = map[string]bool{
-	"hosts": true, "passives": true, "arbiters": true, "setName": true,
+	"hosts": true, "passives": true, "serviceId": true, "arbiters": true, "setName": true,
 	"setVersion": true, "primary": true, "me": true, "topologyVersion": true,
 	"secondary": true, "arbiterOnly": true, "passive": true, "hidden": true,
 	"tags": true, "electionId": true, "lastWrite": true, "isreplicaset": true,
 	"msg": true, "compression": true, "buildIndexes": true,
 }
 
-// HelloRequest prepares a client's hello/isMaster for the upstream: it
-// returns the command without its "compression" offer (the proxy negotiates
-// compression with the client itself; the upstream link stays plain) and
-// the compressors the client offered, in its order of preference.
-func Request(body bsoncore.Document) (bsoncore.Document, []string, error) {
+// Handshake is a client's hello/isMaster as the proxy reads it.
+type Handshake struct {
+	// Body is the command for the upstream: the client's, without its
+	// "compression" offer (the proxy negotiates compression with the
+	// client itself; the upstream link stays plain) and without
+	// "loadBalanced" (the proxy is the service behind the client's load
+	// balancer, not the upstream: a mongos not set up for one refuses it).
+	Body bsoncore.Document
+	// Compressors are the compressors the client offered, in its order
+	// of preference.
+	Compressors []string
+	// LoadBalanced: the client's driver runs in load-balanced mode
+	// (loadBalanced=true in its connection string) and needs a serviceId
+	// in the reply.
+	LoadBalanced bool
+}
+
+// Request reads a client's hello/isMaster.
+func Request(body bsoncore.Document) (Handshake, error) {
 	elems, err := body.Elements()
 	if err != nil {
-		return nil, nil, fmt.Errorf("rewrite hello: %w", err)
+		return Handshake{}, fmt.Errorf("rewrite hello: %w", err)
 	}
-	var offers []string
+	var hs Handshake
 	idx, out := bsoncore.AppendDocumentStart(nil)
 	for _, e := range elems {
-		if e.Key() == "compression" {
+		switch e.Key() {
+		case "compression":
 			if arr, ok := e.Value().ArrayOK(); ok {
 				vals, _ := arr.Values()
 				for _, v := range vals {
 					if s, ok := v.StringValueOK(); ok {
-						offers = append(offers, s)
+						hs.Compressors = append(hs.Compressors, s)
 					}
 				}
 			}
+			continue
+		case "loadBalanced":
+			hs.LoadBalanced, _ = e.Value().BooleanOK()
 			continue
 		}
 		out = append(out, e...)
 	}
 	out, err = bsoncore.AppendDocumentEnd(out, idx)
 	if err != nil {
-		return nil, nil, fmt.Errorf("rewrite hello: %w", err)
+		return Handshake{}, fmt.Errorf("rewrite hello: %w", err)
 	}
-	return out, offers, nil
+	hs.Body = out
+	return hs, nil
 }
 
-// HelloReply turns the upstream's hello reply into the proxy's: a router
-// (msg "isdbgrid") with no trace of the upstream's topology, keeping its
-// wire versions, size limits, session timeout, SASL mechanisms and
-// speculative authentication reply. compressor, when not empty, is the
-// compressor the proxy accepts from this client.
-func Reply(reply bsoncore.Document, compressor string) (bsoncore.Document, error) {
+// ReplyOptions is what the proxy adds to a hello reply of its own.
+type ReplyOptions struct {
+	// Compressor, when not empty, is the compressor the proxy accepts
+	// from this client.
+	Compressor string
+	// ServiceID, when set, is answered as serviceId: the identity of this
+	// proxy behind a load balancer (a driver in load-balanced mode
+	// requires it, and clears its pool of that service's connections on
+	// some errors).
+	ServiceID *bson.ObjectID
+}
+
+// appendTo adds the options' fields to a reply under construction.
+func (o ReplyOptions) appendTo(out []byte) []byte {
+	if o.Compressor != "" {
+		aidx, a := bsoncore.AppendArrayElementStart(out, "compression")
+		a = bsoncore.AppendStringElement(a, "0", o.Compressor)
+		out, _ = bsoncore.AppendArrayEnd(a, aidx)
+	}
+	if o.ServiceID != nil {
+		out = bsoncore.AppendObjectIDElement(out, "serviceId", *o.ServiceID)
+	}
+	return out
+}
+
+// Reply turns the upstream's hello reply into the proxy's: a router
+// (msg "isdbgrid") with no trace of the upstream's topology (nor a
+// serviceId of its own), keeping its wire versions, size limits, session
+// timeout, SASL mechanisms and speculative authentication reply, with
+// opts' fields added.
+func Reply(reply bsoncore.Document, opts ReplyOptions) (bsoncore.Document, error) {
 	elems, err := reply.Elements()
 	if err != nil {
 		return nil, fmt.Errorf("rewrite hello reply: %w", err)
@@ -75,11 +120,7 @@ func Reply(reply bsoncore.Document, compressor string) (bsoncore.Document, error
 	// through with the topology fields removed and nothing added.
 	if ok && helloReplyOK(reply) {
 		out = bsoncore.AppendStringElement(out, "msg", "isdbgrid")
-		if compressor != "" {
-			aidx, o := bsoncore.AppendArrayElementStart(out, "compression")
-			o = bsoncore.AppendStringElement(o, "0", compressor)
-			out, _ = bsoncore.AppendArrayEnd(o, aidx)
-		}
+		out = opts.appendTo(out)
 	}
 	return bsoncore.AppendDocumentEnd(out, idx)
 }
@@ -99,7 +140,7 @@ type RouterHelloLimits struct {
 // commands that follow fail at once with a clear upstream error instead of
 // every operation waiting out the driver's server selection timeout.
 // legacy selects the isMaster field name ("ismaster") over hello's.
-func RouterHello(legacy bool, l RouterHelloLimits, nowMillis int64, compressor string) bsoncore.Document {
+func RouterHello(legacy bool, l RouterHelloLimits, nowMillis int64, opts ReplyOptions) bsoncore.Document {
 	idx, out := bsoncore.AppendDocumentStart(nil)
 	if legacy {
 		out = bsoncore.AppendBooleanElement(out, "ismaster", true)
@@ -114,11 +155,7 @@ func RouterHello(legacy bool, l RouterHelloLimits, nowMillis int64, compressor s
 	out = bsoncore.AppendInt32Element(out, "logicalSessionTimeoutMinutes", l.LogicalSessionTimeoutMinutes)
 	out = bsoncore.AppendInt32Element(out, "minWireVersion", l.MinWireVersion)
 	out = bsoncore.AppendInt32Element(out, "maxWireVersion", l.MaxWireVersion)
-	if compressor != "" {
-		aidx, o := bsoncore.AppendArrayElementStart(out, "compression")
-		o = bsoncore.AppendStringElement(o, "0", compressor)
-		out, _ = bsoncore.AppendArrayEnd(o, aidx)
-	}
+	out = opts.appendTo(out)
 	out = bsoncore.AppendDoubleElement(out, "ok", 1)
 	out, _ = bsoncore.AppendDocumentEnd(out, idx)
 	return out
