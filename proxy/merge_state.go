@@ -27,9 +27,13 @@ type mergeState struct {
 	// merger's measure of "took nothing new" and of the backlog. Nothing
 	// is counted on the upstream for it: a count decodes every document
 	// on FerretDB (it took 40% of the upstream's time under load), and on
-	// FerretDB only the writer lease's holder stages a rule's events.
+	// FerretDB each proxy freezes only the staging collections it wrote.
 	activity map[string]*stagedSince
 	stats    map[string]*ruleStageStats // by rule namespace, for metrics
+	// gens is the generation of this proxy's own staging collections, by
+	// rule namespace (stage.Stager.Gen): moved on at every freeze, under
+	// the rule's inflight lock.
+	gens map[string]int64
 }
 
 // stagedSince is a rule's staging since its last freeze.
@@ -42,7 +46,7 @@ type stagedSince struct {
 type ruleStageStats = telemetry.Staging
 
 func newMergeState() *mergeState {
-	return &mergeState{locks: map[string]*sync.Mutex{}, inflight: map[string]*sync.RWMutex{}, activity: map[string]*stagedSince{}, stats: map[string]*ruleStageStats{}}
+	return &mergeState{locks: map[string]*sync.Mutex{}, inflight: map[string]*sync.RWMutex{}, activity: map[string]*stagedSince{}, stats: map[string]*ruleStageStats{}, gens: map[string]int64{}}
 }
 
 func (m *mergeState) lock(ns string) *sync.Mutex {
@@ -55,6 +59,27 @@ func (m *mergeState) inserts(ns string) *sync.RWMutex {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return entry(m.inflight, ns)
+}
+
+// gen is the generation of the rule's own staging collections; since
+// (the start of this run, in ms) until the first freeze.
+func (m *mergeState) gen(ns string, since int64) int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	g, ok := m.gens[ns]
+	if !ok {
+		g = since
+		m.gens[ns] = g
+	}
+	return g
+}
+
+// nextGen moves the rule's generation on, past now (ms): a freeze took
+// the collections of the current one.
+func (m *mergeState) nextGen(ns string, now time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.gens[ns] = max(m.gens[ns]+1, now.UnixMilli())
 }
 
 // entry is byName[name], made (zero) when missing. The caller holds mu.

@@ -77,24 +77,71 @@ func (s *Server) mergeOnce(up *upstream.Conn, rule *rules.Rule) (stage.Stats, er
 		return stage.Stats{}, nil
 	}
 	now := time.Now()
+	requests := stage.FlushRequests(rule, list)
+	opts := stage.MergeOptions{Due: s.merges.due(rule, now), Now: now, CheckLate: s.lateDocsPossible(rule, upCaps),
+		AllMine: len(requests) > 0} // a flush asked for: this proxy's own staging, whatever is due
 	if upCaps.SingleWriter {
-		if err := s.leases.Ensure(up, rule.DB, rule.Collection, s.log); err != nil {
+		err := s.leases.Ensure(up, rule.DB, rule.Collection, s.log)
+		var held *lease.HeldError
+		switch {
+		case errors.As(err, &held):
+			opts.Guest = true // freezes its own; the holder merges
+		case err != nil:
 			return stage.Stats{}, err
 		}
 	}
-	st, err := s.runMerge(upRunner{up: up}, rule, stage.MergeOptions{Due: s.merges.due(rule, now), Now: now, CheckLate: s.lateDocsPossible(rule, upCaps)}, true)
-	if err != nil || len(st.Markers) == 0 {
+	runner := upRunner{up: up}
+	st, err := s.runMerge(runner, up, rule, upCaps, opts, true)
+	if err != nil {
 		return st, err
 	}
-	// Flush requests of proxies that cannot merge: everything, then the
-	// requests seen before this merge began are answered.
-	if _, err := s.runMerge(upRunner{up: up}, rule, stage.MergeOptions{All: true, CheckLate: s.lateDocsPossible(rule, upCaps)}, false); err != nil {
+	if st.Pending > 0 && upCaps.SingleWriter {
+		// Own staging collections not due yet: this proxy still runs, so
+		// that the holder does not take them over while it is idle.
+		if err := s.presence.Announce(up, rule.DB, rule.BucketCollection, s.stagerTag(), s.leases.Identity()); err != nil {
+			return st, err
+		}
+	}
+	if opts.Guest || len(requests) == 0 {
+		return st, nil
+	}
+	// Flush requests, as the holder: everything retired is merged (the
+	// other proxies freeze their own on seeing the requests; a requester
+	// drops its request when what it waits for is merged). Requests whose
+	// requester went away are dropped here.
+	if _, err := s.runMerge(runner, up, rule, upCaps, stage.MergeOptions{All: true, CheckLate: s.lateDocsPossible(rule, upCaps)}, false); err != nil {
 		return st, err
 	}
-	for _, marker := range st.Markers {
-		if _, err := drive(upRunner{up: up}, rewrite.Passthrough(source.DropCommand(rule.DB, marker), nil)); err != nil {
-			return st, upstreamFailure{err: err}
+	for _, name := range requests {
+		if t, ok := stage.FlushRequestTime(rule, name); ok && now.Sub(t) > staleFlushRequest {
+			if _, err := drive(runner, rewrite.Passthrough(source.DropCommand(rule.DB, name), nil)); err != nil {
+				return st, upstreamFailure{err: err}
+			}
 		}
 	}
 	return st, nil
+}
+
+// staleFlushRequest is how old a flush request is when the holder drops
+// it: a requester gives up after flushWaitLeases lease lifetimes, and
+// drops its own request (unless it died meanwhile).
+const staleFlushRequest = 2 * time.Minute
+
+// goneStagers says, for a merge at now, whether the proxy tagged owner
+// stopped staging rule (its announcement lapsed), asking up once per
+// owner.
+func (s *Server) goneStagers(up lease.Commander, rule *rules.Rule, now time.Time) func(owner string) bool {
+	seen := map[string]bool{}
+	return func(owner string) bool {
+		if gone, ok := seen[owner]; ok {
+			return gone
+		}
+		gone, err := lease.Gone(up, rule.DB, rule.BucketCollection, owner, now)
+		if err != nil {
+			s.log.Warn("staging: could not read whether a proxy stopped; its staging collections wait", "rule", rule.Namespace, "proxy", owner, "err", err.Error())
+			gone = false
+		}
+		seen[owner] = gone
+		return gone
+	}
 }

@@ -94,6 +94,11 @@ type Server struct {
 	cat        *catalog      // catalog.go
 	served     sync.Map      // namespace → struct{}: created rules served here (loops.go)
 	combiner   combiner      // staged inserts sharing upstream inserts (combine.go)
+	// presence is this proxy's announcements that it stages rules into
+	// collections of its own, and stagerSince the first generation of
+	// those (when it started, in ms) (stage.go).
+	presence    *lease.Presence
+	stagerSince int64
 	// serviceID names this proxy to drivers in load-balanced mode
 	// (hello.go): one per process, as a mongos behind a balancer has.
 	serviceID bson.ObjectID
@@ -141,21 +146,23 @@ func New(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("proxy: telemetry: %w", err)
 	}
 	s := &Server{
-		opts:      opts,
-		log:       opts.Logger,
-		tel:       tel,
-		state:     newUpstreamState(),
-		cursors:   cursors.New(opts.MaxCursors, opts.CursorTTL),
-		replies:   replycache.New(opts.RetryCacheSize, opts.RetryCacheTTL),
-		life:      newLifecycleState(),
-		leases:    lease.NewSet(opts.WriterLease, opts.WriterID),
-		merges:    newMergeState(),
-		once:      newOnceSteps(),
-		shells:    newShellMemory(),
-		writes:    newWriteIDs(time.Now()),
-		idIndexes: newIDIndexCache(),
-		serviceID: bson.NewObjectID(),
-		conns:     make(map[*conn]struct{}),
+		opts:        opts,
+		log:         opts.Logger,
+		tel:         tel,
+		state:       newUpstreamState(),
+		cursors:     cursors.New(opts.MaxCursors, opts.CursorTTL),
+		replies:     replycache.New(opts.RetryCacheSize, opts.RetryCacheTTL),
+		life:        newLifecycleState(),
+		leases:      lease.NewSet(opts.WriterLease, opts.WriterID),
+		merges:      newMergeState(),
+		once:        newOnceSteps(),
+		shells:      newShellMemory(),
+		writes:      newWriteIDs(time.Now()),
+		idIndexes:   newIDIndexCache(),
+		serviceID:   bson.NewObjectID(),
+		presence:    lease.NewPresence(opts.WriterLease),
+		stagerSince: time.Now().UnixMilli(),
+		conns:       make(map[*conn]struct{}),
 	}
 	s.cat = newCatalog(s, opts.CatalogLease, opts.CreateTimeseries)
 	if err := telemetry.ObserveStaging(s.merges.snapshot); err != nil {

@@ -67,3 +67,27 @@ func ListCommand(db string) []byte {
 func DropCommand(db, coll string) []byte {
 	return bsoncore.NewDocumentBuilder().AppendString("drop", coll).AppendString("$db", db).Build()
 }
+
+// Names is the plan that lists every collection name of a database; once
+// it is done, Names holds them.
+type Names struct {
+	rewrite.Plan
+	names []string
+}
+
+// ListNames lists db's collection names.
+func ListNames(db string) *Names {
+	n := &Names{}
+	n.Plan = rewrite.Drain(ListCommand(db), db, "$cmd.listCollections", func(docs []bsoncore.Document) error {
+		for _, d := range docs {
+			if name, ok := d.Lookup("name").StringValueOK(); ok {
+				n.names = append(n.names, name)
+			}
+		}
+		return nil
+	}, func() rewrite.Result { return rewrite.Result{} })
+	return n
+}
+
+// Names are the collection names listed.
+func (n *Names) Names() []string { return n.names }

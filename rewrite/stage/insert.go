@@ -28,6 +28,9 @@ type InsertEnv struct {
 	// upstream insert with other clients' (rewrite.Upstream.Combine).
 	// Never inside a transaction.
 	Combinable bool
+	// Stager names the staging collections this proxy inserts into (the
+	// zero Stager: the writer lease holder's).
+	Stager Stager
 }
 
 // stagedDoc is one staged document and the client's events it carries.
@@ -94,7 +97,7 @@ func stagedCommands(cmd rewrite.Command, pi *insert.Prepared, env InsertEnv) ([]
 	var out []stagedCommand
 	part := 0
 	for _, g := range pi.Groups() {
-		coll := rule.StageCollection(g[0].Start)
+		coll := OpenCollection(rule, g[0].Start, env.Stager)
 		i, ok := byColl[coll]
 		if !ok {
 			i = len(out)

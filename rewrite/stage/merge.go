@@ -22,11 +22,15 @@ type MergeOptions struct {
 	// retired ones (an earlier merge was cut, or a freeze ran) and those
 	// Due says.
 	All bool
-	// FreezeOnly stops after freezing (renaming) the staging collections
-	// to merge: the caller holds off its own inserts into the rule while
-	// a freeze runs, then merges the retired collections with a second
-	// Merge (see the package comment).
+	// FreezeOnly freezes (renames) the staging collections to merge and
+	// merges nothing: the caller holds off its own inserts into the rule
+	// while a freeze runs, and merges the retired collections before and
+	// after it with RetiredOnly (see the package comment).
 	FreezeOnly bool
+	// RetiredOnly merges the retired collections and freezes nothing.
+	// With neither option a merge does both: the retired collections
+	// left before, the freeze, what it froze.
+	RetiredOnly bool
 	// Due says whether staging collection c is due for merging (it took
 	// nothing new for long enough, or holds enough). Nil: none is. The
 	// merge does not count staged documents to decide: a count decodes
@@ -45,6 +49,25 @@ type MergeOptions struct {
 	// are kept: a driver's retry arriving later than that is not
 	// recognised once its first attempt was merged.
 	RetryHorizon time.Duration
+
+	// Self and Since name the merging proxy: its Stager tag and the
+	// first generation of its current run. Its own staging collections
+	// of this run are frozen as All, AllMine or Due say; those of its
+	// tag and an older generation are a previous run's, which stopped:
+	// taken over.
+	Self  string
+	Since int64
+	// AllMine freezes every staging collection of this proxy's own,
+	// whatever Due says (another proxy asked for a flush).
+	AllMine bool
+	// Guest: the proxy does not hold the rule's writer lease. It freezes
+	// only its own staging collections, and merges nothing: the holder
+	// merges what is retired. The zero value is the holder's merge.
+	Guest bool
+	// Gone says whether the proxy tagged owner stopped (its presence
+	// lapsed): the holder then takes its staging collections over. Nil:
+	// none has.
+	Gone func(owner string) bool
 }
 
 // Stats count what a merge did.
@@ -58,6 +81,11 @@ type Stats struct {
 	Late        int // documents that reached a retired collection after it was read, moved back to staging
 	// Markers are the flush requests the merge's listing found.
 	Markers []string
+	// Others are the staging collections of other proxies that still
+	// take inserts (their owners freeze them), and Retired the retired
+	// collections a freeze left unmerged (a guest's for the holder; the
+	// holder merges them next): what a flush waits for.
+	Others, Retired []string
 }
 
 // Merge is the plan of one merge of a rule's staging tier; once it is
@@ -73,6 +101,12 @@ type Merge struct {
 	// idIndexListed: the rule's event-id index collection existed when
 	// the merge listed the collections (see writeIDIndex).
 	idIndexListed bool
+	// next is the first free seq of each key (by Key.String()) after the
+	// retired collections this merge planned so far: the next one's
+	// buckets go after them without probing the bucket collection again
+	// (on FerretDB a probe decodes every bucket). Nobody else writes
+	// buckets meanwhile: the merge runs under the rule's writer lease.
+	next map[string]int
 }
 
 // NewMerge plans a merge of rule's staging tier.
@@ -110,18 +144,31 @@ func (m *Merge) run(x *rewrite.Exec) error {
 	// first, before anything is frozen: the late documents they move
 	// back to staging must be in a staging collection that this run
 	// freezes after, or they would be merged twice.
-	if len(retired) > 0 {
+	if len(retired) > 0 && !m.opts.Guest && !m.opts.FreezeOnly {
 		if err := m.mergeRetired(x, retired); err != nil {
 			return err
 		}
 		retired = nil
 	}
+	if m.opts.RetiredOnly {
+		m.Stats.Pending = len(open)
+		return nil
+	}
+	// Left for the holder (a guest's), or for the holder's own
+	// RetiredOnly merge after its freeze.
+	for _, r := range retired {
+		m.Stats.Retired = append(m.Stats.Retired, r.Name)
+	}
+	retired = nil
 	due, err := m.due(open)
 	if err != nil {
 		return err
 	}
 	for _, c := range due {
 		name := RetiredName(c.Name, token)
+		if m.takenOver(c) {
+			name = TakenOverName(c.Name, token)
+		}
 		reply, ok := x.One(renameCommand(m.rule.DB, c.Name, name))
 		if !ok {
 			return rewrite.ErrAborted
@@ -132,20 +179,62 @@ func (m *Merge) run(x *rewrite.Exec) error {
 			}
 			return fmt.Errorf("merge %s: freeze %s: %w", m.rule.Namespace, c.Name, err)
 		}
-		retired = append(retired, Collection{Name: name, Window: c.Window, Token: token})
+		retired = append(retired, Collection{Name: name, Window: c.Window, Owner: c.Owner, Gen: c.Gen, Token: token, TakenOver: m.takenOver(c)})
 		token++
 	}
 	m.Stats.Frozen = len(retired)
+	if m.opts.Guest {
+		for _, r := range retired {
+			m.Stats.Retired = append(m.Stats.Retired, r.Name)
+		}
+		return nil
+	}
 	if len(retired) == 0 || m.opts.FreezeOnly {
 		return nil
 	}
 	return m.mergeRetired(x, retired)
 }
 
-// mergeRetired merges retired collections in token order, then expires
-// old records.
+// own says whether c is a staging collection of this proxy's current
+// run.
+func (m *Merge) own(c Collection) bool {
+	return c.Owner != "" && c.Owner == m.opts.Self && c.Gen >= m.opts.Since
+}
+
+// takenOver says whether freezing c takes it over from an owner that
+// stopped (an insert it began may still land: CheckLate).
+func (m *Merge) takenOver(c Collection) bool {
+	return c.Owner != "" && !m.own(c)
+}
+
+// mergeRetired merges retired collections, then expires old records:
+// first those a merge that was cut had planned, then the others, each in
+// token order. A plan records the seqs its buckets take; planning
+// another collection before those buckets are written would give its
+// buckets the same seqs. (Proxies freeze their own staging collections
+// at any time, so a collection planned by a holder that died may have a
+// higher token than one frozen after.)
 func (m *Merge) mergeRetired(x *rewrite.Exec, retired []Collection) error {
-	slices.SortFunc(retired, func(a, b Collection) int { return cmpInt(a.Token, b.Token) })
+	planned := map[string]bool{}
+	for _, r := range retired {
+		if len(retired) == 1 {
+			break // nothing to order (and the check scans it on FerretDB)
+		}
+		docs, err := drainAll(x, m.rule.DB, r.Name, findCommand(m.rule.DB, r.Name, bsoncore.NewDocumentBuilder().AppendString("_id", planID).Build(), bsoncore.NewDocumentBuilder().AppendInt32("_id", 1).Build()), 0)
+		if err != nil {
+			return fmt.Errorf("merge %s: %s: %w", m.rule.Namespace, r.Name, err)
+		}
+		planned[r.Name] = len(docs) > 0
+	}
+	slices.SortFunc(retired, func(a, b Collection) int {
+		if planned[a.Name] != planned[b.Name] {
+			if planned[a.Name] {
+				return -1
+			}
+			return 1
+		}
+		return cmpInt(a.Token, b.Token)
+	})
 	records, err := m.loadRecords(x)
 	if err != nil {
 		return err
@@ -192,21 +281,34 @@ func (m *Merge) list(x *rewrite.Exec) (open, retired []Collection, err error) {
 	return open, retired, nil
 }
 
-// due picks the staging collections to merge now.
+// due picks the staging collections to freeze now: this proxy's own as
+// All, AllMine or Due say; the holder's (no owner) as All or Due say, by
+// the holder; a stopped proxy's, by the holder. Another proxy's that
+// still runs are its own to freeze (Stats.Others).
 func (m *Merge) due(open []Collection) ([]Collection, error) {
-	if m.opts.All {
-		return open, nil
-	}
-	if m.opts.Due == nil || len(open) == 0 {
-		m.Stats.Pending = len(open)
-		return nil, nil
-	}
 	var due []Collection
 	for _, c := range open {
-		if m.opts.Due(c) {
+		switch {
+		case m.own(c):
+			if m.opts.All || m.opts.AllMine || m.opts.Due != nil && m.opts.Due(c) {
+				due = append(due, c)
+			} else {
+				m.Stats.Pending++
+			}
+		case m.opts.Guest:
+			// Another proxy's, the holder's, or a previous run's of this
+			// one: the holder's to take over.
+			m.Stats.Others = append(m.Stats.Others, c.Name)
+		case c.Owner == "":
+			if m.opts.All || m.opts.Due != nil && m.opts.Due(c) {
+				due = append(due, c)
+			} else {
+				m.Stats.Pending++
+			}
+		case c.Owner == m.opts.Self || m.opts.Gone != nil && m.opts.Gone(c.Owner):
 			due = append(due, c)
-		} else {
-			m.Stats.Pending++
+		default:
+			m.Stats.Others = append(m.Stats.Others, c.Name)
 		}
 	}
 	return due, nil

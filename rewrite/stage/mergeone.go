@@ -39,10 +39,15 @@ func idKey(d bsoncore.Document) string {
 // caught here, just before the drop (an insert the drop overtakes fails
 // and is not acknowledged). They go to the staging collection of their
 // period, where the next merge takes them.
-func (m *Merge) moveLate(x *rewrite.Exec, coll string, merged map[string]bool) error {
-	if !m.opts.CheckLate {
+func (m *Merge) moveLate(x *rewrite.Exec, r Collection, merged map[string]bool) error {
+	// A proxy's own collection, frozen by it, takes nothing late: it
+	// held its own inserts off, and no other proxy inserts there. One
+	// taken over from a stopped owner may; one of the holder's names, as
+	// the caller says.
+	if !r.TakenOver && (r.Owner != "" || !m.opts.CheckLate) {
 		return nil
 	}
+	coll := r.Name
 	// The count first: reading the ids decodes every document on FerretDB.
 	n, err := m.countOf(x, coll)
 	if err != nil {
@@ -144,13 +149,14 @@ func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records map[bson.ObjectI
 		}
 	}
 	buckets, events := m.buckets(groups, plan.bases)
+	m.noteNext(groups, plan.bases)
 	if err := m.writeIDIndex(x, buckets); err != nil {
 		return err
 	}
 	if err := m.insertBuckets(x, buckets); err != nil {
 		return err
 	}
-	if err := m.moveLate(x, r.Name, plan.ids); err != nil {
+	if err := m.moveLate(x, r, plan.ids); err != nil {
 		return err
 	}
 	reply, ok := x.One(source.DropCommand(m.rule.DB, r.Name))
@@ -205,8 +211,10 @@ func (m *Merge) groups(staged []bsoncore.Document, skip map[bson.ObjectID]bool) 
 	return groups, derived, nil
 }
 
-// probeSeqs is how many seqs of each key one probe asks for.
-const probeSeqs = 8
+// probeSeqs is how many seqs of each key one probe asks for: on
+// FerretDB a probe ($in on _id) decodes every bucket whatever it asks
+// for, so it asks for many.
+const probeSeqs = 64
 
 // probeBases finds the first free seq of each group's key in the bucket
 // collection: the buckets of a key are seq 0..n without gaps (deletes
@@ -214,7 +222,14 @@ const probeSeqs = 8
 func (m *Merge) probeBases(x *rewrite.Exec, groups []group) (map[string]int, error) {
 	ns := m.rule.BucketNamespace()
 	bases := map[string]int{}
-	pending := groups
+	var pending []group
+	for _, g := range groups {
+		if seq, ok := m.next[g.key.String()]; ok {
+			bases[g.key.String()] = seq // after a collection this merge planned
+		} else {
+			pending = append(pending, g)
+		}
+	}
 	for from := 0; len(pending) > 0; from += probeSeqs {
 		if from >= bucket.MaxSeq {
 			return nil, fmt.Errorf("key %x has more than %d buckets", pending[0].key.Meta, bucket.MaxSeq)
@@ -251,6 +266,18 @@ func (m *Merge) probeBases(x *rewrite.Exec, groups []group) (map[string]int, err
 		pending = next
 	}
 	return bases, nil
+}
+
+// noteNext records the first free seq of each group's key once its
+// buckets from bases are written.
+func (m *Merge) noteNext(groups []group, bases map[string]int) {
+	if m.next == nil {
+		m.next = map[string]int{}
+	}
+	for _, g := range groups {
+		k := g.key.String()
+		m.next[k] = max(m.next[k], bases[k]+len(bucket.ChunkEvents(g.events, m.lim)))
+	}
 }
 
 // builtBucket is one merged bucket and what identifies its content.

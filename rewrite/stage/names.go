@@ -1,8 +1,13 @@
 package stage
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"strconv"
 	"strings"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
@@ -16,21 +21,91 @@ type Collection struct {
 	// Window is the start (ms since the epoch) of the staging period
 	// whose events it holds (rules.Rule.StagePeriod).
 	Window int64
+	// Owner is the tag of the proxy that inserts into it (Stager.Tag),
+	// and Gen the generation of that proxy's collections it belongs to;
+	// "" for a collection of the writer lease's holder (names from before
+	// proxies staged into collections of their own, and late documents a
+	// merge moved back).
+	Owner string
+	Gen   int64
 	// Token orders retired collections (being merged); 0 for a staging
 	// collection that still takes inserts.
 	Token int64
+	// TakenOver: retired by another proxy than its owner, which had
+	// stopped: an insert the owner began may still land in it (see
+	// MergeOptions.CheckLate).
+	TakenOver bool
 }
 
 // Retired says whether the collection is frozen for a merge.
 func (c Collection) Retired() bool { return c.Token != 0 }
 
-// retiredInfix joins a staging collection's name and a merge token.
-const retiredInfix = "_m"
+// OpenName is the name the collection had while it took inserts.
+func (c Collection) OpenName() string {
+	if !c.Retired() {
+		return c.Name
+	}
+	infix := retiredInfix
+	if c.TakenOver {
+		infix = takenInfix
+	}
+	return c.Name[:strings.LastIndex(c.Name, infix)]
+}
+
+// Stager names the staging collections one proxy inserts into. Each
+// proxy inserts only into collections of its own, and only it freezes
+// them while it runs (holding its own inserts off), so that no insert of
+// another proxy can be on its way into a collection being frozen:
+// FerretDB's rename changes only its catalog, and such an insert would
+// commit into the renamed collection after the merge read it. So staged
+// inserts need no writer lease, and any number of proxies ingest a rule
+// at once.
+type Stager struct {
+	// Tag names the proxy: 8 hex digits, the same across its restarts.
+	// "" stages into the names of the writer lease's holder.
+	Tag string
+	// Gen is the generation of the proxy's collections: it changes at
+	// every freeze of them, so that a collection frozen is never created
+	// again under its name (a read waiting for a name to be merged would
+	// wait for the next events too).
+	Gen int64
+}
+
+// StagerTag is the tag of a proxy named id (its writer identity).
+func StagerTag(id string) string {
+	sum := sha256.Sum256([]byte(id))
+	return hex.EncodeToString(sum[:4])
+}
+
+// OpenCollection is the staging collection stager inserts the events of
+// the window starting at windowStart (ms) into.
+func OpenCollection(rule *rules.Rule, windowStart int64, stager Stager) string {
+	name := rule.StageCollection(windowStart)
+	if stager.Tag == "" {
+		return name
+	}
+	return name + ownerInfix + stager.Tag + "_" + strconv.FormatInt(stager.Gen, 10)
+}
+
+// Infixes of staging names: a proxy's own collection, one retired by its
+// owner (or the lease holder), one retired by another proxy after its
+// owner stopped.
+const (
+	ownerInfix   = "_p"
+	retiredInfix = "_m"
+	takenInfix   = "_k"
+)
 
 // RetiredName is the name a staging collection gets when a merge freezes
 // it.
 func RetiredName(stage string, token int64) string {
 	return stage + retiredInfix + strconv.FormatInt(token, 10)
+}
+
+// TakenOverName is the name a staging collection of a stopped proxy gets
+// when another freezes it.
+func TakenOverName(stage string, token int64) string {
+	return stage + takenInfix + strconv.FormatInt(token, 10)
 }
 
 // TxnsCollection holds the records of the retryable writes merged lately.
@@ -39,27 +114,70 @@ func TxnsCollection(rule *rules.Rule) string {
 }
 
 // Parse reads a collection name of rule's staging tier: a staging
-// collection (<bucket>.stage.<window>) or a retired one
-// (<bucket>.stage.<window>.m<token>).
+// collection (<prefix><window>, or <prefix><window>_p<tag>_<gen> of one
+// proxy) or a retired one (either, then _m<token> or _k<token>).
 func Parse(rule *rules.Rule, name string) (Collection, bool) {
 	rest, ok := strings.CutPrefix(name, rule.StagePrefix())
 	if !ok {
 		return Collection{}, false
 	}
-	win, tok, retired := strings.Cut(rest, retiredInfix)
-	w, err := strconv.ParseInt(win, 10, 64)
-	if err != nil || strconv.FormatInt(w, 10) != win {
+	c := Collection{Name: name}
+	var w string
+	w, rest = leadingDigits(rest)
+	if c.Window, ok = number(w); !ok {
 		return Collection{}, false
 	}
-	c := Collection{Name: name, Window: w}
-	if retired {
-		t, err := strconv.ParseInt(tok, 10, 64)
-		if err != nil || t <= 0 || strconv.FormatInt(t, 10) != tok {
+	if tail, owned := strings.CutPrefix(rest, ownerInfix); owned {
+		if len(tail) < 10 || tail[8] != '_' || !isHex(tail[:8]) {
 			return Collection{}, false
 		}
-		c.Token = t
+		c.Owner = tail[:8]
+		var g string
+		g, rest = leadingDigits(tail[9:])
+		if c.Gen, ok = number(g); !ok {
+			return Collection{}, false
+		}
 	}
+	if rest == "" {
+		return c, true
+	}
+	switch {
+	case strings.HasPrefix(rest, retiredInfix):
+	case strings.HasPrefix(rest, takenInfix):
+		c.TakenOver = true
+	default:
+		return Collection{}, false
+	}
+	t, ok := number(rest[len(retiredInfix):])
+	if !ok || t <= 0 {
+		return Collection{}, false
+	}
+	c.Token = t
 	return c, true
+}
+
+// leadingDigits splits s after its leading decimal digits.
+func leadingDigits(s string) (digits, rest string) {
+	i := 0
+	for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+		i++
+	}
+	return s[:i], s[i:]
+}
+
+// number reads a canonical decimal (no sign, no leading zero).
+func number(s string) (int64, bool) {
+	n, err := strconv.ParseInt(s, 10, 64)
+	return n, err == nil && strconv.FormatInt(n, 10) == s
+}
+
+func isHex(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if !(s[i] >= '0' && s[i] <= '9' || s[i] >= 'a' && s[i] <= 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // flushInfix names a flush request: a collection a proxy that cannot
@@ -118,4 +236,54 @@ func HasWork(rule *rules.Rule, reply []byte) (bool, error) {
 		}
 	}
 	return false, nil
+}
+
+// Remaining are those of waitFor (names of staging collections, open or
+// retired, that a flush waits for) that listed still holds unmerged:
+// under their name, or, for an open one, retired under a name of it.
+func Remaining(rule *rules.Rule, listed, waitFor []string) []string {
+	present := map[string]bool{}
+	for _, name := range listed {
+		present[name] = true
+		if c, ok := Parse(rule, name); ok && c.Retired() {
+			present[c.OpenName()] = true
+		}
+	}
+	var out []string
+	for _, name := range waitFor {
+		if present[name] {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// FlushRequests are the flush requests a reply to source.ListCommand of
+// rule's database lists (its first batch).
+func FlushRequests(rule *rules.Rule, reply []byte) []string {
+	docs, _, err := cursor.Docs(reply)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, d := range docs {
+		if name, _ := d.Lookup("name").StringValueOK(); IsFlushMarker(rule, name) {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// FlushRequestTime is when the flush request name was made (its token is
+// an ObjectID); ok is false for a name of another form.
+func FlushRequestTime(rule *rules.Rule, name string) (t time.Time, ok bool) {
+	token, found := strings.CutPrefix(name, rule.StagePrefix()+flushInfix)
+	if !found {
+		return time.Time{}, false
+	}
+	id, err := bson.ObjectIDFromHex(token)
+	if err != nil {
+		return time.Time{}, false
+	}
+	return id.Timestamp(), true
 }

@@ -120,8 +120,12 @@ func (m *mem) answer(u rewrite.Upstream) []byte {
 		out := []any{}
 		in, _ := body.Lookup("filter", "_id", "$in").ArrayOK()
 		ids, _ := in.Values()
+		eq, hasEq := body.Lookup("filter", "_id").StringValueOK()
 		for _, d := range m.colls[coll] {
 			if in != nil && !slices.ContainsFunc(ids, func(v bsoncore.Value) bool { return v.Equal(d.Lookup("_id")) }) {
+				continue
+			}
+			if s, _ := d.Lookup("_id").StringValueOK(); hasEq && s != eq {
 				continue
 			}
 			out = append(out, bson.Raw(d))
@@ -437,9 +441,13 @@ func TestMerge(t *testing.T) {
 		stagedInsert(t, m, events("a", 0, 2), retry...)
 		merge(t, m, stage.MergeOptions{All: true, FreezeOnly: true}) // then the proxy died
 		stagedInsert(t, m, events("a", 0, 2), retry...)              // the retry lands in a new staging collection
-		st := merge(t, m, stage.MergeOptions{All: true, FreezeOnly: true, Now: time.UnixMilli(1_000_100)})
-		if st.Collections != 1 || st.Events != 2 || st.Frozen != 1 {
-			t.Fatalf("stats %+v, want the left retired collection merged, the new one frozen", st)
+		// The proxy's next merge: what is retired, then the freeze.
+		st := merge(t, m, stage.MergeOptions{RetiredOnly: true, Now: time.UnixMilli(1_000_100)})
+		if st.Collections != 1 || st.Events != 2 || st.Frozen != 0 || st.Pending != 1 {
+			t.Fatalf("stats %+v, want the left retired collection merged, the new one left", st)
+		}
+		if st = merge(t, m, stage.MergeOptions{All: true, FreezeOnly: true, Now: time.UnixMilli(1_000_150)}); st.Frozen != 1 || st.Collections != 0 {
+			t.Fatalf("stats %+v, want the new one frozen, nothing merged", st)
 		}
 		if st = merge(t, m, stage.MergeOptions{Now: time.UnixMilli(1_000_200)}); st.Retries != 1 || st.Events != 0 {
 			t.Fatalf("stats %+v, want the retry left out", st)
@@ -505,4 +513,114 @@ func TestMerge(t *testing.T) {
 			t.Fatalf("merge of the frozen collection: %+v", st)
 		}
 	})
+}
+
+// stageAs inserts evs as the proxy stager would.
+func stageAs(t *testing.T, m *mem, evs []bson.D, stager stage.Stager) {
+	t.Helper()
+	cmd := rwtest.SeqCmd(t, evs)
+	pi, err := insert.Prepare(cmd, rwtest.InsertRule(), bson.NewObjectID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := m.run(stage.Insert(cmd, pi, stage.InsertEnv{Identity: "u", NewObjectID: bson.NewObjectID, Stager: stager})); bson.Raw(r.Reply).Lookup("ok").Double() != 1 {
+		t.Fatalf("staged insert: %s", bson.Raw(r.Reply))
+	}
+}
+
+// TestStagers: proxies stage into collections of their own. A guest (no
+// writer lease) freezes only its own; the holder freezes its own, takes
+// over those of a proxy that stopped and of its own previous run, and
+// merges what is retired; what is left is what a flush waits for.
+func TestStagers(t *testing.T) {
+	rule := rwtest.InsertRule()
+	a := stage.Stager{Tag: stage.StagerTag("host/a"), Gen: 100}
+	b := stage.Stager{Tag: stage.StagerTag("host/b"), Gen: 200}
+	m := newMem(t)
+	stageAs(t, m, events("a", 0, 3), a)
+	stageAs(t, m, events("b", 0, 2), b)
+	openA := stage.OpenCollection(rule, 36_000_000, a)
+	if c, ok := stage.Parse(rule, openA); !ok || c.Owner != a.Tag || c.Gen != 100 || c.Retired() {
+		t.Fatalf("Parse(%q) = %+v, %v", openA, c, ok)
+	}
+
+	// b, a guest: its own frozen, a's left.
+	st := merge(t, m, stage.MergeOptions{All: true, FreezeOnly: true, Guest: true, Self: b.Tag, Since: 200})
+	if st.Frozen != 1 || len(st.Others) != 1 || st.Others[0] != openA || len(st.Retired) != 1 || st.Events != 0 {
+		t.Fatalf("guest: %+v", st)
+	}
+	waitFor := append(st.Others, st.Retired...)
+	if left := stage.Remaining(rule, names(m), waitFor); len(left) != 2 {
+		t.Fatalf("remaining before the holder merged: %v", left)
+	}
+
+	// a, the holder: merges b's retired one, freezes and merges its own.
+	st = merge(t, m, stage.MergeOptions{All: true, Self: a.Tag, Since: 100, Gone: func(string) bool { return false }})
+	if st.Events != 5 || len(st.Others) != 0 {
+		t.Fatalf("holder: %+v", st)
+	}
+	if left := stage.Remaining(rule, names(m), waitFor); len(left) != 0 {
+		t.Fatalf("remaining after the holder merged: %v", left)
+	}
+
+	// b stages again, then stops; a takes it over, late documents
+	// checked (moved back under the holder's names).
+	b.Gen++
+	stageAs(t, m, events("b", 10, 2), b)
+	// a's previous run left a collection too.
+	old := stage.Stager{Tag: a.Tag, Gen: 50}
+	stageAs(t, m, events("a", 10, 1), old)
+	st = merge(t, m, stage.MergeOptions{All: true, FreezeOnly: true, Self: a.Tag, Since: 100, Gone: func(tag string) bool { return tag == b.Tag }})
+	if st.Frozen != 2 {
+		t.Fatalf("takeover freeze: %+v", st)
+	}
+	for _, n := range names(m) {
+		if c, ok := stage.Parse(rule, n); ok && c.Retired() && !c.TakenOver {
+			t.Fatalf("%s frozen as its owner's, want taken over", n)
+		}
+	}
+	if st = merge(t, m, stage.MergeOptions{RetiredOnly: true, Self: a.Tag, Since: 100}); st.Events != 3 {
+		t.Fatalf("takeover merge: %+v", st)
+	}
+	total := 0
+	for _, n := range storedEvents(t, m) {
+		total += n
+	}
+	if total != 8 { // the series reuse _ids: counted, not told apart
+		t.Fatalf("%d events stored, want 8", total)
+	}
+}
+
+func names(m *mem) []string {
+	var out []string
+	for n := range m.colls {
+		out = append(out, n)
+	}
+	return out
+}
+
+func TestParseOwned(t *testing.T) {
+	rule := rwtest.InsertRule()
+	open := stage.OpenCollection(rule, 36_000_000, stage.Stager{Tag: "0a1b2c3d", Gen: 42})
+	for _, c := range []struct {
+		name string
+		ok   bool
+		want stage.Collection
+	}{
+		{open, true, stage.Collection{Name: open, Owner: "0a1b2c3d", Gen: 42}},
+		{stage.RetiredName(open, 7), true, stage.Collection{Name: stage.RetiredName(open, 7), Owner: "0a1b2c3d", Gen: 42, Token: 7}},
+		{stage.TakenOverName(open, 8), true, stage.Collection{Name: stage.TakenOverName(open, 8), Owner: "0a1b2c3d", Gen: 42, Token: 8, TakenOver: true}},
+		{open + "x", false, stage.Collection{}},
+		{rule.StagePrefix() + "0_pXYZ_1", false, stage.Collection{}},
+		{rule.StagePrefix() + "0_p0a1b2c3d_", false, stage.Collection{}},
+		{rule.StagePrefix() + "0_p0a1b2c3d_01", false, stage.Collection{}},
+	} {
+		got, ok := stage.Parse(rule, c.name)
+		if ok != c.ok || ok && got != c.want {
+			t.Errorf("Parse(%q) = %+v, %v; want %+v, %v", c.name, got, ok, c.want, c.ok)
+		}
+		if ok && got.OpenName() != open {
+			t.Errorf("OpenName(%q) = %q", c.name, got.OpenName())
+		}
+	}
 }

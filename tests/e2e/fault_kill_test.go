@@ -57,7 +57,8 @@ type proxyProcess struct {
 	addr   string
 	cmd    *exec.Cmd
 	log    *syncBuffer
-	logs   []string // the logs of earlier runs
+	logs   []string      // the logs of earlier runs
+	cpu    time.Duration // CPU time of the runs that ended
 }
 
 func newProxyProcess(t testing.TB, yaml string) *proxyProcess {
@@ -105,7 +106,33 @@ func (p *proxyProcess) start() {
 func (p *proxyProcess) kill() {
 	_ = p.cmd.Process.Kill()
 	_ = p.cmd.Wait()
+	if st := p.cmd.ProcessState; st != nil {
+		p.cpu += st.UserTime() + st.SystemTime()
+	}
 	p.cmd = nil
+}
+
+// cpuTime is the CPU time of every run so far, the running one's read
+// from /proc (Linux; elsewhere only the runs that ended count).
+func (p *proxyProcess) cpuTime() time.Duration {
+	total := p.cpu
+	if p.cmd == nil || p.cmd.Process == nil {
+		return total
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+	if err != nil {
+		return total
+	}
+	// Fields 14 and 15 (utime, stime, in clock ticks of 1/100 s) follow
+	// the command name in parentheses.
+	fields := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(fields) > 12 {
+		var ut, st int64
+		fmt.Sscan(fields[11], &ut)
+		fmt.Sscan(fields[12], &st)
+		total += time.Duration(ut+st) * 10 * time.Millisecond
+	}
+	return total
 }
 
 func (p *proxyProcess) URI() string { return "mongodb://" + p.addr + "/" }

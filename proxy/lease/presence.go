@@ -1,0 +1,116 @@
+package lease
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/tsproxy/tsproxy/rules"
+)
+
+// Presence is what a proxy says of itself to the others on one upstream:
+// that it still stages a rule's events into staging collections of its
+// own (rewrite/stage.Stager). Only a running proxy freezes its own
+// staging collections; once its announcement lapsed, the holder of the
+// rule's writer lease takes them over. An announcement is a document
+// {_id: "stager:<coll>:<tag>", ns: "stager:<coll>", owner, expires} in
+// the rule database's lease collection, renewed once half of it is used,
+// before an insert into a collection it announces.
+type Presence struct {
+	ttl time.Duration
+
+	mu        sync.Mutex
+	announced map[string]time.Time // by db.coll: this proxy's last announcement
+}
+
+// PresenceSkew is how far the proxies' clocks may disagree: an
+// announcement counts that much longer than it says.
+const PresenceSkew = 5 * time.Second
+
+// NewPresence returns the announcements of a proxy, each lasting ttl (0:
+// DefaultTTL).
+func NewPresence(ttl time.Duration) *Presence {
+	if ttl <= 0 {
+		ttl = DefaultTTL
+	}
+	return &Presence{ttl: ttl, announced: map[string]time.Time{}}
+}
+
+func presenceNS(coll string) string { return "stager:" + coll }
+
+func presenceID(coll, tag string) string { return presenceNS(coll) + ":" + tag }
+
+// Announce says that the proxy tagged tag (named owner) stages db.coll's
+// events, unless it said so less than half a lifetime ago.
+func (p *Presence) Announce(up Commander, db, coll, tag, owner string) error {
+	ns := db + "." + coll
+	now := time.Now()
+	p.mu.Lock()
+	last := p.announced[ns]
+	p.mu.Unlock()
+	if now.Sub(last) < p.ttl/2 {
+		return nil
+	}
+	c := Client{Up: up, DB: db}
+	reply, err := c.run(bson.D{
+		{Key: "update", Value: rules.LeaseCollection},
+		{Key: "updates", Value: bson.A{bson.D{
+			{Key: "q", Value: bson.D{{Key: "_id", Value: presenceID(coll, tag)}}},
+			{Key: "u", Value: bson.D{{Key: "$set", Value: bson.D{
+				{Key: "ns", Value: presenceNS(coll)},
+				{Key: "owner", Value: owner},
+				{Key: "expires", Value: now.Add(p.ttl)},
+			}}}},
+			{Key: "upsert", Value: true},
+		}}},
+	})
+	if err != nil {
+		return fmt.Errorf("announce staging of %s: %w", ns, err)
+	}
+	if code, msg, failed := firstWriteError(reply); failed {
+		return fmt.Errorf("announce staging of %s: %s (code %d)", ns, msg, code)
+	}
+	p.mu.Lock()
+	p.announced[ns] = now
+	p.mu.Unlock()
+	return nil
+}
+
+// Forget makes the next Announce of db.coll write (its announcement may
+// have been taken for a lapse: written anew at once).
+func (p *Presence) Forget(db, coll string) {
+	p.mu.Lock()
+	delete(p.announced, db+"."+coll)
+	p.mu.Unlock()
+}
+
+// Gone reports whether the proxy tagged tag stopped staging db.coll: its
+// announcement is missing, or expired more than PresenceSkew ago.
+func Gone(up Commander, db, coll, tag string, now time.Time) (bool, error) {
+	c := Client{Up: up, DB: db}
+	reply, err := c.run(bson.D{
+		{Key: "find", Value: rules.LeaseCollection},
+		{Key: "filter", Value: bson.D{{Key: "_id", Value: presenceID(coll, tag)}}},
+		{Key: "singleBatch", Value: true},
+		{Key: "limit", Value: 1},
+	})
+	if err != nil {
+		return false, err
+	}
+	var r struct {
+		Cursor struct {
+			FirstBatch []struct {
+				Expires time.Time `bson:"expires"`
+			} `bson:"firstBatch"`
+		} `bson:"cursor"`
+	}
+	if err := bson.Unmarshal(reply, &r); err != nil {
+		return false, fmt.Errorf("read staging announcements: %w", err)
+	}
+	if len(r.Cursor.FirstBatch) == 0 {
+		return true, nil
+	}
+	return now.After(r.Cursor.FirstBatch[0].Expires.Add(PresenceSkew)), nil
+}
