@@ -56,6 +56,14 @@ func (c *conn) stagedInsert(req *request, rule *rules.Rule) error {
 	if err != nil {
 		return err
 	}
+	if len(rule.Rollups) > 0 {
+		// Its rollup documents are updated on the insert path: where
+		// updates are not isolated (FerretDB), by one proxy at a time,
+		// the holder of the rule's writer lease.
+		if err := c.ensureWriter(rule, caps); err != nil {
+			return err
+		}
+	}
 	if err := c.announceStaging(rule, caps); err != nil {
 		return err
 	}
