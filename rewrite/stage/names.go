@@ -122,9 +122,14 @@ func Parse(rule *rules.Rule, name string) (Collection, bool) {
 		return Collection{}, false
 	}
 	c := Collection{Name: name}
+	// The window may be before the epoch: a leading minus.
+	sign := ""
+	if strings.HasPrefix(rest, "-") {
+		sign, rest = "-", rest[1:]
+	}
 	var w string
 	w, rest = leadingDigits(rest)
-	if c.Window, ok = number(w); !ok {
+	if c.Window, ok = number(sign + w); !ok {
 		return Collection{}, false
 	}
 	if tail, owned := strings.CutPrefix(rest, ownerInfix); owned {
@@ -165,7 +170,7 @@ func leadingDigits(s string) (digits, rest string) {
 	return s[:i], s[i:]
 }
 
-// number reads a canonical decimal (no sign, no leading zero).
+// number reads a canonical decimal (no plus sign, no leading zero).
 func number(s string) (int64, bool) {
 	n, err := strconv.ParseInt(s, 10, 64)
 	return n, err == nil && strconv.FormatInt(n, 10) == s

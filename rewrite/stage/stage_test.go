@@ -601,6 +601,14 @@ func names(m *mem) []string {
 
 func TestParseOwned(t *testing.T) {
 	rule := rwtest.InsertRule()
+	// Windows before the epoch have a minus in their names.
+	before := stage.OpenCollection(rule, -36_000_000, stage.Stager{Tag: "0a1b2c3d", Gen: 42})
+	if c, ok := stage.Parse(rule, stage.RetiredName(before, 3)); !ok || c.Window != -86_400_000 || c.Owner != "0a1b2c3d" || c.Token != 3 {
+		t.Fatalf("Parse(%q) = %+v, %v", stage.RetiredName(before, 3), c, ok)
+	}
+	if c, ok := stage.Parse(rule, rule.StageCollection(-36_000_000)); !ok || c.Window != -86_400_000 || c.Owner != "" {
+		t.Fatalf("Parse of a shared name before the epoch: %+v, %v", c, ok)
+	}
 	open := stage.OpenCollection(rule, 36_000_000, stage.Stager{Tag: "0a1b2c3d", Gen: 42})
 	for _, c := range []struct {
 		name string
