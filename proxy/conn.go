@@ -292,7 +292,34 @@ func (c *conn) route(req *request) error {
 	if rule, route := c.bucketedTarget(req); route != routePassthrough {
 		return c.handleBucketed(req, rule, route)
 	}
+	if rule := c.rollupTarget(req); rule != nil {
+		// A staged rule's rollups count its events when they are
+		// merged: the merge runs first, as before a read of the events.
+		if err := c.ensureUpstream(); err != nil {
+			return c.replyUpstreamDown(req, err)
+		}
+		if done, err := c.settleStaged(req, rule); done || err != nil { // stage.go
+			return err
+		}
+	}
 	return c.passthrough(req)
+}
+
+// rollupTarget is the rule whose rollup collection a command names (its
+// first field's value), or nil; getMore and killCursors name none.
+func (c *conn) rollupTarget(req *request) *rules.Rule {
+	if c.rules.Len() == 0 || req.name == "getMore" || req.name == "killCursors" {
+		return nil
+	}
+	first, err := bson.Raw(req.msg.Body).IndexErr(0)
+	if err != nil {
+		return nil
+	}
+	coll, ok := first.Value().StringValueOK()
+	if !ok {
+		return nil
+	}
+	return c.rules.ByRollupCollection(req.db, coll)
 }
 
 // ensureUpstream dials this client's upstream connection on first use.

@@ -2,10 +2,12 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
+	"github.com/tsproxy/tsproxy/proxy/lease"
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/fanout"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -27,7 +29,8 @@ import (
 //
 // The sweeper runs on connections of its own, dialled like the clients'
 // (so with the credentials of the upstream URI, if any), one goroutine per
-// rule with expireAfter.
+// rule with expireAfter; in a fleet, only the proxy holding the rule's
+// retention lease sweeps (ownsRetention).
 
 // sweeper runs the background loops of every rule (loops.go): retention
 // where it has expireAfter, merges where it stages.
@@ -98,7 +101,7 @@ func (s *Server) retain(ctx context.Context, rule *rules.Rule) {
 			if ctx.Err() == nil {
 				s.log.Warn("retention: upstream unreachable; will retry", "rule", rule.Namespace, "err", err.Error())
 			}
-		} else {
+		} else if s.ownsRetention(up, rule) {
 			err := s.retainOnce(up, rule, modes, time.Now())
 			// A connection per sweep, not kept between sweeps: every
 			// proxy runs the loop of every rule, and an idle proxy holds
@@ -110,6 +113,8 @@ func (s *Server) retain(ctx context.Context, rule *rules.Rule) {
 				}
 				s.log.Error("retention: sweep failed; will retry", "rule", rule.Namespace, "err", err.Error())
 			}
+		} else {
+			conn.close()
 		}
 		select {
 		case <-ctx.Done():
@@ -117,6 +122,30 @@ func (s *Server) retain(ctx context.Context, rule *rules.Rule) {
 		case <-t.C:
 		}
 	}
+}
+
+// retentionLease names the lease of a rule's retention ("$" is in no
+// collection name, so it names no rule's writer lease).
+func retentionLease(rule *rules.Rule) string { return rule.Collection + "$retention" }
+
+// ownsRetention says whether this proxy runs rule's retention now: the
+// one holding the rule's retention lease, taken or renewed here. The
+// proxies of a fleet all run the loop; one of them sweeps (or drops
+// expired partitions) at a time, and when it dies its lease lapses and
+// the next proxy's loop takes it (within a lease lifetime plus one
+// interval). Not the writer lease: that one is the merger's, and a sweep
+// must not keep a direct writer on another proxy waiting.
+func (s *Server) ownsRetention(up *upstream.Conn, rule *rules.Rule) bool {
+	err := s.leases.Ensure(up, rule.DB, retentionLease(rule), s.log)
+	var held *lease.HeldError
+	switch {
+	case err == nil:
+		return true
+	case errors.As(err, &held):
+		return false
+	}
+	s.log.Warn("retention: lease not taken; will retry", "rule", rule.Namespace, "err", err.Error())
+	return false
 }
 
 // retainOnce ensures the TTL index of each collection of the rule whose

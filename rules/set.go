@@ -89,6 +89,25 @@ func (s *Set) ByBucketCollection(db, coll string) *Rule {
 	return s.byBucket[nsKey{db, coll}]
 }
 
+// ByRollupCollection returns the rule one of whose rollups is stored in
+// db.coll (<collection>.rollup_<resolution>), or nil.
+func (s *Set) ByRollupCollection(db, coll string) *Rule {
+	i := strings.LastIndex(coll, RollupCollectionInfix)
+	if i < 0 {
+		return nil
+	}
+	r := s.Lookup(db, coll[:i])
+	if r == nil {
+		return nil
+	}
+	for _, res := range r.Rollups {
+		if r.RollupCollection(res) == coll {
+			return r
+		}
+	}
+	return nil
+}
+
 // Len is the number of rules.
 func (s *Set) Len() int {
 	if s == nil {

@@ -103,3 +103,28 @@ func BenchmarkLookup(b *testing.B) {
 		s.Lookup("db", "zz")
 	}
 }
+
+func TestSetByRollupCollection(t *testing.T) {
+	s := NewSet([]Rule{{Namespace: "iot.readings", TimeField: "ts", Rollups: []time.Duration{time.Minute, 24 * time.Hour}},
+		{Namespace: "iot.a.rollup_1m", TimeField: "ts"}})
+	for _, c := range []struct {
+		db, coll string
+		want     string
+	}{
+		{"iot", "readings.rollup_1m", "iot.readings"},
+		{"iot", "readings.rollup_1d", "iot.readings"},
+		{"iot", "readings.rollup_1h", ""}, // not one of its resolutions
+		{"iot", "readings", ""},
+		{"other", "readings.rollup_1m", ""},
+		{"iot", "a.rollup_1m", ""}, // a rule's own namespace, which has no rollups
+		{"iot", "a.rollup_1m.rollup_1m", ""},
+	} {
+		got := ""
+		if r := s.ByRollupCollection(c.db, c.coll); r != nil {
+			got = r.Namespace
+		}
+		if got != c.want {
+			t.Errorf("ByRollupCollection(%s, %s) = %q, want %q", c.db, c.coll, got, c.want)
+		}
+	}
+}

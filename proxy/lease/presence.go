@@ -7,6 +7,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 )
 
@@ -54,7 +55,7 @@ func (p *Presence) Announce(up Commander, db, coll, tag, owner string) error {
 		return nil
 	}
 	c := Client{Up: up, DB: db}
-	reply, err := c.run(bson.D{
+	cmd := bson.D{
 		{Key: "update", Value: rules.LeaseCollection},
 		{Key: "updates", Value: bson.A{bson.D{
 			{Key: "q", Value: bson.D{{Key: "_id", Value: presenceID(coll, tag)}}},
@@ -65,12 +66,23 @@ func (p *Presence) Announce(up Commander, db, coll, tag, owner string) error {
 			}}}},
 			{Key: "upsert", Value: true},
 		}}},
-	})
-	if err != nil {
-		return fmt.Errorf("announce staging of %s: %w", ns, err)
 	}
-	if code, msg, failed := firstWriteError(reply); failed {
-		return fmt.Errorf("announce staging of %s: %s (code %d)", ns, msg, code)
+	// Two connections of this proxy announcing at once may both upsert:
+	// FerretDB then inserts twice and the second meets a duplicate key.
+	// The document is there by then, so the same upsert again updates it.
+	for attempt := 0; ; attempt++ {
+		reply, err := c.run(cmd)
+		if err != nil {
+			return fmt.Errorf("announce staging of %s: %w", ns, err)
+		}
+		code, msg, failed := firstWriteError(reply)
+		if failed && code == mongoerr.DuplicateKey && attempt == 0 {
+			continue
+		}
+		if failed {
+			return fmt.Errorf("announce staging of %s: %s (code %d)", ns, msg, code)
+		}
+		break
 	}
 	p.mu.Lock()
 	p.announced[ns] = now

@@ -101,6 +101,22 @@ func OfEvents(rule *rules.Rule, docs [][]byte, opts Options) (plan *Writes, skip
 	return planRollups(nil, rule, lim, events, opts), skipped, nil
 }
 
+// OfMerged plans the rollup upserts that count events a staged merge
+// wrote into new buckets: a staged rule's rollups count its events when
+// they are merged, by the one proxy that merges the rule, not when each
+// proxy takes their insert (see rewrite/stage). It returns nil when the
+// rule has no rollups or nothing was written.
+func OfMerged(rule *rules.Rule, events []bucket.Event, opts Options) (*Writes, error) {
+	if rule == nil || len(rule.Rollups) == 0 {
+		return nil, nil
+	}
+	lim, err := bucket.LimitsOf(rule)
+	if err != nil {
+		return nil, fmt.Errorf("rewrite rollups %s: %w", insert.RuleName(rule), err)
+	}
+	return planRollups(nil, rule, lim, events, opts), nil
+}
+
 // planRollups builds the commands counting written into every resolution
 // of the rule; body is the client's insert (for writeConcern and session
 // fields), or nil. It returns nil when there is nothing to count.

@@ -68,6 +68,9 @@ type MergeOptions struct {
 	// lapsed): the holder then takes its staging collections over. Nil:
 	// none has.
 	Gone func(owner string) bool
+	// RollupStatements bounds the statements of one rollup update
+	// (caps.Upstream.MaxUpdateStatements; 0: rollup's default).
+	RollupStatements int
 }
 
 // Stats count what a merge did.
@@ -79,6 +82,10 @@ type Stats struct {
 	Pending     int // staging collections not due yet
 	Frozen      int // retired collections left to merge (after a freeze)
 	Late        int // documents that reached a retired collection after it was read, moved back to staging
+	Counted     int // events counted into the rule's rollups
+	// RollupErrors name the rollup writes that failed: those events are
+	// stored but not counted (rollups count at most once).
+	RollupErrors []string
 	// Markers are the flush requests the merge's listing found.
 	Markers []string
 	// Others are the staging collections of other proxies that still

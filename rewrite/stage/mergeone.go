@@ -287,6 +287,7 @@ type builtBucket struct {
 	count int
 	first bsoncore.Value    // the first event's _id
 	entry bsoncore.Document // its event-id index entry
+	evs   []bucket.Event    // its events, for the rule's rollups
 }
 
 // buckets cuts each group into complete buckets from its base seq.
@@ -301,7 +302,7 @@ func (m *Merge) buckets(groups []group, bases map[string]int) ([]builtBucket, in
 			seq++
 			out = append(out, builtBucket{
 				id: id, doc: bucket.Complete(id, chunk, m.rule, m.lim), count: len(chunk), first: chunk[0].Stored.Lookup("_id"),
-				entry: bucket.IDIndexEntry(id, g.key.Start, chunk),
+				entry: bucket.IDIndexEntry(id, g.key.Start, chunk), evs: chunk,
 			})
 			events += len(chunk)
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rewrite/rollup"
 )
 
 // planDoc is a merge plan as stored in its retired collection:
@@ -215,9 +216,55 @@ func (m *Merge) insertBuckets(x *rewrite.Exec, buckets []builtBucket) error {
 		if err := m.verifyExisting(x, batch, dups); err != nil {
 			return err
 		}
+		if err := m.countRollups(x, batch, dups); err != nil {
+			return err
+		}
 	}
 	return nil
 }
+
+// countRollups counts the events of the buckets of batch this merge
+// inserted (not those found there already: a repeated merge's) into the
+// rule's rollups, right after their insert. A rollup write is never
+// repeated, so an event is counted at most once: a merge cut between the
+// two writes, or a failed rollup write (recorded in Stats.RollupErrors),
+// leaves it uncounted, and the next run of the merge meets its bucket as
+// a duplicate. The merge runs under the rule's writer lease, so one proxy
+// at a time updates the rollup documents, which is what FerretDB, whose
+// updates are not isolated, needs.
+func (m *Merge) countRollups(x *rewrite.Exec, batch []builtBucket, dups []int) error {
+	if len(m.rule.Rollups) == 0 {
+		return nil
+	}
+	existing := map[int]bool{}
+	for _, i := range dups {
+		existing[i] = true
+	}
+	var evs []bucket.Event
+	for i, b := range batch {
+		if !existing[i] {
+			evs = append(evs, b.evs...)
+		}
+	}
+	w, err := rollup.OfMerged(m.rule, evs, rollup.Options{MaxStatements: m.opts.RollupStatements})
+	if err != nil || w == nil {
+		return err
+	}
+	for _, cmd := range w.Commands {
+		reply, ok := x.Do(rewrite.Step{{Body: cmd, Update: true}})
+		if !ok {
+			return rewrite.ErrAborted
+		}
+		if err := rollup.ReplyError(cmd, reply[0]); err != nil && len(m.Stats.RollupErrors) < maxRollupErrors {
+			m.Stats.RollupErrors = append(m.Stats.RollupErrors, err.Error())
+		}
+	}
+	m.Stats.Counted += w.Events
+	return nil
+}
+
+// maxRollupErrors bounds the rollup failures one merge reports.
+const maxRollupErrors = 8
 
 // verifyExisting checks that the buckets that met a duplicate key hold
 // what this merge would have written.

@@ -14,7 +14,9 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/insert"
 	"github.com/tsproxy/tsproxy/rewrite/internal/rwtest"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
+	"github.com/tsproxy/tsproxy/rules"
 )
 
 // mem is a database in memory that answers the commands a staged insert
@@ -26,10 +28,13 @@ type mem struct {
 	fail  map[string]bool // commands answered with an error, by name
 	// lastVersion is the event-id index version checkIDIndex saw last.
 	lastVersion int64
+	// rolled adds up the counts the rollup upserts $inc, by rollup
+	// collection and series.
+	rolled map[string]int
 }
 
 func newMem(t *testing.T) *mem {
-	return &mem{t: t, colls: map[string][]bsoncore.Document{}, fail: map[string]bool{}}
+	return &mem{t: t, colls: map[string][]bsoncore.Document{}, fail: map[string]bool{}, rolled: map[string]int{}}
 }
 
 func (m *mem) run(p rewrite.Plan) rewrite.Result {
@@ -106,7 +111,19 @@ func (m *mem) answer(u rewrite.Upstream) []byte {
 		}
 		return doc(append(r, bson.E{Key: "ok", Value: 1.0}))
 	case "update":
-		// Only the event-id index marker's version: {$set: {v: n}}.
+		if strings.Contains(coll, ".rollup_") {
+			if m.fail["rollup"] {
+				return doc(bson.D{{Key: "ok", Value: 0.0}, {Key: "code", Value: 1}, {Key: "errmsg", Value: "injected"}})
+			}
+			stmts, _ := body.Lookup("updates").Array().Values()
+			for _, st := range stmts {
+				d := st.Document()
+				meta, _ := d.Lookup("u", "$set", "meta").StringValueOK()
+				m.rolled[coll+"|"+meta] += int(d.Lookup("u", "$inc", "count").Int32())
+			}
+			break
+		}
+		// Otherwise only the event-id index marker's version: {$set: {v: n}}.
 		for _, st := range u.Seq.Documents {
 			id := bsoncore.Document(st).Lookup("q", "_id")
 			v := bsoncore.Document(st).Lookup("u", "$set", "v").Int64()
@@ -631,4 +648,81 @@ func TestParseOwned(t *testing.T) {
 			t.Errorf("OpenName(%q) = %q", c.name, got.OpenName())
 		}
 	}
+}
+
+// mergeRolled merges everything staged of a rule with rollups [1h, 1d].
+func mergeRolled(t *testing.T, m *mem, opts stage.MergeOptions) stage.Stats {
+	t.Helper()
+	rule := rwtest.InsertRule()
+	rule.Rollups = []time.Duration{time.Hour, 24 * time.Hour}
+	opts.All, opts.RetryHorizon = true, time.Hour
+	if opts.Now.IsZero() {
+		opts.Now = time.UnixMilli(1_000_000)
+	}
+	mp := stage.NewMerge(rule, opts)
+	if res := m.run(mp); !mongoerr.IsOK(res.Reply) {
+		t.Fatalf("merge: %s", bson.Raw(res.Reply))
+	}
+	return mp.Stats
+}
+
+func TestMergeCountsRollups(t *testing.T) {
+	want := func(t *testing.T, m *mem, a, b int) {
+		t.Helper()
+		for _, coll := range []string{"readings.rollup_1h", "readings.rollup_1d"} {
+			if m.rolled[coll+"|a"] != a || m.rolled[coll+"|b"] != b {
+				t.Fatalf("%s counts a=%d b=%d, want %d and %d (all: %v)", coll, m.rolled[coll+"|a"], m.rolled[coll+"|b"], a, b, m.rolled)
+			}
+		}
+	}
+	t.Run("merged events are counted once", func(t *testing.T) {
+		m := newMem(t)
+		stagedInsert(t, m, events("a", 0, 5))
+		stagedInsert(t, m, events("b", 0, 3))
+		st := mergeRolled(t, m, stage.MergeOptions{})
+		if st.Counted != 8 || len(st.RollupErrors) != 0 {
+			t.Fatalf("stats %+v, want 8 counted", st)
+		}
+		want(t, m, 5, 3)
+		if st := mergeRolled(t, m, stage.MergeOptions{Now: time.UnixMilli(1_000_100)}); st.Counted != 0 {
+			t.Fatalf("a second merge counted %d", st.Counted)
+		}
+		want(t, m, 5, 3)
+	})
+	t.Run("a merge cut after its buckets is not counted again", func(t *testing.T) {
+		m := newMem(t)
+		stagedInsert(t, m, events("a", 0, 4))
+		m.fail["drop"] = true
+		m.run(stage.NewMerge(func() *rules.Rule {
+			r := rwtest.InsertRule()
+			r.Rollups = []time.Duration{time.Hour, 24 * time.Hour}
+			return r
+		}(), stage.MergeOptions{All: true, Now: time.UnixMilli(1_000_000), RetryHorizon: time.Hour}))
+		m.fail["drop"] = false
+		want(t, m, 4, 0)
+		if st := mergeRolled(t, m, stage.MergeOptions{}); st.Collections != 1 || st.Counted != 0 {
+			t.Fatalf("resume %+v, want the collection merged and nothing counted again", st)
+		}
+		want(t, m, 4, 0)
+	})
+	t.Run("a retry merged earlier is not counted", func(t *testing.T) {
+		m := newMem(t)
+		retry := retryArgs(7)
+		stagedInsert(t, m, events("a", 0, 2), retry...)
+		mergeRolled(t, m, stage.MergeOptions{})
+		stagedInsert(t, m, events("a", 0, 2), retry...)
+		mergeRolled(t, m, stage.MergeOptions{Now: time.UnixMilli(1_000_500)})
+		want(t, m, 2, 0)
+	})
+	t.Run("a failed rollup write is reported, not retried", func(t *testing.T) {
+		m := newMem(t)
+		stagedInsert(t, m, events("a", 0, 2))
+		m.fail["rollup"] = true
+		st := mergeRolled(t, m, stage.MergeOptions{})
+		m.fail["rollup"] = false
+		if st.Events != 2 || len(st.RollupErrors) == 0 {
+			t.Fatalf("stats %+v, want the events merged and the rollup failure reported", st)
+		}
+		want(t, m, 0, 0)
+	})
 }

@@ -159,3 +159,80 @@ func TestShardKeyNotSharded(t *testing.T) {
 		t.Fatalf("logged %d times, want once:\n%s", got, logs.String())
 	}
 }
+
+// TestRetentionOneSweeper: three proxies on one upstream run a rule's
+// retention, and one of them sweeps at a time (the holder of the rule's
+// retention lease); when it is killed, another sweeps within seconds.
+func TestRetentionOneSweeper(t *testing.T) {
+	if env.external {
+		t.Skip("MongoDB expires documents with its TTL index: no proxy sweeps")
+	}
+	t.Parallel()
+	ctx := ctxFor(t)
+	db := uniqueDB(t)
+	yaml := readingsRule(db, 50) + "    expireAfter: 2h\n    sweepInterval: 200ms\n    mergeAfter: 200ms\n"
+	var pps []*proxyProcess
+	for range 3 {
+		pp := newProxyProcess(t, yaml)
+		pp.start()
+		pps = append(pps, pp)
+	}
+	buckets := direct(t).Database(db).Collection("readings.buckets")
+	now := time.Now().UTC()
+	// expire inserts expired events through p and waits until the
+	// sweeper deleted their buckets; it returns the proxies that swept.
+	expire := func(p *proxyProcess, round int) []int {
+		t.Helper()
+		coll := connect(t, p.URI()).Database(db).Collection("readings")
+		var old []any
+		for i := 0; i < 60; i++ {
+			old = append(old, bson.D{{Key: "ts", Value: now.Add(-8*time.Hour + time.Duration(round*60+i)*time.Second)}, {Key: "sensorId", Value: "a"}, {Key: "value", Value: 1.0}})
+		}
+		if _, err := coll.InsertMany(ctx, old); err != nil {
+			t.Fatal(err)
+		}
+		// The count settles the staged events into buckets first (the
+		// sweeper may delete them before it counts: no count to check).
+		if _, err := coll.CountDocuments(ctx, bson.D{}); err != nil {
+			t.Fatalf("count before the sweep: %v", err)
+		}
+		deadline := time.Now().Add(40 * time.Second)
+		for {
+			nb, err := buckets.CountDocuments(ctx, bson.D{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if nb == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: %d expired buckets left after 40s", round, nb)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		var swept []int
+		for i, pp := range pps {
+			if pp.cmd != nil && strings.Count(pp.log.String(), "retention: expired documents deleted") > 0 {
+				swept = append(swept, i)
+			}
+		}
+		return swept
+	}
+	swept := expire(pps[0], 0)
+	if len(swept) != 1 {
+		t.Fatalf("proxies that swept: %v, want one", swept)
+	}
+	owner := swept[0]
+	for round := 1; round <= 4; round++ {
+		if again := expire(pps[(owner+1)%3], round); len(again) != 1 || again[0] != owner {
+			t.Fatalf("round %d: proxies that swept: %v, want only %d", round, again, owner)
+		}
+	}
+	t0 := time.Now()
+	pps[owner].kill()
+	next := expire(pps[(owner+1)%3], 5)
+	if len(next) != 1 || next[0] == owner {
+		t.Fatalf("after proxy %d was killed: proxies that swept: %v, want one other", owner, next)
+	}
+	t.Logf("proxy %d swept; killed; proxy %d swept %v later", owner, next[0], time.Since(t0).Round(100*time.Millisecond))
+}
