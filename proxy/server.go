@@ -37,6 +37,9 @@ type Options struct {
 	MaxMessageBytes int
 	// MaxCursors bounds the cursor registry of rewritten reads (0: 100000).
 	MaxCursors int
+	// AggregateMemory bounds each blocking stage of an aggregation the
+	// proxy runs itself (0: 100 MiB).
+	AggregateMemory int
 	// CursorTTL forgets registered cursors idle this long (0: 10m).
 	CursorTTL time.Duration
 	// RetryCacheSize bounds the sessions whose last retryable rewritten

@@ -18,6 +18,9 @@ const (
 	DefaultCursorTTL       = 10 * time.Minute
 	DefaultRetryCacheSize  = 100000
 	DefaultRetryCacheTTL   = 30 * time.Minute
+	// DefaultAggregateMemory is what one blocking stage of an
+	// aggregation the proxy runs itself may hold: MongoDB's 100 MB.
+	DefaultAggregateMemory = 100 << 20
 	DefaultMetricsListen   = "127.0.0.1:9216"
 	DefaultServiceName     = "tsproxy"
 	DefaultLogLevel        = "info"
@@ -175,6 +178,12 @@ type Limits struct {
 	// ("limits.retryCacheTTL"). Default 30m (MongoDB's session timeout);
 	// at least 1s.
 	RetryCacheTTL time.Duration
+	// AggregateMemory bounds, in bytes, what one blocking stage ($group,
+	// $sort, $sortByCount) of an aggregation the proxy runs itself holds
+	// ("limits.aggregateMemory"); past it the aggregation fails with
+	// QueryExceededMemoryLimitNoDiskUseAllowed. 1 KiB..1 TiB, default
+	// 100 MiB.
+	AggregateMemory int
 }
 
 // Telemetry configures what the proxy tells about itself (key "telemetry").

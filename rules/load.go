@@ -94,6 +94,7 @@ var defaults = map[string]any{
 	"limits.cursorTTL":                DefaultCursorTTL,
 	"limits.retryCacheSize":           DefaultRetryCacheSize,
 	"limits.retryCacheTTL":            DefaultRetryCacheTTL,
+	"limits.aggregateMemory":          DefaultAggregateMemory,
 	"telemetry.metricsListen":         DefaultMetricsListen,
 	"telemetry.serviceName":           DefaultServiceName,
 	"telemetry.logLevel":              DefaultLogLevel,

@@ -142,6 +142,7 @@ func newServer(cfg *rules.Config, up upstreamHandle, tel *telemetrySetup, log *s
 		CursorTTL:       cfg.Limits.CursorTTL,
 		RetryCacheSize:  cfg.Limits.RetryCacheSize,
 		RetryCacheTTL:   cfg.Limits.RetryCacheTTL,
+		AggregateMemory: cfg.Limits.AggregateMemory,
 		Logger:          log,
 		Tracing:         tel.tracing,
 		IndexIDs:        up.indexIDs,

@@ -23,6 +23,21 @@ func planAggregate(rc *query.Ctx, body bsoncore.Document, opts Options, forExpla
 	if err := a.readOptions(); err != nil {
 		return nil, err
 	}
+	p, err := a.translate()
+	if err != nil && !opts.Caps.FullAggregation && mongoerr.CodeOf(err) == mongoerr.NotImplemented {
+		// What the upstream cannot run on unwound events, the proxy runs
+		// itself over an event scan (aggregate_proxy.go).
+		if ep, eerr := a.engineShaped(); ep != nil || eerr != nil {
+			return ep, eerr
+		}
+	}
+	return p, err
+}
+
+// translate is the aggregate as an event read (and the stages after it)
+// the upstream runs.
+func (a *aggregateRewrite) translate() (*Command, error) {
+	rc, body, opts, forExplain := a.rc, a.body, a.opts, a.forExplain
 	stages, err := pipelineStages(rc, body)
 	if err != nil {
 		return nil, err

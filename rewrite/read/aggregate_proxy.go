@@ -4,7 +4,9 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/agg"
 	"github.com/tsproxy/tsproxy/rewrite/cursor"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -143,4 +145,53 @@ func (a *aggregateRewrite) findShaped() *Command {
 	}
 	pr.Want(pg.FirstBatch())
 	return &Command{rc: a.rc, Point: pr}
+}
+
+// engineShaped plans a pipeline the upstream cannot run as the proxy's
+// own aggregation (rewrite/agg): an event scan of the leading $match
+// stages' filter, every event it yields pushed through the rest of the
+// pipeline, the output answered in one batch. It returns nil, nil when
+// the event scan cannot serve the filter (the caller's refusal stands),
+// and the engine's error, which names the stage or operator, when the
+// engine does not run the rest.
+func (a *aggregateRewrite) engineShaped() (*Command, error) {
+	if a.explain || a.forExplain {
+		return nil, nil
+	}
+	filters, i, err := a.leadingMatches()
+	if err != nil {
+		return nil, nil
+	}
+	stages := make([]agg.Stage, 0, len(a.stages)-i)
+	for _, st := range a.stages[i:] {
+		// The compiled pipeline outlives the request's buffer.
+		stages = append(stages, agg.Stage{Name: st.Name, Value: bsoncore.Value{Type: st.Value.Type, Data: slices.Clone(st.Value.Data)}})
+	}
+	p, err := agg.Compile(stages, agg.Options{MaxMemory: a.opts.AggregateMemory})
+	if err != nil {
+		return nil, mongoerr.Errorf(mongoerr.CodeOf(err), "tsproxy rule %s: %s", a.rc.NS, err.Error())
+	}
+	pr := eventScanRead(a.rc, query.AndOf(filters), nil, nil, query.Paging{})
+	if pr == nil {
+		return nil, nil
+	}
+	ns := a.rc.NS
+	var failed error
+	take := func(ev bsoncore.Document) error {
+		if failed == nil && !p.Done() {
+			failed = p.Push(ev)
+		}
+		return nil
+	}
+	result := func() bsoncore.Document {
+		if failed != nil {
+			return mongoerr.Reply(failed)
+		}
+		docs, err := p.Finish()
+		if err != nil {
+			return mongoerr.Reply(err)
+		}
+		return cursor.Reply{Key: "firstBatch", Batch: docs, NS: ns}.WithID(0)
+	}
+	return &Command{rc: a.rc, Point: pr, PointDrain: &PointDrain{take: take, result: result}}, nil
 }

@@ -3,6 +3,7 @@ package read
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -504,13 +505,41 @@ func TestEventScanAggregate(t *testing.T) {
 	if !strings.Contains(got, `"firstBatch": [`+strings.Join(want, ",")+`]`) || !strings.Contains(got, `"ns": "iot.readings"`) {
 		t.Fatalf("got %s\nwant the batch %s", got, strings.Join(want, ","))
 	}
-	for _, bad := range []A{
-		{match, D{{Key: "$limit", Value: 5}}, D{{Key: "$sort", Value: D{{Key: "ts", Value: 1}}}}},
-		{match, D{{Key: "$group", Value: D{{Key: "_id", Value: "$v"}}}}},
-	} {
-		cmd := D{{Key: "aggregate", Value: "readings"}, {Key: "pipeline", Value: bad}, {Key: "cursor", Value: D{}}, {Key: "$db", Value: "iot"}}
-		if _, err := PlanRead(rwtest.Doc(t, cmd), rwtest.Rule(), Options{Caps: rwtest.FerretCaps}); err == nil {
-			t.Errorf("%v: planned, want the refusal", bad)
+}
+
+// TestEngineAggregate: pipelines the upstream cannot run on unwound events
+// ($group, stages after $limit) are run by the proxy's engine over an
+// event scan, with the metaField's value in the events.
+func TestEngineAggregate(t *testing.T) {
+	sb, all := eventScanData(t)
+	match := D{{Key: "$match", Value: D{{Key: "$or", Value: A{D{{Key: "sensorId.site", Value: "north"}}, D{{Key: "v", Value: int32(3)}}}}}}}
+	sel := slices.DeleteFunc(slices.Clone(all), func(e esEvent) bool { return e.site != "north" && e.v != 3 })
+	counts := map[string]int{}
+	for _, e := range sel {
+		counts[e.site]++
+	}
+	run := func(stages A) string {
+		cmd := D{{Key: "aggregate", Value: "readings"}, {Key: "pipeline", Value: stages}, {Key: "cursor", Value: D{}}, {Key: "$db", Value: "iot"}}
+		if _, err := PlanRead(rwtest.Doc(t, cmd), rwtest.Rule(), Options{Caps: rwtest.FerretCaps}); err != nil {
+			t.Fatalf("%v: %v", stages, err)
 		}
+		return rwtest.JSON(runPlan(t, Plan(rwtest.Doc(t, cmd), rwtest.Rule(), Options{Caps: rwtest.FerretCaps}, func() int64 { return 1 }), sb))
+	}
+	got := run(A{match, D{{Key: "$group", Value: D{{Key: "_id", Value: "$sensorId.site"}, {Key: "n", Value: D{{Key: "$sum", Value: 1}}}}}}, D{{Key: "$sort", Value: D{{Key: "_id", Value: 1}}}}})
+	var want []string
+	for _, site := range slices.Sorted(maps.Keys(counts)) {
+		want = append(want, fmt.Sprintf(`{"_id": "%s","n": {"$numberInt":"%d"}}`, site, counts[site]))
+	}
+	if !strings.Contains(got, `"firstBatch": [`+strings.Join(want, ",")+`]`) {
+		t.Fatalf("group: got %s\nwant the batch %s", got, strings.Join(want, ","))
+	}
+	got = run(A{match, D{{Key: "$sort", Value: D{{Key: "_id", Value: 1}}}}, D{{Key: "$limit", Value: 2}}, D{{Key: "$sort", Value: D{{Key: "_id", Value: -1}}}}, D{{Key: "$project", Value: D{{Key: "v", Value: 1}}}}})
+	slices.SortFunc(sel, func(a, b esEvent) int { return cmp.Compare(a.id, b.id) })
+	want = []string{
+		fmt.Sprintf(`{"_id": {"$numberInt":"%d"},"v": {"$numberInt":"%d"}}`, sel[1].id, sel[1].v),
+		fmt.Sprintf(`{"_id": {"$numberInt":"%d"},"v": {"$numberInt":"%d"}}`, sel[0].id, sel[0].v),
+	}
+	if !strings.Contains(got, `"firstBatch": [`+strings.Join(want, ",")+`]`) {
+		t.Fatalf("sort after limit: got %s\nwant the batch %s", got, strings.Join(want, ","))
 	}
 }

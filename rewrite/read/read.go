@@ -109,6 +109,9 @@ type Options struct {
 	// IDIndex, when set, keeps the event-id indexes reads by event _id
 	// read (id_read.go).
 	IDIndex bucket.IDIndexCache
+	// AggregateMemory bounds each blocking stage of an aggregation the
+	// proxy runs itself (0: agg.DefaultMaxMemory).
+	AggregateMemory int
 }
 
 // IDLookupCost is what a find by _id costs on an upstream.

@@ -128,6 +128,7 @@ func startProxy(t testing.TB, po proxyOptions) *testProxy {
 		CursorTTL:       cfg.Limits.CursorTTL,
 		RetryCacheSize:  cfg.Limits.RetryCacheSize,
 		RetryCacheTTL:   cfg.Limits.RetryCacheTTL,
+		AggregateMemory: cfg.Limits.AggregateMemory,
 		Logger:          quietLogger(),
 
 		CreateTimeseries: cfg.CreateTimeseries,

@@ -1,0 +1,329 @@
+package agg_test
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rewrite/agg"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+)
+
+var t0 = time.Date(2026, 3, 1, 10, 7, 30, 250e6, time.UTC)
+
+func dt(d time.Duration) bson.DateTime { return bson.NewDateTimeFromTime(t0.Add(d)) }
+
+// events are readings of two sensors, every 10 minutes for an hour and
+// a half, with a null and a missing value among them.
+func events() []bson.D {
+	var out []bson.D
+	for i := 0; i < 10; i++ {
+		for _, s := range []string{"a", "b"} {
+			d := bson.D{{Key: "_id", Value: int32(len(out))}, {Key: "ts", Value: dt(time.Duration(i) * 10 * time.Minute)}, {Key: "sensor", Value: s}}
+			switch {
+			case s == "b" && i == 3:
+				d = append(d, bson.E{Key: "value", Value: nil})
+			case s == "b" && i == 4:
+			default:
+				d = append(d, bson.E{Key: "value", Value: float64(i)*0.1 + map[string]float64{"a": 0, "b": 100}[s]})
+			}
+			d = append(d, bson.E{Key: "n", Value: int32(i)})
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+func run(t *testing.T, docs []bson.D, pipeline bson.A) ([]bson.Raw, error) {
+	t.Helper()
+	var stages []agg.Stage
+	for _, st := range pipeline {
+		raw, err := bson.Marshal(st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, _ := bsoncore.Document(raw).IndexErr(0)
+		stages = append(stages, agg.Stage{Name: e.Key(), Value: e.Value()})
+	}
+	p, err := agg.Compile(stages, agg.Options{MaxMemory: 1 << 20})
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range docs {
+		raw, err := bson.Marshal(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Push(raw); err != nil {
+			return nil, err
+		}
+	}
+	out, err := p.Finish()
+	var res []bson.Raw
+	for _, d := range out {
+		res = append(res, bson.Raw(d))
+	}
+	return res, err
+}
+
+func marshalAll(t *testing.T, docs []bson.D) []bson.Raw {
+	var out []bson.Raw
+	for _, d := range docs {
+		raw, err := bson.Marshal(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, raw)
+	}
+	return out
+}
+
+type D = bson.D
+type A = bson.A
+type E = bson.E
+
+func TestPipelines(t *testing.T) {
+	hour := func(h int) bson.DateTime {
+		return bson.NewDateTimeFromTime(time.Date(2026, 3, 1, h, 0, 0, 0, time.UTC))
+	}
+	for _, c := range []struct {
+		name     string
+		in       []bson.D
+		pipeline A
+		want     []D
+	}{
+		{
+			name: "per series count, sum, avg, min, max, first, last",
+			in:   events(),
+			pipeline: A{
+				D{{Key: "$group", Value: D{{Key: "_id", Value: "$sensor"}, {Key: "n", Value: D{{Key: "$sum", Value: 1}}},
+					{Key: "sum", Value: D{{Key: "$sum", Value: "$value"}}}, {Key: "avg", Value: D{{Key: "$avg", Value: "$value"}}},
+					{Key: "min", Value: D{{Key: "$min", Value: "$value"}}}, {Key: "max", Value: D{{Key: "$max", Value: "$value"}}},
+					{Key: "first", Value: D{{Key: "$first", Value: "$n"}}}, {Key: "last", Value: D{{Key: "$last", Value: "$value"}}},
+					{Key: "c", Value: D{{Key: "$count", Value: D{}}}}, {Key: "ints", Value: D{{Key: "$sum", Value: "$n"}}}}}},
+				D{{Key: "$sort", Value: D{{Key: "_id", Value: 1}}}},
+			},
+			want: []D{
+				// 0.1+...+0.9 in double-double, rounded once: 4.5 (a naive
+				// loop gives 4.499999999999999).
+				{{Key: "_id", Value: "a"}, {Key: "n", Value: int32(10)}, {Key: "sum", Value: 4.5}, {Key: "avg", Value: 0.45},
+					{Key: "min", Value: 0.0}, {Key: "max", Value: 0.9}, {Key: "first", Value: int32(0)}, {Key: "last", Value: 0.9},
+					{Key: "c", Value: int32(10)}, {Key: "ints", Value: int32(45)}},
+				{{Key: "_id", Value: "b"}, {Key: "n", Value: int32(10)}, {Key: "sum", Value: 803.8}, {Key: "avg", Value: 803.8 / 8},
+					{Key: "min", Value: 100.0}, {Key: "max", Value: 100.9}, {Key: "first", Value: int32(0)}, {Key: "last", Value: 100.9},
+					{Key: "c", Value: int32(10)}, {Key: "ints", Value: int32(45)}},
+			},
+		},
+		{
+			name: "hourly buckets by $dateTrunc",
+			in:   events(),
+			pipeline: A{
+				D{{Key: "$match", Value: D{{Key: "sensor", Value: "a"}}}},
+				D{{Key: "$group", Value: D{{Key: "_id", Value: D{{Key: "$dateTrunc", Value: D{{Key: "date", Value: "$ts"}, {Key: "unit", Value: "hour"}}}}},
+					{Key: "n", Value: D{{Key: "$sum", Value: 1}}}, {Key: "max", Value: D{{Key: "$max", Value: "$n"}}}}}},
+				D{{Key: "$sort", Value: D{{Key: "_id", Value: -1}}}},
+			},
+			want: []D{
+				{{Key: "_id", Value: hour(11)}, {Key: "n", Value: int32(4)}, {Key: "max", Value: int32(9)}},
+				{{Key: "_id", Value: hour(10)}, {Key: "n", Value: int32(6)}, {Key: "max", Value: int32(5)}},
+			},
+		},
+		{
+			name: "$dateTrunc with binSize, $dateToString, date parts in a time zone",
+			in:   events()[:1],
+			pipeline: A{D{{Key: "$project", Value: D{{Key: "_id", Value: 0},
+				{Key: "q", Value: D{{Key: "$dateTrunc", Value: D{{Key: "date", Value: "$ts"}, {Key: "unit", Value: "minute"}, {Key: "binSize", Value: 15}}}}},
+				{Key: "m", Value: D{{Key: "$dateTrunc", Value: D{{Key: "date", Value: "$ts"}, {Key: "unit", Value: "month"}}}}},
+				{Key: "w", Value: D{{Key: "$dateTrunc", Value: D{{Key: "date", Value: "$ts"}, {Key: "unit", Value: "week"}, {Key: "startOfWeek", Value: "monday"}}}}},
+				{Key: "s", Value: D{{Key: "$dateToString", Value: D{{Key: "date", Value: "$ts"}}}}},
+				{Key: "f", Value: D{{Key: "$dateToString", Value: D{{Key: "date", Value: "$ts"}, {Key: "format", Value: "%Y-%m-%d %H:00 %j %w %u"}}}}},
+				{Key: "h", Value: D{{Key: "$hour", Value: D{{Key: "date", Value: "$ts"}, {Key: "timezone", Value: "America/New_York"}}}}},
+				{Key: "hh", Value: D{{Key: "$hour", Value: D{{Key: "date", Value: "$ts"}, {Key: "timezone", Value: "+05:30"}}}}},
+				{Key: "dow", Value: D{{Key: "$dayOfWeek", Value: "$ts"}}},
+				{Key: "y", Value: D{{Key: "$year", Value: "$ts"}}},
+				{Key: "ms", Value: D{{Key: "$millisecond", Value: "$ts"}}},
+			}}}},
+			want: []D{{
+				{Key: "q", Value: bson.NewDateTimeFromTime(time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC))},
+				{Key: "m", Value: bson.NewDateTimeFromTime(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC))},
+				{Key: "w", Value: bson.NewDateTimeFromTime(time.Date(2026, 2, 23, 0, 0, 0, 0, time.UTC))},
+				{Key: "s", Value: "2026-03-01T10:07:30.250Z"},
+				{Key: "f", Value: "2026-03-01 10:00 060 1 7"},
+				{Key: "h", Value: int32(5)},
+				{Key: "hh", Value: int32(15)},
+				{Key: "dow", Value: int32(1)},
+				{Key: "y", Value: int32(2026)},
+				{Key: "ms", Value: int32(250)},
+			}},
+		},
+		{
+			name: "$project: included fields in document order, computed ones after",
+			in:   events()[:2],
+			pipeline: A{D{{Key: "$project", Value: D{{Key: "double", Value: D{{Key: "$multiply", Value: A{"$n", 2}}}},
+				{Key: "sensor", Value: 1}, {Key: "ts", Value: true}, {Key: "t.h", Value: D{{Key: "$hour", Value: "$ts"}}}}}}},
+			want: []D{
+				{{Key: "_id", Value: int32(0)}, {Key: "ts", Value: dt(0)}, {Key: "sensor", Value: "a"}, {Key: "double", Value: int32(0)}, {Key: "t", Value: D{{Key: "h", Value: int32(10)}}}},
+				{{Key: "_id", Value: int32(1)}, {Key: "ts", Value: dt(0)}, {Key: "sensor", Value: "b"}, {Key: "double", Value: int32(0)}, {Key: "t", Value: D{{Key: "h", Value: int32(10)}}}},
+			},
+		},
+		{
+			name:     "$project exclusion and $unset",
+			in:       events()[:1],
+			pipeline: A{D{{Key: "$project", Value: D{{Key: "_id", Value: 0}, {Key: "n", Value: 0}}}}, D{{Key: "$unset", Value: "value"}}},
+			want:     []D{{{Key: "ts", Value: dt(0)}, {Key: "sensor", Value: "a"}}},
+		},
+		{
+			name: "$addFields replaces in place and appends; $$REMOVE removes; $set is $addFields",
+			in:   events()[:1],
+			pipeline: A{D{{Key: "$addFields", Value: D{{Key: "n", Value: D{{Key: "$add", Value: A{"$n", 1}}}}, {Key: "sensor", Value: "$$REMOVE"},
+				{Key: "k", Value: D{{Key: "$cond", Value: A{D{{Key: "$gte", Value: A{"$value", 0}}}, "pos", "neg"}}}}}}},
+				D{{Key: "$set", Value: D{{Key: "x.y", Value: D{{Key: "$ifNull", Value: A{"$nothing", "dflt"}}}}}}}},
+			want: []D{{{Key: "_id", Value: int32(0)}, {Key: "ts", Value: dt(0)}, {Key: "value", Value: 0.0}, {Key: "n", Value: int32(1)}, {Key: "k", Value: "pos"}, {Key: "x", Value: D{{Key: "y", Value: "dflt"}}}}},
+		},
+		{
+			name: "arithmetic widening and dates",
+			in:   []bson.D{{{Key: "i", Value: int32(2147483647)}, {Key: "l", Value: int64(5)}, {Key: "d", Value: 1.5}, {Key: "t", Value: dt(0)}}},
+			pipeline: A{D{{Key: "$project", Value: D{
+				{Key: "over", Value: D{{Key: "$add", Value: A{"$i", 1}}}},
+				{Key: "long", Value: D{{Key: "$add", Value: A{"$l", 1}}}},
+				{Key: "dbl", Value: D{{Key: "$add", Value: A{"$l", "$d"}}}},
+				{Key: "div", Value: D{{Key: "$divide", Value: A{"$l", 2}}}},
+				{Key: "mod", Value: D{{Key: "$mod", Value: A{"$l", 3}}}},
+				{Key: "later", Value: D{{Key: "$add", Value: A{"$t", 1000}}}},
+				{Key: "span", Value: D{{Key: "$subtract", Value: A{D{{Key: "$add", Value: A{"$t", 60000}}}, "$t"}}}},
+				{Key: "null", Value: D{{Key: "$add", Value: A{"$l", "$missing"}}}},
+				{Key: "round", Value: D{{Key: "$round", Value: A{2.345, 1}}}},
+				{Key: "cmp", Value: D{{Key: "$cmp", Value: A{"$l", "$d"}}}},
+				{Key: "str", Value: D{{Key: "$toString", Value: "$l"}}},
+				{Key: "cat", Value: D{{Key: "$concat", Value: A{"x", "-", D{{Key: "$toString", Value: "$i"}}}}}},
+			}}}},
+			want: []D{{{Key: "over", Value: int64(2147483648)}, {Key: "long", Value: int64(6)}, {Key: "dbl", Value: 6.5}, {Key: "div", Value: 2.5},
+				{Key: "mod", Value: int64(2)}, {Key: "later", Value: dt(time.Second)}, {Key: "span", Value: int64(60000)}, {Key: "null", Value: nil},
+				{Key: "round", Value: 2.3}, {Key: "cmp", Value: int32(1)}, {Key: "str", Value: "5"}, {Key: "cat", Value: "x-2147483647"}}},
+		},
+		{
+			name:     "$sort, $skip, $limit",
+			in:       events(),
+			pipeline: A{D{{Key: "$sort", Value: D{{Key: "value", Value: -1}, {Key: "_id", Value: 1}}}}, D{{Key: "$skip", Value: 1}}, D{{Key: "$limit", Value: 2}}, D{{Key: "$project", Value: D{{Key: "value", Value: 1}}}}},
+			want:     []D{{{Key: "_id", Value: int32(17)}, {Key: "value", Value: 100.8}}, {{Key: "_id", Value: int32(15)}, {Key: "value", Value: 100.7}}},
+		},
+		{
+			name:     "$sort puts missing with null, below numbers",
+			in:       events()[6:10],
+			pipeline: A{D{{Key: "$sort", Value: D{{Key: "value", Value: 1}, {Key: "_id", Value: -1}}}}, D{{Key: "$project", Value: D{{Key: "_id", Value: 1}}}}},
+			want:     []D{{{Key: "_id", Value: int32(9)}}, {{Key: "_id", Value: int32(7)}}, {{Key: "_id", Value: int32(6)}}, {{Key: "_id", Value: int32(8)}}},
+		},
+		{
+			name:     "$count and $sortByCount",
+			in:       events(),
+			pipeline: A{D{{Key: "$match", Value: D{{Key: "value", Value: D{{Key: "$gte", Value: 100}}}}}}, D{{Key: "$count", Value: "n"}}},
+			want:     []D{{{Key: "n", Value: int32(8)}}},
+		},
+		{
+			name:     "$sortByCount",
+			in:       append(events()[:3], events()[4]),
+			pipeline: A{D{{Key: "$sortByCount", Value: "$sensor"}}},
+			want:     []D{{{Key: "_id", Value: "a"}, {Key: "count", Value: int32(3)}}, {{Key: "_id", Value: "b"}, {Key: "count", Value: int32(1)}}},
+		},
+		{
+			name: "$unwind, $push and $addToSet",
+			in: []bson.D{{{Key: "_id", Value: 1}, {Key: "tags", Value: A{"x", "y", "x"}}}, {{Key: "_id", Value: 2}, {Key: "tags", Value: A{}}},
+				{{Key: "_id", Value: 3}, {Key: "tags", Value: "z"}}},
+			pipeline: A{D{{Key: "$unwind", Value: D{{Key: "path", Value: "$tags"}, {Key: "includeArrayIndex", Value: "i"}}}},
+				D{{Key: "$group", Value: D{{Key: "_id", Value: nil}, {Key: "all", Value: D{{Key: "$push", Value: "$tags"}}},
+					{Key: "set", Value: D{{Key: "$addToSet", Value: "$tags"}}}, {Key: "idx", Value: D{{Key: "$sum", Value: "$i"}}}}}}},
+			want: []D{{{Key: "_id", Value: nil}, {Key: "all", Value: A{"x", "y", "x", "z"}}, {Key: "set", Value: A{"x", "y", "z"}}, {Key: "idx", Value: int64(3)}}},
+		},
+		{
+			name:     "numbers group by value",
+			in:       []bson.D{{{Key: "k", Value: int32(1)}}, {{Key: "k", Value: 1.0}}, {{Key: "k", Value: int64(1)}}, {{Key: "k", Value: nil}}, {}},
+			pipeline: A{D{{Key: "$group", Value: D{{Key: "_id", Value: "$k"}, {Key: "n", Value: D{{Key: "$sum", Value: 1}}}}}}},
+			want:     []D{{{Key: "_id", Value: int32(1)}, {Key: "n", Value: int32(3)}}, {{Key: "_id", Value: nil}, {Key: "n", Value: int32(2)}}},
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := run(t, c.in, c.pipeline)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := marshalAll(t, c.want)
+			if len(got) != len(want) {
+				t.Fatalf("got %d documents, want %d:\n%v", len(got), len(want), got)
+			}
+			for i := range got {
+				if !bytes.Equal(got[i], want[i]) {
+					t.Errorf("document %d:\n got %s\nwant %s", i, got[i], want[i])
+				}
+			}
+		})
+	}
+}
+
+func TestDoubleSum(t *testing.T) {
+	got, err := run(t, []bson.D{{{Key: "v", Value: 0.1}}, {{Key: "v", Value: 0.2}}, {{Key: "v", Value: 0.3}}},
+		A{D{{Key: "$group", Value: D{{Key: "_id", Value: nil}, {Key: "s", Value: D{{Key: "$sum", Value: "$v"}}}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := got[0].Lookup("s").Double(); s != 0.6 {
+		t.Fatalf("sum %v, want 0.6 (double-double; a naive loop gives 0.6000000000000001)", s)
+	}
+}
+
+func TestRefusals(t *testing.T) {
+	for _, c := range []struct {
+		pipeline A
+		code     mongoerr.Code
+		names    string
+	}{
+		{A{D{{Key: "$facet", Value: D{}}}}, mongoerr.NotImplemented, `"$facet"`},
+		{A{D{{Key: "$project", Value: D{{Key: "x", Value: D{{Key: "$regexMatch", Value: D{}}}}}}}}, mongoerr.NotImplemented, `"$regexMatch"`},
+		{A{D{{Key: "$group", Value: D{{Key: "_id", Value: nil}, {Key: "x", Value: D{{Key: "$stdDevPop", Value: "$v"}}}}}}}, mongoerr.NotImplemented, `"$stdDevPop"`},
+		{A{D{{Key: "$project", Value: D{{Key: "a", Value: 1}, {Key: "b", Value: 0}}}}}, mongoerr.ProjectionMixed, "exclusion"},
+		{A{D{{Key: "$group", Value: D{{Key: "n", Value: D{{Key: "$sum", Value: 1}}}}}}}, 15955, "_id"},
+		{A{D{{Key: "$limit", Value: 0}}}, 15958, "positive"},
+		{A{D{{Key: "$match", Value: D{{Key: "$expr", Value: true}}}}}, mongoerr.NotImplemented, "$expr"},
+	} {
+		_, err := run(t, nil, c.pipeline)
+		if err == nil || mongoerr.CodeOf(err) != c.code || !strings.Contains(err.Error(), c.names) {
+			t.Errorf("%v: %v, want code %d naming %s", c.pipeline, err, c.code, c.names)
+		}
+	}
+}
+
+func TestRunErrors(t *testing.T) {
+	if _, err := run(t, events(), A{D{{Key: "$project", Value: D{{Key: "x", Value: D{{Key: "$divide", Value: A{1, 0}}}}}}}}); err == nil || !strings.Contains(err.Error(), "divide by zero") {
+		t.Errorf("divide by zero: %v", err)
+	}
+	var many []bson.D
+	for i := 0; i < 20_000; i++ {
+		many = append(many, bson.D{{Key: "k", Value: i}, {Key: "pad", Value: strings.Repeat("x", 50)}})
+	}
+	_, err := run(t, many, A{D{{Key: "$group", Value: D{{Key: "_id", Value: "$k"}, {Key: "all", Value: D{{Key: "$push", Value: "$pad"}}}}}}})
+	if mongoerr.CodeOf(err) != mongoerr.QueryExceededMemoryLimit {
+		t.Errorf("a $group past the budget: %v", err)
+	}
+	_, err = run(t, many, A{D{{Key: "$sort", Value: D{{Key: "k", Value: -1}}}}})
+	if mongoerr.CodeOf(err) != mongoerr.QueryExceededMemoryLimit {
+		t.Errorf("a $sort past the budget: %v", err)
+	}
+}
+
+func TestDone(t *testing.T) {
+	p, err := agg.Compile([]agg.Stage{{Name: "$limit", Value: bsoncore.Value{Type: bsoncore.TypeInt32, Data: bsoncore.AppendInt32(nil, 1)}}}, agg.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := bson.Marshal(bson.D{{Key: "a", Value: 1}})
+	if p.Done() {
+		t.Fatal("done before any input")
+	}
+	_ = p.Push(raw)
+	if !p.Done() {
+		t.Fatal("not done after the limit")
+	}
+}

@@ -1,0 +1,344 @@
+package agg
+
+import (
+	"slices"
+
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+// $group: groups in the order their first document came (MongoDB gives
+// no order); the output is {_id, <field>...} in the spec's order.
+type groupStage struct {
+	id     expr
+	specs  []accumulatorSpec
+	groups map[string]int
+	ids    []Value
+	accs   [][]accumulator
+	bytes  int
+	max    int
+	next   processor
+	name   string
+}
+
+func compileGroup(v Value, next processor, opts Options) (processor, error) {
+	d, ok := v.DocumentOK()
+	if !ok {
+		return nil, badValue(15947, "a group's fields must be specified in an object")
+	}
+	g := &groupStage{groups: map[string]int{}, max: opts.MaxMemory, next: next, name: "$group"}
+	elems, _ := d.Elements()
+	for _, e := range elems {
+		if e.Key() == "_id" {
+			id, err := compileExpr(e.Value(), 1)
+			if err != nil {
+				return nil, err
+			}
+			g.id = id
+			continue
+		}
+		spec, err := compileAccumulator(e.Key(), e.Value())
+		if err != nil {
+			return nil, err
+		}
+		g.specs = append(g.specs, spec)
+	}
+	if g.id == nil {
+		return nil, badValue(15955, "a group specification must include an _id")
+	}
+	return g, nil
+}
+
+func (g *groupStage) push(doc bsoncore.Document) error {
+	id, err := g.id.eval(doc)
+	if err != nil {
+		return err
+	}
+	key := string(groupKey(nil, id))
+	i, ok := g.groups[key]
+	if !ok {
+		i = len(g.ids)
+		g.groups[key] = i
+		if id.Type == 0 {
+			id = null
+		}
+		g.ids = append(g.ids, clone(id))
+		accs := make([]accumulator, len(g.specs))
+		for j, s := range g.specs {
+			accs[j] = s.make()
+			g.bytes += accs[j].size()
+		}
+		g.accs = append(g.accs, accs)
+		g.bytes += 2*len(key) + 64
+	}
+	for j, s := range g.specs {
+		v, err := s.arg.eval(doc)
+		if err != nil {
+			return err
+		}
+		a := g.accs[i][j]
+		before := a.size()
+		a.add(v)
+		g.bytes += a.size() - before
+	}
+	if g.bytes > g.max {
+		return exceeded(g.name, g.max)
+	}
+	return nil
+}
+
+func (g *groupStage) flush() error {
+	for i, id := range g.ids {
+		idx, out := bsoncore.AppendDocumentStart(nil)
+		out = bsoncore.AppendValueElement(out, "_id", id)
+		for j, s := range g.specs {
+			v, err := g.accs[i][j].result()
+			if err != nil {
+				return err
+			}
+			out = bsoncore.AppendValueElement(out, s.field, v)
+		}
+		out, _ = bsoncore.AppendDocumentEnd(out, idx)
+		if err := g.next.push(out); err != nil {
+			return err
+		}
+	}
+	g.groups, g.ids, g.accs = nil, nil, nil
+	return g.next.flush()
+}
+
+// $sortByCount: {_id: <value>, count: n}, most frequent first.
+func compileSortByCount(v Value, next processor, opts Options) (processor, error) {
+	if s, ok := v.StringValueOK(); !ok || len(s) < 2 || s[0] != '$' {
+		if _, isDoc := v.DocumentOK(); !isDoc {
+			return nil, badValue(40148, "the sortByCount field must be defined as a $-prefixed path or an expression")
+		}
+	}
+	id, err := compileExpr(v, 1)
+	if err != nil {
+		return nil, err
+	}
+	sorter := &sortStage{keys: []sortKey{{path: []string{"count"}, desc: true}}, max: opts.MaxMemory, next: next, name: "$sortByCount"}
+	return &groupStage{id: id, specs: []accumulatorSpec{{field: "count", op: "$sum", arg: literal{v: int32Value(1)}}},
+		groups: map[string]int{}, max: opts.MaxMemory, next: sorter, name: "$sortByCount"}, nil
+}
+
+// $sort: stable, in BSON order, missing sorting as null; an array sorts
+// by its least element ascending and its greatest descending.
+type sortKey struct {
+	path []string
+	desc bool
+}
+
+type sortStage struct {
+	keys  []sortKey
+	docs  []bsoncore.Document
+	bytes int
+	max   int
+	next  processor
+	name  string
+}
+
+func compileSort(v Value, next processor, opts Options) (processor, error) {
+	d, ok := v.DocumentOK()
+	if !ok {
+		return nil, badValue(15973, "the $sort key specification must be an object")
+	}
+	s := &sortStage{max: opts.MaxMemory, next: next, name: "$sort"}
+	elems, _ := d.Elements()
+	for _, e := range elems {
+		k, i, f, isNum := number(e.Value())
+		if k == kindDouble {
+			i = int64(f)
+		}
+		if !isNum {
+			if _, isDoc := e.Value().DocumentOK(); isDoc {
+				return nil, unsupported("a $sort by $meta")
+			}
+			return nil, badValue(15974, "Illegal key in $sort specification: %s: %s", e.Key(), e.Value())
+		}
+		if i != 1 && i != -1 {
+			return nil, badValue(15975, "$sort key ordering must be 1 (for ascending) or -1 (for descending)")
+		}
+		s.keys = append(s.keys, sortKey{path: splitPath(e.Key()), desc: i == -1})
+	}
+	if len(s.keys) == 0 {
+		return nil, badValue(15976, "$sort stage must have at least one sort key")
+	}
+	return s, nil
+}
+
+func splitPath(p string) []string {
+	var out []string
+	start := 0
+	for i := 0; i < len(p); i++ {
+		if p[i] == '.' {
+			out = append(out, p[start:i])
+			start = i + 1
+		}
+	}
+	return append(out, p[start:])
+}
+
+func (s *sortStage) push(doc bsoncore.Document) error {
+	s.bytes += len(doc) + 24
+	if s.bytes > s.max {
+		return exceeded(s.name, s.max)
+	}
+	s.docs = append(s.docs, slices.Clone(doc))
+	return nil
+}
+
+func (s *sortStage) sortValue(doc bsoncore.Document, k sortKey) Value {
+	v := lookupPath(Value{Type: bsoncore.TypeEmbeddedDocument, Data: doc}, k.path)
+	if v.Type == 0 {
+		return null
+	}
+	if v.Type == bsoncore.TypeArray {
+		vals, _ := v.Array().Values()
+		if len(vals) == 0 {
+			return Value{Type: bsoncore.TypeUndefined}
+		}
+		best := vals[0]
+		for _, el := range vals[1:] {
+			if c := compare(el, best); (c < 0 && !k.desc) || (c > 0 && k.desc) {
+				best = el
+			}
+		}
+		return best
+	}
+	return v
+}
+
+func (s *sortStage) flush() error {
+	slices.SortStableFunc(s.docs, func(a, b bsoncore.Document) int {
+		for _, k := range s.keys {
+			c := compare(s.sortValue(a, k), s.sortValue(b, k))
+			if k.desc {
+				c = -c
+			}
+			if c != 0 {
+				return c
+			}
+		}
+		return 0
+	})
+	for _, d := range s.docs {
+		if err := s.next.push(d); err != nil {
+			return err
+		}
+	}
+	s.docs = nil
+	return s.next.flush()
+}
+
+// $unwind: one document per element of an array field; a non-array
+// value is its own element; null, missing and [] give nothing unless
+// preserveNullAndEmptyArrays.
+type unwindStage struct {
+	path     []string
+	field    string
+	index    string
+	preserve bool
+	next     processor
+}
+
+func compileUnwind(v Value, next processor, _ Options) (processor, error) {
+	u := &unwindStage{next: next}
+	path := ""
+	switch v.Type {
+	case bsoncore.TypeString:
+		path = v.StringValue()
+	case bsoncore.TypeEmbeddedDocument:
+		elems, _ := v.Document().Elements()
+		for _, e := range elems {
+			switch e.Key() {
+			case "path":
+				s, ok := e.Value().StringValueOK()
+				if !ok {
+					return nil, badValue(28808, "expected a string as the path for $unwind stage, got %s", typeAlias(e.Value()))
+				}
+				path = s
+			case "includeArrayIndex":
+				s, ok := e.Value().StringValueOK()
+				if !ok || s == "" || s[0] == '$' {
+					return nil, badValue(28810, "expected a non-empty string for the includeArrayIndex option to $unwind stage")
+				}
+				u.index = s
+			case "preserveNullAndEmptyArrays":
+				b, ok := e.Value().BooleanOK()
+				if !ok {
+					return nil, badValue(28809, "expected a boolean for the preserveNullAndEmptyArrays option to $unwind stage")
+				}
+				u.preserve = b
+			default:
+				return nil, badValue(28811, "unrecognized option to $unwind stage: %s", e.Key())
+			}
+		}
+	default:
+		return nil, badValue(15981, "expected either a string or an object as specification for $unwind stage, got %s", typeAlias(v))
+	}
+	if len(path) < 2 || path[0] != '$' {
+		return nil, badValue(28818, "path option to $unwind stage should be prefixed with a '$': %s", path)
+	}
+	u.path = splitPath(path[1:])
+	if len(u.path) != 1 {
+		return nil, unsupported("$unwind of a dotted path (%s)", path)
+	}
+	u.field = u.path[0]
+	return u, nil
+}
+
+func (u *unwindStage) push(doc bsoncore.Document) error {
+	v, err := doc.LookupErr(u.field)
+	if err != nil {
+		v = missing
+	}
+	switch {
+	case v.Type == bsoncore.TypeArray:
+		vals, _ := v.Array().Values()
+		if len(vals) == 0 {
+			if u.preserve {
+				return u.emit(doc, missing, null, true)
+			}
+			return nil
+		}
+		for i, el := range vals {
+			if err := u.emit(doc, el, int64Value(int64(i)), false); err != nil {
+				return err
+			}
+		}
+		return nil
+	case isNullish(v):
+		if u.preserve {
+			return u.emit(doc, v, null, v.Type == 0)
+		}
+		return nil
+	}
+	return u.emit(doc, v, null, false)
+}
+
+// emit is doc with the field set to el (removed when drop), and the
+// index field when asked for.
+func (u *unwindStage) emit(doc bsoncore.Document, el, index Value, drop bool) error {
+	idx, out := bsoncore.AppendDocumentStart(nil)
+	elems, _ := doc.Elements()
+	for _, e := range elems {
+		if e.Key() == u.field {
+			if !drop {
+				out = bsoncore.AppendValueElement(out, u.field, el)
+			}
+			continue
+		}
+		if e.Key() == u.index {
+			continue
+		}
+		out = bsoncore.AppendValueElement(out, e.Key(), e.Value())
+	}
+	if u.index != "" {
+		out = bsoncore.AppendValueElement(out, u.index, index)
+	}
+	out, _ = bsoncore.AppendDocumentEnd(out, idx)
+	return u.next.push(out)
+}
+
+func (u *unwindStage) flush() error { return u.next.flush() }

@@ -1,0 +1,147 @@
+package agg
+
+import (
+	"math"
+
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+)
+
+// Value is a BSON value; the zero Value is a missing field.
+type Value = bsoncore.Value
+
+var (
+	missing = Value{}
+	null    = Value{Type: bsoncore.TypeNull}
+)
+
+func isNullish(v Value) bool {
+	return v.Type == 0 || v.Type == bsoncore.TypeNull || v.Type == bsoncore.TypeUndefined
+}
+
+func int32Value(i int32) Value {
+	return Value{Type: bsoncore.TypeInt32, Data: bsoncore.AppendInt32(nil, i)}
+}
+func int64Value(i int64) Value {
+	return Value{Type: bsoncore.TypeInt64, Data: bsoncore.AppendInt64(nil, i)}
+}
+func doubleValue(f float64) Value {
+	return Value{Type: bsoncore.TypeDouble, Data: bsoncore.AppendDouble(nil, f)}
+}
+func boolValue(b bool) Value {
+	return Value{Type: bsoncore.TypeBoolean, Data: bsoncore.AppendBoolean(nil, b)}
+}
+func stringValue(s string) Value {
+	return Value{Type: bsoncore.TypeString, Data: bsoncore.AppendString(nil, s)}
+}
+func dateValue(ms int64) Value {
+	return Value{Type: bsoncore.TypeDateTime, Data: bsoncore.AppendDateTime(nil, ms)}
+}
+
+// intValue is n as the narrowest of int32 and int64 that holds it.
+func intValue(n int64) Value {
+	if n >= math.MinInt32 && n <= math.MaxInt32 {
+		return int32Value(int32(n))
+	}
+	return int64Value(n)
+}
+
+// numKind orders the numeric types by how MongoDB widens them.
+type numKind int
+
+const (
+	kindInt32 numKind = iota + 1
+	kindInt64
+	kindDouble
+	kindDecimal
+)
+
+// number reads v as a number: its kind, and its value as an int64 (for
+// int32 and int64) and as a float64.
+func number(v Value) (k numKind, i int64, f float64, ok bool) {
+	switch v.Type {
+	case bsoncore.TypeInt32:
+		n := v.Int32()
+		return kindInt32, int64(n), float64(n), true
+	case bsoncore.TypeInt64:
+		n := v.Int64()
+		return kindInt64, n, float64(n), true
+	case bsoncore.TypeDouble:
+		d := v.Double()
+		return kindDouble, 0, d, true
+	case bsoncore.TypeDecimal128:
+		return kindDecimal, 0, 0, true
+	}
+	return 0, 0, 0, false
+}
+
+// truthy is MongoDB's coercion to boolean: false, null, missing,
+// undefined and numeric zero are false; everything else is true.
+func truthy(v Value) bool {
+	switch v.Type {
+	case 0, bsoncore.TypeNull, bsoncore.TypeUndefined:
+		return false
+	case bsoncore.TypeBoolean:
+		return v.Boolean()
+	case bsoncore.TypeInt32, bsoncore.TypeInt64, bsoncore.TypeDouble:
+		_, i, f, _ := number(v)
+		return i != 0 || f != 0
+	}
+	return true
+}
+
+// compare orders values as MongoDB's aggregation does: a missing value
+// before every other, then bsonutil.Compare's BSON order.
+func compare(a, b Value) int {
+	switch {
+	case a.Type == 0 && b.Type == 0:
+		return 0
+	case a.Type == 0:
+		return -1
+	case b.Type == 0:
+		return 1
+	}
+	return bsonutil.Compare(a, b)
+}
+
+// groupKey is the map key of a value as $group and $addToSet tell values
+// apart: numbers by value (1, 1.0 and NumberLong(1) are one group), every
+// other value by type and bytes, documents and arrays element by element.
+func groupKey(dst []byte, v Value) []byte {
+	switch v.Type {
+	case bsoncore.TypeInt32, bsoncore.TypeInt64, bsoncore.TypeDouble:
+		_, i, f, _ := number(v)
+		if v.Type == bsoncore.TypeDouble {
+			if f == math.Trunc(f) && math.Abs(f) < 1<<63 {
+				i = int64(f)
+			} else {
+				dst = append(dst, 'd')
+				return bsoncore.AppendDouble(dst, f)
+			}
+		}
+		dst = append(dst, 'n')
+		return bsoncore.AppendInt64(dst, i)
+	case 0, bsoncore.TypeNull, bsoncore.TypeUndefined:
+		// $group puts missing and null _ids in one group.
+		return append(dst, 'z')
+	case bsoncore.TypeEmbeddedDocument, bsoncore.TypeArray:
+		dst = append(dst, byte(v.Type))
+		elems, _ := bsoncore.Document(v.Data).Elements()
+		for _, e := range elems {
+			if v.Type == bsoncore.TypeEmbeddedDocument {
+				dst = append(dst, e.Key()...)
+			}
+			dst = append(dst, 0)
+			dst = groupKey(dst, e.Value())
+		}
+		return append(dst, 0xff)
+	}
+	dst = append(dst, byte(v.Type))
+	return append(dst, v.Data...)
+}
+
+// clone copies v's bytes: values taken from an event outlive its buffer.
+func clone(v Value) Value {
+	return Value{Type: v.Type, Data: append([]byte(nil), v.Data...)}
+}

@@ -1,0 +1,250 @@
+package e2e
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/big"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+)
+
+// dashEvent is one reading the dashboard test sends.
+type dashEvent struct {
+	ts     time.Time
+	sensor string
+	value  float64
+	temp   int32
+	tags   []string
+}
+
+func (e dashEvent) doc() bson.D {
+	d := bson.D{{Key: "ts", Value: e.ts}, {Key: "sensorId", Value: e.sensor}, {Key: "value", Value: e.value}, {Key: "temp", Value: e.temp}}
+	if e.tags != nil {
+		d = append(d, bson.E{Key: "tags", Value: e.tags})
+	}
+	return d
+}
+
+var dashBase = time.Date(2026, 5, 4, 9, 0, 0, 0, time.UTC)
+
+// dashEvents: 3 sensors, one reading a minute for 3 hours, readings with
+// two decimals (sums of them are inexact in binary, so the order and
+// precision of the summation show), some events with tags.
+func dashEvents() []dashEvent {
+	var out []dashEvent
+	for m := 0; m < 180; m++ {
+		for s := 0; s < 3; s++ {
+			e := dashEvent{ts: dashBase.Add(time.Duration(m) * time.Minute), sensor: fmt.Sprintf("s%d", s),
+				value: float64(2000+(m*37+s*11)%500) / 100, temp: int32(15 + (m+s)%10)}
+			if m%7 == 0 {
+				e.tags = []string{"calibrated", []string{"north", "south"}[s%2]}
+			}
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// exactSum is the correctly rounded sum of vals, which double-double
+// summation (MongoDB's) gives.
+func exactSum(vals []float64) float64 {
+	s := new(big.Float).SetPrec(2000)
+	for _, v := range vals {
+		s.Add(s, new(big.Float).SetFloat64(v))
+	}
+	f, _ := s.Float64()
+	return f
+}
+
+// TestDashboardAggregations: the aggregations a dashboard sends on a
+// rule's namespace. Where the upstream cannot run them (FerretDB), the
+// proxy runs them over the events; the answers are compared byte for byte
+// (values, BSON types, field order) with MongoDB's answer computed here
+// from the events sent, and, where the upstream runs the pipeline on a
+// plain collection, with that answer too.
+func TestDashboardAggregations(t *testing.T) {
+	ctx := ctxFor(t)
+	db := uniqueDB(t)
+	p := startProxy(t, proxyOptions{yaml: readingsRule(db, 120)})
+	coll := connect(t, p.URI()).Database(db).Collection("readings")
+	plain := direct(t).Database(db).Collection("plain")
+	events := dashEvents()
+	var docs []any
+	for _, e := range events {
+		docs = append(docs, e.doc())
+	}
+	for i := 0; i < len(docs); i += 100 {
+		batch := docs[i:min(i+100, len(docs))]
+		if _, err := coll.InsertMany(ctx, batch); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := plain.InsertMany(ctx, batch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type D = bson.D
+	type A = bson.A
+	hourly := A{
+		D{{Key: "$match", Value: D{{Key: "ts", Value: D{{Key: "$gte", Value: dashBase}, {Key: "$lt", Value: dashBase.Add(3 * time.Hour)}}}}}},
+		D{{Key: "$sort", Value: D{{Key: "ts", Value: 1}}}},
+		D{{Key: "$group", Value: D{
+			{Key: "_id", Value: D{{Key: "sensor", Value: "$sensorId"}, {Key: "hour", Value: D{{Key: "$dateTrunc", Value: D{{Key: "date", Value: "$ts"}, {Key: "unit", Value: "hour"}}}}}}},
+			{Key: "avg", Value: D{{Key: "$avg", Value: "$value"}}}, {Key: "min", Value: D{{Key: "$min", Value: "$value"}}},
+			{Key: "max", Value: D{{Key: "$max", Value: "$value"}}}, {Key: "n", Value: D{{Key: "$count", Value: D{}}}},
+			{Key: "sum", Value: D{{Key: "$sum", Value: "$value"}}},
+			{Key: "first", Value: D{{Key: "$first", Value: "$value"}}}, {Key: "last", Value: D{{Key: "$last", Value: "$value"}}},
+		}}},
+		D{{Key: "$sort", Value: D{{Key: "_id.sensor", Value: 1}, {Key: "_id.hour", Value: 1}}}},
+	}
+	var wantHourly []D
+	for s := 0; s < 3; s++ {
+		for h := 0; h < 3; h++ {
+			var vals []float64
+			for _, e := range events {
+				if e.sensor == fmt.Sprintf("s%d", s) && e.ts.Hour() == 9+h {
+					vals = append(vals, e.value)
+				}
+			}
+			sum := exactSum(vals)
+			wantHourly = append(wantHourly, D{
+				{Key: "_id", Value: D{{Key: "sensor", Value: fmt.Sprintf("s%d", s)}, {Key: "hour", Value: bson.NewDateTimeFromTime(dashBase.Add(time.Duration(h) * time.Hour))}}},
+				{Key: "avg", Value: sum / float64(len(vals))}, {Key: "min", Value: slices.Min(vals)}, {Key: "max", Value: slices.Max(vals)},
+				{Key: "n", Value: int32(len(vals))}, {Key: "sum", Value: sum}, {Key: "first", Value: vals[0]}, {Key: "last", Value: vals[len(vals)-1]},
+			})
+		}
+	}
+	perSensor := map[string][2]int32{}
+	for _, e := range events {
+		c := perSensor[e.sensor]
+		perSensor[e.sensor] = [2]int32{c[0] + 1, c[1] + e.temp}
+	}
+	var wantTwo []D
+	for _, s := range []string{"s0", "s1", "s2"} {
+		wantTwo = append(wantTwo, D{{Key: "_id", Value: s}, {Key: "n", Value: perSensor[s][0]}, {Key: "t", Value: perSensor[s][1]}})
+	}
+	var s1 []dashEvent
+	for _, e := range events {
+		if e.sensor == "s1" {
+			s1 = append(s1, e)
+		}
+	}
+	var wantProject []D
+	for _, e := range []dashEvent{s1[len(s1)-1], s1[len(s1)-2], s1[len(s1)-3]} {
+		wantProject = append(wantProject, D{{Key: "sensorId", Value: "s1"}, {Key: "f", Value: e.temp * 2}, {Key: "at", Value: e.ts.Format("2006-01-02 15:04")},
+			{Key: "warm", Value: e.temp >= 20}})
+	}
+	tagCounts := map[string]int32{}
+	for _, e := range events {
+		for _, tag := range e.tags {
+			tagCounts[tag]++
+		}
+	}
+	var wantTags []D
+	for _, tag := range []string{"calibrated", "north", "south"} {
+		wantTags = append(wantTags, D{{Key: "_id", Value: tag}, {Key: "n", Value: tagCounts[tag]}})
+	}
+	var high int32
+	for _, e := range events {
+		if e.value >= 23 {
+			high++
+		}
+	}
+	for _, c := range []struct {
+		name     string
+		pipeline A
+		want     []D
+		plainToo bool // the upstream runs it on a plain collection
+	}{
+		{name: "hourly avg, min, max, count, sum, first, last per sensor", pipeline: hourly, want: wantHourly},
+		{name: "two accumulators", pipeline: A{D{{Key: "$group", Value: D{{Key: "_id", Value: "$sensorId"}, {Key: "n", Value: D{{Key: "$sum", Value: 1}}}, {Key: "t", Value: D{{Key: "$sum", Value: "$temp"}}}}}},
+			D{{Key: "$sort", Value: D{{Key: "_id", Value: 1}}}}}, want: wantTwo},
+		{name: "computed $project after $sort and $limit", pipeline: A{D{{Key: "$match", Value: D{{Key: "sensorId", Value: "s1"}}}}, D{{Key: "$sort", Value: D{{Key: "ts", Value: -1}}}}, D{{Key: "$limit", Value: 3}},
+			D{{Key: "$project", Value: D{{Key: "_id", Value: 0}, {Key: "sensorId", Value: 1}, {Key: "f", Value: D{{Key: "$multiply", Value: A{"$temp", 2}}}},
+				{Key: "at", Value: D{{Key: "$dateToString", Value: D{{Key: "format", Value: "%Y-%m-%d %H:%M"}, {Key: "date", Value: "$ts"}}}}},
+				{Key: "warm", Value: D{{Key: "$gte", Value: A{"$temp", 20}}}}}}}}, want: wantProject},
+		{name: "$unwind of tags, counted", pipeline: A{D{{Key: "$unwind", Value: "$tags"}}, D{{Key: "$group", Value: D{{Key: "_id", Value: "$tags"}, {Key: "n", Value: D{{Key: "$sum", Value: 1}}}}}},
+			D{{Key: "$sort", Value: D{{Key: "_id", Value: 1}}}}}, want: wantTags, plainToo: true},
+		{name: "$count of high readings", pipeline: A{D{{Key: "$match", Value: D{{Key: "value", Value: D{{Key: "$gte", Value: 23}}}}}}, D{{Key: "$count", Value: "high"}}},
+			want: []D{{{Key: "high", Value: high}}}, plainToo: true},
+		{name: "$sortByCount", pipeline: A{D{{Key: "$match", Value: D{{Key: "ts", Value: D{{Key: "$lt", Value: dashBase.Add(time.Minute)}}}}}}, D{{Key: "$sortByCount", Value: "$temp"}},
+			D{{Key: "$sort", Value: D{{Key: "_id", Value: 1}}}}},
+			want: []D{{{Key: "_id", Value: int32(15)}, {Key: "count", Value: int32(1)}}, {{Key: "_id", Value: int32(16)}, {Key: "count", Value: int32(1)}}, {{Key: "_id", Value: int32(17)}, {Key: "count", Value: int32(1)}}}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := runAggregateRaw(t, coll, c.pipeline)
+			checkRawDocs(t, "through the proxy", got, c.want)
+			if c.plainToo || env.external {
+				checkRawDocs(t, "the upstream on a plain collection", runAggregateRaw(t, plain, c.pipeline), c.want)
+			}
+		})
+	}
+	t.Run("refused by name", func(t *testing.T) {
+		if env.external {
+			t.Skip("MongoDB runs them")
+		}
+		for _, c := range []struct {
+			pipeline A
+			name     string
+		}{
+			{A{D{{Key: "$facet", Value: D{{Key: "a", Value: A{}}}}}}, `"$facet"`},
+			{A{D{{Key: "$project", Value: D{{Key: "x", Value: D{{Key: "$regexMatch", Value: D{{Key: "input", Value: "$sensorId"}, {Key: "regex", Value: "s"}}}}}}}}}, `"$regexMatch"`},
+		} {
+			_, err := tryAggregate(coll, c.pipeline)
+			if err == nil || !strings.Contains(err.Error(), c.name) || !strings.Contains(err.Error(), "tsproxy rule "+db+".readings") {
+				t.Errorf("%v: %v, want an error naming the rule and %s", c.pipeline, err, c.name)
+			}
+		}
+	})
+	t.Run("memory budget", func(t *testing.T) {
+		if env.external {
+			t.Skip("MongoDB runs it, with its own budget")
+		}
+		small := startProxy(t, proxyOptions{yaml: readingsRule(db, 120) + "limits:\n  aggregateMemory: 4096\n"})
+		_, err := tryAggregate(connect(t, small.URI()).Database(db).Collection("readings"), A{D{{Key: "$group", Value: D{{Key: "_id", Value: "$ts"}, {Key: "v", Value: D{{Key: "$push", Value: "$value"}}}}}}})
+		var ce mongo.CommandError
+		if err == nil || !errors.As(err, &ce) || ce.Code != int32(mongoerr.QueryExceededMemoryLimit) {
+			t.Fatalf("a $group past limits.aggregateMemory: %v, want code 292", err)
+		}
+	})
+}
+
+func runAggregateRaw(t *testing.T, coll *mongo.Collection, pipeline bson.A) []bson.Raw {
+	t.Helper()
+	ctx := ctxFor(t)
+	cur, err := coll.Aggregate(ctx, pipeline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []bson.Raw
+	for cur.Next(ctx) {
+		out = append(out, append(bson.Raw(nil), cur.Current...))
+	}
+	if err := cur.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func checkRawDocs(t *testing.T, what string, got []bson.Raw, want []bson.D) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d documents, want %d:\n%v", what, len(got), len(want), got)
+	}
+	for i := range got {
+		w, err := bson.Marshal(want[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got[i], w) {
+			t.Errorf("%s: document %d:\n got %s\nwant %s", what, i, got[i], bson.Raw(w))
+		}
+	}
+}
