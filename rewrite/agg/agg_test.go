@@ -2,6 +2,7 @@ package agg_test
 
 import (
 	"bytes"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -239,6 +240,21 @@ func TestPipelines(t *testing.T) {
 			want: []D{{{Key: "_id", Value: nil}, {Key: "all", Value: A{"x", "y", "x", "z"}}, {Key: "set", Value: A{"x", "y", "z"}}, {Key: "idx", Value: int64(3)}}},
 		},
 		{
+			name: "$bucket with a default and output, sorted by _id",
+			in:   events(),
+			pipeline: A{D{{Key: "$bucket", Value: D{{Key: "groupBy", Value: "$n"}, {Key: "boundaries", Value: A{0, 3, 6}}, {Key: "default", Value: "other"},
+				{Key: "output", Value: D{{Key: "c", Value: D{{Key: "$sum", Value: 1}}}, {Key: "max", Value: D{{Key: "$max", Value: "$value"}}}}}}}}},
+			want: []D{{{Key: "_id", Value: int32(0)}, {Key: "c", Value: int32(6)}, {Key: "max", Value: 100.2}},
+				{{Key: "_id", Value: int32(3)}, {Key: "c", Value: int32(6)}, {Key: "max", Value: 100.5}},
+				{{Key: "_id", Value: "other"}, {Key: "c", Value: int32(8)}, {Key: "max", Value: 100.9}}},
+		},
+		{
+			name:     "$bucket's default output is a count",
+			in:       events()[:6],
+			pipeline: A{D{{Key: "$bucket", Value: D{{Key: "groupBy", Value: "$n"}, {Key: "boundaries", Value: A{0, 2, 10}}}}}},
+			want:     []D{{{Key: "_id", Value: int32(0)}, {Key: "count", Value: int32(4)}}, {{Key: "_id", Value: int32(2)}, {Key: "count", Value: int32(2)}}},
+		},
+		{
 			name:     "numbers group by value",
 			in:       []bson.D{{{Key: "k", Value: int32(1)}}, {{Key: "k", Value: 1.0}}, {{Key: "k", Value: int64(1)}}, {{Key: "k", Value: nil}}, {}},
 			pipeline: A{D{{Key: "$group", Value: D{{Key: "_id", Value: "$k"}, {Key: "n", Value: D{{Key: "$sum", Value: 1}}}}}}},
@@ -286,6 +302,8 @@ func TestRefusals(t *testing.T) {
 		{A{D{{Key: "$project", Value: D{{Key: "a", Value: 1}, {Key: "b", Value: 0}}}}}, mongoerr.ProjectionMixed, "exclusion"},
 		{A{D{{Key: "$group", Value: D{{Key: "n", Value: D{{Key: "$sum", Value: 1}}}}}}}, 15955, "_id"},
 		{A{D{{Key: "$limit", Value: 0}}}, 15958, "positive"},
+		{A{D{{Key: "$bucket", Value: D{{Key: "groupBy", Value: "$n"}, {Key: "boundaries", Value: A{3, 1}}}}}}, 40194, "ascending"},
+		{A{D{{Key: "$bucket", Value: D{{Key: "groupBy", Value: "$n"}, {Key: "boundaries", Value: A{0, 5}}, {Key: "default", Value: 2}}}}}, 40199, "default"},
 		{A{D{{Key: "$match", Value: D{{Key: "$expr", Value: true}}}}}, mongoerr.NotImplemented, "$expr"},
 	} {
 		_, err := run(t, nil, c.pipeline)
@@ -296,8 +314,14 @@ func TestRefusals(t *testing.T) {
 }
 
 func TestRunErrors(t *testing.T) {
+	if _, err := run(t, []bson.D{{{Key: "tags", Value: A{"a", "b"}}}}, A{D{{Key: "$project", Value: D{{Key: "tags", Value: 1}}}}, D{{Key: "$match", Value: D{{Key: "tags", Value: "a"}}}}}); mongoerr.CodeOf(err) != mongoerr.NotImplemented || !strings.Contains(err.Error(), `"tags"`) {
+		t.Errorf("a $match on an array field: %v, want a refusal naming it", err)
+	}
 	if _, err := run(t, events(), A{D{{Key: "$project", Value: D{{Key: "x", Value: D{{Key: "$divide", Value: A{1, 0}}}}}}}}); err == nil || !strings.Contains(err.Error(), "divide by zero") {
 		t.Errorf("divide by zero: %v", err)
+	}
+	if _, err := run(t, events(), A{D{{Key: "$bucket", Value: D{{Key: "groupBy", Value: "$n"}, {Key: "boundaries", Value: A{0, 3}}}}}}); mongoerr.CodeOf(err) != mongoerr.NoBucketBranch {
+		t.Errorf("$bucket without a default over a value outside: %v, want 40066", err)
 	}
 	var many []bson.D
 	for i := 0; i < 20_000; i++ {
@@ -325,5 +349,118 @@ func TestDone(t *testing.T) {
 	_ = p.Push(raw)
 	if !p.Done() {
 		t.Fatal("not done after the limit")
+	}
+}
+
+func TestSetWindowFields(t *testing.T) {
+	var in []bson.D
+	for _, e := range events() {
+		if e[2].Value == "a" {
+			in = append(in, e)
+		}
+	}
+	slices.Reverse(in) // the stage sorts them
+	got, err := run(t, in, A{D{{Key: "$setWindowFields", Value: D{
+		{Key: "partitionBy", Value: "$sensor"},
+		{Key: "sortBy", Value: D{{Key: "ts", Value: 1}}},
+		{Key: "output", Value: D{
+			{Key: "ma", Value: D{{Key: "$avg", Value: "$n"}, {Key: "window", Value: D{{Key: "documents", Value: A{-2, "current"}}}}}},
+			{Key: "rs", Value: D{{Key: "$sum", Value: "$n"}, {Key: "window", Value: D{{Key: "range", Value: A{-20, 0}}, {Key: "unit", Value: "minute"}}}}},
+			{Key: "top", Value: D{{Key: "$max", Value: "$n"}}},
+			{Key: "n", Value: D{{Key: "$count", Value: D{}}, {Key: "window", Value: D{{Key: "documents", Value: A{"unbounded", "current"}}}}}},
+		}},
+	}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 10 {
+		t.Fatalf("%d documents, want 10", len(got))
+	}
+	for i, d := range got {
+		var want []float64
+		for j := max(i-2, 0); j <= i; j++ {
+			want = append(want, float64(j))
+		}
+		var sum float64
+		for _, w := range want {
+			sum += w
+		}
+		rs := int32(0)
+		for j := max(i-2, 0); j <= i; j++ {
+			rs += int32(j)
+		}
+		if ts := d.Lookup("ts").Time(); !ts.Equal(t0.Add(time.Duration(i) * 10 * time.Minute)) {
+			t.Fatalf("document %d: ts %v, out of order", i, ts)
+		}
+		if v := d.Lookup("ma").Double(); v != sum/float64(len(want)) {
+			t.Errorf("document %d: moving average %v, want %v", i, v, sum/float64(len(want)))
+		}
+		if v := d.Lookup("rs").Int32(); v != rs {
+			t.Errorf("document %d: range sum %v, want %v", i, v, rs)
+		}
+		if v := d.Lookup("top").Int32(); v != 9 {
+			t.Errorf("document %d: partition max %v, want 9", i, v)
+		}
+		// The existing n is replaced in place by the running count.
+		if keys := rawKeys(d); strings.Join(keys, ",") != "_id,ts,sensor,value,n,ma,rs,top" || d.Lookup("n").Int32() != int32(i+1) {
+			t.Errorf("document %d: fields %v, n %v", i, keys, d.Lookup("n"))
+		}
+	}
+	for _, bad := range []A{
+		{D{{Key: "$setWindowFields", Value: D{{Key: "output", Value: D{{Key: "r", Value: D{{Key: "$rank", Value: D{}}}}}}}}}},
+		{D{{Key: "$setWindowFields", Value: D{{Key: "output", Value: D{{Key: "s", Value: D{{Key: "$sum", Value: "$n"}, {Key: "window", Value: D{{Key: "documents", Value: A{-1, 0}}}}}}}}}}}},
+	} {
+		if _, err := run(t, in, bad); err == nil {
+			t.Errorf("%v: ran, want a refusal", bad)
+		}
+	}
+}
+
+func rawKeys(d bson.Raw) []string {
+	elems, _ := d.Elements()
+	var out []string
+	for _, e := range elems {
+		out = append(out, e.Key())
+	}
+	return out
+}
+
+func TestReadOutput(t *testing.T) {
+	for _, c := range []struct {
+		stage string
+		spec  any
+		want  string // "" for an error
+	}{
+		{"$out", "hourly", "$out iot.hourly  "},
+		{"$out", D{{Key: "db", Value: "other"}, {Key: "coll", Value: "h"}}, "$out other.h  "},
+		{"$merge", "daily", "$merge iot.daily merge insert"},
+		{"$merge", D{{Key: "into", Value: D{{Key: "db", Value: "x"}, {Key: "coll", Value: "y"}}}, {Key: "whenMatched", Value: "replace"}, {Key: "whenNotMatched", Value: "discard"}}, "$merge x.y replace discard"},
+		{"$merge", D{{Key: "into", Value: "d"}, {Key: "on", Value: "sensor"}}, ""},
+		{"$merge", D{{Key: "into", Value: "d"}, {Key: "whenMatched", Value: A{}}}, ""},
+		{"$merge", D{{Key: "into", Value: "d"}, {Key: "whenNotMatched", Value: "fail"}}, ""},
+		{"$out", 3, ""},
+	} {
+		raw, _ := bson.Marshal(bson.D{{Key: "v", Value: c.spec}})
+		o, err := agg.ReadOutput(c.stage, bsoncore.Document(raw).Lookup("v"), "iot")
+		got := ""
+		if err == nil {
+			got = o.Stage + " " + o.DB + "." + o.Coll + " " + o.WhenMatched + " " + o.WhenNotMatched
+		}
+		if got != c.want {
+			t.Errorf("%s %v: %q (%v), want %q", c.stage, c.spec, got, err, c.want)
+		}
+	}
+	o := &agg.Output{Stage: "$merge", WhenMatched: "merge", WhenNotMatched: "insert"}
+	doc, _ := bson.Marshal(D{{Key: "_id", Value: "s1"}, {Key: "n", Value: 3}})
+	if got := bson.Raw(o.MergeStatement(doc)).String(); got != `{"q": {"_id": "s1"},"u": {"$set": {"n": {"$numberInt":"3"}}},"upsert": true}` {
+		t.Errorf("merge statement %s", got)
+	}
+	o.WhenMatched, o.WhenNotMatched = "replace", "discard"
+	if got := bson.Raw(o.MergeStatement(doc)).String(); got != `{"q": {"_id": "s1"},"u": {"_id": "s1","n": {"$numberInt":"3"}},"upsert": false}` {
+		t.Errorf("replace statement %s", got)
+	}
+	noID, _ := bson.Marshal(D{{Key: "n", Value: 1}})
+	if withID := bson.Raw(agg.WithID(noID)); withID.Index(0).Key() != "_id" || withID.Lookup("n").Int32() != 1 {
+		t.Errorf("WithID %s", withID)
 	}
 }

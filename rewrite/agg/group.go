@@ -209,19 +209,22 @@ func (s *sortStage) sortValue(doc bsoncore.Document, k sortKey) Value {
 	return v
 }
 
-func (s *sortStage) flush() error {
-	slices.SortStableFunc(s.docs, func(a, b bsoncore.Document) int {
-		for _, k := range s.keys {
-			c := compare(s.sortValue(a, k), s.sortValue(b, k))
-			if k.desc {
-				c = -c
-			}
-			if c != 0 {
-				return c
-			}
+// compareDocs orders two documents by the stage's keys.
+func (s *sortStage) compareDocs(a, b bsoncore.Document) int {
+	for _, k := range s.keys {
+		c := compare(s.sortValue(a, k), s.sortValue(b, k))
+		if k.desc {
+			c = -c
 		}
-		return 0
-	})
+		if c != 0 {
+			return c
+		}
+	}
+	return 0
+}
+
+func (s *sortStage) flush() error {
+	slices.SortStableFunc(s.docs, s.compareDocs)
 	for _, d := range s.docs {
 		if err := s.next.push(d); err != nil {
 			return err

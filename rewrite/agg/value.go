@@ -105,6 +105,9 @@ func compare(a, b Value) int {
 	return bsonutil.Compare(a, b)
 }
 
+// canonicalRank is the BSON type class of v (numbers are one class).
+func canonicalRank(v Value) int { return bsonutil.CanonicalOrder(v.Type) }
+
 // groupKey is the map key of a value as $group and $addToSet tell values
 // apart: numbers by value (1, 1.0 and NumberLong(1) are one group), every
 // other value by type and bytes, documents and arrays element by element.

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/agg"
 	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -162,8 +163,19 @@ func (a *aggregateRewrite) engineShaped() (*Command, error) {
 	if err != nil {
 		return nil, nil
 	}
-	stages := make([]agg.Stage, 0, len(a.stages)-i)
-	for _, st := range a.stages[i:] {
+	rest := a.stages[i:]
+	var output *agg.Output
+	if n := len(rest); n > 0 && (rest[n-1].Name == "$out" || rest[n-1].Name == "$merge") {
+		if output, err = agg.ReadOutput(rest[n-1].Name, rest[n-1].Value, a.rc.Rule.DB); err != nil {
+			return nil, mongoerr.Errorf(mongoerr.CodeOf(err), "tsproxy rule %s: %s", a.rc.NS, err.Error())
+		}
+		if err := a.checkOutputTarget(output); err != nil {
+			return nil, err
+		}
+		rest = rest[:n-1]
+	}
+	stages := make([]agg.Stage, 0, len(rest))
+	for _, st := range rest {
 		// The compiled pipeline outlives the request's buffer.
 		stages = append(stages, agg.Stage{Name: st.Name, Value: bsoncore.Value{Type: st.Value.Type, Data: slices.Clone(st.Value.Data)}})
 	}
@@ -193,5 +205,19 @@ func (a *aggregateRewrite) engineShaped() (*Command, error) {
 		}
 		return cursor.Reply{Key: "firstBatch", Batch: docs, NS: ns}.WithID(0)
 	}
-	return &Command{rc: a.rc, Point: pr, PointDrain: &PointDrain{take: take, result: result}}, nil
+	d := &PointDrain{take: take, result: result}
+	if output != nil {
+		maxUpdates := a.opts.Caps.MaxUpdateStatements
+		d.finish = func(x *rewrite.Exec) (bsoncore.Document, error) {
+			if failed != nil {
+				return nil, failed
+			}
+			docs, err := p.Finish()
+			if err != nil {
+				return nil, err
+			}
+			return writeOutput(x, output, docs, ns, maxUpdates)
+		}
+	}
+	return &Command{rc: a.rc, Point: pr, PointDrain: d}, nil
 }

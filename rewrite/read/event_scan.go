@@ -69,25 +69,6 @@ func sortValue(doc bsoncore.Document, path []string) bsoncore.Value {
 	return v
 }
 
-// arrayOnPath reports whether path reaches into, or ends at, an array in
-// doc. MongoDB matches and sorts arrays element-wise; the proxy's filter
-// and sort do not, so such an event is refused rather than misplaced.
-func arrayOnPath(doc bsoncore.Document, path []string) bool {
-	for i := range path {
-		v, err := doc.LookupErr(path[:i+1]...)
-		if err != nil {
-			return false
-		}
-		if v.Type == bsoncore.TypeArray {
-			return true
-		}
-		if v.Type != bsoncore.TypeEmbeddedDocument {
-			return false
-		}
-	}
-	return false
-}
-
 // planEventScan returns the spec and the upstream side of an event scan
 // of a find, or why the find has none.
 func planEventScan(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*pointSpec, *bucketScan, string) {
@@ -105,7 +86,7 @@ func planEventScan(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*pointSpec
 		if err != nil {
 			return nil, nil, err.Error()
 		}
-		s.pred, s.predPaths = pred, filterPaths(filter, 0, nil)
+		s.pred, s.predPaths = pred, query.FilterPaths(filter, 0, nil)
 		pushDown(rc, filter, s, sc)
 	}
 	order, why := parseOrder(rc, sortDoc)
@@ -167,29 +148,6 @@ func pushDown(rc *query.Ctx, filter bsoncore.Document, s *pointSpec, sc *bucketS
 		s.hi, s.hiStrict = bounds.hi, bounds.hiStrict
 		sc.startHi, sc.hasStartHi, sc.startHiStrict = bounds.hi, true, bounds.hiStrict
 	}
-}
-
-// filterPaths lists the field paths a filter names.
-func filterPaths(f bsoncore.Document, depth int, out [][]string) [][]string {
-	if depth > bsonutil.MaxDepth {
-		return out
-	}
-	elems, _ := f.Elements()
-	for _, e := range elems {
-		switch k := e.Key(); {
-		case k == "$and" || k == "$or" || k == "$nor":
-			arr, _ := e.Value().ArrayOK()
-			vals, _ := arr.Values()
-			for _, v := range vals {
-				if d, ok := v.DocumentOK(); ok {
-					out = filterPaths(d, depth+1, out)
-				}
-			}
-		case !strings.HasPrefix(k, "$"):
-			out = append(out, strings.Split(k, "."))
-		}
-	}
-	return out
 }
 
 // parseOrder reads a find's sort for the proxy to apply.
@@ -254,7 +212,7 @@ func (sc *bucketScan) runKeyOf(b bsoncore.Document, ns string) (runKey, error) {
 	}
 	k := runKey{start: start}
 	for _, mk := range sc.metaKeys {
-		if arrayOnPath(b, mk.bucketPath) {
+		if query.ArrayOnPath(b, mk.bucketPath) {
 			return runKey{}, mongoerr.Errorf(mongoerr.NotImplemented, "tsproxy rule %s: sort on %q: a series holds an array there, which MongoDB sorts element-wise; the proxy does not", ns, mk.field)
 		}
 		k.metas = append(k.metas, sortValue(b, mk.bucketPath))
@@ -315,13 +273,13 @@ func (p *PointRead) eventsOfBuckets(buckets []bsoncore.Document) ([]bsoncore.Doc
 }
 
 // checkArrays refuses an event whose filtered or sorted fields hold an
-// array (see arrayOnPath).
+// array (see query.ArrayOnPath).
 func (p *PointRead) checkArrays(doc bsoncore.Document) error {
 	if err := filterArrays(p.ns, doc, p.spec.predPaths); err != nil {
 		return err
 	}
 	for _, k := range p.spec.order {
-		if arrayOnPath(doc, k.path) {
+		if query.ArrayOnPath(doc, k.path) {
 			return mongoerr.Errorf(mongoerr.NotImplemented, "tsproxy rule %s: the sort names %q, which holds an array in a stored event: MongoDB sorts arrays by their least or greatest element, and the proxy, which sorts this find itself, does not", p.ns, k.field)
 		}
 	}
@@ -332,7 +290,7 @@ func (p *PointRead) checkArrays(doc bsoncore.Document) error {
 // array.
 func filterArrays(ns string, doc bsoncore.Document, paths [][]string) error {
 	for _, path := range paths {
-		if arrayOnPath(doc, path) {
+		if query.ArrayOnPath(doc, path) {
 			return mongoerr.Errorf(mongoerr.NotImplemented, "tsproxy rule %s: the filter names %q, which holds an array in a stored event: MongoDB matches arrays element-wise, and the proxy, which evaluates this filter itself, does not", ns, strings.Join(path, "."))
 		}
 	}

@@ -277,7 +277,7 @@ func NewEventMatcher(rc *query.Ctx, filter bsoncore.Document) (*EventMatcher, er
 	if err != nil {
 		return nil, err
 	}
-	return &EventMatcher{pred: pred, paths: filterPaths(filter, 0, nil), ns: rc.NS, metaField: rc.MetaField}, nil
+	return &EventMatcher{pred: pred, paths: query.FilterPaths(filter, 0, nil), ns: rc.NS, metaField: rc.MetaField}, nil
 }
 
 // Match calls f with each event of bucket b that matches, as stored (what

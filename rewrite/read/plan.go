@@ -324,6 +324,16 @@ func drainPointRead(pr *PointRead, rule *rules.Rule, d *PointDrain) rewrite.Plan
 			}
 		}
 		closeUpstream(x, pr, rule)
+		if d.finish != nil {
+			reply, err := d.finish(x)
+			if err == rewrite.ErrAborted {
+				return rewrite.Result{}, err
+			}
+			if err != nil {
+				return rewrite.Result{Reply: mongoerr.Reply(err)}, nil
+			}
+			return rewrite.Result{Reply: reply}, nil
+		}
 		return rewrite.Result{Reply: d.result()}, nil
 	})
 }

@@ -1,6 +1,7 @@
 package read
 
 import (
+	"github.com/tsproxy/tsproxy/rewrite"
 	"strings"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
@@ -112,6 +113,9 @@ type Options struct {
 	// AggregateMemory bounds each blocking stage of an aggregation the
 	// proxy runs itself (0: agg.DefaultMaxMemory).
 	AggregateMemory int
+	// Bucketed says whether db.coll is a rule's namespace or buckets: an
+	// aggregation's $out or $merge must not write there.
+	Bucketed func(db, coll string) bool
 }
 
 // IDLookupCost is what a find by _id costs on an upstream.
@@ -469,6 +473,9 @@ type countDrain struct{ n int64 }
 type PointDrain struct {
 	take   func(ev bsoncore.Document) error
 	result func() bsoncore.Document
+	// finish, when set, answers instead of result, after more upstream
+	// steps of its own (an aggregation's $out or $merge).
+	finish func(x *rewrite.Exec) (bsoncore.Document, error)
 }
 
 // pointDrain counts the events, answering with reply.

@@ -12,6 +12,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 )
@@ -177,6 +178,20 @@ func TestDashboardAggregations(t *testing.T) {
 		{name: "$sortByCount", pipeline: A{D{{Key: "$match", Value: D{{Key: "ts", Value: D{{Key: "$lt", Value: dashBase.Add(time.Minute)}}}}}}, D{{Key: "$sortByCount", Value: "$temp"}},
 			D{{Key: "$sort", Value: D{{Key: "_id", Value: 1}}}}},
 			want: []D{{{Key: "_id", Value: int32(15)}, {Key: "count", Value: int32(1)}}, {{Key: "_id", Value: int32(16)}, {Key: "count", Value: int32(1)}}, {{Key: "_id", Value: int32(17)}, {Key: "count", Value: int32(1)}}}},
+		{name: "moving average by $setWindowFields", pipeline: A{
+			D{{Key: "$match", Value: D{{Key: "sensorId", Value: "s2"}, {Key: "ts", Value: D{{Key: "$lt", Value: dashBase.Add(5 * time.Minute)}}}}}},
+			D{{Key: "$setWindowFields", Value: D{{Key: "partitionBy", Value: "$sensorId"}, {Key: "sortBy", Value: D{{Key: "ts", Value: 1}}},
+				{Key: "output", Value: D{{Key: "ma", Value: D{{Key: "$avg", Value: "$temp"}, {Key: "window", Value: D{{Key: "documents", Value: A{-1, 0}}}}}}}}}}},
+			D{{Key: "$project", Value: D{{Key: "_id", Value: 0}, {Key: "ts", Value: 1}, {Key: "ma", Value: 1}}}}},
+			want: []D{
+				{{Key: "ts", Value: bson.NewDateTimeFromTime(dashBase)}, {Key: "ma", Value: 17.0}},
+				{{Key: "ts", Value: bson.NewDateTimeFromTime(dashBase.Add(time.Minute))}, {Key: "ma", Value: 17.5}},
+				{{Key: "ts", Value: bson.NewDateTimeFromTime(dashBase.Add(2 * time.Minute))}, {Key: "ma", Value: 18.5}},
+				{{Key: "ts", Value: bson.NewDateTimeFromTime(dashBase.Add(3 * time.Minute))}, {Key: "ma", Value: 19.5}},
+				{{Key: "ts", Value: bson.NewDateTimeFromTime(dashBase.Add(4 * time.Minute))}, {Key: "ma", Value: 20.5}},
+			}},
+		{name: "$bucket on a value", pipeline: A{D{{Key: "$bucket", Value: D{{Key: "groupBy", Value: "$temp"}, {Key: "boundaries", Value: A{15, 20, 25}}}}}},
+			want: []D{{{Key: "_id", Value: int32(15)}, {Key: "count", Value: int32(270)}}, {{Key: "_id", Value: int32(20)}, {Key: "count", Value: int32(270)}}}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got := runAggregateRaw(t, coll, c.pipeline)
@@ -186,6 +201,47 @@ func TestDashboardAggregations(t *testing.T) {
 			}
 		})
 	}
+	t.Run("$out and $merge into a plain collection", func(t *testing.T) {
+		out := append(slices.Clone(hourly), D{{Key: "$out", Value: "hourly"}})
+		if got := runAggregateRaw(t, coll, out); len(got) != 0 {
+			t.Fatalf("$out answered %d documents, want none", len(got))
+		}
+		readBack := func(name string, sort D) []bson.Raw {
+			cur, err := direct(t).Database(db).Collection(name).Find(ctx, D{}, options.Find().SetSort(sort))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var docs []bson.Raw
+			for cur.Next(ctx) {
+				docs = append(docs, append(bson.Raw(nil), cur.Current...))
+			}
+			return docs
+		}
+		checkRawDocs(t, "$out's collection", readBack("hourly", D{{Key: "_id.sensor", Value: 1}, {Key: "_id.hour", Value: 1}}), wantHourly)
+		// A second $out replaces the collection.
+		runAggregateRaw(t, coll, A{D{{Key: "$group", Value: D{{Key: "_id", Value: "$sensorId"}, {Key: "n", Value: D{{Key: "$sum", Value: 1}}}}}}, D{{Key: "$out", Value: "hourly"}}})
+		if docs := readBack("hourly", D{{Key: "_id", Value: 1}}); len(docs) != 3 || docs[0].Lookup("n").Int32() != 180 {
+			t.Fatalf("after a second $out: %v", docs)
+		}
+		// $merge (whenMatched merge, the default) adds fields to what is there.
+		runAggregateRaw(t, coll, A{D{{Key: "$group", Value: D{{Key: "_id", Value: "$sensorId"}, {Key: "n", Value: D{{Key: "$sum", Value: 1}}}}}}, D{{Key: "$merge", Value: D{{Key: "into", Value: "daily"}}}}})
+		runAggregateRaw(t, coll, A{D{{Key: "$group", Value: D{{Key: "_id", Value: "$sensorId"}, {Key: "hot", Value: D{{Key: "$max", Value: "$temp"}}}}}},
+			D{{Key: "$merge", Value: D{{Key: "into", Value: "daily"}, {Key: "whenMatched", Value: "merge"}}}}})
+		runAggregateRaw(t, coll, A{D{{Key: "$group", Value: D{{Key: "_id", Value: "$sensorId"}, {Key: "n", Value: D{{Key: "$sum", Value: 2}}}}}},
+			D{{Key: "$merge", Value: D{{Key: "into", Value: "daily"}, {Key: "whenMatched", Value: "keepExisting"}}}}})
+		var want []D
+		for _, s := range []string{"s0", "s1", "s2"} {
+			want = append(want, D{{Key: "_id", Value: s}, {Key: "n", Value: int32(180)}, {Key: "hot", Value: int32(24)}})
+		}
+		checkRawDocs(t, "$merge's collection", readBack("daily", D{{Key: "_id", Value: 1}}), want)
+		if env.external {
+			return
+		}
+		_, err := tryAggregate(coll, A{D{{Key: "$group", Value: D{{Key: "_id", Value: "$sensorId"}}}}, D{{Key: "$out", Value: "readings"}}})
+		if err == nil || !strings.Contains(err.Error(), "bucketed namespace") {
+			t.Fatalf("$out into the rule's own namespace: %v, want a refusal", err)
+		}
+	})
 	t.Run("refused by name", func(t *testing.T) {
 		if env.external {
 			t.Skip("MongoDB runs them")

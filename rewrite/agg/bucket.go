@@ -1,0 +1,114 @@
+package agg
+
+import (
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+)
+
+// $bucket is MongoDB's own rewrite of it: a $group whose _id is the
+// lower boundary of the value's bucket (or the default), then a $sort by
+// _id.
+type bucketOf struct {
+	groupBy    expr
+	boundaries []Value
+	def        Value // Type 0: no default
+}
+
+func (b bucketOf) eval(doc bsoncore.Document) (Value, error) {
+	v, err := b.groupBy.eval(doc)
+	if err != nil {
+		return missing, err
+	}
+	if v.Type == 0 {
+		v = null
+	}
+	if compare(v, b.boundaries[0]) >= 0 && compare(v, b.boundaries[len(b.boundaries)-1]) < 0 {
+		for i := len(b.boundaries) - 2; i >= 0; i-- {
+			if compare(v, b.boundaries[i]) >= 0 {
+				return b.boundaries[i], nil
+			}
+		}
+	}
+	if b.def.Type != 0 {
+		return b.def, nil
+	}
+	return missing, mongoerr.Errorf(mongoerr.NoBucketBranch, "$switch could not find a matching branch for an input, and no default was specified.")
+}
+
+func compileBucket(v Value, next processor, opts Options) (processor, error) {
+	d, ok := v.DocumentOK()
+	if !ok {
+		return nil, badValue(40201, "Argument to $bucket stage must be an object, but found type: %s.", typeAlias(v))
+	}
+	var b bucketOf
+	var output bsoncore.Document
+	elems, _ := d.Elements()
+	for _, e := range elems {
+		switch e.Key() {
+		case "groupBy":
+			gv := e.Value()
+			if s, ok := gv.StringValueOK(); !(ok && len(s) > 1 && s[0] == '$') && gv.Type != bsoncore.TypeEmbeddedDocument {
+				return nil, badValue(40202, "The $bucket 'groupBy' field must be defined as a $-prefixed path or an expression, but found: %s.", gv)
+			}
+			g, err := compileExpr(gv, 1)
+			if err != nil {
+				return nil, err
+			}
+			b.groupBy = g
+		case "boundaries":
+			arr, ok := e.Value().ArrayOK()
+			if !ok {
+				return nil, badValue(40200, "The $bucket 'boundaries' field must be an array, but found type: %s.", typeAlias(e.Value()))
+			}
+			vals, _ := arr.Values()
+			for _, bv := range vals {
+				b.boundaries = append(b.boundaries, clone(bv))
+			}
+		case "default":
+			b.def = clone(e.Value())
+		case "output":
+			o, ok := e.Value().DocumentOK()
+			if !ok {
+				return nil, badValue(40196, "The $bucket 'output' field must be an object, but found type: %s.", typeAlias(e.Value()))
+			}
+			output = o
+		default:
+			return nil, badValue(40197, "Unrecognized option to $bucket: %s.", e.Key())
+		}
+	}
+	if b.groupBy == nil || b.boundaries == nil {
+		return nil, badValue(40198, "$bucket requires 'groupBy' and 'boundaries' to be specified.")
+	}
+	if len(b.boundaries) < 2 {
+		return nil, badValue(40192, "The $bucket 'boundaries' field must have at least 2 values, but found %d value(s).", len(b.boundaries))
+	}
+	for i := 1; i < len(b.boundaries); i++ {
+		prev, cur := b.boundaries[i-1], b.boundaries[i]
+		if canonicalRank(prev) != canonicalRank(cur) {
+			return nil, badValue(40193, "All values in the the 'boundaries' option to $bucket must have the same type. Found conflicting types %s and %s.", typeAlias(prev), typeAlias(cur))
+		}
+		if compare(prev, cur) >= 0 {
+			return nil, badValue(40194, "The 'boundaries' option to $bucket must be sorted in ascending order, but elements %d and %d are not in ascending order (%s is not less than %s).", i-1, i, prev, cur)
+		}
+	}
+	if b.def.Type != 0 && canonicalRank(b.def) == canonicalRank(b.boundaries[0]) &&
+		compare(b.def, b.boundaries[0]) >= 0 && compare(b.def, b.boundaries[len(b.boundaries)-1]) < 0 {
+		return nil, badValue(40199, "The $bucket 'default' field must be less than the lowest boundary or greater than or equal to the highest boundary.")
+	}
+	g := &groupStage{id: b, groups: map[string]int{}, max: opts.MaxMemory, name: "$bucket",
+		next: &sortStage{keys: []sortKey{{path: []string{"_id"}}}, max: opts.MaxMemory, next: next, name: "$bucket"}}
+	if output == nil {
+		g.specs = []accumulatorSpec{{field: "count", op: "$sum", arg: literal{v: int32Value(1)}}}
+		return g, nil
+	}
+	oe, _ := output.Elements()
+	for _, e := range oe {
+		spec, err := compileAccumulator(e.Key(), e.Value())
+		if err != nil {
+			return nil, err
+		}
+		g.specs = append(g.specs, spec)
+	}
+	return g, nil
+}

@@ -1,0 +1,387 @@
+package agg
+
+import (
+	"math"
+	"slices"
+	"strings"
+
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+)
+
+// $setWindowFields: every input document, ordered by partition then by
+// sortBy (MongoDB sorts so too), with each output field the accumulator
+// over its window: the whole partition, a range of positions
+// (documents: [lo, hi]) or of sortBy values (range: [lo, hi], with a
+// unit for dates). The window is summed afresh for each document
+// (time grows with the window's size).
+type windowStage struct {
+	partition expr // nil: one partition
+	keys      []sortKey
+	outputs   []windowOutput
+	docs      []bsoncore.Document
+	bytes     int
+	max       int
+	next      processor
+}
+
+type windowBound struct {
+	unbounded, current bool
+	n                  float64 // positions, or sortBy units
+}
+
+type windowOutput struct {
+	field   string
+	acc     accumulatorSpec
+	byRange bool
+	bounded bool // a documents or range window (else the whole partition)
+	lo, hi  windowBound
+	unitMs  int64 // a range window's unit over dates; 0: numbers
+}
+
+var windowUnits = map[string]int64{"millisecond": 1, "second": 1000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000, "week": 7 * 86_400_000}
+
+func compileWindowFields(v Value, next processor, opts Options) (processor, error) {
+	d, ok := v.DocumentOK()
+	if !ok {
+		return nil, badValue(mongoerr.FailedToParse, "the $setWindowFields stage specification must be an object")
+	}
+	w := &windowStage{max: opts.MaxMemory, next: next}
+	var output bsoncore.Document
+	elems, _ := d.Elements()
+	for _, e := range elems {
+		switch e.Key() {
+		case "partitionBy":
+			p, err := compileExpr(e.Value(), 1)
+			if err != nil {
+				return nil, err
+			}
+			w.partition = p
+		case "sortBy":
+			s, err := compileSort(e.Value(), nil, opts)
+			if err != nil {
+				return nil, err
+			}
+			w.keys = s.(*sortStage).keys
+		case "output":
+			o, ok := e.Value().DocumentOK()
+			if !ok {
+				return nil, badValue(mongoerr.TypeMismatch, "$setWindowFields 'output' must be an object")
+			}
+			output = o
+		default:
+			return nil, badValue(mongoerr.IDLUnknownField, "BSON field '$setWindowFields.%s' is an unknown field.", e.Key())
+		}
+	}
+	if output == nil {
+		return nil, badValue(mongoerr.IDLFailedToParse, "BSON field '$setWindowFields.output' is missing but a required field")
+	}
+	oe, _ := output.Elements()
+	for _, e := range oe {
+		out, err := compileWindowOutput(e.Key(), e.Value(), w.keys)
+		if err != nil {
+			return nil, err
+		}
+		w.outputs = append(w.outputs, out)
+	}
+	return w, nil
+}
+
+func compileWindowOutput(field string, v Value, keys []sortKey) (windowOutput, error) {
+	out := windowOutput{field: field}
+	if strings.Contains(field, ".") || strings.HasPrefix(field, "$") {
+		return out, unsupported("a $setWindowFields output field named %q", field)
+	}
+	d, ok := v.DocumentOK()
+	if !ok {
+		return out, badValue(mongoerr.FailedToParse, "$setWindowFields output field '%s' must be an object", field)
+	}
+	var accElem *bsoncore.Element
+	elems, _ := d.Elements()
+	for i, e := range elems {
+		switch {
+		case e.Key() == "window":
+			if err := out.readWindow(e.Value(), keys); err != nil {
+				return out, err
+			}
+		case strings.HasPrefix(e.Key(), "$"):
+			if accElem != nil {
+				return out, badValue(mongoerr.FailedToParse, "$setWindowFields output field '%s' names two functions", field)
+			}
+			accElem = &elems[i]
+		default:
+			return out, badValue(mongoerr.FailedToParse, "'window' field is the only allowed field in a $setWindowFields output besides the function, found %q", e.Key())
+		}
+	}
+	if accElem == nil {
+		return out, badValue(mongoerr.FailedToParse, "$setWindowFields output field '%s' needs a window function", field)
+	}
+	accDoc := bsoncore.NewDocumentBuilder().AppendValue(accElem.Key(), accElem.Value()).Build()
+	spec, err := compileAccumulator(field, Value{Type: bsoncore.TypeEmbeddedDocument, Data: accDoc})
+	if err != nil {
+		if mongoerr.CodeOf(err) == mongoerr.NotImplemented {
+			return out, unsupported("the window function %q", accElem.Key())
+		}
+		return out, err
+	}
+	out.acc = spec
+	return out, nil
+}
+
+func (o *windowOutput) readWindow(v Value, keys []sortKey) error {
+	d, ok := v.DocumentOK()
+	if !ok {
+		return badValue(mongoerr.FailedToParse, "'window' field must be an object")
+	}
+	var unit string
+	elems, _ := d.Elements()
+	for _, e := range elems {
+		switch e.Key() {
+		case "documents", "range":
+			if o.bounded {
+				return badValue(mongoerr.FailedToParse, "'window' field can only specify one of 'documents' or 'range'")
+			}
+			o.bounded, o.byRange = true, e.Key() == "range"
+			arr, ok := e.Value().ArrayOK()
+			vals, _ := arr.Values()
+			if !ok || len(vals) != 2 {
+				return badValue(mongoerr.FailedToParse, "Window bounds must be a 2-element array: %s", e.Value())
+			}
+			var err error
+			if o.lo, err = readBound(vals[0], o.byRange); err != nil {
+				return err
+			}
+			if o.hi, err = readBound(vals[1], o.byRange); err != nil {
+				return err
+			}
+		case "unit":
+			s, ok := e.Value().StringValueOK()
+			if _, known := windowUnits[s]; !ok || !known {
+				return unsupported("the window unit %s", e.Value())
+			}
+			unit = s
+		default:
+			return badValue(mongoerr.FailedToParse, "'window' has an unexpected field %q", e.Key())
+		}
+	}
+	if unit != "" {
+		if !o.byRange {
+			return badValue(mongoerr.FailedToParse, "Window bounds can only specify 'unit' with range-based bounds.")
+		}
+		o.unitMs = windowUnits[unit]
+	}
+	if o.bounded && !(o.lo.unbounded && o.hi.unbounded) && len(keys) == 0 {
+		return badValue(5339901, "Document-based bounds require a sortBy")
+	}
+	if o.byRange && (len(keys) != 1 || keys[0].desc) {
+		return unsupported("a range window without exactly one ascending sortBy field")
+	}
+	return nil
+}
+
+func readBound(v Value, byRange bool) (windowBound, error) {
+	if s, ok := v.StringValueOK(); ok {
+		switch s {
+		case "unbounded":
+			return windowBound{unbounded: true}, nil
+		case "current":
+			return windowBound{current: true}, nil
+		}
+		return windowBound{}, badValue(mongoerr.FailedToParse, "Window bounds must be 'unbounded', 'current', or a number: %q", s)
+	}
+	k, i, f, ok := number(v)
+	if !ok || k == kindDecimal {
+		return windowBound{}, badValue(mongoerr.FailedToParse, "Window bounds must be 'unbounded', 'current', or a number: %s", v)
+	}
+	if k != kindDouble {
+		f = float64(i)
+	} else if !byRange && f != math.Trunc(f) {
+		return windowBound{}, badValue(mongoerr.FailedToParse, "Numeric document-based bounds must be an integer: %v", f)
+	}
+	return windowBound{n: f}, nil
+}
+
+func (w *windowStage) push(doc bsoncore.Document) error {
+	w.bytes += 2*len(doc) + 48
+	if w.bytes > w.max {
+		return exceeded("$setWindowFields", w.max)
+	}
+	w.docs = append(w.docs, slices.Clone(doc))
+	return nil
+}
+
+func (w *windowStage) flush() error {
+	type partition struct {
+		key  Value
+		docs []bsoncore.Document
+	}
+	byKey := map[string]int{}
+	var parts []*partition
+	for _, d := range w.docs {
+		key := null
+		if w.partition != nil {
+			v, err := w.partition.eval(d)
+			if err != nil {
+				return err
+			}
+			if v.Type != 0 {
+				key = clone(v)
+			}
+		}
+		k := string(groupKey(nil, key))
+		i, ok := byKey[k]
+		if !ok {
+			i = len(parts)
+			byKey[k] = i
+			parts = append(parts, &partition{key: key})
+		}
+		parts[i].docs = append(parts[i].docs, d)
+	}
+	w.docs = nil
+	slices.SortStableFunc(parts, func(a, b *partition) int { return compare(a.key, b.key) })
+	sorter := &sortStage{keys: w.keys}
+	for _, p := range parts {
+		if len(w.keys) > 0 {
+			slices.SortStableFunc(p.docs, sorter.compareDocs)
+		}
+		cols := make([][]Value, len(w.outputs))
+		for j, o := range w.outputs {
+			cols[j] = make([]Value, len(p.docs))
+			for i, d := range p.docs {
+				v, err := o.acc.arg.eval(d)
+				if err != nil {
+					return err
+				}
+				cols[j][i] = v
+			}
+		}
+		results := make([][]Value, len(w.outputs))
+		for j, o := range w.outputs {
+			res, err := o.compute(p.docs, cols[j], w.keys)
+			if err != nil {
+				return err
+			}
+			results[j] = res
+		}
+		for i, d := range p.docs {
+			out := d
+			for j, o := range w.outputs {
+				out = setTopField(out, o.field, results[j][i])
+			}
+			if err := w.next.push(out); err != nil {
+				return err
+			}
+		}
+	}
+	return w.next.flush()
+}
+
+// compute is the output's value for each document of one partition.
+func (o windowOutput) compute(docs []bsoncore.Document, vals []Value, keys []sortKey) ([]Value, error) {
+	n := len(docs)
+	out := make([]Value, n)
+	window := func(a, b int) (Value, error) {
+		acc := o.acc.make()
+		for j := max(a, 0); j <= min(b, n-1); j++ {
+			acc.add(vals[j])
+		}
+		return acc.result()
+	}
+	if !o.bounded || (o.lo.unbounded && o.hi.unbounded) {
+		v, err := window(0, n-1)
+		for i := range out {
+			out[i] = v
+		}
+		return out, err
+	}
+	var pos []float64 // sortBy values, for range windows
+	if o.byRange {
+		pos = make([]float64, n)
+		for i, d := range docs {
+			v := lookupPath(Value{Type: bsoncore.TypeEmbeddedDocument, Data: d}, keys[0].path)
+			switch {
+			case o.unitMs > 0 && v.Type == bsoncore.TypeDateTime:
+				pos[i] = float64(v.DateTime()) / float64(o.unitMs)
+			case o.unitMs == 0 && v.Type != bsoncore.TypeDateTime:
+				k, iv, f, ok := number(v)
+				if !ok || k == kindDecimal {
+					return nil, badValue(5429414, "Invalid range: Expected the sortBy field to be a number, but it was %s", typeAlias(v))
+				}
+				if k != kindDouble {
+					f = float64(iv)
+				}
+				pos[i] = f
+			case o.unitMs > 0:
+				return nil, badValue(5429513, "Invalid range: Expected the sortBy field to be a Date, but it was %s", typeAlias(v))
+			default:
+				return nil, badValue(5429414, "Invalid range: Expected the sortBy field to be a number, but it was %s", typeAlias(v))
+			}
+		}
+	}
+	for i := range docs {
+		a, b := 0, n-1
+		if o.byRange {
+			lo, hi := math.Inf(-1), math.Inf(1)
+			if o.lo.current {
+				lo = pos[i]
+			} else if !o.lo.unbounded {
+				lo = pos[i] + o.lo.n
+			}
+			if o.hi.current {
+				hi = pos[i]
+			} else if !o.hi.unbounded {
+				hi = pos[i] + o.hi.n
+			}
+			a, _ = slices.BinarySearch(pos, lo)
+			b = upperBound(pos, hi) - 1
+		} else {
+			if o.lo.current {
+				a = i
+			} else if !o.lo.unbounded {
+				a = i + int(o.lo.n)
+			}
+			if o.hi.current {
+				b = i
+			} else if !o.hi.unbounded {
+				b = i + int(o.hi.n)
+			}
+		}
+		v, err := window(a, b)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = v
+	}
+	return out, nil
+}
+
+// upperBound is the first index whose value is above x.
+func upperBound(sorted []float64, x float64) int {
+	i, found := slices.BinarySearch(sorted, x)
+	for found && i < len(sorted) && sorted[i] == x {
+		i++
+	}
+	return i
+}
+
+// setTopField is doc with field set to v: in place where it is, else
+// appended.
+func setTopField(doc bsoncore.Document, field string, v Value) bsoncore.Document {
+	idx, out := bsoncore.AppendDocumentStart(nil)
+	elems, _ := doc.Elements()
+	set := false
+	for _, e := range elems {
+		if e.Key() == field {
+			out = bsoncore.AppendValueElement(out, field, v)
+			set = true
+			continue
+		}
+		out = bsoncore.AppendValueElement(out, e.Key(), e.Value())
+	}
+	if !set {
+		out = bsoncore.AppendValueElement(out, field, v)
+	}
+	out, _ = bsoncore.AppendDocumentEnd(out, idx)
+	return out
+}
