@@ -71,6 +71,25 @@ func run(t *testing.T, docs []bson.D, pipeline bson.A) ([]bson.Raw, error) {
 	return res, err
 }
 
+// checkRun runs pipeline over in and compares the output with want,
+// byte for byte (values, BSON types, field order).
+func checkRun(t *testing.T, in []bson.D, pipeline A, want []D) {
+	t.Helper()
+	got, err := run(t, in, pipeline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := marshalAll(t, want)
+	if len(got) != len(w) {
+		t.Fatalf("got %d documents, want %d:\n%v", len(got), len(w), got)
+	}
+	for i := range got {
+		if !bytes.Equal(got[i], w[i]) {
+			t.Errorf("document %d:\n got %s\nwant %s", i, got[i], w[i])
+		}
+	}
+}
+
 func marshalAll(t *testing.T, docs []bson.D) []bson.Raw {
 	var out []bson.Raw
 	for _, d := range docs {
@@ -261,21 +280,7 @@ func TestPipelines(t *testing.T) {
 			want:     []D{{{Key: "_id", Value: int32(1)}, {Key: "n", Value: int32(3)}}, {{Key: "_id", Value: nil}, {Key: "n", Value: int32(2)}}},
 		},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			got, err := run(t, c.in, c.pipeline)
-			if err != nil {
-				t.Fatal(err)
-			}
-			want := marshalAll(t, c.want)
-			if len(got) != len(want) {
-				t.Fatalf("got %d documents, want %d:\n%v", len(got), len(want), got)
-			}
-			for i := range got {
-				if !bytes.Equal(got[i], want[i]) {
-					t.Errorf("document %d:\n got %s\nwant %s", i, got[i], want[i])
-				}
-			}
-		})
+		t.Run(c.name, func(t *testing.T) { checkRun(t, c.in, c.pipeline, c.want) })
 	}
 }
 
@@ -462,5 +467,62 @@ func TestReadOutput(t *testing.T) {
 	noID, _ := bson.Marshal(D{{Key: "n", Value: 1}})
 	if withID := bson.Raw(agg.WithID(noID)); withID.Index(0).Key() != "_id" || withID.Lookup("n").Int32() != 1 {
 		t.Errorf("WithID %s", withID)
+	}
+}
+
+func TestDensifyAndFill(t *testing.T) {
+	at := func(m int) bson.DateTime { return bson.NewDateTimeFromTime(t0.Add(time.Duration(m) * time.Minute)) }
+	in := []bson.D{
+		{{Key: "s", Value: "b"}, {Key: "ts", Value: at(1)}, {Key: "v", Value: 10.0}},
+		{{Key: "s", Value: "a"}, {Key: "ts", Value: at(0)}, {Key: "v", Value: 1.0}},
+		{{Key: "s", Value: "a"}, {Key: "ts", Value: at(3)}, {Key: "v", Value: 4.0}},
+	}
+	for _, c := range []struct {
+		name     string
+		pipeline A
+		want     []D
+	}{
+		{
+			name: "densify by minute over the full range, then fill linear and locf",
+			pipeline: A{
+				D{{Key: "$densify", Value: D{{Key: "field", Value: "ts"}, {Key: "partitionByFields", Value: A{"s"}}, {Key: "range", Value: D{{Key: "step", Value: 1}, {Key: "unit", Value: "minute"}, {Key: "bounds", Value: "full"}}}}}},
+				D{{Key: "$fill", Value: D{{Key: "partitionByFields", Value: A{"s"}}, {Key: "sortBy", Value: D{{Key: "ts", Value: 1}}},
+					{Key: "output", Value: D{{Key: "v", Value: D{{Key: "method", Value: "linear"}}}, {Key: "s", Value: D{{Key: "method", Value: "locf"}}}}}}}},
+			},
+			want: []D{
+				{{Key: "s", Value: "a"}, {Key: "ts", Value: at(0)}, {Key: "v", Value: 1.0}},
+				{{Key: "ts", Value: at(1)}, {Key: "s", Value: "a"}, {Key: "v", Value: 2.0}},
+				{{Key: "ts", Value: at(2)}, {Key: "s", Value: "a"}, {Key: "v", Value: 3.0}},
+				{{Key: "s", Value: "a"}, {Key: "ts", Value: at(3)}, {Key: "v", Value: 4.0}},
+				{{Key: "ts", Value: at(0)}, {Key: "s", Value: "b"}, {Key: "v", Value: nil}},
+				{{Key: "s", Value: "b"}, {Key: "ts", Value: at(1)}, {Key: "v", Value: 10.0}},
+				{{Key: "ts", Value: at(2)}, {Key: "s", Value: "b"}, {Key: "v", Value: nil}},
+				{{Key: "ts", Value: at(3)}, {Key: "s", Value: "b"}, {Key: "v", Value: nil}},
+			},
+		},
+		{
+			name: "densify within each partition's own range, fill a value",
+			pipeline: A{
+				D{{Key: "$densify", Value: D{{Key: "field", Value: "ts"}, {Key: "partitionByFields", Value: A{"s"}}, {Key: "range", Value: D{{Key: "step", Value: 2}, {Key: "unit", Value: "minute"}, {Key: "bounds", Value: "partition"}}}}}},
+				D{{Key: "$fill", Value: D{{Key: "output", Value: D{{Key: "v", Value: D{{Key: "value", Value: 0}}}}}}}},
+			},
+			want: []D{
+				{{Key: "s", Value: "a"}, {Key: "ts", Value: at(0)}, {Key: "v", Value: 1.0}},
+				{{Key: "ts", Value: at(2)}, {Key: "s", Value: "a"}, {Key: "v", Value: int32(0)}},
+				{{Key: "s", Value: "a"}, {Key: "ts", Value: at(3)}, {Key: "v", Value: 4.0}},
+				{{Key: "s", Value: "b"}, {Key: "ts", Value: at(1)}, {Key: "v", Value: 10.0}},
+			},
+		},
+		{
+			name: "densify numbers between explicit bounds (the upper one excluded)",
+			pipeline: A{
+				D{{Key: "$project", Value: D{{Key: "_id", Value: 0}, {Key: "n", Value: D{{Key: "$minute", Value: "$ts"}}}}}},
+				D{{Key: "$densify", Value: D{{Key: "field", Value: "n"}, {Key: "range", Value: D{{Key: "step", Value: 5}, {Key: "bounds", Value: A{0, 20}}}}}}},
+			},
+			want: []D{{{Key: "n", Value: int32(0)}}, {{Key: "n", Value: int32(5)}}, {{Key: "n", Value: int32(7)}}, {{Key: "n", Value: int32(8)}},
+				{{Key: "n", Value: int32(10)}}, {{Key: "n", Value: int32(15)}}},
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) { checkRun(t, in, c.pipeline, c.want) })
 	}
 }

@@ -73,6 +73,8 @@ func init() {
 		"$unwind":          compileUnwind,
 		"$bucket":          compileBucket,
 		"$setWindowFields": compileWindowFields,
+		"$densify":         compileDensify,
+		"$fill":            compileFill,
 	}
 }
 

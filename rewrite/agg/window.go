@@ -17,13 +17,11 @@ import (
 // unit for dates). The window is summed afresh for each document
 // (time grows with the window's size).
 type windowStage struct {
-	partition expr // nil: one partition
-	keys      []sortKey
-	outputs   []windowOutput
-	docs      []bsoncore.Document
-	bytes     int
-	max       int
-	next      processor
+	by      partitionKey
+	keys    []sortKey
+	outputs []windowOutput
+	in      buffer
+	next    processor
 }
 
 type windowBound struct {
@@ -47,36 +45,12 @@ func compileWindowFields(v Value, next processor, opts Options) (processor, erro
 	if !ok {
 		return nil, badValue(mongoerr.FailedToParse, "the $setWindowFields stage specification must be an object")
 	}
-	w := &windowStage{max: opts.MaxMemory, next: next}
-	var output bsoncore.Document
-	elems, _ := d.Elements()
-	for _, e := range elems {
-		switch e.Key() {
-		case "partitionBy":
-			p, err := compileExpr(e.Value(), 1)
-			if err != nil {
-				return nil, err
-			}
-			w.partition = p
-		case "sortBy":
-			s, err := compileSort(e.Value(), nil, opts)
-			if err != nil {
-				return nil, err
-			}
-			w.keys = s.(*sortStage).keys
-		case "output":
-			o, ok := e.Value().DocumentOK()
-			if !ok {
-				return nil, badValue(mongoerr.TypeMismatch, "$setWindowFields 'output' must be an object")
-			}
-			output = o
-		default:
-			return nil, badValue(mongoerr.IDLUnknownField, "BSON field '$setWindowFields.%s' is an unknown field.", e.Key())
-		}
+	spec, err := readPartitioned("$setWindowFields", d, false)
+	if err != nil {
+		return nil, err
 	}
-	if output == nil {
-		return nil, badValue(mongoerr.IDLFailedToParse, "BSON field '$setWindowFields.output' is missing but a required field")
-	}
+	w := &windowStage{by: spec.by, keys: spec.keys, in: buffer{stage: "$setWindowFields", max: opts.MaxMemory}, next: next}
+	output := spec.output
 	oe, _ := output.Elements()
 	for _, e := range oe {
 		out, err := compileWindowOutput(e.Key(), e.Value(), w.keys)
@@ -202,49 +176,14 @@ func readBound(v Value, byRange bool) (windowBound, error) {
 	return windowBound{n: f}, nil
 }
 
-func (w *windowStage) push(doc bsoncore.Document) error {
-	w.bytes += 2*len(doc) + 48
-	if w.bytes > w.max {
-		return exceeded("$setWindowFields", w.max)
-	}
-	w.docs = append(w.docs, slices.Clone(doc))
-	return nil
-}
+func (w *windowStage) push(doc bsoncore.Document) error { return w.in.add(doc) }
 
 func (w *windowStage) flush() error {
-	type partition struct {
-		key  Value
-		docs []bsoncore.Document
+	parts, err := w.by.partitions(w.in.take(), w.keys)
+	if err != nil {
+		return err
 	}
-	byKey := map[string]int{}
-	var parts []*partition
-	for _, d := range w.docs {
-		key := null
-		if w.partition != nil {
-			v, err := w.partition.eval(d)
-			if err != nil {
-				return err
-			}
-			if v.Type != 0 {
-				key = clone(v)
-			}
-		}
-		k := string(groupKey(nil, key))
-		i, ok := byKey[k]
-		if !ok {
-			i = len(parts)
-			byKey[k] = i
-			parts = append(parts, &partition{key: key})
-		}
-		parts[i].docs = append(parts[i].docs, d)
-	}
-	w.docs = nil
-	slices.SortStableFunc(parts, func(a, b *partition) int { return compare(a.key, b.key) })
-	sorter := &sortStage{keys: w.keys}
 	for _, p := range parts {
-		if len(w.keys) > 0 {
-			slices.SortStableFunc(p.docs, sorter.compareDocs)
-		}
 		cols := make([][]Value, len(w.outputs))
 		for j, o := range w.outputs {
 			cols[j] = make([]Value, len(p.docs))

@@ -190,6 +190,18 @@ func TestDashboardAggregations(t *testing.T) {
 				{{Key: "ts", Value: bson.NewDateTimeFromTime(dashBase.Add(3 * time.Minute))}, {Key: "ma", Value: 19.5}},
 				{{Key: "ts", Value: bson.NewDateTimeFromTime(dashBase.Add(4 * time.Minute))}, {Key: "ma", Value: 20.5}},
 			}},
+		{name: "$densify a gap, $fill it by locf", pipeline: A{
+			D{{Key: "$match", Value: D{{Key: "sensorId", Value: "s0"}, {Key: "ts", Value: D{{Key: "$lt", Value: dashBase.Add(5 * time.Minute)}, {Key: "$ne", Value: dashBase.Add(2 * time.Minute)}}}}}},
+			D{{Key: "$project", Value: D{{Key: "_id", Value: 0}, {Key: "ts", Value: 1}, {Key: "temp", Value: 1}}}},
+			D{{Key: "$densify", Value: D{{Key: "field", Value: "ts"}, {Key: "range", Value: D{{Key: "step", Value: 1}, {Key: "unit", Value: "minute"}, {Key: "bounds", Value: "full"}}}}}},
+			D{{Key: "$fill", Value: D{{Key: "sortBy", Value: D{{Key: "ts", Value: 1}}}, {Key: "output", Value: D{{Key: "temp", Value: D{{Key: "method", Value: "locf"}}}}}}}}},
+			want: []D{
+				{{Key: "ts", Value: bson.NewDateTimeFromTime(dashBase)}, {Key: "temp", Value: int32(15)}},
+				{{Key: "ts", Value: bson.NewDateTimeFromTime(dashBase.Add(time.Minute))}, {Key: "temp", Value: int32(16)}},
+				{{Key: "ts", Value: bson.NewDateTimeFromTime(dashBase.Add(2 * time.Minute))}, {Key: "temp", Value: int32(16)}},
+				{{Key: "ts", Value: bson.NewDateTimeFromTime(dashBase.Add(3 * time.Minute))}, {Key: "temp", Value: int32(18)}},
+				{{Key: "ts", Value: bson.NewDateTimeFromTime(dashBase.Add(4 * time.Minute))}, {Key: "temp", Value: int32(19)}},
+			}},
 		{name: "$bucket on a value", pipeline: A{D{{Key: "$bucket", Value: D{{Key: "groupBy", Value: "$temp"}, {Key: "boundaries", Value: A{15, 20, 25}}}}}},
 			want: []D{{{Key: "_id", Value: int32(15)}, {Key: "count", Value: int32(270)}}, {{Key: "_id", Value: int32(20)}, {Key: "count", Value: int32(270)}}}},
 	} {

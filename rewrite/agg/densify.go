@@ -1,0 +1,290 @@
+package agg
+
+import (
+	"math"
+	"slices"
+
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+)
+
+// $densify: the documents, ordered by partition and field, with a new
+// document {<partition fields>, <field>: v} for each value v of the step
+// grid that no document of the partition has. The grid starts at the
+// lowest value of all documents ("full"), of each partition
+// ("partition"), or at a given lower bound (bounds [lo, hi), hi
+// excluded); dates step by a unit up to weeks (calendar months are not
+// supported).
+type densifyStage struct {
+	field  []string
+	by     partitionKey // by fields
+	step   float64
+	unitMs int64 // 0: numbers
+	bounds string
+	lo, hi float64
+	in     buffer
+	next   processor
+}
+
+func compileDensify(v Value, next processor, opts Options) (processor, error) {
+	d, ok := v.DocumentOK()
+	if !ok {
+		return nil, badValue(mongoerr.FailedToParse, "the $densify stage specification must be an object")
+	}
+	s := &densifyStage{in: buffer{stage: "$densify", max: opts.MaxMemory}, next: next}
+	elems, _ := d.Elements()
+	var rangeDoc bsoncore.Document
+	for _, e := range elems {
+		switch e.Key() {
+		case "field":
+			f, ok := e.Value().StringValueOK()
+			if !ok || f == "" || f[0] == '$' {
+				return nil, badValue(mongoerr.FailedToParse, "$densify 'field' must be a field path without '$'")
+			}
+			s.field = splitPath(f)
+		case "partitionByFields":
+			fields, err := readPartitionFields("$densify", e.Value())
+			if err != nil {
+				return nil, err
+			}
+			s.by.fields = fields
+		case "range":
+			r, ok := e.Value().DocumentOK()
+			if !ok {
+				return nil, badValue(mongoerr.TypeMismatch, "$densify 'range' must be an object")
+			}
+			rangeDoc = r
+		default:
+			return nil, badValue(mongoerr.IDLUnknownField, "BSON field '$densify.%s' is an unknown field.", e.Key())
+		}
+	}
+	if s.field == nil || rangeDoc == nil {
+		return nil, badValue(mongoerr.IDLFailedToParse, "$densify needs 'field' and 'range'")
+	}
+	if len(s.field) > 1 {
+		return nil, unsupported("$densify of a dotted field")
+	}
+	for _, p := range s.by.fields {
+		if len(p) > 1 {
+			return nil, unsupported("$densify partitioned by a dotted field")
+		}
+	}
+	var boundsV Value
+	re, _ := rangeDoc.Elements()
+	for _, e := range re {
+		switch e.Key() {
+		case "step":
+			k, i, f, ok := number(e.Value())
+			if !ok || k == kindDecimal {
+				return nil, badValue(5733401, "the step parameter in a range statement must be a whole number when densifying a date range")
+			}
+			if k != kindDouble {
+				f = float64(i)
+			}
+			if f <= 0 {
+				return nil, badValue(5733401, "the step parameter in a range statement must be a strictly positive numeric value")
+			}
+			s.step = f
+		case "unit":
+			u, ok := e.Value().StringValueOK()
+			ms, known := windowUnits[u]
+			if !ok || !known {
+				return nil, unsupported("the $densify unit %s", e.Value())
+			}
+			s.unitMs = ms
+		case "bounds":
+			boundsV = e.Value()
+		default:
+			return nil, badValue(mongoerr.IDLUnknownField, "BSON field '$densify.range.%s' is an unknown field.", e.Key())
+		}
+	}
+	if s.step == 0 || boundsV.Type == 0 {
+		return nil, badValue(mongoerr.IDLFailedToParse, "$densify 'range' needs 'step' and 'bounds'")
+	}
+	if s.unitMs > 0 && s.step != math.Trunc(s.step) {
+		return nil, badValue(5733401, "the step parameter in a range statement must be a whole number when densifying a date range")
+	}
+	if b, ok := boundsV.StringValueOK(); ok {
+		if b != "full" && b != "partition" {
+			return nil, badValue(5946802, "$densify bounds must be 'full', 'partition' or an array of two values, not %q", b)
+		}
+		s.bounds = b
+	} else {
+		arr, ok := boundsV.ArrayOK()
+		vals, _ := arr.Values()
+		if !ok || len(vals) != 2 {
+			return nil, badValue(5733403, "a bounding array in a range statement must have exactly two elements")
+		}
+		var err error
+		if s.lo, err = s.position(vals[0]); err != nil {
+			return nil, err
+		}
+		if s.hi, err = s.position(vals[1]); err != nil {
+			return nil, err
+		}
+		if s.lo > s.hi {
+			return nil, badValue(5733402, "a bounding array must be an ascending array of either two dates or two numbers")
+		}
+		s.bounds = "explicit"
+	}
+	return s, nil
+}
+
+// position is a field value on the grid's axis: ms for dates, the number
+// otherwise; a value of the other kind is an error.
+func (s *densifyStage) position(v Value) (float64, error) {
+	if s.unitMs > 0 {
+		if v.Type != bsoncore.TypeDateTime {
+			return 0, badValue(5733409, "$densify: a value of %q is a %s, expected a date (the range has a unit)", s.field[0], typeAlias(v))
+		}
+		return float64(v.DateTime()), nil
+	}
+	k, i, f, ok := number(v)
+	if !ok || k == kindDecimal {
+		return 0, badValue(5733201, "$densify: a value of %q is a %s, expected a number (the range has no unit)", s.field[0], typeAlias(v))
+	}
+	if k != kindDouble {
+		f = float64(i)
+	}
+	return f, nil
+}
+
+func (s *densifyStage) value(pos float64) Value {
+	if s.unitMs > 0 {
+		return dateValue(int64(pos))
+	}
+	if pos == math.Trunc(pos) && math.Abs(pos) < 1<<31 && s.step == math.Trunc(s.step) {
+		return int32Value(int32(pos))
+	}
+	return doubleValue(pos)
+}
+
+func (s *densifyStage) push(doc bsoncore.Document) error { return s.in.add(doc) }
+
+func (s *densifyStage) flush() error {
+	docs := s.in.take()
+	parts, err := s.by.partitions(docs, nil)
+	if err != nil {
+		return err
+	}
+	gmin, gmax := math.Inf(1), math.Inf(-1)
+	items := make([][]densifyItem, len(parts))
+	for pi, p := range parts {
+		for _, d := range p.docs {
+			it := densifyItem{doc: d}
+			if v := lookupPath(Value{Type: bsoncore.TypeEmbeddedDocument, Data: d}, s.field); !isNullish(v) {
+				pos, err := s.position(v)
+				if err != nil {
+					return err
+				}
+				it.pos, it.has = pos, true
+				gmin, gmax = min(gmin, pos), max(gmax, pos)
+			}
+			items[pi] = append(items[pi], it)
+		}
+	}
+	step := s.step
+	if s.unitMs > 0 {
+		step *= float64(s.unitMs)
+	}
+	for pi, p := range parts {
+		slices.SortStableFunc(items[pi], func(a, b densifyItem) int {
+			switch {
+			case !a.has && !b.has:
+				return 0
+			case !a.has:
+				return -1
+			case !b.has:
+				return 1
+			}
+			return cmpFloat(a.pos, b.pos)
+		})
+		start, end, inclusive := s.lo, s.hi, false
+		switch s.bounds {
+		case "full":
+			start, end, inclusive = gmin, gmax, true
+		case "partition":
+			start, end, inclusive = math.Inf(1), math.Inf(-1), true
+			for _, it := range items[pi] {
+				if it.has {
+					start, end = min(start, it.pos), max(end, it.pos)
+				}
+			}
+		}
+		if err := s.mergeGrid(p.key, items[pi], start, end, inclusive, step); err != nil {
+			return err
+		}
+	}
+	return s.next.flush()
+}
+
+type densifyItem struct {
+	doc bsoncore.Document
+	pos float64
+	has bool // the field holds a value (else it sorts first, untouched)
+}
+
+// mergeGrid pushes a partition's documents (sorted) with a generated
+// document for each grid value start + k*step up to end that none has.
+func (s *densifyStage) mergeGrid(key Value, items []densifyItem, start, end float64, inclusive bool, step float64) error {
+	hasGrid := !math.IsInf(start, 0)
+	k := 0
+	next := start
+	inRange := func() bool { return hasGrid && (next < end || (inclusive && next == end)) }
+	advance := func() { k++; next = start + float64(k)*step }
+	emit := func() error {
+		s.in.bytes += 64
+		if s.in.bytes > s.in.max {
+			return exceeded("$densify", s.in.max)
+		}
+		err := s.generated(key, next)
+		advance()
+		return err
+	}
+	for _, it := range items {
+		if it.has {
+			for inRange() && next < it.pos {
+				if err := emit(); err != nil {
+					return err
+				}
+			}
+			for inRange() && next == it.pos {
+				advance()
+			}
+		}
+		if err := s.next.push(it.doc); err != nil {
+			return err
+		}
+	}
+	for inRange() {
+		if err := emit(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// generated pushes {<field>: pos, <partition fields>...}, the order of
+// the generated documents in MongoDB's $densify examples.
+func (s *densifyStage) generated(key Value, pos float64) error {
+	idx, out := bsoncore.AppendDocumentStart(nil)
+	out = bsoncore.AppendValueElement(out, s.field[0], s.value(pos))
+	for i, p := range s.by.fields {
+		if v := s.by.field(key, i); !isNullish(v) {
+			out = bsoncore.AppendValueElement(out, p[0], v)
+		}
+	}
+	out, _ = bsoncore.AppendDocumentEnd(out, idx)
+	return s.next.push(out)
+}
+
+func cmpFloat(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
