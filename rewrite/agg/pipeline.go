@@ -14,10 +14,6 @@ import (
 // 100 MB per blocking stage.
 const DefaultMaxMemory = 100 << 20
 
-// MaxResultBytes bounds the documents a pipeline returns: the proxy
-// answers them in one batch.
-const MaxResultBytes = 16 << 20
-
 // Options are what a pipeline run takes besides its stages.
 type Options struct {
 	// MaxMemory bounds each blocking stage ($group, $sort, $bucket,
@@ -84,7 +80,8 @@ func Compile(stages []Stage, opts Options) (*Pipeline, error) {
 	if opts.MaxMemory <= 0 {
 		opts.MaxMemory = DefaultMaxMemory
 	}
-	p := &Pipeline{sink: &collector{max: min(opts.MaxMemory, MaxResultBytes)}}
+	// The output is held until the client has read it: within the budget.
+	p := &Pipeline{sink: &collector{max: opts.MaxMemory}}
 	var next processor = p.sink
 	for i := len(stages) - 1; i >= 0; i-- {
 		st := stages[i]
@@ -133,7 +130,7 @@ type collector struct {
 func (c *collector) push(doc bsoncore.Document) error {
 	c.bytes += len(doc)
 	if c.bytes > c.max {
-		return mongoerr.Errorf(mongoerr.BSONObjectTooLarge, "tsproxy aggregation: the result is larger than %d bytes, which the proxy answers in one batch; add a $limit or a $project", c.max)
+		return exceeded("the result", c.max)
 	}
 	c.docs = append(c.docs, slices.Clone(doc))
 	return nil

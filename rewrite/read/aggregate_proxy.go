@@ -151,7 +151,8 @@ func (a *aggregateRewrite) findShaped() *Command {
 // engineShaped plans a pipeline the upstream cannot run as the proxy's
 // own aggregation (rewrite/agg): an event scan of the leading $match
 // stages' filter, every event it yields pushed through the rest of the
-// pipeline, the output answered in one batch. It returns nil, nil when
+// pipeline, the output answered in batches from a cursor the proxy holds
+// (or written by a last $out or $merge stage). It returns nil, nil when
 // the event scan cannot serve the filter (the caller's refusal stands),
 // and the engine's error, which names the stage or operator, when the
 // engine does not run the rest.
@@ -195,17 +196,18 @@ func (a *aggregateRewrite) engineShaped() (*Command, error) {
 		}
 		return nil
 	}
-	result := func() bsoncore.Document {
+	d := &PointDrain{take: take}
+	batchSize := a.batchSize
+	d.answer = func(newID func() int64) rewrite.Result {
 		if failed != nil {
-			return mongoerr.Reply(failed)
+			return rewrite.Result{Reply: mongoerr.Reply(failed)}
 		}
 		docs, err := p.Finish()
 		if err != nil {
-			return mongoerr.Reply(err)
+			return rewrite.Result{Reply: mongoerr.Reply(err)}
 		}
-		return cursor.Reply{Key: "firstBatch", Batch: docs, NS: ns}.WithID(0)
+		return heldResult(docs, ns, batchSize, newID)
 	}
-	d := &PointDrain{take: take, result: result}
 	if output != nil {
 		maxUpdates := a.opts.Caps.MaxUpdateStatements
 		d.finish = func(x *rewrite.Exec) (bsoncore.Document, error) {

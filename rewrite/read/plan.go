@@ -25,7 +25,7 @@ func Plan(body []byte, rule *rules.Rule, opts Options, newID func() int64) rewri
 	case p.Local != nil:
 		return rewrite.Done(rewrite.Result{Reply: p.Local})
 	case p.Point != nil && p.PointDrain != nil:
-		return drainPointRead(p.Point, rule, p.PointDrain)
+		return drainPointRead(p.Point, rule, p.PointDrain, newID)
 	case p.Point != nil:
 		return newPointPlan(p.Point, rule, newID())
 	}
@@ -298,7 +298,7 @@ func (c *pointCursor) Close() rewrite.Plan {
 // drainPointRead serves a count or distinct from a point read, read to
 // its end batch by batch: each event goes to d.take, then d.result
 // answers.
-func drainPointRead(pr *PointRead, rule *rules.Rule, d *PointDrain) rewrite.Plan {
+func drainPointRead(pr *PointRead, rule *rules.Rule, d *PointDrain, newID func() int64) rewrite.Plan {
 	return rewrite.Script(func(x *rewrite.Exec) (rewrite.Result, error) {
 		pr.Want(-1)
 		for {
@@ -333,6 +333,9 @@ func drainPointRead(pr *PointRead, rule *rules.Rule, d *PointDrain) rewrite.Plan
 				return rewrite.Result{Reply: mongoerr.Reply(err)}, nil
 			}
 			return rewrite.Result{Reply: reply}, nil
+		}
+		if d.answer != nil {
+			return d.answer(newID), nil
 		}
 		return rewrite.Result{Reply: d.result()}, nil
 	})

@@ -476,6 +476,10 @@ type PointDrain struct {
 	// finish, when set, answers instead of result, after more upstream
 	// steps of its own (an aggregation's $out or $merge).
 	finish func(x *rewrite.Exec) (bsoncore.Document, error)
+	// answer, when set, answers instead of result, with a cursor the
+	// proxy holds (named by newID) when the answer takes more than one
+	// batch.
+	answer func(newID func() int64) rewrite.Result
 }
 
 // pointDrain counts the events, answering with reply.

@@ -213,6 +213,31 @@ func TestDashboardAggregations(t *testing.T) {
 			}
 		})
 	}
+	t.Run("a result of many batches, read by getMore", func(t *testing.T) {
+		pipeline := A{D{{Key: "$addFields", Value: D{{Key: "f", Value: D{{Key: "$multiply", Value: A{"$temp", 2}}}}}}},
+			D{{Key: "$sort", Value: D{{Key: "ts", Value: 1}, {Key: "sensorId", Value: 1}}}}}
+		for _, bs := range []int32{0, 7, 200} {
+			opts := options.Aggregate()
+			if bs > 0 {
+				opts.SetBatchSize(bs)
+			}
+			cur, err := coll.Aggregate(ctx, pipeline, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := 0
+			for cur.Next(ctx) {
+				e := events[n]
+				if cur.Current.Lookup("sensorId").StringValue() != e.sensor || cur.Current.Lookup("f").Int32() != 2*e.temp {
+					t.Fatalf("batchSize %d: document %d is %s, want %v", bs, n, cur.Current, e)
+				}
+				n++
+			}
+			if err := cur.Err(); err != nil || n != len(events) {
+				t.Fatalf("batchSize %d: %d documents (err %v), want %d", bs, n, err, len(events))
+			}
+		}
+	})
 	t.Run("$out and $merge into a plain collection", func(t *testing.T) {
 		out := append(slices.Clone(hourly), D{{Key: "$out", Value: "hourly"}})
 		if got := runAggregateRaw(t, coll, out); len(got) != 0 {
