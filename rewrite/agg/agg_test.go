@@ -2,6 +2,7 @@ package agg_test
 
 import (
 	"bytes"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -274,6 +275,24 @@ func TestPipelines(t *testing.T) {
 			want:     []D{{{Key: "_id", Value: int32(0)}, {Key: "count", Value: int32(4)}}, {{Key: "_id", Value: int32(2)}, {Key: "count", Value: int32(2)}}},
 		},
 		{
+			name: "$switch",
+			in:   events()[:4],
+			pipeline: A{D{{Key: "$project", Value: D{{Key: "_id", Value: 0}, {Key: "band", Value: D{{Key: "$switch", Value: D{
+				{Key: "branches", Value: A{D{{Key: "case", Value: D{{Key: "$gte", Value: A{"$value", 100}}}}, {Key: "then", Value: "high"}},
+					D{{Key: "case", Value: D{{Key: "$eq", Value: A{"$n", 1}}}}, {Key: "then", Value: "one"}}}},
+				{Key: "default", Value: "low"}}}}}}}}},
+			want: []D{{{Key: "band", Value: "low"}}, {{Key: "band", Value: "high"}}, {{Key: "band", Value: "one"}}, {{Key: "band", Value: "high"}}},
+		},
+		{
+			name: "$facet",
+			in:   events(),
+			pipeline: A{D{{Key: "$facet", Value: D{
+				{Key: "count", Value: A{D{{Key: "$count", Value: "n"}}}},
+				{Key: "top", Value: A{D{{Key: "$sort", Value: D{{Key: "value", Value: -1}}}}, D{{Key: "$limit", Value: 1}}, D{{Key: "$project", Value: D{{Key: "_id", Value: 1}}}}}},
+			}}}},
+			want: []D{{{Key: "count", Value: A{D{{Key: "n", Value: int32(20)}}}}, {Key: "top", Value: A{D{{Key: "_id", Value: int32(19)}}}}}},
+		},
+		{
 			name:     "numbers group by value",
 			in:       []bson.D{{{Key: "k", Value: int32(1)}}, {{Key: "k", Value: 1.0}}, {{Key: "k", Value: int64(1)}}, {{Key: "k", Value: nil}}, {}},
 			pipeline: A{D{{Key: "$group", Value: D{{Key: "_id", Value: "$k"}, {Key: "n", Value: D{{Key: "$sum", Value: 1}}}}}}},
@@ -301,8 +320,10 @@ func TestRefusals(t *testing.T) {
 		code     mongoerr.Code
 		names    string
 	}{
-		{A{D{{Key: "$facet", Value: D{}}}}, mongoerr.NotImplemented, `"$facet"`},
+		{A{D{{Key: "$lookup", Value: D{}}}}, mongoerr.NotImplemented, `"$lookup"`},
+		{A{D{{Key: "$facet", Value: D{{Key: "a", Value: A{D{{Key: "$facet", Value: D{}}}}}}}}}, 40600, "within a $facet"},
 		{A{D{{Key: "$project", Value: D{{Key: "x", Value: D{{Key: "$regexMatch", Value: D{}}}}}}}}, mongoerr.NotImplemented, `"$regexMatch"`},
+		{A{D{{Key: "$project", Value: D{{Key: "x", Value: D{{Key: "$switch", Value: D{{Key: "branches", Value: A{}}}}}}}}}}, 40068, "at least one branch"},
 		{A{D{{Key: "$group", Value: D{{Key: "_id", Value: nil}, {Key: "x", Value: D{{Key: "$stdDevPop", Value: "$v"}}}}}}}, mongoerr.NotImplemented, `"$stdDevPop"`},
 		{A{D{{Key: "$project", Value: D{{Key: "a", Value: 1}, {Key: "b", Value: 0}}}}}, mongoerr.ProjectionMixed, "exclusion"},
 		{A{D{{Key: "$group", Value: D{{Key: "n", Value: D{{Key: "$sum", Value: 1}}}}}}}, 15955, "_id"},
@@ -524,5 +545,71 @@ func TestDensifyAndFill(t *testing.T) {
 		},
 	} {
 		t.Run(c.name, func(t *testing.T) { checkRun(t, in, c.pipeline, c.want) })
+	}
+}
+
+func TestWindowFunctions(t *testing.T) {
+	at := func(m int) bson.DateTime { return bson.NewDateTimeFromTime(t0.Add(time.Duration(m) * time.Minute)) }
+	// A counter read every 30 minutes: 0, 10, 10, 40; a tie in "g".
+	in := []bson.D{
+		{{Key: "ts", Value: at(60)}, {Key: "c", Value: int32(10)}, {Key: "g", Value: 1}},
+		{{Key: "ts", Value: at(0)}, {Key: "c", Value: int32(0)}, {Key: "g", Value: 1}},
+		{{Key: "ts", Value: at(90)}, {Key: "c", Value: int32(40)}, {Key: "g", Value: 2}},
+		{{Key: "ts", Value: at(30)}, {Key: "c", Value: int32(10)}, {Key: "g", Value: 0}},
+	}
+	got, err := run(t, in, A{D{{Key: "$setWindowFields", Value: D{
+		{Key: "sortBy", Value: D{{Key: "ts", Value: 1}}},
+		{Key: "output", Value: D{
+			{Key: "rate", Value: D{{Key: "$derivative", Value: D{{Key: "input", Value: "$c"}, {Key: "unit", Value: "hour"}}}, {Key: "window", Value: D{{Key: "documents", Value: A{-1, 0}}}}}},
+			{Key: "area", Value: D{{Key: "$integral", Value: D{{Key: "input", Value: "$c"}, {Key: "unit", Value: "hour"}}}, {Key: "window", Value: D{{Key: "range", Value: A{-60, 0}}, {Key: "unit", Value: "minute"}}}}},
+			{Key: "n", Value: D{{Key: "$documentNumber", Value: D{}}}},
+			{Key: "prev", Value: D{{Key: "$shift", Value: D{{Key: "output", Value: "$c"}, {Key: "by", Value: -1}, {Key: "default", Value: "none"}}}}},
+			{Key: "ema", Value: D{{Key: "$expMovingAvg", Value: D{{Key: "input", Value: "$c"}, {Key: "alpha", Value: 0.5}}}}},
+		}},
+	}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type row struct {
+		rate any
+		area float64
+		n    int32
+		prev any
+		ema  float64
+	}
+	want := []row{
+		{nil, 0, 1, "none", 0},
+		{20.0, 2.5, 2, int32(0), 5},       // 10 per half hour; area of 0..10 over 0.5 h
+		{0.0, 7.5, 3, int32(10), 7.5},     // window [-60, 0] minutes: (0+10)/2*0.5 + (10+10)/2*0.5
+		{60.0, 17.5, 4, int32(10), 23.75}, // (10+10)/2*0.5 + (10+40)/2*0.5
+	}
+	for i, d := range got {
+		w := want[i]
+		if w.rate == nil {
+			if d.Lookup("rate").Type != bson.TypeNull {
+				t.Errorf("row %d: rate %v, want null", i, d.Lookup("rate"))
+			}
+		} else if d.Lookup("rate").Double() != w.rate.(float64) {
+			t.Errorf("row %d: rate %v, want %v", i, d.Lookup("rate"), w.rate)
+		}
+		if d.Lookup("area").Double() != w.area || d.Lookup("n").Int32() != w.n || d.Lookup("ema").Double() != w.ema {
+			t.Errorf("row %d: %s, want %+v", i, d, w)
+		}
+		wantPrev, _ := bson.Marshal(bson.D{{Key: "prev", Value: w.prev}})
+		if !d.Lookup("prev").Equal(bson.Raw(wantPrev).Lookup("prev")) {
+			t.Errorf("row %d: prev %v, want %v", i, d.Lookup("prev"), w.prev)
+		}
+	}
+	ranks, err := run(t, in, A{D{{Key: "$setWindowFields", Value: D{{Key: "sortBy", Value: D{{Key: "g", Value: 1}}},
+		{Key: "output", Value: D{{Key: "r", Value: D{{Key: "$rank", Value: D{}}}}, {Key: "d", Value: D{{Key: "$denseRank", Value: D{}}}}}}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got2 []string
+	for _, d := range ranks {
+		got2 = append(got2, fmt.Sprintf("%d/%d/%d", d.Lookup("g").Int32(), d.Lookup("r").Int32(), d.Lookup("d").Int32()))
+	}
+	if strings.Join(got2, " ") != `0/1/1 1/2/2 1/2/2 2/4/3` {
+		t.Errorf("ranks %v", got2)
 	}
 }

@@ -278,7 +278,7 @@ func compileOperator(name string, v Value, depth int) (expr, error) {
 		}
 		return logic{and: name == "$and", args: args}, nil
 	case "$switch":
-		return nil, unsupported("the operator %q", name)
+		return compileSwitch(v, depth)
 	}
 	if f, ok := dateOperators[name]; ok {
 		return compileDatePart(name, v, depth, f)
@@ -460,4 +460,87 @@ func compileCond(v Value, depth int) (expr, error) {
 		return nil, err
 	}
 	return cond{c: args[0], then: args[1], els: args[2]}, nil
+}
+
+// switchExpr is $switch: the first branch whose case is true, else the
+// default (an error without one, as on MongoDB).
+type switchExpr struct {
+	cases, thens []expr
+	def          expr
+}
+
+func (s switchExpr) eval(doc bsoncore.Document) (Value, error) {
+	for i, c := range s.cases {
+		v, err := c.eval(doc)
+		if err != nil {
+			return missing, err
+		}
+		if truthy(v) {
+			return s.thens[i].eval(doc)
+		}
+	}
+	if s.def == nil {
+		return missing, badValue(mongoerr.NoBucketBranch, "$switch could not find a matching branch for an input, and no default was specified.")
+	}
+	return s.def.eval(doc)
+}
+
+func compileSwitch(v Value, depth int) (expr, error) {
+	d, ok := v.DocumentOK()
+	if !ok {
+		return nil, badValue(40060, "$switch requires an object as an argument, found: %s", typeAlias(v))
+	}
+	var s switchExpr
+	elems, _ := d.Elements()
+	for _, e := range elems {
+		switch e.Key() {
+		case "branches":
+			arr, ok := e.Value().ArrayOK()
+			if !ok {
+				return nil, badValue(40061, "$switch expected an array for 'branches', found: %s", typeAlias(e.Value()))
+			}
+			vals, _ := arr.Values()
+			for _, bv := range vals {
+				bd, ok := bv.DocumentOK()
+				if !ok {
+					return nil, badValue(40062, "$switch expected each branch to be an object, found: %s", typeAlias(bv))
+				}
+				var c, then expr
+				be, _ := bd.Elements()
+				for _, x := range be {
+					ce, err := compileExpr(x.Value(), depth+1)
+					if err != nil {
+						return nil, err
+					}
+					switch x.Key() {
+					case "case":
+						c = ce
+					case "then":
+						then = ce
+					default:
+						return nil, badValue(40063, "$switch found an unknown argument to a branch: %s", x.Key())
+					}
+				}
+				if c == nil {
+					return nil, badValue(40064, "$switch requires each branch have a 'case' expression")
+				}
+				if then == nil {
+					return nil, badValue(40065, "$switch requires each branch have a 'then' expression.")
+				}
+				s.cases, s.thens = append(s.cases, c), append(s.thens, then)
+			}
+		case "default":
+			def, err := compileExpr(e.Value(), depth+1)
+			if err != nil {
+				return nil, err
+			}
+			s.def = def
+		default:
+			return nil, badValue(40067, "$switch found an unknown argument: %s", e.Key())
+		}
+	}
+	if len(s.cases) == 0 {
+		return nil, badValue(40068, "$switch requires at least one branch.")
+	}
+	return s, nil
 }

@@ -71,6 +71,7 @@ func init() {
 		"$setWindowFields": compileWindowFields,
 		"$densify":         compileDensify,
 		"$fill":            compileFill,
+		"$facet":           compileFacet,
 	}
 }
 

@@ -31,11 +31,19 @@ type windowBound struct {
 
 type windowOutput struct {
 	field   string
-	acc     accumulatorSpec
+	acc     accumulatorSpec // an accumulator's; for the other functions, acc.arg is their input
+	fn      string          // "" for an accumulator, else the window-only function
 	byRange bool
 	bounded bool // a documents or range window (else the whole partition)
 	lo, hi  windowBound
 	unitMs  int64 // a range window's unit over dates; 0: numbers
+	// Of the window-only functions: $shift's offset and default,
+	// $derivative's and $integral's unit (0: the sortBy is a number),
+	// $expMovingAvg's alpha.
+	shiftBy  int
+	shiftDef expr
+	fnUnitMs int64
+	alpha    float64
 }
 
 var windowUnits = map[string]int64{"millisecond": 1, "second": 1000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000, "week": 7 * 86_400_000}
@@ -90,6 +98,9 @@ func compileWindowOutput(field string, v Value, keys []sortKey) (windowOutput, e
 	}
 	if accElem == nil {
 		return out, badValue(mongoerr.FailedToParse, "$setWindowFields output field '%s' needs a window function", field)
+	}
+	if windowFunctions[accElem.Key()] {
+		return out, out.readFunction(accElem.Key(), accElem.Value(), keys)
 	}
 	accDoc := bsoncore.NewDocumentBuilder().AppendValue(accElem.Key(), accElem.Value()).Build()
 	spec, err := compileAccumulator(field, Value{Type: bsoncore.TypeEmbeddedDocument, Data: accDoc})
@@ -218,6 +229,9 @@ func (w *windowStage) flush() error {
 
 // compute is the output's value for each document of one partition.
 func (o windowOutput) compute(docs []bsoncore.Document, vals []Value, keys []sortKey) ([]Value, error) {
+	if o.fn != "" {
+		return o.computeFunction(docs, vals, keys)
+	}
 	n := len(docs)
 	out := make([]Value, n)
 	window := func(a, b int) (Value, error) {
@@ -259,33 +273,7 @@ func (o windowOutput) compute(docs []bsoncore.Document, vals []Value, keys []sor
 		}
 	}
 	for i := range docs {
-		a, b := 0, n-1
-		if o.byRange {
-			lo, hi := math.Inf(-1), math.Inf(1)
-			if o.lo.current {
-				lo = pos[i]
-			} else if !o.lo.unbounded {
-				lo = pos[i] + o.lo.n
-			}
-			if o.hi.current {
-				hi = pos[i]
-			} else if !o.hi.unbounded {
-				hi = pos[i] + o.hi.n
-			}
-			a, _ = slices.BinarySearch(pos, lo)
-			b = upperBound(pos, hi) - 1
-		} else {
-			if o.lo.current {
-				a = i
-			} else if !o.lo.unbounded {
-				a = i + int(o.lo.n)
-			}
-			if o.hi.current {
-				b = i
-			} else if !o.hi.unbounded {
-				b = i + int(o.hi.n)
-			}
-		}
+		a, b := o.windowAt(i, n, pos)
 		v, err := window(a, b)
 		if err != nil {
 			return nil, err

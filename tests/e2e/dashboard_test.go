@@ -202,6 +202,23 @@ func TestDashboardAggregations(t *testing.T) {
 				{{Key: "ts", Value: bson.NewDateTimeFromTime(dashBase.Add(3 * time.Minute))}, {Key: "temp", Value: int32(18)}},
 				{{Key: "ts", Value: bson.NewDateTimeFromTime(dashBase.Add(4 * time.Minute))}, {Key: "temp", Value: int32(19)}},
 			}},
+		{name: "$facet: a count and the hottest reading", pipeline: A{D{{Key: "$facet", Value: D{
+			{Key: "n", Value: A{D{{Key: "$count", Value: "events"}}}},
+			{Key: "hottest", Value: A{D{{Key: "$sort", Value: D{{Key: "temp", Value: -1}, {Key: "ts", Value: 1}, {Key: "sensorId", Value: 1}}}}, D{{Key: "$limit", Value: 1}},
+				D{{Key: "$project", Value: D{{Key: "_id", Value: 0}, {Key: "sensorId", Value: 1}, {Key: "temp", Value: 1}}}}}}}}}},
+			want: []D{{{Key: "n", Value: A{D{{Key: "events", Value: int32(len(events))}}}}, {Key: "hottest", Value: A{D{{Key: "sensorId", Value: "s2"}, {Key: "temp", Value: int32(24)}}}}}}},
+		{name: "rate per minute by $derivative, running total by $integral", pipeline: A{
+			D{{Key: "$match", Value: D{{Key: "sensorId", Value: "s0"}, {Key: "ts", Value: D{{Key: "$lt", Value: dashBase.Add(3 * time.Minute)}}}}}},
+			D{{Key: "$setWindowFields", Value: D{{Key: "sortBy", Value: D{{Key: "ts", Value: 1}}}, {Key: "output", Value: D{
+				{Key: "rate", Value: D{{Key: "$derivative", Value: D{{Key: "input", Value: "$temp"}, {Key: "unit", Value: "minute"}}}, {Key: "window", Value: D{{Key: "documents", Value: A{-1, 0}}}}}},
+				{Key: "area", Value: D{{Key: "$integral", Value: D{{Key: "input", Value: "$temp"}, {Key: "unit", Value: "minute"}}}, {Key: "window", Value: D{{Key: "documents", Value: A{"unbounded", "current"}}}}}},
+				{Key: "rank", Value: D{{Key: "$documentNumber", Value: D{}}}}}}}}},
+			D{{Key: "$project", Value: D{{Key: "_id", Value: 0}, {Key: "rate", Value: 1}, {Key: "area", Value: 1}, {Key: "rank", Value: 1}}}}},
+			want: []D{
+				{{Key: "rate", Value: nil}, {Key: "area", Value: 0.0}, {Key: "rank", Value: int32(1)}},
+				{{Key: "rate", Value: 1.0}, {Key: "area", Value: 15.5}, {Key: "rank", Value: int32(2)}},
+				{{Key: "rate", Value: 1.0}, {Key: "area", Value: 32.0}, {Key: "rank", Value: int32(3)}},
+			}},
 		{name: "$bucket on a value", pipeline: A{D{{Key: "$bucket", Value: D{{Key: "groupBy", Value: "$temp"}, {Key: "boundaries", Value: A{15, 20, 25}}}}}},
 			want: []D{{{Key: "_id", Value: int32(15)}, {Key: "count", Value: int32(270)}}, {{Key: "_id", Value: int32(20)}, {Key: "count", Value: int32(270)}}}},
 	} {
@@ -287,7 +304,7 @@ func TestDashboardAggregations(t *testing.T) {
 			pipeline A
 			name     string
 		}{
-			{A{D{{Key: "$facet", Value: D{{Key: "a", Value: A{}}}}}}, `"$facet"`},
+			{A{D{{Key: "$lookup", Value: D{{Key: "from", Value: "x"}, {Key: "as", Value: "y"}, {Key: "localField", Value: "a"}, {Key: "foreignField", Value: "b"}}}}}, `"$lookup"`},
 			{A{D{{Key: "$project", Value: D{{Key: "x", Value: D{{Key: "$regexMatch", Value: D{{Key: "input", Value: "$sensorId"}, {Key: "regex", Value: "s"}}}}}}}}}, `"$regexMatch"`},
 		} {
 			_, err := tryAggregate(coll, c.pipeline)
