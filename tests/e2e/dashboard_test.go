@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/big"
@@ -356,5 +357,65 @@ func checkRawDocs(t *testing.T, what string, got []bson.Raw, want []bson.D) {
 		if !bytes.Equal(got[i], w) {
 			t.Errorf("%s: document %d:\n got %s\nwant %s", what, i, got[i], bson.Raw(w))
 		}
+	}
+}
+
+// TestDashboardMongosh: mongosh inserts readings into a collection it
+// creates with MongoDB's time-series API, then runs an hourly dashboard
+// (avg, min, max, first, last per sensor and hour, a moving average) that
+// FerretDB cannot run itself: the proxy's engine answers it.
+func TestDashboardMongosh(t *testing.T) {
+	db := uniqueDB(t)
+	p := startProxy(t, proxyOptions{})
+	script := fmt.Sprintf(`const d = connect(process.env.TSPROXY_URI + %q);
+d.createCollection("weather", {timeseries: {timeField: "ts", metaField: "sensor", granularity: "minutes"}});
+const base = ISODate("2026-05-04T09:00:00Z").getTime();
+const docs = [];
+for (let m = 0; m < 120; m++) {
+  for (const s of ["a", "b"]) {
+    docs.push({ts: new Date(base + m * 60000), sensor: s, temp: NumberInt(10 + (m %% 7) + (s === "b" ? 100 : 0))});
+  }
+}
+d.weather.insertMany(docs);
+const hourly = d.weather.aggregate([
+  {$sort: {ts: 1}},
+  {$group: {_id: {s: "$sensor", h: {$hour: "$ts"}}, avg: {$avg: "$temp"}, min: {$min: "$temp"}, max: {$max: "$temp"},
+            first: {$first: "$temp"}, last: {$last: "$temp"}, n: {$count: {}}}},
+  {$sort: {"_id.s": 1, "_id.h": 1}}]).toArray();
+print(JSON.stringify(hourly.map(x => [x._id.s, x._id.h, x.avg, x.min, x.max, x.first, x.last, x.n])));
+const ma = d.weather.aggregate([
+  {$match: {sensor: "a"}},
+  {$setWindowFields: {sortBy: {ts: 1}, output: {ma: {$avg: "$temp", window: {documents: [-2, 0]}}}}},
+  {$limit: 3}, {$project: {_id: 0, ma: 1}}]).toArray();
+print(JSON.stringify(ma.map(x => x.ma)));
+`, db)
+	out := strings.Split(strings.TrimSpace(runMongosh(t, p.URI(), script)), "\n")
+	if len(out) < 2 {
+		t.Fatalf("mongosh printed %q", out)
+	}
+	var want [][]any
+	for _, s := range []string{"a", "b"} {
+		for h := 0; h < 2; h++ {
+			var temps []int
+			for m := h * 60; m < h*60+60; m++ {
+				v := 10 + m%7
+				if s == "b" {
+					v += 100
+				}
+				temps = append(temps, v)
+			}
+			sum := 0
+			for _, v := range temps {
+				sum += v
+			}
+			want = append(want, []any{s, 9 + h, float64(sum) / 60, slices.Min(temps), slices.Max(temps), temps[0], temps[59], 60})
+		}
+	}
+	wantJSON, _ := json.Marshal(want)
+	if got := out[len(out)-2]; got != string(wantJSON) {
+		t.Fatalf("hourly dashboard through mongosh:\n got %s\nwant %s", got, wantJSON)
+	}
+	if got := out[len(out)-1]; got != "[10,10.5,11]" {
+		t.Fatalf("moving average through mongosh: %s, want [10,10.5,11]", got)
 	}
 }
