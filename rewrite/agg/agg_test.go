@@ -320,7 +320,8 @@ func TestRefusals(t *testing.T) {
 		code     mongoerr.Code
 		names    string
 	}{
-		{A{D{{Key: "$lookup", Value: D{}}}}, mongoerr.NotImplemented, `"$lookup"`},
+		{A{D{{Key: "$lookup", Value: D{{Key: "from", Value: "x"}, {Key: "pipeline", Value: A{}}, {Key: "as", Value: "y"}}}}}, mongoerr.NotImplemented, "$lookup with pipeline"},
+		{A{D{{Key: "$lookup", Value: D{{Key: "from", Value: "x"}, {Key: "localField", Value: "a"}, {Key: "foreignField", Value: "b"}, {Key: "as", Value: "y"}}}}}, mongoerr.NotImplemented, "$lookup"},
 		{A{D{{Key: "$facet", Value: D{{Key: "a", Value: A{D{{Key: "$facet", Value: D{}}}}}}}}}, 40600, "within a $facet"},
 		{A{D{{Key: "$project", Value: D{{Key: "x", Value: D{{Key: "$regexMatch", Value: D{}}}}}}}}, mongoerr.NotImplemented, `"$regexMatch"`},
 		{A{D{{Key: "$project", Value: D{{Key: "x", Value: D{{Key: "$switch", Value: D{{Key: "branches", Value: A{}}}}}}}}}}, 40068, "at least one branch"},
@@ -611,5 +612,50 @@ func TestWindowFunctions(t *testing.T) {
 	}
 	if strings.Join(got2, " ") != `0/1/1 1/2/2 1/2/2 2/4/3` {
 		t.Errorf("ranks %v", got2)
+	}
+}
+
+func TestLookup(t *testing.T) {
+	sensors := marshalAll(t, []D{
+		{{Key: "_id", Value: "a"}, {Key: "site", Value: "north"}},
+		{{Key: "_id", Value: "b"}, {Key: "site", Value: "south"}},
+		{{Key: "_id", Value: "c"}, {Key: "site", Value: "east"}},
+		{{Key: "site", Value: "unknown"}},
+	})
+	f := &agg.Foreign{Docs: map[string][]bsoncore.Document{}}
+	for _, d := range sensors {
+		f.Docs["sensors"] = append(f.Docs["sensors"], bsoncore.Document(d))
+	}
+	in := []bson.D{
+		{{Key: "s", Value: "b"}}, {{Key: "s", Value: A{"a", "c"}}}, {{Key: "s", Value: "z"}}, {},
+	}
+	raw, _ := bson.Marshal(D{{Key: "$lookup", Value: D{{Key: "from", Value: "sensors"}, {Key: "localField", Value: "s"}, {Key: "foreignField", Value: "_id"}, {Key: "as", Value: "m"}}}})
+	e, _ := bsoncore.Document(raw).IndexErr(0)
+	p, err := agg.Compile([]agg.Stage{{Name: e.Key(), Value: e.Value()}}, agg.Options{Foreign: f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := agg.ForeignCollections([]agg.Stage{{Name: e.Key(), Value: e.Value()}}); len(got) != 1 || got[0] != "sensors" {
+		t.Fatalf("foreign collections %v", got)
+	}
+	for _, d := range marshalAll(t, in) {
+		if err := p.Push(bsoncore.Document(d)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := p.Finish()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"south", "north,east", "", "unknown"} // a missing field matches a missing one
+	for i, d := range out {
+		vals, _ := bsoncore.Document(d).Lookup("m").Array().Values()
+		var sites []string
+		for _, v := range vals {
+			sites = append(sites, v.Document().Lookup("site").StringValue())
+		}
+		if strings.Join(sites, ",") != want[i] {
+			t.Errorf("document %d joined %v, want %s", i, sites, want[i])
+		}
 	}
 }

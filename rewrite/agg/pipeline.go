@@ -19,6 +19,9 @@ type Options struct {
 	// MaxMemory bounds each blocking stage ($group, $sort, $bucket,
 	// $sortByCount) and the result (0: DefaultMaxMemory).
 	MaxMemory int
+	// Foreign holds what the $lookup stages read; nil: $lookup is
+	// refused.
+	Foreign *Foreign
 }
 
 // Stage is one stage as the client sent it.
@@ -72,6 +75,7 @@ func init() {
 		"$densify":         compileDensify,
 		"$fill":            compileFill,
 		"$facet":           compileFacet,
+		"$lookup":          compileLookup,
 	}
 }
 

@@ -2,6 +2,7 @@ package agg
 
 import (
 	"math"
+	"slices"
 
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
@@ -148,3 +149,7 @@ func groupKey(dst []byte, v Value) []byte {
 func clone(v Value) Value {
 	return Value{Type: v.Type, Data: append([]byte(nil), v.Data...)}
 }
+
+func itoa(i int) string { return bsonutil.Itoa(i) }
+
+func sortInts(s []int) { slices.Sort(s) }

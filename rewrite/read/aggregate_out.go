@@ -27,13 +27,57 @@ const (
 // checkOutputTarget refuses a target the proxy buckets: a rule's
 // namespace or its buckets must not receive plain documents.
 func (a *aggregateRewrite) checkOutputTarget(o *agg.Output) error {
-	r := a.rc.Rule
-	if (o.DB == r.DB && (o.Coll == r.Collection || o.Coll == r.BucketCollection)) ||
-		(a.opts.Bucketed != nil && a.opts.Bucketed(o.DB, o.Coll)) {
+	if a.isBucketed(o.DB, o.Coll) {
 		return a.rc.Unsupported("%s into %s.%s, a bucketed namespace (or its buckets), is not supported", o.Stage, o.DB, o.Coll)
 	}
 	return nil
 }
+
+// isBucketed says whether db.coll is this rule's namespace or buckets,
+// or another rule's (Options.Bucketed).
+func (a *aggregateRewrite) isBucketed(db, coll string) bool {
+	r := a.rc.Rule
+	return (db == r.DB && (coll == r.Collection || coll == r.BucketCollection)) ||
+		(a.opts.Bucketed != nil && a.opts.Bucketed(db, coll))
+}
+
+// readForeign reads the collections a pipeline's $lookup stages join,
+// on the client's connection, within budget bytes.
+func readForeign(x *rewrite.Exec, db string, colls []string, f *agg.Foreign, budget int) error {
+	if budget <= 0 {
+		budget = agg.DefaultMaxMemory
+	}
+	total := 0
+	for _, coll := range colls {
+		var docs []bsoncore.Document
+		var failed error
+		find := bsoncore.NewDocumentBuilder().AppendString("find", coll).AppendString("$db", db).Build()
+		res, ok := x.Run(rewrite.DrainBatched(find, db, coll, 1000, func(batch []bsoncore.Document) error {
+			for _, d := range batch {
+				total += len(d)
+				if total > budget {
+					failed = mongoerr.Errorf(mongoerr.QueryExceededMemoryLimit, "$lookup: the documents of %s.%s exceed the memory limit of %d bytes (limits.aggregateMemory); the proxy does not spill to disk", db, coll, budget)
+					return failed
+				}
+				docs = append(docs, slices.Clone(d))
+			}
+			return nil
+		}, func() rewrite.Result { return rewrite.Result{Reply: okReply()} }))
+		if !ok {
+			return rewrite.ErrAborted
+		}
+		if failed != nil {
+			return failed
+		}
+		if err := writeReplyError(res.Reply, false, "$lookup: read "+db+"."+coll); err != nil {
+			return err
+		}
+		f.Docs[coll] = docs
+	}
+	return nil
+}
+
+func okReply() []byte { return bsoncore.NewDocumentBuilder().AppendDouble("ok", 1).Build() }
 
 // writeOutput writes docs as o says and answers the client.
 func writeOutput(x *rewrite.Exec, o *agg.Output, docs []bsoncore.Document, ns string, maxUpdates int) (bsoncore.Document, error) {

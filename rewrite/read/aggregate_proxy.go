@@ -180,7 +180,17 @@ func (a *aggregateRewrite) engineShaped() (*Command, error) {
 		// The compiled pipeline outlives the request's buffer.
 		stages = append(stages, agg.Stage{Name: st.Name, Value: bsoncore.Value{Type: st.Value.Type, Data: slices.Clone(st.Value.Data)}})
 	}
-	p, err := agg.Compile(stages, agg.Options{MaxMemory: a.opts.AggregateMemory})
+	var foreign *agg.Foreign
+	froms := agg.ForeignCollections(stages)
+	for _, from := range froms {
+		if a.isBucketed(a.rc.Rule.DB, from) {
+			return nil, a.rc.Unsupported("$lookup from %s.%s, a bucketed namespace (or its buckets), is not supported", a.rc.Rule.DB, from)
+		}
+	}
+	if len(froms) > 0 {
+		foreign = &agg.Foreign{Docs: map[string][]bsoncore.Document{}}
+	}
+	p, err := agg.Compile(stages, agg.Options{MaxMemory: a.opts.AggregateMemory, Foreign: foreign})
 	if err != nil {
 		return nil, mongoerr.Errorf(mongoerr.CodeOf(err), "tsproxy rule %s: %s", a.rc.NS, err.Error())
 	}
@@ -197,6 +207,10 @@ func (a *aggregateRewrite) engineShaped() (*Command, error) {
 		return nil
 	}
 	d := &PointDrain{take: take}
+	if foreign != nil {
+		db, budget := a.rc.Rule.DB, a.opts.AggregateMemory
+		d.prepare = func(x *rewrite.Exec) error { return readForeign(x, db, froms, foreign, budget) }
+	}
 	batchSize := a.batchSize
 	d.answer = func(newID func() int64) rewrite.Result {
 		if failed != nil {

@@ -300,6 +300,13 @@ func (c *pointCursor) Close() rewrite.Plan {
 // answers.
 func drainPointRead(pr *PointRead, rule *rules.Rule, d *PointDrain, newID func() int64) rewrite.Plan {
 	return rewrite.Script(func(x *rewrite.Exec) (rewrite.Result, error) {
+		if d.prepare != nil {
+			if err := d.prepare(x); err == rewrite.ErrAborted {
+				return rewrite.Result{}, err
+			} else if err != nil {
+				return rewrite.Result{Reply: mongoerr.Reply(err)}, nil
+			}
+		}
 		pr.Want(-1)
 		for {
 			for cmds := pr.Lookups(); cmds != nil; cmds = pr.Lookups() {

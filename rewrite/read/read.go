@@ -480,6 +480,9 @@ type PointDrain struct {
 	// proxy holds (named by newID) when the answer takes more than one
 	// batch.
 	answer func(newID func() int64) rewrite.Result
+	// prepare, when set, runs before the read (the collections an
+	// aggregation's $lookup joins).
+	prepare func(x *rewrite.Exec) error
 }
 
 // pointDrain counts the events, answering with reply.

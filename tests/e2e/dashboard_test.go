@@ -231,6 +231,22 @@ func TestDashboardAggregations(t *testing.T) {
 			}
 		})
 	}
+	t.Run("$lookup of a plain collection", func(t *testing.T) {
+		sites := direct(t).Database(db).Collection("sensors")
+		if _, err := sites.InsertMany(ctx, []any{D{{Key: "_id", Value: "s0"}, {Key: "site", Value: "north"}}, D{{Key: "_id", Value: "s1"}, {Key: "site", Value: "south"}}}); err != nil {
+			t.Fatal(err)
+		}
+		got := runAggregateRaw(t, coll, A{
+			D{{Key: "$group", Value: D{{Key: "_id", Value: "$sensorId"}, {Key: "n", Value: D{{Key: "$sum", Value: 1}}}}}},
+			D{{Key: "$lookup", Value: D{{Key: "from", Value: "sensors"}, {Key: "localField", Value: "_id"}, {Key: "foreignField", Value: "_id"}, {Key: "as", Value: "where"}}}},
+			D{{Key: "$sort", Value: D{{Key: "_id", Value: 1}}}},
+		})
+		checkRawDocs(t, "through the proxy", got, []D{
+			{{Key: "_id", Value: "s0"}, {Key: "n", Value: int32(180)}, {Key: "where", Value: A{D{{Key: "_id", Value: "s0"}, {Key: "site", Value: "north"}}}}},
+			{{Key: "_id", Value: "s1"}, {Key: "n", Value: int32(180)}, {Key: "where", Value: A{D{{Key: "_id", Value: "s1"}, {Key: "site", Value: "south"}}}}},
+			{{Key: "_id", Value: "s2"}, {Key: "n", Value: int32(180)}, {Key: "where", Value: A{}}},
+		})
+	})
 	t.Run("a result of many batches, read by getMore", func(t *testing.T) {
 		pipeline := A{D{{Key: "$addFields", Value: D{{Key: "f", Value: D{{Key: "$multiply", Value: A{"$temp", 2}}}}}}},
 			D{{Key: "$sort", Value: D{{Key: "ts", Value: 1}, {Key: "sensorId", Value: 1}}}}}
@@ -305,7 +321,8 @@ func TestDashboardAggregations(t *testing.T) {
 			pipeline A
 			name     string
 		}{
-			{A{D{{Key: "$lookup", Value: D{{Key: "from", Value: "x"}, {Key: "as", Value: "y"}, {Key: "localField", Value: "a"}, {Key: "foreignField", Value: "b"}}}}}, `"$lookup"`},
+			{A{D{{Key: "$bucketAuto", Value: D{{Key: "groupBy", Value: "$temp"}, {Key: "buckets", Value: 3}}}}}, `"$bucketAuto"`},
+			{A{D{{Key: "$lookup", Value: D{{Key: "from", Value: "readings"}, {Key: "as", Value: "y"}, {Key: "localField", Value: "a"}, {Key: "foreignField", Value: "b"}}}}}, "bucketed namespace"},
 			{A{D{{Key: "$project", Value: D{{Key: "x", Value: D{{Key: "$regexMatch", Value: D{{Key: "input", Value: "$sensorId"}, {Key: "regex", Value: "s"}}}}}}}}}, `"$regexMatch"`},
 		} {
 			_, err := tryAggregate(coll, c.pipeline)
