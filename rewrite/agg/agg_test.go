@@ -293,6 +293,16 @@ func TestPipelines(t *testing.T) {
 			want: []D{{{Key: "count", Value: A{D{{Key: "n", Value: int32(20)}}}}, {Key: "top", Value: A{D{{Key: "_id", Value: int32(19)}}}}}},
 		},
 		{
+			name:     "$bucketAuto: equal counts, equal values together, max is the next min",
+			in:       []bson.D{{{Key: "v", Value: 5}}, {{Key: "v", Value: 1}}, {{Key: "v", Value: 2}}, {{Key: "v", Value: 2}}, {{Key: "v", Value: 3}}, {{Key: "v", Value: 9}}, {{Key: "v", Value: 7}}},
+			pipeline: A{D{{Key: "$bucketAuto", Value: D{{Key: "groupBy", Value: "$v"}, {Key: "buckets", Value: 3}, {Key: "output", Value: D{{Key: "n", Value: D{{Key: "$sum", Value: 1}}}, {Key: "all", Value: D{{Key: "$push", Value: "$v"}}}}}}}}},
+			want: []D{
+				{{Key: "_id", Value: D{{Key: "min", Value: int32(1)}, {Key: "max", Value: int32(3)}}}, {Key: "n", Value: int32(3)}, {Key: "all", Value: A{int32(1), int32(2), int32(2)}}},
+				{{Key: "_id", Value: D{{Key: "min", Value: int32(3)}, {Key: "max", Value: int32(7)}}}, {Key: "n", Value: int32(2)}, {Key: "all", Value: A{int32(3), int32(5)}}},
+				{{Key: "_id", Value: D{{Key: "min", Value: int32(7)}, {Key: "max", Value: int32(9)}}}, {Key: "n", Value: int32(2)}, {Key: "all", Value: A{int32(7), int32(9)}}},
+			},
+		},
+		{
 			name:     "numbers group by value",
 			in:       []bson.D{{{Key: "k", Value: int32(1)}}, {{Key: "k", Value: 1.0}}, {{Key: "k", Value: int64(1)}}, {{Key: "k", Value: nil}}, {}},
 			pipeline: A{D{{Key: "$group", Value: D{{Key: "_id", Value: "$k"}, {Key: "n", Value: D{{Key: "$sum", Value: 1}}}}}}},

@@ -47,11 +47,7 @@ func compileBucket(v Value, next processor, opts Options) (processor, error) {
 	for _, e := range elems {
 		switch e.Key() {
 		case "groupBy":
-			gv := e.Value()
-			if s, ok := gv.StringValueOK(); !(ok && len(s) > 1 && s[0] == '$') && gv.Type != bsoncore.TypeEmbeddedDocument {
-				return nil, badValue(40202, "The $bucket 'groupBy' field must be defined as a $-prefixed path or an expression, but found: %s.", gv)
-			}
-			g, err := compileExpr(gv, 1)
+			g, err := compileGroupBy("$bucket", e.Value(), 40202)
 			if err != nil {
 				return nil, err
 			}
@@ -98,17 +94,34 @@ func compileBucket(v Value, next processor, opts Options) (processor, error) {
 	}
 	g := &groupStage{id: b, groups: map[string]int{}, max: opts.MaxMemory, name: "$bucket",
 		next: &sortStage{keys: []sortKey{{path: []string{"_id"}}}, max: opts.MaxMemory, next: next, name: "$bucket"}}
-	if output == nil {
-		g.specs = []accumulatorSpec{{field: "count", op: "$sum", arg: literal{v: int32Value(1)}}}
-		return g, nil
+	specs, err := bucketOutput(output)
+	g.specs = specs
+	return g, err
+}
+
+// compileGroupBy reads the groupBy of $bucket and $bucketAuto: a
+// $-prefixed path or an expression object.
+func compileGroupBy(stage string, v Value, code mongoerr.Code) (expr, error) {
+	if s, ok := v.StringValueOK(); !(ok && len(s) > 1 && s[0] == '$') && v.Type != bsoncore.TypeEmbeddedDocument {
+		return nil, badValue(code, "The %s 'groupBy' field must be defined as a $-prefixed path or an expression, but found: %s.", stage, v)
 	}
+	return compileExpr(v, 1)
+}
+
+// bucketOutput compiles the output of $bucket and $bucketAuto: its
+// accumulators, or a count when there is none.
+func bucketOutput(output bsoncore.Document) ([]accumulatorSpec, error) {
+	if output == nil {
+		return []accumulatorSpec{{field: "count", op: "$sum", arg: literal{v: int32Value(1)}}}, nil
+	}
+	var specs []accumulatorSpec
 	oe, _ := output.Elements()
 	for _, e := range oe {
 		spec, err := compileAccumulator(e.Key(), e.Value())
 		if err != nil {
 			return nil, err
 		}
-		g.specs = append(g.specs, spec)
+		specs = append(specs, spec)
 	}
-	return g, nil
+	return specs, nil
 }

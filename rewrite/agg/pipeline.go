@@ -76,6 +76,7 @@ func init() {
 		"$fill":            compileFill,
 		"$facet":           compileFacet,
 		"$lookup":          compileLookup,
+		"$bucketAuto":      compileBucketAuto,
 	}
 }
 

@@ -224,7 +224,7 @@ func TestReadRefused(t *testing.T) {
 		{find(E{Key: "projection", Value: D{{Key: "a", Value: D{{Key: "$slice", Value: 1}}}}}), `"$slice"`},
 		{agg(D{{Key: "$lookup", Value: D{{Key: "from", Value: "x"}, {Key: "as", Value: "y"}, {Key: "pipeline", Value: A{}}}}}), `$lookup with pipeline is not supported by the proxy's aggregation engine`},
 		{agg(D{{Key: "$lookup", Value: D{{Key: "from", Value: "readings"}, {Key: "as", Value: "y"}, {Key: "localField", Value: "a"}, {Key: "foreignField", Value: "b"}}}}), `$lookup from iot.readings, a bucketed namespace`},
-		{agg(D{{Key: "$bucketAuto", Value: D{}}}), `the aggregation stage "$bucketAuto" is not supported by the proxy's aggregation engine`},
+		{agg(D{{Key: "$graphLookup", Value: D{}}}), `the aggregation stage "$graphLookup" is not supported by the proxy's aggregation engine`},
 		{agg(D{{Key: "$project", Value: D{{Key: "a", Value: D{{Key: "$regexMatch", Value: D{}}}}}}}), `the expression operator "$regexMatch" is not supported`},
 		{D{{Key: "aggregate", Value: "readings"}, {Key: "pipeline", Value: A{}}}, `'cursor' option is required`},
 		{D{{Key: "count", Value: "readings"}, {Key: "hint", Value: true}}, `hint must be either a string or nested object`},

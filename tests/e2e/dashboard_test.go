@@ -220,6 +220,9 @@ func TestDashboardAggregations(t *testing.T) {
 				{{Key: "rate", Value: 1.0}, {Key: "area", Value: 15.5}, {Key: "rank", Value: int32(2)}},
 				{{Key: "rate", Value: 1.0}, {Key: "area", Value: 32.0}, {Key: "rank", Value: int32(3)}},
 			}},
+		{name: "$bucketAuto on a value", pipeline: A{D{{Key: "$bucketAuto", Value: D{{Key: "groupBy", Value: "$temp"}, {Key: "buckets", Value: 2}}}}},
+			want: []D{{{Key: "_id", Value: D{{Key: "min", Value: int32(15)}, {Key: "max", Value: int32(20)}}}, {Key: "count", Value: int32(270)}},
+				{{Key: "_id", Value: D{{Key: "min", Value: int32(20)}, {Key: "max", Value: int32(24)}}}, {Key: "count", Value: int32(270)}}}},
 		{name: "$bucket on a value", pipeline: A{D{{Key: "$bucket", Value: D{{Key: "groupBy", Value: "$temp"}, {Key: "boundaries", Value: A{15, 20, 25}}}}}},
 			want: []D{{{Key: "_id", Value: int32(15)}, {Key: "count", Value: int32(270)}}, {{Key: "_id", Value: int32(20)}, {Key: "count", Value: int32(270)}}}},
 	} {
@@ -321,7 +324,7 @@ func TestDashboardAggregations(t *testing.T) {
 			pipeline A
 			name     string
 		}{
-			{A{D{{Key: "$bucketAuto", Value: D{{Key: "groupBy", Value: "$temp"}, {Key: "buckets", Value: 3}}}}}, `"$bucketAuto"`},
+			{A{D{{Key: "$graphLookup", Value: D{{Key: "from", Value: "x"}}}}}, `"$graphLookup"`},
 			{A{D{{Key: "$lookup", Value: D{{Key: "from", Value: "readings"}, {Key: "as", Value: "y"}, {Key: "localField", Value: "a"}, {Key: "foreignField", Value: "b"}}}}}, "bucketed namespace"},
 			{A{D{{Key: "$project", Value: D{{Key: "x", Value: D{{Key: "$regexMatch", Value: D{{Key: "input", Value: "$sensorId"}, {Key: "regex", Value: "s"}}}}}}}}}, `"$regexMatch"`},
 		} {

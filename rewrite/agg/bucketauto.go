@@ -1,0 +1,143 @@
+package agg
+
+import (
+	"math"
+	"slices"
+
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+// $bucketAuto: the documents in groupBy order, cut into at most
+// `buckets` buckets of about equal counts (documents with equal values
+// stay together), each {_id: {min, max}, <output>...}, max being the
+// next bucket's min (the last one's greatest value), as MongoDB cuts
+// them. A granularity (preferred number series) is not supported.
+type bucketAutoStage struct {
+	groupBy expr
+	buckets int
+	specs   []accumulatorSpec
+	items   []autoItem
+	in      buffer
+	next    processor
+}
+
+type autoItem struct {
+	key Value
+	doc bsoncore.Document
+}
+
+func compileBucketAuto(v Value, next processor, opts Options) (processor, error) {
+	d, ok := v.DocumentOK()
+	if !ok {
+		return nil, badValue(40240, "The argument to $bucketAuto must be an object, but found type: %s.", typeAlias(v))
+	}
+	b := &bucketAutoStage{in: buffer{stage: "$bucketAuto", max: opts.MaxMemory}, next: next}
+	var output bsoncore.Document
+	elems, _ := d.Elements()
+	for _, e := range elems {
+		switch e.Key() {
+		case "groupBy":
+			g, err := compileGroupBy("$bucketAuto", e.Value(), 40239)
+			if err != nil {
+				return nil, err
+			}
+			b.groupBy = g
+		case "buckets":
+			k, i, f, ok := number(e.Value())
+			if k == kindDouble && f == math.Trunc(f) {
+				i = int64(f)
+			} else if !ok || k == kindDouble || k == kindDecimal {
+				return nil, badValue(40241, "The $bucketAuto 'buckets' field must be a numeric value, but found type: %s.", typeAlias(e.Value()))
+			}
+			if i <= 0 || i > math.MaxInt32 {
+				return nil, badValue(40243, "The $bucketAuto 'buckets' field must be greater than 0, but found: %d.", i)
+			}
+			b.buckets = int(i)
+		case "output":
+			o, ok := e.Value().DocumentOK()
+			if !ok {
+				return nil, badValue(40244, "The $bucketAuto 'output' field must be an object, but found type: %s.", typeAlias(e.Value()))
+			}
+			output = o
+		case "granularity":
+			return nil, unsupported("$bucketAuto with a granularity")
+		default:
+			return nil, badValue(40245, "Unrecognized option to $bucketAuto: %s.", e.Key())
+		}
+	}
+	if b.groupBy == nil || b.buckets == 0 {
+		return nil, badValue(40246, "$bucketAuto requires 'groupBy' and 'buckets' to be specified")
+	}
+	specs, err := bucketOutput(output)
+	b.specs = specs
+	return b, err
+}
+
+func (b *bucketAutoStage) push(doc bsoncore.Document) error {
+	key, err := b.groupBy.eval(doc)
+	if err != nil {
+		return err
+	}
+	if key.Type == 0 {
+		key = null
+	}
+	if err := b.in.add(doc); err != nil {
+		return err
+	}
+	b.items = append(b.items, autoItem{key: clone(key), doc: b.in.docs[len(b.in.docs)-1]})
+	return nil
+}
+
+func (b *bucketAutoStage) flush() error {
+	items := b.items
+	b.items, b.in.docs = nil, nil
+	slices.SortStableFunc(items, func(x, y autoItem) int { return compare(x.key, y.key) })
+	n := len(items)
+	size := int(math.Round(float64(n) / float64(b.buckets)))
+	if size < 1 {
+		size = 1
+	}
+	for start, made := 0, 0; start < n; made++ {
+		end := min(start+size, n)
+		// Equal values stay in one bucket; the last bucket takes the rest.
+		for end < n && compare(items[end].key, items[end-1].key) == 0 {
+			end++
+		}
+		if made == b.buckets-1 {
+			end = n
+		}
+		max := items[end-1].key
+		if end < n {
+			max = items[end].key
+		}
+		accs := make([]accumulator, len(b.specs))
+		for i, s := range b.specs {
+			accs[i] = s.make()
+		}
+		for _, it := range items[start:end] {
+			for i, s := range b.specs {
+				v, err := s.arg.eval(it.doc)
+				if err != nil {
+					return err
+				}
+				accs[i].add(v)
+			}
+		}
+		idx, out := bsoncore.AppendDocumentStart(nil)
+		out = bsoncore.AppendDocumentElement(out, "_id", bsoncore.NewDocumentBuilder().
+			AppendValue("min", items[start].key).AppendValue("max", max).Build())
+		for i, s := range b.specs {
+			v, err := accs[i].result()
+			if err != nil {
+				return err
+			}
+			out = bsoncore.AppendValueElement(out, s.field, v)
+		}
+		out, _ = bsoncore.AppendDocumentEnd(out, idx)
+		if err := b.next.push(out); err != nil {
+			return err
+		}
+		start = end
+	}
+	return b.next.flush()
+}
