@@ -354,6 +354,9 @@ func TestRunErrors(t *testing.T) {
 	if _, err := run(t, []bson.D{{{Key: "tags", Value: A{"a", "b"}}}}, A{D{{Key: "$project", Value: D{{Key: "tags", Value: 1}}}}, D{{Key: "$match", Value: D{{Key: "tags", Value: "a"}}}}}); mongoerr.CodeOf(err) != mongoerr.NotImplemented || !strings.Contains(err.Error(), `"tags"`) {
 		t.Errorf("a $match on an array field: %v, want a refusal naming it", err)
 	}
+	if _, err := run(t, events(), A{D{{Key: "$project", Value: D{{Key: "x", Value: D{{Key: "$dateTrunc", Value: D{{Key: "date", Value: "$ts"}, {Key: "unit", Value: "hour"}, {Key: "binSize", Value: int64(1) << 62}}}}}}}}}); err == nil || !strings.Contains(err.Error(), "binSize") {
+		t.Errorf("a binSize whose bin overflows: %v", err)
+	}
 	if _, err := run(t, events(), A{D{{Key: "$project", Value: D{{Key: "x", Value: D{{Key: "$divide", Value: A{1, 0}}}}}}}}); err == nil || !strings.Contains(err.Error(), "divide by zero") {
 		t.Errorf("divide by zero: %v", err)
 	}

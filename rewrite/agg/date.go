@@ -236,8 +236,8 @@ func (d dateTrunc) eval(doc bsoncore.Document) (Value, error) {
 		} else if !ok || k == kindDouble || k == kindDecimal {
 			return missing, badValue(5439017, "$dateTrunc requires 'binSize' to be a 64-bit integer, but got value '%s' of type %s", bv, typeAlias(bv))
 		}
-		if i <= 0 {
-			return missing, badValue(5439018, "$dateTrunc requires 'binSize' to be greater than 0, but got value %d", i)
+		if i <= 0 || i > maxBinSize {
+			return missing, badValue(5439018, "$dateTrunc requires 'binSize' to be greater than 0 and at most %d, but got value %d", int64(maxBinSize), i)
 		}
 		bin = i
 	}
@@ -276,6 +276,10 @@ func weekday(v Value) (time.Weekday, bool) {
 	}
 	return 0, false
 }
+
+// maxBinSize bounds $dateTrunc's binSize (MongoDB's bound), so that a
+// bin's length in milliseconds fits an int64.
+const maxBinSize = 100_000_000_000
 
 // truncate is t's bin start (ms): fixed units by their length from the
 // reference; days, weeks, months, quarters and years by the calendar in

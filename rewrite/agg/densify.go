@@ -25,7 +25,13 @@ type densifyStage struct {
 	lo, hi float64
 	in     buffer
 	next   processor
+	// generatedDocs counts what the stage made (maxDensifyDocs at most).
+	generatedDocs int
 }
+
+// maxDensifyDocs bounds the documents one $densify generates, as
+// MongoDB's internalQueryMaxDensifyDocs (500,000) does.
+const maxDensifyDocs = 500_000
 
 func compileDensify(v Value, next processor, opts Options) (processor, error) {
 	d, ok := v.DocumentOK()
@@ -229,14 +235,21 @@ type densifyItem struct {
 // document for each grid value start + k*step up to end that none has.
 func (s *densifyStage) mergeGrid(key Value, items []densifyItem, start, end float64, inclusive bool, step float64) error {
 	hasGrid := !math.IsInf(start, 0)
+	if hasGrid && start+step == start {
+		return badValue(5733401, "$densify: the step %v is too small for values around %v (adding it changes nothing)", step, start)
+	}
 	k := 0
 	next := start
 	inRange := func() bool { return hasGrid && (next < end || (inclusive && next == end)) }
 	advance := func() { k++; next = start + float64(k)*step }
 	emit := func() error {
 		s.in.bytes += 64
+		s.generatedDocs++
 		if s.in.bytes > s.in.max {
 			return exceeded("$densify", s.in.max)
+		}
+		if s.generatedDocs > maxDensifyDocs {
+			return badValue(5897900, "$densify would generate more than %d documents", maxDensifyDocs)
 		}
 		err := s.generated(key, next)
 		advance()
@@ -249,7 +262,7 @@ func (s *densifyStage) mergeGrid(key Value, items []densifyItem, start, end floa
 					return err
 				}
 			}
-			for inRange() && next == it.pos {
+			if inRange() && next == it.pos {
 				advance()
 			}
 		}

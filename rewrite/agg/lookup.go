@@ -35,7 +35,8 @@ func ForeignCollections(stages []Stage) []string {
 			case "$facet":
 				elems, _ := d.Elements()
 				for _, e := range elems {
-					vals, _ := e.Value().Array().Values()
+					arr, _ := e.Value().ArrayOK()
+					vals, _ := arr.Values()
 					var sub []Stage
 					for _, v := range vals {
 						if sd, ok := v.DocumentOK(); ok {
