@@ -199,10 +199,12 @@ func (a *aggregateRewrite) engineShaped() (*Command, error) {
 		return nil, nil
 	}
 	ns := a.rc.NS
-	var failed error
 	take := func(ev bsoncore.Document) error {
-		if failed == nil && !p.Done() {
-			failed = p.Push(ev)
+		if err := p.Push(ev); err != nil {
+			return err // the scan stops; the client gets the error
+		}
+		if p.Done() {
+			return errEnough
 		}
 		return nil
 	}
@@ -213,9 +215,6 @@ func (a *aggregateRewrite) engineShaped() (*Command, error) {
 	}
 	batchSize := a.batchSize
 	d.answer = func(newID func() int64) rewrite.Result {
-		if failed != nil {
-			return rewrite.Result{Reply: mongoerr.Reply(failed)}
-		}
 		docs, err := p.Finish()
 		if err != nil {
 			return rewrite.Result{Reply: mongoerr.Reply(err)}
@@ -225,9 +224,6 @@ func (a *aggregateRewrite) engineShaped() (*Command, error) {
 	if output != nil {
 		maxUpdates := a.opts.Caps.MaxUpdateStatements
 		d.finish = func(x *rewrite.Exec) (bsoncore.Document, error) {
-			if failed != nil {
-				return nil, failed
-			}
 			docs, err := p.Finish()
 			if err != nil {
 				return nil, err

@@ -542,4 +542,9 @@ func TestEngineAggregate(t *testing.T) {
 	if !strings.Contains(got, `"firstBatch": [`+strings.Join(want, ",")+`]`) {
 		t.Fatalf("sort after limit: got %s\nwant the batch %s", got, strings.Join(want, ","))
 	}
+	// A $limit with nothing blocking before it stops the scan early.
+	got = run(A{match, D{{Key: "$limit", Value: 3}}, D{{Key: "$addFields", Value: D{{Key: "x", Value: 1}}}}, D{{Key: "$project", Value: D{{Key: "x", Value: 1}}}}})
+	if n := strings.Count(got, `"x": {"$numberInt":"1"}`); n != 3 {
+		t.Fatalf("limit 3 before $addFields: %d documents in %s", n, got)
+	}
 }

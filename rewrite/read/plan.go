@@ -1,6 +1,7 @@
 package read
 
 import (
+	"errors"
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -296,8 +297,8 @@ func (c *pointCursor) Close() rewrite.Plan {
 }
 
 // drainPointRead serves a count or distinct from a point read, read to
-// its end batch by batch: each event goes to d.take, then d.result
-// answers.
+// its end batch by batch (or until d.take says errEnough): each event
+// goes to d.take, then d.result answers.
 func drainPointRead(pr *PointRead, rule *rules.Rule, d *PointDrain, newID func() int64) rewrite.Plan {
 	return rewrite.Script(func(x *rewrite.Exec) (rewrite.Result, error) {
 		if d.prepare != nil {
@@ -319,14 +320,18 @@ func drainPointRead(pr *PointRead, rule *rules.Rule, d *PointDrain, newID func()
 					return rewrite.Result{}, err
 				}
 			}
+			enough := false
 			for _, ev := range pr.out {
-				if err := d.take(ev); err != nil {
+				if err := d.take(ev); err == errEnough {
+					enough = true
+					break
+				} else if err != nil {
 					closeUpstream(x, pr, rule)
 					return rewrite.Result{}, err
 				}
 			}
 			pr.out, pr.outSize = pr.out[:0], 0
-			if pr.exhausted() {
+			if enough || pr.exhausted() {
 				break
 			}
 		}
@@ -347,6 +352,11 @@ func drainPointRead(pr *PointRead, rule *rules.Rule, d *PointDrain, newID func()
 		return rewrite.Result{Reply: d.result()}, nil
 	})
 }
+
+// errEnough is what a PointDrain's take returns when no more events can
+// change its answer (an aggregation's $limit was reached): the read
+// stops there.
+var errEnough = errors.New("enough events")
 
 // closeUpstream kills the point read's upstream cursor if it is still
 // open (a limit reached, an error); its outcome does not change the answer.
