@@ -2,6 +2,7 @@ package rewrite
 
 import (
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
 // The seam between the proxy and the rewrites. A rewrite turns a client's
@@ -100,6 +101,9 @@ type Cursor interface {
 
 // Done is a plan that needs no upstream: its result is r.
 func Done(r Result) Plan { return &donePlan{r: r} }
+
+// OKReply is the reply {ok: 1}.
+func OKReply() []byte { return bsoncore.NewDocumentBuilder().AppendDouble("ok", 1).Build() }
 
 // Fail is a plan that answers with err's error reply.
 func Fail(err error) Plan { return Done(Result{Reply: mongoerr.Reply(err)}) }

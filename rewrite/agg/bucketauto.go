@@ -1,6 +1,7 @@
 package agg
 
 import (
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"math"
 	"slices"
 
@@ -43,10 +44,8 @@ func compileBucketAuto(v Value, next processor, opts Options) (processor, error)
 			}
 			b.groupBy = g
 		case "buckets":
-			k, i, f, ok := number(e.Value())
-			if k == kindDouble && f == math.Trunc(f) {
-				i = int64(f)
-			} else if !ok || k == kindDouble || k == kindDecimal {
+			i, ok := bsonutil.WholeNumber(e.Value())
+			if !ok {
 				return nil, badValue(40241, "The $bucketAuto 'buckets' field must be a numeric value, but found type: %s.", typeAlias(e.Value()))
 			}
 			if i <= 0 || i > math.MaxInt32 {

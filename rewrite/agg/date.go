@@ -2,6 +2,7 @@ package agg
 
 import (
 	"fmt"
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"regexp"
 	"strconv"
 	"strings"
@@ -230,10 +231,8 @@ func (d dateTrunc) eval(doc bsoncore.Document) (Value, error) {
 		if isNullish(bv) {
 			return null, nil
 		}
-		k, i, f, ok := number(bv)
-		if k == kindDouble && f == float64(int64(f)) {
-			i = int64(f)
-		} else if !ok || k == kindDouble || k == kindDecimal {
+		i, ok := bsonutil.WholeNumber(bv)
+		if !ok {
 			return missing, badValue(5439017, "$dateTrunc requires 'binSize' to be a 64-bit integer, but got value '%s' of type %s", bv, typeAlias(bv))
 		}
 		if i <= 0 || i > maxBinSize {

@@ -1,7 +1,9 @@
 package agg
 
 import (
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+	"slices"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 )
@@ -146,10 +148,10 @@ func (l *lookupStage) push(doc bsoncore.Document) error {
 			}
 		}
 	}
-	sortInts(matched)
+	slices.Sort(matched)
 	aidx, arr := bsoncore.AppendArrayStart(nil)
 	for j, i := range matched {
-		arr = bsoncore.AppendDocumentElement(arr, itoa(j), l.docs[i])
+		arr = bsoncore.AppendDocumentElement(arr, bsonutil.Itoa(j), l.docs[i])
 	}
 	arr, _ = bsoncore.AppendArrayEnd(arr, aidx)
 	return l.next.push(setTopField(doc, l.as, Value{Type: bsoncore.TypeArray, Data: arr}))

@@ -1,6 +1,7 @@
 package agg
 
 import (
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"slices"
 	"strings"
 
@@ -198,10 +199,8 @@ type skipStage struct {
 }
 
 func wholeNumber(stage string, v Value, positive bool) (int64, error) {
-	k, i, f, ok := number(v)
-	if k == kindDouble && f == float64(int64(f)) {
-		i = int64(f)
-	} else if !ok || k == kindDouble || k == kindDecimal {
+	i, ok := bsonutil.WholeNumber(v)
+	if !ok {
 		return 0, badValue(15957, "the %s must be specified as a number", stage)
 	}
 	if i < 0 || (positive && i == 0) {

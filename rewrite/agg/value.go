@@ -2,7 +2,6 @@ package agg
 
 import (
 	"math"
-	"slices"
 
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
@@ -149,7 +148,3 @@ func groupKey(dst []byte, v Value) []byte {
 func clone(v Value) Value {
 	return Value{Type: v.Type, Data: append([]byte(nil), v.Data...)}
 }
-
-func itoa(i int) string { return bsonutil.Itoa(i) }
-
-func sortInts(s []int) { slices.Sort(s) }

@@ -183,3 +183,21 @@ func Itoa(i int) string {
 }
 
 func itoaSlow(i int) string { return strconv.Itoa(i) }
+
+// WholeNumber reads v as an integer: an int32, an int64, or a double
+// holding a whole number within the int64 range (how MongoDB reads
+// $skip, $limit and other counts).
+func WholeNumber(v bsoncore.Value) (int64, bool) {
+	switch v.Type {
+	case bsoncore.TypeInt32:
+		return int64(v.Int32()), true
+	case bsoncore.TypeInt64:
+		return v.Int64(), true
+	case bsoncore.TypeDouble:
+		f := v.Double()
+		if f == float64(int64(f)) && f > -9.2e18 && f < 9.2e18 {
+			return int64(f), true
+		}
+	}
+	return 0, false
+}

@@ -215,7 +215,7 @@ func (a *aggregateRewrite) addStage(i int) error {
 		}
 		a.pipeline = append(a.pipeline, bsonutil.Stage("$sort", bsonutil.DocValue(s)))
 	case "$skip", "$limit":
-		n, ok := WholeNumber(st.Value)
+		n, ok := bsonutil.WholeNumber(st.Value)
 		if !ok || n < 0 || (st.Name == "$limit" && n == 0) {
 			return rc.BadValue(mongoerr.BadValue, "%s needs a positive whole number, got %s", st.Name, st.Value.String())
 		}
@@ -412,19 +412,4 @@ func CountGroup(v bsoncore.Value) (string, bool) {
 	}
 	n, ok := ae[0].Value().AsFloat64OK()
 	return key, ok && n == 1
-}
-
-func WholeNumber(v bsoncore.Value) (int64, bool) {
-	switch v.Type {
-	case bsoncore.TypeInt32:
-		return int64(v.Int32()), true
-	case bsoncore.TypeInt64:
-		return v.Int64(), true
-	case bsoncore.TypeDouble:
-		f := v.Double()
-		if f == float64(int64(f)) && f > -9.2e18 && f < 9.2e18 {
-			return int64(f), true
-		}
-	}
-	return 0, false
 }

@@ -62,7 +62,7 @@ func readForeign(x *rewrite.Exec, db string, colls []string, f *agg.Foreign, bud
 				docs = append(docs, slices.Clone(d))
 			}
 			return nil
-		}, func() rewrite.Result { return rewrite.Result{Reply: okReply()} }))
+		}, func() rewrite.Result { return rewrite.Result{Reply: rewrite.OKReply()} }))
 		if !ok {
 			return rewrite.ErrAborted
 		}
@@ -76,8 +76,6 @@ func readForeign(x *rewrite.Exec, db string, colls []string, f *agg.Foreign, bud
 	}
 	return nil
 }
-
-func okReply() []byte { return bsoncore.NewDocumentBuilder().AppendDouble("ok", 1).Build() }
 
 // writeOutput writes docs as o says and answers the client.
 func writeOutput(x *rewrite.Exec, o *agg.Output, docs []bsoncore.Document, ns string, maxUpdates int) (bsoncore.Document, error) {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/agg"
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
@@ -29,7 +30,7 @@ func (a *aggregateRewrite) countBy(read func(rc *query.Ctx, filter, sortDoc bson
 	}
 	var skip, limit int64
 	for ; i < len(a.stages)-1; i++ {
-		n, ok := WholeNumber(a.stages[i].Value)
+		n, ok := bsonutil.WholeNumber(a.stages[i].Value)
 		switch {
 		case !ok || n < 0:
 			return nil
@@ -114,7 +115,7 @@ func (a *aggregateRewrite) findShaped() *Command {
 	pg := query.Paging{BatchSize: a.batchSize}
 	for _, name := range []string{"$skip", "$limit"} {
 		if i < len(a.stages) && a.stages[i].Name == name {
-			n, ok := WholeNumber(a.stages[i].Value)
+			n, ok := bsonutil.WholeNumber(a.stages[i].Value)
 			if !ok || n < 0 || (name == "$limit" && n == 0) {
 				return nil
 			}

@@ -129,13 +129,9 @@ func NewMerge(rule *rules.Rule, opts MergeOptions) *Merge {
 		if err := m.run(x); err != nil {
 			return rewrite.Result{}, err
 		}
-		return rewrite.Result{Reply: okReply()}, nil
+		return rewrite.Result{Reply: rewrite.OKReply()}, nil
 	})
 	return m
-}
-
-func okReply() []byte {
-	return bsoncore.NewDocumentBuilder().AppendDouble("ok", 1).Build()
 }
 
 func (m *Merge) run(x *rewrite.Exec) error {

@@ -14,7 +14,6 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/insert"
 	"github.com/tsproxy/tsproxy/rewrite/internal/rwtest"
-	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
 	"github.com/tsproxy/tsproxy/rules"
 )
@@ -315,11 +314,17 @@ func TestInsertReplies(t *testing.T) {
 
 func merge(t *testing.T, m *mem, opts stage.MergeOptions) stage.Stats {
 	t.Helper()
+	return mergeRule(t, m, rwtest.InsertRule(), opts)
+}
+
+// mergeRule runs a merge of rule's staging tier that must succeed.
+func mergeRule(t *testing.T, m *mem, rule *rules.Rule, opts stage.MergeOptions) stage.Stats {
+	t.Helper()
 	if opts.Now.IsZero() {
 		opts.Now = time.UnixMilli(1_000_000)
 	}
 	opts.RetryHorizon = time.Hour
-	mp := stage.NewMerge(rwtest.InsertRule(), opts)
+	mp := stage.NewMerge(rule, opts)
 	res := m.run(mp)
 	if ok, _ := bson.Raw(res.Reply).Lookup("ok").AsFloat64OK(); ok != 1 {
 		t.Fatalf("merge: %s", bson.Raw(res.Reply))
@@ -650,20 +655,18 @@ func TestParseOwned(t *testing.T) {
 	}
 }
 
-// mergeRolled merges everything staged of a rule with rollups [1h, 1d].
-func mergeRolled(t *testing.T, m *mem, opts stage.MergeOptions) stage.Stats {
-	t.Helper()
+// rolledRule is the insert rule with rollups [1h, 1d].
+func rolledRule() *rules.Rule {
 	rule := rwtest.InsertRule()
 	rule.Rollups = []time.Duration{time.Hour, 24 * time.Hour}
-	opts.All, opts.RetryHorizon = true, time.Hour
-	if opts.Now.IsZero() {
-		opts.Now = time.UnixMilli(1_000_000)
-	}
-	mp := stage.NewMerge(rule, opts)
-	if res := m.run(mp); !mongoerr.IsOK(res.Reply) {
-		t.Fatalf("merge: %s", bson.Raw(res.Reply))
-	}
-	return mp.Stats
+	return rule
+}
+
+// mergeRolled merges everything staged of rolledRule.
+func mergeRolled(t *testing.T, m *mem, opts stage.MergeOptions) stage.Stats {
+	t.Helper()
+	opts.All = true
+	return mergeRule(t, m, rolledRule(), opts)
 }
 
 func TestMergeCountsRollups(t *testing.T) {
@@ -693,11 +696,7 @@ func TestMergeCountsRollups(t *testing.T) {
 		m := newMem(t)
 		stagedInsert(t, m, events("a", 0, 4))
 		m.fail["drop"] = true
-		m.run(stage.NewMerge(func() *rules.Rule {
-			r := rwtest.InsertRule()
-			r.Rollups = []time.Duration{time.Hour, 24 * time.Hour}
-			return r
-		}(), stage.MergeOptions{All: true, Now: time.UnixMilli(1_000_000), RetryHorizon: time.Hour}))
+		m.run(stage.NewMerge(rolledRule(), stage.MergeOptions{All: true, Now: time.UnixMilli(1_000_000), RetryHorizon: time.Hour}))
 		m.fail["drop"] = false
 		want(t, m, 4, 0)
 		if st := mergeRolled(t, m, stage.MergeOptions{}); st.Collections != 1 || st.Counted != 0 {

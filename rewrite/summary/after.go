@@ -1,6 +1,7 @@
 package summary
 
 import (
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"strings"
 
 	"github.com/tsproxy/tsproxy/rewrite/read"
@@ -13,7 +14,7 @@ func (p *Aggregation) parseAfter(stages []read.PipelineStage) ([]summaryStage, b
 	for _, st := range stages {
 		switch st.Name {
 		case "$skip", "$limit":
-			n, ok := read.WholeNumber(st.Value)
+			n, ok := bsonutil.WholeNumber(st.Value)
 			if !ok || n < 0 || (st.Name == "$limit" && n == 0) {
 				return nil, false
 			}

@@ -7,7 +7,6 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
-	"github.com/tsproxy/tsproxy/rewrite/read"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
@@ -54,7 +53,7 @@ func (p *Aggregation) readBucket(d bsoncore.Document) (bucketSummary, error) {
 	b.sum = subDoc(d, bucket.FieldSum)
 	b.counted = -1
 	if v, ok := bsonutil.Lookup(d, bucket.FieldCounted); ok {
-		if n, ok := read.WholeNumber(v); ok {
+		if n, ok := bsonutil.WholeNumber(v); ok {
 			b.counted = n
 		}
 	}
@@ -293,7 +292,7 @@ func rawCount(d bsoncore.Document) int64 {
 	if !ok {
 		return 0
 	}
-	n, _ := read.WholeNumber(v)
+	n, _ := bsonutil.WholeNumber(v)
 	return n
 }
 

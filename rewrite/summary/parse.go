@@ -155,7 +155,7 @@ func summaryOptions(elems []bsoncore.Element) (int64, bool) {
 			}
 			ce, _ := cur.Elements()
 			for _, c := range ce {
-				n, ok := read.WholeNumber(c.Value())
+				n, ok := bsonutil.WholeNumber(c.Value())
 				if c.Key() != "batchSize" || !ok || n < 0 {
 					return 0, false
 				}

@@ -6,7 +6,6 @@ import (
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
-	"github.com/tsproxy/tsproxy/rewrite/read"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
@@ -99,8 +98,8 @@ func (s *sumState) addCounts(b *bucketSummary, field string, t bsoncore.Type) {
 	nv, okN := bsonutil.Lookup(b.counts, field)
 	lv, okL := bsonutil.Lookup(b.lowBit, field)
 	if b.complete() && okN && okL {
-		n, _ = read.WholeNumber(nv)
-		low, _ := read.WholeNumber(lv)
+		n, _ = bsonutil.WholeNumber(nv)
+		low, _ := bsonutil.WholeNumber(lv)
 		s.low = min(s.low, int32(max(min(low, bucket.LowBitZero), bucket.LowBitSpecial)))
 	} else {
 		s.nUnknown = true

@@ -1,10 +1,10 @@
 package summary
 
 import (
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"strings"
 	"time"
 
-	"github.com/tsproxy/tsproxy/rewrite/read"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
@@ -50,7 +50,7 @@ func parseDateTrunc(v bsoncore.Value, timeField string) (dateTrunc, bool) {
 		case "unit":
 			unit = s
 		case "binSize":
-			n, ok := read.WholeNumber(e.Value())
+			n, ok := bsonutil.WholeNumber(e.Value())
 			if !ok || n <= 0 {
 				return dt, false
 			}
