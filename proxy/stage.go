@@ -295,6 +295,7 @@ func (s *Server) runMerge(r stepRunner, up lease.Commander, rule *rules.Rule, ca
 	}
 	opts.RetryHorizon = RetryHorizon
 	opts.RollupStatements = caps.MaxUpdateStatements
+	opts.PackedEvents = caps.PackedEvents
 	if caps.SingleWriter {
 		opts.Self, opts.Since = s.stagerTag(), s.stagerSince
 		opts.Gone = s.goneStagers(up, rule, opts.Now)

@@ -153,9 +153,8 @@ func exceeded(stage string, limit int) error {
 // $match: the query subset of rewrite/query (comparisons, $in, $nin,
 // $exists, $not, $and, $or, $nor), refused by name beyond it.
 type matchStage struct {
-	pred  query.DocPred
-	paths [][]string // the fields the filter names
-	next  processor
+	pred query.DocPred
+	next processor
 }
 
 func compileMatch(v Value, next processor, _ Options) (processor, error) {
@@ -173,18 +172,10 @@ func compileMatch(v Value, next processor, _ Options) (processor, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &matchStage{pred: pred, paths: query.FilterPaths(d, 0, nil), next: next}, nil
+	return &matchStage{pred: pred, next: next}, nil
 }
 
 func (m *matchStage) push(doc bsoncore.Document) error {
-	// MongoDB matches arrays element-wise; the proxy's filter does not,
-	// so a document with an array on a filtered path is an error, never
-	// a wrong match.
-	for _, p := range m.paths {
-		if query.ArrayOnPath(doc, p) {
-			return mongoerr.Errorf(mongoerr.NotImplemented, "$match on %q, which holds an array, is not supported by the proxy's aggregation engine (MongoDB matches arrays element-wise); $unwind it first", strings.Join(p, "."))
-		}
-	}
 	if m.pred(doc) {
 		return m.next.push(doc)
 	}

@@ -32,19 +32,30 @@ func Staged(id bson.ObjectID, chunk []Event) bsoncore.Document {
 	doc = bsoncore.AppendObjectIDElement(doc, FieldID, id)
 	doc = bsoncore.AppendValueElement(doc, FieldMeta, chunk[0].Meta)
 	doc = bsoncore.AppendDateTimeElement(doc, FieldStart, chunk[0].Start)
-	aidx, arr := bsoncore.AppendArrayStart(nil)
-	for i, ev := range chunk {
-		arr = bsoncore.AppendDocumentElement(arr, strconv.Itoa(i), ev.Stored)
-	}
-	arr, _ = bsoncore.AppendArrayEnd(arr, aidx)
-	doc = bsoncore.AppendBinaryElement(doc, FieldPacked, 0x00, arr)
+	doc = appendPackedEvents(doc, chunk)
 	doc, _ = bsoncore.AppendDocumentEnd(doc, idx)
 	return doc
 }
 
+// appendPackedEvents appends the chunk's stored events as the BSON of
+// their array in one binary value (FieldPacked).
+func appendPackedEvents(dst []byte, chunk []Event) []byte {
+	size := 5
+	for i, ev := range chunk {
+		size += 2 + len(strconv.Itoa(i)) + len(ev.Stored)
+	}
+	aidx, arr := bsoncore.AppendArrayStart(make([]byte, 0, size))
+	for i, ev := range chunk {
+		arr = bsoncore.AppendDocumentElement(arr, strconv.Itoa(i), ev.Stored)
+	}
+	arr, _ = bsoncore.AppendArrayEnd(arr, aidx)
+	return bsoncore.AppendBinaryElement(dst, FieldPacked, 0x00, arr)
+}
+
 // Complete builds a whole bucket document for a chunk large enough to
-// stand alone (see DESIGN.md). "sum" is left out when no event carries an
-// aggregate, as the upsert path would leave it out.
+// stand alone (see DESIGN.md), its events packed where lim.Packed says
+// so. "sum" is left out when no event carries an aggregate, as the upsert
+// path would leave it out.
 func Complete(id bson.ObjectID, chunk []Event, rule *rules.Rule, lim Limits) bsoncore.Document {
 	s := Summarize(chunk, lim)
 	idx, doc := bsoncore.AppendDocumentStart(nil)
@@ -79,7 +90,11 @@ func Complete(id bson.ObjectID, chunk []Event, rule *rules.Rule, lim Limits) bso
 		doc = AppendMixed(doc, "", s, lim)
 		doc, _ = bsoncore.AppendDocumentEnd(doc, sub)
 	}
-	doc = appendEventsArray(doc, FieldEvents, chunk)
+	if lim.Packed {
+		doc = appendPackedEvents(doc, chunk)
+	} else {
+		doc = appendEventsArray(doc, FieldEvents, chunk)
+	}
 	doc, _ = bsoncore.AppendDocumentEnd(doc, idx)
 	return doc
 }

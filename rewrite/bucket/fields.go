@@ -14,8 +14,10 @@ const (
 	FieldMax    = "max"
 	FieldSum    = "sum"
 	FieldEvents = "events"
-	// FieldPacked holds a staged document's events (Staged): the BSON of
-	// their array, as binary data.
+	// FieldPacked holds the events of a staged document (Staged), and of
+	// a bucket written whole on an upstream with packed events
+	// (caps.Upstream.PackedEvents): the BSON of their array, as binary
+	// data. A bucket may have both fields (EventValues).
 	FieldPacked = "packed"
 )
 

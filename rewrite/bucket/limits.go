@@ -19,6 +19,9 @@ type Limits struct {
 	// rollups, whose documents keep only summaries). Elsewhere an event
 	// may hold anything there; its bucket is marked mixed (FieldMixed).
 	NumbersOnly bool
+	// Packed: buckets written whole keep their events in FieldPacked
+	// (caps.Upstream.PackedEvents); the caller sets it.
+	Packed bool
 }
 
 // LimitsOf rejects a rule the write path cannot apply safely (rules/

@@ -40,21 +40,45 @@ func SeqOf(bucketNS string, key Key, id bson.ObjectID) (int, bool) {
 	return 0, false
 }
 
-// EventDocs are the stored events of a bucket, or of a staged document
-// (packed, see Staged).
-func EventDocs(bdoc bsoncore.Document) ([]bsoncore.Document, error) {
+// EventValues are the stored events of a bucket or of a staged document,
+// in stored order: the packed ones (FieldPacked) first, then the array's
+// (FieldEvents). A bucket written whole on an upstream with packed events
+// has only the first; a bucket grown by $push only the second; a packed
+// bucket a later $push joined (a delete can rewrite a bucket small enough
+// for the direct path to join it) has both, in the order they were
+// written. An emptied shell has none.
+func EventValues(bdoc bsoncore.Document) ([]bsoncore.Value, error) {
+	var out []bsoncore.Value
+	if p, ok, err := packedEvents(bdoc); err != nil {
+		return nil, err
+	} else if ok {
+		vals, err := p.Array().Values()
+		if err != nil {
+			return nil, fmt.Errorf("%q: %w", FieldPacked, err)
+		}
+		out = vals
+	}
 	v, ok := bsonutil.Lookup(bdoc, FieldEvents)
 	if !ok {
-		var err error
-		if v, ok, err = packedEvents(bdoc); !ok || err != nil {
-			return nil, err
-		}
+		return out, nil
 	}
 	arr, ok := v.ArrayOK()
 	if !ok {
 		return nil, fmt.Errorf("%q is a %s, not an array", FieldEvents, bsonutil.TypeName(v.Type))
 	}
 	vals, err := arr.Values()
+	if err != nil {
+		return nil, fmt.Errorf("%q: %w", FieldEvents, err)
+	}
+	if out == nil {
+		return vals, nil
+	}
+	return append(out, vals...), nil
+}
+
+// EventDocs are EventValues as documents.
+func EventDocs(bdoc bsoncore.Document) ([]bsoncore.Document, error) {
+	vals, err := EventValues(bdoc)
 	if err != nil {
 		return nil, err
 	}
@@ -69,8 +93,8 @@ func EventDocs(bdoc bsoncore.Document) ([]bsoncore.Document, error) {
 	return out, nil
 }
 
-// packedEvents reads a staged document's packed events as an array value;
-// ok is false when it has none.
+// packedEvents reads a document's packed events as an array value; ok is
+// false when it has none.
 func packedEvents(bdoc bsoncore.Document) (bsoncore.Value, bool, error) {
 	p, ok := bsonutil.Lookup(bdoc, FieldPacked)
 	if !ok {

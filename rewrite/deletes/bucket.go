@@ -5,6 +5,7 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rewrite/read"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -25,8 +26,12 @@ type Candidate struct {
 // the order it reported them.
 type Candidates struct {
 	whole bool
-	List  []*Candidate
-	byID  map[bson.ObjectID]*Candidate
+	// scan, when set, matches the events of the whole buckets the match
+	// command lists (Statement.Scan); with limitOne it stops at the first.
+	scan     *read.EventMatcher
+	limitOne bool
+	List     []*Candidate
+	byID     map[bson.ObjectID]*Candidate
 }
 
 // Feed adds one reply of the match aggregate (or of its getMore) and
@@ -36,6 +41,9 @@ func (c *Candidates) Feed(reply []byte) (int64, error) {
 	docs, id, err := cursor.Docs(reply)
 	if err != nil {
 		return 0, err
+	}
+	if c.scan != nil {
+		return id, c.scanBuckets(docs)
 	}
 	for _, d := range docs {
 		v, ok := bsonutil.Lookup(d, bucket.FieldID)
@@ -69,6 +77,33 @@ func (c *Candidates) Feed(reply []byte) (int64, error) {
 		cand.order = append(cand.order, k)
 	}
 	return id, nil
+}
+
+// scanBuckets adds the matching events of whole buckets.
+func (c *Candidates) scanBuckets(buckets []bsoncore.Document) error {
+	for _, b := range buckets {
+		if c.limitOne && len(c.List) > 0 {
+			return nil
+		}
+		if err := c.addMatches(c.scan, b, c.limitOne); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// addMatches adds the events of bucket b that m matches (the first one
+// only, with limitOne).
+func (c *Candidates) addMatches(m *read.EventMatcher, b bsoncore.Document, limitOne bool) error {
+	var addErr error
+	err := m.Match(b, func(stored bsoncore.Document) bool {
+		addErr = c.AddEvent(b, stored)
+		return addErr != nil || limitOne
+	})
+	if err == nil {
+		err = addErr
+	}
+	return err
 }
 
 // AddEvent adds an event of bucket b (as stored) that a statement

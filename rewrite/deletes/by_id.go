@@ -96,15 +96,7 @@ func (d *deleter) matchBuckets(st *Statement, cands *Candidates, ids []bson.Obje
 		if b == nil {
 			continue // a stale entry: its bucket is gone
 		}
-		var addErr error
-		err := st.Events.Match(b, func(stored bsoncore.Document) bool {
-			addErr = cands.AddEvent(b, stored)
-			return addErr != nil || st.LimitOne
-		})
-		if err == nil {
-			err = addErr
-		}
-		if err != nil {
+		if err := cands.addMatches(st.Events, b, st.LimitOne); err != nil {
 			return mongoerr.Errorf(mongoerr.CodeOf(err), "tsproxy rule %s: finding the events to delete: %v", d.rule().Namespace, err)
 		}
 		if st.LimitOne && len(cands.List) > 0 {

@@ -54,6 +54,9 @@ type Statement struct {
 	// (by_id.go), Match where it does not.
 	IDs    *bucket.IDSet
 	Events *read.EventMatcher
+	// Scan: Match lists whole buckets, whose events Events matches
+	// (an upstream that cannot see events, caps.Upstream.PackedEvents).
+	Scan bool
 }
 
 // writeCarried and readCarriedDelete are the generic arguments a
@@ -64,8 +67,12 @@ var (
 	readCarriedDelete = []string{"lsid", "comment", "maxTimeMS", "$clusterTime", "apiVersion", "apiStrict", "apiDeprecationErrors"}
 )
 
-// deleteMatchBatch is the batch size of the match aggregate.
-const deleteMatchBatch = 10_000
+// deleteMatchBatch is the batch size of the match aggregate;
+// scanMatchBatch of a scan's, whose documents are whole buckets.
+const (
+	deleteMatchBatch = 10_000
+	scanMatchBatch   = 16
+)
 
 // PlanDelete parses a delete command (statements in the body or in a
 // "deletes" document sequence).
@@ -74,6 +81,7 @@ func NewRequest(cmd rewrite.Command, rule *rules.Rule, opts Options) (*Request, 
 	if err != nil {
 		return nil, err
 	}
+	lim.Packed = opts.Caps.PackedEvents
 	if err := query.CheckTarget(cmd.Body, rule, "delete"); err != nil {
 		return nil, err
 	}
@@ -151,6 +159,9 @@ func (p *Request) planStatement(i int, d bsoncore.Document, caps caps.Upstream) 
 	}
 	rc.Caps = caps
 	sf, err := rc.Split(filter)
+	if caps.PackedEvents {
+		return p.planScanStatement(st, rc, filter, sf, err)
+	}
 	if err != nil {
 		st.Err = err
 		return st, nil
@@ -163,6 +174,46 @@ func (p *Request) planStatement(i int, d bsoncore.Document, caps caps.Upstream) 
 		}
 	}
 	return st, nil
+}
+
+// planScanStatement plans a statement on an upstream that cannot see the
+// events (caps.Upstream.PackedEvents): the match command lists whole
+// buckets, narrowed by the filter's bucket part where it has one, and the
+// proxy matches their events itself (Candidates.Feed). splitErr is why
+// the filter has no bucket part and event part the upstream could run
+// ($or over the metaField on FerretDB): the scan does not need one.
+func (p *Request) planScanStatement(st *Statement, rc *query.Ctx, filter bsoncore.Document, sf query.SplitFilter, splitErr error) (*Statement, error) {
+	if splitErr != nil {
+		sf = query.SplitFilter{}
+	} else if st.Whole = sf.Event == nil; st.Whole {
+		st.Match = p.matchCommand(sf, true, st.LimitOne, false)
+		return st, nil
+	}
+	m, err := read.NewEventMatcher(rc, filter)
+	if err != nil {
+		st.Err = query.RuleErrorf(p.rule, mongoerr.NotImplemented, "delete filter: %v", err)
+		return st, nil
+	}
+	st.Events, st.Scan = m, true
+	if ids := read.EventIDs(rc, filter); ids != nil {
+		st.IDs = bucket.NewIDSet(ids)
+	}
+	st.Match = p.scanCommand(sf, st.LimitOne)
+	return st, nil
+}
+
+// scanCommand lists the whole buckets the filter's bucket part selects.
+func (p *Request) scanCommand(sf query.SplitFilter, limitOne bool) []byte {
+	var pipeline []bsoncore.Document
+	if sf.Bucket != nil {
+		pipeline = append(pipeline, bsonutil.Stage("$match", bsonutil.DocValue(sf.Bucket)))
+	}
+	if len(pipeline) == 0 {
+		// FerretDB refuses an empty pipeline as nothing else: a $match of
+		// everything reads the same.
+		pipeline = append(pipeline, bsonutil.Stage("$match", bsonutil.DocValue(bsoncore.NewDocumentBuilder().Build())))
+	}
+	return p.aggregateCommand(pipeline, scanMatchBatch)
 }
 
 // matchCommand lists matching events as {_id: bucket, events: event}
@@ -192,6 +243,11 @@ func (p *Request) matchCommand(sf query.SplitFilter, whole, limitOne, withKey bo
 	if limitOne {
 		pipeline = append(pipeline, bsonutil.Stage("$limit", bsonutil.Int64Value(1)))
 	}
+	return p.aggregateCommand(pipeline, deleteMatchBatch)
+}
+
+// aggregateCommand is an aggregate of the bucket collection.
+func (p *Request) aggregateCommand(pipeline []bsoncore.Document, batch int32) []byte {
 	idx, d := bsoncore.AppendDocumentStart(nil)
 	d = bsoncore.AppendStringElement(d, "aggregate", p.rule.BucketCollection)
 	aidx, a := bsoncore.AppendArrayElementStart(d, "pipeline")
@@ -200,7 +256,7 @@ func (p *Request) matchCommand(sf query.SplitFilter, whole, limitOne, withKey bo
 	}
 	d, _ = bsoncore.AppendArrayEnd(a, aidx)
 	cidx, c := bsoncore.AppendDocumentElementStart(d, "cursor")
-	c = bsoncore.AppendInt32Element(c, "batchSize", deleteMatchBatch)
+	c = bsoncore.AppendInt32Element(c, "batchSize", batch)
 	d, _ = bsoncore.AppendDocumentEnd(c, cidx)
 	d = bsonutil.AppendElems(d, p.reads)
 	d = bsoncore.AppendStringElement(d, "$db", p.rule.DB)
@@ -214,7 +270,13 @@ func (p *Request) GetMoreCommand(id int64) []byte {
 	d = bsoncore.AppendInt64Element(d, "getMore", id)
 	d = bsoncore.AppendStringElement(d, "collection", p.rule.BucketCollection)
 	d = bsoncore.AppendInt32Element(d, "batchSize", deleteMatchBatch)
-	d = bsonutil.AppendElems(d, p.reads)
+	for _, e := range p.reads {
+		// The server refuses maxTimeMS on a getMore of a cursor that is
+		// not awaitData; the aggregate that opened it carries it.
+		if e.Key() != "maxTimeMS" {
+			d = append(d, e...)
+		}
+	}
 	d = bsoncore.AppendStringElement(d, "$db", p.rule.DB)
 	d, _ = bsoncore.AppendDocumentEnd(d, idx)
 	return d
@@ -232,6 +294,7 @@ func (p *Request) FindBucketCommand(id bson.ObjectID, whole bool) []byte {
 	if !whole {
 		pidx, pr := bsoncore.AppendDocumentElementStart(d, "projection")
 		pr = bsoncore.AppendInt32Element(pr, bucket.FieldEvents, 0)
+		pr = bsoncore.AppendInt32Element(pr, bucket.FieldPacked, 0)
 		d, _ = bsoncore.AppendDocumentEnd(pr, pidx)
 	}
 	d = bsoncore.AppendInt32Element(d, "limit", 1)
@@ -244,7 +307,11 @@ func (p *Request) FindBucketCommand(id bson.ObjectID, whole bool) []byte {
 
 // NewCandidates collects the match results of st.
 func (st *Statement) NewCandidates() *Candidates {
-	return &Candidates{whole: st.Whole, byID: map[bson.ObjectID]*Candidate{}}
+	c := &Candidates{whole: st.Whole, byID: map[bson.ObjectID]*Candidate{}}
+	if st.Scan {
+		c.scan, c.limitOne = st.Events, st.LimitOne
+	}
+	return c
 }
 
 // Edit computes the bucket that remains of bucket once the candidate's

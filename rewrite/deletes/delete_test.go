@@ -32,6 +32,7 @@ func TestPlanDelete(t *testing.T) {
 		name   string
 		cmd    rewrite.Command
 		ferret bool
+		packed bool     // FerretDB with packed events: the proxy matches
 		whole  []bool   // per statement
 		one    []bool   // per statement
 		match  []string // substrings of each statement's match command ("" none)
@@ -66,6 +67,16 @@ func TestPlanDelete(t *testing.T) {
 		{name: "metaField inside $or on FerretDB", ferret: true,
 			cmd:   delCmd(t, A{stmt(D{{Key: "$or", Value: A{D{{Key: "sensorId", Value: "a"}}, D{{Key: "value", Value: 1}}}}}, 0)}),
 			whole: []bool{false}, one: []bool{false}, serr: []string{"inside \"$or\""}},
+		{name: "packed: time range lists whole buckets", packed: true, cmd: delCmd(t, A{stmt(rangeQ, 0)}),
+			whole: []bool{false}, one: []bool{false},
+			match: []string{`"pipeline": [{"$match": {"start": {"$gte": {"$date":{"$numberLong":"3600000"}},"$lt": {"$date":{"$numberLong":"10800000"}}}}}],"cursor": {"batchSize": {"$numberInt":"16"}}`}},
+		{name: "packed: metaField inside $or scans every bucket", packed: true,
+			cmd:   delCmd(t, A{stmt(D{{Key: "$or", Value: A{D{{Key: "sensorId", Value: "a"}}, D{{Key: "value", Value: 1}}}}}, 0)}),
+			whole: []bool{false}, one: []bool{false}, match: []string{`"pipeline": [{"$match": {}}]`}},
+		{name: "packed: meta only is still whole buckets", packed: true, cmd: delCmd(t, A{stmt(D{{Key: "sensorId", Value: "s1"}}, 0)}),
+			whole: []bool{true}, one: []bool{false}, match: []string{`{"$match": {"meta": "s1"}},{"$project"`}},
+		{name: "packed: an operator the proxy does not evaluate", packed: true, cmd: delCmd(t, A{stmt(D{{Key: "value", Value: D{{Key: "$near", Value: A{0, 0}}}}}, 0)}),
+			whole: []bool{false}, one: []bool{false}, serr: []string{`"$near"`}},
 		{name: "document sequence", cmd: rewrite.Command{Body: rwtest.Doc(t, D{{Key: "delete", Value: "readings"}, {Key: "$db", Value: "iot"}}),
 			Sequences: []rewrite.Sequence{{Identifier: "deletes", Documents: []bsoncore.Document{rwtest.Doc(t, stmt(D{}, 0)), rwtest.Doc(t, stmt(D{}, 1))}}}},
 			whole: []bool{true, true}, one: []bool{false, true}},
@@ -80,8 +91,9 @@ func TestPlanDelete(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			caps := rwtest.MongoCaps
-			if c.ferret {
+			if c.ferret || c.packed {
 				caps = rwtest.FerretCaps
+				caps.PackedEvents = c.packed
 			}
 			p, err := NewRequest(c.cmd, rwtest.Rule(), Options{Caps: caps})
 			if c.err != "" {
@@ -109,8 +121,11 @@ func TestPlanDelete(t *testing.T) {
 				if st.Err != nil {
 					t.Fatalf("statement %d: %v", i, st.Err)
 				}
-				if st.Whole != c.whole[i] {
-					t.Fatalf("statement %d: whole %v", i, st.Whole)
+				if st.Whole != c.whole[i] || st.Scan != (c.packed && !st.Whole) {
+					t.Fatalf("statement %d: whole %v scan %v", i, st.Whole, st.Scan)
+				}
+				if c.packed && strings.Contains(rwtest.JSON(st.Match), "$unwind") {
+					t.Fatalf("statement %d unwinds on an upstream that cannot see events: %s", i, rwtest.JSON(st.Match))
 				}
 				if c.match != nil && !strings.Contains(rwtest.JSON(st.Match), c.match[i]) {
 					t.Fatalf("statement %d match:\n%s\nwant it to contain\n%s", i, rwtest.JSON(st.Match), c.match[i])
@@ -280,6 +295,49 @@ func TestDeleteCandidates(t *testing.T) {
 	if _, err := c.Feed(rwtest.CursorReply(t, 0, D{{Key: "events", Value: ev(1)}})); err == nil {
 		t.Fatal("a match result without bucket _id was accepted")
 	}
+}
+
+// A scan statement's candidates are the matching events of the whole
+// buckets its match command lists, packed or not; a deleteOne stops at
+// the first.
+func TestDeleteCandidatesScan(t *testing.T) {
+	ev := func(n int, v int) D {
+		return D{{Key: "_id", Value: n}, {Key: "ts", Value: rwtest.DT(int64(n))}, {Key: "sensorId", Value: nil}, {Key: "value", Value: v}}
+	}
+	_, packed, err := bson.MarshalValue(A{ev(1, 5), ev(2, 50), ev(3, 60)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b1 := D{{Key: "_id", Value: rwtest.OID(1)}, {Key: "meta", Value: "a"}, {Key: "start", Value: rwtest.DT(0)}, {Key: "count", Value: 3}, {Key: "packed", Value: bson.Binary{Data: packed}}}
+	b2 := D{{Key: "_id", Value: rwtest.OID(2)}, {Key: "meta", Value: "b"}, {Key: "start", Value: rwtest.DT(0)}, {Key: "count", Value: 2}, {Key: "events", Value: A{ev(4, 1), ev(5, 70)}}}
+	c := packedCaps()
+	for _, one := range []int{0, 1} {
+		p, err := NewRequest(delCmd(t, A{stmt(D{{Key: "value", Value: D{{Key: "$gte", Value: 50}}}}, one)}), rwtest.Rule(), Options{Caps: c})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := p.Statements[0]
+		cands := st.NewCandidates()
+		if _, err := cands.Feed(rwtest.CursorReply(t, 0, b1, b2)); err != nil {
+			t.Fatal(err)
+		}
+		matched := 0
+		for _, cand := range cands.List {
+			if !cand.HasKey {
+				t.Fatalf("candidate %v without its key", cand.ID)
+			}
+			matched += len(cand.order)
+		}
+		if want := map[int]int{0: 3, 1: 1}[one]; matched != want || len(cands.List) != map[int]int{0: 2, 1: 1}[one] {
+			t.Fatalf("limit %d: %d events in %d buckets, want %d", one, matched, len(cands.List), want)
+		}
+	}
+}
+
+func packedCaps() caps.Upstream {
+	c := rwtest.FerretCaps
+	c.PackedEvents = true
+	return c
 }
 
 func asCommandError(err error, out **mongoerr.Error) bool {

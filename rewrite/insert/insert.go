@@ -228,6 +228,7 @@ func (pi *Prepared) Plan(opts Options) *Commands { return pi.plan(opts) }
 func (pi *Prepared) plan(opts Options) *Commands {
 	p := &Commands{namespace: pi.rule.Namespace, ordered: pi.ordered, rule: pi.rule, lim: pi.lim, opts: opts,
 		body: pi.body, inTxn: rewrite.InTransaction(pi.body), rejected: slices.Clone(pi.rejected)}
+	p.lim.Packed = opts.Caps.PackedEvents
 	p.buildGroups(pi.groups)
 	return p
 }

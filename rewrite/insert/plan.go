@@ -253,7 +253,7 @@ func (p *plan) fail(err error) {
 func storedEventsCommand(rule *rules.Rule, id bson.ObjectID) []byte {
 	return bsoncore.NewDocumentBuilder().AppendString("find", rule.BucketCollection).
 		AppendDocument("filter", bsoncore.NewDocumentBuilder().AppendObjectID(bucket.FieldID, id).Build()).
-		AppendDocument("projection", bsoncore.NewDocumentBuilder().AppendInt32(bucket.FieldMeta, 1).AppendInt32(bucket.FieldEvents, 1).Build()).
+		AppendDocument("projection", bsoncore.NewDocumentBuilder().AppendInt32(bucket.FieldMeta, 1).AppendInt32(bucket.FieldEvents, 1).AppendInt32(bucket.FieldPacked, 1).Build()).
 		AppendInt32("limit", 1).AppendBoolean("singleBatch", true).AppendString("$db", rule.DB).Build()
 }
 

@@ -30,13 +30,13 @@ func MayBeUnseenRetry(cmd rewrite.Command, caps caps.Upstream) bool {
 // stored bucket (as read back from the bucket collection).
 func StoredEventIdentities(bdoc bson.Raw, rule *rules.Rule, set map[string]bool) {
 	meta := bdoc.Lookup(bucket.FieldMeta)
-	events, _ := bdoc.Lookup(bucket.FieldEvents).ArrayOK()
-	vals, _ := events.Values()
+	vals, _ := bucket.EventValues(bsoncore.Document(bdoc))
 	for _, v := range vals {
-		ev, ok := v.DocumentOK()
+		d, ok := v.DocumentOK()
 		if !ok {
 			continue
 		}
+		ev := bson.Raw(d)
 		id, err := ev.LookupErr("_id")
 		ts, terr := ev.LookupErr(rule.TimeField)
 		if err != nil || terr != nil {

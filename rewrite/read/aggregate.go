@@ -23,6 +23,9 @@ func planAggregate(rc *query.Ctx, body bsoncore.Document, opts Options, forExpla
 	if err := a.readOptions(); err != nil {
 		return nil, err
 	}
+	if opts.Caps.PackedEvents {
+		return a.proxyOnly()
+	}
 	p, err := a.translate()
 	if err != nil && !opts.Caps.FullAggregation && mongoerr.CodeOf(err) == mongoerr.NotImplemented {
 		// What the upstream cannot run on unwound events, the proxy runs

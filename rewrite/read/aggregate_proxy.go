@@ -149,6 +149,43 @@ func (a *aggregateRewrite) findShaped() *Command {
 	return &Command{rc: a.rc, Point: pr}
 }
 
+// proxyOnly plans an aggregate on an upstream that cannot see the events
+// (caps.Upstream.PackedEvents): a count by event _id from the index, a
+// find-shaped pipeline as the proxy's find, any other by the proxy's
+// engine over an event scan. Its explain is the scan's.
+func (a *aggregateRewrite) proxyOnly() (*Command, error) {
+	stages, err := pipelineStages(a.rc, a.body)
+	if err != nil {
+		return nil, err
+	}
+	a.stages = stages
+	if p := a.countBy(idIndexRead); p != nil {
+		return p, nil
+	}
+	if p := a.countBy(eventScanRead); p != nil {
+		return p, nil
+	}
+	if p := a.findShaped(); p != nil {
+		return p, nil
+	}
+	filters, _, err := a.leadingMatches()
+	if err != nil {
+		return nil, err
+	}
+	if a.explain || a.forExplain {
+		pr, err := scanOrRefuse(a.rc, "aggregate", query.AndOf(filters), nil, nil, query.Paging{})
+		if err != nil {
+			return nil, err
+		}
+		return &Command{rc: a.rc, Point: pr}, nil
+	}
+	p, err := a.engineShaped()
+	if p == nil && err == nil {
+		_, err = scanOrRefuse(a.rc, "aggregate", query.AndOf(filters), nil, nil, query.Paging{})
+	}
+	return p, err
+}
+
 // engineShaped plans a pipeline the upstream cannot run as the proxy's
 // own aggregation (rewrite/agg): an event scan of the leading $match
 // stages' filter, every event it yields pushed through the rest of the

@@ -86,7 +86,7 @@ func planEventScan(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*pointSpec
 		if err != nil {
 			return nil, nil, err.Error()
 		}
-		s.pred, s.predPaths = pred, query.FilterPaths(filter, 0, nil)
+		s.pred = pred
 		pushDown(rc, filter, s, sc)
 	}
 	order, why := parseOrder(rc, sortDoc)
@@ -272,12 +272,10 @@ func (p *PointRead) eventsOfBuckets(buckets []bsoncore.Document) ([]bsoncore.Doc
 	return docs, nil
 }
 
-// checkArrays refuses an event whose filtered or sorted fields hold an
-// array (see query.ArrayOnPath).
+// checkArrays refuses an event whose sorted fields hold an array (see
+// query.ArrayOnPath); the filter matches arrays element-wise as MongoDB
+// does.
 func (p *PointRead) checkArrays(doc bsoncore.Document) error {
-	if err := filterArrays(p.ns, doc, p.spec.predPaths); err != nil {
-		return err
-	}
 	for _, k := range p.spec.order {
 		if query.ArrayOnPath(doc, k.path) {
 			return mongoerr.Errorf(mongoerr.NotImplemented, "tsproxy rule %s: the sort names %q, which holds an array in a stored event: MongoDB sorts arrays by their least or greatest element, and the proxy, which sorts this find itself, does not", p.ns, k.field)
@@ -286,30 +284,11 @@ func (p *PointRead) checkArrays(doc bsoncore.Document) error {
 	return nil
 }
 
-// filterArrays refuses an event whose filtered fields (paths) hold an
-// array.
-func filterArrays(ns string, doc bsoncore.Document, paths [][]string) error {
-	for _, path := range paths {
-		if query.ArrayOnPath(doc, path) {
-			return mongoerr.Errorf(mongoerr.NotImplemented, "tsproxy rule %s: the filter names %q, which holds an array in a stored event: MongoDB matches arrays element-wise, and the proxy, which evaluates this filter itself, does not", ns, strings.Join(path, "."))
-		}
-	}
-	return nil
-}
-
-// bucketEvents is a bucket's events array.
+// bucketEvents are a bucket's stored events (bucket.EventValues).
 func bucketEvents(b bsoncore.Document, ns string) ([]bsoncore.Value, error) {
-	arr, err := b.LookupErr(bucket.FieldEvents)
+	vals, err := bucket.EventValues(b)
 	if err != nil {
-		return nil, nil // an emptied shell
-	}
-	a, ok := arr.ArrayOK()
-	if !ok {
-		return nil, mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: bucket %s has events of type %s", ns, b.Lookup(bucket.FieldID).String(), bsonutil.TypeName(arr.Type))
-	}
-	vals, err := a.Values()
-	if err != nil {
-		return nil, mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: bucket events are not valid BSON: %v", ns, err)
+		return nil, mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: bucket %s: %v", ns, b.Lookup(bucket.FieldID).String(), err)
 	}
 	return vals, nil
 }

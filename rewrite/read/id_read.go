@@ -259,11 +259,9 @@ func (p *PointRead) idExplain() bsoncore.Document {
 }
 
 // EventMatcher evaluates a filter on the stored events of whole buckets,
-// as an event scan does (meta restored; an array under a filtered field
-// is refused): the delete path's index read uses it.
+// as an event scan does (meta restored): the delete path uses it.
 type EventMatcher struct {
 	pred      query.DocPred
-	paths     [][]string
 	ns        string
 	metaField string
 }
@@ -277,7 +275,7 @@ func NewEventMatcher(rc *query.Ctx, filter bsoncore.Document) (*EventMatcher, er
 	if err != nil {
 		return nil, err
 	}
-	return &EventMatcher{pred: pred, paths: query.FilterPaths(filter, 0, nil), ns: rc.NS, metaField: rc.MetaField}, nil
+	return &EventMatcher{pred: pred, ns: rc.NS, metaField: rc.MetaField}, nil
 }
 
 // Match calls f with each event of bucket b that matches, as stored (what
@@ -298,9 +296,6 @@ func (m *EventMatcher) Match(b bsoncore.Document, f func(stored bsoncore.Documen
 		}
 		doc, err := bucket.RestoreMeta(ev, m.metaField, func() (bsoncore.Value, error) { return meta, nil })
 		if err != nil {
-			return err
-		}
-		if err := filterArrays(m.ns, doc, m.paths); err != nil {
 			return err
 		}
 		if m.pred(doc) && f(ev) {

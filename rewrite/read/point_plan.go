@@ -23,9 +23,8 @@ type pointSpec struct {
 	// An event scan's (event_scan.go): the app's filter, the field paths
 	// it names, and the sort, applied by the proxy to events with their
 	// meta restored.
-	pred      query.DocPred
-	predPaths [][]string
-	order     eventOrder
+	pred  query.DocPred
+	order eventOrder
 }
 
 // keys is the number of (meta, window) keys.

@@ -71,6 +71,9 @@ type MergeOptions struct {
 	// RollupStatements bounds the statements of one rollup update
 	// (caps.Upstream.MaxUpdateStatements; 0: rollup's default).
 	RollupStatements int
+	// PackedEvents: the buckets written keep their events packed
+	// (caps.Upstream.PackedEvents).
+	PackedEvents bool
 }
 
 // Stats count what a merge did.
@@ -125,6 +128,7 @@ func NewMerge(rule *rules.Rule, opts MergeOptions) *Merge {
 		return m
 	}
 	m.lim = lim
+	m.lim.Packed = opts.PackedEvents
 	m.Plan = rewrite.Script(func(x *rewrite.Exec) (rewrite.Result, error) {
 		if err := m.run(x); err != nil {
 			return rewrite.Result{}, err

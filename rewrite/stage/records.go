@@ -285,10 +285,9 @@ func (m *Merge) verifyExisting(x *rewrite.Exec, batch []builtBucket, dups []int)
 	for _, d := range found {
 		id, _ := idOf(d)
 		b := want[id]
-		evs, _ := d.Lookup("events").ArrayOK()
 		var firstID bsoncore.Value
-		if first, err := evs.IndexErr(0); err == nil {
-			if fd, ok := first.DocumentOK(); ok {
+		if evs, _ := bucket.EventValues(d); len(evs) > 0 {
+			if fd, ok := evs[0].DocumentOK(); ok {
 				firstID = fd.Lookup("_id")
 			}
 		}

@@ -44,6 +44,38 @@ type bucketDoc struct {
 	Events []bson.D      `bson:"events"`
 }
 
+// UnmarshalBSON reads a bucket's events wherever they are stored: packed
+// (one binary value, on FerretDB) first, then the array (see
+// bucket.EventValues).
+func (b *bucketDoc) UnmarshalBSON(data []byte) error {
+	type plain bucketDoc
+	var d struct {
+		Plain  plain        `bson:",inline"`
+		Packed *bson.Binary `bson:"packed"`
+	}
+	if err := bson.Unmarshal(data, &d); err != nil {
+		return err
+	}
+	*b = bucketDoc(d.Plain)
+	if d.Packed == nil {
+		return nil
+	}
+	vals, err := bson.Raw(d.Packed.Data).Values()
+	if err != nil {
+		return fmt.Errorf("bucket %v: packed events: %w", b.ID, err)
+	}
+	packed := make([]bson.D, 0, len(vals)+len(b.Events))
+	for _, v := range vals {
+		var ev bson.D
+		if err := v.Unmarshal(&ev); err != nil {
+			return fmt.Errorf("bucket %v: packed event: %w", b.ID, err)
+		}
+		packed = append(packed, ev)
+	}
+	b.Events = append(packed, b.Events...)
+	return nil
+}
+
 func readBuckets(t *testing.T, ctx context.Context, db string) []bucketDoc {
 	t.Helper()
 	cur, err := direct(t).Database(db).Collection("readings.buckets").Find(ctx, bson.D{})

@@ -1,0 +1,89 @@
+package bucket_test
+
+import (
+	"bytes"
+	"testing"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+	"github.com/tsproxy/tsproxy/rewrite/internal/rwtest"
+)
+
+// A bucket built with Limits.Packed holds its events in FieldPacked, no
+// events array, and the same summaries and events as the array form.
+func TestCompletePacked(t *testing.T) {
+	rule := rwtest.InsertRule()
+	lim, err := bucket.LimitsOf(rule)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var docs []bsoncore.Document
+	for i := range 5 {
+		docs = append(docs, rwtest.Doc(t, rwtest.Event(rwtest.OID(byte(i+1)), rwtest.DT(int64(i)*1000), "a", float64(i)+0.5)))
+	}
+	evs, errs := bucket.PrepareEvents(docs, true, rule, lim, bson.NewObjectID)
+	if len(errs) > 0 {
+		t.Fatalf("prepare: %v", errs)
+	}
+	id := rwtest.OID(9)
+	arr := bucket.Complete(id, evs, rule, lim)
+	lim.Packed = true
+	packed := bucket.Complete(id, evs, rule, lim)
+	if _, err := packed.LookupErr(bucket.FieldEvents); err == nil {
+		t.Fatalf("packed bucket has an events array: %s", packed)
+	}
+	if _, err := packed.LookupErr(bucket.FieldPacked); err != nil {
+		t.Fatalf("packed bucket without %q: %s", bucket.FieldPacked, packed)
+	}
+	for _, f := range []string{bucket.FieldMeta, bucket.FieldStart, bucket.FieldCount, bucket.FieldBytes, bucket.FieldMin, bucket.FieldMax, bucket.FieldSum} {
+		if !packed.Lookup(f).Equal(arr.Lookup(f)) {
+			t.Errorf("%s: packed %s, array %s", f, packed.Lookup(f), arr.Lookup(f))
+		}
+	}
+	got, err := bucket.EventDocs(packed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := bucket.EventDocs(arr)
+	if len(got) != len(want) || len(got) != 5 {
+		t.Fatalf("%d events packed, %d as an array, want 5", len(got), len(want))
+	}
+	for i := range got {
+		if !bytes.Equal(got[i], want[i]) {
+			t.Errorf("event %d: packed %s, array %s", i, got[i], want[i])
+		}
+	}
+}
+
+// A packed bucket that a $push later joined holds both fields: its events
+// are the packed ones, then the pushed ones.
+func TestEventValuesBothFields(t *testing.T) {
+	ev := func(n int) bson.D { return bson.D{{Key: "_id", Value: n}, {Key: "ts", Value: rwtest.DT(int64(n))}} }
+	_, packed, err := bson.MarshalValue(bson.A{ev(1), ev(2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := rwtest.Doc(t, bson.D{{Key: "_id", Value: rwtest.OID(1)}, {Key: "count", Value: 3},
+		{Key: "packed", Value: bson.Binary{Data: packed}}, {Key: "events", Value: bson.A{ev(3)}}})
+	vals, err := bucket.EventValues(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []int32
+	for _, v := range vals {
+		ids = append(ids, v.Document().Lookup("_id").Int32())
+	}
+	if len(ids) != 3 || ids[0] != 1 || ids[1] != 2 || ids[2] != 3 {
+		t.Fatalf("events %v, want [1 2 3]", ids)
+	}
+	shell := rwtest.Doc(t, bson.D{{Key: "_id", Value: rwtest.OID(1)}, {Key: "count", Value: 0}})
+	if vals, err := bucket.EventValues(shell); err != nil || len(vals) != 0 {
+		t.Fatalf("a bucket without events: %v %v", vals, err)
+	}
+	bad := rwtest.Doc(t, bson.D{{Key: "events", Value: "x"}})
+	if _, err := bucket.EventValues(bad); err == nil {
+		t.Fatal("events of a string accepted")
+	}
+}
