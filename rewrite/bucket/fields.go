@@ -19,6 +19,10 @@ const (
 	// (caps.Upstream.PackedEvents): the BSON of their array, as binary
 	// data. A bucket may have both fields (EventValues).
 	FieldPacked = "packed"
+	// FieldMore holds the other groups of a staged document that carries
+	// several (StagedGroups): the BSON of an array of {meta, start,
+	// events}, as binary data.
+	FieldMore = "more"
 )
 
 // IndexName is the proxy's own index {meta: 1, start: 1} on every

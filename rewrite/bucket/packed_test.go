@@ -87,3 +87,54 @@ func TestEventValuesBothFields(t *testing.T) {
 		t.Fatal("events of a string accepted")
 	}
 }
+
+// A staged document of several groups reads back into every group's
+// events, each with its own series and window, in the order written; a
+// single group is laid out as Staged lays it out.
+func TestStagedGroupsRoundTrip(t *testing.T) {
+	rule := rwtest.InsertRule()
+	lim, err := bucket.LimitsOf(rule)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var docs []bsoncore.Document
+	for i, meta := range []any{"a", "a", "b", nil, "a"} {
+		docs = append(docs, rwtest.Doc(t, rwtest.Event(rwtest.OID(byte(i+1)), rwtest.DT(int64(i)*rwtest.Hour), meta, float64(i))))
+	}
+	evs, errs := bucket.PrepareEvents(docs, true, rule, lim, bson.NewObjectID)
+	if len(errs) > 0 {
+		t.Fatalf("prepare: %v", errs)
+	}
+	var chunks [][]bucket.Event
+	for _, g := range bucket.GroupEvents(evs) {
+		chunks = append(chunks, bucket.ChunkEvents(g, lim)...)
+	}
+	if len(chunks) < 3 {
+		t.Fatalf("%d chunks, want several", len(chunks))
+	}
+	id := rwtest.OID(9)
+	if one := bucket.StagedGroups(id, chunks[:1]); !bytes.Equal(one, bucket.Staged(id, chunks[0])) {
+		t.Fatal("a staged document of one group is not Staged's")
+	}
+	doc := bucket.StagedGroups(id, chunks)
+	got, err := bucket.StagedEvents(doc, rule, lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []bucket.Event
+	for _, c := range chunks {
+		want = append(want, c...)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d events read back, want %d", len(got), len(want))
+	}
+	for i := range got {
+		if !bytes.Equal(got[i].Stored, want[i].Stored) || got[i].Start != want[i].Start || !got[i].Meta.Equal(want[i].Meta) || got[i].Time != want[i].Time {
+			t.Errorf("event %d: got %s (%s, %d), want %s (%s, %d)", i, got[i].Stored, got[i].Meta, got[i].Start, want[i].Stored, want[i].Meta, want[i].Start)
+		}
+	}
+	bad := rwtest.Doc(t, bson.D{{Key: "_id", Value: id}, {Key: "meta", Value: "a"}, {Key: "start", Value: rwtest.DT(0)}, {Key: "more", Value: bson.Binary{Data: []byte{1, 2, 3}}}})
+	if _, err := bucket.StagedEvents(bad, rule, lim); err == nil {
+		t.Fatal("a malformed more accepted")
+	}
+}

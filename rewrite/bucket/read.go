@@ -171,6 +171,40 @@ func RestoreMeta(stored bsoncore.Document, metaField string, metaOf func() (bson
 	return bsoncore.AppendDocumentEnd(out, idx)
 }
 
+// StagedEvents reads a staged document back into its events, each with
+// its own series and window: those of its first group (StoredEvents),
+// then those of the groups in FieldMore (StagedGroups).
+func StagedEvents(doc bsoncore.Document, rule *rules.Rule, lim Limits) ([]Event, error) {
+	out, err := StoredEvents(doc, rule, lim)
+	if err != nil {
+		return nil, err
+	}
+	m, ok := bsonutil.Lookup(doc, FieldMore)
+	if !ok {
+		return out, nil
+	}
+	_, data, ok := m.BinaryOK()
+	if !ok {
+		return nil, fmt.Errorf("%q is a %s, not binary data", FieldMore, bsonutil.TypeName(m.Type))
+	}
+	groups, err := bsoncore.Array(data).Values()
+	if err != nil {
+		return nil, fmt.Errorf("%q does not hold a BSON array: %w", FieldMore, err)
+	}
+	for i, g := range groups {
+		gd, ok := g.DocumentOK()
+		if !ok {
+			return nil, fmt.Errorf("%q group %d is a %s, not a document", FieldMore, i, bsonutil.TypeName(g.Type))
+		}
+		evs, err := StoredEvents(gd, rule, lim)
+		if err != nil {
+			return nil, fmt.Errorf("%q group %d: %w", FieldMore, i, err)
+		}
+		out = append(out, evs...)
+	}
+	return out, nil
+}
+
 // StoredEvents reads a bucket document back into the events it holds, in
 // stored order, as PrepareEvent made them (Index is the position in the
 // bucket): what a merge needs to write them into other buckets.

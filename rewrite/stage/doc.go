@@ -10,15 +10,16 @@
 // about what a plain insert of the events costs, and ends in the same
 // compact buckets as a large batch.
 //
-// Stored form. A staged document (bucket.Staged) is the key and events of
-// one group of one insert: {_id, meta, start, events}, the events of one
-// series and window, without a bucket's summaries (the merge computes
-// them). The staging collection of the events whose window starts in
+// Stored form. A staged document (bucket.StagedGroups) holds the events
+// of one insert that go to one staging collection: {_id, meta, start,
+// packed} for its first group (the events of one series and window), and
+// the other groups in "more", without a bucket's summaries (the merge
+// computes them). The staging collection of the events whose window starts in
 // staging period P (a day, or the span if longer) is
 // tsproxy_stage_<hash of the bucket collection>_<P's start in ms> (no
 // dots: FerretDB renames only such names). Its _id is random, or, for a
 // retryable write (lsid and txnNumber), derived from the session, its
-// owner, the txnNumber and the group's position, so that a driver's retry
+// owner, the txnNumber and the document's position, so that a driver's retry
 // of a write whose reply was lost meets a duplicate key and is
 // acknowledged without storing its events twice.
 //

@@ -95,7 +95,7 @@ func stagedCommands(cmd rewrite.Command, pi *insert.Prepared, env InsertEnv) ([]
 	rule, lim := pi.Rule(), pi.Limits()
 	byColl := map[string]int{}
 	var out []stagedCommand
-	part := 0
+	var chunks [][][]bucket.Event // by staging collection
 	for _, g := range pi.Groups() {
 		coll := OpenCollection(rule, g[0].Start, env.Stager)
 		i, ok := byColl[coll]
@@ -103,8 +103,13 @@ func stagedCommands(cmd rewrite.Command, pi *insert.Prepared, env InsertEnv) ([]
 			i = len(out)
 			byColl[coll] = i
 			out = append(out, stagedCommand{coll: coll})
+			chunks = append(chunks, nil)
 		}
-		for _, chunk := range bucket.ChunkEvents(g, lim) {
+		chunks[i] = append(chunks[i], bucket.ChunkEvents(g, lim)...)
+	}
+	part := 0
+	for i := range out {
+		for _, docChunks := range cutStagedDocs(chunks[i]) {
 			var id bson.ObjectID
 			if retryable {
 				id = DerivedID(key.OwnedBy(env.Identity), part)
@@ -112,14 +117,44 @@ func stagedCommands(cmd rewrite.Command, pi *insert.Prepared, env InsertEnv) ([]
 				id = env.NewObjectID()
 			}
 			part++
-			events := make([]int, len(chunk))
-			for j, ev := range chunk {
-				events[j] = ev.Index
+			var events []int
+			for _, chunk := range docChunks {
+				for _, ev := range chunk {
+					events = append(events, ev.Index)
+				}
 			}
-			out[i].docs = append(out[i].docs, stagedDoc{doc: bucket.Staged(id, chunk), events: events, fixed: retryable})
+			out[i].docs = append(out[i].docs, stagedDoc{doc: bucket.StagedGroups(id, docChunks), events: events, fixed: retryable})
 		}
 	}
 	return out, nil
+}
+
+// maxStagedDocBytes bounds the events of one staged document (a chunk
+// larger than that, up to the rule's maxBytes, is one alone): far below
+// MongoDB's 16 MiB a document, and a fraction of a combined insert
+// (MaxCombinedBytes).
+const maxStagedDocBytes = 2 << 20
+
+// cutStagedDocs groups the chunks of one insert into one staging
+// collection into as few staged documents as maxStagedDocBytes allows,
+// in order.
+func cutStagedDocs(chunks [][]bucket.Event) [][][]bucket.Event {
+	var out [][][]bucket.Event
+	size := 0
+	for _, c := range chunks {
+		n := 0
+		for _, ev := range c {
+			n += len(ev.Stored)
+		}
+		if len(out) == 0 || size+n > maxStagedDocBytes {
+			out = append(out, nil)
+			size = 0
+		}
+		last := len(out) - 1
+		out[last] = append(out[last], c)
+		size += n
+	}
+	return out
 }
 
 // derivedPrefix starts every derived _id: a time no ObjectID made today

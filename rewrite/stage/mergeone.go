@@ -188,21 +188,27 @@ func (m *Merge) groups(staged []bsoncore.Document, skip map[bson.ObjectID]bool) 
 		if isOID && IsDerived(id) {
 			derived = append(derived, id)
 		}
-		evs, err := bucket.StoredEvents(d, m.rule, m.lim)
+		evs, err := bucket.StagedEvents(d, m.rule, m.lim)
 		if err != nil {
 			return nil, nil, fmt.Errorf("staged document %s: %w", d.Lookup("_id"), err)
 		}
-		if len(evs) == 0 {
-			continue
+		// A staged document holds one or more groups, each of one key:
+		// a key is looked up once a run of its events.
+		for from := 0; from < len(evs); {
+			to := from + 1
+			for to < len(evs) && evs[to].Start == evs[from].Start && evs[to].Meta.Equal(evs[from].Meta) {
+				to++
+			}
+			k := bucket.KeyOf(evs[from].Meta, evs[from].Start)
+			i, ok := byKey[k.String()]
+			if !ok {
+				i = len(groups)
+				byKey[k.String()] = i
+				groups = append(groups, group{key: k})
+			}
+			groups[i].events = append(groups[i].events, evs[from:to]...)
+			from = to
 		}
-		k := bucket.KeyOf(evs[0].Meta, evs[0].Start)
-		i, ok := byKey[k.String()]
-		if !ok {
-			i = len(groups)
-			byKey[k.String()] = i
-			groups = append(groups, group{key: k})
-		}
-		groups[i].events = append(groups[i].events, evs...)
 	}
 	for i := range groups {
 		slices.SortStableFunc(groups[i].events, func(a, b bucket.Event) int { return cmpInt(a.Time, b.Time) })
