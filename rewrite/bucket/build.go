@@ -12,59 +12,9 @@ import (
 // appendEventsArray appends the chunk's stored events as an array.
 func appendEventsArray(dst []byte, key string, chunk []Event) []byte {
 	idx, dst := bsoncore.AppendArrayElementStart(dst, key)
-	for i, ev := range chunk {
-		dst = bsoncore.AppendDocumentElement(dst, strconv.Itoa(i), ev.Stored)
-	}
+	dst = appendEventElements(dst, chunk)
 	dst, _ = bsoncore.AppendArrayEnd(dst, idx)
 	return dst
-}
-
-// Staged builds the document the staging tier stores for a chunk: the
-// bucket's key and its events packed as one binary value (FieldPacked),
-// without the summaries (a merge computes them for the buckets it writes,
-// and nothing reads a staged document as a bucket). FerretDB stores a
-// document as JSON, one value at a time: packed, a staged document costs
-// it one string to encode and to decode instead of every field of every
-// event, which made reading staging back the most costly part of a merge
-// (20 µs an event, more than inserting it).
-func Staged(id bson.ObjectID, chunk []Event) bsoncore.Document {
-	idx, doc := bsoncore.AppendDocumentStart(nil)
-	doc = bsoncore.AppendObjectIDElement(doc, FieldID, id)
-	doc = bsoncore.AppendValueElement(doc, FieldMeta, chunk[0].Meta)
-	doc = bsoncore.AppendDateTimeElement(doc, FieldStart, chunk[0].Start)
-	doc = appendPackedEvents(doc, chunk)
-	doc, _ = bsoncore.AppendDocumentEnd(doc, idx)
-	return doc
-}
-
-// StagedGroups builds one staged document for the chunks of one insert
-// that go to one staging collection: the first chunk laid out as Staged
-// lays it out, the others in FieldMore, one binary value holding the BSON
-// array of their {meta, start, events}. FerretDB decodes a document's
-// JSON one document at a time, about 30 µs each for small staged
-// documents: reading staging back cost a merge that much per document,
-// so an insert of events of four series costs it one document, not four.
-func StagedGroups(id bson.ObjectID, chunks [][]Event) bsoncore.Document {
-	if len(chunks) == 1 {
-		return Staged(id, chunks[0])
-	}
-	idx, doc := bsoncore.AppendDocumentStart(nil)
-	doc = bsoncore.AppendObjectIDElement(doc, FieldID, id)
-	doc = bsoncore.AppendValueElement(doc, FieldMeta, chunks[0][0].Meta)
-	doc = bsoncore.AppendDateTimeElement(doc, FieldStart, chunks[0][0].Start)
-	doc = appendPackedEvents(doc, chunks[0])
-	aidx, more := bsoncore.AppendArrayStart(nil)
-	for i, chunk := range chunks[1:] {
-		gidx, g := bsoncore.AppendDocumentElementStart(more, strconv.Itoa(i))
-		g = bsoncore.AppendValueElement(g, FieldMeta, chunk[0].Meta)
-		g = bsoncore.AppendDateTimeElement(g, FieldStart, chunk[0].Start)
-		g = appendEventsArray(g, FieldEvents, chunk)
-		more, _ = bsoncore.AppendDocumentEnd(g, gidx)
-	}
-	more, _ = bsoncore.AppendArrayEnd(more, aidx)
-	doc = bsoncore.AppendBinaryElement(doc, FieldMore, 0x00, more)
-	doc, _ = bsoncore.AppendDocumentEnd(doc, idx)
-	return doc
 }
 
 // appendPackedEvents appends the chunk's stored events as the BSON of
@@ -75,11 +25,57 @@ func appendPackedEvents(dst []byte, chunk []Event) []byte {
 		size += 2 + len(strconv.Itoa(i)) + len(ev.Stored)
 	}
 	aidx, arr := bsoncore.AppendArrayStart(make([]byte, 0, size))
-	for i, ev := range chunk {
-		arr = bsoncore.AppendDocumentElement(arr, strconv.Itoa(i), ev.Stored)
-	}
+	arr = appendEventElements(arr, chunk)
 	arr, _ = bsoncore.AppendArrayEnd(arr, aidx)
 	return bsoncore.AppendBinaryElement(dst, FieldPacked, 0x00, arr)
+}
+
+// appendEventElements appends the chunk's stored events as the elements
+// of an array.
+func appendEventElements(dst []byte, chunk []Event) []byte {
+	for i, ev := range chunk {
+		dst = bsoncore.AppendDocumentElement(dst, strconv.Itoa(i), ev.Stored)
+	}
+	return dst
+}
+
+// appendKey appends the chunk's series and window (FieldMeta,
+// FieldStart).
+func appendKey(dst []byte, chunk []Event) []byte {
+	dst = bsoncore.AppendValueElement(dst, FieldMeta, chunk[0].Meta)
+	return bsoncore.AppendDateTimeElement(dst, FieldStart, chunk[0].Start)
+}
+
+// StagedGroups builds the document the staging tier stores for the chunks
+// of one insert that go to one staging collection: the first chunk's key
+// and its events packed as one binary value (FieldPacked), and the other
+// chunks in FieldMore, one binary value holding the BSON array of their
+// {meta, start, events}; no summaries (a merge computes them for the
+// buckets it writes, and nothing reads a staged document as a bucket).
+// FerretDB stores a document as JSON, one value at a time, and decodes
+// it one document at a time: packed, a staged document costs it one
+// string to encode and decode instead of every field of every event
+// (reading staging back had cost a merge 20 µs an event, more than
+// inserting it), and one document per insert instead of one per series
+// (about 30 µs each to decode).
+func StagedGroups(id bson.ObjectID, chunks [][]Event) bsoncore.Document {
+	idx, doc := bsoncore.AppendDocumentStart(nil)
+	doc = bsoncore.AppendObjectIDElement(doc, FieldID, id)
+	doc = appendKey(doc, chunks[0])
+	doc = appendPackedEvents(doc, chunks[0])
+	if len(chunks) > 1 {
+		aidx, more := bsoncore.AppendArrayStart(nil)
+		for i, chunk := range chunks[1:] {
+			gidx, g := bsoncore.AppendDocumentElementStart(more, strconv.Itoa(i))
+			g = appendKey(g, chunk)
+			g = appendEventsArray(g, FieldEvents, chunk)
+			more, _ = bsoncore.AppendDocumentEnd(g, gidx)
+		}
+		more, _ = bsoncore.AppendArrayEnd(more, aidx)
+		doc = bsoncore.AppendBinaryElement(doc, FieldMore, 0x00, more)
+	}
+	doc, _ = bsoncore.AppendDocumentEnd(doc, idx)
+	return doc
 }
 
 // Complete builds a whole bucket document for a chunk large enough to
@@ -90,8 +86,7 @@ func Complete(id bson.ObjectID, chunk []Event, rule *rules.Rule, lim Limits) bso
 	s := Summarize(chunk, lim)
 	idx, doc := bsoncore.AppendDocumentStart(nil)
 	doc = bsoncore.AppendObjectIDElement(doc, FieldID, id)
-	doc = bsoncore.AppendValueElement(doc, FieldMeta, chunk[0].Meta)
-	doc = bsoncore.AppendDateTimeElement(doc, FieldStart, chunk[0].Start)
+	doc = appendKey(doc, chunk)
 	doc = bsoncore.AppendInt32Element(doc, FieldCount, int32(s.Count))
 	doc = bsoncore.AppendInt32Element(doc, FieldBytes, int32(s.Bytes))
 

@@ -14,7 +14,7 @@ const (
 	FieldMax    = "max"
 	FieldSum    = "sum"
 	FieldEvents = "events"
-	// FieldPacked holds the events of a staged document (Staged), and of
+	// FieldPacked holds the events of a staged document (StagedGroups), and of
 	// a bucket written whole on an upstream with packed events
 	// (caps.Upstream.PackedEvents): the BSON of their array, as binary
 	// data. A bucket may have both fields (EventValues).

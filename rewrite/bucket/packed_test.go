@@ -2,6 +2,7 @@ package bucket_test
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -113,8 +114,16 @@ func TestStagedGroupsRoundTrip(t *testing.T) {
 		t.Fatalf("%d chunks, want several", len(chunks))
 	}
 	id := rwtest.OID(9)
-	if one := bucket.StagedGroups(id, chunks[:1]); !bytes.Equal(one, bucket.Staged(id, chunks[0])) {
-		t.Fatal("a staged document of one group is not Staged's")
+	// One group is laid out as before groups were combined: {_id, meta,
+	// start, packed}.
+	one := bucket.StagedGroups(id, chunks[:1])
+	elems, _ := one.Elements()
+	var keys []string
+	for _, e := range elems {
+		keys = append(keys, e.Key())
+	}
+	if strings.Join(keys, ",") != "_id,meta,start,packed" {
+		t.Fatalf("a staged document of one group has fields %v", keys)
 	}
 	doc := bucket.StagedGroups(id, chunks)
 	got, err := bucket.StagedEvents(doc, rule, lim)

@@ -29,7 +29,7 @@ func TestStagedRoundTrip(t *testing.T) {
 		t.Fatalf("prepare: %v", errs)
 	}
 	id := rwtest.OID(9)
-	staged := bucket.Staged(id, evs)
+	staged := bucket.StagedGroups(id, [][]bucket.Event{evs})
 	if _, err := staged.LookupErr(bucket.FieldEvents); err == nil {
 		t.Fatalf("staged document has an events array: %s", staged)
 	}

@@ -28,6 +28,7 @@ type Request struct {
 	ordered bool
 	args    []bsoncore.Element // generic arguments carried to upstream writes
 	reads   []bsoncore.Element // generic arguments carried to upstream reads
+	more    []bsoncore.Element // ... and to their getMores
 	wce     bsoncore.Value     // the last upstream writeConcernError
 	// Statements in the app's order.
 	Statements []*Statement
@@ -59,12 +60,16 @@ type Statement struct {
 	Scan bool
 }
 
-// writeCarried and readCarriedDelete are the generic arguments a
-// rewritten delete carries. txnNumber is not: the rewrite runs several
-// upstream writes, which one txnNumber would make retries of each other.
+// writeCarried, readCarriedDelete and getMoreCarried are the generic
+// arguments a rewritten delete carries. txnNumber is not: the rewrite
+// runs several upstream writes, which one txnNumber would make retries of
+// each other. A getMore does not carry maxTimeMS: the server refuses it
+// on a cursor that is not awaitData (the aggregate that opened the
+// cursor carries it).
 var (
 	writeCarried      = []string{"lsid", "writeConcern", "comment", "maxTimeMS", "$clusterTime", "apiVersion", "apiStrict", "apiDeprecationErrors"}
 	readCarriedDelete = []string{"lsid", "comment", "maxTimeMS", "$clusterTime", "apiVersion", "apiStrict", "apiDeprecationErrors"}
+	getMoreCarried    = []string{"lsid", "comment", "$clusterTime", "apiVersion", "apiStrict", "apiDeprecationErrors"}
 )
 
 // deleteMatchBatch is the batch size of the match aggregate;
@@ -103,6 +108,7 @@ func NewRequest(cmd rewrite.Command, rule *rules.Rule, opts Options) (*Request, 
 		rule: rule, lim: lim, ordered: ordered,
 		args:  bsonutil.Pick(cmd.Body, writeCarried),
 		reads: bsonutil.Pick(cmd.Body, readCarriedDelete),
+		more:  bsonutil.Pick(cmd.Body, getMoreCarried),
 	}
 	for i, d := range docs {
 		st, err := p.planStatement(i, d, opts.Caps)
@@ -270,13 +276,7 @@ func (p *Request) GetMoreCommand(id int64) []byte {
 	d = bsoncore.AppendInt64Element(d, "getMore", id)
 	d = bsoncore.AppendStringElement(d, "collection", p.rule.BucketCollection)
 	d = bsoncore.AppendInt32Element(d, "batchSize", deleteMatchBatch)
-	for _, e := range p.reads {
-		// The server refuses maxTimeMS on a getMore of a cursor that is
-		// not awaitData; the aggregate that opened it carries it.
-		if e.Key() != "maxTimeMS" {
-			d = append(d, e...)
-		}
-	}
+	d = bsonutil.AppendElems(d, p.more)
 	d = bsoncore.AppendStringElement(d, "$db", p.rule.DB)
 	d, _ = bsoncore.AppendDocumentEnd(d, idx)
 	return d

@@ -5,7 +5,9 @@ import (
 	"math"
 	"math/big"
 	"strconv"
+	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -14,32 +16,21 @@ import (
 // The operators with operands of their own: $type, $mod and the bit
 // tests.
 
-// typeAliases are $type's names of BSON types ("number" is every numeric
-// type).
-var typeAliases = map[string][]bsoncore.Type{
-	"double":              {bsoncore.TypeDouble},
-	"string":              {bsoncore.TypeString},
-	"object":              {bsoncore.TypeEmbeddedDocument},
-	"array":               {bsoncore.TypeArray},
-	"binData":             {bsoncore.TypeBinary},
-	"undefined":           {bsoncore.TypeUndefined},
-	"objectId":            {bsoncore.TypeObjectID},
-	"bool":                {bsoncore.TypeBoolean},
-	"date":                {bsoncore.TypeDateTime},
-	"null":                {bsoncore.TypeNull},
-	"regex":               {bsoncore.TypeRegex},
-	"dbPointer":           {bsoncore.TypeDBPointer},
-	"javascript":          {bsoncore.TypeJavaScript},
-	"symbol":              {bsoncore.TypeSymbol},
-	"javascriptWithScope": {bsoncore.TypeCodeWithScope},
-	"int":                 {bsoncore.TypeInt32},
-	"timestamp":           {bsoncore.TypeTimestamp},
-	"long":                {bsoncore.TypeInt64},
-	"decimal":             {bsoncore.TypeDecimal128},
-	"minKey":              {bsoncore.TypeMinKey},
-	"maxKey":              {bsoncore.TypeMaxKey},
-	"number":              {bsoncore.TypeDouble, bsoncore.TypeInt32, bsoncore.TypeInt64, bsoncore.TypeDecimal128},
-}
+// typeAliases are $type's names of BSON types, bsonutil.TypeName's
+// ("number" is every numeric type).
+var typeAliases = func() map[string][]bsoncore.Type {
+	m := map[string][]bsoncore.Type{}
+	for b := 0; b < 256; b++ {
+		t := bsoncore.Type(b)
+		if name := bsonutil.TypeName(t); !strings.HasPrefix(name, "type 0x") {
+			m[name] = []bsoncore.Type{t}
+		}
+		if bsonutil.IsNumber(t) {
+			m["number"] = append(m["number"], t)
+		}
+	}
+	return m
+}()
 
 // typeOperator compiles $type: a type number, an alias, or an array of
 // them. A leaf array is tested itself as well as element by element, so

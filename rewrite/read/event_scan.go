@@ -1,6 +1,7 @@
 package read
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -70,10 +71,12 @@ func sortValue(doc bsoncore.Document, path []string) bsoncore.Value {
 }
 
 // planEventScan returns the spec and the upstream side of an event scan
-// of a find, or why the find has none.
-func planEventScan(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*pointSpec, *bucketScan, string) {
+// of a find, or why the find has none: a *mongoerr.Error for a malformed
+// filter (the server's code and message), another error for what the
+// proxy does not evaluate.
+func planEventScan(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*pointSpec, *bucketScan, error) {
 	if rc.Caps.UnwindKeepsFields {
-		return nil, nil, "the upstream's $unwind keeps the meta"
+		return nil, nil, errors.New("the upstream's $unwind keeps the meta")
 	}
 	s := &pointSpec{lo: math.MinInt64, hi: math.MaxInt64}
 	sc := &bucketScan{dir: 1}
@@ -84,21 +87,21 @@ func planEventScan(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*pointSpec
 		fc := &query.Compiler{Unsupported: func(format string, args ...any) error { return fmt.Errorf(format, args...) }}
 		pred, err := fc.Compile(filter, 0)
 		if err != nil {
-			return nil, nil, err.Error()
+			return nil, nil, err
 		}
 		s.pred = pred
 		pushDown(rc, filter, s, sc)
 	}
 	order, why := parseOrder(rc, sortDoc)
 	if why != "" {
-		return nil, nil, why
+		return nil, nil, errors.New(why)
 	}
 	s.order = order
 	sc.setRuns(order, rc.TimeField)
 	if s.lo > s.hi || (s.lo == s.hi && (s.loStrict || s.hiStrict)) {
 		sc.done = true // an empty range: nothing to read
 	}
-	return s, sc, ""
+	return s, sc, nil
 }
 
 // eventScanRead is the read of an event scan of filter and sortDoc with

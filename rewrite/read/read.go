@@ -1,7 +1,6 @@
 package read
 
 import (
-	"fmt"
 	"github.com/tsproxy/tsproxy/rewrite"
 	"strings"
 
@@ -259,50 +258,6 @@ func planFind(rc *query.Ctx, body bsoncore.Document, opts Options, forExplain bo
 	p.Command = rc.AggregateCommand(pipeline, batchSize, body, extra, forExplain)
 	p.Cursor = &CursorShape{ns: rc.NS, metaField: rc.MetaField, mode: shapeEvent, proj: proj, SingleBatch: single, metas: newMetaResolver(rc)}
 	return p, nil
-}
-
-// planFindScan plans a find on an upstream that cannot see the events
-// (caps.Upstream.PackedEvents): point lookups of the buckets a series and
-// time filter names, a time-range scan, or an event scan, every one
-// filtered, sorted and projected by the proxy.
-func planFindScan(rc *query.Ctx, filter, sortDoc bsoncore.Document, proj *query.Projection, pg query.Paging, opts Options) (*Command, error) {
-	var pr *PointRead
-	if spec, _ := planPoint(rc, filter, sortDoc); spec != nil {
-		if spec, sc := pointOrScan(rc, spec, filter, sortDoc, opts); sc != nil {
-			pr = newScanRead(rc, spec, sc, proj, pg.Skip, pg.Limit, pg.Single)
-		} else {
-			pr = newPointRead(rc, spec, proj, pg.Skip, pg.Limit, pg.Single)
-		}
-	} else if spec, sc, _ := planScan(rc, filter, sortDoc); spec != nil {
-		pr = newScanRead(rc, spec, sc, proj, pg.Skip, pg.Limit, pg.Single)
-	} else {
-		var err error
-		if pr, err = scanOrRefuse(rc, "find", filter, sortDoc, proj, pg); err != nil {
-			return nil, err
-		}
-	}
-	pr.Want(pg.FirstBatch())
-	return &Command{rc: rc, Point: pr}, nil
-}
-
-// scanOrRefuse is the event scan of a read on an upstream that cannot
-// see the events, or the error naming what the proxy cannot evaluate.
-func scanOrRefuse(rc *query.Ctx, cmd string, filter, sortDoc bsoncore.Document, proj *query.Projection, pg query.Paging) (*PointRead, error) {
-	if len(filter) > 0 {
-		// A malformed filter gets the server's error and code; what the
-		// proxy does not evaluate, a refusal naming it.
-		fc := &query.Compiler{Unsupported: func(format string, args ...any) error {
-			return rc.Unsupported("%s on a bucketed namespace: %s", cmd, fmt.Sprintf(format, args...))
-		}}
-		if _, err := fc.Compile(filter, 0); err != nil {
-			return nil, err
-		}
-	}
-	spec, sc, why := planEventScan(rc, filter, sortDoc)
-	if spec == nil {
-		return nil, rc.Unsupported("%s on a bucketed namespace on this upstream is evaluated by the proxy, which does not support it: %s", cmd, why)
-	}
-	return newScanRead(rc, spec, sc, proj, pg.Skip, pg.Limit, pg.Single), nil
 }
 
 // findPipeline is the upstream pipeline of a find: the event filter split

@@ -140,12 +140,9 @@ const maxStagedDocBytes = 2 << 20
 // in order.
 func cutStagedDocs(chunks [][]bucket.Event) [][][]bucket.Event {
 	var out [][][]bucket.Event
-	size := 0
+	var size int64
 	for _, c := range chunks {
-		n := 0
-		for _, ev := range c {
-			n += len(ev.Stored)
-		}
+		n := bucket.ChunkBytes(c)
 		if len(out) == 0 || size+n > maxStagedDocBytes {
 			out = append(out, nil)
 			size = 0
