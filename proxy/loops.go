@@ -50,7 +50,7 @@ type ruleLoop struct {
 
 // loopFingerprint is what, changed, restarts a rule's loops.
 func loopFingerprint(r *rules.Rule) string {
-	return fmt.Sprintf("%s|%s|%s|%d|%d|%d|%d|%s|%s", r.Namespace, r.BucketCollection, r.Layout, r.Span, r.ExpireAfter, r.SweepInterval, r.MergeAfter, r.Ingest, r.PartitionBy)
+	return fmt.Sprintf("%s|%s|%s|%d|%d|%d|%d|%d|%s|%s", r.Namespace, r.BucketCollection, r.Layout, r.Span, r.ExpireAfter, r.SweepInterval, r.MergeAfter, r.MaxStaged, r.Ingest, r.PartitionBy)
 }
 
 // syncLoops makes the running loops those of set's rules.

@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,7 +13,7 @@ import (
 // The background policy decides from what this proxy staged, never from
 // a count on the upstream.
 func TestMergeDuePolicy(t *testing.T) {
-	rule := &rules.Rule{Namespace: "db.events", DB: "db", Collection: "events", MergeAfter: 30 * time.Second}
+	rule := &rules.Rule{Namespace: "db.events", DB: "db", Collection: "events", MergeAfter: 30 * time.Second, MaxEvents: 1000}
 	c := stage.Collection{Name: "tsproxy_stage_x_0"}
 	t0 := time.Now()
 
@@ -32,6 +34,41 @@ func TestMergeDuePolicy(t *testing.T) {
 		m.staged(rule, 10)
 		dueAt(t, m, time.Now(), map[time.Duration]bool{10 * time.Second: false, 31 * time.Second: true})
 	})
+	t.Run("merge batch", func(t *testing.T) {
+		m := newMergeState()
+		// No merge yet: two buckets' worth of staged documents.
+		for range 1999 {
+			m.staged(rule, 1)
+		}
+		if m.due(rule, time.Now())(c) {
+			t.Fatal("due below a merge batch while inserts arrive")
+		}
+		m.staged(rule, 1)
+		if !m.due(rule, time.Now())(c) {
+			t.Fatal("not due at a merge batch")
+		}
+		select {
+		case <-m.kick(rule.Namespace):
+		default:
+			t.Fatal("the background merger was not woken at a merge batch")
+		}
+		m.frozeAll(rule)
+		if got := m.stagedSince(rule); got.events != 0 || got.docs != 0 {
+			t.Fatalf("%+v left after a freeze of everything", got)
+		}
+		// A merge that took 8 keys: a full bucket each.
+		m.record(rule, stage.Stats{Events: 2000, Buckets: 8, Keys: 8}, true)
+		for range 7999 {
+			m.staged(rule, 1)
+		}
+		if m.due(rule, time.Now())(c) {
+			t.Fatal("due below keys × maxEvents documents")
+		}
+		m.staged(rule, 1)
+		if !m.due(rule, time.Now())(c) {
+			t.Fatal("not due at keys × maxEvents documents")
+		}
+	})
 	t.Run("backlog bound", func(t *testing.T) {
 		m := newMergeState()
 		m.staged(rule, MaxStagedEvents-1)
@@ -42,9 +79,56 @@ func TestMergeDuePolicy(t *testing.T) {
 		if !m.due(rule, time.Now())(c) {
 			t.Fatal("not due at the bound")
 		}
-		m.frozeAll(rule)
-		if got := m.stagedSince(rule).events; got != 0 {
-			t.Fatalf("%d events left after a freeze of everything", got)
-		}
 	})
+}
+
+// Backpressure: past the rule's maxStaged, a staged insert waits for a
+// freeze of what this proxy staged, and fails naming the rule at its
+// deadline; the merge is woken and due well before.
+func TestMergeStateAdmit(t *testing.T) {
+	rule := &rules.Rule{Namespace: "db.events", DB: "db", Collection: "events", MergeAfter: time.Hour, MaxEvents: 1000, MaxStaged: 4000}
+	c := stage.Collection{Name: "tsproxy_stage_x_0"}
+	m := newMergeState()
+	if waited, err := m.admit(rule, time.Now().Add(time.Second)); waited || err != nil {
+		t.Fatalf("empty staging: waited %v, %v", waited, err)
+	}
+	m.staged(rule, 2000)
+	if !m.due(rule, time.Now())(c) {
+		t.Fatal("not due at half of maxStaged")
+	}
+	<-m.kick(rule.Namespace) // the wake-up of that insert
+	m.staged(rule, 2000)
+	waited, err := m.admit(rule, time.Now().Add(50*time.Millisecond))
+	var full errNoRoom
+	if !waited || !errors.As(err, &full) || !strings.Contains(err.Error(), "db.events") || !strings.Contains(err.Error(), "maxStaged 4000") {
+		t.Fatalf("full staging at the deadline: waited %v, %v; want errNoRoom naming the rule", waited, err)
+	}
+	select {
+	case <-m.kick(rule.Namespace):
+	default:
+		t.Fatal("a waiting insert did not wake the merger")
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := m.admit(rule, time.Now().Add(10*time.Second))
+		done <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	select {
+	case err := <-done:
+		t.Fatalf("admitted before a freeze: %v", err)
+	default:
+	}
+	m.frozeAll(rule)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("after the freeze: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a freeze of everything staged did not wake the waiting insert")
+	}
+	if got := m.snapshot()[rule.Namespace].Throttled; got != 2 {
+		t.Fatalf("throttled %d, want 2", got)
+	}
 }

@@ -29,6 +29,7 @@ func (s *Server) mergeLoop(ctx context.Context, rule *rules.Rule) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-s.merges.kick(rule.Namespace): // a merge batch is staged
 		}
 		if !s.servedHere(rule) { // loops.go
 			if time.Since(watched) < untouchedMergeCheck {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tsproxy/tsproxy/proxy/lease"
 	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rewrite/insert"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -66,6 +67,13 @@ func (c *conn) stagedInsert(req *request, rule *rules.Rule) error {
 	}
 	prepared, err := insert.Prepare(cmd, rule, bson.NewObjectID)
 	c.ensureLifecycle(rule)
+	if err == nil {
+		// Backpressure: wait for room in staging (before the insert holds
+		// off the freeze that makes it).
+		if _, full := c.s.merges.admit(rule, stagedDeadline(req)); full != nil {
+			return c.replyError(req, mongoerr.MaxTimeMSExpired, full.Error())
+		}
+	}
 	// Held from the generation read to the reply: a freeze of this
 	// proxy's collections (which moves it on) waits for it.
 	inflight := c.s.merges.inserts(rule.Namespace)
@@ -91,6 +99,19 @@ func (c *conn) stagedInsert(req *request, rule *rules.Rule) error {
 		err = c.answer(req, rule, res)
 	}
 	return err
+}
+
+// stagedWait is how long a staged insert without maxTimeMS waits for
+// room in staging (rules.Rule.MaxStaged) before it fails.
+const stagedWait = time.Minute
+
+// stagedDeadline is when a staged insert stops waiting for room: its
+// maxTimeMS, or stagedWait.
+func stagedDeadline(req *request) time.Time {
+	if ms, ok := bson.Raw(req.msg.Body).Lookup("maxTimeMS").AsInt64OK(); ok && ms > 0 {
+		return time.Now().Add(time.Duration(ms) * time.Millisecond)
+	}
+	return time.Now().Add(stagedWait)
 }
 
 // stager is how this proxy names its staging collections of rule: its
@@ -299,6 +320,16 @@ func (s *Server) runMerge(r stepRunner, up lease.Commander, rule *rules.Rule, ca
 	if caps.SingleWriter {
 		opts.Self, opts.Since = s.stagerTag(), s.stagerSince
 		opts.Gone = s.goneStagers(up, rule, opts.Now)
+		// Deletes run under the writer lease here, as the merge does,
+		// and lock the keys they rewrite as the merge's top-ups do.
+		opts.TopUp = true
+		opts.Lock = func(keys []bucket.Key) func() {
+			l := s.state.bucketCache().Lock(rule.BucketNamespace(), keys)
+			return func() {
+				l.ForgetAll() // the direct path's fills of these keys changed
+				l.Unlock()
+			}
+		}
 	}
 	if !opts.Guest && caps.SingleWriter {
 		// Every step of the holder's merge runs under the writer lease,

@@ -200,20 +200,20 @@ rules:
 			{
 				Namespace: "iot.readings", DB: "iot", Collection: "readings",
 				TimeField: "ts", MetaField: "sensorId",
-				Span: 90 * time.Second, MaxEvents: 500, MaxBytes: 512 << 10, InsertThreshold: 20, Ingest: DefaultIngest, MergeAfter: DefaultMergeAfter,
+				Span: 90 * time.Second, MaxEvents: 500, MaxBytes: 512 << 10, InsertThreshold: 20, Ingest: DefaultIngest, MergeAfter: DefaultMergeAfter, MaxStaged: DefaultMaxStaged,
 				Aggregates:       []string{"value", "env.temp"},
 				BucketCollection: "readings_buckets", Layout: "events",
 			},
 			{
 				Namespace: "logs.app.events", DB: "logs", Collection: "app.events",
 				TimeField: "at",
-				Span:      24 * time.Hour, MaxEvents: 1000, MaxBytes: 2_000_000, InsertThreshold: 100, Ingest: DefaultIngest, MergeAfter: DefaultMergeAfter,
+				Span:      24 * time.Hour, MaxEvents: 1000, MaxBytes: 2_000_000, InsertThreshold: 100, Ingest: DefaultIngest, MergeAfter: DefaultMergeAfter, MaxStaged: DefaultMaxStaged,
 				BucketCollection: "app.events.buckets", Layout: "events",
 			},
 			{
 				Namespace: "iot.other", DB: "iot", Collection: "other",
 				TimeField: "t",
-				Span:      time.Hour, MaxEvents: 1000, MaxBytes: 1 << 20, InsertThreshold: 100, Ingest: DefaultIngest, MergeAfter: DefaultMergeAfter,
+				Span:      time.Hour, MaxEvents: 1000, MaxBytes: 1 << 20, InsertThreshold: 100, Ingest: DefaultIngest, MergeAfter: DefaultMergeAfter, MaxStaged: DefaultMaxStaged,
 				BucketCollection: "other.buckets", Layout: "events",
 			},
 		},
@@ -402,7 +402,7 @@ func TestInvalid(t *testing.T) {
 		{"rules not a list", "rules:\n  namespace: a.b\n", nil, nil,
 			`config: rules: must be a list, not a mapping`},
 		{"rule not a mapping", "rules:\n  - a.b\n", nil, nil,
-			`config: rules[0]: must be a mapping of keys (namespace, timeField, metaField, layout, window, slot, valueField, preallocate, bucket, aggregates, collection, rollups, expireAfter, sweepInterval, shardKey, partitionBy, ingest, mergeAfter), not "a.b"`},
+			`config: rules[0]: must be a mapping of keys (namespace, timeField, metaField, layout, window, slot, valueField, preallocate, bucket, aggregates, collection, rollups, expireAfter, sweepInterval, shardKey, partitionBy, ingest, mergeAfter, maxStaged), not "a.b"`},
 		{"scalar given a list", "listen: [a, b]\n", nil, nil,
 			`config: listen: must be a single value, not a list`},
 		{"aggregates not a list", "rules:\n  - namespace: a.b\n    timeField: t\n    aggregates: value\n", nil, nil,
@@ -555,6 +555,8 @@ func TestInvalid(t *testing.T) {
 			`config: rules[0].ingest: staged applies only to layout events, not counter`},
 		{"mergeAfter too short", "rules:\n  - namespace: iot.readings\n    timeField: ts\n    mergeAfter: 1ms\n", nil, nil,
 			`config: rules[0].mergeAfter: "1ms" is less than 100ms`},
+		{"maxStaged too small", "rules:\n  - namespace: iot.readings\n    timeField: ts\n    maxStaged: 10\n", nil, nil,
+			`config: rules[0].maxStaged: 10 is out of range [1000, 2147483647]`},
 		{"insertThreshold zero", "rules:\n  - namespace: iot.readings\n    timeField: ts\n    bucket: {insertThreshold: 0}\n", nil, nil,
 			`config: rules[0].bucket.insertThreshold: 0 is out of range [1, maxEvents=1000]`},
 		{"aggregate duplicate", "rules:\n  - namespace: iot.readings\n    timeField: ts\n    aggregates: [v, w, v]\n", nil, nil,
@@ -672,7 +674,7 @@ func TestShippedConfig(t *testing.T) {
 	demo := Rule{
 		Namespace: "demo.readings", DB: "demo", Collection: "readings",
 		TimeField: "ts", MetaField: "sensorId",
-		Span: time.Hour, MaxEvents: 1000, MaxBytes: 1 << 20, InsertThreshold: 100, Ingest: DefaultIngest, MergeAfter: DefaultMergeAfter,
+		Span: time.Hour, MaxEvents: 1000, MaxBytes: 1 << 20, InsertThreshold: 100, Ingest: DefaultIngest, MergeAfter: DefaultMergeAfter, MaxStaged: DefaultMaxStaged,
 		Aggregates: []string{"value"}, BucketCollection: "readings.buckets", Layout: "events",
 	}
 	if !reflect.DeepEqual(c.Rules, []Rule{demo}) {
@@ -703,18 +705,18 @@ func TestShippedConfig(t *testing.T) {
 	want := []Rule{demo, {
 		Namespace: "iot.readings", DB: "iot", Collection: "readings",
 		TimeField: "ts", MetaField: "sensorId",
-		Span: time.Hour, MaxEvents: 1000, MaxBytes: 1 << 20, InsertThreshold: 100, Ingest: DefaultIngest, MergeAfter: DefaultMergeAfter,
+		Span: time.Hour, MaxEvents: 1000, MaxBytes: 1 << 20, InsertThreshold: 100, Ingest: DefaultIngest, MergeAfter: DefaultMergeAfter, MaxStaged: DefaultMaxStaged,
 		Aggregates: []string{"value"}, BucketCollection: "readings.buckets", Layout: "events",
 	}, {
 		Namespace: "web.hits", DB: "web", Collection: "hits",
 		TimeField: "ts", MetaField: "page",
-		Span: time.Minute, MaxEvents: 1000, MaxBytes: 1 << 20, InsertThreshold: 100, Ingest: DefaultIngest, MergeAfter: DefaultMergeAfter,
+		Span: time.Minute, MaxEvents: 1000, MaxBytes: 1 << 20, InsertThreshold: 100, Ingest: DefaultIngest, MergeAfter: DefaultMergeAfter, MaxStaged: DefaultMaxStaged,
 		BucketCollection: "hits.buckets", Layout: "counter",
 		LayoutOptions: LayoutOptions{Window: time.Minute, Slot: time.Second},
 	}, {
 		Namespace: "mon.cpu", DB: "mon", Collection: "cpu",
 		TimeField: "ts", MetaField: "host",
-		Span: time.Hour, MaxEvents: 1000, MaxBytes: 1 << 20, InsertThreshold: 100, Ingest: DefaultIngest, MergeAfter: DefaultMergeAfter,
+		Span: time.Hour, MaxEvents: 1000, MaxBytes: 1 << 20, InsertThreshold: 100, Ingest: DefaultIngest, MergeAfter: DefaultMergeAfter, MaxStaged: DefaultMaxStaged,
 		Aggregates: []string{"value"}, BucketCollection: "cpu.buckets", Layout: "slots",
 		LayoutOptions: LayoutOptions{Window: time.Hour, Slot: time.Second, ValueField: "value", Aggregated: true, Preallocate: true},
 	}}

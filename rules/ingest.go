@@ -31,6 +31,14 @@ const (
 	// MinMergeAfter keeps the merger from turning every few events into
 	// a bucket of their own.
 	MinMergeAfter = 100 * time.Millisecond
+	// DefaultMaxStaged bounds the events one proxy holds staged for a
+	// rule, not yet frozen for a merge: past it the rule's staged inserts
+	// on that proxy wait for the merge (backpressure), so a merge that
+	// falls behind, or fails, slows the inserts instead of letting
+	// staging grow without bound.
+	DefaultMaxStaged = 200_000
+	// MinMaxStaged keeps maxStaged above a useful merge batch.
+	MinMaxStaged = 1_000
 	// StagePrefix begins the name of every staging collection.
 	StagePrefix = "tsproxy_stage_"
 )
@@ -79,11 +87,17 @@ func (r *Rule) StagePrefix() string {
 // dropped with them.
 func (r *Rule) IDIndexCollection() string { return r.StagePrefix() + "ids" }
 
-// ingest decodes ingest and mergeAfter of the rule at path p.
+// ingest decodes ingest, mergeAfter and maxStaged of the rule at path p.
 func (d *decoder) ingest(p string, m map[string]any, r *Rule) {
 	k := func(name string) string { return p + "." + name }
 	r.Ingest = DefaultIngest
 	r.MergeAfter = DefaultMergeAfter
+	r.MaxStaged = DefaultMaxStaged
+	if v := field(m, "maxStaged"); v != nil {
+		if n := d.intIn(k("maxStaged"), v, MinMaxStaged, 1<<31-1); n > 0 {
+			r.MaxStaged = n
+		}
+	}
 	if v := field(m, "ingest"); v != nil {
 		s, _ := v.(string)
 		switch s {

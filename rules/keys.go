@@ -63,6 +63,7 @@ var schema = []keySpec{
 		{name: "partitionBy"},
 		{name: "ingest"},
 		{name: "mergeAfter"},
+		{name: "maxStaged"},
 	}},
 	{name: "shutdownTimeout"},
 	{name: "createTimeseries"},

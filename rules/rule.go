@@ -90,6 +90,9 @@ type Rule struct {
 	// MergeAfter is how long a staging collection takes no new event
 	// before the proxy merges it into buckets.
 	MergeAfter time.Duration
+	// MaxStaged bounds the events one proxy holds staged for the rule
+	// before its inserts wait for a merge (rules/ingest.go).
+	MaxStaged int
 
 	// Declared, set on a rule an application created with MongoDB's
 	// timeseries option (rules/timeseries.go), is what it declared; nil on

@@ -118,6 +118,7 @@ func NewCreatedRule(c Created) Rule {
 		Span:        time.Duration(c.SpanSeconds) * time.Second,
 		Ingest:      DefaultIngest,
 		MergeAfter:  DefaultMergeAfter,
+		MaxStaged:   DefaultMaxStaged,
 		ExpireAfter: time.Duration(c.ExpireAfterSeconds) * time.Second,
 		Declared:    &declared,
 	}

@@ -79,8 +79,17 @@ if [ -z "${TSPROXY_E2E_UPSTREAM:-}" ]; then
   e2e_on postgresql "$E2E_POSTGRESQL_SKIP" >"$pglog" 2>&1 & pgpid=$!
   wait "$fdpid" || e2e_failed=1
   wait "$pgpid" || e2e_failed=1
-  echo "-- ferretdb"; cat "$fdlog"; echo "-- postgresql"; cat "$pglog"; rm -f "$fdlog" "$pglog"
-  [ "$e2e_failed" -eq 0 ] || { echo "end-to-end subset failed"; exit 1; }
+  echo "-- ferretdb"; cat "$fdlog"; echo "-- postgresql"; cat "$pglog"
+  if [ "$e2e_failed" -ne 0 ]; then
+    # The logs are long (every proxy's log lines): repeat the failures last,
+    # where a truncated CI log still shows them.
+    for l in "$fdlog" "$pglog"; do
+      echo "-- failures in the $([ "$l" = "$fdlog" ] && echo ferretdb || echo postgresql) subset"
+      grep -E -e '--- FAIL|^panic:|_test\.go:[0-9]+: |^FAIL' "$l" | grep -v 'level=' | tail -40 || true
+    done
+    rm -f "$fdlog" "$pglog"; echo "end-to-end subset failed"; exit 1
+  fi
+  rm -f "$fdlog" "$pglog"
 fi
 
 echo "== fuzz targets, ${FUZZTIME} each, ${FUZZPAR} at a time"

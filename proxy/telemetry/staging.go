@@ -19,11 +19,15 @@ type Staging struct {
 	Pending       int64
 	PendingEvents int64
 	Oldest        time.Time
+	// Throttled counts the staged inserts that waited for room (the
+	// rule's maxStaged).
+	Throttled int64
 }
 
 // ObserveStaging reports snapshot's figures, per rule, at each collection
 // of the metrics: tsproxy.staging.events{state=staged|merged},
 // tsproxy.staging.buckets, tsproxy.staging.retries,
+// tsproxy.staging.throttled,
 // tsproxy.staging.pending{unit=collections|events} and
 // tsproxy.staging.lag (seconds the oldest pending collection has waited).
 // The mean fill of merged buckets is merged events / buckets.
@@ -45,6 +49,10 @@ func ObserveStaging(snapshot func() map[string]Staging) error {
 	if err != nil {
 		return err
 	}
+	throttled, err := m.Int64ObservableCounter("tsproxy.staging.throttled", metric.WithDescription("Staged inserts that waited for the merge to make room (the rule's maxStaged), by rule."))
+	if err != nil {
+		return err
+	}
 	lag, err := m.Float64ObservableGauge("tsproxy.staging.lag", metric.WithDescription("How long the oldest pending staging collection has waited, by rule."), metric.WithUnit("s"))
 	if err != nil {
 		return err
@@ -57,6 +65,7 @@ func ObserveStaging(snapshot func() map[string]Staging) error {
 			o.ObserveInt64(events, s.Merged, metric.WithAttributes(rule, attribute.String("state", "merged")))
 			o.ObserveInt64(buckets, s.Buckets, metric.WithAttributes(rule))
 			o.ObserveInt64(retries, s.Retries, metric.WithAttributes(rule))
+			o.ObserveInt64(throttled, s.Throttled, metric.WithAttributes(rule))
 			o.ObserveInt64(pending, s.Pending, metric.WithAttributes(rule, attribute.String("unit", "collections")))
 			o.ObserveInt64(pending, s.PendingEvents, metric.WithAttributes(rule, attribute.String("unit", "events")))
 			var waited float64
@@ -66,6 +75,6 @@ func ObserveStaging(snapshot func() map[string]Staging) error {
 			o.ObserveFloat64(lag, waited, metric.WithAttributes(rule))
 		}
 		return nil
-	}, events, buckets, retries, pending, lag)
+	}, events, buckets, retries, throttled, pending, lag)
 	return err
 }

@@ -22,6 +22,7 @@ const (
 	NamespaceNotFound              Code = 26    // NamespaceNotFound
 	IndexNotFound                  Code = 27    // IndexNotFound
 	CursorNotFound                 Code = 43    // CursorNotFound
+	MaxTimeMSExpired               Code = 50    // MaxTimeMSExpired
 	NamespaceExists                Code = 48    // NamespaceExists
 	CommandNotFound                Code = 59    // CommandNotFound
 	InvalidOptions                 Code = 72    // InvalidOptions

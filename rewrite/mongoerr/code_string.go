@@ -22,6 +22,7 @@ func _() {
 	_ = x[NamespaceNotFound-26]
 	_ = x[IndexNotFound-27]
 	_ = x[CursorNotFound-43]
+	_ = x[MaxTimeMSExpired-50]
 	_ = x[NamespaceExists-48]
 	_ = x[CommandNotFound-59]
 	_ = x[InvalidOptions-72]
@@ -47,7 +48,7 @@ func _() {
 	_ = x[TooManyCursors-8002]
 }
 
-const _Code_name = "InternalErrorBadValueHostUnreachableUnknownErrorFailedToParseUnauthorizedTypeMismatchInvalidLengthAuthenticationFailedIllegalOperationInvalidBSONNamespaceNotFoundIndexNotFoundCursorNotFoundNamespaceExistsCommandNotFoundInvalidOptionsInvalidNamespaceOperationFailedConflictingOperationInProgressCommandNotSupportedOnViewTransactionTooOldNotImplementedQueryExceededMemoryLimitNoDiskUseAllowedTooManyConnectionsTooManyCursorsBSONObjectTooLargeDuplicateKeyLocation17217Location31249Location31254Location40066Location40414Location40415Location50736Location50737Location50738"
+const _Code_name = "InternalErrorBadValueHostUnreachableUnknownErrorFailedToParseUnauthorizedTypeMismatchInvalidLengthAuthenticationFailedIllegalOperationInvalidBSONNamespaceNotFoundIndexNotFoundCursorNotFoundNamespaceExistsMaxTimeMSExpiredCommandNotFoundInvalidOptionsInvalidNamespaceOperationFailedConflictingOperationInProgressCommandNotSupportedOnViewTransactionTooOldNotImplementedQueryExceededMemoryLimitNoDiskUseAllowedTooManyConnectionsTooManyCursorsBSONObjectTooLargeDuplicateKeyLocation17217Location31249Location31254Location40066Location40414Location40415Location50736Location50737Location50738"
 
 var _Code_map = map[Code]string{
 	1:     _Code_name[0:13],
@@ -65,28 +66,29 @@ var _Code_map = map[Code]string{
 	27:    _Code_name[162:175],
 	43:    _Code_name[175:189],
 	48:    _Code_name[189:204],
-	59:    _Code_name[204:219],
-	72:    _Code_name[219:233],
-	73:    _Code_name[233:249],
-	96:    _Code_name[249:264],
-	117:   _Code_name[264:294],
-	166:   _Code_name[294:319],
-	225:   _Code_name[319:336],
-	238:   _Code_name[336:350],
-	292:   _Code_name[350:390],
-	8001:  _Code_name[390:408],
-	8002:  _Code_name[408:422],
-	10334: _Code_name[422:440],
-	11000: _Code_name[440:452],
-	17217: _Code_name[452:465],
-	31249: _Code_name[465:478],
-	31254: _Code_name[478:491],
-	40066: _Code_name[491:504],
-	40414: _Code_name[504:517],
-	40415: _Code_name[517:530],
-	50736: _Code_name[530:543],
-	50737: _Code_name[543:556],
-	50738: _Code_name[556:569],
+	50:    _Code_name[204:220],
+	59:    _Code_name[220:235],
+	72:    _Code_name[235:249],
+	73:    _Code_name[249:265],
+	96:    _Code_name[265:280],
+	117:   _Code_name[280:310],
+	166:   _Code_name[310:335],
+	225:   _Code_name[335:352],
+	238:   _Code_name[352:366],
+	292:   _Code_name[366:406],
+	8001:  _Code_name[406:424],
+	8002:  _Code_name[424:438],
+	10334: _Code_name[438:456],
+	11000: _Code_name[456:468],
+	17217: _Code_name[468:481],
+	31249: _Code_name[481:494],
+	31254: _Code_name[494:507],
+	40066: _Code_name[507:520],
+	40414: _Code_name[520:533],
+	40415: _Code_name[533:546],
+	50736: _Code_name[546:559],
+	50737: _Code_name[559:572],
+	50738: _Code_name[572:585],
 }
 
 func (i Code) String() string {

@@ -34,7 +34,8 @@
 // staged documents read, the events
 // grouped by series and window, sorted by time, cut into buckets of at
 // most maxEvents and maxBytes, and inserted after the highest seq of
-// their key in the bucket collection; then it is dropped. Every step is
+// their key in the bucket collection (with TopUp, the key's last bucket
+// is filled first: topup.go); then it is dropped. Every step is
 // repeatable, so a merge cut by a crash is finished by the next one: the
 // seqs a merge uses are recorded in the retired collection (its "plan"
 // document) before any bucket is inserted, and a duplicate key on a

@@ -74,6 +74,14 @@ type MergeOptions struct {
 	// PackedEvents: the buckets written keep their events packed
 	// (caps.Upstream.PackedEvents).
 	PackedEvents bool
+	// TopUp fills each key's last bucket, when it has room, before new
+	// buckets are started (topup.go). Only where deletes of the rule run
+	// under its writer lease, as the merge does (FerretDB).
+	TopUp bool
+	// Lock locks bucket keys as a delete locks them, for a top-up's read
+	// and rewrite of a bucket; the returned func unlocks them. Nil:
+	// nothing to lock (no concurrent delete on this proxy).
+	Lock func(keys []bucket.Key) func()
 }
 
 // Stats count what a merge did.
@@ -81,6 +89,8 @@ type Stats struct {
 	Collections int // staging collections merged and dropped
 	Events      int // events written into buckets
 	Buckets     int // buckets written
+	ToppedUp    int // last buckets of their key filled up (TopUp)
+	Keys        int // bucket keys (series and window) the buckets written took
 	Retries     int // staged documents left out: retries of writes merged before
 	Pending     int // staging collections not due yet
 	Frozen      int // retired collections left to merge (after a freeze)

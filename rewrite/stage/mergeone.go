@@ -23,6 +23,10 @@ type mergePlan struct {
 	bases map[string]int // by Key.String(): the first seq to write
 	skip  map[bson.ObjectID]bool
 	ids   map[string]bool // the staged documents merged, by idKey
+	// tops are the last buckets to fill up, by Key.String() (topup.go);
+	// rawTops is their record as read from a plan document.
+	tops    map[string]*topUp
+	rawTops bsoncore.Array
 }
 
 // idKey is a staged document's _id as a map key (type and bytes).
@@ -130,13 +134,34 @@ func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records map[bson.ObjectI
 	if err != nil {
 		return err
 	}
+	// The keys of the buckets this merge tops up stay locked until they
+	// are written (topup.go).
+	unlock := func() {}
+	defer func() { unlock() }()
 	if plan.bases == nil {
 		if plan.bases, err = m.probeBases(x, groups); err != nil {
 			return err
 		}
+		if m.opts.TopUp {
+			unlock = m.lockTopUps(groups, plan.bases)
+			if plan.tops, err = m.readTopUps(x, groups, plan.bases); err != nil {
+				return err
+			}
+		}
 		if err := m.insertOne(x, r.Name, planDoc(plan)); err != nil {
 			return fmt.Errorf("record plan: %w", err)
 		}
+	} else if len(plan.rawTops) > 0 {
+		if plan.tops, err = m.readTopUpsDoc(plan.rawTops); err != nil {
+			return fmt.Errorf("plan document: %w", err)
+		}
+		var keys []bucket.Key
+		for _, g := range groups {
+			if plan.tops[g.key.String()] != nil {
+				keys = append(keys, g.key)
+			}
+		}
+		unlock = m.lockKeys(keys)
 	}
 	if len(derived) > 0 {
 		if err := m.insertOne(x, TxnsCollection(m.rule), recordDoc(r.Token, derived, m.opts.Now)); err != nil {
@@ -148,14 +173,18 @@ func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records map[bson.ObjectI
 			records[id] = r.Token
 		}
 	}
-	buckets, events := m.buckets(groups, plan.bases)
-	m.noteNext(groups, plan.bases)
-	if err := m.writeIDIndex(x, buckets); err != nil {
+	buckets, topped, events := m.buckets(groups, plan)
+	if err := m.writeIDIndex(x, append(slices.Clip(buckets), topped...)); err != nil {
 		return err
 	}
 	if err := m.insertBuckets(x, buckets); err != nil {
 		return err
 	}
+	if err := m.rewriteTopUps(x, topped); err != nil {
+		return err
+	}
+	unlock()
+	unlock = func() {}
 	if err := m.moveLate(x, r, plan.ids); err != nil {
 		return err
 	}
@@ -169,6 +198,8 @@ func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records map[bson.ObjectI
 	m.Stats.Collections++
 	m.Stats.Events += events
 	m.Stats.Buckets += len(buckets)
+	m.Stats.ToppedUp += len(topped)
+	m.Stats.Keys += len(groups)
 	m.Stats.Retries += len(plan.skip)
 	return nil
 }
@@ -274,18 +305,6 @@ func (m *Merge) probeBases(x *rewrite.Exec, groups []group) (map[string]int, err
 	return bases, nil
 }
 
-// noteNext records the first free seq of each group's key once its
-// buckets from bases are written.
-func (m *Merge) noteNext(groups []group, bases map[string]int) {
-	if m.next == nil {
-		m.next = map[string]int{}
-	}
-	for _, g := range groups {
-		k := g.key.String()
-		m.next[k] = max(m.next[k], bases[k]+len(bucket.ChunkEvents(g.events, m.lim)))
-	}
-}
-
 // builtBucket is one merged bucket and what identifies its content.
 type builtBucket struct {
 	id    bson.ObjectID
@@ -293,27 +312,51 @@ type builtBucket struct {
 	count int
 	first bsoncore.Value    // the first event's _id
 	entry bsoncore.Document // its event-id index entry
-	evs   []bucket.Event    // its events, for the rule's rollups
+	evs   []bucket.Event    // its new events, for the rule's rollups
+	// A topped-up bucket (topup.go): its count when the merge read it,
+	// all its events, and the _id of its event-id index entry before.
+	oldCount int
+	all      []bucket.Event
+	oldEntry bsoncore.Value
 }
 
-// buckets cuts each group into complete buckets from its base seq.
-func (m *Merge) buckets(groups []group, bases map[string]int) ([]builtBucket, int) {
+// buckets cuts each group into complete buckets: first the key's last
+// bucket filled up (plan.tops), then new ones from the key's base seq.
+// It notes each key's next free seq (m.next).
+func (m *Merge) buckets(groups []group, plan *mergePlan) (inserts, topped []builtBucket, events int) {
 	ns := m.rule.BucketNamespace()
-	var out []builtBucket
-	events := 0
+	if m.next == nil {
+		m.next = map[string]int{}
+	}
 	for _, g := range groups {
-		seq := bases[g.key.String()]
-		for _, chunk := range bucket.ChunkEvents(g.events, m.lim) {
+		k := g.key.String()
+		evs := g.events
+		if t := plan.tops[k]; t != nil {
+			all, added, rest := t.fillUp(evs, m.lim)
+			if added > 0 {
+				id := g.key.ID(ns, t.seq)
+				topped = append(topped, builtBucket{
+					id: id, doc: bucket.Complete(id, all, m.rule, m.lim), count: len(all), first: all[0].Stored.Lookup("_id"),
+					entry: bucket.IDIndexEntry(id, g.key.Start, all), evs: evs[:added], oldCount: len(t.old), all: all,
+					oldEntry: bucket.IDIndexEntry(id, g.key.Start, t.old).Lookup("_id"),
+				})
+				events += added
+			}
+			evs = rest
+		}
+		seq := plan.bases[k]
+		for _, chunk := range bucket.ChunkEvents(evs, m.lim) {
 			id := g.key.ID(ns, seq)
 			seq++
-			out = append(out, builtBucket{
+			inserts = append(inserts, builtBucket{
 				id: id, doc: bucket.Complete(id, chunk, m.rule, m.lim), count: len(chunk), first: chunk[0].Stored.Lookup("_id"),
 				entry: bucket.IDIndexEntry(id, g.key.Start, chunk), evs: chunk,
 			})
 			events += len(chunk)
 		}
+		m.next[k] = max(m.next[k], seq)
 	}
-	return out, events
+	return inserts, topped, events
 }
 
 // maxReadBytes bounds the staged bytes one reply of a retired

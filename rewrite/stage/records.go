@@ -31,8 +31,19 @@ func planDoc(p *mergePlan) bsoncore.Document {
 	for k := range p.ids {
 		ids.AppendBinary(0, []byte(k))
 	}
-	return bsoncore.NewDocumentBuilder().AppendString("_id", planID).
-		AppendArray("bases", bases.Build()).AppendArray("skip", skip.Build()).AppendArray("ids", ids.Build()).Build()
+	// A plan with top-ups keeps its bases under another name: a proxy
+	// older than topping up, which would write the topped-up events again,
+	// finds no bases and stops instead.
+	basesField := "bases"
+	if len(p.tops) > 0 {
+		basesField = "topUpBases"
+	}
+	b := bsoncore.NewDocumentBuilder().AppendString("_id", planID).
+		AppendArray(basesField, bases.Build()).AppendArray("skip", skip.Build()).AppendArray("ids", ids.Build())
+	if len(p.tops) > 0 {
+		b.AppendArray("tops", topUpsDoc(p.tops))
+	}
+	return b.Build()
 }
 
 // readPlan reads planDoc's output back.
@@ -41,7 +52,9 @@ func readPlan(d bsoncore.Document) (*mergePlan, error) {
 	bad := func(what string) (*mergePlan, error) { return nil, fmt.Errorf("plan document: %s", what) }
 	bases, ok := d.Lookup("bases").ArrayOK()
 	if !ok {
-		return bad("no bases")
+		if bases, ok = d.Lookup("topUpBases").ArrayOK(); !ok {
+			return bad("no bases")
+		}
 	}
 	vals, err := bases.Values()
 	if err != nil {
@@ -69,6 +82,9 @@ func readPlan(d bsoncore.Document) (*mergePlan, error) {
 				p.ids[string(k)] = true
 			}
 		}
+	}
+	if tops, ok := d.Lookup("tops").ArrayOK(); ok {
+		p.rawTops = tops
 	}
 	if skip, ok := d.Lookup("skip").ArrayOK(); ok {
 		ids, err := skip.Values()

@@ -92,8 +92,19 @@ func (m *mem) answer(u rewrite.Upstream) []byte {
 	case "drop":
 		delete(m.colls, coll)
 	case "delete":
-		// Only the records' expiry, and the tests' records are all
-		// within the horizon.
+		// The records' expiry (the tests' records are all within the
+		// horizon), and stale event-id index entries by _id.
+		dels, _ := body.Lookup("deletes").Array().Values()
+		for _, dv := range dels {
+			in, ok := dv.Document().Lookup("q", "_id", "$in").ArrayOK()
+			if !ok {
+				continue
+			}
+			ids, _ := in.Values()
+			m.colls[coll] = slices.DeleteFunc(m.colls[coll], func(d bsoncore.Document) bool {
+				return slices.ContainsFunc(ids, func(v bsoncore.Value) bool { return v.Equal(d.Lookup("_id")) })
+			})
+		}
 	case "insert":
 		var errs []any
 		for i, d := range u.Seq.Documents {
@@ -121,6 +132,22 @@ func (m *mem) answer(u rewrite.Upstream) []byte {
 				m.rolled[coll+"|"+meta] += int(d.Lookup("u", "$inc", "count").Int32())
 			}
 			break
+		}
+		if coll == "readings.buckets" {
+			// A top-up: a replacement on {_id, count}.
+			n := 0
+			for _, st := range u.Seq.Documents {
+				q, repl := bsoncore.Document(st).Lookup("q").Document(), bsoncore.Document(st).Lookup("u").Document()
+				for i, d := range m.colls[coll] {
+					c, _ := d.Lookup("count").AsInt64OK()
+					want, _ := q.Lookup("count").AsInt64OK()
+					if d.Lookup("_id").Equal(q.Lookup("_id")) && c == want {
+						m.colls[coll][i] = repl
+						n++
+					}
+				}
+			}
+			return doc(bson.D{{Key: "n", Value: n}, {Key: "nModified", Value: n}, {Key: "ok", Value: 1.0}})
 		}
 		// Otherwise only the event-id index marker's version: {$set: {v: n}}.
 		for _, st := range u.Seq.Documents {
@@ -729,5 +756,137 @@ func TestMergeCountsRollups(t *testing.T) {
 			t.Fatalf("stats %+v, want the events merged and the rollup failure reported", st)
 		}
 		want(t, m, 0, 0)
+	})
+}
+
+// bucketCounts lists the counts of the buckets of key (series s, the
+// events' window) by seq.
+func bucketCounts(t *testing.T, m *mem, s string) []int64 {
+	t.Helper()
+	var out []int64
+	for seq := 0; ; seq++ {
+		id := rwtest.BucketID(t, s, 36_000_000, seq)
+		i := slices.IndexFunc(m.colls["readings.buckets"], func(d bsoncore.Document) bool { return d.Lookup("_id").ObjectID() == id })
+		if i < 0 {
+			return out
+		}
+		c, _ := m.colls["readings.buckets"][i].Lookup("count").AsInt64OK()
+		out = append(out, c)
+	}
+}
+
+// cutMerge runs a merge of the insert rule that the failure of command
+// failing cuts short.
+func cutMerge(m *mem, failing string, opts stage.MergeOptions) {
+	m.fail[failing] = true
+	opts.RetryHorizon = time.Hour
+	m.run(stage.NewMerge(rwtest.InsertRule(), opts))
+	m.fail[failing] = false
+}
+
+func TestMergeTopUp(t *testing.T) {
+	locked := 0
+	opts := func(now int64) stage.MergeOptions {
+		return stage.MergeOptions{All: true, TopUp: true, Now: time.UnixMilli(now), Lock: func(keys []bucket.Key) func() {
+			locked += len(keys)
+			return func() {}
+		}}
+	}
+	onceEach := func(t *testing.T, m *mem, n int) {
+		t.Helper()
+		got := storedEvents(t, m)
+		if len(got) != n {
+			t.Fatalf("%d events stored, want %d", len(got), n)
+		}
+		for id, c := range got {
+			if c != 1 {
+				t.Fatalf("event %s stored %d times", id, c)
+			}
+		}
+		checkIDIndex(t, m, true)
+		// One entry a bucket, and the marker: none left stale.
+		if e, b := len(m.colls[rwtest.Rule().IDIndexCollection()]), len(m.colls["readings.buckets"]); e != b+1 {
+			t.Fatalf("%d event-id index entries for %d buckets, want one each and the marker", e, b)
+		}
+	}
+	t.Run("the last bucket is filled before new ones start", func(t *testing.T) {
+		m := newMem(t)
+		stagedInsert(t, m, events("a", 0, 4)) // maxEvents 3: buckets of 3 and 1
+		merge(t, m, opts(1_000_000))
+		stagedInsert(t, m, events("a", 4, 1))
+		st := merge(t, m, opts(1_000_100))
+		if st.ToppedUp != 1 || st.Buckets != 0 || st.Events != 1 {
+			t.Fatalf("stats %+v, want the one event topped up into the last bucket", st)
+		}
+		if got := bucketCounts(t, m, "a"); !slices.Equal(got, []int64{3, 2}) {
+			t.Fatalf("bucket counts %v, want [3 2]", got)
+		}
+		stagedInsert(t, m, events("a", 5, 3))
+		st = merge(t, m, opts(1_000_200))
+		if st.ToppedUp != 1 || st.Buckets != 1 || st.Events != 3 {
+			t.Fatalf("stats %+v, want one event topped up and a new bucket of two", st)
+		}
+		if got := bucketCounts(t, m, "a"); !slices.Equal(got, []int64{3, 3, 2}) {
+			t.Fatalf("bucket counts %v, want [3 3 2]", got)
+		}
+		if locked == 0 {
+			t.Fatal("the top-ups ran without locking their keys")
+		}
+		onceEach(t, m, 8)
+	})
+	t.Run("a full last bucket is left alone", func(t *testing.T) {
+		m := newMem(t)
+		stagedInsert(t, m, events("a", 0, 3))
+		merge(t, m, opts(1_000_000))
+		stagedInsert(t, m, events("a", 3, 1))
+		if st := merge(t, m, opts(1_000_100)); st.ToppedUp != 0 || st.Buckets != 1 {
+			t.Fatalf("stats %+v, want a new bucket", st)
+		}
+		onceEach(t, m, 4)
+	})
+	t.Run("a merge cut after its top-up is finished without doubling", func(t *testing.T) {
+		m := newMem(t)
+		stagedInsert(t, m, events("a", 0, 1))
+		merge(t, m, opts(1_000_000))
+		stagedInsert(t, m, events("a", 1, 4))
+		cutMerge(m, "drop", stage.MergeOptions{All: true, TopUp: true, Now: time.UnixMilli(1_000_100)})
+		if st := merge(t, m, opts(1_000_200)); st.Collections != 1 {
+			t.Fatalf("resume %+v, want the cut merge finished", st)
+		}
+		if got := bucketCounts(t, m, "a"); !slices.Equal(got, []int64{3, 2}) {
+			t.Fatalf("bucket counts %v, want [3 2]", got)
+		}
+		onceEach(t, m, 5)
+	})
+	t.Run("a last bucket changed after the plan is an error, not overwritten", func(t *testing.T) {
+		m := newMem(t)
+		stagedInsert(t, m, events("a", 0, 2))
+		merge(t, m, opts(1_000_000))
+		stagedInsert(t, m, events("a", 2, 1))
+		// Cut after the plan is recorded (at the event-id index's version).
+		cutMerge(m, "update", stage.MergeOptions{All: true, TopUp: true, Now: time.UnixMilli(1_000_100)})
+		// Something outside the merge rewrites the bucket meanwhile.
+		b := m.colls["readings.buckets"][0]
+		m.colls["readings.buckets"][0] = bsoncore.NewDocumentBuilder().AppendObjectID("_id", b.Lookup("_id").ObjectID()).AppendInt32("count", 1).Build()
+		res := m.run(stage.NewMerge(rwtest.InsertRule(), stage.MergeOptions{All: true, TopUp: true, Now: time.UnixMilli(1_000_200), RetryHorizon: time.Hour}))
+		if msg, _ := bson.Raw(res.Reply).Lookup("errmsg").StringValueOK(); !strings.Contains(msg, "changed since the merge read it") {
+			t.Fatalf("resume over a changed bucket: %s", bson.Raw(res.Reply))
+		}
+	})
+	t.Run("rollups count the new events once", func(t *testing.T) {
+		m := newMem(t)
+		rolled := func(now int64) stage.Stats {
+			o := opts(now)
+			return mergeRule(t, m, rolledRule(), o)
+		}
+		stagedInsert(t, m, events("a", 0, 1))
+		rolled(1_000_000)
+		stagedInsert(t, m, events("a", 1, 1))
+		if st := rolled(1_000_100); st.ToppedUp != 1 || st.Counted != 1 {
+			t.Fatalf("stats %+v, want one event topped up and counted", st)
+		}
+		if got := m.rolled["readings.rollup_1h|a"]; got != 2 {
+			t.Fatalf("rollup count %d, want 2", got)
+		}
 	})
 }

@@ -173,12 +173,16 @@ func (pg *Postgres) serve() error {
 }
 
 // start runs postgres and waits until it accepts connections. Durability
-// is off: the cluster lives for one run.
+// is off: the cluster lives for one run. Connections are raised from 100:
+// each FerretDB pools up to 50 (its pool_max_conns default), and a test
+// run has several at once (the run's, and the fault tests' own, killed
+// and restarted while their old connections are torn down).
 func (pg *Postgres) start() error {
 	_, port, _ := net.SplitHostPort(pg.Addr)
 	cmd := pg.command("postgres", "-D", filepath.Join(pg.dir, "data"), "-p", port,
 		"-k", filepath.Join(pg.dir, "sock"), "-c", "listen_addresses=127.0.0.1",
-		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
+		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+		"-c", "max_connections=500")
 	// SIGQUIT is PostgreSQL's immediate shutdown: its backends exit too.
 	p, err := startProc(cmd, syscall.SIGQUIT)
 	if err != nil {

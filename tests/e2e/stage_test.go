@@ -201,6 +201,74 @@ func TestStageBackgroundMerge(t *testing.T) {
 	checkStored(t, readBuckets(t, ctx, db), evs, 100)
 }
 
+// TestStageMergeBatch: small inserts are merged in the background as they
+// come, a batch of staged documents at a time (proxy mergeBatch), while
+// inserts go on and long before the rule's mergeAfter: what a flush (or
+// a read) must merge first stays one batch. Every event is stored once,
+// and on FerretDB each merge fills up the key's last bucket first
+// (rewrite/stage topup.go), so the buckets are as full as one merge of
+// everything would make them; a read in the middle does not fragment
+// them either.
+func TestStageMergeBatch(t *testing.T) {
+	t.Parallel()
+	ctx := ctxFor(t)
+	db := uniqueDB(t)
+	p := startProxy(t, proxyOptions{yaml: stagedRule(db, 100, "1h")})
+	c := connect(t, p.URI())
+	coll := c.Database(db).Collection("readings")
+	base := time.Date(2026, 3, 4, 0, 0, 0, 0, time.UTC)
+	// Two series of 1-second data, one event an insert: 2,400 staged
+	// documents, more than two batches of 1,000.
+	var sent []sentEvent
+	a, b := seriesEvents(1200, "a", base), seriesEvents(1200, "b", base)
+	for i := range a {
+		for _, e := range []sentEvent{a[i], b[i]} {
+			if _, err := coll.InsertOne(ctx, e.doc()); err != nil {
+				t.Fatal(err)
+			}
+			sent = append(sent, e)
+		}
+	}
+	// A read halfway through merges what is staged then.
+	if n, err := coll.CountDocuments(ctx, bson.D{}); err != nil || n != int64(len(sent)) {
+		t.Fatalf("count after %d inserts: %d, %v", len(sent), n, err)
+	}
+	for _, e := range seriesEvents(1400, "a", base)[1200:] {
+		if _, err := coll.InsertOne(ctx, e.doc()); err != nil {
+			t.Fatal(err)
+		}
+		sent = append(sent, e)
+	}
+	// Merged in the background already (mergeAfter is an hour away).
+	deadline := time.Now().Add(30 * time.Second)
+	for len(readBuckets(t, ctx, db)) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("nothing merged in the background after 2,400 staged documents: staging %v", stagingNames(t, ctx, db))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	r := flush(t, ctx, c, db+".readings")
+	if n := asInt(r["events"]); n < 0 || n > 1200 {
+		t.Fatalf("the flush merged %d events, want at most one batch (1,000 documents and what a merge in flight held)", n)
+	}
+	if left := stagingNames(t, ctx, db); len(left) != 0 {
+		t.Fatalf("staging collections left after the flush: %v", left)
+	}
+	buckets := readBuckets(t, ctx, db)
+	checkStored(t, buckets, sent, 100)
+	// 1,400 and 1,200 events of the two series in one window: 14 and 12
+	// full buckets. Without topping up (MongoDB), at most one partial
+	// bucket a series for each merge.
+	want := 26
+	if env.external {
+		want = 40
+	}
+	if len(buckets) > want {
+		t.Fatalf("%d buckets for 2,600 events at maxEvents 100, want at most %d", len(buckets), want)
+	}
+	t.Logf("%d buckets; the flush merged %v events", len(buckets), r["events"])
+}
+
 // TestStageRetryAcrossRestartAndMerge is issue 11's deterministic case on
 // the staging tier: a retryable insert (lsid L, txnNumber 1) is stored,
 // its reply is lost (the proxy restarts, so its reply cache is gone),

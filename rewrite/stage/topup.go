@@ -1,0 +1,315 @@
+package stage
+
+import (
+	"fmt"
+	"slices"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+)
+
+// Topping up. A merge that starts new buckets after a key's last one
+// leaves that last bucket as full as the merge before it left it: merges
+// of an open window (merge batches, the merge before a read) would each
+// leave one partial bucket a key. With MergeOptions.TopUp a merge first
+// fills the key's last bucket, when it has room, with the key's earliest
+// new events, and starts new buckets only for the rest: one rewrite of
+// one bucket a key a merge, so a bucket is rewritten at most as many
+// times as merges reach it before it is full.
+//
+// Why it is safe:
+//   - The merge reads the last bucket under the key's lock (the lock a
+//     delete takes for its read and rewrite of a bucket: MergeOptions.Lock)
+//     and rewrites it before releasing it, so a delete on this proxy never
+//     interleaves. A delete needs the rule's writer lease where topping up
+//     runs (FerretDB), and settles the staging tier first, which finishes a
+//     merge that was cut: no delete reaches the bucket between a cut merge
+//     and its repetition either.
+//   - The bucket as read is recorded in the merge's plan, before anything
+//     is written, and the rewrite is conditional on the bucket's count
+//     then: a repeated merge rebuilds the same bucket from the plan, and
+//     finds it written already (count and event ids are the new ones) or
+//     rewrites it.
+//   - The bucket keeps every event it held (the new events are added, the
+//     old never moved), so its count only grows, and the condition on it
+//     cannot meet a bucket that already took the new events.
+
+// topUp is a key's last bucket as a merge read it, to be filled up.
+type topUp struct {
+	seq int
+	doc bsoncore.Document // the bucket as read (kept in the plan)
+	old []bucket.Event
+}
+
+// maxTopUpBytes bounds the buckets one merge plan records (they are
+// copied into the plan document, which must stay under 16 MiB): keys past
+// it start new buckets, as without topping up.
+const maxTopUpBytes = 8 << 20
+
+// lockTopUps takes the locks of the keys whose last bucket the merge may
+// rewrite (their base is past seq 0); the returned func releases them.
+func (m *Merge) lockTopUps(groups []group, bases map[string]int) func() {
+	var keys []bucket.Key
+	for _, g := range groups {
+		if bases[g.key.String()] > 0 {
+			keys = append(keys, g.key)
+		}
+	}
+	return m.lockKeys(keys)
+}
+
+// lockKeys locks keys through MergeOptions.Lock (none: nothing to lock).
+func (m *Merge) lockKeys(keys []bucket.Key) func() {
+	if len(keys) == 0 || m.opts.Lock == nil {
+		return func() {}
+	}
+	return m.opts.Lock(keys)
+}
+
+// readTopUps reads the last bucket of each key whose base is past seq 0
+// and keeps those with room for more events.
+func (m *Merge) readTopUps(x *rewrite.Exec, groups []group, bases map[string]int) (map[string]*topUp, error) {
+	ns := m.rule.BucketNamespace()
+	byID := map[bson.ObjectID]string{}
+	var ids []bson.ObjectID
+	for _, g := range groups {
+		if s := bases[g.key.String()]; s > 0 {
+			id := g.key.ID(ns, s-1)
+			byID[id] = g.key.String()
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	found, err := drainAll(x, m.rule.DB, m.rule.BucketCollection, findBatched(m.rule.DB, m.rule.BucketCollection, idsIn(ids), m.readBatch()), m.readBatch())
+	if err != nil {
+		return nil, fmt.Errorf("read last buckets: %w", err)
+	}
+	sortByID(found)
+	tops := map[string]*topUp{}
+	total := 0
+	for _, d := range found {
+		id, _ := idOf(d)
+		k, ok := byID[id]
+		if !ok || total+len(d) > maxTopUpBytes {
+			continue
+		}
+		t, err := m.topUpOf(d, bases[k]-1)
+		if err != nil {
+			return nil, fmt.Errorf("last bucket %s: %w", id.Hex(), err)
+		}
+		if t != nil {
+			tops[k] = t
+			total += len(d)
+		}
+	}
+	return tops, nil
+}
+
+// topUpOf is bucket d (seq) as a top-up, or nil when it has no room.
+func (m *Merge) topUpOf(d bsoncore.Document, seq int) (*topUp, error) {
+	if n := bucketCount(d); n < 0 || n >= m.lim.MaxEvents {
+		return nil, nil
+	}
+	old, err := bucket.StoredEvents(d, m.rule, m.lim)
+	if err != nil {
+		return nil, err
+	}
+	if eventBytes(old) >= m.lim.MaxBytes {
+		return nil, nil
+	}
+	return &topUp{seq: seq, doc: d, old: old}, nil
+}
+
+func eventBytes(evs []bucket.Event) int64 {
+	var n int64
+	for _, e := range evs {
+		n += int64(len(e.Stored))
+	}
+	return n
+}
+
+// fillUp splits a key's new events (sorted by time) into those that go
+// into the last bucket t, with its old events (the bucket's events, in
+// time order), and the rest. added is 0 when the bucket takes none.
+func (t *topUp) fillUp(evs []bucket.Event, lim bucket.Limits) (bucketEvents []bucket.Event, added int, rest []bucket.Event) {
+	n, size := len(t.old), eventBytes(t.old)
+	for added < len(evs) && n < lim.MaxEvents && size+int64(len(evs[added].Stored)) <= lim.MaxBytes {
+		n, size = n+1, size+int64(len(evs[added].Stored))
+		added++
+	}
+	if added == 0 {
+		return nil, 0, evs
+	}
+	bucketEvents = append(slices.Clone(t.old), evs[:added]...)
+	slices.SortStableFunc(bucketEvents, func(a, b bucket.Event) int { return cmpInt(a.Time, b.Time) })
+	return bucketEvents, added, evs[added:]
+}
+
+// rewriteTopUps rewrites the topped-up buckets of a merge, each on the
+// condition that it still holds the count the merge read, and counts
+// their new events into the rule's rollups when every rewrite took effect
+// now. A bucket the condition missed must hold the merge's events already
+// (a repeated merge wrote it): anything else is an error, never an
+// overwrite.
+func (m *Merge) rewriteTopUps(x *rewrite.Exec, topped []builtBucket) error {
+	if len(topped) == 0 {
+		return nil
+	}
+	stmts := make([]bsoncore.Document, len(topped))
+	for i, b := range topped {
+		q := bsoncore.NewDocumentBuilder().AppendObjectID("_id", b.id).AppendInt32(bucket.FieldCount, int32(b.oldCount)).Build()
+		stmts[i] = bsoncore.NewDocumentBuilder().AppendDocument("q", q).AppendDocument("u", b.doc).Build()
+	}
+	body := bsoncore.NewDocumentBuilder().AppendString("update", m.rule.BucketCollection).AppendBoolean("ordered", false).AppendString("$db", m.rule.DB).Build()
+	reply, ok := x.Do(rewrite.Step{{Body: body, Seq: &rewrite.Sequence{Identifier: "updates", Documents: stmts}, Update: true}})
+	if !ok {
+		return rewrite.ErrAborted
+	}
+	doc := bsoncore.Document(reply[0])
+	if err := mongoerr.ReplyError(doc); err != nil {
+		return fmt.Errorf("top up buckets: %w", err)
+	}
+	if _, err := insertOutcome(reply[0]); err != nil { // write errors and write concern
+		return fmt.Errorf("top up buckets: %w", err)
+	}
+	var err error
+	if n, _ := doc.Lookup("n").AsInt64OK(); int(n) == len(topped) {
+		err = m.countRollups(x, topped, nil)
+	} else {
+		// Some were written before (a repeated merge): check that each
+		// holds what the merge would write. Rollups are not counted
+		// (they count at most once).
+		err = m.verifyToppedUp(x, topped)
+	}
+	if err != nil {
+		return err
+	}
+	return m.dropOldEntries(x, topped)
+}
+
+// dropOldEntries deletes the event-id index entries the topped-up
+// buckets had before: stale, they would cost a lookup each, and one entry
+// a top-up would add up. After the rewrite, so an entry never lacks for
+// a bucket.
+func (m *Merge) dropOldEntries(x *rewrite.Exec, topped []builtBucket) error {
+	in := bsoncore.NewArrayBuilder()
+	n := 0
+	for _, b := range topped {
+		// The same filter (a few events, whose bits were all set) names
+		// the same entry: it is the new one too.
+		if !b.oldEntry.Equal(b.entry.Lookup("_id")) {
+			in.AppendValue(b.oldEntry)
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	q := bsoncore.NewDocumentBuilder().AppendDocument("_id", bsoncore.NewDocumentBuilder().AppendArray("$in", in.Build()).Build()).Build()
+	del := bsoncore.NewDocumentBuilder().AppendDocument("q", q).AppendInt32("limit", 0).Build()
+	cmd := bsoncore.NewDocumentBuilder().AppendString("delete", m.rule.IDIndexCollection()).
+		AppendArray("deletes", bsoncore.NewArrayBuilder().AppendDocument(del).Build()).
+		AppendString("$db", m.rule.DB).Build()
+	reply, ok := x.One(cmd)
+	if !ok {
+		return rewrite.ErrAborted
+	}
+	if err := mongoerr.ReplyError(reply); err != nil {
+		return fmt.Errorf("drop the event-id index entries of topped-up buckets: %w", err)
+	}
+	return nil
+}
+
+// verifyToppedUp checks that each of topped holds the merge's events, in
+// order.
+func (m *Merge) verifyToppedUp(x *rewrite.Exec, topped []builtBucket) error {
+	want := map[bson.ObjectID]builtBucket{}
+	ids := make([]bson.ObjectID, 0, len(topped))
+	for _, b := range topped {
+		want[b.id] = b
+		ids = append(ids, b.id)
+	}
+	found, err := drainAll(x, m.rule.DB, m.rule.BucketCollection, findBatched(m.rule.DB, m.rule.BucketCollection, idsIn(ids), m.readBatch()), m.readBatch())
+	if err != nil {
+		return err
+	}
+	for _, d := range found {
+		id, _ := idOf(d)
+		b, ok := want[id]
+		if !ok {
+			continue
+		}
+		if !sameEventIDs(d, b.all) {
+			return mongoerr.Errorf(mongoerr.InternalError, "bucket %s changed since the merge read it to top it up (was it written outside the staging tier?)", id.Hex())
+		}
+		delete(want, id)
+	}
+	if len(want) > 0 {
+		return mongoerr.Errorf(mongoerr.InternalError, "%d buckets to top up are not there", len(want))
+	}
+	return nil
+}
+
+// sameEventIDs says whether bucket d holds exactly evs, in order, by
+// event _id.
+func sameEventIDs(d bsoncore.Document, evs []bucket.Event) bool {
+	vals, err := bucket.EventValues(d)
+	if err != nil || len(vals) != len(evs) {
+		return false
+	}
+	for i, v := range vals {
+		doc, ok := v.DocumentOK()
+		if !ok || !doc.Lookup("_id").Equal(evs[i].Stored.Lookup("_id")) {
+			return false
+		}
+	}
+	return true
+}
+
+// topUpsDoc is the plan's record of the buckets to top up: [{k, s, b}].
+func topUpsDoc(tops map[string]*topUp) bsoncore.Array {
+	arr := bsoncore.NewArrayBuilder()
+	keys := make([]string, 0, len(tops))
+	for k := range tops {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		t := tops[k]
+		arr.AppendDocument(bsoncore.NewDocumentBuilder().AppendBinary("k", 0, []byte(k)).AppendInt32("s", int32(t.seq)).AppendDocument("b", t.doc).Build())
+	}
+	return arr.Build()
+}
+
+// readTopUpsDoc reads topUpsDoc's output back.
+func (m *Merge) readTopUpsDoc(arr bsoncore.Array) (map[string]*topUp, error) {
+	vals, err := arr.Values()
+	if err != nil {
+		return nil, err
+	}
+	tops := map[string]*topUp{}
+	for _, v := range vals {
+		e, ok := v.DocumentOK()
+		if !ok {
+			return nil, fmt.Errorf("a top-up is not a document")
+		}
+		_, k, okK := e.Lookup("k").BinaryOK()
+		s, okS := e.Lookup("s").AsInt64OK()
+		d, okB := e.Lookup("b").DocumentOK()
+		if !okK || !okS || !okB {
+			return nil, fmt.Errorf("a top-up lacks k, s or b")
+		}
+		old, err := bucket.StoredEvents(d, m.rule, m.lim)
+		if err != nil {
+			return nil, fmt.Errorf("top-up of seq %d: %w", s, err)
+		}
+		tops[string(k)] = &topUp{seq: int(s), doc: d, old: old}
+	}
+	return tops, nil
+}
