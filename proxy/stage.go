@@ -182,6 +182,7 @@ func addStats(total *stage.Stats, st stage.Stats) {
 	total.Collections += st.Collections
 	total.Events += st.Events
 	total.Buckets += st.Buckets
+	total.ToppedUp += st.ToppedUp
 	total.Retries += st.Retries
 	total.Late += st.Late
 }
@@ -479,6 +480,7 @@ func (c *conn) handleFlush(req *request) error {
 		{Key: "collections", Value: total.Collections},
 		{Key: "events", Value: total.Events},
 		{Key: "buckets", Value: total.Buckets},
+		{Key: "toppedUp", Value: total.ToppedUp},
 		{Key: "retries", Value: total.Retries},
 		{Key: "late", Value: total.Late},
 		{Key: "ok", Value: 1.0},
