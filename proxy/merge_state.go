@@ -125,10 +125,10 @@ const MaxStagedEvents = 50_000
 // finds one batch left, not the whole window; at one event a document a
 // batch fills about one bucket a key, and on FerretDB the next merge
 // tops up the partial one (rewrite/stage topup.go), so each bucket is
-// rewritten about once. Large inserts (many events a document) are left for
-// MaxStagedEvents or the window's end: merging them as they come costs
-// the inserts more than it saves the flush (measured with tsbench
-// ingest: batch 100 with one client went from 1.17x to 0.87–0.99x).
+// rewritten about once. Large inserts (many events a document) are left
+// for maxStagedEvents or the window's end: merging them as they come by
+// events cost the inserts more than it saved the flush (tsbench ingest,
+// batch 100 with one client: 1.17x, then 0.87–0.99x).
 // The caller holds mu.
 func (m *mergeState) mergeBatch(rule *rules.Rule) int64 {
 	per := int64(max(rule.MaxEvents, 1))
@@ -212,9 +212,9 @@ func (m *mergeState) admit(rule *rules.Rule, deadline time.Time) (waited bool, e
 
 // due is the background policy: a rule's staging collections are merged
 // once it has staged nothing for the rule's mergeAfter, or once it holds
-// MaxStagedEvents or a merge batch of documents. Staging collections this proxy did not write (left by
-// a restart, or written by another proxy) count as staged when first
-// seen.
+// maxStagedEvents or a merge batch of documents. Staging collections
+// this proxy did not write (left by a restart, or written by another
+// proxy) count as staged when first seen.
 func (m *mergeState) due(rule *rules.Rule, now time.Time) func(c stage.Collection) bool {
 	return func(stage.Collection) bool {
 		m.mu.Lock()

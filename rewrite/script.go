@@ -105,6 +105,17 @@ type Releaser interface {
 	Release()
 }
 
+// ReleasePlan releases p when it is a Releaser. A type that embeds a Plan
+// does not get its Release method (only the interface's methods are
+// promoted), so such a type forwards Release with this: otherwise an
+// abandoned script's coroutine would never end, nor run its defers (a
+// merge's key locks, rewrite/stage).
+func ReleasePlan(p Plan) {
+	if r, ok := p.(Releaser); ok {
+		r.Release()
+	}
+}
+
 // Run runs a plan to its end inside the script and returns its result (an
 // error reply when it failed, as the driver would answer); ok is false
 // when the script was abandoned.

@@ -25,6 +25,9 @@ type Lister struct {
 	colls []Collection
 }
 
+// Release forwards to the embedded plan (rewrite.ReleasePlan).
+func (l *Lister) Release() { rewrite.ReleasePlan(l.Plan) }
+
 // List lists rule's bucket collections. A rule that is not partitioned
 // has one, known without asking the upstream; a partitioned rule's are
 // the existing partitions (listCollections on its database, names
@@ -74,6 +77,9 @@ type Names struct {
 	rewrite.Plan
 	names []string
 }
+
+// Release forwards to the embedded plan (rewrite.ReleasePlan).
+func (n *Names) Release() { rewrite.ReleasePlan(n.Plan) }
 
 // ListNames lists db's collection names.
 func ListNames(db string) *Names {

@@ -129,6 +129,10 @@ type Merge struct {
 	next map[string]int
 }
 
+// Release ends the merge's script when its driver gives it up (see
+// rewrite.ReleasePlan): its deferred unlocks then run.
+func (m *Merge) Release() { rewrite.ReleasePlan(m.Plan) }
+
 // NewMerge plans a merge of rule's staging tier.
 func NewMerge(rule *rules.Rule, opts MergeOptions) *Merge {
 	m := &Merge{rule: rule, opts: opts}

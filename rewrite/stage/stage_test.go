@@ -873,6 +873,42 @@ func TestMergeTopUp(t *testing.T) {
 			t.Fatalf("resume over a changed bucket: %s", bson.Raw(res.Reply))
 		}
 	})
+	t.Run("a merge given up while it holds key locks releases them", func(t *testing.T) {
+		m := newMem(t)
+		stagedInsert(t, m, events("a", 0, 1))
+		merge(t, m, opts(1_000_000))
+		stagedInsert(t, m, events("a", 1, 1))
+		held := 0
+		mp := stage.NewMerge(rwtest.InsertRule(), stage.MergeOptions{All: true, TopUp: true, Now: time.UnixMilli(1_000_100), RetryHorizon: time.Hour,
+			Lock: func(keys []bucket.Key) func() {
+				held++
+				return func() { held-- }
+			}})
+		// Drive it until it holds the lock, as the proxy's driver does,
+		// then give it up as the driver does when the upstream fails.
+		for held == 0 {
+			step, done := mp.Next()
+			if done {
+				t.Fatal("the merge ended without locking the key it tops up")
+			}
+			replies := make([][]byte, len(step))
+			for j, u := range step {
+				replies[j] = m.answer(u)
+			}
+			if err := mp.Feed(replies); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var rel rewrite.Plan = mp
+		r, ok := rel.(rewrite.Releaser)
+		if !ok {
+			t.Fatal("a merge is not a rewrite.Releaser: its driver cannot give it up")
+		}
+		r.Release()
+		if held != 0 {
+			t.Fatalf("%d key locks still held after the merge was given up", held)
+		}
+	})
 	t.Run("rollups count the new events once", func(t *testing.T) {
 		m := newMem(t)
 		rolled := func(now int64) stage.Stats {
