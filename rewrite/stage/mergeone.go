@@ -139,11 +139,16 @@ func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records map[bson.ObjectI
 	unlock := func() {}
 	defer func() { unlock() }()
 	if plan.bases == nil {
+		if m.opts.TopUp {
+			// Locked before the probe: a delete that empties and removes
+			// a key's last bucket must not run between the probe and the
+			// writes, which would then leave a gap in the key's seqs.
+			unlock = m.lockKeys(groupKeys(groups))
+		}
 		if plan.bases, err = m.probeBases(x, groups); err != nil {
 			return err
 		}
 		if m.opts.TopUp {
-			unlock = m.lockTopUps(groups, plan.bases)
 			if plan.tops, err = m.readTopUps(x, groups, plan.bases); err != nil {
 				return err
 			}
@@ -155,13 +160,7 @@ func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records map[bson.ObjectI
 		if plan.tops, err = m.readTopUpsDoc(plan.rawTops); err != nil {
 			return fmt.Errorf("plan document: %w", err)
 		}
-		var keys []bucket.Key
-		for _, g := range groups {
-			if plan.tops[g.key.String()] != nil {
-				keys = append(keys, g.key)
-			}
-		}
-		unlock = m.lockKeys(keys)
+		unlock = m.lockKeys(groupKeys(groups))
 	}
 	if len(derived) > 0 {
 		if err := m.insertOne(x, TxnsCollection(m.rule), recordDoc(r.Token, derived, m.opts.Now)); err != nil {

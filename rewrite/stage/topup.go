@@ -50,16 +50,13 @@ type topUp struct {
 // it start new buckets, as without topping up.
 const maxTopUpBytes = 8 << 20
 
-// lockTopUps takes the locks of the keys whose last bucket the merge may
-// rewrite (their base is past seq 0); the returned func releases them.
-func (m *Merge) lockTopUps(groups []group, bases map[string]int) func() {
-	var keys []bucket.Key
-	for _, g := range groups {
-		if bases[g.key.String()] > 0 {
-			keys = append(keys, g.key)
-		}
+// groupKeys are the keys of groups.
+func groupKeys(groups []group) []bucket.Key {
+	keys := make([]bucket.Key, len(groups))
+	for i, g := range groups {
+		keys[i] = g.key
 	}
-	return m.lockKeys(keys)
+	return keys
 }
 
 // lockKeys locks keys through MergeOptions.Lock (none: nothing to lock).
