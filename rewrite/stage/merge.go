@@ -68,7 +68,8 @@ type MergeOptions struct {
 	// lapsed): the holder then takes its staging collections over. Nil:
 	// none has.
 	Gone func(owner string) bool
-	// RollupStatements bounds the statements of one rollup update
+	// RollupStatements bounds the statements of one rollup update, and of
+	// one update of topped-up buckets
 	// (caps.Upstream.MaxUpdateStatements; 0: rollup's default).
 	RollupStatements int
 	// PackedEvents: the buckets written keep their events packed

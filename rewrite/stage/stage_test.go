@@ -30,6 +30,9 @@ type mem struct {
 	// rolled adds up the counts the rollup upserts $inc, by rollup
 	// collection and series.
 	rolled map[string]int
+	// maxBucketStmts is the most statements one update of the bucket
+	// collection carried.
+	maxBucketStmts int
 }
 
 func newMem(t *testing.T) *mem {
@@ -135,6 +138,7 @@ func (m *mem) answer(u rewrite.Upstream) []byte {
 		}
 		if coll == "readings.buckets" {
 			// A top-up: a replacement on {_id, count}.
+			m.maxBucketStmts = max(m.maxBucketStmts, len(u.Seq.Documents))
 			n := 0
 			for _, st := range u.Seq.Documents {
 				q, repl := bsoncore.Document(st).Lookup("q").Document(), bsoncore.Document(st).Lookup("u").Document()
@@ -833,6 +837,33 @@ func TestMergeTopUp(t *testing.T) {
 			t.Fatal("the top-ups ran without locking their keys")
 		}
 		onceEach(t, m, 8)
+	})
+	t.Run("top-ups go at most RollupStatements to an update", func(t *testing.T) {
+		m := newMem(t)
+		var first, second []bson.D
+		for s := 0; s < 10; s++ {
+			first = append(first, events(fmt.Sprint("s", s), 0, 1)...)
+			second = append(second, events(fmt.Sprint("s", s), 1, 1)...)
+		}
+		stagedInsert(t, m, first)
+		merge(t, m, opts(1_000_000))
+		stagedInsert(t, m, second)
+		o := opts(1_000_100)
+		o.RollupStatements = 4
+		if st := merge(t, m, o); st.ToppedUp != 10 {
+			t.Fatalf("stats %+v, want 10 buckets topped up", st)
+		}
+		if m.maxBucketStmts != 4 {
+			t.Fatalf("an update of the buckets carried %d statements, want at most 4 (and 4 used)", m.maxBucketStmts)
+		}
+		total := int64(0)
+		for _, b := range m.colls["readings.buckets"] {
+			c, _ := b.Lookup("count").AsInt64OK()
+			total += c
+		}
+		if n := len(m.colls["readings.buckets"]); n != 10 || total != 20 {
+			t.Fatalf("%d buckets holding %d events, want 10 holding 20", n, total)
+		}
 	})
 	t.Run("a full last bucket is left alone", func(t *testing.T) {
 		m := newMem(t)

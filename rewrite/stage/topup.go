@@ -155,9 +155,27 @@ func (t *topUp) fillUp(evs []bucket.Event, lim bucket.Limits) (bucketEvents []bu
 // (a repeated merge wrote it): anything else is an error, never an
 // overwrite.
 func (m *Merge) rewriteTopUps(x *rewrite.Exec, topped []builtBucket) error {
-	if len(topped) == 0 {
-		return nil
+	// FerretDB keeps each statement's query open until its update command
+	// ends, one pool connection each (PostgreSQL's pool holds 50): a
+	// command of many statements beside other clients' work exhausts the
+	// pool and FerretDB stops answering anyone (CI met that with 47). So
+	// at most MaxUpdateStatements a command, as the rollups do.
+	per := m.opts.RollupStatements
+	if per <= 0 {
+		per = 1000
 	}
+	for len(topped) > 0 {
+		n := min(len(topped), per)
+		if err := m.rewriteTopUpBatch(x, topped[:n]); err != nil {
+			return err
+		}
+		topped = topped[n:]
+	}
+	return nil
+}
+
+// rewriteTopUpBatch is rewriteTopUps for one update command.
+func (m *Merge) rewriteTopUpBatch(x *rewrite.Exec, topped []builtBucket) error {
 	stmts := make([]bsoncore.Document, len(topped))
 	for i, b := range topped {
 		q := bsoncore.NewDocumentBuilder().AppendObjectID("_id", b.id).AppendInt32(bucket.FieldCount, int32(b.oldCount)).Build()
