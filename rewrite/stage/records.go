@@ -140,18 +140,23 @@ func (m *Merge) loadRecords(x *rewrite.Exec) (map[bson.ObjectID]int64, error) {
 
 // expireRecords deletes the records older than the retry horizon.
 func (m *Merge) expireRecords(x *rewrite.Exec) error {
-	del := bsoncore.NewDocumentBuilder().AppendDocument("q", m.horizonFilter("$lt")).AppendInt32("limit", 0).Build()
-	cmd := bsoncore.NewDocumentBuilder().AppendString("delete", TxnsCollection(m.rule)).
+	if err := m.deleteMany(x, TxnsCollection(m.rule), m.horizonFilter("$lt")); err != nil {
+		return fmt.Errorf("merge %s: expire records: %w", m.rule.Namespace, err)
+	}
+	return nil
+}
+
+// deleteMany deletes every document of coll that q matches.
+func (m *Merge) deleteMany(x *rewrite.Exec, coll string, q bsoncore.Document) error {
+	del := bsoncore.NewDocumentBuilder().AppendDocument("q", q).AppendInt32("limit", 0).Build()
+	cmd := bsoncore.NewDocumentBuilder().AppendString("delete", coll).
 		AppendArray("deletes", bsoncore.NewArrayBuilder().AppendDocument(del).Build()).
 		AppendString("$db", m.rule.DB).Build()
 	reply, ok := x.One(cmd)
 	if !ok {
 		return rewrite.ErrAborted
 	}
-	if err := mongoerr.ReplyError(reply); err != nil {
-		return fmt.Errorf("merge %s: expire records: %w", m.rule.Namespace, err)
-	}
-	return nil
+	return mongoerr.ReplyError(reply)
 }
 
 // insertOne inserts doc into coll; a duplicate key (an earlier run of

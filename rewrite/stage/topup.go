@@ -187,10 +187,7 @@ func (m *Merge) rewriteTopUpBatch(x *rewrite.Exec, topped []builtBucket) error {
 		return rewrite.ErrAborted
 	}
 	doc := bsoncore.Document(reply[0])
-	if err := mongoerr.ReplyError(doc); err != nil {
-		return fmt.Errorf("top up buckets: %w", err)
-	}
-	if _, err := insertOutcome(reply[0]); err != nil { // write errors and write concern
+	if _, err := insertOutcome(reply[0]); err != nil { // the reply's error, write errors and write concern
 		return fmt.Errorf("top up buckets: %w", err)
 	}
 	var err error
@@ -227,15 +224,7 @@ func (m *Merge) dropOldEntries(x *rewrite.Exec, topped []builtBucket) error {
 		return nil
 	}
 	q := bsoncore.NewDocumentBuilder().AppendDocument("_id", bsoncore.NewDocumentBuilder().AppendArray("$in", in.Build()).Build()).Build()
-	del := bsoncore.NewDocumentBuilder().AppendDocument("q", q).AppendInt32("limit", 0).Build()
-	cmd := bsoncore.NewDocumentBuilder().AppendString("delete", m.rule.IDIndexCollection()).
-		AppendArray("deletes", bsoncore.NewArrayBuilder().AppendDocument(del).Build()).
-		AppendString("$db", m.rule.DB).Build()
-	reply, ok := x.One(cmd)
-	if !ok {
-		return rewrite.ErrAborted
-	}
-	if err := mongoerr.ReplyError(reply); err != nil {
+	if err := m.deleteMany(x, m.rule.IDIndexCollection(), q); err != nil {
 		return fmt.Errorf("drop the event-id index entries of topped-up buckets: %w", err)
 	}
 	return nil
