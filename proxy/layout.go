@@ -14,11 +14,18 @@ import (
 )
 
 // layoutInsert counts (counter) or stores (slots) the events of an insert
-// (rewrite/layout) under the proxy's locks of their keys: on an upstream
+// (rewrite/layout), through the staging tier where the rule stages
+// (FerretDB: stagedInsert, no lease), else under the proxy's locks of
+// their keys: on an upstream
 // whose updates are not isolated (FerretDB), two $inc upserts of one
 // bucket at once lose an increment, or both try to create it and one
 // fails on its _id; and slots writes read the buckets they touch first.
 func (c *conn) layoutInsert(req *request, rule *rules.Rule) error {
+	if staged, _, err := c.stagedRule(rule); err != nil {
+		return err
+	} else if staged {
+		return c.stagedInsert(req, rule) // stage.go
+	}
 	caps, err := c.startWrite(rule)
 	if err != nil {
 		return err

@@ -2,10 +2,12 @@ package proxy
 
 import (
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"strings"
 
 	"github.com/tsproxy/tsproxy/proxy/cursors"
+	"github.com/tsproxy/tsproxy/proxy/lease"
 
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/admin"
@@ -180,17 +182,23 @@ func (c *conn) rewriteListCollections(req *request) error {
 // unless the proxy added the index SQLite can use (the embedded
 // upstream). The upstream's plan of a probe tells, once per upstream.
 func (c *conn) idLookupCost(rule *rules.Rule, caps caps.Upstream) read.IDLookupCost {
-	if !caps.IDOnlyFilters || c.s.opts.IndexIDs != nil {
+	return c.s.idLookupCost(c.up, c.log, rule, caps)
+}
+
+// idLookupCost is conn.idLookupCost on any upstream connection (a
+// merge's).
+func (s *Server) idLookupCost(up lease.Commander, log *slog.Logger, rule *rules.Rule, caps caps.Upstream) read.IDLookupCost {
+	if !caps.IDOnlyFilters || s.opts.IndexIDs != nil {
 		return read.IDLookupIndexed
 	}
-	st := c.s.state
+	st := s.state
 	st.mu.Lock()
 	known := st.idLookups
 	st.mu.Unlock()
 	if known != nil {
 		return *known
 	}
-	reply, err := c.up.Command(bson.D{
+	reply, err := up.Command(bson.D{
 		{Key: "explain", Value: bson.D{{Key: "find", Value: rule.BucketCollection}, {Key: "filter", Value: bson.D{{Key: "_id", Value: bson.NilObjectID}}}}},
 		{Key: "$db", Value: rule.DB},
 	})
@@ -205,7 +213,7 @@ func (c *conn) idLookupCost(rule *rules.Rule, caps caps.Upstream) read.IDLookupC
 	st.mu.Lock()
 	st.idLookups = &cost
 	st.mu.Unlock()
-	c.log.Info("upstream lookups by _id probed", "rule", rule.Namespace, "cost", int(cost))
+	log.Info("upstream lookups by _id probed", "rule", rule.Namespace, "cost", int(cost))
 	return cost
 }
 

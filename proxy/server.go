@@ -88,6 +88,7 @@ type Server struct {
 	merges  *mergeState       // merge_state.go
 	once    *onceSteps        // ensure.go
 	shells  *shellMemory      // layout.go
+	arrival arrivalClock      // stage.go: staged slots writes in arrival order
 	writes  *writeIDs         // layout.go
 	// idIndexOff: bucket namespace -> the writer-lease term (its start;
 	// zero without leases) in which this proxy stopped the event-id

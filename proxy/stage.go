@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -13,6 +14,7 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rewrite/insert"
+	"github.com/tsproxy/tsproxy/rewrite/layout"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/source"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
@@ -65,7 +67,7 @@ func (c *conn) stagedInsert(req *request, rule *rules.Rule) error {
 	if err != nil {
 		return err
 	}
-	prepared, err := insert.Prepare(cmd, rule, bson.NewObjectID)
+	prepared, err := prepareStaged(cmd, rule)
 	c.ensureLifecycle(rule)
 	if err == nil {
 		// Backpressure: wait for room in staging (before the insert holds
@@ -84,8 +86,12 @@ func (c *conn) stagedInsert(req *request, rule *rules.Rule) error {
 	} else {
 		// An upstream that keeps no session state (no stmtIds: FerretDB)
 		// takes concurrent clients' staged inserts as one (combine.go).
-		p = stage.Insert(cmd, prepared, stage.InsertEnv{Identity: identity, NewObjectID: bson.NewObjectID,
-			Combinable: !caps.StmtIDs, Stager: c.s.stager(rule, caps)})
+		env := stage.InsertEnv{Identity: identity, NewObjectID: bson.NewObjectID,
+			Combinable: !caps.StmtIDs, Stager: c.s.stager(rule, caps)}
+		if rule.Layout == rules.LayoutSlots {
+			env.Stamp = c.s.arrival.next // the last write of a slot wins
+		}
+		p = stage.Insert(cmd, prepared, env)
 	}
 	res, err := c.runPlan(req, rule, routeRewrite, p)
 	inflight.RUnlock()
@@ -99,6 +105,30 @@ func (c *conn) stagedInsert(req *request, rule *rules.Rule) error {
 		err = c.answer(req, rule, res)
 	}
 	return err
+}
+
+// prepareStaged validates and prepares the events of an insert into a
+// staged rule, with its layout's checks.
+func prepareStaged(cmd rewrite.Command, rule *rules.Rule) (*insert.Prepared, error) {
+	if rule.Layout != rules.LayoutEvents {
+		return layout.PrepareStaged(cmd, rule, bson.NewObjectID)
+	}
+	return insert.Prepare(cmd, rule, bson.NewObjectID)
+}
+
+// arrivalClock stamps staged inserts in the order this proxy takes them
+// (stage.InsertEnv.Stamp): the wall clock in nanoseconds, never repeated
+// nor going back.
+type arrivalClock struct{ last atomic.Int64 }
+
+func (a *arrivalClock) next() int64 {
+	for {
+		prev := a.last.Load()
+		n := max(prev+1, time.Now().UnixNano())
+		if a.last.CompareAndSwap(prev, n) {
+			return n
+		}
+	}
 }
 
 // stagedWait is how long a staged insert without maxTimeMS waits for
@@ -316,6 +346,10 @@ func (s *Server) runMerge(r stepRunner, up lease.Commander, rule *rules.Rule, ca
 		opts.Now = time.Now()
 	}
 	opts.RetryHorizon = RetryHorizon
+	if !opts.Guest && rule.Layout != rules.LayoutEvents {
+		// How the layouts' merge reads the buckets it writes.
+		opts.OneScanBeats = s.idLookupCost(up, s.log, rule, caps).OneScanBeats
+	}
 	opts.RollupStatements = caps.MaxUpdateStatements
 	opts.PackedEvents = caps.PackedEvents
 	if caps.SingleWriter {
@@ -324,6 +358,7 @@ func (s *Server) runMerge(r stepRunner, up lease.Commander, rule *rules.Rule, ca
 		// Deletes run under the writer lease here, as the merge does,
 		// and lock the keys they rewrite as the merge's top-ups do.
 		opts.TopUp = true
+		opts.Shells = func(keys []bucket.Key) []bucket.Key { return s.shells.claim(rule.BucketNamespace(), keys) }
 		opts.Lock = func(keys []bucket.Key) func() {
 			l := s.state.bucketCache().Lock(rule.BucketNamespace(), keys)
 			return func() {

@@ -552,7 +552,7 @@ func TestInvalid(t *testing.T) {
 		{"ingest unknown", "rules:\n  - namespace: iot.readings\n    timeField: ts\n    ingest: fast\n", nil, nil,
 			`config: rules[0].ingest: "fast" is not an ingest mode; use auto, staged or direct`},
 		{"ingest staged counter", "rules:\n  - namespace: web.hits\n    timeField: ts\n    layout: counter\n    window: 1m\n    slot: 1s\n    ingest: staged\n", nil, nil,
-			`config: rules[0].ingest: staged applies only to layout events, not counter`},
+			`config: rules[0].ingest: staged applies only to layout events, not counter (layout counter stages on FerretDB with auto, the default)`},
 		{"mergeAfter too short", "rules:\n  - namespace: iot.readings\n    timeField: ts\n    mergeAfter: 1ms\n", nil, nil,
 			`config: rules[0].mergeAfter: "1ms" is less than 100ms`},
 		{"maxStaged too small", "rules:\n  - namespace: iot.readings\n    timeField: ts\n    maxStaged: 10\n", nil, nil,

@@ -45,10 +45,16 @@ const (
 
 // Staged says whether rule's events are staged on an upstream whose
 // updates rewrite whole documents (costlyUpdates): always for
-// IngestStaged, on such upstreams for IngestAuto. Only the events layout
-// of a rule that is not partitioned stages; the others write directly.
+// IngestStaged, on such upstreams for IngestAuto. An events rule that is
+// partitioned writes directly. The counter and slots layouts stage only
+// on such upstreams (FerretDB), with IngestAuto or IngestStaged: their
+// merge counts on the writer lease those upstreams have, and elsewhere
+// (MongoDB) their upserts are atomic and cost no more than an insert.
 func (r *Rule) Staged(costlyUpdates bool) bool {
-	if r.Layout != LayoutEvents || r.Partitioned() {
+	switch {
+	case r.Layout == LayoutCounter || r.Layout == LayoutSlots:
+		return costlyUpdates && r.Ingest != IngestDirect
+	case r.Layout != LayoutEvents || r.Partitioned():
 		return false
 	}
 	switch r.Ingest {
@@ -107,7 +113,9 @@ func (d *decoder) ingest(p string, m map[string]any, r *Rule) {
 			d.fail(k("ingest"), "%s is not an ingest mode; use %s, %s or %s", show(v), IngestAuto, IngestStaged, IngestDirect)
 		}
 		if s == IngestStaged && r.Layout != LayoutEvents {
-			d.fail(k("ingest"), "%s applies only to layout %s, not %s", IngestStaged, LayoutEvents, r.Layout)
+			// The layouts stage where it pays (FerretDB) with auto, and
+			// update in place elsewhere: forcing staging has no use.
+			d.fail(k("ingest"), "%s applies only to layout %s, not %s (layout %s stages on FerretDB with %s, the default)", IngestStaged, LayoutEvents, r.Layout, r.Layout, IngestAuto)
 		}
 		if s == IngestStaged && field(m, "partitionBy") != nil {
 			d.fail(k("ingest"), "%s cannot be combined with partitionBy yet", IngestStaged)

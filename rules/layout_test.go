@@ -95,3 +95,34 @@ func TestLayoutInvalid(t *testing.T) {
 		})
 	}
 }
+
+// TestStagedByLayout: which rules stage, by layout, ingest mode and
+// upstream (costlyUpdates: FerretDB).
+func TestStagedByLayout(t *testing.T) {
+	cases := []struct {
+		layout, ingest string
+		partitioned    bool
+		ferret, mongo  bool
+	}{
+		{LayoutEvents, IngestAuto, false, true, false},
+		{LayoutEvents, IngestStaged, false, true, true},
+		{LayoutEvents, IngestDirect, false, false, false},
+		{LayoutEvents, IngestAuto, true, false, false},
+		{LayoutCounter, IngestAuto, false, true, false},
+		{LayoutCounter, IngestDirect, false, false, false},
+		{LayoutSlots, IngestAuto, false, true, false},
+		{LayoutSlots, IngestDirect, false, false, false},
+	}
+	for _, tc := range cases {
+		r := &Rule{Layout: tc.layout, Ingest: tc.ingest}
+		if tc.partitioned {
+			r.PartitionBy = PartitionMonth
+		}
+		if got := r.Staged(true); got != tc.ferret {
+			t.Errorf("%s %s partitioned=%v on FerretDB: staged %v, want %v", tc.layout, tc.ingest, tc.partitioned, got, tc.ferret)
+		}
+		if got := r.Staged(false); got != tc.mongo {
+			t.Errorf("%s %s partitioned=%v on MongoDB: staged %v, want %v", tc.layout, tc.ingest, tc.partitioned, got, tc.mongo)
+		}
+	}
+}

@@ -61,7 +61,7 @@ go test -count=1 -timeout 25m ./tests/e2e/... ./cmd/...
 # rollups, security, limits), for time. On postgresql TestPartitionRetention
 # also fails (FerretDB's postgresql handler answers a find on a partition
 # the sweeper is dropping with "relation does not exist").
-E2E_SUBSET='^(TestReadDifferential|TestCountMetaInOr|TestReadHintIgnored|TestReadByEventID.*|TestStage.*|TestInsert.*|TestDelete.*|TestFault.*|TestReplyCache.*|TestTwoProxies.*|TestWriterLeaseLapses|TestTimeseries.*|TestLoadBalanced.*|TestRetryOnAnotherProxy|TestCursorOnAnotherProxy|TestRollupsThreeProxies|TestRetentionOneSweeper|TestDashboardAggregations|TestDashboardMongosh|TestSummaryNotExact)$'
+E2E_SUBSET='^(TestReadDifferential|TestLayout.*|TestCountMetaInOr|TestReadHintIgnored|TestReadByEventID.*|TestStage.*|TestInsert.*|TestDelete.*|TestFault.*|TestReplyCache.*|TestTwoProxies.*|TestWriterLeaseLapses|TestTimeseries.*|TestLoadBalanced.*|TestRetryOnAnotherProxy|TestCursorOnAnotherProxy|TestRollupsThreeProxies|TestRetentionOneSweeper|TestDashboardAggregations|TestDashboardMongosh|TestSummaryNotExact)$'
 # On ferretdb, of the differential's queries only the point and scan ones
 # (the paths that differ without the _id index): each other query scans the
 # 50,000 plain events at about 3 s a side.

@@ -37,6 +37,7 @@ func main() {
 	n := fs.Int("n", 5000, "operations per latency run")
 	dur := fs.Duration("dur", 2*time.Second, "duration of each throughput run")
 	events := fs.Int("events", 100_000, "ingest: events per configuration")
+	batch := fs.Int("batch", 1000, "layouts: events per insertMany")
 	cases := fs.String("cases", "", "ingest: batch/clients pairs to run, e.g. 1000/1,1000/16 (default: all six)")
 	threshold := fs.Int("insert-threshold", 0, "ingest: the rule's bucket.insertThreshold (0: the default)")
 	png := fs.String("png", "", "ingest: write a chart of the proxy/direct ratios to `file` (PNG)")
@@ -75,7 +76,7 @@ func main() {
 	case "layouts":
 		var rs []rules.Rule
 		if rs, err = layoutRules(); err == nil {
-			err = withEnv(up, rs, func(e *benchEnv) error { return benchLayouts(e, *runs, *events, 1000) })
+			err = withEnv(up, rs, func(e *benchEnv) error { return benchLayouts(e, *runs, *events, *batch) })
 		}
 	case "range":
 		ro.runs = *runs

@@ -59,8 +59,19 @@ func appendKey(dst []byte, chunk []Event) []byte {
 // inserting it), and one document per insert instead of one per series
 // (about 30 µs each to decode).
 func StagedGroups(id bson.ObjectID, chunks [][]Event) bsoncore.Document {
+	return StagedGroupsAt(id, chunks, 0)
+}
+
+// StagedGroupsAt is StagedGroups with the proxy's arrival stamp of the
+// insert in FieldStagedAt (none when at is 0): the order in which a merge
+// applies staged writes whose order matters (the slots layout, where the
+// last write of a slot wins; see rewrite/stage).
+func StagedGroupsAt(id bson.ObjectID, chunks [][]Event, at int64) bsoncore.Document {
 	idx, doc := bsoncore.AppendDocumentStart(nil)
 	doc = bsoncore.AppendObjectIDElement(doc, FieldID, id)
+	if at != 0 {
+		doc = bsoncore.AppendInt64Element(doc, FieldStagedAt, at)
+	}
 	doc = appendKey(doc, chunks[0])
 	doc = appendPackedEvents(doc, chunks[0])
 	if len(chunks) > 1 {

@@ -50,6 +50,16 @@ func (e *Event) AppendSeriesKey(dst []byte) []byte {
 // buffer and the aggregate values one slice (an insert holds them all
 // until it is answered anyway): two allocations per batch, not per event.
 func PrepareEvents(docs []bsoncore.Document, ordered bool, rule *rules.Rule, lim Limits, newID func() bson.ObjectID) ([]Event, []WriteError) {
+	return PrepareEventsChecked(docs, ordered, rule, lim, newID, nil)
+}
+
+// EventCheck is a layout's own check of an event that passed
+// PrepareEvent's (its time and meta): nil when it is valid.
+type EventCheck func(doc bsoncore.Document, index int) *WriteError
+
+// PrepareEventsChecked is PrepareEvents with check (nil: none) applied to
+// each event after the common checks, as the layouts' direct path does.
+func PrepareEventsChecked(docs []bsoncore.Document, ordered bool, rule *rules.Rule, lim Limits, newID func() bson.ObjectID, check EventCheck) ([]Event, []WriteError) {
 	total := 0
 	for _, doc := range docs {
 		total += len(doc) + storedIDBytes
@@ -61,6 +71,9 @@ func PrepareEvents(docs []bsoncore.Document, ordered bool, rule *rules.Rule, lim
 	var rejected []WriteError
 	for i, doc := range docs {
 		ev, werr := PrepareEvent(doc, i, rule, lim, newID, &buf, aggs[:na:na])
+		if werr == nil && check != nil {
+			werr = check(doc, i)
+		}
 		if werr != nil {
 			clear(aggs[:na]) // reused by the next event
 			rejected = append(rejected, *werr)

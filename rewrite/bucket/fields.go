@@ -23,6 +23,9 @@ const (
 	// several (StagedGroups): the BSON of an array of {meta, start,
 	// events}, as binary data.
 	FieldMore = "more"
+	// FieldStagedAt is a staged document's arrival stamp
+	// (StagedGroupsAt).
+	FieldStagedAt = "at"
 )
 
 // IndexName is the proxy's own index {meta: 1, start: 1} on every

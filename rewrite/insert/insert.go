@@ -165,7 +165,7 @@ func Check(cmd rewrite.Command, rule *rules.Rule) (bucket.Limits, []bsoncore.Doc
 }
 
 func planInsert(cmd rewrite.Command, rule *rules.Rule, opts Options) (*Commands, error) {
-	pi, err := prepareInsert(cmd, rule, opts.NewObjectID)
+	pi, err := prepareInsert(cmd, rule, opts.NewObjectID, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -190,14 +190,21 @@ type Prepared struct {
 // events (newID makes the _id of an event that has none). Its errors are
 // Insert's.
 func Prepare(cmd rewrite.Command, rule *rules.Rule, newID func() bson.ObjectID) (*Prepared, error) {
-	pi, err := prepareInsert(cmd, rule, newID)
+	return PrepareChecked(cmd, rule, newID, nil)
+}
+
+// PrepareChecked is Prepare with a layout's own check of each event
+// (bucket.PrepareEventsChecked): how the counter and slots layouts
+// prepare the events they stage (rewrite/layout.PrepareStaged).
+func PrepareChecked(cmd rewrite.Command, rule *rules.Rule, newID func() bson.ObjectID, check bucket.EventCheck) (*Prepared, error) {
+	pi, err := prepareInsert(cmd, rule, newID, check)
 	if err != nil {
 		return nil, fmt.Errorf("rewrite insert %s: %w", RuleName(rule), err)
 	}
 	return pi, nil
 }
 
-func prepareInsert(cmd rewrite.Command, rule *rules.Rule, newID func() bson.ObjectID) (*Prepared, error) {
+func prepareInsert(cmd rewrite.Command, rule *rules.Rule, newID func() bson.ObjectID, check bucket.EventCheck) (*Prepared, error) {
 	lim, docs, ordered, err := Check(cmd, rule)
 	if err != nil {
 		return nil, err
@@ -205,7 +212,7 @@ func prepareInsert(cmd rewrite.Command, rule *rules.Rule, newID func() bson.Obje
 	if newID == nil {
 		return nil, mongoerr.Errorf(mongoerr.InternalError, "InsertOptions.NewObjectID is nil")
 	}
-	events, rejected := bucket.PrepareEvents(docs, ordered, rule, lim, newID)
+	events, rejected := bucket.PrepareEventsChecked(docs, ordered, rule, lim, newID, check)
 	pi := &Prepared{rule: rule, lim: lim, body: cmd.Body, ordered: ordered, rejected: rejected, groups: bucket.GroupEvents(events)}
 	for _, g := range pi.groups {
 		pi.keys = append(pi.keys, bucket.KeyOf(g[0].Meta, g[0].Start))

@@ -45,12 +45,21 @@ type layoutInsert struct {
 	rejected []bucket.WriteError
 }
 
-func readLayoutInsert(cmd rewrite.Command, rule *rules.Rule, layout string) (*layoutInsert, error) {
-	if rule == nil || rule.Layout != layout {
-		return nil, mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: not a %s rule", insert.RuleName(rule), layout)
+// checkLayoutRule makes sure rule is a rule of layout whose window is
+// whole slots.
+func checkLayoutRule(rule *rules.Rule, layout string) error {
+	if rule == nil || rule.Layout != layout || layout != rules.LayoutCounter && layout != rules.LayoutSlots {
+		return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: not a %s rule", insert.RuleName(rule), layout)
 	}
 	if rule.LayoutOptions.Slot <= 0 || rule.LayoutOptions.Window%rule.LayoutOptions.Slot != 0 {
-		return nil, mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: window %v is not a multiple of slot %v", rule.Namespace, rule.LayoutOptions.Window, rule.LayoutOptions.Slot)
+		return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: window %v is not a multiple of slot %v", rule.Namespace, rule.LayoutOptions.Window, rule.LayoutOptions.Slot)
+	}
+	return nil
+}
+
+func readLayoutInsert(cmd rewrite.Command, rule *rules.Rule, layout string) (*layoutInsert, error) {
+	if err := checkLayoutRule(rule, layout); err != nil {
+		return nil, err
 	}
 	lim, docs, ordered, err := insert.Check(cmd, rule)
 	if err != nil {
@@ -176,6 +185,9 @@ func counterStatement(rule *rules.Rule, g []layoutEvent, opts CounterOptions) la
 	u = appendSetOnInsert(u, g[0].meta, k.Start)
 	if opts.WriteID != "" {
 		u = appendMark(u, opts.WriteID, opts.Now)
+	}
+	if opts.mergeMark != "" {
+		u = bsoncore.AppendDocumentElement(u, "$set", bsoncore.NewDocumentBuilder().AppendString(CounterMerged, opts.mergeMark).Build())
 	}
 	u, _ = bsoncore.AppendDocumentEnd(u, ui)
 	id := k.ID(bns, 0)

@@ -31,6 +31,9 @@ type CounterOptions struct {
 	// Applied says a bucket holds WriteID's mark already: its statement
 	// was applied by an earlier attempt of this write.
 	Applied func(id [12]byte) bool
+	// mergeMark marks each upsert with the staging collection a merge
+	// counts (CounterMerged) instead of WriteID's mark.
+	mergeMark string
 }
 
 // CounterWriteID is the id of a retryable insert an upstream with caps

@@ -198,6 +198,18 @@ func slotsWrite(x *rewrite.Exec, cmd rewrite.Command, rule *rules.Rule, keys []b
 // shell that exists already (the window was written first) fails with a
 // duplicate key and is left alone: an insert never overwrites.
 func preallocate(rule *rules.Rule, keys []bucket.Key, claim func([]bucket.Key) []bucket.Key) rewrite.Plan {
+	cmd := shellsInsert(rule, keys, claim)
+	if cmd == nil {
+		return nil
+	}
+	// A duplicate key is a shell written already: only a refused command
+	// is worth the proxy's log.
+	return rewrite.Passthrough(cmd, nil)
+}
+
+// shellsInsert is the insert of the shells of the windows after keys
+// that claim has not tried yet; nil for none.
+func shellsInsert(rule *rules.Rule, keys []bucket.Key, claim func([]bucket.Key) []bucket.Key) bsoncore.Document {
 	win := rule.LayoutOptions.Window.Milliseconds()
 	next := make([]bucket.Key, len(keys))
 	for i, k := range keys {
@@ -211,9 +223,6 @@ func preallocate(rule *rules.Rule, keys []bucket.Key, claim func([]bucket.Key) [
 	for _, k := range claimed {
 		docs.AppendDocument(SlotsShellOf(rule, k))
 	}
-	cmd := bsoncore.NewDocumentBuilder().AppendString("insert", rule.BucketCollection).
+	return bsoncore.NewDocumentBuilder().AppendString("insert", rule.BucketCollection).
 		AppendArray("documents", docs.Build()).AppendBoolean("ordered", false).AppendString("$db", rule.DB).Build()
-	// A duplicate key is a shell written already: only a refused command
-	// is worth the proxy's log.
-	return rewrite.Passthrough(cmd, nil)
 }

@@ -45,17 +45,10 @@ func SlotsInsert(cmd rewrite.Command, rule *rules.Rule, opts SlotsOptions) (*Wri
 	if err != nil {
 		return nil, fmt.Errorf("rewrite slots insert %s: %w", insert.RuleName(rule), err)
 	}
-	o := rule.LayoutOptions
 	check := func(doc bsoncore.Document, ev *layoutEvent) *bucket.WriteError {
-		v, ok := bsonutil.Lookup(doc, o.ValueField)
-		if !ok {
-			return bucket.WriteErrorf(ev.index, rule, mongoerr.BadValue, "event has no valueField %q", o.ValueField)
-		}
-		if o.Aggregated && !bucket.IsAggregatable(v.Type) {
-			return bucket.WriteErrorf(ev.index, rule, mongoerr.BadValue, "valueField %q must be a number (int, long or double) because it is aggregated, got %s", o.ValueField, bsonutil.TypeName(v.Type))
-		}
+		v, werr := slotsValue(rule, doc, ev.index)
 		ev.value = v
-		return nil
+		return werr
 	}
 	groups := groupByKey(li.events(rule, check))
 	stmts := make([]layoutStmt, 0, len(groups))
@@ -67,6 +60,20 @@ func SlotsInsert(cmd rewrite.Command, rule *rules.Rule, opts SlotsOptions) (*Wri
 		stmts = append(stmts, slotsStatement(rule, g, before))
 	}
 	return li.plan(rule, opts.Caps, stmts), nil
+}
+
+// slotsValue reads the valueField of event number index of a slots
+// insert: present, and a number where the rule aggregates it.
+func slotsValue(rule *rules.Rule, doc bsoncore.Document, index int) (bsoncore.Value, *bucket.WriteError) {
+	o := rule.LayoutOptions
+	v, ok := bsonutil.Lookup(doc, o.ValueField)
+	if !ok {
+		return v, bucket.WriteErrorf(index, rule, mongoerr.BadValue, "event has no valueField %q", o.ValueField)
+	}
+	if o.Aggregated && !bucket.IsAggregatable(v.Type) {
+		return v, bucket.WriteErrorf(index, rule, mongoerr.BadValue, "valueField %q must be a number (int, long or double) because it is aggregated, got %s", o.ValueField, bsonutil.TypeName(v.Type))
+	}
+	return v, nil
 }
 
 // slotsStatement writes the group's values, the last of a slot winning,

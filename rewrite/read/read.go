@@ -141,6 +141,18 @@ const (
 // buckets FerretDB decodes.
 const maxFilteredLookups = 32
 
+// OneScanBeats says whether one scan of a collection finds n documents
+// by _id more cheaply than n lookups by _id do.
+func (c IDLookupCost) OneScanBeats(n int) bool {
+	switch c {
+	case IDLookupScansParsed:
+		return n > 1
+	case IDLookupScansFiltered:
+		return n > maxFilteredLookups
+	}
+	return false
+}
+
 // pointOrScan picks, for a find the point lookups can serve, between
 // them and one event scan, by what a lookup costs on the upstream.
 func pointOrScan(rc *query.Ctx, spec *pointSpec, filter, sortDoc bsoncore.Document, opts Options) (*pointSpec, *bucketScan) {

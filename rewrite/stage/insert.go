@@ -31,6 +31,10 @@ type InsertEnv struct {
 	// Stager names the staging collections this proxy inserts into (the
 	// zero Stager: the writer lease holder's).
 	Stager Stager
+	// Stamp, when set, gives each staged document its arrival stamp
+	// (bucket.StagedGroupsAt): increasing, in the order the proxy took
+	// the inserts. The slots layout's merge applies writes in that order.
+	Stamp func() int64
 }
 
 // stagedDoc is one staged document and the client's events it carries.
@@ -123,7 +127,11 @@ func stagedCommands(cmd rewrite.Command, pi *insert.Prepared, env InsertEnv) ([]
 					events = append(events, ev.Index)
 				}
 			}
-			out[i].docs = append(out[i].docs, stagedDoc{doc: bucket.StagedGroups(id, docChunks), events: events, fixed: retryable})
+			var at int64
+			if env.Stamp != nil {
+				at = env.Stamp()
+			}
+			out[i].docs = append(out[i].docs, stagedDoc{doc: bucket.StagedGroupsAt(id, docChunks, at), events: events, fixed: retryable})
 		}
 	}
 	return out, nil

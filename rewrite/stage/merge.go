@@ -83,6 +83,14 @@ type MergeOptions struct {
 	// and rewrite of a bucket; the returned func unlocks them. Nil:
 	// nothing to lock (no concurrent delete on this proxy).
 	Lock func(keys []bucket.Key) func()
+	// OneScanBeats says whether one find of n buckets by {_id: {$in}}
+	// costs less than n lookups by _id (read.IDLookupCost.OneScanBeats):
+	// how a counter or slots merge reads the buckets it writes. Nil: the
+	// lookups.
+	OneScanBeats func(n int) bool
+	// Shells claims the preallocated shells of a slots rule not tried yet
+	// among keys (rewrite/layout's ShellsAfter); nil: none are written.
+	Shells func(keys []bucket.Key) []bucket.Key
 }
 
 // Stats count what a merge did.

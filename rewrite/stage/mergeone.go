@@ -11,6 +11,7 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/source"
+	"github.com/tsproxy/tsproxy/rules"
 )
 
 // planID is the _id of a retired collection's plan document: the first
@@ -27,6 +28,10 @@ type mergePlan struct {
 	// rawTops is their record as read from a plan document.
 	tops    map[string]*topUp
 	rawTops bsoncore.Array
+	// mark is what a counter merge marks its buckets with
+	// (layout.CounterMerged): made once, when the plan is, so a repeat
+	// of this merge tells its own writes from any other's.
+	mark string
 }
 
 // idKey is a staged document's _id as a map key (type and bytes).
@@ -115,6 +120,7 @@ func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records map[bson.ObjectI
 		staged = append(staged, d)
 	}
 	sortByID(staged)
+	repeated := plan != nil
 	if plan == nil {
 		plan = &mergePlan{skip: map[bson.ObjectID]bool{}, ids: map[string]bool{}}
 		for _, d := range staged {
@@ -129,6 +135,9 @@ func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records map[bson.ObjectI
 		// A repeated merge merges what the first run planned; documents
 		// that reached the collection after that are late (see moveLate).
 		staged = slices.DeleteFunc(staged, func(d bsoncore.Document) bool { return !plan.ids[idKey(d)] })
+	}
+	if m.rule.Layout != rules.LayoutEvents {
+		return m.mergeLayoutOne(x, r, staged, plan, repeated, records)
 	}
 	groups, derived, err := m.groups(staged, plan.skip)
 	if err != nil {
@@ -162,15 +171,8 @@ func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records map[bson.ObjectI
 		}
 		unlock = m.lockKeys(groupKeys(groups))
 	}
-	if len(derived) > 0 {
-		if err := m.insertOne(x, TxnsCollection(m.rule), recordDoc(r.Token, derived, m.opts.Now)); err != nil {
-			return fmt.Errorf("record merged retryable writes: %w", err)
-		}
-		// The retired collections after this one in the same run leave
-		// these out too.
-		for _, id := range derived {
-			records[id] = r.Token
-		}
+	if err := m.recordDerived(x, r, derived, records); err != nil {
+		return err
 	}
 	buckets, topped, events := m.buckets(groups, plan)
 	if err := m.writeIDIndex(x, append(slices.Clip(buckets), topped...)); err != nil {
@@ -184,7 +186,39 @@ func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records map[bson.ObjectI
 	}
 	unlock()
 	unlock = func() {}
-	if err := m.moveLate(x, r, plan.ids); err != nil {
+	if err := m.finishRetired(x, r, plan.ids); err != nil {
+		return err
+	}
+	m.Stats.Events += events
+	m.Stats.Buckets += len(buckets)
+	m.Stats.ToppedUp += len(topped)
+	m.Stats.Keys += len(groups)
+	m.Stats.Retries += len(plan.skip)
+	return nil
+}
+
+// recordDerived records the derived ids of retryable writes that the
+// merge of r merges (TxnsCollection), before it writes their events.
+func (m *Merge) recordDerived(x *rewrite.Exec, r Collection, derived []bson.ObjectID, records map[bson.ObjectID]int64) error {
+	if len(derived) == 0 {
+		return nil
+	}
+	if err := m.insertOne(x, TxnsCollection(m.rule), recordDoc(r.Token, derived, m.opts.Now)); err != nil {
+		return fmt.Errorf("record merged retryable writes: %w", err)
+	}
+	// The retired collections after this one in the same run leave
+	// these out too.
+	for _, id := range derived {
+		records[id] = r.Token
+	}
+	return nil
+}
+
+// finishRetired ends the merge of retired collection r, whose staged
+// documents merged are those of ids: late documents go back to staging,
+// and r is dropped.
+func (m *Merge) finishRetired(x *rewrite.Exec, r Collection, ids map[string]bool) error {
+	if err := m.moveLate(x, r, ids); err != nil {
 		return err
 	}
 	reply, ok := x.One(source.DropCommand(m.rule.DB, r.Name))
@@ -195,11 +229,6 @@ func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records map[bson.ObjectI
 		return fmt.Errorf("drop: %w", err)
 	}
 	m.Stats.Collections++
-	m.Stats.Events += events
-	m.Stats.Buckets += len(buckets)
-	m.Stats.ToppedUp += len(topped)
-	m.Stats.Keys += len(groups)
-	m.Stats.Retries += len(plan.skip)
 	return nil
 }
 

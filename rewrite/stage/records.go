@@ -43,6 +43,9 @@ func planDoc(p *mergePlan) bsoncore.Document {
 	if len(p.tops) > 0 {
 		b.AppendArray("tops", topUpsDoc(p.tops))
 	}
+	if p.mark != "" {
+		b.AppendString("mark", p.mark)
+	}
 	return b.Build()
 }
 
@@ -86,6 +89,7 @@ func readPlan(d bsoncore.Document) (*mergePlan, error) {
 	if tops, ok := d.Lookup("tops").ArrayOK(); ok {
 		p.rawTops = tops
 	}
+	p.mark, _ = d.Lookup("mark").StringValueOK()
 	if skip, ok := d.Lookup("skip").ArrayOK(); ok {
 		ids, err := skip.Values()
 		if err != nil {

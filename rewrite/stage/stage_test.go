@@ -25,6 +25,9 @@ type mem struct {
 	t     *testing.T
 	colls map[string][]bsoncore.Document
 	fail  map[string]bool // commands answered with an error, by name
+	// hook, when set, also says which commands fail (by name and
+	// collection).
+	hook func(name, coll string) bool
 	// lastVersion is the event-id index version checkIDIndex saw last.
 	lastVersion int64
 	// rolled adds up the counts the rollup upserts $inc, by rollup
@@ -70,10 +73,10 @@ func (m *mem) answer(u rewrite.Upstream) []byte {
 	body := bsoncore.Document(u.Body)
 	first, _ := body.IndexErr(0)
 	name := first.Key()
-	if m.fail[name] {
+	coll, _ := first.Value().StringValueOK()
+	if m.fail[name] || m.hook != nil && m.hook(name, coll) {
 		return doc(bson.D{{Key: "ok", Value: 0.0}, {Key: "code", Value: 1}, {Key: "errmsg", Value: "injected"}})
 	}
-	coll, _ := first.Value().StringValueOK()
 	switch name {
 	case "listCollections":
 		names := []any{}
@@ -136,6 +139,9 @@ func (m *mem) answer(u rewrite.Upstream) []byte {
 			}
 			break
 		}
+		if coll == "hits.buckets" {
+			return m.upsert(coll, u)
+		}
 		if coll == "readings.buckets" {
 			// A top-up: a replacement on {_id, count}.
 			m.maxBucketStmts = max(m.maxBucketStmts, len(u.Seq.Documents))
@@ -168,8 +174,12 @@ func (m *mem) answer(u rewrite.Upstream) []byte {
 		in, _ := body.Lookup("filter", "_id", "$in").ArrayOK()
 		ids, _ := in.Values()
 		eq, hasEq := body.Lookup("filter", "_id").StringValueOK()
+		oid, hasOID := body.Lookup("filter", "_id").ObjectIDOK()
 		for _, d := range m.colls[coll] {
 			if in != nil && !slices.ContainsFunc(ids, func(v bsoncore.Value) bool { return v.Equal(d.Lookup("_id")) }) {
+				continue
+			}
+			if id, _ := d.Lookup("_id").ObjectIDOK(); hasOID && id != oid {
 				continue
 			}
 			if s, _ := d.Lookup("_id").StringValueOK(); hasEq && s != eq {

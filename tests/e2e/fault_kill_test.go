@@ -76,6 +76,17 @@ func newProxyProcess(t testing.TB, yaml string) *proxyProcess {
 	return p
 }
 
+// startProxyProcesses starts n proxy processes with the config yaml.
+func startProxyProcesses(t testing.TB, n int, yaml string) []*proxyProcess {
+	t.Helper()
+	pps := make([]*proxyProcess, n)
+	for i := range pps {
+		pps[i] = newProxyProcess(t, yaml)
+		pps[i].start()
+	}
+	return pps
+}
+
 // start runs the proxy and waits until it accepts connections.
 func (p *proxyProcess) start() {
 	p.t.Helper()

@@ -268,12 +268,9 @@ func TestLoadBalancedWrites(t *testing.T) {
 	ctx := ctxFor(t)
 	db := uniqueDB(t)
 	rule := stagedRule(db, 200, "500ms")
-	var pps []*proxyProcess
+	pps := startProxyProcesses(t, 3, rule)
 	var addrs []string
-	for range 3 {
-		pp := newProxyProcess(t, rule)
-		pp.start()
-		pps = append(pps, pp)
+	for _, pp := range pps {
 		addrs = append(addrs, pp.addr)
 	}
 	lb, err := backend.StartHAProxy(addrs)

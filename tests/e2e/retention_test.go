@@ -171,12 +171,7 @@ func TestRetentionOneSweeper(t *testing.T) {
 	ctx := ctxFor(t)
 	db := uniqueDB(t)
 	yaml := readingsRule(db, 50) + "    expireAfter: 2h\n    sweepInterval: 200ms\n    mergeAfter: 200ms\n"
-	var pps []*proxyProcess
-	for range 3 {
-		pp := newProxyProcess(t, yaml)
-		pp.start()
-		pps = append(pps, pp)
-	}
+	pps := startProxyProcesses(t, 3, yaml)
 	buckets := direct(t).Database(db).Collection("readings.buckets")
 	now := time.Now().UTC()
 	// sweeps counts each live proxy's sweeps so far.

@@ -379,13 +379,7 @@ func TestStageConcurrentInsertsAndFlushes(t *testing.T) {
 func TestStageThreeProxies(t *testing.T) {
 	t.Parallel()
 	db := uniqueDB(t)
-	rule := stagedRule(db, 100, "200ms")
-	var pps []*proxyProcess
-	for range 3 {
-		pp := newProxyProcess(t, rule)
-		pp.start()
-		pps = append(pps, pp)
-	}
+	pps := startProxyProcesses(t, 3, stagedRule(db, 100, "200ms"))
 	ctx := ctxFor(t)
 	const clients = 16
 	colls := loadCollections(t, db, clients, 5*time.Second, func(i int) string { return pps[i%3].URI() })
@@ -434,6 +428,17 @@ func TestStageThreeProxies(t *testing.T) {
 	}
 	stored := settleAndCheck(t, ctx, db, "3 proxies, 16 clients, one proxy killed", pps[1:], outcomes)
 	// Every proxy ingests: staged inserts take no writer lease.
+	checkLivingProxiesAcked(t, outcomes)
+	n, err := colls[1].CountDocuments(ctx, bson.D{})
+	if err != nil || n != int64(len(stored)) {
+		t.Fatalf("count through a living proxy: %d (%v), want %d", n, err, len(stored))
+	}
+}
+
+// checkLivingProxiesAcked checks that proxies 1 and 2 of three (client i
+// went through proxy i%3; proxy 0 was killed) each acknowledged inserts.
+func checkLivingProxiesAcked(t *testing.T, outcomes [][]batchOutcome) {
+	t.Helper()
 	perProxy := make([]int, 3)
 	for i, cl := range outcomes {
 		for _, b := range cl {
@@ -445,10 +450,6 @@ func TestStageThreeProxies(t *testing.T) {
 	t.Logf("acknowledged events by proxy: %v", perProxy)
 	if perProxy[1] == 0 || perProxy[2] == 0 {
 		t.Fatalf("a living proxy acknowledged no insert: %v", perProxy)
-	}
-	n, err := colls[1].CountDocuments(ctx, bson.D{})
-	if err != nil || n != int64(len(stored)) {
-		t.Fatalf("count through a living proxy: %d (%v), want %d", n, err, len(stored))
 	}
 }
 
@@ -534,5 +535,70 @@ func TestStageSharedInserts(t *testing.T) {
 	t.Logf("%d upstream inserts carried %d more clients' inserts", shared, riders)
 	if !env.external && shared == 0 {
 		t.Fatal("16 concurrent clients on FerretDB: no staged insert was shared")
+	}
+}
+
+// TestStageThreeProxiesCounter: 16 clients count hits into one counter
+// rule through three proxies, one of them killed mid-run. On FerretDB
+// the hits stage (no writer lease: every proxy takes inserts) and the
+// holder of the rule's lease merges them into the counters; elsewhere
+// they are $inc upserts. Each client's hit falls in a second of its own,
+// so every counter slot is 0 or 1: every acknowledged hit is counted
+// once, an unacknowledged batch wholly or not at all, nothing twice.
+// Not parallel: beside TestStageThreeProxies' load it would double what
+// one FerretDB/PostgreSQL takes at once (its pool of 50 connections).
+func TestStageThreeProxiesCounter(t *testing.T) {
+	db := uniqueDB(t)
+	rule := fmt.Sprintf(`rules:
+  - namespace: %s.hits
+    timeField: ts
+    metaField: sensorId
+    layout: counter
+    window: hour
+    slot: second
+    mergeAfter: 200ms
+`, db)
+	pps := startProxyProcesses(t, 3, rule)
+	ctx := ctxFor(t)
+	const clients = 16
+	colls := loadCollections(t, db, clients, 5*time.Second, func(i int) string { return pps[i%3].URI() })
+	for i, c := range colls {
+		colls[i] = c.Database().Collection("hits")
+	}
+	stop := make(chan struct{})
+	done := make(chan [][]batchOutcome)
+	base := time.Date(2026, 10, 2, 0, 0, 0, 0, time.UTC)
+	go func() { done <- loadClients(ctx, colls, []int{1, 10, 1, 50, 5}, base, stop) }()
+	time.Sleep(2 * time.Second)
+	pps[0].kill()
+	time.Sleep(3 * time.Second)
+	close(stop)
+	outcomes := <-done
+	for _, pp := range pps[1:] {
+		t0 := time.Now()
+		if err := flushAt(pp.addr); err != nil {
+			t.Fatalf("final flush on %s: %v\n%s", pp.addr, err, pp.log.String())
+		}
+		t.Logf("flush on %s: %v", pp.addr, time.Since(t0))
+	}
+	counted, total := counterBuckets(t, ctx, db)
+	stored := map[bson.ObjectID]int{}
+	for _, cl := range outcomes {
+		for _, b := range cl {
+			for _, e := range b.events {
+				stored[e.id] = counted[slotKey{e.sensor, e.ts.Unix()}]
+			}
+		}
+	}
+	f := checkOutcomes(t, stored, outcomes)
+	t.Logf("counter, 3 proxies, 16 clients, one proxy killed: acknowledged %d, counted %d; unacknowledged %d, counted %d (partial batches %d); counted twice %d; total %d",
+		f.acked, f.ackedFound, f.unacked, f.unackedFound, f.partial, f.dups, total)
+	if f.dups != 0 || f.ackedFound != f.acked || f.partial != 0 || f.acked == 0 || total != int64(f.ackedFound+f.unackedFound) {
+		t.Fatalf("counter: %+v, total %d", f, total)
+	}
+	checkLivingProxiesAcked(t, outcomes)
+	n, err := colls[1].CountDocuments(ctx, bson.D{})
+	if err != nil || n != int64(len(counted)) {
+		t.Fatalf("countDocuments through a living proxy: %d (%v), want %d (one document per counted second)", n, err, len(counted))
 	}
 }

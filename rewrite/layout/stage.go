@@ -1,0 +1,360 @@
+package layout
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+	"github.com/tsproxy/tsproxy/rewrite/insert"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rules"
+)
+
+// The counter and slots layouts through the staging tier (rewrite/stage):
+// on an upstream that rewrites a whole document on every update
+// (FerretDB), an insert stores its events as the events layout stages
+// them, at the cost of a plain insert and with no writer lease, and the
+// rule's merge turns each retired staging collection into one upsert per
+// (series, window): what the direct path sends per insert, once per
+// merge.
+
+// CounterMerged is the field in which a merge marks each counter bucket
+// it counted into with the name of the staging collection it merged: a
+// repeated merge of that collection (the first was cut) leaves out the
+// buckets that carry it. One field, overwritten by each merge, is
+// enough: a collection whose merge was cut is merged again before any
+// other (rewrite/stage's mergeRetired), and merges of a rule run one at a
+// time.
+const CounterMerged = "merged"
+
+// PrepareStaged validates an insert on a counter or slots rule for the
+// staging tier, with the direct path's checks (the rule's window and
+// slot, no transactions, the slots layout's valueField), and prepares
+// its events as the events layout stages them.
+func PrepareStaged(cmd rewrite.Command, rule *rules.Rule, newID func() bson.ObjectID) (*insert.Prepared, error) {
+	if err := checkLayoutRule(rule, rule.Layout); err != nil {
+		return nil, fmt.Errorf("rewrite %s insert %s: %w", rule.Layout, insert.RuleName(rule), err)
+	}
+	if rewrite.InTransaction(cmd.Body) {
+		return nil, mongoerr.Errorf(mongoerr.BadValue, "tsproxy rule %s: layout %s does not support transactions", rule.Namespace, rule.Layout)
+	}
+	var check bucket.EventCheck
+	if rule.Layout == rules.LayoutSlots {
+		check = func(doc bsoncore.Document, index int) *bucket.WriteError {
+			_, werr := slotsValue(rule, doc, index)
+			return werr
+		}
+	}
+	return insert.PrepareChecked(cmd, rule, newID, check)
+}
+
+// MergeStatement is one upsert of a merge: the bucket it writes and the
+// staged events it stands for.
+type MergeStatement struct {
+	Key    bucket.Key
+	ID     [12]byte
+	Doc    bsoncore.Document
+	Events int
+}
+
+// MergeKeys are the (series, window) keys of staged events, in key order:
+// the buckets a merge reads before it writes (SlotsMergeStatements) or
+// checks for its mark (CounterMergedBy).
+func MergeKeys(rule *rules.Rule, evs []bucket.Event) []bucket.Key {
+	groups := groupByKey(stagedLayoutEvents(rule, evs))
+	keys := make([]bucket.Key, len(groups))
+	for i, g := range groups {
+		keys[i] = g[0].key
+	}
+	return keys
+}
+
+// BucketID is the _id of a layout rule's bucket of key k.
+func BucketID(rule *rules.Rule, k bucket.Key) [12]byte {
+	return k.ID(rule.BucketNamespace(), 0)
+}
+
+// MergeWrites are what a merge writes: whole buckets to insert, for the
+// keys that have none yet (an insert costs FerretDB no read of the
+// collection, where an update by _id may scan it), and update statements
+// for the others.
+type MergeWrites struct {
+	Inserts []MergeStatement // Doc: the bucket
+	Updates []MergeStatement // Doc: an update statement
+}
+
+// Events counts the staged events the writes stand for.
+func (w MergeWrites) Events() int {
+	n := 0
+	for _, s := range append(slices.Clip(w.Inserts), w.Updates...) {
+		n += s.Events
+	}
+	return n
+}
+
+// StoredBucket is what a merge read of a key's bucket: whether there is
+// one, and the bucket (whole, or what the merge asked for).
+type StoredBucket func(bucket.Key) (doc bsoncore.Document, exists bool)
+
+// CounterMergeWrites counts staged events of a counter rule, one write
+// per (series, window) in key order, each marking its bucket with mark
+// (CounterMerged): a new bucket whole, an existing one with a $inc
+// upsert. A bucket that carries mark already was counted by an earlier
+// run of this merge: left out.
+func CounterMergeWrites(rule *rules.Rule, evs []bucket.Event, mark string, stored StoredBucket) MergeWrites {
+	var w MergeWrites
+	for _, g := range groupByKey(stagedLayoutEvents(rule, evs)) {
+		doc, exists := stored(g[0].key)
+		switch {
+		case exists && CounterMergedBy(doc) == mark:
+		case exists:
+			st := counterStatement(rule, g, CounterOptions{mergeMark: mark})
+			w.Updates = append(w.Updates, MergeStatement{Key: g[0].key, ID: st.id, Doc: st.doc, Events: len(g)})
+		default:
+			id := BucketID(rule, g[0].key)
+			w.Inserts = append(w.Inserts, MergeStatement{Key: g[0].key, ID: id, Doc: counterBucket(id, g, mark), Events: len(g)})
+		}
+	}
+	return w
+}
+
+// counterBucket is a new counter bucket holding the group's counts, as
+// the $inc upsert would create it.
+func counterBucket(id [12]byte, g []layoutEvent, mark string) bsoncore.Document {
+	counts := map[int]int64{}
+	for _, ev := range g {
+		counts[ev.slot]++
+	}
+	slots := slices.Sorted(maps.Keys(counts))
+	di, d := bsoncore.AppendDocumentStart(nil)
+	d = bsoncore.AppendObjectIDElement(d, bucket.FieldID, id)
+	d = bsoncore.AppendValueElement(d, bucket.FieldMeta, g[0].meta)
+	d = bsoncore.AppendDateTimeElement(d, bucket.FieldStart, g[0].key.Start)
+	d = bsoncore.AppendInt64Element(d, rules.BucketTotal, int64(len(g)))
+	si, d := bsoncore.AppendDocumentElementStart(d, rules.BucketSlots)
+	for _, s := range slots {
+		d = bsoncore.AppendInt64Element(d, strconv.Itoa(s), counts[s])
+	}
+	d, _ = bsoncore.AppendDocumentEnd(d, si)
+	d = bsoncore.AppendStringElement(d, CounterMerged, mark)
+	d, _ = bsoncore.AppendDocumentEnd(d, di)
+	return d
+}
+
+// SlotsMergeWrites writes staged events of a slots rule, given in the
+// order they arrived (the last write of a slot wins, as on the direct
+// path), over the buckets as stored: one whole bucket per (series,
+// window), in key order, inserted where there is none yet and replacing
+// the stored one otherwise. A whole bucket, not a $set per slot: FerretDB
+// applies an update's paths one at a time to the decoded document, which
+// for an hour of one-second slots cost more than rewriting it. Written
+// again over its own result it changes nothing, so a repeated merge
+// needs no mark.
+func SlotsMergeWrites(rule *rules.Rule, evs []bucket.Event, stored StoredBucket) MergeWrites {
+	var w MergeWrites
+	for _, g := range groupByKey(stagedLayoutEvents(rule, evs)) {
+		before, exists := stored(g[0].key)
+		id := BucketID(rule, g[0].key)
+		doc := slotsBucket(rule, id, g, before)
+		if !exists {
+			w.Inserts = append(w.Inserts, MergeStatement{Key: g[0].key, ID: id, Doc: doc, Events: len(g)})
+			continue
+		}
+		stmt := bsoncore.NewDocumentBuilder().
+			AppendDocument("q", bsoncore.NewDocumentBuilder().AppendObjectID("_id", id).Build()).
+			AppendDocument("u", doc).
+			AppendBoolean("upsert", true).
+			Build()
+		w.Updates = append(w.Updates, MergeStatement{Key: g[0].key, ID: id, Doc: stmt, Events: len(g)})
+	}
+	return w
+}
+
+// slotsBucket is the whole slots bucket id after the group's writes over
+// the stored one (nil: none): the slots' values, num_samples and
+// total_samples counting each written slot once, and with preallocate
+// the whole grid and its presence map, as SlotsShell lays them out.
+func slotsBucket(rule *rules.Rule, id [12]byte, g []layoutEvent, before bsoncore.Document) bsoncore.Document {
+	o := rule.LayoutOptions
+	n := o.SlotsPerWindow()
+	vals := make([]bsoncore.Value, n)
+	written := make([]bool, n)
+	if before != nil {
+		for s := range n {
+			if v, err := before.LookupErr(append([]string{rules.BucketValues}, slotKeys(o, s)...)...); err == nil {
+				vals[s] = v
+			}
+			_, written[s] = slotValue(before, o, s)
+		}
+	}
+	for _, ev := range g {
+		if ev.slot >= 0 && ev.slot < n {
+			vals[ev.slot], written[ev.slot] = ev.value, true
+		}
+	}
+	var num int64
+	total := bucket.Num{T: bsoncore.TypeInt64}
+	for s := range n {
+		if written[s] {
+			num++
+			total = addNum(total, vals[s])
+		}
+	}
+	zero := bsoncore.Value{Type: bsoncore.TypeInt32, Data: []byte{0, 0, 0, 0}}
+	di, d := bsoncore.AppendDocumentStart(nil)
+	d = bsoncore.AppendObjectIDElement(d, bucket.FieldID, id)
+	d = bsoncore.AppendValueElement(d, bucket.FieldMeta, g[0].meta)
+	d = bsoncore.AppendDateTimeElement(d, bucket.FieldStart, g[0].key.Start)
+	d = bsoncore.AppendInt64Element(d, rules.BucketNumSamples, num)
+	if o.Aggregated {
+		d = bucket.AppendNum(d, rules.BucketTotalSamples, total)
+	}
+	// Without preallocate only the written slots are stored; with it,
+	// every slot (0 where none was written) and whether it was.
+	keep := func(s int) bool { return o.Preallocate || written[s] }
+	d = appendSlotGrid(d, rules.BucketValues, o, keep, func(b []byte, key string, s int) []byte {
+		v := vals[s]
+		if v.Type == 0 {
+			v = zero
+		}
+		return bsoncore.AppendValueElement(b, key, v)
+	})
+	if o.Preallocate {
+		d = appendSlotGrid(d, rules.BucketSet, o, keep, func(b []byte, key string, s int) []byte {
+			return bsoncore.AppendBooleanElement(b, key, written[s])
+		})
+	}
+	d, _ = bsoncore.AppendDocumentEnd(d, di)
+	return d
+}
+
+// appendSlotGrid appends field key holding the slots keep says, flat or
+// nested by rules.SlotGroup as the rule's window says, each by leaf.
+func appendSlotGrid(dst []byte, key string, o rules.LayoutOptions, keep func(int) bool, leaf func([]byte, string, int) []byte) []byte {
+	n := o.SlotsPerWindow()
+	gi, dst := bsoncore.AppendDocumentElementStart(dst, key)
+	if !o.Nested() {
+		for s := range n {
+			if keep(s) {
+				dst = leaf(dst, strconv.Itoa(s), s)
+			}
+		}
+	} else {
+		for grp := 0; grp*rules.SlotGroup < n; grp++ {
+			from, to := grp*rules.SlotGroup, min(n, (grp+1)*rules.SlotGroup)
+			any := false
+			for s := from; s < to && !any; s++ {
+				any = keep(s)
+			}
+			if !any {
+				continue
+			}
+			ii, sub := bsoncore.AppendDocumentElementStart(dst, strconv.Itoa(grp))
+			for s := from; s < to; s++ {
+				if keep(s) {
+					sub = leaf(sub, strconv.Itoa(s%rules.SlotGroup), s)
+				}
+			}
+			dst, _ = bsoncore.AppendDocumentEnd(sub, ii)
+		}
+	}
+	dst, _ = bsoncore.AppendDocumentEnd(dst, gi)
+	return dst
+}
+
+// stagedLayoutEvents reads the slot (and, for slots, the value) of staged
+// events, which PrepareStaged checked when they were staged.
+func stagedLayoutEvents(rule *rules.Rule, evs []bucket.Event) []layoutEvent {
+	slotMS := rule.LayoutOptions.Slot.Milliseconds()
+	out := make([]layoutEvent, len(evs))
+	for i, e := range evs {
+		out[i] = layoutEvent{index: i, key: bucket.KeyOf(e.Meta, e.Start), meta: e.Meta, slot: int((e.Time - e.Start) / slotMS)}
+		if rule.Layout == rules.LayoutSlots {
+			out[i].value, _ = bsonutil.Lookup(e.Stored, rule.LayoutOptions.ValueField)
+		}
+	}
+	return out
+}
+
+// CounterMergedBy is the merge mark of a stored counter bucket, "" for
+// none.
+func CounterMergedBy(doc bsoncore.Document) string {
+	s, _ := doc.Lookup(CounterMerged).StringValueOK()
+	return s
+}
+
+// BucketLookups are the point lookups {_id} of the buckets of keys (the
+// only filter the embedded upstream pushes down), with projection (nil:
+// whole buckets). Their replies go in order to the merge statements.
+func BucketLookups(rule *rules.Rule, keys []bucket.Key, projection bsoncore.Document) []bsoncore.Document {
+	out := make([]bsoncore.Document, len(keys))
+	for i, k := range keys {
+		b := bsoncore.NewDocumentBuilder().
+			AppendString("find", rule.BucketCollection).
+			AppendDocument("filter", bsoncore.NewDocumentBuilder().AppendObjectID("_id", BucketID(rule, k)).Build())
+		if projection != nil {
+			b.AppendDocument("projection", projection)
+		}
+		out[i] = b.AppendInt32("limit", 1).AppendBoolean("singleBatch", true).AppendString("$db", rule.DB).Build()
+	}
+	return out
+}
+
+// BucketsIn is the find of the buckets of keys with one {_id: {$in}}
+// filter, with projection (nil: whole buckets): on FerretDB one scan of
+// the collection, cheaper than one lookup per key where each of those
+// scans it too (read.IDLookupCost).
+func BucketsIn(rule *rules.Rule, keys []bucket.Key, projection bsoncore.Document) bsoncore.Document {
+	ids := bsoncore.NewArrayBuilder()
+	for _, k := range keys {
+		ids.AppendObjectID(BucketID(rule, k))
+	}
+	filter := bsoncore.NewDocumentBuilder().AppendDocument("_id", bsoncore.NewDocumentBuilder().AppendArray("$in", ids.Build()).Build()).Build()
+	b := bsoncore.NewDocumentBuilder().AppendString("find", rule.BucketCollection).AppendDocument("filter", filter)
+	if projection != nil {
+		b.AppendDocument("projection", projection)
+	}
+	return b.AppendInt32("batchSize", 10_000).AppendString("$db", rule.DB).Build()
+}
+
+// MergeCommands are the update commands of a merge's statements, at most
+// per statements each (0: all in one). Ordered: a failure stops the
+// merge, which runs again later.
+func MergeCommands(rule *rules.Rule, stmts []MergeStatement, per int) []bsoncore.Document {
+	if per <= 0 {
+		per = max(1, len(stmts))
+	}
+	var out []bsoncore.Document
+	for lo := 0; lo < len(stmts); lo += per {
+		ci, c := bsoncore.AppendDocumentStart(nil)
+		c = bsoncore.AppendStringElement(c, "update", rule.BucketCollection)
+		ai, c := bsoncore.AppendArrayElementStart(c, "updates")
+		for i, s := range stmts[lo:min(lo+per, len(stmts))] {
+			c = bsoncore.AppendDocumentElement(c, strconv.Itoa(i), s.Doc)
+		}
+		c, _ = bsoncore.AppendArrayEnd(c, ai)
+		c = bsoncore.AppendBooleanElement(c, "ordered", true)
+		c = bsoncore.AppendStringElement(c, "$db", rule.DB)
+		c, _ = bsoncore.AppendDocumentEnd(c, ci)
+		out = append(out, c)
+	}
+	return out
+}
+
+// ShellsAfter are the preallocated shells of the windows after keys of a
+// slots rule with preallocate (none otherwise), among those claim has
+// not tried: an insert command, nil for none. A shell there already
+// meets a duplicate key and is left alone.
+func ShellsAfter(rule *rules.Rule, keys []bucket.Key, claim func([]bucket.Key) []bucket.Key) bsoncore.Document {
+	if rule.Layout != rules.LayoutSlots || !rule.LayoutOptions.Preallocate || claim == nil {
+		return nil
+	}
+	return shellsInsert(rule, keys, claim)
+}

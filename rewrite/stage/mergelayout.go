@@ -1,0 +1,196 @@
+package stage
+
+import (
+	"bytes"
+	"fmt"
+	"slices"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+	"github.com/tsproxy/tsproxy/rewrite/cursor"
+	"github.com/tsproxy/tsproxy/rewrite/layout"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rules"
+)
+
+// lookupsPerStep bounds the point lookups sent together: the upstream
+// answers them one after the other on one connection.
+const lookupsPerStep = 64
+
+// mergeLayoutOne merges retired collection r of a counter or slots rule
+// (rewrite/layout's stage.go): the staged events, in the order they
+// arrived, become one upsert per (series, window). repeated says r's plan
+// was read (an earlier run was cut): a counter then leaves out the
+// buckets that carry r's mark, so nothing is counted twice; a slots
+// upsert written again changes nothing.
+func (m *Merge) mergeLayoutOne(x *rewrite.Exec, r Collection, staged []bsoncore.Document, plan *mergePlan, repeated bool, records map[bson.ObjectID]int64) error {
+	sortByArrival(staged)
+	var evs []bucket.Event
+	var derived []bson.ObjectID
+	for _, d := range staged {
+		id, isOID := idOf(d)
+		if isOID && plan.skip[id] {
+			continue
+		}
+		if isOID && IsDerived(id) {
+			derived = append(derived, id)
+		}
+		de, err := bucket.StagedEvents(d, m.rule, m.lim)
+		if err != nil {
+			return fmt.Errorf("staged document %s: %w", d.Lookup("_id"), err)
+		}
+		evs = append(evs, de...)
+	}
+	if !repeated {
+		// A retired collection's name may come back (its token is the
+		// clock's), so the mark is the name and a random part.
+		plan.mark = r.Name + "/" + bson.NewObjectID().Hex()
+		// Recorded first: it puts r first in line should this merge be
+		// cut (mergeRetired), which the counter's mark relies on.
+		if err := m.insertOne(x, r.Name, planDoc(plan)); err != nil {
+			return fmt.Errorf("record plan: %w", err)
+		}
+	}
+	if err := m.recordDerived(x, r, derived, records); err != nil {
+		return err
+	}
+	keys := layout.MergeKeys(m.rule, evs)
+	var proj bsoncore.Document // slots: whole buckets
+	if m.rule.Layout == rules.LayoutCounter {
+		proj = bsoncore.NewDocumentBuilder().AppendInt32(layout.CounterMerged, 1).Build()
+	}
+	stored, err := m.lookupBuckets(x, keys, proj)
+	if err != nil {
+		return err
+	}
+	var w layout.MergeWrites
+	switch m.rule.Layout {
+	case rules.LayoutCounter:
+		w = layout.CounterMergeWrites(m.rule, evs, plan.mark, stored)
+	case rules.LayoutSlots:
+		w = layout.SlotsMergeWrites(m.rule, evs, stored)
+	default:
+		return mongoerr.Errorf(mongoerr.InternalError, "layout %q does not stage", m.rule.Layout)
+	}
+	if err := m.insertNewBuckets(x, w.Inserts); err != nil {
+		return err
+	}
+	// At most MaxUpdateStatements a command, as rewriteTopUps says why.
+	for _, c := range layout.MergeCommands(m.rule, w.Updates, m.opts.RollupStatements) {
+		reply, ok := x.Do(rewrite.Step{{Body: c, Update: true}})
+		if !ok {
+			return rewrite.ErrAborted
+		}
+		if _, err := insertOutcome(reply[0]); err != nil {
+			return fmt.Errorf("write buckets: %w", err)
+		}
+	}
+	if shells := layout.ShellsAfter(m.rule, keys, m.opts.Shells); shells != nil {
+		// A duplicate key is a shell there already; anything else only
+		// costs the next window its preallocation.
+		if _, ok := x.One(shells); !ok {
+			return rewrite.ErrAborted
+		}
+	}
+	if err := m.finishRetired(x, r, plan.ids); err != nil {
+		return err
+	}
+	m.Stats.Events += w.Events()
+	m.Stats.Buckets += len(w.Inserts) + len(w.Updates)
+	m.Stats.Keys += len(keys)
+	m.Stats.Retries += len(plan.skip)
+	return nil
+}
+
+// lookupBuckets reads the buckets of keys of a layout rule: a lookup by
+// _id each, or one find of them all where each lookup would scan the
+// collection anyway (MergeOptions.OneScanBeats).
+func (m *Merge) lookupBuckets(x *rewrite.Exec, keys []bucket.Key, projection bsoncore.Document) (layout.StoredBucket, error) {
+	byID := map[bson.ObjectID]bsoncore.Document{}
+	if m.opts.OneScanBeats != nil && m.opts.OneScanBeats(len(keys)) {
+		docs, err := drainAll(x, m.rule.DB, m.rule.BucketCollection, layout.BucketsIn(m.rule, keys, projection), 0)
+		if err != nil {
+			return nil, fmt.Errorf("read the buckets to write: %w", err)
+		}
+		for _, d := range docs {
+			if id, ok := idOf(d); ok {
+				byID[id] = d
+			}
+		}
+	} else {
+		cmds := layout.BucketLookups(m.rule, keys, projection)
+		for lo := 0; lo < len(cmds); lo += lookupsPerStep {
+			part := cmds[lo:min(lo+lookupsPerStep, len(cmds))]
+			step := make(rewrite.Step, len(part))
+			for i, c := range part {
+				step[i] = rewrite.Upstream{Body: c}
+			}
+			replies, ok := x.Do(step)
+			if !ok {
+				return nil, rewrite.ErrAborted
+			}
+			for _, r := range replies {
+				doc, err := cursor.First(r)
+				if err != nil {
+					return nil, fmt.Errorf("read a bucket before writing it: %w", err)
+				}
+				if doc == nil {
+					continue
+				}
+				if id, ok := idOf(doc); ok {
+					byID[id] = doc
+				}
+			}
+		}
+	}
+	return func(k bucket.Key) (bsoncore.Document, bool) {
+		d, ok := byID[layout.BucketID(m.rule, k)]
+		return d, ok
+	}, nil
+}
+
+// insertNewBuckets inserts the whole buckets of keys that had none. A
+// duplicate key means one appeared since the merge read them, which
+// nothing but the merge does: an error, and the next run reads again.
+func (m *Merge) insertNewBuckets(x *rewrite.Exec, buckets []layout.MergeStatement) error {
+	for len(buckets) > 0 {
+		var docs []bsoncore.Document
+		size := 0
+		for len(buckets) > 0 && (len(docs) == 0 || size+len(buckets[0].Doc) <= maxInsertBytes) {
+			docs = append(docs, buckets[0].Doc)
+			size += len(buckets[0].Doc)
+			buckets = buckets[1:]
+		}
+		reply, ok := x.Do(rewrite.Step{insertStep(m.rule.DB, m.rule.BucketCollection, docs)})
+		if !ok {
+			return rewrite.ErrAborted
+		}
+		dups, err := insertOutcome(reply[0])
+		if err == nil && len(dups) > 0 {
+			err = fmt.Errorf("%d buckets appeared while the merge wrote them", len(dups))
+		}
+		if err != nil {
+			return fmt.Errorf("insert buckets: %w", err)
+		}
+	}
+	return nil
+}
+
+// sortByArrival orders a layout rule's staged documents by their arrival
+// stamp (bucket.FieldStagedAt), then _id: on the same proxy, the order in
+// which their inserts reached it, which decides the last write of a slot.
+func sortByArrival(docs []bsoncore.Document) {
+	at := func(d bsoncore.Document) int64 {
+		n, _ := d.Lookup(bucket.FieldStagedAt).AsInt64OK()
+		return n
+	}
+	slices.SortStableFunc(docs, func(a, b bsoncore.Document) int {
+		if c := cmpInt(at(a), at(b)); c != 0 {
+			return c
+		}
+		return bytes.Compare(a.Lookup("_id").Data, b.Lookup("_id").Data)
+	})
+}
