@@ -113,7 +113,7 @@ func CounterMergeWrites(rule *rules.Rule, evs []bucket.Event, mark string, store
 	for _, g := range groupByKey(stagedLayoutEvents(rule, evs)) {
 		doc, exists := stored(g[0].key)
 		switch {
-		case exists && CounterMergedBy(doc) == mark:
+		case exists && mark != "" && CounterMergedBy(doc) == mark:
 		case exists:
 			st := counterStatement(rule, g, CounterOptions{mergeMark: mark})
 			w.Updates = append(w.Updates, MergeStatement{Key: g[0].key, ID: st.id, Doc: st.doc, Events: len(g)})
@@ -308,10 +308,11 @@ func BucketLookups(rule *rules.Rule, keys []bucket.Key, projection bsoncore.Docu
 }
 
 // BucketsIn is the find of the buckets of keys with one {_id: {$in}}
-// filter, with projection (nil: whole buckets): on FerretDB one scan of
+// filter, with projection (nil: whole buckets), batchSize a reply: on
+// FerretDB one scan of
 // the collection, cheaper than one lookup per key where each of those
 // scans it too (read.IDLookupCost).
-func BucketsIn(rule *rules.Rule, keys []bucket.Key, projection bsoncore.Document) bsoncore.Document {
+func BucketsIn(rule *rules.Rule, keys []bucket.Key, projection bsoncore.Document, batchSize int32) bsoncore.Document {
 	ids := bsoncore.NewArrayBuilder()
 	for _, k := range keys {
 		ids.AppendObjectID(BucketID(rule, k))
@@ -321,7 +322,7 @@ func BucketsIn(rule *rules.Rule, keys []bucket.Key, projection bsoncore.Document
 	if projection != nil {
 		b.AppendDocument("projection", projection)
 	}
-	return b.AppendInt32("batchSize", 10_000).AppendString("$db", rule.DB).Build()
+	return b.AppendInt32("batchSize", batchSize).AppendString("$db", rule.DB).Build()
 }
 
 // MergeCommands are the update commands of a merge's statements, at most

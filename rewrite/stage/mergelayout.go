@@ -54,6 +54,11 @@ func (m *Merge) mergeLayoutOne(x *rewrite.Exec, r Collection, staged []bsoncore.
 			return fmt.Errorf("record plan: %w", err)
 		}
 	}
+	if plan.mark == "" {
+		// Not a plan of this merge (another layout's, another version's):
+		// what it counted cannot be told, so nothing is counted.
+		return fmt.Errorf("plan document without a counter mark: not written by a counter or slots merge")
+	}
 	if err := m.recordDerived(x, r, derived, records); err != nil {
 		return err
 	}
@@ -111,7 +116,8 @@ func (m *Merge) mergeLayoutOne(x *rewrite.Exec, r Collection, staged []bsoncore.
 func (m *Merge) lookupBuckets(x *rewrite.Exec, keys []bucket.Key, projection bsoncore.Document) (layout.StoredBucket, error) {
 	byID := map[bson.ObjectID]bsoncore.Document{}
 	if m.opts.OneScanBeats != nil && m.opts.OneScanBeats(len(keys)) {
-		docs, err := drainAll(x, m.rule.DB, m.rule.BucketCollection, layout.BucketsIn(m.rule, keys, projection), 0)
+		batch := m.layoutReadBatch(projection)
+		docs, err := drainAll(x, m.rule.DB, m.rule.BucketCollection, layout.BucketsIn(m.rule, keys, projection, batch), batch)
 		if err != nil {
 			return nil, fmt.Errorf("read the buckets to write: %w", err)
 		}
@@ -150,6 +156,18 @@ func (m *Merge) lookupBuckets(x *rewrite.Exec, keys []bucket.Key, projection bso
 		d, ok := byID[layout.BucketID(m.rule, k)]
 		return d, ok
 	}, nil
+}
+
+// layoutReadBatch is how many of a layout rule's buckets one reply may
+// hold within maxReadBytes (FerretDB does not cut a batch at 16 MiB):
+// whole slots buckets take a value of up to ~24 bytes a slot (with
+// preallocate, its presence flag too); a counter's mark, little.
+func (m *Merge) layoutReadBatch(projection bsoncore.Document) int32 {
+	if projection != nil {
+		return 10_000
+	}
+	perBucket := 1024 + 48*m.rule.LayoutOptions.SlotsPerWindow()
+	return int32(min(max(1, maxReadBytes/perBucket), 10_000))
 }
 
 // insertNewBuckets inserts the whole buckets of keys that had none. A
