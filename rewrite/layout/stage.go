@@ -21,14 +21,15 @@ import (
 // on an upstream that rewrites a whole document on every update
 // (FerretDB), an insert stores its events as the events layout stages
 // them, at the cost of a plain insert and with no writer lease, and the
-// rule's merge turns each retired staging collection into one upsert per
+// rule's merge turns each retired staging collection into one write per
 // (series, window): what the direct path sends per insert, once per
 // merge.
 
 // CounterMerged is the field in which a merge marks each counter bucket
-// it counted into with the name of the staging collection it merged: a
-// repeated merge of that collection (the first was cut) leaves out the
-// buckets that carry it. One field, overwritten by each merge, is
+// it counted into, with the mark its plan records (the retired staging
+// collection's name and a random part): a repeated merge of that
+// collection (the first was cut) leaves out the buckets that carry it.
+// One field, overwritten by each merge, is
 // enough: a collection whose merge was cut is merged again before any
 // other (rewrite/stage's mergeRetired), and merges of a rule run one at a
 // time.
@@ -55,8 +56,8 @@ func PrepareStaged(cmd rewrite.Command, rule *rules.Rule, newID func() bson.Obje
 	return insert.PrepareChecked(cmd, rule, newID, check)
 }
 
-// MergeStatement is one upsert of a merge: the bucket it writes and the
-// staged events it stands for.
+// MergeStatement is one write of a merge: the bucket it writes (whole, or
+// an update statement) and the staged events it stands for.
 type MergeStatement struct {
 	Key    bucket.Key
 	ID     [12]byte
@@ -65,8 +66,7 @@ type MergeStatement struct {
 }
 
 // MergeKeys are the (series, window) keys of staged events, in key order:
-// the buckets a merge reads before it writes (SlotsMergeStatements) or
-// checks for its mark (CounterMergedBy).
+// the buckets a merge reads before it writes them (MergeWrites).
 func MergeKeys(rule *rules.Rule, evs []bucket.Event) []bucket.Key {
 	groups := groupByKey(stagedLayoutEvents(rule, evs))
 	keys := make([]bucket.Key, len(groups))
@@ -100,7 +100,7 @@ func (w MergeWrites) Events() int {
 }
 
 // StoredBucket is what a merge read of a key's bucket: whether there is
-// one, and the bucket (whole, or what the merge asked for).
+// one, and the bucket (whole, or the fields the merge asked for).
 type StoredBucket func(bucket.Key) (doc bsoncore.Document, exists bool)
 
 // CounterMergeWrites counts staged events of a counter rule, one write

@@ -22,10 +22,11 @@ const lookupsPerStep = 64
 
 // mergeLayoutOne merges retired collection r of a counter or slots rule
 // (rewrite/layout's stage.go): the staged events, in the order they
-// arrived, become one upsert per (series, window). repeated says r's plan
-// was read (an earlier run was cut): a counter then leaves out the
-// buckets that carry r's mark, so nothing is counted twice; a slots
-// upsert written again changes nothing.
+// arrived, become one write per (series, window), after a read of those
+// buckets. repeated says r's plan was read (an earlier run was cut): a
+// counter then leaves out the buckets that carry the plan's mark, so
+// nothing is counted twice; a slots bucket written again changes
+// nothing.
 func (m *Merge) mergeLayoutOne(x *rewrite.Exec, r Collection, staged []bsoncore.Document, plan *mergePlan, repeated bool, records map[bson.ObjectID]int64) error {
 	sortByArrival(staged)
 	var evs []bucket.Event
