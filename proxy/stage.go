@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -114,21 +113,6 @@ func prepareStaged(cmd rewrite.Command, rule *rules.Rule) (*insert.Prepared, err
 		return layout.PrepareStaged(cmd, rule, bson.NewObjectID)
 	}
 	return insert.Prepare(cmd, rule, bson.NewObjectID)
-}
-
-// arrivalClock stamps staged inserts in the order this proxy takes them
-// (stage.InsertEnv.Stamp): the wall clock in nanoseconds, never repeated
-// nor going back.
-type arrivalClock struct{ last atomic.Int64 }
-
-func (a *arrivalClock) next() int64 {
-	for {
-		prev := a.last.Load()
-		n := max(prev+1, time.Now().UnixNano())
-		if a.last.CompareAndSwap(prev, n) {
-			return n
-		}
-	}
 }
 
 // stagedWait is how long a staged insert without maxTimeMS waits for

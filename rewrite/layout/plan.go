@@ -169,28 +169,14 @@ func counterWrite(x *rewrite.Exec, cmd rewrite.Command, rule *rules.Rule, env Wr
 
 // slotsWrite reads the buckets of keys as stored, then plans against them.
 func slotsWrite(x *rewrite.Exec, cmd rewrite.Command, rule *rules.Rule, keys []bucket.Key, c caps.Upstream) (*Write, error) {
-	fetch := SlotsFetch(rule, keys)
-	step := make(rewrite.Step, len(fetch))
-	for i, q := range fetch {
-		step[i] = rewrite.Upstream{Body: q}
+	stored, err := ReadBuckets(x, rule, keys, nil)
+	if err != nil {
+		return nil, err
 	}
-	before := make(map[string][]byte, len(keys))
-	if len(step) > 0 {
-		replies, ok := x.Do(step)
-		if !ok {
-			return nil, rewrite.ErrAborted
-		}
-		for i, r := range replies {
-			doc, err := cursor.First(r)
-			if err != nil {
-				return nil, mongoerr.Errorf(mongoerr.FromReply(r, "").Code, "tsproxy rule %s: reading a bucket before writing it: %v", rule.Namespace, err)
-			}
-			if doc != nil {
-				before[keys[i].String()] = doc
-			}
-		}
-	}
-	return SlotsInsert(cmd, rule, SlotsOptions{Caps: c, Before: func(k bucket.Key) []byte { return before[k.String()] }})
+	return SlotsInsert(cmd, rule, SlotsOptions{Caps: c, Before: func(k bucket.Key) []byte {
+		d, _ := stored(k)
+		return d
+	}})
 }
 
 // preallocate inserts the zero-filled buckets of the window after each

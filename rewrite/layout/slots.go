@@ -14,23 +14,6 @@ import (
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
-// SlotsFetch returns the upstream finds of the buckets of keys, one point
-// lookup {_id} each (the only filter the embedded upstream pushes down).
-// Give their replies, in order, to SlotsInsert as SlotsOptions.Before.
-func SlotsFetch(rule *rules.Rule, keys []bucket.Key) []bsoncore.Document {
-	out := make([]bsoncore.Document, len(keys))
-	for i, k := range keys {
-		out[i] = bsoncore.NewDocumentBuilder().
-			AppendString("find", rule.BucketCollection).
-			AppendDocument("filter", bsoncore.NewDocumentBuilder().AppendObjectID("_id", k.ID(rule.BucketNamespace(), 0)).Build()).
-			AppendInt32("limit", 1).
-			AppendBoolean("singleBatch", true).
-			AppendString("$db", rule.DB).
-			Build()
-	}
-	return out
-}
-
 // SlotsOptions are what SlotsInsert needs besides the command.
 type SlotsOptions struct {
 	Caps caps.Upstream
@@ -198,25 +181,6 @@ func subNum(a bucket.Num, v bsoncore.Value) bucket.Num {
 func SlotsShell(rule *rules.Rule, meta bsoncore.Value, start int64) bsoncore.Document {
 	o := rule.LayoutOptions
 	k := bucket.KeyOf(meta, start)
-	n := o.SlotsPerWindow()
-	appendGrid := func(dst []byte, key string, leaf func([]byte, string) []byte) []byte {
-		gi, dst := bsoncore.AppendDocumentElementStart(dst, key)
-		if !o.Nested() {
-			for s := 0; s < n; s++ {
-				dst = leaf(dst, strconv.Itoa(s))
-			}
-		} else {
-			for g := 0; g*rules.SlotGroup < n; g++ {
-				ii, d := bsoncore.AppendDocumentElementStart(dst, strconv.Itoa(g))
-				for s := g * rules.SlotGroup; s < min(n, (g+1)*rules.SlotGroup); s++ {
-					d = leaf(d, strconv.Itoa(s%rules.SlotGroup))
-				}
-				dst, _ = bsoncore.AppendDocumentEnd(d, ii)
-			}
-		}
-		dst, _ = bsoncore.AppendDocumentEnd(dst, gi)
-		return dst
-	}
 	if meta.Type == 0 {
 		meta = bsoncore.Value{Type: bsoncore.TypeNull}
 	}
@@ -228,8 +192,9 @@ func SlotsShell(rule *rules.Rule, meta bsoncore.Value, start int64) bsoncore.Doc
 	if o.Aggregated {
 		d = bsoncore.AppendInt64Element(d, rules.BucketTotalSamples, 0)
 	}
-	d = appendGrid(d, rules.BucketValues, func(b []byte, key string) []byte { return bsoncore.AppendInt32Element(b, key, 0) })
-	d = appendGrid(d, rules.BucketSet, func(b []byte, key string) []byte { return bsoncore.AppendBooleanElement(b, key, false) })
+	every := func(int) bool { return true }
+	d = appendSlotGrid(d, rules.BucketValues, o, every, func(b []byte, key string, _ int) []byte { return bsoncore.AppendInt32Element(b, key, 0) })
+	d = appendSlotGrid(d, rules.BucketSet, o, every, func(b []byte, key string, _ int) []byte { return bsoncore.AppendBooleanElement(b, key, false) })
 	d, _ = bsoncore.AppendDocumentEnd(d, di)
 	return d
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
+	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"github.com/tsproxy/tsproxy/rewrite/insert"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
@@ -65,12 +66,21 @@ type MergeStatement struct {
 	Events int
 }
 
-// MergeKeys are the (series, window) keys of staged events, in key order:
-// the buckets a merge reads before it writes them (MergeWrites).
-func MergeKeys(rule *rules.Rule, evs []bucket.Event) []bucket.Key {
-	groups := groupByKey(stagedLayoutEvents(rule, evs))
-	keys := make([]bucket.Key, len(groups))
-	for i, g := range groups {
+// StagedGroups are staged events of a layout rule grouped by (series,
+// window), in key order, each group in the order its events arrived: what
+// a merge reads the buckets of (Keys), then writes (CounterMergeWrites,
+// SlotsMergeWrites).
+type StagedGroups [][]layoutEvent
+
+// GroupStaged groups staged events, given in the order they arrived.
+func GroupStaged(rule *rules.Rule, evs []bucket.Event) StagedGroups {
+	return groupByKey(stagedLayoutEvents(rule, evs))
+}
+
+// Keys are the groups' (series, window) keys, in key order.
+func (gs StagedGroups) Keys() []bucket.Key {
+	keys := make([]bucket.Key, len(gs))
+	for i, g := range gs {
 		keys[i] = g[0].key
 	}
 	return keys
@@ -108,9 +118,9 @@ type StoredBucket func(bucket.Key) (doc bsoncore.Document, exists bool)
 // (CounterMerged): a new bucket whole, an existing one with a $inc
 // upsert. A bucket that carries mark already was counted by an earlier
 // run of this merge: left out.
-func CounterMergeWrites(rule *rules.Rule, evs []bucket.Event, mark string, stored StoredBucket) MergeWrites {
+func CounterMergeWrites(rule *rules.Rule, groups StagedGroups, mark string, stored StoredBucket) MergeWrites {
 	var w MergeWrites
-	for _, g := range groupByKey(stagedLayoutEvents(rule, evs)) {
+	for _, g := range groups {
 		doc, exists := stored(g[0].key)
 		switch {
 		case exists && mark != "" && CounterMergedBy(doc) == mark:
@@ -157,9 +167,9 @@ func counterBucket(id [12]byte, g []layoutEvent, mark string) bsoncore.Document 
 // for an hour of one-second slots cost more than rewriting it. Written
 // again over its own result it changes nothing, so a repeated merge
 // needs no mark.
-func SlotsMergeWrites(rule *rules.Rule, evs []bucket.Event, stored StoredBucket) MergeWrites {
+func SlotsMergeWrites(rule *rules.Rule, groups StagedGroups, stored StoredBucket) MergeWrites {
 	var w MergeWrites
-	for _, g := range groupByKey(stagedLayoutEvents(rule, evs)) {
+	for _, g := range groups {
 		before, exists := stored(g[0].key)
 		id := BucketID(rule, g[0].key)
 		doc := slotsBucket(rule, id, g, before)
@@ -290,9 +300,45 @@ func CounterMergedBy(doc bsoncore.Document) string {
 	return s
 }
 
+// lookupsPerStep bounds the point lookups sent together: the upstream
+// answers them one after the other on one connection.
+const lookupsPerStep = 64
+
+// ReadBuckets reads the buckets of keys of a layout rule with a point
+// lookup each (BucketLookups), projected (nil: whole buckets): before an
+// insert on the direct path, or a merge where lookups are indexed.
+func ReadBuckets(x *rewrite.Exec, rule *rules.Rule, keys []bucket.Key, projection bsoncore.Document) (StoredBucket, error) {
+	byKey := make(map[string]bsoncore.Document, len(keys))
+	cmds := BucketLookups(rule, keys, projection)
+	for lo := 0; lo < len(cmds); lo += lookupsPerStep {
+		part := cmds[lo:min(lo+lookupsPerStep, len(cmds))]
+		step := make(rewrite.Step, len(part))
+		for i, c := range part {
+			step[i] = rewrite.Upstream{Body: c}
+		}
+		replies, ok := x.Do(step)
+		if !ok {
+			return nil, rewrite.ErrAborted
+		}
+		for i, r := range replies {
+			doc, err := cursor.First(r)
+			if err != nil {
+				return nil, mongoerr.Errorf(mongoerr.FromReply(r, "").Code, "tsproxy rule %s: reading a bucket before writing it: %v", rule.Namespace, err)
+			}
+			if doc != nil {
+				byKey[keys[lo+i].String()] = doc
+			}
+		}
+	}
+	return func(k bucket.Key) (bsoncore.Document, bool) {
+		d, ok := byKey[k.String()]
+		return d, ok
+	}, nil
+}
+
 // BucketLookups are the point lookups {_id} of the buckets of keys (the
 // only filter the embedded upstream pushes down), with projection (nil:
-// whole buckets). Their replies go in order to the merge statements.
+// whole buckets), their replies in the order of keys.
 func BucketLookups(rule *rules.Rule, keys []bucket.Key, projection bsoncore.Document) []bsoncore.Document {
 	out := make([]bsoncore.Document, len(keys))
 	for i, k := range keys {

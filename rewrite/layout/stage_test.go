@@ -65,7 +65,7 @@ func TestCounterMergeWrites(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			w := CounterMergeWrites(rule, evs, "m1", storedAs(tc.stored))
+			w := CounterMergeWrites(rule, GroupStaged(rule, evs), "m1", storedAs(tc.stored))
 			if len(w.Inserts) != len(tc.inserts) || len(w.Updates) != len(tc.updates) {
 				t.Fatalf("%d inserts and %d updates, want %d and %d", len(w.Inserts), len(w.Updates), len(tc.inserts), len(tc.updates))
 			}
@@ -128,7 +128,7 @@ func TestSlotsMergeStatements(t *testing.T) {
 			if tc.before != nil {
 				before = rwtest.Doc(t, tc.before)
 			}
-			w := SlotsMergeWrites(tc.rule, samples(t, tc.rule), func(bucket.Key) (bsoncore.Document, bool) { return before, before != nil })
+			w := SlotsMergeWrites(tc.rule, GroupStaged(tc.rule, samples(t, tc.rule)), func(bucket.Key) (bsoncore.Document, bool) { return before, before != nil })
 			got := w.Updates
 			if before == nil {
 				// No bucket yet: inserted whole.
@@ -164,7 +164,7 @@ func TestMergeCommands(t *testing.T) {
 	for s := range 5 {
 		evs = append(evs, stagedEvents(t, rule, hit("/p", rwtest.DT(int64(s)*60_000)))...)
 	}
-	stmts := CounterMergeWrites(rule, evs, "m", func(bucket.Key) (bsoncore.Document, bool) { return bsoncore.Document{5, 0, 0, 0, 0}, true }).Updates
+	stmts := CounterMergeWrites(rule, GroupStaged(rule, evs), "m", func(bucket.Key) (bsoncore.Document, bool) { return bsoncore.Document{5, 0, 0, 0, 0}, true }).Updates
 	for _, tc := range []struct{ per, want int }{{0, 1}, {2, 3}, {5, 1}, {16, 1}} {
 		cmds := MergeCommands(rule, stmts, tc.per)
 		if len(cmds) != tc.want {

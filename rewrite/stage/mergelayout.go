@@ -10,15 +10,10 @@ import (
 
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
-	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"github.com/tsproxy/tsproxy/rewrite/layout"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 )
-
-// lookupsPerStep bounds the point lookups sent together: the upstream
-// answers them one after the other on one connection.
-const lookupsPerStep = 64
 
 // mergeLayoutOne merges retired collection r of a counter or slots rule
 // (rewrite/layout's stage.go): the staged events, in the order they
@@ -63,7 +58,8 @@ func (m *Merge) mergeLayoutOne(x *rewrite.Exec, r Collection, staged []bsoncore.
 	if err := m.recordDerived(x, r, derived, records); err != nil {
 		return err
 	}
-	keys := layout.MergeKeys(m.rule, evs)
+	groups := layout.GroupStaged(m.rule, evs)
+	keys := groups.Keys()
 	var proj bsoncore.Document // slots: whole buckets
 	if m.rule.Layout == rules.LayoutCounter {
 		proj = bsoncore.NewDocumentBuilder().AppendInt32(layout.CounterMerged, 1).Build()
@@ -75,9 +71,9 @@ func (m *Merge) mergeLayoutOne(x *rewrite.Exec, r Collection, staged []bsoncore.
 	var w layout.MergeWrites
 	switch m.rule.Layout {
 	case rules.LayoutCounter:
-		w = layout.CounterMergeWrites(m.rule, evs, plan.mark, stored)
+		w = layout.CounterMergeWrites(m.rule, groups, plan.mark, stored)
 	case rules.LayoutSlots:
-		w = layout.SlotsMergeWrites(m.rule, evs, stored)
+		w = layout.SlotsMergeWrites(m.rule, groups, stored)
 	default:
 		return mongoerr.Errorf(mongoerr.InternalError, "layout %q does not stage", m.rule.Layout)
 	}
@@ -115,42 +111,18 @@ func (m *Merge) mergeLayoutOne(x *rewrite.Exec, r Collection, staged []bsoncore.
 // _id each, or one find of them all where each lookup would scan the
 // collection anyway (MergeOptions.OneScanBeats).
 func (m *Merge) lookupBuckets(x *rewrite.Exec, keys []bucket.Key, projection bsoncore.Document) (layout.StoredBucket, error) {
-	byID := map[bson.ObjectID]bsoncore.Document{}
-	if m.opts.OneScanBeats != nil && m.opts.OneScanBeats(len(keys)) {
-		batch := m.layoutReadBatch(projection)
-		docs, err := drainAll(x, m.rule.DB, m.rule.BucketCollection, layout.BucketsIn(m.rule, keys, projection, batch), batch)
-		if err != nil {
-			return nil, fmt.Errorf("read the buckets to write: %w", err)
-		}
-		for _, d := range docs {
-			if id, ok := idOf(d); ok {
-				byID[id] = d
-			}
-		}
-	} else {
-		cmds := layout.BucketLookups(m.rule, keys, projection)
-		for lo := 0; lo < len(cmds); lo += lookupsPerStep {
-			part := cmds[lo:min(lo+lookupsPerStep, len(cmds))]
-			step := make(rewrite.Step, len(part))
-			for i, c := range part {
-				step[i] = rewrite.Upstream{Body: c}
-			}
-			replies, ok := x.Do(step)
-			if !ok {
-				return nil, rewrite.ErrAborted
-			}
-			for _, r := range replies {
-				doc, err := cursor.First(r)
-				if err != nil {
-					return nil, fmt.Errorf("read a bucket before writing it: %w", err)
-				}
-				if doc == nil {
-					continue
-				}
-				if id, ok := idOf(doc); ok {
-					byID[id] = doc
-				}
-			}
+	if m.opts.OneScanBeats == nil || !m.opts.OneScanBeats(len(keys)) {
+		return layout.ReadBuckets(x, m.rule, keys, projection)
+	}
+	batch := m.layoutReadBatch(projection)
+	docs, err := drainAll(x, m.rule.DB, m.rule.BucketCollection, layout.BucketsIn(m.rule, keys, projection, batch), batch)
+	if err != nil {
+		return nil, fmt.Errorf("read the buckets to write: %w", err)
+	}
+	byID := make(map[bson.ObjectID]bsoncore.Document, len(docs))
+	for _, d := range docs {
+		if id, ok := idOf(d); ok {
+			byID[id] = d
 		}
 	}
 	return func(k bucket.Key) (bsoncore.Document, bool) {
@@ -176,13 +148,12 @@ func (m *Merge) layoutReadBatch(projection bsoncore.Document) int32 {
 // nothing but the merge does: an error, and the next run reads again.
 func (m *Merge) insertNewBuckets(x *rewrite.Exec, buckets []layout.MergeStatement) error {
 	for len(buckets) > 0 {
-		var docs []bsoncore.Document
-		size := 0
-		for len(buckets) > 0 && (len(docs) == 0 || size+len(buckets[0].Doc) <= maxInsertBytes) {
-			docs = append(docs, buckets[0].Doc)
-			size += len(buckets[0].Doc)
-			buckets = buckets[1:]
+		n := insertBatchLen(len(buckets), func(i int) int { return len(buckets[i].Doc) })
+		docs := make([]bsoncore.Document, n)
+		for i, b := range buckets[:n] {
+			docs[i] = b.Doc
 		}
+		buckets = buckets[n:]
 		reply, ok := x.Do(rewrite.Step{insertStep(m.rule.DB, m.rule.BucketCollection, docs)})
 		if !ok {
 			return rewrite.ErrAborted

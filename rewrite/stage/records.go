@@ -213,17 +213,25 @@ func insertOutcome(reply []byte) ([]int, error) {
 // 48MB message limit with room to spare.
 const maxInsertBytes = 8 << 20
 
+// insertBatchLen is how many of n documents (size gives each one's bytes)
+// the next insert of a merge takes: at least one, at most 1,000 and
+// maxInsertBytes.
+func insertBatchLen(n int, size func(i int) int) int {
+	k, total := 0, 0
+	for k < n && k < 1000 && (k == 0 || total+size(k) <= maxInsertBytes) {
+		total += size(k)
+		k++
+	}
+	return k
+}
+
 // insertBuckets inserts the merged buckets. A duplicate key is a bucket
 // an earlier run of this merge wrote: accepted when it holds the same
 // events (count and first event), an error otherwise (a bucket written
 // outside the merge).
 func (m *Merge) insertBuckets(x *rewrite.Exec, buckets []builtBucket) error {
 	for len(buckets) > 0 {
-		n, size := 0, 0
-		for n < len(buckets) && n < 1000 && (n == 0 || size+len(buckets[n].doc) <= maxInsertBytes) {
-			size += len(buckets[n].doc)
-			n++
-		}
+		n := insertBatchLen(len(buckets), func(i int) int { return len(buckets[i].doc) })
 		batch := buckets[:n]
 		buckets = buckets[n:]
 		docs := make([]bsoncore.Document, len(batch))
