@@ -1,8 +1,13 @@
 package proxy
 
 import (
+	"errors"
+	"time"
+
 	"github.com/tsproxy/tsproxy/proxy/fills"
+	"github.com/tsproxy/tsproxy/proxy/lease"
 	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rewrite/deletes"
 	"github.com/tsproxy/tsproxy/rewrite/fanout"
 
@@ -26,7 +31,7 @@ import (
 // delete (moreToCome) runs acknowledged upstream all the same, without
 // answering the client.
 func (c *conn) rewriteDelete(req *request, rule *rules.Rule) error {
-	caps, err := c.startWrite(rule)
+	caps, err := c.startDelete(req, rule)
 	if err != nil {
 		return err
 	}
@@ -84,3 +89,28 @@ func (h *heldLocks) releaseAll() {
 		h.release(h.held[0], false)
 	}
 }
+
+// startDelete is startWrite for a delete, which waits for a writer lease
+// another proxy holds rather than being refused at once: on FerretDB
+// every proxy takes a staged rule's inserts, so a delete may reach any of
+// them, and the holder is often one that merged once (a flush, a read)
+// and lets the lease lapse. It waits up to the command's maxTimeMS, or
+// two lease lifetimes; then the refusal names the holder.
+func (c *conn) startDelete(req *request, rule *rules.Rule) (caps.Upstream, error) {
+	deadline := time.Now().Add(2 * c.s.leases.TTL())
+	if ms, ok := maxTimeMS(req); ok {
+		deadline = time.Now().Add(ms)
+	}
+	for {
+		caps, err := c.startWrite(rule)
+		var held *lease.HeldError
+		if !errors.As(err, &held) || !time.Now().Before(deadline) {
+			return caps, err
+		}
+		time.Sleep(min(time.Until(deadline), leaseWaitStep))
+	}
+}
+
+// leaseWaitStep is how often a delete waiting for a writer lease asks
+// again (the lease package answers from what it found for a second).
+const leaseWaitStep = 250 * time.Millisecond

@@ -177,6 +177,14 @@ func pipeline(up *upstream.Conn, buf *[]byte, step rewrite.Step) ([][]byte, erro
 // runStep sends a step on the client's upstream connection (pipeline). An
 // update on an upstream that bounds them holds a write slot meanwhile.
 func (c *conn) runStep(step rewrite.Step) ([][]byte, error) {
+	if len(step) == 1 && step[0].Keep && c.s.kept != nil {
+		return c.runKept(step[0]) // kept.go
+	}
+	return c.runStepAsIs(step)
+}
+
+// runStepAsIs is runStep without keeping what a staged insert stored.
+func (c *conn) runStepAsIs(step rewrite.Step) ([][]byte, error) {
 	if len(step) == 1 && step[0].Combine {
 		return c.runCombined(step[0]) // combine.go
 	}

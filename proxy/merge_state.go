@@ -266,6 +266,8 @@ func (m *mergeState) record(rule *rules.Rule, st stage.Stats, background bool) {
 	r.Merged += int64(st.Events)
 	r.Buckets += int64(st.Buckets)
 	r.Retries += int64(st.Retries)
+	r.Collections += int64(st.Collections)
+	r.Kept += int64(st.Kept)
 	if background || st.Pending == 0 {
 		r.Pending, r.PendingEvents = int64(st.Pending), m.stagedSince(rule).events
 		switch {

@@ -3,6 +3,7 @@ package proxy
 import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -40,6 +41,10 @@ type Options struct {
 	// AggregateMemory bounds each blocking stage of an aggregation the
 	// proxy runs itself (0: 100 MiB).
 	AggregateMemory int
+	// StagedMemory bounds the bytes of staged documents the proxy keeps
+	// to merge its staging collections without reading them back
+	// (kept.go) (0: 64 MiB; negative: none).
+	StagedMemory int64
 	// CursorTTL forgets registered cursors idle this long (0: 10m).
 	CursorTTL time.Duration
 	// RetryCacheSize bounds the sessions whose last retryable rewritten
@@ -98,6 +103,7 @@ type Server struct {
 	cat        *catalog      // catalog.go
 	served     sync.Map      // namespace → struct{}: created rules served here (loops.go)
 	combiner   combiner      // staged inserts sharing upstream inserts (combine.go)
+	kept       *keptStore    // what staged inserts stored, for their merge (kept.go); nil: nothing kept
 	// presence is this proxy's announcements that it stages rules into
 	// collections of its own, and stagerSince the first generation of
 	// those (when it started, in ms) (stage.go).
@@ -167,6 +173,7 @@ func New(opts Options) (*Server, error) {
 		presence:    lease.NewPresence(opts.WriterLease),
 		stagerSince: time.Now().UnixMilli(),
 		conns:       make(map[*conn]struct{}),
+		kept:        newKeptStore(cmp.Or(opts.StagedMemory, int64(rules.DefaultStagedMemory))),
 	}
 	s.cat = newCatalog(s, opts.CatalogLease, opts.CreateTimeseries)
 	if err := telemetry.ObserveStaging(s.merges.snapshot); err != nil {

@@ -122,10 +122,18 @@ const stagedWait = time.Minute
 // stagedDeadline is when a staged insert stops waiting for room: its
 // maxTimeMS, or stagedWait.
 func stagedDeadline(req *request) time.Time {
-	if ms, ok := bson.Raw(req.msg.Body).Lookup("maxTimeMS").AsInt64OK(); ok && ms > 0 {
-		return time.Now().Add(time.Duration(ms) * time.Millisecond)
+	if d, ok := maxTimeMS(req); ok {
+		return time.Now().Add(d)
 	}
 	return time.Now().Add(stagedWait)
+}
+
+// maxTimeMS is req's maxTimeMS, when it has one above zero.
+func maxTimeMS(req *request) (time.Duration, bool) {
+	if ms, ok := bson.Raw(req.msg.Body).Lookup("maxTimeMS").AsInt64OK(); ok && ms > 0 {
+		return time.Duration(ms) * time.Millisecond, true
+	}
+	return 0, false
 }
 
 // stager is how this proxy names its staging collections of rule: its
@@ -199,6 +207,7 @@ func addStats(total *stage.Stats, st stage.Stats) {
 	total.ToppedUp += st.ToppedUp
 	total.Retries += st.Retries
 	total.Late += st.Late
+	total.Kept += st.Kept
 }
 
 // flushWaitLeases bounds how long a proxy waits for a flush it asked for,
@@ -330,14 +339,20 @@ func (s *Server) runMerge(r stepRunner, up lease.Commander, rule *rules.Rule, ca
 		opts.Now = time.Now()
 	}
 	opts.RetryHorizon = RetryHorizon
-	if !opts.Guest && rule.Layout != rules.LayoutEvents {
-		// How the layouts' merge reads the buckets it writes.
+	if !opts.Guest {
+		// How the merge reads the buckets it writes or probes.
 		opts.OneScanBeats = s.idLookupCost(up, s.log, rule, caps).OneScanBeats
 	}
 	opts.RollupStatements = caps.MaxUpdateStatements
 	opts.PackedEvents = caps.PackedEvents
 	if caps.SingleWriter {
 		opts.Self, opts.Since = s.stagerTag(), s.stagerSince
+		if s.kept != nil {
+			opts.Kept = func(r stage.Collection) ([][]byte, string, bool) { return s.kept.take(rule.DB + "." + r.OpenName()) }
+			// What a freeze took and no merge asked for (a guest's, a
+			// merge that failed) is read back when it is merged.
+			defer func() { s.kept.forgetFrozen(rule, s.merges.gen(rule.Namespace, s.stagerSince)) }()
+		}
 		opts.Gone = s.goneStagers(up, rule, opts.Now)
 		// Deletes run under the writer lease here, as the merge does,
 		// and lock the keys they rewrite as the merge's top-ups do.
@@ -497,6 +512,7 @@ func (c *conn) handleFlush(req *request) error {
 	reply, err := bson.Marshal(bson.D{
 		{Key: "rules", Value: rulesMerged},
 		{Key: "collections", Value: total.Collections},
+		{Key: "kept", Value: total.Kept},
 		{Key: "events", Value: total.Events},
 		{Key: "buckets", Value: total.Buckets},
 		{Key: "toppedUp", Value: total.ToppedUp},

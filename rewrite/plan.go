@@ -48,6 +48,10 @@ type Upstream struct {
 	// the command's session, says whose retry it is. Its reply is then
 	// the part of the shared reply that is its own (stage.SplitReply).
 	Combine bool
+	// Keep marks an insert into a staging collection of the proxy's own
+	// (stage.Stager): the proxy keeps what it stored there, to merge the
+	// collection without reading it back (stage.KeptDocs).
+	Keep bool
 }
 
 // Plan is one command's rewrite, run by the proxy.

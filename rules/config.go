@@ -21,6 +21,9 @@ const (
 	// DefaultAggregateMemory is what one blocking stage of an
 	// aggregation the proxy runs itself may hold: MongoDB's 100 MB.
 	DefaultAggregateMemory = 100 << 20
+	// DefaultStagedMemory is what one proxy keeps of its staged inserts
+	// to merge them without reading them back (limits.stagedMemory).
+	DefaultStagedMemory    = 64 << 20
 	DefaultMetricsListen   = "127.0.0.1:9216"
 	DefaultServiceName     = "tsproxy"
 	DefaultLogLevel        = "info"
@@ -184,6 +187,12 @@ type Limits struct {
 	// QueryExceededMemoryLimitNoDiskUseAllowed. 1 KiB..1 TiB, default
 	// 100 MiB.
 	AggregateMemory int
+	// StagedMemory bounds, in bytes, the staged documents the proxy keeps
+	// in memory so that the merge of a staging collection it froze need
+	// not read the collection back ("limits.stagedMemory"); past it, a
+	// collection is read back. 0 keeps none; at most 1 TiB, default
+	// 64 MiB.
+	StagedMemory int
 }
 
 // Telemetry configures what the proxy tells about itself (key "telemetry").

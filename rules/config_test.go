@@ -65,6 +65,7 @@ func defaultConfig() Config {
 			RetryCacheSize:  100000,
 			RetryCacheTTL:   30 * time.Minute,
 			AggregateMemory: 100 << 20,
+			StagedMemory:    64 << 20,
 		},
 		Telemetry: Telemetry{
 			MetricsListen: "127.0.0.1:9216",
@@ -189,7 +190,7 @@ rules:
 			},
 		},
 		Limits: Limits{MaxConnections: 500, MaxMessageBytes: 16_000_000, MaxCursors: 2000, CursorTTL: 90 * time.Second,
-			RetryCacheSize: 5000, RetryCacheTTL: 5 * time.Minute, AggregateMemory: 100 << 20},
+			RetryCacheSize: 5000, RetryCacheTTL: 5 * time.Minute, AggregateMemory: 100 << 20, StagedMemory: 64 << 20},
 		Telemetry: Telemetry{
 			MetricsListen: ":9100", OTLPEndpoint: "http://otel:4318",
 			ServiceName: "tsproxy-eu", LogLevel: "debug", LogFormat: "json",

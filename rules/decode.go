@@ -80,6 +80,7 @@ func (d *decoder) config() *Config {
 		d.fail("limits.cursorTTL", "%s is less than 1s", l.CursorTTL)
 	}
 	l.AggregateMemory = d.intIn("limits.aggregateMemory", d.v.Get("limits.aggregateMemory"), 1<<10, 1<<40)
+	l.StagedMemory = d.intIn("limits.stagedMemory", d.v.Get("limits.stagedMemory"), 0, 1<<40)
 	l.RetryCacheSize = d.intIn("limits.retryCacheSize", d.v.Get("limits.retryCacheSize"), 1, 100_000_000)
 	l.RetryCacheTTL = d.duration("limits.retryCacheTTL", d.v.Get("limits.retryCacheTTL"))
 	if l.RetryCacheTTL < time.Second && d.ok("limits.retryCacheTTL") {

@@ -42,7 +42,7 @@ var schema = []keySpec{
 		{name: "dialTimeout"},
 		{name: "tls", kind: mapping, children: leaves("enabled", "caFile", "certFile", "keyFile", "insecureSkipVerify", "serverName")},
 	}},
-	{name: "limits", kind: mapping, children: leaves("maxConnections", "maxMessageBytes", "maxCursors", "cursorTTL", "retryCacheSize", "retryCacheTTL", "aggregateMemory")},
+	{name: "limits", kind: mapping, children: leaves("maxConnections", "maxMessageBytes", "maxCursors", "cursorTTL", "retryCacheSize", "retryCacheTTL", "aggregateMemory", "stagedMemory")},
 	{name: "telemetry", kind: mapping, children: leaves("metricsListen", "otlpEndpoint", "serviceName", "logLevel", "logFormat")},
 	{name: "rules", kind: mapList, children: []keySpec{
 		{name: "namespace"},

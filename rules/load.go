@@ -95,6 +95,7 @@ var defaults = map[string]any{
 	"limits.retryCacheSize":           DefaultRetryCacheSize,
 	"limits.retryCacheTTL":            DefaultRetryCacheTTL,
 	"limits.aggregateMemory":          DefaultAggregateMemory,
+	"limits.stagedMemory":             DefaultStagedMemory,
 	"telemetry.metricsListen":         DefaultMetricsListen,
 	"telemetry.serviceName":           DefaultServiceName,
 	"telemetry.logLevel":              DefaultLogLevel,

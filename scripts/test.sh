@@ -85,7 +85,12 @@ if [ -z "${TSPROXY_E2E_UPSTREAM:-}" ]; then
     # where a truncated CI log still shows them.
     for l in "$fdlog" "$pglog"; do
       echo "-- failures in the $([ "$l" = "$fdlog" ] && echo ferretdb || echo postgresql) subset"
-      grep -E -e '--- FAIL|^panic:|_test\.go:[0-9]+: |^FAIL' "$l" | grep -v 'level=' | tail -40 || true
+      # A failing test's block: its --- FAIL line and the indented lines
+      # after it (what t.Fatalf printed, a client's own output included).
+      awk '/--- FAIL/ {f = 1; print; next}
+           f && /^[ \t]/ { if ($0 !~ /level=/) print; next }
+           {f = 0}
+           /^panic:|^FAIL|_test\.go:[0-9]+: / && !/level=/ {print}' "$l" | tail -80 || true
     done
     rm -f "$fdlog" "$pglog"; echo "end-to-end subset failed"; exit 1
   fi

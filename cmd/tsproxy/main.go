@@ -143,6 +143,7 @@ func newServer(cfg *rules.Config, up upstreamHandle, tel *telemetrySetup, log *s
 		RetryCacheSize:  cfg.Limits.RetryCacheSize,
 		RetryCacheTTL:   cfg.Limits.RetryCacheTTL,
 		AggregateMemory: cfg.Limits.AggregateMemory,
+		StagedMemory:    stagedMemory(cfg.Limits.StagedMemory),
 		Logger:          log,
 		Tracing:         tel.tracing,
 		IndexIDs:        up.indexIDs,
@@ -154,6 +155,15 @@ func newServer(cfg *rules.Config, up upstreamHandle, tel *telemetrySetup, log *s
 
 // shutdown stops taking connections and lets in-flight requests finish
 // for up to timeout.
+// stagedMemory is proxy.Options.StagedMemory for limits.stagedMemory,
+// where 0 keeps nothing.
+func stagedMemory(limit int) int64 {
+	if limit == 0 {
+		return -1
+	}
+	return int64(limit)
+}
+
 func shutdown(srv *proxy.Server, timeout time.Duration, log *slog.Logger) error {
 	log.Info("shutting down: no new connections; finishing in-flight requests", "timeout", timeout.String())
 	sctx, scancel := context.WithTimeout(context.Background(), timeout)

@@ -22,13 +22,19 @@ type Staging struct {
 	// Throttled counts the staged inserts that waited for room (the
 	// rule's maxStaged).
 	Throttled int64
+	// Collections counts the staging collections merged, and Kept those
+	// of them merged from what the proxy kept of its inserts, without
+	// reading them back (limits.stagedMemory).
+	Collections, Kept int64
 }
 
 // ObserveStaging reports snapshot's figures, per rule, at each collection
 // of the metrics: tsproxy.staging.events{state=staged|merged},
 // tsproxy.staging.buckets, tsproxy.staging.retries,
 // tsproxy.staging.throttled,
-// tsproxy.staging.pending{unit=collections|events} and
+// tsproxy.staging.pending{unit=collections|events},
+// tsproxy.staging.collections{from=kept|read} (staging collections
+// merged, from what the proxy kept or read back) and
 // tsproxy.staging.lag (seconds the oldest pending collection has waited).
 // The mean fill of merged buckets is merged events / buckets.
 func ObserveStaging(snapshot func() map[string]Staging) error {
@@ -53,6 +59,10 @@ func ObserveStaging(snapshot func() map[string]Staging) error {
 	if err != nil {
 		return err
 	}
+	colls, err := m.Int64ObservableCounter("tsproxy.staging.collections", metric.WithDescription("Staging collections merged, from what the proxy kept of its inserts or read back, by rule."))
+	if err != nil {
+		return err
+	}
 	lag, err := m.Float64ObservableGauge("tsproxy.staging.lag", metric.WithDescription("How long the oldest pending staging collection has waited, by rule."), metric.WithUnit("s"))
 	if err != nil {
 		return err
@@ -66,6 +76,8 @@ func ObserveStaging(snapshot func() map[string]Staging) error {
 			o.ObserveInt64(buckets, s.Buckets, metric.WithAttributes(rule))
 			o.ObserveInt64(retries, s.Retries, metric.WithAttributes(rule))
 			o.ObserveInt64(throttled, s.Throttled, metric.WithAttributes(rule))
+			o.ObserveInt64(colls, s.Kept, metric.WithAttributes(rule, attribute.String("from", "kept")))
+			o.ObserveInt64(colls, s.Collections-s.Kept, metric.WithAttributes(rule, attribute.String("from", "read")))
 			o.ObserveInt64(pending, s.Pending, metric.WithAttributes(rule, attribute.String("unit", "collections")))
 			o.ObserveInt64(pending, s.PendingEvents, metric.WithAttributes(rule, attribute.String("unit", "events")))
 			var waited float64
@@ -75,6 +87,6 @@ func ObserveStaging(snapshot func() map[string]Staging) error {
 			o.ObserveFloat64(lag, waited, metric.WithAttributes(rule))
 		}
 		return nil
-	}, events, buckets, retries, throttled, pending, lag)
+	}, events, buckets, retries, throttled, pending, colls, lag)
 	return err
 }

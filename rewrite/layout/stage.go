@@ -12,9 +12,9 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
-	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"github.com/tsproxy/tsproxy/rewrite/insert"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rewrite/source"
 	"github.com/tsproxy/tsproxy/rules"
 )
 
@@ -300,34 +300,18 @@ func CounterMergedBy(doc bsoncore.Document) string {
 	return s
 }
 
-// lookupsPerStep bounds the point lookups sent together: the upstream
-// answers them one after the other on one connection.
-const lookupsPerStep = 64
-
 // ReadBuckets reads the buckets of keys of a layout rule with a point
 // lookup each (BucketLookups), projected (nil: whole buckets): before an
 // insert on the direct path, or a merge where lookups are indexed.
 func ReadBuckets(x *rewrite.Exec, rule *rules.Rule, keys []bucket.Key, projection bsoncore.Document) (StoredBucket, error) {
+	docs, err := source.Lookups(x, BucketLookups(rule, keys, projection), "tsproxy rule "+rule.Namespace+": reading a bucket before writing it")
+	if err != nil {
+		return nil, err
+	}
 	byKey := make(map[string]bsoncore.Document, len(keys))
-	cmds := BucketLookups(rule, keys, projection)
-	for lo := 0; lo < len(cmds); lo += lookupsPerStep {
-		part := cmds[lo:min(lo+lookupsPerStep, len(cmds))]
-		step := make(rewrite.Step, len(part))
-		for i, c := range part {
-			step[i] = rewrite.Upstream{Body: c}
-		}
-		replies, ok := x.Do(step)
-		if !ok {
-			return nil, rewrite.ErrAborted
-		}
-		for i, r := range replies {
-			doc, err := cursor.First(r)
-			if err != nil {
-				return nil, mongoerr.Errorf(mongoerr.FromReply(r, "").Code, "tsproxy rule %s: reading a bucket before writing it: %v", rule.Namespace, err)
-			}
-			if doc != nil {
-				byKey[keys[lo+i].String()] = doc
-			}
+	for i, doc := range docs {
+		if doc != nil {
+			byKey[keys[i].String()] = doc
 		}
 	}
 	return func(k bucket.Key) (bsoncore.Document, bool) {

@@ -75,7 +75,7 @@ func Insert(cmd rewrite.Command, pi *insert.Prepared, env InsertEnv) rewrite.Pla
 				break
 			}
 			body, seq := insertCommand(pi.Rule().DB, c, args)
-			reply, ok := x.Do(rewrite.Step{{Body: body, Seq: seq, Combine: combine}})
+			reply, ok := x.Do(rewrite.Step{{Body: body, Seq: seq, Combine: combine, Keep: env.Stager.Tag != ""}})
 			if !ok {
 				return rewrite.Result{}, rewrite.ErrAborted
 			}

@@ -91,6 +91,13 @@ type MergeOptions struct {
 	// Shells claims the preallocated shells of a slots rule not tried yet
 	// among keys (rewrite/layout's ShellsAfter); nil: none are written.
 	Shells func(keys []bucket.Key) []bucket.Key
+	// Kept gives, once, what this proxy kept of its inserts into the
+	// staging collection that retired collection r was frozen from: the
+	// staged documents, and the _id of the marker document that proves r
+	// is where they went (kept.go). ok is false when it kept nothing
+	// whole. Asked only for this proxy's own collections of this run. Nil:
+	// every retired collection is read back.
+	Kept func(r Collection) (docs [][]byte, marker string, ok bool)
 }
 
 // Stats count what a merge did.
@@ -105,6 +112,7 @@ type Stats struct {
 	Frozen      int // retired collections left to merge (after a freeze)
 	Late        int // documents that reached a retired collection after it was read, moved back to staging
 	Counted     int // events counted into the rule's rollups
+	Kept        int // retired collections merged from what the proxy kept, not read back (kept.go)
 	// RollupErrors name the rollup writes that failed: those events are
 	// stored but not counted (rollups count at most once).
 	RollupErrors []string
@@ -136,6 +144,8 @@ type Merge struct {
 	// (on FerretDB a probe decodes every bucket). Nobody else writes
 	// buckets meanwhile: the merge runs under the rule's writer lease.
 	next map[string]int
+	// expired: loadRecords found records past the retry horizon.
+	expired bool
 }
 
 // Release ends the merge's script when its driver gives it up (see

@@ -97,7 +97,7 @@ func (m *Merge) mergeLayoutOne(x *rewrite.Exec, r Collection, staged []bsoncore.
 			return rewrite.ErrAborted
 		}
 	}
-	if err := m.finishRetired(x, r, plan.ids); err != nil {
+	if err := m.finishRetired(x, r, plan); err != nil {
 		return err
 	}
 	m.Stats.Events += w.Events()

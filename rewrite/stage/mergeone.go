@@ -28,6 +28,9 @@ type mergePlan struct {
 	// rawTops is their record as read from a plan document.
 	tops    map[string]*topUp
 	rawTops bsoncore.Array
+	// markers counts the marker documents the collection holds
+	// (kept.go): neither staged nor late.
+	markers int
 	// mark is what a counter merge marks its buckets with
 	// (layout.CounterMerged): made once, when the plan is, so a repeat
 	// of this merge tells its own writes from any other's.
@@ -48,7 +51,7 @@ func idKey(d bsoncore.Document) string {
 // caught here, just before the drop (an insert the drop overtakes fails
 // and is not acknowledged). They go to the staging collection of their
 // period, where the next merge takes them.
-func (m *Merge) moveLate(x *rewrite.Exec, r Collection, merged map[string]bool) error {
+func (m *Merge) moveLate(x *rewrite.Exec, r Collection, merged map[string]bool, markers int) error {
 	// A proxy's own collection, frozen by it, takes nothing late: it
 	// held its own inserts off, and no other proxy inserts there. One
 	// taken over from a stopped owner may; one of the holder's names, as
@@ -62,7 +65,7 @@ func (m *Merge) moveLate(x *rewrite.Exec, r Collection, merged map[string]bool) 
 	if err != nil {
 		return err
 	}
-	if n <= int64(len(merged))+1 { // the staged documents and the plan
+	if n <= int64(len(merged)+1+markers) { // the staged documents, the plan and the markers
 		return nil
 	}
 	all, err := drainAll(x, m.rule.DB, coll, findCommand(m.rule.DB, coll, nil, bsoncore.NewDocumentBuilder().AppendInt32("_id", 1).Build()), 0)
@@ -104,17 +107,22 @@ type group struct {
 // mergeOne merges retired collection r into the bucket collection and
 // drops it. records are the derived ids merged before, by token.
 func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records map[bson.ObjectID]int64) error {
-	docs, err := m.readRetired(x, r.Name)
+	docs, err := m.stagedOf(x, r)
 	if err != nil {
 		return err
 	}
 	var plan *mergePlan
 	var staged []bsoncore.Document
+	markers := 0
 	for _, d := range docs {
 		if s, ok := d.Lookup("_id").StringValueOK(); ok && s == planID {
 			if plan, err = readPlan(d); err != nil {
 				return err
 			}
+			continue
+		}
+		if isMarker(d) {
+			markers++
 			continue
 		}
 		staged = append(staged, d)
@@ -136,6 +144,7 @@ func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records map[bson.ObjectI
 		// that reached the collection after that are late (see moveLate).
 		staged = slices.DeleteFunc(staged, func(d bsoncore.Document) bool { return !plan.ids[idKey(d)] })
 	}
+	plan.markers = markers
 	if m.rule.Layout != rules.LayoutEvents {
 		return m.mergeLayoutOne(x, r, staged, plan, repeated, records)
 	}
@@ -186,7 +195,7 @@ func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records map[bson.ObjectI
 	}
 	unlock()
 	unlock = func() {}
-	if err := m.finishRetired(x, r, plan.ids); err != nil {
+	if err := m.finishRetired(x, r, plan); err != nil {
 		return err
 	}
 	m.Stats.Events += events
@@ -214,11 +223,10 @@ func (m *Merge) recordDerived(x *rewrite.Exec, r Collection, derived []bson.Obje
 	return nil
 }
 
-// finishRetired ends the merge of retired collection r, whose staged
-// documents merged are those of ids: late documents go back to staging,
-// and r is dropped.
-func (m *Merge) finishRetired(x *rewrite.Exec, r Collection, ids map[string]bool) error {
-	if err := m.moveLate(x, r, ids); err != nil {
+// finishRetired ends the merge of retired collection r by plan: late
+// documents go back to staging, and r is dropped.
+func (m *Merge) finishRetired(x *rewrite.Exec, r Collection, plan *mergePlan) error {
+	if err := m.moveLate(x, r, plan.ids, plan.markers); err != nil {
 		return err
 	}
 	reply, ok := x.One(source.DropCommand(m.rule.DB, r.Name))
@@ -269,8 +277,13 @@ func (m *Merge) groups(staged []bsoncore.Document, skip map[bson.ObjectID]bool) 
 			from = to
 		}
 	}
+	byTime := func(a, b bucket.Event) int { return cmpInt(a.Time, b.Time) }
 	for i := range groups {
-		slices.SortStableFunc(groups[i].events, func(a, b bucket.Event) int { return cmpInt(a.Time, b.Time) })
+		// Events mostly arrive in time order: the check costs a pass, a
+		// stable sort of the structs many moves.
+		if !slices.IsSortedFunc(groups[i].events, byTime) {
+			slices.SortStableFunc(groups[i].events, byTime)
+		}
 	}
 	slices.SortFunc(groups, func(a, b group) int { return bucket.CompareKeys(a.key, b.key) })
 	return groups, derived, nil
@@ -280,6 +293,11 @@ func (m *Merge) groups(staged []bsoncore.Document, skip map[bson.ObjectID]bool) 
 // FerretDB a probe ($in on _id) decodes every bucket whatever it asks
 // for, so it asks for many.
 const probeSeqs = 64
+
+// probeLookups is how many seqs of each key the first probe by lookups
+// asks for: one, as most keys a merge writes are new (their window has
+// no bucket yet), and then twice as many each round.
+const probeLookups = 1
 
 // probeBases finds the first free seq of each group's key in the bucket
 // collection: the buckets of a key are seq 0..n without gaps (deletes
@@ -295,18 +313,26 @@ func (m *Merge) probeBases(x *rewrite.Exec, groups []group) (map[string]int, err
 			pending = append(pending, g)
 		}
 	}
-	for from := 0; len(pending) > 0; from += probeSeqs {
+	// A scan finds any number of seqs at one cost; lookups grow with
+	// them, so they ask for a few first and twice as many each round.
+	width := probeSeqs
+	if m.pointLookups(len(pending) * probeLookups) {
+		width = probeLookups
+	}
+	for from := 0; len(pending) > 0; from += width {
 		if from >= bucket.MaxSeq {
 			return nil, fmt.Errorf("key %x has more than %d buckets", pending[0].key.Meta, bucket.MaxSeq)
 		}
+		if from > 0 && width < probeSeqs {
+			width *= 2
+		}
 		var ids []bson.ObjectID
 		for _, g := range pending {
-			for s := from; s < from+probeSeqs; s++ {
+			for s := from; s < from+width; s++ {
 				ids = append(ids, g.key.ID(ns, s))
 			}
 		}
-		proj := bsoncore.NewDocumentBuilder().AppendInt32("_id", 1).Build()
-		found, err := drainAll(x, m.rule.DB, m.rule.BucketCollection, findCommand(m.rule.DB, m.rule.BucketCollection, idsIn(ids), proj), 0)
+		found, err := m.bucketsByID(x, ids, bsoncore.NewDocumentBuilder().AppendInt32("_id", 1).Build())
 		if err != nil {
 			return nil, err
 		}
@@ -319,10 +345,10 @@ func (m *Merge) probeBases(x *rewrite.Exec, groups []group) (map[string]int, err
 		var next []group
 		for _, g := range pending {
 			s := from
-			for s < from+probeSeqs && have[g.key.ID(ns, s)] {
+			for s < from+width && have[g.key.ID(ns, s)] {
 				s++
 			}
-			if s == from+probeSeqs {
+			if s == from+width {
 				next = append(next, g)
 				continue
 			}

@@ -14,6 +14,7 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/insert"
 	"github.com/tsproxy/tsproxy/rewrite/internal/rwtest"
+	"github.com/tsproxy/tsproxy/rewrite/read"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
 	"github.com/tsproxy/tsproxy/rules"
 )
@@ -44,6 +45,12 @@ func newMem(t *testing.T) *mem {
 
 func (m *mem) run(p rewrite.Plan) rewrite.Result {
 	m.t.Helper()
+	return m.runWith(p, m.answer)
+}
+
+// runWith runs p, answering its commands with answer.
+func (m *mem) runWith(p rewrite.Plan, answer func(rewrite.Upstream) []byte) rewrite.Result {
+	m.t.Helper()
 	for i := 0; i < 10_000; i++ {
 		step, done := p.Next()
 		if done {
@@ -51,7 +58,7 @@ func (m *mem) run(p rewrite.Plan) rewrite.Result {
 		}
 		replies := make([][]byte, len(step))
 		for j, u := range step {
-			replies[j] = m.answer(u)
+			replies[j] = answer(u)
 		}
 		if err := p.Feed(replies); err != nil {
 			return rewrite.Result{Reply: bsoncore.NewDocumentBuilder().AppendDouble("ok", 0).AppendString("errmsg", err.Error()).Build()}
@@ -95,13 +102,24 @@ func (m *mem) answer(u rewrite.Upstream) []byte {
 		m.colls[strings.TrimPrefix(to, "iot.")] = docs
 	case "count":
 		return doc(bson.D{{Key: "n", Value: len(m.colls[coll])}, {Key: "ok", Value: 1.0}})
+	case "create":
+		if _, ok := m.colls[coll]; ok {
+			return doc(bson.D{{Key: "ok", Value: 0.0}, {Key: "code", Value: 48}, {Key: "errmsg", Value: "exists"}})
+		}
+		m.colls[coll] = []bsoncore.Document{}
 	case "drop":
 		delete(m.colls, coll)
 	case "delete":
-		// The records' expiry (the tests' records are all within the
-		// horizon), and stale event-id index entries by _id.
+		// The records' expiry, and stale event-id index entries by _id.
 		dels, _ := body.Lookup("deletes").Array().Values()
 		for _, dv := range dels {
+			if cut, ok := dv.Document().Lookup("q", "at", "$lt").DateTimeOK(); ok {
+				m.colls[coll] = slices.DeleteFunc(m.colls[coll], func(d bsoncore.Document) bool {
+					at, ok := d.Lookup("at").DateTimeOK()
+					return ok && at < cut
+				})
+				continue
+			}
 			in, ok := dv.Document().Lookup("q", "_id", "$in").ArrayOK()
 			if !ok {
 				continue
@@ -504,6 +522,37 @@ func TestMerge(t *testing.T) {
 			t.Fatalf("%d events stored, want 2", len(got))
 		}
 	})
+	t.Run("records: packed, read in either form, expired only when past the horizon", func(t *testing.T) {
+		m := newMem(t)
+		txns := stage.TxnsCollection(rwtest.InsertRule())
+		deletes := 0
+		m.hook = func(name, coll string) bool {
+			if name == "delete" && coll == txns {
+				deletes++
+			}
+			return false
+		}
+		stagedInsert(t, m, events("a", 0, 2), retryArgs(7)...)
+		merge(t, m, stage.MergeOptions{All: true})
+		if len(m.colls[txns]) != 1 || bson.Raw(m.colls[txns][0]).Lookup("packed").Type != bson.TypeBinary {
+			t.Fatalf("records %v, want one with its ids packed", m.colls[txns])
+		}
+		// A record of a proxy before packing: its ids as an array.
+		key, _, _ := rewrite.RetryKeyOf(doc(bson.D(retryArgs(8))))
+		m.colls[txns] = append(m.colls[txns], doc(bson.D{{Key: "_id", Value: int64(5)}, {Key: "ids", Value: bson.A{stage.DerivedID(key.OwnedBy("u"), 0)}}, {Key: "at", Value: bson.DateTime(1_000_000)}}))
+		stagedInsert(t, m, events("b", 0, 2), retryArgs(8)...)
+		if st := merge(t, m, stage.MergeOptions{All: true, Now: time.UnixMilli(1_000_100)}); st.Retries != 1 || st.Events != 0 || deletes != 0 {
+			t.Fatalf("stats %+v, %d deletes of records: want the old record's retry left out, nothing expired", st, deletes)
+		}
+		// Past the horizon (an hour in these tests): expired, once.
+		stagedInsert(t, m, events("c", 0, 1))
+		merge(t, m, stage.MergeOptions{All: true, Now: time.UnixMilli(1_000_000 + 2*3_600_000)})
+		stagedInsert(t, m, events("c", 1, 1))
+		merge(t, m, stage.MergeOptions{All: true, Now: time.UnixMilli(1_000_000 + 2*3_600_000 + 1)})
+		if deletes != 1 {
+			t.Fatalf("%d deletes of records, want 1", deletes)
+		}
+	})
 	t.Run("a merge cut after its freeze is finished before the next freeze", func(t *testing.T) {
 		m := newMem(t)
 		retry := retryArgs(6)
@@ -798,10 +847,17 @@ func cutMerge(m *mem, failing string, opts stage.MergeOptions) {
 	m.fail[failing] = false
 }
 
+// TestMergeTopUp, with the merge reading buckets by one scan ($in), and
+// by lookups (the embedded upstream's indexed _id).
 func TestMergeTopUp(t *testing.T) {
+	t.Run("scans", func(t *testing.T) { testMergeTopUp(t, nil) })
+	t.Run("lookups", func(t *testing.T) { testMergeTopUp(t, read.IDLookupIndexed.OneScanBeats) })
+}
+
+func testMergeTopUp(t *testing.T, oneScanBeats func(int) bool) {
 	locked := 0
 	opts := func(now int64) stage.MergeOptions {
-		return stage.MergeOptions{All: true, TopUp: true, Now: time.UnixMilli(now), Lock: func(keys []bucket.Key) func() {
+		return stage.MergeOptions{All: true, TopUp: true, OneScanBeats: oneScanBeats, Now: time.UnixMilli(now), Lock: func(keys []bucket.Key) func() {
 			locked += len(keys)
 			return func() {}
 		}}

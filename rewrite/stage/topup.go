@@ -83,7 +83,7 @@ func (m *Merge) readTopUps(x *rewrite.Exec, groups []group, bases map[string]int
 	if len(ids) == 0 {
 		return nil, nil
 	}
-	found, err := drainAll(x, m.rule.DB, m.rule.BucketCollection, findBatched(m.rule.DB, m.rule.BucketCollection, idsIn(ids), m.readBatch()), m.readBatch())
+	found, err := m.bucketsByID(x, ids, nil)
 	if err != nil {
 		return nil, fmt.Errorf("read last buckets: %w", err)
 	}

@@ -456,3 +456,33 @@ print("INDEXES: " + JSON.stringify(c.getIndexes().map(i => i.key)));
 		t.Fatalf("mongosh updateOne: %q", out)
 	}
 }
+
+// TestDeleteWaitsForLease: on FerretDB a delete needs the rule's writer
+// lease; through a proxy that does not hold it (another one merged last),
+// the delete waits for it to lapse and then runs, instead of being
+// refused: every proxy takes a staged rule's inserts, so its deletes may
+// reach any of them too.
+func TestDeleteWaitsForLease(t *testing.T) {
+	if env.external {
+		t.Skip("writer leases are taken only on upstreams whose updates are not isolated")
+	}
+	t.Parallel()
+	ctx := ctxFor(t)
+	db := uniqueDB(t)
+	ca, cb := twoShortLeaseProxies(t, db)
+	evs := seriesEvents(40, "s", time.Date(2026, 4, 2, 0, 0, 0, 0, time.UTC))
+	if _, err := ca.Database(db).Collection("readings").InsertMany(ctx, docsOf(evs)); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, ctx, ca, db+".readings") // a merges: a holds the lease
+	res, err := cb.Database(db).Collection("readings").DeleteMany(ctx, bson.D{{Key: "value", Value: bson.D{{Key: "$lt", Value: 10}}}})
+	if err != nil {
+		t.Fatalf("delete through the proxy without the lease: %v", err)
+	}
+	if res.DeletedCount != 10 {
+		t.Fatalf("deleted %d, want 10", res.DeletedCount)
+	}
+	if n, err := ca.Database(db).Collection("readings").CountDocuments(ctx, bson.D{}); err != nil || n != 30 {
+		t.Fatalf("%d events left (%v), want 30", n, err)
+	}
+}

@@ -223,10 +223,7 @@ func TestReadByEventIDAcrossProxies(t *testing.T) {
 	t.Parallel()
 	ctx := ctxFor(t)
 	db := uniqueDB(t)
-	short := func(o *proxy.Options) { o.WriterLease = 2 * time.Second }
-	pa := startProxy(t, proxyOptions{yaml: readingsRule(db, 100), edit: short})
-	pb := startProxy(t, proxyOptions{yaml: readingsRule(db, 100), edit: short})
-	ca, cb := connect(t, pa.URI()), connect(t, pb.URI())
+	ca, cb := twoShortLeaseProxies(t, db)
 	a, b := ca.Database(db).Collection("readings"), cb.Database(db).Collection("readings")
 	base := time.Date(2026, 4, 1, 0, 0, 0, 0, time.UTC)
 	first := seriesEvents(50, "a", base)
@@ -263,4 +260,14 @@ func TestReadByEventIDAcrossProxies(t *testing.T) {
 // sentEventDoc is an event read back.
 type sentEventDoc struct {
 	ID bson.ObjectID `bson:"_id"`
+}
+
+// twoShortLeaseProxies starts two proxies with db's readings rule and a
+// 2 s writer lease, and returns a client of each.
+func twoShortLeaseProxies(t *testing.T, db string) (*mongo.Client, *mongo.Client) {
+	t.Helper()
+	short := func(o *proxy.Options) { o.WriterLease = 2 * time.Second }
+	pa := startProxy(t, proxyOptions{yaml: readingsRule(db, 100), edit: short})
+	pb := startProxy(t, proxyOptions{yaml: readingsRule(db, 100), edit: short})
+	return connect(t, pa.URI()), connect(t, pb.URI())
 }
