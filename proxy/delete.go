@@ -97,10 +97,7 @@ func (h *heldLocks) releaseAll() {
 // and lets the lease lapse. It waits up to the command's maxTimeMS, or
 // two lease lifetimes; then the refusal names the holder.
 func (c *conn) startDelete(req *request, rule *rules.Rule) (caps.Upstream, error) {
-	deadline := time.Now().Add(2 * c.s.leases.TTL())
-	if ms, ok := maxTimeMS(req); ok {
-		deadline = time.Now().Add(ms)
-	}
+	deadline := waitDeadline(req, 2*c.s.leases.TTL())
 	for {
 		caps, err := c.startWrite(rule)
 		var held *lease.HeldError

@@ -1,0 +1,217 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/tsproxy/tsproxy/proxy/lease"
+	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rewrite/source"
+	"github.com/tsproxy/tsproxy/rewrite/stage"
+	"github.com/tsproxy/tsproxy/rules"
+)
+
+// This file serves tsproxyFlush and the settling of a staged rule before
+// a command that reads or changes its events (stage.go stages and merges).
+
+// settleStaged merges everything staged of rule before a command that
+// reads or changes its stored events, so that the command sees every
+// acknowledged event exactly once, in complete buckets. An error is the
+// client's answer (the command does not run).
+func (c *conn) settleStaged(req *request, rule *rules.Rule) (done bool, err error) {
+	staged, caps, err := c.stagedRule(rule)
+	if err != nil || !staged {
+		return false, nil // no caps: the command itself meets the upstream's error
+	}
+	if err := c.flushStaged(rule, caps, nil); err != nil {
+		var up upstreamFailure
+		if errors.As(err, &up) {
+			return true, up.err
+		}
+		return true, c.replyError(req, mongoerr.CodeOf(err), err.Error())
+	}
+	return false, nil
+}
+
+// flushStaged merges everything staged into rule before it began: this
+// proxy freezes its own staging collections and, holding the rule's
+// writer lease, merges; what is left (other proxies' collections, or all
+// of it when another holds the lease) it asks for and waits for
+// (requestFlush). total, when not nil, adds up what this proxy merged.
+func (c *conn) flushStaged(rule *rules.Rule, caps caps.Upstream, total *stage.Stats) error {
+	st, err := c.mergeStaged(rule, caps, stage.MergeOptions{All: true})
+	if err != nil {
+		return err
+	}
+	if total != nil {
+		addStats(total, st)
+	}
+	if waitFor := append(st.Others, st.Retired...); len(waitFor) > 0 {
+		return c.requestFlush(rule, caps, waitFor)
+	}
+	return nil
+}
+
+func addStats(total *stage.Stats, st stage.Stats) {
+	total.Collections += st.Collections
+	total.Events += st.Events
+	total.Buckets += st.Buckets
+	total.ToppedUp += st.ToppedUp
+	total.Retries += st.Retries
+	total.Late += st.Late
+	total.Kept += st.Kept
+}
+
+// flushWaitLeases bounds how long a proxy waits for a flush it asked for,
+// in lease lifetimes: a proxy that died is taken over, and a holder that
+// died replaced, once its announcement or lease lapsed.
+const flushWaitLeases = 3
+
+// requestFlush asks the other proxies to freeze their staging collections
+// of rule and the holder of its writer lease to merge them, and waits
+// until the collections of waitFor (open or retired, listed when this
+// flush began) are merged: it creates a flush request collection, which
+// every proxy's background merger (one round a second at most) sees, and
+// drops it when done. Meanwhile it merges now and then itself, which
+// does what the holder would once it holds the lease.
+func (c *conn) requestFlush(rule *rules.Rule, caps caps.Upstream, waitFor []string) error {
+	marker := stage.FlushMarker(rule, bson.NewObjectID().Hex())
+	res, err := drive(c, rewrite.Passthrough(stage.FlushRequestCommand(rule, marker), nil))
+	if err != nil {
+		return upstreamFailure{err: err}
+	}
+	if err := mongoerr.ReplyError(res.Reply); err != nil {
+		return fmt.Errorf("tsproxy rule %s: request a merge of the staged events: %w", rule.Namespace, err)
+	}
+	withdraw := func() error {
+		_, err := drive(c, rewrite.Passthrough(source.DropCommand(rule.DB, marker), nil))
+		return err
+	}
+	wait := flushWaitLeases * c.s.leases.TTL()
+	deadline := time.Now().Add(wait)
+	for tries := 1; ; tries++ {
+		names, err := c.listNames(rule.DB)
+		if err != nil {
+			return err
+		}
+		waitFor = stage.Remaining(rule, names, waitFor)
+		// Done; or a request for a namespace dropped meanwhile (its
+		// collections dropped already, or about to be), which nobody
+		// answers.
+		if len(waitFor) == 0 || !c.s.routesRule(rule) {
+			return withdraw()
+		}
+		if tries%10 == 0 {
+			// The holder may be gone: once its lease lapsed, this proxy
+			// merges (as a guest it would only freeze its own again).
+			err := c.ensureWriter(rule, caps)
+			var held *lease.HeldError
+			switch {
+			case err == nil:
+				if _, err := c.mergeStaged(rule, caps, stage.MergeOptions{All: true}); err != nil {
+					return err
+				}
+			case !errors.As(err, &held):
+				return err
+			}
+		}
+		if time.Now().After(deadline) {
+			// Withdrawn, so that the proxies stop freezing for a client
+			// that gave up (a failed drop is logged: the holder drops
+			// requests older than staleFlushRequest).
+			if err := withdraw(); err != nil {
+				c.log.Warn("staging: a flush request was left", "rule", rule.Namespace, "request", marker, "err", err.Error())
+			}
+			return mongoerr.Errorf(mongoerr.ConflictingOperationInProgress, "tsproxy rule %s: staged events not merged within %s (still staged: %s)", rule.Namespace, wait, strings.Join(waitFor, ", "))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// listNames lists db's collection names on the client's connection.
+func (c *conn) listNames(db string) ([]string, error) {
+	list := source.ListNames(db)
+	res, err := drive(c, list)
+	if err != nil {
+		return nil, upstreamFailure{err: err}
+	}
+	if res.Reply != nil {
+		return nil, fmt.Errorf("list the collections of %s: %w", db, mongoerr.ReplyError(res.Reply))
+	}
+	return list.Names(), nil
+}
+
+// handleFlush answers tsproxyFlush: {tsproxyFlush: 1} merges every staged
+// rule, {tsproxyFlush: "db.coll"} one; the reply counts what was merged.
+func (c *conn) handleFlush(req *request) error {
+	if err := c.ensureUpstream(); err != nil {
+		return c.replyUpstreamDown(req, err)
+	}
+	targets, err := c.flushTargets(req)
+	if err != nil {
+		return c.replyError(req, mongoerr.CodeOf(err), err.Error())
+	}
+	var total stage.Stats
+	rulesMerged := 0
+	for _, rule := range targets {
+		staged, caps, err := c.stagedRule(rule)
+		if err != nil {
+			return c.replyError(req, mongoerr.HostUnreachable, fmt.Sprintf("tsproxyFlush: %v", err))
+		}
+		if !staged {
+			continue
+		}
+		// What the holder merges for this flush is not counted here.
+		err = c.flushStaged(rule, caps, &total)
+		var up upstreamFailure
+		if errors.As(err, &up) {
+			return up.err
+		}
+		if err != nil {
+			return c.replyError(req, mongoerr.CodeOf(err), fmt.Sprintf("tsproxyFlush %s: %v", rule.Namespace, err))
+		}
+		rulesMerged++
+	}
+	reply, err := bson.Marshal(bson.D{
+		{Key: "rules", Value: rulesMerged},
+		{Key: "collections", Value: total.Collections},
+		{Key: "kept", Value: total.Kept},
+		{Key: "events", Value: total.Events},
+		{Key: "buckets", Value: total.Buckets},
+		{Key: "toppedUp", Value: total.ToppedUp},
+		{Key: "retries", Value: total.Retries},
+		{Key: "late", Value: total.Late},
+		{Key: "ok", Value: 1.0},
+	})
+	if err != nil {
+		return err
+	}
+	return c.replyBody(req, reply)
+}
+
+// flushTargets are the rules a tsproxyFlush names.
+func (c *conn) flushTargets(req *request) ([]*rules.Rule, error) {
+	v := bson.Raw(req.msg.Body).Lookup("tsproxyFlush")
+	if ns, ok := v.StringValueOK(); ok {
+		db, coll, _ := strings.Cut(ns, ".")
+		rule := c.rules.Lookup(db, coll)
+		if rule == nil {
+			return nil, mongoerr.Errorf(mongoerr.NamespaceNotFound, "tsproxyFlush: no rule for namespace %q", ns)
+		}
+		return []*rules.Rule{rule}, nil
+	}
+	if n, ok := v.AsInt64OK(); !ok || n != 1 {
+		return nil, mongoerr.Errorf(mongoerr.BadValue, "tsproxyFlush takes 1 (every rule) or a namespace \"db.collection\", not %s", v)
+	}
+	var out []*rules.Rule
+	for _, r := range c.rules.All() {
+		out = append(out, &r)
+	}
+	return out, nil
+}
