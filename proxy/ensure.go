@@ -69,6 +69,7 @@ func (o *onceSteps) forget(ns string) {
 func (s *Server) forgetNamespace(ns string) {
 	s.once.forget(ns)
 	s.state.forgetBuckets(ns)
+	s.dirs.wrote(ns)
 	s.shells.forget(ns)
 	s.idIndexOff.Delete(ns)
 }

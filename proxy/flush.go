@@ -66,6 +66,7 @@ func addStats(total *stage.Stats, st stage.Stats) {
 	total.Retries += st.Retries
 	total.Late += st.Late
 	total.Kept += st.Kept
+	total.DirectoryReads += st.DirectoryReads
 }
 
 // flushWaitLeases bounds how long a proxy waits for a flush it asked for,
@@ -187,6 +188,7 @@ func (c *conn) handleFlush(req *request) error {
 		{Key: "toppedUp", Value: total.ToppedUp},
 		{Key: "retries", Value: total.Retries},
 		{Key: "late", Value: total.Late},
+		{Key: "directoryReads", Value: total.DirectoryReads},
 		{Key: "ok", Value: 1.0},
 	})
 	if err != nil {

@@ -104,6 +104,7 @@ type Server struct {
 	served     sync.Map      // namespace → struct{}: created rules served here (loops.go)
 	combiner   combiner      // staged inserts sharing upstream inserts (combine.go)
 	kept       *keptStore    // what staged inserts stored, for their merge (kept.go); nil: nothing kept
+	dirs       *directories  // what the merges know of their rules' buckets (directory.go)
 	// presence is this proxy's announcements that it stages rules into
 	// collections of its own, and stagerSince the first generation of
 	// those (when it started, in ms) (stage.go).
@@ -174,6 +175,7 @@ func New(opts Options) (*Server, error) {
 		stagerSince: time.Now().UnixMilli(),
 		conns:       make(map[*conn]struct{}),
 		kept:        newKeptStore(cmp.Or(opts.StagedMemory, int64(rules.DefaultStagedMemory))),
+		dirs:        newDirectories(),
 	}
 	s.cat = newCatalog(s, opts.CatalogLease, opts.CreateTimeseries)
 	if err := telemetry.ObserveStaging(s.merges.snapshot); err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/insert"
 	"github.com/tsproxy/tsproxy/rewrite/layout"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rewrite/read"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
 	"github.com/tsproxy/tsproxy/rules"
 )
@@ -199,13 +200,25 @@ func (s *Server) runMerge(r stepRunner, up lease.Commander, rule *rules.Rule, ca
 	l := s.merges.lock(rule.Namespace)
 	l.Lock()
 	defer l.Unlock()
+	st, err := s.runMergeLocked(r, up, rule, caps, opts, background)
+	if err != nil {
+		// What the merge wrote before it stopped is not known.
+		s.dirs.forget(rule.BucketNamespace())
+	}
+	return st, err
+}
+
+// runMergeLocked is runMerge under the rule's merge lock.
+func (s *Server) runMergeLocked(r stepRunner, up lease.Commander, rule *rules.Rule, caps caps.Upstream, opts stage.MergeOptions, background bool) (stage.Stats, error) {
 	if opts.Now.IsZero() {
 		opts.Now = time.Now()
 	}
 	opts.RetryHorizon = RetryHorizon
+	lookups := read.IDLookupIndexed
 	if !opts.Guest {
 		// How the merge reads the buckets it writes or probes.
-		opts.OneScanBeats = s.idLookupCost(up, s.log, rule, caps).OneScanBeats
+		lookups = s.idLookupCost(up, s.log, rule, caps)
+		opts.OneScanBeats = lookups.OneScanBeats
 	}
 	opts.RollupStatements = caps.MaxUpdateStatements
 	opts.PackedEvents = caps.PackedEvents
@@ -228,6 +241,19 @@ func (s *Server) runMerge(r stepRunner, up lease.Commander, rule *rules.Rule, ca
 				l.ForgetAll() // the direct path's fills of these keys changed
 				l.Unlock()
 			}
+		}
+		if !opts.Guest && rule.Layout == rules.LayoutEvents && lookups != read.IDLookupIndexed {
+			// Where lookups by _id scan, the holder knows its rule's
+			// buckets instead: its merges are their only writers while it
+			// holds its term (directory.go). Where they are indexed (the
+			// embedded upstream), probes and reads cost a lookup each.
+			opts.Known = s.dirs.known(rule.BucketNamespace(), func() int64 {
+				t, held := s.leases.Current(rule.DB, rule.Collection)
+				if !held {
+					return 0
+				}
+				return t.Number
+			})
 		}
 	}
 	if !opts.Guest && caps.SingleWriter {

@@ -197,6 +197,7 @@ func (s *Server) retainCollection(up *upstream.Conn, rule *rules.Rule, e rollup.
 			// The fills of the swept (series, window) keys are stale;
 			// the next insert of any key loads its fill again.
 			s.state.forgetBuckets(rule.BucketNamespace())
+			s.dirs.wrote(rule.BucketNamespace())
 			s.sweepIDIndex(up, rule, e.Cutoff(rule, now))
 		}
 		s.log.Info("retention: expired documents deleted", "rule", rule.Namespace, "collection", e.Collection, "deleted", n)

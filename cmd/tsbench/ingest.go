@@ -176,6 +176,9 @@ func benchIngest(e *benchEnv, runs, events int, only string) error {
 				batches[k] = ingestBatches(n, c.batch)
 			}
 			db := ingestDB(r, i, c)
+			if err := prefillRun(ctx, directC, proxyC, db); err != nil {
+				return err
+			}
 			cpu0 := readCPU()
 			s, err := ingestRun(ctx, directC, proxyC, db, batches[k], n, c, r%2 == 0)
 			s.others = othersCores(cpu0, readCPU(), runtime.NumCPU())
@@ -187,9 +190,9 @@ func benchIngest(e *benchEnv, runs, events int, only string) error {
 				switch {
 				case err != nil:
 					fail("run %d batch %d clients %d: %v", r, c.batch, c.conc, err)
-				case st.stored != int64(n) || st.plainN != int64(n):
-					fail("run %d batch %d clients %d: %d events sent; stored after tsproxyFlush: %d in buckets (sum of count, %d bucket documents), %d plain documents",
-						r, c.batch, c.conc, n, st.stored, st.bucketN, st.plainN)
+				case st.stored != int64(n+max(ingestArgs.prefill, 0)) || st.plainN != int64(n+max(ingestArgs.prefill, 0)):
+					fail("run %d batch %d clients %d: %d events sent (and -prefill %d); stored after tsproxyFlush: %d in buckets (sum of count, %d bucket documents), %d plain documents",
+						r, c.batch, c.conc, n, max(ingestArgs.prefill, 0), st.stored, st.bucketN, st.plainN)
 				case len(st.leftover) > 0:
 					fail("run %d batch %d clients %d: staging collections left after tsproxyFlush: %s", r, c.batch, c.conc, strings.Join(st.leftover, ", "))
 				}
@@ -243,13 +246,38 @@ func ingestBackend() string {
 	return ingestArgs.backend
 }
 
+// prefillRun writes -prefill's events into db's plain collection and
+// through the proxy into its rule, and flushes: the history the timed run
+// finds.
+func prefillRun(ctx context.Context, directC, proxyC *mongo.Client, db string) error {
+	n := ingestArgs.prefill
+	if n <= 0 {
+		return nil
+	}
+	batches := prefillBatches(n)
+	if _, _, err := ingest(ctx, directC.Database(db).Collection(plainColl), batches, 1); err != nil {
+		return fmt.Errorf("prefill %s.%s: %w", db, plainColl, err)
+	}
+	t0 := time.Now()
+	if _, _, err := ingest(ctx, proxyC.Database(db).Collection(ingestColl), batches, 1); err != nil {
+		return fmt.Errorf("prefill %s.%s through the proxy: %w", db, ingestColl, err)
+	}
+	if _, _, err := tsproxyFlush(ctx, proxyC); err != nil {
+		return fmt.Errorf("prefill %s: tsproxyFlush: %w", db, err)
+	}
+	fmt.Fprintf(os.Stderr, "  prefilled %s with %d events (%.1f s through the proxy)\n", db, n, time.Since(t0).Seconds())
+	return nil
+}
+
 // ingestRun inserts the events of one case directly into db.plain and
 // through the proxy into db.events (in that order, or the other when
 // proxyFirst), then flushes the proxy.
 func ingestRun(ctx context.Context, directC, proxyC *mongo.Client, db string, batches [][]any, n int, c ingestCase, proxyFirst bool) (ingestSample, error) {
 	var s ingestSample
-	if err := directC.Database(db).CreateCollection(ctx, plainColl); err != nil {
-		return s, fmt.Errorf("create %s.%s: %w", db, plainColl, err)
+	if ingestArgs.prefill <= 0 { // else the prefill made it
+		if err := directC.Database(db).CreateCollection(ctx, plainColl); err != nil {
+			return s, fmt.Errorf("create %s.%s: %w", db, plainColl, err)
+		}
 	}
 	direct := func() error {
 		runtime.GC()
@@ -323,6 +351,9 @@ func report(cases []ingestCase, samples [][]ingestSample, runs, events, nRules i
 	fmt.Printf("\n## tsbench ingest, backend %s\n\n", ingestBackend())
 	fmt.Printf("- rule: %d series of 1-second data, `bucket: {span: 1h, maxEvents: 1000}`, `aggregates: [value]`, `ingest: staged`; one database per run and case (%d rules)\n", ingestSeries, nRules)
 	fmt.Printf("- events per case: %s; unordered insertMany (insertOne for batch 1), the clients take batches of consecutive events from one queue\n", strings.Join(counts, ", "))
+	if ingestArgs.prefill > 0 {
+		fmt.Printf("- `-prefill %d`: before each case, its rule and plain collection were given %d events of the same series in the time before the case's (through the proxy at batch 1000, then `tsproxyFlush`): the case is timed on a rule with history, as a long-running one is\n", ingestArgs.prefill, ingestArgs.prefill)
+	}
 	fmt.Printf("- medians of %d runs; proxy sustained = events / (insert time + time of `tsproxyFlush: 1` through the proxy right after); direct = plain inserts of the same events into a plain collection on the same upstream\n", runs)
 	fmt.Printf("- warm-up `tsproxyFlush: 1` (first one: every rule's bucket index and lease): %.2f s, staged rules %d of %d; `tsproxyFlush: 1` with nothing staged: %.3f s (part of every flush s below)\n", warmTime.Seconds(), warm.rules, nRules, idleFlush)
 	if warm.rules == 0 {
@@ -410,7 +441,19 @@ func ratio(a, b int64) float64 {
 // (event k: series k%4, second k/4) into batches of batch consecutive
 // events. The same batches go to both paths.
 func ingestBatches(n, batch int) [][]any {
-	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	return ingestBatchesFrom(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), n, batch)
+}
+
+// prefillBatches are -prefill's events: the same series, in the time
+// before ingestBatches' (ending at its first second).
+func prefillBatches(n int) [][]any {
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).Add(-time.Duration((n+ingestSeries-1)/ingestSeries) * time.Second)
+	return ingestBatchesFrom(start, n, 1000)
+}
+
+// ingestBatchesFrom cuts n events from base on, one a second a series,
+// into batches.
+func ingestBatchesFrom(base time.Time, n, batch int) [][]any {
 	var out [][]any
 	for k := 0; k < n; k += batch {
 		b := make([]any, 0, min(batch, n-k))

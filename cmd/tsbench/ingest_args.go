@@ -12,4 +12,5 @@ var ingestArgs = struct {
 	cases   string // -cases
 	backend string // -backend
 	custom  bool   // -upstream is set: the backend is a running server
+	prefill int    // -prefill: events each case's rule and plain collection hold before it is timed
 }{runs: 5, backend: backend.KindEmbedded}

@@ -148,6 +148,9 @@ func (s *Set) Ensure(up Commander, db, coll string, log *slog.Logger) error {
 
 // Term is this proxy's current term of a lease.
 type Term struct {
+	// Number is the term's number: a later term of the lease, this
+	// proxy's or another's, has a greater one.
+	Number int64
 	// Since is when this proxy took it.
 	Since time.Time
 	// EarlierWritesBefore is when the writes of the terms before it began
@@ -163,7 +166,7 @@ func (s *Set) Current(db, coll string) (t Term, held bool) {
 	l := s.lease(db, coll)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return Term{Since: l.since, EarlierWritesBefore: l.prevEnd}, l.term > 0
+	return Term{Number: l.term, Since: l.since, EarlierWritesBefore: l.prevEnd}, l.term > 0
 }
 
 // TTL is how long the set's leases last without renewal.

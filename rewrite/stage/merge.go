@@ -98,6 +98,14 @@ type MergeOptions struct {
 	// whole. Asked only for this proxy's own collections of this run. Nil:
 	// every retired collection is read back.
 	Kept func(r Collection) (docs [][]byte, marker string, ok bool)
+	// Known is the proxy's directory of the rule's buckets, which the
+	// events merges use instead of asking the upstream, for where
+	// lookups by _id scan the bucket collection: the merge reads every
+	// bucket's key once (one scan) when the directory has not, rather
+	// than probing merge after merge (directory.go). Nil: they ask. Only
+	// with TopUp: its key locks order the directory's checks against
+	// deletes.
+	Known *Known
 }
 
 // Stats count what a merge did.
@@ -113,6 +121,9 @@ type Stats struct {
 	Late        int // documents that reached a retired collection after it was read, moved back to staging
 	Counted     int // events counted into the rule's rollups
 	Kept        int // retired collections merged from what the proxy kept, not read back (kept.go)
+	// DirectoryReads counts the reads of every bucket's key
+	// (MergeOptions.Known).
+	DirectoryReads int
 	// RollupErrors name the rollup writes that failed: those events are
 	// stored but not counted (rollups count at most once).
 	RollupErrors []string
@@ -144,6 +155,14 @@ type Merge struct {
 	// (on FerretDB a probe decodes every bucket). Nobody else writes
 	// buckets meanwhile: the merge runs under the rule's writer lease.
 	next map[string]int
+	// last is what the merge of the current retired collection left in
+	// each key, for the directory (MergeOptions.Known).
+	last map[string]KnownKey
+	// planKnown is what the directory knew of the keys of the current
+	// retired collection when its merge was planned.
+	planKnown map[string]KnownKey
+	// planColl is the bucket collection's uuid when that plan was made.
+	planColl string
 	// expired: loadRecords found records past the retry horizon.
 	expired bool
 }

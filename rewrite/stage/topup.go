@@ -30,10 +30,14 @@ import (
 //     merge that was cut: no delete reaches the bucket between a cut merge
 //     and its repetition either.
 //   - The bucket as read is recorded in the merge's plan, before anything
-//     is written, and the rewrite is conditional on the bucket's count
-//     then: a repeated merge rebuilds the same bucket from the plan, and
-//     finds it written already (count and event ids are the new ones) or
-//     rewrites it.
+//     is written. The first run of a merge rewrites it by _id alone (a
+//     filter FerretDB sends to its storage: with {_id, count} it decoded
+//     every bucket of the rule, once a statement): nothing else writes it
+//     between the read and the rewrite (the lock above, the writer
+//     lease). A repeated merge's rewrite is conditional on the count as
+//     read: it rebuilds the same bucket from the plan, and finds it
+//     written already (count and event ids are the new ones) or rewrites
+//     it.
 //   - The bucket keeps every event it held (the new events are added, the
 //     old never moved), so its count only grows, and the condition on it
 //     cannot meet a bucket that already took the new events.
@@ -68,24 +72,39 @@ func (m *Merge) lockKeys(keys []bucket.Key) func() {
 }
 
 // readTopUps reads the last bucket of each key whose base is past seq 0
-// and keeps those with room for more events.
-func (m *Merge) readTopUps(x *rewrite.Exec, groups []group, bases map[string]int) (map[string]*topUp, error) {
+// and keeps those with room for more events. A key the directory knows
+// (known) is not read: its last bucket is full, or known as written.
+func (m *Merge) readTopUps(x *rewrite.Exec, groups []group, bases map[string]int, known map[string]KnownKey) (map[string]*topUp, error) {
 	ns := m.rule.BucketNamespace()
 	byID := map[bson.ObjectID]string{}
 	var ids []bson.ObjectID
+	var found []bsoncore.Document
 	for _, g := range groups {
-		if s := bases[g.key.String()]; s > 0 {
-			id := g.key.ID(ns, s-1)
-			byID[id] = g.key.String()
-			ids = append(ids, id)
+		k := g.key.String()
+		s := bases[k]
+		if s == 0 {
+			continue
 		}
+		if kk, ok := known[k]; ok && kk.Next == s && (kk.Full || kk.Last != nil) {
+			if kk.Last != nil { // as this proxy's last merge of the key wrote it
+				byID[g.key.ID(ns, s-1)] = k
+				found = append(found, kk.Last)
+			}
+			continue
+		}
+		id := g.key.ID(ns, s-1)
+		byID[id] = k
+		ids = append(ids, id)
 	}
-	if len(ids) == 0 {
+	if len(ids) > 0 {
+		read, err := m.bucketsByID(x, ids, nil)
+		if err != nil {
+			return nil, fmt.Errorf("read last buckets: %w", err)
+		}
+		found = append(found, read...)
+	}
+	if len(found) == 0 {
 		return nil, nil
-	}
-	found, err := m.bucketsByID(x, ids, nil)
-	if err != nil {
-		return nil, fmt.Errorf("read last buckets: %w", err)
 	}
 	sortByID(found)
 	tops := map[string]*topUp{}
@@ -148,13 +167,13 @@ func (t *topUp) fillUp(evs []bucket.Event, lim bucket.Limits) (bucketEvents []bu
 	return bucketEvents, added, evs[added:]
 }
 
-// rewriteTopUps rewrites the topped-up buckets of a merge, each on the
-// condition that it still holds the count the merge read, and counts
-// their new events into the rule's rollups when every rewrite took effect
-// now. A bucket the condition missed must hold the merge's events already
-// (a repeated merge wrote it): anything else is an error, never an
-// overwrite.
-func (m *Merge) rewriteTopUps(x *rewrite.Exec, topped []builtBucket) error {
+// rewriteTopUps rewrites the topped-up buckets of a merge (in a
+// repeated merge, each on the condition that it still holds the count the
+// merge read), and counts their new events into the rule's rollups when
+// every rewrite took effect now. A bucket the rewrite missed must hold
+// the merge's events already (a repeated merge wrote it): anything else
+// is an error, never an overwrite.
+func (m *Merge) rewriteTopUps(x *rewrite.Exec, topped []builtBucket, repeated bool) error {
 	// FerretDB keeps each statement's query open until its update command
 	// ends, one pool connection each (PostgreSQL's pool holds 50): a
 	// command of many statements beside other clients' work exhausts the
@@ -166,7 +185,7 @@ func (m *Merge) rewriteTopUps(x *rewrite.Exec, topped []builtBucket) error {
 	}
 	for len(topped) > 0 {
 		n := min(len(topped), per)
-		if err := m.rewriteTopUpBatch(x, topped[:n]); err != nil {
+		if err := m.rewriteTopUpBatch(x, topped[:n], repeated); err != nil {
 			return err
 		}
 		topped = topped[n:]
@@ -175,11 +194,14 @@ func (m *Merge) rewriteTopUps(x *rewrite.Exec, topped []builtBucket) error {
 }
 
 // rewriteTopUpBatch is rewriteTopUps for one update command.
-func (m *Merge) rewriteTopUpBatch(x *rewrite.Exec, topped []builtBucket) error {
+func (m *Merge) rewriteTopUpBatch(x *rewrite.Exec, topped []builtBucket, repeated bool) error {
 	stmts := make([]bsoncore.Document, len(topped))
 	for i, b := range topped {
-		q := bsoncore.NewDocumentBuilder().AppendObjectID("_id", b.id).AppendInt32(bucket.FieldCount, int32(b.oldCount)).Build()
-		stmts[i] = bsoncore.NewDocumentBuilder().AppendDocument("q", q).AppendDocument("u", b.doc).Build()
+		q := bsoncore.NewDocumentBuilder().AppendObjectID("_id", b.id)
+		if repeated {
+			q.AppendInt32(bucket.FieldCount, int32(b.oldCount))
+		}
+		stmts[i] = bsoncore.NewDocumentBuilder().AppendDocument("q", q.Build()).AppendDocument("u", b.doc).Build()
 	}
 	body := bsoncore.NewDocumentBuilder().AppendString("update", m.rule.BucketCollection).AppendBoolean("ordered", false).AppendString("$db", m.rule.DB).Build()
 	reply, ok := x.Do(rewrite.Step{{Body: body, Seq: &rewrite.Sequence{Identifier: "updates", Documents: stmts}, Update: true}})

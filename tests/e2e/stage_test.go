@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -12,6 +13,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
+
+	"github.com/tsproxy/tsproxy/tests/backend"
 )
 
 // stagedRule is readingsRule with the staging tier on whatever the
@@ -605,5 +608,78 @@ func TestStageThreeProxiesCounter(t *testing.T) {
 	n, err := colls[1].CountDocuments(ctx, bson.D{})
 	if err != nil || n != int64(len(counted)) {
 		t.Fatalf("countDocuments through a living proxy: %d (%v), want %d (one document per counted second)", n, err, len(counted))
+	}
+}
+
+// TestStageDirectory: the proxy that merges a rule knows its buckets from
+// its own merges and from one read of their keys (proxy/directory.go),
+// and what it knows never makes it write a wrong bucket: rounds of
+// inserts and flushes, with a delete that empties a series' last bucket
+// and a drop through another proxy between them, each event stored once.
+func TestStageDirectory(t *testing.T) {
+	t.Parallel()
+	ctx := ctxFor(t)
+	db := uniqueDB(t)
+	yaml := stagedRule(db, 100, "1h")
+	p := startProxy(t, proxyOptions{yaml: yaml})
+	c := connect(t, p.URI())
+	coll := c.Database(db).Collection("readings")
+	base := time.Date(2026, 3, 2, 0, 0, 0, 0, time.UTC)
+	scans := !env.external && env.kind != backend.KindEmbedded // lookups by _id scan there
+	var sent []sentEvent
+	round := func(name string, from, n int, wantReads int64) bson.M {
+		t.Helper()
+		for _, s := range []string{"a", "b"} {
+			evs := seriesEvents(from+n, s, base)[from:]
+			if _, err := coll.InsertMany(ctx, docsOf(evs)); err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			sent = append(sent, evs...)
+		}
+		r := flush(t, ctx, c, db+".readings")
+		if !env.external && asInt(r["directoryReads"]) != wantReads {
+			t.Fatalf("%s: flush %v, want %d reads of the buckets' keys", name, r, wantReads)
+		}
+		checkStored(t, readBuckets(t, ctx, db), sent, 100)
+		return r
+	}
+	read := func(b bool) int64 {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	// The first merge finds no bucket collection: nothing to know yet.
+	round("first round", 0, 150, 0)
+	round("second round", 150, 20, read(scans))
+	// Topping up runs on FerretDB (its deletes take the writer lease).
+	if r := round("third round", 170, 10, 0); !env.external && (asInt(r["toppedUp"]) != 2 || asInt(r["buckets"]) != 0) {
+		t.Fatalf("third round: flush %v, want both series' last buckets topped up from what the proxy knew", r)
+	}
+	// A delete on this proxy rewrites a's last bucket (100..179 keeps
+	// 100..119), and the count of buckets stays: what the proxy knew of
+	// it is stale all the same.
+	cut := base.Add(120 * time.Second)
+	if _, err := coll.DeleteMany(ctx, bson.D{{Key: "sensorId", Value: "a"}, {Key: "ts", Value: bson.D{{Key: "$gte", Value: cut}}}}); err != nil {
+		t.Fatal(err)
+	}
+	sent = slices.DeleteFunc(sent, func(e sentEvent) bool { return e.sensor == "a" && !e.ts.Before(cut) })
+	round("after a delete", 180, 30, read(scans))
+	// And one that empties a's last bucket, which goes.
+	cut = base.Add(100 * time.Second)
+	if _, err := coll.DeleteMany(ctx, bson.D{{Key: "sensorId", Value: "a"}, {Key: "ts", Value: bson.D{{Key: "$gte", Value: cut}}}}); err != nil {
+		t.Fatal(err)
+	}
+	sent = slices.DeleteFunc(sent, func(e sentEvent) bool { return e.sensor == "a" && !e.ts.Before(cut) })
+	round("after a delete that removes a bucket", 210, 30, read(scans))
+	// A drop through another proxy: this one learns of it from the count.
+	p2 := startProxy(t, proxyOptions{yaml: yaml})
+	if err := connect(t, p2.URI()).Database(db).Collection("readings").Drop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sent = nil
+	round("after a drop elsewhere", 300, 120, read(scans))
+	if n, err := coll.CountDocuments(ctx, bson.D{}); err != nil || n != 240 {
+		t.Fatalf("count %d, %v; want 240 (the last round's)", n, err)
 	}
 }

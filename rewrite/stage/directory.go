@@ -1,0 +1,257 @@
+package stage
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+)
+
+// The merging proxy's directory of a rule's buckets. To write a key's
+// events a merge must know the key's next free seq, and, to top it up,
+// its last bucket. Asking the upstream costs a scan of the whole bucket
+// collection on FerretDB's stock SQLite (it decodes every bucket; the
+// conditional rewrite of a top-up scans again, once a statement) and on
+// PostgreSQL (a storage-filtered scan a lookup): a merge then costs more
+// the more the rule has stored, whatever it merges (measured with tsbench
+// ingest -prefill: 0.3 to 1.5 s a command with 400,000 events stored).
+//
+// The merges of a rule on FerretDB are one proxy's at a time (the writer
+// lease), so that proxy can know instead: what its own merges of the
+// current lease term wrote (Known.Learn), and every key's next seq from
+// one read of the buckets' keys (scanDirectory: one scan a term, not two
+// or more a merge). The proxy keeps it while nothing else may have
+// written the buckets: the same lease term, no delete, direct insert,
+// drop or retention sweep of its own since (it counts those), and the
+// same bucket collection (its uuid in the catalog, which a drop and
+// create through another proxy changes; a count would do too, but
+// FerretDB decodes every document to count them). Known.Of checks those
+// under the merge's key locks, which a delete takes too. A key whose
+// window the retention sweep of another proxy may reach is not taken
+// from the directory (sweepable).
+
+// KnownKey is what a key's buckets are known to be.
+type KnownKey struct {
+	// Next is the key's first free seq: 0 when it has no bucket.
+	Next int
+	// Last is the key's last bucket (seq Next-1) as the merge wrote it,
+	// when it has room for more events; nil when it is full or not kept.
+	Last bsoncore.Document
+	// Full: the last bucket has no room (nothing to top up).
+	Full bool
+}
+
+// Known is the merging proxy's directory of the rule's buckets
+// (MergeOptions.Known).
+type Known struct {
+	// Of returns what is known of keys while the bucket collection is
+	// coll (its uuid; "": it does not exist). complete: the directory
+	// holds every key of the collection, so a key it lacks has no bucket
+	// (Next 0, in known). read: the keys were read this term (a read that
+	// could not make it complete is not tried again until the directory
+	// starts over).
+	Of func(coll string, keys []bucket.Key) (known map[string]KnownKey, complete, read bool)
+	// Load gives the directory the keys of collection coll
+	// (scanDirectory); complete: every one of them.
+	Load func(coll string, keys map[string]KnownKey, complete bool)
+	// Learn records what a merge left in keys of collection coll.
+	Learn func(coll string, keys map[string]KnownKey)
+}
+
+// MaxDirectoryKeys bounds the keys one directory read takes in: past it
+// the merge probes as without one (a rule with that many (series,
+// window) keys keeps them out of the proxy's memory).
+const MaxDirectoryKeys = 100_000
+
+// knownKeys is what the directory knows of groups' keys, read while
+// the caller holds their locks: nil without a directory. Unless the
+// directory read them this term, the buckets' keys are read first.
+func (m *Merge) knownKeys(x *rewrite.Exec, groups []group) (map[string]KnownKey, error) {
+	if m.opts.Known == nil || len(groups) == 0 {
+		return nil, nil
+	}
+	coll, ok, err := m.bucketCollectionID(x)
+	if err != nil || !ok {
+		return nil, err
+	}
+	m.planColl = coll
+	keys := slices.DeleteFunc(groupKeys(groups), m.sweepable)
+	known, complete, read := m.opts.Known.Of(coll, keys)
+	if complete || read {
+		return known, nil
+	}
+	dir, complete, err := m.scanDirectory(x)
+	if err != nil {
+		return known, err
+	}
+	m.opts.Known.Load(coll, dir, complete)
+	m.Stats.DirectoryReads++
+	out := make(map[string]KnownKey, len(keys))
+	for _, k := range keys {
+		if kk, ok := dir[k.String()]; ok || complete {
+			out[k.String()] = kk // absent from a complete one: no bucket, Next 0
+		}
+	}
+	return out, nil
+}
+
+// bucketCollectionID is the bucket collection's uuid as the catalog
+// lists it, "" when it does not exist; ok is false when the upstream
+// lists none for it (then nothing tells a drop and create, and the
+// directory is not used).
+func (m *Merge) bucketCollectionID(x *rewrite.Exec) (id string, ok bool, err error) {
+	cmd := bsoncore.NewDocumentBuilder().AppendInt32("listCollections", 1).
+		AppendDocument("filter", bsoncore.NewDocumentBuilder().AppendString("name", m.rule.BucketCollection).Build()).
+		AppendString("$db", m.rule.DB).Build()
+	found, exists := false, false
+	take := func(docs []bsoncore.Document) error {
+		for _, d := range docs {
+			if name, _ := d.Lookup("name").StringValueOK(); name != m.rule.BucketCollection {
+				continue
+			}
+			exists = true
+			if _, uuid, isBin := d.Lookup("info", "uuid").BinaryOK(); isBin && len(uuid) > 0 {
+				id, found = string(uuid), true
+			}
+		}
+		return nil
+	}
+	res, done := x.Run(rewrite.Drain(cmd, m.rule.DB, "$cmd.listCollections", take, func() rewrite.Result { return rewrite.Result{} }))
+	if !done {
+		return "", false, rewrite.ErrAborted
+	}
+	if res.Reply != nil {
+		return "", false, fmt.Errorf("list %s: %w", m.rule.BucketCollection, mongoerr.ReplyError(res.Reply))
+	}
+	if !exists {
+		return "", true, nil
+	}
+	return id, found, nil
+}
+
+// sweepGrace is how long before the retention cutoff a key's buckets
+// are no longer taken from the directory: sweep intervals and clocks.
+const sweepGrace = 2 * time.Hour
+
+// sweepable says whether the retention sweep, of any proxy, may have
+// removed key k's buckets or may soon (rollup.Expiry.Cutoff): its
+// window starts before now less expireAfter and the span, give or take
+// sweepGrace. Such a key (late data) is probed, not known.
+func (m *Merge) sweepable(k bucket.Key) bool {
+	if m.rule.ExpireAfter <= 0 {
+		return false
+	}
+	return k.Start < m.opts.Now.Add(-m.rule.ExpireAfter-m.rule.Span+sweepGrace).UnixMilli()
+}
+
+// scanDirectory reads the key of every bucket and returns each key's
+// next seq. complete is false when the collection holds more than
+// MaxDirectoryKeys keys (none is returned), or a key with a bucket whose
+// _id is not one of the key's seqs 0..n-1 (that key is left out): the
+// merge probes the keys it lacks.
+func (m *Merge) scanDirectory(x *rewrite.Exec) (dir map[string]KnownKey, complete bool, err error) {
+	db, coll := m.rule.DB, m.rule.BucketCollection
+	projection := bsoncore.NewDocumentBuilder().AppendInt32(bucket.FieldMeta, 1).AppendInt32(bucket.FieldStart, 1).Build()
+	type seen struct {
+		key bucket.Key
+		ids map[bson.ObjectID]bool
+	}
+	byKey := map[string]*seen{}
+	complete, tooMany := true, false
+	// Batch by batch: a rule past the bound stops the read there.
+	take := func(docs []bsoncore.Document) error {
+		for _, d := range docs {
+			id, ok := idOf(d)
+			meta, start, err := bucket.KeyFields(d)
+			if !ok || err != nil {
+				complete = false // not a bucket this proxy wrote: its key is not known
+				continue
+			}
+			k := bucket.KeyOf(meta, start)
+			s := byKey[k.String()]
+			if s == nil {
+				if len(byKey) >= MaxDirectoryKeys {
+					tooMany = true
+					return errTooManyKeys
+				}
+				s = &seen{key: k, ids: map[bson.ObjectID]bool{}}
+				byKey[k.String()] = s
+			}
+			s.ids[id] = true
+		}
+		return nil
+	}
+	res, ok := x.Run(rewrite.DrainBatched(findCommand(db, coll, nil, projection), db, coll, 0, take, func() rewrite.Result { return rewrite.Result{} }))
+	switch {
+	case !ok:
+		return nil, false, rewrite.ErrAborted
+	case tooMany:
+		return nil, false, nil
+	case res.Reply != nil:
+		return nil, false, fmt.Errorf("read the keys of the buckets: %w", mongoerr.ReplyError(res.Reply))
+	}
+	ns := m.rule.BucketNamespace()
+	dir = make(map[string]KnownKey, len(byKey))
+	for name, s := range byKey {
+		regular := true
+		for seq := range len(s.ids) {
+			regular = regular && s.ids[s.key.ID(ns, seq)]
+		}
+		if !regular {
+			complete = false
+			continue
+		}
+		dir[name] = KnownKey{Next: len(s.ids)}
+	}
+	return dir, complete, nil
+}
+
+// errTooManyKeys stops scanDirectory's read past MaxDirectoryKeys.
+var errTooManyKeys = errors.New("more bucket keys than a directory holds")
+
+// learn tells the directory what this merge left in each key it wrote
+// (m.last).
+func (m *Merge) learn(x *rewrite.Exec) error {
+	defer func() { m.last, m.planKnown = nil, nil }()
+	if m.opts.Known == nil || len(m.last) == 0 {
+		return nil
+	}
+	// The merge may have made the collection (its first buckets): its
+	// uuid is the one after the writes. Another proxy's drop meanwhile
+	// would make it another one than the plan saw: then nothing is known.
+	coll, ok, err := m.bucketCollectionID(x)
+	if err != nil || !ok {
+		return err
+	}
+	if m.planColl != "" && coll != m.planColl {
+		return nil
+	}
+	m.opts.Known.Learn(coll, m.last)
+	return nil
+}
+
+// noteLast records the last bucket of key k that the merge wrote: seq
+// (the key's next is seq+1), with events evs, for the directory.
+// Only a key the directory knew is: one the merge probed may have
+// buckets past its first free seq (a gap), as the directory's read of
+// the keys would have seen.
+func (m *Merge) noteLast(k string, seq int, doc bsoncore.Document, evs []bucket.Event) {
+	if _, ok := m.planKnown[k]; !ok {
+		return // sweepable keys are not in planKnown either
+	}
+	if m.last == nil {
+		m.last = map[string]KnownKey{}
+	}
+	kk := KnownKey{Next: seq + 1, Full: len(evs) >= m.lim.MaxEvents || eventBytes(evs) >= m.lim.MaxBytes}
+	if !kk.Full {
+		kk.Last = doc
+	}
+	m.last[k] = kk
+}
