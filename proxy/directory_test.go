@@ -4,17 +4,13 @@ import (
 	"strings"
 	"testing"
 
-	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
-
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
 )
 
 func TestDirectories(t *testing.T) {
 	const ns = "db.c.buckets"
-	key := func(s string) bucket.Key {
-		return bucket.KeyOf(bsoncore.Value{Type: bsoncore.TypeString, Data: bsoncore.AppendString(nil, s)}, 0)
-	}
+	key := func(s string) bucket.Key { return bucket.Key{Meta: []byte(s)} }
 	a, b := key("a"), key("b")
 	setup := func() (*directories, *int64, *stage.Known) {
 		d := newDirectories()
@@ -67,7 +63,7 @@ func TestDirectories(t *testing.T) {
 	t.Run("learning keeps the directory; after a write elsewhere only what was learned", func(t *testing.T) {
 		d, _, k := setup()
 		loaded(k)
-		k.Learn("u1", map[string]stage.KnownKey{b.String(): {Next: 1, Last: bsoncore.Document{5, 0, 0, 0, 0}}})
+		k.Learn("u1", map[string]stage.KnownKey{b.String(): {Next: 1, Last: []byte{5, 0, 0, 0, 0}}})
 		got, complete, _ := k.Of("u1", []bucket.Key{a, b})
 		if !complete || got[a.String()].Next != 3 || got[b.String()].Next != 1 || got[b.String()].Last == nil {
 			t.Fatalf("Of = %v, %v; want a at 3, b at 1 with its last bucket, complete", got, complete)
@@ -94,7 +90,7 @@ func TestDirectories(t *testing.T) {
 	})
 	t.Run("last buckets past the bound keep their next seq only", func(t *testing.T) {
 		_, _, k := setup()
-		big := bsoncore.Document(strings.Repeat("x", maxDirectoryBytes/2+1))
+		big := []byte(strings.Repeat("x", maxDirectoryBytes/2+1))
 		k.Learn("u1", map[string]stage.KnownKey{a.String(): {Next: 1, Last: big}})
 		k.Learn("u1", map[string]stage.KnownKey{b.String(): {Next: 1, Last: big}})
 		got, _, _ := k.Of("u1", []bucket.Key{a, b})
