@@ -70,13 +70,7 @@ func (d *directories) known(bucketNS string, term func() int64) *stage.Known {
 			if dir == nil {
 				return nil, false, false
 			}
-			out := make(map[string]stage.KnownKey, len(keys))
-			for _, k := range keys {
-				if kk, ok := dir.keys[k.String()]; ok || dir.complete {
-					out[k.String()] = kk
-				}
-			}
-			return out, dir.complete, dir.read
+			return stage.KnownOf(dir.keys, dir.complete, keys), dir.complete, dir.read
 		},
 		Load: func(coll string, keys map[string]stage.KnownKey, complete bool) {
 			d.mu.Lock()

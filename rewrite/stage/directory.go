@@ -12,6 +12,7 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rewrite/rollup"
 )
 
 // The merging proxy's directory of a rule's buckets. To write a key's
@@ -93,13 +94,20 @@ func (m *Merge) knownKeys(x *rewrite.Exec, groups []group) (map[string]KnownKey,
 	}
 	m.opts.Known.Load(coll, dir, complete)
 	m.Stats.DirectoryReads++
+	return KnownOf(dir, complete, keys), nil
+}
+
+// KnownOf is what dir knows of keys: what it holds of each, and, when it
+// is complete (every key of the collection), Next 0 for a key it lacks
+// (no bucket).
+func KnownOf(dir map[string]KnownKey, complete bool, keys []bucket.Key) map[string]KnownKey {
 	out := make(map[string]KnownKey, len(keys))
 	for _, k := range keys {
 		if kk, ok := dir[k.String()]; ok || complete {
-			out[k.String()] = kk // absent from a complete one: no bucket, Next 0
+			out[k.String()] = kk
 		}
 	}
-	return out, nil
+	return out
 }
 
 // bucketCollectionID is the bucket collection's uuid as the catalog
@@ -141,14 +149,15 @@ func (m *Merge) bucketCollectionID(x *rewrite.Exec) (id string, ok bool, err err
 const sweepGrace = 2 * time.Hour
 
 // sweepable says whether the retention sweep, of any proxy, may have
-// removed key k's buckets or may soon (rollup.Expiry.Cutoff): its
-// window starts before now less expireAfter and the span, give or take
+// removed key k's buckets or may soon: its window starts before the
+// bucket collection's cutoff (rollup.Expiry.Cutoff), give or take
 // sweepGrace. Such a key (late data) is probed, not known.
 func (m *Merge) sweepable(k bucket.Key) bool {
-	if m.rule.ExpireAfter <= 0 {
+	expiries := rollup.Expiries(m.rule) // the bucket collection's first; none without retention
+	if len(expiries) == 0 {
 		return false
 	}
-	return k.Start < m.opts.Now.Add(-m.rule.ExpireAfter-m.rule.Span+sweepGrace).UnixMilli()
+	return k.Start < expiries[0].Cutoff(m.rule, m.opts.Now.Add(sweepGrace)).UnixMilli()
 }
 
 // scanDirectory reads the key of every bucket and returns each key's

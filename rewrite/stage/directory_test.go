@@ -30,13 +30,7 @@ func (d *dir) known() *stage.Known {
 			if coll != d.coll {
 				d.keys, d.complete, d.read = nil, false, false
 			}
-			out := map[string]stage.KnownKey{}
-			for _, k := range keys {
-				if kk, ok := d.keys[k.String()]; ok || d.complete {
-					out[k.String()] = kk
-				}
-			}
-			return out, d.complete, d.read
+			return stage.KnownOf(d.keys, d.complete, keys), d.complete, d.read
 		},
 		Load: func(coll string, keys map[string]stage.KnownKey, complete bool) {
 			d.loads++
