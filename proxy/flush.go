@@ -67,6 +67,7 @@ func addStats(total *stage.Stats, st stage.Stats) {
 	total.Late += st.Late
 	total.Kept += st.Kept
 	total.DirectoryReads += st.DirectoryReads
+	total.ParallelInserts += st.ParallelInserts
 }
 
 // flushWaitLeases bounds how long a proxy waits for a flush it asked for,
@@ -189,6 +190,7 @@ func (c *conn) handleFlush(req *request) error {
 		{Key: "retries", Value: total.Retries},
 		{Key: "late", Value: total.Late},
 		{Key: "directoryReads", Value: total.DirectoryReads},
+		{Key: "parallelInserts", Value: total.ParallelInserts},
 		{Key: "ok", Value: 1.0},
 	})
 	if err != nil {

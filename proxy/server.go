@@ -105,6 +105,7 @@ type Server struct {
 	combiner   combiner      // staged inserts sharing upstream inserts (combine.go)
 	kept       *keptStore    // what staged inserts stored, for their merge (kept.go); nil: nothing kept
 	dirs       *directories  // what the merges know of their rules' buckets (directory.go)
+	helpers    *helperPool   // connections of merges' parallel inserts (parallel.go)
 	// presence is this proxy's announcements that it stages rules into
 	// collections of its own, and stagerSince the first generation of
 	// those (when it started, in ms) (stage.go).
@@ -176,6 +177,7 @@ func New(opts Options) (*Server, error) {
 		conns:       make(map[*conn]struct{}),
 		kept:        newKeptStore(cmp.Or(opts.StagedMemory, int64(rules.DefaultStagedMemory))),
 		dirs:        newDirectories(),
+		helpers:     newHelperPool(opts.Dialer.Dial),
 	}
 	s.cat = newCatalog(s, opts.CatalogLease, opts.CreateTimeseries)
 	if err := telemetry.ObserveStaging(s.merges.snapshot); err != nil {
@@ -275,6 +277,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.closing.Store(true)
 	s.stopSweeper()
 	defer s.cat.close() // catalog.go
+	defer s.helpers.close()
 	s.mu.Lock()
 	if s.ln != nil {
 		s.ln.Close()

@@ -256,6 +256,10 @@ func (s *Server) runMergeLocked(r stepRunner, up lease.Commander, rule *rules.Ru
 			})
 		}
 	}
+	if !opts.Guest {
+		opts.InsertStreams = mergeInsertStreams
+		r = parallelRunner{r: r, helpers: s.helpers}
+	}
 	if !opts.Guest && caps.SingleWriter {
 		// Every step of the holder's merge runs under the writer lease,
 		// renewed as it goes: a merge of many collections outlasts a

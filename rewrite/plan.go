@@ -52,6 +52,12 @@ type Upstream struct {
 	// (stage.Stager): the proxy keeps what it stored there, to merge the
 	// collection without reading it back (stage.KeptDocs).
 	Keep bool
+	// Parallel marks a command that may run at the same time as the
+	// other Parallel commands of its step, each on an upstream connection
+	// of its own: an unordered insert of documents that stand alone (a
+	// merge's buckets, stage.MergeOptions.InsertStreams). Replies are
+	// still one per command, in the step's order.
+	Parallel bool
 }
 
 // Plan is one command's rewrite, run by the proxy.

@@ -311,22 +311,22 @@ func GroupEvents(events []Event) [][]Event {
 }
 
 // ChunkEvents cuts a group's events, in order, into chunks of at most
-// maxEvents events and maxBytes stored bytes: each chunk fits in one bucket.
+// maxEvents events and maxBytes stored bytes: each chunk fits in one
+// bucket. The chunks are g's own (capped: an append to one copies it).
 func ChunkEvents(g []Event, lim Limits) [][]Event {
 	var chunks [][]Event
-	var cur []Event
+	from := 0
 	var curBytes int64
-	for _, ev := range g {
+	for i, ev := range g {
 		size := int64(len(ev.Stored))
-		if len(cur) > 0 && (len(cur) >= lim.MaxEvents || curBytes+size > lim.MaxBytes) {
-			chunks = append(chunks, cur)
-			cur, curBytes = nil, 0
+		if i > from && (i-from >= lim.MaxEvents || curBytes+size > lim.MaxBytes) {
+			chunks = append(chunks, g[from:i:i])
+			from, curBytes = i, 0
 		}
-		cur = append(cur, ev)
 		curBytes += size
 	}
-	if len(cur) > 0 {
-		chunks = append(chunks, cur)
+	if len(g) > from {
+		chunks = append(chunks, g[from:len(g):len(g)])
 	}
 	return chunks
 }

@@ -106,6 +106,12 @@ type MergeOptions struct {
 	// with TopUp: its key locks order the directory's checks against
 	// deletes.
 	Known *Known
+	// InsertStreams is how many insert commands, run at once, a merge's
+	// buckets are split into when they are large (parallelInsertBytes):
+	// FerretDB encodes every document, and on PostgreSQL a second
+	// connection takes a second core (rewrite.Upstream.Parallel). 0 or
+	// 1: one command at a time.
+	InsertStreams int
 }
 
 // Stats count what a merge did.
@@ -124,6 +130,9 @@ type Stats struct {
 	// DirectoryReads counts the reads of every bucket's key
 	// (MergeOptions.Known).
 	DirectoryReads int
+	// ParallelInserts counts the bucket inserts sent as a step of
+	// Parallel commands (MergeOptions.InsertStreams).
+	ParallelInserts int
 	// RollupErrors name the rollup writes that failed: those events are
 	// stored but not counted (rollups count at most once).
 	RollupErrors []string

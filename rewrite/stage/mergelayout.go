@@ -147,23 +147,28 @@ func (m *Merge) layoutReadBatch(projection bsoncore.Document) int32 {
 // duplicate key means one appeared since the merge read them, which
 // nothing but the merge does: an error, and the next run reads again.
 func (m *Merge) insertNewBuckets(x *rewrite.Exec, buckets []layout.MergeStatement) error {
-	for len(buckets) > 0 {
-		n := insertBatchLen(len(buckets), func(i int) int { return len(buckets[i].Doc) })
-		docs := make([]bsoncore.Document, n)
-		for i, b := range buckets[:n] {
-			docs[i] = b.Doc
-		}
-		buckets = buckets[n:]
-		reply, ok := x.Do(rewrite.Step{insertStep(m.rule.DB, m.rule.BucketCollection, docs)})
+	docs := make([]bsoncore.Document, len(buckets))
+	for i, b := range buckets {
+		docs[i] = b.Doc
+	}
+	for len(docs) > 0 {
+		step, n := nextInsertStep(m.rule.DB, m.rule.BucketCollection, docs, m.opts.InsertStreams)
+		docs = docs[n:]
+		replies, ok := x.Do(step)
 		if !ok {
 			return rewrite.ErrAborted
 		}
-		dups, err := insertOutcome(reply[0])
-		if err == nil && len(dups) > 0 {
-			err = fmt.Errorf("%d buckets appeared while the merge wrote them", len(dups))
+		if len(step) > 1 {
+			m.Stats.ParallelInserts += len(step)
 		}
-		if err != nil {
-			return fmt.Errorf("insert buckets: %w", err)
+		for _, reply := range replies {
+			dups, err := insertOutcome(reply)
+			if err == nil && len(dups) > 0 {
+				err = fmt.Errorf("%d buckets appeared while the merge wrote them", len(dups))
+			}
+			if err != nil {
+				return fmt.Errorf("insert buckets: %w", err)
+			}
 		}
 	}
 	return nil

@@ -256,23 +256,37 @@ func (m *Merge) finishRetired(x *rewrite.Exec, r Collection, plan *mergePlan) er
 // sorted by time (staged documents in _id order, so ties keep one order
 // on every run); derived are the derived ids among the documents merged.
 func (m *Merge) groups(staged []bsoncore.Document, skip map[bson.ObjectID]bool) ([]group, []bson.ObjectID, error) {
-	byKey := map[string]int{}
-	var groups []group
 	var derived []bson.ObjectID
-	for _, d := range staged {
+	staged = slices.DeleteFunc(slices.Clone(staged), func(d bsoncore.Document) bool {
 		id, isOID := idOf(d)
-		if isOID && skip[id] {
-			continue
-		}
-		if isOID && IsDerived(id) {
+		if isOID && IsDerived(id) && !skip[id] {
 			derived = append(derived, id)
 		}
-		evs, err := bucket.StagedEvents(d, m.rule, m.lim)
+		return isOID && skip[id]
+	})
+	decoded := make([][]bucket.Event, len(staged))
+	errs := make([]error, len(staged))
+	eachInParallel(len(staged), func(i int) {
+		decoded[i], errs[i] = bucket.StagedEvents(staged[i], m.rule, m.lim)
+	})
+	for i, err := range errs {
 		if err != nil {
-			return nil, nil, fmt.Errorf("staged document %s: %w", d.Lookup("_id"), err)
+			return nil, nil, fmt.Errorf("staged document %s: %w", staged[i].Lookup("_id"), err)
 		}
-		// A staged document holds one or more groups, each of one key:
-		// a key is looked up once a run of its events.
+	}
+	// A staged document holds one or more groups, each of one key: a key
+	// is looked up once a run of its events. The runs are gathered
+	// first, so that each group's events are copied once, into a slice
+	// of their size.
+	type run struct {
+		group int
+		evs   []bucket.Event
+	}
+	byKey := map[string]int{}
+	var groups []group
+	var runs []run
+	var sizes []int
+	for _, evs := range decoded {
 		for from := 0; from < len(evs); {
 			to := from + 1
 			for to < len(evs) && evs[to].Start == evs[from].Start && evs[to].Meta.Equal(evs[from].Meta) {
@@ -284,10 +298,18 @@ func (m *Merge) groups(staged []bsoncore.Document, skip map[bson.ObjectID]bool) 
 				i = len(groups)
 				byKey[k.String()] = i
 				groups = append(groups, group{key: k})
+				sizes = append(sizes, 0)
 			}
-			groups[i].events = append(groups[i].events, evs[from:to]...)
+			runs = append(runs, run{group: i, evs: evs[from:to]})
+			sizes[i] += to - from
 			from = to
 		}
+	}
+	for i := range groups {
+		groups[i].events = make([]bucket.Event, 0, sizes[i])
+	}
+	for _, r := range runs {
+		groups[r.group].events = append(groups[r.group].events, r.evs...)
 	}
 	byTime := func(a, b bucket.Event) int { return cmpInt(a.Time, b.Time) }
 	for i := range groups {
@@ -396,6 +418,14 @@ func (m *Merge) buckets(groups []group, plan *mergePlan) (inserts, topped []buil
 	if m.next == nil {
 		m.next = map[string]int{}
 	}
+	// What the directory learns (noteLast), in the order written.
+	type note struct {
+		key    string
+		seq, i int
+		topped bool
+	}
+	var notes []note
+	var starts []int64 // each insert's window start
 	for _, g := range groups {
 		k := g.key.String()
 		evs := g.events
@@ -414,21 +444,31 @@ func (m *Merge) buckets(groups []group, plan *mergePlan) (inserts, topped []buil
 		}
 		seq := plan.bases[k]
 		if len(topped) > 0 && topped[len(topped)-1].id == g.key.ID(ns, seq-1) {
-			b := topped[len(topped)-1]
-			m.noteLast(k, seq-1, b.doc, b.all)
+			notes = append(notes, note{key: k, seq: seq - 1, i: len(topped) - 1, topped: true})
 		}
 		for _, chunk := range bucket.ChunkEvents(evs, m.lim) {
-			id := g.key.ID(ns, seq)
-			b := builtBucket{
-				id: id, doc: bucket.Complete(id, chunk, m.rule, m.lim), count: len(chunk), first: chunk[0].Stored.Lookup("_id"),
-				entry: bucket.IDIndexEntry(id, g.key.Start, chunk), evs: chunk,
-			}
-			inserts = append(inserts, b)
-			m.noteLast(k, seq, b.doc, chunk)
+			notes = append(notes, note{key: k, seq: seq, i: len(inserts)})
+			inserts = append(inserts, builtBucket{id: g.key.ID(ns, seq), count: len(chunk), first: chunk[0].Stored.Lookup("_id"), evs: chunk})
+			starts = append(starts, g.key.Start)
 			seq++
 			events += len(chunk)
 		}
 		m.next[k] = max(m.next[k], seq)
+	}
+	// The documents, built on the proxy's cores; then what the directory
+	// learns of them, in order (a key's last bucket last).
+	eachInParallel(len(inserts), func(i int) {
+		b := &inserts[i]
+		b.doc = bucket.Complete(b.id, b.evs, m.rule, m.lim)
+		b.entry = bucket.IDIndexEntry(b.id, starts[i], b.evs)
+	})
+	for _, n := range notes {
+		if n.topped {
+			b := topped[n.i]
+			m.noteLast(n.key, n.seq, b.doc, b.all)
+		} else {
+			m.noteLast(n.key, n.seq, inserts[n.i].doc, inserts[n.i].evs)
+		}
 	}
 	return inserts, topped, events
 }

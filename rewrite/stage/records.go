@@ -248,7 +248,7 @@ const maxInsertBytes = 8 << 20
 // maxInsertBytes.
 func insertBatchLen(n int, size func(i int) int) int {
 	k, total := 0, 0
-	for k < n && k < 1000 && (k == 0 || total+size(k) <= maxInsertBytes) {
+	for k < n && k < maxInsertDocs && (k == 0 || total+size(k) <= maxInsertBytes) {
 		total += size(k)
 		k++
 	}
@@ -258,32 +258,106 @@ func insertBatchLen(n int, size func(i int) int) int {
 // insertBuckets inserts the merged buckets. A duplicate key is a bucket
 // an earlier run of this merge wrote: accepted when it holds the same
 // events (count and first event), an error otherwise (a bucket written
-// outside the merge).
+// outside the merge). Large inserts go as several Parallel commands
+// (nextInserts); each one's outcome is taken after the step, so a
+// failure of one still counts the others' events into the rollups.
 func (m *Merge) insertBuckets(x *rewrite.Exec, buckets []builtBucket) error {
+	docs := make([]bsoncore.Document, len(buckets))
+	for i, b := range buckets {
+		docs[i] = b.doc
+	}
 	for len(buckets) > 0 {
-		n := insertBatchLen(len(buckets), func(i int) int { return len(buckets[i].doc) })
-		batch := buckets[:n]
-		buckets = buckets[n:]
-		docs := make([]bsoncore.Document, len(batch))
-		for i, b := range batch {
-			docs[i] = b.doc
-		}
-		reply, ok := x.Do(rewrite.Step{insertStep(m.rule.DB, m.rule.BucketCollection, docs)})
+		step, _ := nextInsertStep(m.rule.DB, m.rule.BucketCollection, docs, m.opts.InsertStreams)
+		replies, ok := x.Do(step)
 		if !ok {
 			return rewrite.ErrAborted
 		}
-		dups, err := insertOutcome(reply[0])
-		if err != nil {
-			return fmt.Errorf("insert buckets: %w", err)
+		if len(step) > 1 {
+			m.Stats.ParallelInserts += len(step)
 		}
-		if err := m.verifyExisting(x, batch, dups); err != nil {
-			return err
+		var failed error
+		for i, u := range step {
+			n := len(u.Seq.Documents)
+			if err := m.insertedBuckets(x, buckets[:n], replies[i]); err != nil && failed == nil {
+				failed = err
+			}
+			buckets, docs = buckets[n:], docs[n:]
 		}
-		if err := m.countRollups(x, batch, dups); err != nil {
-			return err
+		if failed != nil {
+			return failed
 		}
 	}
 	return nil
+}
+
+// insertedBuckets checks the outcome of the insert of batch (reply) and
+// counts what it inserted into the rollups.
+func (m *Merge) insertedBuckets(x *rewrite.Exec, batch []builtBucket, reply []byte) error {
+	dups, err := insertOutcome(reply)
+	if err != nil {
+		return fmt.Errorf("insert buckets: %w", err)
+	}
+	if err := m.verifyExisting(x, batch, dups); err != nil {
+		return err
+	}
+	return m.countRollups(x, batch, dups)
+}
+
+// parallelInsertBytes is the size of buckets from which a merge spreads
+// their insert over MergeOptions.InsertStreams commands: below it, the
+// second connection costs about what it saves.
+const parallelInsertBytes = 1 << 20
+
+// maxInsertDocs bounds the documents of one merged insert.
+const maxInsertDocs = 1000
+
+// nextInserts cuts the next step's inserts from n documents (size gives
+// each one's bytes) and returns how many each insert takes: one insert
+// of what fits one (insertBatchLen), or, when streams > 1 and what fits
+// streams inserts holds parallelInsertBytes or more, up to streams
+// inserts of about the same bytes each.
+func nextInserts(n int, size func(i int) int, streams int) []int {
+	one := []int{insertBatchLen(n, size)}
+	if streams < 2 {
+		return one
+	}
+	k, total := 0, 0
+	for k < n && k < streams*maxInsertDocs && total+size(k) <= streams*maxInsertBytes {
+		total += size(k)
+		k++
+	}
+	if k < 2 || total < parallelInsertBytes {
+		return one
+	}
+	// An insert ends where the bytes so far reach its share.
+	lens := make([]int, 0, streams)
+	from, sum, bytes := 0, 0, 0
+	for i := range k {
+		sum += size(i)
+		bytes += size(i)
+		if sum*streams >= (len(lens)+1)*total || i == k-1 {
+			if i+1-from > maxInsertDocs || bytes > maxInsertBytes {
+				return one // sizes too uneven to share: one at a time
+			}
+			lens = append(lens, i+1-from)
+			from, bytes = i+1, 0
+		}
+	}
+	return lens
+}
+
+// nextInsertStep is the step of inserts into db.coll of the next documents
+// of docs (nextInserts), and how many it takes.
+func nextInsertStep(db, coll string, docs []bsoncore.Document, streams int) (rewrite.Step, int) {
+	lens := nextInserts(len(docs), func(i int) int { return len(docs[i]) }, streams)
+	step := make(rewrite.Step, len(lens))
+	from := 0
+	for i, n := range lens {
+		step[i] = insertStep(db, coll, docs[from:from+n])
+		step[i].Parallel = len(lens) > 1
+		from += n
+	}
+	return step, from
 }
 
 // countRollups counts the events of the buckets of batch this merge

@@ -672,7 +672,8 @@ func TestStageDirectory(t *testing.T) {
 	}
 	sent = slices.DeleteFunc(sent, func(e sentEvent) bool { return e.sensor == "a" && !e.ts.Before(cut) })
 	round("after a delete that removes a bucket", 210, 30, read(scans))
-	// A drop through another proxy: this one learns of it from the count.
+	// A drop through another proxy: this one learns of it from the
+	// bucket collection's uuid.
 	p2 := startProxy(t, proxyOptions{yaml: yaml})
 	if err := connect(t, p2.URI()).Database(db).Collection("readings").Drop(ctx); err != nil {
 		t.Fatal(err)
@@ -681,5 +682,42 @@ func TestStageDirectory(t *testing.T) {
 	round("after a drop elsewhere", 300, 120, read(scans))
 	if n, err := coll.CountDocuments(ctx, bson.D{}); err != nil || n != 240 {
 		t.Fatalf("count %d, %v; want 240 (the last round's)", n, err)
+	}
+}
+
+// TestStageParallelInserts: a merge whose buckets hold a megabyte or more
+// (20,000 events) inserts them over two upstream connections at once
+// (the second one the proxy's own); every event is stored once, with
+// right summaries, and the proxy reads them all back.
+func TestStageParallelInserts(t *testing.T) {
+	t.Parallel()
+	ctx := ctxFor(t)
+	db := uniqueDB(t)
+	p := startProxy(t, proxyOptions{yaml: stagedRule(db, 1000, "1h")})
+	c := connect(t, p.URI())
+	coll := c.Database(db).Collection("readings")
+	base := time.Date(2026, 3, 3, 0, 0, 0, 0, time.UTC)
+	var sent []sentEvent
+	for s := range 8 {
+		evs := seriesEvents(2500, fmt.Sprintf("s%d", s), base) // buckets of 1,000, 1,000 and 500
+		if _, err := coll.InsertMany(ctx, docsOf(evs)); err != nil {
+			t.Fatal(err)
+		}
+		sent = append(sent, evs...)
+	}
+	r := flush(t, ctx, c, db+".readings")
+	if asInt(r["events"]) != int64(len(sent)) || asInt(r["buckets"]) != 24 {
+		t.Fatalf("flush %v, want %d events merged into 24 buckets", r, len(sent))
+	}
+	if asInt(r["parallelInserts"]) != 2 {
+		t.Fatalf("flush %v, want the buckets (over a megabyte) inserted in 2 commands at once", r)
+	}
+	checkStored(t, readBuckets(t, ctx, db), sent, 1000)
+	n, err := coll.CountDocuments(ctx, bson.D{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != int64(len(sent)) {
+		t.Fatalf("the proxy counts %d events, want %d", n, len(sent))
 	}
 }

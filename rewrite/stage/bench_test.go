@@ -1,0 +1,47 @@
+package stage_test
+
+import (
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/tsproxy/tsproxy/rewrite/insert"
+	"github.com/tsproxy/tsproxy/rewrite/internal/rwtest"
+	"github.com/tsproxy/tsproxy/rewrite/stage"
+)
+
+// BenchmarkMerge50k merges 50,000 events staged by inserts of 100 (4
+// series of 1-second data, buckets of 1,000): the proxy's CPU in a
+// merge, with the in-memory upstream's (which stores what it is sent).
+func BenchmarkMerge50k(b *testing.B) {
+	rule := rwtest.InsertRule()
+	rule.MaxEvents = 1000
+	t := &testing.T{}
+	var batches [][]bson.D
+	for i := 0; i < 50_000; i += 100 {
+		var evs []bson.D
+		for j := i; j < i+100; j++ {
+			evs = append(evs, rwtest.Event(bson.NewObjectID(), rwtest.DT(36_000_000+int64(j/4)*1000), []string{"a", "b", "c", "d"}[j%4], float64(j)))
+		}
+		batches = append(batches, evs)
+	}
+	for b.Loop() {
+		b.StopTimer()
+		m := newMem(t)
+		for _, evs := range batches {
+			cmd := rwtest.SeqCmd(t, evs)
+			pi, err := insert.Prepare(cmd, rule, bson.NewObjectID)
+			if err != nil {
+				b.Fatal(err)
+			}
+			m.run(stage.Insert(cmd, pi, stage.InsertEnv{Identity: "u", NewObjectID: bson.NewObjectID}))
+		}
+		b.StartTimer()
+		mp := stage.NewMerge(rule, stage.MergeOptions{All: true, RetryHorizon: time.Hour, Now: time.UnixMilli(1_000_000), PackedEvents: true})
+		m.run(mp)
+		if mp.Stats.Events != 50_000 {
+			b.Fatalf("merged %d events", mp.Stats.Events)
+		}
+	}
+}
