@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"go.mongodb.org/mongo-driver/v2/bson"
+
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
 )
@@ -104,4 +106,107 @@ func TestDirectories(t *testing.T) {
 			t.Fatal("b's last bucket not kept once a's was replaced")
 		}
 	})
+}
+
+func TestRecordCache(t *testing.T) {
+	const ns = "db.c.buckets"
+	setup := func() (*directories, *int64, *stage.RecordCache) {
+		d := newDirectories()
+		term := int64(7)
+		return d, &term, d.recordCache(ns, func() int64 { return term })
+	}
+	set := func(n int) *stage.RecordSet {
+		s := stage.NewRecordSet()
+		for i := range n {
+			s.Add(1, 1000, []bson.ObjectID{{11: byte(i)}})
+		}
+		return s
+	}
+	t.Run("kept for the same term and collection", func(t *testing.T) {
+		_, _, c := setup()
+		s := set(2)
+		c.Put("u1", s)
+		if got := c.Get("u1"); got != s {
+			t.Fatal("the records put are not kept")
+		}
+	})
+	t.Run("records of no collection are the merge's that made it", func(t *testing.T) {
+		_, _, c := setup()
+		s := set(1)
+		c.Put("", s)
+		if got := c.Get("u1"); got != s {
+			t.Fatal("the records of no collection were not kept for the one the merge made")
+		}
+		if got := c.Get("u2"); got != nil {
+			t.Fatal("kept for a collection made after the one the merge made")
+		}
+	})
+	for _, tc := range []struct {
+		name   string
+		change func(d *directories, term *int64, c *stage.RecordCache) string
+	}{
+		{"another term", func(_ *directories, term *int64, _ *stage.RecordCache) string { *term = 8; return "u1" }},
+		{"no term", func(_ *directories, term *int64, _ *stage.RecordCache) string { *term = 0; return "u1" }},
+		{"another collection", func(*directories, *int64, *stage.RecordCache) string { return "u2" }},
+		{"a failed merge", func(d *directories, _ *int64, _ *stage.RecordCache) string { d.forget(ns); return "u1" }},
+		{"past the bound, grown by the merges", func(d *directories, _ *int64, c *stage.RecordCache) string {
+			d.maxRecordIDs = 3
+			c.Get("u1").Add(2, 2000, []bson.ObjectID{{11: 100}, {11: 101}})
+			return "u1"
+		}},
+	} {
+		t.Run("dropped: "+tc.name, func(t *testing.T) {
+			d, term, c := setup()
+			c.Put("u1", set(2))
+			coll := tc.change(d, term, c)
+			if got := c.Get(coll); got != nil {
+				t.Fatal("records kept")
+			}
+			*term = 7
+			if got := c.Get("u1"); got != nil {
+				t.Fatal("records kept after they were dropped")
+			}
+		})
+	}
+	t.Run("not kept past the bound, nor without a term", func(t *testing.T) {
+		d, term, c := setup()
+		d.maxRecordIDs = 3
+		c.Put("u1", set(4))
+		if c.Get("u1") != nil {
+			t.Fatal("kept past the bound")
+		}
+		*term = 0
+		c.Put("u1", set(1))
+		*term = 7
+		if c.Get("u1") != nil {
+			t.Fatal("kept without a term")
+		}
+	})
+}
+
+func TestRecordCacheBoundIsShared(t *testing.T) {
+	d := newDirectories()
+	d.maxRecordIDs = 3
+	term := func() int64 { return 7 }
+	a, b, c := d.recordCache("db.a.buckets", term), d.recordCache("db.b.buckets", term), d.recordCache("db.c.buckets", term)
+	ids := func(from byte, n int) *stage.RecordSet {
+		s := stage.NewRecordSet()
+		for i := range n {
+			s.Add(1, 1000, []bson.ObjectID{{11: from + byte(i)}})
+		}
+		return s
+	}
+	a.Put("u1", ids(0, 1))
+	b.Put("u2", ids(10, 1))
+	a.Get("u1") // a is used after b
+	c.Put("u3", ids(20, 2))
+	if a.Get("u1") == nil || b.Get("u2") != nil || c.Get("u3") == nil {
+		t.Fatal("want b's records gone (least recently used) to make room for c's, a's and c's kept")
+	}
+	// The merges grow what is kept: at the next get, the least recently
+	// used others go.
+	a.Get("u1").Add(2, 2000, []bson.ObjectID{{11: 5}})
+	if a.Get("u1") == nil || c.Get("u3") != nil {
+		t.Fatal("want c's records gone once a's grew past the bound")
+	}
 }

@@ -68,6 +68,7 @@ func addStats(total *stage.Stats, st stage.Stats) {
 	total.Kept += st.Kept
 	total.DirectoryReads += st.DirectoryReads
 	total.ParallelInserts += st.ParallelInserts
+	total.RecordReads += st.RecordReads
 }
 
 // flushWaitLeases bounds how long a proxy waits for a flush it asked for,
@@ -191,6 +192,7 @@ func (c *conn) handleFlush(req *request) error {
 		{Key: "late", Value: total.Late},
 		{Key: "directoryReads", Value: total.DirectoryReads},
 		{Key: "parallelInserts", Value: total.ParallelInserts},
+		{Key: "recordReads", Value: total.RecordReads},
 		{Key: "ok", Value: 1.0},
 	})
 	if err != nil {

@@ -247,13 +247,13 @@ func (s *Server) runMergeLocked(r stepRunner, up lease.Commander, rule *rules.Ru
 			// buckets instead: its merges are their only writers while it
 			// holds its term (directory.go). Where they are indexed (the
 			// embedded upstream), probes and reads cost a lookup each.
-			opts.Known = s.dirs.known(rule.BucketNamespace(), func() int64 {
-				t, held := s.leases.Current(rule.DB, rule.Collection)
-				if !held {
-					return 0
-				}
-				return t.Number
-			})
+			opts.Known = s.dirs.known(rule.BucketNamespace(), s.heldTerm(rule))
+		}
+		if !opts.Guest {
+			// The holder's merges are the only writers of the records of
+			// merged retryable writes too, on every upstream: it keeps
+			// them between merges rather than read them all at each.
+			opts.Records = s.dirs.recordCache(rule.BucketNamespace(), s.heldTerm(rule))
 		}
 	}
 	if !opts.Guest {
@@ -315,6 +315,18 @@ func (s *Server) runMergeLocked(r stepRunner, up lease.Commander, rule *rules.Ru
 		s.log.Debug("staging merged", "rule", rule.Namespace, "collections", st.Collections, "events", st.Events, "buckets", st.Buckets)
 	}
 	return st, nil
+}
+
+// heldTerm is the number of the term of rule's writer lease this proxy
+// holds now (0: none), for what its merges keep between them.
+func (s *Server) heldTerm(rule *rules.Rule) func() int64 {
+	return func() int64 {
+		t, held := s.leases.Current(rule.DB, rule.Collection)
+		if !held {
+			return 0
+		}
+		return t.Number
+	}
 }
 
 // mergeRetiredOnly merges rule's retired collections on r, into a bucket

@@ -176,6 +176,9 @@ func benchIngest(e *benchEnv, runs, events int, only string) error {
 				batches[k] = ingestBatches(n, c.batch)
 			}
 			db := ingestDB(r, i, c)
+			if err := prefillRecords(ctx, directC, db); err != nil {
+				return err
+			}
 			if err := prefillRun(ctx, directC, proxyC, db); err != nil {
 				return err
 			}
@@ -328,6 +331,9 @@ func report(cases []ingestCase, samples [][]ingestSample, runs, events, nRules i
 	fmt.Printf("\n## tsbench ingest, backend %s\n\n", ingestBackend())
 	fmt.Printf("- rule: %d series of 1-second data, `bucket: {span: 1h, maxEvents: 1000}`, `aggregates: [value]`, `ingest: staged`; one database per run and case (%d rules)\n", ingestSeries, nRules)
 	fmt.Printf("- events per case: %s; unordered insertMany (insertOne for batch 1), the clients take batches of consecutive events from one queue\n", strings.Join(counts, ", "))
+	if ingestArgs.records > 0 {
+		fmt.Printf("- `-records %d`: before each case, its rule's records of merged retryable writes held %d derived ids (written straight to the upstream, as 10 minutes, the retry horizon, of %d retryable inserts a second leave them)\n", ingestArgs.records, ingestArgs.records, ingestArgs.records/600)
+	}
 	if ingestArgs.prefill > 0 {
 		fmt.Printf("- `-prefill %d`: before each case, its rule and plain collection were given %d events of the same series in the time before the case's (through the proxy at batch 1000, then `tsproxyFlush`): the case is timed on a rule with history, as a long-running one is\n", ingestArgs.prefill, ingestArgs.prefill)
 	}

@@ -6,7 +6,11 @@ import (
 	"os"
 	"time"
 
+	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	"github.com/tsproxy/tsproxy/rewrite/stage"
+	"github.com/tsproxy/tsproxy/rules"
 )
 
 // -prefill: each case is timed on a rule with history, as a long-running
@@ -41,4 +45,41 @@ func prefillRun(ctx context.Context, directC, proxyC *mongo.Client, db string) e
 func prefillBatches(n int) [][]any {
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).Add(-time.Duration((n+ingestSeries-1)/ingestSeries) * time.Second)
 	return ingestBatchesFrom(start, n, 1000)
+}
+
+// -records: each case's rule holds the records of merged retryable
+// writes that 10 minutes of retryable inserts leave (every derived id
+// merged within the retry horizon), which every merge read back before
+// the holder kept them.
+
+// recordsPerDoc is how many derived ids one record holds: a merge of
+// 1,000 staged documents (proxy mergeBatch).
+const recordsPerDoc = 1000
+
+// prefillRecords writes -records' derived ids into db's rule's records,
+// as merges made within the last minute write them.
+func prefillRecords(ctx context.Context, directC *mongo.Client, db string) error {
+	n := ingestArgs.records
+	if n <= 0 {
+		return nil
+	}
+	rule := &rules.Rule{BucketCollection: ingestColl + ".buckets"}
+	coll := directC.Database(db).Collection(stage.TxnsCollection(rule))
+	now := time.Now()
+	var docs []any
+	for token := int64(1); n > 0; token++ {
+		ids := make([]bson.ObjectID, min(n, recordsPerDoc))
+		for i := range ids {
+			ids[i] = bson.NewObjectID()
+		}
+		n -= len(ids)
+		docs = append(docs, bson.Raw(stage.RecordDoc(token, ids, now)))
+		if len(docs) == 100 || n == 0 {
+			if _, err := coll.InsertMany(ctx, docs); err != nil {
+				return fmt.Errorf("records of %s: %w", db, err)
+			}
+			docs = docs[:0]
+		}
+	}
+	return nil
 }

@@ -40,6 +40,7 @@ func main() {
 	batch := fs.Int("batch", 1000, "layouts: events per insertMany")
 	cases := fs.String("cases", "", "ingest: batch/clients pairs to run, e.g. 1000/1,1000/16 (default: all six)")
 	threshold := fs.Int("insert-threshold", 0, "ingest: the rule's bucket.insertThreshold (0: the default)")
+	records := fs.Int("records", 0, "ingest: derived ids of merged retryable writes recorded in each case's rule before it is timed, as 10 minutes (the retry horizon) of records/600 retryable inserts a second leave them")
 	prefill := fs.Int("prefill", 0, "ingest: events written into each case's rule (through the proxy, batch 1000, flushed) and plain collection before it is timed, in the day before its events: a rule with history, whose merges must not cost more for it")
 	png := fs.String("png", "", "ingest: write a chart of the proxy/direct ratios to `file` (PNG)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (proxy, upstream and clients) to `file`")
@@ -68,7 +69,7 @@ func main() {
 	case "passthrough":
 		err = withEnv(up, nil, func(e *benchEnv) error { return benchPassthrough(e, *runs, *n, *dur) })
 	case "ingest":
-		ingestArgs.png, ingestArgs.runs, ingestArgs.cases, ingestArgs.prefill = *png, *runs, *cases, *prefill
+		ingestArgs.png, ingestArgs.runs, ingestArgs.cases, ingestArgs.prefill, ingestArgs.records = *png, *runs, *cases, *prefill, *records
 		ingestArgs.backend, ingestArgs.custom = *kind, *upstreamURI != ""
 		var rs []rules.Rule
 		if rs, err = ingestRules(*threshold); err == nil {

@@ -115,13 +115,19 @@ func KnownOf(dir map[string]KnownKey, complete bool, keys []bucket.Key) map[stri
 // lists none for it (then nothing tells a drop and create, and the
 // directory is not used).
 func (m *Merge) bucketCollectionID(x *rewrite.Exec) (id string, ok bool, err error) {
+	return m.collectionID(x, m.rule.BucketCollection)
+}
+
+// collectionID is the uuid of the rule's collection name, "" when there
+// is none; ok is false when the upstream lists it without one.
+func (m *Merge) collectionID(x *rewrite.Exec, name string) (id string, ok bool, err error) {
 	cmd := bsoncore.NewDocumentBuilder().AppendInt32("listCollections", 1).
-		AppendDocument("filter", bsoncore.NewDocumentBuilder().AppendString("name", m.rule.BucketCollection).Build()).
+		AppendDocument("filter", bsoncore.NewDocumentBuilder().AppendString("name", name).Build()).
 		AppendString("$db", m.rule.DB).Build()
 	found, exists := false, false
 	take := func(docs []bsoncore.Document) error {
 		for _, d := range docs {
-			if name, _ := d.Lookup("name").StringValueOK(); name != m.rule.BucketCollection {
+			if n, _ := d.Lookup("name").StringValueOK(); n != name {
 				continue
 			}
 			exists = true
@@ -136,7 +142,7 @@ func (m *Merge) bucketCollectionID(x *rewrite.Exec) (id string, ok bool, err err
 		return "", false, rewrite.ErrAborted
 	}
 	if res.Reply != nil {
-		return "", false, fmt.Errorf("list %s: %w", m.rule.BucketCollection, mongoerr.ReplyError(res.Reply))
+		return "", false, fmt.Errorf("list %s: %w", name, mongoerr.ReplyError(res.Reply))
 	}
 	if !exists {
 		return "", true, nil

@@ -106,6 +106,9 @@ type MergeOptions struct {
 	// with TopUp: its key locks order the directory's checks against
 	// deletes.
 	Known *Known
+	// Records keeps the records of merged retryable writes between
+	// merges (RecordCache). Nil: each merge reads them.
+	Records *RecordCache
 	// InsertStreams is how many insert commands, run at once, a merge's
 	// buckets are split into when they are large (parallelInsertBytes):
 	// FerretDB encodes every document, and on PostgreSQL a second
@@ -130,6 +133,9 @@ type Stats struct {
 	// DirectoryReads counts the reads of every bucket's key
 	// (MergeOptions.Known).
 	DirectoryReads int
+	// RecordReads counts the reads of the records of merged retryable
+	// writes (MergeOptions.Records).
+	RecordReads int
 	// ParallelInserts counts the bucket inserts sent as a step of
 	// Parallel commands (MergeOptions.InsertStreams).
 	ParallelInserts int
@@ -303,7 +309,7 @@ func (m *Merge) mergeRetired(x *rewrite.Exec, retired []Collection) error {
 		}
 		return cmpInt(a.Token, b.Token)
 	})
-	records, err := m.loadRecords(x)
+	records, err := m.records(x)
 	if err != nil {
 		return err
 	}
@@ -312,7 +318,7 @@ func (m *Merge) mergeRetired(x *rewrite.Exec, retired []Collection) error {
 			return fmt.Errorf("merge %s: %s: %w", m.rule.Namespace, r.Name, err)
 		}
 	}
-	return m.expireRecords(x)
+	return m.expireRecords(x, records)
 }
 
 func cmpInt(a, b int64) int { return int(min(max(a-b, -1), 1)) }

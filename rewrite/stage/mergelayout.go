@@ -22,7 +22,7 @@ import (
 // counter then leaves out the buckets that carry the plan's mark, so
 // nothing is counted twice; a slots bucket written again changes
 // nothing.
-func (m *Merge) mergeLayoutOne(x *rewrite.Exec, r Collection, staged []bsoncore.Document, plan *mergePlan, repeated bool, records map[bson.ObjectID]int64) error {
+func (m *Merge) mergeLayoutOne(x *rewrite.Exec, r Collection, staged []bsoncore.Document, plan *mergePlan, repeated bool, records *RecordSet) error {
 	sortByArrival(staged)
 	var evs []bucket.Event
 	var derived []bson.ObjectID

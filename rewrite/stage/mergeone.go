@@ -106,7 +106,7 @@ type group struct {
 
 // mergeOne merges retired collection r into the bucket collection and
 // drops it. records are the derived ids merged before, by token.
-func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records map[bson.ObjectID]int64) error {
+func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records *RecordSet) error {
 	docs, err := m.stagedOf(x, r)
 	if err != nil {
 		return err
@@ -131,13 +131,15 @@ func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records map[bson.ObjectI
 	repeated := plan != nil
 	if plan == nil {
 		plan = &mergePlan{skip: map[bson.ObjectID]bool{}, ids: map[string]bool{}}
+		var derived []bson.ObjectID
 		for _, d := range staged {
 			plan.ids[idKey(d)] = true
 			if id, ok := idOf(d); ok && IsDerived(id) {
-				if t, seen := records[id]; seen && t != r.Token {
-					plan.skip[id] = true
-				}
+				derived = append(derived, id)
 			}
+		}
+		for id := range records.mergedElsewhere(derived, r.Token) {
+			plan.skip[id] = true
 		}
 	} else {
 		// A repeated merge merges what the first run planned; documents
@@ -220,18 +222,16 @@ func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records map[bson.ObjectI
 
 // recordDerived records the derived ids of retryable writes that the
 // merge of r merges (TxnsCollection), before it writes their events.
-func (m *Merge) recordDerived(x *rewrite.Exec, r Collection, derived []bson.ObjectID, records map[bson.ObjectID]int64) error {
+func (m *Merge) recordDerived(x *rewrite.Exec, r Collection, derived []bson.ObjectID, records *RecordSet) error {
 	if len(derived) == 0 {
 		return nil
 	}
-	if err := m.insertOne(x, TxnsCollection(m.rule), recordDoc(r.Token, derived, m.opts.Now)); err != nil {
+	if err := m.insertOne(x, TxnsCollection(m.rule), RecordDoc(r.Token, derived, m.opts.Now)); err != nil {
 		return fmt.Errorf("record merged retryable writes: %w", err)
 	}
 	// The retired collections after this one in the same run leave
-	// these out too.
-	for _, id := range derived {
-		records[id] = r.Token
-	}
+	// these out too, and the proxy's next merges (RecordCache).
+	records.Add(r.Token, m.opts.Now.UnixMilli(), derived)
 	return nil
 }
 

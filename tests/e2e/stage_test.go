@@ -721,3 +721,34 @@ func TestStageParallelInserts(t *testing.T) {
 		t.Fatalf("the proxy counts %d events, want %d", n, len(sent))
 	}
 }
+
+// TestStageRecordsKept: the records of merged retryable writes (every
+// derived id merged within the retry horizon) are read once a lease
+// term, not at every merge; a retry of a write merged before is still
+// stored once.
+func TestStageRecordsKept(t *testing.T) {
+	t.Parallel()
+	ctx := ctxFor(t)
+	db := uniqueDB(t)
+	p := startProxy(t, proxyOptions{yaml: stagedRule(db, 100, "1h")})
+	c := connect(t, p.URI()) // retryable writes: each insertOne has a txnNumber
+	coll := c.Database(db).Collection("readings")
+	base := time.Date(2026, 3, 4, 0, 0, 0, 0, time.UTC)
+	evs := seriesEvents(60, "a", base)
+	for round := range 3 {
+		for _, e := range evs[round*20 : round*20+20] {
+			if _, err := coll.InsertOne(ctx, e.doc()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r := flush(t, ctx, c, db+".readings")
+		want := int64(0)
+		if round == 0 {
+			want = 1
+		}
+		if !env.external && asInt(r["recordReads"]) != want {
+			t.Fatalf("round %d: flush %v, want %d reads of the records", round, r, want)
+		}
+	}
+	checkStored(t, readBuckets(t, ctx, db), evs, 100)
+}
