@@ -210,3 +210,29 @@ func TestRecordCacheBoundIsShared(t *testing.T) {
 		t.Fatal("want c's records gone once a's grew past the bound")
 	}
 }
+
+// TestRecordCacheConcurrentRules: one rule's merge adds to its records
+// while another rule's merge gets and puts (which counts every rule's
+// ids for the shared bound); run with -race.
+func TestRecordCacheConcurrentRules(t *testing.T) {
+	d := newDirectories()
+	term := func() int64 { return 7 }
+	a, b := d.recordCache("db.a.buckets", term), d.recordCache("db.b.buckets", term)
+	a.Put("u1", stage.NewRecordSet())
+	set := a.Get("u1")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 200 {
+			set.Add(int64(i), 1000, []bson.ObjectID{{10: byte(i >> 8), 11: byte(i)}})
+		}
+	}()
+	for range 200 {
+		b.Put("u2", stage.NewRecordSet())
+		b.Get("u2")
+	}
+	<-done
+	if set.Len() != 200 {
+		t.Fatalf("%d ids, want 200", set.Len())
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -145,7 +146,9 @@ func recordIDs(d bsoncore.Document) []bson.ObjectID {
 // sorted, 12 bytes an id (a Go map took 47), and when it recorded them.
 type RecordSet struct {
 	runs []recordRun
-	n    int
+	// n is the number of ids: read by the proxy's bound across rules
+	// (Len) while the rule's merge changes the set.
+	n atomic.Int64
 }
 
 type recordRun struct {
@@ -157,7 +160,7 @@ type recordRun struct {
 func NewRecordSet() *RecordSet { return &RecordSet{} }
 
 // Len is the number of derived ids recorded.
-func (s *RecordSet) Len() int { return s.n }
+func (s *RecordSet) Len() int { return int(s.n.Load()) }
 
 // Add records ids as merged under token at at (ms). A token recorded
 // already (a repeated merge's) keeps its time and takes the ids too.
@@ -168,18 +171,18 @@ func (s *RecordSet) Add(token, at int64, ids []bson.ObjectID) {
 		i = len(s.runs) - 1
 	}
 	r := &s.runs[i]
-	s.n -= len(r.ids)
+	before := len(r.ids)
 	r.ids = append(r.ids, ids...)
 	slices.SortFunc(r.ids, compareIDs)
 	r.ids = slices.Compact(r.ids)
-	s.n += len(r.ids)
+	s.n.Add(int64(len(r.ids) - before))
 }
 
 // mergedElsewhere are those of ids (derived ids of staged documents)
 // that a merge other than token's recorded: retries of writes merged
 // before. One pass over each merge's sorted ids.
 func (s *RecordSet) mergedElsewhere(ids []bson.ObjectID, token int64) map[bson.ObjectID]bool {
-	if len(ids) == 0 || s.n == 0 {
+	if len(ids) == 0 || s.Len() == 0 {
 		return nil
 	}
 	want := slices.SortedFunc(slices.Values(ids), compareIDs)
@@ -215,7 +218,7 @@ func (s *RecordSet) hasBefore(cut int64) bool {
 func (s *RecordSet) dropBefore(cut int64) {
 	s.runs = slices.DeleteFunc(s.runs, func(r recordRun) bool {
 		if r.at < cut {
-			s.n -= len(r.ids)
+			s.n.Add(-int64(len(r.ids)))
 			return true
 		}
 		return false
