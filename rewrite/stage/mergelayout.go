@@ -151,27 +151,16 @@ func (m *Merge) insertNewBuckets(x *rewrite.Exec, buckets []layout.MergeStatemen
 	for i, b := range buckets {
 		docs[i] = b.Doc
 	}
-	for len(docs) > 0 {
-		step, n := nextInsertStep(m.rule.DB, m.rule.BucketCollection, docs, m.opts.InsertStreams)
-		docs = docs[n:]
-		replies, ok := x.Do(step)
-		if !ok {
-			return rewrite.ErrAborted
+	return m.insertAll(x, docs, func(_, _ int, reply []byte) error {
+		dups, err := insertOutcome(reply)
+		if err == nil && len(dups) > 0 {
+			err = fmt.Errorf("%d buckets appeared while the merge wrote them", len(dups))
 		}
-		if len(step) > 1 {
-			m.Stats.ParallelInserts += len(step)
+		if err != nil {
+			return fmt.Errorf("insert buckets: %w", err)
 		}
-		for _, reply := range replies {
-			dups, err := insertOutcome(reply)
-			if err == nil && len(dups) > 0 {
-				err = fmt.Errorf("%d buckets appeared while the merge wrote them", len(dups))
-			}
-			if err != nil {
-				return fmt.Errorf("insert buckets: %w", err)
-			}
-		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // sortByArrival orders a layout rule's staged documents by their arrival
