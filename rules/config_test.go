@@ -156,6 +156,7 @@ rules:
       maxEvents: 500
       maxBytes: 512KiB
       insertThreshold: 20
+      compression: None
     aggregates: [value, env.temp]
     collection: readings_buckets
   - namespace: logs.app.events       # collection with a dot
@@ -163,6 +164,7 @@ rules:
     bucket:
       granularity: minutes
       maxBytes: 2MB
+      compression: zstd
   - namespace: iot.other
     TimeField: t                      # keys ignore case, as with viper
 `, "DIR", dir)
@@ -201,14 +203,14 @@ rules:
 			{
 				Namespace: "iot.readings", DB: "iot", Collection: "readings",
 				TimeField: "ts", MetaField: "sensorId",
-				Span: 90 * time.Second, MaxEvents: 500, MaxBytes: 512 << 10, InsertThreshold: 20, Ingest: DefaultIngest, MergeAfter: DefaultMergeAfter, MaxStaged: DefaultMaxStaged,
+				Span: 90 * time.Second, MaxEvents: 500, MaxBytes: 512 << 10, InsertThreshold: 20, Compression: CompressionNone, Ingest: DefaultIngest, MergeAfter: DefaultMergeAfter, MaxStaged: DefaultMaxStaged,
 				Aggregates:       []string{"value", "env.temp"},
 				BucketCollection: "readings_buckets", Layout: "events",
 			},
 			{
 				Namespace: "logs.app.events", DB: "logs", Collection: "app.events",
 				TimeField: "at",
-				Span:      24 * time.Hour, MaxEvents: 1000, MaxBytes: 2_000_000, InsertThreshold: 100, Ingest: DefaultIngest, MergeAfter: DefaultMergeAfter, MaxStaged: DefaultMaxStaged,
+				Span:      24 * time.Hour, MaxEvents: 1000, MaxBytes: 2_000_000, InsertThreshold: 100, Compression: CompressionZstd, Ingest: DefaultIngest, MergeAfter: DefaultMergeAfter, MaxStaged: DefaultMaxStaged,
 				BucketCollection: "app.events.buckets", Layout: "events",
 			},
 			{
@@ -558,6 +560,8 @@ func TestInvalid(t *testing.T) {
 			`config: rules[0].mergeAfter: "1ms" is less than 100ms`},
 		{"maxStaged too small", "rules:\n  - namespace: iot.readings\n    timeField: ts\n    maxStaged: 10\n", nil, nil,
 			`config: rules[0].maxStaged: 10 is out of range [1000, 2147483647]`},
+		{"compression unknown", "rules:\n  - namespace: iot.readings\n    timeField: ts\n    bucket: {compression: lz4}\n", nil, nil,
+			`config: rules[0].bucket.compression: "lz4" is not zstd or none`},
 		{"insertThreshold zero", "rules:\n  - namespace: iot.readings\n    timeField: ts\n    bucket: {insertThreshold: 0}\n", nil, nil,
 			`config: rules[0].bucket.insertThreshold: 0 is out of range [1, maxEvents=1000]`},
 		{"aggregate duplicate", "rules:\n  - namespace: iot.readings\n    timeField: ts\n    aggregates: [v, w, v]\n", nil, nil,

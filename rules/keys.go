@@ -53,7 +53,7 @@ var schema = []keySpec{
 		{name: "slot"},
 		{name: "valueField"},
 		{name: "preallocate"},
-		{name: "bucket", kind: mapping, children: leaves("span", "granularity", "maxEvents", "maxBytes", "insertThreshold")},
+		{name: "bucket", kind: mapping, children: leaves("span", "granularity", "maxEvents", "maxBytes", "insertThreshold", "compression")},
 		{name: "aggregates", kind: list},
 		{name: "collection"},
 		{name: "rollups", kind: list},

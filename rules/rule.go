@@ -53,6 +53,11 @@ type Rule struct {
 	// document with a plain insert; smaller groups join an open bucket with
 	// an upsert. See DESIGN.md for why (update cost on the embedded upstream).
 	InsertThreshold int
+	// Compression of the events the proxy packs into one binary value
+	// (FerretDB's buckets, every staged document): CompressionZstd (also
+	// when empty) or CompressionNone, which writes what proxies older
+	// than compression read. Readers take both.
+	Compression string
 
 	// Aggregates are event fields that get sum/min/max in the bucket.
 	Aggregates []string

@@ -23,6 +23,12 @@ const MaxNamespaceBytes = 255
 // maxDBNameBytes is MongoDB's limit on a database name.
 const maxDBNameBytes = 63
 
+// The values of bucket.compression (Rule.Compression).
+const (
+	CompressionZstd = "zstd"
+	CompressionNone = "none"
+)
+
 // DefaultInsertThreshold is the insertThreshold of a rule that sets none:
 // a tenth of maxEvents, at most 100. A batch group this large is inserted
 // as a bucket of its own; on the embedded upstream that costs a fraction of
@@ -256,6 +262,18 @@ func (d *decoder) bucket(p string, b map[string]any, r *Rule) {
 			d.fail(k("insertThreshold"), "%d is out of range [1, maxEvents=%d]", n, r.MaxEvents)
 		default:
 			r.InsertThreshold = int(n)
+		}
+	}
+
+	if v := field(b, "compression"); v != nil {
+		c := strings.ToLower(d.str(k("compression"), v))
+		switch c {
+		case CompressionZstd, CompressionNone:
+			r.Compression = c
+		default:
+			if d.ok(k("compression")) {
+				d.fail(k("compression"), "%q is not zstd or none", c)
+			}
 		}
 	}
 }

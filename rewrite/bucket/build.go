@@ -18,8 +18,9 @@ func appendEventsArray(dst []byte, key string, chunk []Event) []byte {
 }
 
 // appendPackedEvents appends the chunk's stored events as the BSON of
-// their array in one binary value (FieldPacked).
-func appendPackedEvents(dst []byte, chunk []Event) []byte {
+// their array in one binary value (FieldPacked), compressed when compress
+// says so (pack.go).
+func appendPackedEvents(dst []byte, chunk []Event, compress bool) []byte {
 	size := 5
 	for i, ev := range chunk {
 		size += 2 + len(strconv.Itoa(i)) + len(ev.Stored)
@@ -27,7 +28,7 @@ func appendPackedEvents(dst []byte, chunk []Event) []byte {
 	aidx, arr := bsoncore.AppendArrayStart(make([]byte, 0, size))
 	arr = appendEventElements(arr, chunk)
 	arr, _ = bsoncore.AppendArrayEnd(arr, aidx)
-	return bsoncore.AppendBinaryElement(dst, FieldPacked, 0x00, arr)
+	return appendPacked(dst, FieldPacked, arr, compress)
 }
 
 // appendEventElements appends the chunk's stored events as the elements
@@ -59,21 +60,22 @@ func appendKey(dst []byte, chunk []Event) []byte {
 // inserting it), and one document per insert instead of one per series
 // (about 30 µs each to decode).
 func StagedGroups(id bson.ObjectID, chunks [][]Event) bsoncore.Document {
-	return StagedGroupsAt(id, chunks, 0)
+	return StagedGroupsAt(id, chunks, 0, false)
 }
 
 // StagedGroupsAt is StagedGroups with the proxy's arrival stamp of the
 // insert in FieldStagedAt (none when at is 0): the order in which a merge
 // applies staged writes whose order matters (the slots layout, where the
-// last write of a slot wins; see rewrite/stage).
-func StagedGroupsAt(id bson.ObjectID, chunks [][]Event, at int64) bsoncore.Document {
+// last write of a slot wins; see rewrite/stage). compress: the packed
+// values are compressed (Limits.Compress).
+func StagedGroupsAt(id bson.ObjectID, chunks [][]Event, at int64, compress bool) bsoncore.Document {
 	idx, doc := bsoncore.AppendDocumentStart(nil)
 	doc = bsoncore.AppendObjectIDElement(doc, FieldID, id)
 	if at != 0 {
 		doc = bsoncore.AppendInt64Element(doc, FieldStagedAt, at)
 	}
 	doc = appendKey(doc, chunks[0])
-	doc = appendPackedEvents(doc, chunks[0])
+	doc = appendPackedEvents(doc, chunks[0], compress)
 	if len(chunks) > 1 {
 		aidx, more := bsoncore.AppendArrayStart(nil)
 		for i, chunk := range chunks[1:] {
@@ -83,7 +85,7 @@ func StagedGroupsAt(id bson.ObjectID, chunks [][]Event, at int64) bsoncore.Docum
 			more, _ = bsoncore.AppendDocumentEnd(g, gidx)
 		}
 		more, _ = bsoncore.AppendArrayEnd(more, aidx)
-		doc = bsoncore.AppendBinaryElement(doc, FieldMore, 0x00, more)
+		doc = appendPacked(doc, FieldMore, more, compress)
 	}
 	doc, _ = bsoncore.AppendDocumentEnd(doc, idx)
 	return doc
@@ -127,7 +129,7 @@ func Complete(id bson.ObjectID, chunk []Event, rule *rules.Rule, lim Limits) bso
 		doc, _ = bsoncore.AppendDocumentEnd(doc, sub)
 	}
 	if lim.Packed {
-		doc = appendPackedEvents(doc, chunk)
+		doc = appendPackedEvents(doc, chunk, lim.Compress)
 	} else {
 		doc = appendEventsArray(doc, FieldEvents, chunk)
 	}

@@ -22,6 +22,9 @@ type Limits struct {
 	// Packed: buckets written whole keep their events in FieldPacked
 	// (caps.Upstream.PackedEvents); the caller sets it.
 	Packed bool
+	// Compress: packed values (of buckets and staged documents) are
+	// written compressed (pack.go); the rule's bucket.compression.
+	Compress bool
 }
 
 // LimitsOf rejects a rule the write path cannot apply safely (rules/
@@ -50,6 +53,7 @@ func LimitsOf(rule *rules.Rule) (Limits, error) {
 		MaxBytes:    rule.MaxBytes,
 		Threshold:   rule.InsertThreshold,
 		NumbersOnly: len(rule.Rollups) > 0,
+		Compress:    rule.Compression != rules.CompressionNone,
 	}
 	if rule.Span != 0 {
 		lim.SpanMillis = rule.SpanMillis()

@@ -147,3 +147,86 @@ func TestStagedGroupsRoundTrip(t *testing.T) {
 		t.Fatal("a malformed more accepted")
 	}
 }
+
+// With compression (Limits.Compress), a whole bucket and a staged
+// document of several groups hold their events in compressed packed
+// values, and read back to the same events as without.
+func TestPackedCompressed(t *testing.T) {
+	rule := rwtest.InsertRule()
+	lim, err := bucket.LimitsOf(rule)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !lim.Compress {
+		t.Fatal("a rule without bucket.compression does not compress")
+	}
+	var docs []bsoncore.Document
+	for i := range 300 {
+		docs = append(docs, rwtest.Doc(t, rwtest.Event(bson.NewObjectID(), rwtest.DT(int64(i/3)*1000), []string{"a", "b", "c"}[i%3], float64(i)/10)))
+	}
+	evs, errs := bucket.PrepareEvents(docs, true, rule, lim, bson.NewObjectID)
+	if len(errs) > 0 {
+		t.Fatalf("prepare: %v", errs)
+	}
+	groups := bucket.GroupEvents(evs)
+	if len(groups) != 3 {
+		t.Fatalf("%d groups, want 3", len(groups))
+	}
+	subtype := func(doc bsoncore.Document, field string) byte {
+		st, _, ok := doc.Lookup(field).BinaryOK()
+		if !ok {
+			t.Fatalf("%q is not binary data: %s", field, doc.Lookup(field))
+		}
+		return st
+	}
+
+	lim.Packed = true
+	whole := bucket.Complete(rwtest.OID(1), groups[0], rule, lim)
+	if st := subtype(whole, bucket.FieldPacked); st != bucket.SubtypeZstdArray {
+		t.Fatalf("bucket packed as subtype %#x", st)
+	}
+	lim.Compress = false
+	raw := bucket.Complete(rwtest.OID(1), groups[0], rule, lim)
+	if st := subtype(raw, bucket.FieldPacked); st != bucket.SubtypeArray {
+		t.Fatalf("bucket with compression off packed as subtype %#x", st)
+	}
+	if len(whole)*2 > len(raw) {
+		t.Errorf("compressed bucket %d bytes, raw %d", len(whole), len(raw))
+	}
+	got, err := bucket.EventDocs(whole)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := bucket.EventDocs(raw)
+	if len(got) != 100 || len(got) != len(want) {
+		t.Fatalf("%d events compressed, %d raw, want 100", len(got), len(want))
+	}
+	for i := range got {
+		if !bytes.Equal(got[i], want[i]) {
+			t.Fatalf("event %d: compressed %s, raw %s", i, got[i], want[i])
+		}
+	}
+
+	staged := bucket.StagedGroupsAt(rwtest.OID(2), groups, 7, true)
+	for _, f := range []string{bucket.FieldPacked, bucket.FieldMore} {
+		if st := subtype(staged, f); st != bucket.SubtypeZstdArray {
+			t.Fatalf("staged %q packed as subtype %#x", f, st)
+		}
+	}
+	back, err := bucket.StagedEvents(staged, rule, lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(back) != len(evs) {
+		t.Fatalf("%d staged events read back, want %d", len(back), len(evs))
+	}
+	i := 0
+	for _, g := range groups {
+		for _, ev := range g {
+			if !bytes.Equal(back[i].Stored, ev.Stored) || back[i].Time != ev.Time || !back[i].Meta.Equal(ev.Meta) {
+				t.Fatalf("staged event %d: got %s, want %s", i, back[i].Stored, ev.Stored)
+			}
+			i++
+		}
+	}
+}

@@ -100,14 +100,11 @@ func packedEvents(bdoc bsoncore.Document) (bsoncore.Value, bool, error) {
 	if !ok {
 		return bsoncore.Value{}, false, nil
 	}
-	_, data, ok := p.BinaryOK()
-	if !ok {
-		return bsoncore.Value{}, false, fmt.Errorf("%q is a %s, not binary data", FieldPacked, bsonutil.TypeName(p.Type))
+	arr, err := unpack(FieldPacked, p)
+	if err != nil {
+		return bsoncore.Value{}, false, err
 	}
-	if err := bsoncore.Array(data).Validate(); err != nil {
-		return bsoncore.Value{}, false, fmt.Errorf("%q does not hold a BSON array: %w", FieldPacked, err)
-	}
-	return bsoncore.Value{Type: bsoncore.TypeArray, Data: data}, true, nil
+	return bsoncore.Value{Type: bsoncore.TypeArray, Data: arr}, true, nil
 }
 
 // Shell is a bucket emptied by a delete that must stay because a
@@ -183,11 +180,11 @@ func StagedEvents(doc bsoncore.Document, rule *rules.Rule, lim Limits) ([]Event,
 	if !ok {
 		return out, nil
 	}
-	_, data, ok := m.BinaryOK()
-	if !ok {
-		return nil, fmt.Errorf("%q is a %s, not binary data", FieldMore, bsonutil.TypeName(m.Type))
+	more, err := unpack(FieldMore, m)
+	if err != nil {
+		return nil, err
 	}
-	groups, err := bsoncore.Array(data).Values()
+	groups, err := more.Values()
 	if err != nil {
 		return nil, fmt.Errorf("%q does not hold a BSON array: %w", FieldMore, err)
 	}

@@ -14,14 +14,20 @@ import (
 // BenchmarkMerge50k merges 50,000 events staged by inserts of 100 (4
 // series of 1-second data, buckets of 1,000): the proxy's CPU in a
 // merge, with the in-memory upstream's (which stores what it is sent).
-func BenchmarkMerge50k(b *testing.B) {
+func BenchmarkMerge50k(b *testing.B) { benchmarkMerge(b, 50_000, 100) }
+
+// BenchmarkMergeBatch10 is what a flush merges after 10,000 events sent
+// 10 at a time: 1,000 staged documents, one a client insert.
+func BenchmarkMergeBatch10(b *testing.B) { benchmarkMerge(b, 10_000, 10) }
+
+func benchmarkMerge(b *testing.B, events, batch int) {
 	rule := rwtest.InsertRule()
 	rule.MaxEvents = 1000
 	t := &testing.T{}
 	var batches [][]bson.D
-	for i := 0; i < 50_000; i += 100 {
+	for i := 0; i < events; i += batch {
 		var evs []bson.D
-		for j := i; j < i+100; j++ {
+		for j := i; j < i+batch; j++ {
 			evs = append(evs, rwtest.Event(bson.NewObjectID(), rwtest.DT(36_000_000+int64(j/4)*1000), []string{"a", "b", "c", "d"}[j%4], float64(j)))
 		}
 		batches = append(batches, evs)
@@ -40,7 +46,7 @@ func BenchmarkMerge50k(b *testing.B) {
 		b.StartTimer()
 		mp := stage.NewMerge(rule, stage.MergeOptions{All: true, RetryHorizon: time.Hour, Now: time.UnixMilli(1_000_000), PackedEvents: true})
 		m.run(mp)
-		if mp.Stats.Events != 50_000 {
+		if mp.Stats.Events != events {
 			b.Fatalf("merged %d events", mp.Stats.Events)
 		}
 	}

@@ -131,7 +131,7 @@ func stagedCommands(cmd rewrite.Command, pi *insert.Prepared, env InsertEnv) ([]
 			if env.Stamp != nil {
 				at = env.Stamp()
 			}
-			out[i].docs = append(out[i].docs, stagedDoc{doc: bucket.StagedGroupsAt(id, docChunks, at), events: events, fixed: retryable})
+			out[i].docs = append(out[i].docs, stagedDoc{doc: bucket.StagedGroupsAt(id, docChunks, at, lim.Compress), events: events, fixed: retryable})
 		}
 	}
 	return out, nil

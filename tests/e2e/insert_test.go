@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/klauspost/compress/zstd"
+
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -32,6 +34,10 @@ func readingsRule(db string, maxEvents int) string {
 `, db, maxEvents)
 }
 
+// zstdDecoder reads compressed packed events (DecodeAll only, which may
+// run concurrently).
+var zstdDecoder, _ = zstd.NewReader(nil)
+
 // bucketDoc is a stored bucket as the tests read it back directly.
 type bucketDoc struct {
 	ID     bson.ObjectID `bson:"_id"`
@@ -45,22 +51,34 @@ type bucketDoc struct {
 }
 
 // UnmarshalBSON reads a bucket's events wherever they are stored: packed
-// (one binary value, on FerretDB) first, then the array (see
-// bucket.EventValues).
+// (one binary value, on FerretDB: the BSON of their array, as it is with
+// subtype 0, one zstd frame of it with subtype 0x80) first, then the
+// array (see bucket.EventValues and rewrite/bucket/pack.go).
 func (b *bucketDoc) UnmarshalBSON(data []byte) error {
 	type plain bucketDoc
 	var d struct {
 		Plain  plain        `bson:",inline"`
 		Packed *bson.Binary `bson:"packed"`
 	}
-	if err := bson.Unmarshal(data, &d); err != nil {
+	err := bson.Unmarshal(data, &d)
+	if err != nil {
 		return err
 	}
 	*b = bucketDoc(d.Plain)
 	if d.Packed == nil {
 		return nil
 	}
-	vals, err := bson.Raw(d.Packed.Data).Values()
+	arr := d.Packed.Data
+	switch d.Packed.Subtype {
+	case bucket.SubtypeArray:
+	case bucket.SubtypeZstdArray:
+		if arr, err = zstdDecoder.DecodeAll(arr, nil); err != nil {
+			return fmt.Errorf("bucket %v: compressed events: %w", b.ID, err)
+		}
+	default:
+		return fmt.Errorf("bucket %v: packed events of subtype %#x", b.ID, d.Packed.Subtype)
+	}
+	vals, err := bson.Raw(arr).Values()
 	if err != nil {
 		return fmt.Errorf("bucket %v: packed events: %w", b.ID, err)
 	}

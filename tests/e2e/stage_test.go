@@ -14,6 +14,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/tests/backend"
 )
 
@@ -693,7 +694,9 @@ func TestStageParallelInserts(t *testing.T) {
 	t.Parallel()
 	ctx := ctxFor(t)
 	db := uniqueDB(t)
-	p := startProxy(t, proxyOptions{yaml: stagedRule(db, 1000, "1h")})
+	// Raw: compressed, these buckets would be far under a megabyte.
+	yaml := strings.Replace(stagedRule(db, 1000, "1h"), "maxEvents: 1000\n", "maxEvents: 1000\n      compression: none\n", 1)
+	p := startProxy(t, proxyOptions{yaml: yaml})
 	c := connect(t, p.URI())
 	coll := c.Database(db).Collection("readings")
 	base := time.Date(2026, 3, 3, 0, 0, 0, 0, time.UTC)
@@ -719,6 +722,101 @@ func TestStageParallelInserts(t *testing.T) {
 	}
 	if n != int64(len(sent)) {
 		t.Fatalf("the proxy counts %d events, want %d", n, len(sent))
+	}
+}
+
+// TestStageCompressedEvents: with the default bucket.compression, the
+// events a merge packs are stored compressed on FerretDB (packed values
+// of subtype 0x80, a fraction of the raw size); a rule whose buckets were
+// written raw by a proxy with compression: none and is then written by
+// one with compression reads back every event once, with right
+// summaries, whatever mix of raw and compressed buckets it holds.
+func TestStageCompressedEvents(t *testing.T) {
+	t.Parallel()
+	ctx := ctxFor(t)
+	db := uniqueDB(t)
+	zstdRule := stagedRule(db, 1000, "1h")
+	rawRule := strings.Replace(zstdRule, "maxEvents: 1000\n", "maxEvents: 1000\n      compression: none\n", 1)
+	base := time.Date(2026, 3, 4, 0, 0, 0, 0, time.UTC)
+	var sent []sentEvent
+	write := func(yaml string, from, n int) {
+		p := startProxy(t, proxyOptions{yaml: yaml})
+		c := connect(t, p.URI())
+		for s := range 3 {
+			evs := seriesEvents(from+n, fmt.Sprintf("s%d", s), base)[from:]
+			if _, err := c.Database(db).Collection("readings").InsertMany(ctx, docsOf(evs)); err != nil {
+				t.Fatal(err)
+			}
+			sent = append(sent, evs...)
+		}
+		flush(t, ctx, c, db+".readings")
+		_ = c.Disconnect(ctx)
+		stopProxy(t, p) // with its writer lease: the next proxy merges itself
+	}
+	write(rawRule, 0, 1500)    // per series: 1,000 and 500, raw
+	write(zstdRule, 1500, 700) // tops up the 500 and starts a third bucket, compressed
+	subtypes := map[byte]int{}
+	var rawBytes, packedBytes int
+	cur, err := connect(t, env.upstreamURI).Database(db).Collection("readings.buckets").Find(ctx, bson.D{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var docs []bson.Raw
+	if err := cur.All(ctx, &docs); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range docs {
+		v, err := d.LookupErr("packed")
+		if err != nil {
+			continue // an events array (MongoDB)
+		}
+		subtype, data := v.Binary()
+		subtypes[subtype]++
+		if subtype != bucket.SubtypeZstdArray {
+			continue
+		}
+		packedBytes += len(data)
+		var b bucketDoc
+		if err := bson.Unmarshal(d, &b); err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range b.Events {
+			raw, _ := bson.Marshal(ev)
+			rawBytes += len(raw)
+		}
+	}
+	if !env.external {
+		// Per series: the first 1,000 raw; the 500 topped up with 500
+		// more and the last 200, compressed.
+		if len(docs) != 9 || subtypes[bucket.SubtypeArray] != 3 || subtypes[bucket.SubtypeZstdArray] != 6 {
+			t.Fatalf("%d buckets, packed subtypes %v; want 3 raw (0x0) and 6 compressed (0x80)", len(docs), subtypes)
+		}
+		if packedBytes*2 > rawBytes {
+			t.Errorf("compressed packed values hold %d bytes for %d bytes of events", packedBytes, rawBytes)
+		}
+	}
+	checkStored(t, readBuckets(t, ctx, db), sent, 1000)
+	c := connect(t, startProxy(t, proxyOptions{yaml: zstdRule}).URI())
+	coll := c.Database(db).Collection("readings")
+	n, err := coll.CountDocuments(ctx, bson.D{})
+	if err != nil || n != int64(len(sent)) {
+		t.Fatalf("the proxy counts %d events (%v), want %d", n, err, len(sent))
+	}
+	var got []bson.M
+	cur, err = coll.Find(ctx, bson.D{{Key: "sensorId", Value: "s1"}}, options.Find().SetSort(bson.D{{Key: "ts", Value: 1}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cur.All(ctx, &got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2200 {
+		t.Fatalf("find of s1 returned %d events, want 2200", len(got))
+	}
+	for i, e := range got {
+		if ts := e["ts"].(bson.DateTime).Time(); !ts.Equal(base.Add(time.Duration(i) * time.Second)) {
+			t.Fatalf("event %d of s1 at %v, want %v", i, ts, base.Add(time.Duration(i)*time.Second))
+		}
 	}
 }
 
