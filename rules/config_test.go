@@ -710,7 +710,7 @@ func TestShippedConfig(t *testing.T) {
 	want := []Rule{demo, {
 		Namespace: "iot.readings", DB: "iot", Collection: "readings",
 		TimeField: "ts", MetaField: "sensorId",
-		Span: time.Hour, MaxEvents: 1000, MaxBytes: 1 << 20, InsertThreshold: 100, Ingest: DefaultIngest, MergeAfter: DefaultMergeAfter, MaxStaged: DefaultMaxStaged,
+		Span: time.Hour, MaxEvents: 1000, MaxBytes: 1 << 20, InsertThreshold: 100, Compression: CompressionZstd, Ingest: DefaultIngest, MergeAfter: DefaultMergeAfter, MaxStaged: DefaultMaxStaged,
 		Aggregates: []string{"value"}, BucketCollection: "readings.buckets", Layout: "events",
 	}, {
 		Namespace: "web.hits", DB: "web", Collection: "hits",
