@@ -192,7 +192,13 @@ func commandOf(req *request) rewrite.Command {
 // upstreamCaps detects once what the upstream supports, on this client's
 // connection (so with its privileges: buildInfo needs none on MongoDB).
 func (c *conn) upstreamCaps() (caps.Upstream, error) {
-	st := c.s.state
+	return c.s.upstreamCapsOn(c.up)
+}
+
+// upstreamCapsOn is what the upstream can do, detected once (buildInfo on
+// up) and then known for the proxy's life.
+func (s *Server) upstreamCapsOn(up *upstream.Conn) (caps.Upstream, error) {
+	st := s.state
 	st.mu.Lock()
 	if st.caps != nil {
 		caps := *st.caps
@@ -200,7 +206,7 @@ func (c *conn) upstreamCaps() (caps.Upstream, error) {
 		return caps, nil
 	}
 	st.mu.Unlock()
-	reply, err := c.up.Command(bson.D{{Key: "buildInfo", Value: 1}, {Key: "$db", Value: "admin"}})
+	reply, err := up.Command(bson.D{{Key: "buildInfo", Value: 1}, {Key: "$db", Value: "admin"}})
 	if err != nil {
 		return caps.Upstream{}, err
 	}
@@ -212,6 +218,6 @@ func (c *conn) upstreamCaps() (caps.Upstream, error) {
 	st.mu.Lock()
 	st.caps = &caps
 	st.mu.Unlock()
-	c.log.Info("upstream capabilities detected", "caps", fmt.Sprintf("%+v", caps))
+	s.log.Info("upstream capabilities detected", "caps", fmt.Sprintf("%+v", caps))
 	return caps, nil
 }

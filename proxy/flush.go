@@ -45,6 +45,9 @@ func (c *conn) settleStaged(req *request, rule *rules.Rule) (done bool, err erro
 // of it when another holds the lease) it asks for and waits for
 // (requestFlush). total, when not nil, adds up what this proxy merged.
 func (c *conn) flushStaged(rule *rules.Rule, caps caps.Upstream, total *stage.Stats) error {
+	if idle, err := c.nothingStaged(rule); err != nil || idle {
+		return err
+	}
 	st, err := c.mergeStaged(rule, caps, stage.MergeOptions{All: true})
 	if err != nil {
 		return err
@@ -56,6 +59,29 @@ func (c *conn) flushStaged(rule *rules.Rule, caps caps.Upstream, total *stage.St
 		return c.requestFlush(rule, caps, waitFor)
 	}
 	return nil
+}
+
+// nothingStaged says whether rule's database lists no staging collection
+// of rule, open or retired, and no flush request: then every event
+// acknowledged so far is in buckets (an insert creates its staging
+// collection before it is answered, and a merge drops one only after
+// its buckets are written), and a flush or a read has nothing to settle.
+// It spares them the writer lease, whose renewal is a write (2-3 ms on
+// FerretDB/PostgreSQL): {tsproxyFlush: 1} over 40 rules, one of them
+// staged, took 0.23-0.34 s instead of 0.10-0.13 s.
+func (c *conn) nothingStaged(rule *rules.Rule) (bool, error) {
+	res, err := drive(c, rewrite.Passthrough(source.ListCommand(rule.DB), nil))
+	if err != nil {
+		return false, upstreamFailure{err: err}
+	}
+	if err := mongoerr.ReplyError(res.Reply); err != nil {
+		return false, fmt.Errorf("list the collections of %s: %w", rule.DB, err)
+	}
+	work, err := stage.HasWork(rule, res.Reply)
+	if err != nil {
+		return false, fmt.Errorf("list the collections of %s: %w", rule.DB, err)
+	}
+	return !work, nil
 }
 
 func addStats(total *stage.Stats, st stage.Stats) {

@@ -3,13 +3,13 @@ package proxy
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/tsproxy/tsproxy/proxy/lease"
 	"github.com/tsproxy/tsproxy/rewrite"
-	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rewrite/source"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
 	"github.com/tsproxy/tsproxy/rules"
@@ -21,6 +21,13 @@ func (s *Server) mergeLoop(ctx context.Context, rule *rules.Rule) {
 	interval := min(max(rule.MergeAfter/4, 50*time.Millisecond), time.Second)
 	conn := newBackgroundConn(ctx, s) // background.go
 	defer conn.close()
+	// Rules started together would otherwise tick together, and their
+	// rounds take as many connections at once.
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(rand.N(interval)):
+	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	var watched time.Time
@@ -56,11 +63,10 @@ func (s *Server) mergeLoop(ctx context.Context, rule *rules.Rule) {
 
 // mergeOnce is one background round: merge the due staging collections.
 func (s *Server) mergeOnce(up *upstream.Conn, rule *rules.Rule) (stage.Stats, error) {
-	reply, err := up.Command(bson.D{{Key: "buildInfo", Value: 1}, {Key: "$db", Value: "admin"}})
+	upCaps, err := s.upstreamCapsOn(up)
 	if err != nil {
 		return stage.Stats{}, upstreamFailure{err: err}
 	}
-	upCaps := caps.Detect(reply)
 	if !rule.Staged(upCaps.CostlyUpdates) {
 		return stage.Stats{}, nil
 	}

@@ -172,7 +172,8 @@ func RestoreMeta(stored bsoncore.Document, metaField string, metaOf func() (bson
 // its own series and window: those of its first group (StoredEvents),
 // then those of the groups in FieldMore (StagedGroups).
 func StagedEvents(doc bsoncore.Document, rule *rules.Rule, lim Limits) ([]Event, error) {
-	out, err := StoredEvents(doc, rule, lim)
+	var r eventReader
+	out, err := r.appendStored(nil, doc, rule, lim)
 	if err != nil {
 		return nil, err
 	}
@@ -184,20 +185,20 @@ func StagedEvents(doc bsoncore.Document, rule *rules.Rule, lim Limits) ([]Event,
 	if err != nil {
 		return nil, err
 	}
-	groups, err := more.Values()
-	if err != nil {
-		return nil, fmt.Errorf("%q does not hold a BSON array: %w", FieldMore, err)
-	}
-	for i, g := range groups {
+	i := 0
+	err = eachElement(more, func(g bsoncore.Value) error {
 		gd, ok := g.DocumentOK()
 		if !ok {
-			return nil, fmt.Errorf("%q group %d is a %s, not a document", FieldMore, i, bsonutil.TypeName(g.Type))
+			return fmt.Errorf("%q group %d is a %s, not a document", FieldMore, i, bsonutil.TypeName(g.Type))
 		}
-		evs, err := StoredEvents(gd, rule, lim)
-		if err != nil {
-			return nil, fmt.Errorf("%q group %d: %w", FieldMore, i, err)
+		if out, err = r.appendStored(out, gd, rule, lim); err != nil {
+			return fmt.Errorf("%q group %d: %w", FieldMore, i, err)
 		}
-		out = append(out, evs...)
+		i++
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }
@@ -206,26 +207,92 @@ func StagedEvents(doc bsoncore.Document, rule *rules.Rule, lim Limits) ([]Event,
 // stored order, as PrepareEvent made them (Index is the position in the
 // bucket): what a merge needs to write them into other buckets.
 func StoredEvents(bdoc bsoncore.Document, rule *rules.Rule, lim Limits) ([]Event, error) {
+	var r eventReader
+	return r.appendStored(nil, bdoc, rule, lim)
+}
+
+// eventReader reads stored events with few allocations: a merge reads
+// every staged event (tens of thousands) this way, and the aggregate
+// values of many events share one slab.
+type eventReader struct {
+	slab []bsoncore.Value
+}
+
+// aggs is a zeroed slice of n values of its own (capped: an append to it
+// cannot reach the next event's).
+func (r *eventReader) aggs(n int) []bsoncore.Value {
+	if n == 0 {
+		return nil
+	}
+	if len(r.slab) < n {
+		r.slab = make([]bsoncore.Value, 256*n)
+	}
+	a := r.slab[:n:n]
+	r.slab = r.slab[n:]
+	return a
+}
+
+// appendStored appends the events of bdoc (a bucket or one group of a
+// staged document) to out: its packed ones, then its array's.
+func (r *eventReader) appendStored(out []Event, bdoc bsoncore.Document, rule *rules.Rule, lim Limits) ([]Event, error) {
 	meta, start, err := KeyFields(bdoc)
 	if err != nil {
 		return nil, err
 	}
-	docs, err := EventDocs(bdoc)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]Event, 0, len(docs))
-	for i, d := range docs {
-		aggs := make([]bsoncore.Value, len(lim.Aggregates))
+	i := 0
+	read := func(v bsoncore.Value) error {
+		d, ok := v.DocumentOK()
+		if !ok {
+			return fmt.Errorf("event %d is a %s, not a document", i, bsonutil.TypeName(v.Type))
+		}
+		aggs := r.aggs(len(lim.Aggregates))
 		f, err := readEventFields(d, rule, lim, aggs)
 		if err != nil {
-			return nil, fmt.Errorf("event %d: %w", i, err)
+			return fmt.Errorf("event %d: %w", i, err)
 		}
 		ms, ok := f.time.DateTimeOK()
 		if !ok {
-			return nil, fmt.Errorf("event %d: %q is a %s, not a date", i, rule.TimeField, bsonutil.TypeName(f.time.Type))
+			return fmt.Errorf("event %d: %q is a %s, not a date", i, rule.TimeField, bsonutil.TypeName(f.time.Type))
 		}
 		out = append(out, Event{Index: i, Meta: meta, Start: start, Time: ms, Stored: d, Aggs: aggs})
+		i++
+		return nil
+	}
+	if p, ok, err := packedEvents(bdoc); err != nil {
+		return nil, err
+	} else if ok {
+		if err := eachElement(p.Array(), read); err != nil {
+			return nil, err
+		}
+	}
+	if v, ok := bsonutil.Lookup(bdoc, FieldEvents); ok {
+		arr, ok := v.ArrayOK()
+		if !ok {
+			return nil, fmt.Errorf("%q is a %s, not an array", FieldEvents, bsonutil.TypeName(v.Type))
+		}
+		if err := eachElement(arr, read); err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
+}
+
+// eachElement calls f with each value of arr, in order, without making a
+// slice of them.
+func eachElement(arr bsoncore.Array, f func(bsoncore.Value) error) error {
+	if len(arr) < 5 {
+		return bsoncore.ErrMissingNull
+	}
+	rem := arr[4 : len(arr)-1]
+	for len(rem) > 0 {
+		elem, rest, ok := bsoncore.ReadElement(rem)
+		if !ok {
+			return bsoncore.ErrElementMissingKey
+		}
+		rem = rest
+		if err := f(elem.Value()); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -850,3 +850,39 @@ func TestStageRecordsKept(t *testing.T) {
 	}
 	checkStored(t, readBuckets(t, ctx, db), evs, 100)
 }
+
+// TestStageNothingStagedWritesNothing: a flush, a find and a count of a
+// staged rule that holds nothing staged write nothing upstream (no
+// writer lease, whose renewal is a write): the rule's database is not
+// created by them.
+func TestStageNothingStagedWritesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := ctxFor(t)
+	db := uniqueDB(t)
+	p := startProxy(t, proxyOptions{yaml: stagedRule(db, 1000, "1h")})
+	c := connect(t, p.URI())
+	r := flush(t, ctx, c, db+".readings")
+	if asInt(r["events"]) != 0 || asInt(r["collections"]) != 0 {
+		t.Fatalf("flush of an empty rule: %v", r)
+	}
+	coll := c.Database(db).Collection("readings")
+	if n, err := coll.CountDocuments(ctx, bson.D{}); err != nil || n != 0 {
+		t.Fatalf("count %d, %v; want 0", n, err)
+	}
+	cur, err := coll.Find(ctx, bson.D{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cur.Next(ctx) {
+		t.Fatalf("find returned %v", cur.Current)
+	}
+	_ = cur.Close(ctx)
+	names, err := connect(t, env.upstreamURI).ListDatabaseNames(ctx, bson.D{{Key: "name", Value: db}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(names) != 0 {
+		cs, _ := connect(t, env.upstreamURI).Database(db).ListCollectionNames(ctx, bson.D{})
+		t.Fatalf("database %s exists upstream after a flush, a count and a find of nothing: collections %v", db, cs)
+	}
+}
