@@ -262,7 +262,7 @@ func (r *eventReader) appendStored(out []Event, bdoc bsoncore.Document, rule *ru
 		return nil, err
 	} else if ok {
 		if err := eachElement(p.Array(), read); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%q: %w", FieldPacked, err)
 		}
 	}
 	if v, ok := bsonutil.Lookup(bdoc, FieldEvents); ok {
@@ -271,7 +271,7 @@ func (r *eventReader) appendStored(out []Event, bdoc bsoncore.Document, rule *ru
 			return nil, fmt.Errorf("%q is a %s, not an array", FieldEvents, bsonutil.TypeName(v.Type))
 		}
 		if err := eachElement(arr, read); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%q: %w", FieldEvents, err)
 		}
 	}
 	return out, nil
