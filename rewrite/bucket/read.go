@@ -49,31 +49,44 @@ func SeqOf(bucketNS string, key Key, id bson.ObjectID) (int, bool) {
 // written. An emptied shell has none.
 func EventValues(bdoc bsoncore.Document) ([]bsoncore.Value, error) {
 	var out []bsoncore.Value
-	if p, ok, err := packedEvents(bdoc); err != nil {
-		return nil, err
-	} else if ok {
-		vals, err := p.Array().Values()
+	err := eachEventArray(bdoc, func(field string, arr bsoncore.Array) error {
+		vals, err := arr.Values()
 		if err != nil {
-			return nil, fmt.Errorf("%q: %w", FieldPacked, err)
+			return fmt.Errorf("%q: %w", field, err)
 		}
-		out = vals
+		if out == nil {
+			out = vals
+		} else {
+			out = append(out, vals...)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// eachEventArray calls f with the arrays of a document's stored events,
+// in stored order (see EventValues): the packed one, unpacked, then
+// FieldEvents; field names each.
+func eachEventArray(bdoc bsoncore.Document, f func(field string, arr bsoncore.Array) error) error {
+	if p, ok, err := packedEvents(bdoc); err != nil {
+		return err
+	} else if ok {
+		if err := f(FieldPacked, p.Array()); err != nil {
+			return err
+		}
 	}
 	v, ok := bsonutil.Lookup(bdoc, FieldEvents)
 	if !ok {
-		return out, nil
+		return nil
 	}
 	arr, ok := v.ArrayOK()
 	if !ok {
-		return nil, fmt.Errorf("%q is a %s, not an array", FieldEvents, bsonutil.TypeName(v.Type))
+		return fmt.Errorf("%q is a %s, not an array", FieldEvents, bsonutil.TypeName(v.Type))
 	}
-	vals, err := arr.Values()
-	if err != nil {
-		return nil, fmt.Errorf("%q: %w", FieldEvents, err)
-	}
-	if out == nil {
-		return vals, nil
-	}
-	return append(out, vals...), nil
+	return f(FieldEvents, arr)
 }
 
 // EventDocs are EventValues as documents.
@@ -258,21 +271,14 @@ func (r *eventReader) appendStored(out []Event, bdoc bsoncore.Document, rule *ru
 		i++
 		return nil
 	}
-	if p, ok, err := packedEvents(bdoc); err != nil {
-		return nil, err
-	} else if ok {
-		if err := eachElement(p.Array(), read); err != nil {
-			return nil, fmt.Errorf("%q: %w", FieldPacked, err)
-		}
-	}
-	if v, ok := bsonutil.Lookup(bdoc, FieldEvents); ok {
-		arr, ok := v.ArrayOK()
-		if !ok {
-			return nil, fmt.Errorf("%q is a %s, not an array", FieldEvents, bsonutil.TypeName(v.Type))
-		}
+	err = eachEventArray(bdoc, func(field string, arr bsoncore.Array) error {
 		if err := eachElement(arr, read); err != nil {
-			return nil, fmt.Errorf("%q: %w", FieldEvents, err)
+			return fmt.Errorf("%q: %w", field, err)
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }
