@@ -107,8 +107,8 @@ type ingestSample struct {
 	proxyInsert   float64 // events/s of the proxy's inserts alone
 	flush         time.Duration
 	flushed       flushReply
-	directP50     time.Duration // per insert call
-	proxyP50      time.Duration
+	directCalls   callTimes // per insert call
+	proxyCalls    callTimes
 	others        float64 // cores other processes kept busy meanwhile
 	st            ingestStorage
 }
@@ -265,7 +265,7 @@ func ingestRun(ctx context.Context, directC, proxyC *mongo.Client, db string, ba
 		if err != nil {
 			return fmt.Errorf("direct insert: %w", err)
 		}
-		s.direct, s.directP50 = float64(n)/d.Seconds(), calls
+		s.direct, s.directCalls = float64(n)/d.Seconds(), calls
 		return nil
 	}
 	proxy := func() error {
@@ -280,7 +280,7 @@ func ingestRun(ctx context.Context, directC, proxyC *mongo.Client, db string, ba
 		}
 		s.proxy = float64(n) / (d + fd).Seconds()
 		s.proxyInsert = float64(n) / d.Seconds()
-		s.flush, s.flushed, s.proxyP50 = fd, f, calls
+		s.flush, s.flushed, s.proxyCalls = fd, f, calls
 		return nil
 	}
 	steps := []func() error{direct, proxy}
@@ -369,13 +369,19 @@ func report(cases []ingestCase, samples [][]ingestSample, runs, events, nRules i
 	}
 
 	fmt.Printf("\n### insert calls and flush (medians of %d runs)\n\n", runs)
-	fmt.Println("| batch | clients | events | direct p50 ms/call | proxy p50 ms/call | p50 ratio proxy/direct | proxy inserts alone ev/s | flush s | events merged by the flush | buckets written by the flush | other load, cores |")
-	fmt.Println("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Println("| batch | clients | events | direct p50 ms/call | proxy p50 ms/call | p50 ratio proxy/direct | p99 ratio | mean ratio | proxy inserts alone ev/s | flush s | events merged by the flush | buckets written by the flush | other load, cores |")
+	fmt.Println("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for i, c := range cases {
-		dp := med(i, func(s ingestSample) float64 { return s.directP50.Seconds() * 1e3 })
-		pp := med(i, func(s ingestSample) float64 { return s.proxyP50.Seconds() * 1e3 })
-		fmt.Printf("| %d | %d | %d | %s | %s | %s | %s | %s | %s | %s | %.2f |\n", c.batch, c.conc, ingestEvents(events, c),
-			num(dp, "%.2f"), num(pp, "%.2f"), num(med(i, func(s ingestSample) float64 { return s.proxyP50.Seconds() / s.directP50.Seconds() }), "%.2f"),
+		dp := med(i, func(s ingestSample) float64 { return s.directCalls.p50.Seconds() * 1e3 })
+		pp := med(i, func(s ingestSample) float64 { return s.proxyCalls.p50.Seconds() * 1e3 })
+		ratio := func(f func(callTimes) time.Duration) string {
+			return num(med(i, func(s ingestSample) float64 { return f(s.proxyCalls).Seconds() / f(s.directCalls).Seconds() }), "%.2f")
+		}
+		fmt.Printf("| %d | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.2f |\n", c.batch, c.conc, ingestEvents(events, c),
+			num(dp, "%.2f"), num(pp, "%.2f"),
+			ratio(func(t callTimes) time.Duration { return t.p50 }),
+			ratio(func(t callTimes) time.Duration { return t.p99 }),
+			ratio(func(t callTimes) time.Duration { return t.mean }),
 			num(med(i, func(s ingestSample) float64 { return s.proxyInsert }), "%.0f"),
 			num(med(i, func(s ingestSample) float64 { return s.flush.Seconds() }), "%.2f"),
 			num(med(i, func(s ingestSample) float64 { return float64(s.flushed.events) }), "%.0f"),
@@ -445,11 +451,28 @@ func ingestBatchesFrom(base time.Time, n, batch int) [][]any {
 	return out
 }
 
+// callTimes summarizes the times of a run's insert calls. With many
+// clients the median alone misleads: an upstream that serves clients
+// unfairly answers most calls fast and a few very late.
+type callTimes struct{ p50, p99, mean time.Duration }
+
+func summarizeCalls(sorted []time.Duration) callTimes {
+	var sum time.Duration
+	for _, d := range sorted {
+		sum += d
+	}
+	t := callTimes{p50: percentile(sorted, 0.5), p99: percentile(sorted, 0.99)}
+	if len(sorted) > 0 {
+		t.mean = sum / time.Duration(len(sorted))
+	}
+	return t
+}
+
 // ingest writes batches with conc clients that take them in turn from a
 // shared queue (as concurrent writers of one stream of events would):
 // insertOne for a batch of one, else an unordered insertMany. It returns
-// the time it took and the median time of one insert call.
-func ingest(ctx context.Context, coll *mongo.Collection, batches [][]any, conc int) (time.Duration, time.Duration, error) {
+// the time it took and the times of its insert calls.
+func ingest(ctx context.Context, coll *mongo.Collection, batches [][]any, conc int) (time.Duration, callTimes, error) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, conc)
@@ -484,9 +507,9 @@ func ingest(ctx context.Context, coll *mongo.Collection, batches [][]any, conc i
 	d := time.Since(t0)
 	close(errs)
 	if err := <-errs; err != nil {
-		return 0, 0, err
+		return 0, callTimes{}, err
 	}
 	all := slices.Concat(calls...)
 	slices.Sort(all)
-	return d, percentile(all, 0.5), nil
+	return d, summarizeCalls(all), nil
 }
