@@ -85,6 +85,7 @@ func benchLayouts(e *benchEnv, runs, events, batch int) error {
 	proxyC, directC := cs.proxy, cs.direct
 	db := func(c *mongo.Client) *mongo.Database { return c.Database("tsbench") }
 	rates := map[string][]float64{}
+	flushes := map[string][]float64{} // seconds
 	for r := 0; r < runs; r++ {
 		for _, lc := range layoutCases {
 			for _, path := range []string{"direct", "proxy"} {
@@ -106,6 +107,7 @@ func benchLayouts(e *benchEnv, runs, events, batch int) error {
 						return fmt.Errorf("%s: tsproxyFlush: %w", lc.name, err)
 					}
 					took += d
+					flushes[lc.name] = append(flushes[lc.name], d.Seconds())
 				}
 				rate := float64(events) / took.Seconds()
 				rates[lc.name+path] = append(rates[lc.name+path], rate)
@@ -115,11 +117,16 @@ func benchLayouts(e *benchEnv, runs, events, batch int) error {
 		fmt.Printf("run %d/%d done\n", r+1, runs)
 	}
 	fmt.Printf("\nmedians of %d runs; %d events per case, insertMany of %d, one client; the proxy's time includes a tsproxyFlush\n\n", runs, events, batch)
-	fmt.Println("| layout | direct plain events/s | proxy events/s | proxy/direct |")
-	fmt.Println("|---|---:|---:|---:|")
+	fmt.Println("| layout | direct plain events/s | proxy events/s | proxy/direct | median of the runs' ratios | flush s |")
+	fmt.Println("|---|---:|---:|---:|---:|---:|")
 	for _, lc := range layoutCases {
-		d, p := median(rates[lc.name+"direct"]), median(rates[lc.name+"proxy"])
-		fmt.Printf("| %s | %.0f | %.0f | %.2f |\n", lc.name, d, p, p/d)
+		ds, ps := rates[lc.name+"direct"], rates[lc.name+"proxy"]
+		var ratios []float64
+		for i := range min(len(ds), len(ps)) {
+			ratios = append(ratios, ps[i]/ds[i])
+		}
+		d, p := median(ds), median(ps)
+		fmt.Printf("| %s | %.0f | %.0f | %.2f | %.2f | %.2f |\n", lc.name, d, p, p/d, median(ratios), median(flushes[lc.name]))
 	}
 	fmt.Printf("\nstorage after %d events (collStats), and the proxy's count of them:\n\n", events)
 	fmt.Println("| layout | plain documents | bucket documents | plain data bytes | bucket data bytes | plain index bytes | bucket index bytes | count via proxy |")
