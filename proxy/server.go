@@ -111,6 +111,7 @@ type Server struct {
 	// those (when it started, in ms) (stage.go).
 	presence    *lease.Presence
 	stagerSince int64
+	tag         atomic.Pointer[stagerTagOf] // stagerTag's last answer
 	// serviceID names this proxy to drivers in load-balanced mode
 	// (hello.go): one per process, as a mongos behind a balancer has.
 	serviceID bson.ObjectID

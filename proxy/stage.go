@@ -142,7 +142,20 @@ func (s *Server) stager(rule *rules.Rule, caps caps.Upstream) stage.Stager {
 // stagerTag names this proxy in its staging collections' names: its
 // writer identity (host and listen address), so a proxy restarted on the
 // same address knows its predecessor's collections.
-func (s *Server) stagerTag() string { return stage.StagerTag(s.leases.Identity()) }
+func (s *Server) stagerTag() string {
+	id := s.leases.Identity()
+	if t := s.tag.Load(); t != nil && t.identity == id {
+		return t.tag
+	}
+	// A hash, asked for by every staged insert: made once per identity
+	// (which changes only when the proxy starts listening).
+	t := &stagerTagOf{identity: id, tag: stage.StagerTag(id)}
+	s.tag.Store(t)
+	return t.tag
+}
+
+// stagerTagOf is the stager tag of one identity.
+type stagerTagOf struct{ identity, tag string }
 
 // announceStaging renews this proxy's announcement that it stages rule
 // (lease.Presence), with the client's privileges, where the proxy stages
