@@ -35,10 +35,10 @@ type mergeState struct {
 	// rule namespace (stage.Stager.Gen): moved on at every freeze, under
 	// the rule's inflight lock.
 	gens map[string]int64
-	// keys is how many bucket keys (series and window) the rule's last
-	// merge that wrote buckets took, by namespace: the measure of how
-	// many events a merge should take to fill its buckets (mergeBatch).
-	keys map[string]int
+	// series is how many series the rule's last merge that wrote buckets
+	// took (stage.Stats.Series), by namespace: the measure of how many
+	// events a merge should take to fill its buckets (mergeBatch).
+	series map[string]int
 	// kicks wakes a rule's background merger, by namespace, when its
 	// backlog makes a merge due (buffer of one: a wake-up pending is
 	// enough).
@@ -61,7 +61,7 @@ type ruleStageStats = telemetry.Staging
 
 func newMergeState() *mergeState {
 	return &mergeState{locks: map[string]*sync.Mutex{}, inflight: map[string]*sync.RWMutex{}, activity: map[string]*stagedSince{}, stats: map[string]*ruleStageStats{}, gens: map[string]int64{},
-		keys: map[string]int{}, kicks: map[string]chan struct{}{}, room: map[string]chan struct{}{}}
+		series: map[string]int{}, kicks: map[string]chan struct{}{}, room: map[string]chan struct{}{}}
 }
 
 func (m *mergeState) lock(ns string) *sync.Mutex {
@@ -116,8 +116,11 @@ const MaxStagedEvents = 50_000
 
 // mergeBatch is how many staged documents make a background merge due
 // while inserts still arrive: as many as a full bucket's events for each
-// bucket key the rule's last merge took, at least two buckets' worth
-// and minMergeBatch.
+// series the rule's last merge took (of one staging collection: not its
+// windows, or a backfill of history would make the batches of the live
+// inserts after it as large as maxStagedEvents, and a read that must
+// merge first wait for all of them), at least two buckets' worth and
+// minMergeBatch.
 // What a merge costs on FerretDB is mostly per staged document (it
 // decodes each one, about 50 µs, whatever it holds), so small inserts
 // (one event a document) are merged as they come, a batch at a time,
@@ -132,7 +135,7 @@ const MaxStagedEvents = 50_000
 // The caller holds mu.
 func (m *mergeState) mergeBatch(rule *rules.Rule) int64 {
 	per := int64(max(rule.MaxEvents, 1))
-	return max(int64(m.keys[rule.Namespace])*per, 2*per, minMergeBatch)
+	return max(int64(m.series[rule.Namespace])*per, 2*per, minMergeBatch)
 }
 
 // minMergeBatch is the smallest merge batch, in staged documents: a
@@ -260,8 +263,8 @@ func (m *mergeState) record(rule *rules.Rule, st stage.Stats, background bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r := m.ruleStats(rule)
-	if st.Keys > 0 {
-		m.keys[rule.Namespace] = st.Keys
+	if st.Series > 0 {
+		m.series[rule.Namespace] = st.Series
 	}
 	r.Merged += int64(st.Events)
 	r.Buckets += int64(st.Buckets)

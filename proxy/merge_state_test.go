@@ -56,17 +56,31 @@ func TestMergeDuePolicy(t *testing.T) {
 		if got := m.stagedSince(rule); got.events != 0 || got.docs != 0 {
 			t.Fatalf("%+v left after a freeze of everything", got)
 		}
-		// A merge that took 8 keys: a full bucket each.
-		m.record(rule, stage.Stats{Events: 2000, Buckets: 8, Keys: 8}, true)
+		// A merge that took 8 series: a full bucket each.
+		m.record(rule, stage.Stats{Events: 2000, Buckets: 8, Keys: 8, Series: 8}, true)
 		for range 7999 {
 			m.staged(rule, 1)
 		}
 		if m.due(rule, time.Now())(c) {
-			t.Fatal("due below keys × maxEvents documents")
+			t.Fatal("due below series × maxEvents documents")
 		}
 		m.staged(rule, 1)
 		if !m.due(rule, time.Now())(c) {
-			t.Fatal("not due at keys × maxEvents documents")
+			t.Fatal("not due at series × maxEvents documents")
+		}
+		m.frozeAll(rule)
+		// A backfill's merge: 4 series over a day of windows, 96 keys.
+		// The live inserts after it merge at 4 buckets' worth, not 96.
+		m.record(rule, stage.Stats{Events: 96_000, Buckets: 96, Keys: 96, Series: 4}, true)
+		for range 3999 {
+			m.staged(rule, 1)
+		}
+		if m.due(rule, time.Now())(c) {
+			t.Fatal("due below series × maxEvents documents after a backfill")
+		}
+		m.staged(rule, 1)
+		if !m.due(rule, time.Now())(c) {
+			t.Fatal("not due at series × maxEvents documents after a backfill: the windows of a backfill counted as series")
 		}
 	})
 	t.Run("backlog bound", func(t *testing.T) {

@@ -124,12 +124,17 @@ type Stats struct {
 	Buckets     int // buckets written
 	ToppedUp    int // last buckets of their key filled up (TopUp)
 	Keys        int // bucket keys (series and window) the buckets written took
-	Retries     int // staged documents left out: retries of writes merged before
-	Pending     int // staging collections not due yet
-	Frozen      int // retired collections left to merge (after a freeze)
-	Late        int // documents that reached a retired collection after it was read, moved back to staging
-	Counted     int // events counted into the rule's rollups
-	Kept        int // retired collections merged from what the proxy kept, not read back (kept.go)
+	// Series is the most series one staging collection's merge took:
+	// the series a rule takes at once, which sizes its next merge batch
+	// (a staging collection holds a day, so its keys count each series
+	// once a window: a backfill of a day of 4 series is 96 keys).
+	Series  int
+	Retries int // staged documents left out: retries of writes merged before
+	Pending int // staging collections not due yet
+	Frozen  int // retired collections left to merge (after a freeze)
+	Late    int // documents that reached a retired collection after it was read, moved back to staging
+	Counted int // events counted into the rule's rollups
+	Kept    int // retired collections merged from what the proxy kept, not read back (kept.go)
 	// DirectoryReads counts the reads of every bucket's key
 	// (MergeOptions.Known).
 	DirectoryReads int
@@ -456,4 +461,13 @@ func sortByID(docs []bsoncore.Document) {
 	slices.SortStableFunc(docs, func(a, b bsoncore.Document) int {
 		return bytes.Compare(a.Lookup("_id").Data, b.Lookup("_id").Data)
 	})
+}
+
+// seriesOf counts the distinct series among keys.
+func seriesOf(keys []bucket.Key) int {
+	seen := make(map[string]struct{}, len(keys))
+	for _, k := range keys {
+		seen[string(k.Meta)] = struct{}{}
+	}
+	return len(seen)
 }

@@ -103,6 +103,7 @@ func (m *Merge) mergeLayoutOne(x *rewrite.Exec, r Collection, staged []bsoncore.
 	m.Stats.Events += w.Events()
 	m.Stats.Buckets += len(w.Inserts) + len(w.Updates)
 	m.Stats.Keys += len(keys)
+	m.Stats.Series = max(m.Stats.Series, seriesOf(keys))
 	m.Stats.Retries += len(plan.skip)
 	return nil
 }

@@ -216,6 +216,7 @@ func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records *RecordSet) erro
 	m.Stats.Buckets += len(buckets)
 	m.Stats.ToppedUp += len(topped)
 	m.Stats.Keys += len(groups)
+	m.Stats.Series = max(m.Stats.Series, seriesOf(groupKeys(groups)))
 	m.Stats.Retries += len(plan.skip)
 	return nil
 }

@@ -498,6 +498,23 @@ func TestMerge(t *testing.T) {
 		}
 		checkIDIndex(t, m, true)
 	})
+	t.Run("counts the series of a staging collection apart from its windows", func(t *testing.T) {
+		// Series sizes the next merge batch (proxy mergeBatch): 2 series
+		// over 3 hours of one day's staging collection are 6 keys and
+		// 2 series.
+		m := newMem(t)
+		var evs []bson.D
+		for h := range int64(3) {
+			for _, s := range []string{"a", "b"} {
+				evs = append(evs, rwtest.Event(bson.NewObjectID(), rwtest.DT(36_000_000+h*3_600_000), s, 1))
+			}
+		}
+		stagedInsert(t, m, evs)
+		st := merge(t, m, stage.MergeOptions{All: true})
+		if st.Collections != 1 || st.Keys != 6 || st.Series != 2 {
+			t.Fatalf("stats %+v, want 1 collection, 6 keys, 2 series", st)
+		}
+	})
 	t.Run("an event-id index started on buckets it does not cover has no marker", func(t *testing.T) {
 		m := newMem(t)
 		m.colls["readings.buckets"] = append(m.colls["readings.buckets"], rwtest.Doc(t, bson.D{{Key: "_id", Value: rwtest.OID(9)}, {Key: "meta", Value: "z"}, {Key: "start", Value: rwtest.DT(0)}, {Key: "count", Value: 0}, {Key: "events", Value: bson.A{}}}))
