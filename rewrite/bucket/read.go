@@ -199,7 +199,8 @@ func StagedEvents(doc bsoncore.Document, rule *rules.Rule, lim Limits) ([]Event,
 		return nil, err
 	}
 	i := 0
-	err = eachElement(more, func(g bsoncore.Value) error {
+	err = eachElement(more, func(e bsoncore.Element) error {
+		g := e.Value()
 		gd, ok := g.DocumentOK()
 		if !ok {
 			return fmt.Errorf("%q group %d is a %s, not a document", FieldMore, i, bsonutil.TypeName(g.Type))
@@ -253,7 +254,8 @@ func (r *eventReader) appendStored(out []Event, bdoc bsoncore.Document, rule *ru
 		return nil, err
 	}
 	i := 0
-	read := func(v bsoncore.Value) error {
+	read := func(e bsoncore.Element) error {
+		v := e.Value()
 		d, ok := v.DocumentOK()
 		if !ok {
 			return fmt.Errorf("event %d is a %s, not a document", i, bsonutil.TypeName(v.Type))
@@ -281,24 +283,4 @@ func (r *eventReader) appendStored(out []Event, bdoc bsoncore.Document, rule *ru
 		return nil, err
 	}
 	return out, nil
-}
-
-// eachElement calls f with each value of arr, in order, without making a
-// slice of them.
-func eachElement(arr bsoncore.Array, f func(bsoncore.Value) error) error {
-	if len(arr) < 5 {
-		return bsoncore.ErrMissingNull
-	}
-	rem := arr[4 : len(arr)-1]
-	for len(rem) > 0 {
-		elem, rest, ok := bsoncore.ReadElement(rem)
-		if !ok {
-			return bsoncore.ErrElementMissingKey
-		}
-		rem = rest
-		if err := f(elem.Value()); err != nil {
-			return err
-		}
-	}
-	return nil
 }
