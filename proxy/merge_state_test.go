@@ -36,17 +36,23 @@ func TestMergeDuePolicy(t *testing.T) {
 	})
 	t.Run("merge batch", func(t *testing.T) {
 		m := newMergeState()
-		// No merge yet: two buckets' worth of staged documents.
-		for range 1999 {
+		// dueAtDocs stages n-1 one-event documents, checks the merge is
+		// not due, stages one more and checks it is; batch names n.
+		dueAtDocs := func(n int, batch string) {
+			t.Helper()
+			for range n - 1 {
+				m.staged(rule, 1)
+			}
+			if m.due(rule, time.Now())(c) {
+				t.Fatalf("due below %s while inserts arrive", batch)
+			}
 			m.staged(rule, 1)
+			if !m.due(rule, time.Now())(c) {
+				t.Fatalf("not due at %s", batch)
+			}
 		}
-		if m.due(rule, time.Now())(c) {
-			t.Fatal("due below a merge batch while inserts arrive")
-		}
-		m.staged(rule, 1)
-		if !m.due(rule, time.Now())(c) {
-			t.Fatal("not due at a merge batch")
-		}
+		// No merge yet: two buckets' worth of staged documents.
+		dueAtDocs(2000, "a merge batch")
 		select {
 		case <-m.kick(rule.Namespace):
 		default:
@@ -58,30 +64,13 @@ func TestMergeDuePolicy(t *testing.T) {
 		}
 		// A merge that took 8 series: a full bucket each.
 		m.record(rule, stage.Stats{Events: 2000, Buckets: 8, Keys: 8, Series: 8}, true)
-		for range 7999 {
-			m.staged(rule, 1)
-		}
-		if m.due(rule, time.Now())(c) {
-			t.Fatal("due below series × maxEvents documents")
-		}
-		m.staged(rule, 1)
-		if !m.due(rule, time.Now())(c) {
-			t.Fatal("not due at series × maxEvents documents")
-		}
+		dueAtDocs(8000, "series × maxEvents documents")
 		m.frozeAll(rule)
 		// A backfill's merge: 4 series over a day of windows, 96 keys.
-		// The live inserts after it merge at 4 buckets' worth, not 96.
+		// The live inserts after it merge at 4 buckets' worth, not 96
+		// (were the windows counted as series, it would not be due).
 		m.record(rule, stage.Stats{Events: 96_000, Buckets: 96, Keys: 96, Series: 4}, true)
-		for range 3999 {
-			m.staged(rule, 1)
-		}
-		if m.due(rule, time.Now())(c) {
-			t.Fatal("due below series × maxEvents documents after a backfill")
-		}
-		m.staged(rule, 1)
-		if !m.due(rule, time.Now())(c) {
-			t.Fatal("not due at series × maxEvents documents after a backfill: the windows of a backfill counted as series")
-		}
+		dueAtDocs(4000, "series × maxEvents documents after a backfill")
 	})
 	t.Run("backlog bound", func(t *testing.T) {
 		m := newMergeState()
