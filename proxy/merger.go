@@ -6,8 +6,6 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"go.mongodb.org/mongo-driver/v2/bson"
-
 	"github.com/tsproxy/tsproxy/proxy/lease"
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/source"
@@ -70,11 +68,8 @@ func (s *Server) mergeOnce(up *upstream.Conn, rule *rules.Rule) (stage.Stats, er
 	if !rule.Staged(upCaps.CostlyUpdates) {
 		return stage.Stats{}, nil
 	}
-	list, err := up.Command(bson.Raw(source.ListCommand(rule.DB)))
-	if err != nil {
-		return stage.Stats{}, upstreamFailure{err: err}
-	}
-	if work, err := stage.HasWork(rule, list); err != nil || !work {
+	list, work, err := stagedWork(upRunner{up: up}, rule)
+	if err != nil || !work {
 		return stage.Stats{}, err
 	}
 	if !s.routesRule(rule) {
