@@ -21,6 +21,11 @@ func BenchmarkMerge50k(b *testing.B) { benchmarkMerge(b, 50_000, 100) }
 // 10 at a time: 1,000 staged documents, one a client insert.
 func BenchmarkMergeBatch10(b *testing.B) { benchmarkMerge(b, 10_000, 10) }
 
+// BenchmarkMergeBatch1 is a background merge of per-event inserts: a
+// merge batch (4 series of buckets of 1,000) of staged documents of one
+// event each.
+func BenchmarkMergeBatch1(b *testing.B) { benchmarkMerge(b, 4_000, 1) }
+
 func benchmarkMerge(b *testing.B, events, batch int) {
 	rule := rwtest.InsertRule()
 	rule.MaxEvents = 1000
