@@ -43,6 +43,7 @@ func main() {
 	records := fs.Int("records", 0, "ingest: derived ids of merged retryable writes recorded in each case's rule before it is timed, as 10 minutes (the retry horizon) of records/600 retryable inserts a second leave them")
 	prefill := fs.Int("prefill", 0, "ingest: events written into each case's rule (through the proxy, batch 1000, flushed) and plain collection before it is timed, in the day before its events: a rule with history, whose merges must not cost more for it")
 	png := fs.String("png", "", "ingest: write a chart of the proxy/direct ratios to `file` (PNG)")
+	pgDurable := fs.Bool("pg-durable", false, "-backend postgresql: run the cluster with PostgreSQL's default durability (fsync and synchronous_commit on), as a user's server runs; default off, as the tests run it (every commit cheaper)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (proxy, upstream and clients) to `file`")
 	ro := addRangeFlags(fs)
 	fs.Usage = func() {
@@ -59,7 +60,11 @@ func main() {
 		fmt.Fprintln(os.Stderr, "tsbench: -backend:", err)
 		os.Exit(2)
 	}
-	up := upstreamSpec{uri: *upstreamURI, kind: *kind}
+	if *pgDurable && (*kind != backend.KindPostgreSQL || *upstreamURI != "") {
+		fmt.Fprintln(os.Stderr, "tsbench: -pg-durable needs -backend postgresql (and no -upstream)")
+		os.Exit(2)
+	}
+	up := upstreamSpec{uri: *upstreamURI, kind: *kind, durablePG: *pgDurable}
 	stopProfile, err := startCPUProfile(*cpuProfile)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "tsbench:", err)
@@ -70,7 +75,7 @@ func main() {
 		err = withEnv(up, nil, func(e *benchEnv) error { return benchPassthrough(e, *runs, *n, *dur) })
 	case "ingest":
 		ingestArgs.png, ingestArgs.runs, ingestArgs.cases, ingestArgs.prefill, ingestArgs.records = *png, *runs, *cases, *prefill, *records
-		ingestArgs.backend, ingestArgs.custom = *kind, *upstreamURI != ""
+		ingestArgs.backend, ingestArgs.custom = up.name(), *upstreamURI != ""
 		var rs []rules.Rule
 		if rs, err = ingestRules(*threshold); err == nil {
 			err = withEnv(up, rs, func(e *benchEnv) error { return benchIngest(e, *runs, *events, *cases) })
@@ -106,6 +111,16 @@ func main() {
 // FerretDB of kind.
 type upstreamSpec struct {
 	uri, kind string
+	durablePG bool // -pg-durable
+}
+
+// name is the started upstream's kind, saying when its PostgreSQL is
+// durable.
+func (us upstreamSpec) name() string {
+	if us.kind == backend.KindPostgreSQL && us.durablePG {
+		return us.kind + " (durable: fsync and synchronous_commit on)"
+	}
+	return us.kind
 }
 
 // withEnv starts the upstream (unless given) and a proxy with rules, runs
@@ -115,14 +130,14 @@ func withEnv(us upstreamSpec, rs []rules.Rule, f func(*benchEnv) error) error {
 	e := &benchEnv{upstreamURI: us.uri}
 	var indexIDs func(context.Context, string, string) error
 	if us.uri == "" {
-		up, err := backend.Start(us.kind, backend.Options{Logger: quiet})
+		up, err := backend.Start(us.kind, backend.Options{Logger: quiet, DurablePostgres: us.durablePG})
 		if err != nil {
 			return err
 		}
 		defer up.Close()
 		e.upstreamURI = up.URI()
 		indexIDs = up.IndexIDs()
-		fmt.Printf("backend %s\n", us.kind)
+		fmt.Printf("backend %s\n", us.name())
 	}
 	dialer, err := upstream.NewDialer(upstream.Options{URI: e.upstreamURI})
 	if err != nil {

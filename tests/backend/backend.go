@@ -32,6 +32,9 @@ type Options struct {
 	// Postgres is the cluster a postgresql upstream gets a new database
 	// on; nil: a cluster of its own, removed by Close.
 	Postgres *Postgres
+	// DurablePostgres: the cluster a postgresql upstream starts for
+	// itself (Postgres nil) is PostgresOptions.Durable.
+	DurablePostgres bool
 	// Logger receives the embedded upstream's logs (default: errors only,
 	// to stderr: FerretDB logs every error reply, document included, at
 	// warn).
@@ -114,7 +117,7 @@ func (u *Upstream) runEmbedded(listen string) error {
 
 func (u *Upstream) startOnPostgres(o Options) error {
 	if u.Postgres = o.Postgres; u.Postgres == nil {
-		pg, err := StartPostgres()
+		pg, err := StartPostgres(PostgresOptions{Durable: o.DurablePostgres})
 		if err != nil {
 			return err
 		}

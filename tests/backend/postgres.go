@@ -32,10 +32,22 @@ type Postgres struct {
 	as   *osUser
 	p    *proc
 	dbs  atomic.Int64
+
+	durable bool // PostgresOptions.Durable
+}
+
+// PostgresOptions configures a cluster of StartPostgres.
+type PostgresOptions struct {
+	// Durable runs the cluster with PostgreSQL's default durability
+	// (fsync, synchronous_commit and full_page_writes on), as a user's
+	// server runs: every commit waits for the disk. Off (the tests'
+	// choice), a commit returns before its WAL reaches the disk, the
+	// cheapest an upstream write can be.
+	Durable bool
 }
 
 // StartPostgres creates a cluster and starts its server.
-func StartPostgres() (*Postgres, error) {
+func StartPostgres(o PostgresOptions) (*Postgres, error) {
 	bin, err := postgresBinDir()
 	if err != nil {
 		return nil, err
@@ -44,7 +56,7 @@ func StartPostgres() (*Postgres, error) {
 	if err != nil {
 		return nil, err
 	}
-	pg := &Postgres{bin: bin, as: as}
+	pg := &Postgres{bin: bin, as: as, durable: o.Durable}
 	if pg.dir, err = pg.ownedTempDir(); err != nil {
 		return nil, err
 	}
@@ -173,16 +185,19 @@ func (pg *Postgres) serve() error {
 }
 
 // start runs postgres and waits until it accepts connections. Durability
-// is off: the cluster lives for one run. Connections are raised from 100:
+// is off unless the cluster is Durable: it lives for one run. Connections are raised from 100:
 // each FerretDB pools up to 50 (its pool_max_conns default), and a test
 // run has several at once (the run's, and the fault tests' own, killed
 // and restarted while their old connections are torn down).
 func (pg *Postgres) start() error {
 	_, port, _ := net.SplitHostPort(pg.Addr)
-	cmd := pg.command("postgres", "-D", filepath.Join(pg.dir, "data"), "-p", port,
+	args := []string{"-D", filepath.Join(pg.dir, "data"), "-p", port,
 		"-k", filepath.Join(pg.dir, "sock"), "-c", "listen_addresses=127.0.0.1",
-		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
-		"-c", "max_connections=500")
+		"-c", "max_connections=500"}
+	if !pg.durable {
+		args = append(args, "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
+	}
+	cmd := pg.command("postgres", args...)
 	// SIGQUIT is PostgreSQL's immediate shutdown: its backends exit too.
 	p, err := startProc(cmd, syscall.SIGQUIT)
 	if err != nil {
