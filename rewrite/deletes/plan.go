@@ -2,6 +2,7 @@ package deletes
 
 import (
 	"errors"
+	"slices"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
@@ -277,6 +278,14 @@ func (d *deleter) trims(edits []BucketEdit) ([]BucketEdit, []bucketRemoval, erro
 
 // trimKey plans the removals of one key whose edits are at idx.
 func (d *deleter) trimKey(edits []BucketEdit, idx []int, dropped []bool) ([]bucketRemoval, error) {
+	if !slices.ContainsFunc(idx, func(i int) bool { return edits[i].Remaining == 0 }) {
+		// Nothing emptied: the key's top bucket keeps its events (a delete
+		// leaves no empty bucket on top), so nothing goes, and the probes
+		// of the seqs above (a bucket read each) are not needed. What
+		// this skips is only a shell a crashed delete left on top, which
+		// the key's next emptying delete removes.
+		return nil, nil
+	}
 	ns := d.rule().BucketNamespace()
 	key := edits[idx[0]].Key
 	bySeq := map[int]int{}
