@@ -127,7 +127,8 @@ type Stats struct {
 	// Series is the most series one staging collection's merge took:
 	// the series a rule takes at once, which sizes its next merge batch
 	// (a staging collection holds a day, so its keys count each series
-	// once a window: a backfill of a day of 4 series in 1-hour windows is 96 keys).
+	// once a window: a backfill of a day of 4 series in 1-hour windows
+	// is 96 keys).
 	Series  int
 	Retries int // staged documents left out: retries of writes merged before
 	Pending int // staging collections not due yet

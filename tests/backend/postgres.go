@@ -185,8 +185,8 @@ func (pg *Postgres) serve() error {
 }
 
 // start runs postgres and waits until it accepts connections. Durability
-// is off unless the cluster is Durable: it lives for one run. Connections are raised from 100:
-// each FerretDB pools up to 50 (its pool_max_conns default), and a test
+// is off unless the cluster is durable (PostgresOptions): it lives for one
+// run. Connections are raised from 100: each FerretDB pools up to 50 (its pool_max_conns default), and a test
 // run has several at once (the run's, and the fault tests' own, killed
 // and restarted while their old connections are torn down).
 func (pg *Postgres) start() error {
