@@ -405,7 +405,7 @@ func TestInvalid(t *testing.T) {
 		{"rules not a list", "rules:\n  namespace: a.b\n", nil, nil,
 			`config: rules: must be a list, not a mapping`},
 		{"rule not a mapping", "rules:\n  - a.b\n", nil, nil,
-			`config: rules[0]: must be a mapping of keys (namespace, timeField, metaField, layout, window, slot, valueField, preallocate, bucket, aggregates, collection, rollups, expireAfter, sweepInterval, shardKey, partitionBy, ingest, mergeAfter, maxStaged), not "a.b"`},
+			`config: rules[0]: must be a mapping of keys (namespace, timeField, metaField, layout, window, slot, valueField, preallocate, packed, bucket, aggregates, collection, rollups, expireAfter, sweepInterval, shardKey, partitionBy, ingest, mergeAfter, maxStaged), not "a.b"`},
 		{"scalar given a list", "listen: [a, b]\n", nil, nil,
 			`config: listen: must be a single value, not a list`},
 		{"aggregates not a list", "rules:\n  - namespace: a.b\n    timeField: t\n    aggregates: value\n", nil, nil,

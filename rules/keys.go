@@ -53,6 +53,7 @@ var schema = []keySpec{
 		{name: "slot"},
 		{name: "valueField"},
 		{name: "preallocate"},
+		{name: "packed"},
 		{name: "bucket", kind: mapping, children: leaves("span", "granularity", "maxEvents", "maxBytes", "insertThreshold", "compression")},
 		{name: "aggregates", kind: list},
 		{name: "collection"},

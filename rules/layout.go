@@ -47,6 +47,12 @@ type LayoutOptions struct {
 	// for the next window, with a presence map that tells a written zero
 	// from a preallocated one.
 	Preallocate bool
+	// Unpacked (slots, the rule's packed: false): buckets keep a field
+	// per slot on every upstream; by default, on an upstream that
+	// rewrites whole documents (FerretDB), their values are packed into
+	// one binary field (rewrite/layout's SlotsPackedSubtype), which
+	// proxies older than that format do not read.
+	Unpacked bool
 }
 
 // SlotsPerWindow is Window / Slot.
@@ -80,7 +86,7 @@ var namedSpans = map[string]time.Duration{
 func (d *decoder) layout(p string, m map[string]any, r *Rule) {
 	k := func(name string) string { return p + "." + name }
 	r.Layout = strings.ToLower(d.str(k("layout"), field(m, "layout")))
-	own := []string{"window", "slot", "valueField", "preallocate"}
+	own := []string{"window", "slot", "valueField", "preallocate", "packed"}
 	switch r.Layout {
 	case "":
 		r.Layout = LayoutEvents
@@ -121,7 +127,7 @@ func (d *decoder) layout(p string, m map[string]any, r *Rule) {
 		r.Span = o.Window
 	}
 	if r.Layout == LayoutCounter {
-		for _, name := range []string{"valueField", "preallocate"} {
+		for _, name := range []string{"valueField", "preallocate", "packed"} {
 			if field(m, name) != nil {
 				d.fail(k(name), "applies only to layout slots, not counter (a counter stores no values)")
 			}
@@ -147,6 +153,9 @@ func (d *decoder) layout(p string, m map[string]any, r *Rule) {
 		o.Aggregated = true
 	}
 	o.Preallocate = d.boolean(k("preallocate"), field(m, "preallocate"))
+	if v := field(m, "packed"); v != nil {
+		o.Unpacked = !d.boolean(k("packed"), v)
+	}
 }
 
 // span reads a window or slot: a name (second, minute, hour, day) or a

@@ -5,6 +5,8 @@
 //	tsbench passthrough   ping and a small find: p50/p99 latency and throughput
 //	tsbench ingest        bucketed inserts vs plain inserts: events/s, documents, sizes
 //	tsbench layouts       counter and slots layouts vs plain inserts: events/s, documents, sizes
+//	tsbench mergefill     a merge of a few slots events into windows filled to different degrees
+//	tsbench shapes        one slots bucket's insert, find and replace by _id, direct, in each stored form
 //	tsbench range         range finds on buckets vs on plain documents: latency, documents examined
 //	tsbench summary       hourly aggregates from bucket summaries vs a scan of plain documents
 //

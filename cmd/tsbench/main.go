@@ -27,6 +27,9 @@ type benchEnv struct {
 	upstreamURI string
 	proxyURI    string
 	stop        func()
+	// indexIDs adds the embedded upstream's _id index to a collection
+	// (nil elsewhere), as the proxy does to the collections it creates.
+	indexIDs func(ctx context.Context, db, coll string) error
 }
 
 func main() {
@@ -47,7 +50,7 @@ func main() {
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (proxy, upstream and clients) to `file`")
 	ro := addRangeFlags(fs)
 	fs.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: tsbench [flags] passthrough|ingest|layouts|range|summary")
+		fmt.Fprintln(os.Stderr, "usage: tsbench [flags] passthrough|ingest|layouts|mergefill|shapes|range|summary")
 		fs.PrintDefaults()
 	}
 	_ = fs.Parse(os.Args[1:])
@@ -85,6 +88,13 @@ func main() {
 		if rs, err = layoutRules(); err == nil {
 			err = withEnv(up, rs, func(e *benchEnv) error { return benchLayouts(e, *runs, *events, *batch) })
 		}
+	case "mergefill":
+		var rs []rules.Rule
+		if rs, err = layoutRules(); err == nil {
+			err = withEnv(up, rs, func(e *benchEnv) error { return benchMergeFill(e, *runs) })
+		}
+	case "shapes":
+		err = withEnv(up, nil, func(e *benchEnv) error { return benchShapes(e, *runs) })
 	case "range":
 		ro.runs = *runs
 		var rs []rules.Rule
@@ -137,6 +147,7 @@ func withEnv(us upstreamSpec, rs []rules.Rule, f func(*benchEnv) error) error {
 		defer up.Close()
 		e.upstreamURI = up.URI()
 		indexIDs = up.IndexIDs()
+		e.indexIDs = indexIDs
 		fmt.Printf("backend %s\n", us.name())
 	}
 	dialer, err := upstream.NewDialer(upstream.Options{URI: e.upstreamURI})

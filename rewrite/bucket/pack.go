@@ -71,6 +71,22 @@ func appendPacked(dst []byte, key string, arr []byte, compress bool) []byte {
 	return bsoncore.AppendBinaryElement(dst, key, SubtypeArray, arr)
 }
 
+// Compress is b as one zstd frame, when that is worth it (b long
+// enough, the frame smaller); ok is false otherwise: for other packed
+// values than events (rewrite/layout's slots), with the same coder and
+// bounds.
+func Compress(b []byte) (z []byte, ok bool) {
+	if len(b) < minCompressBytes {
+		return nil, false
+	}
+	z = packEncoder.EncodeAll(b, make([]byte, 0, len(b)/2))
+	return z, len(z) < len(b)
+}
+
+// Decompress decodes a frame of Compress, refusing one that claims or
+// unpacks to more than MaxUnpackedBytes.
+func Decompress(z []byte) ([]byte, error) { return decompress(z) }
+
 // unpack reads the packed value v of field as the BSON of an array,
 // validated; a compressed one is decompressed into new memory, a raw one
 // is returned in place.

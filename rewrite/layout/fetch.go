@@ -132,6 +132,12 @@ func (r *Read) Feed(reply bsoncore.Document) (bsoncore.Document, error) {
 	vals, _ := arr.Values()
 	for _, v := range vals {
 		if d, ok := v.DocumentOK(); ok {
+			if r.rule.Layout == rules.LayoutSlots {
+				if _, err := readSlotGrid(d, r.rule.LayoutOptions); err != nil {
+					id, _ := d.Lookup(bucket.FieldID).ObjectIDOK()
+					return nil, mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: bucket %x: %v", r.rule.Namespace, id, err)
+				}
+			}
 			r.buckets = append(r.buckets, append(bsoncore.Document(nil), d...))
 			r.docs += r.slotsIn(d)
 			if r.docs > maxLayoutDocs {
@@ -232,9 +238,10 @@ func (r *Read) expandCounter(b bsoncore.Document, emit func(int, string, bsoncor
 
 func (r *Read) expandSlots(b bsoncore.Document, emit func(int, string, bsoncore.Value, int64)) {
 	o := r.rule.LayoutOptions
-	for s := 0; s < o.SlotsPerWindow(); s++ {
-		if v, ok := slotValue(b, o, s); ok {
-			emit(s, o.ValueField, v, 1)
+	g, _ := readSlotGrid(b, o) // checked when fetched (Feed)
+	for s, w := range g.written {
+		if w {
+			emit(s, o.ValueField, g.vals[s], 1)
 		}
 	}
 }

@@ -120,7 +120,7 @@ func InsertPlan(cmd rewrite.Command, rule *rules.Rule, keys []bucket.Key, env Wr
 		}
 		res := rewrite.Result{Reply: plan.Reply(replies)}
 		if rule.LayoutOptions.Preallocate && env.Shells != nil {
-			res.After = preallocate(rule, keys, env.Shells)
+			res.After = preallocate(rule, keys, env.Shells, packSlots(rule, env.Caps.PackedEvents))
 		}
 		return res, nil
 	})
@@ -183,8 +183,8 @@ func slotsWrite(x *rewrite.Exec, cmd rewrite.Command, rule *rules.Rule, keys []b
 // written one, on the client's connection and so with its privileges. A
 // shell that exists already (the window was written first) fails with a
 // duplicate key and is left alone: an insert never overwrites.
-func preallocate(rule *rules.Rule, keys []bucket.Key, claim func([]bucket.Key) []bucket.Key) rewrite.Plan {
-	cmd := shellsInsert(rule, keys, claim)
+func preallocate(rule *rules.Rule, keys []bucket.Key, claim func([]bucket.Key) []bucket.Key, packed bool) rewrite.Plan {
+	cmd := shellsInsert(rule, keys, claim, packed)
 	if cmd == nil {
 		return nil
 	}
@@ -194,8 +194,8 @@ func preallocate(rule *rules.Rule, keys []bucket.Key, claim func([]bucket.Key) [
 }
 
 // shellsInsert is the insert of the shells of the windows after keys
-// that claim has not tried yet; nil for none.
-func shellsInsert(rule *rules.Rule, keys []bucket.Key, claim func([]bucket.Key) []bucket.Key) bsoncore.Document {
+// that claim has not tried yet; nil for none; packed: SlotsShell's.
+func shellsInsert(rule *rules.Rule, keys []bucket.Key, claim func([]bucket.Key) []bucket.Key, packed bool) bsoncore.Document {
 	win := rule.LayoutOptions.Window.Milliseconds()
 	next := make([]bucket.Key, len(keys))
 	for i, k := range keys {
@@ -207,7 +207,7 @@ func shellsInsert(rule *rules.Rule, keys []bucket.Key, claim func([]bucket.Key) 
 	}
 	docs := bsoncore.NewArrayBuilder()
 	for _, k := range claimed {
-		docs.AppendDocument(SlotsShellOf(rule, k))
+		docs.AppendDocument(SlotsShellOf(rule, k, packed))
 	}
 	return bsoncore.NewDocumentBuilder().AppendString("insert", rule.BucketCollection).
 		AppendArray("documents", docs.Build()).AppendBoolean("ordered", false).AppendString("$db", rule.DB).Build()

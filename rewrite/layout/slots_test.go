@@ -100,7 +100,7 @@ func TestSlotsInsert(t *testing.T) {
 
 func TestSlotsShellAndRead(t *testing.T) {
 	rule := slotsTestRule(time.Hour, true, true)
-	shell := SlotsShell(rule, bsoncore.Value{Type: bsoncore.TypeString, Data: bsoncore.AppendString(nil, "/a")}, 0)
+	shell := SlotsShell(rule, bsoncore.Value{Type: bsoncore.TypeString, Data: bsoncore.AppendString(nil, "/a")}, 0, false)
 	var s struct {
 		Num    int64                       `bson:"num_samples"`
 		Values map[string]map[string]int32 `bson:"values"`

@@ -164,46 +164,43 @@ func counterBucket(id [12]byte, g []layoutEvent, mark string) bsoncore.Document 
 // window), in key order, inserted where there is none yet and replacing
 // the stored one otherwise. A whole bucket, not a $set per slot: FerretDB
 // applies an update's paths one at a time to the decoded document, which
-// for an hour of one-second slots cost more than rewriting it. Written
-// again over its own result it changes nothing, so a repeated merge
-// needs no mark.
-func SlotsMergeWrites(rule *rules.Rule, groups StagedGroups, stored StoredBucket) MergeWrites {
+// for an hour of one-second slots cost more than rewriting it; packed
+// (caps.Upstream.PackedEvents, see SlotsPackedSubtype), the slots are one
+// field. Written again over its own result it changes nothing, so a
+// repeated merge needs no mark.
+func SlotsMergeWrites(rule *rules.Rule, groups StagedGroups, stored StoredBucket, packedUpstream bool) (MergeWrites, error) {
+	packed := packSlots(rule, packedUpstream)
 	var w MergeWrites
 	for _, g := range groups {
 		before, exists := stored(g[0].key)
 		id := BucketID(rule, g[0].key)
-		doc := slotsBucket(rule, id, g, before)
+		doc, err := slotsBucket(rule, id, g, before, packed)
+		if err != nil {
+			return w, err
+		}
 		if !exists {
 			w.Inserts = append(w.Inserts, MergeStatement{Key: g[0].key, ID: id, Doc: doc, Events: len(g)})
 			continue
 		}
-		stmt := bsoncore.NewDocumentBuilder().
-			AppendDocument("q", bsoncore.NewDocumentBuilder().AppendObjectID("_id", id).Build()).
-			AppendDocument("u", doc).
-			AppendBoolean("upsert", true).
-			Build()
-		w.Updates = append(w.Updates, MergeStatement{Key: g[0].key, ID: id, Doc: stmt, Events: len(g)})
+		w.Updates = append(w.Updates, MergeStatement{Key: g[0].key, ID: id, Doc: upsertByID(id, doc), Events: len(g)})
 	}
-	return w
+	return w, nil
 }
 
 // slotsBucket is the whole slots bucket id after the group's writes over
-// the stored one (nil: none): the slots' values, num_samples and
-// total_samples counting each written slot once, and with preallocate
-// the whole grid and its presence map, as SlotsShell lays them out.
-func slotsBucket(rule *rules.Rule, id [12]byte, g []layoutEvent, before bsoncore.Document) bsoncore.Document {
+// the stored one (nil: none), in either form of the stored one: the
+// slots' values, num_samples and total_samples counting each written
+// slot once; packed, the written slots in one field; else with
+// preallocate the whole grid and its presence map, as SlotsShell lays
+// them out.
+func slotsBucket(rule *rules.Rule, id [12]byte, g []layoutEvent, before bsoncore.Document, packed bool) (bsoncore.Document, error) {
 	o := rule.LayoutOptions
 	n := o.SlotsPerWindow()
-	vals := make([]bsoncore.Value, n)
-	written := make([]bool, n)
-	if before != nil {
-		for s := range n {
-			if v, err := before.LookupErr(append([]string{rules.BucketValues}, slotKeys(o, s)...)...); err == nil {
-				vals[s] = v
-			}
-			_, written[s] = slotValue(before, o, s)
-		}
+	grid, err := readSlotGrid(before, o)
+	if err != nil {
+		return nil, fmt.Errorf("the stored bucket of %s: %w", g[0].key, err)
 	}
+	vals, written := grid.vals, grid.written
 	for _, ev := range g {
 		if ev.slot >= 0 && ev.slot < n {
 			vals[ev.slot], written[ev.slot] = ev.value, true
@@ -226,6 +223,13 @@ func slotsBucket(rule *rules.Rule, id [12]byte, g []layoutEvent, before bsoncore
 	if o.Aggregated {
 		d = bucket.AppendNum(d, rules.BucketTotalSamples, total)
 	}
+	if packed {
+		// Layout rules take no bucket settings, so Compression is none
+		// only where a test sets it.
+		d = appendPackedSlots(d, grid, rule.Compression != rules.CompressionNone)
+		d, _ = bsoncore.AppendDocumentEnd(d, di)
+		return d, nil
+	}
 	// Without preallocate only the written slots are stored; with it,
 	// every slot (0 where none was written) and whether it was.
 	keep := func(s int) bool { return o.Preallocate || written[s] }
@@ -242,7 +246,7 @@ func slotsBucket(rule *rules.Rule, id [12]byte, g []layoutEvent, before bsoncore
 		})
 	}
 	d, _ = bsoncore.AppendDocumentEnd(d, di)
-	return d
+	return d, nil
 }
 
 // appendSlotGrid appends field key holding the slots keep says, flat or
@@ -383,9 +387,9 @@ func MergeCommands(rule *rules.Rule, stmts []MergeStatement, per int) []bsoncore
 // slots rule with preallocate (none otherwise), among those claim has
 // not tried: an insert command, nil for none. A shell there already
 // meets a duplicate key and is left alone.
-func ShellsAfter(rule *rules.Rule, keys []bucket.Key, claim func([]bucket.Key) []bucket.Key) bsoncore.Document {
+func ShellsAfter(rule *rules.Rule, keys []bucket.Key, claim func([]bucket.Key) []bucket.Key, packedUpstream bool) bsoncore.Document {
 	if rule.Layout != rules.LayoutSlots || !rule.LayoutOptions.Preallocate || claim == nil {
 		return nil
 	}
-	return shellsInsert(rule, keys, claim)
+	return shellsInsert(rule, keys, claim, packSlots(rule, packedUpstream))
 }

@@ -128,7 +128,10 @@ func TestSlotsMergeStatements(t *testing.T) {
 			if tc.before != nil {
 				before = rwtest.Doc(t, tc.before)
 			}
-			w := SlotsMergeWrites(tc.rule, GroupStaged(tc.rule, samples(t, tc.rule)), func(bucket.Key) (bsoncore.Document, bool) { return before, before != nil })
+			w, err := SlotsMergeWrites(tc.rule, GroupStaged(tc.rule, samples(t, tc.rule)), func(bucket.Key) (bsoncore.Document, bool) { return before, before != nil }, false)
+			if err != nil {
+				t.Fatal(err)
+			}
 			got := w.Updates
 			if before == nil {
 				// No bucket yet: inserted whole.

@@ -73,7 +73,9 @@ func (m *Merge) mergeLayoutOne(x *rewrite.Exec, r Collection, staged []bsoncore.
 	case rules.LayoutCounter:
 		w = layout.CounterMergeWrites(m.rule, groups, plan.mark, stored)
 	case rules.LayoutSlots:
-		w = layout.SlotsMergeWrites(m.rule, groups, stored)
+		if w, err = layout.SlotsMergeWrites(m.rule, groups, stored, m.opts.PackedEvents); err != nil {
+			return err
+		}
 	default:
 		return mongoerr.Errorf(mongoerr.InternalError, "layout %q does not stage", m.rule.Layout)
 	}
@@ -90,7 +92,7 @@ func (m *Merge) mergeLayoutOne(x *rewrite.Exec, r Collection, staged []bsoncore.
 			return fmt.Errorf("write buckets: %w", err)
 		}
 	}
-	if shells := layout.ShellsAfter(m.rule, keys, m.opts.Shells); shells != nil {
+	if shells := layout.ShellsAfter(m.rule, keys, m.opts.Shells, m.opts.PackedEvents); shells != nil {
 		// A duplicate key is a shell there already; anything else only
 		// costs the next window its preallocation.
 		if _, ok := x.One(shells); !ok {

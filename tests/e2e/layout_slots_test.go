@@ -2,12 +2,16 @@ package e2e
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
 )
 
 func slotsRule(db, extra string) string {
@@ -35,7 +39,7 @@ type slotsBucket struct {
 	Start        bson.DateTime `bson:"start"`
 	NumSamples   int64         `bson:"num_samples"`
 	TotalSamples float64       `bson:"total_samples"`
-	Values       bson.M        `bson:"values"`
+	Values       bson.RawValue `bson:"values"` // a document, or packed (binary)
 }
 
 func readSlotsBuckets(t *testing.T, db string) []slotsBucket {
@@ -125,6 +129,38 @@ func TestLayoutSlotsGoDriver(t *testing.T) {
 	}
 
 	// find: one document per written slot, values as last written.
+	checkSlotsFind(t, coll, want)
+	var high int64
+	for k, v := range want {
+		if k.host == "web-1" && v > 50 {
+			high++
+		}
+	}
+	if c, err := coll.CountDocuments(ctx, bson.D{{Key: "host", Value: "web-1"}, {Key: "cpu", Value: bson.D{{Key: "$gt", Value: 50}}}}); err != nil || c != high {
+		t.Fatalf("countDocuments(web-1, cpu > 50) = %d, %v; want %d", c, err, high)
+	}
+	if c, err := coll.EstimatedDocumentCount(ctx); err != nil || c != int64(len(want)) {
+		t.Fatalf("estimatedDocumentCount = %d, %v; want %d", c, err, len(want))
+	}
+
+	// Bad values: a string when cpu is aggregated, a missing value.
+	t1 := bson.NewDateTimeFromTime(slotsBase.Add(5 * time.Hour))
+	_, err := coll.InsertMany(ctx, []any{
+		bson.D{{Key: "host", Value: "web-9"}, {Key: "ts", Value: t1}, {Key: "cpu", Value: "high"}},
+		bson.D{{Key: "host", Value: "web-9"}, {Key: "ts", Value: t1}},
+		bson.D{{Key: "host", Value: "web-9"}, {Key: "ts", Value: t1}, {Key: "cpu", Value: 7}},
+	}, options.InsertMany().SetOrdered(false))
+	checkWriteErrors(t, err, []int{0, 1}, `valueField "cpu" must be a number`)
+	if c, err := coll.CountDocuments(ctx, bson.D{{Key: "host", Value: "web-9"}}); err != nil || c != 1 {
+		t.Fatalf("countDocuments(web-9) = %d, %v; want 1", c, err)
+	}
+}
+
+// checkSlotsFind reads every document of coll and checks they are
+// want's samples, once each, with their values.
+func checkSlotsFind(t *testing.T, coll *mongo.Collection, want map[sampleKey]float64) {
+	t.Helper()
+	ctx := ctxFor(t)
 	cur, err := coll.Find(ctx, bson.D{}, options.Find().SetBatchSize(1000))
 	if err != nil {
 		t.Fatal(err)
@@ -141,30 +177,6 @@ func TestLayoutSlotsGoDriver(t *testing.T) {
 		if w, ok := want[k]; !ok || num(d["cpu"]) != w {
 			t.Fatalf("find: %v, want cpu %v", d, w)
 		}
-	}
-	var high int64
-	for k, v := range want {
-		if k.host == "web-1" && v > 50 {
-			high++
-		}
-	}
-	if c, err := coll.CountDocuments(ctx, bson.D{{Key: "host", Value: "web-1"}, {Key: "cpu", Value: bson.D{{Key: "$gt", Value: 50}}}}); err != nil || c != high {
-		t.Fatalf("countDocuments(web-1, cpu > 50) = %d, %v; want %d", c, err, high)
-	}
-	if c, err := coll.EstimatedDocumentCount(ctx); err != nil || c != int64(len(want)) {
-		t.Fatalf("estimatedDocumentCount = %d, %v; want %d", c, err, len(want))
-	}
-
-	// Bad values: a string when cpu is aggregated, a missing value.
-	t1 := bson.NewDateTimeFromTime(slotsBase.Add(5 * time.Hour))
-	_, err = coll.InsertMany(ctx, []any{
-		bson.D{{Key: "host", Value: "web-9"}, {Key: "ts", Value: t1}, {Key: "cpu", Value: "high"}},
-		bson.D{{Key: "host", Value: "web-9"}, {Key: "ts", Value: t1}},
-		bson.D{{Key: "host", Value: "web-9"}, {Key: "ts", Value: t1}, {Key: "cpu", Value: 7}},
-	}, options.InsertMany().SetOrdered(false))
-	checkWriteErrors(t, err, []int{0, 1}, `valueField "cpu" must be a number`)
-	if c, err := coll.CountDocuments(ctx, bson.D{{Key: "host", Value: "web-9"}}); err != nil || c != 1 {
-		t.Fatalf("countDocuments(web-9) = %d, %v; want 1", c, err)
 	}
 }
 
@@ -244,5 +256,77 @@ print(JSON.stringify({n: d.cpu.countDocuments(), high: d.cpu.countDocuments({cpu
 	want := `{"n":600,"high":61,"first":50,"err":`
 	if !strings.HasPrefix(line, want) || !strings.Contains(line, "must be a number") {
 		t.Fatalf("mongosh output:\n%s\nwant a line starting %s", out, want)
+	}
+}
+
+// TestLayoutSlotsPackedOverOlderBuckets: a bucket written before packed
+// slots (a field per slot, as older proxies and `packed: false` write
+// it) is read as it is, and merged into: on FerretDB the merge packs it,
+// keeping every slot it held, the last write of a slot winning.
+func TestLayoutSlotsPackedOverOlderBuckets(t *testing.T) {
+	t.Parallel()
+	db := uniqueDB(t)
+	ctx := ctxFor(t)
+	want := map[sampleKey]float64{}
+	// Host "old", hour 0: every tenth second, the document form.
+	var vals bson.D
+	var total float64
+	for g := 0; g < 60; g++ {
+		var sub bson.D
+		for s := 0; s < 60; s += 10 {
+			v := float64(g*60 + s)
+			sub = append(sub, bson.E{Key: strconv.Itoa(s), Value: v})
+			want[sampleKey{"old", slotsBase.Unix() + int64(g*60+s)}] = v
+			total += v
+		}
+		vals = append(vals, bson.E{Key: strconv.Itoa(g), Value: sub})
+	}
+	typ, data, err := bson.MarshalValue("old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	older := bson.D{{Key: "_id", Value: bucket.IDOf(db+".cpu.buckets", bson.RawValue{Type: typ, Value: data}, slotsBase.UnixMilli(), 0)},
+		{Key: "meta", Value: "old"}, {Key: "start", Value: bson.NewDateTimeFromTime(slotsBase)},
+		{Key: "num_samples", Value: int64(len(want))}, {Key: "total_samples", Value: total}, {Key: "values", Value: vals}}
+	if _, err := direct(t).Database(db).Collection("cpu.buckets").InsertOne(ctx, older); err != nil {
+		t.Fatal(err)
+	}
+
+	p := startProxy(t, proxyOptions{yaml: slotsRule(db, "")})
+	coll := connect(t, p.URI()).Database(db).Collection("cpu")
+	if n, err := coll.CountDocuments(ctx, bson.D{}); err != nil || n != int64(len(want)) {
+		t.Fatalf("count of the older bucket = %d, %v; want %d", n, err, len(want))
+	}
+	// New slots of "old" (second 5 of each minute), slot 0 of each minute
+	// written again, and a new host: one at a time, as apps send them.
+	for m := 0; m < 60; m++ {
+		for _, e := range []struct {
+			host string
+			sec  int
+			v    float64
+		}{{"old", m*60 + 5, 0.5 + float64(m)}, {"old", m * 60, -float64(m)}, {"new", m * 60, float64(m)}} {
+			ts := slotsBase.Add(time.Duration(e.sec) * time.Second)
+			if _, err := coll.InsertOne(ctx, bson.D{{Key: "host", Value: e.host}, {Key: "ts", Value: ts}, {Key: "cpu", Value: e.v}}); err != nil {
+				t.Fatal(err)
+			}
+			want[sampleKey{e.host, ts.Unix()}] = e.v
+		}
+	}
+
+	// Read back whole, through the proxy (which merges first).
+	checkSlotsFind(t, coll, want)
+	buckets := readSlotsBuckets(t, db)
+	if len(buckets) != 2 {
+		t.Fatalf("%d buckets, want 2 (2 hosts, one hour)", len(buckets))
+	}
+	if n := checkSlotsSamples(t, buckets, want, "after the merge"); n != int64(len(want)) {
+		t.Fatalf("%d samples stored, want %d", n, len(want))
+	}
+	// On the suite's FerretDB both are packed now. An external upstream
+	// may be MongoDB, where the slots are upserted in place.
+	for _, b := range buckets {
+		if b.Values.Type != bson.TypeBinary && !env.external {
+			t.Fatalf("bucket of %s: values of type %s, want packed (binary)", b.Meta, b.Values.Type)
+		}
 	}
 }
