@@ -261,10 +261,16 @@ print(JSON.stringify({n: d.cpu.countDocuments(), high: d.cpu.countDocuments({cpu
 
 // TestLayoutSlotsPackedOverOlderBuckets: a bucket written before packed
 // slots (a field per slot, as older proxies and `packed: false` write
-// it) is read as it is, and merged into: on FerretDB the merge packs it,
-// keeping every slot it held, the last write of a slot winning.
+// it) is read as it is, and written into: on FerretDB the merge (staged)
+// or the insert (ingest: direct) packs it, keeping every slot it held,
+// the last write of a slot winning.
 func TestLayoutSlotsPackedOverOlderBuckets(t *testing.T) {
 	t.Parallel()
+	t.Run("staged", func(t *testing.T) { t.Parallel(); slotsOverOlderBucket(t, "") })
+	t.Run("direct", func(t *testing.T) { t.Parallel(); slotsOverOlderBucket(t, "    ingest: direct\n") })
+}
+
+func slotsOverOlderBucket(t *testing.T, extra string) {
 	db := uniqueDB(t)
 	ctx := ctxFor(t)
 	want := map[sampleKey]float64{}
@@ -292,7 +298,7 @@ func TestLayoutSlotsPackedOverOlderBuckets(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	p := startProxy(t, proxyOptions{yaml: slotsRule(db, "")})
+	p := startProxy(t, proxyOptions{yaml: slotsRule(db, extra)})
 	coll := connect(t, p.URI()).Database(db).Collection("cpu")
 	if n, err := coll.CountDocuments(ctx, bson.D{}); err != nil || n != int64(len(want)) {
 		t.Fatalf("count of the older bucket = %d, %v; want %d", n, err, len(want))
