@@ -15,7 +15,7 @@ var mergeFills = []int{0, 900, 1800, 3590}
 
 // benchMergeFill times the merge of a few events (one per series) into
 // windows already filled to mergeFills, for the slots layouts
-// (layoutCases): on an upstream that rewrites a whole document on every
+// (layoutCases) and a counter of 1-hour windows: on an upstream that rewrites a whole document on every
 // update, a merge that rewrites the stored window costs more the fuller
 // it is, and a merge runs before every read of a staged rule, so a
 // dashboard reading while events arrive pays it on every read.
@@ -34,6 +34,12 @@ func benchMergeFill(e *benchEnv, runs int) error {
 			cases = append(cases, lc)
 		}
 	}
+	// A counter of 1-hour windows: one hit a second on each of 10 pages,
+	// so a window holds as many counters a page as slots a host above.
+	cases = append(cases, layoutCase{name: "counter, 1-hour window (10 pages, 1 hit/s each)", coll: "hitshour",
+		event: func(k int) bson.D {
+			return bson.D{{Key: "page", Value: fmt.Sprintf("/p%d", k%10)}, {Key: "ts", Value: layoutBase.Add(time.Duration(k/10) * time.Second)}}
+		}})
 	took := map[string][]float64{} // ms
 	for r := 0; r < runs; r++ {
 		for _, lc := range cases {
