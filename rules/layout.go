@@ -47,11 +47,11 @@ type LayoutOptions struct {
 	// for the next window, with a presence map that tells a written zero
 	// from a preallocated one.
 	Preallocate bool
-	// Unpacked (slots, the rule's packed: false): buckets keep a field
-	// per slot on every upstream; by default, on an upstream that
-	// rewrites whole documents (FerretDB), their values are packed into
-	// one binary field (rewrite/layout's SlotsPackedSubtype), which
-	// proxies older than that format do not read.
+	// Unpacked (the rule's packed: false): buckets keep a field per
+	// slot on every upstream; by default, on an upstream that rewrites
+	// whole documents (FerretDB), a slots bucket's values and a counter's
+	// slots are packed into one binary field (rewrite/layout's
+	// packed.go), which proxies older than that format do not read.
 	Unpacked bool
 }
 
@@ -126,8 +126,11 @@ func (d *decoder) layout(p string, m map[string]any, r *Rule) {
 		}
 		r.Span = o.Window
 	}
+	if v := field(m, "packed"); v != nil {
+		o.Unpacked = !d.boolean(k("packed"), v)
+	}
 	if r.Layout == LayoutCounter {
-		for _, name := range []string{"valueField", "preallocate", "packed"} {
+		for _, name := range []string{"valueField", "preallocate"} {
 			if field(m, name) != nil {
 				d.fail(k(name), "applies only to layout slots, not counter (a counter stores no values)")
 			}
@@ -153,9 +156,6 @@ func (d *decoder) layout(p string, m map[string]any, r *Rule) {
 		o.Aggregated = true
 	}
 	o.Preallocate = d.boolean(k("preallocate"), field(m, "preallocate"))
-	if v := field(m, "packed"); v != nil {
-		o.Unpacked = !d.boolean(k("packed"), v)
-	}
 }
 
 // span reads a window or slot: a name (second, minute, hour, day) or a

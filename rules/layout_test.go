@@ -28,6 +28,7 @@ func TestLayoutOptions(t *testing.T) {
 			LayoutOptions{Window: time.Minute, Slot: time.Second, ValueField: "cpu", Aggregated: true, Preallocate: true}, false},
 		{"slots unpacked", "layout: slots\n    packed: false", LayoutSlots, LayoutOptions{Window: time.Hour, Slot: time.Second, ValueField: "value", Unpacked: true}, true},
 		{"slots packed, as by default", "layout: slots\n    packed: true", LayoutSlots, LayoutOptions{Window: time.Hour, Slot: time.Second, ValueField: "value"}, true},
+		{"counter unpacked", "layout: counter\n    packed: false", LayoutCounter, LayoutOptions{Window: time.Minute, Slot: time.Second, Unpacked: true}, false},
 		{"slots day of minutes", "layout: slots\n    window: day\n    slot: minute", LayoutSlots, LayoutOptions{Window: 24 * time.Hour, Slot: time.Minute, ValueField: "value"}, true},
 	}
 	for _, tc := range cases {
@@ -80,7 +81,6 @@ func TestLayoutInvalid(t *testing.T) {
 		{"valueField is time", "layout: slots\n    valueField: ts", `config: rules[0].valueField: "ts" is also the timeField or metaField`},
 		{"valueField dotted", "layout: slots\n    valueField: a.b", `config: rules[0].valueField: "a.b" must be a top-level field name, without '.'`},
 		{"other aggregate", "layout: slots\n    aggregates: [value, x]", `config: rules[0].aggregates[1]: "x": layout slots aggregates only its valueField "value"`},
-		{"packed on counter", "layout: counter\n    packed: false", `config: rules[0].packed: applies only to layout slots, not counter (a counter stores no values)`},
 		{"packed on events", "packed: false", `config: rules[0].packed: applies only to layout counter or slots, not events`},
 		{"packed text", "layout: slots\n    packed: sometimes", `config: rules[0].packed: "sometimes" is not true or false`},
 		{"preallocate text", "layout: slots\n    preallocate: maybe", `config: rules[0].preallocate: "maybe" is not true or false`},

@@ -140,7 +140,10 @@ func CounterInsertWith(cmd rewrite.Command, rule *rules.Rule, opts CounterOption
 	stmts := make([]layoutStmt, 0, len(groups))
 	done := 0
 	for _, g := range groups {
-		st := counterStatement(rule, g, opts)
+		st, err := counterStatement(rule, g, opts)
+		if err != nil {
+			return nil, fmt.Errorf("rewrite counter insert %s: %w", insert.RuleName(rule), err)
+		}
 		if opts.Applied != nil && opts.Applied(st.id) {
 			done += len(st.events)
 			continue
@@ -159,13 +162,25 @@ type layoutStmt struct {
 	events []int
 }
 
-// counterStatement sums the group's events per slot into one upsert.
-func counterStatement(rule *rules.Rule, g []layoutEvent, opts CounterOptions) layoutStmt {
-	counts := map[int]int64{}
+// counterStatement sums the group's events per slot into one upsert: an
+// $inc, or the whole bucket where its slots are packed or are to be
+// (opts.Before is then set: counterBucketOver).
+func counterStatement(rule *rules.Rule, g []layoutEvent, opts CounterOptions) (layoutStmt, error) {
 	idx := make([]int, len(g))
 	for i, ev := range g {
-		counts[ev.slot]++
 		idx[i] = ev.index
+	}
+	id := g[0].key.ID(rule.BucketNamespace(), 0)
+	if opts.Before != nil {
+		before := opts.Before(g[0].key)
+		if packed := packLayout(rule, opts.Caps.PackedEvents); packed || isPackedMap(before, rules.BucketSlots) {
+			doc, err := counterBucketOver(rule, id, g, before, packed, opts)
+			return layoutStmt{id: id, doc: upsertByID(id, doc), events: idx}, err
+		}
+	}
+	counts := map[int]int64{}
+	for _, ev := range g {
+		counts[ev.slot]++
 	}
 	slots := make([]int, 0, len(counts))
 	for s := range counts {
@@ -173,7 +188,6 @@ func counterStatement(rule *rules.Rule, g []layoutEvent, opts CounterOptions) la
 	}
 	slices.Sort(slots)
 	k := g[0].key
-	bns := rule.BucketNamespace()
 
 	ui, u := bsoncore.AppendDocumentStart(nil)
 	ii, u := bsoncore.AppendDocumentElementStart(u, "$inc")
@@ -190,8 +204,7 @@ func counterStatement(rule *rules.Rule, g []layoutEvent, opts CounterOptions) la
 		u = bsoncore.AppendDocumentElement(u, "$set", bsoncore.NewDocumentBuilder().AppendString(CounterMerged, opts.mergeMark).Build())
 	}
 	u, _ = bsoncore.AppendDocumentEnd(u, ui)
-	id := k.ID(bns, 0)
-	return layoutStmt{id: id, doc: upsertByID(id, u), events: idx}
+	return layoutStmt{id: id, doc: upsertByID(id, u), events: idx}, nil
 }
 
 func appendSetOnInsert(dst []byte, meta bsoncore.Value, start int64) []byte {

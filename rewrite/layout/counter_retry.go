@@ -8,6 +8,7 @@ import (
 
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rewrite/insert"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -32,8 +33,14 @@ type CounterOptions struct {
 	// was applied by an earlier attempt of this write.
 	Applied func(id [12]byte) bool
 	// mergeMark marks each upsert with the staging collection a merge
-	// counts (CounterMerged) instead of WriteID's mark.
+	// counts (CounterMerged) instead of WriteID's mark; merging says a
+	// merge writes, with that mark even when it is "".
 	mergeMark string
+	merging   bool
+	// Before, when set, returns the stored bucket of a key (whole; nil
+	// for none): read where the upstream packs the slots
+	// (Caps.PackedEvents), whose buckets are written whole.
+	Before func(bucket.Key) bsoncore.Document
 }
 
 // CounterWriteID is the id of a retryable insert an upstream with caps
@@ -59,10 +66,7 @@ func CounterWriteID(cmd rewrite.Command, caps caps.Upstream) string {
 // appendMark adds the $set of the write's mark and the $unset of the
 // marks two periods old to an update document being built.
 func appendMark(u []byte, writeID string, now int64) []byte {
-	gen := now / MarkerLife.Milliseconds()
-	if gen < 0 {
-		gen = -gen
-	}
+	gen := markGen(now)
 	si, u := bsoncore.AppendDocumentElementStart(u, "$set")
 	u = bsoncore.AppendBooleanElement(u, CounterApplied+".g"+strconv.FormatInt(gen%3, 10)+"."+writeID, true)
 	u, _ = bsoncore.AppendDocumentEnd(u, si)
@@ -70,6 +74,15 @@ func appendMark(u []byte, writeID string, now int64) []byte {
 	u = bsoncore.AppendStringElement(u, CounterApplied+".g"+strconv.FormatInt((gen+1)%3, 10), "")
 	u, _ = bsoncore.AppendDocumentEnd(u, ui)
 	return u
+}
+
+// markGen is the period of MarkerLife that now (Unix ms) falls in.
+func markGen(now int64) int64 {
+	gen := now / MarkerLife.Milliseconds()
+	if gen < 0 {
+		gen = -gen
+	}
+	return gen
 }
 
 // CounterHasMark reports whether a stored counter bucket holds the mark

@@ -132,11 +132,9 @@ func (r *Read) Feed(reply bsoncore.Document) (bsoncore.Document, error) {
 	vals, _ := arr.Values()
 	for _, v := range vals {
 		if d, ok := v.DocumentOK(); ok {
-			if r.rule.Layout == rules.LayoutSlots {
-				if _, err := readSlotGrid(d, r.rule.LayoutOptions); err != nil {
-					id, _ := d.Lookup(bucket.FieldID).ObjectIDOK()
-					return nil, mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: bucket %x: %v", r.rule.Namespace, id, err)
-				}
+			if err := r.checkBucket(d); err != nil {
+				id, _ := d.Lookup(bucket.FieldID).ObjectIDOK()
+				return nil, mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: bucket %x: %v", r.rule.Namespace, id, err)
 			}
 			r.buckets = append(r.buckets, append(bsoncore.Document(nil), d...))
 			r.docs += r.slotsIn(d)
@@ -156,9 +154,25 @@ func (r *Read) Feed(reply bsoncore.Document) (bsoncore.Document, error) {
 	return r.Next(), nil
 }
 
+// checkBucket decodes a fetched bucket's map (packed ones are checked
+// there), so that a damaged one fails the read instead of reading as
+// empty.
+func (r *Read) checkBucket(b bsoncore.Document) error {
+	if r.rule.Layout == rules.LayoutCounter {
+		_, err := readCounterSlots(b, r.rule.LayoutOptions.SlotsPerWindow())
+		return err
+	}
+	_, err := readSlotGrid(b, r.rule.LayoutOptions)
+	return err
+}
+
 // slotsIn is an upper bound of the documents a bucket expands to.
 func (r *Read) slotsIn(b bsoncore.Document) int {
 	if r.rule.Layout == rules.LayoutCounter {
+		if m, ok, _ := packedMap(b, rules.BucketSlots); ok {
+			es, _ := m.Elements()
+			return len(es)
+		}
 		if v, err := b.LookupErr(rules.BucketSlots); err == nil {
 			d, _ := v.DocumentOK()
 			es, _ := d.Elements()
@@ -215,17 +229,9 @@ func (r *Read) expand() []layoutDoc {
 }
 
 func (r *Read) expandCounter(b bsoncore.Document, emit func(int, string, bsoncore.Value, int64)) {
-	v, err := b.LookupErr(rules.BucketSlots)
-	if err != nil {
-		return
-	}
-	d, _ := v.DocumentOK()
-	es, _ := d.Elements()
-	n := r.rule.LayoutOptions.SlotsPerWindow()
-	for _, e := range es {
-		slot, err := strconv.Atoi(e.Key())
-		c, ok := e.Value().AsInt64OK()
-		if err != nil || slot < 0 || slot >= n || !ok || c <= 0 {
+	counts, _ := readCounterSlots(b, r.rule.LayoutOptions.SlotsPerWindow()) // checked when fetched (Feed)
+	for slot, c := range counts {
+		if c <= 0 {
 			continue
 		}
 		cv := bsoncore.Value{Type: bsoncore.TypeInt64, Data: bsoncore.AppendInt64(nil, c)}

@@ -12,9 +12,9 @@ import (
 )
 
 // FuzzSlotGrid reads arbitrary bytes as a stored slots bucket's packed
-// values (raw or zstd, as the first byte says) and as a whole bucket: no
-// panic, slots within the window, and what it read packs and reads back
-// the same.
+// values (raw or zstd, as the first byte says) and as a whole bucket, and
+// as a counter's slots: no panic, slots within the window, no negative
+// count, and what it read packs and reads back the same.
 func FuzzSlotGrid(f *testing.F) {
 	inner, _ := bson.Marshal(bson.D{{Key: "0", Value: 1.5}, {Key: "61", Value: "x"}, {Key: "3599", Value: int64(7)}})
 	z, _ := bucket.Compress(bytes.Repeat(inner, 40)) // long enough to compress
@@ -39,6 +39,20 @@ func FuzzSlotGrid(f *testing.F) {
 					return
 				}
 				stored = data
+			}
+			// The same bytes as a counter's slots: no panic, no negative
+			// count.
+			counter := stored
+			if v := stored.Lookup("values"); v.Type == bsoncore.TypeBinary {
+				sub, bin, _ := v.BinaryOK()
+				counter = bsoncore.NewDocumentBuilder().AppendBinary("slots", sub, bin).Build()
+			}
+			if counts, err := readCounterSlots(counter, o.SlotsPerWindow()); err == nil {
+				for s, c := range counts {
+					if c < 0 {
+						t.Fatalf("slot %d counted %d", s, c)
+					}
+				}
 			}
 			g, err := readSlotGrid(stored, o)
 			if err != nil {
@@ -65,7 +79,7 @@ func FuzzSlotGrid(f *testing.F) {
 // compressed where that is smaller.
 func appendPackedSlotsDoc(g slotGrid) []byte {
 	di, d := bsoncore.AppendDocumentStart(nil)
-	d = appendPackedSlots(d, g, true)
+	d = appendPackedMap(d, "values", g, true)
 	d, _ = bsoncore.AppendDocumentEnd(d, di)
 	return d
 }

@@ -14,11 +14,14 @@ import (
 	"github.com/tsproxy/tsproxy/rules"
 )
 
-// packedValues is the values field of a packed bucket holding vals.
-func packedValues(t *testing.T, vals bson.D) bson.E {
+// packedField is field of a packed bucket (raw) holding m.
+func packedField(t *testing.T, field string, m bson.D) bson.E {
 	t.Helper()
-	return bson.E{Key: "values", Value: bson.Binary{Subtype: SlotsPackedSubtype, Data: rwtest.Doc(t, vals)}}
+	return bson.E{Key: field, Value: bson.Binary{Subtype: SlotsPackedSubtype, Data: rwtest.Doc(t, m)}}
 }
+
+// packedValues is a slots bucket's packed values field holding vals.
+func packedValues(t *testing.T, vals bson.D) bson.E { return packedField(t, "values", vals) }
 
 // findAll reads every document of the rule's namespace from buckets and
 // returns "<seconds into the window>=<value>" for each, in time order.

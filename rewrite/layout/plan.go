@@ -100,7 +100,7 @@ func InsertPlan(cmd rewrite.Command, rule *rules.Rule, keys []bucket.Key, env Wr
 		var plan *Write
 		var err error
 		if rule.Layout == rules.LayoutCounter {
-			plan, err = counterWrite(x, cmd, rule, env)
+			plan, err = counterWrite(x, cmd, rule, keys, env)
 		} else {
 			plan, err = slotsWrite(x, cmd, rule, keys, env.Caps)
 		}
@@ -120,7 +120,7 @@ func InsertPlan(cmd rewrite.Command, rule *rules.Rule, keys []bucket.Key, env Wr
 		}
 		res := rewrite.Result{Reply: plan.Reply(replies)}
 		if rule.LayoutOptions.Preallocate && env.Shells != nil {
-			res.After = preallocate(rule, keys, env.Shells, packSlots(rule, env.Caps.PackedEvents))
+			res.After = preallocate(rule, keys, env.Shells, packLayout(rule, env.Caps.PackedEvents))
 		}
 		return res, nil
 	})
@@ -128,9 +128,21 @@ func InsertPlan(cmd rewrite.Command, rule *rules.Rule, keys []bucket.Key, env Wr
 
 // counterWrite plans a counter insert; a retryable one the upstream cannot
 // recognise as a retry carries its write id's mark, and is checked against
-// its buckets' marks when it may be a retry.
-func counterWrite(x *rewrite.Exec, cmd rewrite.Command, rule *rules.Rule, env WriteEnv) (*Write, error) {
+// its buckets' marks when it may be a retry. On an upstream that packs
+// (Caps.PackedEvents) the buckets of keys are read first, as slots
+// writes read them: they are written whole (counter_whole.go).
+func counterWrite(x *rewrite.Exec, cmd rewrite.Command, rule *rules.Rule, keys []bucket.Key, env WriteEnv) (*Write, error) {
 	opts := CounterOptions{Caps: env.Caps, WriteID: CounterWriteID(cmd, env.Caps), Now: env.Now.UnixMilli()}
+	if env.Caps.PackedEvents {
+		stored, err := ReadBuckets(x, rule, keys, nil)
+		if err != nil {
+			return nil, err
+		}
+		opts.Before = func(k bucket.Key) bsoncore.Document {
+			d, _ := stored(k)
+			return d
+		}
+	}
 	if opts.WriteID == "" {
 		return CounterInsertWith(cmd, rule, opts)
 	}

@@ -43,7 +43,7 @@ func SlotsInsert(cmd rewrite.Command, rule *rules.Rule, opts SlotsOptions) (*Wri
 		if opts.Before != nil {
 			before = opts.Before(g[0].key)
 		}
-		st, err := slotsStatement(rule, g, before, packSlots(rule, opts.Caps.PackedEvents))
+		st, err := slotsStatement(rule, g, before, packLayout(rule, opts.Caps.PackedEvents))
 		if err != nil {
 			return nil, fmt.Errorf("rewrite slots insert %s: %w", insert.RuleName(rule), err)
 		}
@@ -78,7 +78,7 @@ func slotsStatement(rule *rules.Rule, g []layoutEvent, before bsoncore.Document,
 		idx[i] = ev.index
 	}
 	id := g[0].key.ID(rule.BucketNamespace(), 0)
-	if packed || slotsPacked(before) {
+	if packed || isPackedMap(before, rules.BucketValues) {
 		doc, err := slotsBucket(rule, id, g, before, packed)
 		return layoutStmt{doc: upsertByID(id, doc), events: idx}, err
 	}
@@ -213,7 +213,7 @@ func SlotsShell(rule *rules.Rule, meta bsoncore.Value, start int64, packed bool)
 		d = bsoncore.AppendInt64Element(d, rules.BucketTotalSamples, 0)
 	}
 	if packed {
-		d = appendPackedSlots(d, slotGrid{}, false)
+		d = appendPackedMap(d, rules.BucketValues, slotGrid{}, false)
 	} else {
 		every := func(int) bool { return true }
 		d = appendSlotGrid(d, rules.BucketValues, o, every, func(b []byte, key string, _ int) []byte { return bsoncore.AppendInt32Element(b, key, 0) })
@@ -232,70 +232,6 @@ func SlotsShellOf(rule *rules.Rule, k bucket.Key, packed bool) bsoncore.Document
 	return SlotsShell(rule, meta, k.Start, packed)
 }
 
-// Packed slots. FerretDB stores a document as JSON and decodes all of it
-// to read or update any of it, at a cost per field: a find by _id of an
-// hour of one-second slots (3,600 fields) took 106 ms on the embedded
-// upstream, its replacement 111 ms, against 3.2 and 4.6 ms for the same
-// values as one compressed binary field (tsbench shapes). On such upstreams (caps.Upstream.PackedEvents) a
-// slots bucket keeps its written slots as the BSON of the document
-// {"<slot>": value}, in slot order, in one binary field, values: one
-// zstd frame of it (SlotsPackedZstdSubtype) where that is smaller (an
-// hour of one-second doubles, 50 KB raw, is about a third of that), raw
-// otherwise (SlotsPackedSubtype). A slot is written when it is there (no
-// presence map). The proxy reads both forms and, on these upstreams,
-// writes this one whole; a rule with packed: false keeps the
-// field-per-slot form (rules.LayoutOptions.Unpacked).
-
-// The binary subtypes of packed slot values: user-defined ones (0x80 and
-// above), next to the events' (rewrite/bucket's SubtypeZstdArray).
-const (
-	SlotsPackedSubtype     = 0x81
-	SlotsPackedZstdSubtype = 0x82
-)
-
-// packedSlots returns the document of a packed bucket's values; ok is
-// false for a bucket whose values are not packed. err: packed, but not
-// a valid document (damaged): the reader's error.
-func packedSlots(doc bsoncore.Document) (inner bsoncore.Document, ok bool, err error) {
-	if doc == nil {
-		return nil, false, nil
-	}
-	v, lerr := doc.LookupErr(rules.BucketValues)
-	if lerr != nil || v.Type != bsoncore.TypeBinary {
-		return nil, false, nil
-	}
-	sub, data, _ := v.BinaryOK()
-	switch sub {
-	case SlotsPackedSubtype:
-	case SlotsPackedZstdSubtype:
-		if data, err = bucket.Decompress(data); err != nil {
-			return nil, true, fmt.Errorf("packed slot values: %w", err)
-		}
-	default:
-		return nil, true, fmt.Errorf("slot values are binary data of subtype %#x, not packed slots (%#x, or %#x compressed)", sub, SlotsPackedSubtype, SlotsPackedZstdSubtype)
-	}
-	if err := bsoncore.Document(data).Validate(); err != nil {
-		return nil, true, fmt.Errorf("packed slot values are not a BSON document: %w", err)
-	}
-	return bsoncore.Document(data), true, nil
-}
-
-// packSlots says whether rule's buckets are written packed on an
-// upstream that packs events (packedUpstream): unless the rule says
-// packed: false.
-func packSlots(rule *rules.Rule, packedUpstream bool) bool {
-	return packedUpstream && !rule.LayoutOptions.Unpacked
-}
-
-// slotsPacked says whether a stored bucket keeps its values packed.
-func slotsPacked(doc bsoncore.Document) bool {
-	if doc == nil {
-		return false
-	}
-	v, err := doc.LookupErr(rules.BucketValues)
-	return err == nil && v.Type == bsoncore.TypeBinary
-}
-
 // slotGrid is a stored bucket's slots decoded once: the value of each
 // and whether it was written (a preallocated zero was not).
 type slotGrid struct {
@@ -312,7 +248,7 @@ func readSlotGrid(doc bsoncore.Document, o rules.LayoutOptions) (slotGrid, error
 	if doc == nil {
 		return g, nil
 	}
-	if inner, ok, err := packedSlots(doc); ok {
+	if inner, ok, err := packedMap(doc, rules.BucketValues); ok {
 		if err != nil {
 			return g, err
 		}
@@ -369,22 +305,4 @@ func eachSlot(m bsoncore.Document, nested bool, n int, f func(int, bsoncore.Valu
 			}
 		}
 	}
-}
-
-// appendPackedSlots appends values holding the written slots of g,
-// packed, compressed when compress says so and it is smaller.
-func appendPackedSlots(dst []byte, g slotGrid, compress bool) []byte {
-	ii, inner := bsoncore.AppendDocumentStart(nil)
-	for s, w := range g.written {
-		if w {
-			inner = bsoncore.AppendValueElement(inner, strconv.Itoa(s), g.vals[s])
-		}
-	}
-	inner, _ = bsoncore.AppendDocumentEnd(inner, ii)
-	if compress {
-		if z, ok := bucket.Compress(inner); ok {
-			return bsoncore.AppendBinaryElement(dst, rules.BucketValues, SlotsPackedZstdSubtype, z)
-		}
-	}
-	return bsoncore.AppendBinaryElement(dst, rules.BucketValues, SlotsPackedSubtype, inner)
 }

@@ -2,7 +2,6 @@ package layout
 
 import (
 	"fmt"
-	"maps"
 	"slices"
 	"strconv"
 
@@ -116,46 +115,40 @@ type StoredBucket func(bucket.Key) (doc bsoncore.Document, exists bool)
 // CounterMergeWrites counts staged events of a counter rule, one write
 // per (series, window) in key order, each marking its bucket with mark
 // (CounterMerged): a new bucket whole, an existing one with a $inc
-// upsert. A bucket that carries mark already was counted by an earlier
-// run of this merge: left out.
-func CounterMergeWrites(rule *rules.Rule, groups StagedGroups, mark string, stored StoredBucket) MergeWrites {
+// upsert, or replaced whole where its slots are packed or are to be
+// (packedUpstream, packLayout; stored then holds whole buckets). A bucket
+// that carries mark already was counted by an earlier run of this merge:
+// left out.
+func CounterMergeWrites(rule *rules.Rule, groups StagedGroups, mark string, stored StoredBucket, packedUpstream bool) (MergeWrites, error) {
+	packed := packLayout(rule, packedUpstream)
+	opts := CounterOptions{mergeMark: mark, merging: true}
 	var w MergeWrites
 	for _, g := range groups {
 		doc, exists := stored(g[0].key)
+		id := BucketID(rule, g[0].key)
 		switch {
 		case exists && mark != "" && CounterMergedBy(doc) == mark:
+		case exists && (packed || isPackedMap(doc, rules.BucketSlots)):
+			b, err := counterBucketOver(rule, id, g, doc, packed, opts)
+			if err != nil {
+				return w, err
+			}
+			w.Updates = append(w.Updates, MergeStatement{Key: g[0].key, ID: id, Doc: upsertByID(id, b), Events: len(g)})
 		case exists:
-			st := counterStatement(rule, g, CounterOptions{mergeMark: mark})
+			st, err := counterStatement(rule, g, opts)
+			if err != nil {
+				return w, err
+			}
 			w.Updates = append(w.Updates, MergeStatement{Key: g[0].key, ID: st.id, Doc: st.doc, Events: len(g)})
 		default:
-			id := BucketID(rule, g[0].key)
-			w.Inserts = append(w.Inserts, MergeStatement{Key: g[0].key, ID: id, Doc: counterBucket(id, g, mark), Events: len(g)})
+			b, err := counterBucketOver(rule, id, g, nil, packed, opts)
+			if err != nil {
+				return w, err
+			}
+			w.Inserts = append(w.Inserts, MergeStatement{Key: g[0].key, ID: id, Doc: b, Events: len(g)})
 		}
 	}
-	return w
-}
-
-// counterBucket is a new counter bucket holding the group's counts, as
-// the $inc upsert would create it.
-func counterBucket(id [12]byte, g []layoutEvent, mark string) bsoncore.Document {
-	counts := map[int]int64{}
-	for _, ev := range g {
-		counts[ev.slot]++
-	}
-	slots := slices.Sorted(maps.Keys(counts))
-	di, d := bsoncore.AppendDocumentStart(nil)
-	d = bsoncore.AppendObjectIDElement(d, bucket.FieldID, id)
-	d = bsoncore.AppendValueElement(d, bucket.FieldMeta, g[0].meta)
-	d = bsoncore.AppendDateTimeElement(d, bucket.FieldStart, g[0].key.Start)
-	d = bsoncore.AppendInt64Element(d, rules.BucketTotal, int64(len(g)))
-	si, d := bsoncore.AppendDocumentElementStart(d, rules.BucketSlots)
-	for _, s := range slots {
-		d = bsoncore.AppendInt64Element(d, strconv.Itoa(s), counts[s])
-	}
-	d, _ = bsoncore.AppendDocumentEnd(d, si)
-	d = bsoncore.AppendStringElement(d, CounterMerged, mark)
-	d, _ = bsoncore.AppendDocumentEnd(d, di)
-	return d
+	return w, nil
 }
 
 // SlotsMergeWrites writes staged events of a slots rule, given in the
@@ -169,7 +162,7 @@ func counterBucket(id [12]byte, g []layoutEvent, mark string) bsoncore.Document 
 // field. Written again over its own result it changes nothing, so a
 // repeated merge needs no mark.
 func SlotsMergeWrites(rule *rules.Rule, groups StagedGroups, stored StoredBucket, packedUpstream bool) (MergeWrites, error) {
-	packed := packSlots(rule, packedUpstream)
+	packed := packLayout(rule, packedUpstream)
 	var w MergeWrites
 	for _, g := range groups {
 		before, exists := stored(g[0].key)
@@ -226,7 +219,7 @@ func slotsBucket(rule *rules.Rule, id [12]byte, g []layoutEvent, before bsoncore
 	if packed {
 		// Layout rules take no bucket settings, so Compression is none
 		// only where a test sets it.
-		d = appendPackedSlots(d, grid, rule.Compression != rules.CompressionNone)
+		d = appendPackedMap(d, rules.BucketValues, grid, rule.Compression != rules.CompressionNone)
 		d, _ = bsoncore.AppendDocumentEnd(d, di)
 		return d, nil
 	}
@@ -391,5 +384,5 @@ func ShellsAfter(rule *rules.Rule, keys []bucket.Key, claim func([]bucket.Key) [
 	if rule.Layout != rules.LayoutSlots || !rule.LayoutOptions.Preallocate || claim == nil {
 		return nil
 	}
-	return shellsInsert(rule, keys, claim, packSlots(rule, packedUpstream))
+	return shellsInsert(rule, keys, claim, packLayout(rule, packedUpstream))
 }

@@ -65,7 +65,10 @@ func TestCounterMergeWrites(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			w := CounterMergeWrites(rule, GroupStaged(rule, evs), "m1", storedAs(tc.stored))
+			w, err := CounterMergeWrites(rule, GroupStaged(rule, evs), "m1", storedAs(tc.stored), false)
+			if err != nil {
+				t.Fatal(err)
+			}
 			if len(w.Inserts) != len(tc.inserts) || len(w.Updates) != len(tc.updates) {
 				t.Fatalf("%d inserts and %d updates, want %d and %d", len(w.Inserts), len(w.Updates), len(tc.inserts), len(tc.updates))
 			}
@@ -167,7 +170,11 @@ func TestMergeCommands(t *testing.T) {
 	for s := range 5 {
 		evs = append(evs, stagedEvents(t, rule, hit("/p", rwtest.DT(int64(s)*60_000)))...)
 	}
-	stmts := CounterMergeWrites(rule, GroupStaged(rule, evs), "m", func(bucket.Key) (bsoncore.Document, bool) { return bsoncore.Document{5, 0, 0, 0, 0}, true }).Updates
+	w, err := CounterMergeWrites(rule, GroupStaged(rule, evs), "m", func(bucket.Key) (bsoncore.Document, bool) { return bsoncore.Document{5, 0, 0, 0, 0}, true }, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stmts := w.Updates
 	for _, tc := range []struct{ per, want int }{{0, 1}, {2, 3}, {5, 1}, {16, 1}} {
 		cmds := MergeCommands(rule, stmts, tc.per)
 		if len(cmds) != tc.want {

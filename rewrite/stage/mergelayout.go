@@ -60,8 +60,10 @@ func (m *Merge) mergeLayoutOne(x *rewrite.Exec, r Collection, staged []bsoncore.
 	}
 	groups := layout.GroupStaged(m.rule, evs)
 	keys := groups.Keys()
-	var proj bsoncore.Document // slots: whole buckets
-	if m.rule.Layout == rules.LayoutCounter {
+	// Whole buckets, but for a counter whose buckets take an $inc (not on
+	// an upstream that packs: layout's packed.go): its mark alone.
+	var proj bsoncore.Document
+	if m.rule.Layout == rules.LayoutCounter && !m.opts.PackedEvents {
 		proj = bsoncore.NewDocumentBuilder().AppendInt32(layout.CounterMerged, 1).Build()
 	}
 	stored, err := m.lookupBuckets(x, keys, proj)
@@ -71,7 +73,9 @@ func (m *Merge) mergeLayoutOne(x *rewrite.Exec, r Collection, staged []bsoncore.
 	var w layout.MergeWrites
 	switch m.rule.Layout {
 	case rules.LayoutCounter:
-		w = layout.CounterMergeWrites(m.rule, groups, plan.mark, stored)
+		if w, err = layout.CounterMergeWrites(m.rule, groups, plan.mark, stored, m.opts.PackedEvents); err != nil {
+			return err
+		}
 	case rules.LayoutSlots:
 		if w, err = layout.SlotsMergeWrites(m.rule, groups, stored, m.opts.PackedEvents); err != nil {
 			return err

@@ -12,6 +12,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
 )
 
 func counterRule(db string) string {
@@ -297,5 +299,74 @@ print(JSON.stringify({sent: sent, total: d.hits.countDocuments(), index: d.hits.
 	want := `{"sent":1001,"total":1001,"index":335,"sum":335,"first":2,"est":1001,"err":`
 	if !strings.HasPrefix(line, want) || !strings.Contains(line, "must be present and contain a valid BSON UTC datetime value") {
 		t.Fatalf("mongosh output:\n%s\nwant a line starting %s", out, want)
+	}
+}
+
+// TestLayoutCounterPackedOverOlderBuckets: a counter bucket written
+// before packed maps (a field per slot, as older proxies and `packed:
+// false` write it, with an older write's mark) is counted into by a merge
+// (staged) or an insert (ingest: direct): every hit counted once, the
+// totals exact, and on FerretDB the bucket packed afterwards.
+func TestLayoutCounterPackedOverOlderBuckets(t *testing.T) {
+	t.Parallel()
+	for _, ingest := range []string{"staged", "direct"} {
+		t.Run(ingest, func(t *testing.T) {
+			t.Parallel()
+			db := uniqueDB(t)
+			ctx := ctxFor(t)
+			typ, data, err := bson.MarshalValue("/old")
+			if err != nil {
+				t.Fatal(err)
+			}
+			older := bson.D{{Key: "_id", Value: bucket.IDOf(db+".hits.buckets", bson.RawValue{Type: typ, Value: data}, counterBase.UnixMilli(), 0)},
+				{Key: "meta", Value: "/old"}, {Key: "start", Value: bson.NewDateTimeFromTime(counterBase)},
+				{Key: "total", Value: int64(5)}, {Key: "slots", Value: bson.D{{Key: "0", Value: int64(3)}, {Key: "10", Value: int32(2)}}},
+				{Key: "applied", Value: bson.D{{Key: "g0", Value: bson.D{{Key: "0123456789abcdef01234567", Value: true}}}}}}
+			if _, err := direct(t).Database(db).Collection("hits.buckets").InsertOne(ctx, older); err != nil {
+				t.Fatal(err)
+			}
+			yaml := counterRule(db)
+			if ingest == "direct" {
+				yaml += "    ingest: direct\n"
+			}
+			p := startProxy(t, proxyOptions{yaml: yaml})
+			coll := connect(t, p.URI()).Database(db).Collection("hits")
+			want := map[slotKey]int{{"/old", counterBase.Unix()}: 3, {"/old", counterBase.Unix() + 10}: 2}
+			for i := range 30 {
+				for _, page := range []string{"/old", "/new"} {
+					sec := int64(i % 12)
+					ts := counterBase.Add(time.Duration(sec)*time.Second + time.Duration(i)*time.Millisecond)
+					if _, err := coll.InsertOne(ctx, bson.D{{Key: "page", Value: page}, {Key: "ts", Value: ts}}); err != nil {
+						t.Fatal(err)
+					}
+					want[slotKey{page, counterBase.Unix() + sec}]++
+				}
+			}
+			if n, err := coll.CountDocuments(ctx, bson.D{}); err != nil || n != 65 {
+				t.Fatalf("countDocuments = %d, %v; want 65 hits", n, err)
+			}
+			got, total := counterBuckets(t, ctx, db)
+			if total != 65 || len(got) != len(want) {
+				t.Fatalf("stored: %d hits in %d slots, want 65 in %d", total, len(got), len(want))
+			}
+			for k, c := range want {
+				if got[k] != c {
+					t.Fatalf("%v: %d hits stored, want %d", k, got[k], c)
+				}
+			}
+			var raw []bson.Raw
+			cur, err := direct(t).Database(db).Collection("hits.buckets").Find(ctx, bson.D{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cur.All(ctx, &raw); err != nil {
+				t.Fatal(err)
+			}
+			for _, b := range raw {
+				if typ := b.Lookup("slots").Type; typ != bson.TypeBinary && !env.external {
+					t.Fatalf("bucket %s: slots of type %s, want packed (binary)", b.Lookup("meta"), typ)
+				}
+			}
+		})
 	}
 }
