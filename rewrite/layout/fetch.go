@@ -132,12 +132,13 @@ func (r *Read) Feed(reply bsoncore.Document) (bsoncore.Document, error) {
 	vals, _ := arr.Values()
 	for _, v := range vals {
 		if d, ok := v.DocumentOK(); ok {
-			if err := r.checkBucket(d); err != nil {
+			n, err := r.slotsIn(d)
+			if err != nil {
 				id, _ := d.Lookup(bucket.FieldID).ObjectIDOK()
 				return nil, mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: bucket %x: %v", r.rule.Namespace, id, err)
 			}
 			r.buckets = append(r.buckets, append(bsoncore.Document(nil), d...))
-			r.docs += r.slotsIn(d)
+			r.docs += n
 			if r.docs > maxLayoutDocs {
 				return nil, r.unsupported("the read spans more than %d slot documents; narrow the filter by %s and %s", maxLayoutDocs, r.rule.TimeField, r.rule.MetaField)
 			}
@@ -154,37 +155,27 @@ func (r *Read) Feed(reply bsoncore.Document) (bsoncore.Document, error) {
 	return r.Next(), nil
 }
 
-// checkBucket decodes a fetched bucket's map (packed ones are checked
-// there), so that a damaged one fails the read instead of reading as
-// empty.
-func (r *Read) checkBucket(b bsoncore.Document) error {
+// slotsIn counts the documents a fetched bucket expands to, decoding its
+// map (either form), so that a damaged one fails the read instead of
+// reading as empty.
+func (r *Read) slotsIn(b bsoncore.Document) (int, error) {
+	n := 0
 	if r.rule.Layout == rules.LayoutCounter {
-		_, err := readCounterSlots(b, r.rule.LayoutOptions.SlotsPerWindow())
-		return err
-	}
-	_, err := readSlotGrid(b, r.rule.LayoutOptions)
-	return err
-}
-
-// slotsIn is an upper bound of the documents a bucket expands to.
-func (r *Read) slotsIn(b bsoncore.Document) int {
-	if r.rule.Layout == rules.LayoutCounter {
-		if m, ok, _ := packedMap(b, rules.BucketSlots); ok {
-			es, _ := m.Elements()
-			return len(es)
+		counts, err := readCounterSlots(b, r.rule.LayoutOptions.SlotsPerWindow())
+		for _, c := range counts {
+			if c > 0 {
+				n++
+			}
 		}
-		if v, err := b.LookupErr(rules.BucketSlots); err == nil {
-			d, _ := v.DocumentOK()
-			es, _ := d.Elements()
-			return len(es)
+		return n, err
+	}
+	g, err := readSlotGrid(b, r.rule.LayoutOptions)
+	for _, w := range g.written {
+		if w {
+			n++
 		}
-		return 0
 	}
-	if v, err := b.LookupErr(rules.BucketNumSamples); err == nil {
-		n, _ := v.AsInt64OK()
-		return int(n)
-	}
-	return 0
+	return n, err
 }
 
 // expand turns the fetched buckets into the app's documents, in (time,
