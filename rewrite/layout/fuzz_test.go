@@ -24,6 +24,9 @@ func FuzzSlotGrid(f *testing.F) {
 	doc, _ := bson.Marshal(bson.D{{Key: "values", Value: bson.D{{Key: "1", Value: bson.D{{Key: "2", Value: true}}}}}, {Key: "set", Value: bson.D{{Key: "1", Value: bson.D{{Key: "2", Value: true}}}}}})
 	f.Add(byte(2), doc)
 	f.Add(byte(5), doc)
+	// A group number whose slot would overflow an int.
+	huge, _ := bson.Marshal(bson.D{{Key: "values", Value: bson.D{{Key: "9223372036854775807", Value: bson.D{{Key: "1", Value: 1.5}}}}}})
+	f.Add(byte(2), huge)
 	f.Fuzz(func(t *testing.T, form byte, data []byte) {
 		// form: the values' form (mod 3), and preallocate (bit 2).
 		o := slotsTestRule(time.Hour, false, form&4 != 0).LayoutOptions

@@ -283,14 +283,14 @@ func readSlotGrid(doc bsoncore.Document, o rules.LayoutOptions) (slotGrid, error
 func eachSlot(m bsoncore.Document, nested bool, n int, f func(int, bsoncore.Value)) {
 	es, _ := m.Elements()
 	for _, e := range es {
+		// k < n before anything is computed from it: a group number
+		// that large (damaged or hostile data) would overflow k*SlotGroup.
 		k, err := strconv.Atoi(e.Key())
-		if err != nil || k < 0 {
+		if err != nil || k < 0 || k >= n {
 			continue
 		}
 		if !nested {
-			if k < n {
-				f(k, e.Value())
-			}
+			f(k, e.Value())
 			continue
 		}
 		sub, ok := e.Value().DocumentOK()
