@@ -13,7 +13,8 @@ import (
 )
 
 // layoutRules: tsbench.hits counts page hits per second in 1-minute
-// buckets (tsbench.hitshour in 1-hour ones, for mergefill); tsbench.cpu keeps one sample per second in 1-hour buckets
+// buckets (tsbench.hitshour in 1-hour ones, for mergefill); tsbench.cpu
+// keeps one sample per second in 1-hour buckets
 // (values nested by minute), tsbench.cpumin in 1-minute buckets (flat):
 // on an upstream where an update rewrites the whole document, the bucket
 // size sets the write cost.

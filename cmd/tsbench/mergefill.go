@@ -15,9 +15,9 @@ var mergeFills = []int{0, 900, 1800, 3590}
 
 // benchMergeFill times the merge of a few events (one per series) into
 // windows already filled to mergeFills, for the slots layouts
-// (layoutCases) and a counter of 1-hour windows: on an upstream that rewrites a whole document on every
-// update, a merge that rewrites the stored window costs more the fuller
-// it is, and a merge runs before every read of a staged rule, so a
+// (layoutCases) and a counter of 1-hour windows: on an upstream that
+// rewrites a whole document on every update, a merge that rewrites the
+// stored window costs more the fuller it is, and a merge runs before every read of a staged rule, so a
 // dashboard reading while events arrive pays it on every read.
 func benchMergeFill(e *benchEnv, runs int) error {
 	ctx := context.Background()

@@ -33,10 +33,8 @@ type CounterOptions struct {
 	// was applied by an earlier attempt of this write.
 	Applied func(id [12]byte) bool
 	// mergeMark marks each upsert with the staging collection a merge
-	// counts (CounterMerged) instead of WriteID's mark; merging says a
-	// merge writes, with that mark even when it is "".
+	// counts (CounterMerged) instead of WriteID's mark.
 	mergeMark string
-	merging   bool
 	// Before, when set, returns the stored bucket of a key (whole; nil
 	// for none): read where the upstream packs the slots
 	// (Caps.PackedEvents), whose buckets are written whole.

@@ -1,6 +1,7 @@
 package layout
 
 import (
+	"cmp"
 	"fmt"
 	"strconv"
 
@@ -87,10 +88,7 @@ func counterBucketOver(rule *rules.Rule, id [12]byte, g []layoutEvent, before bs
 		}
 		d, _ = bsoncore.AppendDocumentEnd(sd, si)
 	}
-	switch merged := CounterMergedBy(before); {
-	case opts.mergeMark != "" || opts.merging:
-		d = bsoncore.AppendStringElement(d, CounterMerged, opts.mergeMark)
-	case merged != "":
+	if merged := cmp.Or(opts.mergeMark, CounterMergedBy(before)); merged != "" {
 		d = bsoncore.AppendStringElement(d, CounterMerged, merged)
 	}
 	d = appendAppliedOver(d, before, opts.WriteID, opts.Now)

@@ -30,49 +30,47 @@ func FuzzSlotGrid(f *testing.F) {
 	f.Fuzz(func(t *testing.T, form byte, data []byte) {
 		// form: the values' form (mod 3), and preallocate (bit 2).
 		o := slotsTestRule(time.Hour, false, form&4 != 0).LayoutOptions
-		{
-			var stored bsoncore.Document
-			switch form % 3 {
-			case 0:
-				stored = bsoncore.NewDocumentBuilder().AppendBinary("values", SlotsPackedSubtype, data).Build()
-			case 1:
-				stored = bsoncore.NewDocumentBuilder().AppendBinary("values", SlotsPackedZstdSubtype, data).Build()
-			default:
-				if bsoncore.Document(data).Validate() != nil {
-					return
-				}
-				stored = data
-			}
-			// The same bytes as a counter's slots: no panic, no negative
-			// count.
-			counter := stored
-			if v := stored.Lookup("values"); v.Type == bsoncore.TypeBinary {
-				sub, bin, _ := v.BinaryOK()
-				counter = bsoncore.NewDocumentBuilder().AppendBinary("slots", sub, bin).Build()
-			}
-			if counts, err := readCounterSlots(counter, o.SlotsPerWindow()); err == nil {
-				for s, c := range counts {
-					if c < 0 {
-						t.Fatalf("slot %d counted %d", s, c)
-					}
-				}
-			}
-			g, err := readSlotGrid(stored, o)
-			if err != nil {
+		var stored bsoncore.Document
+		switch form % 3 {
+		case 0:
+			stored = bsoncore.NewDocumentBuilder().AppendBinary("values", SlotsPackedSubtype, data).Build()
+		case 1:
+			stored = bsoncore.NewDocumentBuilder().AppendBinary("values", SlotsPackedZstdSubtype, data).Build()
+		default:
+			if bsoncore.Document(data).Validate() != nil {
 				return
 			}
-			if len(g.vals) != o.SlotsPerWindow() || len(g.written) != o.SlotsPerWindow() {
-				t.Fatalf("grid of %d/%d slots, want %d", len(g.vals), len(g.written), o.SlotsPerWindow())
-			}
-			packed := bsoncore.Document(appendPackedSlotsDoc(g))
-			again, err := readSlotGrid(packed, o)
-			if err != nil {
-				t.Fatalf("reading back what it packed: %v", err)
-			}
-			for s := range g.written {
-				if g.written[s] != again.written[s] || (g.written[s] && (g.vals[s].Type != again.vals[s].Type || !bytes.Equal(g.vals[s].Data, again.vals[s].Data))) {
-					t.Fatalf("slot %d: %v %v, read back %v %v", s, g.written[s], g.vals[s], again.written[s], again.vals[s])
+			stored = data
+		}
+		// The same bytes as a counter's slots: no panic, no negative
+		// count.
+		counter := stored
+		if v := stored.Lookup("values"); v.Type == bsoncore.TypeBinary {
+			sub, bin, _ := v.BinaryOK()
+			counter = bsoncore.NewDocumentBuilder().AppendBinary("slots", sub, bin).Build()
+		}
+		if counts, err := readCounterSlots(counter, o.SlotsPerWindow()); err == nil {
+			for s, c := range counts {
+				if c < 0 {
+					t.Fatalf("slot %d counted %d", s, c)
 				}
+			}
+		}
+		g, err := readSlotGrid(stored, o)
+		if err != nil {
+			return
+		}
+		if len(g.vals) != o.SlotsPerWindow() || len(g.written) != o.SlotsPerWindow() {
+			t.Fatalf("grid of %d/%d slots, want %d", len(g.vals), len(g.written), o.SlotsPerWindow())
+		}
+		packed := bsoncore.Document(appendPackedSlotsDoc(g))
+		again, err := readSlotGrid(packed, o)
+		if err != nil {
+			t.Fatalf("reading back what it packed: %v", err)
+		}
+		for s := range g.written {
+			if g.written[s] != again.written[s] || (g.written[s] && (g.vals[s].Type != again.vals[s].Type || !bytes.Equal(g.vals[s].Data, again.vals[s].Data))) {
+				t.Fatalf("slot %d: %v %v, read back %v %v", s, g.written[s], g.vals[s], again.written[s], again.vals[s])
 			}
 		}
 	})

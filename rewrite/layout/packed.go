@@ -53,10 +53,13 @@ func isPackedMap(doc bsoncore.Document, field string) bool {
 // where field is not packed. err: packed, but not a valid document
 // (damaged), the reader's error.
 func packedMap(doc bsoncore.Document, field string) (inner bsoncore.Document, ok bool, err error) {
-	if !isPackedMap(doc, field) {
+	if doc == nil {
 		return nil, false, nil
 	}
-	sub, data, _ := doc.Lookup(field).BinaryOK()
+	sub, data, isBin := doc.Lookup(field).BinaryOK()
+	if !isBin {
+		return nil, false, nil
+	}
 	switch sub {
 	case SlotsPackedSubtype:
 	case SlotsPackedZstdSubtype:

@@ -11,6 +11,7 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
+	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rewrite/insert"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/source"
@@ -120,28 +121,24 @@ type StoredBucket func(bucket.Key) (doc bsoncore.Document, exists bool)
 // that carries mark already was counted by an earlier run of this merge:
 // left out.
 func CounterMergeWrites(rule *rules.Rule, groups StagedGroups, mark string, stored StoredBucket, packedUpstream bool) (MergeWrites, error) {
-	packed := packLayout(rule, packedUpstream)
-	opts := CounterOptions{mergeMark: mark, merging: true}
 	var w MergeWrites
 	for _, g := range groups {
 		doc, exists := stored(g[0].key)
-		id := BucketID(rule, g[0].key)
+		opts := CounterOptions{Caps: caps.Upstream{PackedEvents: packedUpstream}, mergeMark: mark}
 		switch {
 		case exists && mark != "" && CounterMergedBy(doc) == mark:
-		case exists && (packed || isPackedMap(doc, rules.BucketSlots)):
-			b, err := counterBucketOver(rule, id, g, doc, packed, opts)
-			if err != nil {
-				return w, err
-			}
-			w.Updates = append(w.Updates, MergeStatement{Key: g[0].key, ID: id, Doc: upsertByID(id, b), Events: len(g)})
 		case exists:
+			// counterStatement decides between the $inc and the whole
+			// bucket, as for a direct write over doc.
+			opts.Before = func(bucket.Key) bsoncore.Document { return doc }
 			st, err := counterStatement(rule, g, opts)
 			if err != nil {
 				return w, err
 			}
 			w.Updates = append(w.Updates, MergeStatement{Key: g[0].key, ID: st.id, Doc: st.doc, Events: len(g)})
 		default:
-			b, err := counterBucketOver(rule, id, g, nil, packed, opts)
+			id := BucketID(rule, g[0].key)
+			b, err := counterBucketOver(rule, id, g, nil, packLayout(rule, packedUpstream), opts)
 			if err != nil {
 				return w, err
 			}
