@@ -21,10 +21,13 @@ type ingestStorage struct {
 	leftover        []string  // staging collections left after the flush
 	txns            bool      // <bucket>.stage.txns exists
 	txnsDocs        int64
-	// idIndex is the event-id index (one small document per bucket),
-	// counted into bucket and bucketN: it is storage the buckets need.
-	idIndex         collStats
-	docsRat, idxRat float64 // plain/bucketed: documents (counted), index bytes
+	// idIndex is the event-id index (one small document per bucket), and
+	// txnsStats the records of merged retryable writes: both are counted
+	// into bucket and bucketN, as storage the rule's buckets need (the
+	// records shrink past the retry horizon, but their collection and
+	// its index stay).
+	idIndex, txnsStats collStats
+	docsRat, idxRat    float64 // plain/bucketed: documents (counted), index bytes
 }
 
 // settled reads, straight from the upstream, what db holds once flushed:
@@ -48,6 +51,9 @@ func settled(ctx context.Context, db *mongo.Database) (ingestStorage, error) {
 			st.txns = true
 			if st.txnsDocs, err = db.Collection(name).CountDocuments(ctx, bson.D{}); err != nil {
 				return st, fmt.Errorf("count %s: %w", name, err)
+			}
+			if st.txnsStats, err = stats(ctx, db, name); err != nil {
+				return st, err
 			}
 		default: // a staging collection, or a retired one (being merged)
 			n, _ := db.Collection(name).CountDocuments(ctx, bson.D{})
@@ -79,9 +85,11 @@ func settled(ctx context.Context, db *mongo.Database) (ingestStorage, error) {
 	if st.bucket, err = stats(ctx, db, bucketColl); err != nil {
 		return st, err
 	}
-	st.bucketN += st.idIndex.count
-	st.bucket.size += st.idIndex.size
-	st.bucket.indexSize += st.idIndex.indexSize
+	for _, own := range []collStats{st.idIndex, st.txnsStats} {
+		st.bucket.size += own.size
+		st.bucket.indexSize += own.indexSize
+	}
+	st.bucketN += st.idIndex.count + st.txnsDocs
 	st.docsRat = ratio(st.plainN, st.bucketN)
 	st.idxRat = ratio(st.plain.indexSize, st.bucket.indexSize)
 	return st, nil
@@ -111,4 +119,24 @@ func stats(ctx context.Context, db *mongo.Database, coll string) (collStats, err
 	}
 	get := func(k string) int64 { v, _ := r.Lookup(k).AsInt64OK(); return v }
 	return collStats{count: get("count"), size: get("size"), indexSize: get("totalIndexSize")}, nil
+}
+
+// Issue 13's storage targets for settled 1-second data: at least this many
+// times fewer documents, and smaller indexes, than a plain collection.
+const (
+	docsTarget  = 100
+	indexTarget = 30
+)
+
+// belowStorage names what of case c's settled storage misses the targets
+// (docs and idx are its median ratios, plain / bucketed).
+func belowStorage(c ingestCase, docs, idx float64) []string {
+	var below []string
+	if docs < docsTarget {
+		below = append(below, fmt.Sprintf("%d/%d documents (%.0fx < %dx)", c.batch, c.conc, docs, docsTarget))
+	}
+	if idx < indexTarget {
+		below = append(below, fmt.Sprintf("%d/%d index bytes (%.1fx < %dx)", c.batch, c.conc, idx, indexTarget))
+	}
+	return below
 }
