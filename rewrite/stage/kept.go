@@ -1,6 +1,7 @@
 package stage
 
 import (
+	"fmt"
 	"strings"
 
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -136,4 +137,40 @@ func (m *Merge) stagedOf(x *rewrite.Exec, r Collection) ([]bsoncore.Document, er
 		}
 	}
 	return m.readRetired(x, r.Name)
+}
+
+// maxReadBytes bounds the staged bytes one reply of a retired
+// collection's read may hold: FerretDB does not cut a batch at 16MiB as
+// MongoDB does, and a larger reply is refused.
+const maxReadBytes = 32 << 20
+
+// countOf counts coll's documents. FerretDB decodes every document to
+// count them (300–540 ms for a bucket collection of 400,000 events on
+// SQLite), so it counts a retired collection, or the bucket collection
+// once, before the event-id index exists.
+func (m *Merge) countOf(x *rewrite.Exec, coll string) (int64, error) {
+	reply, ok := x.One(countCommand(m.rule.DB, coll))
+	if !ok {
+		return 0, rewrite.ErrAborted
+	}
+	if err := mongoerr.ReplyError(reply); err != nil {
+		return 0, fmt.Errorf("count %s: %w", coll, err)
+	}
+	n, _ := bsoncore.Document(reply).Lookup("n").AsInt64OK()
+	return n, nil
+}
+
+// readRetired reads every document of a retired collection. Nothing is
+// counted first: a count decodes every document on FerretDB, as the read
+// does again.
+func (m *Merge) readRetired(x *rewrite.Exec, coll string) ([]bsoncore.Document, error) {
+	return drainAll(x, m.rule.DB, coll, findBatched(m.rule.DB, coll, nil, m.readBatch()), m.readBatch())
+}
+
+// readBatch is how many staged documents (or buckets) one reply may hold
+// within maxReadBytes: each holds at most the rule's maxBytes of events
+// (and summaries about as large as one event).
+func (m *Merge) readBatch() int32 {
+	perDoc := m.rule.MaxBytes + 64<<10
+	return int32(min(max(1, maxReadBytes/perDoc), 10_000))
 }

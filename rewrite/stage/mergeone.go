@@ -111,36 +111,13 @@ func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records *RecordSet) erro
 	if err != nil {
 		return err
 	}
-	var plan *mergePlan
-	var staged []bsoncore.Document
-	markers := 0
-	for _, d := range docs {
-		if s, ok := d.Lookup("_id").StringValueOK(); ok && s == planID {
-			if plan, err = readPlan(d); err != nil {
-				return err
-			}
-			continue
-		}
-		if isMarker(d) {
-			markers++
-			continue
-		}
-		staged = append(staged, d)
+	plan, staged, markers, err := splitRetired(docs)
+	if err != nil {
+		return err
 	}
-	sortByID(staged)
 	repeated := plan != nil
 	if plan == nil {
-		plan = &mergePlan{skip: map[bson.ObjectID]bool{}, ids: map[string]bool{}}
-		var derived []bson.ObjectID
-		for _, d := range staged {
-			plan.ids[idKey(d)] = true
-			if id, ok := idOf(d); ok && IsDerived(id) {
-				derived = append(derived, id)
-			}
-		}
-		for id := range records.mergedElsewhere(derived, r.Token) {
-			plan.skip[id] = true
-		}
+		plan = newMergePlan(staged, records, r.Token)
 	} else {
 		// A repeated merge merges what the first run planned; documents
 		// that reached the collection after that are late (see moveLate).
@@ -156,38 +133,10 @@ func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records *RecordSet) erro
 	}
 	// The keys of the buckets this merge tops up stay locked until they
 	// are written (topup.go).
-	unlock := func() {}
+	unlock, err := m.planKeys(x, r, groups, plan)
 	defer func() { unlock() }()
-	if plan.bases == nil {
-		if m.opts.TopUp {
-			// Locked before the probe: a delete that empties and removes
-			// a key's last bucket must not run between the probe and the
-			// writes, which would then leave a gap in the key's seqs.
-			unlock = m.lockKeys(groupKeys(groups))
-		}
-		var known map[string]KnownKey
-		if m.opts.TopUp {
-			if known, err = m.knownKeys(x, groups); err != nil {
-				return err
-			}
-			m.planKnown = known
-		}
-		if plan.bases, err = m.probeBases(x, groups, known); err != nil {
-			return err
-		}
-		if m.opts.TopUp {
-			if plan.tops, err = m.readTopUps(x, groups, plan.bases, known); err != nil {
-				return err
-			}
-		}
-		if err := m.insertOne(x, r.Name, planDoc(plan)); err != nil {
-			return fmt.Errorf("record plan: %w", err)
-		}
-	} else if len(plan.rawTops) > 0 {
-		if plan.tops, err = m.readTopUpsDoc(plan.rawTops); err != nil {
-			return fmt.Errorf("plan document: %w", err)
-		}
-		unlock = m.lockKeys(groupKeys(groups))
+	if err != nil {
+		return err
 	}
 	if err := m.recordDerived(x, r, derived, records); err != nil {
 		return err
@@ -219,6 +168,87 @@ func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records *RecordSet) erro
 	m.Stats.Series = max(m.Stats.Series, seriesOf(groupKeys(groups)))
 	m.Stats.Retries += len(plan.skip)
 	return nil
+}
+
+// planKeys completes plan with where each group's buckets go: on the
+// first run, each key's first free seq and the last buckets to top up,
+// recorded in retired collection r before any bucket is written; on a
+// repeated run, the top-ups its record holds. unlock releases the keys it
+// locked (the top-ups' keys, until they are written); it is set, and must
+// be called, even with an error.
+func (m *Merge) planKeys(x *rewrite.Exec, r Collection, groups []group, plan *mergePlan) (unlock func(), err error) {
+	unlock = func() {}
+	if plan.bases != nil {
+		if len(plan.rawTops) > 0 {
+			if plan.tops, err = m.readTopUpsDoc(plan.rawTops); err != nil {
+				return unlock, fmt.Errorf("plan document: %w", err)
+			}
+			unlock = m.lockKeys(groupKeys(groups))
+		}
+		return unlock, nil
+	}
+	var known map[string]KnownKey
+	if m.opts.TopUp {
+		// Locked before the probe: a delete that empties and removes a
+		// key's last bucket must not run between the probe and the
+		// writes, which would then leave a gap in the key's seqs.
+		unlock = m.lockKeys(groupKeys(groups))
+		if known, err = m.knownKeys(x, groups); err != nil {
+			return unlock, err
+		}
+		m.planKnown = known
+	}
+	if plan.bases, err = m.probeBases(x, groups, known); err != nil {
+		return unlock, err
+	}
+	if m.opts.TopUp {
+		if plan.tops, err = m.readTopUps(x, groups, plan.bases, known); err != nil {
+			return unlock, err
+		}
+	}
+	if err := m.insertOne(x, r.Name, planDoc(plan)); err != nil {
+		return unlock, fmt.Errorf("record plan: %w", err)
+	}
+	return unlock, nil
+}
+
+// splitRetired sorts what a retired collection holds: the plan its
+// merge recorded (nil before one), its staged documents in _id order, and
+// how many marker documents (kept.go).
+func splitRetired(docs []bsoncore.Document) (plan *mergePlan, staged []bsoncore.Document, markers int, err error) {
+	for _, d := range docs {
+		if s, ok := d.Lookup("_id").StringValueOK(); ok && s == planID {
+			if plan, err = readPlan(d); err != nil {
+				return nil, nil, 0, err
+			}
+			continue
+		}
+		if isMarker(d) {
+			markers++
+			continue
+		}
+		staged = append(staged, d)
+	}
+	sortByID(staged)
+	return plan, staged, markers, nil
+}
+
+// newMergePlan is the first run's plan of the merge of retired collection
+// token: every staged document, less the retries of writes that records
+// show merged from another collection.
+func newMergePlan(staged []bsoncore.Document, records *RecordSet, token int64) *mergePlan {
+	plan := &mergePlan{skip: map[bson.ObjectID]bool{}, ids: map[string]bool{}}
+	var derived []bson.ObjectID
+	for _, d := range staged {
+		plan.ids[idKey(d)] = true
+		if id, ok := idOf(d); ok && IsDerived(id) {
+			derived = append(derived, id)
+		}
+	}
+	for id := range records.mergedElsewhere(derived, token) {
+		plan.skip[id] = true
+	}
+	return plan
 }
 
 // recordDerived records the derived ids of retryable writes that the
@@ -322,190 +352,4 @@ func (m *Merge) groups(staged []bsoncore.Document, skip map[bson.ObjectID]bool) 
 	}
 	slices.SortFunc(groups, func(a, b group) int { return bucket.CompareKeys(a.key, b.key) })
 	return groups, derived, nil
-}
-
-// probeSeqs is how many seqs of each key one probe asks for: on
-// FerretDB a probe ($in on _id) decodes every bucket whatever it asks
-// for, so it asks for many.
-const probeSeqs = 64
-
-// probeLookups is how many seqs of each key the first probe by lookups
-// asks for: one, as most keys a merge writes are new (their window has
-// no bucket yet), and then twice as many each round.
-const probeLookups = 1
-
-// probeBases finds the first free seq of each group's key in the bucket
-// collection: the buckets of a key are seq 0..n without gaps (deletes
-// leave shells), so it is the first id that is missing.
-func (m *Merge) probeBases(x *rewrite.Exec, groups []group, known map[string]KnownKey) (map[string]int, error) {
-	ns := m.rule.BucketNamespace()
-	bases := map[string]int{}
-	var pending []group
-	for _, g := range groups {
-		if seq, ok := m.next[g.key.String()]; ok {
-			bases[g.key.String()] = seq // after a collection this merge planned
-		} else if kk, ok := known[g.key.String()]; ok {
-			bases[g.key.String()] = kk.Next
-		} else {
-			pending = append(pending, g)
-		}
-	}
-	// A scan finds any number of seqs at one cost; lookups grow with
-	// them, so they ask for a few first and twice as many each round.
-	width := probeSeqs
-	if m.pointLookups(len(pending) * probeLookups) {
-		width = probeLookups
-	}
-	for from := 0; len(pending) > 0; from += width {
-		if from >= bucket.MaxSeq {
-			return nil, fmt.Errorf("key %x has more than %d buckets", pending[0].key.Meta, bucket.MaxSeq)
-		}
-		if from > 0 && width < probeSeqs {
-			width *= 2
-		}
-		var ids []bson.ObjectID
-		for _, g := range pending {
-			for s := from; s < from+width; s++ {
-				ids = append(ids, g.key.ID(ns, s))
-			}
-		}
-		found, err := m.bucketsByID(x, ids, bsoncore.NewDocumentBuilder().AppendInt32("_id", 1).Build())
-		if err != nil {
-			return nil, err
-		}
-		have := map[bson.ObjectID]bool{}
-		for _, d := range found {
-			if id, ok := idOf(d); ok {
-				have[id] = true
-			}
-		}
-		var next []group
-		for _, g := range pending {
-			s := from
-			for s < from+width && have[g.key.ID(ns, s)] {
-				s++
-			}
-			if s == from+width {
-				next = append(next, g)
-				continue
-			}
-			bases[g.key.String()] = s
-		}
-		pending = next
-	}
-	return bases, nil
-}
-
-// builtBucket is one merged bucket and what identifies its content.
-type builtBucket struct {
-	id    bson.ObjectID
-	doc   bsoncore.Document
-	count int
-	first bsoncore.Value    // the first event's _id
-	entry bsoncore.Document // its event-id index entry
-	evs   []bucket.Event    // its new events, for the rule's rollups
-	// A topped-up bucket (topup.go): its count when the merge read it,
-	// all its events, and the _id of its event-id index entry before.
-	oldCount int
-	all      []bucket.Event
-	oldEntry bsoncore.Value
-}
-
-// buckets cuts each group into complete buckets: first the key's last
-// bucket filled up (plan.tops), then new ones from the key's base seq.
-// It notes each key's next free seq (m.next).
-func (m *Merge) buckets(groups []group, plan *mergePlan) (inserts, topped []builtBucket, events int) {
-	ns := m.rule.BucketNamespace()
-	if m.next == nil {
-		m.next = map[string]int{}
-	}
-	// What the directory learns (noteLast), in the order written.
-	type note struct {
-		key    string
-		seq, i int
-		topped bool
-	}
-	var notes []note
-	var starts []int64 // each insert's window start
-	for _, g := range groups {
-		k := g.key.String()
-		evs := g.events
-		if t := plan.tops[k]; t != nil {
-			all, added, rest := t.fillUp(evs, m.lim)
-			if added > 0 {
-				id := g.key.ID(ns, t.seq)
-				topped = append(topped, builtBucket{
-					id: id, doc: bucket.Complete(id, all, m.rule, m.lim), count: len(all), first: all[0].Stored.Lookup("_id"),
-					entry: bucket.IDIndexEntry(id, g.key.Start, all), evs: evs[:added], oldCount: len(t.old), all: all,
-					oldEntry: bucket.IDIndexEntry(id, g.key.Start, t.old).Lookup("_id"),
-				})
-				events += added
-			}
-			evs = rest
-		}
-		seq := plan.bases[k]
-		if len(topped) > 0 && topped[len(topped)-1].id == g.key.ID(ns, seq-1) {
-			notes = append(notes, note{key: k, seq: seq - 1, i: len(topped) - 1, topped: true})
-		}
-		for _, chunk := range bucket.ChunkEvents(evs, m.lim) {
-			notes = append(notes, note{key: k, seq: seq, i: len(inserts)})
-			inserts = append(inserts, builtBucket{id: g.key.ID(ns, seq), count: len(chunk), first: chunk[0].Stored.Lookup("_id"), evs: chunk})
-			starts = append(starts, g.key.Start)
-			seq++
-			events += len(chunk)
-		}
-		m.next[k] = max(m.next[k], seq)
-	}
-	// The documents, built on the proxy's cores; then what the directory
-	// learns of them, in order (a key's last bucket last).
-	eachInParallel(len(inserts), func(i int) {
-		b := &inserts[i]
-		b.doc = bucket.Complete(b.id, b.evs, m.rule, m.lim)
-		b.entry = bucket.IDIndexEntry(b.id, starts[i], b.evs)
-	})
-	for _, n := range notes {
-		if n.topped {
-			b := topped[n.i]
-			m.noteLast(n.key, n.seq, b.doc, b.all)
-		} else {
-			m.noteLast(n.key, n.seq, inserts[n.i].doc, inserts[n.i].evs)
-		}
-	}
-	return inserts, topped, events
-}
-
-// maxReadBytes bounds the staged bytes one reply of a retired
-// collection's read may hold: FerretDB does not cut a batch at 16MiB as
-// MongoDB does, and a larger reply is refused.
-const maxReadBytes = 32 << 20
-
-// countOf counts coll's documents. FerretDB decodes every document to
-// count them (300–540 ms for a bucket collection of 400,000 events on
-// SQLite), so it counts a retired collection, or the bucket collection
-// once, before the event-id index exists.
-func (m *Merge) countOf(x *rewrite.Exec, coll string) (int64, error) {
-	reply, ok := x.One(countCommand(m.rule.DB, coll))
-	if !ok {
-		return 0, rewrite.ErrAborted
-	}
-	if err := mongoerr.ReplyError(reply); err != nil {
-		return 0, fmt.Errorf("count %s: %w", coll, err)
-	}
-	n, _ := bsoncore.Document(reply).Lookup("n").AsInt64OK()
-	return n, nil
-}
-
-// readRetired reads every document of a retired collection. Nothing is
-// counted first: a count decodes every document on FerretDB, as the read
-// does again.
-func (m *Merge) readRetired(x *rewrite.Exec, coll string) ([]bsoncore.Document, error) {
-	return drainAll(x, m.rule.DB, coll, findBatched(m.rule.DB, coll, nil, m.readBatch()), m.readBatch())
-}
-
-// readBatch is how many staged documents (or buckets) one reply may hold
-// within maxReadBytes: each holds at most the rule's maxBytes of events
-// (and summaries about as large as one event).
-func (m *Merge) readBatch() int32 {
-	perDoc := m.rule.MaxBytes + 64<<10
-	return int32(min(max(1, maxReadBytes/perDoc), 10_000))
 }
