@@ -8,6 +8,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
+	"github.com/tsproxy/tsproxy/rewrite/stage"
 	"github.com/tsproxy/tsproxy/rules"
 )
 
@@ -139,4 +140,27 @@ func belowStorage(c ingestCase, docs, idx float64) []string {
 		below = append(below, fmt.Sprintf("%d/%d index bytes (%.1fx < %dx)", c.batch, c.conc, idx, indexTarget))
 	}
 	return below
+}
+
+// ruleOwnStats adds up the collStats of the collections a rule keeps of
+// its own beside its buckets, by the bucket collection's name: the
+// event-id index and the records of merged retryable writes (those of
+// them that exist).
+func ruleOwnStats(ctx context.Context, db *mongo.Database, bucketColl string) (collStats, error) {
+	rule := rules.Rule{BucketCollection: bucketColl}
+	names, err := db.ListCollectionNames(ctx, bson.D{{Key: "name", Value: bson.D{{Key: "$in", Value: bson.A{rule.IDIndexCollection(), stage.TxnsCollection(&rule)}}}}})
+	if err != nil {
+		return collStats{}, fmt.Errorf("listCollections %s: %w", db.Name(), err)
+	}
+	var sum collStats
+	for _, name := range names {
+		st, err := stats(ctx, db, name)
+		if err != nil {
+			return collStats{}, err
+		}
+		sum.count += st.count
+		sum.size += st.size
+		sum.indexSize += st.indexSize
+	}
+	return sum, nil
 }

@@ -163,6 +163,13 @@ func benchLayouts(e *benchEnv, runs, events, batch int) error {
 		if err != nil {
 			return err
 		}
+		own, err := ruleOwnStats(ctx, db(directC), lc.coll+".buckets")
+		if err != nil {
+			return err
+		}
+		bu.count += own.count
+		bu.size += own.size
+		bu.indexSize += own.indexSize
 		n, err := db(proxyC).Collection(lc.coll).CountDocuments(ctx, bson.D{})
 		if err != nil {
 			return err
