@@ -263,13 +263,20 @@ func storedEventsCommand(rule *rules.Rule, id bson.ObjectID) []byte {
 // every upstream answers from its _id index. The keys being probed are
 // read together, one seq at a time.
 type fillLoader struct {
-	rule  *rules.Rule
-	fills Fills
-	keys  []bucket.Key // still probing
-	found []bucket.Fill
-	seq   int
-	err   error
+	rule    *rules.Rule
+	fills   Fills
+	keys    []bucket.Key // still probing
+	found   []bucket.Fill
+	seq     int
+	rereads int // steps sent again, their collection dropped under them
+	err     error
 }
+
+// maxRereads bounds how many times a fill loader sends a step again whose
+// collection was dropped under it (a retention sweeper dropping a
+// partition, on FerretDB over PostgreSQL): one is enough once the drop
+// has ended, but a sweeper may drop the next partition meanwhile.
+const maxRereads = 3
 
 func newFillLoader(rule *rules.Rule, fills Fills, keys []bucket.Key) *fillLoader {
 	l := &fillLoader{rule: rule, fills: fills}
@@ -296,6 +303,9 @@ func (l *fillLoader) step() rewrite.Step {
 }
 
 func (l *fillLoader) feed(replies [][]byte) error {
+	if l.droppedUnder(replies) {
+		return nil // the same reads again (step)
+	}
 	keys, found := l.keys[:0], l.found[:0]
 	for i, r := range replies {
 		doc, err := cursor.First(r)
@@ -318,6 +328,23 @@ func (l *fillLoader) feed(replies [][]byte) error {
 		return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: more than %d buckets for one series and window", l.rule.Namespace, maxProbeSeq)
 	}
 	return nil
+}
+
+// droppedUnder says whether a reply of the step is a read whose collection
+// was dropped under it (mongoerr.DroppedUnderQuery), while the loader may
+// still read again. It is checked before feed changes anything, so the
+// step is sent again as it was.
+func (l *fillLoader) droppedUnder(replies [][]byte) bool {
+	if l.rereads >= maxRereads {
+		return false
+	}
+	for _, r := range replies {
+		if mongoerr.DroppedUnderQuery(mongoerr.ReplyError(r)) {
+			l.rereads++
+			return true
+		}
+	}
+	return false
 }
 
 // probeCommand reads the count and bytes of bucket id.

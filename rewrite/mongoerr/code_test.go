@@ -46,3 +46,21 @@ func TestReply(t *testing.T) {
 type errString string
 
 func (e errString) Error() string { return string(e) }
+
+func TestDroppedUnderQuery(t *testing.T) {
+	pg := `ERROR: relation "db.t_1" does not exist (SQLSTATE 42P01)`
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{Errorf(InternalError, "%s", pg), true},
+		{fmt.Errorf("load: %w", Errorf(InternalError, "%s", pg)), true},
+		{Errorf(NamespaceNotFound, "%s", pg), false},
+		{Errorf(InternalError, "relation does not exist"), false},
+		{nil, false},
+	} {
+		if got := DroppedUnderQuery(c.err); got != c.want {
+			t.Errorf("DroppedUnderQuery(%v) = %v, want %v", c.err, got, c.want)
+		}
+	}
+}

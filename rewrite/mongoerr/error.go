@@ -3,6 +3,7 @@ package mongoerr
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -96,4 +97,15 @@ func IsOK(reply bsoncore.Document) bool {
 	}
 	f, ok := v.AsFloat64OK()
 	return ok && f == 1
+}
+
+// DroppedUnderQuery says whether err is FerretDB on PostgreSQL failing a
+// query because its collection was dropped while the query ran: its
+// catalog still named the table when the query began, and PostgreSQL
+// answers "relation ... does not exist" (SQLSTATE 42P01) as an
+// InternalError. A read that meets it may be sent again: the drop has
+// ended by then, and the read finds no collection (an empty result).
+func DroppedUnderQuery(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == InternalError && strings.Contains(e.Msg, "(SQLSTATE 42P01)")
 }
