@@ -22,13 +22,7 @@ type ingestStorage struct {
 	leftover        []string  // staging collections left after the flush
 	txns            bool      // <bucket>.stage.txns exists
 	txnsDocs        int64
-	// idIndex is the event-id index (one small document per bucket), and
-	// txnsStats the records of merged retryable writes: both are counted
-	// into bucket and bucketN, as storage the rule's buckets need (the
-	// records shrink past the retry horizon, but their collection and
-	// its index stay).
-	idIndex, txnsStats collStats
-	docsRat, idxRat    float64 // plain/bucketed: documents (counted), index bytes
+	docsRat, idxRat float64 // plain/bucketed: documents (counted), index bytes
 }
 
 // settled reads, straight from the upstream, what db holds once flushed:
@@ -44,17 +38,11 @@ func settled(ctx context.Context, db *mongo.Database) (ingestStorage, error) {
 	for _, name := range names {
 		switch {
 		case name == plainColl || name == bucketColl || name == rules.LeaseCollection:
-		case isIDIndex(name):
-			if st.idIndex, err = stats(ctx, db, name); err != nil {
-				return st, err
-			}
+		case isIDIndex(name): // counted with the buckets (ruleOwnStats)
 		case isTxns(name):
 			st.txns = true
 			if st.txnsDocs, err = db.Collection(name).CountDocuments(ctx, bson.D{}); err != nil {
 				return st, fmt.Errorf("count %s: %w", name, err)
-			}
-			if st.txnsStats, err = stats(ctx, db, name); err != nil {
-				return st, err
 			}
 		default: // a staging collection, or a retired one (being merged)
 			n, _ := db.Collection(name).CountDocuments(ctx, bson.D{})
@@ -86,11 +74,18 @@ func settled(ctx context.Context, db *mongo.Database) (ingestStorage, error) {
 	if st.bucket, err = stats(ctx, db, bucketColl); err != nil {
 		return st, err
 	}
-	for _, own := range []collStats{st.idIndex, st.txnsStats} {
-		st.bucket.size += own.size
-		st.bucket.indexSize += own.indexSize
+	// The event-id index (one small document per bucket) and the records
+	// of merged retryable writes are storage the rule's buckets need (the
+	// records shrink past the retry horizon, but their collection and its
+	// index stay): counted with them, except in the bucket collection's
+	// own collStats count.
+	own, err := ruleOwnStats(ctx, db, bucketColl)
+	if err != nil {
+		return st, err
 	}
-	st.bucketN += st.idIndex.count + st.txnsDocs
+	st.bucket.size += own.size
+	st.bucket.indexSize += own.indexSize
+	st.bucketN += own.count
 	st.docsRat = ratio(st.plainN, st.bucketN)
 	st.idxRat = ratio(st.plain.indexSize, st.bucket.indexSize)
 	return st, nil
@@ -111,6 +106,13 @@ func isTxns(name string) bool {
 
 // collStats is what collStats reports of a collection.
 type collStats struct{ count, size, indexSize int64 }
+
+// add adds o's figures to c's.
+func (c *collStats) add(o collStats) {
+	c.count += o.count
+	c.size += o.size
+	c.indexSize += o.indexSize
+}
 
 // stats reads coll's collStats.
 func stats(ctx context.Context, db *mongo.Database, coll string) (collStats, error) {
@@ -158,9 +160,7 @@ func ruleOwnStats(ctx context.Context, db *mongo.Database, bucketColl string) (c
 		if err != nil {
 			return collStats{}, err
 		}
-		sum.count += st.count
-		sum.size += st.size
-		sum.indexSize += st.indexSize
+		sum.add(st)
 	}
 	return sum, nil
 }

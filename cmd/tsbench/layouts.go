@@ -167,9 +167,7 @@ func benchLayouts(e *benchEnv, runs, events, batch int) error {
 		if err != nil {
 			return err
 		}
-		bu.count += own.count
-		bu.size += own.size
-		bu.indexSize += own.indexSize
+		bu.add(own)
 		n, err := db(proxyC).Collection(lc.coll).CountDocuments(ctx, bson.D{})
 		if err != nil {
 			return err
