@@ -79,8 +79,15 @@ type plan struct {
 	// retrying holds the replies of a round that met duplicate keys,
 	// while the fills its re-plan needs are loaded.
 	retrying [][]byte
+	rereads  int // read steps sent again, their collection dropped under them
 	res      rewrite.Result
 }
+
+// maxRereads bounds how many times a plan sends a read step again whose
+// collection was dropped under it (a retention sweeper dropping a
+// partition, on FerretDB over PostgreSQL): one is enough once the drop
+// has ended, but a sweeper may drop the next partition meanwhile.
+const maxRereads = 3
 
 func (p *plan) Next() (rewrite.Step, bool) {
 	switch p.phase {
@@ -112,6 +119,9 @@ func (p *plan) Next() (rewrite.Step, bool) {
 }
 
 func (p *plan) Feed(replies [][]byte) error {
+	if p.phase != phaseWrite && p.droppedUnder(replies) {
+		return nil // Next sends the same reads again
+	}
 	switch p.phase {
 	case phaseCheckFills, phaseFills:
 		return p.load.feed(replies)
@@ -139,6 +149,25 @@ func (p *plan) Feed(replies [][]byte) error {
 }
 
 func (p *plan) Result() rewrite.Result { return p.res }
+
+// droppedUnder says whether a reply of a read step (the fill probes, the
+// check of a retry's buckets) met its collection dropped under it
+// (mongoerr.DroppedUnderQuery), while the plan may still read again. It
+// is checked before Feed changes anything, so Next sends the step again
+// as it was; the read then finds no collection, as after any drop. A
+// write is never sent again: it may have stored part of its events.
+func (p *plan) droppedUnder(replies [][]byte) bool {
+	if p.rereads >= maxRereads {
+		return false
+	}
+	for _, r := range replies {
+		if !mongoerr.IsOK(r) && mongoerr.DroppedUnderQuery(mongoerr.ReplyError(r)) {
+			p.rereads++
+			return true
+		}
+	}
+	return false
+}
 
 // loaded moves on once the fill loader has what it needs.
 func (p *plan) loaded() {
@@ -263,20 +292,13 @@ func storedEventsCommand(rule *rules.Rule, id bson.ObjectID) []byte {
 // every upstream answers from its _id index. The keys being probed are
 // read together, one seq at a time.
 type fillLoader struct {
-	rule    *rules.Rule
-	fills   Fills
-	keys    []bucket.Key // still probing
-	found   []bucket.Fill
-	seq     int
-	rereads int // steps sent again, their collection dropped under them
-	err     error
+	rule  *rules.Rule
+	fills Fills
+	keys  []bucket.Key // still probing
+	found []bucket.Fill
+	seq   int
+	err   error
 }
-
-// maxRereads bounds how many times a fill loader sends a step again whose
-// collection was dropped under it (a retention sweeper dropping a
-// partition, on FerretDB over PostgreSQL): one is enough once the drop
-// has ended, but a sweeper may drop the next partition meanwhile.
-const maxRereads = 3
 
 func newFillLoader(rule *rules.Rule, fills Fills, keys []bucket.Key) *fillLoader {
 	l := &fillLoader{rule: rule, fills: fills}
@@ -303,9 +325,6 @@ func (l *fillLoader) step() rewrite.Step {
 }
 
 func (l *fillLoader) feed(replies [][]byte) error {
-	if l.droppedUnder(replies) {
-		return nil // the same reads again (step)
-	}
 	keys, found := l.keys[:0], l.found[:0]
 	for i, r := range replies {
 		doc, err := cursor.First(r)
@@ -328,23 +347,6 @@ func (l *fillLoader) feed(replies [][]byte) error {
 		return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: more than %d buckets for one series and window", l.rule.Namespace, maxProbeSeq)
 	}
 	return nil
-}
-
-// droppedUnder says whether a reply of the step is a read whose collection
-// was dropped under it (mongoerr.DroppedUnderQuery), while the loader may
-// still read again. It is checked before feed changes anything, so the
-// step is sent again as it was.
-func (l *fillLoader) droppedUnder(replies [][]byte) bool {
-	if l.rereads >= maxRereads {
-		return false
-	}
-	for _, r := range replies {
-		if mongoerr.DroppedUnderQuery(mongoerr.ReplyError(r)) {
-			l.rereads++
-			return true
-		}
-	}
-	return false
 }
 
 // probeCommand reads the count and bytes of bucket id.
