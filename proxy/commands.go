@@ -38,6 +38,18 @@ func plan(build func(body []byte, rule *rules.Rule) rewrite.Plan) handler {
 	}
 }
 
+// withOwnIndex serves an index command whose plan needs to know whether
+// the proxy's own index is virtual on this upstream (caps.UnusedIndexes).
+func withOwnIndex(build func(body []byte, rule *rules.Rule, ownVirtual bool) rewrite.Plan) handler {
+	return func(c *conn, req *request, rule *rules.Rule) error {
+		caps, err := c.upstreamCaps()
+		if err != nil {
+			return err
+		}
+		return c.servePlan(req, rule, routeRewrite, build(req.msg.Body, rule, caps.UnusedIndexes))
+	}
+}
+
 func layoutRead(c *conn, req *request, rule *rules.Rule) error {
 	return c.servePlan(req, rule, routeRewrite, layout.ReadPlan(req.msg.Body, rule, newCursorID))
 }
@@ -90,8 +102,8 @@ var commands = map[string]commandSpec{
 	"collMod":       {unpartitioned: true, by: map[string]handler{rules.LayoutEvents: (*conn).collModTimeseries}},
 	"collStats":     {unpartitioned: true, by: map[string]handler{rules.LayoutEvents: plan(admin.CollStats)}},
 	"create":        {unpartitioned: true, by: map[string]handler{rules.LayoutEvents: serveCreate}},
-	"createIndexes": {unpartitioned: true, by: map[string]handler{rules.LayoutEvents: plan(admin.CreateIndexes)}},
-	"listIndexes":   {unpartitioned: true, by: map[string]handler{rules.LayoutEvents: plan(admin.ListIndexes)}},
+	"createIndexes": {unpartitioned: true, by: map[string]handler{rules.LayoutEvents: withOwnIndex(admin.CreateIndexes)}},
+	"listIndexes":   {unpartitioned: true, by: map[string]handler{rules.LayoutEvents: withOwnIndex(admin.ListIndexes)}},
 	"dropIndexes":   {unpartitioned: true, by: map[string]handler{rules.LayoutEvents: (*conn).rewriteDropIndexes}},
 	"update":        {by: map[string]handler{rules.LayoutEvents: (*conn).refuseWrite}},
 	"findAndModify": {by: map[string]handler{rules.LayoutEvents: (*conn).refuseWrite}},

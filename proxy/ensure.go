@@ -8,6 +8,7 @@ import (
 
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
+	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/rollup"
 	"github.com/tsproxy/tsproxy/rules"
@@ -83,20 +84,34 @@ func (c *conn) ensureBucketIndex(rule *rules.Rule) {
 // ensureIndex runs the index step of db.coll (a collection of rule's
 // buckets or rollups).
 func (c *conn) ensureIndex(rule *rules.Rule, coll, failure string) {
-	_ = c.s.ensureIndexOn(c, rule, coll, failure)
+	caps, err := c.upstreamCaps()
+	if err != nil {
+		c.log.Error(failure, "rule", rule.Namespace, "collection", rule.DB+"."+coll, "err", err.Error())
+		return
+	}
+	_ = c.s.ensureIndexOn(c, rule, coll, failure, caps)
 }
 
 // ensureIndexOn is ensureIndex on any step runner (a background merge's
 // connection); the error is logged, and returned for a caller that needs
-// the index.
-func (s *Server) ensureIndexOn(r stepRunner, rule *rules.Rule, coll, failure string) error {
+// the index. On an upstream that reads by no such index
+// (caps.UnusedIndexes) the step only creates the collection, which the
+// index's create would have, and its later steps (IndexIDs) need.
+func (s *Server) ensureIndexOn(r stepRunner, rule *rules.Rule, coll, failure string, caps caps.Upstream) error {
 	ns := rule.DB + "." + coll
 	if !s.once.begin("index", ns) {
 		return nil
 	}
-	res, err := drive(r, rewrite.Passthrough(bucket.IndexCommand(rule.DB, coll), nil))
+	cmd := bucket.IndexCommand(rule.DB, coll)
+	if caps.UnusedIndexes {
+		cmd = bucket.CreateCommand(rule.DB, coll)
+	}
+	res, err := drive(r, rewrite.Passthrough(cmd, nil))
 	if err == nil {
 		err = mongoerr.ReplyError(res.Reply)
+		if caps.UnusedIndexes && mongoerr.CodeOf(err) == mongoerr.NamespaceExists {
+			err = nil
+		}
 	}
 	if err == nil && s.opts.IndexIDs != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -108,7 +123,7 @@ func (s *Server) ensureIndexOn(r stepRunner, rule *rules.Rule, coll, failure str
 		return err
 	}
 	s.once.done("index", ns)
-	s.log.Info("index ensured", "rule", rule.Namespace, "collection", ns)
+	s.log.Info("index ensured", "rule", rule.Namespace, "collection", ns, "proxy index", !caps.UnusedIndexes)
 	return nil
 }
 

@@ -283,7 +283,7 @@ func (s *Server) runMergeLocked(r stepRunner, up lease.Commander, rule *rules.Ru
 	if !opts.Guest {
 		// Retired collections left before (a merge cut short, another
 		// proxy's freeze) are merged first, with inserts going on.
-		st, err := s.mergeRetiredOnly(r, rule, opts, false)
+		st, err := s.mergeRetiredOnly(r, rule, caps, opts, false)
 		if err != nil {
 			s.merges.record(rule, st, background)
 			return st, err
@@ -318,7 +318,7 @@ func (s *Server) runMergeLocked(r stepRunner, up lease.Commander, rule *rules.Ru
 		s.merges.record(rule, freeze.Stats, background)
 		return freeze.Stats, nil
 	}
-	st, err := s.mergeRetiredOnly(r, rule, opts, true)
+	st, err := s.mergeRetiredOnly(r, rule, caps, opts, true)
 	st.Pending, st.Markers, st.Others = freeze.Stats.Pending, freeze.Stats.Markers, freeze.Stats.Others
 	s.merges.record(rule, st, background)
 	if err != nil {
@@ -348,11 +348,11 @@ func (s *Server) heldTerm(rule *rules.Rule) func() int64 {
 // over the buckets, 100 ms for 50,000 events on the embedded upstream),
 // else once something was merged: a create or drop of the namespace
 // settles first, and must not find the collection made by that.
-func (s *Server) mergeRetiredOnly(r stepRunner, rule *rules.Rule, opts stage.MergeOptions, retired bool) (stage.Stats, error) {
+func (s *Server) mergeRetiredOnly(r stepRunner, rule *rules.Rule, caps caps.Upstream, opts stage.MergeOptions, retired bool) (stage.Stats, error) {
 	opts.All, opts.Due, opts.RetiredOnly = false, nil, true
 	m := stage.NewMerge(rule, opts)
 	if retired {
-		_ = s.ensureIndexOn(r, rule, rule.BucketCollection, bucketIndexFailure) // logged; the merge works without it
+		_ = s.ensureIndexOn(r, rule, rule.BucketCollection, bucketIndexFailure, caps) // logged; the merge works without it
 	}
 	res, err := drive(r, m)
 	if len(m.Stats.RollupErrors) > 0 {
@@ -361,7 +361,7 @@ func (s *Server) mergeRetiredOnly(r stepRunner, rule *rules.Rule, opts stage.Mer
 			"rule", rule.Namespace, "errors", strings.Join(m.Stats.RollupErrors, "; "))
 	}
 	if m.Stats.Collections > 0 {
-		_ = s.ensureIndexOn(r, rule, rule.BucketCollection, bucketIndexFailure)
+		_ = s.ensureIndexOn(r, rule, rule.BucketCollection, bucketIndexFailure, caps)
 	}
 	if err != nil {
 		return m.Stats, mergeFailure(err)

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
 	"github.com/tsproxy/tsproxy/rewrite/internal/rwtest"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -68,7 +70,7 @@ func TestPlanCreateIndexes(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			body := rwtest.Doc(t, D{{Key: "createIndexes", Value: "readings"}, {Key: "indexes", Value: c.indexes}, {Key: "$db", Value: "iot"}})
-			got, err := PlanCreateIndexes(body, rwtest.Rule())
+			got, err := PlanCreateIndexes(body, rwtest.Rule(), false)
 			if c.err != "" {
 				if err == nil || !strings.Contains(err.Error(), c.err) {
 					t.Fatalf("err %v, want %q", err, c.err)
@@ -99,13 +101,116 @@ func TestListIndexesReply(t *testing.T) {
 	app := func(name string, key D) D {
 		return D{{Key: "v", Value: 2}, {Key: "key", Value: key}, {Key: "name", Value: name}, {Key: "ns", Value: "iot.readings"}}
 	}
-	rwtest.AssertDoc(t, "listIndexes", ListIndexesReply(reply, rwtest.Rule()), D{{Key: "cursor", Value: D{{Key: "id", Value: int64(0)}, {Key: "ns", Value: "iot.readings"}, {Key: "firstBatch", Value: A{
+	rwtest.AssertDoc(t, "listIndexes", ListIndexesReply(reply, rwtest.Rule(), false), D{{Key: "cursor", Value: D{{Key: "id", Value: int64(0)}, {Key: "ns", Value: "iot.readings"}, {Key: "firstBatch", Value: A{
 		app("sensorId_1_ts_1", D{{Key: "sensorId", Value: 1}, {Key: "ts", Value: 1}}),
 		app("site", D{{Key: "sensorId.site", Value: -1}}),
 	}}}}, {Key: "ok", Value: 1.0}})
 	// An upstream error names the app's namespace.
-	got := ListIndexesReply(rwtest.Doc(t, D{{Key: "ok", Value: 0.0}, {Key: "errmsg", Value: "ns does not exist: iot.readings.buckets"}, {Key: "code", Value: 26}}), rwtest.Rule())
+	got := ListIndexesReply(rwtest.Doc(t, D{{Key: "ok", Value: 0.0}, {Key: "errmsg", Value: "ns does not exist: iot.readings.buckets"}, {Key: "code", Value: 26}}), rwtest.Rule(), true)
 	rwtest.AssertDoc(t, "error", got, D{{Key: "ok", Value: 0.0}, {Key: "errmsg", Value: "ns does not exist: iot.readings"}, {Key: "code", Value: 26}, {Key: "codeName", Value: "NamespaceNotFound"}})
+}
+
+// TestOwnIndexVirtual: where the upstream reads by no index of the
+// proxy's (FerretDB), its own index is not made but listed, first, as a
+// native collection lists its {metaField: 1, timeField: 1}; listed once
+// where a bucket collection has it from before; and a create of it alone
+// is answered as one of an index that exists.
+func TestOwnIndexVirtual(t *testing.T) {
+	upSpec := func(name string, key D) D {
+		return D{{Key: "v", Value: 2}, {Key: "key", Value: key}, {Key: "name", Value: name}}
+	}
+	own := D{{Key: "v", Value: 2}, {Key: "key", Value: D{{Key: "sensorId", Value: 1}, {Key: "ts", Value: 1}}}, {Key: "name", Value: "sensorId_1_ts_1"}}
+	site := D{{Key: "v", Value: 2}, {Key: "key", Value: D{{Key: "sensorId.site", Value: -1}}}, {Key: "name", Value: "site"}}
+	listed := func(specs ...D) D {
+		a := A{}
+		for _, s := range specs {
+			a = append(a, s)
+		}
+		return D{{Key: "cursor", Value: D{{Key: "id", Value: int64(0)}, {Key: "ns", Value: "iot.readings"}, {Key: "firstBatch", Value: a}}}, {Key: "ok", Value: 1.0}}
+	}
+	without := rwtest.CursorReply(t, 0, upSpec("_id_", D{{Key: "_id", Value: 1}}), upSpec("site", D{{Key: "meta.site", Value: -1}}))
+	with := rwtest.CursorReply(t, 0, upSpec("_id_", D{{Key: "_id", Value: 1}}), upSpec("meta_1_start_1", D{{Key: "meta", Value: 1}, {Key: "start", Value: 1}}), upSpec("site", D{{Key: "meta.site", Value: -1}}))
+	t.Run("listed when virtual", func(t *testing.T) {
+		rwtest.AssertDoc(t, "listIndexes", ListIndexesReply(without, rwtest.Rule(), true), listed(own, site))
+	})
+	t.Run("not listed when it is not there and not virtual", func(t *testing.T) {
+		rwtest.AssertDoc(t, "listIndexes", ListIndexesReply(without, rwtest.Rule(), false), listed(site))
+	})
+	t.Run("made before: listed once", func(t *testing.T) {
+		rwtest.AssertDoc(t, "listIndexes", ListIndexesReply(with, rwtest.Rule(), true), listed(own, site))
+	})
+	t.Run("no metaField: none", func(t *testing.T) {
+		rule := rwtest.Rule()
+		rule.MetaField = ""
+		rwtest.AssertDoc(t, "listIndexes", ListIndexesReply(rwtest.CursorReply(t, 0, upSpec("_id_", D{{Key: "_id", Value: 1}})), rule, true), listed())
+	})
+	create := func(indexes A) []byte {
+		return rwtest.Doc(t, D{{Key: "createIndexes", Value: "readings"}, {Key: "indexes", Value: indexes}, {Key: "writeConcern", Value: D{{Key: "w", Value: 1}}}, {Key: "$db", Value: "iot"}})
+	}
+	ownSpec := D{{Key: "key", Value: D{{Key: "sensorId", Value: 1}, {Key: "ts", Value: 1.0}}}, {Key: "name", Value: "mine"}}
+	siteSpec := D{{Key: "key", Value: D{{Key: "sensorId.site", Value: -1}}}, {Key: "name", Value: "site"}}
+	t.Run("create with others: the own one left out", func(t *testing.T) {
+		got, err := PlanCreateIndexes(create(A{ownSpec, siteSpec}), rwtest.Rule(), true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rwtest.AssertDoc(t, "createIndexes", got, D{{Key: "createIndexes", Value: "readings.buckets"}, {Key: "indexes", Value: A{
+			D{{Key: "key", Value: D{{Key: "meta.site", Value: -1}}}, {Key: "name", Value: "site"}}}}, {Key: "writeConcern", Value: D{{Key: "w", Value: 1}}}, {Key: "$db", Value: "iot"}})
+	})
+	t.Run("create with others: made when not virtual", func(t *testing.T) {
+		got, err := PlanCreateIndexes(create(A{ownSpec}), rwtest.Rule(), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, _ := bsoncore.Document(got).Lookup("indexes").Array().Values(); len(n) != 1 {
+			t.Fatalf("indexes: %s", rwtest.JSON(got))
+		}
+	})
+	t.Run("create of it alone", func(t *testing.T) {
+		for _, c := range []struct {
+			name    string
+			created D
+			want    D
+		}{
+			{"collection made", D{{Key: "ok", Value: 1.0}}, D{{Key: "numIndexesBefore", Value: 2}, {Key: "numIndexesAfter", Value: 2}, {Key: "createdCollectionAutomatically", Value: true}, {Key: "note", Value: "all indexes already exist"}, {Key: "ok", Value: 1.0}}},
+			{"collection there", D{{Key: "ok", Value: 0.0}, {Key: "errmsg", Value: "exists"}, {Key: "code", Value: 48}}, D{{Key: "numIndexesBefore", Value: 2}, {Key: "numIndexesAfter", Value: 2}, {Key: "note", Value: "all indexes already exist"}, {Key: "ok", Value: 1.0}}},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				p := CreateIndexes(create(A{ownSpec}), rwtest.Rule(), true)
+				step, done := p.Next()
+				if done || len(step) != 1 {
+					t.Fatalf("first step: %v %v", step, done)
+				}
+				rwtest.AssertDoc(t, "create", step[0].Body, D{{Key: "create", Value: "readings.buckets"}, {Key: "$db", Value: "iot"}})
+				if err := p.Feed([][]byte{rwtest.Doc(t, c.created)}); err != nil {
+					t.Fatal(err)
+				}
+				step, done = p.Next()
+				if done || len(step) != 1 {
+					t.Fatalf("second step: %v %v", step, done)
+				}
+				rwtest.AssertDoc(t, "listIndexes", step[0].Body, D{{Key: "listIndexes", Value: "readings.buckets"}, {Key: "$db", Value: "iot"}})
+				if err := p.Feed([][]byte{without}); err != nil {
+					t.Fatal(err)
+				}
+				if _, done = p.Next(); !done {
+					t.Fatal("a third step")
+				}
+				rwtest.AssertDoc(t, "reply", p.Result().Reply, c.want)
+			})
+		}
+	})
+	t.Run("create of it alone, the upstream refuses", func(t *testing.T) {
+		p := CreateIndexes(create(A{ownSpec}), rwtest.Rule(), true)
+		p.Next()
+		_ = p.Feed([][]byte{rwtest.Doc(t, D{{Key: "ok", Value: 0.0}, {Key: "errmsg", Value: "not authorized to create iot.readings.buckets"}, {Key: "code", Value: 13}})})
+		if _, done := p.Next(); !done {
+			t.Fatal("went on after a refused create")
+		}
+		if !strings.HasSuffix(mongoerr.FromReply(p.Result().Reply, "").Error(), "create iot.readings") {
+			t.Fatalf("reply %s: want the app's namespace", rwtest.JSON(p.Result().Reply))
+		}
+	})
 }
 
 func TestPlanDropIndexes(t *testing.T) {

@@ -167,15 +167,18 @@ func translateIndexKey(rule *rules.Rule, key bsoncore.Document) (bsoncore.Docume
 	return d, nil
 }
 
-// PlanCreateIndexes maps createIndexes to the bucket collection.
-func PlanCreateIndexes(body []byte, rule *rules.Rule) ([]byte, error) {
+// PlanCreateIndexes maps createIndexes to the bucket collection. Where
+// the proxy's own index is virtual (caps.UnusedIndexes: not made, only
+// listed), a spec of it is left out, as the no-op its create is on a
+// native collection; cmd is nil when nothing else is left.
+func PlanCreateIndexes(body []byte, rule *rules.Rule, ownVirtual bool) (cmd []byte, err error) {
 	doc := bsoncore.Document(body)
 	if err := query.CheckTarget(doc, rule, "createIndexes"); err != nil {
 		return nil, err
 	}
 	elems, _ := doc.Elements()
 	idx, d := adminCommand("createIndexes", rule)
-	found := false
+	found, kept := false, 0
 	for _, e := range elems[1:] {
 		k := e.Key()
 		switch {
@@ -192,12 +195,16 @@ func PlanCreateIndexes(body []byte, rule *rules.Rule) ([]byte, error) {
 				return nil, mongoerr.Errorf(mongoerr.BadValue, "createIndexes needs at least one index")
 			}
 			aidx, a := bsoncore.AppendArrayElementStart(d, "indexes")
-			for i, s := range specs {
+			for _, s := range specs {
 				t, err := translateIndexSpec(rule, s)
 				if err != nil {
 					return nil, err
 				}
-				a = bsoncore.AppendDocumentElement(a, strconv.Itoa(i), t)
+				if name, _ := t.Lookup("name").StringValueOK(); ownVirtual && name == bucket.IndexName {
+					continue
+				}
+				a = bsoncore.AppendDocumentElement(a, strconv.Itoa(kept), t)
+				kept++
 			}
 			d, _ = bsoncore.AppendArrayEnd(a, aidx)
 			found = true
@@ -207,6 +214,9 @@ func PlanCreateIndexes(body []byte, rule *rules.Rule) ([]byte, error) {
 	}
 	if !found {
 		return nil, mongoerr.Errorf(mongoerr.FailedToParse, "createIndexes needs \"indexes\"")
+	}
+	if kept == 0 {
+		return nil, nil
 	}
 	return endAdmin(idx, d, doc, rule), nil
 }
@@ -285,8 +295,10 @@ func PlanListIndexes(body []byte, rule *rules.Rule) ([]byte, error) {
 // keys on meta and start under the metaField and timeField names, the
 // reply's ns the app's. Indexes on other bucket fields (made directly on
 // the bucket collection) mean nothing for events and are left out. The
-// whole list is one batch (a collection has at most 64 indexes).
-func ListIndexesReply(reply []byte, rule *rules.Rule) []byte {
+// proxy's own index is listed first when it is virtual (ownVirtual: see
+// PlanCreateIndexes) and not there. The whole list is one batch (a
+// collection has at most 64 indexes).
+func ListIndexesReply(reply []byte, rule *rules.Rule, ownVirtual bool) []byte {
 	doc := bsoncore.Document(reply)
 	if err := mongoerr.ReplyError(doc); err != nil {
 		return renameNSError(err, rule)
@@ -295,25 +307,44 @@ func ListIndexesReply(reply []byte, rule *rules.Rule) []byte {
 	if err != nil {
 		return mongoerr.Reply(err)
 	}
+	var specs []bsoncore.Document
+	own := false
+	for _, spec := range docs {
+		if name, _ := spec.Lookup("name").StringValueOK(); name == bucket.IndexName {
+			own = true
+		}
+		if m, ok := appIndexSpec(spec, rule); ok {
+			specs = append(specs, m)
+		}
+	}
+	if v, ok := virtualOwnIndex(rule); ok && ownVirtual && !own {
+		specs = append([]bsoncore.Document{v}, specs...)
+	}
 	idx, d := bsoncore.AppendDocumentStart(nil)
 	cidx, c := bsoncore.AppendDocumentElementStart(d, "cursor")
 	c = bsoncore.AppendInt64Element(c, "id", 0)
 	c = bsoncore.AppendStringElement(c, "ns", rule.Namespace)
 	aidx, a := bsoncore.AppendArrayElementStart(c, "firstBatch")
-	n := 0
-	for _, spec := range docs {
-		m, ok := appIndexSpec(spec, rule)
-		if !ok {
-			continue
-		}
-		a = bsoncore.AppendDocumentElement(a, strconv.Itoa(n), m)
-		n++
+	for i, m := range specs {
+		a = bsoncore.AppendDocumentElement(a, strconv.Itoa(i), m)
 	}
 	c, _ = bsoncore.AppendArrayEnd(a, aidx)
 	d, _ = bsoncore.AppendDocumentEnd(c, cidx)
 	d = bsoncore.AppendDoubleElement(d, "ok", 1)
 	d, _ = bsoncore.AppendDocumentEnd(d, idx)
 	return d
+}
+
+// virtualOwnIndex is the spec of the proxy's own index where it is not
+// made (caps.UnusedIndexes), as MongoDB lists a native collection's
+// {metaField: 1, timeField: 1}; none for a rule without a metaField.
+func virtualOwnIndex(rule *rules.Rule) (bsoncore.Document, bool) {
+	name, ok := ownIndexAppName(rule)
+	if !ok {
+		return nil, false
+	}
+	key := bsoncore.NewDocumentBuilder().AppendInt32(rule.MetaField, 1).AppendInt32(rule.TimeField, 1).Build()
+	return bsoncore.NewDocumentBuilder().AppendInt32("v", 2).AppendDocument("key", key).AppendString("name", name).Build(), true
 }
 
 // appIndexSpec is a bucket index as a native time-series collection

@@ -4,6 +4,8 @@ import (
 	"strings"
 
 	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/source"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
@@ -22,22 +24,64 @@ func Create(body []byte, rule *rules.Rule) rewrite.Plan {
 	return rewrite.Passthrough(cmd, func(r []byte) []byte { return Reply(r, rule) })
 }
 
-// CreateIndexes creates the app's indexes on the bucket collection.
-func CreateIndexes(body []byte, rule *rules.Rule) rewrite.Plan {
-	cmd, err := PlanCreateIndexes(body, rule)
+// CreateIndexes creates the app's indexes on the bucket collection;
+// ownVirtual as for PlanCreateIndexes.
+func CreateIndexes(body []byte, rule *rules.Rule, ownVirtual bool) rewrite.Plan {
+	cmd, err := PlanCreateIndexes(body, rule, ownVirtual)
 	if err != nil {
 		return rewrite.Fail(err)
+	}
+	if cmd == nil {
+		return ownIndexExists(rule)
 	}
 	return rewrite.Passthrough(cmd, func(r []byte) []byte { return Reply(r, rule) })
 }
 
-// ListIndexes lists the bucket collection's indexes as the app's.
-func ListIndexes(body []byte, rule *rules.Rule) rewrite.Plan {
+// ownIndexExists answers a createIndexes of only the proxy's virtual own
+// index as MongoDB answers one of an index that exists: the bucket
+// collection is created when it is not there (as createIndexes creates
+// it), and the indexes counted as listIndexes shows them.
+func ownIndexExists(rule *rules.Rule) rewrite.Plan {
+	return rewrite.Script(func(x *rewrite.Exec) (rewrite.Result, error) {
+		reply, ok := x.One(bucket.CreateCommand(rule.DB, rule.BucketCollection))
+		if !ok {
+			return rewrite.Result{}, rewrite.ErrAborted
+		}
+		err := mongoerr.ReplyError(reply)
+		created := err == nil
+		if err != nil && mongoerr.CodeOf(err) != mongoerr.NamespaceExists {
+			return rewrite.Result{Reply: Reply(reply, rule)}, nil
+		}
+		// Without the create's generic arguments: a writeConcern is refused
+		// on a read.
+		list := bsoncore.NewDocumentBuilder().AppendString("listIndexes", rule.BucketCollection).AppendString("$db", rule.DB).Build()
+		if reply, ok = x.One(list); !ok {
+			return rewrite.Result{}, rewrite.ErrAborted
+		}
+		listed := ListIndexesReply(reply, rule, true)
+		if !mongoerr.IsOK(listed) {
+			return rewrite.Result{Reply: listed}, nil
+		}
+		specs, _, err := cursor.Docs(listed)
+		if err != nil {
+			return rewrite.Result{}, err
+		}
+		b := bsoncore.NewDocumentBuilder().AppendInt32("numIndexesBefore", int32(len(specs))).AppendInt32("numIndexesAfter", int32(len(specs)))
+		if created {
+			b.AppendBoolean("createdCollectionAutomatically", true)
+		}
+		return rewrite.Result{Reply: b.AppendString("note", "all indexes already exist").AppendDouble("ok", 1).Build()}, nil
+	})
+}
+
+// ListIndexes lists the bucket collection's indexes as the app's;
+// ownVirtual as for ListIndexesReply.
+func ListIndexes(body []byte, rule *rules.Rule, ownVirtual bool) rewrite.Plan {
 	cmd, err := PlanListIndexes(body, rule)
 	if err != nil {
 		return rewrite.Fail(err)
 	}
-	return rewrite.Passthrough(cmd, func(r []byte) []byte { return ListIndexesReply(r, rule) })
+	return rewrite.Passthrough(cmd, func(r []byte) []byte { return ListIndexesReply(r, rule, ownVirtual) })
 }
 
 // DropIndexes drops the app's indexes from the bucket collection. After

@@ -30,7 +30,8 @@ const (
 
 // IndexName is the proxy's own index {meta: 1, start: 1} on every
 // collection of buckets (and rollups): reads select buckets by series and
-// window with it.
+// window with it, on an upstream that reads by such an index (not
+// FerretDB: caps.UnusedIndexes).
 const IndexName = "meta_1_start_1"
 
 // IndexCommand creates that index on db.coll (and so the collection).
@@ -40,4 +41,11 @@ func IndexCommand(db, coll string) []byte {
 	return bsoncore.NewDocumentBuilder().AppendString("createIndexes", coll).
 		AppendArray("indexes", bsoncore.NewArrayBuilder().AppendDocument(spec).Build()).
 		AppendString("$db", db).Build()
+}
+
+// CreateCommand creates collection db.coll (NamespaceExists when it is
+// there): a bucket collection where the proxy makes no index on it
+// (caps.UnusedIndexes), a staging collection, a marker.
+func CreateCommand(db, coll string) []byte {
+	return bsoncore.NewDocumentBuilder().AppendString("create", coll).AppendString("$db", db).Build()
 }

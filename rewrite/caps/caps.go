@@ -62,6 +62,15 @@ type Upstream struct {
 	// own (MongoDB 5.0+), so a create with the timeseries option may pass
 	// through (rules.CreateTimeseriesAuto).
 	NativeTimeseries bool
+	// UnusedIndexes: the upstream reads by no index but _id's, whatever
+	// indexes a collection has. FerretDB v1.24: its SQLite backend pushes
+	// only {_id: X} filters down; its PostgreSQL backend tests a field as
+	// _jsonb->'f' @> v (and no ranges), which a btree index on the field
+	// cannot serve. The proxy's {meta: 1, start: 1} index would cost
+	// storage and writes there for no read, so it is not made;
+	// listIndexes shows it all the same, as the app's
+	// {metaField: 1, timeField: 1} (rewrite/admin).
+	UnusedIndexes bool
 }
 
 // Detect reads what the upstream supports from its buildInfo reply.
@@ -71,7 +80,8 @@ type Upstream struct {
 func Detect(buildInfo []byte) Upstream {
 	doc := bsoncore.Document(buildInfo)
 	if _, err := doc.LookupErr("ferretdbVersion"); err == nil {
-		return Upstream{IDOnlyFilters: true, CostlyUpdates: true, SingleWriter: true, PackedEvents: true, MaxUpdateStatements: FerretDBMaxUpdateStatements}
+		return Upstream{IDOnlyFilters: true, CostlyUpdates: true, SingleWriter: true, PackedEvents: true, UnusedIndexes: true,
+			MaxUpdateStatements: FerretDBMaxUpdateStatements}
 	}
 	return Upstream{StmtIDs: true, FullAggregation: true, UnwindKeepsFields: true, NativeTimeseries: majorVersion(doc) >= 5}
 }

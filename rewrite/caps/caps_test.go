@@ -42,3 +42,13 @@ func TestDetectNativeTimeseries(t *testing.T) {
 		}
 	}
 }
+
+// TestDetectUnusedIndexes: only FerretDB reads by no index but _id's.
+func TestDetectUnusedIndexes(t *testing.T) {
+	if !Detect(buildInfo([]int32{7, 0, 77, 0}, true)).UnusedIndexes {
+		t.Error("FerretDB: UnusedIndexes false")
+	}
+	if Detect(buildInfo([]int32{8, 0, 4, 0}, false)).UnusedIndexes {
+		t.Error("MongoDB: UnusedIndexes true")
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/insert"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 )
@@ -49,7 +50,7 @@ func markerDoc(id string) bsoncore.Document {
 // document, in that order; the marker is written when KeptDocs of its
 // insert's reply is the marker.
 func MarkerCommands(db, coll, id string) (create []byte, marker rewrite.Upstream) {
-	create = bsoncore.NewDocumentBuilder().AppendString("create", coll).AppendString("$db", db).Build()
+	create = bucket.CreateCommand(db, coll)
 	body := bsoncore.NewDocumentBuilder().AppendString("insert", coll).AppendString("$db", db).Build()
 	seq := &rewrite.Sequence{Identifier: "documents", Documents: []bsoncore.Document{markerDoc(id)}}
 	return create, rewrite.Upstream{Body: body, Seq: seq}

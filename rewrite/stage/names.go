@@ -11,6 +11,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"github.com/tsproxy/tsproxy/rules"
 )
@@ -203,7 +204,7 @@ func IsFlushMarker(rule *rules.Rule, name string) bool {
 
 // FlushRequestCommand creates flush request marker in rule's database.
 func FlushRequestCommand(rule *rules.Rule, marker string) []byte {
-	return bsoncore.NewDocumentBuilder().AppendString("create", marker).AppendString("$db", rule.DB).Build()
+	return bucket.CreateCommand(rule.DB, marker)
 }
 
 // FlushPendingCommand lists flush request marker (one document while it
