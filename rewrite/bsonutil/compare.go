@@ -2,6 +2,7 @@ package bsonutil
 
 import (
 	"bytes"
+	"encoding/binary"
 	"math"
 	"math/big"
 
@@ -123,13 +124,20 @@ func compareStrings(a, b bsoncore.Value) int {
 	if !okA || !okB {
 		return bytes.Compare(a.Data, b.Data)
 	}
-	return bytes.Compare([]byte(sa), []byte(sb))
+	return bytes.Compare(sa, sb)
 }
 
-// readStringish reads a string or a symbol, which MongoDB compares alike.
-func readStringish(v bsoncore.Value) (string, bool) {
-	s, _, ok := bsoncore.ReadString(v.Data)
-	return s, ok
+// readStringish reads a string or a symbol, which MongoDB compares alike,
+// in place: sorts compare strings many times over.
+func readStringish(v bsoncore.Value) ([]byte, bool) {
+	if len(v.Data) < 5 {
+		return nil, false
+	}
+	n := int64(int32(binary.LittleEndian.Uint32(v.Data)))
+	if n < 1 || 4+n > int64(len(v.Data)) || v.Data[4+n-1] != 0 {
+		return nil, false
+	}
+	return v.Data[4 : 4+n-1], true
 }
 
 // compareDocuments walks two documents (or arrays) element by element as

@@ -103,6 +103,9 @@ func TestCompareValuesMalformedDoesNotPanic(t *testing.T) {
 		{Type: bsoncore.TypeDouble},
 		{Type: bsoncore.TypeEmbeddedDocument, Data: []byte{5, 0, 0}},
 		{Type: bsoncore.TypeString, Data: []byte{9, 0, 0, 0, 'a'}},
+		{Type: bsoncore.TypeString, Data: []byte{2, 0, 0, 0, 'a', 'b'}},      // no NUL where the length says
+		{Type: bsoncore.TypeString, Data: []byte{0, 0, 0, 0, 0}},             // length 0
+		{Type: bsoncore.TypeString, Data: []byte{0xff, 0xff, 0xff, 0xff, 0}}, // negative length
 		{Type: bsoncore.TypeDecimal128, Data: []byte{1, 2}},
 		{Type: bsoncore.TypeCodeWithScope, Data: []byte{1}},
 		{Type: 0x77, Data: []byte{1}},
@@ -114,6 +117,31 @@ func TestCompareValuesMalformedDoesNotPanic(t *testing.T) {
 	}
 	if got := Compare(bad[0], bad[0]); got != 0 {
 		t.Errorf("malformed value compared with itself = %d, want 0", got)
+	}
+}
+
+// TestCompareStringsInPlace: strings compare by their bytes without the
+// length or NUL, whatever the bytes after them.
+func TestCompareStringsInPlace(t *testing.T) {
+	str := func(s string, tail ...byte) bsoncore.Value {
+		return bsoncore.Value{Type: bsoncore.TypeString, Data: append(bsoncore.AppendString(nil, s), tail...)}
+	}
+	sym := bsoncore.Value{Type: bsoncore.TypeSymbol, Data: bsoncore.AppendString(nil, "b")}
+	cases := []struct {
+		a, b bsoncore.Value
+		want int
+	}{
+		{str("a"), str("a"), 0},
+		{str("a"), str("a", 'z', 'z'), 0},
+		{str(""), str("a"), -1},
+		{str("ab"), str("a"), 1},
+		{str("b"), sym, 0},
+		{str("c"), sym, 1},
+	}
+	for i, c := range cases {
+		if got := Compare(c.a, c.b); got != c.want {
+			t.Errorf("case %d: %d, want %d", i, got, c.want)
+		}
 	}
 }
 
@@ -131,6 +159,19 @@ func TestTypeName(t *testing.T) {
 	for typ, name := range want {
 		if got := TypeName(typ); got != name {
 			t.Errorf("typeName(0x%02x) = %q, want %q", byte(typ), got, name)
+		}
+	}
+}
+
+// BenchmarkCompareStrings: a sort compares strings many times; reading
+// them in place makes no garbage.
+func BenchmarkCompareStrings(b *testing.B) {
+	x := bsoncore.Value{Type: bsoncore.TypeString, Data: bsoncore.AppendString(nil, "host-042.example.com")}
+	y := bsoncore.Value{Type: bsoncore.TypeString, Data: bsoncore.AppendString(nil, "host-043.example.com")}
+	b.ReportAllocs()
+	for b.Loop() {
+		if Compare(x, y) != -1 {
+			b.Fatal("order")
 		}
 	}
 }

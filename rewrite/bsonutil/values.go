@@ -201,3 +201,23 @@ func WholeNumber(v bsoncore.Value) (int64, bool) {
 	}
 	return 0, false
 }
+
+// EachElement calls f with each element of b (a document or an array:
+// the same layout), in order, without making a slice of them.
+func EachElement(b []byte, f func(bsoncore.Element) error) error {
+	if len(b) < 5 {
+		return bsoncore.ErrMissingNull
+	}
+	rem := b[4 : len(b)-1]
+	for len(rem) > 0 {
+		elem, rest, ok := bsoncore.ReadElement(rem)
+		if !ok {
+			return bsoncore.ErrElementMissingKey
+		}
+		rem = rest
+		if err := f(elem); err != nil {
+			return err
+		}
+	}
+	return nil
+}

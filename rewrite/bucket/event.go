@@ -107,7 +107,7 @@ type eventFields struct {
 // and a repeated time or meta field is noted in duplicate.
 func readEventFields(doc bsoncore.Document, rule *rules.Rule, lim Limits, aggs []bsoncore.Value) (eventFields, error) {
 	var f eventFields
-	err := eachElement(doc, func(elem bsoncore.Element) error {
+	err := bsonutil.EachElement(doc, func(elem bsoncore.Element) error {
 		key := elem.KeyBytes()
 		switch {
 		case string(key) == "_id":
@@ -131,26 +131,6 @@ func readEventFields(doc bsoncore.Document, rule *rules.Rule, lim Limits, aggs [
 		return nil
 	})
 	return f, err
-}
-
-// eachElement calls f with each element of b (a document or an array:
-// the same layout), in order, without making a slice of them.
-func eachElement(b []byte, f func(bsoncore.Element) error) error {
-	if len(b) < 5 {
-		return bsoncore.ErrMissingNull
-	}
-	rem := b[4 : len(b)-1]
-	for len(rem) > 0 {
-		elem, rest, ok := bsoncore.ReadElement(rem)
-		if !ok {
-			return bsoncore.ErrElementMissingKey
-		}
-		rem = rest
-		if err := f(elem); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 func PrepareEvent(doc bsoncore.Document, index int, rule *rules.Rule, lim Limits, newID func() bson.ObjectID, buf *[]byte, aggs []bsoncore.Value) (Event, *WriteError) {
@@ -286,7 +266,7 @@ func AppendStoredEvent(dst []byte, doc bsoncore.Document, metaField string, addI
 	if addID {
 		out = bsoncore.AppendObjectIDElement(out, "_id", newID())
 	}
-	err := eachElement(doc, func(elem bsoncore.Element) error {
+	err := bsonutil.EachElement(doc, func(elem bsoncore.Element) error {
 		if metaField != "" && string(elem.KeyBytes()) == metaField {
 			out = bsoncore.AppendNullElement(out, metaField)
 		} else {

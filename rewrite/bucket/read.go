@@ -199,7 +199,7 @@ func StagedEvents(doc bsoncore.Document, rule *rules.Rule, lim Limits) ([]Event,
 		return nil, err
 	}
 	i := 0
-	err = eachElement(more, func(e bsoncore.Element) error {
+	err = bsonutil.EachElement(more, func(e bsoncore.Element) error {
 		g := e.Value()
 		gd, ok := g.DocumentOK()
 		if !ok {
@@ -287,7 +287,7 @@ func (r *eventReader) appendStored(out []Event, bdoc bsoncore.Document, rule *ru
 		return nil
 	}
 	err = eachEventArray(bdoc, func(field string, arr bsoncore.Array) error {
-		if err := eachElement(arr, read); err != nil {
+		if err := bsonutil.EachElement(arr, read); err != nil {
 			return fmt.Errorf("%q: %w", field, err)
 		}
 		return nil

@@ -27,16 +27,35 @@ func BatchLen(docs []bsoncore.Document, want int64) (n, bytes int) {
 }
 
 func (cr Reply) WithID(id int64) bsoncore.Document {
-	ci, cd := bsoncore.AppendDocumentStart(nil)
-	ai, cd := bsoncore.AppendArrayElementStart(cd, cr.Key)
+	// One buffer, sized up front: a batch of tens of thousands of
+	// documents is copied once, not again on every growth and into the
+	// outer document.
+	size := 64 + len(cr.Key) + len(cr.NS)
 	for i, d := range cr.Batch {
-		cd = bsoncore.AppendDocumentElement(cd, bsonutil.Itoa(i), d)
+		size += len(d) + 2 + decimalDigits(i) // type, key, NUL
 	}
-	cd, _ = bsoncore.AppendArrayEnd(cd, ai)
-	cd = bsoncore.AppendInt64Element(cd, "id", id)
-	cd = bsoncore.AppendStringElement(cd, "ns", cr.NS)
-	cd, _ = bsoncore.AppendDocumentEnd(cd, ci)
-	return bsoncore.NewDocumentBuilder().AppendDocument("cursor", cd).AppendDouble("ok", 1).Build()
+	oi, b := bsoncore.AppendDocumentStart(make([]byte, 0, size))
+	ci, b := bsoncore.AppendDocumentElementStart(b, "cursor")
+	ai, b := bsoncore.AppendArrayElementStart(b, cr.Key)
+	for i, d := range cr.Batch {
+		b = bsoncore.AppendDocumentElement(b, bsonutil.Itoa(i), d)
+	}
+	b, _ = bsoncore.AppendArrayEnd(b, ai)
+	b = bsoncore.AppendInt64Element(b, "id", id)
+	b = bsoncore.AppendStringElement(b, "ns", cr.NS)
+	b, _ = bsoncore.AppendDocumentEnd(b, ci)
+	b = bsoncore.AppendDoubleElement(b, "ok", 1)
+	b, _ = bsoncore.AppendDocumentEnd(b, oi)
+	return b
+}
+
+// decimalDigits is the length of i >= 0 in decimal: an array key's.
+func decimalDigits(i int) int {
+	n := 1
+	for ; i >= 10; i /= 10 {
+		n++
+	}
+	return n
 }
 
 // Docs reads the documents of a cursor reply (firstBatch or

@@ -25,6 +25,11 @@ const maxPointLookups = 64
 type layoutDoc struct {
 	doc    bsoncore.Document
 	weight int64
+	// The sort keys of expand: the time, the meta (Null when none), and
+	// the order it was made in.
+	ms   int64
+	meta bsoncore.Value
+	made int
 }
 
 // LayoutRead is a read on a counter or slots rule: fetch the candidate
@@ -36,7 +41,7 @@ type Read struct {
 	stages  []layoutStage
 	fetch   []bsoncore.Document // point lookups still to send
 	scan    bool
-	buckets []bsoncore.Document
+	buckets []fetchedBucket
 	docs    int
 	batch   int64 // first batch size; -1 for the default
 	single  bool

@@ -281,28 +281,45 @@ func readSlotGrid(doc bsoncore.Document, o rules.LayoutOptions) (slotGrid, error
 // or nested by rules.SlotGroup ({"<group>": {"<s>": v}}); keys that are
 // not slot numbers are skipped.
 func eachSlot(m bsoncore.Document, nested bool, n int, f func(int, bsoncore.Value)) {
-	es, _ := m.Elements()
-	for _, e := range es {
+	// Keys are read in place (a slot map of an hour of seconds has 3,600).
+	_ = bsonutil.EachElement(m, func(e bsoncore.Element) error {
 		// k < n before anything is computed from it: a group number
 		// that large (damaged or hostile data) would overflow k*SlotGroup.
-		k, err := strconv.Atoi(e.Key())
-		if err != nil || k < 0 || k >= n {
-			continue
+		k, ok := slotKey(e.KeyBytes(), n)
+		if !ok {
+			return nil
 		}
 		if !nested {
 			f(k, e.Value())
-			continue
+			return nil
 		}
 		sub, ok := e.Value().DocumentOK()
 		if !ok {
-			continue
+			return nil
 		}
-		ses, _ := sub.Elements()
-		for _, se := range ses {
-			i, err := strconv.Atoi(se.Key())
-			if s := k*rules.SlotGroup + i; err == nil && i >= 0 && i < rules.SlotGroup && s < n {
-				f(s, se.Value())
+		return bsonutil.EachElement(sub, func(se bsoncore.Element) error {
+			if i, ok := slotKey(se.KeyBytes(), rules.SlotGroup); ok && k*rules.SlotGroup+i < n {
+				f(k*rules.SlotGroup+i, se.Value())
 			}
+			return nil
+		})
+	})
+}
+
+// slotKey reads a slot map's key: a decimal number below n; ok is false
+// for anything else.
+func slotKey(key []byte, n int) (int, bool) {
+	if len(key) == 0 {
+		return 0, false
+	}
+	k := 0
+	for _, c := range key {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		if k = k*10 + int(c-'0'); k >= n {
+			return 0, false
 		}
 	}
+	return k, true
 }

@@ -14,7 +14,7 @@ import (
 )
 
 // stagedEvents are staged events as a merge reads them back.
-func stagedEvents(t *testing.T, rule *rules.Rule, evs ...bson.D) []bucket.Event {
+func stagedEvents(t testing.TB, rule *rules.Rule, evs ...bson.D) []bucket.Event {
 	t.Helper()
 	docs := make([]bsoncore.Document, len(evs))
 	for i, e := range evs {
