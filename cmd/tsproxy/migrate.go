@@ -88,14 +88,9 @@ func runMigrate(ctx context.Context, args []string, out, logOut io.Writer) error
 	if err != nil {
 		return err
 	}
-	db, coll, _ := strings.Cut(*ruleNS, ".")
-	rule := cfg.RuleSet().Lookup(db, coll)
-	if rule == nil {
-		var names []string
-		for _, r := range cfg.Rules {
-			names = append(names, r.Namespace)
-		}
-		return fmt.Errorf("migrate: no rule for namespace %q in the config (rules: %s)", *ruleNS, strings.Join(names, ", "))
+	rule, err := ruleOf(cfg, *ruleNS, "migrate")
+	if err != nil {
+		return err
 	}
 	if *from == rule.Namespace || *from == rule.BucketNamespace() || cfg.RuleSet().Lookup(fromDB, fromColl) != nil {
 		return fmt.Errorf("migrate: --from %q is a bucketed namespace or bucket collection; name the plain source collection", *from)

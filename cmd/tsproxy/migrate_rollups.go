@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 
 	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rewrite/rollup"
@@ -47,12 +46,11 @@ func runRollups(ctx context.Context, args []string, out, logOut io.Writer) error
 	if err != nil {
 		return err
 	}
-	db, coll, _ := strings.Cut(*ruleNS, ".")
-	rule := cfg.RuleSet().Lookup(db, coll)
-	switch {
-	case rule == nil:
-		return fmt.Errorf("rollups: no rule for namespace %q in the config", *ruleNS)
-	case len(rule.Rollups) == 0:
+	rule, err := ruleOf(cfg, *ruleNS, "rollups")
+	if err != nil {
+		return err
+	}
+	if len(rule.Rollups) == 0 {
 		return fmt.Errorf("rollups: rule %s has no rollups", rule.Namespace)
 	}
 	log := newLogger(rules.Telemetry{LogLevel: "warn", LogFormat: cfg.Telemetry.LogFormat}, logOut)

@@ -85,7 +85,7 @@ func PlanCollStats(body []byte, rule *rules.Rule) (*CollStatsPlan, error) {
 	group := nb().AppendDocument("$group", nb().AppendNull("_id").
 		AppendDocument("n", nb().AppendString("$sum", "$"+bucket.FieldCount).Build()).Build()).Build()
 	p.Count = rc.AggregateCommand([]bsoncore.Document{group}, -1, doc, nil, false)
-	p.CountFallback = rc.AggregateCommand([]bsoncore.Document{query.UnwindStage(), bsonutil.Stage("$count", bsonutil.StringValue("n"))}, -1, doc, nil, false)
+	p.CountFallback = rc.AggregateCommand(append(query.UnwindStages(rc.Caps), bsonutil.Stage("$count", bsonutil.StringValue("n"))), -1, doc, nil, false)
 	return p, nil
 }
 

@@ -173,7 +173,7 @@ func (p *Request) planStatement(i int, d bsoncore.Document, caps caps.Upstream) 
 		return st, nil
 	}
 	st.Whole = sf.Event == nil
-	st.Match = p.matchCommand(sf, st.Whole, st.LimitOne, caps.UnwindKeepsFields)
+	st.Match = p.matchCommand(sf, st.Whole, st.LimitOne, caps)
 	if ids := read.EventIDs(rc, filter); ids != nil && !caps.UnwindKeepsFields && !st.Whole {
 		if m, err := read.NewEventMatcher(rc, filter); err == nil {
 			st.IDs, st.Events = bucket.NewIDSet(ids), m
@@ -192,7 +192,7 @@ func (p *Request) planScanStatement(st *Statement, rc *query.Ctx, filter bsoncor
 	if splitErr != nil {
 		sf = query.SplitFilter{}
 	} else if st.Whole = sf.Event == nil; st.Whole {
-		st.Match = p.matchCommand(sf, true, st.LimitOne, false)
+		st.Match = p.matchCommand(sf, true, st.LimitOne, rc.Caps)
 		return st, nil
 	}
 	m, err := read.NewEventMatcher(rc, filter)
@@ -226,7 +226,7 @@ func (p *Request) scanCommand(sf query.SplitFilter, limitOne bool) []byte {
 // ($unwind keeps the bucket _id on every upstream; on one that keeps the
 // other fields too, meta and start come along and spare a read of each
 // bucket's key), or whole buckets.
-func (p *Request) matchCommand(sf query.SplitFilter, whole, limitOne, withKey bool) []byte {
+func (p *Request) matchCommand(sf query.SplitFilter, whole, limitOne bool, caps caps.Upstream) []byte {
 	var pipeline []bsoncore.Document
 	if whole {
 		if sf.Bucket != nil {
@@ -238,9 +238,9 @@ func (p *Request) matchCommand(sf query.SplitFilter, whole, limitOne, withKey bo
 			Build()
 		pipeline = append(pipeline, bsonutil.Stage("$project", bsonutil.DocValue(proj)))
 	} else {
-		pipeline = query.EventPipeline(sf)
+		pipeline = query.EventPipeline(sf, caps)
 		pb := bsoncore.NewDocumentBuilder()
-		if withKey {
+		if caps.UnwindKeepsFields {
 			pb.AppendInt32(bucket.FieldMeta, 1).AppendInt32(bucket.FieldStart, 1)
 		}
 		proj := pb.AppendInt32(bucket.FieldEvents, 1).Build()

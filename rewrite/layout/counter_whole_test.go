@@ -144,3 +144,24 @@ func TestCounterPackedReads(t *testing.T) {
 		t.Fatalf("read error %v, want one naming the damaged bucket", err)
 	}
 }
+
+// TestUnpackedCounter: a packed counter bucket becomes the document form
+// an $inc counts into, its other fields as they were; one of the
+// document form is left alone; a damaged one is an error.
+func TestUnpackedCounter(t *testing.T) {
+	head := bson.D{{Key: "_id", Value: rwtest.OID(1)}, {Key: "meta", Value: "/a"}, {Key: "start", Value: rwtest.DT(0)}, {Key: "total", Value: int64(7)}}
+	counts := bson.D{{Key: "1", Value: int64(2)}, {Key: "59", Value: int64(5)}}
+	packed := rwtest.Doc(t, append(append(bson.D{}, head...), packedSlotsOf(t, counts), bson.E{Key: CounterMerged, Value: "m1"}))
+	out, ok, err := UnpackedCounter(packed)
+	if err != nil || !ok {
+		t.Fatalf("ok %v err %v", ok, err)
+	}
+	rwtest.AssertDoc(t, "unpacked", out, append(append(bson.D{}, head...), bson.E{Key: "slots", Value: counts}, bson.E{Key: CounterMerged, Value: "m1"}))
+	if _, ok, err := UnpackedCounter(out); ok || err != nil {
+		t.Fatalf("the document form: ok %v err %v", ok, err)
+	}
+	bad := rwtest.Doc(t, append(append(bson.D{}, head...), bson.E{Key: "slots", Value: bson.Binary{Subtype: SlotsPackedZstdSubtype, Data: []byte("\x28\xb5\x2f\xfd\x00")}}))
+	if _, ok, err := UnpackedCounter(bad); ok || err == nil {
+		t.Fatalf("damaged: ok %v err %v", ok, err)
+	}
+}

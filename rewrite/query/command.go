@@ -5,6 +5,7 @@ import (
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
+	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -66,18 +67,50 @@ func (pg Paging) FirstBatch() int64 {
 	return first
 }
 
-func UnwindStage() bsoncore.Document {
-	return bsonutil.Stage("$unwind", bsonutil.StringValue("$"+bucket.FieldEvents))
+// UnwindStages unwind a bucket's events upstream. Where the proxy does
+// not pack events (an upstream that runs any stage: MongoDB), a bucket
+// with packed events can only have been copied from a FerretDB (a dump
+// restored), and $unwind would skip its events: a wrong answer. A guard
+// first fails the pipeline on such a bucket, naming the remedy (tsproxy
+// unpack); it leaves every other bucket as it is.
+func UnwindStages(c caps.Upstream) []bsoncore.Document {
+	unwind := bsonutil.Stage("$unwind", bsonutil.StringValue("$"+bucket.FieldEvents))
+	if !c.FullAggregation || c.PackedEvents {
+		return []bsoncore.Document{unwind}
+	}
+	return []bsoncore.Document{packedGuardStage(), unwind}
+}
+
+// PackedEventsRefusal is the text of the guard's error, inside the
+// upstream's conversion error.
+const PackedEventsRefusal = "tsproxy: packed events (a bucket copied from FerretDB) cannot be unwound here; run tsproxy unpack on the rule. packed: "
+
+// packedGuardStage is {$addFields: {packed: {$cond: [<no packed field>,
+// "$$REMOVE", <an error>]}}}: the error is a failed conversion of a
+// string that names the problem, made of the field's type so that it is
+// never folded into a constant (an error at parse time would fail every
+// read).
+func packedGuardStage() bsoncore.Document {
+	typ := bsoncore.NewDocumentBuilder().AppendString("$type", "$"+bucket.FieldPacked).Build()
+	missing := bsoncore.NewDocumentBuilder().AppendArray("$eq", bsoncore.NewArrayBuilder().AppendDocument(typ).AppendString("missing").Build()).Build()
+	msg := bsoncore.NewDocumentBuilder().AppendArray("$concat", bsoncore.NewArrayBuilder().
+		AppendDocument(bsoncore.NewDocumentBuilder().AppendString("$literal", PackedEventsRefusal).Build()).
+		AppendDocument(typ).Build()).Build()
+	fail := bsoncore.NewDocumentBuilder().AppendDocument("$toInt", msg).Build()
+	cond := bsoncore.NewDocumentBuilder().AppendArray("$cond", bsoncore.NewArrayBuilder().
+		AppendDocument(missing).AppendString("$$REMOVE").AppendDocument(fail).Build()).Build()
+	fields := bsoncore.NewDocumentBuilder().AppendDocument(bucket.FieldPacked, cond).Build()
+	return bsonutil.Stage("$addFields", bsonutil.DocValue(fields))
 }
 
 // EventPipeline is the upstream pipeline of an event read, before its
-// tail: bucket $match, $unwind, event $match.
-func EventPipeline(sf SplitFilter) []bsoncore.Document {
+// tail: bucket $match, $unwind (UnwindStages), event $match.
+func EventPipeline(sf SplitFilter, c caps.Upstream) []bsoncore.Document {
 	var st []bsoncore.Document
 	if sf.Bucket != nil {
 		st = append(st, bsonutil.Stage("$match", bsonutil.DocValue(sf.Bucket)))
 	}
-	st = append(st, UnwindStage())
+	st = append(st, UnwindStages(c)...)
 	if sf.Event != nil {
 		st = append(st, bsonutil.Stage("$match", bsonutil.DocValue(sf.Event)))
 	}

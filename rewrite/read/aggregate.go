@@ -163,7 +163,7 @@ func (a *aggregateRewrite) splitLeadingMatches() (int, error) {
 		return 0, err
 	}
 	a.split = sf
-	a.pipeline = query.EventPipeline(sf)
+	a.pipeline = query.EventPipeline(sf, a.rc.Caps)
 	a.shape = &CursorShape{ns: a.rc.NS, metaField: a.rc.MetaField, mode: shapeEvent, metas: newMetaResolver(a.rc)}
 	return i, nil
 }
@@ -288,7 +288,7 @@ func (a *aggregateRewrite) fullAggregate() *Command {
 	if a.split.Bucket != nil {
 		pipeline = append(pipeline, bsonutil.Stage("$match", bsonutil.DocValue(a.split.Bucket)))
 	}
-	pipeline = append(pipeline, query.UnwindStage(), replaceWithEvent(rc))
+	pipeline = append(append(pipeline, query.UnwindStages(rc.Caps)...), replaceWithEvent(rc))
 	for _, st := range a.stages {
 		pipeline = append(pipeline, st.Doc)
 	}

@@ -279,7 +279,7 @@ func findPipeline(rc *query.Ctx, filter, sortDoc bsoncore.Document, pg query.Pag
 	if err != nil {
 		return nil, sf, err
 	}
-	pipeline := query.EventPipeline(sf)
+	pipeline := query.EventPipeline(sf, rc.Caps)
 	if sortDoc != nil {
 		s, err := rc.TranslateSort(sortDoc, "find")
 		if err != nil {
@@ -331,7 +331,7 @@ func planCount(rc *query.Ctx, body bsoncore.Document, forExplain bool) (*Command
 		c := &countDrain{}
 		return &Command{rc: rc, Point: pr, PointDrain: c.pointDrain(c.result)}, nil
 	}
-	pipeline := query.EventPipeline(sf)
+	pipeline := query.EventPipeline(sf, rc.Caps)
 	if skip > 0 {
 		pipeline = append(pipeline, bsonutil.Stage("$skip", bsonutil.Int64Value(skip)))
 	}
@@ -386,7 +386,7 @@ func planDistinct(rc *query.Ctx, body bsoncore.Document, forExplain bool) (*Comm
 	}
 	metas := newMetaResolver(rc)
 	p := &Command{rc: rc, Drain: true, metas: metas, bucketFilter: sf.Bucket, drain: &distinctDrain{path: strings.Split(key, "."), metaField: rc.MetaField, metas: metas}}
-	p.Command = rc.AggregateCommand(query.EventPipeline(sf), -1, body, nil, forExplain)
+	p.Command = rc.AggregateCommand(query.EventPipeline(sf, rc.Caps), -1, body, nil, forExplain)
 	return p, nil
 }
 

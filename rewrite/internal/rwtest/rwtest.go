@@ -206,3 +206,7 @@ func Ctx(t testing.TB, c caps.Upstream) *query.Ctx {
 	rc.Caps = c
 	return rc
 }
+
+// Guard is the JSON of the stage before an upstream $unwind on MongoDB
+// (query.UnwindStages), followed by a comma.
+func Guard() string { return JSON(query.UnwindStages(MongoCaps)[0]) + "," }
