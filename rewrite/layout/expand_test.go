@@ -10,6 +10,7 @@ import (
 
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/internal/rwtest"
+	"github.com/tsproxy/tsproxy/rules"
 )
 
 // BenchmarkSlotsPackedRead: a find of ten hosts' hours of one-second
@@ -107,5 +108,18 @@ func TestExpandSizes(t *testing.T) {
 				t.Errorf("_id %q, want %q", id, want)
 			}
 		}
+	}
+}
+
+// TestEachSlotSkipsDamagedGroup: a damaged group of a nested slot map is
+// skipped, and the groups after it are read.
+func TestEachSlotSkipsDamagedGroup(t *testing.T) {
+	bad := []byte{8, 0, 0, 0, 0x10, 'a', 'b', 0} // an int32 element cut short
+	good := bsoncore.NewDocumentBuilder().AppendInt32("5", 7).Build()
+	m := bsoncore.NewDocumentBuilder().AppendDocument("0", bad).AppendDocument("1", good).Build()
+	var got []int
+	eachSlot(m, true, 2*rules.SlotGroup, func(s int, v bsoncore.Value) { got = append(got, s) })
+	if len(got) != 1 || got[0] != rules.SlotGroup+5 {
+		t.Fatalf("slots %v, want [%d]", got, rules.SlotGroup+5)
 	}
 }

@@ -297,12 +297,14 @@ func eachSlot(m bsoncore.Document, nested bool, n int, f func(int, bsoncore.Valu
 		if !ok {
 			return nil
 		}
-		return bsonutil.EachElement(sub, func(se bsoncore.Element) error {
+		// A damaged group is skipped, not the groups after it.
+		_ = bsonutil.EachElement(sub, func(se bsoncore.Element) error {
 			if i, ok := slotKey(se.KeyBytes(), rules.SlotGroup); ok && k*rules.SlotGroup+i < n {
 				f(k*rules.SlotGroup+i, se.Value())
 			}
 			return nil
 		})
+		return nil
 	})
 }
 
