@@ -126,16 +126,12 @@ func startMigrationProxy(ctx context.Context, cfg *rules.Config, log *slog.Logge
 	}
 	fail := func(err error) (*migrationEnv, error) { closeAll(); return nil, err }
 
-	uri := cfg.Upstream.URI
-	var indexIDs func(context.Context, string, string) error
-	if cfg.Upstream.Embedded() {
-		emb, err := upstream.StartEmbedded(upstream.EmbeddedOptions{DataDir: cfg.Upstream.DataDir, Logger: embeddedLogger(log)})
-		if err != nil {
-			return fail(err)
-		}
-		closers = append(closers, func() { emb.Close() })
-		uri, indexIDs = emb.URI(), emb.IndexIDs
+	uh, err := startUpstream(cfg, log)
+	if err != nil {
+		return fail(err)
 	}
+	closers = append(closers, uh.close)
+	uri, indexIDs := uh.uri, uh.indexIDs
 	upTLS, err := upstreamTLS(cfg.Upstream)
 	if err != nil {
 		return fail(err)
@@ -186,7 +182,7 @@ func connectClient(uri string, tlsCfg *tls.Config) (*mongo.Client, error) {
 	}
 	c, err := mongo.Connect(o)
 	if err != nil {
-		return nil, fmt.Errorf("migrate: connect %s: %w", rules.Redact(uri), err)
+		return nil, fmt.Errorf("connect %s: %w", rules.Redact(uri), err)
 	}
 	return c, nil
 }
