@@ -78,8 +78,12 @@ func UnwindStages(c caps.Upstream) []bsoncore.Document {
 	if !c.FullAggregation || c.PackedEvents {
 		return []bsoncore.Document{unwind}
 	}
-	return []bsoncore.Document{packedGuardStage(), unwind}
+	return []bsoncore.Document{packedGuard, unwind}
 }
+
+// packedGuard is built once: every event read on MongoDB carries it, and
+// a stage is only ever copied into a command, never changed.
+var packedGuard = packedGuardStage()
 
 // PackedEventsRefusal is the text of the guard's error, inside the
 // upstream's conversion error.
