@@ -126,17 +126,13 @@ func startMigrationProxy(ctx context.Context, cfg *rules.Config, log *slog.Logge
 	}
 	fail := func(err error) (*migrationEnv, error) { closeAll(); return nil, err }
 
-	uh, err := startUpstream(cfg, log)
+	up, err := openUpstream(ctx, cfg, log, "migrate")
 	if err != nil {
 		return fail(err)
 	}
-	closers = append(closers, uh.close)
-	uri, indexIDs := uh.uri, uh.indexIDs
-	upTLS, err := upstreamTLS(cfg.Upstream)
-	if err != nil {
-		return fail(err)
-	}
-	dialer, err := upstream.NewDialer(upstream.Options{URI: uri, DialTimeout: cfg.Upstream.DialTimeout, TLS: upTLS})
+	closers = append(closers, up.close)
+	indexIDs := up.handle.indexIDs
+	dialer, err := upstream.NewDialer(upstream.Options{URI: up.handle.uri, DialTimeout: cfg.Upstream.DialTimeout, TLS: up.tls})
 	if err != nil {
 		return fail(err)
 	}
@@ -159,20 +155,51 @@ func startMigrationProxy(ctx context.Context, cfg *rules.Config, log *slog.Logge
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 	})
-	up, err := connectClient(uri, upTLS)
-	if err != nil {
-		return fail(err)
-	}
-	closers = append(closers, func() { _ = up.Disconnect(context.Background()) })
 	via, err := connectClient("mongodb://"+ln.Addr().String()+"/", nil)
 	if err != nil {
 		return fail(err)
 	}
 	closers = append(closers, func() { _ = via.Disconnect(context.Background()) })
-	if err := up.Ping(ctx, nil); err != nil {
-		return fail(fmt.Errorf("migrate: upstream %s: %w", rules.Redact(uri), err))
+	return &migrationEnv{upstream: up.Client, viaProxy: via, close: closeAll, indexIDs: indexIDs}, nil
+}
+
+// upstreamClient is a client straight to the configured upstream (the
+// embedded one started here), with what a command needs to dial it too.
+type upstreamClient struct {
+	*mongo.Client
+	handle upstreamHandle
+	tls    *tls.Config
+	close  func()
+}
+
+// openUpstream connects a client straight to the configured upstream
+// and pings it; cmd names the command in its errors. unpack reads and
+// replaces buckets as they are stored through it; migrate and rollups
+// also start a proxy on it.
+func openUpstream(ctx context.Context, cfg *rules.Config, log *slog.Logger, cmd string) (*upstreamClient, error) {
+	uh, err := startUpstream(cfg, log)
+	if err != nil {
+		return nil, err
 	}
-	return &migrationEnv{upstream: up, viaProxy: via, close: closeAll, indexIDs: indexIDs}, nil
+	upTLS, err := upstreamTLS(cfg.Upstream)
+	if err != nil {
+		uh.close()
+		return nil, err
+	}
+	client, err := connectClient(uh.uri, upTLS)
+	if err != nil {
+		uh.close()
+		return nil, fmt.Errorf("%s: %w", cmd, err)
+	}
+	uc := &upstreamClient{Client: client, handle: uh, tls: upTLS, close: func() {
+		_ = client.Disconnect(context.Background())
+		uh.close()
+	}}
+	if err := client.Ping(ctx, nil); err != nil {
+		uc.close()
+		return nil, fmt.Errorf("%s: upstream %s: %w", cmd, rules.Redact(uh.uri), err)
+	}
+	return uc, nil
 }
 
 func connectClient(uri string, tlsCfg *tls.Config) (*mongo.Client, error) {

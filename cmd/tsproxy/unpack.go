@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"strings"
 
 	"github.com/spf13/pflag"
@@ -82,12 +81,12 @@ func runUnpack(ctx context.Context, args []string, out, logOut io.Writer) error 
 		return err
 	}
 	log := newLogger(rules.Telemetry{LogLevel: "warn", LogFormat: cfg.Telemetry.LogFormat}, logOut)
-	client, closeUp, err := openUpstream(ctx, cfg, log)
+	up, err := openUpstream(ctx, cfg, log, "unpack")
 	if err != nil {
 		return err
 	}
-	defer closeUp()
-	db := client.Database(rule.DB)
+	defer up.close()
+	db := up.Database(rule.DB)
 	colls, err := bucketCollections(ctx, db, rule)
 	if err != nil {
 		return err
@@ -113,35 +112,6 @@ func runUnpack(ctx context.Context, args []string, out, logOut io.Writer) error 
 		return fmt.Errorf("unpack: %d buckets changed while being unpacked; run it again", changed)
 	}
 	return nil
-}
-
-// openUpstream connects a client straight to the configured upstream
-// (the embedded one started here), without a proxy: unpack reads and
-// replaces buckets as they are stored.
-func openUpstream(ctx context.Context, cfg *rules.Config, log *slog.Logger) (*mongo.Client, func(), error) {
-	uh, err := startUpstream(cfg, log)
-	if err != nil {
-		return nil, nil, err
-	}
-	upTLS, err := upstreamTLS(cfg.Upstream)
-	if err != nil {
-		uh.close()
-		return nil, nil, err
-	}
-	client, err := connectClient(uh.uri, upTLS)
-	if err != nil {
-		uh.close()
-		return nil, nil, err
-	}
-	closeAll := func() {
-		_ = client.Disconnect(context.Background())
-		uh.close()
-	}
-	if err := client.Ping(ctx, nil); err != nil {
-		closeAll()
-		return nil, nil, fmt.Errorf("unpack: upstream %s: %w", rules.Redact(uh.uri), err)
-	}
-	return client, closeAll, nil
 }
 
 // bucketCollections are the collections of rule's buckets that exist:
