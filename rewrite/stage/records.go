@@ -2,6 +2,7 @@ package stage
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"slices"
 	"sync/atomic"
@@ -14,30 +15,37 @@ import (
 )
 
 // planDoc is a merge plan as stored in its retired collection:
-// {_id: "plan", bases: [{k: <key>, s: <seq>}...], skip: [<id>...],
-// ids: [<staged _id as type byte and bytes>...]}.
+// {_id: "plan", packedBases: [{k: <key>, s: <seq>}...], packedSkip:
+// <ids, 12 bytes each>, packedIDs: <staged _ids, each a length byte then
+// type byte and bytes>}. The staged ids are packed into one binary value
+// because FerretDB stores a document as JSON value by value: a plan of
+// 1,000 staged documents as an array took 6 ms to insert on FerretDB over
+// PostgreSQL, packed 2 ms, and every merge writes one before its buckets.
+// The bases go under a name proxies older than packing do not read (as
+// "topUpBases" did before, for topping up): such a proxy finds no bases
+// and stops, rather than take the merge for one of no documents.
 func planDoc(p *mergePlan) bsoncore.Document {
 	bases := bsoncore.NewArrayBuilder()
 	for k, s := range p.bases {
 		bases.AppendDocument(bsoncore.NewDocumentBuilder().AppendBinary("k", 0, []byte(k)).AppendInt32("s", int32(s)).Build())
 	}
-	skip := bsoncore.NewArrayBuilder()
+	skip := make([]byte, 0, len(p.skip)*len(bson.ObjectID{}))
 	for id := range p.skip {
-		skip.AppendObjectID(id)
+		skip = append(skip, id[:]...)
 	}
-	ids := bsoncore.NewArrayBuilder()
+	ids := make([]byte, 0, len(p.ids)*14)
 	for k := range p.ids {
-		ids.AppendBinary(0, []byte(k))
+		// A key is an _id's type byte and value: at most 1+16 MiB in
+		// principle, so its length is a varint.
+		ids = binary.AppendUvarint(ids, uint64(len(k)))
+		ids = append(ids, k...)
 	}
-	// A plan with top-ups keeps its bases under another name: a proxy
-	// older than topping up, which would write the topped-up events again,
-	// finds no bases and stops instead.
-	basesField := "bases"
+	basesField := planBases
 	if len(p.tops) > 0 {
-		basesField = "topUpBases"
+		basesField = planTopUpBases
 	}
 	b := bsoncore.NewDocumentBuilder().AppendString("_id", planID).
-		AppendArray(basesField, bases.Build()).AppendArray("skip", skip.Build()).AppendArray("ids", ids.Build())
+		AppendArray(basesField, bases.Build()).AppendBinary(planSkip, 0, skip).AppendBinary(planIDs, 0, ids)
 	if len(p.tops) > 0 {
 		b.AppendArray("tops", topUpsDoc(p.tops))
 	}
@@ -47,15 +55,29 @@ func planDoc(p *mergePlan) bsoncore.Document {
 	return b.Build()
 }
 
-// readPlan reads planDoc's output back.
+// The fields of a plan document (planDoc). Plans of proxies before
+// packing have "bases" or "topUpBases", "skip" and "ids" as arrays.
+const (
+	planBases      = "packedBases"
+	planTopUpBases = "packedTopUpBases"
+	planSkip       = "packedSkip"
+	planIDs        = "packedIDs"
+)
+
+// readPlan reads planDoc's output back, and the plans of proxies before
+// packing.
 func readPlan(d bsoncore.Document) (*mergePlan, error) {
 	p := &mergePlan{bases: map[string]int{}, skip: map[bson.ObjectID]bool{}, ids: map[string]bool{}}
 	bad := func(what string) (*mergePlan, error) { return nil, fmt.Errorf("plan document: %s", what) }
-	bases, ok := d.Lookup("bases").ArrayOK()
-	if !ok {
-		if bases, ok = d.Lookup("topUpBases").ArrayOK(); !ok {
-			return bad("no bases")
+	var bases bsoncore.Array
+	found := false
+	for _, f := range []string{planBases, planTopUpBases, "bases", "topUpBases"} {
+		if bases, found = d.Lookup(f).ArrayOK(); found {
+			break
 		}
+	}
+	if !found {
+		return bad("no bases")
 	}
 	vals, err := bases.Values()
 	if err != nil {
@@ -73,33 +95,73 @@ func readPlan(d bsoncore.Document) (*mergePlan, error) {
 		}
 		p.bases[string(k)] = int(s)
 	}
-	if ids, ok := d.Lookup("ids").ArrayOK(); ok {
-		vals, err := ids.Values()
-		if err != nil {
-			return bad(err.Error())
-		}
-		for _, v := range vals {
-			if _, k, ok := v.BinaryOK(); ok {
-				p.ids[string(k)] = true
-			}
-		}
+	if err := readPlanIDs(d, p); err != nil {
+		return bad(err.Error())
 	}
 	if tops, ok := d.Lookup("tops").ArrayOK(); ok {
 		p.rawTops = tops
 	}
 	p.mark, _ = d.Lookup("mark").StringValueOK()
-	if skip, ok := d.Lookup("skip").ArrayOK(); ok {
-		ids, err := skip.Values()
-		if err != nil {
-			return bad(err.Error())
-		}
-		for _, v := range ids {
-			if id, ok := v.ObjectIDOK(); ok {
-				p.skip[id] = true
-			}
-		}
+	if err := readPlanSkip(d, p); err != nil {
+		return bad(err.Error())
 	}
 	return p, nil
+}
+
+// readPlanIDs reads the staged ids of plan document d into p.ids.
+func readPlanIDs(d bsoncore.Document, p *mergePlan) error {
+	if _, packed, ok := d.Lookup(planIDs).BinaryOK(); ok {
+		for len(packed) > 0 {
+			n, w := binary.Uvarint(packed)
+			if w <= 0 || n > uint64(len(packed)-w) {
+				return fmt.Errorf("%s is cut short", planIDs)
+			}
+			p.ids[string(packed[w:w+int(n)])] = true
+			packed = packed[w+int(n):]
+		}
+		return nil
+	}
+	ids, ok := d.Lookup("ids").ArrayOK()
+	if !ok {
+		return nil
+	}
+	vals, err := ids.Values()
+	if err != nil {
+		return err
+	}
+	for _, v := range vals {
+		if _, k, ok := v.BinaryOK(); ok {
+			p.ids[string(k)] = true
+		}
+	}
+	return nil
+}
+
+// readPlanSkip reads the retries plan document d skips into p.skip.
+func readPlanSkip(d bsoncore.Document, p *mergePlan) error {
+	if _, packed, ok := d.Lookup(planSkip).BinaryOK(); ok {
+		if len(packed)%len(bson.ObjectID{}) != 0 {
+			return fmt.Errorf("%s is not a whole number of ids", planSkip)
+		}
+		for ; len(packed) > 0; packed = packed[len(bson.ObjectID{}):] {
+			p.skip[bson.ObjectID(packed[:len(bson.ObjectID{})])] = true
+		}
+		return nil
+	}
+	skip, ok := d.Lookup("skip").ArrayOK()
+	if !ok {
+		return nil
+	}
+	ids, err := skip.Values()
+	if err != nil {
+		return err
+	}
+	for _, v := range ids {
+		if id, ok := v.ObjectIDOK(); ok {
+			p.skip[id] = true
+		}
+	}
+	return nil
 }
 
 // RecordDoc is the record of the derived ids merged under token:

@@ -1,0 +1,66 @@
+package stage
+
+import (
+	"maps"
+	"testing"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+// TestPlanDocRoundTrip: a plan reads back as it was written, packed;
+// the array form of proxies before packing still reads; a damaged
+// packed value is refused rather than read as fewer documents.
+func TestPlanDocRoundTrip(t *testing.T) {
+	oid := func(b byte) bson.ObjectID { return bson.ObjectID{0xee, b} }
+	key := func(id bson.ObjectID) string { return string(rune(bsoncore.TypeObjectID)) + string(id[:]) }
+	want := &mergePlan{
+		bases: map[string]int{"k1": 3, "k2": 0},
+		skip:  map[bson.ObjectID]bool{oid(1): true, oid(2): true},
+		ids:   map[string]bool{key(oid(3)): true, key(oid(4)): true, string(rune(bsoncore.TypeString)) + "\x06\x00\x00\x00named\x00": true},
+		mark:  "m",
+	}
+	got, err := readPlan(planDoc(want))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(got.bases, want.bases) || !maps.Equal(got.skip, want.skip) || !maps.Equal(got.ids, want.ids) || got.mark != want.mark {
+		t.Fatalf("read back %+v, wrote %+v", got, want)
+	}
+	// Fenced from proxies before packing: they read "bases" or
+	// "topUpBases" only, and stop without them.
+	doc := planDoc(want)
+	for _, old := range []string{"bases", "topUpBases", "ids", "skip"} {
+		if _, err := doc.LookupErr(old); err == nil {
+			t.Errorf("a packed plan has %q, which a proxy before packing would misread", old)
+		}
+	}
+
+	old := bsoncore.NewDocumentBuilder().AppendString("_id", planID).
+		AppendArray("topUpBases", bsoncore.NewArrayBuilder().AppendDocument(bsoncore.NewDocumentBuilder().AppendBinary("k", 0, []byte("k1")).AppendInt32("s", 3).Build()).Build()).
+		AppendArray("skip", bsoncore.NewArrayBuilder().AppendObjectID(oid(1)).Build()).
+		AppendArray("ids", bsoncore.NewArrayBuilder().AppendBinary(0, []byte(key(oid(3)))).AppendBinary(0, []byte(key(oid(4)))).Build()).Build()
+	got, err = readPlan(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.bases["k1"] != 3 || len(got.bases) != 1 || !got.skip[oid(1)] || len(got.ids) != 2 || !got.ids[key(oid(4))] {
+		t.Fatalf("array plan read as %+v", got)
+	}
+
+	cut := planDoc(want)
+	_, packed, _ := cut.Lookup(planIDs).BinaryOK()
+	damaged := bsoncore.NewDocumentBuilder().AppendString("_id", planID).
+		AppendArray(planBases, bsoncore.NewArrayBuilder().Build()).AppendBinary(planIDs, 0, packed[:len(packed)-1]).Build()
+	if _, err := readPlan(damaged); err == nil {
+		t.Fatal("a plan whose packed ids are cut short was read")
+	}
+	odd := bsoncore.NewDocumentBuilder().AppendString("_id", planID).
+		AppendArray(planBases, bsoncore.NewArrayBuilder().Build()).AppendBinary(planSkip, 0, make([]byte, 13)).Build()
+	if _, err := readPlan(odd); err == nil {
+		t.Fatal("a plan whose packed skip is not whole ids was read")
+	}
+	if _, err := readPlan(bsoncore.NewDocumentBuilder().AppendString("_id", planID).Build()); err == nil {
+		t.Fatal("a plan without bases was read")
+	}
+}
