@@ -47,9 +47,13 @@ func (s *Server) mergeLoop(ctx context.Context, rule *rules.Rule) {
 			continue
 		}
 		_, err = s.mergeOnce(up, rule)
-		// A connection per round, not kept between rounds: an idle
-		// background merger holds no upstream connection.
-		conn.close()
+		// Not kept between rounds: an idle background merger holds no
+		// upstream connection (the pool closes what stays unused).
+		if err != nil {
+			conn.fail()
+		} else {
+			conn.release()
+		}
 		if err != nil && ctx.Err() == nil {
 			var held *lease.HeldError
 			if !errors.As(err, &held) { // another proxy merges this rule

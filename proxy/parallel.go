@@ -82,12 +82,15 @@ func allParallel(step rewrite.Step) bool {
 	return true
 }
 
-// helperPool holds the proxy's helper connections: dialled with the
-// upstream URI's credentials as background work is, kept for a while
-// after use (helperIdle) so that a run of merges does not dial for each,
-// then closed: an idle proxy holds none.
+// helperPool holds upstream connections of the proxy's own: dialled
+// with the upstream URI's credentials, kept for a while after use
+// (helperIdle) so that a run of merges or background rounds does not dial
+// for each, then closed: an idle proxy holds none. The merges' parallel
+// inserts take theirs from Server.helpers, the background loops from
+// Server.background (background.go).
 type helperPool struct {
-	dial func(ctx context.Context) (*upstream.Conn, error)
+	dial    func(ctx context.Context) (*upstream.Conn, error)
+	maxIdle int
 
 	mu     sync.Mutex
 	idle   []*idleHelper
@@ -100,7 +103,7 @@ type idleHelper struct {
 }
 
 // helperIdle is how long a helper connection stays open unused;
-// helperMaxIdle how many stay open.
+// helperMaxIdle how many of the merges' helpers stay open.
 const (
 	helperIdle    = 10 * time.Second
 	helperMaxIdle = mergeInsertStreams
@@ -110,8 +113,8 @@ const (
 // then runs it on its own connection.
 const helperTimeout = 2 * time.Minute
 
-func newHelperPool(dial func(ctx context.Context) (*upstream.Conn, error)) *helperPool {
-	return &helperPool{dial: dial}
+func newHelperPool(dial func(ctx context.Context) (*upstream.Conn, error), maxIdle int) *helperPool {
+	return &helperPool{dial: dial, maxIdle: maxIdle}
 }
 
 // run sends u on a helper connection (helperRunner).
@@ -138,6 +141,11 @@ func (p *helperPool) run(u rewrite.Upstream) []byte {
 }
 
 func (p *helperPool) get() (*upstream.Conn, error) {
+	return p.take(context.Background())
+}
+
+// take returns an idle connection, or one dialled within ctx.
+func (p *helperPool) take(ctx context.Context) (*upstream.Conn, error) {
 	p.mu.Lock()
 	for len(p.idle) > 0 {
 		h := p.idle[len(p.idle)-1]
@@ -148,7 +156,7 @@ func (p *helperPool) get() (*upstream.Conn, error) {
 		}
 	}
 	p.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	return p.dial(ctx)
 }
@@ -157,7 +165,7 @@ func (p *helperPool) put(up *upstream.Conn) {
 	_ = up.SetDeadline(time.Time{})
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed || len(p.idle) >= helperMaxIdle {
+	if p.closed || len(p.idle) >= p.maxIdle {
 		up.Close()
 		return
 	}
@@ -181,6 +189,18 @@ func (p *helperPool) close() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.closed = true
+	p.closeIdleLocked()
+}
+
+// closeIdle closes the idle connections: after a failure, which an
+// upstream restart gives every one of them.
+func (p *helperPool) closeIdle() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closeIdleLocked()
+}
+
+func (p *helperPool) closeIdleLocked() {
 	for _, h := range p.idle {
 		if h.timer.Stop() {
 			h.up.Close()

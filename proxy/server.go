@@ -106,6 +106,7 @@ type Server struct {
 	kept       *keptStore    // what staged inserts stored, for their merge (kept.go); nil: nothing kept
 	dirs       *directories  // what the merges know of their rules' buckets (directory.go)
 	helpers    *helperPool   // connections of merges' parallel inserts (parallel.go)
+	background *helperPool   // connections of the background loops' rounds (background.go)
 	// presence is this proxy's announcements that it stages rules into
 	// collections of its own, and stagerSince the first generation of
 	// those (when it started, in ms) (stage.go).
@@ -178,7 +179,8 @@ func New(opts Options) (*Server, error) {
 		conns:       make(map[*conn]struct{}),
 		kept:        newKeptStore(cmp.Or(opts.StagedMemory, int64(rules.DefaultStagedMemory))),
 		dirs:        newDirectories(),
-		helpers:     newHelperPool(opts.Dialer.Dial),
+		helpers:     newHelperPool(opts.Dialer.Dial, helperMaxIdle),
+		background:  newHelperPool(opts.Dialer.Dial, backgroundMaxIdle),
 	}
 	s.cat = newCatalog(s, opts.CatalogLease, opts.CreateTimeseries)
 	if err := telemetry.ObserveStaging(s.merges.snapshot); err != nil {
@@ -279,6 +281,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.stopSweeper()
 	defer s.cat.close() // catalog.go
 	defer s.helpers.close()
+	defer s.background.close()
 	s.mu.Lock()
 	if s.ln != nil {
 		s.ln.Close()

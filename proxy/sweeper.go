@@ -103,10 +103,14 @@ func (s *Server) retain(ctx context.Context, rule *rules.Rule) {
 			}
 		} else if s.ownsRetention(up, rule) {
 			err := s.retainOnce(up, rule, modes, time.Now())
-			// A connection per sweep, not kept between sweeps: every
-			// proxy runs the loop of every rule, and an idle proxy holds
-			// no upstream connection.
-			conn.close()
+			// Not kept between sweeps: every proxy runs the loop of every
+			// rule, and an idle proxy holds no upstream connection (the
+			// pool closes what stays unused).
+			if err != nil {
+				conn.fail()
+			} else {
+				conn.release()
+			}
 			if err != nil {
 				if ctx.Err() != nil {
 					return
