@@ -47,8 +47,8 @@ func (s *Server) mergeLoop(ctx context.Context, rule *rules.Rule) {
 			continue
 		}
 		_, err = s.mergeOnce(up, rule)
-		// Not kept between rounds: an idle background merger holds no
-		// upstream connection (the pool closes what stays unused).
+		// Back to the proxy's pool between rounds, which keeps a few
+		// open for all the loops (background.go).
 		if err != nil {
 			conn.fail()
 		} else {

@@ -85,9 +85,10 @@ func allParallel(step rewrite.Step) bool {
 // helperPool holds upstream connections of the proxy's own: dialled
 // with the upstream URI's credentials, kept for a while after use
 // (helperIdle) so that a run of merges or background rounds does not dial
-// for each, then closed: an idle proxy holds none. The merges' parallel
-// inserts take theirs from Server.helpers, the background loops from
-// Server.background (background.go).
+// for each, then closed, and at most maxIdle at a time. The merges'
+// parallel inserts take theirs from Server.helpers, which an idle proxy
+// holds none of; the background loops from Server.background
+// (background.go), which their rounds, a second apart, keep in use.
 type helperPool struct {
 	dial    func(ctx context.Context) (*upstream.Conn, error)
 	maxIdle int

@@ -103,9 +103,8 @@ func (s *Server) retain(ctx context.Context, rule *rules.Rule) {
 			}
 		} else if s.ownsRetention(up, rule) {
 			err := s.retainOnce(up, rule, modes, time.Now())
-			// Not kept between sweeps: every proxy runs the loop of every
-			// rule, and an idle proxy holds no upstream connection (the
-			// pool closes what stays unused).
+			// Back to the proxy's pool between sweeps, which keeps a few
+			// open for all the loops (background.go).
 			if err != nil {
 				conn.fail()
 			} else {
