@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -90,6 +91,59 @@ func stagedWork(r stepRunner, rule *rules.Rule) (list []byte, work bool, err err
 		return nil, false, fmt.Errorf("list the collections of %s: %w", rule.DB, err)
 	}
 	return res.Reply, work, nil
+}
+
+// dbListings shares the background rounds' listings of a database among
+// its rules: each rule's merger asks whether the rule has staged work
+// once a second, and a database with many rules was listed as many times
+// a second (FerretDB reads its catalog for each). A listing younger than
+// listingShared serves every rule of its database. The answer is a hint:
+// a merge lists the collections again itself, so a listing that is a
+// little old only moves a round's merge to the next round.
+type dbListings struct {
+	mu    sync.Mutex
+	byDB  map[string]dbListing
+	fresh time.Duration
+}
+
+type dbListing struct {
+	at    time.Time
+	reply []byte
+}
+
+// listingShared is how long a background listing of a database serves
+// its other rules' rounds.
+const listingShared = 250 * time.Millisecond
+
+func newDBListings() *dbListings {
+	return &dbListings{byDB: map[string]dbListing{}, fresh: listingShared}
+}
+
+// stagedWork is stagedWork (below) from a listing of rule's database
+// taken since now-fresh, or from a new one.
+func (l *dbListings) stagedWork(r stepRunner, rule *rules.Rule, now time.Time) (list []byte, work bool, err error) {
+	l.mu.Lock()
+	got, ok := l.byDB[rule.DB]
+	l.mu.Unlock()
+	if !ok || now.Sub(got.at) >= l.fresh || now.Before(got.at) {
+		if list, work, err = stagedWork(r, rule); err != nil {
+			return nil, false, err
+		}
+		l.mu.Lock()
+		for db, old := range l.byDB { // a dropped database's listing goes
+			if now.Sub(old.at) >= l.fresh {
+				delete(l.byDB, db)
+			}
+		}
+		l.byDB[rule.DB] = dbListing{at: now, reply: list}
+		l.mu.Unlock()
+		return list, work, nil
+	}
+	work, err = stage.HasWork(rule, got.reply)
+	if err != nil {
+		return nil, false, fmt.Errorf("list the collections of %s: %w", rule.DB, err)
+	}
+	return got.reply, work, nil
 }
 
 func addStats(total *stage.Stats, st stage.Stats) {

@@ -72,7 +72,7 @@ func (s *Server) mergeOnce(up *upstream.Conn, rule *rules.Rule) (stage.Stats, er
 	if !rule.Staged(upCaps.CostlyUpdates) {
 		return stage.Stats{}, nil
 	}
-	list, work, err := stagedWork(upRunner{up: up}, rule)
+	list, work, err := s.listings.stagedWork(upRunner{up: up}, rule, time.Now())
 	if err != nil || !work {
 		return stage.Stats{}, err
 	}

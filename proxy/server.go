@@ -107,6 +107,7 @@ type Server struct {
 	dirs       *directories  // what the merges know of their rules' buckets (directory.go)
 	helpers    *helperPool   // connections of merges' parallel inserts (parallel.go)
 	background *helperPool   // connections of the background loops' rounds (background.go)
+	listings   *dbListings   // the merge rounds' listings, shared by a database's rules (flush.go)
 	// presence is this proxy's announcements that it stages rules into
 	// collections of its own, and stagerSince the first generation of
 	// those (when it started, in ms) (stage.go).
@@ -181,6 +182,7 @@ func New(opts Options) (*Server, error) {
 		dirs:        newDirectories(),
 		helpers:     newHelperPool(opts.Dialer.Dial, helperMaxIdle),
 		background:  newHelperPool(opts.Dialer.Dial, backgroundMaxIdle),
+		listings:    newDBListings(),
 	}
 	s.cat = newCatalog(s, opts.CatalogLease, opts.CreateTimeseries)
 	if err := telemetry.ObserveStaging(s.merges.snapshot); err != nil {
