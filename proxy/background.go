@@ -38,7 +38,7 @@ func (b *backgroundConn) get() (*upstream.Conn, error) {
 		return nil, err
 	}
 	b.up = c
-	b.stop = context.AfterFunc(b.ctx, func() { _ = c.Close() })
+	b.stop = context.AfterFunc(b.ctx, func() { b.s.background.discard(c) })
 	return c, nil
 }
 
@@ -47,8 +47,9 @@ func (b *backgroundConn) close() {
 	if b.up == nil {
 		return
 	}
-	b.stop()
-	b.up.Close()
+	if b.stop() { // else ctx ended and closed it
+		b.s.background.discard(b.up)
+	}
 	b.up = nil
 }
 

@@ -94,6 +94,9 @@ func TestBackgroundConnsPooled(t *testing.T) {
 	if n := accepted.Load(); n != 1 {
 		t.Fatalf("%d connections for 6 rounds, want 1", n)
 	}
+	if n := s.BackgroundConns(); n != 1 {
+		t.Fatalf("BackgroundConns %d, want the 1 pooled", n)
+	}
 	// Two loops at once: a second connection, both pooled after.
 	other := newBackgroundConn(ctx, s)
 	round()
@@ -105,10 +108,13 @@ func TestBackgroundConnsPooled(t *testing.T) {
 	if n := accepted.Load(); n != 2 {
 		t.Fatalf("%d connections for two loops, want 2", n)
 	}
+	if n := s.BackgroundConns(); n != 2 {
+		t.Fatalf("BackgroundConns %d, want 2", n)
+	}
 	round()
 	b.fail()
-	if got := len(s.background.idle); got != 0 {
-		t.Fatalf("%d idle connections after a failed round, want none", got)
+	if got, n := len(s.background.idle), s.BackgroundConns(); got != 0 || n != 0 {
+		t.Fatalf("%d idle connections and %d open after a failed round, want none", got, n)
 	}
 	round()
 	if n := accepted.Load(); n != 3 {
@@ -118,6 +124,11 @@ func TestBackgroundConnsPooled(t *testing.T) {
 	b.release()
 	if got := len(s.background.idle); got != 0 {
 		t.Fatalf("%d idle connections after the loop ended, want none", got)
+	}
+	for deadline := time.Now().Add(5 * time.Second); s.BackgroundConns() != 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) { // the close runs in a goroutine of its own
+			t.Fatalf("BackgroundConns %d after the loop ended, want 0", s.BackgroundConns())
+		}
 	}
 }
 

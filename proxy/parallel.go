@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tsproxy/tsproxy/rewrite"
@@ -92,6 +93,7 @@ func allParallel(step rewrite.Step) bool {
 type helperPool struct {
 	dial    func(ctx context.Context) (*upstream.Conn, error)
 	maxIdle int
+	open    atomic.Int64 // dialled and not closed: idle or in use (Server.BackgroundConns)
 
 	mu     sync.Mutex
 	idle   []*idleHelper
@@ -125,13 +127,13 @@ func (p *helperPool) run(u rewrite.Upstream) []byte {
 		return nil
 	}
 	if err := up.SetDeadline(time.Now().Add(helperTimeout)); err != nil {
-		up.Close()
+		p.discard(up)
 		return nil
 	}
 	var buf []byte
 	replies, err := pipeline(up, &buf, rewrite.Step{u})
 	if err != nil {
-		up.Close() // its state is not known
+		p.discard(up) // its state is not known
 		return nil
 	}
 	p.put(up)
@@ -159,7 +161,17 @@ func (p *helperPool) take(ctx context.Context) (*upstream.Conn, error) {
 	p.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	return p.dial(ctx)
+	up, err := p.dial(ctx)
+	if err == nil {
+		p.open.Add(1)
+	}
+	return up, err
+}
+
+// discard closes up, a connection of the pool's, for good.
+func (p *helperPool) discard(up *upstream.Conn) {
+	up.Close()
+	p.open.Add(-1)
 }
 
 func (p *helperPool) put(up *upstream.Conn) {
@@ -167,7 +179,7 @@ func (p *helperPool) put(up *upstream.Conn) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed || len(p.idle) >= p.maxIdle {
-		up.Close()
+		p.discard(up)
 		return
 	}
 	h := &idleHelper{up: up}
@@ -180,7 +192,7 @@ func (p *helperPool) put(up *upstream.Conn) {
 			}
 		}
 		p.mu.Unlock()
-		up.Close()
+		p.discard(up)
 	})
 	p.idle = append(p.idle, h)
 }
@@ -204,7 +216,7 @@ func (p *helperPool) closeIdle() {
 func (p *helperPool) closeIdleLocked() {
 	for _, h := range p.idle {
 		if h.timer.Stop() {
-			h.up.Close()
+			p.discard(h.up)
 		}
 	}
 	p.idle = nil

@@ -19,6 +19,11 @@ func (s *Server) SharedInserts() (inserts, riders int64) {
 	return s.combiner.shared.Load(), s.combiner.riders.Load()
 }
 
+// BackgroundConns is the number of upstream connections of the proxy's
+// background work (merges, retention) open now, in use or kept between
+// rounds (background.go): the proxy's own, which outlive its clients.
+func (s *Server) BackgroundConns() int { return int(s.background.open.Load()) }
+
 // Stats returns the current counts.
 func (s *Server) Stats() Stats {
 	st := Stats{Cursors: s.cursors.Len()}
