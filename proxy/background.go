@@ -43,15 +43,7 @@ func (b *backgroundConn) get() (*upstream.Conn, error) {
 }
 
 // close closes the connection, if any; the next get takes another.
-func (b *backgroundConn) close() {
-	if b.up == nil {
-		return
-	}
-	if b.stop() { // else ctx ended and closed it
-		b.s.background.discard(b.up)
-	}
-	b.up = nil
-}
+func (b *backgroundConn) close() { b.end(false) }
 
 // fail closes the connection after a failed round, whose connection's
 // state is not known, and the pool's idle ones: the failure may be the
@@ -64,12 +56,20 @@ func (b *backgroundConn) fail() {
 
 // release gives the connection, if any, back to the pool after a round
 // that went well; the next get takes one from there.
-func (b *backgroundConn) release() {
+func (b *backgroundConn) release() { b.end(true) }
+
+// end lets the connection go, if any: back to the pool when pooled, else
+// closed. A connection whose ctx ended is closed already.
+func (b *backgroundConn) end(pooled bool) {
 	if b.up == nil {
 		return
 	}
-	if b.stop() { // else ctx ended and closed it
-		b.s.background.put(b.up)
+	if b.stop() {
+		if pooled {
+			b.s.background.put(b.up)
+		} else {
+			b.s.background.discard(b.up)
+		}
 	}
 	b.up = nil
 }

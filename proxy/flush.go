@@ -86,11 +86,21 @@ func stagedWork(r stepRunner, rule *rules.Rule) (list []byte, work bool, err err
 	if err := mongoerr.ReplyError(res.Reply); err != nil {
 		return nil, false, fmt.Errorf("list the collections of %s: %w", rule.DB, err)
 	}
-	work, err = stage.HasWork(rule, res.Reply)
+	work, err = workIn(rule, res.Reply)
 	if err != nil {
-		return nil, false, fmt.Errorf("list the collections of %s: %w", rule.DB, err)
+		return nil, false, err
 	}
 	return res.Reply, work, nil
+}
+
+// workIn reads from list, a listing of rule's database, whether it holds
+// staged work of rule (stage.HasWork).
+func workIn(rule *rules.Rule, list []byte) (bool, error) {
+	work, err := stage.HasWork(rule, list)
+	if err != nil {
+		return false, fmt.Errorf("list the collections of %s: %w", rule.DB, err)
+	}
+	return work, nil
 }
 
 // dbListings shares the background rounds' listings of a database among
@@ -101,9 +111,8 @@ func stagedWork(r stepRunner, rule *rules.Rule) (list []byte, work bool, err err
 // a merge lists the collections again itself, so a listing that is a
 // little old only moves a round's merge to the next round.
 type dbListings struct {
-	mu    sync.Mutex
-	byDB  map[string]dbListing
-	fresh time.Duration
+	mu   sync.Mutex
+	byDB map[string]dbListing
 }
 
 type dbListing struct {
@@ -116,34 +125,34 @@ type dbListing struct {
 const listingShared = 250 * time.Millisecond
 
 func newDBListings() *dbListings {
-	return &dbListings{byDB: map[string]dbListing{}, fresh: listingShared}
+	return &dbListings{byDB: map[string]dbListing{}}
 }
 
-// stagedWork is stagedWork (below) from a listing of rule's database
-// taken since now-fresh, or from a new one.
+// stagedWork is stagedWork (above) from a listing of rule's database
+// taken within listingShared before now, or from a new one.
 func (l *dbListings) stagedWork(r stepRunner, rule *rules.Rule, now time.Time) (list []byte, work bool, err error) {
 	l.mu.Lock()
 	got, ok := l.byDB[rule.DB]
 	l.mu.Unlock()
-	if !ok || now.Sub(got.at) >= l.fresh || now.Before(got.at) {
-		if list, work, err = stagedWork(r, rule); err != nil {
+	if ok && now.Sub(got.at) < listingShared && !now.Before(got.at) {
+		work, err := workIn(rule, got.reply)
+		if err != nil {
 			return nil, false, err
 		}
-		l.mu.Lock()
-		for db, old := range l.byDB { // a dropped database's listing goes
-			if now.Sub(old.at) >= l.fresh {
-				delete(l.byDB, db)
-			}
+		return got.reply, work, nil
+	}
+	if list, work, err = stagedWork(r, rule); err != nil {
+		return nil, false, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for db, old := range l.byDB { // a dropped database's listing goes
+		if now.Sub(old.at) >= listingShared {
+			delete(l.byDB, db)
 		}
-		l.byDB[rule.DB] = dbListing{at: now, reply: list}
-		l.mu.Unlock()
-		return list, work, nil
 	}
-	work, err = stage.HasWork(rule, got.reply)
-	if err != nil {
-		return nil, false, fmt.Errorf("list the collections of %s: %w", rule.DB, err)
-	}
-	return got.reply, work, nil
+	l.byDB[rule.DB] = dbListing{at: now, reply: list}
+	return list, work, nil
 }
 
 func addStats(total *stage.Stats, st stage.Stats) {
