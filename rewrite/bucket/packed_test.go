@@ -93,19 +93,7 @@ func TestEventValuesBothFields(t *testing.T) {
 // events, each with its own series and window, in the order written; a
 // single group is laid out as Staged lays it out.
 func TestStagedGroupsRoundTrip(t *testing.T) {
-	rule := rwtest.InsertRule()
-	lim, err := bucket.LimitsOf(rule)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var docs []bsoncore.Document
-	for i, meta := range []any{"a", "a", "b", nil, "a"} {
-		docs = append(docs, rwtest.Doc(t, rwtest.Event(rwtest.OID(byte(i+1)), rwtest.DT(int64(i)*rwtest.Hour), meta, float64(i))))
-	}
-	evs, errs := bucket.PrepareEvents(docs, true, rule, lim, bson.NewObjectID)
-	if len(errs) > 0 {
-		t.Fatalf("prepare: %v", errs)
-	}
+	rule, lim, evs := preparedEvents(t, []any{"a", "a", "b", nil, "a"}, rwtest.Hour)
 	var chunks [][]bucket.Event
 	for _, g := range bucket.GroupEvents(evs) {
 		chunks = append(chunks, bucket.ChunkEvents(g, lim)...)

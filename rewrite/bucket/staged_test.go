@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/internal/rwtest"
@@ -15,19 +14,7 @@ import (
 // A staged document packs its events; reading it back gives the same
 // events as the bucket built from them.
 func TestStagedRoundTrip(t *testing.T) {
-	rule := rwtest.InsertRule()
-	lim, err := bucket.LimitsOf(rule)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var docs []bsoncore.Document
-	for i := range 3 {
-		docs = append(docs, rwtest.Doc(t, rwtest.Event(rwtest.OID(byte(i+1)), rwtest.DT(int64(i)*1000), "a", float64(i))))
-	}
-	evs, errs := bucket.PrepareEvents(docs, true, rule, lim, bson.NewObjectID)
-	if len(errs) > 0 {
-		t.Fatalf("prepare: %v", errs)
-	}
+	rule, lim, evs := preparedEvents(t, []any{"a", "a", "a"}, 1000)
 	id := rwtest.OID(9)
 	staged := bucket.StagedGroups(id, [][]bucket.Event{evs})
 	if _, err := staged.LookupErr(bucket.FieldEvents); err == nil {

@@ -2,7 +2,9 @@ package stage
 
 import (
 	"maps"
+	"slices"
 	"testing"
+	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -63,4 +65,44 @@ func TestPlanDocRoundTrip(t *testing.T) {
 	if _, err := readPlan(bsoncore.NewDocumentBuilder().AppendString("_id", planID).Build()); err == nil {
 		t.Fatal("a plan without bases was read")
 	}
+}
+
+// FuzzStoredBookkeeping: the merge's own documents as the upstream hands
+// them back (a plan, a record of merged retryable writes) are read by
+// the background merger, outside any connection's recover, so no bytes
+// may panic either reader; a plan that reads writes back as itself, and
+// a packed record's ids as themselves.
+func FuzzStoredBookkeeping(f *testing.F) {
+	oid := func(b byte) bson.ObjectID { return bson.ObjectID{0xee, b} }
+	f.Add([]byte(planDoc(&mergePlan{
+		bases: map[string]int{"k1": 3, "k2": 0},
+		skip:  map[bson.ObjectID]bool{oid(1): true},
+		ids:   map[string]bool{string(rune(bsoncore.TypeObjectID)) + "\xee\x03\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00": true},
+		mark:  "m",
+	})))
+	f.Add([]byte(bsoncore.NewDocumentBuilder().AppendString("_id", planID).
+		AppendArray("bases", bsoncore.NewArrayBuilder().AppendDocument(bsoncore.NewDocumentBuilder().AppendBinary("k", 0, []byte("k1")).AppendInt64("s", 1<<40).Build()).Build()).
+		AppendArray("skip", bsoncore.NewArrayBuilder().AppendObjectID(oid(1)).AppendString("x").Build()).
+		AppendArray("ids", bsoncore.NewArrayBuilder().AppendBinary(0, []byte("a")).Build()).Build()))
+	f.Add([]byte(RecordDoc(7, []bson.ObjectID{oid(1), oid(2)}, time.UnixMilli(0))))
+	f.Add([]byte(bsoncore.NewDocumentBuilder().AppendInt64("_id", 1).
+		AppendArray("ids", bsoncore.NewArrayBuilder().AppendObjectID(oid(4)).Build()).Build()))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		d := bsoncore.Document(data)
+		if p, err := readPlan(d); err == nil {
+			q, err := readPlan(planDoc(p))
+			if err != nil {
+				t.Fatalf("a plan read from %x does not read back once written: %v", data, err)
+			}
+			if !maps.Equal(q.bases, p.bases) || !maps.Equal(q.skip, p.skip) || !maps.Equal(q.ids, p.ids) || q.mark != p.mark {
+				t.Fatalf("plan %+v wrote and read back as %+v", p, q)
+			}
+		}
+		ids := recordIDs(d)
+		if _, err := d.LookupErr("ids"); err != nil {
+			if got := recordIDs(RecordDoc(1, ids, time.UnixMilli(0))); !slices.Equal(got, ids) {
+				t.Fatalf("record ids %v wrote and read back as %v", ids, got)
+			}
+		}
+	})
 }

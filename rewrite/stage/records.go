@@ -12,6 +12,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
 )
 
 // planDoc is a merge plan as stored in its retired collection:
@@ -95,6 +96,12 @@ func readPlan(d bsoncore.Document) (*mergePlan, error) {
 		s, okS := e.Lookup("s").AsInt64OK()
 		if !okK || !okS {
 			return bad("a base lacks k or s")
+		}
+		if s < 0 || s > bucket.MaxSeq {
+			// No merge writes such a seq (seqs stay under bucket.MaxSeq,
+			// and planDoc stores them as int32): the document is damaged,
+			// and buckets placed by it would land on wrong ids.
+			return bad(fmt.Sprintf("a base's seq %d is out of range", s))
 		}
 		p.bases[string(k)] = int(s)
 	}
