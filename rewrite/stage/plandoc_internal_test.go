@@ -8,6 +8,8 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
 )
 
 // TestPlanDocRoundTrip: a plan reads back as it was written, packed;
@@ -64,6 +66,16 @@ func TestPlanDocRoundTrip(t *testing.T) {
 	}
 	if _, err := readPlan(bsoncore.NewDocumentBuilder().AppendString("_id", planID).Build()); err == nil {
 		t.Fatal("a plan without bases was read")
+	}
+	// A seq no merge writes (planDoc keeps seqs in an int32, and they
+	// stay under bucket.MaxSeq) is a damaged plan, not a base.
+	for _, seq := range []int64{-1, bucket.MaxSeq + 1, 1 << 40} {
+		base := bsoncore.NewDocumentBuilder().AppendBinary("k", 0, []byte("k1")).AppendInt64("s", seq).Build()
+		bad := bsoncore.NewDocumentBuilder().AppendString("_id", planID).
+			AppendArray(planBases, bsoncore.NewArrayBuilder().AppendDocument(base).Build()).Build()
+		if _, err := readPlan(bad); err == nil {
+			t.Errorf("a plan with base seq %d was read", seq)
+		}
 	}
 }
 
