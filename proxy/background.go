@@ -58,6 +58,17 @@ func (b *backgroundConn) fail() {
 // that went well; the next get takes one from there.
 func (b *backgroundConn) release() { b.end(true) }
 
+// endRound lets the connection go after a round of background work
+// that ended with err: back to the pool between rounds (release), or
+// closed with the pool's idle ones after a failure (fail).
+func (b *backgroundConn) endRound(err error) {
+	if err != nil {
+		b.fail()
+	} else {
+		b.release()
+	}
+}
+
 // end lets the connection go, if any: back to the pool when pooled, else
 // closed. A connection whose ctx ended is closed already.
 func (b *backgroundConn) end(pooled bool) {

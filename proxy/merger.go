@@ -47,13 +47,7 @@ func (s *Server) mergeLoop(ctx context.Context, rule *rules.Rule) {
 			continue
 		}
 		_, err = s.mergeOnce(up, rule)
-		// Back to the proxy's pool between rounds, which keeps a few
-		// open for all the loops (background.go).
-		if err != nil {
-			conn.fail()
-		} else {
-			conn.release()
-		}
+		conn.endRound(err)
 		if err != nil && ctx.Err() == nil {
 			var held *lease.HeldError
 			if !errors.As(err, &held) { // another proxy merges this rule

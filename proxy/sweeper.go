@@ -103,13 +103,7 @@ func (s *Server) retain(ctx context.Context, rule *rules.Rule) {
 			}
 		} else if s.ownsRetention(up, rule) {
 			err := s.retainOnce(up, rule, modes, time.Now())
-			// Back to the proxy's pool between sweeps, which keeps a few
-			// open for all the loops (background.go).
-			if err != nil {
-				conn.fail()
-			} else {
-				conn.release()
-			}
+			conn.endRound(err)
 			if err != nil {
 				if ctx.Err() != nil {
 					return
