@@ -12,7 +12,7 @@ import (
 //
 // Rollup collections hold, per series and period of a resolution, the
 // count of the acknowledged events and the sum/min/max of each aggregate
-// field (schema in RollupCollection's comment and the README).
+// field (schema in RollupCollection's comment and docs/how-it-works.md).
 
 // RollupCollectionInfix joins a rule's collection and a resolution label:
 // iot.readings with rollups [1h] keeps iot.readings.rollup_1h.

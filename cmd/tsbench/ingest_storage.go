@@ -19,6 +19,7 @@ type ingestStorage struct {
 	plain, bucket   collStats // collStats of the two collections
 	plainN, bucketN int64     // their documents, counted
 	stored          int64     // the sum of the buckets' counts
+	bucketBSON      int64     // the sum of the bucket documents' BSON sizes
 	leftover        []string  // staging collections left after the flush
 	txns            bool      // <bucket>.stage.txns exists
 	txnsDocs        int64
@@ -62,6 +63,9 @@ func settled(ctx context.Context, db *mongo.Database) (ingestStorage, error) {
 	if len(sums) > 0 {
 		st.stored, _ = sums[0].Lookup("n").AsInt64OK()
 	}
+	if st.bucketBSON, err = bsonBytes(ctx, db.Collection(bucketColl)); err != nil {
+		return st, err
+	}
 	if st.plainN, err = db.Collection(plainColl).CountDocuments(ctx, bson.D{}); err != nil {
 		return st, fmt.Errorf("count %s: %w", plainColl, err)
 	}
@@ -89,6 +93,24 @@ func settled(ctx context.Context, db *mongo.Database) (ingestStorage, error) {
 	st.docsRat = ratio(st.plainN, st.bucketN)
 	st.idxRat = ratio(st.plain.indexSize, st.bucket.indexSize)
 	return st, nil
+}
+
+// bsonBytes is the sum of the BSON sizes of coll's documents: what they
+// hold, apart from the pages and slack collStats counts in their storage.
+func bsonBytes(ctx context.Context, coll *mongo.Collection) (int64, error) {
+	cur, err := coll.Find(ctx, bson.D{})
+	if err != nil {
+		return 0, fmt.Errorf("read %s: %w", coll.Name(), err)
+	}
+	defer cur.Close(ctx)
+	var n int64
+	for cur.Next(ctx) {
+		n += int64(len(cur.Current))
+	}
+	if err := cur.Err(); err != nil {
+		return 0, fmt.Errorf("read %s: %w", coll.Name(), err)
+	}
+	return n, nil
 }
 
 // isIDIndex says whether name is a rule's event-id index collection

@@ -146,7 +146,7 @@ func TestTimeseriesCreate(t *testing.T) {
 
 	// A measurement without a date: MongoDB's write error. (Through the
 	// proxy that wrote: on FerretDB one proxy at a time writes a
-	// namespace, see the README's writer lease.)
+	// namespace, see docs/how-it-works.md, the writer lease.)
 	_, err = coll2.InsertOne(ctx, bson.D{{Key: "meta", Value: 1}, {Key: "ts", Value: "yesterday"}})
 	if serverCode(err) != 2 || !strings.Contains(err.Error(), "'ts' must be present and contain a valid BSON UTC datetime value") {
 		t.Fatalf("insert without a date: %v", err)
