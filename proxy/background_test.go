@@ -68,7 +68,7 @@ func TestBackgroundConnsPooled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{background: newHelperPool(d.Dial, backgroundMaxIdle)}
+	s := &Server{background: newConnPool(d.Dial, backgroundMaxIdle)}
 	defer s.background.close()
 	ctx, cancel := context.WithCancel(context.Background())
 	b := newBackgroundConn(ctx, s)

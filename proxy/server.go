@@ -102,11 +102,12 @@ type Server struct {
 	idIndexes  *idIndexCache // id_index.go
 	cat        *catalog      // catalog.go
 	served     sync.Map      // namespace → struct{}: created rules served here (loops.go)
+	orphanLog  sync.Map      // namespace → time.Time: the last warning of an orphaned index (stage.go)
 	combiner   combiner      // staged inserts sharing upstream inserts (combine.go)
 	kept       *keptStore    // what staged inserts stored, for their merge (kept.go); nil: nothing kept
 	dirs       *directories  // what the merges know of their rules' buckets (directory.go)
-	helpers    *helperPool   // connections of merges' parallel inserts (parallel.go)
-	background *helperPool   // connections of the background loops' rounds (background.go)
+	helpers    *connPool     // connections of merges' parallel inserts (parallel.go)
+	background *connPool     // connections of the background loops' rounds (background.go)
 	listings   *dbListings   // the merge rounds' listings, shared by a database's rules (flush.go)
 	// presence is this proxy's announcements that it stages rules into
 	// collections of its own, and stagerSince the first generation of
@@ -180,8 +181,8 @@ func New(opts Options) (*Server, error) {
 		conns:       make(map[*conn]struct{}),
 		kept:        newKeptStore(cmp.Or(opts.StagedMemory, int64(rules.DefaultStagedMemory))),
 		dirs:        newDirectories(),
-		helpers:     newHelperPool(opts.Dialer.Dial, helperMaxIdle),
-		background:  newHelperPool(opts.Dialer.Dial, backgroundMaxIdle),
+		helpers:     newConnPool(opts.Dialer.Dial, helperMaxIdle),
+		background:  newConnPool(opts.Dialer.Dial, backgroundMaxIdle),
 		listings:    newDBListings(),
 	}
 	s.cat = newCatalog(s, opts.CatalogLease, opts.CreateTimeseries)

@@ -79,19 +79,24 @@ func (c *conn) stagedInsert(req *request, rule *rules.Rule) error {
 	inflight := c.s.merges.inserts(rule.Namespace)
 	inflight.RLock()
 	var p rewrite.Plan
-	if err != nil {
-		p = rewrite.Fail(mongoerr.Errorf(mongoerr.FailedToParse, "%s", err.Error()))
-	} else {
-		// An upstream that keeps no session state (no stmtIds: FerretDB)
-		// takes concurrent clients' staged inserts as one (combine.go).
-		env := stage.InsertEnv{Identity: identity, NewObjectID: bson.NewObjectID,
-			Combinable: !caps.StmtIDs, Stager: c.s.stager(rule, caps)}
-		if rule.Layout == rules.LayoutSlots {
-			env.Stamp = c.s.arrival.next // the last write of a slot wins
-		}
+	// An upstream that keeps no session state (no stmtIds: FerretDB)
+	// takes concurrent clients' staged inserts as one (combine.go).
+	env := stage.InsertEnv{Identity: identity, NewObjectID: bson.NewObjectID,
+		Combinable: !caps.StmtIDs, Stager: c.s.stager(rule, caps)}
+	if rule.Layout == rules.LayoutSlots {
+		env.Stamp = c.s.arrival.next // the last write of a slot wins
+	}
+	planned := err == nil
+	if planned {
 		p = stage.Insert(cmd, prepared, env)
+	} else {
+		p = rewrite.Fail(mongoerr.Errorf(mongoerr.FailedToParse, "%s", err.Error()))
 	}
 	res, err := c.runPlan(req, rule, routeRewrite, p)
+	if err == nil && planned && c.leaveOrphanedStaging(rule, caps, res.Reply) {
+		env.Stager = c.s.stager(rule, caps)
+		res, err = c.runPlan(req, rule, routeRewrite, stage.Insert(cmd, prepared, env))
+	}
 	inflight.RUnlock()
 	if err == nil && mongoerr.IsOK(res.Reply) {
 		n, _ := bson.Raw(res.Reply).Lookup("n").AsInt64OK()
@@ -103,6 +108,39 @@ func (c *conn) stagedInsert(req *request, rule *rules.Rule) error {
 		err = c.answer(req, rule, res)
 	}
 	return err
+}
+
+// leaveOrphanedStaging moves this proxy's staging of rule to collections
+// of a new generation when reply, a staged insert's, says the upstream
+// cannot create one of its staging collections because a table of its
+// name outlived FerretDB's catalog entry (stage.OrphanedCollection: a
+// FerretDB on PostgreSQL killed while it created the collection). It says
+// whether the insert may run again under the new names: only when it
+// stored nothing, since an insert without a session gets new _ids when it
+// is planned again. An orphaned index fails every name alike: that is
+// logged, at most once a minute per rule, naming what to drop.
+func (c *conn) leaveOrphanedStaging(rule *rules.Rule, caps caps.Upstream, reply []byte) bool {
+	orphan, ok := stage.OrphanedCollection(reply)
+	if !caps.SingleWriter || !ok {
+		return false
+	}
+	if orphan.Index {
+		if last, ok := c.s.orphanLog.Load(rule.Namespace); !ok || time.Since(last.(time.Time)) > time.Minute {
+			c.s.orphanLog.Store(rule.Namespace, time.Now())
+			c.log.Error("staging: the upstream cannot create staging collections: an index relation of an earlier one outlived FerretDB's catalog entry (FerretDB on PostgreSQL killed while it created a collection) and every new one meets its name; drop that index in PostgreSQL (DROP INDEX \"<database>\".\"<relation named below>\")",
+				"rule", rule.Namespace, "err", orphan.Message)
+		}
+		return false
+	}
+	old := c.s.stager(rule, caps)
+	c.s.merges.nextGen(rule.Namespace, time.Now())
+	c.log.Warn("staging: the upstream cannot create a staging collection (its table outlived FerretDB's catalog entry, as a FerretDB on PostgreSQL killed while creating it leaves it); staging moves to collections of a new name, and the table named below can be dropped in PostgreSQL",
+		"rule", rule.Namespace, "generation", old.Gen, "err", orphan.Message)
+	if !mongoerr.IsOK(reply) {
+		return true // the command failed whole
+	}
+	n, ok := bson.Raw(reply).Lookup("n").AsInt64OK()
+	return ok && n == 0
 }
 
 // prepareStaged validates and prepares the events of an insert into a

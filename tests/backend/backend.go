@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 
 	"github.com/tsproxy/tsproxy/upstream"
@@ -53,6 +55,7 @@ type Upstream struct {
 	Postgres *Postgres
 
 	addr    string
+	pgURL   string // kind postgresql: its FerretDB's database on the cluster
 	dir     string // the embedded upstream's data
 	logger  *slog.Logger
 	ownsPG  bool
@@ -127,6 +130,7 @@ func (u *Upstream) startOnPostgres(o Options) error {
 	if err != nil {
 		return err
 	}
+	u.pgURL = url
 	return u.startFerretDB(o, url)
 }
 
@@ -198,6 +202,22 @@ func (u *Upstream) Restart() error {
 		u.stopped = false
 	}
 	return err
+}
+
+// SQL runs statements with psql on the PostgreSQL database under a
+// postgresql upstream, as the cluster's superuser, and returns what they
+// print (unaligned, tuples only): for tests that leave FerretDB's storage
+// as a crash of FerretDB can.
+func (u *Upstream) SQL(stmts string) (string, error) {
+	if u.pgURL == "" {
+		return "", fmt.Errorf("SQL: a %s upstream has no PostgreSQL database", u.Kind)
+	}
+	cmd := exec.Command(filepath.Join(u.Postgres.bin, "psql"), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", stmts, u.pgURL)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("psql %q: %v\n%s", stmts, err, out)
+	}
+	return string(out), nil
 }
 
 // Close stops everything Start started and removes its data.

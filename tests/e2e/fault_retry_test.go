@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/tsproxy/tsproxy/wire"
 )
@@ -30,8 +31,14 @@ func bucketWrite(frame []byte) bool {
 // storedIDs counts, per event _id, how often the buckets of db hold it.
 func storedIDs(t *testing.T, ctx context.Context, db string) map[bson.ObjectID]int {
 	t.Helper()
+	return storedIDsIn(t, ctx, direct(t), db)
+}
+
+// storedIDsIn is storedIDs on the upstream c (a test's own).
+func storedIDsIn(t *testing.T, ctx context.Context, c *mongo.Client, db string) map[bson.ObjectID]int {
+	t.Helper()
 	got := map[bson.ObjectID]int{}
-	for _, b := range readBuckets(t, ctx, db) {
+	for _, b := range readBucketsIn(t, ctx, c, db) {
 		if int(b.Count) != len(b.Events) {
 			t.Fatalf("bucket %v: count %d but %d events (a half-applied write)", b.ID, b.Count, len(b.Events))
 		}

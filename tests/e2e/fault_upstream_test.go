@@ -185,25 +185,7 @@ func upstreamRestarts(t *testing.T, ingest string) {
 	if err := flushAt(p.addr); err != nil {
 		t.Fatalf("flush: %v", err)
 	}
-	direct := connect(t, up.URI())
-	cur, err := direct.Database(db).Collection("readings.buckets").Find(ctx, bson.D{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var buckets []bucketDoc
-	if err := cur.All(ctx, &buckets); err != nil {
-		t.Fatal(err)
-	}
-	stored := map[bson.ObjectID]int{}
-	for _, b := range buckets {
-		if int(b.Count) != len(b.Events) {
-			t.Fatalf("bucket %v: count %d, %d events", b.ID, b.Count, len(b.Events))
-		}
-		for _, ev := range b.Events {
-			id, _ := dmap(ev)["_id"].(bson.ObjectID)
-			stored[id]++
-		}
-	}
+	stored := storedIDsIn(t, ctx, connect(t, up.URI()), db)
 	f := checkOutcomes(t, stored, outcomes)
 	t.Logf("%d upstream kills under 16 clients (ingest %s): acknowledged %d, found %d; unacknowledged %d (%d batches failed), found %d (partial batches %d); duplicates %d; slowest insert %v, slowest failure %v; upstream down %v each time; first ack %v after the last restart (%v after the last kill)",
 		upstreamKills, ingest, f.acked, f.ackedFound, f.unacked, failed, f.unackedFound, f.partial, f.dups, slowest.Round(time.Millisecond), slowestErr.Round(time.Millisecond),

@@ -96,7 +96,13 @@ func (b *bucketDoc) UnmarshalBSON(data []byte) error {
 
 func readBuckets(t *testing.T, ctx context.Context, db string) []bucketDoc {
 	t.Helper()
-	cur, err := direct(t).Database(db).Collection("readings.buckets").Find(ctx, bson.D{})
+	return readBucketsIn(t, ctx, direct(t), db)
+}
+
+// readBucketsIn is readBuckets on the upstream c (a test's own).
+func readBucketsIn(t *testing.T, ctx context.Context, c *mongo.Client, db string) []bucketDoc {
+	t.Helper()
+	cur, err := c.Database(db).Collection("readings.buckets").Find(ctx, bson.D{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,79 @@
+package stage
+
+import (
+	"strings"
+
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+// FerretDB v1.24 on PostgreSQL creates a collection in statements that
+// are not one transaction: CREATE TABLE, the insert of the collection's
+// entry in its catalog, then CREATE INDEX for `_id` and the update of
+// that entry (metadata.Registry.collectionCreate). Killed in between, it
+// leaves a relation it does not know of, and after a restart every create
+// that computes the same relation name fails with PostgreSQL's
+// duplicate_table, for good. A staging collection is created at every new
+// day and generation, so a crash of the upstream under ingest can hit one
+// (TestFaultUpstreamRestart did in CI, and every insert of the rule
+// failed from then on).
+//
+// A table is named after its collection, so a staging collection of
+// another name (a new generation) gets another table: the proxy moves on
+// to one (proxy/stage.go). An index is named after the first 31
+// characters of its table's name and the index's own name, the same for
+// every staging collection of a rule: an orphaned index fails them all,
+// and only dropping it in PostgreSQL mends that.
+
+// orphanedState is PostgreSQL's duplicate_table, as FerretDB quotes it in
+// the error of a create that meets an orphaned relation.
+const orphanedState = "(SQLSTATE 42P07)"
+
+// Orphan is an upstream error that says a staging collection could not
+// be created because a relation of its name outlived FerretDB's entry.
+type Orphan struct {
+	Message string // the upstream's error
+	// Index: the relation is an index, which a collection of another
+	// name meets as well.
+	Index bool
+}
+
+// OrphanedCollection reads reply, the upstream's or the client's reply
+// to an insert into staging collections: whether it is a command error
+// or holds a write error naming PostgreSQL's duplicate_table, and which.
+func OrphanedCollection(reply []byte) (Orphan, bool) {
+	doc := bsoncore.Document(reply)
+	if doc.Validate() != nil {
+		return Orphan{}, false
+	}
+	if msg, ok := doc.Lookup("errmsg").StringValueOK(); ok && strings.Contains(msg, orphanedState) {
+		return orphanOf(msg), true
+	}
+	errs, ok := doc.Lookup("writeErrors").ArrayOK()
+	if !ok {
+		return Orphan{}, false
+	}
+	vals, _ := errs.Values()
+	for _, v := range vals {
+		we, ok := v.DocumentOK()
+		if !ok {
+			continue
+		}
+		if msg, ok := we.Lookup("errmsg").StringValueOK(); ok && strings.Contains(msg, orphanedState) {
+			return orphanOf(msg), true
+		}
+	}
+	return Orphan{}, false
+}
+
+// orphanOf reads which relation msg names: `relation "<name>" already
+// exists`, an index when its name ends as FerretDB ends index names.
+func orphanOf(msg string) Orphan {
+	o := Orphan{Message: msg}
+	const before, after = `relation "`, `" already exists`
+	if i := strings.Index(msg, before); i >= 0 {
+		if j := strings.Index(msg[i+len(before):], after); j >= 0 {
+			o.Index = strings.HasSuffix(msg[i+len(before):i+len(before)+j], "_idx")
+		}
+	}
+	return o
+}
