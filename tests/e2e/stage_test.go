@@ -28,7 +28,13 @@ func stagedRule(db string, maxEvents int, mergeAfter string) string {
 // settling anything first (direct would).
 func stagingNames(t *testing.T, ctx context.Context, db string) []string {
 	t.Helper()
-	names, err := connect(t, env.upstreamURI).Database(db).ListCollectionNames(ctx, bson.D{})
+	return stagingNamesAt(t, ctx, env.upstreamURI, db)
+}
+
+// stagingNamesAt is stagingNames on the upstream at uri (a test's own).
+func stagingNamesAt(t *testing.T, ctx context.Context, uri, db string) []string {
+	t.Helper()
+	names, err := connect(t, uri).Database(db).ListCollectionNames(ctx, bson.D{})
 	if err != nil {
 		t.Fatal(err)
 	}
