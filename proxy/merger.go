@@ -8,6 +8,7 @@ import (
 
 	"github.com/tsproxy/tsproxy/proxy/lease"
 	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/source"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
 	"github.com/tsproxy/tsproxy/rules"
@@ -114,8 +115,17 @@ func (s *Server) mergeOnce(up *upstream.Conn, rule *rules.Rule) (stage.Stats, er
 	}
 	for _, name := range requests {
 		if t, ok := stage.FlushRequestTime(rule, name); ok && now.Sub(t) > staleFlushRequest {
-			if _, err := drive(runner, rewrite.Passthrough(source.DropCommand(rule.DB, name), nil)); err != nil {
+			res, err := drive(runner, rewrite.Passthrough(source.DropCommand(rule.DB, name), nil))
+			if err != nil {
 				return st, upstreamFailure{err: err}
+			}
+			if !mongoerr.IsOK(res.Reply) && mongoerr.DroppedUnderQuery(mongoerr.ReplyError(res.Reply)) {
+				// Its table lost (rewrite/stage/lost.go): it would be a
+				// request forever, and the rule never idle.
+				if _, err := drive(runner, rewrite.Passthrough(stage.SetAsideCommand(rule, name), nil)); err != nil {
+					return st, upstreamFailure{err: err}
+				}
+				s.log.Warn("staging: a flush request had lost its table (FerretDB on PostgreSQL killed while dropping it) and was set aside", "rule", rule.Namespace, "collection", name)
 			}
 		}
 	}

@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"strings"
+	"sync"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -93,9 +94,12 @@ func (c *conn) stagedInsert(req *request, rule *rules.Rule) error {
 		p = rewrite.Fail(mongoerr.Errorf(mongoerr.FailedToParse, "%s", err.Error()))
 	}
 	res, err := c.runPlan(req, rule, routeRewrite, p)
-	if err == nil && planned && c.leaveOrphanedStaging(rule, caps, res.Reply) {
+	if err == nil && planned && c.mendOrphanedStaging(rule, caps, res.Reply, inflight) {
 		env.Stager = c.s.stager(rule, caps)
 		res, err = c.runPlan(req, rule, routeRewrite, stage.Insert(cmd, prepared, env))
+		if err == nil {
+			c.logOrphanedIndex(rule, res.Reply)
+		}
 	}
 	inflight.RUnlock()
 	if err == nil && mongoerr.IsOK(res.Reply) {
@@ -110,37 +114,70 @@ func (c *conn) stagedInsert(req *request, rule *rules.Rule) error {
 	return err
 }
 
-// leaveOrphanedStaging moves this proxy's staging of rule to collections
-// of a new generation when reply, a staged insert's, says the upstream
-// cannot create one of its staging collections because a table of its
-// name outlived FerretDB's catalog entry (stage.OrphanedCollection: a
-// FerretDB on PostgreSQL killed while it created the collection). It says
-// whether the insert may run again under the new names: only when it
-// stored nothing, since an insert without a session gets new _ids when it
-// is planned again. An orphaned index fails every name alike: that is
-// logged, at most once a minute per rule, naming what to drop.
-func (c *conn) leaveOrphanedStaging(rule *rules.Rule, caps caps.Upstream, reply []byte) bool {
+// mendOrphanedStaging handles reply, a staged insert's, when it says the
+// upstream cannot create one of the rule's staging collections because a
+// relation of that name outlived FerretDB's record of it
+// (stage.OrphanedCollection: FerretDB on PostgreSQL killed while it
+// created a collection). It says whether the insert may run again, only
+// ever when it stored nothing, since an insert without a session gets new
+// _ids when it is planned again.
+//
+// A table is a staging collection's of that name: this proxy's staging
+// of the rule moves to collections of a new generation. An index is one
+// FerretDB made for an earlier collection but did not record, under the
+// name it now gives the next collection of the rule (every staging
+// collection's table name begins alike): the name is free once that
+// collection is dropped, which a merge does to a staging collection. So
+// the insert waits out a flush of the rule (inflight, which the insert
+// holds read-locked, is released meanwhile: the flush's freeze takes
+// it).
+func (c *conn) mendOrphanedStaging(rule *rules.Rule, caps caps.Upstream, reply []byte, inflight *sync.RWMutex) bool {
 	orphan, ok := stage.OrphanedCollection(reply)
-	if !caps.SingleWriter || !ok {
+	if !caps.SingleWriter || !ok || !storedNothing(reply) {
 		return false
 	}
 	if orphan.Index {
-		if last, ok := c.s.orphanLog.Load(rule.Namespace); !ok || time.Since(last.(time.Time)) > time.Minute {
-			c.s.orphanLog.Store(rule.Namespace, time.Now())
-			c.log.Error("staging: the upstream cannot create staging collections: an index relation of an earlier one outlived FerretDB's catalog entry (FerretDB on PostgreSQL killed while it created a collection) and every new one meets its name; drop that index in PostgreSQL (DROP INDEX \"<database>\".\"<relation named below>\")",
-				"rule", rule.Namespace, "err", orphan.Message)
+		inflight.RUnlock()
+		err := c.flushStaged(rule, caps, nil)
+		inflight.RLock()
+		if err != nil {
+			c.log.Warn("staging: the upstream cannot create a staging collection (an index FerretDB did not record has the name of its index), and the flush that would free the name failed", "rule", rule.Namespace, "err", err.Error())
+			return false
 		}
-		return false
+		return true
 	}
 	old := c.s.stager(rule, caps)
 	c.s.merges.nextGen(rule.Namespace, time.Now())
 	c.log.Warn("staging: the upstream cannot create a staging collection (its table outlived FerretDB's catalog entry, as a FerretDB on PostgreSQL killed while creating it leaves it); staging moves to collections of a new name, and the table named below can be dropped in PostgreSQL",
 		"rule", rule.Namespace, "generation", old.Gen, "err", orphan.Message)
+	return true
+}
+
+// storedNothing says whether reply, a staged insert's, stored no document.
+func storedNothing(reply []byte) bool {
 	if !mongoerr.IsOK(reply) {
 		return true // the command failed whole
 	}
 	n, ok := bson.Raw(reply).Lookup("n").AsInt64OK()
 	return ok && n == 0
+}
+
+// logOrphanedIndex logs, at most once a minute per rule, an insert that a
+// flush did not rid of an unrecorded index (mendOrphanedStaging): the
+// index is then another proxy's staging collection's, which goes at that
+// proxy's next merge, or one of a collection never dropped (the rule's
+// records or event-id index).
+func (c *conn) logOrphanedIndex(rule *rules.Rule, reply []byte) {
+	orphan, ok := stage.OrphanedCollection(reply)
+	if !ok || !orphan.Index {
+		return
+	}
+	if last, ok := c.s.orphanLog.Load(rule.Namespace); ok && time.Since(last.(time.Time)) < time.Minute {
+		return
+	}
+	c.s.orphanLog.Store(rule.Namespace, time.Now())
+	c.log.Error("staging: the upstream cannot create staging collections: FerretDB (on PostgreSQL, killed while it created a collection) did not record the index named below, and gives its name to every new staging collection of the rule; a merge of the collection it belongs to frees the name, and renaming the index in PostgreSQL (ALTER INDEX \"<database>\".\"<index>\" RENAME TO ...) frees it at once, its collection keeping it",
+		"rule", rule.Namespace, "err", orphan.Message)
 }
 
 // prepareStaged validates and prepares the events of an insert into a
@@ -397,6 +434,12 @@ func (s *Server) mergeRetiredOnly(r stepRunner, rule *rules.Rule, caps caps.Upst
 		// Rollups count at most once (rewrite/stage countRollups).
 		s.log.Error("rollups not updated for merged events; they are stored but these rollup documents lag (tsproxy rollups rebuild recounts them)",
 			"rule", rule.Namespace, "errors", strings.Join(m.Stats.RollupErrors, "; "))
+	}
+	for _, name := range m.Stats.Lost {
+		// Its events were merged before (stage/lost.go); the catalog
+		// entry FerretDB cannot drop stays, renamed.
+		s.log.Warn("staging: a retired staging collection had lost its table (FerretDB on PostgreSQL killed while dropping it after its merge) and was set aside; its catalog entry can be deleted in PostgreSQL's _ferretdb_database_metadata",
+			"rule", rule.Namespace, "collection", name, "renamedTo", stage.LostName(rule, name))
 	}
 	if m.Stats.Collections > 0 {
 		_ = s.ensureIndexOn(r, rule, rule.BucketCollection, bucketIndexFailure, caps)

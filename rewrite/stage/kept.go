@@ -121,6 +121,12 @@ func markerFind(db, coll, id string) []byte {
 // its inserts into it (MergeOptions.Kept) when its marker is there, with
 // the marker; else the collection's documents, read back.
 func (m *Merge) stagedOf(x *rewrite.Exec, r Collection) ([]bsoncore.Document, error) {
+	docs, err := m.readStaged(x, r)
+	return docs, lostIn(r.Name, err)
+}
+
+// readStaged is stagedOf before its error is read.
+func (m *Merge) readStaged(x *rewrite.Exec, r Collection) ([]bsoncore.Document, error) {
 	if m.opts.Kept != nil && r.Owner != "" && r.Owner == m.opts.Self && !r.TakenOver && r.Gen >= m.opts.Since {
 		if docs, marker, ok := m.opts.Kept(r); ok {
 			found, err := drainAll(x, m.rule.DB, r.Name, markerFind(m.rule.DB, r.Name, marker), 0)

@@ -150,6 +150,9 @@ type Stats struct {
 	RollupErrors []string
 	// Markers are the flush requests the merge's listing found.
 	Markers []string
+	// Lost are the retired collections whose tables the upstream had
+	// lost, moved to their LostName (lost.go).
+	Lost []string
 	// Others are the staging collections of other proxies that still
 	// take inserts (their owners freeze them), and Retired the retired
 	// collections a freeze left unmerged (a guest's for the holder; the
@@ -295,17 +298,22 @@ func (m *Merge) takenOver(c Collection) bool {
 // at any time, so a collection planned by a holder that died may have a
 // higher token than one frozen after.)
 func (m *Merge) mergeRetired(x *rewrite.Exec, retired []Collection) error {
-	planned := map[string]bool{}
+	planned, gone := map[string]bool{}, map[string]bool{}
 	for _, r := range retired {
 		if len(retired) == 1 {
 			break // nothing to order (and the check scans it on FerretDB)
 		}
 		docs, err := drainAll(x, m.rule.DB, r.Name, findCommand(m.rule.DB, r.Name, bsoncore.NewDocumentBuilder().AppendString("_id", planID).Build(), bsoncore.NewDocumentBuilder().AppendInt32("_id", 1).Build()), 0)
 		if err != nil {
-			return fmt.Errorf("merge %s: %s: %w", m.rule.Namespace, r.Name, err)
+			if err := m.setAsideLost(x, r, lostIn(r.Name, err)); err != nil {
+				return fmt.Errorf("merge %s: %s: %w", m.rule.Namespace, r.Name, err)
+			}
+			gone[r.Name] = true // set aside, or dropped meanwhile
+			continue
 		}
 		planned[r.Name] = len(docs) > 0
 	}
+	retired = slices.DeleteFunc(retired, func(r Collection) bool { return gone[r.Name] })
 	slices.SortFunc(retired, func(a, b Collection) int {
 		if planned[a.Name] != planned[b.Name] {
 			if planned[a.Name] {
@@ -321,7 +329,9 @@ func (m *Merge) mergeRetired(x *rewrite.Exec, retired []Collection) error {
 	}
 	for _, r := range retired {
 		if err := m.mergeOne(x, r, records); err != nil {
-			return fmt.Errorf("merge %s: %s: %w", m.rule.Namespace, r.Name, err)
+			if err := m.setAsideLost(x, r, err); err != nil {
+				return fmt.Errorf("merge %s: %s: %w", m.rule.Namespace, r.Name, err)
+			}
 		}
 	}
 	return m.expireRecords(x, records)

@@ -230,6 +230,11 @@ func splitRetired(docs []bsoncore.Document) (plan *mergePlan, staged []bsoncore.
 		staged = append(staged, d)
 	}
 	sortByID(staged)
+	// Two staged documents of one _id are one write's two attempts: the
+	// collection lacked its unique _id index, which FerretDB on
+	// PostgreSQL leaves out when it is killed between creating a
+	// collection and its index (orphan.go). Merged once.
+	staged = slices.CompactFunc(staged, func(a, b bsoncore.Document) bool { return idKey(a) == idKey(b) })
 	return plan, staged, markers, nil
 }
 

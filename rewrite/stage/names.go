@@ -109,6 +109,18 @@ func TakenOverName(stage string, token int64) string {
 	return stage + takenInfix + strconv.FormatInt(token, 10)
 }
 
+// goneInfix names a retired collection whose table the upstream lost
+// (LostName).
+const goneInfix = "gone_"
+
+// LostName is the name a retired collection whose table the upstream lost
+// is moved to (Merge, lost.go): in the staging tier's names, so hidden
+// from clients and dropped with the rule's staging, but of no form Parse
+// reads, so that no merge, read or flush meets it again.
+func LostName(rule *rules.Rule, name string) string {
+	return rule.StagePrefix() + goneInfix + strings.TrimPrefix(name, rule.StagePrefix())
+}
+
 // TxnsCollection holds the records of the retryable writes merged lately.
 func TxnsCollection(rule *rules.Rule) string {
 	return rule.StagePrefix() + "txns"

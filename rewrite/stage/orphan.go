@@ -10,19 +10,27 @@ import (
 // are not one transaction: CREATE TABLE, the insert of the collection's
 // entry in its catalog, then CREATE INDEX for `_id` and the update of
 // that entry (metadata.Registry.collectionCreate). Killed in between, it
-// leaves a relation it does not know of, and after a restart every create
-// that computes the same relation name fails with PostgreSQL's
-// duplicate_table, for good. A staging collection is created at every new
-// day and generation, so a crash of the upstream under ingest can hit one
-// (TestFaultUpstreamRestart did in CI, and every insert of the rule
-// failed from then on).
+// leaves a relation it does not know of, and every create that computes
+// the same relation name fails with PostgreSQL's duplicate_table. A
+// staging collection is created at every new day and generation, so a
+// crash of the upstream under ingest can hit one (TestFaultUpstreamRestart
+// did in CI, and every insert of the rule failed from then on).
 //
+// Killed after CREATE TABLE, it leaves a table without a catalog entry.
 // A table is named after its collection, so a staging collection of
 // another name (a new generation) gets another table: the proxy moves on
-// to one (proxy/stage.go). An index is named after the first 31
-// characters of its table's name and the index's own name, the same for
-// every staging collection of a rule: an orphaned index fails them all,
-// and only dropping it in PostgreSQL mends that.
+// to one (proxy/stage.go).
+//
+// Killed after CREATE INDEX, it leaves a collection that works but whose
+// index its catalog does not list. FerretDB names an index after the
+// first 30 characters of its table's name (the same for every staging
+// collection of a rule: digits become underscores) and the first name
+// its catalog does not hold, so the next staging collection's index gets
+// that one's name, and its create fails until the collection it belongs
+// to is dropped: the proxy flushes the rule, which drops its staging
+// collections, and inserts again. (Killed between the catalog entry and
+// CREATE INDEX, it leaves a collection without its unique _id index: a
+// merge takes two documents of one _id as one, splitRetired.)
 
 // orphanedState is PostgreSQL's duplicate_table, as FerretDB quotes it in
 // the error of a create that meets an orphaned relation.
@@ -33,7 +41,7 @@ const orphanedState = "(SQLSTATE 42P07)"
 type Orphan struct {
 	Message string // the upstream's error
 	// Index: the relation is an index, which a collection of another
-	// name meets as well.
+	// name meets as well, until the one it belongs to is dropped.
 	Index bool
 }
 

@@ -41,10 +41,13 @@ type mem struct {
 	// uuids are the collections' uuids as listCollections gives them.
 	uuids    map[string]int
 	nextUUID int
+	// lost are collections whose table FerretDB on PostgreSQL lost: any
+	// command on them but a rename fails with undefined_table.
+	lost map[string]bool
 }
 
 func newMem(t *testing.T) *mem {
-	return &mem{t: t, colls: map[string][]bsoncore.Document{}, fail: map[string]bool{}, rolled: map[string]int{}, uuids: map[string]int{}}
+	return &mem{t: t, colls: map[string][]bsoncore.Document{}, fail: map[string]bool{}, rolled: map[string]int{}, uuids: map[string]int{}, lost: map[string]bool{}}
 }
 
 func (m *mem) run(p rewrite.Plan) rewrite.Result {
@@ -88,6 +91,9 @@ func (m *mem) answer(u rewrite.Upstream) []byte {
 	if m.fail[name] || m.hook != nil && m.hook(name, coll) {
 		return doc(bson.D{{Key: "ok", Value: 0.0}, {Key: "code", Value: 1}, {Key: "errmsg", Value: "injected"}})
 	}
+	if m.lost[coll] && name != "renameCollection" && name != "listCollections" {
+		return doc(bson.D{{Key: "ok", Value: 0.0}, {Key: "code", Value: 1}, {Key: "errmsg", Value: `ERROR: relation "iot.t_0bad" does not exist (SQLSTATE 42P01)`}})
+	}
 	switch name {
 	case "listCollections":
 		// With a name filter, each collection's uuid too: a drop and
@@ -117,6 +123,10 @@ func (m *mem) answer(u rewrite.Upstream) []byte {
 		}
 		delete(m.colls, from)
 		m.colls[strings.TrimPrefix(to, "iot.")] = docs
+		if m.lost[from] {
+			delete(m.lost, from)
+			m.lost[strings.TrimPrefix(to, "iot.")] = true
+		}
 	case "count":
 		return doc(bson.D{{Key: "n", Value: len(m.colls[coll])}, {Key: "ok", Value: 1.0}})
 	case "create":
@@ -309,6 +319,7 @@ func TestHasWork(t *testing.T) {
 		{"a staging collection", names(0, rule.BucketCollection, open), true},
 		{"a retired one", names(0, stage.RetiredName(open, 3)), true},
 		{"a flush request", names(0, stage.FlushMarker(rule, "ab")), true},
+		{"a retired one set aside, its table lost", names(0, stage.LostName(rule, stage.RetiredName(open, 3))), false},
 		{"more than one batch", names(42, "other"), true},
 	}
 	for _, c := range cases {

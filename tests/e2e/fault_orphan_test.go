@@ -1,11 +1,14 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/tsproxy/tsproxy/tests/backend"
@@ -25,19 +28,8 @@ func TestStageOrphanedStagingTable(t *testing.T) {
 	if env.kind != backend.KindPostgreSQL {
 		t.Skip("FerretDB on PostgreSQL only: its collection create is two statements")
 	}
-	t.Parallel()
-	up := ownUpstream(t)
-	db := uniqueDB(t)
-	p := startProxy(t, proxyOptions{yaml: fmt.Sprintf(`rules:
-  - namespace: %s.readings
-    timeField: ts
-    metaField: sensorId
-    bucket: {span: 1h, maxEvents: 100}
-    aggregates: [value]
-`, db), upstreamURI: up.URI()})
-	ctx := ctxFor(t)
-	coll := connect(t, p.URI()).Database(db).Collection("readings")
-	base := time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC)
+	f := newCatalogFixture(t)
+	up, db, p, ctx, coll, base := f.up, f.db, f.p, f.ctx, f.coll, f.base
 
 	// An event staged and merged, then one staged: the proxy has created
 	// its next staging collection, which holds that event.
@@ -76,23 +68,8 @@ func TestStageOrphanedStagingTable(t *testing.T) {
 
 	// Every insert after it is acknowledged, each at its first attempt
 	// (retryWrites=false: the driver does not retry for it).
-	noRetry := connect(t, p.URI()+"?retryWrites=false").Database(db).Collection("readings")
 	after := seriesEvents(20, "after", base.Add(time.Minute))
-	deadline := time.Now().Add(30 * time.Second)
-	for i := 0; i < len(after); i++ {
-		_, err := noRetry.InsertOne(ctx, after[i].doc())
-		if err == nil {
-			continue
-		}
-		if i == 0 && upstreamNotBack(err) && time.Now().Before(deadline) {
-			// The proxy's connection to the restarted upstream: not the
-			// orphan, which answers.
-			time.Sleep(100 * time.Millisecond)
-			i--
-			continue
-		}
-		t.Fatalf("insert %d after the orphaned staging table: %v", i, err)
-	}
+	f.insertEachAtFirstAttempt(after, "after the orphaned staging table")
 	if err := flushAt(p.addr); err != nil {
 		t.Fatalf("flush: %v", err)
 	}
@@ -117,4 +94,244 @@ func TestStageOrphanedStagingTable(t *testing.T) {
 // an answer of the upstream.
 func upstreamNotBack(err error) bool {
 	return mongo.IsNetworkError(err) || strings.Contains(err.Error(), "HostUnreachable")
+}
+
+// TestStageGhostRetiredCollection: FerretDB v1.24 on PostgreSQL drops a
+// collection with DROP TABLE, then deletes its catalog entry, in two
+// statements; killed between them, it leaves an entry whose table is
+// gone, which every later command on that name fails on (SQLSTATE 42P01),
+// its drop included. A merge drops its retired collection last, once
+// its events are in buckets, so a crash of the upstream there leaves a
+// retired collection that cannot be read or dropped. The test makes that
+// state by hand (a catalog entry of a retired name with no table) and
+// restarts FerretDB: inserts, reads and flushes through the proxy must
+// go on, every event found once.
+func TestStageGhostRetiredCollection(t *testing.T) {
+	if env.kind != backend.KindPostgreSQL {
+		t.Skip("FerretDB on PostgreSQL only: its collection drop is two statements")
+	}
+	f := newCatalogFixture(t)
+	up, db, p, ctx, coll, base := f.up, f.db, f.p, f.ctx, f.coll, f.base
+
+	merged := seriesEvents(3, "merged", base)
+	if _, err := coll.InsertMany(ctx, docsOf(merged)); err != nil {
+		t.Fatal(err)
+	}
+	if err := flushAt(p.addr); err != nil {
+		t.Fatalf("flush: %v", err)
+	}
+	staged := seriesEvents(3, "staged", base.Add(time.Minute))
+	if _, err := coll.InsertMany(ctx, docsOf(staged)); err != nil {
+		t.Fatal(err)
+	}
+	open := stagingNamesAt(t, ctx, up.URI(), db)
+	if len(open) != 1 {
+		t.Fatalf("staging collections: %v, want the one open", open)
+	}
+
+	// The entry of a retired collection whose table is gone, as a merge's
+	// drop cut between its two statements leaves it.
+	// And a flush request's (a proxy that is not the writer lease's
+	// holder asks with one; the holder drops it once stale).
+	up.Stop()
+	ghost := open[0] + "_m1"
+	prefix := open[0][:len("tsproxy_stage_")+13]
+	ghostRequest := prefix + "flush_" + bson.NewObjectIDFromTimestamp(time.Now().Add(-time.Hour)).Hex()
+	for i, name := range []string{ghost, ghostRequest} {
+		if _, err := up.SQL(fmt.Sprintf(`INSERT INTO "%[1]s"._ferretdb_database_metadata (_jsonb) `+
+			`SELECT jsonb_set(jsonb_set(_jsonb, '{_id}', to_jsonb('%[3]s'::text)), '{table}', to_jsonb('tsproxy_gone_table_%[4]d'::text)) `+
+			`FROM "%[1]s"._ferretdb_database_metadata WHERE _jsonb->>'_id' = '%[2]s'`, db, open[0], name, i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := up.Restart(); err != nil {
+		t.Fatalf("restart the upstream: %v", err)
+	}
+	names := stagingNamesAt(t, ctx, up.URI(), db)
+	if !slices.Contains(names, ghost) || !slices.Contains(names, ghostRequest) {
+		t.Fatalf("staging collections after the restart: %v, want the ghosts %s and %s among them", names, ghost, ghostRequest)
+	}
+
+	noRetry := f.noRetry()
+	after := seriesEvents(5, "after", base.Add(2*time.Minute))
+	f.insertEachAtFirstAttempt(after, "after the ghost")
+	all := slices.Concat(merged, staged, after)
+	// Read before any flush: the ghost is still listed, the events of
+	// staged and after are staged.
+	readAll := func(when string) {
+		t.Helper()
+		cur, err := noRetry.Find(ctx, bson.D{})
+		if err != nil {
+			t.Fatalf("find %s: %v", when, err)
+		}
+		var docs []bson.M
+		if err := cur.All(ctx, &docs); err != nil {
+			t.Fatalf("find %s: %v", when, err)
+		}
+		seen := map[bson.ObjectID]int{}
+		for _, d := range docs {
+			id, _ := d["_id"].(bson.ObjectID)
+			seen[id]++
+		}
+		for _, e := range all {
+			if seen[e.id] != 1 {
+				t.Errorf("find %s: event %s of %s returned %d times, want once", when, e.id.Hex(), e.sensor, seen[e.id])
+			}
+		}
+		if len(docs) != len(all) {
+			t.Errorf("find %s: %d events, want %d", when, len(docs), len(all))
+		}
+		n, err := noRetry.CountDocuments(ctx, bson.D{})
+		if err != nil || n != int64(len(all)) {
+			t.Errorf("countDocuments %s: %d, %v; want %d", when, n, err, len(all))
+		}
+	}
+	readAll("with the ghost")
+	if err := flushAt(p.addr); err != nil {
+		t.Fatalf("flush with the ghost: %v", err)
+	}
+	readAll("after the flush")
+	stored := storedIDsIn(t, ctx, connect(t, up.URI()), db)
+	for _, e := range all {
+		if stored[e.id] != 1 {
+			t.Errorf("event %s of %s stored %d times, want once", e.id.Hex(), e.sensor, stored[e.id])
+		}
+	}
+	if names := stagingNamesAt(t, ctx, up.URI(), db); slices.Contains(names, ghost) {
+		t.Errorf("staging collections after the flush: %v, the ghost still among them", names)
+	}
+	// The background merger sets the request aside too (it looks once a
+	// second).
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		names := stagingNamesAt(t, ctx, up.URI(), db)
+		if !slices.Contains(names, ghostRequest) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("staging collections 20 s after the flush: %v, the ghost flush request still among them", names)
+		}
+	}
+	// The app drops its collection: FerretDB cannot drop the entry set
+	// aside, which holds nothing, and the drop must not fail on it.
+	if err := noRetry.Drop(ctx); err != nil {
+		t.Fatalf("drop with the ghost set aside: %v", err)
+	}
+	again := seriesEvents(2, "again", base)
+	if _, err := noRetry.InsertMany(ctx, docsOf(again)); err != nil {
+		t.Fatalf("insert after the drop: %v", err)
+	}
+	if n, err := noRetry.CountDocuments(ctx, bson.D{}); err != nil || n != int64(len(again)) {
+		t.Errorf("countDocuments after the drop: %d, %v; want %d", n, err, len(again))
+	}
+}
+
+// TestStageUnrecordedIndex: killed between creating a collection's _id
+// index and recording it in its catalog, FerretDB v1.24 on PostgreSQL
+// keeps a collection whose index it does not know of. The collection
+// works; but FerretDB names the index of the next collection whose table
+// name begins alike (every staging collection of a rule) as that one,
+// and its create fails on the name (SQLSTATE 42P07) for as long as the
+// first collection lives. The test makes that state by hand and then
+// inserts into another day, which needs a new staging collection: the
+// insert must be acknowledged at its first attempt, and every event found
+// once.
+func TestStageUnrecordedIndex(t *testing.T) {
+	if env.kind != backend.KindPostgreSQL {
+		t.Skip("FerretDB on PostgreSQL only: its collection create is several statements")
+	}
+	f := newCatalogFixture(t)
+	up, db, p, ctx, coll, base := f.up, f.db, f.p, f.ctx, f.coll, f.base
+	first := seriesEvents(3, "first", base)
+	if _, err := coll.InsertMany(ctx, docsOf(first)); err != nil {
+		t.Fatal(err)
+	}
+	open := stagingNamesAt(t, ctx, up.URI(), db)
+	if len(open) != 1 {
+		t.Fatalf("staging collections: %v, want the one open", open)
+	}
+	// FerretDB forgets the index, as one killed before the statement
+	// that records it would: the index stays, its name free in the
+	// catalog.
+	up.Stop()
+	if _, err := up.SQL(fmt.Sprintf(`UPDATE "%s"._ferretdb_database_metadata SET _jsonb = jsonb_set(jsonb_set(_jsonb, '{indexes}', '[]'), '{$s,p,indexes,i}', '[]') `+
+		`WHERE _jsonb->>'_id' = '%s'`, db, open[0])); err != nil {
+		t.Fatal(err)
+	}
+	if err := up.Restart(); err != nil {
+		t.Fatalf("restart the upstream: %v", err)
+	}
+	// The same day: into the collection that lost its index record.
+	sameDay := seriesEvents(2, "same day", base.Add(time.Minute))
+	// The next day: a new staging collection, whose index FerretDB names
+	// as the unrecorded one.
+	nextDay := seriesEvents(3, "next day", base.Add(24*time.Hour))
+	f.insertEachAtFirstAttempt(slices.Concat(sameDay, nextDay), "after the unrecorded index")
+	if err := flushAt(p.addr); err != nil {
+		t.Fatalf("flush: %v", err)
+	}
+	all := slices.Concat(first, sameDay, nextDay)
+	stored := storedIDsIn(t, ctx, connect(t, up.URI()), db)
+	for _, e := range all {
+		if stored[e.id] != 1 {
+			t.Errorf("event %s of %s stored %d times, want once", e.id.Hex(), e.sensor, stored[e.id])
+		}
+	}
+	if len(stored) != len(all) {
+		t.Errorf("%d events stored, want %d", len(stored), len(all))
+	}
+}
+
+// catalogFixture is a proxy with one staged rule on an upstream of its
+// own, FerretDB on PostgreSQL, whose catalog a test edits by hand.
+type catalogFixture struct {
+	t    *testing.T
+	up   *backend.Upstream
+	db   string
+	p    *testProxy
+	ctx  context.Context
+	coll *mongo.Collection
+	base time.Time
+}
+
+func newCatalogFixture(t *testing.T) *catalogFixture {
+	t.Parallel()
+	f := &catalogFixture{t: t, up: ownUpstream(t), db: uniqueDB(t), ctx: ctxFor(t), base: time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC)}
+	f.p = startProxy(t, proxyOptions{yaml: fmt.Sprintf(`rules:
+  - namespace: %s.readings
+    timeField: ts
+    metaField: sensorId
+    bucket: {span: 1h, maxEvents: 100}
+    aggregates: [value]
+`, f.db), upstreamURI: f.up.URI()})
+	f.coll = connect(t, f.p.URI()).Database(f.db).Collection("readings")
+	return f
+}
+
+// noRetry is the rule's collection on a client that retries nothing: an
+// error is the proxy's answer to the first attempt.
+func (f *catalogFixture) noRetry() *mongo.Collection {
+	return connect(f.t, f.p.URI()+"?retryWrites=false&retryReads=false").Database(f.db).Collection("readings")
+}
+
+// insertEachAtFirstAttempt inserts evs one at a time, each acknowledged
+// at its first attempt; only the first may wait for the proxy to reach
+// the restarted upstream.
+func (f *catalogFixture) insertEachAtFirstAttempt(evs []sentEvent, when string) {
+	f.t.Helper()
+	coll := f.noRetry()
+	deadline := time.Now().Add(30 * time.Second)
+	for i := 0; i < len(evs); i++ {
+		_, err := coll.InsertOne(f.ctx, evs[i].doc())
+		if err == nil {
+			continue
+		}
+		if i == 0 && upstreamNotBack(err) && time.Now().Before(deadline) {
+			// The proxy's connection to the restarted upstream, not an
+			// answer of it.
+			time.Sleep(100 * time.Millisecond)
+			i--
+			continue
+		}
+		f.t.Fatalf("insert %d (%s) %s: %v", i, evs[i].sensor, when, err)
+	}
 }
