@@ -102,7 +102,7 @@ type Server struct {
 	idIndexes  *idIndexCache // id_index.go
 	cat        *catalog      // catalog.go
 	served     sync.Map      // namespace → struct{}: created rules served here (loops.go)
-	orphanLog  sync.Map      // namespace → time.Time: the last warning of an orphaned index (stage.go)
+	orphanLog  sync.Map      // namespace → time.Time: the last warning of an unrecorded index (stage.go) or a lost partition (sweeper.go)
 	combiner   combiner      // staged inserts sharing upstream inserts (combine.go)
 	kept       *keptStore    // what staged inserts stored, for their merge (kept.go); nil: nothing kept
 	dirs       *directories  // what the merges know of their rules' buckets (directory.go)

@@ -60,7 +60,7 @@ go test -count=1 -timeout 25m ./tests/e2e/... ./cmd/...
 # there in full runs (README, Tests). Left out, everywhere: the rest of the
 # suite (passthrough, summaries, most of partitions, rollups, security,
 # limits), for time.
-E2E_SUBSET='^(TestReadDifferential|TestLayout.*|TestCountMetaInOr|TestReadHintIgnored|TestReadByEventID.*|TestStage.*|TestInsert.*|TestDelete.*|TestFault.*|TestReplyCache.*|TestTwoProxies.*|TestWriterLeaseLapses|TestTimeseries.*|TestLoadBalanced.*|TestRetryOnAnotherProxy|TestCursorOnAnotherProxy|TestRollupsThreeProxies|TestRetentionOneSweeper|TestDashboardAggregations|TestDashboardMongosh|TestSummaryNotExact|TestPartitionRetention|TestUnpack)$'
+E2E_SUBSET='^(TestReadDifferential|TestLayout.*|TestCountMetaInOr|TestReadHintIgnored|TestReadByEventID.*|TestStage.*|TestInsert.*|TestDelete.*|TestFault.*|TestReplyCache.*|TestTwoProxies.*|TestWriterLeaseLapses|TestTimeseries.*|TestLoadBalanced.*|TestRetryOnAnotherProxy|TestCursorOnAnotherProxy|TestRollupsThreeProxies|TestRetentionOneSweeper|TestDashboardAggregations|TestDashboardMongosh|TestSummaryNotExact|TestPartitionRetention|TestRetentionLostPartition|TestUnpack)$'
 # On ferretdb, of the differential's queries only the point and scan ones
 # (the paths that differ without the _id index): each other query scans the
 # 50,000 plain events at about 3 s a side.

@@ -335,3 +335,94 @@ func (f *catalogFixture) insertEachAtFirstAttempt(evs []sentEvent, when string) 
 		f.t.Fatalf("insert %d (%s) %s: %v", i, evs[i].sensor, when, err)
 	}
 }
+
+// TestRetentionLostPartition: a partition whose drop by retention was cut
+// between FerretDB's two statements (its table gone, its catalog entry
+// left) can never be dropped; retention went no further than it, every
+// round, so no later partition expired either. The test makes such an
+// entry by hand, older than every real partition, and starts a proxy with
+// retention: the real expired partitions must go, and reads of the
+// recent ones work.
+func TestRetentionLostPartition(t *testing.T) {
+	if env.kind != backend.KindPostgreSQL {
+		t.Skip("FerretDB on PostgreSQL only: its collection drop is two statements")
+	}
+	t.Parallel()
+	up := ownUpstream(t)
+	db := uniqueDB(t)
+	ctx := ctxFor(t)
+	partitions := func() []string {
+		t.Helper()
+		names, err := connect(t, up.URI()).Database(db).ListCollectionNames(ctx, bson.D{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, n := range names {
+			if strings.HasPrefix(n, "readings.buckets_") {
+				out = append(out, n)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+
+	now := time.Now().UTC()
+	cutoff := now.Add(-60 * 24 * time.Hour)
+	p1 := startProxy(t, proxyOptions{yaml: partRule(db, ""), upstreamURI: up.URI()})
+	var docs []any
+	recent := 0
+	for i := range 300 {
+		ts := now.Add(-130*24*time.Hour + time.Duration(i)*10*time.Hour)
+		if ts.After(cutoff.Add(24 * time.Hour)) {
+			recent++
+		}
+		docs = append(docs, bson.D{{Key: "ts", Value: ts}, {Key: "sensor", Value: fmt.Sprintf("s-%d", i%3)}, {Key: "value", Value: 1.0}})
+	}
+	if _, err := connect(t, p1.URI()).Database(db).Collection("readings").InsertMany(ctx, docs); err != nil {
+		t.Fatal(err)
+	}
+	if err := flushAt(p1.addr); err != nil {
+		t.Fatalf("flush: %v", err)
+	}
+	stopProxy(t, p1)
+	before := partitions()
+	oldest := now.Add(-130 * 24 * time.Hour)
+	var mustGo []string // the real partitions whose month ended before the cutoff
+	for m := time.Date(oldest.Year(), oldest.Month(), 1, 0, 0, 0, 0, time.UTC); !m.AddDate(0, 1, 0).After(cutoff); m = m.AddDate(0, 1, 0) {
+		mustGo = append(mustGo, "readings.buckets_"+m.Format("2006_01"))
+	}
+	if len(before) < 4 || len(mustGo) < 2 || before[0] != mustGo[0] {
+		t.Fatalf("partitions %v, expired %v: want at least 2 expired and 2 recent", before, mustGo)
+	}
+
+	up.Stop()
+	lost := "readings.buckets_" + oldest.AddDate(0, -3, 0).Format("2006_01")
+	if _, err := up.SQL(fmt.Sprintf(`INSERT INTO "%[1]s"._ferretdb_database_metadata (_jsonb) `+
+		`SELECT jsonb_set(jsonb_set(_jsonb, '{_id}', to_jsonb('%[3]s'::text)), '{table}', to_jsonb('tsproxy_gone_partition'::text)) `+
+		`FROM "%[1]s"._ferretdb_database_metadata WHERE _jsonb->>'_id' = '%[2]s'`, db, before[0], lost)); err != nil {
+		t.Fatal(err)
+	}
+	if err := up.Restart(); err != nil {
+		t.Fatalf("restart the upstream: %v", err)
+	}
+	if got := partitions(); got[0] != lost {
+		t.Fatalf("partitions after the restart: %v, want %s first", got, lost)
+	}
+
+	p2 := startProxy(t, proxyOptions{yaml: partRule(db, "    expireAfter: 60d\n    sweepInterval: 200ms\n"), upstreamURI: up.URI()})
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		left := partitions()
+		if !slices.ContainsFunc(mustGo, func(n string) bool { return slices.Contains(left, n) }) {
+			t.Logf("partitions left %v (dropped %v)", left, mustGo)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("partitions %v 30 s after retention began, want none of %v", left, mustGo)
+		}
+	}
+	n, err := connect(t, p2.URI()).Database(db).Collection("readings").CountDocuments(ctx, bson.D{{Key: "ts", Value: bson.D{{Key: "$gt", Value: cutoff.Add(24 * time.Hour)}}}})
+	if err != nil || n != int64(recent) {
+		t.Fatalf("recent events through the proxy: %d, %v; want %d", n, err, recent)
+	}
+}
