@@ -51,7 +51,11 @@ func Read(body []byte, rule *rules.Rule, opts read.Options, newID func() int64, 
 			if len(parts) == 1 {
 				coll = parts[0].Name
 			}
-			return runAll(x, single(Rule(rule, coll), body))
+			res, err := runAll(x, single(Rule(rule, coll), body))
+			if rule.Partitioned() {
+				res = emptyIfLost(body, rule, res)
+			}
+			return res, err
 		}
 		m := &merger{x: x, rule: rule, parts: parts, single: single}
 		switch name := commandName(body); name {
@@ -104,7 +108,7 @@ type merger struct {
 // handed to take; a partition's error reply is returned as errReply.
 // When take says stop, the partition's cursor is closed.
 func (m *merger) sub(p source.Collection, body []byte, take func(reply []byte) (stop bool, err error)) (errReply []byte, err error) {
-	res, err := runAll(m.x, m.single(Rule(m.rule, p.Name), body))
+	res, err := m.partRead(p.Name, body)
 	for err == nil {
 		if _, _, derr := cursor.Docs(res.Reply); derr != nil && res.Cursor == nil {
 			return res.Reply, nil // the partition's error reply
@@ -194,7 +198,7 @@ func (m *merger) count(body []byte) (rewrite.Result, error) {
 		return rewrite.Result{}, err
 	}
 	for _, p := range m.parts {
-		res, err := runAll(m.x, m.single(Rule(m.rule, p.Name), pc.Sub))
+		res, err := m.partRead(p.Name, pc.Sub)
 		if err != nil {
 			return rewrite.Result{}, err
 		}
@@ -208,7 +212,7 @@ func (m *merger) count(body []byte) (rewrite.Result, error) {
 // groupCount serves countDocuments over the partitions.
 func (m *merger) groupCount(g *GroupCountSum) (rewrite.Result, error) {
 	for _, p := range m.parts {
-		res, err := runAll(m.x, m.single(Rule(m.rule, p.Name), g.Count.Sub))
+		res, err := m.partRead(p.Name, g.Count.Sub)
 		if err != nil {
 			return rewrite.Result{}, err
 		}
@@ -223,7 +227,7 @@ func (m *merger) groupCount(g *GroupCountSum) (rewrite.Result, error) {
 func (m *merger) distinct(body []byte) (rewrite.Result, error) {
 	var d DistinctUnion
 	for _, p := range m.parts {
-		res, err := runAll(m.x, m.single(Rule(m.rule, p.Name), body))
+		res, err := m.partRead(p.Name, body)
 		if err != nil {
 			return rewrite.Result{}, err
 		}
@@ -248,10 +252,13 @@ func (m *merger) summaries(body []byte, opts read.Options) (rewrite.Result, bool
 		if !ok {
 			return rewrite.Result{}, false, nil
 		}
-		for next := own.Command; next != nil; {
+		for next, first := own.Command, true; next != nil; first = false {
 			reply, ok := m.x.One(next)
 			if !ok {
 				return rewrite.Result{}, true, rewrite.ErrAborted
+			}
+			if first && lostTable(rewrite.Result{Reply: reply}) {
+				break // a partition without its table holds no buckets (lost.go)
 			}
 			if _, err := all.Feed(reply); err != nil {
 				return rewrite.Result{}, true, err
