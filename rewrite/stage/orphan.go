@@ -32,9 +32,16 @@ import (
 // CREATE INDEX, it leaves a collection without its unique _id index: a
 // merge takes two documents of one _id as one, splitRetired.)
 
-// orphanedState is PostgreSQL's duplicate_table, as FerretDB quotes it in
-// the error of a create that meets an orphaned relation.
-const orphanedState = "(SQLSTATE 42P07)"
+// isOrphanedError says whether msg is FerretDB's error of a create that
+// met an orphaned relation: PostgreSQL's duplicate_table, or SQLite's
+// "table ... already exists" (SQLITE_ERROR): FerretDB v1.24 on SQLite
+// creates a collection in the same steps, and the embedded upstream is
+// FerretDB in the proxy's process, which a crash of the proxy cuts too.
+// (On SQLite an index is named after its own table alone: only tables.)
+func isOrphanedError(msg string) bool {
+	return strings.Contains(msg, "(SQLSTATE 42P07)") ||
+		strings.Contains(msg, `SQL logic error: table "`) && strings.Contains(msg, `" already exists (1)`)
+}
 
 // Orphan is an upstream error that says a staging collection could not
 // be created because a relation of its name outlived FerretDB's entry.
@@ -53,7 +60,7 @@ func OrphanedCollection(reply []byte) (Orphan, bool) {
 	if doc.Validate() != nil {
 		return Orphan{}, false
 	}
-	if msg, ok := doc.Lookup("errmsg").StringValueOK(); ok && strings.Contains(msg, orphanedState) {
+	if msg, ok := doc.Lookup("errmsg").StringValueOK(); ok && isOrphanedError(msg) {
 		return orphanOf(msg), true
 	}
 	errs, ok := doc.Lookup("writeErrors").ArrayOK()
@@ -66,7 +73,7 @@ func OrphanedCollection(reply []byte) (Orphan, bool) {
 		if !ok {
 			continue
 		}
-		if msg, ok := we.Lookup("errmsg").StringValueOK(); ok && strings.Contains(msg, orphanedState) {
+		if msg, ok := we.Lookup("errmsg").StringValueOK(); ok && isOrphanedError(msg) {
 			return orphanOf(msg), true
 		}
 	}

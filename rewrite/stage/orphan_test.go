@@ -16,6 +16,10 @@ func TestOrphanedCollection(t *testing.T) {
 		`[registry.go:537 metadata.(*Registry).collectionCreate] ERROR: relation "tsproxy_stage__ab_pb__fced_48db649f" already exists (SQLSTATE 42P07)`
 	const index = `[msg_insert.go:168 handler.(*Handler).MsgInsert] [registry.go:564 metadata.(*Registry).collectionCreate] ` +
 		`[registry.go:849 metadata.(*Registry).indexesCreate] ERROR: relation "tsproxy_stage__ab_____d__e______id__67399184_idx" already exists (SQLSTATE 42P07)`
+	// And on SQLite (the stock ferretdb command, and the embedded upstream
+	// alike), in the same test.
+	const sqliteTable = `[msg_insert.go:168 handler.(*Handler).MsgInsert] [collection.go:105 sqlite.(*collection).InsertAll] ` +
+		`[registry.go:294 metadata.(*Registry).collectionCreate] SQL logic error: table "tsproxy_stage_9ab64090d36e_1798761600000_pe735ece0_1795828877873_cd830b22" already exists (1)`
 	werr := func(code int, msg string) bson.D {
 		return bson.D{{Key: "index", Value: 0}, {Key: "code", Value: code}, {Key: "errmsg", Value: msg}}
 	}
@@ -26,6 +30,8 @@ func TestOrphanedCollection(t *testing.T) {
 		index bool
 	}{
 		{"stored", doc(bson.D{{Key: "n", Value: 1}, {Key: "ok", Value: 1.0}}), "", false},
+		{"an orphaned table on SQLite", doc(bson.D{{Key: "n", Value: 0}, {Key: "writeErrors", Value: bson.A{werr(1, sqliteTable)}}, {Key: "ok", Value: 1.0}}), sqliteTable, false},
+		{"another SQLite error", doc(bson.D{{Key: "ok", Value: 0.0}, {Key: "errmsg", Value: "SQL logic error: no such table: t (1)"}}), "", false},
 		{"a write error naming an orphaned table", doc(bson.D{{Key: "n", Value: 0}, {Key: "writeErrors", Value: bson.A{werr(1, table)}}, {Key: "ok", Value: 1.0}}), table, false},
 		{"an orphaned index", doc(bson.D{{Key: "n", Value: 0}, {Key: "writeErrors", Value: bson.A{werr(1, index)}}, {Key: "ok", Value: 1.0}}), index, true},
 		{"after another write error", doc(bson.D{{Key: "n", Value: 0}, {Key: "writeErrors", Value: bson.A{werr(11000, "E11000 duplicate key"), werr(1, table)}}, {Key: "ok", Value: 1.0}}), table, false},

@@ -2,6 +2,7 @@ package backend
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -218,6 +219,62 @@ func (u *Upstream) SQL(stmts string) (string, error) {
 		return "", fmt.Errorf("psql %q: %v\n%s", stmts, err, out)
 	}
 	return string(out), nil
+}
+
+// SQLite runs query, then stmts (each a statement of its own, run in
+// order), in the SQLite database of db of a stopped embedded or ferretdb
+// upstream, for tests that make by hand a state its files can be left in;
+// it returns the rows of query (nil for ""), each a row's columns joined
+// by "|".
+func (u *Upstream) SQLite(db, query string, stmts ...string) ([]string, error) {
+	dir := u.dir
+	if u.Kind == KindFerretDB {
+		dir = u.FerretDB.dir
+	}
+	if dir == "" || u.Kind == KindPostgreSQL {
+		return nil, fmt.Errorf("SQLite: a %s upstream has no SQLite files", u.Kind)
+	}
+	if !u.stopped {
+		return nil, errors.New("SQLite: stop the upstream first")
+	}
+	sdb, err := sql.Open("sqlite", "file:"+filepath.Join(dir, db+".sqlite")+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		return nil, err
+	}
+	defer sdb.Close()
+	var out []string
+	if query != "" {
+		rows, err := sdb.Query(query)
+		if err != nil {
+			return nil, fmt.Errorf("SQLite %q: %w", query, err)
+		}
+		defer rows.Close()
+		cols, _ := rows.Columns()
+		for rows.Next() {
+			vals := make([]sql.NullString, len(cols))
+			ptrs := make([]any, len(cols))
+			for i := range vals {
+				ptrs[i] = &vals[i]
+			}
+			if err := rows.Scan(ptrs...); err != nil {
+				return nil, err
+			}
+			parts := make([]string, len(vals))
+			for i, v := range vals {
+				parts[i] = v.String
+			}
+			out = append(out, strings.Join(parts, "|"))
+		}
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+	}
+	for _, st := range stmts {
+		if _, err := sdb.Exec(st); err != nil {
+			return nil, fmt.Errorf("SQLite %q: %w", st, err)
+		}
+	}
+	return out, nil
 }
 
 // Close stops everything Start started and removes its data.

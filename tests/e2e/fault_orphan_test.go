@@ -14,20 +14,20 @@ import (
 	"github.com/tsproxy/tsproxy/tests/backend"
 )
 
-// TestStageOrphanedStagingTable: FerretDB v1.24 on PostgreSQL creates a
-// collection's table and its catalog entry in two statements; killed
-// between them, it leaves a table that it no longer knows of and cannot
-// create again, and every insert of the rule failed from then on
-// (TestFaultUpstreamRestart met it in CI: "relation ... already exists
-// (SQLSTATE 42P07)" on every insert after the restart). The test makes
-// that state by hand: it deletes the catalog entry of the proxy's open
-// staging collection and its table's index, and restarts FerretDB. The proxy must then move its
-// staging to collections of a new name: the next insert is acknowledged
-// at its first attempt, and every event sent after it is found once.
+// TestStageOrphanedStagingTable: FerretDB v1.24 creates a collection's
+// table and its catalog entry in two statements, on PostgreSQL and on
+// SQLite alike; killed between them, it leaves a table that it no longer
+// knows of and cannot create again, and every insert of the rule failed
+// from then on (TestFaultUpstreamRestart met it in CI on PostgreSQL:
+// "relation ... already exists (SQLSTATE 42P07)" on every insert after
+// the restart). The test makes that state by hand: it deletes the catalog
+// entry of the proxy's open staging collection and its table's indexes,
+// and restarts FerretDB. The proxy must then move its staging to
+// collections of a new name: the next insert is acknowledged at its first
+// attempt, and every event sent after it is found once. (The embedded
+// upstream is FerretDB in the proxy's process: a crash of the proxy
+// leaves the same.)
 func TestStageOrphanedStagingTable(t *testing.T) {
-	if env.kind != backend.KindPostgreSQL {
-		t.Skip("FerretDB on PostgreSQL only: its collection create is two statements")
-	}
 	f := newCatalogFixture(t)
 	up, db, p, ctx, coll, base := f.up, f.db, f.p, f.ctx, f.coll, f.base
 
@@ -53,15 +53,7 @@ func TestStageOrphanedStagingTable(t *testing.T) {
 	// of its create would: its table stays, without the `_id` index the
 	// third makes.
 	up.Stop()
-	table, err := up.SQL(fmt.Sprintf(`SELECT _jsonb->>'table' FROM "%s"._ferretdb_database_metadata WHERE _jsonb->>'_id' = '%s'`, db, open[0]))
-	if table = strings.TrimSpace(table); err != nil || table == "" {
-		t.Fatalf("the staging collection's table: %q, %v", table, err)
-	}
-	if _, err := up.SQL(fmt.Sprintf(`DELETE FROM "%s"._ferretdb_database_metadata WHERE _jsonb->>'_id' = '%s'; `+
-		`DO $$ DECLARE i text; BEGIN FOR i IN SELECT indexname FROM pg_indexes WHERE schemaname = '%s' AND tablename = '%s' LOOP `+
-		`EXECUTE format('DROP INDEX %%I.%%I', '%s', i); END LOOP; END $$`, db, open[0], db, table, db)); err != nil {
-		t.Fatal(err)
-	}
+	orphanTable(t, up, db, open[0])
 	if err := up.Restart(); err != nil {
 		t.Fatalf("restart the upstream: %v", err)
 	}
@@ -467,5 +459,38 @@ func TestRetentionLostPartition(t *testing.T) {
 	})
 	if _, err := readings.EstimatedDocumentCount(ctx); err != nil {
 		t.Fatalf("estimatedDocumentCount: %v", err)
+	}
+}
+
+// orphanTable deletes the catalog entry of collection coll of db and its
+// table's indexes, in a stopped upstream's storage.
+func orphanTable(t *testing.T, up *backend.Upstream, db, coll string) {
+	t.Helper()
+	if up.Kind == backend.KindPostgreSQL {
+		table, err := up.SQL(fmt.Sprintf(`SELECT _jsonb->>'table' FROM "%s"._ferretdb_database_metadata WHERE _jsonb->>'_id' = '%s'`, db, coll))
+		if table = strings.TrimSpace(table); err != nil || table == "" {
+			t.Fatalf("the table of %s: %q, %v", coll, table, err)
+		}
+		if _, err := up.SQL(fmt.Sprintf(`DELETE FROM "%s"._ferretdb_database_metadata WHERE _jsonb->>'_id' = '%s'; `+
+			`DO $$ DECLARE i text; BEGIN FOR i IN SELECT indexname FROM pg_indexes WHERE schemaname = '%s' AND tablename = '%s' LOOP `+
+			`EXECUTE format('DROP INDEX %%I.%%I', '%s', i); END LOOP; END $$`, db, coll, db, table, db)); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	tables, err := up.SQLite(db, fmt.Sprintf(`SELECT table_name FROM _ferretdb_collections WHERE name = '%s'`, coll))
+	if err != nil || len(tables) != 1 {
+		t.Fatalf("the table of %s: %v, %v", coll, tables, err)
+	}
+	indexes, err := up.SQLite(db, fmt.Sprintf(`SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = '%s' AND sql IS NOT NULL`, tables[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stmts := []string{fmt.Sprintf(`DELETE FROM _ferretdb_collections WHERE name = '%s'`, coll)}
+	for _, i := range indexes {
+		stmts = append(stmts, fmt.Sprintf(`DROP INDEX "%s"`, i))
+	}
+	if _, err := up.SQLite(db, "", stmts...); err != nil {
+		t.Fatal(err)
 	}
 }
