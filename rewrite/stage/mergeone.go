@@ -1,6 +1,7 @@
 package stage
 
 import (
+	"bytes"
 	"fmt"
 	"slices"
 
@@ -234,7 +235,10 @@ func splitRetired(docs []bsoncore.Document) (plan *mergePlan, staged []bsoncore.
 	// collection lacked its unique _id index, which FerretDB on
 	// PostgreSQL leaves out when it is killed between creating a
 	// collection and its index (orphan.go). Merged once.
-	staged = slices.CompactFunc(staged, func(a, b bsoncore.Document) bool { return idKey(a) == idKey(b) })
+	staged = slices.CompactFunc(staged, func(a, b bsoncore.Document) bool {
+		x, y := a.Lookup("_id"), b.Lookup("_id")
+		return x.Type == y.Type && bytes.Equal(x.Data, y.Data)
+	})
 	return plan, staged, markers, nil
 }
 
