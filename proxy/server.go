@@ -63,6 +63,13 @@ type Options struct {
 	// point reads and updates by _id index lookups (see
 	// upstream.Embedded.IndexIDs). Other upstreams need nothing.
 	IndexIDs func(ctx context.Context, db, coll string) error
+	// DropOrphanedTable, when set, drops table from db's storage if the
+	// upstream's catalog names no collection stored there, and says
+	// whether it did: the embedded upstream's mend for a collection whose
+	// create a crash cut after its table (upstream.Embedded.
+	// DropOrphanedTable), which no create of that name gets past. Merges
+	// use it (orphans.go). Other upstreams offer none.
+	DropOrphanedTable func(ctx context.Context, db, table string) (bool, error)
 	// WriterLease is how long a writer lease lasts without renewal, on
 	// upstreams whose updates are not isolated (0: 30s; see
 	// writer_lease.go).

@@ -347,6 +347,9 @@ func (s *Server) runMergeLocked(r stepRunner, up lease.Commander, rule *rules.Ru
 	if !opts.Guest {
 		opts.InsertStreams = mergeInsertStreams
 		r = parallelRunner{r: r, helpers: s.helpers}
+		if s.opts.DropOrphanedTable != nil {
+			r = orphanMender{r: r, s: s}
+		}
 	}
 	if !opts.Guest && caps.SingleWriter {
 		// Every step of the holder's merge runs under the writer lease,

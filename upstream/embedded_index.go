@@ -67,3 +67,45 @@ func (e *Embedded) sqlite(db string) (*sql.DB, error) {
 }
 
 func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+
+// DropOrphanedTable drops table from db's storage when FerretDB's catalog
+// names no collection stored in it, and says whether it did. FerretDB
+// v1.24 creates a collection's table and then its catalog entry in two
+// statements: a crash between them (of the proxy, whose process the
+// embedded upstream runs in) leaves a table that every later create of
+// that collection meets ("table ... already exists"), for good. The check
+// and the drop are one transaction, so FerretDB cannot record the table
+// in between.
+func (e *Embedded) DropOrphanedTable(ctx context.Context, db, table string) (bool, error) {
+	sdb, err := e.sqlite(db)
+	if err != nil {
+		return false, err
+	}
+	defer sdb.Close()
+	tx, err := sdb.BeginTx(ctx, nil)
+	if err != nil {
+		return false, fmt.Errorf("embedded upstream: orphaned table %s of %s: %w", table, db, err)
+	}
+	defer func() { _ = tx.Rollback() }() // after Commit, a no-op
+	var named int
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM "_ferretdb_collections" WHERE table_name = ?`, table).Scan(&named); err != nil {
+		return false, fmt.Errorf("embedded upstream: orphaned table %s of %s: %w", table, db, err)
+	}
+	if named > 0 || strings.HasPrefix(table, "_ferretdb_") {
+		return false, nil
+	}
+	var exists int
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?`, table).Scan(&exists); err != nil {
+		return false, fmt.Errorf("embedded upstream: orphaned table %s of %s: %w", table, db, err)
+	}
+	if exists == 0 {
+		return false, nil
+	}
+	if _, err := tx.ExecContext(ctx, `DROP TABLE `+quoteIdent(table)); err != nil {
+		return false, fmt.Errorf("embedded upstream: drop orphaned table %s of %s: %w", table, db, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return false, fmt.Errorf("embedded upstream: drop orphaned table %s of %s: %w", table, db, err)
+	}
+	return true, nil
+}

@@ -139,6 +139,7 @@ func withEnv(us upstreamSpec, rs []rules.Rule, f func(*benchEnv) error) error {
 	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	e := &benchEnv{upstreamURI: us.uri}
 	var indexIDs func(context.Context, string, string) error
+	var dropOrphanedTable func(context.Context, string, string) (bool, error)
 	if us.uri == "" {
 		up, err := backend.Start(us.kind, backend.Options{Logger: quiet, DurablePostgres: us.durablePG})
 		if err != nil {
@@ -148,13 +149,14 @@ func withEnv(us upstreamSpec, rs []rules.Rule, f func(*benchEnv) error) error {
 		e.upstreamURI = up.URI()
 		indexIDs = up.IndexIDs()
 		e.indexIDs = indexIDs
+		dropOrphanedTable = up.DropOrphanedTable()
 		fmt.Printf("backend %s\n", us.name())
 	}
 	dialer, err := upstream.NewDialer(upstream.Options{URI: e.upstreamURI})
 	if err != nil {
 		return err
 	}
-	srv, err := proxy.New(proxy.Options{Dialer: dialer, Rules: rules.NewSet(rs), Logger: quiet, IndexIDs: indexIDs})
+	srv, err := proxy.New(proxy.Options{Dialer: dialer, Rules: rules.NewSet(rs), Logger: quiet, IndexIDs: indexIDs, DropOrphanedTable: dropOrphanedTable})
 	if err != nil {
 		return err
 	}

@@ -102,11 +102,13 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 }
 
 // upstreamHandle is the server the proxy forwards to: the configured URI,
-// or the embedded FerretDB started here (then with its _id index hook).
+// or the embedded FerretDB started here (then with its hooks into its
+// storage: the _id index, the mend of an orphaned table).
 type upstreamHandle struct {
-	uri      string
-	indexIDs func(context.Context, string, string) error
-	close    func()
+	uri               string
+	indexIDs          func(context.Context, string, string) error
+	dropOrphanedTable func(context.Context, string, string) (bool, error)
+	close             func()
 }
 
 func startUpstream(cfg *rules.Config, log *slog.Logger) (upstreamHandle, error) {
@@ -118,7 +120,7 @@ func startUpstream(cfg *rules.Config, log *slog.Logger) (upstreamHandle, error) 
 		return upstreamHandle{}, err
 	}
 	log.Info("embedded upstream started (FerretDB, SQLite)", "data", cfg.Upstream.DataDir, "addr", emb.Addr())
-	return upstreamHandle{uri: emb.URI(), indexIDs: emb.IndexIDs, close: func() { emb.Close() }}, nil
+	return upstreamHandle{uri: emb.URI(), indexIDs: emb.IndexIDs, dropOrphanedTable: emb.DropOrphanedTable, close: func() { emb.Close() }}, nil
 }
 
 func newServer(cfg *rules.Config, up upstreamHandle, tel *telemetrySetup, log *slog.Logger) (*proxy.Server, *tls.Config, error) {
@@ -149,6 +151,8 @@ func newServer(cfg *rules.Config, up upstreamHandle, tel *telemetrySetup, log *s
 		Logger:          log,
 		Tracing:         tel.tracing,
 		IndexIDs:        up.indexIDs,
+
+		DropOrphanedTable: up.dropOrphanedTable,
 
 		CreateTimeseries: cfg.CreateTimeseries,
 	})

@@ -141,7 +141,8 @@ func startMigrationProxy(ctx context.Context, cfg *rules.Config, log *slog.Logge
 	// migration beside a running proxy that writes the same rule is
 	// refused clearly on upstreams that need a single writer.
 	host, _ := os.Hostname()
-	srv, err := proxy.New(proxy.Options{Dialer: dialer, Rules: cfg.RuleSet(), Logger: log, IndexIDs: indexIDs, WriterID: host + "/tsproxy migrate"})
+	srv, err := proxy.New(proxy.Options{Dialer: dialer, Rules: cfg.RuleSet(), Logger: log, IndexIDs: indexIDs,
+		DropOrphanedTable: up.handle.dropOrphanedTable, WriterID: host + "/tsproxy migrate"})
 	if err != nil {
 		return fail(err)
 	}

@@ -47,6 +47,9 @@ func isOrphanedError(msg string) bool {
 // be created because a relation of its name outlived FerretDB's entry.
 type Orphan struct {
 	Message string // the upstream's error
+	// Relation is the orphaned table's or index's name ("" when the
+	// message does not give it).
+	Relation string
 	// Index: the relation is an index, which a collection of another
 	// name meets as well, until the one it belongs to is dropped.
 	Index bool
@@ -80,15 +83,22 @@ func OrphanedCollection(reply []byte) (Orphan, bool) {
 	return Orphan{}, false
 }
 
-// orphanOf reads which relation msg names: `relation "<name>" already
-// exists`, an index when its name ends as FerretDB ends index names.
+// orphanOf reads which relation msg names: PostgreSQL's `relation
+// "<name>" already exists`, SQLite's `table "<name>" already exists`; an
+// index when its name ends as FerretDB on PostgreSQL ends index names.
 func orphanOf(msg string) Orphan {
 	o := Orphan{Message: msg}
-	const before, after = `relation "`, `" already exists`
-	if i := strings.Index(msg, before); i >= 0 {
-		if j := strings.Index(msg[i+len(before):], after); j >= 0 {
-			o.Index = strings.HasSuffix(msg[i+len(before):i+len(before)+j], "_idx")
+	const after = `" already exists`
+	for _, before := range []string{`relation "`, `table "`} {
+		i := strings.Index(msg, before)
+		if i < 0 {
+			continue
 		}
+		if j := strings.Index(msg[i+len(before):], after); j >= 0 {
+			o.Relation = msg[i+len(before) : i+len(before)+j]
+			o.Index = before == `relation "` && strings.HasSuffix(o.Relation, "_idx")
+		}
+		break
 	}
 	return o
 }

@@ -20,6 +20,11 @@ func TestOrphanedCollection(t *testing.T) {
 	// alike), in the same test.
 	const sqliteTable = `[msg_insert.go:168 handler.(*Handler).MsgInsert] [collection.go:105 sqlite.(*collection).InsertAll] ` +
 		`[registry.go:294 metadata.(*Registry).collectionCreate] SQL logic error: table "tsproxy_stage_9ab64090d36e_1798761600000_pe735ece0_1795828877873_cd830b22" already exists (1)`
+	relations := map[string]string{
+		table:       "tsproxy_stage__ab_pb__fced_48db649f",
+		index:       "tsproxy_stage__ab_____d__e______id__67399184_idx",
+		sqliteTable: "tsproxy_stage_9ab64090d36e_1798761600000_pe735ece0_1795828877873_cd830b22",
+	}
 	werr := func(code int, msg string) bson.D {
 		return bson.D{{Key: "index", Value: 0}, {Key: "code", Value: code}, {Key: "errmsg", Value: msg}}
 	}
@@ -46,6 +51,9 @@ func TestOrphanedCollection(t *testing.T) {
 		o, ok := stage.OrphanedCollection(tc.reply)
 		if ok != (tc.want != "") || o.Message != tc.want || o.Index != tc.index {
 			t.Errorf("%s: OrphanedCollection = %+v, %v; want %q (index %v)", tc.name, o, ok, tc.want, tc.index)
+		}
+		if want := relations[tc.want]; o.Relation != want {
+			t.Errorf("%s: relation %q, want %q", tc.name, o.Relation, want)
 		}
 	}
 }

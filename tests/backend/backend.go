@@ -151,6 +151,18 @@ func (u *Upstream) URI() string { return "mongodb://" + u.addr + "/" }
 // Addr is its host:port.
 func (u *Upstream) Addr() string { return u.addr }
 
+// DropOrphanedTable is the proxy's hook for the embedded upstream's mend
+// of an orphaned table (proxy.Options.DropOrphanedTable); nil on the other
+// kinds. It calls the upstream of the moment: Restart replaces it.
+func (u *Upstream) DropOrphanedTable() func(ctx context.Context, db, table string) (bool, error) {
+	if u.Kind != KindEmbedded {
+		return nil
+	}
+	return func(ctx context.Context, db, table string) (bool, error) {
+		return u.Embedded.DropOrphanedTable(ctx, db, table)
+	}
+}
+
 // IndexIDs is the proxy's hook for the embedded upstream's _id index; nil
 // on the other kinds, which need none.
 func (u *Upstream) IndexIDs() func(ctx context.Context, db, coll string) error {

@@ -135,6 +135,7 @@ func startProxy(t testing.TB, po proxyOptions) *testProxy {
 	}
 	if env.emb != nil && po.upstreamURI == "" {
 		opts.IndexIDs = env.emb.IndexIDs
+		opts.DropOrphanedTable = env.emb.DropOrphanedTable
 	}
 	if po.edit != nil {
 		po.edit(&opts)
