@@ -18,8 +18,8 @@ import (
 // records and its event-id index have one name each: their first merge,
 // cut there, left every later merge of the rule failing, and every read
 // with it. A command so answered stored nothing (the create comes before
-// any write), so once the orphaned table is dropped it is sent again,
-// alone.
+// any write; mend checks that it says so), so once the orphaned table is
+// dropped it is sent again, alone.
 type orphanMender struct {
 	r stepRunner
 	s *Server
@@ -47,7 +47,7 @@ func (m orphanMender) runStep(step rewrite.Step) ([][]byte, error) {
 // and says whether u may be sent again.
 func (m orphanMender) mend(u rewrite.Upstream, reply []byte) bool {
 	orphan, ok := stage.OrphanedCollection(reply)
-	if !ok || orphan.Index || orphan.Relation == "" {
+	if !ok || orphan.Index || orphan.Relation == "" || !storedNothing(reply) {
 		return false
 	}
 	db, _ := bson.Raw(u.Body).Lookup("$db").StringValueOK()

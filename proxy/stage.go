@@ -117,7 +117,7 @@ func (c *conn) stagedInsert(req *request, rule *rules.Rule) error {
 // mendOrphanedStaging handles reply, a staged insert's, when it says the
 // upstream cannot create one of the rule's staging collections because a
 // relation of that name outlived FerretDB's record of it
-// (stage.OrphanedCollection: FerretDB on PostgreSQL killed while it
+// (stage.OrphanedCollection: FerretDB, on PostgreSQL or SQLite, killed while it
 // created a collection). It says whether the insert may run again, only
 // ever when it stored nothing, since an insert without a session gets new
 // _ids when it is planned again.
@@ -148,12 +148,13 @@ func (c *conn) mendOrphanedStaging(rule *rules.Rule, caps caps.Upstream, reply [
 	}
 	old := c.s.stager(rule, caps)
 	c.s.merges.nextGen(rule.Namespace, time.Now())
-	c.log.Warn("staging: the upstream cannot create a staging collection (its table outlived FerretDB's catalog entry, as a FerretDB on PostgreSQL killed while creating it leaves it); staging moves to collections of a new name, and the table named below can be dropped in PostgreSQL",
+	c.log.Warn("staging: the upstream cannot create a staging collection (its table outlived FerretDB's catalog entry, as a FerretDB killed while creating it leaves it, on PostgreSQL or SQLite); staging moves to collections of a new name, and the table named below can be dropped (in PostgreSQL, or in the database's SQLite file)",
 		"rule", rule.Namespace, "generation", old.Gen, "err", orphan.Message)
 	return true
 }
 
-// storedNothing says whether reply, a staged insert's, stored no document.
+// storedNothing says whether reply, an insert's (or another write's that
+// reports n), stored no document.
 func storedNothing(reply []byte) bool {
 	if !mongoerr.IsOK(reply) {
 		return true // the command failed whole
