@@ -53,6 +53,11 @@ func (s *Server) mergeLoop(ctx context.Context, rule *rules.Rule) {
 			var held *lease.HeldError
 			if !errors.As(err, &held) { // another proxy merges this rule
 				s.log.Warn("staging: background merge failed; will retry", "rule", rule.Namespace, "err", err.Error())
+				if o, ok := stage.OrphanedIn(err.Error()); ok && o.Index {
+					// No retry gets past it (orphans.go mends tables only).
+					s.log.Error("staging: the upstream cannot create a collection the merge writes: FerretDB (on PostgreSQL, killed while it created another collection) did not record that one's index, and gives its name to this one's; renaming the index in PostgreSQL (ALTER INDEX \"<database>\".\"<index>\" RENAME TO ...) frees the name, its collection keeping it",
+						"rule", rule.Namespace, "index", o.Relation)
+				}
 			}
 		}
 	}

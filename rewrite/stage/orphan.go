@@ -83,6 +83,15 @@ func OrphanedCollection(reply []byte) (Orphan, bool) {
 	return Orphan{}, false
 }
 
+// OrphanedIn reads an error message as OrphanedCollection reads a reply's:
+// whether it names a relation that outlived FerretDB's record of it.
+func OrphanedIn(msg string) (Orphan, bool) {
+	if !isOrphanedError(msg) {
+		return Orphan{}, false
+	}
+	return orphanOf(msg), true
+}
+
 // orphanOf reads which relation msg names: PostgreSQL's `relation
 // "<name>" already exists`, SQLite's `table "<name>" already exists`; an
 // index when its name ends as FerretDB on PostgreSQL ends index names.

@@ -56,4 +56,11 @@ func TestOrphanedCollection(t *testing.T) {
 			t.Errorf("%s: relation %q, want %q", tc.name, o.Relation, want)
 		}
 	}
+	// A merge's error, wrapped as the merge wraps it.
+	if o, ok := stage.OrphanedIn("merge iot.readings: insert buckets: " + index); !ok || !o.Index || o.Relation != relations[index] {
+		t.Errorf("OrphanedIn(a wrapped index error) = %+v, %v", o, ok)
+	}
+	if o, ok := stage.OrphanedIn("merge iot.readings: read x: ERROR: disk full (SQLSTATE 53100)"); ok {
+		t.Errorf("OrphanedIn(another error) = %+v, %v", o, ok)
+	}
 }
