@@ -124,7 +124,7 @@ func (s *Server) mergeOnce(up *upstream.Conn, rule *rules.Rule) (stage.Stats, er
 			if err != nil {
 				return st, upstreamFailure{err: err}
 			}
-			if !mongoerr.IsOK(res.Reply) && mongoerr.DroppedUnderQuery(mongoerr.ReplyError(res.Reply)) {
+			if mongoerr.DroppedUnderQueryReply(res.Reply) {
 				// Its table lost (rewrite/stage/lost.go): it would be a
 				// request forever, and the rule never idle.
 				if _, err := drive(runner, rewrite.Passthrough(stage.SetAsideCommand(rule, name), nil)); err != nil {

@@ -66,3 +66,13 @@ func (m orphanMender) mend(u rewrite.Upstream, reply []byte) bool {
 	}
 	return dropped
 }
+
+// orphanLogDue says whether the warning about key (Server.orphanLog) was
+// not logged within every, and if so takes it as logged now.
+func (s *Server) orphanLogDue(key string, every time.Duration) bool {
+	if last, ok := s.orphanLog.Load(key); ok && time.Since(last.(time.Time)) < every {
+		return false
+	}
+	s.orphanLog.Store(key, time.Now())
+	return true
+}

@@ -132,8 +132,11 @@ func (c *conn) stagedInsert(req *request, rule *rules.Rule) error {
 // holds read-locked, is released meanwhile: the flush's freeze takes
 // it).
 func (c *conn) mendOrphanedStaging(rule *rules.Rule, caps caps.Upstream, reply []byte, inflight *sync.RWMutex) bool {
+	if !caps.SingleWriter {
+		return false
+	}
 	orphan, ok := stage.OrphanedCollection(reply)
-	if !caps.SingleWriter || !ok || !storedNothing(reply) {
+	if !ok || !storedNothing(reply) {
 		return false
 	}
 	if orphan.Index {
@@ -173,10 +176,9 @@ func (c *conn) logOrphanedIndex(rule *rules.Rule, reply []byte) {
 	if !ok || !orphan.Index {
 		return
 	}
-	if last, ok := c.s.orphanLog.Load(rule.Namespace); ok && time.Since(last.(time.Time)) < time.Minute {
+	if !c.s.orphanLogDue(rule.Namespace, time.Minute) {
 		return
 	}
-	c.s.orphanLog.Store(rule.Namespace, time.Now())
 	c.log.Error("staging: the upstream cannot create staging collections: FerretDB (on PostgreSQL, killed while it created a collection) did not record the index named below, and gives its name to every new staging collection of the rule; a merge of the collection it belongs to frees the name, and renaming the index in PostgreSQL (ALTER INDEX \"<database>\".\"<index>\" RENAME TO ...) frees it at once, its collection keeping it",
 		"rule", rule.Namespace, "err", orphan.Message)
 }

@@ -249,7 +249,7 @@ func (s *Server) retainBuckets(up *upstream.Conn, rule *rules.Rule, e rollup.Exp
 		}
 		if rule.PartitionExpired(c.Start, now) {
 			res, err := drive(upRunner{up: up}, rewrite.Passthrough(source.DropCommand(rule.DB, c.Name), nil))
-			if err == nil && !mongoerr.IsOK(res.Reply) && mongoerr.DroppedUnderQuery(mongoerr.ReplyError(res.Reply)) {
+			if err == nil && mongoerr.DroppedUnderQueryReply(res.Reply) {
 				// A drop of it cut between its two statements on
 				// FerretDB over PostgreSQL left a catalog entry without
 				// a table, which FerretDB can never drop: retention goes
@@ -282,11 +282,9 @@ func (s *Server) retainBuckets(up *upstream.Conn, rule *rules.Rule, e rollup.Exp
 // logLostPartition logs, once an hour per partition, an expired partition
 // whose table FerretDB on PostgreSQL lost (killed while dropping it).
 func (s *Server) logLostPartition(rule *rules.Rule, coll string, reply []byte) {
-	key := rule.DB + "." + coll
-	if last, ok := s.orphanLog.Load(key); ok && time.Since(last.(time.Time)) < time.Hour {
+	if !s.orphanLogDue(rule.DB+"."+coll, time.Hour) {
 		return
 	}
-	s.orphanLog.Store(key, time.Now())
 	s.log.Warn("retention: an expired partition cannot be dropped: its table is gone but FerretDB's catalog still lists it (FerretDB on PostgreSQL killed while dropping it); reads that reach it fail until its entry is deleted from PostgreSQL's _ferretdb_database_metadata",
 		"rule", rule.Namespace, "collection", coll, "err", mongoerr.ReplyError(reply).Error())
 }

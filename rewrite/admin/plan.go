@@ -322,7 +322,7 @@ func DropStaging(rule *rules.Rule) rewrite.Plan {
 				// A collection whose table FerretDB on PostgreSQL lost
 				// (rewrite/stage/lost.go) holds nothing and can never be
 				// dropped: not a failure.
-				if !mongoerr.IsOK(r) && !mongoerr.DroppedUnderQuery(mongoerr.ReplyError(r)) {
+				if !mongoerr.IsOK(r) && !mongoerr.DroppedUnderQueryReply(r) {
 					failed = append(failed, names[i])
 				}
 			}

@@ -40,7 +40,7 @@ func emptyIfLost(body []byte, rule *rules.Rule, res rewrite.Result) rewrite.Resu
 // lostTable says whether res is the error reply of a read that met a
 // collection without its table.
 func lostTable(res rewrite.Result) bool {
-	return res.Cursor == nil && res.Reply != nil && !mongoerr.IsOK(res.Reply) && mongoerr.DroppedUnderQuery(mongoerr.ReplyError(res.Reply))
+	return res.Cursor == nil && res.Reply != nil && mongoerr.DroppedUnderQueryReply(res.Reply)
 }
 
 // emptyReply is the reply of a read of no events: body's command on

@@ -161,7 +161,7 @@ func (p *plan) droppedUnder(replies [][]byte) bool {
 		return false
 	}
 	for _, r := range replies {
-		if !mongoerr.IsOK(r) && mongoerr.DroppedUnderQuery(mongoerr.ReplyError(r)) {
+		if mongoerr.DroppedUnderQueryReply(r) {
 			p.rereads++
 			return true
 		}

@@ -109,3 +109,10 @@ func DroppedUnderQuery(err error) bool {
 	var e *Error
 	return errors.As(err, &e) && e.Code == InternalError && strings.Contains(e.Msg, "(SQLSTATE 42P01)")
 }
+
+// DroppedUnderQueryReply is DroppedUnderQuery of reply's error (false for
+// a success): the same answer also says that a collection's drop was cut
+// between its two statements, leaving an entry without a table.
+func DroppedUnderQueryReply(reply bsoncore.Document) bool {
+	return !IsOK(reply) && DroppedUnderQuery(ReplyError(reply))
+}

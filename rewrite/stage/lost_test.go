@@ -156,17 +156,3 @@ func TestMergeTwoAttemptsOfAWrite(t *testing.T) {
 	}
 	checkStoredOnce(t, m, 5)
 }
-
-// checkStoredOnce checks that m's buckets hold want events, each once.
-func checkStoredOnce(t *testing.T, m *mem, want int) {
-	t.Helper()
-	stored := storedEvents(t, m)
-	if len(stored) != want {
-		t.Errorf("%d events stored, want %d", len(stored), want)
-	}
-	for id, n := range stored {
-		if n != 1 {
-			t.Errorf("event %s stored %d times", id, n)
-		}
-	}
-}

@@ -121,11 +121,7 @@ func TestStageGhostRetiredCollection(t *testing.T) {
 	prefix := open[0][:len("tsproxy_stage_")+13]
 	ghostRequest := prefix + "flush_" + bson.NewObjectIDFromTimestamp(time.Now().Add(-time.Hour)).Hex()
 	for i, name := range []string{ghost, ghostRequest} {
-		if _, err := up.SQL(fmt.Sprintf(`INSERT INTO "%[1]s"._ferretdb_database_metadata (_jsonb) `+
-			`SELECT jsonb_set(jsonb_set(_jsonb, '{_id}', to_jsonb('%[3]s'::text)), '{table}', to_jsonb('tsproxy_gone_table_%[4]d'::text)) `+
-			`FROM "%[1]s"._ferretdb_database_metadata WHERE _jsonb->>'_id' = '%[2]s'`, db, open[0], name, i)); err != nil {
-			t.Fatal(err)
-		}
+		ghostEntry(t, up, db, open[0], name, fmt.Sprintf("tsproxy_gone_table_%d", i))
 	}
 	if err := up.Restart(); err != nil {
 		t.Fatalf("restart the upstream: %v", err)
@@ -339,18 +335,7 @@ func TestRetentionLostPartition(t *testing.T) {
 	ctx := ctxFor(t)
 	partitions := func() []string {
 		t.Helper()
-		names, err := connect(t, up.URI()).Database(db).ListCollectionNames(ctx, bson.D{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var out []string
-		for _, n := range names {
-			if strings.HasPrefix(n, "readings.buckets_") {
-				out = append(out, n)
-			}
-		}
-		slices.Sort(out)
-		return out
+		return partitionNamesIn(t, ctx, connect(t, up.URI()), db)
 	}
 
 	now := time.Now().UTC()
@@ -384,11 +369,7 @@ func TestRetentionLostPartition(t *testing.T) {
 
 	up.Stop()
 	lost := "readings.buckets_" + oldest.AddDate(0, -3, 0).Format("2006_01")
-	if _, err := up.SQL(fmt.Sprintf(`INSERT INTO "%[1]s"._ferretdb_database_metadata (_jsonb) `+
-		`SELECT jsonb_set(jsonb_set(_jsonb, '{_id}', to_jsonb('%[3]s'::text)), '{table}', to_jsonb('tsproxy_gone_partition'::text)) `+
-		`FROM "%[1]s"._ferretdb_database_metadata WHERE _jsonb->>'_id' = '%[2]s'`, db, before[0], lost)); err != nil {
-		t.Fatal(err)
-	}
+	ghostEntry(t, up, db, before[0], lost, "tsproxy_gone_partition")
 	if err := up.Restart(); err != nil {
 		t.Fatalf("restart the upstream: %v", err)
 	}
@@ -540,5 +521,18 @@ func (f *catalogFixture) insertAndFlush(evs []sentEvent) {
 	}
 	if err := flushAt(f.p.addr); err != nil {
 		f.t.Fatalf("flush: %v", err)
+	}
+}
+
+// ghostEntry adds to a stopped PostgreSQL upstream's catalog an entry for
+// collection name of db whose table (named table) does not exist, as a
+// drop cut between its two statements leaves it: a copy of collection
+// from's entry with another name and table.
+func ghostEntry(t *testing.T, up *backend.Upstream, db, from, name, table string) {
+	t.Helper()
+	if _, err := up.SQL(fmt.Sprintf(`INSERT INTO "%[1]s"._ferretdb_database_metadata (_jsonb) `+
+		`SELECT jsonb_set(jsonb_set(_jsonb, '{_id}', to_jsonb('%[3]s'::text)), '{table}', to_jsonb('%[4]s'::text)) `+
+		`FROM "%[1]s"._ferretdb_database_metadata WHERE _jsonb->>'_id' = '%[2]s'`, db, from, name, table)); err != nil {
+		t.Fatal(err)
 	}
 }

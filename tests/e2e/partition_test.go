@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
 
@@ -55,7 +56,13 @@ func partEvents(n int, base time.Time) []bson.D {
 // partitionNames lists the partition collections of db.readings upstream.
 func partitionNames(t *testing.T, ctx context.Context, db string) []string {
 	t.Helper()
-	names, err := direct(t).Database(db).ListCollectionNames(ctx, bson.D{})
+	return partitionNamesIn(t, ctx, direct(t), db)
+}
+
+// partitionNamesIn is partitionNames on the upstream c (a test's own).
+func partitionNamesIn(t *testing.T, ctx context.Context, c *mongo.Client, db string) []string {
+	t.Helper()
+	names, err := c.Database(db).ListCollectionNames(ctx, bson.D{})
 	if err != nil {
 		t.Fatal(err)
 	}
