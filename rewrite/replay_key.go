@@ -2,6 +2,7 @@ package rewrite
 
 import (
 	"fmt"
+	"strconv"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 
@@ -72,16 +73,21 @@ func RetryKeyOf(body bsoncore.Document) (key RetryKey, ok bool, err error) {
 		return RetryKey{}, false, &mongoerr.Error{Code: mongoerr.InvalidOptions,
 			Msg: fmt.Sprintf("lsid.id must be binary (a UUID), not %s", id.Type)}
 	}
-	session := fmt.Sprintf("%d:%s\x00", len(idBytes), idBytes)
+	// "<len(id)>:<id>\x00", or "<len(id)>:<id>\x01<uid>" with a uid; built
+	// without fmt, as every retryable write computes it.
+	session := strconv.AppendInt(make([]byte, 0, 4+len(idBytes)), int64(len(idBytes)), 10)
+	session = append(append(session, ':'), idBytes...)
 	if uid, err := doc.LookupErr("uid"); err == nil {
 		_, uidBytes, isBin := uid.BinaryOK()
 		if !isBin {
 			return RetryKey{}, false, &mongoerr.Error{Code: mongoerr.InvalidOptions,
 				Msg: fmt.Sprintf("lsid.uid must be binary, not %s", uid.Type)}
 		}
-		session = fmt.Sprintf("%d:%s\x01%s", len(idBytes), idBytes, uidBytes)
+		session = append(append(session, 1), uidBytes...)
+	} else {
+		session = append(session, 0)
 	}
-	return RetryKey{Session: session, TxnNumber: n, id: string(idBytes)}, true, nil
+	return RetryKey{Session: string(session), TxnNumber: n, id: string(idBytes)}, true, nil
 }
 
 // ReplyRecordable says whether a reply to a retryable write is the

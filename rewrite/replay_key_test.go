@@ -81,6 +81,15 @@ func TestRetryKeyOf(t *testing.T) {
 		// An id whose bytes are another key's id and uid run together.
 		"long id": session(bson.E{Key: "id", Value: bson.Binary{Subtype: 4, Data: append([]byte("0123456789abcdef\x01"), uidA.Data...)}}),
 	}
+	// The key's bytes are kept across versions: a staged write's derived
+	// _ids (stage.DerivedID) are made from them, and a retry that reaches a
+	// newer proxy must meet its first attempt's ids.
+	if want := "16:0123456789abcdef\x00"; plain != want {
+		t.Errorf("session key %q, want %q", plain, want)
+	}
+	if want := "16:0123456789abcdef\x01" + string(uidA.Data); distinct["id+uid A"] != want {
+		t.Errorf("session key with uid %q, want %q", distinct["id+uid A"], want)
+	}
 	seen := map[string]string{}
 	for name, s := range distinct {
 		if prev, dup := seen[s]; dup {

@@ -84,7 +84,14 @@ func (r *Rule) StageCollection(windowStart int64) string {
 // The names hold no dot because FerretDB renames (which a merge does,
 // rewrite/stage) only collections whose names have none.
 func (r *Rule) StagePrefix() string {
-	sum := sha256.Sum256([]byte(r.BucketCollection))
+	if r.stagePrefixOf == r.BucketCollection && r.stagePrefix != "" {
+		return r.stagePrefix
+	}
+	return stagePrefixOf(r.BucketCollection)
+}
+
+func stagePrefixOf(bucketCollection string) string {
+	sum := sha256.Sum256([]byte(bucketCollection))
 	return StagePrefix + hex.EncodeToString(sum[:6]) + "_"
 }
 

@@ -103,6 +103,12 @@ type Rule struct {
 	// timeseries option (rules/timeseries.go), is what it declared; nil on
 	// a config.yaml rule.
 	Declared *Timeseries
+
+	// stagePrefix caches StagePrefix for the bucket collection named in
+	// stagePrefixOf (NewSet fills it): every staged insert names its
+	// collection from it, and a copy of the rule given another bucket
+	// collection (a partition's) must not take it.
+	stagePrefix, stagePrefixOf string
 }
 
 // BucketNamespace is "db.bucketCollection".

@@ -68,6 +68,7 @@ func fillDefaults(r *Rule) {
 	if r.BucketCollection == "" {
 		r.BucketCollection = r.Collection + BucketCollectionSuffix
 	}
+	r.stagePrefix, r.stagePrefixOf = stagePrefixOf(r.BucketCollection), r.BucketCollection
 }
 
 // Lookup returns the rule that buckets db.coll, or nil when the namespace

@@ -128,3 +128,23 @@ func TestSetByRollupCollection(t *testing.T) {
 		}
 	}
 }
+
+// A rule's stage prefix is computed once, in NewSet, for its bucket
+// collection; a copy given another bucket collection (a partition's read,
+// rewrite/fanout) gets that collection's prefix, not the cached one.
+func TestStagePrefixCached(t *testing.T) {
+	s := NewSet([]Rule{{Namespace: "iot.readings", TimeField: "ts"}})
+	r := s.Lookup("iot", "readings")
+	if got, want := r.StagePrefix(), stagePrefixOf("readings.buckets"); got != want || r.stagePrefix != want {
+		t.Fatalf("StagePrefix = %q (cached %q), want %q", got, r.stagePrefix, want)
+	}
+	part := *r
+	part.BucketCollection = "readings.buckets.2026_03"
+	if got, want := part.StagePrefix(), stagePrefixOf("readings.buckets.2026_03"); got != want || got == r.StagePrefix() {
+		t.Errorf("a copy with another bucket collection: StagePrefix = %q, want %q", got, want)
+	}
+	byHand := Rule{BucketCollection: "readings.buckets"}
+	if got := byHand.StagePrefix(); got != r.StagePrefix() {
+		t.Errorf("a rule built by hand: StagePrefix = %q, want %q", got, r.StagePrefix())
+	}
+}

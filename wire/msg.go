@@ -240,9 +240,12 @@ func (m *Msg) Encode(dst []byte, h Header) ([]byte, error) {
 			}
 		}
 		for k, d := range s.Documents {
-			if err := checkDocPrefix(d, fmt.Sprintf("document sequence %q document %d", s.Identifier, k)); err != nil {
-				return dst, fmt.Errorf("OP_MSG: %w", err)
+			// The name is formatted for an error only: this runs for every
+			// document of every insert the proxy sends.
+			if checkDocPrefix(d, "") == nil {
+				continue
 			}
+			return dst, fmt.Errorf("OP_MSG: %w", checkDocPrefix(d, fmt.Sprintf("document sequence %q document %d", s.Identifier, k)))
 		}
 	}
 	start, dst := appendHeaderStart(dst, h, OpMsg)

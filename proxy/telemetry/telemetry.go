@@ -33,8 +33,8 @@ type Instruments struct {
 	latency  metric.Float64Histogram
 	upLat    metric.Float64Histogram
 
-	inSet, outSet metric.MeasurementOption
-	attrs         sync.Map // attrKey -> metric.MeasurementOption
+	inSet, outSet []metric.AddOption // built once, as commandOpts
+	attrs         sync.Map           // attrKey -> *commandOpts
 	// known bounds the label values of the command metrics: a client can
 	// send any command name, and each new label value costs memory
 	// forever.
@@ -71,8 +71,8 @@ func New(tracing bool, known []string) (*Instruments, error) {
 	if t.upLat, err = m.Float64Histogram("tsproxy.upstream.duration", metric.WithDescription("Time spent waiting on the upstream per command."), metric.WithUnit("s"), buckets); err != nil {
 		return nil, err
 	}
-	t.inSet = metric.WithAttributeSet(attribute.NewSet(attribute.String("direction", "in")))
-	t.outSet = metric.WithAttributeSet(attribute.NewSet(attribute.String("direction", "out")))
+	t.inSet = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("direction", "in")))}
+	t.outSet = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("direction", "out")))}
 	return t, nil
 }
 
@@ -82,10 +82,10 @@ func (t *Instruments) ConnClosed() { t.conns.Add(context.Background(), -1) }
 
 // BytesIn and BytesOut count client traffic.
 func (t *Instruments) BytesIn(n int) {
-	t.bytes.Add(context.Background(), int64(n), t.inSet)
+	t.bytes.Add(context.Background(), int64(n), t.inSet...)
 }
 func (t *Instruments) BytesOut(n int) {
-	t.bytes.Add(context.Background(), int64(n), t.outSet)
+	t.bytes.Add(context.Background(), int64(n), t.outSet...)
 }
 
 // ErrorSeen counts an error of a kind (a code name, or the proxy's own).
@@ -101,15 +101,24 @@ var usualCommands = []string{"aggregate", "count", "distinct", "find", "getMore"
 	"buildInfo", "serverStatus", "getParameter", "renameCollection", "collMod", "connectionStatus",
 	"whatsmyuri", "getLog", "hostInfo", "validate", "currentOp", "killOp", "getCmdLineOpts"}
 
-func (t *Instruments) attrsFor(name, route string) metric.MeasurementOption {
+// commandOpts are one (command, route)'s attributes as the option slices
+// the instruments take, built once: passing a new variadic slice on every
+// command would allocate it each time.
+type commandOpts struct {
+	add    []metric.AddOption
+	record []metric.RecordOption
+}
+
+func (t *Instruments) attrsFor(name, route string) *commandOpts {
 	if !t.known[name] {
 		name = "other"
 	}
 	k := attrKey{name, route}
 	if v, ok := t.attrs.Load(k); ok {
-		return v.(metric.MeasurementOption)
+		return v.(*commandOpts)
 	}
-	v := metric.WithAttributeSet(attribute.NewSet(attribute.String("command", name), attribute.String("route", k.route)))
+	set := metric.WithAttributeSet(attribute.NewSet(attribute.String("command", name), attribute.String("route", k.route)))
+	v := &commandOpts{add: []metric.AddOption{set}, record: []metric.RecordOption{set}}
 	t.attrs.Store(k, v)
 	return v
 }
@@ -139,9 +148,9 @@ func (t *Instruments) Start(name, db, route string, start time.Time) Span {
 func (cs Span) End(upstream time.Duration, err error) {
 	ctx := context.Background()
 	attrs := cs.t.attrsFor(cs.name, cs.route)
-	cs.t.commands.Add(ctx, 1, attrs)
-	cs.t.upLat.Record(ctx, upstream.Seconds(), attrs)
-	cs.t.latency.Record(ctx, time.Since(cs.start).Seconds(), attrs)
+	cs.t.commands.Add(ctx, 1, attrs.add...)
+	cs.t.upLat.Record(ctx, upstream.Seconds(), attrs.record...)
+	cs.t.latency.Record(ctx, time.Since(cs.start).Seconds(), attrs.record...)
 	if cs.span != nil {
 		cs.span.SetAttributes(attribute.Float64("tsproxy.upstream_seconds", upstream.Seconds()))
 		if err != nil {

@@ -43,15 +43,32 @@ func Bool(body bsoncore.Document, key string, def bool) (bool, error) {
 }
 
 func Pick(body bsoncore.Document, keys []string) []bsoncore.Element {
-	elems, _ := body.Elements()
-	var out []bsoncore.Element
-	for _, key := range keys {
-		for _, e := range elems {
-			if e.Key() == key {
-				out = append(out, e)
-				break
+	// One pass over body, with no slice of all its elements: every command
+	// the proxy rewrites runs this, most with few of keys present.
+	var found []bsoncore.Element // found[i] is keys[i]'s first element
+	_ = EachElement(body, func(e bsoncore.Element) error {
+		k := e.KeyBytes()
+		for i, key := range keys {
+			if string(k) != key {
+				continue
+			}
+			if found == nil {
+				found = make([]bsoncore.Element, len(keys))
+			}
+			if found[i] == nil {
+				found[i] = e
 			}
 		}
+		return nil
+	})
+	out := found[:0]
+	for _, e := range found {
+		if e != nil {
+			out = append(out, e)
+		}
+	}
+	if len(out) == 0 {
+		return nil
 	}
 	return out
 }

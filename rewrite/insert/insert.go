@@ -244,16 +244,18 @@ func (pi *Prepared) plan(opts Options) *Commands {
 // own namespace, so a routing mistake cannot write one namespace's events
 // into another's buckets.
 func checkInsertTarget(body bsoncore.Document, rule *rules.Rule) error {
-	elems, err := body.Elements()
-	if err != nil || len(elems) == 0 {
+	// Only the first element is read: a slice of them all would be made
+	// for every insert.
+	first, ok := firstElement(body)
+	if !ok {
 		return mongoerr.Errorf(mongoerr.BadValue, "empty command")
 	}
-	if elems[0].Key() != "insert" {
-		return mongoerr.Errorf(mongoerr.BadValue, "not an insert command: %q", elems[0].Key())
+	if string(first.KeyBytes()) != "insert" {
+		return mongoerr.Errorf(mongoerr.BadValue, "not an insert command: %q", first.Key())
 	}
-	coll, ok := elems[0].Value().StringValueOK()
+	coll, ok := first.Value().StringValueOK()
 	if !ok {
-		return mongoerr.Errorf(mongoerr.TypeMismatch, "collection name must be a string, got %s", bsonutil.TypeName(elems[0].Value().Type))
+		return mongoerr.Errorf(mongoerr.TypeMismatch, "collection name must be a string, got %s", bsonutil.TypeName(first.Value().Type))
 	}
 	if coll != rule.Collection {
 		return mongoerr.Errorf(mongoerr.BadValue, "insert into collection %q does not match the rule's collection %q", coll, rule.Collection)
@@ -264,6 +266,20 @@ func checkInsertTarget(body bsoncore.Document, rule *rules.Rule) error {
 		}
 	}
 	return nil
+}
+
+// firstElement is body's first element; false when body is malformed or
+// empty.
+func firstElement(body bsoncore.Document) (bsoncore.Element, bool) {
+	length, rem, ok := bsoncore.ReadLength(body)
+	if !ok || length < 5 || int(length) > len(body) {
+		return nil, false
+	}
+	e, _, ok := bsoncore.ReadElement(rem[:length-5])
+	if !ok || e.Validate() != nil {
+		return nil, false
+	}
+	return e, true
 }
 
 // Groups are the prepared events by (series, window), in order of first

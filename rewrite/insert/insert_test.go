@@ -490,6 +490,10 @@ func TestInsertCommandErrors(t *testing.T) {
 			code: mongoerr.BadValue, msg: `insert into collection "other" does not match the rule's collection "readings"`},
 		{name: "not an insert", cmd: withBody(bson.D{{Key: "find", Value: "readings"}}),
 			code: mongoerr.BadValue, msg: `not an insert command: "find"`},
+		{name: "empty command", cmd: withBody(bson.D{}),
+			code: mongoerr.BadValue, msg: "empty command"},
+		{name: "collection name not a string", cmd: withBody(bson.D{{Key: "insert", Value: int32(1)}, {Key: "documents", Value: bson.A{docs[0]}}}),
+			code: mongoerr.TypeMismatch, msg: "collection name must be a string, got int"},
 		{name: "ordered not a bool", cmd: func(t testing.TB) rewrite.Command {
 			return rwtest.BodyCmd(t, docs, bson.E{Key: "ordered", Value: "yes"})
 		},
