@@ -61,14 +61,11 @@ func Pick(body bsoncore.Document, keys []string) []bsoncore.Element {
 		}
 		return nil
 	})
-	out := found[:0]
+	out := found[:0] // nil when no key was found
 	for _, e := range found {
 		if e != nil {
 			out = append(out, e)
 		}
-	}
-	if len(out) == 0 {
-		return nil
 	}
 	return out
 }

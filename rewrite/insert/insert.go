@@ -244,10 +244,10 @@ func (pi *Prepared) plan(opts Options) *Commands {
 // own namespace, so a routing mistake cannot write one namespace's events
 // into another's buckets.
 func checkInsertTarget(body bsoncore.Document, rule *rules.Rule) error {
-	// Only the first element is read: a slice of them all would be made
-	// for every insert.
-	first, ok := firstElement(body)
-	if !ok {
+	// Only the first element is read (IndexErr makes no slice of them
+	// all, which Elements would for every insert).
+	first, err := body.IndexErr(0)
+	if err != nil || first.Validate() != nil {
 		return mongoerr.Errorf(mongoerr.BadValue, "empty command")
 	}
 	if string(first.KeyBytes()) != "insert" {
@@ -266,20 +266,6 @@ func checkInsertTarget(body bsoncore.Document, rule *rules.Rule) error {
 		}
 	}
 	return nil
-}
-
-// firstElement is body's first element; false when body is malformed or
-// empty.
-func firstElement(body bsoncore.Document) (bsoncore.Element, bool) {
-	length, rem, ok := bsoncore.ReadLength(body)
-	if !ok || length < 5 || int(length) > len(body) {
-		return nil, false
-	}
-	e, _, ok := bsoncore.ReadElement(rem[:length-5])
-	if !ok || e.Validate() != nil {
-		return nil, false
-	}
-	return e, true
 }
 
 // Groups are the prepared events by (series, window), in order of first
