@@ -179,12 +179,12 @@ func (c *conn) replyParseError(req *request, err error) error {
 // commandOf is the request as rewrite takes it.
 func commandOf(req *request) rewrite.Command {
 	cmd := rewrite.Command{Body: req.msg.Body}
-	for _, s := range req.msg.Sequences {
-		seq := rewrite.Sequence{Identifier: s.Identifier}
-		for _, d := range s.Documents {
-			seq.Documents = append(seq.Documents, d)
-		}
-		cmd.Sequences = append(cmd.Sequences, seq)
+	if len(req.msg.Sequences) == 0 {
+		return cmd
+	}
+	cmd.Sequences = make([]rewrite.Sequence, len(req.msg.Sequences))
+	for i, s := range req.msg.Sequences {
+		cmd.Sequences[i] = rewrite.SequenceOf(s.Identifier, s.Documents)
 	}
 	return cmd
 }

@@ -27,6 +27,12 @@ type combiner struct {
 	queues map[string][]*combined // by key; present while an insert of the key is in flight
 
 	shared, riders atomic.Int64 // Server.SharedInserts
+	// flying counts the combinable inserts in runCombined. One that finds
+	// none other there has nothing to share with, nor to wait behind:
+	// it runs without a key or a queue (a per-event insert's usual case,
+	// one client). One that arrives meanwhile leads a flight of its own
+	// key, as when no insert of the key is in flight.
+	flying atomic.Int64
 }
 
 // combined is one client's insert in the combiner.
@@ -59,13 +65,17 @@ func (c *conn) runCombined(u rewrite.Upstream) ([][]byte, error) {
 	if u.Seq == nil {
 		return c.runStep(rewrite.Step{{Body: u.Body}})
 	}
+	cb := &c.s.combiner
+	defer cb.flying.Add(-1)
+	if cb.flying.Add(1) == 1 {
+		return c.runStep(rewrite.Step{{Body: u.Body, Seq: u.Seq}})
+	}
 	identity, err := c.identity()
 	if err != nil {
 		return nil, err
 	}
 	key := identity + "\x00" + string(u.Body)
 	me := newCombined(u)
-	cb := &c.s.combiner
 	cb.mu.Lock()
 	if cb.queues == nil {
 		cb.queues = map[string][]*combined{}

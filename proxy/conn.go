@@ -17,6 +17,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/upstream"
@@ -98,7 +99,8 @@ type request struct {
 	name       string
 	db         string
 	start      time.Time
-	txn        *replycache.Attempt // a retryable write's attempt (reply_cache.go)
+	txn        *replycache.Attempt   // a retryable write's attempt (reply_cache.go)
+	retry      *rewrite.ReadRetryKey // the body's retry key, once retriedReply read it
 }
 
 // serve reads and answers requests until the client goes away, a frame

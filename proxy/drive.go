@@ -245,9 +245,9 @@ func appendUpstreamFrame(dst []byte, u rewrite.Upstream) ([]byte, error) {
 	if u.Seq == nil {
 		return wire.AppendMsg(dst, upstream.NextRequestID(), 0, 0, u.Body), nil
 	}
-	seq := wire.Sequence{Identifier: u.Seq.Identifier}
-	for _, d := range u.Seq.Documents {
-		seq.Documents = append(seq.Documents, d)
+	seq := wire.Sequence{Identifier: u.Seq.Identifier, Documents: make([][]byte, len(u.Seq.Documents))}
+	for i, d := range u.Seq.Documents {
+		seq.Documents[i] = d
 	}
 	m := wire.Msg{Body: u.Body, Sequences: []wire.Sequence{seq}}
 	frame, err := m.Encode(dst, wire.Header{RequestID: upstream.NextRequestID()})

@@ -25,6 +25,9 @@ func (c *conn) retriedReply(req *request, rule *rules.Rule) (done bool, err erro
 	}
 	key, ok, kerr := rewrite.RetryKeyOf(req.msg.Body)
 	unacked := req.msg.Flags&wire.MoreToCome != 0
+	if kerr == nil {
+		req.retry = &rewrite.ReadRetryKey{Key: key, Retryable: ok}
+	}
 	if kerr == nil && !ok {
 		return false, nil
 	}

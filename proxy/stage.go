@@ -83,7 +83,7 @@ func (c *conn) stagedInsert(req *request, rule *rules.Rule) error {
 	// An upstream that keeps no session state (no stmtIds: FerretDB)
 	// takes concurrent clients' staged inserts as one (combine.go).
 	env := stage.InsertEnv{Identity: identity, NewObjectID: bson.NewObjectID,
-		Combinable: !caps.StmtIDs, Stager: c.s.stager(rule, caps)}
+		Combinable: !caps.StmtIDs, Stager: c.s.stager(rule, caps), Retry: req.retry}
 	if rule.Layout == rules.LayoutSlots {
 		env.Stamp = c.s.arrival.next // the last write of a slot wins
 	}

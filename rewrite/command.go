@@ -14,6 +14,16 @@ type Sequence struct {
 	Documents  []bsoncore.Document
 }
 
+// SequenceOf is the sequence of docs (aliased, not copied) under
+// identifier.
+func SequenceOf(identifier string, docs [][]byte) Sequence {
+	out := make([]bsoncore.Document, len(docs))
+	for i, d := range docs {
+		out[i] = d
+	}
+	return Sequence{Identifier: identifier, Documents: out}
+}
+
 // Command is an OP_MSG command as the client sent it. Its body and every
 // sequence document have passed wire.ValidateDocument (wire.Msg.Decode
 // checks each section), as have the upstream replies fed to plans: the
@@ -136,6 +146,18 @@ func (c CarriedArgs) AppendTo(dst []byte, first bool) []byte {
 		}
 	}
 	return dst
+}
+
+// Bytes is the most AppendTo appends (with first), for sizing a buffer.
+func (c CarriedArgs) Bytes() int {
+	n := 0
+	for _, e := range c.always {
+		n += len(e)
+	}
+	for _, e := range c.first {
+		n += len(e)
+	}
+	return n
 }
 
 // inTransaction reports whether the command is part of a multi-document

@@ -40,6 +40,14 @@ func (k RetryKey) OwnedBy(identity string) RetryKey {
 // UUID's hex).
 func (k RetryKey) SessionHex() string { return fmt.Sprintf("%x", k.id) }
 
+// ReadRetryKey is what RetryKeyOf returned for a command, without an
+// error: kept by a caller that read it, so a rewrite need not read it
+// again.
+type ReadRetryKey struct {
+	Key       RetryKey
+	Retryable bool
+}
+
 // RetryKeyOf returns the key of a retryable write: a command with lsid and
 // txnNumber outside a multi-document transaction (autocommit is there).
 // ok is false for anything else. A txnNumber without a usable lsid is an

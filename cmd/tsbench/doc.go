@@ -4,6 +4,7 @@
 //
 //	tsbench passthrough   ping and a small find: p50/p99 latency and throughput
 //	tsbench ingest        bucketed inserts vs plain inserts: events/s, documents, sizes
+//	tsbench calls         one per-event insert, direct and through the proxy, four kinds interleaved: where its time goes
 //	tsbench layouts       counter and slots layouts vs plain inserts: events/s, documents, sizes
 //	tsbench mergefill     a merge of a few slots events into windows filled to different degrees
 //	tsbench shapes        one slots bucket's insert, find and replace by _id, direct, in each stored form

@@ -48,9 +48,10 @@ func main() {
 	png := fs.String("png", "", "ingest: write a chart of the proxy/direct ratios to `file` (PNG)")
 	pgDurable := fs.Bool("pg-durable", false, "-backend postgresql: run the cluster with PostgreSQL's default durability (fsync and synchronous_commit on), as a user's server runs; default off, as the tests run it (every commit cheaper)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (proxy, upstream and clients) to `file`")
+	memProfile := fs.String("memprofile", "", "write a profile of the whole run's allocations (proxy, embedded upstream and clients) to `file` at its end")
 	ro := addRangeFlags(fs)
 	fs.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: tsbench [flags] passthrough|ingest|layouts|mergefill|shapes|range|summary")
+		fmt.Fprintln(os.Stderr, "usage: tsbench [flags] passthrough|ingest|calls|layouts|mergefill|shapes|range|summary")
 		fs.PrintDefaults()
 	}
 	_ = fs.Parse(os.Args[1:])
@@ -93,6 +94,11 @@ func main() {
 		if rs, err = layoutRules(); err == nil {
 			err = withEnv(up, rs, func(e *benchEnv) error { return benchMergeFill(e, *runs) })
 		}
+	case "calls":
+		var rs []rules.Rule
+		if rs, err = callsRules(); err == nil {
+			err = withEnv(up, rs, func(e *benchEnv) error { return benchCalls(e, *runs, *n) })
+		}
 	case "shapes":
 		err = withEnv(up, nil, func(e *benchEnv) error { return benchShapes(e, *runs) })
 	case "range":
@@ -111,6 +117,9 @@ func main() {
 		os.Exit(2)
 	}
 	stopProfile()
+	if perr := writeMemProfile(*memProfile); perr != nil && err == nil {
+		err = perr
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "tsbench:", err)
 		os.Exit(1)
@@ -191,6 +200,23 @@ func startCPUProfile(path string) (func(), error) {
 		return nil, fmt.Errorf("cpu profile: %w", err)
 	}
 	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+}
+
+// writeMemProfile writes the allocations of the run so far to path
+// (nothing when it is empty).
+func writeMemProfile(path string) error {
+	if path == "" {
+		return nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("memory profile: %w", err)
+	}
+	defer f.Close()
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		return fmt.Errorf("memory profile: %w", err)
+	}
+	return nil
 }
 
 func redactURI(s string) string { return rules.Redact(s) }

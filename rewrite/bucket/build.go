@@ -69,7 +69,11 @@ func StagedGroups(id bson.ObjectID, chunks [][]Event) bsoncore.Document {
 // last write of a slot wins; see rewrite/stage). compress: the packed
 // values are compressed (Limits.Compress).
 func StagedGroupsAt(id bson.ObjectID, chunks [][]Event, at int64, compress bool) bsoncore.Document {
-	idx, doc := bsoncore.AppendDocumentStart(nil)
+	var size int64
+	for _, c := range chunks {
+		size += ChunkBytes(c) + stagedChunkBytes
+	}
+	idx, doc := bsoncore.AppendDocumentStart(make([]byte, 0, size))
 	doc = bsoncore.AppendObjectIDElement(doc, FieldID, id)
 	if at != 0 {
 		doc = bsoncore.AppendInt64Element(doc, FieldStagedAt, at)
@@ -90,6 +94,11 @@ func StagedGroupsAt(id bson.ObjectID, chunks [][]Event, at int64, compress bool)
 	doc, _ = bsoncore.AppendDocumentEnd(doc, idx)
 	return doc
 }
+
+// stagedChunkBytes is about what a staged document spends on a chunk
+// besides its events (its key, the packing's headers; its _id and stamp
+// for the first), so that building one seldom grows its buffer.
+const stagedChunkBytes = 128
 
 // Complete builds a whole bucket document for a chunk large enough to
 // stand alone (see DESIGN.md), its events packed where lim.Packed says

@@ -284,6 +284,9 @@ func AppendStoredEvent(dst []byte, doc bsoncore.Document, metaField string, addI
 // appearance in the batch, keeping batch order inside each group, so the
 // same batch always yields the same statements (a retry is recognised).
 func GroupEvents(events []Event) [][]Event {
+	if len(events) == 1 {
+		return [][]Event{events[:1:1]} // a per-event insert: no map
+	}
 	var groups [][]Event
 	pos := map[string]int{}
 	var key []byte

@@ -2,6 +2,7 @@ package bucket
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -39,9 +40,11 @@ func LimitsOf(rule *rules.Rule) (Limits, error) {
 	if rule.TimeField == "" {
 		return bad("no timeField")
 	}
-	for _, f := range append([]string{rule.TimeField, rule.MetaField}, rule.Aggregates...) {
-		if strings.Contains(f, ".") || strings.HasPrefix(f, "$") || strings.ContainsRune(f, 0) {
-			return bad("field name %q: dotted, $-prefixed or NUL names are not supported", f)
+	for _, fields := range [][]string{{rule.TimeField, rule.MetaField}, rule.Aggregates} {
+		for _, f := range fields {
+			if strings.Contains(f, ".") || strings.HasPrefix(f, "$") || strings.ContainsRune(f, 0) {
+				return bad("field name %q: dotted, $-prefixed or NUL names are not supported", f)
+			}
 		}
 	}
 	if rule.TimeField == "_id" || rule.MetaField == "_id" || rule.MetaField == rule.TimeField {
@@ -68,14 +71,23 @@ func LimitsOf(rule *rules.Rule) (Limits, error) {
 		lim.MaxBytes = rules.DefaultMaxBytes
 	}
 	lim.MaxBytes = min(lim.MaxBytes, rules.MaxBucketBytes)
-	seen := map[string]bool{}
-	for _, a := range rule.Aggregates {
+	// Every insert computes its rule's limits: the rule's own slice when
+	// it names no aggregate twice (nothing writes to lim.Aggregates),
+	// and no map for the few names a rule has.
+	dup := false
+	for i, a := range rule.Aggregates {
 		if a == "" || a == rule.TimeField || (a == rule.MetaField) {
 			return bad("aggregate %q must be a field other than the timeField and metaField", a)
 		}
-		if !seen[a] {
-			seen[a] = true
-			lim.Aggregates = append(lim.Aggregates, a)
+		dup = dup || slices.Contains(rule.Aggregates[:i], a)
+	}
+	lim.Aggregates = rule.Aggregates
+	if dup {
+		lim.Aggregates = nil
+		for _, a := range rule.Aggregates {
+			if !slices.Contains(lim.Aggregates, a) {
+				lim.Aggregates = append(lim.Aggregates, a)
+			}
 		}
 	}
 	return lim, nil

@@ -31,6 +31,9 @@ type InsertEnv struct {
 	// Stager names the staging collections this proxy inserts into (the
 	// zero Stager: the writer lease holder's).
 	Stager Stager
+	// Retry, when set, is RetryKeyOf(the command's body), which the
+	// caller read already (the proxy, for its reply cache).
+	Retry *rewrite.ReadRetryKey
 	// Stamp, when set, gives each staged document its arrival stamp
 	// (bucket.StagedGroupsAt): increasing, in the order the proxy took
 	// the inserts. The slots layout's merge applies writes in that order.
@@ -68,28 +71,46 @@ func Insert(cmd rewrite.Command, pi *insert.Prepared, env InsertEnv) rewrite.Pla
 	if combine {
 		args = args.WithoutSession()
 	}
-	return rewrite.Script(func(x *rewrite.Exec) (rewrite.Result, error) {
-		out := outcome{errs: slices.Clone(pi.Rejected())}
-		for _, c := range cmds {
-			if out.stopped(pi.Ordered()) {
-				break
-			}
-			body, seq := insertCommand(pi.Rule().DB, c, args)
-			reply, ok := x.Do(rewrite.Step{{Body: body, Seq: seq, Combine: combine, Keep: env.Stager.Tag != ""}})
-			if !ok {
-				return rewrite.Result{}, rewrite.ErrAborted
-			}
-			out.read(c, reply[0])
-		}
-		return rewrite.Result{Reply: insert.WriteReply(out.n, out.errs, out.wce, bsoncore.Value{}), StoredBefore: out.before}, nil
-	})
+	return &insertPlan{pi: pi, cmds: cmds, args: args, combine: combine, keep: env.Stager.Tag != "",
+		out: outcome{errs: slices.Clone(pi.Rejected())}}
+}
+
+// insertPlan sends a staged insert's commands one after the other. It is
+// a plain state machine, not a rewrite.Script: every per-event insert
+// runs it, and a script's coroutine (a goroutine whose stack grows on
+// each start) cost more than the rest of the plan.
+type insertPlan struct {
+	pi            *insert.Prepared
+	cmds          []stagedCommand
+	args          rewrite.CarriedArgs
+	combine, keep bool
+	next          int // the command Next sends, then Feed reads
+	out           outcome
+}
+
+func (p *insertPlan) Next() (rewrite.Step, bool) {
+	if p.next >= len(p.cmds) || p.out.stopped(p.pi.Ordered()) {
+		return nil, true
+	}
+	body, seq := insertCommand(p.pi.Rule().DB, p.cmds[p.next], p.args)
+	return rewrite.Step{{Body: body, Seq: seq, Combine: p.combine, Keep: p.keep}}, false
+}
+
+func (p *insertPlan) Feed(replies [][]byte) error {
+	p.out.read(p.cmds[p.next], replies[0])
+	p.next++
+	return nil
+}
+
+func (p *insertPlan) Result() rewrite.Result {
+	return rewrite.Result{Reply: insert.WriteReply(p.out.n, p.out.errs, p.out.wce, bsoncore.Value{}), StoredBefore: p.out.before}
 }
 
 // stagedCommands builds the staged documents of the insert's groups,
 // cut to the rule's bucket limits, by staging collection in order of
 // first appearance.
 func stagedCommands(cmd rewrite.Command, pi *insert.Prepared, env InsertEnv) ([]stagedCommand, error) {
-	key, retryable, err := rewrite.RetryKeyOf(cmd.Body)
+	key, retryable, err := retryKeyOf(cmd, env)
 	if err != nil {
 		return nil, err
 	}
@@ -97,15 +118,20 @@ func stagedCommands(cmd rewrite.Command, pi *insert.Prepared, env InsertEnv) ([]
 		return nil, mongoerr.Errorf(mongoerr.InternalError, "stage: InsertEnv.NewObjectID is nil")
 	}
 	rule, lim := pi.Rule(), pi.Limits()
-	byColl := map[string]int{}
+	var byColl map[string]int // made once an insert spans several staging collections
 	var out []stagedCommand
 	var chunks [][][]bucket.Event // by staging collection
 	for _, g := range pi.Groups() {
 		coll := OpenCollection(rule, g[0].Start, env.Stager)
-		i, ok := byColl[coll]
+		i, ok := collIndex(out, byColl, coll)
 		if !ok {
 			i = len(out)
-			byColl[coll] = i
+			if len(out) == 1 {
+				byColl = map[string]int{out[0].coll: 0}
+			}
+			if byColl != nil {
+				byColl[coll] = i
+			}
 			out = append(out, stagedCommand{coll: coll})
 			chunks = append(chunks, nil)
 		}
@@ -135,6 +161,25 @@ func stagedCommands(cmd rewrite.Command, pi *insert.Prepared, env InsertEnv) ([]
 		}
 	}
 	return out, nil
+}
+
+// retryKeyOf is the command's retry key, as the caller read it when it
+// did.
+func retryKeyOf(cmd rewrite.Command, env InsertEnv) (rewrite.RetryKey, bool, error) {
+	if env.Retry != nil {
+		return env.Retry.Key, env.Retry.Retryable, nil
+	}
+	return rewrite.RetryKeyOf(cmd.Body)
+}
+
+// collIndex finds coll among out's collections: out's one collection
+// (most inserts stage into one), or through byColl once there are more.
+func collIndex(out []stagedCommand, byColl map[string]int, coll string) (int, bool) {
+	if byColl == nil {
+		return 0, len(out) == 1 && out[0].coll == coll
+	}
+	i, ok := byColl[coll]
+	return i, ok
 }
 
 // maxStagedDocBytes bounds the events of one staged document (a chunk
@@ -184,15 +229,19 @@ func DerivedID(key rewrite.RetryKey, part int) bson.ObjectID {
 // IsDerived says whether id is a DerivedID.
 func IsDerived(id bson.ObjectID) bool { return [4]byte(id[:4]) == derivedPrefix }
 
+// insertCommandBytes is an insert command's size but for its names and
+// carried fields: its header, keys, "ordered" and string lengths.
+const insertCommandBytes = 64
+
 // insertCommand is the upstream insert of c's documents.
 func insertCommand(db string, c stagedCommand, args rewrite.CarriedArgs) ([]byte, *rewrite.Sequence) {
-	idx, body := bsoncore.AppendDocumentStart(nil)
+	idx, body := bsoncore.AppendDocumentStart(make([]byte, 0, insertCommandBytes+len(c.coll)+len(db)+args.Bytes()))
 	body = bsoncore.AppendStringElement(body, "insert", c.coll)
 	body = bsoncore.AppendBooleanElement(body, "ordered", false)
 	body = args.AppendTo(body, true)
 	body = bsoncore.AppendStringElement(body, "$db", db)
 	body, _ = bsoncore.AppendDocumentEnd(body, idx)
-	seq := &rewrite.Sequence{Identifier: "documents"}
+	seq := &rewrite.Sequence{Identifier: "documents", Documents: make([]bsoncore.Document, 0, len(c.docs))}
 	for _, d := range c.docs {
 		seq.Documents = append(seq.Documents, d.doc)
 	}

@@ -257,6 +257,17 @@ func events(s string, from, n int) []bson.D {
 	return out
 }
 
+// dayEvents are n events of sensor s, one per second from 10:00 on day
+// day (of 1970: the first staging period is day 0).
+func dayEvents(s string, day, n int) []bson.D {
+	var out []bson.D
+	for i := range n {
+		ms := int64(day)*int64(24*time.Hour/time.Millisecond) + 36_000_000 + int64(i)*1000
+		out = append(out, rwtest.Event(rwtest.OID(byte(100+day*10+i)), rwtest.DT(ms), s, float64(i)))
+	}
+	return out
+}
+
 func stagedInsert(t *testing.T, m *mem, evs []bson.D, extra ...bson.E) bson.Raw {
 	t.Helper()
 	return bson.Raw(stagedInsertResult(t, m, evs, extra...).Reply)
@@ -394,6 +405,63 @@ func TestInsertReplies(t *testing.T) {
 		errs, _ := r.Lookup("writeErrors").Array().Values()
 		if n := r.Lookup("n").Int32(); n != 0 || len(errs) != 2 {
 			t.Fatalf("reply %s, want n: 0 and 2 write errors", r)
+		}
+	})
+	t.Run("one command per staging collection, in order of first appearance", func(t *testing.T) {
+		// Days 0, 1, 0, 2: three staging periods (a day each).
+		evs := append(events("a", 0, 1), dayEvents("b", 1, 1)...)
+		evs = append(evs, events("a", 1, 1)...)
+		evs = append(evs, dayEvents("c", 2, 1)...)
+		rule := rwtest.InsertRule()
+		day := int64(24 * time.Hour / time.Millisecond)
+		want := []string{rule.StageCollection(36_000_000), rule.StageCollection(36_000_000 + day), rule.StageCollection(36_000_000 + 2*day)}
+		for _, ordered := range []bool{false, true} {
+			m := newMem(t)
+			var sent []string
+			m.hook = func(name, coll string) bool {
+				if name == "insert" {
+					sent = append(sent, coll)
+				}
+				return name == "insert" && coll == want[1]
+			}
+			r := stagedInsert(t, m, evs, bson.E{Key: "ordered", Value: ordered})
+			errs, _ := r.Lookup("writeErrors").Array().Values()
+			wantSent, wantN := want, int32(3)
+			if ordered {
+				// An ordered insert stops after the failed command.
+				wantSent, wantN = want[:2], 2
+			}
+			if !slices.Equal(sent, wantSent) || r.Lookup("n").Int32() != wantN || len(errs) != 1 {
+				t.Fatalf("ordered %v: sent %v, reply %s; want sent %v, n: %d and 1 write error", ordered, sent, r, wantSent, wantN)
+			}
+			if idx := errs[0].Document().Lookup("index").Int32(); idx != 1 {
+				t.Fatalf("ordered %v: the write error is event %d's, want event 1's", ordered, idx)
+			}
+		}
+	})
+	t.Run("a retry key the caller read gives the ids the body gives", func(t *testing.T) {
+		rule := rwtest.InsertRule()
+		cmd := rwtest.SeqCmd(t, events("a", 0, 2), retryable...)
+		key, ok, err := rewrite.RetryKeyOf(cmd.Body)
+		if err != nil || !ok {
+			t.Fatalf("RetryKeyOf: %v, %v", ok, err)
+		}
+		var ids [2]bsoncore.Value
+		for i, retry := range []*rewrite.ReadRetryKey{nil, {Key: key, Retryable: true}} {
+			m := newMem(t)
+			pi, err := insert.Prepare(cmd, rule, bson.NewObjectID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m.run(stage.Insert(cmd, pi, stage.InsertEnv{Identity: "u", NewObjectID: bson.NewObjectID, Retry: retry}))
+			staged := m.colls[rule.StageCollection(36_000_000)]
+			if len(staged) != 1 {
+				t.Fatalf("%d staged documents, want 1", len(staged))
+			}
+			ids[i] = staged[0].Lookup("_id")
+		}
+		if !ids[0].Equal(ids[1]) || !stage.IsDerived(ids[0].ObjectID()) {
+			t.Fatalf("staged _ids %s and %s: want the same derived id", ids[0], ids[1])
 		}
 	})
 	t.Run("bad events are refused before staging", func(t *testing.T) {
