@@ -124,7 +124,7 @@ func stagedSample(ctx context.Context, db *mongo.Database) (bson.D, string, erro
 		return nil, "", err
 	}
 	for _, name := range names {
-		if !strings.HasPrefix(name, "tsproxy_stage_") || strings.HasSuffix(name, "_ids") || strings.HasSuffix(name, "_txns") {
+		if !strings.HasPrefix(name, "tsproxy_stage_") || isIDIndex(name) || isTxns(name) {
 			continue
 		}
 		// The proxy's marker has a string _id; the staged documents
@@ -156,7 +156,7 @@ func printCalls(runs, n, stagedBytes int, p50s [][]time.Duration) {
 	fmt.Printf("- the staged document is %d bytes of BSON\n\n", stagedBytes)
 	fmt.Printf("| kind | what | p50 µs (median of runs) | runs' p50s |\n|---|---|---:|---|\n")
 	for k, kind := range callKinds {
-		fmt.Printf("| %s | %s | %.0f | %s |\n", kind.name, kind.what, medianOf(p50s[k], func(d time.Duration) float64 { return float64(d.Microseconds()) }), joinRuns(p50s[k], func(d time.Duration) string { return fmt.Sprint(d.Microseconds()) }))
+		fmt.Printf("| %s | %s | %.0f | %s |\n", kind.name, kind.what, median(field(p50s[k], micros)), joinRuns(p50s[k], func(d time.Duration) string { return fmt.Sprint(d.Microseconds()) }))
 	}
 	// Each part is a difference of two p50s of the same run, then the
 	// median of the runs' differences.
@@ -175,7 +175,7 @@ func printCalls(runs, n, stagedBytes int, p50s [][]time.Duration) {
 		for r := range diffs {
 			diffs[r] = p50s[pt.of][r] - p50s[pt.minus][r]
 		}
-		fmt.Printf("| %s | %+.0f | %s | %s |\n", pt.what, medianOf(diffs, func(d time.Duration) float64 { return float64(d.Microseconds()) }),
+		fmt.Printf("| %s | %+.0f | %s | %s |\n", pt.what, median(field(diffs, micros)),
 			joinRuns(diffs, func(d time.Duration) string { return fmt.Sprintf("%+d", d.Microseconds()) }), pt.how)
 	}
 	ratios := make([]float64, runs)
@@ -186,13 +186,7 @@ func printCalls(runs, n, stagedBytes int, p50s [][]time.Duration) {
 		median(ratios), joinRuns(ratios, func(x float64) string { return fmt.Sprintf("%.2f", x) }))
 }
 
-func medianOf[T any](xs []T, f func(T) float64) float64 {
-	fs := make([]float64, len(xs))
-	for i, x := range xs {
-		fs[i] = f(x)
-	}
-	return median(fs)
-}
+func micros(d time.Duration) float64 { return float64(d.Microseconds()) }
 
 func joinRuns[T any](xs []T, f func(T) string) string {
 	out := make([]string, len(xs))

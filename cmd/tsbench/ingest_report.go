@@ -112,7 +112,7 @@ func report(cases []ingestCase, samples [][]ingestSample, runs, events, nRules i
 }
 
 // field is f of every sample.
-func field(ss []ingestSample, f func(ingestSample) float64) []float64 {
+func field[T any](ss []T, f func(T) float64) []float64 {
 	out := make([]float64, len(ss))
 	for i, s := range ss {
 		out[i] = f(s)

@@ -1,6 +1,7 @@
 package bucket
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"strings"
@@ -284,18 +285,31 @@ func AppendStoredEvent(dst []byte, doc bsoncore.Document, metaField string, addI
 // appearance in the batch, keeping batch order inside each group, so the
 // same batch always yields the same statements (a retry is recognised).
 func GroupEvents(events []Event) [][]Event {
-	if len(events) == 1 {
-		return [][]Event{events[:1:1]} // a per-event insert: no map
-	}
 	var groups [][]Event
-	pos := map[string]int{}
-	var key []byte
+	// Most inserts hold one (series, window), a per-event insert always:
+	// until a second one appears, keys are compared with the first
+	// group's, and no map is made.
+	var pos map[string]int
+	var key, first []byte
 	for _, ev := range events {
 		key = ev.AppendSeriesKey(key[:0])
-		g, ok := pos[string(key)]
+		g, ok := 0, false
+		switch {
+		case len(groups) == 0:
+			first = append(first, key...)
+		case pos == nil && bytes.Equal(key, first):
+			ok = true
+		case pos == nil:
+			pos = map[string]int{string(first): 0}
+			fallthrough
+		default:
+			g, ok = pos[string(key)]
+		}
 		if !ok {
 			g = len(groups)
-			pos[string(key)] = g
+			if pos != nil {
+				pos[string(key)] = g
+			}
 			groups = append(groups, nil)
 		}
 		groups[g] = append(groups[g], ev)

@@ -49,7 +49,10 @@ func TestGroupEventsKeepsOrder(t *testing.T) {
 		want [][]int // indexes by group
 	}{
 		{"one event", []Event{ev("a", 0)}, [][]int{{0}}},
+		{"one series", []Event{ev("a", 0), ev("a", 1), ev("a", 2)}, [][]int{{0, 1, 2}}},
 		{"series in order of first appearance", []Event{ev("a", 0), ev("b", 1), ev("a", 2)}, [][]int{{0, 2}, {1}}},
+		{"a second series after several events of the first", []Event{ev("a", 0), ev("a", 1), ev("b", 2), ev("c", 3), ev("a", 4), ev("b", 5)}, [][]int{{0, 1, 4}, {2, 5}, {3}}},
+		{"none", nil, nil},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -64,6 +67,9 @@ func TestGroupEventsKeepsOrder(t *testing.T) {
 			}
 			if !slices.EqualFunc(idx, c.want, slices.Equal) {
 				t.Fatalf("groups %v, want %v", idx, c.want)
+			}
+			if len(got) == 0 {
+				return
 			}
 			// A group's slice is its own: appending to it leaves the input.
 			g0 := append(got[0], ev("z", 9))
