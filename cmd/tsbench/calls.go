@@ -69,8 +69,8 @@ func benchCalls(e *benchEnv, runs, n int) error {
 	}
 	colls := []*mongo.Collection{
 		direct.Database(callsDB).Collection("plain"),
-		// Named as a staging collection is (the same length), but not
-		// one the proxy reads or merges.
+		// Named like the staging collection (one character longer), but
+		// not one the proxy reads or merges.
 		direct.Database(callsDB).Collection(strings.Replace(stagingColl, "tsproxy_stage", "tsbench_stagex", 1)),
 		rule,
 		proxied.Database(callsDB).Collection("plain_proxied"),
