@@ -168,9 +168,10 @@ func addStats(total *stage.Stats, st stage.Stats) {
 	total.RecordReads += st.RecordReads
 }
 
-// flushWaitLeases bounds how long a proxy waits for a flush it asked for,
-// in lease lifetimes: a proxy that died is taken over, and a holder that
-// died replaced, once its announcement or lease lapsed.
+// flushWaitLeases bounds how long a proxy waits for a flush it asked for
+// while none of the collections it waits for is merged (and, however the
+// merge moves, up to staleFlushRequest less that), in lease lifetimes: a proxy that died is taken over, and a holder that died
+// replaced, once its announcement or lease lapsed.
 const flushWaitLeases = 3
 
 // requestFlush asks the other proxies to freeze their staging collections
@@ -194,7 +195,7 @@ func (c *conn) requestFlush(rule *rules.Rule, caps caps.Upstream, waitFor []stri
 		return err
 	}
 	wait := flushWaitLeases * c.s.leases.TTL()
-	deadline := time.Now().Add(wait)
+	patience := newFlushPatience(time.Now(), wait, len(waitFor))
 	for tries := 1; ; tries++ {
 		names, err := c.listNames(rule.DB)
 		if err != nil {
@@ -207,6 +208,7 @@ func (c *conn) requestFlush(rule *rules.Rule, caps caps.Upstream, waitFor []stri
 		if len(waitFor) == 0 || !c.s.routesRule(rule) {
 			return withdraw()
 		}
+		patience.merged(time.Now(), len(waitFor))
 		if tries%10 == 0 {
 			// The holder may be gone: once its lease lapsed, this proxy
 			// merges (as a guest it would only freeze its own again).
@@ -221,18 +223,54 @@ func (c *conn) requestFlush(rule *rules.Rule, caps caps.Upstream, waitFor []stri
 				return err
 			}
 		}
-		if time.Now().After(deadline) {
+		if patience.over(time.Now()) {
 			// Withdrawn, so that the proxies stop freezing for a client
 			// that gave up (a failed drop is logged: the holder drops
 			// requests older than staleFlushRequest).
 			if err := withdraw(); err != nil {
 				c.log.Warn("staging: a flush request was left", "rule", rule.Namespace, "request", marker, "err", err.Error())
 			}
-			return mongoerr.Errorf(mongoerr.ConflictingOperationInProgress, "tsproxy rule %s: staged events not merged within %s (still staged: %s)", rule.Namespace, wait, strings.Join(waitFor, ", "))
+			return mongoerr.Errorf(mongoerr.ConflictingOperationInProgress, "tsproxy rule %s: staged events not merged: none of their collections merged in %s (still staged: %s)", rule.Namespace, wait, strings.Join(waitFor, ", "))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// flushPatience is how long a flush waits for the collections it listed
+// to be merged: wait from its start, and wait again from each time one
+// more of them is merged, so that a holder merging much on a loaded
+// machine (a dead proxy's staging just taken over) is waited for and
+// only one that merges nothing is given up on; never past
+// staleFlushRequest less wait from its start, before the holder drops
+// the request.
+type flushPatience struct {
+	wait     time.Duration
+	last     time.Time // the latest deadline progress may earn
+	deadline time.Time
+	left     int // collections not merged yet
+}
+
+func newFlushPatience(start time.Time, wait time.Duration, left int) *flushPatience {
+	return &flushPatience{wait: wait, last: start.Add(staleFlushRequest - wait), deadline: start.Add(wait), left: left}
+}
+
+// merged notes that left collections remain at now.
+func (p *flushPatience) merged(now time.Time, left int) {
+	if left >= p.left {
+		return
+	}
+	p.left = left
+	next := now.Add(p.wait)
+	if next.After(p.last) {
+		next = p.last
+	}
+	if next.After(p.deadline) {
+		p.deadline = next
+	}
+}
+
+// over says whether the flush gives up at now.
+func (p *flushPatience) over(now time.Time) bool { return now.After(p.deadline) }
 
 // listNames lists db's collection names on the client's connection.
 func (c *conn) listNames(db string) ([]string, error) {

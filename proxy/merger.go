@@ -138,8 +138,9 @@ func (s *Server) mergeOnce(up *upstream.Conn, rule *rules.Rule) (stage.Stats, er
 }
 
 // staleFlushRequest is how old a flush request is when the holder drops
-// it: a requester gives up after flushWaitLeases lease lifetimes, and
-// drops its own request (unless it died meanwhile).
+// it: a requester gives up before that (after flushWaitLeases lease
+// lifetimes without progress, or this less that), and drops its own
+// request (unless it died meanwhile).
 const staleFlushRequest = 2 * time.Minute
 
 // goneStagers says, for a merge at now, whether the proxy tagged owner

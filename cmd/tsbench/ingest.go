@@ -183,7 +183,7 @@ func benchIngest(e *benchEnv, runs, events int, only string) error {
 				return err
 			}
 			cpu0 := readCPU()
-			s, err := ingestRun(ctx, directC, proxyC, db, batches[k], n, c, r%2 == 0)
+			s, err := ingestRun(ctx, directC, proxyC, db, batches[k], n, c)
 			s.others = othersCores(cpu0, readCPU(), runtime.NumCPU())
 			if err != nil {
 				fail("run %d batch %d clients %d: %v", r, c.batch, c.conc, err)
@@ -250,48 +250,62 @@ func ingestBackend() string {
 }
 
 // ingestRun inserts the events of one case directly into db.plain and
-// through the proxy into db.events (in that order, or the other when
-// proxyFirst), then flushes the proxy.
-func ingestRun(ctx context.Context, directC, proxyC *mongo.Client, db string, batches [][]any, n int, c ingestCase, proxyFirst bool) (ingestSample, error) {
+// through the proxy into db.events, then flushes the proxy. The order is
+// A B B A: the first half of the batches direct, then all of them through
+// the proxy (in the same two halves, the flush after the second), then
+// the second half direct. The two paths' timed halves are then centred on
+// the same moment, so a machine whose speed drifts through the run (this
+// one's does, by more than the differences measured) slows or speeds
+// both alike, where "all of one path, then all of the other" charged the
+// drift to whichever path ran second. Each path runs its batches as two
+// halves, so both pay for two starts and two tails of their clients.
+func ingestRun(ctx context.Context, directC, proxyC *mongo.Client, db string, batches [][]any, n int, c ingestCase) (ingestSample, error) {
 	var s ingestSample
 	if ingestArgs.prefill <= 0 { // else the prefill made it
 		if err := directC.Database(db).CreateCollection(ctx, plainColl); err != nil {
 			return s, fmt.Errorf("create %s.%s: %w", db, plainColl, err)
 		}
 	}
-	direct := func() error {
+	halves := [2][][]any{batches[:len(batches)/2], batches[len(batches)/2:]}
+	plain := directC.Database(db).Collection(plainColl)
+	var directTime time.Duration
+	var directCalls []time.Duration
+	direct := func(half [][]any) error {
 		runtime.GC()
-		d, calls, err := ingest(ctx, directC.Database(db).Collection(plainColl), batches, c.conc)
+		d, calls, err := ingest(ctx, plain, half, c.conc)
 		if err != nil {
 			return fmt.Errorf("direct insert: %w", err)
 		}
-		s.direct, s.directCalls = float64(n)/d.Seconds(), calls
+		directTime += d
+		directCalls = append(directCalls, calls...)
 		return nil
 	}
-	proxy := func() error {
-		runtime.GC()
-		d, calls, err := ingest(ctx, proxyC.Database(db).Collection(ingestColl), batches, c.conc)
+	if err := direct(halves[0]); err != nil {
+		return s, err
+	}
+	runtime.GC()
+	events := proxyC.Database(db).Collection(ingestColl)
+	var proxyTime time.Duration
+	var proxyCalls []time.Duration
+	for _, half := range halves {
+		d, calls, err := ingest(ctx, events, half, c.conc)
 		if err != nil {
-			return fmt.Errorf("insert through the proxy: %w", err)
+			return s, fmt.Errorf("insert through the proxy: %w", err)
 		}
-		f, fd, err := tsproxyFlush(ctx, proxyC)
-		if err != nil {
-			return fmt.Errorf("tsproxyFlush after %d events: %w", n, err)
-		}
-		s.proxy = float64(n) / (d + fd).Seconds()
-		s.proxyInsert = float64(n) / d.Seconds()
-		s.flush, s.flushed, s.proxyCalls = fd, f, calls
-		return nil
+		proxyTime += d
+		proxyCalls = append(proxyCalls, calls...)
 	}
-	steps := []func() error{direct, proxy}
-	if proxyFirst {
-		steps[0], steps[1] = proxy, direct
+	f, fd, err := tsproxyFlush(ctx, proxyC)
+	if err != nil {
+		return s, fmt.Errorf("tsproxyFlush after %d events: %w", n, err)
 	}
-	for _, step := range steps {
-		if err := step(); err != nil {
-			return s, err
-		}
+	if err := direct(halves[1]); err != nil {
+		return s, err
 	}
+	s.direct, s.directCalls = float64(n)/directTime.Seconds(), summarizeCalls(directCalls)
+	s.proxy = float64(n) / (proxyTime + fd).Seconds()
+	s.proxyInsert = float64(n) / proxyTime.Seconds()
+	s.flush, s.flushed, s.proxyCalls = fd, f, summarizeCalls(proxyCalls)
 	return s, nil
 }
 
@@ -341,7 +355,8 @@ func ingestBatchesFrom(base time.Time, n, batch int) [][]any {
 // unfairly answers most calls fast and a few very late.
 type callTimes struct{ p50, p99, mean time.Duration }
 
-func summarizeCalls(sorted []time.Duration) callTimes {
+func summarizeCalls(calls []time.Duration) callTimes {
+	sorted := slices.Sorted(slices.Values(calls))
 	var sum time.Duration
 	for _, d := range sorted {
 		sum += d
@@ -356,8 +371,8 @@ func summarizeCalls(sorted []time.Duration) callTimes {
 // ingest writes batches with conc clients that take them in turn from a
 // shared queue (as concurrent writers of one stream of events would):
 // insertOne for a batch of one, else an unordered insertMany. It returns
-// the time it took and the times of its insert calls.
-func ingest(ctx context.Context, coll *mongo.Collection, batches [][]any, conc int) (time.Duration, callTimes, error) {
+// the time it took and the times of its insert calls, unsorted.
+func ingest(ctx context.Context, coll *mongo.Collection, batches [][]any, conc int) (time.Duration, []time.Duration, error) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, conc)
@@ -392,9 +407,7 @@ func ingest(ctx context.Context, coll *mongo.Collection, batches [][]any, conc i
 	d := time.Since(t0)
 	close(errs)
 	if err := <-errs; err != nil {
-		return 0, callTimes{}, err
+		return 0, nil, err
 	}
-	all := slices.Concat(calls...)
-	slices.Sort(all)
-	return d, summarizeCalls(all), nil
+	return d, slices.Concat(calls...), nil
 }

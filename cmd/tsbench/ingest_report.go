@@ -36,7 +36,7 @@ func report(cases []ingestCase, samples [][]ingestSample, runs, events, nRules i
 	if ingestArgs.prefill > 0 {
 		fmt.Printf("- `-prefill %d`: before each case, its rule and plain collection were given %d events of the same series in the time before the case's (through the proxy at batch 1000, then `tsproxyFlush`): the case is timed on a rule with history, as a long-running one is\n", ingestArgs.prefill, ingestArgs.prefill)
 	}
-	fmt.Printf("- medians of %d runs; proxy sustained = events / (insert time + time of `tsproxyFlush: 1` through the proxy right after); direct = plain inserts of the same events into a plain collection on the same upstream\n", runs)
+	fmt.Printf("- medians of %d runs; proxy sustained = events / (insert time + time of `tsproxyFlush: 1` through the proxy right after); direct = plain inserts of the same events into a plain collection on the same upstream; order A B B A: the first half of the batches direct, then both halves through the proxy and the flush, then the second half direct (the two paths' times centred on the same moment)\n", runs)
 	fmt.Printf("- warm-up `tsproxyFlush: 1` (first one: every rule's bucket index and lease): %.2f s, staged rules %d of %d; `tsproxyFlush: 1` with nothing staged: %.3f s (part of every flush s below)\n", warmTime.Seconds(), warm.rules, nRules, idleFlush)
 	if warm.rules == 0 {
 		fmt.Println("- WARNING: tsproxyFlush reports no staged rule: on this upstream and build the proxy writes these rules' buckets directly (ingest mode direct), so this measures the direct path, not the staging tier")
