@@ -10,6 +10,7 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rewrite/query"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -147,7 +148,7 @@ func Check(cmd rewrite.Command, rule *rules.Rule) (bucket.Limits, []bsoncore.Doc
 	if err != nil {
 		return lim, nil, false, err
 	}
-	if err := checkInsertTarget(cmd.Body, rule); err != nil {
+	if err := query.CheckTarget(cmd.Body, rule, "insert"); err != nil {
 		return lim, nil, false, err
 	}
 	docs, err := rewrite.CommandDocuments(cmd, "documents")
@@ -238,34 +239,6 @@ func (pi *Prepared) plan(opts Options) *Commands {
 	p.lim.Packed = opts.Caps.PackedEvents
 	p.buildGroups(pi.groups)
 	return p
-}
-
-// checkInsertTarget makes sure the command is an insert into the rule's
-// own namespace, so a routing mistake cannot write one namespace's events
-// into another's buckets.
-func checkInsertTarget(body bsoncore.Document, rule *rules.Rule) error {
-	// Only the first element is read (IndexErr makes no slice of them
-	// all, which Elements would for every insert).
-	first, err := body.IndexErr(0)
-	if err != nil || first.Validate() != nil {
-		return mongoerr.Errorf(mongoerr.BadValue, "empty command")
-	}
-	if string(first.KeyBytes()) != "insert" {
-		return mongoerr.Errorf(mongoerr.BadValue, "not an insert command: %q", first.Key())
-	}
-	coll, ok := first.Value().StringValueOK()
-	if !ok {
-		return mongoerr.Errorf(mongoerr.TypeMismatch, "collection name must be a string, got %s", bsonutil.TypeName(first.Value().Type))
-	}
-	if coll != rule.Collection {
-		return mongoerr.Errorf(mongoerr.BadValue, "insert into collection %q does not match the rule's collection %q", coll, rule.Collection)
-	}
-	if v, ok := bsonutil.Lookup(body, "$db"); ok {
-		if db, ok := v.StringValueOK(); !ok || db != rule.DB {
-			return mongoerr.Errorf(mongoerr.BadValue, "$db %s does not match the rule's database %q", v.String(), rule.DB)
-		}
-	}
-	return nil
 }
 
 // Groups are the prepared events by (series, window), in order of first

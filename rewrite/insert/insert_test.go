@@ -487,9 +487,9 @@ func TestInsertCommandErrors(t *testing.T) {
 			return c
 		}, code: mongoerr.BadValue, msg: `unexpected document sequence "updates"`},
 		{name: "other collection", cmd: withBody(bson.D{{Key: "insert", Value: "other"}, {Key: "documents", Value: bson.A{docs[0]}}}),
-			code: mongoerr.BadValue, msg: `insert into collection "other" does not match the rule's collection "readings"`},
+			code: mongoerr.BadValue, msg: `insert on collection "other" does not match the rule's collection "readings"`},
 		{name: "not an insert", cmd: withBody(bson.D{{Key: "find", Value: "readings"}}),
-			code: mongoerr.BadValue, msg: `not an insert command: "find"`},
+			code: mongoerr.BadValue, msg: `the command is "find", not insert`},
 		{name: "empty command", cmd: withBody(bson.D{}),
 			code: mongoerr.BadValue, msg: "empty command"},
 		{name: "collection name not a string", cmd: withBody(bson.D{{Key: "insert", Value: int32(1)}, {Key: "documents", Value: bson.A{docs[0]}}}),

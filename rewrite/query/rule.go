@@ -13,18 +13,21 @@ func RuleErrorf(rule *rules.Rule, code mongoerr.Code, format string, args ...any
 	return mongoerr.Errorf(code, "tsproxy rule %s: %s", rule.Namespace, fmt.Sprintf(format, args...))
 }
 
-// CheckTarget makes sure the command names the rule's collection.
+// CheckTarget makes sure body is a name command on the rule's
+// collection (and database, when it names one). Only the first element
+// is read for the name: Elements would make a slice of them all, on
+// every insert.
 func CheckTarget(body bsoncore.Document, rule *rules.Rule, name string) error {
-	elems, err := body.Elements()
-	if err != nil || len(elems) == 0 {
+	first, err := body.IndexErr(0)
+	if err != nil || first.Validate() != nil {
 		return mongoerr.Errorf(mongoerr.BadValue, "empty command")
 	}
-	if elems[0].Key() != name {
-		return mongoerr.Errorf(mongoerr.BadValue, "not a %s command: %q", name, elems[0].Key())
+	if string(first.KeyBytes()) != name {
+		return mongoerr.Errorf(mongoerr.BadValue, "the command is %q, not %s", first.Key(), name)
 	}
-	coll, ok := elems[0].Value().StringValueOK()
+	coll, ok := first.Value().StringValueOK()
 	if !ok {
-		return mongoerr.Errorf(mongoerr.TypeMismatch, "collection name must be a string, got %s", bsonutil.TypeName(elems[0].Value().Type))
+		return mongoerr.Errorf(mongoerr.TypeMismatch, "collection name must be a string, got %s", bsonutil.TypeName(first.Value().Type))
 	}
 	if coll != rule.Collection {
 		return mongoerr.Errorf(mongoerr.BadValue, "%s on collection %q does not match the rule's collection %q", name, coll, rule.Collection)
