@@ -168,10 +168,10 @@ func addStats(total *stage.Stats, st stage.Stats) {
 	total.RecordReads += st.RecordReads
 }
 
-// flushWaitLeases bounds how long a proxy waits for a flush it asked for
-// while none of the collections it waits for is merged (and, however the
-// merge moves, up to staleFlushRequest less that), in lease lifetimes: a proxy that died is taken over, and a holder that died
-// replaced, once its announcement or lease lapsed.
+// flushWaitLeases bounds, in lease lifetimes, how long a proxy waits for
+// a flush it asked for while none of the collections it waits for is
+// merged (flushPatience): a proxy that died is taken over, and a holder
+// that died replaced, once its announcement or lease lapsed.
 const flushWaitLeases = 3
 
 // requestFlush asks the other proxies to freeze their staging collections
@@ -230,7 +230,7 @@ func (c *conn) requestFlush(rule *rules.Rule, caps caps.Upstream, waitFor []stri
 			if err := withdraw(); err != nil {
 				c.log.Warn("staging: a flush request was left", "rule", rule.Namespace, "request", marker, "err", err.Error())
 			}
-			return mongoerr.Errorf(mongoerr.ConflictingOperationInProgress, "tsproxy rule %s: staged events not merged: none of their collections merged in %s (still staged: %s)", rule.Namespace, wait, strings.Join(waitFor, ", "))
+			return mongoerr.Errorf(mongoerr.ConflictingOperationInProgress, "tsproxy rule %s: staged events not merged: %s (still staged: %s)", rule.Namespace, patience.reason(), strings.Join(waitFor, ", "))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -245,13 +245,14 @@ func (c *conn) requestFlush(rule *rules.Rule, caps caps.Upstream, waitFor []stri
 // the request.
 type flushPatience struct {
 	wait     time.Duration
+	start    time.Time
 	last     time.Time // the latest deadline progress may earn
 	deadline time.Time
 	left     int // collections not merged yet
 }
 
 func newFlushPatience(start time.Time, wait time.Duration, left int) *flushPatience {
-	return &flushPatience{wait: wait, last: start.Add(staleFlushRequest - wait), deadline: start.Add(wait), left: left}
+	return &flushPatience{wait: wait, start: start, last: start.Add(staleFlushRequest - wait), deadline: start.Add(wait), left: left}
 }
 
 // merged notes that left collections remain at now.
@@ -271,6 +272,14 @@ func (p *flushPatience) merged(now time.Time, left int) {
 
 // over says whether the flush gives up at now.
 func (p *flushPatience) over(now time.Time) bool { return now.After(p.deadline) }
+
+// reason says why a flush that is over gave up.
+func (p *flushPatience) reason() string {
+	if p.deadline.Equal(p.last) && p.last.After(p.start.Add(p.wait)) {
+		return fmt.Sprintf("some of their collections merged, not all within %s", p.last.Sub(p.start))
+	}
+	return fmt.Sprintf("none of their collections merged in %s", p.wait)
+}
 
 // listNames lists db's collection names on the client's connection.
 func (c *conn) listNames(db string) ([]string, error) {

@@ -14,9 +14,10 @@ func RuleErrorf(rule *rules.Rule, code mongoerr.Code, format string, args ...any
 }
 
 // CheckTarget makes sure body is a name command on the rule's
-// collection (and database, when it names one). Only the first element
-// is read for the name: Elements would make a slice of them all, on
-// every insert.
+// collection (and database, when it names one), so that a routing
+// mistake cannot read or write one namespace's buckets for another.
+// Only the first element is read for the name: Elements would make a
+// slice of them all, on every insert.
 func CheckTarget(body bsoncore.Document, rule *rules.Rule, name string) error {
 	first, err := body.IndexErr(0)
 	if err != nil || first.Validate() != nil {
