@@ -279,7 +279,9 @@ func (c *conn) route(req *request) error {
 	case "endSessions":
 		c.endCursorSessions(req) // then passes through
 	case "tsproxyFlush":
-		return c.handleFlush(req) // stage.go
+		return c.handleFlush(req) // flush.go
+	case "tsproxyStagingFormat":
+		return c.handleStagingFormat(req) // staging_format.go
 	case "renameCollection":
 		if rule := c.renameTouchesRule(req); rule != nil {
 			if err := c.ensureUpstream(); err != nil {

@@ -300,7 +300,7 @@ func (c *conn) handleFlush(req *request) error {
 	if err := c.ensureUpstream(); err != nil {
 		return c.replyUpstreamDown(req, err)
 	}
-	targets, err := c.flushTargets(req)
+	targets, err := c.ruleTargets(req, "tsproxyFlush")
 	if err != nil {
 		return c.replyError(req, mongoerr.CodeOf(err), err.Error())
 	}
@@ -345,19 +345,20 @@ func (c *conn) handleFlush(req *request) error {
 	return c.replyBody(req, reply)
 }
 
-// flushTargets are the rules a tsproxyFlush names.
-func (c *conn) flushTargets(req *request) ([]*rules.Rule, error) {
-	v := bson.Raw(req.msg.Body).Lookup("tsproxyFlush")
+// ruleTargets are the rules a proxy command (tsproxyFlush,
+// tsproxyStagingFormat) names: 1 for every rule, or "db.collection".
+func (c *conn) ruleTargets(req *request, name string) ([]*rules.Rule, error) {
+	v := bson.Raw(req.msg.Body).Lookup(name)
 	if ns, ok := v.StringValueOK(); ok {
 		db, coll, _ := strings.Cut(ns, ".")
 		rule := c.rules.Lookup(db, coll)
 		if rule == nil {
-			return nil, mongoerr.Errorf(mongoerr.NamespaceNotFound, "tsproxyFlush: no rule for namespace %q", ns)
+			return nil, mongoerr.Errorf(mongoerr.NamespaceNotFound, "%s: no rule for namespace %q", name, ns)
 		}
 		return []*rules.Rule{rule}, nil
 	}
 	if n, ok := v.AsInt64OK(); !ok || n != 1 {
-		return nil, mongoerr.Errorf(mongoerr.BadValue, "tsproxyFlush takes 1 (every rule) or a namespace \"db.collection\", not %s", v)
+		return nil, mongoerr.Errorf(mongoerr.BadValue, "%s takes 1 (every rule) or a namespace \"db.collection\", not %s", name, v)
 	}
 	var out []*rules.Rule
 	for _, r := range c.rules.All() {

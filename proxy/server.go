@@ -122,6 +122,9 @@ type Server struct {
 	presence    *lease.Presence
 	stagerSince int64
 	tag         atomic.Pointer[stagerTagOf] // stagerTag's last answer
+	// formats are the staged rules' format records, as last read
+	// (staging_format.go).
+	formats *stagingFormats
 	// serviceID names this proxy to drivers in load-balanced mode
 	// (hello.go): one per process, as a mongos behind a balancer has.
 	serviceID bson.ObjectID
@@ -185,6 +188,7 @@ func New(opts Options) (*Server, error) {
 		serviceID:   bson.NewObjectID(),
 		presence:    lease.NewPresence(opts.WriterLease),
 		stagerSince: time.Now().UnixMilli(),
+		formats:     newStagingFormats(),
 		conns:       make(map[*conn]struct{}),
 		kept:        newKeptStore(cmp.Or(opts.StagedMemory, int64(rules.DefaultStagedMemory))),
 		dirs:        newDirectories(),

@@ -58,6 +58,9 @@ func (c *conn) stagedInsert(req *request, rule *rules.Rule) error {
 	if err != nil {
 		return err
 	}
+	// Before the announcement: a rule's first stager makes its format
+	// record before it leaves any trace of staging it.
+	format := c.s.stagingFormat(c.up, rule)
 	if err := c.announceStaging(rule, caps); err != nil {
 		return err
 	}
@@ -83,7 +86,7 @@ func (c *conn) stagedInsert(req *request, rule *rules.Rule) error {
 	// An upstream that keeps no session state (no stmtIds: FerretDB)
 	// takes concurrent clients' staged inserts as one (combine.go).
 	env := stage.InsertEnv{Identity: identity, NewObjectID: bson.NewObjectID,
-		Combinable: !caps.StmtIDs, Stager: c.s.stager(rule, caps), Retry: req.retry}
+		Combinable: !caps.StmtIDs, Stager: c.s.stager(rule, caps), Retry: req.retry, Format: format}
 	if rule.Layout == rules.LayoutSlots {
 		env.Stamp = c.s.arrival.next // the last write of a slot wins
 	}

@@ -84,7 +84,7 @@ func requestNamespace(req *request) (ns string, named bool) {
 	switch req.name {
 	case "hello", "isMaster", "ismaster", "getMore", "killCursors", "endSessions":
 		return "", false
-	case "listCollections", "dropDatabase", "tsproxyFlush":
+	case "listCollections", "dropDatabase", "tsproxyFlush", "tsproxyStagingFormat":
 		return "", true
 	}
 	first, err := bson.Raw(req.msg.Body).IndexErr(0)

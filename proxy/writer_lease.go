@@ -16,6 +16,11 @@ func (c *conn) ensureWriter(rule *rules.Rule, caps caps.Upstream) error {
 	if !caps.SingleWriter {
 		return nil
 	}
+	if rule.Staged(caps.CostlyUpdates) {
+		// A staged rule's first lease holder makes its format record
+		// before its lease shows that a proxy worked on the rule.
+		c.s.stagingFormat(c.up, rule)
+	}
 	return c.s.leases.Ensure(c.up, rule.DB, rule.Collection, c.log)
 }
 

@@ -47,49 +47,88 @@ func appendKey(dst []byte, chunk []Event) []byte {
 	return bsoncore.AppendDateTimeElement(dst, FieldStart, chunk[0].Start)
 }
 
-// StagedGroups builds the document the staging tier stores for the chunks
-// of one insert that go to one staging collection: the first chunk's key
-// and its events packed as one binary value (FieldPacked), and the other
-// chunks in FieldMore, one binary value holding the BSON array of their
-// {meta, start, events}; no summaries (a merge computes them for the
-// buckets it writes, and nothing reads a staged document as a bucket).
-// FerretDB stores a document as JSON, one value at a time, and decodes
-// it one document at a time: packed, a staged document costs it one
-// string to encode and decode instead of every field of every event
-// (reading staging back had cost a merge 20 µs an event, more than
-// inserting it), and one document per insert instead of one per series
-// (about 30 µs each to decode).
-func StagedGroups(id bson.ObjectID, chunks [][]Event) bsoncore.Document {
-	return StagedGroupsAt(id, chunks, 0, false)
+// StagedFormat is the form of a staged document. Every form a proxy can
+// write it reads too, and a proxy writes a form only once every proxy
+// that may merge the rule reads it (the rule's staging format record,
+// proxy/lease.Format): a proxy of an older version fails to merge a
+// form it does not know.
+type StagedFormat int
+
+const (
+	// StagedKeyed: {_id, [at], meta, start, packed, [more]}: the first
+	// group's key and packed events at the top, the other groups in
+	// FieldMore. Every version of the proxy reads it.
+	StagedKeyed StagedFormat = 1
+	// StagedPacked: {_id, [at], more}: every group in FieldMore. Two
+	// fields instead of four for a per-event insert: FerretDB encodes,
+	// stores and decodes a document one field at a time, and this saved
+	// 11 µs of a 776 µs staged insert (docs/benchmarks.md).
+	StagedPacked StagedFormat = 2
+	// LatestStagedFormat is the form a rule new to every proxy gets.
+	LatestStagedFormat = StagedPacked
+)
+
+// Valid says whether f is a form this proxy writes and reads.
+func (f StagedFormat) Valid() bool { return f == StagedKeyed || f == StagedPacked }
+
+// StagedOptions say how a staged document is written.
+type StagedOptions struct {
+	// At is the proxy's arrival stamp of the insert, written in
+	// FieldStagedAt (none when 0): the order in which a merge applies
+	// staged writes whose order matters (the slots layout, where the last
+	// write of a slot wins; see rewrite/stage).
+	At int64
+	// Compress: the packed values are compressed (Limits.Compress).
+	Compress bool
+	// Format is the document's form (0: StagedKeyed, which every proxy
+	// reads).
+	Format StagedFormat
 }
 
-// StagedGroupsAt is StagedGroups with the proxy's arrival stamp of the
-// insert in FieldStagedAt (none when at is 0): the order in which a merge
-// applies staged writes whose order matters (the slots layout, where the
-// last write of a slot wins; see rewrite/stage). compress: the packed
-// values are compressed (Limits.Compress).
-func StagedGroupsAt(id bson.ObjectID, chunks [][]Event, at int64, compress bool) bsoncore.Document {
+// StagedGroups builds the document the staging tier stores for the chunks
+// of one insert that go to one staging collection, in the form
+// StagedKeyed: the first chunk's key and its events packed as one binary
+// value (FieldPacked), and the other chunks in FieldMore, one binary
+// value holding the BSON array of their {meta, start, events}; no
+// summaries (a merge computes them for the buckets it writes, and nothing
+// reads a staged document as a bucket). FerretDB stores a document as
+// JSON, one value at a time, and decodes it one document at a time:
+// packed, a staged document costs it one string to encode and decode
+// instead of every field of every event (reading staging back had cost a
+// merge 20 µs an event, more than inserting it), and one document per
+// insert instead of one per series (about 30 µs each to decode).
+func StagedGroups(id bson.ObjectID, chunks [][]Event) bsoncore.Document {
+	return StagedDoc(id, chunks, StagedOptions{})
+}
+
+// StagedDoc is StagedGroups with its options: the arrival stamp,
+// compression and the form (StagedPacked puts every chunk in FieldMore).
+func StagedDoc(id bson.ObjectID, chunks [][]Event, opts StagedOptions) bsoncore.Document {
 	var size int64
 	for _, c := range chunks {
 		size += ChunkBytes(c) + stagedChunkBytes
 	}
 	idx, doc := bsoncore.AppendDocumentStart(make([]byte, 0, size))
 	doc = bsoncore.AppendObjectIDElement(doc, FieldID, id)
-	if at != 0 {
-		doc = bsoncore.AppendInt64Element(doc, FieldStagedAt, at)
+	if opts.At != 0 {
+		doc = bsoncore.AppendInt64Element(doc, FieldStagedAt, opts.At)
 	}
-	doc = appendKey(doc, chunks[0])
-	doc = appendPackedEvents(doc, chunks[0], compress)
-	if len(chunks) > 1 {
-		aidx, more := bsoncore.AppendArrayStart(nil)
-		for i, chunk := range chunks[1:] {
+	rest := chunks
+	if opts.Format != StagedPacked {
+		doc = appendKey(doc, chunks[0])
+		doc = appendPackedEvents(doc, chunks[0], opts.Compress)
+		rest = chunks[1:]
+	}
+	if len(rest) > 0 {
+		aidx, more := bsoncore.AppendArrayStart(make([]byte, 0, size))
+		for i, chunk := range rest {
 			gidx, g := bsoncore.AppendDocumentElementStart(more, strconv.Itoa(i))
 			g = appendKey(g, chunk)
 			g = appendEventsArray(g, FieldEvents, chunk)
 			more, _ = bsoncore.AppendDocumentEnd(g, gidx)
 		}
 		more, _ = bsoncore.AppendArrayEnd(more, aidx)
-		doc = appendPacked(doc, FieldMore, more, compress)
+		doc = appendPacked(doc, FieldMore, more, opts.Compress)
 	}
 	doc, _ = bsoncore.AppendDocumentEnd(doc, idx)
 	return doc

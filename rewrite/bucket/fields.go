@@ -19,12 +19,12 @@ const (
 	// (caps.Upstream.PackedEvents): the BSON of their array, as binary
 	// data. A bucket may have both fields (EventValues).
 	FieldPacked = "packed"
-	// FieldMore holds the other groups of a staged document that carries
-	// several (StagedGroups): the BSON of an array of {meta, start,
-	// events}, as binary data.
+	// FieldMore holds the groups of a staged document other than the one
+	// at its top (StagedKeyed), or all of them (StagedPacked): the BSON of
+	// an array of {meta, start, events}, as binary data.
 	FieldMore = "more"
 	// FieldStagedAt is a staged document's arrival stamp
-	// (StagedGroupsAt).
+	// (StagedOptions.At).
 	FieldStagedAt = "at"
 )
 

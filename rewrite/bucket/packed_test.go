@@ -90,8 +90,8 @@ func TestEventValuesBothFields(t *testing.T) {
 }
 
 // A staged document of several groups reads back into every group's
-// events, each with its own series and window, in the order written; a
-// single group is laid out as Staged lays it out.
+// events, each with its own series and window, in the order written, in
+// either form; a single group is laid out as each form says.
 func TestStagedGroupsRoundTrip(t *testing.T) {
 	rule, lim, evs := preparedEvents(t, []any{"a", "a", "b", nil, "a"}, rwtest.Hour)
 	var chunks [][]bucket.Event
@@ -102,38 +102,67 @@ func TestStagedGroupsRoundTrip(t *testing.T) {
 		t.Fatalf("%d chunks, want several", len(chunks))
 	}
 	id := rwtest.OID(9)
-	// One group is laid out as before groups were combined: {_id, meta,
-	// start, packed}.
-	one := bucket.StagedGroups(id, chunks[:1])
-	elems, _ := one.Elements()
-	var keys []string
-	for _, e := range elems {
-		keys = append(keys, e.Key())
-	}
-	if strings.Join(keys, ",") != "_id,meta,start,packed" {
-		t.Fatalf("a staged document of one group has fields %v", keys)
-	}
-	doc := bucket.StagedGroups(id, chunks)
-	got, err := bucket.StagedEvents(doc, rule, lim)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var want []bucket.Event
 	for _, c := range chunks {
 		want = append(want, c...)
 	}
-	if len(got) != len(want) {
-		t.Fatalf("%d events read back, want %d", len(got), len(want))
-	}
-	for i := range got {
-		if !bytes.Equal(got[i].Stored, want[i].Stored) || got[i].Start != want[i].Start || !got[i].Meta.Equal(want[i].Meta) || got[i].Time != want[i].Time {
-			t.Errorf("event %d: got %s (%s, %d), want %s (%s, %d)", i, got[i].Stored, got[i].Meta, got[i].Start, want[i].Stored, want[i].Meta, want[i].Start)
+	for _, tc := range []struct {
+		format bucket.StagedFormat
+		// fields of a staged document of one group and of several
+		one, several string
+	}{
+		// As before groups were combined: {_id, meta, start, packed}.
+		{bucket.StagedKeyed, "_id,meta,start,packed", "_id,meta,start,packed,more"},
+		{bucket.StagedPacked, "_id,more", "_id,more"},
+	} {
+		opts := bucket.StagedOptions{Format: tc.format}
+		if got := fieldNames(bucket.StagedDoc(id, chunks[:1], opts)); got != tc.one {
+			t.Errorf("form %d: a staged document of one group has fields %s, want %s", tc.format, got, tc.one)
+		}
+		doc := bucket.StagedDoc(id, chunks, opts)
+		if got := fieldNames(doc); got != tc.several {
+			t.Errorf("form %d: a staged document of several groups has fields %s, want %s", tc.format, got, tc.several)
+		}
+		for _, d := range []struct {
+			doc  bsoncore.Document
+			want []bucket.Event
+		}{{doc, want}, {bucket.StagedDoc(id, chunks[:1], opts), chunks[0]}} {
+			got, err := bucket.StagedEvents(d.doc, rule, lim)
+			if err != nil {
+				t.Fatalf("form %d: %v", tc.format, err)
+			}
+			if len(got) != len(d.want) {
+				t.Fatalf("form %d: %d events read back, want %d", tc.format, len(got), len(d.want))
+			}
+			for i := range got {
+				if !bytes.Equal(got[i].Stored, d.want[i].Stored) || got[i].Start != d.want[i].Start || !got[i].Meta.Equal(d.want[i].Meta) || got[i].Time != d.want[i].Time {
+					t.Errorf("form %d, event %d: got %s (%s, %d), want %s (%s, %d)", tc.format, i, got[i].Stored, got[i].Meta, got[i].Start, d.want[i].Stored, d.want[i].Meta, d.want[i].Start)
+				}
+			}
 		}
 	}
-	bad := rwtest.Doc(t, bson.D{{Key: "_id", Value: id}, {Key: "meta", Value: "a"}, {Key: "start", Value: rwtest.DT(0)}, {Key: "more", Value: bson.Binary{Data: []byte{1, 2, 3}}}})
-	if _, err := bucket.StagedEvents(bad, rule, lim); err == nil {
-		t.Fatal("a malformed more accepted")
+	emptyMore := bsoncore.NewArrayBuilder().Build()
+	for name, bad := range map[string]bson.D{
+		"a malformed more":                        {{Key: "_id", Value: id}, {Key: "meta", Value: "a"}, {Key: "start", Value: rwtest.DT(0)}, {Key: "more", Value: bson.Binary{Data: []byte{1, 2, 3}}}},
+		"neither a group at the top nor more":     {{Key: "_id", Value: id}, {Key: "at", Value: int64(7)}},
+		"more without groups, nothing at the top": {{Key: "_id", Value: id}, {Key: "more", Value: bson.Binary{Subtype: bucket.SubtypeArray, Data: emptyMore}}},
+	} {
+		evs, err := bucket.StagedEvents(rwtest.Doc(t, bad), rule, lim)
+		t.Logf("%s: %v", name, err)
+		if err == nil {
+			t.Errorf("%s accepted: %d events", name, len(evs))
+		}
 	}
+}
+
+// fieldNames lists doc's field names, comma-separated.
+func fieldNames(doc bsoncore.Document) string {
+	elems, _ := doc.Elements()
+	var keys []string
+	for _, e := range elems {
+		keys = append(keys, e.Key())
+	}
+	return strings.Join(keys, ",")
 }
 
 // With compression (Limits.Compress), a whole bucket and a staged
@@ -195,26 +224,32 @@ func TestPackedCompressed(t *testing.T) {
 		}
 	}
 
-	staged := bucket.StagedGroupsAt(rwtest.OID(2), groups, 7, true)
-	for _, f := range []string{bucket.FieldPacked, bucket.FieldMore} {
-		if st := subtype(staged, f); st != bucket.SubtypeZstdArray {
-			t.Fatalf("staged %q packed as subtype %#x", f, st)
+	for _, format := range []bucket.StagedFormat{bucket.StagedKeyed, bucket.StagedPacked} {
+		staged := bucket.StagedDoc(rwtest.OID(2), groups, bucket.StagedOptions{At: 7, Compress: true, Format: format})
+		fields := []string{bucket.FieldPacked, bucket.FieldMore}
+		if format == bucket.StagedPacked {
+			fields = fields[1:]
 		}
-	}
-	back, err := bucket.StagedEvents(staged, rule, lim)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(back) != len(evs) {
-		t.Fatalf("%d staged events read back, want %d", len(back), len(evs))
-	}
-	i := 0
-	for _, g := range groups {
-		for _, ev := range g {
-			if !bytes.Equal(back[i].Stored, ev.Stored) || back[i].Time != ev.Time || !back[i].Meta.Equal(ev.Meta) {
-				t.Fatalf("staged event %d: got %s, want %s", i, back[i].Stored, ev.Stored)
+		for _, f := range fields {
+			if st := subtype(staged, f); st != bucket.SubtypeZstdArray {
+				t.Fatalf("form %d: staged %q packed as subtype %#x", format, f, st)
 			}
-			i++
+		}
+		back, err := bucket.StagedEvents(staged, rule, lim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(back) != len(evs) {
+			t.Fatalf("form %d: %d staged events read back, want %d", format, len(back), len(evs))
+		}
+		i := 0
+		for _, g := range groups {
+			for _, ev := range g {
+				if !bytes.Equal(back[i].Stored, ev.Stored) || back[i].Time != ev.Time || !back[i].Meta.Equal(ev.Meta) {
+					t.Fatalf("form %d: staged event %d: got %s, want %s", format, i, back[i].Stored, ev.Stored)
+				}
+				i++
+			}
 		}
 	}
 }

@@ -181,17 +181,25 @@ func RestoreMeta(stored bsoncore.Document, metaField string, metaOf func() (bson
 	return bsoncore.AppendDocumentEnd(out, idx)
 }
 
-// StagedEvents reads a staged document back into its events, each with
-// its own series and window: those of its first group (StoredEvents),
-// then those of the groups in FieldMore (StagedGroups).
+// StagedEvents reads a staged document, of either form (StagedFormat),
+// back into its events, each with its own series and window: those of
+// its top-level group (StagedKeyed; StagedPacked has none), then those of
+// the groups in FieldMore.
 func StagedEvents(doc bsoncore.Document, rule *rules.Rule, lim Limits) ([]Event, error) {
 	var r eventReader
-	out, err := r.appendStored(nil, doc, rule, lim)
-	if err != nil {
-		return nil, err
+	var out []Event
+	m, hasMore := bsonutil.Lookup(doc, FieldMore)
+	_, keyed := bsonutil.Lookup(doc, FieldMeta)
+	switch {
+	case keyed:
+		var err error
+		if out, err = r.appendStored(nil, doc, rule, lim); err != nil {
+			return nil, err
+		}
+	case !hasMore:
+		return nil, fmt.Errorf("staged document has neither %q (a group at its top) nor %q (its groups packed)", FieldMeta, FieldMore)
 	}
-	m, ok := bsonutil.Lookup(doc, FieldMore)
-	if !ok {
+	if !hasMore {
 		return out, nil
 	}
 	more, err := unpack(FieldMore, m)
@@ -213,6 +221,9 @@ func StagedEvents(doc bsoncore.Document, rule *rules.Rule, lim Limits) ([]Event,
 	})
 	if err != nil {
 		return nil, err
+	}
+	if i == 0 && !keyed {
+		return nil, fmt.Errorf("staged document has no group: %q is empty", FieldMore)
 	}
 	return out, nil
 }

@@ -22,9 +22,11 @@ func FuzzStagedEvents(f *testing.F) {
 	for _, g := range bucket.GroupEvents(evs) {
 		chunks = append(chunks, bucket.ChunkEvents(g, lim)...)
 	}
-	f.Add([]byte(bucket.StagedGroups(rwtest.OID(9), chunks)))
-	f.Add([]byte(bucket.StagedGroupsAt(rwtest.OID(9), chunks, 7, true)))
-	f.Add([]byte(bucket.StagedGroups(rwtest.OID(9), chunks[:1])))
+	for _, format := range []bucket.StagedFormat{bucket.StagedKeyed, bucket.StagedPacked} {
+		f.Add([]byte(bucket.StagedDoc(rwtest.OID(9), chunks, bucket.StagedOptions{Format: format})))
+		f.Add([]byte(bucket.StagedDoc(rwtest.OID(9), chunks, bucket.StagedOptions{At: 7, Compress: true, Format: format})))
+		f.Add([]byte(bucket.StagedDoc(rwtest.OID(9), chunks[:1], bucket.StagedOptions{Format: format})))
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		got, err := bucket.StagedEvents(bsoncore.Document(data), rule, lim)
 		if err != nil || len(got) == 0 {
@@ -38,17 +40,17 @@ func FuzzStagedEvents(f *testing.F) {
 			}
 			again = append(again, []bucket.Event{ev})
 		}
-		for _, compress := range []bool{false, true} {
-			back, err := bucket.StagedEvents(bucket.StagedGroupsAt(rwtest.OID(9), again, 0, compress), rule, lim)
+		for _, opts := range []bucket.StagedOptions{{}, {Compress: true}, {Format: bucket.StagedPacked}, {Compress: true, Format: bucket.StagedPacked}} {
+			back, err := bucket.StagedEvents(bucket.StagedDoc(rwtest.OID(9), again, opts), rule, lim)
 			if err != nil {
-				t.Fatalf("events read from input do not read back once staged again (compress %v): %v", compress, err)
+				t.Fatalf("events read from input do not read back once staged again (%+v): %v", opts, err)
 			}
 			if len(back) != len(got) {
-				t.Fatalf("%d events staged again read back as %d (compress %v)", len(got), len(back), compress)
+				t.Fatalf("%d events staged again read back as %d (%+v)", len(got), len(back), opts)
 			}
 			for i := range back {
 				if !bytes.Equal(back[i].Stored, got[i].Stored) || back[i].Start != got[i].Start || !back[i].Meta.Equal(got[i].Meta) {
-					t.Fatalf("event %d staged again reads back as another (compress %v)", i, compress)
+					t.Fatalf("event %d staged again reads back as another (%+v)", i, opts)
 				}
 			}
 		}

@@ -10,11 +10,13 @@
 // about what a plain insert of the events costs, and ends in the same
 // compact buckets as a large batch.
 //
-// Stored form. A staged document (bucket.StagedGroups) holds the events
-// of one insert that go to one staging collection: {_id, meta, start,
-// packed} for its first group (the events of one series and window), and
-// the other groups in "more", without a bucket's summaries (the merge
-// computes them). The staging collection of the events whose window starts in
+// Stored form. A staged document (bucket.StagedDoc) holds the events of
+// one insert that go to one staging collection, grouped by series and
+// window, without a bucket's summaries (the merge computes them): {_id,
+// more} with every group packed in "more" (bucket.StagedPacked), or, in
+// the form every version of the proxy reads, {_id, meta, start, packed}
+// for its first group and the others in "more" (bucket.StagedKeyed). The
+// rule's format record says which (proxy/staging_format.go). The staging collection of the events whose window starts in
 // staging period P (a day, or the span if longer) is
 // tsproxy_stage_<hash of the bucket collection>_<P's start in ms> (no
 // dots: FerretDB renames only such names). Its _id is random, or, for a

@@ -34,8 +34,12 @@ type InsertEnv struct {
 	// Retry, when set, is RetryKeyOf(the command's body), which the
 	// caller read already (the proxy, for its reply cache).
 	Retry *rewrite.ReadRetryKey
+	// Format is the form of the staged documents (the zero value:
+	// bucket.StagedKeyed, which every proxy reads; the rule's staging
+	// format record says which one every proxy that may merge it reads).
+	Format bucket.StagedFormat
 	// Stamp, when set, gives each staged document its arrival stamp
-	// (bucket.StagedGroupsAt): increasing, in the order the proxy took
+	// (bucket.StagedOptions.At): increasing, in the order the proxy took
 	// the inserts. The slots layout's merge applies writes in that order.
 	Stamp func() int64
 }
@@ -157,7 +161,7 @@ func stagedCommands(cmd rewrite.Command, pi *insert.Prepared, env InsertEnv) ([]
 			if env.Stamp != nil {
 				at = env.Stamp()
 			}
-			out[i].docs = append(out[i].docs, stagedDoc{doc: bucket.StagedGroupsAt(id, docChunks, at, lim.Compress), events: events, fixed: retryable})
+			out[i].docs = append(out[i].docs, stagedDoc{doc: bucket.StagedDoc(id, docChunks, bucket.StagedOptions{At: at, Compress: lim.Compress, Format: env.Format}), events: events, fixed: retryable})
 		}
 	}
 	return out, nil

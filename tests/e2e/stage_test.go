@@ -763,14 +763,7 @@ func TestStageCompressedEvents(t *testing.T) {
 	write(zstdRule, 1500, 700) // tops up the 500 and starts a third bucket, compressed
 	subtypes := map[byte]int{}
 	var rawBytes, packedBytes int
-	cur, err := connect(t, env.upstreamURI).Database(db).Collection("readings.buckets").Find(ctx, bson.D{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var docs []bson.Raw
-	if err := cur.All(ctx, &docs); err != nil {
-		t.Fatal(err)
-	}
+	docs := rawDocs(t, ctx, connect(t, env.upstreamURI).Database(db).Collection("readings.buckets"))
 	for _, d := range docs {
 		v, err := d.LookupErr("packed")
 		if err != nil {
@@ -809,7 +802,7 @@ func TestStageCompressedEvents(t *testing.T) {
 		t.Fatalf("the proxy counts %d events (%v), want %d", n, err, len(sent))
 	}
 	var got []bson.M
-	cur, err = coll.Find(ctx, bson.D{{Key: "sensorId", Value: "s1"}}, options.Find().SetSort(bson.D{{Key: "ts", Value: 1}}))
+	cur, err := coll.Find(ctx, bson.D{{Key: "sensorId", Value: "s1"}}, options.Find().SetSort(bson.D{{Key: "ts", Value: 1}}))
 	if err != nil {
 		t.Fatal(err)
 	}
