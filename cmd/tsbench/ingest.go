@@ -158,6 +158,7 @@ func benchIngest(e *benchEnv, runs, events int, only string) error {
 	time.Sleep(3 * time.Second)
 	idleOthers := othersCores(c0, readCPU(), runtime.NumCPU())
 
+	forms := map[int]int{}          // runs and cases by staged document form
 	batches := map[[2]int][][]any{} // by events and batch size
 	samples := make([][]ingestSample, len(cases))
 	var failures []string
@@ -203,6 +204,7 @@ func benchIngest(e *benchEnv, runs, events int, only string) error {
 				fmt.Fprintf(os.Stderr, "  run %d batch %d clients %d: %d events: direct %.0f ev/s; proxy %.0f ev/s sustained (inserts %.0f ev/s, flush %.2f s merged %d events into %d buckets); ratio %.2f; buckets %d, %d stored; other load %.2f cores\n",
 					r, c.batch, c.conc, n, s.direct, s.proxy, s.proxyInsert, s.flush.Seconds(), s.flushed.events, s.flushed.buckets, s.proxy/s.direct, st.bucketN, st.stored, s.others)
 			}
+			countStagingForm(ctx, proxyC, db+"."+ingestColl, forms)
 			if err := directC.Database(db).Drop(ctx); err != nil {
 				fail("drop database %s: %v", db, err)
 			}
@@ -210,7 +212,8 @@ func benchIngest(e *benchEnv, runs, events int, only string) error {
 		fmt.Fprintf(os.Stderr, "run %d/%d done (%s)\n", r, runs, time.Since(start).Round(time.Second))
 	}
 
-	report(cases, samples, runs, events, len(ingestNamespaces), warm, warmTime, median(idle), idleOthers)
+	report(cases, samples, runs, events, ingestSetup{nRules: len(ingestNamespaces), warm: warm, warmTime: warmTime,
+		idleFlush: median(idle), idleOthers: idleOthers, forms: forms})
 	left, err := directC.ListDatabaseNames(ctx, bson.D{{Key: "name", Value: bson.D{{Key: "$regex", Value: "^tsbench_ingest_"}}}})
 	if err != nil {
 		fail("listDatabases: %v", err)
@@ -307,6 +310,24 @@ func ingestRun(ctx context.Context, directC, proxyC *mongo.Client, db string, ba
 	s.proxyInsert = float64(n) / proxyTime.Seconds()
 	s.flush, s.flushed, s.proxyCalls = fd, f, summarizeCalls(proxyCalls)
 	return s, nil
+}
+
+// countStagingForm adds the form of ns's staged documents
+// (tsproxyStagingFormat) to forms; a proxy that does not answer the
+// command counts as form 0.
+func countStagingForm(ctx context.Context, proxyC *mongo.Client, ns string, forms map[int]int) {
+	var r struct {
+		Rules []struct {
+			Format int `bson:"format"`
+		} `bson:"rules"`
+	}
+	if err := proxyC.Database("admin").RunCommand(ctx, bson.D{{Key: "tsproxyStagingFormat", Value: ns}}).Decode(&r); err != nil {
+		forms[0]++
+		return
+	}
+	for _, rule := range r.Rules {
+		forms[rule.Format]++
+	}
 }
 
 // flushReply is tsproxyFlush's answer.

@@ -10,8 +10,22 @@ import (
 
 // What tsbench ingest prints: its Markdown tables and the targets missed.
 
+// ingestSetup is what tsbench ingest measured before its cases ran.
+type ingestSetup struct {
+	nRules   int
+	warm     flushReply // the first tsproxyFlush's
+	warmTime time.Duration
+	// idleFlush: seconds of a tsproxyFlush with nothing staged;
+	// idleOthers: cores other processes kept busy before the runs.
+	idleFlush, idleOthers float64
+	// forms counts the runs and cases by the staged document form of
+	// their rule.
+	forms map[int]int
+}
+
 // report prints the Markdown tables.
-func report(cases []ingestCase, samples [][]ingestSample, runs, events, nRules int, warm flushReply, warmTime time.Duration, idleFlush, idleOthers float64) {
+func report(cases []ingestCase, samples [][]ingestSample, runs, events int, setup ingestSetup) {
+	nRules, warm, warmTime, idleFlush, idleOthers := setup.nRules, setup.warm, setup.warmTime, setup.idleFlush, setup.idleOthers
 	med := func(i int, f func(ingestSample) float64) float64 { return median(field(samples[i], f)) }
 	num := func(v float64, format string) string {
 		if v == 0 {
@@ -38,6 +52,13 @@ func report(cases []ingestCase, samples [][]ingestSample, runs, events, nRules i
 	}
 	fmt.Printf("- medians of %d runs; proxy sustained = events / (insert time + time of `tsproxyFlush: 1` through the proxy right after); direct = plain inserts of the same events into a plain collection on the same upstream; order A B B A: the first half of the batches direct, then both halves through the proxy and the flush, then the second half direct (the two paths' times centred on the same moment)\n", runs)
 	fmt.Printf("- warm-up `tsproxyFlush: 1` (first one: every rule's bucket index and lease): %.2f s, staged rules %d of %d; `tsproxyFlush: 1` with nothing staged: %.3f s (part of every flush s below)\n", warmTime.Seconds(), warm.rules, nRules, idleFlush)
+	var forms []string
+	for f := 0; f <= 2; f++ {
+		if n := setup.forms[f]; n > 0 {
+			forms = append(forms, fmt.Sprintf("form %d: %d", f, n))
+		}
+	}
+	fmt.Printf("- staged document form of the rule at the end of each run and case (`tsproxyStagingFormat`; 0: not recorded or not answered): %s\n", strings.Join(forms, ", "))
 	if warm.rules == 0 {
 		fmt.Println("- WARNING: tsproxyFlush reports no staged rule: on this upstream and build the proxy writes these rules' buckets directly (ingest mode direct), so this measures the direct path, not the staging tier")
 	}
