@@ -11,6 +11,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rules"
 )
 
@@ -29,18 +30,21 @@ func callsRules() ([]rules.Rule, error) {
 `, callsDB, ingestColl))
 }
 
-// callKinds are the four inserts of a calls round, in the order sent.
+// callKinds are the five inserts of a calls round, in the order sent.
 var callKinds = []struct{ name, what string }{
 	{"plain", "an event into a plain collection, direct"},
 	{"staged doc", "a document shaped as the proxy stages that event, into a collection of its own, direct"},
 	{"proxy staged", "the event through the proxy, into the rule (staged)"},
 	{"proxy passthrough", "the event through the proxy, into a plain collection (passed through)"},
+	{"staged doc, form 1", "the staged document in form 1 ({_id, meta, start, packed}: every proxy reads it), into a collection of its own, direct"},
 }
 
 // benchCalls measures where a per-event insert's time goes. One client
 // sends n rounds per run; a round is one insertOne of each callKinds, so
 // that all four see the same machine (it drifts by more than the
 // differences measured). Figures are each kind's p50, medians of runs.
+// The staged document is the one the proxy wrote, in the form of the
+// rule's format record; the fifth kind is the same events in form 1.
 func benchCalls(e *benchEnv, runs, n int) error {
 	ctx := context.Background()
 	direct, err := mongo.Connect(options.Client().ApplyURI(e.upstreamURI))
@@ -67,6 +71,10 @@ func benchCalls(e *benchEnv, runs, n int) error {
 	if err != nil {
 		return err
 	}
+	keyed, err := keyedStaged(staged)
+	if err != nil {
+		return err
+	}
 	colls := []*mongo.Collection{
 		direct.Database(callsDB).Collection("plain"),
 		// Named like the staging collection (one character longer), but
@@ -74,9 +82,10 @@ func benchCalls(e *benchEnv, runs, n int) error {
 		direct.Database(callsDB).Collection(strings.Replace(stagingColl, "tsproxy_stage", "tsbench_stagex", 1)),
 		rule,
 		proxied.Database(callsDB).Collection("plain_proxied"),
+		direct.Database(callsDB).Collection(strings.Replace(stagingColl, "tsproxy_stage", "tsbench_stagek", 1)),
 	}
 	if e.indexIDs != nil {
-		for _, c := range []*mongo.Collection{colls[0], colls[1], colls[3]} {
+		for _, c := range []*mongo.Collection{colls[0], colls[1], colls[3], colls[4]} {
 			if err := c.Database().CreateCollection(ctx, c.Name()); err != nil {
 				return err
 			}
@@ -95,8 +104,11 @@ func benchCalls(e *benchEnv, runs, n int) error {
 			ev := event()
 			for k, c := range colls {
 				doc := ev
-				if k == 1 {
+				switch k {
+				case 1:
 					doc = withID(staged, bson.NewObjectID())
+				case 4:
+					doc = withID(keyed, bson.NewObjectID())
 				}
 				t0 := time.Now()
 				if _, err := c.InsertOne(ctx, doc); err != nil {
@@ -111,9 +123,48 @@ func benchCalls(e *benchEnv, runs, n int) error {
 		}
 		fmt.Printf("run %d/%d done\n", r+1, runs)
 	}
-	raw, _ := bson.Marshal(staged)
-	printCalls(runs, n, len(raw), p50s)
+	printCalls(runs, n, [2]bson.D{staged, keyed}, p50s)
 	return nil
+}
+
+// keyedStaged is staged, a staged document of one group, in form 1: its
+// group's key and packed events at the top (bucket.StagedKeyed), as it is
+// when the format record says 1.
+func keyedStaged(staged bson.D) (bson.D, error) {
+	var more bson.Binary
+	for _, e := range staged {
+		switch e.Key {
+		case "meta":
+			return staged, nil // form 1 already
+		case "more":
+			more, _ = e.Value.(bson.Binary)
+		}
+	}
+	if more.Subtype != bucket.SubtypeArray || len(more.Data) == 0 {
+		return nil, fmt.Errorf("the staged document's more is not an uncompressed packed array: %v", staged)
+	}
+	groups, err := bson.RawArray(more.Data).Values()
+	if err != nil || len(groups) != 1 {
+		return nil, fmt.Errorf("the staged document's more holds %d groups (%v), want one", len(groups), err)
+	}
+	g, ok := groups[0].DocumentOK()
+	if !ok {
+		return nil, fmt.Errorf("the staged document's group is a %s", groups[0].Type)
+	}
+	events, ok := g.Lookup("events").ArrayOK()
+	if !ok {
+		return nil, fmt.Errorf("the staged document's group has no events array: %s", g)
+	}
+	out := bson.D{}
+	for _, e := range staged {
+		if e.Key != "more" {
+			out = append(out, e)
+		}
+	}
+	return append(out,
+		bson.E{Key: "meta", Value: g.Lookup("meta")},
+		bson.E{Key: "start", Value: g.Lookup("start")},
+		bson.E{Key: "packed", Value: bson.Binary{Subtype: bucket.SubtypeArray, Data: events}}), nil
 }
 
 // stagedSample reads the staged document the proxy wrote for the rule's
@@ -150,10 +201,20 @@ func withID(d bson.D, id bson.ObjectID) bson.D {
 	return append(bson.D{{Key: "_id", Value: id}}, out...)
 }
 
-func printCalls(runs, n, stagedBytes int, p50s [][]time.Duration) {
+// printCalls prints the calls mode's tables; docs are the staged document
+// as the proxy wrote it and in form 1.
+func printCalls(runs, n int, docs [2]bson.D, p50s [][]time.Duration) {
 	fmt.Printf("\n## Where a batch-1 insert's time goes (`tsbench calls`)\n\n")
-	fmt.Printf("- one client, %d runs of %d rounds; a round is one insertOne of each kind below, in turn, so all four see the same machine\n", runs, n)
-	fmt.Printf("- the staged document is %d bytes of BSON\n\n", stagedBytes)
+	fmt.Printf("- one client, %d runs of %d rounds; a round is one insertOne of each kind below, in turn, so all five see the same machine\n", runs, n)
+	for i, what := range []string{"the staged document (as the proxy wrote it)", "in form 1"} {
+		raw, _ := bson.Marshal(docs[i])
+		var keys []string
+		for _, e := range docs[i] {
+			keys = append(keys, e.Key)
+		}
+		fmt.Printf("- %s: {%s}, %d bytes of BSON\n", what, strings.Join(keys, ", "), len(raw))
+	}
+	fmt.Println()
 	fmt.Printf("| kind | what | p50 µs (median of runs) | runs' p50s |\n|---|---|---:|---|\n")
 	for k, kind := range callKinds {
 		fmt.Printf("| %s | %s | %.0f | %s |\n", kind.name, kind.what, median(field(p50s[k], micros)), joinRuns(p50s[k], func(d time.Duration) string { return fmt.Sprint(d.Microseconds()) }))
@@ -168,6 +229,7 @@ func printCalls(runs, n, stagedBytes int, p50s [][]time.Duration) {
 		{"the hop (a command passed through the proxy)", "proxy passthrough − plain", 3, 0},
 		{"the staged insert's own work in the proxy", "proxy staged − proxy passthrough", 2, 3},
 		{"the proxy in all, for a per-event insert", "proxy staged − plain", 2, 0},
+		{"the upstream's cost of form 1 over the staged document as written", "staged doc, form 1 − staged doc", 4, 1},
 	}
 	fmt.Printf("\n| part | µs (median of runs) | runs | how |\n|---|---:|---|---|\n")
 	for _, pt := range parts {

@@ -270,46 +270,51 @@ func ingestRun(ctx context.Context, directC, proxyC *mongo.Client, db string, ba
 		}
 	}
 	halves := [2][][]any{batches[:len(batches)/2], batches[len(batches)/2:]}
-	plain := directC.Database(db).Collection(plainColl)
-	var directTime time.Duration
-	var directCalls []time.Duration
-	direct := func(half [][]any) error {
-		runtime.GC()
-		d, calls, err := ingest(ctx, plain, half, c.conc)
-		if err != nil {
-			return fmt.Errorf("direct insert: %w", err)
-		}
-		directTime += d
-		directCalls = append(directCalls, calls...)
-		return nil
-	}
-	if err := direct(halves[0]); err != nil {
+	direct := &pathTime{coll: directC.Database(db).Collection(plainColl), what: "direct insert"}
+	proxy := &pathTime{coll: proxyC.Database(db).Collection(ingestColl), what: "insert through the proxy"}
+	runtime.GC()
+	if err := direct.run(ctx, halves[0], c.conc); err != nil {
 		return s, err
 	}
 	runtime.GC()
-	events := proxyC.Database(db).Collection(ingestColl)
-	var proxyTime time.Duration
-	var proxyCalls []time.Duration
 	for _, half := range halves {
-		d, calls, err := ingest(ctx, events, half, c.conc)
-		if err != nil {
-			return s, fmt.Errorf("insert through the proxy: %w", err)
+		if err := proxy.run(ctx, half, c.conc); err != nil {
+			return s, err
 		}
-		proxyTime += d
-		proxyCalls = append(proxyCalls, calls...)
 	}
 	f, fd, err := tsproxyFlush(ctx, proxyC)
 	if err != nil {
 		return s, fmt.Errorf("tsproxyFlush after %d events: %w", n, err)
 	}
-	if err := direct(halves[1]); err != nil {
+	runtime.GC()
+	if err := direct.run(ctx, halves[1], c.conc); err != nil {
 		return s, err
 	}
-	s.direct, s.directCalls = float64(n)/directTime.Seconds(), summarizeCalls(directCalls)
-	s.proxy = float64(n) / (proxyTime + fd).Seconds()
-	s.proxyInsert = float64(n) / proxyTime.Seconds()
-	s.flush, s.flushed, s.proxyCalls = fd, f, summarizeCalls(proxyCalls)
+	s.direct, s.directCalls = float64(n)/direct.total.Seconds(), summarizeCalls(direct.calls)
+	s.proxy = float64(n) / (proxy.total + fd).Seconds()
+	s.proxyInsert = float64(n) / proxy.total.Seconds()
+	s.flush, s.flushed, s.proxyCalls = fd, f, summarizeCalls(proxy.calls)
 	return s, nil
+}
+
+// pathTime adds up the halves one path (direct or through the proxy)
+// inserted: their time and the times of their calls.
+type pathTime struct {
+	coll  *mongo.Collection
+	what  string
+	total time.Duration
+	calls []time.Duration
+}
+
+// run inserts half of a case's batches with conc clients.
+func (p *pathTime) run(ctx context.Context, half [][]any, conc int) error {
+	d, calls, err := ingest(ctx, p.coll, half, conc)
+	if err != nil {
+		return fmt.Errorf("%s: %w", p.what, err)
+	}
+	p.total += d
+	p.calls = append(p.calls, calls...)
+	return nil
 }
 
 // countStagingForm adds the form of ns's staged documents

@@ -301,6 +301,20 @@ func TestCounterRead(t *testing.T) {
 				t.Errorf("%v: err %v, want %q", tc.cmd, err, tc.want)
 			}
 		}
+		// Another namespace's command is a routing mistake, not a
+		// feature the layout lacks.
+		for _, tc := range []struct {
+			cmd  bson.D
+			want string
+		}{
+			{bson.D{{Key: "find", Value: "other"}, {Key: "$db", Value: "iot"}}, `find on collection "other" does not match the rule's collection "readings"`},
+			{bson.D{{Key: "find", Value: "readings"}, {Key: "$db", Value: "other"}}, `$db "other" does not match the rule's database "iot"`},
+			{bson.D{{Key: "find", Value: int32(1)}, {Key: "$db", Value: "iot"}}, "collection name must be a string"},
+		} {
+			if _, err := PlanRead(rwtest.Doc(t, tc.cmd), rule); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%v: err %v, want %q", tc.cmd, err, tc.want)
+			}
+		}
 	})
 }
 

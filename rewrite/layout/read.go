@@ -78,8 +78,9 @@ func PlanRead(body bsoncore.Document, rule *rules.Rule) (*Read, error) {
 		return nil, mongoerr.Errorf(mongoerr.BadValue, "empty command")
 	}
 	r := &Read{rule: rule, kind: elems[0].Key(), batch: -1}
-	if coll, _ := elems[0].Value().StringValueOK(); coll != rule.Collection {
-		return nil, mongoerr.Errorf(mongoerr.BadValue, "%s on collection %q does not match the rule's collection %q", r.kind, coll, rule.Collection)
+	// A routing mistake must not read another namespace's buckets.
+	if err := query.CheckTarget(body, rule, r.kind); err != nil {
+		return nil, err
 	}
 	if _, ok := bsonutil.Lookup(body, "collation"); ok {
 		return nil, r.unsupported("collation is not supported")

@@ -383,6 +383,30 @@ func TestInsertReplies(t *testing.T) {
 			t.Fatalf("%d staged events (%v), want 5", len(evs), err)
 		}
 	})
+	t.Run("stores the form it is given", func(t *testing.T) {
+		rule := rwtest.InsertRule()
+		lim, _ := bucket.LimitsOf(rule)
+		for _, format := range []bucket.StagedFormat{0, bucket.StagedKeyed, bucket.StagedPacked} {
+			m := newMem(t)
+			cmd := rwtest.SeqCmd(t, append(events("a", 0, 4), events("b", 0, 1)...))
+			pi, err := insert.Prepare(cmd, rule, bson.NewObjectID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m.run(stage.Insert(cmd, pi, stage.InsertEnv{Identity: "u", NewObjectID: bson.NewObjectID, Format: format}))
+			staged := m.colls[rule.StageCollection(36_000_000)]
+			if len(staged) != 1 {
+				t.Fatalf("form %d: %d staged documents, want 1", format, len(staged))
+			}
+			_, keyed := staged[0].Lookup(bucket.FieldMeta).StringValueOK()
+			if keyed != (format != bucket.StagedPacked) {
+				t.Errorf("form %d: staged %s", format, staged[0])
+			}
+			if evs, err := bucket.StagedEvents(staged[0], rule, lim); err != nil || len(evs) != 5 {
+				t.Fatalf("form %d: %d staged events (%v), want 5", format, len(evs), err)
+			}
+		}
+	})
 	t.Run("a retry meets its derived ids", func(t *testing.T) {
 		m := newMem(t)
 		evs := events("a", 0, 4)
