@@ -59,12 +59,13 @@ func stagedForms(t *testing.T, ctx context.Context, db string) (keyed, packed in
 }
 
 // TestStageFormat: a rule no proxy worked on before gets the latest
-// staged document form (two fields a per-event insert); tsproxyStagingFormat lowers it
-// (merging what was staged in the higher form before it answers, so
-// that a proxy of an older version may join) and raises it again;
-// documents of both forms merge into the same buckets, every event once.
-// A rule that an older proxy worked on (its writer lease, with no format
-// record) stages in the form every version reads.
+// staged document form (two fields for a per-event insert), on both
+// proxies that stage it; tsproxyStagingFormat lowers it (merging what
+// was staged in the higher form before it answers, so that a proxy of
+// an older version may join) and raises it again; documents of both
+// forms merge into the same buckets, every event once. A rule that an
+// older proxy worked on (its writer lease, with no format record)
+// stages in the form every version reads.
 func TestStageFormat(t *testing.T) {
 	t.Parallel()
 	ctx := ctxFor(t)
