@@ -178,7 +178,7 @@ func (c *conn) handleStagingFormat(req *request) error {
 	if err != nil {
 		return c.replyError(req, mongoerr.BadValue, fmt.Sprintf("%s: %v", name, err))
 	}
-	var out bson.A
+	out := bson.A{} // an empty array, not null, when no rule is staged
 	var lowered []*rules.Rule
 	for _, rule := range targets {
 		staged, _, err := c.stagedRule(rule)
