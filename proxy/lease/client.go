@@ -187,6 +187,36 @@ func (c Client) Release(term int64, now time.Time) error {
 	return err
 }
 
+// upsertByID sets the fields of set on the lease collection's document
+// id, inserting it when missing. Two upserts of one missing document at
+// once (two connections announcing, two proxies setting a format) may
+// both insert on FerretDB, and the second meets a duplicate key; the
+// document is there by then, so the same upsert again updates it.
+func (c Client) upsertByID(id string, set bson.D) error {
+	cmd := bson.D{
+		{Key: "update", Value: rules.LeaseCollection},
+		{Key: "updates", Value: bson.A{bson.D{
+			{Key: "q", Value: bson.D{{Key: "_id", Value: id}}},
+			{Key: "u", Value: bson.D{{Key: "$set", Value: set}}},
+			{Key: "upsert", Value: true},
+		}}},
+	}
+	for attempt := 0; ; attempt++ {
+		reply, err := c.run(cmd)
+		if err != nil {
+			return err
+		}
+		code, msg, failed := firstWriteError(reply)
+		if failed && code == mongoerr.DuplicateKey && attempt == 0 {
+			continue
+		}
+		if failed {
+			return fmt.Errorf("%s (code %d)", msg, code)
+		}
+		return nil
+	}
+}
+
 // run sends cmd to the lease database and returns the reply, or the
 // upstream's refusal as an error.
 func (c Client) run(cmd bson.D) (bson.Raw, error) {

@@ -93,31 +93,10 @@ func SetFormat(up Commander, db, coll string, n int, now time.Time) (was int, er
 	}
 	c := Client{Up: up, DB: db}
 	set := bson.D{{Key: "ns", Value: formatID(coll)}, {Key: "staged", Value: n}, {Key: "set", Value: now}}
-	cmd := bson.D{
-		{Key: "update", Value: rules.LeaseCollection},
-		{Key: "updates", Value: bson.A{bson.D{
-			{Key: "q", Value: bson.D{{Key: "_id", Value: formatID(coll)}}},
-			{Key: "u", Value: bson.D{{Key: "$set", Value: set}}},
-			{Key: "upsert", Value: true},
-		}}},
+	if err := c.upsertByID(formatID(coll), set); err != nil {
+		return 0, fmt.Errorf("set the format of %s.%s: %w", db, coll, err)
 	}
-	// Two proxies setting it at once may both upsert: FerretDB then
-	// inserts twice and the second meets a duplicate key; the document
-	// is there by then, so the same upsert again updates it.
-	for attempt := 0; ; attempt++ {
-		reply, err := c.run(cmd)
-		if err != nil {
-			return 0, fmt.Errorf("set the format of %s.%s: %w", db, coll, err)
-		}
-		code, msg, failed := firstWriteError(reply)
-		if failed && code == mongoerr.DuplicateKey && attempt == 0 {
-			continue
-		}
-		if failed {
-			return 0, fmt.Errorf("set the format of %s.%s: %s (code %d)", db, coll, msg, code)
-		}
-		return was, nil
-	}
+	return was, nil
 }
 
 // Used reports whether the lease collection shows that a proxy worked on

@@ -7,7 +7,6 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 )
 
@@ -55,34 +54,13 @@ func (p *Presence) Announce(up Commander, db, coll, tag, owner string) error {
 		return nil
 	}
 	c := Client{Up: up, DB: db}
-	cmd := bson.D{
-		{Key: "update", Value: rules.LeaseCollection},
-		{Key: "updates", Value: bson.A{bson.D{
-			{Key: "q", Value: bson.D{{Key: "_id", Value: presenceID(coll, tag)}}},
-			{Key: "u", Value: bson.D{{Key: "$set", Value: bson.D{
-				{Key: "ns", Value: presenceNS(coll)},
-				{Key: "owner", Value: owner},
-				{Key: "expires", Value: now.Add(p.ttl)},
-			}}}},
-			{Key: "upsert", Value: true},
-		}}},
+	set := bson.D{
+		{Key: "ns", Value: presenceNS(coll)},
+		{Key: "owner", Value: owner},
+		{Key: "expires", Value: now.Add(p.ttl)},
 	}
-	// Two connections of this proxy announcing at once may both upsert:
-	// FerretDB then inserts twice and the second meets a duplicate key.
-	// The document is there by then, so the same upsert again updates it.
-	for attempt := 0; ; attempt++ {
-		reply, err := c.run(cmd)
-		if err != nil {
-			return fmt.Errorf("announce staging of %s: %w", ns, err)
-		}
-		code, msg, failed := firstWriteError(reply)
-		if failed && code == mongoerr.DuplicateKey && attempt == 0 {
-			continue
-		}
-		if failed {
-			return fmt.Errorf("announce staging of %s: %s (code %d)", ns, msg, code)
-		}
-		break
+	if err := c.upsertByID(presenceID(coll, tag), set); err != nil {
+		return fmt.Errorf("announce staging of %s: %w", ns, err)
 	}
 	p.mu.Lock()
 	p.announced[ns] = now
