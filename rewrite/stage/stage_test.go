@@ -275,13 +275,19 @@ func stagedInsert(t *testing.T, m *mem, evs []bson.D, extra ...bson.E) bson.Raw 
 
 func stagedInsertResult(t *testing.T, m *mem, evs []bson.D, extra ...bson.E) rewrite.Result {
 	t.Helper()
-	rule := rwtest.InsertRule()
+	return stagedInsertWith(t, m, evs, stage.InsertEnv{Identity: "u", NewObjectID: bson.NewObjectID}, extra...)
+}
+
+// stagedInsertWith runs a staged insert of evs into rwtest.InsertRule
+// with env.
+func stagedInsertWith(t *testing.T, m *mem, evs []bson.D, env stage.InsertEnv, extra ...bson.E) rewrite.Result {
+	t.Helper()
 	cmd := rwtest.SeqCmd(t, evs, extra...)
-	pi, err := insert.Prepare(cmd, rule, bson.NewObjectID)
+	pi, err := insert.Prepare(cmd, rwtest.InsertRule(), bson.NewObjectID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return m.run(stage.Insert(cmd, pi, stage.InsertEnv{Identity: "u", NewObjectID: bson.NewObjectID}))
+	return m.run(stage.Insert(cmd, pi, env))
 }
 
 func TestParse(t *testing.T) {
@@ -388,12 +394,8 @@ func TestInsertReplies(t *testing.T) {
 		lim, _ := bucket.LimitsOf(rule)
 		for _, format := range []bucket.StagedFormat{0, bucket.StagedKeyed, bucket.StagedPacked} {
 			m := newMem(t)
-			cmd := rwtest.SeqCmd(t, append(events("a", 0, 4), events("b", 0, 1)...))
-			pi, err := insert.Prepare(cmd, rule, bson.NewObjectID)
-			if err != nil {
-				t.Fatal(err)
-			}
-			m.run(stage.Insert(cmd, pi, stage.InsertEnv{Identity: "u", NewObjectID: bson.NewObjectID, Format: format}))
+			stagedInsertWith(t, m, append(events("a", 0, 4), events("b", 0, 1)...),
+				stage.InsertEnv{Identity: "u", NewObjectID: bson.NewObjectID, Format: format})
 			staged := m.colls[rule.StageCollection(36_000_000)]
 			if len(staged) != 1 {
 				t.Fatalf("form %d: %d staged documents, want 1", format, len(staged))
