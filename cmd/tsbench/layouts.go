@@ -80,8 +80,8 @@ var layoutCases = []layoutCase{
 }
 
 // benchLayouts inserts the same events through the proxy into the counter
-// and slots layouts and directly as plain documents, interleaved (each
-// run in the other order), and reports events/s, documents and sizes.
+// and slots layouts and directly as plain documents, in the order A B B A
+// (layoutRun), and reports events/s, documents and sizes.
 func benchLayouts(e *benchEnv, runs, events, batch int) error {
 	ctx := context.Background()
 	cs, err := e.connectBoth(10*time.Minute, 0)
@@ -95,38 +95,16 @@ func benchLayouts(e *benchEnv, runs, events, batch int) error {
 	flushes := map[string][]float64{} // seconds
 	for r := 0; r < runs; r++ {
 		for _, lc := range layoutCases {
-			// Alternating which path goes first: the second inherits
-			// the first's upstream aftermath (a WAL checkpoint, a
-			// vacuum), which a fixed order would charge one side.
-			paths := []string{"direct", "proxy"}
-			if r%2 == 1 {
-				paths = []string{"proxy", "direct"}
+			_ = db(directC).Collection(lc.plain).Drop(ctx)
+			_ = db(proxyC).Collection(lc.coll).Drop(ctx)
+			direct, proxy, flush, err := layoutRun(ctx, db(directC).Collection(lc.plain), db(proxyC).Collection(lc.coll), proxyC, lc, events, batch)
+			if err != nil {
+				return fmt.Errorf("%s: %w", lc.name, err)
 			}
-			for _, path := range paths {
-				_ = db(directC).Collection(lc.plain).Drop(ctx)
-				_ = db(proxyC).Collection(lc.coll).Drop(ctx)
-				coll := db(directC).Collection(lc.plain)
-				if path == "proxy" {
-					coll = db(proxyC).Collection(lc.coll)
-				}
-				took, err := insertLayout(ctx, coll, lc, events, batch)
-				if err != nil {
-					return fmt.Errorf("%s %s: %w", lc.name, path, err)
-				}
-				if path == "proxy" {
-					// Sustained: until every event is in its bucket (on
-					// FerretDB the layouts stage, then merge).
-					_, d, err := tsproxyFlush(ctx, proxyC)
-					if err != nil {
-						return fmt.Errorf("%s: tsproxyFlush: %w", lc.name, err)
-					}
-					took += d
-					flushes[lc.name] = append(flushes[lc.name], d.Seconds())
-				}
-				rate := float64(events) / took.Seconds()
-				rates[lc.name+path] = append(rates[lc.name+path], rate)
-				fmt.Fprintf(os.Stderr, "  %s %s: %.0f events/s\n", lc.name, path, rate)
-			}
+			rates[lc.name+"direct"] = append(rates[lc.name+"direct"], direct)
+			rates[lc.name+"proxy"] = append(rates[lc.name+"proxy"], proxy)
+			flushes[lc.name] = append(flushes[lc.name], flush.Seconds())
+			fmt.Fprintf(os.Stderr, "  run %d %s: direct %.0f events/s, proxy %.0f events/s sustained (flush %.2f s); ratio %.2f\n", r+1, lc.name, direct, proxy, flush.Seconds(), proxy/direct)
 		}
 		fmt.Printf("run %d/%d done\n", r+1, runs)
 	}
@@ -148,7 +126,7 @@ func benchLayouts(e *benchEnv, runs, events, batch int) error {
 	for _, lc := range layoutCases {
 		for _, c := range []*mongo.Collection{db(directC).Collection(lc.plain), db(proxyC).Collection(lc.coll)} {
 			_ = c.Drop(ctx)
-			if _, err := insertLayout(ctx, c, lc, events, batch); err != nil {
+			if _, err := insertLayout(ctx, c, lc, 0, events, batch); err != nil {
 				return err
 			}
 		}
@@ -180,12 +158,46 @@ func benchLayouts(e *benchEnv, runs, events, batch int) error {
 	return nil
 }
 
-func insertLayout(ctx context.Context, coll *mongo.Collection, lc layoutCase, n, batch int) (time.Duration, error) {
+// layoutRun times one run of a layout case in the order ingestRun
+// uses, A B B A: the first half of the events direct into plain, all of
+// them through the proxy into coll (in the same two halves, then a
+// tsproxyFlush: sustained, until every event is in its bucket; on
+// FerretDB the layouts stage, then merge), then the second half direct.
+// Both paths' times are then centred on the same moment, so a machine
+// whose speed drifts through the run slows or speeds both alike. It
+// returns both paths' events/s and the flush's time.
+func layoutRun(ctx context.Context, plain, coll *mongo.Collection, proxyC *mongo.Client, lc layoutCase, n, batch int) (direct, proxy float64, flush time.Duration, err error) {
+	half := n / 2
+	d1, err := insertLayout(ctx, plain, lc, 0, half, batch)
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("direct: %w", err)
+	}
+	var p time.Duration
+	for _, r := range [][2]int{{0, half}, {half, n}} {
+		d, err := insertLayout(ctx, coll, lc, r[0], r[1], batch)
+		if err != nil {
+			return 0, 0, 0, fmt.Errorf("proxy: %w", err)
+		}
+		p += d
+	}
+	if _, flush, err = tsproxyFlush(ctx, proxyC); err != nil {
+		return 0, 0, 0, fmt.Errorf("tsproxyFlush: %w", err)
+	}
+	d2, err := insertLayout(ctx, plain, lc, half, n, batch)
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("direct: %w", err)
+	}
+	return float64(n) / (d1 + d2).Seconds(), float64(n) / (p + flush).Seconds(), flush, nil
+}
+
+// insertLayout inserts events from to to of lc, in insertMany calls of
+// batch events, and times it.
+func insertLayout(ctx context.Context, coll *mongo.Collection, lc layoutCase, from, to, batch int) (time.Duration, error) {
 	docs := make([]any, 0, batch)
 	t0 := time.Now()
-	for k := 0; k < n; k++ {
+	for k := from; k < to; k++ {
 		docs = append(docs, lc.event(k))
-		if len(docs) == batch || k == n-1 {
+		if len(docs) == batch || k == to-1 {
 			if _, err := coll.InsertMany(ctx, docs); err != nil {
 				return 0, err
 			}

@@ -50,16 +50,14 @@ func benchMergeFill(e *benchEnv, runs int) error {
 				}
 				from := fill * probe
 				if from > 0 {
-					if _, err := insertLayout(ctx, coll, lc, from, 1000); err != nil {
+					if _, err := insertLayout(ctx, coll, lc, 0, from, 1000); err != nil {
 						return fmt.Errorf("%s: fill: %w", lc.name, err)
 					}
 					if _, _, err := tsproxyFlush(ctx, cs.proxy); err != nil {
 						return fmt.Errorf("%s: tsproxyFlush: %w", lc.name, err)
 					}
 				}
-				shifted := lc
-				shifted.event = func(k int) bson.D { return lc.event(from + k) }
-				if _, err := insertLayout(ctx, coll, shifted, probe, 1); err != nil {
+				if _, err := insertLayout(ctx, coll, lc, from, from+probe, 1); err != nil {
 					return fmt.Errorf("%s: probe: %w", lc.name, err)
 				}
 				fr, d, err := tsproxyFlush(ctx, cs.proxy)
