@@ -75,6 +75,11 @@ type conn struct {
 	// rules and created time-series collections (catalogGate).
 	rules *rules.Set
 
+	// afterReply is bookkeeping of the request being served that waits
+	// until its client has the reply (afterReplied): serve runs it before
+	// it reads the next request, while the client turns the reply around.
+	afterReply []func()
+
 	busy   atomic.Bool // serving a request
 	closed atomic.Bool
 }
@@ -132,6 +137,7 @@ func (c *conn) serve() {
 		c.busy.Store(true)
 		c.s.tel.BytesIn(len(frame))
 		err = c.handle(h, frame)
+		c.runAfterReply()
 		c.busy.Store(false)
 		if cap(c.outBuf) > maxKeptBuf {
 			c.outBuf = nil // a huge reply's buffer is not kept while idle
@@ -141,6 +147,21 @@ func (c *conn) serve() {
 			return
 		}
 	}
+}
+
+// afterReplied defers f, bookkeeping that neither the upstream commands
+// nor the reply of the request being served depend on (its metrics, the
+// merge's counts), until the reply is sent: a per-event insert's client
+// waits for less.
+func (c *conn) afterReplied(f func()) { c.afterReply = append(c.afterReply, f) }
+
+// runAfterReply runs the bookkeeping afterReplied deferred, in order.
+func (c *conn) runAfterReply() {
+	for i, f := range c.afterReply {
+		f()
+		c.afterReply[i] = nil
+	}
+	c.afterReply = c.afterReply[:0]
 }
 
 func (c *conn) logReadError(err error) {
@@ -368,7 +389,8 @@ func (c *conn) passthrough(req *request) error {
 	span := c.s.tel.Start(req.name, req.db, routePassthrough.String(), req.start)
 	upStart := time.Now()
 	_, reply, err := c.up.RoundTrip(fwd)
-	span.End(time.Since(upStart), err)
+	upWait := time.Since(upStart)
+	c.afterReplied(func() { span.End(upWait, err) })
 	if err != nil {
 		// The client's session and authentication live on this upstream
 		// connection; a new one would not have them, so the client must

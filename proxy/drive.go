@@ -75,7 +75,8 @@ func (c *conn) runPlan(req *request, rule *rules.Rule, r route, p rewrite.Plan) 
 	span := c.s.tel.Start(req.name, req.db, r.String(), req.start)
 	tr := &timedRunner{c: c}
 	res, err := drive(tr, p)
-	span.End(tr.wait, err)
+	wait := tr.wait
+	c.afterReplied(func() { span.End(wait, err) })
 	if err != nil {
 		return res, err
 	}

@@ -46,7 +46,8 @@ func (c *conn) handleHello(req *request) error {
 	span := c.s.tel.Start(req.name, req.db, routePassthrough.String(), req.start)
 	upStart := time.Now()
 	_, rf, err := c.up.RoundTrip(frame)
-	span.End(time.Since(upStart), err)
+	upWait := time.Since(upStart)
+	c.afterReplied(func() { span.End(upWait, err) })
 	if err != nil {
 		return err
 	}

@@ -108,8 +108,11 @@ func (c *conn) stagedInsert(req *request, rule *rules.Rule) error {
 	if err == nil && mongoerr.IsOK(res.Reply) {
 		n, _ := bson.Raw(res.Reply).Lookup("n").AsInt64OK()
 		// Its rollups count these events when they are merged
-		// (stage.Merge), not here.
-		c.s.merges.staged(rule, n)
+		// (stage.Merge), not here. Counted once the client has its
+		// reply: a freeze may take the events first, as it may between
+		// the insert and the count anyway (the count only sizes
+		// backpressure and the next merge).
+		c.afterReplied(func() { c.s.merges.staged(rule, n) })
 	}
 	if err == nil {
 		err = c.answer(req, rule, res)
