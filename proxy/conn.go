@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tsproxy/tsproxy/proxy/replycache"
+	"github.com/tsproxy/tsproxy/proxy/telemetry"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
@@ -154,6 +155,13 @@ func (c *conn) serve() {
 // merge's counts), until the reply is sent: a per-event insert's client
 // waits for less.
 func (c *conn) afterReplied(f func()) { c.afterReply = append(c.afterReply, f) }
+
+// endAfterReply ends span, a request's metrics, once its client has the
+// reply: upstream is the time spent waiting on the upstream, err the
+// request's failure.
+func (c *conn) endAfterReply(span telemetry.Span, upstream time.Duration, err error) {
+	c.afterReplied(func() { span.End(upstream, err) })
+}
 
 // runAfterReply runs the bookkeeping afterReplied deferred, in order.
 func (c *conn) runAfterReply() {
@@ -389,8 +397,7 @@ func (c *conn) passthrough(req *request) error {
 	span := c.s.tel.Start(req.name, req.db, routePassthrough.String(), req.start)
 	upStart := time.Now()
 	_, reply, err := c.up.RoundTrip(fwd)
-	upWait := time.Since(upStart)
-	c.afterReplied(func() { span.End(upWait, err) })
+	c.endAfterReply(span, time.Since(upStart), err)
 	if err != nil {
 		// The client's session and authentication live on this upstream
 		// connection; a new one would not have them, so the client must

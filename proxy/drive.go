@@ -75,8 +75,7 @@ func (c *conn) runPlan(req *request, rule *rules.Rule, r route, p rewrite.Plan) 
 	span := c.s.tel.Start(req.name, req.db, r.String(), req.start)
 	tr := &timedRunner{c: c}
 	res, err := drive(tr, p)
-	wait := tr.wait
-	c.afterReplied(func() { span.End(wait, err) })
+	c.endAfterReply(span, tr.wait, err)
 	if err != nil {
 		return res, err
 	}

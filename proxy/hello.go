@@ -46,8 +46,7 @@ func (c *conn) handleHello(req *request) error {
 	span := c.s.tel.Start(req.name, req.db, routePassthrough.String(), req.start)
 	upStart := time.Now()
 	_, rf, err := c.up.RoundTrip(frame)
-	upWait := time.Since(upStart)
-	c.afterReplied(func() { span.End(upWait, err) })
+	c.endAfterReply(span, time.Since(upStart), err)
 	if err != nil {
 		return err
 	}

@@ -99,8 +99,7 @@ func (c *conn) rewriteGetMore(req *request, rule *rules.Rule) error {
 	span := c.s.tel.Start(req.name, req.db, routeCursor.String(), req.start)
 	tr := &timedRunner{c: c}
 	res, err := drive(tr, e.Cursor.More(req.msg.Body))
-	wait := tr.wait
-	c.afterReplied(func() { span.End(wait, err) })
+	c.endAfterReply(span, tr.wait, err)
 	if err != nil {
 		c.s.cursors.Forget(id)
 		return err
