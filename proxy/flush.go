@@ -164,6 +164,7 @@ func addStats(total *stage.Stats, st stage.Stats) {
 	total.Late += st.Late
 	total.Kept += st.Kept
 	total.DirectoryReads += st.DirectoryReads
+	total.KnownBuckets += st.KnownBuckets
 	total.ParallelInserts += st.ParallelInserts
 	total.RecordReads += st.RecordReads
 }
@@ -335,6 +336,7 @@ func (c *conn) handleFlush(req *request) error {
 		{Key: "retries", Value: total.Retries},
 		{Key: "late", Value: total.Late},
 		{Key: "directoryReads", Value: total.DirectoryReads},
+		{Key: "knownBuckets", Value: total.KnownBuckets},
 		{Key: "parallelInserts", Value: total.ParallelInserts},
 		{Key: "recordReads", Value: total.RecordReads},
 		{Key: "ok", Value: 1.0},

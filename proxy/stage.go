@@ -339,11 +339,13 @@ func (s *Server) runMergeLocked(r stepRunner, up lease.Commander, rule *rules.Ru
 				l.Unlock()
 			}
 		}
-		if !opts.Guest && rule.Layout == rules.LayoutEvents && lookups != read.IDLookupIndexed {
+		if !opts.Guest && lookups != read.IDLookupIndexed {
 			// Where lookups by _id scan, the holder knows its rule's
 			// buckets instead: its merges are their only writers while it
 			// holds its term (directory.go). Where they are indexed (the
 			// embedded upstream), probes and reads cost a lookup each.
+			// A counter or slots rule has no delete through the proxy;
+			// its direct inserts and retention sweeps count as writes.
 			opts.Known = s.dirs.known(rule.BucketNamespace(), s.heldTerm(rule))
 		}
 		if !opts.Guest {

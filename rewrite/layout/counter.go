@@ -160,6 +160,8 @@ type layoutStmt struct {
 	id     [12]byte
 	doc    bsoncore.Document
 	events []int
+	// whole is the bucket doc upserts whole, nil for an $inc.
+	whole bsoncore.Document
 }
 
 // counterStatement sums the group's events per slot into one upsert: an
@@ -175,7 +177,7 @@ func counterStatement(rule *rules.Rule, g []layoutEvent, opts CounterOptions) (l
 		before := opts.Before(g[0].key)
 		if packed := packLayout(rule, opts.Caps.PackedEvents); packed || isPackedMap(before, rules.BucketSlots) {
 			doc, err := counterBucketOver(rule, id, g, before, packed, opts)
-			return layoutStmt{id: id, doc: upsertByID(id, doc), events: idx}, err
+			return layoutStmt{id: id, doc: upsertByID(id, doc), events: idx, whole: doc}, err
 		}
 	}
 	counts := map[int]int64{}

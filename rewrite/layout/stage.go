@@ -64,6 +64,10 @@ type MergeStatement struct {
 	ID     [12]byte
 	Doc    bsoncore.Document
 	Events int
+	// Bucket is the whole bucket the write leaves (an insert's Doc, a
+	// whole replacement's bucket), nil where it is not known (an $inc):
+	// what the merging proxy's directory may keep of the key.
+	Bucket bsoncore.Document
 }
 
 // StagedGroups are staged events of a layout rule grouped by (series,
@@ -135,14 +139,14 @@ func CounterMergeWrites(rule *rules.Rule, groups StagedGroups, mark string, stor
 			if err != nil {
 				return w, err
 			}
-			w.Updates = append(w.Updates, MergeStatement{Key: g[0].key, ID: st.id, Doc: st.doc, Events: len(g)})
+			w.Updates = append(w.Updates, MergeStatement{Key: g[0].key, ID: st.id, Doc: st.doc, Events: len(g), Bucket: st.whole})
 		default:
 			id := BucketID(rule, g[0].key)
 			b, err := counterBucketOver(rule, id, g, nil, packLayout(rule, packedUpstream), opts)
 			if err != nil {
 				return w, err
 			}
-			w.Inserts = append(w.Inserts, MergeStatement{Key: g[0].key, ID: id, Doc: b, Events: len(g)})
+			w.Inserts = append(w.Inserts, MergeStatement{Key: g[0].key, ID: id, Doc: b, Events: len(g), Bucket: b})
 		}
 	}
 	return w, nil
@@ -169,10 +173,10 @@ func SlotsMergeWrites(rule *rules.Rule, groups StagedGroups, stored StoredBucket
 			return w, err
 		}
 		if !exists {
-			w.Inserts = append(w.Inserts, MergeStatement{Key: g[0].key, ID: id, Doc: doc, Events: len(g)})
+			w.Inserts = append(w.Inserts, MergeStatement{Key: g[0].key, ID: id, Doc: doc, Events: len(g), Bucket: doc})
 			continue
 		}
-		w.Updates = append(w.Updates, MergeStatement{Key: g[0].key, ID: id, Doc: upsertByID(id, doc), Events: len(g)})
+		w.Updates = append(w.Updates, MergeStatement{Key: g[0].key, ID: id, Doc: upsertByID(id, doc), Events: len(g), Bucket: doc})
 	}
 	return w, nil
 }

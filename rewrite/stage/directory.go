@@ -71,11 +71,11 @@ type Known struct {
 // window) keys keeps them out of the proxy's memory).
 const MaxDirectoryKeys = 100_000
 
-// knownKeys is what the directory knows of groups' keys, read while
-// the caller holds their locks: nil without a directory. Unless the
-// directory read them this term, the buckets' keys are read first.
-func (m *Merge) knownKeys(x *rewrite.Exec, groups []group) (map[string]KnownKey, error) {
-	if m.opts.Known == nil || len(groups) == 0 {
+// knownKeys is what the directory knows of keys, read while the caller
+// holds their locks: nil without a directory. Unless the directory read
+// them this term, the buckets' keys are read first.
+func (m *Merge) knownKeys(x *rewrite.Exec, keys []bucket.Key) (map[string]KnownKey, error) {
+	if m.opts.Known == nil || len(keys) == 0 {
 		return nil, nil
 	}
 	coll, ok, err := m.bucketCollectionID(x)
@@ -83,10 +83,15 @@ func (m *Merge) knownKeys(x *rewrite.Exec, groups []group) (map[string]KnownKey,
 		return nil, err
 	}
 	m.planColl = coll
-	keys := slices.DeleteFunc(groupKeys(groups), m.sweepable)
+	keys = slices.DeleteFunc(slices.Clone(keys), m.sweepable)
 	known, complete, read := m.opts.Known.Of(coll, keys)
 	if complete || read {
 		return known, nil
+	}
+	if coll == "" {
+		// No bucket collection: no bucket, nothing to read.
+		m.opts.Known.Load(coll, map[string]KnownKey{}, true)
+		return KnownOf(nil, true, keys), nil
 	}
 	dir, complete, err := m.scanDirectory(x)
 	if err != nil {

@@ -3,6 +3,7 @@ package stage_test
 import (
 	"fmt"
 	"maps"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -383,4 +384,69 @@ func TestMergeLayoutSlots(t *testing.T) {
 			t.Fatalf("rejected %+v, want the event refused for its valueField", pi.Rejected())
 		}
 	})
+}
+
+// TestMergeLayoutDirectory: with the proxy's directory (MergeOptions.Known)
+// a counter or slots merge reads no bucket it wrote whole itself, nor
+// any of a window that has none, and leaves the same buckets as a merge
+// that reads them all.
+func TestMergeLayoutDirectory(t *testing.T) {
+	rounds := [][]bson.D{
+		append(hits("/a", 1, 0, 0, 5), hits("/b", 2, 61)...),
+		append(hits("/a", 3, 5, 70), hits("/b", 4, 61, 62)...), // over both windows of round 1, and a new one
+		append(hits("/a", 5, 1, 130), hits("/c", 6, 2)...),
+	}
+	for _, tc := range []struct {
+		name   string
+		layout string
+		packed bool
+		// reads: finds of the buckets by round with the directory.
+		reads []int
+	}{
+		{"counter, packed (whole buckets)", rules.LayoutCounter, true, []int{0, 0, 0}},
+		{"counter, $inc (nothing kept whole)", rules.LayoutCounter, false, []int{0, 1, 1}},
+		{"slots, packed", rules.LayoutSlots, true, []int{0, 0, 0}},
+		{"slots", rules.LayoutSlots, false, []int{0, 0, 0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rule := hitsRule(tc.layout)
+			with, without := newMem(t), newMem(t)
+			d := &dir{}
+			reads := 0
+			with.hook = func(name, coll string) bool {
+				if name == "find" && coll == "hits.buckets" {
+					reads++
+				}
+				return false
+			}
+			opts := func(known *stage.Known) stage.MergeOptions {
+				return stage.MergeOptions{All: true, TopUp: true, PackedEvents: tc.packed, OneScanBeats: read.IDLookupScansParsed.OneScanBeats, Known: known}
+			}
+			for i, evs := range rounds {
+				stageLayout(t, with, rule, evs, bson.NewObjectID, nil)
+				stageLayout(t, without, rule, evs, bson.NewObjectID, nil)
+				reads = 0
+				st := mergeRule(t, with, rule, opts(d.known()))
+				mergeRule(t, without, rule, opts(nil))
+				if reads != tc.reads[i] || st.DirectoryReads != 0 {
+					t.Fatalf("round %d: %d finds of the buckets, stats %+v; want %d finds and no read of the keys", i, reads, st, tc.reads[i])
+				}
+				if st.KnownBuckets+reads == 0 {
+					t.Fatalf("round %d: stats %+v, want buckets taken from the directory", i, st)
+				}
+				a, b := layoutBuckets(t, with), layoutBuckets(t, without)
+				for _, m := range []map[string]map[string]any{a, b} {
+					for _, bk := range m {
+						delete(bk, layout.CounterMerged) // a mark of each merge's own
+					}
+				}
+				if !reflect.DeepEqual(a, b) {
+					t.Fatalf("round %d: buckets with the directory\n%v\nwithout\n%v", i, a, b)
+				}
+			}
+			if n := len(layoutBuckets(t, with)); n != 5 {
+				t.Fatalf("%d buckets, want 5", n)
+			}
+		})
+	}
 }

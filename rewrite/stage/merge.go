@@ -139,6 +139,10 @@ type Stats struct {
 	// DirectoryReads counts the reads of every bucket's key
 	// (MergeOptions.Known).
 	DirectoryReads int
+	// KnownBuckets counts the buckets a counter or slots merge took from
+	// the directory, without reading them: none there, or the whole
+	// bucket it kept.
+	KnownBuckets int
 	// RecordReads counts the reads of the records of merged retryable
 	// writes (MergeOptions.Records).
 	RecordReads int

@@ -60,13 +60,27 @@ func (m *Merge) mergeLayoutOne(x *rewrite.Exec, r Collection, staged []bsoncore.
 	}
 	groups := layout.GroupStaged(m.rule, evs)
 	keys := groups.Keys()
+	// The proxy's directory of the rule's buckets, as the events' merge
+	// uses it (directory.go): asked under the keys' locks, which hold
+	// until it learns what this merge wrote. Not on a repeated run: what
+	// the cut run wrote is not known.
+	unlock := func() {}
+	defer func() { unlock() }()
+	var known map[string]KnownKey
+	if m.opts.Known != nil && !repeated {
+		unlock = m.lockKeys(keys)
+		var err error
+		if known, err = m.knownKeys(x, keys); err != nil {
+			return err
+		}
+	}
 	// Whole buckets, but for a counter whose buckets take an $inc (not on
 	// an upstream that packs: layout's packed.go): its mark alone.
 	var proj bsoncore.Document
 	if m.rule.Layout == rules.LayoutCounter && !m.opts.PackedEvents {
 		proj = bsoncore.NewDocumentBuilder().AppendInt32(layout.CounterMerged, 1).Build()
 	}
-	stored, err := m.lookupBuckets(x, keys, proj)
+	stored, err := m.lookupBuckets(x, keys, proj, known)
 	if err != nil {
 		return err
 	}
@@ -96,13 +110,22 @@ func (m *Merge) mergeLayoutOne(x *rewrite.Exec, r Collection, staged []bsoncore.
 			return fmt.Errorf("write buckets: %w", err)
 		}
 	}
-	if shells := layout.ShellsAfter(m.rule, keys, m.opts.Shells, m.opts.PackedEvents); shells != nil {
+	shells := layout.ShellsAfter(m.rule, keys, m.opts.Shells, m.opts.PackedEvents)
+	if shells != nil {
 		// A duplicate key is a shell there already; anything else only
 		// costs the next window its preallocation.
 		if _, ok := x.One(shells); !ok {
 			return rewrite.ErrAborted
 		}
 	}
+	if known != nil {
+		m.last = m.layoutLearned(w, shells)
+		if err := m.learn(x); err != nil {
+			return err
+		}
+	}
+	unlock()
+	unlock = func() {}
 	if err := m.finishRetired(x, r, plan); err != nil {
 		return err
 	}
@@ -114,10 +137,46 @@ func (m *Merge) mergeLayoutOne(x *rewrite.Exec, r Collection, staged []bsoncore.
 	return nil
 }
 
-// lookupBuckets reads the buckets of keys of a layout rule: a lookup by
-// _id each, or one find of them all where each lookup would scan the
+// lookupBuckets reads the buckets of keys of a layout rule, but for
+// those the directory knows (known, nil without one): a key it knows has
+// no bucket, or whose whole bucket it kept, needs no read. On FerretDB,
+// where a read by _id scans the bucket collection, a merge of new
+// windows then reads nothing, and one of open windows reads nothing the
+// proxy's own merges wrote, however much the rule has stored.
+func (m *Merge) lookupBuckets(x *rewrite.Exec, keys []bucket.Key, projection bsoncore.Document, known map[string]KnownKey) (layout.StoredBucket, error) {
+	kept := map[string]bsoncore.Document{} // nil: no bucket
+	var unknown []bucket.Key
+	for _, k := range keys {
+		kk, ok := known[k.String()]
+		switch {
+		case ok && kk.Next == 0:
+			kept[k.String()] = nil
+		case ok && kk.Last != nil && projection == nil:
+			kept[k.String()] = kk.Last
+		default:
+			unknown = append(unknown, k)
+		}
+	}
+	m.Stats.KnownBuckets += len(kept)
+	read, err := m.readLayoutBuckets(x, unknown, projection)
+	if err != nil {
+		return nil, err
+	}
+	return func(k bucket.Key) (bsoncore.Document, bool) {
+		if d, ok := kept[k.String()]; ok {
+			return d, d != nil
+		}
+		return read(k)
+	}, nil
+}
+
+// readLayoutBuckets reads the buckets of keys of a layout rule: a lookup
+// by _id each, or one find of them all where each lookup would scan the
 // collection anyway (MergeOptions.OneScanBeats).
-func (m *Merge) lookupBuckets(x *rewrite.Exec, keys []bucket.Key, projection bsoncore.Document) (layout.StoredBucket, error) {
+func (m *Merge) readLayoutBuckets(x *rewrite.Exec, keys []bucket.Key, projection bsoncore.Document) (layout.StoredBucket, error) {
+	if len(keys) == 0 {
+		return func(bucket.Key) (bsoncore.Document, bool) { return nil, false }, nil
+	}
 	if m.opts.OneScanBeats == nil || !m.opts.OneScanBeats(len(keys)) {
 		return layout.ReadBuckets(x, m.rule, keys, projection)
 	}
@@ -136,6 +195,49 @@ func (m *Merge) lookupBuckets(x *rewrite.Exec, keys []bucket.Key, projection bso
 		d, ok := byID[layout.BucketID(m.rule, k)]
 		return d, ok
 	}, nil
+}
+
+// layoutLearned is what a layout merge leaves in the keys it wrote (w)
+// and the shells it inserted, for the directory: each key has its
+// bucket, kept whole where the write gave it whole. A key the retention
+// sweep of another proxy may reach is left out (sweepable), so is a
+// shell's key this merge also wrote (its write is the bucket).
+func (m *Merge) layoutLearned(w layout.MergeWrites, shells bsoncore.Document) map[string]KnownKey {
+	out := map[string]KnownKey{}
+	for _, s := range append(slices.Clip(w.Inserts), w.Updates...) {
+		if !m.sweepable(s.Key) {
+			out[s.Key.String()] = KnownKey{Next: 1, Last: s.Bucket, Full: s.Bucket == nil}
+		}
+	}
+	for _, k := range insertedKeys(shells) {
+		if _, ok := out[k.String()]; !ok && !m.sweepable(k) {
+			// A shell there already, or one that failed to go in: either
+			// way a read tells (only "no bucket" is taken on trust).
+			out[k.String()] = KnownKey{Next: 1, Full: true}
+		}
+	}
+	return out
+}
+
+// insertedKeys are the keys of the buckets of an insert command (nil:
+// none).
+func insertedKeys(cmd bsoncore.Document) []bucket.Key {
+	docs, ok := cmd.Lookup("documents").ArrayOK()
+	if !ok {
+		return nil
+	}
+	vals, _ := docs.Values()
+	out := make([]bucket.Key, 0, len(vals))
+	for _, v := range vals {
+		d, ok := v.DocumentOK()
+		if !ok {
+			continue
+		}
+		if meta, start, err := bucket.KeyFields(d); err == nil {
+			out = append(out, bucket.KeyOf(meta, start))
+		}
+	}
+	return out
 }
 
 // layoutReadBatch is how many of a layout rule's buckets one reply may

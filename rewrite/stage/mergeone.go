@@ -194,7 +194,7 @@ func (m *Merge) planKeys(x *rewrite.Exec, r Collection, groups []group, plan *me
 		// key's last bucket must not run between the probe and the
 		// writes, which would then leave a gap in the key's seqs.
 		unlock = m.lockKeys(groupKeys(groups))
-		if known, err = m.knownKeys(x, groups); err != nil {
+		if known, err = m.knownKeys(x, groupKeys(groups)); err != nil {
 			return unlock, err
 		}
 		m.planKnown = known
