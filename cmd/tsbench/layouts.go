@@ -81,8 +81,10 @@ var layoutCases = []layoutCase{
 
 // benchLayouts inserts the same events through the proxy into the counter
 // and slots layouts and directly as plain documents, in the order A B B A
-// (layoutRun), and reports events/s, documents and sizes.
-func benchLayouts(e *benchEnv, runs, events, batch int) error {
+// (layoutRun), and reports events/s, documents and sizes. With prefill,
+// each run's collections first get that many events, the ones before
+// the timed events (at batch 1000, flushed): a rule with history.
+func benchLayouts(e *benchEnv, runs, events, batch, prefill int) error {
 	ctx := context.Background()
 	cs, err := e.connectBoth(10*time.Minute, 0)
 	if err != nil {
@@ -97,7 +99,10 @@ func benchLayouts(e *benchEnv, runs, events, batch int) error {
 		for _, lc := range layoutCases {
 			_ = db(directC).Collection(lc.plain).Drop(ctx)
 			_ = db(proxyC).Collection(lc.coll).Drop(ctx)
-			direct, proxy, flush, err := layoutRun(ctx, db(directC).Collection(lc.plain), db(proxyC).Collection(lc.coll), proxyC, lc, events, batch)
+			if err := prefillLayout(ctx, db(directC).Collection(lc.plain), db(proxyC).Collection(lc.coll), proxyC, lc, prefill); err != nil {
+				return fmt.Errorf("%s: prefill: %w", lc.name, err)
+			}
+			direct, proxy, flush, err := layoutRun(ctx, db(directC).Collection(lc.plain), db(proxyC).Collection(lc.coll), proxyC, lc, prefill, prefill+events, batch)
 			if err != nil {
 				return fmt.Errorf("%s: %w", lc.name, err)
 			}
@@ -108,7 +113,7 @@ func benchLayouts(e *benchEnv, runs, events, batch int) error {
 		}
 		fmt.Printf("run %d/%d done\n", r+1, runs)
 	}
-	fmt.Printf("\nmedians of %d runs; %d events per case, insertMany of %d, one client; the proxy's time includes a tsproxyFlush\n\n", runs, events, batch)
+	fmt.Printf("\nmedians of %d runs; %d events per case (after %d prefilled), insertMany of %d, one client; the proxy's time includes a tsproxyFlush\n\n", runs, events, prefill, batch)
 	fmt.Println("| layout | direct plain events/s | proxy events/s | proxy/direct | median of the runs' ratios | flush s |")
 	fmt.Println("|---|---:|---:|---:|---:|---:|")
 	for _, lc := range layoutCases {
@@ -158,22 +163,37 @@ func benchLayouts(e *benchEnv, runs, events, batch int) error {
 	return nil
 }
 
-// layoutRun times one run of a layout case in the order ingestRun
-// uses, A B B A: the first half of the events direct into plain, all of
-// them through the proxy into coll (in the same two halves, then a
-// tsproxyFlush: sustained, until every event is in its bucket; on
-// FerretDB the layouts stage, then merge), then the second half direct.
-// Both paths' times are then centred on the same moment, so a machine
-// whose speed drifts through the run slows or speeds both alike. It
-// returns both paths' events/s and the flush's time.
-func layoutRun(ctx context.Context, plain, coll *mongo.Collection, proxyC *mongo.Client, lc layoutCase, n, batch int) (direct, proxy float64, flush time.Duration, err error) {
-	half := n / 2
-	d1, err := insertLayout(ctx, plain, lc, 0, half, batch)
+// prefillLayout writes events 0 to n of lc into plain directly and into
+// coll through the proxy, at batch 1000, and flushes.
+func prefillLayout(ctx context.Context, plain, coll *mongo.Collection, proxyC *mongo.Client, lc layoutCase, n int) error {
+	if n == 0 {
+		return nil
+	}
+	for _, c := range []*mongo.Collection{plain, coll} {
+		if _, err := insertLayout(ctx, c, lc, 0, n, 1000); err != nil {
+			return err
+		}
+	}
+	_, _, err := tsproxyFlush(ctx, proxyC)
+	return err
+}
+
+// layoutRun times one run of a layout case, events from to to, in the
+// order ingestRun uses, A B B A: the first half of the events direct
+// into plain, all of them through the proxy into coll (in the same two
+// halves, then a tsproxyFlush: sustained, until every event is in its
+// bucket; on FerretDB the layouts stage, then merge), then the second
+// half direct. Both paths' times are then centred on the same moment, so
+// a machine whose speed drifts through the run slows or speeds both
+// alike. It returns both paths' events/s and the flush's time.
+func layoutRun(ctx context.Context, plain, coll *mongo.Collection, proxyC *mongo.Client, lc layoutCase, from, to, batch int) (direct, proxy float64, flush time.Duration, err error) {
+	n, half := to-from, from+(to-from)/2
+	d1, err := insertLayout(ctx, plain, lc, from, half, batch)
 	if err != nil {
 		return 0, 0, 0, fmt.Errorf("direct: %w", err)
 	}
 	var p time.Duration
-	for _, r := range [][2]int{{0, half}, {half, n}} {
+	for _, r := range [][2]int{{from, half}, {half, to}} {
 		d, err := insertLayout(ctx, coll, lc, r[0], r[1], batch)
 		if err != nil {
 			return 0, 0, 0, fmt.Errorf("proxy: %w", err)
@@ -183,7 +203,7 @@ func layoutRun(ctx context.Context, plain, coll *mongo.Collection, proxyC *mongo
 	if _, flush, err = tsproxyFlush(ctx, proxyC); err != nil {
 		return 0, 0, 0, fmt.Errorf("tsproxyFlush: %w", err)
 	}
-	d2, err := insertLayout(ctx, plain, lc, half, n, batch)
+	d2, err := insertLayout(ctx, plain, lc, half, to, batch)
 	if err != nil {
 		return 0, 0, 0, fmt.Errorf("direct: %w", err)
 	}

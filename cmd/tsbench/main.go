@@ -44,7 +44,7 @@ func main() {
 	cases := fs.String("cases", "", "ingest: batch/clients pairs to run, e.g. 1000/1,1000/16 (default: all six)")
 	threshold := fs.Int("insert-threshold", 0, "ingest: the rule's bucket.insertThreshold (0: the default)")
 	records := fs.Int("records", 0, "ingest: derived ids of merged retryable writes recorded in each case's rule before it is timed, as 10 minutes (the retry horizon) of records/600 retryable inserts a second leave them")
-	prefill := fs.Int("prefill", 0, "ingest: events written into each case's rule (through the proxy, batch 1000, flushed) and plain collection before it is timed, in the day before its events: a rule with history, whose merges must not cost more for it")
+	prefill := fs.Int("prefill", 0, "ingest, layouts: events written into each case's rule (through the proxy, batch 1000, flushed) and plain collection before it is timed (ingest: in the day before its events; layouts: the events before them): a rule with history, whose merges must not cost more for it")
 	png := fs.String("png", "", "ingest: write a chart of the proxy/direct ratios to `file` (PNG)")
 	pgDurable := fs.Bool("pg-durable", false, "-backend postgresql: run the cluster with PostgreSQL's default durability (fsync and synchronous_commit on), as a user's server runs; default off, as the tests run it (every commit cheaper)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (proxy, upstream and clients) to `file`")
@@ -87,7 +87,7 @@ func main() {
 	case "layouts":
 		var rs []rules.Rule
 		if rs, err = layoutRules(); err == nil {
-			err = withEnv(up, rs, func(e *benchEnv) error { return benchLayouts(e, *runs, *events, *batch) })
+			err = withEnv(up, rs, func(e *benchEnv) error { return benchLayouts(e, *runs, *events, *batch, *prefill) })
 		}
 	case "mergefill":
 		var rs []rules.Rule
