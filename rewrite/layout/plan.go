@@ -196,7 +196,7 @@ func slotsWrite(x *rewrite.Exec, cmd rewrite.Command, rule *rules.Rule, keys []b
 // shell that exists already (the window was written first) fails with a
 // duplicate key and is left alone: an insert never overwrites.
 func preallocate(rule *rules.Rule, keys []bucket.Key, claim func([]bucket.Key) []bucket.Key, packed bool) rewrite.Plan {
-	cmd := shellsInsert(rule, keys, claim, packed)
+	cmd, _ := shellsInsert(rule, keys, claim, packed)
 	if cmd == nil {
 		return nil
 	}
@@ -206,8 +206,9 @@ func preallocate(rule *rules.Rule, keys []bucket.Key, claim func([]bucket.Key) [
 }
 
 // shellsInsert is the insert of the shells of the windows after keys
-// that claim has not tried yet; nil for none; packed: SlotsShell's.
-func shellsInsert(rule *rules.Rule, keys []bucket.Key, claim func([]bucket.Key) []bucket.Key, packed bool) bsoncore.Document {
+// that claim has not tried yet, and their keys; nil for none; packed:
+// SlotsShell's.
+func shellsInsert(rule *rules.Rule, keys []bucket.Key, claim func([]bucket.Key) []bucket.Key, packed bool) (bsoncore.Document, []bucket.Key) {
 	win := rule.LayoutOptions.Window.Milliseconds()
 	next := make([]bucket.Key, len(keys))
 	for i, k := range keys {
@@ -215,12 +216,12 @@ func shellsInsert(rule *rules.Rule, keys []bucket.Key, claim func([]bucket.Key) 
 	}
 	claimed := claim(next)
 	if len(claimed) == 0 {
-		return nil
+		return nil, nil
 	}
 	docs := bsoncore.NewArrayBuilder()
 	for _, k := range claimed {
 		docs.AppendDocument(SlotsShellOf(rule, k, packed))
 	}
 	return bsoncore.NewDocumentBuilder().AppendString("insert", rule.BucketCollection).
-		AppendArray("documents", docs.Build()).AppendBoolean("ordered", false).AppendString("$db", rule.DB).Build()
+		AppendArray("documents", docs.Build()).AppendBoolean("ordered", false).AppendString("$db", rule.DB).Build(), claimed
 }

@@ -379,11 +379,11 @@ func MergeCommands(rule *rules.Rule, stmts []MergeStatement, per int) []bsoncore
 
 // ShellsAfter are the preallocated shells of the windows after keys of a
 // slots rule with preallocate (none otherwise), among those claim has
-// not tried: an insert command, nil for none. A shell there already
-// meets a duplicate key and is left alone.
-func ShellsAfter(rule *rules.Rule, keys []bucket.Key, claim func([]bucket.Key) []bucket.Key, packedUpstream bool) bsoncore.Document {
+// not tried: an insert command, nil for none, and the shells' keys. A
+// shell there already meets a duplicate key and is left alone.
+func ShellsAfter(rule *rules.Rule, keys []bucket.Key, claim func([]bucket.Key) []bucket.Key, packedUpstream bool) (bsoncore.Document, []bucket.Key) {
 	if rule.Layout != rules.LayoutSlots || !rule.LayoutOptions.Preallocate || claim == nil {
-		return nil
+		return nil, nil
 	}
 	return shellsInsert(rule, keys, claim, packLayout(rule, packedUpstream))
 }

@@ -110,7 +110,7 @@ func (m *Merge) mergeLayoutOne(x *rewrite.Exec, r Collection, staged []bsoncore.
 			return fmt.Errorf("write buckets: %w", err)
 		}
 	}
-	shells := layout.ShellsAfter(m.rule, keys, m.opts.Shells, m.opts.PackedEvents)
+	shells, shellKeys := layout.ShellsAfter(m.rule, keys, m.opts.Shells, m.opts.PackedEvents)
 	if shells != nil {
 		// A duplicate key is a shell there already; anything else only
 		// costs the next window its preallocation.
@@ -119,7 +119,7 @@ func (m *Merge) mergeLayoutOne(x *rewrite.Exec, r Collection, staged []bsoncore.
 		}
 	}
 	if known != nil {
-		m.last = m.layoutLearned(w, shells)
+		m.last = m.layoutLearned(w, shellKeys)
 		if err := m.learn(x); err != nil {
 			return err
 		}
@@ -198,43 +198,22 @@ func (m *Merge) readLayoutBuckets(x *rewrite.Exec, keys []bucket.Key, projection
 }
 
 // layoutLearned is what a layout merge leaves in the keys it wrote (w)
-// and the shells it inserted, for the directory: each key has its
+// and those of the shells it inserted, for the directory: each key has its
 // bucket, kept whole where the write gave it whole. A key the retention
 // sweep of another proxy may reach is left out (sweepable), so is a
 // shell's key this merge also wrote (its write is the bucket).
-func (m *Merge) layoutLearned(w layout.MergeWrites, shells bsoncore.Document) map[string]KnownKey {
+func (m *Merge) layoutLearned(w layout.MergeWrites, shells []bucket.Key) map[string]KnownKey {
 	out := map[string]KnownKey{}
 	for _, s := range append(slices.Clip(w.Inserts), w.Updates...) {
 		if !m.sweepable(s.Key) {
 			out[s.Key.String()] = KnownKey{Next: 1, Last: s.Bucket, Full: s.Bucket == nil}
 		}
 	}
-	for _, k := range insertedKeys(shells) {
+	for _, k := range shells {
 		if _, ok := out[k.String()]; !ok && !m.sweepable(k) {
 			// A shell there already, or one that failed to go in: either
 			// way a read tells (only "no bucket" is taken on trust).
 			out[k.String()] = KnownKey{Next: 1, Full: true}
-		}
-	}
-	return out
-}
-
-// insertedKeys are the keys of the buckets of an insert command (nil:
-// none).
-func insertedKeys(cmd bsoncore.Document) []bucket.Key {
-	docs, ok := cmd.Lookup("documents").ArrayOK()
-	if !ok {
-		return nil
-	}
-	vals, _ := docs.Values()
-	out := make([]bucket.Key, 0, len(vals))
-	for _, v := range vals {
-		d, ok := v.DocumentOK()
-		if !ok {
-			continue
-		}
-		if meta, start, err := bucket.KeyFields(d); err == nil {
-			out = append(out, bucket.KeyOf(meta, start))
 		}
 	}
 	return out

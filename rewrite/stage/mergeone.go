@@ -193,8 +193,9 @@ func (m *Merge) planKeys(x *rewrite.Exec, r Collection, groups []group, plan *me
 		// Locked before the probe: a delete that empties and removes a
 		// key's last bucket must not run between the probe and the
 		// writes, which would then leave a gap in the key's seqs.
-		unlock = m.lockKeys(groupKeys(groups))
-		if known, err = m.knownKeys(x, groupKeys(groups)); err != nil {
+		keys := groupKeys(groups)
+		unlock = m.lockKeys(keys)
+		if known, err = m.knownKeys(x, keys); err != nil {
 			return unlock, err
 		}
 		m.planKnown = known

@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
-
-	"github.com/tsproxy/tsproxy/tests/backend"
 )
 
 // TestLayoutDirectory: the proxy that merges a counter rule takes what
@@ -26,9 +24,7 @@ func TestLayoutDirectory(t *testing.T) {
 	p := startProxy(t, proxyOptions{yaml: yaml})
 	c := connect(t, p.URI())
 	coll := c.Database(db).Collection("hits")
-	// Where lookups by _id scan (FerretDB's stock command and
-	// PostgreSQL), the merging proxy keeps a directory.
-	dir := !env.external && env.kind != backend.KindEmbedded
+	dir := keepsDirectory()
 	want := map[slotKey]int{}
 	round := func(name string, seed int64) {
 		t.Helper()
@@ -85,7 +81,7 @@ func TestLayoutDirectorySlots(t *testing.T) {
 	p := startProxy(t, proxyOptions{yaml: slotsRule(db, "")})
 	c := connect(t, p.URI())
 	coll := c.Database(db).Collection("cpu")
-	dir := !env.external && env.kind != backend.KindEmbedded
+	dir := keepsDirectory()
 	want := map[sampleKey]float64{}
 	rng := rand.New(rand.NewSource(11))
 	for round := range 4 {
