@@ -3,6 +3,8 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -167,6 +169,7 @@ func addStats(total *stage.Stats, st stage.Stats) {
 	total.KnownBuckets += st.KnownBuckets
 	total.ParallelInserts += st.ParallelInserts
 	total.RecordReads += st.RecordReads
+	stage.AddStepTimes(&total.Upstream, st.Upstream)
 }
 
 // flushWaitLeases bounds, in lease lifetimes, how long a proxy waits for
@@ -339,12 +342,29 @@ func (c *conn) handleFlush(req *request) error {
 		{Key: "knownBuckets", Value: total.KnownBuckets},
 		{Key: "parallelInserts", Value: total.ParallelInserts},
 		{Key: "recordReads", Value: total.RecordReads},
+		{Key: "upstreamMs", Value: upstreamMs(total.Upstream)},
 		{Key: "ok", Value: 1.0},
 	})
 	if err != nil {
 		return err
 	}
 	return c.replyBody(req, reply)
+}
+
+// upstreamMs is the flush reply's account of the time its merges waited
+// on the upstream: for each kind of step (stage.StepKind), in order of
+// name, its milliseconds and how many steps.
+func upstreamMs(times map[string]stage.StepTime) bson.D {
+	kinds := slices.Sorted(maps.Keys(times))
+	out := make(bson.D, 0, len(kinds))
+	for _, k := range kinds {
+		t := times[k]
+		out = append(out, bson.E{Key: k, Value: bson.D{
+			{Key: "ms", Value: float64(t.Time.Microseconds()) / 1000},
+			{Key: "steps", Value: t.Steps},
+		}})
+	}
+	return out
 }
 
 // ruleTargets are the rules a proxy command (tsproxyFlush,

@@ -306,7 +306,7 @@ func (s *Server) runMerge(r stepRunner, up lease.Commander, rule *rules.Rule, ca
 }
 
 // runMergeLocked is runMerge under the rule's merge lock.
-func (s *Server) runMergeLocked(r stepRunner, up lease.Commander, rule *rules.Rule, caps caps.Upstream, opts stage.MergeOptions, background bool) (stage.Stats, error) {
+func (s *Server) runMergeLocked(r stepRunner, up lease.Commander, rule *rules.Rule, caps caps.Upstream, opts stage.MergeOptions, background bool) (st stage.Stats, err error) {
 	if opts.Now.IsZero() {
 		opts.Now = time.Now()
 	}
@@ -362,6 +362,9 @@ func (s *Server) runMergeLocked(r stepRunner, up lease.Commander, rule *rules.Ru
 			r = orphanMender{r: r, s: s}
 		}
 	}
+	times := map[string]stage.StepTime{}
+	r = timedSteps{r: r, rule: rule, times: times} // merge_times.go
+	defer func() { stage.AddStepTimes(&st.Upstream, times) }()
 	if !opts.Guest && caps.SingleWriter {
 		// Every step of the holder's merge runs under the writer lease,
 		// renewed as it goes: a merge of many collections outlasts a
@@ -407,14 +410,16 @@ func (s *Server) runMergeLocked(r stepRunner, up lease.Commander, rule *rules.Ru
 		s.merges.record(rule, freeze.Stats, background)
 		return freeze.Stats, nil
 	}
-	st, err := s.mergeRetiredOnly(r, rule, caps, opts, true)
+	st, err = s.mergeRetiredOnly(r, rule, caps, opts, true)
 	st.Pending, st.Markers, st.Others = freeze.Stats.Pending, freeze.Stats.Markers, freeze.Stats.Others
 	s.merges.record(rule, st, background)
 	if err != nil {
 		return st, err
 	}
 	if st.Collections > 0 {
-		s.log.Debug("staging merged", "rule", rule.Namespace, "collections", st.Collections, "events", st.Events, "buckets", st.Buckets)
+		slowest, took := slowestStep(times)
+		s.log.Debug("staging merged", "rule", rule.Namespace, "collections", st.Collections, "events", st.Events, "buckets", st.Buckets,
+			"slowestStep", slowest, "slowestStepMs", took.Milliseconds())
 	}
 	return st, nil
 }

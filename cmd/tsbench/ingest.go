@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -336,7 +337,10 @@ func countStagingForm(ctx context.Context, proxyC *mongo.Client, ns string, form
 }
 
 // flushReply is tsproxyFlush's answer.
-type flushReply struct{ rules, collections, events, buckets, retries int64 }
+type flushReply struct {
+	rules, collections, events, buckets, retries int64
+	slowest                                      string // its slowest kinds of upstream step (upstreamMs)
+}
 
 // tsproxyFlush merges everything staged, through the proxy, and times it.
 func tsproxyFlush(ctx context.Context, proxyC *mongo.Client) (flushReply, time.Duration, error) {
@@ -348,7 +352,34 @@ func tsproxyFlush(ctx context.Context, proxyC *mongo.Client) (flushReply, time.D
 		return flushReply{}, d, err
 	}
 	get := func(k string) int64 { v, _ := r.Lookup(k).AsInt64OK(); return v }
-	return flushReply{get("rules"), get("collections"), get("events"), get("buckets"), get("retries")}, d, nil
+	return flushReply{rules: get("rules"), collections: get("collections"), events: get("events"), buckets: get("buckets"),
+		retries: get("retries"), slowest: slowestSteps(r.Lookup("upstreamMs"), 2)}, d, nil
+}
+
+// slowestSteps names the n kinds of step of a flush reply's upstreamMs
+// that took longest, with their milliseconds.
+func slowestSteps(upstreamMs bson.RawValue, n int) string {
+	type kind struct {
+		name string
+		ms   float64
+	}
+	var kinds []kind
+	doc, _ := upstreamMs.DocumentOK()
+	elems, _ := doc.Elements()
+	for _, e := range elems {
+		step, _ := e.Value().DocumentOK()
+		ms, _ := step.Lookup("ms").AsFloat64OK()
+		kinds = append(kinds, kind{e.Key(), ms})
+	}
+	slices.SortFunc(kinds, func(a, b kind) int { return cmp.Compare(b.ms, a.ms) })
+	var out []string
+	for _, k := range kinds[:min(n, len(kinds))] {
+		out = append(out, fmt.Sprintf("%s %.0f ms", k.name, k.ms))
+	}
+	if len(out) == 0 {
+		return "none"
+	}
+	return strings.Join(out, ", ")
 }
 
 // ingestBatches cuts n events of ingestSeries series at a 1-second cadence

@@ -102,14 +102,16 @@ func benchLayouts(e *benchEnv, runs, events, batch, prefill int) error {
 			if err := prefillLayout(ctx, db(directC).Collection(lc.plain), db(proxyC).Collection(lc.coll), proxyC, lc, prefill); err != nil {
 				return fmt.Errorf("%s: prefill: %w", lc.name, err)
 			}
-			direct, proxy, flush, err := layoutRun(ctx, db(directC).Collection(lc.plain), db(proxyC).Collection(lc.coll), proxyC, lc, prefill, prefill+events, batch)
+			res, err := layoutRun(ctx, db(directC).Collection(lc.plain), db(proxyC).Collection(lc.coll), proxyC, lc, prefill, prefill+events, batch)
 			if err != nil {
 				return fmt.Errorf("%s: %w", lc.name, err)
 			}
+			direct, proxy, flush := res.direct, res.proxy, res.flush
 			rates[lc.name+"direct"] = append(rates[lc.name+"direct"], direct)
 			rates[lc.name+"proxy"] = append(rates[lc.name+"proxy"], proxy)
 			flushes[lc.name] = append(flushes[lc.name], flush.Seconds())
-			fmt.Fprintf(os.Stderr, "  run %d %s: direct %.0f events/s, proxy %.0f events/s sustained (flush %.2f s); ratio %.2f\n", r+1, lc.name, direct, proxy, flush.Seconds(), proxy/direct)
+			fmt.Fprintf(os.Stderr, "  run %d %s: direct %.0f events/s, proxy %.0f events/s sustained (flush %.2f s, its slowest steps: %s); ratio %.2f\n",
+				r+1, lc.name, direct, proxy, flush.Seconds(), res.slowest, proxy/direct)
 		}
 		fmt.Printf("run %d/%d done\n", r+1, runs)
 	}
@@ -185,29 +187,38 @@ func prefillLayout(ctx context.Context, plain, coll *mongo.Collection, proxyC *m
 // bucket; on FerretDB the layouts stage, then merge), then the second
 // half direct. Both paths' times are then centred on the same moment, so
 // a machine whose speed drifts through the run slows or speeds both
-// alike. It returns both paths' events/s and the flush's time.
-func layoutRun(ctx context.Context, plain, coll *mongo.Collection, proxyC *mongo.Client, lc layoutCase, from, to, batch int) (direct, proxy float64, flush time.Duration, err error) {
+// alike.
+func layoutRun(ctx context.Context, plain, coll *mongo.Collection, proxyC *mongo.Client, lc layoutCase, from, to, batch int) (layoutResult, error) {
 	n, half := to-from, from+(to-from)/2
 	d1, err := insertLayout(ctx, plain, lc, from, half, batch)
 	if err != nil {
-		return 0, 0, 0, fmt.Errorf("direct: %w", err)
+		return layoutResult{}, fmt.Errorf("direct: %w", err)
 	}
 	var p time.Duration
 	for _, r := range [][2]int{{from, half}, {half, to}} {
 		d, err := insertLayout(ctx, coll, lc, r[0], r[1], batch)
 		if err != nil {
-			return 0, 0, 0, fmt.Errorf("proxy: %w", err)
+			return layoutResult{}, fmt.Errorf("proxy: %w", err)
 		}
 		p += d
 	}
-	if _, flush, err = tsproxyFlush(ctx, proxyC); err != nil {
-		return 0, 0, 0, fmt.Errorf("tsproxyFlush: %w", err)
+	fr, flush, err := tsproxyFlush(ctx, proxyC)
+	if err != nil {
+		return layoutResult{}, fmt.Errorf("tsproxyFlush: %w", err)
 	}
 	d2, err := insertLayout(ctx, plain, lc, half, to, batch)
 	if err != nil {
-		return 0, 0, 0, fmt.Errorf("direct: %w", err)
+		return layoutResult{}, fmt.Errorf("direct: %w", err)
 	}
-	return float64(n) / (d1 + d2).Seconds(), float64(n) / (p + flush).Seconds(), flush, nil
+	return layoutResult{direct: float64(n) / (d1 + d2).Seconds(), proxy: float64(n) / (p + flush).Seconds(), flush: flush, slowest: fr.slowest}, nil
+}
+
+// layoutResult is one layoutRun: both paths' events/s, the flush's time
+// and its slowest kinds of upstream step.
+type layoutResult struct {
+	direct, proxy float64
+	flush         time.Duration
+	slowest       string
 }
 
 // insertLayout inserts events from to to of lc, in insertMany calls of

@@ -157,6 +157,9 @@ type Stats struct {
 	// Lost are the retired collections whose tables the upstream had
 	// lost, moved to their LostName (lost.go).
 	Lost []string
+	// Upstream is the time the merge waited on the upstream, by StepKind:
+	// the runner that ran its steps (the proxy's) fills it.
+	Upstream map[string]StepTime
 	// Others are the staging collections of other proxies that still
 	// take inserts (their owners freeze them), and Retired the retired
 	// collections a freeze left unmerged (a guest's for the holder; the

@@ -57,6 +57,29 @@ func flush(t *testing.T, ctx context.Context, c *mongo.Client, target any) bson.
 	return out
 }
 
+// stepTime is one kind of step of a flush reply's upstreamMs.
+type stepTime struct {
+	Ms    float64 `bson:"ms"`
+	Steps int64   `bson:"steps"`
+}
+
+// upstreamSteps reads a flush reply's upstreamMs: the time its merges
+// waited on the upstream, by kind of step ("update buckets").
+func upstreamSteps(t *testing.T, r bson.M) map[string]stepTime {
+	t.Helper()
+	raw, err := bson.Marshal(bson.D{{Key: "u", Value: r["upstreamMs"]}})
+	if err != nil {
+		t.Fatalf("flush reply %v: upstreamMs: %v", r, err)
+	}
+	var out struct {
+		U map[string]stepTime `bson:"u"`
+	}
+	if err := bson.Unmarshal(raw, &out); err != nil {
+		t.Fatalf("flush reply %v: upstreamMs: %v", r, err)
+	}
+	return out.U
+}
+
 func asInt(v any) int64 {
 	switch n := v.(type) {
 	case int32:
@@ -177,6 +200,16 @@ func TestStageFlush(t *testing.T) {
 	// merges them from what it kept of its inserts, reading none back.
 	if !env.external && asInt(r["kept"]) != asInt(r["collections"]) {
 		t.Fatalf("flush reply %v: %v of %v collections merged from what the proxy kept", r, r["kept"], r["collections"])
+	}
+	if !env.external {
+		// The reply says where the merge's upstream time went.
+		steps := upstreamSteps(t, r)
+		if s := steps["insert buckets"]; s.Steps < 1 || s.Ms <= 0 {
+			t.Fatalf("flush reply %v: upstreamMs has no time for inserting the buckets", r)
+		}
+		if s := steps["drop staging"]; s.Steps < 1 {
+			t.Fatalf("flush reply %v: upstreamMs has no drop of the merged staging", r)
+		}
 	}
 	if left := stagingNames(t, ctx, db); len(left) != 0 {
 		t.Fatalf("staging collections left after the flush: %v", left)
@@ -670,8 +703,9 @@ func TestStageDirectory(t *testing.T) {
 	round("first round", 0, 150, read(scans))
 	round("second round", 150, 20, 0)
 	// Topping up runs on FerretDB (its deletes take the writer lease).
-	if r := round("third round", 170, 10, 0); !env.external && (asInt(r["toppedUp"]) != 2 || asInt(r["buckets"]) != 0) {
-		t.Fatalf("third round: flush %v, want both series' last buckets topped up from what the proxy knew", r)
+	if r := round("third round", 170, 10, 0); !env.external && (asInt(r["toppedUp"]) != 2 || asInt(r["buckets"]) != 0 ||
+		upstreamSteps(t, r)["update buckets"].Steps < 1) {
+		t.Fatalf("third round: flush %v, want both series' last buckets topped up from what the proxy knew (rewrites of buckets, upstreamMs)", r)
 	}
 	// A delete on this proxy rewrites a's last bucket (100..179 keeps
 	// 100..119), and the count of buckets stays: what the proxy knew of
