@@ -69,7 +69,13 @@ func (s *Server) syncLoops(set *rules.Set) {
 	want := map[string]func(ctx context.Context, rule *rules.Rule){}
 	rulesByKey := map[string]rules.Rule{}
 	for _, r := range set.All() {
-		if r.Layout == rules.LayoutEvents && !r.Partitioned() && r.Ingest != rules.IngestDirect {
+		// Every rule that stages on some upstream (Staged(true): those
+		// whose updates rewrite whole documents, FerretDB) has a merger;
+		// mergeOnce skips a rule that does not stage on this one. The
+		// counter and slots layouts had none: their staged events waited
+		// for a read or a flush, and past maxStaged their inserts waited
+		// for good (TestLayoutBackgroundMerge).
+		if r.Staged(true) {
 			want["merge "+r.Namespace] = s.mergeLoop // merger.go
 			rulesByKey["merge "+r.Namespace] = r
 		}

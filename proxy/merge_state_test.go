@@ -72,6 +72,23 @@ func TestMergeDuePolicy(t *testing.T) {
 		m.record(rule, stage.Stats{Events: 96_000, Buckets: 96, Keys: 96, Series: 4}, true)
 		dueAtDocs(4000, "series × maxEvents documents after a backfill")
 	})
+	t.Run("counter and slots: no merge batch, the backlog bound", func(t *testing.T) {
+		for _, l := range []string{rules.LayoutCounter, rules.LayoutSlots} {
+			lr := *rule
+			lr.Layout, lr.MaxStaged = l, 10_000
+			m := newMergeState()
+			for range 4999 {
+				m.staged(&lr, 1)
+			}
+			if m.due(&lr, time.Now())(c) {
+				t.Fatalf("%s: due at 4,999 one-event documents while inserts arrive (a merge batch rewrites its open windows)", l)
+			}
+			m.staged(&lr, 1)
+			if !m.due(&lr, time.Now())(c) {
+				t.Fatalf("%s: not due at half its maxStaged", l)
+			}
+		}
+	})
 	t.Run("backlog bound", func(t *testing.T) {
 		m := newMergeState()
 		m.staged(rule, MaxStagedEvents-1)
