@@ -155,8 +155,7 @@ func (m *mergeState) dueNow(rule *rules.Rule, a *stagedSince) bool {
 	if a.events >= maxStagedEvents(rule) {
 		return true
 	}
-	wholeWindows := rule.Layout == rules.LayoutCounter || rule.Layout == rules.LayoutSlots
-	return !wholeWindows && a.docs >= m.mergeBatch(rule)
+	return !rule.SlotLayout() && a.docs >= m.mergeBatch(rule)
 }
 
 // maxStagedEvents is the backlog, in events, that makes a merge due:

@@ -52,7 +52,7 @@ const (
 // (MongoDB) their upserts are atomic and cost no more than an insert.
 func (r *Rule) Staged(costlyUpdates bool) bool {
 	switch {
-	case r.Layout == LayoutCounter || r.Layout == LayoutSlots:
+	case r.SlotLayout():
 		return costlyUpdates && r.Ingest != IngestDirect
 	case r.Layout != LayoutEvents || r.Partitioned():
 		return false

@@ -14,6 +14,11 @@ const (
 	LayoutSlots   = "slots"
 )
 
+// SlotLayout says whether r keeps one document per series and window with
+// a map of slots (counter, slots), which any write to the window rewrites
+// whole on an upstream whose updates rewrite documents.
+func (r *Rule) SlotLayout() bool { return r.Layout == LayoutCounter || r.Layout == LayoutSlots }
+
 // Field names of the counter and slots bucket documents (see DESIGN.md).
 const (
 	BucketTotal        = "total"         // counter: events counted in the window
