@@ -8,6 +8,7 @@ import (
 
 	"github.com/tsproxy/tsproxy/proxy/lease"
 	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/source"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
@@ -97,8 +98,11 @@ func (s *Server) mergeOnce(up *upstream.Conn, rule *rules.Rule) (stage.Stats, er
 		}
 	}
 	runner := upRunner{up: up}
-	st, err := s.runMerge(runner, up, rule, upCaps, opts, true)
-	if err != nil {
+	var st stage.Stats
+	if pending, idle := s.idleRound(rule, upCaps, list, opts.Due); idle {
+		st.Pending = pending
+		s.merges.record(rule, st, true)
+	} else if st, err = s.runMerge(runner, up, rule, upCaps, opts, true); err != nil {
 		return st, err
 	}
 	if st.Pending > 0 && upCaps.SingleWriter {
@@ -135,6 +139,30 @@ func (s *Server) mergeOnce(up *upstream.Conn, rule *rules.Rule) (stage.Stats, er
 		}
 	}
 	return st, nil
+}
+
+// idleRound says whether rule's background round has nothing to merge,
+// and how many staging collections wait: its listing (a hint, as in
+// stagedWork) holds only this proxy's open staging collections of rule,
+// and due takes none of them. Its merge would list the database again
+// and run a freeze pass, which holds the rule's inserts off, to find the
+// same. A counter or slots rule, merged only at the backlog bound, when
+// quiet and before a read (mergeState.dueNow), had such a round every
+// second while it took inserts.
+func (s *Server) idleRound(rule *rules.Rule, caps caps.Upstream, list []byte, due func(stage.Collection) bool) (pending int, idle bool) {
+	if !caps.SingleWriter { // staging names carry no owner tag
+		return 0, false
+	}
+	own, ok, err := stage.OwnOpenOnly(rule, list, s.stagerTag(), s.stagerSince)
+	if err != nil || !ok || len(own) == 0 {
+		return 0, false
+	}
+	for _, c := range own {
+		if due(c) {
+			return 0, false
+		}
+	}
+	return len(own), true
 }
 
 // staleFlushRequest is how old a flush request is when the holder drops

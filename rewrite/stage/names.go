@@ -256,6 +256,37 @@ func HasWork(rule *rules.Rule, reply []byte) (bool, error) {
 	return false, nil
 }
 
+// OwnOpenOnly reads the reply to source.ListCommand of rule's database:
+// ok when everything of rule's staging tier it lists is open and staged
+// into by the proxy tagged tag since its generation since, with own
+// those collections; not ok when it lists a retired collection, another
+// proxy's or the lease holder's, a flush request, or more names than its
+// first batch holds. The background merger skips a round whose listing
+// is ok and whose own collections are not due: its merge would find only
+// that, after listing again and freezing nothing with the rule's inserts
+// held off.
+func OwnOpenOnly(rule *rules.Rule, reply []byte, tag string, since int64) (own []Collection, ok bool, err error) {
+	docs, id, err := cursor.Docs(reply)
+	if err != nil || id != 0 || tag == "" {
+		return nil, false, err
+	}
+	for _, d := range docs {
+		name, _ := d.Lookup("name").StringValueOK()
+		if IsFlushMarker(rule, name) {
+			return nil, false, nil
+		}
+		c, parsed := Parse(rule, name)
+		if !parsed {
+			continue
+		}
+		if c.Retired() || c.Owner != tag || c.Gen < since {
+			return nil, false, nil
+		}
+		own = append(own, c)
+	}
+	return own, true, nil
+}
+
 // Remaining are those of waitFor (names of staging collections, open or
 // retired, that a flush waits for) that listed still holds unmerged:
 // under their name, or, for an open one, retired under a name of it.

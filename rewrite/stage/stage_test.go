@@ -317,16 +317,58 @@ func TestParse(t *testing.T) {
 	}
 }
 
+// listReply is a listCollections reply naming ns, with cursor id id.
+func listReply(t *testing.T, id int64, ns ...string) []byte {
+	var docs []bson.D
+	for _, n := range ns {
+		docs = append(docs, bson.D{{Key: "name", Value: n}, {Key: "type", Value: "collection"}})
+	}
+	return rwtest.CursorReply(t, id, docs...)
+}
+
+func TestOwnOpenOnly(t *testing.T) {
+	rule := rwtest.InsertRule()
+	const tag, since = "0a1b2c3d", int64(100)
+	mine := stage.OpenCollection(rule, 36_000_000, stage.Stager{Tag: tag, Gen: since})
+	mineNext := stage.OpenCollection(rule, 39_600_000, stage.Stager{Tag: tag, Gen: since + 2})
+	names := func(id int64, ns ...string) []byte { return listReply(t, id, ns...) }
+	cases := []struct {
+		name  string
+		reply []byte
+		own   []string
+		ok    bool
+	}{
+		{"nothing staged", names(0, rule.BucketCollection, stage.TxnsCollection(rule), "other"), nil, true},
+		{"two of its own", names(0, rule.BucketCollection, mine, "other", mineNext), []string{mine, mineNext}, true},
+		{"its own of a previous run", names(0, mine, stage.OpenCollection(rule, 36_000_000, stage.Stager{Tag: tag, Gen: since - 1})), nil, false},
+		{"another proxy's", names(0, mine, stage.OpenCollection(rule, 36_000_000, stage.Stager{Tag: "ffffffff", Gen: since})), nil, false},
+		{"the holder's", names(0, mine, rule.StageCollection(36_000_000)), nil, false},
+		{"its own retired", names(0, mine, stage.RetiredName(mineNext, 3)), nil, false},
+		{"a flush request", names(0, mine, stage.FlushMarker(rule, "ab")), nil, false},
+		{"more than one batch", names(42, mine), nil, false},
+	}
+	for _, c := range cases {
+		own, ok, err := stage.OwnOpenOnly(rule, c.reply, tag, since)
+		var got []string
+		for _, o := range own {
+			got = append(got, o.Name)
+		}
+		if err != nil || ok != c.ok || !slices.Equal(got, c.own) {
+			t.Errorf("%s: OwnOpenOnly = %v, %v, %v; want %v, %v", c.name, got, ok, err, c.own, c.ok)
+		}
+	}
+	if _, ok, _ := stage.OwnOpenOnly(rule, names(0, mine), "", since); ok {
+		t.Error("OwnOpenOnly with no tag (a proxy staging under the holder's names): ok")
+	}
+	if _, _, err := stage.OwnOpenOnly(rule, rwtest.Doc(t, bson.D{{Key: "ok", Value: 0.0}, {Key: "errmsg", Value: "no"}, {Key: "code", Value: 13}}), tag, since); err == nil {
+		t.Error("OwnOpenOnly of an error reply: no error")
+	}
+}
+
 func TestHasWork(t *testing.T) {
 	rule := rwtest.InsertRule()
 	open := rule.StageCollection(36_000_000)
-	names := func(id int64, ns ...string) []byte {
-		var docs []bson.D
-		for _, n := range ns {
-			docs = append(docs, bson.D{{Key: "name", Value: n}, {Key: "type", Value: "collection"}})
-		}
-		return rwtest.CursorReply(t, id, docs...)
-	}
+	names := func(id int64, ns ...string) []byte { return listReply(t, id, ns...) }
 	cases := []struct {
 		name  string
 		reply []byte

@@ -1,0 +1,53 @@
+package proxy
+
+import (
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/tsproxy/tsproxy/proxy/lease"
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+	"github.com/tsproxy/tsproxy/rewrite/stage"
+	"github.com/tsproxy/tsproxy/rules"
+)
+
+// A background round with nothing due skips the merge (its listing and
+// freeze pass) only when what the listing shows is this proxy's own open
+// staging, and still counts what waits.
+func TestIdleRound(t *testing.T) {
+	rule := &rules.Rule{Namespace: "db.hits", DB: "db", Collection: "hits", BucketCollection: "hits", MergeAfter: 30 * time.Second, MaxEvents: 1000}
+	s := &Server{leases: lease.NewSet(0, "host:27018"), merges: newMergeState(), stagerSince: 100}
+	mine := stage.Stager{Tag: s.stagerTag(), Gen: s.stagerSince}
+	list := func(names ...string) []byte {
+		var docs bson.A
+		for _, n := range names {
+			docs = append(docs, bson.D{{Key: "name", Value: n}, {Key: "type", Value: "collection"}})
+		}
+		b, err := bson.Marshal(bson.D{{Key: "cursor", Value: bson.D{{Key: "id", Value: int64(0)}, {Key: "ns", Value: "db.$cmd.listCollections"}, {Key: "firstBatch", Value: docs}}}, {Key: "ok", Value: 1.0}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	own := list(stage.OpenCollection(rule, 0, mine), stage.OpenCollection(rule, 3_600_000, mine))
+	ferret := caps.Upstream{SingleWriter: true}
+	s.merges.staged(rule, 1)
+	notDue := s.merges.due(rule, time.Now())
+	if n, idle := s.idleRound(rule, ferret, own, notDue); !idle || n != 2 {
+		t.Errorf("own open staging, nothing due: idleRound = %d, %v; want 2, true", n, idle)
+	}
+	if _, idle := s.idleRound(rule, ferret, own, s.merges.due(rule, time.Now().Add(time.Minute))); idle {
+		t.Error("quiet for mergeAfter: the round skipped its merge")
+	}
+	if _, idle := s.idleRound(rule, caps.Upstream{}, own, notDue); idle {
+		t.Error("an upstream whose staging names carry no owner: the round skipped its merge")
+	}
+	other := stage.OpenCollection(rule, 0, stage.Stager{Tag: "ffffffff", Gen: 100})
+	if _, idle := s.idleRound(rule, ferret, list(stage.OpenCollection(rule, 0, mine), other), notDue); idle {
+		t.Error("another proxy's staging listed (it may have stopped): the round skipped its merge")
+	}
+	if _, idle := s.idleRound(rule, ferret, list(stage.RetiredName(stage.OpenCollection(rule, 0, mine), 4)), notDue); idle {
+		t.Error("a retired collection listed: the round skipped its merge")
+	}
+}
