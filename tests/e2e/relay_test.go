@@ -39,6 +39,11 @@ type relay struct {
 	cut   atomic.Pointer[func(frame []byte) bool]
 	cuts  atomic.Int64 // replies cut so far
 	limit atomic.Int64 // replies still to cut
+
+	// refuse, when set, picks client→upstream messages that never reach
+	// the upstream: the relay closes both sides instead (see Refuse).
+	refuse  atomic.Pointer[func(frame []byte) bool]
+	refused atomic.Int64 // messages refused so far
 }
 
 // relayPair is the state of one relayed connection.
@@ -236,6 +241,17 @@ func (r *relay) CutReplyOf(n int, match func(frame []byte) bool) {
 	r.cut.Store(&match)
 }
 
+// Refuse makes the relay close the connection of every client→upstream
+// message for which match is true, before it reaches the upstream (the
+// command fails, nothing of it ran); nil stops refusing.
+func (r *relay) Refuse(match func(frame []byte) bool) {
+	if match == nil {
+		r.refuse.Store(nil)
+		return
+	}
+	r.refuse.Store(&match)
+}
+
 // Open is the number of connections relayed now.
 func (r *relay) Open() int {
 	r.mu.Lock()
@@ -269,6 +285,10 @@ func (r *relay) pipeRequests(dst, src net.Conn, pair *relayPair) {
 		frame := make([]byte, size)
 		copy(frame, lenBuf[:])
 		if _, err := io.ReadFull(br, frame[4:]); err != nil {
+			return
+		}
+		if m := r.refuse.Load(); m != nil && (*m)(frame) {
+			r.refused.Add(1)
 			return
 		}
 		if m := r.cut.Load(); m != nil && (*m)(frame) && r.limit.Add(-1) >= 0 {
