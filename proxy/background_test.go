@@ -148,11 +148,16 @@ func (l *listRunner) runStep(step rewrite.Step) ([][]byte, error) {
 		l.fail = nil
 		return nil, err
 	}
+	return [][]byte{listReply(l.t, "iot", l.names...)}, nil
+}
+
+// listReply is a one-batch listCollections reply of db naming names.
+func listReply(t *testing.T, db string, names ...string) []byte {
 	var batch bson.A
-	for _, n := range l.names {
+	for _, n := range names {
 		batch = append(batch, bson.D{{Key: "name", Value: n}, {Key: "type", Value: "collection"}})
 	}
-	return [][]byte{doc(l.t, bson.D{{Key: "cursor", Value: bson.D{{Key: "id", Value: int64(0)}, {Key: "ns", Value: "iot.$cmd.listCollections"}, {Key: "firstBatch", Value: batch}}}, {Key: "ok", Value: 1.0}})}, nil
+	return doc(t, bson.D{{Key: "cursor", Value: bson.D{{Key: "id", Value: int64(0)}, {Key: "ns", Value: db + ".$cmd.listCollections"}, {Key: "firstBatch", Value: batch}}}, {Key: "ok", Value: 1.0}})
 }
 
 // TestDBListingsShared: the rules of one database share a listing for

@@ -4,8 +4,6 @@ import (
 	"testing"
 	"time"
 
-	"go.mongodb.org/mongo-driver/v2/bson"
-
 	"github.com/tsproxy/tsproxy/proxy/lease"
 	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
@@ -19,17 +17,7 @@ func TestIdleRound(t *testing.T) {
 	rule := &rules.Rule{Namespace: "db.hits", DB: "db", Collection: "hits", BucketCollection: "hits", MergeAfter: 30 * time.Second, MaxEvents: 1000}
 	s := &Server{leases: lease.NewSet(0, "host:27018"), merges: newMergeState(), stagerSince: 100}
 	mine := stage.Stager{Tag: s.stagerTag(), Gen: s.stagerSince}
-	list := func(names ...string) []byte {
-		var docs bson.A
-		for _, n := range names {
-			docs = append(docs, bson.D{{Key: "name", Value: n}, {Key: "type", Value: "collection"}})
-		}
-		b, err := bson.Marshal(bson.D{{Key: "cursor", Value: bson.D{{Key: "id", Value: int64(0)}, {Key: "ns", Value: "db.$cmd.listCollections"}, {Key: "firstBatch", Value: docs}}}, {Key: "ok", Value: 1.0}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
+	list := func(names ...string) []byte { return listReply(t, "db", names...) }
 	own := list(stage.OpenCollection(rule, 0, mine), stage.OpenCollection(rule, 3_600_000, mine))
 	ferret := caps.Upstream{SingleWriter: true}
 	s.merges.staged(rule, 1)

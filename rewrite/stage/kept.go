@@ -127,7 +127,7 @@ func (m *Merge) stagedOf(x *rewrite.Exec, r Collection) ([]bsoncore.Document, er
 
 // readStaged is stagedOf before its error is read.
 func (m *Merge) readStaged(x *rewrite.Exec, r Collection) ([]bsoncore.Document, error) {
-	if m.opts.Kept != nil && r.Owner != "" && r.Owner == m.opts.Self && !r.TakenOver && r.Gen >= m.opts.Since {
+	if m.opts.Kept != nil && m.own(r) && !r.TakenOver {
 		if docs, marker, ok := m.opts.Kept(r); ok {
 			found, err := drainAll(x, m.rule.DB, r.Name, markerFind(m.rule.DB, r.Name, marker), 0)
 			if err != nil {

@@ -288,7 +288,7 @@ func (m *Merge) run(x *rewrite.Exec) error {
 // own says whether c is a staging collection of this proxy's current
 // run.
 func (m *Merge) own(c Collection) bool {
-	return c.Owner != "" && c.Owner == m.opts.Self && c.Gen >= m.opts.Since
+	return c.OwnedBy(m.opts.Self, m.opts.Since)
 }
 
 // takenOver says whether freezing c takes it over from an owner that

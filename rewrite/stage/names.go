@@ -41,6 +41,12 @@ type Collection struct {
 // Retired says whether the collection is frozen for a merge.
 func (c Collection) Retired() bool { return c.Token != 0 }
 
+// OwnedBy says whether c is a staging collection of the proxy tagged tag,
+// of its run whose first generation is since.
+func (c Collection) OwnedBy(tag string, since int64) bool {
+	return c.Owner != "" && c.Owner == tag && c.Gen >= since
+}
+
 // OpenName is the name the collection had while it took inserts.
 func (c Collection) OpenName() string {
 	if !c.Retired() {
@@ -267,7 +273,7 @@ func HasWork(rule *rules.Rule, reply []byte) (bool, error) {
 // held off.
 func OwnOpenOnly(rule *rules.Rule, reply []byte, tag string, since int64) (own []Collection, ok bool, err error) {
 	docs, id, err := cursor.Docs(reply)
-	if err != nil || id != 0 || tag == "" {
+	if err != nil || id != 0 {
 		return nil, false, err
 	}
 	for _, d := range docs {
@@ -279,7 +285,7 @@ func OwnOpenOnly(rule *rules.Rule, reply []byte, tag string, since int64) (own [
 		if !parsed {
 			continue
 		}
-		if c.Retired() || c.Owner != tag || c.Gen < since {
+		if c.Retired() || !c.OwnedBy(tag, since) {
 			return nil, false, nil
 		}
 		own = append(own, c)
