@@ -23,6 +23,9 @@ type directories struct {
 	// records are the records of merged retryable writes the merges
 	// keep, by bucket namespace (stage.RecordCache).
 	records map[string]*keptRecords
+	// stale are the stale event-id index entries the merges leave
+	// waiting, by bucket namespace (stage.StaleEntries).
+	stale map[string]*keptStale
 	// maxRecordIDs bounds the derived ids kept for all rules
 	// (maxKeptRecordIDs; the tests set less).
 	maxRecordIDs int
@@ -38,6 +41,14 @@ type keptRecords struct {
 	coll string
 	set  *stage.RecordSet
 	used uint64 // d.uses when last got or put: the least recent go first
+}
+
+// keptStale is one rule's stale entries waiting: valid while the proxy
+// holds the same term of the rule's writer lease, in which its merges
+// are the only writers of the rule's event-id index.
+type keptStale struct {
+	term    int64
+	entries *stage.StaleEntries
 }
 
 // maxKeptRecordIDs bounds the derived ids kept for all rules (12 bytes
@@ -63,7 +74,7 @@ type directory struct {
 const maxDirectoryBytes = 32 << 20
 
 func newDirectories() *directories {
-	return &directories{epochs: map[string]uint64{}, dirs: map[string]*directory{}, records: map[string]*keptRecords{}, maxRecordIDs: maxKeptRecordIDs}
+	return &directories{epochs: map[string]uint64{}, dirs: map[string]*directory{}, records: map[string]*keptRecords{}, stale: map[string]*keptStale{}, maxRecordIDs: maxKeptRecordIDs}
 }
 
 // wrote says that something other than a merge wrote the buckets of
@@ -129,6 +140,36 @@ func (d *directories) recordCache(bucketNS string, term func() int64) *stage.Rec
 			d.records[bucketNS] = &keptRecords{term: t, coll: coll, set: set, used: d.uses}
 		},
 	}
+}
+
+// staleEntries is the stage.StaleEntries of bucketNS for a merge of
+// this proxy in term number term (0: none, and nil). A new term starts
+// an empty list: another proxy's merges may have written entries since,
+// so the entries waiting are left in place for good (each costs a
+// lookup at most, rewrite/stage's stale.go). Deletes, drops and sweeps
+// through this proxy do not start it over: only a merge writes entries,
+// and it takes those it writes off the list.
+func (d *directories) staleEntries(bucketNS string, term int64) *stage.StaleEntries {
+	if term == 0 {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	k := d.stale[bucketNS]
+	if k == nil || k.term != term {
+		k = &keptStale{term: term, entries: &stage.StaleEntries{}}
+		d.stale[bucketNS] = k
+	}
+	return k.entries
+}
+
+// staleWaiting says whether stale event-id index entries of bucketNS
+// wait to be deleted.
+func (d *directories) staleWaiting(bucketNS string) bool {
+	d.mu.Lock()
+	k := d.stale[bucketNS]
+	d.mu.Unlock()
+	return k != nil && k.entries.Len() > 0
 }
 
 // known is the stage.Known of bucketNS for a merge whose proxy holds

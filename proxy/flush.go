@@ -48,10 +48,15 @@ func (c *conn) settleStaged(req *request, rule *rules.Rule) (done bool, err erro
 // of it when another holds the lease) it asks for and waits for
 // (requestFlush). total, when not nil, adds up what this proxy merged.
 func (c *conn) flushStaged(rule *rules.Rule, caps caps.Upstream, total *stage.Stats) error {
-	if idle, err := c.nothingStaged(rule); err != nil || idle {
+	// The admin commands (those that count what they merged) settle the
+	// event-id index too, with nothing staged as well: the merges before
+	// reads leave its stale entries waiting (rewrite/stage's stale.go).
+	dropStale := total != nil
+	idle, err := c.nothingStaged(rule)
+	if err != nil || idle && !(dropStale && c.s.dirs.staleWaiting(rule.BucketNamespace())) {
 		return err
 	}
-	st, err := c.mergeStaged(rule, caps, stage.MergeOptions{All: true})
+	st, err := c.mergeStaged(rule, caps, stage.MergeOptions{All: true, DropStale: dropStale})
 	if err != nil {
 		return err
 	}

@@ -353,6 +353,9 @@ func (s *Server) runMergeLocked(r stepRunner, up lease.Commander, rule *rules.Ru
 			// merged retryable writes too, on every upstream: it keeps
 			// them between merges rather than read them all at each.
 			opts.Records = s.dirs.recordCache(rule.BucketNamespace(), s.heldTerm(rule))
+			// And it leaves the entries its top-ups made stale to be
+			// deleted many at a time (rewrite/stage's stale.go).
+			opts.Stale = s.dirs.staleEntries(rule.BucketNamespace(), s.heldTerm(rule)())
 		}
 	}
 	if !opts.Guest {

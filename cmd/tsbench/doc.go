@@ -10,6 +10,7 @@
 //	tsbench shapes        one slots bucket's insert, find and replace by _id, direct, in each stored form
 //	tsbench range         range finds on buckets vs on plain documents: latency, documents examined
 //	tsbench summary       hourly aggregates from bucket summaries vs a scan of plain documents
+//	tsbench dashboard     per-event inserts into a rule with history, read after every few: read latency, and the merge's share of it
 //
 // -backend picks the FerretDB it starts (embedded, the stock ferretdb
 // command on SQLite, or ferretdb on a throwaway PostgreSQL cluster);

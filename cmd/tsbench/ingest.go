@@ -340,6 +340,7 @@ func countStagingForm(ctx context.Context, proxyC *mongo.Client, ns string, form
 type flushReply struct {
 	rules, collections, events, buckets, retries int64
 	slowest                                      string // its slowest kinds of upstream step (upstreamMs)
+	steps                                        bson.RawValue
 }
 
 // tsproxyFlush merges everything staged, through the proxy, and times it.
@@ -353,7 +354,7 @@ func tsproxyFlush(ctx context.Context, proxyC *mongo.Client) (flushReply, time.D
 	}
 	get := func(k string) int64 { v, _ := r.Lookup(k).AsInt64OK(); return v }
 	return flushReply{rules: get("rules"), collections: get("collections"), events: get("events"), buckets: get("buckets"),
-		retries: get("retries"), slowest: slowestSteps(r.Lookup("upstreamMs"), 2)}, d, nil
+		retries: get("retries"), slowest: slowestSteps(r.Lookup("upstreamMs"), 2), steps: r.Lookup("upstreamMs")}, d, nil
 }
 
 // slowestSteps names the n kinds of step of a flush reply's upstreamMs

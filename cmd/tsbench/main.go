@@ -44,14 +44,15 @@ func main() {
 	cases := fs.String("cases", "", "ingest: batch/clients pairs to run, e.g. 1000/1,1000/16 (default: all six)")
 	threshold := fs.Int("insert-threshold", 0, "ingest: the rule's bucket.insertThreshold (0: the default)")
 	records := fs.Int("records", 0, "ingest: derived ids of merged retryable writes recorded in each case's rule before it is timed, as 10 minutes (the retry horizon) of records/600 retryable inserts a second leave them")
-	prefill := fs.Int("prefill", 0, "ingest, layouts: events written into each case's rule (through the proxy, batch 1000, flushed) and plain collection before it is timed (ingest: in the day before its events; layouts: the events before them): a rule with history, whose merges must not cost more for it")
+	prefill := fs.Int("prefill", 0, "ingest, layouts, dashboard: events written into each case's rule (through the proxy, batch 1000, flushed) and plain collection before it is timed (ingest: in the day before its events; layouts: the events before them): a rule with history, whose merges must not cost more for it")
 	png := fs.String("png", "", "ingest: write a chart of the proxy/direct ratios to `file` (PNG)")
 	pgDurable := fs.Bool("pg-durable", false, "-backend postgresql: run the cluster with PostgreSQL's default durability (fsync and synchronous_commit on), as a user's server runs; default off, as the tests run it (every commit cheaper)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (proxy, upstream and clients) to `file`")
 	memProfile := fs.String("memprofile", "", "write a profile of the whole run's allocations (proxy, embedded upstream and clients) to `file` at its end")
+	every := fs.Int("read-every", 50, "dashboard: per-event inserts between two reads")
 	ro := addRangeFlags(fs)
 	fs.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: tsbench [flags] passthrough|ingest|calls|layouts|mergefill|shapes|range|summary")
+		fmt.Fprintln(os.Stderr, "usage: tsbench [flags] passthrough|ingest|calls|layouts|mergefill|shapes|range|summary|dashboard")
 		fs.PrintDefaults()
 	}
 	_ = fs.Parse(os.Args[1:])
@@ -98,6 +99,12 @@ func main() {
 		var rs []rules.Rule
 		if rs, err = callsRules(); err == nil {
 			err = withEnv(up, rs, func(e *benchEnv) error { return benchCalls(e, *runs, *n) })
+		}
+	case "dashboard":
+		ingestArgs.prefill = *prefill
+		var rs []rules.Rule
+		if rs, err = dashboardRules(*runs); err == nil {
+			err = withEnv(up, rs, func(e *benchEnv) error { return benchDashboard(e, *runs, *events, *every) })
 		}
 	case "shapes":
 		err = withEnv(up, nil, func(e *benchEnv) error { return benchShapes(e, *runs) })

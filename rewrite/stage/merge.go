@@ -109,6 +109,13 @@ type MergeOptions struct {
 	// Records keeps the records of merged retryable writes between
 	// merges (RecordCache). Nil: each merge reads them.
 	Records *RecordCache
+	// Stale keeps the event-id index entries that top-ups left stale
+	// until enough wait to delete them in one command (stale.go). Nil:
+	// each merge deletes its own.
+	Stale *StaleEntries
+	// DropStale deletes every stale entry Stale keeps at the end of the
+	// merge: a flush settles the event-id index too.
+	DropStale bool
 	// InsertStreams is how many insert commands, run at once, a merge's
 	// buckets are split into when they are large (parallelInsertBytes):
 	// FerretDB encodes every document, and on PostgreSQL a second
@@ -146,6 +153,9 @@ type Stats struct {
 	// RecordReads counts the reads of the records of merged retryable
 	// writes (MergeOptions.Records).
 	RecordReads int
+	// StaleDropped counts the stale event-id index entries deleted
+	// (MergeOptions.Stale).
+	StaleDropped int
 	// ParallelInserts counts the bucket inserts sent as a step of
 	// Parallel commands (MergeOptions.InsertStreams).
 	ParallelInserts int
@@ -215,6 +225,11 @@ func NewMerge(rule *rules.Rule, opts MergeOptions) *Merge {
 	m.Plan = rewrite.Script(func(x *rewrite.Exec) (rewrite.Result, error) {
 		if err := m.run(x); err != nil {
 			return rewrite.Result{}, err
+		}
+		if m.opts.DropStale {
+			if err := m.dropStaleEntries(x); err != nil {
+				return rewrite.Result{}, fmt.Errorf("merge %s: %w", rule.Namespace, err)
+			}
 		}
 		return rewrite.Result{Reply: rewrite.OKReply()}, nil
 	})

@@ -1106,6 +1106,69 @@ func testMergeTopUp(t *testing.T, oneScanBeats func(int) bool) {
 			t.Fatalf("%d buckets holding %d events, want 10 holding 20", n, total)
 		}
 	})
+	t.Run("stale entries wait, then go in one delete", func(t *testing.T) {
+		m := newMem(t)
+		index := rwtest.Rule().IDIndexCollection()
+		deletes := 0
+		m.hook = func(name, coll string) bool {
+			if name == "delete" && coll == index {
+				deletes++
+			}
+			return false
+		}
+		// 40 series: a top-up of each leaves 40 stale entries, under
+		// the 64 that make a delete; a second top-up of each, 80.
+		// Ids unique across the series, so the count of stored events
+		// below counts each one.
+		event := func(s, i int) bson.D {
+			id := rwtest.OID(byte(i))
+			id[5] = byte(s)
+			return rwtest.Event(id, rwtest.DT(36_000_000+int64(i)*1000), fmt.Sprint("s", s), float64(i))
+		}
+		round := func(i int) []bson.D {
+			var evs []bson.D
+			for s := 0; s < 40; s++ {
+				evs = append(evs, event(s, i))
+			}
+			return evs
+		}
+		stale := &stage.StaleEntries{}
+		withStale := func(now int64) stage.MergeOptions {
+			o := opts(now)
+			o.Stale = stale
+			return o
+		}
+		stagedInsert(t, m, round(0))
+		merge(t, m, withStale(1_000_000))
+		stagedInsert(t, m, round(1))
+		if st := merge(t, m, withStale(1_000_100)); st.ToppedUp != 40 || st.StaleDropped != 0 {
+			t.Fatalf("stats %+v, want 40 buckets topped up and no stale entry deleted", st)
+		}
+		if deletes != 0 || stale.Len() != 40 {
+			t.Fatalf("%d deletes of the index, %d entries waiting; want none and 40", deletes, stale.Len())
+		}
+		if e, b := len(m.colls[index]), len(m.colls["readings.buckets"]); e != b+1+40 {
+			t.Fatalf("%d event-id index entries for %d buckets, want one each, the marker and the 40 waiting", e, b)
+		}
+		stagedInsert(t, m, round(2))
+		if st := merge(t, m, withStale(1_000_200)); st.ToppedUp != 40 || st.StaleDropped != 80 {
+			t.Fatalf("stats %+v, want 40 buckets topped up and 80 stale entries deleted", st)
+		}
+		if deletes != 1 || stale.Len() != 0 {
+			t.Fatalf("%d deletes of the index, %d entries waiting; want one and none", deletes, stale.Len())
+		}
+		onceEach(t, m, 120)
+		// A flush (DropStale) deletes what waits.
+		stagedInsert(t, m, []bson.D{event(0, 3)})
+		merge(t, m, withStale(1_000_300))
+		stagedInsert(t, m, []bson.D{event(0, 4)})
+		o := withStale(1_000_400)
+		o.DropStale = true
+		if st := merge(t, m, o); st.ToppedUp != 1 || st.StaleDropped != 1 || stale.Len() != 0 {
+			t.Fatalf("stats %+v (%d waiting), want the top-up's stale entry deleted at the flush", st, stale.Len())
+		}
+		onceEach(t, m, 122)
+	})
 	t.Run("a full last bucket is left alone", func(t *testing.T) {
 		m := newMem(t)
 		stagedInsert(t, m, events("a", 0, 3))

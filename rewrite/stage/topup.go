@@ -230,24 +230,27 @@ func (m *Merge) rewriteTopUpBatch(x *rewrite.Exec, topped []builtBucket, repeate
 // dropOldEntries deletes the event-id index entries the topped-up
 // buckets had before: stale, they would cost a lookup each, and one entry
 // a top-up would add up. After the rewrite, so an entry never lacks for
-// a bucket.
+// a bucket. With MergeOptions.Stale, they wait to be deleted with
+// others (stale.go).
 func (m *Merge) dropOldEntries(x *rewrite.Exec, topped []builtBucket) error {
-	in := bsoncore.NewArrayBuilder()
-	n := 0
+	var old []bsoncore.Value
 	for _, b := range topped {
 		// The same filter (a few events, whose bits were all set) names
 		// the same entry: it is the new one too.
 		if !b.oldEntry.Equal(b.entry.Lookup("_id")) {
-			in.AppendValue(b.oldEntry)
-			n++
+			old = append(old, b.oldEntry)
 		}
 	}
-	if n == 0 {
+	if len(old) == 0 {
 		return nil
 	}
-	q := bsoncore.NewDocumentBuilder().AppendDocument("_id", bsoncore.NewDocumentBuilder().AppendArray("$in", in.Build()).Build()).Build()
-	if err := m.deleteMany(x, m.rule.IDIndexCollection(), q); err != nil {
-		return fmt.Errorf("drop the event-id index entries of topped-up buckets: %w", err)
+	if m.opts.Stale == nil {
+		return m.deleteEntries(x, old)
+	}
+	due := m.opts.Stale.add(old) // stale.go: most merges leave them waiting
+	if err := m.deleteEntries(x, due); err != nil {
+		m.opts.Stale.putBack(due)
+		return err
 	}
 	return nil
 }

@@ -321,6 +321,15 @@ func (m *Merge) writeIDIndex(x *rewrite.Exec, buckets []builtBucket) error {
 	if len(buckets) == 0 {
 		return nil
 	}
+	if m.opts.Stale != nil {
+		// An entry written again is live, whatever a top-up left waiting
+		// under its _id (stale.go).
+		entries := make([]bsoncore.Document, len(buckets))
+		for i, b := range buckets {
+			entries[i] = b.entry
+		}
+		m.opts.Stale.revive(entries)
+	}
 	for len(buckets) > 0 {
 		n := min(len(buckets), 1000)
 		docs := make([]bsoncore.Document, n)

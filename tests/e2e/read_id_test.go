@@ -271,3 +271,124 @@ func twoShortLeaseProxies(t *testing.T, db string) (*mongo.Client, *mongo.Client
 	pb := startProxy(t, proxyOptions{yaml: readingsRule(db, 100), edit: short})
 	return connect(t, pa.URI()), connect(t, pb.URI())
 }
+
+// TestReadByEventIDAfterTopUps: per-event inserts with a read after each
+// round (each read merges first, topping up every series' last bucket),
+// as a dashboard over live data does. On FerretDB each top-up leaves its
+// bucket's old event-id index entry stale, and the holder deletes those
+// many at a time, not at each merge (rewrite/stage's stale.go): finds
+// by event _id return what a plain collection returns all along, after
+// a delete and a reinsert of the same ids too, and a flush leaves one
+// entry a bucket.
+func TestReadByEventIDAfterTopUps(t *testing.T) {
+	t.Parallel()
+	ctx := ctxFor(t)
+	db := uniqueDB(t)
+	p := startProxy(t, proxyOptions{yaml: readingsRule(db, 100)})
+	client := connect(t, p.URI())
+	coll := client.Database(db).Collection("readings")
+	plain := direct(t).Database(db).Collection("plain")
+	base := time.Date(2026, 5, 1, 10, 0, 0, 0, time.UTC)
+	series := map[string][]sentEvent{}
+	for _, s := range []string{"a", "b", "c"} {
+		series[s] = seriesEvents(40, s, base)
+	}
+	var all []sentEvent
+	insertRound := func(i int) {
+		for _, s := range []string{"a", "b", "c"} {
+			e := series[s][i]
+			all = append(all, e)
+			for _, c := range []*mongo.Collection{coll, plain} {
+				if _, err := c.InsertOne(ctx, e.doc()); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	same := func(what string, filter any) {
+		t.Helper()
+		got, want := findAll(t, ctx, coll, filter), findAll(t, ctx, plain, filter)
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("%s: proxy %d documents, plain %d\nproxy %v\nplain %v", what, len(got), len(want), got, want)
+		}
+	}
+	idsOf := func(evs []sentEvent) bson.A {
+		out := bson.A{}
+		for _, e := range evs {
+			out = append(out, e.id)
+		}
+		return out
+	}
+	for i := range 40 {
+		insertRound(i)
+		// The dashboard's read: it merges the round's three events.
+		n, err := coll.CountDocuments(ctx, bson.D{{Key: "sensorId", Value: "a"}})
+		if err != nil || n != int64(i+1) {
+			t.Fatalf("round %d: count of series a %d (%v), want %d", i, n, err, i+1)
+		}
+		if i%10 == 9 {
+			// Through the index, with stale entries waiting.
+			same(fmt.Sprintf("round %d: every id so far", i), bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: idsOf(all)}}}})
+			same(fmt.Sprintf("round %d: the last id", i), bson.D{{Key: "_id", Value: all[len(all)-1].id}})
+		}
+	}
+	// Read straight from the upstream: direct(t) flushes the test's
+	// proxies first, which deletes what waits.
+	raw := connect(t, env.upstreamURI).Database(db)
+	entries := func() (buckets, entries int64) {
+		t.Helper()
+		names, err := raw.ListCollectionNames(ctx, bson.D{{Key: "name", Value: bson.D{{Key: "$regex", Value: "^tsproxy_stage_.*_ids$"}}}})
+		if err != nil || len(names) != 1 {
+			t.Fatalf("the event-id index: %v %v", names, err)
+		}
+		n, err := raw.Collection(names[0]).CountDocuments(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$ne", Value: "complete"}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := raw.Collection("readings.buckets").CountDocuments(ctx, bson.D{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b, n
+	}
+	if !env.external {
+		// 3 buckets, topped up 39 times each: the stale entries wait.
+		if b, n := entries(); b != 3 || n <= b {
+			t.Fatalf("%d buckets and %d event-id index entries before a flush, want 3 buckets and stale entries waiting", b, n)
+		}
+	}
+
+	// Deleted, then the same events again: their ids are found once.
+	gone := series["a"][10:20]
+	for _, c := range []*mongo.Collection{coll, plain} {
+		if r, err := c.DeleteMany(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: idsOf(gone)}}}}); err != nil || r.DeletedCount != 10 {
+			t.Fatalf("deleteMany of 10 ids on %s: %v %v", c.Name(), r, err)
+		}
+	}
+	same("after the delete", bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: idsOf(all)}}}})
+	for _, e := range gone {
+		for _, c := range []*mongo.Collection{coll, plain} {
+			if _, err := c.InsertOne(ctx, e.doc()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := coll.CountDocuments(ctx, bson.D{{Key: "sensorId", Value: "a"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	same("after the reinsert", bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: idsOf(all)}}}})
+	for _, e := range gone {
+		same("findOne of a reinserted event", bson.D{{Key: "_id", Value: e.id}})
+	}
+
+	flush(t, ctx, client, 1)
+	same("after a flush", bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: idsOf(all)}}}})
+	if n, err := coll.CountDocuments(ctx, bson.D{}); err != nil || n != 120 {
+		t.Fatalf("count %d (%v), want 120", n, err)
+	}
+	if !env.external {
+		if b, n := entries(); n != b {
+			t.Fatalf("%d event-id index entries for %d buckets after a flush, want one each", n, b)
+		}
+	}
+}
