@@ -190,18 +190,28 @@ func benchDashboard(e *benchEnv, runs, events, every int) error {
 		return median(xs)
 	}
 	first := func(p dashboardPath) float64 { return ms(p50(p.first)) }
+	firstP95 := func(p dashboardPath) float64 {
+		return ms(percentile(slices.Sorted(slices.Values(p.first)), 0.95))
+	}
+	firstMean := func(p dashboardPath) float64 {
+		var sum time.Duration
+		for _, d := range p.first {
+			sum += d
+		}
+		return ms(sum) / float64(max(len(p.first), 1))
+	}
 	again := func(p dashboardPath) float64 { return ms(p50(p.again)) }
 	rate := func(p dashboardPath) float64 { return p.rate(events) }
 	fmt.Printf("\ndashboard: %d events of history (-prefill), then %d per-event inserts, the last 5 minutes of one series read twice after every %d (the direct path: in the first %d rounds); medians of %d runs\n\n",
 		max(ingestArgs.prefill, 0), events, every, dashboardDirectReads, runs)
-	fmt.Println("| path | inserts ev/s | read p50 ms, after inserts | read p50 ms, again | the merge's share (first - again) ms |")
-	fmt.Println("|---|---:|---:|---:|---:|")
+	fmt.Println("| path | inserts ev/s | read p50 ms, after inserts | read p50 ms, again | the merge's share (first - again) ms | read after inserts: mean / p95 ms |")
+	fmt.Println("|---|---:|---:|---:|---:|---:|")
 	for _, row := range []struct {
 		name string
 		ps   []dashboardPath
 	}{{"direct", direct}, {"proxy", proxied}} {
 		f, a := med(row.ps, first), med(row.ps, again)
-		fmt.Printf("| %s | %.0f | %.1f | %.1f | %.1f |\n", row.name, med(row.ps, rate), f, a, f-a)
+		fmt.Printf("| %s | %.0f | %.1f | %.1f | %.1f | %.1f / %.1f |\n", row.name, med(row.ps, rate), f, a, f-a, med(row.ps, firstMean), med(row.ps, firstP95))
 	}
 	return nil
 }
