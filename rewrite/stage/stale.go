@@ -28,11 +28,12 @@ import (
 // answer", rewrite/bucket's idindex.go). What is not safe is deleting a
 // waiting entry that has become some bucket's live entry again (an
 // entry's _id names its bucket and its ids, and a bucket that lost events
-// to a delete can take the same ids again): every entry a merge writes
-// is first taken off the list (writeIDIndex), and the proxy starts the
-// list over whenever something other than its merges may have written
-// the rule's buckets or entries (another term of the writer lease, a
-// delete, a drop, a sweep), leaving those entries in place.
+// to a delete can take the same ids again). Merges are the only writers
+// of entries (deletes, drops and sweeps write none); every entry a merge
+// writes is first taken off the list (writeIDIndex); and the proxy
+// starts the list over in each term of the writer lease it holds, since
+// another proxy's merges may have written entries in between, leaving
+// what waited in place.
 
 // staleEntriesBatch is how many stale entries wait before one delete
 // removes them all: with 4 series, a delete every 16 merges of an open
