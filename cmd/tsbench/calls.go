@@ -60,7 +60,7 @@ func benchCalls(e *benchEnv, runs, n int) error {
 	_ = direct.Database(callsDB).Drop(ctx)
 	defer func() { _ = proxied.Database(callsDB).Drop(ctx) }()
 
-	events := ingestBatchesFrom(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), runs*n+1, 1)
+	events := ingestBatchesFrom(ingestStart, runs*n+1, 1)
 	next := 0
 	event := func() any { ev := events[next][0]; next++; return ev }
 	rule := proxied.Database(callsDB).Collection(ingestColl)

@@ -16,7 +16,7 @@ import (
 
 // The dashboard benchmark: a rule with history (-prefill) takes per-event
 // inserts while a dashboard reads it, one client doing both in turn: every
-// -every inserts, the last five minutes of one series, read twice. A read
+// -read-every inserts, the last five minutes of one series, read twice. A read
 // of a staged rule merges what is staged first (proxy/flush.go), so the
 // first read pays for the merge of the inserts before it (on an open
 // window: the top-up of each series' last bucket, which on the stock
@@ -37,13 +37,7 @@ func dashboardRules(runs int) ([]rules.Rule, error) {
 	var b strings.Builder
 	b.WriteString("rules:\n")
 	for r := 1; r <= max(runs, 1); r++ {
-		fmt.Fprintf(&b, `  - namespace: %s.%s
-    timeField: ts
-    metaField: sensor
-    bucket: {span: 1h, maxEvents: 1000}
-    aggregates: [value]
-    ingest: staged
-`, dashboardDB(r), ingestColl)
+		writeIngestRule(&b, dashboardDB(r)+"."+ingestColl, "")
 	}
 	return rulesFromYAML(b.String())
 }
@@ -164,7 +158,7 @@ func benchDashboard(e *benchEnv, runs, events, every int) error {
 		// Where such a merge goes: one more round of inserts on both
 		// paths, then a flush in place of the read, whose reply times
 		// its steps.
-		more := ingestBatchesFrom(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).Add(time.Duration(events/ingestSeries)*time.Second), every, 1)
+		more := ingestBatchesFrom(ingestStart.Add(time.Duration(events/ingestSeries)*time.Second), every, 1)
 		for _, p := range paths {
 			if _, _, err := ingest(ctx, p.coll, more, 1); err != nil {
 				return fmt.Errorf("run %d, %s: %w", r, p.name, err)
@@ -202,9 +196,7 @@ func benchDashboard(e *benchEnv, runs, events, every int) error {
 		return median(xs)
 	}
 	first := func(p dashboardPath) float64 { return ms(p50(p.first)) }
-	firstP95 := func(p dashboardPath) float64 {
-		return ms(percentile(slices.Sorted(slices.Values(p.first)), 0.95))
-	}
+	firstP95 := func(p dashboardPath) float64 { return ms(percentileOf(p.first, 0.95)) }
 	firstMean := func(p dashboardPath) float64 {
 		var sum time.Duration
 		for _, d := range p.first {
@@ -229,8 +221,11 @@ func benchDashboard(e *benchEnv, runs, events, every int) error {
 	return nil
 }
 
-func p50(ds []time.Duration) time.Duration {
-	return percentile(slices.Sorted(slices.Values(ds)), 0.5)
+func p50(ds []time.Duration) time.Duration { return percentileOf(ds, 0.5) }
+
+// percentileOf is percentile of ds, unsorted.
+func percentileOf(ds []time.Duration, q float64) time.Duration {
+	return percentile(slices.Sorted(slices.Values(ds)), q)
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -58,16 +58,22 @@ func ingestRules(threshold int) ([]rules.Rule, error) {
 		for i, c := range cases {
 			ns := ingestDB(r, i, c) + "." + ingestColl
 			ingestNamespaces[ns] = true
-			fmt.Fprintf(&b, `  - namespace: %s
+			writeIngestRule(&b, ns, extra)
+		}
+	}
+	return rulesFromYAML(b.String())
+}
+
+// writeIngestRule writes the YAML of the ingest rule on ns; extra adds
+// to its bucket options (", insertThreshold: N").
+func writeIngestRule(b *strings.Builder, ns, extra string) {
+	fmt.Fprintf(b, `  - namespace: %s
     timeField: ts
     metaField: sensor
     bucket: {span: 1h, maxEvents: 1000%s}
     aggregates: [value]
     ingest: staged
 `, ns, extra)
-		}
-	}
-	return rulesFromYAML(b.String())
 }
 
 type ingestCase struct{ batch, conc int }
@@ -387,8 +393,12 @@ func slowestSteps(upstreamMs bson.RawValue, n int) string {
 // (event k: series k%4, second k/4) into batches of batch consecutive
 // events. The same batches go to both paths.
 func ingestBatches(n, batch int) [][]any {
-	return ingestBatchesFrom(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), n, batch)
+	return ingestBatchesFrom(ingestStart, n, batch)
 }
+
+// ingestStart is the time of ingestBatches' first event: -prefill's
+// events end there, and what a mode sends after them starts from it.
+var ingestStart = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // ingestBatchesFrom cuts n events from base on, one a second a series,
 // into batches.

@@ -43,7 +43,7 @@ func prefillRun(ctx context.Context, directC, proxyC *mongo.Client, db string) e
 // prefillBatches are -prefill's events: the same series, in the time
 // before ingestBatches' (ending at its first second).
 func prefillBatches(n int) [][]any {
-	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).Add(-time.Duration((n+ingestSeries-1)/ingestSeries) * time.Second)
+	start := ingestStart.Add(-time.Duration((n+ingestSeries-1)/ingestSeries) * time.Second)
 	return ingestBatchesFrom(start, n, 1000)
 }
 

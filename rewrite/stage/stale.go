@@ -102,7 +102,8 @@ func (s *StaleEntries) Len() int {
 	return len(s.ids)
 }
 
-// deleteEntries deletes the event-id index entries ids, in one command.
+// deleteEntries deletes the event-id index entries ids, in one command;
+// if it fails, they wait again (MergeOptions.Stale).
 func (m *Merge) deleteEntries(x *rewrite.Exec, ids []bsoncore.Value) error {
 	if len(ids) == 0 {
 		return nil
@@ -113,6 +114,9 @@ func (m *Merge) deleteEntries(x *rewrite.Exec, ids []bsoncore.Value) error {
 	}
 	q := bsoncore.NewDocumentBuilder().AppendDocument("_id", bsoncore.NewDocumentBuilder().AppendArray("$in", in.Build()).Build()).Build()
 	if err := m.deleteMany(x, m.rule.IDIndexCollection(), q); err != nil {
+		if m.opts.Stale != nil {
+			m.opts.Stale.putBack(ids)
+		}
 		return fmt.Errorf("drop stale event-id index entries: %w", err)
 	}
 	m.Stats.StaleDropped += len(ids)
@@ -125,13 +129,7 @@ func (m *Merge) dropStaleEntries(x *rewrite.Exec) error {
 	if m.opts.Stale == nil || m.opts.Guest {
 		return nil
 	}
-	ids := m.opts.Stale.take()
-
-	if err := m.deleteEntries(x, ids); err != nil {
-		m.opts.Stale.putBack(ids)
-		return err
-	}
-	return nil
+	return m.deleteEntries(x, m.opts.Stale.take())
 }
 
 // putBack returns ids to the list after their delete failed.

@@ -244,15 +244,10 @@ func (m *Merge) dropOldEntries(x *rewrite.Exec, topped []builtBucket) error {
 	if len(old) == 0 {
 		return nil
 	}
-	if m.opts.Stale == nil {
-		return m.deleteEntries(x, old)
+	if m.opts.Stale != nil {
+		old = m.opts.Stale.add(old) // stale.go: most merges leave them waiting
 	}
-	due := m.opts.Stale.add(old) // stale.go: most merges leave them waiting
-	if err := m.deleteEntries(x, due); err != nil {
-		m.opts.Stale.putBack(due)
-		return err
-	}
-	return nil
+	return m.deleteEntries(x, old)
 }
 
 // verifyToppedUp checks that each of topped holds the merge's events, in
