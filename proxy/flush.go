@@ -47,7 +47,12 @@ func (c *conn) settleStaged(req *request, rule *rules.Rule) (done bool, err erro
 // writer lease, merges; what is left (other proxies' collections, or all
 // of it when another holds the lease) it asks for and waits for
 // (requestFlush). total, when not nil, adds up what this proxy merged.
-func (c *conn) flushStaged(rule *rules.Rule, caps caps.Upstream, total *stage.Stats) error {
+func (c *conn) flushStaged(rule *rules.Rule, caps caps.Upstream, total *stage.Stats) (err error) {
+	defer func() {
+		if err != nil {
+			c.s.merges.failed(rule) // the metric of merges that failed
+		}
+	}()
 	// The admin commands (those that count what they merged) settle the
 	// event-id index too, with nothing staged as well: the merges before
 	// reads leave its stale entries waiting (rewrite/stage's stale.go).

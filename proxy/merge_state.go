@@ -296,6 +296,13 @@ func (m *mergeState) ruleStats(rule *rules.Rule) *ruleStageStats {
 	return entry(m.stats, rule.Namespace)
 }
 
+// failed counts a merge of rule that failed.
+func (m *mergeState) failed(rule *rules.Rule) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.ruleStats(rule).Failures++
+}
+
 // staged records events acknowledged into a rule's staging tier, and
 // wakes the rule's background merger when that makes a merge due.
 func (m *mergeState) staged(rule *rules.Rule, n int64) {

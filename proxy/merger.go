@@ -31,12 +31,16 @@ func (s *Server) mergeLoop(ctx context.Context, rule *rules.Rule) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	var watched time.Time
+	var backoff mergeBackoff // merge_backoff.go
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		case <-s.merges.kick(rule.Namespace): // a merge batch is staged
+		}
+		if backoff.waiting(time.Now()) {
+			continue
 		}
 		if !s.servedHere(rule) { // loops.go
 			if time.Since(watched) < untouchedMergeCheck {
@@ -46,19 +50,31 @@ func (s *Server) mergeLoop(ctx context.Context, rule *rules.Rule) {
 		}
 		up, err := conn.get()
 		if err != nil {
+			if ctx.Err() == nil {
+				s.merges.failed(rule)
+				// No upstream: redialled less and less often, and logged
+				// at the 1st, 2nd, 4th, 8th... failure in a row.
+				wait := backoff.failed(time.Now(), interval)
+				if f := backoff.failures; f&(f-1) == 0 {
+					s.log.Warn("staging: background merge cannot reach the upstream; will retry", "rule", rule.Namespace, "failuresInARow", f, "retryIn", wait.String(), "err", err.Error())
+				}
+			}
 			continue
 		}
 		_, err = s.mergeOnce(up, rule)
 		conn.endRound(err)
-		if err != nil && ctx.Err() == nil {
-			var held *lease.HeldError
-			if !errors.As(err, &held) { // another proxy merges this rule
-				s.log.Warn("staging: background merge failed; will retry", "rule", rule.Namespace, "err", err.Error())
-				if o, ok := stage.OrphanedIn(err.Error()); ok && o.Index {
-					// No retry gets past it (orphans.go mends tables only).
-					s.log.Error("staging: the upstream cannot create a collection the merge writes: FerretDB (on PostgreSQL, killed while it created another collection) did not record that one's index, and gives its name to this one's; renaming the index in PostgreSQL (ALTER INDEX \"<database>\".\"<index>\" RENAME TO ...) frees the name, its collection keeping it",
-						"rule", rule.Namespace, "index", o.Relation)
-				}
+		var held *lease.HeldError
+		switch {
+		case err == nil || errors.As(err, &held): // another proxy merges this rule
+			backoff.succeeded()
+		case ctx.Err() == nil:
+			s.merges.failed(rule)
+			wait := backoff.failed(time.Now(), interval)
+			s.log.Warn("staging: background merge failed; will retry", "rule", rule.Namespace, "failuresInARow", backoff.failures, "retryIn", wait.String(), "err", err.Error())
+			if o, ok := stage.OrphanedIn(err.Error()); ok && o.Index {
+				// No retry gets past it (orphans.go mends tables only).
+				s.log.Error("staging: the upstream cannot create a collection the merge writes: FerretDB (on PostgreSQL, killed while it created another collection) did not record that one's index, and gives its name to this one's; renaming the index in PostgreSQL (ALTER INDEX \"<database>\".\"<index>\" RENAME TO ...) frees the name, its collection keeping it",
+					"rule", rule.Namespace, "index", o.Relation)
 			}
 		}
 	}

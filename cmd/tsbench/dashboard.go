@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"slices"
 	"strings"
@@ -47,6 +48,10 @@ type dashboardPath struct {
 	inserts      time.Duration   // the inserts' time, reads left out
 	first, again []time.Duration // each read's time: after inserts, and right after that
 	returned     []int           // the events each first read returned
+	// fill is, for each read, how many events of the series read its
+	// open bucket held (the bucket a top-up rewrites): the rule cuts a
+	// series' window into buckets of maxEvents, in time order.
+	fill []int
 	// afterRead are the times of the first insert after each read,
 	// otherCalls those of the other inserts.
 	afterRead, otherCalls []time.Duration
@@ -105,6 +110,7 @@ func dashboardRun(ctx context.Context, coll *mongo.Collection, batches [][]any, 
 			return p, fmt.Errorf("read again returned %d events, the first read %d", n2, n)
 		}
 		p.first, p.again, p.returned = append(p.first, d1), append(p.again, d2), append(p.returned, n)
+		p.fill = append(p.fill, openBucketFill(t))
 	}
 	return p, nil
 }
@@ -177,13 +183,18 @@ func benchDashboard(e *benchEnv, runs, events, every int) error {
 		if st.stored != want || st.plainN != want || len(st.leftover) > 0 {
 			return fmt.Errorf("run %d: %d events in all; stored: %d in buckets, %d plain, staging left: %v", r, want, st.stored, st.plainN, st.leftover)
 		}
-		small, err := cs.direct.Database(db).Collection(bucketColl).CountDocuments(ctx, bson.D{{Key: "count", Value: bson.D{{Key: "$lt", Value: 100}}}})
+		buckets := cs.direct.Database(db).Collection(bucketColl)
+		nBuckets, err := buckets.CountDocuments(ctx, bson.D{})
+		if err != nil {
+			return fmt.Errorf("run %d: count buckets: %w", r, err)
+		}
+		small, err := buckets.CountDocuments(ctx, bson.D{{Key: "count", Value: bson.D{{Key: "$lt", Value: 100}}}})
 		if err != nil {
 			return fmt.Errorf("run %d: count small buckets: %w", r, err)
 		}
 		d, p := direct[len(direct)-1], proxied[len(proxied)-1]
-		fmt.Fprintf(os.Stderr, "  run %d: inserts direct %.0f ev/s, proxy %.0f ev/s; read p50 ms direct %.1f / %.1f, proxy %.1f / %.1f (first / again); %d bucket documents, %d of them with fewer than 100 events\n",
-			r, d.rate(events), p.rate(events), ms(p50(d.first)), ms(p50(d.again)), ms(p50(p.first)), ms(p50(p.again)), st.bucketN, small)
+		fmt.Fprintf(os.Stderr, "  run %d: inserts direct %.0f ev/s, proxy %.0f ev/s; read p50 ms direct %.1f / %.1f, proxy %.1f / %.1f (first / again); %d buckets, %d of them with fewer than 100 events (%d documents with the event-id index and the records of merged retryable writes)\n",
+			r, d.rate(events), p.rate(events), ms(p50(d.first)), ms(p50(d.again)), ms(p50(p.first)), ms(p50(p.again)), nBuckets, small, st.bucketN)
 		if err := cs.direct.Database(db).Drop(ctx); err != nil {
 			return fmt.Errorf("drop %s: %w", db, err)
 		}
@@ -218,7 +229,43 @@ func benchDashboard(e *benchEnv, runs, events, every int) error {
 		fmt.Printf("| %s | %.0f | %.1f | %.1f | %.1f | %.1f / %.1f | %.2f / %.2f |\n", row.name, med(row.ps, rate), f, a, f-a, med(row.ps, firstMean), med(row.ps, firstP95),
 			med(row.ps, func(p dashboardPath) float64 { return ms(p50(p.afterRead)) }), med(row.ps, func(p dashboardPath) float64 { return ms(p50(p.otherCalls)) }))
 	}
+	q := fillQuarters(proxied)
+	fmt.Printf("\nThe merge's share of a read through the proxy (ms, median of every read of every run), by how full the open bucket of the series read was (events of %d): 1-250 %.1f, 251-500 %.1f, 501-750 %.1f, 751-1000 %.1f\n",
+		ingestMaxEvents, q[0], q[1], q[2], q[3])
 	return nil
+}
+
+// openBucketFill is how many events of a series the open bucket holds
+// once its event at t is in: ingestBatchesFrom's series have one event a
+// second from ingestStart (a window start) on, and -prefill's end there.
+func openBucketFill(t time.Time) int {
+	inWindow := int(t.Sub(t.Truncate(time.Hour))/time.Second) + 1
+	return (inWindow-1)%ingestMaxEvents + 1
+}
+
+// ingestMaxEvents is the ingest rule's maxEvents (writeIngestRule).
+const ingestMaxEvents = 1000
+
+// fillQuarters are the medians of the merge's share of a read (the first
+// read less the second), by the quarter of maxEvents the open bucket's
+// fill was in: whether a merge costs more the fuller the bucket it tops
+// up. NaN for a quarter no read fell in.
+func fillQuarters(ps []dashboardPath) [4]float64 {
+	var by [4][]float64
+	for _, p := range ps {
+		for i := range p.fill {
+			q := min((p.fill[i]-1)*4/ingestMaxEvents, 3)
+			by[q] = append(by[q], ms(p.first[i]-p.again[i]))
+		}
+	}
+	var out [4]float64
+	for q := range by {
+		out[q] = math.NaN()
+		if len(by[q]) > 0 {
+			out[q] = median(by[q])
+		}
+	}
+	return out
 }
 
 func p50(ds []time.Duration) time.Duration { return percentileOf(ds, 0.5) }

@@ -70,10 +70,10 @@ func writeIngestRule(b *strings.Builder, ns, extra string) {
 	fmt.Fprintf(b, `  - namespace: %s
     timeField: ts
     metaField: sensor
-    bucket: {span: 1h, maxEvents: 1000%s}
+    bucket: {span: 1h, maxEvents: %d%s}
     aggregates: [value]
     ingest: staged
-`, ns, extra)
+`, ns, ingestMaxEvents, extra)
 }
 
 type ingestCase struct{ batch, conc int }

@@ -26,6 +26,10 @@ type Staging struct {
 	// of them merged from what the proxy kept of its inserts, without
 	// reading them back (limits.stagedMemory).
 	Collections, Kept int64
+	// Failures counts the merges that failed: before a read or at a
+	// flush, and the background merger's rounds (its upstream
+	// unreachable included). The next merge finishes what one left.
+	Failures int64
 }
 
 // ObserveStaging reports snapshot's figures, per rule, at each collection
@@ -34,7 +38,8 @@ type Staging struct {
 // tsproxy.staging.throttled,
 // tsproxy.staging.pending{unit=collections|events},
 // tsproxy.staging.collections{from=kept|read} (staging collections
-// merged, from what the proxy kept or read back) and
+// merged, from what the proxy kept or read back),
+// tsproxy.staging.merge_failures and
 // tsproxy.staging.lag (seconds the oldest pending collection has waited).
 // The mean fill of merged buckets is merged events / buckets.
 func ObserveStaging(snapshot func() map[string]Staging) error {
@@ -63,6 +68,10 @@ func ObserveStaging(snapshot func() map[string]Staging) error {
 	if err != nil {
 		return err
 	}
+	failures, err := m.Int64ObservableCounter("tsproxy.staging.merge_failures", metric.WithDescription("Merges that failed, by rule: before a read, at a flush, or a background round (its upstream unreachable included). The next merge finishes what one left; the background merger waits longer after each failure in a row, up to 10 s."))
+	if err != nil {
+		return err
+	}
 	lag, err := m.Float64ObservableGauge("tsproxy.staging.lag", metric.WithDescription("How long the oldest pending staging collection has waited, by rule."), metric.WithUnit("s"))
 	if err != nil {
 		return err
@@ -78,6 +87,7 @@ func ObserveStaging(snapshot func() map[string]Staging) error {
 			o.ObserveInt64(throttled, s.Throttled, metric.WithAttributes(rule))
 			o.ObserveInt64(colls, s.Kept, metric.WithAttributes(rule, attribute.String("from", "kept")))
 			o.ObserveInt64(colls, s.Collections-s.Kept, metric.WithAttributes(rule, attribute.String("from", "read")))
+			o.ObserveInt64(failures, s.Failures, metric.WithAttributes(rule))
 			o.ObserveInt64(pending, s.Pending, metric.WithAttributes(rule, attribute.String("unit", "collections")))
 			o.ObserveInt64(pending, s.PendingEvents, metric.WithAttributes(rule, attribute.String("unit", "events")))
 			var waited float64
@@ -87,6 +97,6 @@ func ObserveStaging(snapshot func() map[string]Staging) error {
 			o.ObserveFloat64(lag, waited, metric.WithAttributes(rule))
 		}
 		return nil
-	}, events, buckets, retries, throttled, pending, colls, lag)
+	}, events, buckets, retries, throttled, pending, colls, failures, lag)
 	return err
 }
