@@ -147,7 +147,7 @@ func (c *conn) mendOrphanedStaging(rule *rules.Rule, caps caps.Upstream, reply [
 	}
 	if orphan.Index {
 		inflight.RUnlock()
-		err := c.flushStaged(rule, caps, nil)
+		err := c.flushStaged(rule, caps, nil, allStaged)
 		inflight.RLock()
 		if err != nil {
 			c.log.Warn("staging: the upstream cannot create a staging collection (an index FerretDB did not record has the name of its index), and the flush that would free the name failed", "rule", rule.Namespace, "err", err.Error())

@@ -153,6 +153,47 @@ func TestDeleteLimitOne(t *testing.T) {
 	}
 }
 
+func TestReadTimeEnd(t *testing.T) {
+	r := partRule()
+	b := rwtest.DT(msAt("2026-09-20T00:00:00Z"))
+	upTo := bson.D{{Key: "ts", Value: bson.D{{Key: "$lt", Value: b}}}}
+	match := bson.D{{Key: "$match", Value: upTo}}
+	agg := func(stages ...bson.D) bson.D {
+		p := bson.A{}
+		for _, s := range stages {
+			p = append(p, s)
+		}
+		return bson.D{{Key: "aggregate", Value: "readings"}, {Key: "pipeline", Value: p}, {Key: "$db", Value: r.DB}}
+	}
+	on := func(d bson.D) bson.D { return append(d, bson.E{Key: "$db", Value: r.DB}) }
+	cases := []struct {
+		name string
+		body bson.D
+		ok   bool
+	}{
+		{"find", on(bson.D{{Key: "find", Value: "readings"}, {Key: "filter", Value: upTo}}), true},
+		{"count", on(bson.D{{Key: "count", Value: "readings"}, {Key: "query", Value: upTo}}), true},
+		{"distinct", on(bson.D{{Key: "distinct", Value: "readings"}, {Key: "key", Value: "v"}, {Key: "query", Value: upTo}}), true},
+		{"aggregate", agg(match, bson.D{{Key: "$group", Value: bson.D{{Key: "_id", Value: nil}}}}), true},
+		{"find without a bound", on(bson.D{{Key: "find", Value: "readings"}, {Key: "filter", Value: bson.D{{Key: "ts", Value: bson.D{{Key: "$gte", Value: b}}}}}}), false},
+		{"aggregate with $lookup", agg(match, bson.D{{Key: "$lookup", Value: bson.D{{Key: "from", Value: "readings"}}}}), false},
+		{"aggregate with $unionWith", agg(match, bson.D{{Key: "$unionWith", Value: "readings"}}), false},
+		{"aggregate with $graphLookup", agg(match, bson.D{{Key: "$graphLookup", Value: bson.D{}}}), false},
+		{"aggregate with $facet", agg(match, bson.D{{Key: "$facet", Value: bson.D{}}}), false},
+		{"another collection (a rollup's)", on(bson.D{{Key: "find", Value: "readings_hourly"}, {Key: "filter", Value: upTo}}), false},
+		{"another database", bson.D{{Key: "find", Value: "readings"}, {Key: "filter", Value: upTo}, {Key: "$db", Value: "other"}}, false},
+		{"no $db (OP_QUERY)", bson.D{{Key: "find", Value: "readings"}, {Key: "filter", Value: upTo}}, false},
+		{"delete", on(bson.D{{Key: "delete", Value: "readings"}, {Key: "deletes", Value: bson.A{bson.D{{Key: "q", Value: upTo}, {Key: "limit", Value: 0}}}}}), false},
+		{"explain", on(bson.D{{Key: "explain", Value: bson.D{{Key: "find", Value: "readings"}, {Key: "filter", Value: upTo}}}}), false},
+	}
+	for _, tc := range cases {
+		to, ok := ReadTimeEnd(rwtest.Doc(t, tc.body), r)
+		if ok != tc.ok || ok && to != int64(b)-1 {
+			t.Errorf("%s: %d, %v; want %d, %v", tc.name, to, ok, int64(b)-1, tc.ok)
+		}
+	}
+}
+
 func TestPartitionTimeRange(t *testing.T) {
 	r := partRule()
 	a, b := rwtest.DT(msAt("2026-08-15T00:00:00Z")), rwtest.DT(msAt("2026-09-20T00:00:00Z"))
@@ -162,11 +203,11 @@ func TestPartitionTimeRange(t *testing.T) {
 		body     bson.D
 		from, to int64
 	}{
-		{"find range", bson.D{{Key: "find", Value: "readings"}, {Key: "filter", Value: bson.D{{Key: "ts", Value: rng}}}}, int64(a), int64(b)},
-		{"find in $and", bson.D{{Key: "find", Value: "readings"}, {Key: "filter", Value: bson.D{{Key: "$and", Value: bson.A{bson.D{{Key: "ts", Value: bson.D{{Key: "$gt", Value: a}}}}, bson.D{{Key: "ts", Value: bson.D{{Key: "$lte", Value: b}}}}}}}}}, int64(a), int64(b)},
+		{"find range", bson.D{{Key: "find", Value: "readings"}, {Key: "filter", Value: bson.D{{Key: "ts", Value: rng}}}}, int64(a), int64(b) - 1},
+		{"find in $and", bson.D{{Key: "find", Value: "readings"}, {Key: "filter", Value: bson.D{{Key: "$and", Value: bson.A{bson.D{{Key: "ts", Value: bson.D{{Key: "$gt", Value: a}}}}, bson.D{{Key: "ts", Value: bson.D{{Key: "$lte", Value: b}}}}}}}}}, int64(a) + 1, int64(b)},
 		{"find equal", bson.D{{Key: "find", Value: "readings"}, {Key: "filter", Value: bson.D{{Key: "ts", Value: a}}}}, int64(a), int64(a)},
-		{"count query", bson.D{{Key: "count", Value: "readings"}, {Key: "query", Value: bson.D{{Key: "ts", Value: rng}}}}, int64(a), int64(b)},
-		{"aggregate leading $match", bson.D{{Key: "aggregate", Value: "readings"}, {Key: "pipeline", Value: bson.A{bson.D{{Key: "$match", Value: bson.D{{Key: "ts", Value: rng}}}}}}}, int64(a), int64(b)},
+		{"count query", bson.D{{Key: "count", Value: "readings"}, {Key: "query", Value: bson.D{{Key: "ts", Value: rng}}}}, int64(a), int64(b) - 1},
+		{"aggregate leading $match", bson.D{{Key: "aggregate", Value: "readings"}, {Key: "pipeline", Value: bson.A{bson.D{{Key: "$match", Value: bson.D{{Key: "ts", Value: rng}}}}}}}, int64(a), int64(b) - 1},
 		{"unbounded: $or is not read", bson.D{{Key: "find", Value: "readings"}, {Key: "filter", Value: bson.D{{Key: "$or", Value: bson.A{bson.D{{Key: "ts", Value: a}}}}}}}, math.MinInt64, math.MaxInt64},
 		{"unbounded: not a date", bson.D{{Key: "find", Value: "readings"}, {Key: "filter", Value: bson.D{{Key: "ts", Value: bson.D{{Key: "$gte", Value: "x"}}}}}}, math.MinInt64, math.MaxInt64},
 		{"empty pipeline", bson.D{{Key: "aggregate", Value: "readings"}, {Key: "pipeline", Value: bson.A{}}}, math.MinInt64, math.MaxInt64},

@@ -52,5 +52,7 @@
 //
 // Reads. Reads and deletes of a staged rule merge everything staged first
 // (the proxy runs Merge with All before them), so every read path sees
-// only complete buckets and an acknowledged event exactly once.
+// only complete buckets and an acknowledged event exactly once; a read
+// bounded in time before every staging period listed needs no merge
+// (WorkThrough).
 package stage

@@ -246,6 +246,15 @@ func FlushPending(reply []byte) (bool, error) {
 // rule costs one listing a round and no write: a lease renewal would
 // create a dropped database again.
 func HasWork(rule *rules.Rule, reply []byte) (bool, error) {
+	return anyListed(reply, func(name string) bool {
+		_, ok := Parse(rule, name)
+		return ok || IsFlushMarker(rule, name)
+	})
+}
+
+// anyListed reads a listCollections reply: true when it lists a name
+// that match says is one, or more names than its first batch holds.
+func anyListed(reply []byte, match func(name string) bool) (bool, error) {
 	docs, id, err := cursor.Docs(reply)
 	if err != nil {
 		return false, err
@@ -255,11 +264,29 @@ func HasWork(rule *rules.Rule, reply []byte) (bool, error) {
 	}
 	for _, d := range docs {
 		name, _ := d.Lookup("name").StringValueOK()
-		if _, ok := Parse(rule, name); ok || IsFlushMarker(rule, name) {
+		if match(name) {
 			return true, nil
 		}
 	}
 	return false, nil
+}
+
+// WorkThrough reads the reply to source.ListCommand of rule's database:
+// true when it lists a staging collection of rule, open or retired, that
+// may hold an event at or before to (ms), or more names than its first
+// batch holds. A staging collection's name carries the start of its
+// staging period (rules.Rule.StageCollection), which no window of its
+// events starts before, so one that starts after to holds no such event;
+// and a merge of it writes, tops up or rewrites only buckets of those
+// windows. So a read of events at or before to, on a rule whose staging
+// holds only later periods, sees every acknowledged event it can match
+// exactly once without a merge. Flush requests ask for merges of the
+// collections they wait for, which the listing shows themselves.
+func WorkThrough(rule *rules.Rule, reply []byte, to int64) (bool, error) {
+	return anyListed(reply, func(name string) bool {
+		c, ok := Parse(rule, name)
+		return ok && c.Window <= to
+	})
 }
 
 // OwnOpenOnly reads the reply to source.ListCommand of rule's database:

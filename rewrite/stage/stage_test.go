@@ -326,6 +326,36 @@ func listReply(t *testing.T, id int64, ns ...string) []byte {
 	return rwtest.CursorReply(t, id, docs...)
 }
 
+func TestWorkThrough(t *testing.T) {
+	rule := rwtest.InsertRule()
+	day := rule.StagePeriod().Milliseconds()
+	yesterday, today := 20*day, 21*day
+	mine := stage.OpenCollection(rule, today, stage.Stager{Tag: "0a1b2c3d", Gen: 5})
+	late := rule.StageCollection(yesterday + 3_600_000) // the holder's, of a late event
+	names := func(id int64, ns ...string) []byte { return listReply(t, id, ns...) }
+	cases := []struct {
+		name    string
+		reply   []byte
+		through int64
+		want    bool
+	}{
+		{"nothing staged", names(0, rule.BucketCollection, stage.TxnsCollection(rule)), today, false},
+		{"today's, a read of yesterday", names(0, mine), today - 1, false},
+		{"today's, a read up to its first instant", names(0, mine), today, true},
+		{"today's, retired", names(0, stage.RetiredName(mine, 3)), today - 1, false},
+		{"today's retired, a read of today", names(0, stage.RetiredName(mine, 3)), today + 5, true},
+		{"yesterday's late event", names(0, mine, late), today - 1, true},
+		{"a flush request only", names(0, stage.FlushMarker(rule, "ab")), today, false},
+		{"more than one batch", names(7, mine), yesterday, true},
+	}
+	for _, c := range cases {
+		got, err := stage.WorkThrough(rule, c.reply, c.through)
+		if err != nil || got != c.want {
+			t.Errorf("%s: WorkThrough = %v, %v; want %v", c.name, got, err, c.want)
+		}
+	}
+}
+
 func TestOwnOpenOnly(t *testing.T) {
 	rule := rwtest.InsertRule()
 	const tag, since = "0a1b2c3d", int64(100)
