@@ -20,14 +20,10 @@ const callsDB = "tsbench_calls"
 
 // callsRules is the calls mode's one rule: the ingest mode's.
 func callsRules() ([]rules.Rule, error) {
-	return rulesFromYAML(fmt.Sprintf(`rules:
-  - namespace: %s.%s
-    timeField: ts
-    metaField: sensor
-    bucket: {span: 1h, maxEvents: 1000}
-    aggregates: [value]
-    ingest: staged
-`, callsDB, ingestColl))
+	var b strings.Builder
+	b.WriteString("rules:\n")
+	writeIngestRule(&b, callsDB+"."+ingestColl, "")
+	return rulesFromYAML(b.String())
 }
 
 // callKinds are the five inserts of a calls round, in the order sent.

@@ -237,14 +237,12 @@ func benchDashboard(e *benchEnv, runs, events, every int) error {
 
 // openBucketFill is how many events of a series the open bucket holds
 // once its event at t is in: ingestBatchesFrom's series have one event a
-// second from ingestStart (a window start) on, and -prefill's end there.
+// second from ingestStart (a window start of the rule's 1-hour span,
+// writeIngestRule) on, and -prefill's end there.
 func openBucketFill(t time.Time) int {
 	inWindow := int(t.Sub(t.Truncate(time.Hour))/time.Second) + 1
 	return (inWindow-1)%ingestMaxEvents + 1
 }
-
-// ingestMaxEvents is the ingest rule's maxEvents (writeIngestRule).
-const ingestMaxEvents = 1000
 
 // fillQuarters are the medians of the merge's share of a read (the first
 // read less the second), by the quarter of maxEvents the open bucket's

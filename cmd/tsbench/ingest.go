@@ -64,6 +64,9 @@ func ingestRules(threshold int) ([]rules.Rule, error) {
 	return rulesFromYAML(b.String())
 }
 
+// ingestMaxEvents is the ingest rule's maxEvents.
+const ingestMaxEvents = 1000
+
 // writeIngestRule writes the YAML of the ingest rule on ns; extra adds
 // to its bucket options (", insertThreshold: N").
 func writeIngestRule(b *strings.Builder, ns, extra string) {
