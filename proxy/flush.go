@@ -81,11 +81,25 @@ func (c *conn) flushStaged(rule *rules.Rule, caps caps.Upstream, total *stage.St
 	// event-id index too, with nothing staged as well: the merges before
 	// reads leave its stale entries waiting (rewrite/stage's stale.go).
 	dropStale := total != nil
+	opts := stage.MergeOptions{All: true, DropStale: dropStale}
+	if total == nil {
+		// Before a read (or a delete): the collections merged become
+		// spares, which the next inserts take rather than create one
+		// (spare.go).
+		opts.Recycle = c.s.recycler(rule, caps.SingleWriter)
+	} else {
+		// A flush leaves no staging collection, spares included.
+		defer func() {
+			if err == nil {
+				err = c.s.dropSpare(c, rule)
+			}
+		}()
+	}
 	idle, err := c.nothingStaged(rule, through)
 	if err != nil || idle && !(dropStale && c.s.dirs.staleWaiting(rule.BucketNamespace())) {
 		return err
 	}
-	st, err := c.mergeStaged(rule, caps, stage.MergeOptions{All: true, DropStale: dropStale})
+	st, err := c.mergeStaged(rule, caps, opts)
 	if err != nil {
 		return err
 	}

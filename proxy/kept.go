@@ -170,6 +170,9 @@ func (c *conn) runKept(u rewrite.Upstream) ([][]byte, error) {
 // inserts waiting on kc.ready go on either way.
 func (c *conn) markKept(kc *keptColl, db, coll string) {
 	defer close(kc.ready)
+	if c.useSpare(kc, db, coll) { // spare.go: a rename, not a create
+		return
+	}
 	var token [8]byte
 	_, _ = rand.Read(token[:])
 	id := stage.MarkerID(hex.EncodeToString(token[:]))

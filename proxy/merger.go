@@ -90,6 +90,9 @@ func (s *Server) mergeOnce(up *upstream.Conn, rule *rules.Rule) (stage.Stats, er
 		return stage.Stats{}, nil
 	}
 	list, work, err := s.listings.stagedWork(upRunner{up: up}, rule, time.Now())
+	if err == nil && upCaps.SingleWriter {
+		err = s.tidySpares(upRunner{up: up}, rule, list, time.Now())
+	}
 	if err != nil || !work {
 		return stage.Stats{}, err
 	}
@@ -125,6 +128,12 @@ func (s *Server) mergeOnce(up *upstream.Conn, rule *rules.Rule) (stage.Stats, er
 		// Own staging collections not due yet: this proxy still runs, so
 		// that the holder does not take them over while it is idle.
 		if err := s.presence.Announce(up, rule.DB, rule.BucketCollection, s.stagerTag(), s.leases.Identity()); err != nil {
+			return st, err
+		}
+	}
+	if len(requests) > 0 {
+		// A flush asked for leaves no staging collection of this proxy's.
+		if err := s.dropSpare(runner, rule); err != nil {
 			return st, err
 		}
 	}

@@ -106,16 +106,17 @@ type Server struct {
 	// zero without leases) in which this proxy stopped the event-id
 	// index before writing directly (id_index.go).
 	idIndexOff sync.Map
-	idIndexes  *idIndexCache // id_index.go
-	cat        *catalog      // catalog.go
-	served     sync.Map      // namespace → struct{}: created rules served here (loops.go)
-	orphanLog  sync.Map      // namespace → time.Time: the last warning of an unrecorded index (stage.go) or a lost partition (sweeper.go)
-	combiner   combiner      // staged inserts sharing upstream inserts (combine.go)
-	kept       *keptStore    // what staged inserts stored, for their merge (kept.go); nil: nothing kept
-	dirs       *directories  // what the merges know of their rules' buckets (directory.go)
-	helpers    *connPool     // connections of merges' parallel inserts (parallel.go)
-	background *connPool     // connections of the background loops' rounds (background.go)
-	listings   *dbListings   // the merge rounds' listings, shared by a database's rules (flush.go)
+	idIndexes  *idIndexCache     // id_index.go
+	cat        *catalog          // catalog.go
+	served     sync.Map          // namespace → struct{}: created rules served here (loops.go)
+	orphanLog  sync.Map          // namespace → time.Time: the last warning of an unrecorded index (stage.go) or a lost partition (sweeper.go)
+	combiner   combiner          // staged inserts sharing upstream inserts (combine.go)
+	kept       *keptStore        // what staged inserts stored, for their merge (kept.go); nil: nothing kept
+	spares     *spareCollections // spare staging collections, made by merges before reads (spare.go)
+	dirs       *directories      // what the merges know of their rules' buckets (directory.go)
+	helpers    *connPool         // connections of merges' parallel inserts (parallel.go)
+	background *connPool         // connections of the background loops' rounds (background.go)
+	listings   *dbListings       // the merge rounds' listings, shared by a database's rules (flush.go)
 	// presence is this proxy's announcements that it stages rules into
 	// collections of its own, and stagerSince the first generation of
 	// those (when it started, in ms) (stage.go).
@@ -192,6 +193,7 @@ func New(opts Options) (*Server, error) {
 		conns:       make(map[*conn]struct{}),
 		kept:        newKeptStore(cmp.Or(opts.StagedMemory, int64(rules.DefaultStagedMemory))),
 		dirs:        newDirectories(),
+		spares:      newSpareCollections(),
 		helpers:     newConnPool(opts.Dialer.Dial, helperMaxIdle),
 		background:  newConnPool(opts.Dialer.Dial, backgroundMaxIdle),
 		listings:    newDBListings(),

@@ -134,6 +134,10 @@ func (m *Merge) readStaged(x *rewrite.Exec, r Collection) ([]bsoncore.Document, 
 				return nil, err
 			}
 			if len(found) == 1 {
+				if m.keptMarkers == nil {
+					m.keptMarkers = map[string]string{}
+				}
+				m.keptMarkers[r.Name] = marker // a spare may keep it (spare.go)
 				out := make([]bsoncore.Document, 0, len(docs)+1)
 				for _, d := range docs {
 					out = append(out, d)

@@ -62,6 +62,10 @@ type keeper struct {
 	marker  map[string]string
 	spoiled map[string]bool
 	next    int
+	// spare, when set, is a spare collection and its marker, which the
+	// next first insert into a collection renames to it (proxy's
+	// useSpare) instead of creating one.
+	spare, spareMarker string
 }
 
 func newKeeper(m *mem) *keeper {
@@ -73,6 +77,13 @@ func (k *keeper) answer(u rewrite.Upstream) []byte {
 		return k.m.answer(u)
 	}
 	db, coll := stage.KeptTarget(u)
+	if _, seen := k.marker[coll]; !seen && !k.spoiled[coll] && k.spare != "" {
+		ok := bsoncore.Document(k.m.answer(rewrite.Upstream{Body: stage.SpareRenameCommand(db, k.spare, coll)})).Lookup("ok").Double() == 1
+		if ok {
+			k.marker[coll] = k.spareMarker
+		}
+		k.spare, k.spareMarker = "", ""
+	}
 	if _, seen := k.marker[coll]; !seen && !k.spoiled[coll] {
 		k.next++
 		id := stage.MarkerID(string(rune('a' + k.next)))

@@ -116,6 +116,13 @@ type MergeOptions struct {
 	// DropStale deletes every stale entry Stale keeps at the end of the
 	// merge: a flush settles the event-id index too.
 	DropStale bool
+	// Recycle, when set, names the spare collection that retired
+	// collection r becomes once merged, rather than being dropped
+	// (spare.go): asked only for a collection of this proxy's run that
+	// the merge read from what the proxy kept. made is called with
+	// whether r became the spare, and its marker's _id. ok false: r is
+	// dropped. The proxy asks for spares in its merges before reads.
+	Recycle func(r Collection) (spare string, made func(ok bool, marker string), ok bool)
 	// InsertStreams is how many insert commands, run at once, a merge's
 	// buckets are split into when they are large (parallelInsertBytes):
 	// FerretDB encodes every document, and on PostgreSQL a second
@@ -156,6 +163,9 @@ type Stats struct {
 	// StaleDropped counts the stale event-id index entries deleted
 	// (MergeOptions.Stale).
 	StaleDropped int
+	// Spares counts the retired collections kept as spare collections
+	// (MergeOptions.Recycle).
+	Spares int
 	// ParallelInserts counts the bucket inserts sent as a step of
 	// Parallel commands (MergeOptions.InsertStreams).
 	ParallelInserts int
@@ -206,6 +216,9 @@ type Merge struct {
 	planColl string
 	// expired: loadRecords found records past the retry horizon.
 	expired bool
+	// keptMarkers are the markers of the retired collections merged from
+	// what the proxy kept, by name (a spare keeps it: spare.go).
+	keptMarkers map[string]string
 }
 
 // Release ends the merge's script when its driver gives it up (see

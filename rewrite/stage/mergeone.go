@@ -282,6 +282,12 @@ func (m *Merge) finishRetired(x *rewrite.Exec, r Collection, plan *mergePlan) er
 	if err := m.moveLate(x, r, plan.ids, plan.markers); err != nil {
 		return err
 	}
+	if recycled, err := m.recycle(x, r); err != nil || recycled {
+		if err == nil {
+			m.Stats.Collections++
+		}
+		return err
+	}
 	reply, ok := x.One(source.DropCommand(m.rule.DB, r.Name))
 	if !ok {
 		return rewrite.ErrAborted

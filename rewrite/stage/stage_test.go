@@ -121,6 +121,9 @@ func (m *mem) answer(u rewrite.Upstream) []byte {
 		if !ok {
 			return doc(bson.D{{Key: "ok", Value: 0.0}, {Key: "code", Value: 26}, {Key: "errmsg", Value: "no source"}})
 		}
+		if _, taken := m.colls[strings.TrimPrefix(to, "iot.")]; taken {
+			return doc(bson.D{{Key: "ok", Value: 0.0}, {Key: "code", Value: 48}, {Key: "errmsg", Value: "target exists"}})
+		}
 		delete(m.colls, from)
 		m.colls[strings.TrimPrefix(to, "iot.")] = docs
 		if m.lost[from] {
@@ -145,6 +148,14 @@ func (m *mem) answer(u rewrite.Upstream) []byte {
 				m.colls[coll] = slices.DeleteFunc(m.colls[coll], func(d bsoncore.Document) bool {
 					at, ok := d.Lookup("at").DateTimeOK()
 					return ok && at < cut
+				})
+				continue
+			}
+			if ne, ok := dv.Document().Lookup("q", "_id", "$ne").StringValueOK(); ok {
+				// A spare's: everything but its marker (spare.go).
+				m.colls[coll] = slices.DeleteFunc(m.colls[coll], func(d bsoncore.Document) bool {
+					s, isStr := d.Lookup("_id").StringValueOK()
+					return !isStr || s != ne
 				})
 				continue
 			}

@@ -1,0 +1,103 @@
+package proxy
+
+import (
+	"testing"
+	"time"
+
+	"github.com/tsproxy/tsproxy/rewrite/stage"
+	"github.com/tsproxy/tsproxy/rules"
+)
+
+// TestSpareCollections: one spare a rule; a merge reserves its name,
+// the rename makes it, and only a cleaned spare goes to an insert, once;
+// a flush takes one being cleaned too; a reservation that never settles
+// is given up after spareReserveFor; a failed rename or cleaning forgets
+// it.
+func TestSpareCollections(t *testing.T) {
+	rule := &rules.Rule{DB: "iot", Collection: "readings", BucketCollection: "readings.buckets"}
+	key := stage.RuleSpareKey(rule)
+	t0 := time.Unix(1_800_000_000, 0)
+	s := newSpareCollections()
+	cleaning := make(chan string, 10)
+	clean := func(name, marker string) { cleaning <- name + "|" + marker }
+	wait := func() string { // the cleaning runs on its own goroutine
+		t.Helper()
+		select {
+		case got := <-cleaning:
+			return got
+		case <-time.After(5 * time.Second):
+			t.Fatal("the spare was not cleaned")
+			return ""
+		}
+	}
+
+	name, renamed, ok := s.reserve(rule, "0123abcd", t0, clean)
+	if !ok || !s.kept(rule, name) {
+		t.Fatalf("reserve: %q %v", name, ok)
+	}
+	if _, _, again := s.reserve(rule, "0123abcd", t0.Add(time.Second), clean); again {
+		t.Fatal("a second spare reserved while one is on its way")
+	}
+	if _, ok := s.take(key); ok {
+		t.Fatal("a reserved spare went to an insert")
+	}
+	renamed(true, "m1")
+	if got := wait(); got != name+"|m1" {
+		t.Fatalf("cleaning %q, want %s with its marker", got, name)
+	}
+	if _, ok := s.take(key); ok {
+		t.Fatal("a spare not cleaned went to an insert")
+	}
+	s.cleaned(rule, name, true)
+	if sp, ok := s.take(key); !ok || sp.name != name || sp.marker != "m1" {
+		t.Fatalf("take: %+v %v", sp, ok)
+	}
+	if _, ok := s.take(key); ok {
+		t.Fatal("a spare went to two inserts")
+	}
+
+	// A reservation never settled (its merge was cut) is given up.
+	name2, _, ok := s.reserve(rule, "0123abcd", t0, clean)
+	if !ok || name2 == name {
+		t.Fatalf("second reserve %q %v (first %q)", name2, ok, name)
+	}
+	if _, _, ok := s.reserve(rule, "0123abcd", t0.Add(spareReserveFor+time.Second), clean); !ok {
+		t.Fatal("a reservation older than spareReserveFor still held")
+	}
+
+	// A flush takes a spare being cleaned; its cleaning then finds it gone.
+	s = newSpareCollections()
+	name, renamed, _ = s.reserve(rule, "0123abcd", t0, clean)
+	renamed(true, "m2")
+	if sp, ok := s.takeRenamed(rule); !ok || sp.name != name {
+		t.Fatalf("takeRenamed: %+v %v", sp, ok)
+	}
+	s.cleaned(rule, name, true)
+	if _, ok := s.take(key); ok {
+		t.Fatal("a spare a flush took went to an insert")
+	}
+
+	// Failures forget it; an idle one goes to the background.
+	s = newSpareCollections()
+	_, renamed, _ = s.reserve(rule, "0123abcd", t0, clean)
+	renamed(false, "")
+	if _, _, ok := s.reserve(rule, "0123abcd", t0, clean); !ok {
+		t.Fatal("a failed rename kept its reservation")
+	}
+	s = newSpareCollections()
+	name, renamed, _ = s.reserve(rule, "0123abcd", t0, clean)
+	renamed(true, "m3")
+	s.cleaned(rule, name, false)
+	if s.kept(rule, name) {
+		t.Fatal("a spare whose cleaning failed is still kept")
+	}
+	name, renamed, _ = s.reserve(rule, "0123abcd", t0, clean)
+	renamed(true, "m4")
+	s.cleaned(rule, name, true)
+	if _, ok := s.takeIdle(rule, time.Now().Add(-time.Minute)); ok {
+		t.Fatal("a spare cleaned just now taken as idle")
+	}
+	if _, ok := s.takeIdle(rule, time.Now().Add(time.Minute)); !ok {
+		t.Fatal("an idle spare not taken")
+	}
+}
