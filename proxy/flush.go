@@ -34,7 +34,7 @@ func (c *conn) settleStaged(req *request, rule *rules.Rule) (done bool, err erro
 	if err != nil || !staged {
 		return false, nil // no caps: the command itself meets the upstream's error
 	}
-	if err := c.flushStaged(rule, caps, nil, readThrough(req, rule)); err != nil {
+	if err := c.flushStaged(rule, caps, nil, readThrough(req, rule), makeSpare); err != nil {
 		var up upstreamFailure
 		if errors.As(err, &up) {
 			return true, up.err
@@ -64,14 +64,29 @@ func readThrough(req *request, rule *rules.Rule) int64 {
 	return allStaged
 }
 
+// spareUse says what a flush does about the rule's spare staging
+// collection (spare.go).
+type spareUse bool
+
+const (
+	// makeSpare: before a command, what the merge merged becomes the
+	// spare that the next insert takes.
+	makeSpare spareUse = true
+	// noSpare: tsproxyFlush, and the mending of an unrecorded index
+	// (which needs the collection that holds the index dropped, not
+	// renamed): no staging collection is left, spares included.
+	noSpare spareUse = false
+)
+
 // flushStaged merges everything staged into rule before it began: this
 // proxy freezes its own staging collections and, holding the rule's
 // writer lease, merges; what is left (other proxies' collections, or all
 // of it when another holds the lease) it asks for and waits for
 // (requestFlush). total, when not nil, adds up what this proxy merged.
 // It merges only when something staged may hold an event at or before
-// through (ms; allStaged: anything staged), and then everything.
-func (c *conn) flushStaged(rule *rules.Rule, caps caps.Upstream, total *stage.Stats, through int64) (err error) {
+// through (ms; allStaged: anything staged), and then everything. spares
+// says whether it makes a spare or drops the one there is.
+func (c *conn) flushStaged(rule *rules.Rule, caps caps.Upstream, total *stage.Stats, through int64, spares spareUse) (err error) {
 	defer func() {
 		if err != nil {
 			c.s.merges.failed(rule) // the metric of merges that failed
@@ -82,13 +97,12 @@ func (c *conn) flushStaged(rule *rules.Rule, caps caps.Upstream, total *stage.St
 	// reads leave its stale entries waiting (rewrite/stage's stale.go).
 	dropStale := total != nil
 	opts := stage.MergeOptions{All: true, DropStale: dropStale}
-	if total == nil {
+	if spares == makeSpare {
 		// Before a read (or a delete): the collections merged become
 		// spares, which the next inserts take rather than create one
 		// (spare.go).
 		opts.Recycle = c.s.recycler(rule, caps.SingleWriter)
 	} else {
-		// A flush leaves no staging collection, spares included.
 		defer func() {
 			if err == nil {
 				err = c.s.dropSpare(c, rule)
@@ -375,7 +389,7 @@ func (c *conn) handleFlush(req *request) error {
 			continue
 		}
 		// What the holder merges for this flush is not counted here.
-		err = c.flushStaged(rule, caps, &total, allStaged)
+		err = c.flushStaged(rule, caps, &total, allStaged, noSpare)
 		var up upstreamFailure
 		if errors.As(err, &up) {
 			return up.err

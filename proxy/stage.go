@@ -147,7 +147,9 @@ func (c *conn) mendOrphanedStaging(rule *rules.Rule, caps caps.Upstream, reply [
 	}
 	if orphan.Index {
 		inflight.RUnlock()
-		err := c.flushStaged(rule, caps, nil, allStaged)
+		// Dropped, not kept as spares: the name is freed only when the
+		// collection holding the index goes (a spare too may hold it).
+		err := c.flushStaged(rule, caps, nil, allStaged, noSpare)
 		inflight.RLock()
 		if err != nil {
 			c.log.Warn("staging: the upstream cannot create a staging collection (an index FerretDB did not record has the name of its index), and the flush that would free the name failed", "rule", rule.Namespace, "err", err.Error())

@@ -217,7 +217,7 @@ func (c *conn) handleStagingFormat(req *request) error {
 		for _, rule := range lowered {
 			_, caps, err := c.stagedRule(rule)
 			if err == nil {
-				err = c.flushStaged(rule, caps, &total, allStaged)
+				err = c.flushStaged(rule, caps, &total, allStaged, noSpare)
 			}
 			var up upstreamFailure
 			if errors.As(err, &up) {
