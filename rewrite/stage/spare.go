@@ -88,10 +88,7 @@ func SpareRenameCommand(db, spare, coll string) []byte {
 func SpareCleanCommand(db, spare, marker string) []byte {
 	notMarker := bsoncore.NewDocumentBuilder().AppendDocument("_id",
 		bsoncore.NewDocumentBuilder().AppendString("$ne", marker).Build()).Build()
-	del := bsoncore.NewDocumentBuilder().AppendDocument("q", notMarker).AppendInt32("limit", 0).Build()
-	return bsoncore.NewDocumentBuilder().AppendString("delete", spare).
-		AppendArray("deletes", bsoncore.NewArrayBuilder().AppendDocument(del).Build()).
-		AppendString("$db", db).Build()
+	return deleteManyCommand(db, spare, notMarker)
 }
 
 // recycle makes retired collection r, merged, the spare that

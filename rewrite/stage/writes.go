@@ -20,15 +20,19 @@ import (
 
 // deleteMany deletes every document of coll that q matches.
 func (m *Merge) deleteMany(x *rewrite.Exec, coll string, q bsoncore.Document) error {
-	del := bsoncore.NewDocumentBuilder().AppendDocument("q", q).AppendInt32("limit", 0).Build()
-	cmd := bsoncore.NewDocumentBuilder().AppendString("delete", coll).
-		AppendArray("deletes", bsoncore.NewArrayBuilder().AppendDocument(del).Build()).
-		AppendString("$db", m.rule.DB).Build()
-	reply, ok := x.One(cmd)
+	reply, ok := x.One(deleteManyCommand(m.rule.DB, coll, q))
 	if !ok {
 		return rewrite.ErrAborted
 	}
 	return mongoerr.ReplyError(reply)
+}
+
+// deleteManyCommand deletes every document of db.coll that q matches.
+func deleteManyCommand(db, coll string, q bsoncore.Document) []byte {
+	del := bsoncore.NewDocumentBuilder().AppendDocument("q", q).AppendInt32("limit", 0).Build()
+	return bsoncore.NewDocumentBuilder().AppendString("delete", coll).
+		AppendArray("deletes", bsoncore.NewArrayBuilder().AppendDocument(del).Build()).
+		AppendString("$db", db).Build()
 }
 
 // insertOne inserts doc into coll; a duplicate key (an earlier run of
