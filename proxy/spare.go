@@ -145,10 +145,11 @@ func (s *Server) recycler(rule *rules.Rule, singleWriter bool) func(stage.Collec
 }
 
 // cleanSpare deletes every document of rule's spare name but its marker,
-// on a connection of the proxy's own: after the merge that renamed it,
-// off the read's way.
+// after the merge that renamed it, off the read's way: on a connection of
+// the background pool, which the background rounds keep open anyway (a
+// helper would stay open connIdle after each read, apart from them).
 func (s *Server) cleanSpare(rule *rules.Rule, name, marker string) {
-	reply := s.helpers.run(rewrite.Upstream{Body: stage.SpareCleanCommand(rule.DB, name, marker)})
+	reply := s.background.run(rewrite.Upstream{Body: stage.SpareCleanCommand(rule.DB, name, marker)})
 	s.spares.cleaned(rule, name, reply != nil && mongoerr.IsOK(reply))
 }
 
