@@ -341,11 +341,14 @@ func (s *Server) runMergeLocked(r stepRunner, up lease.Commander, rule *rules.Ru
 				l.Unlock()
 			}
 		}
-		if !opts.Guest && lookups != read.IDLookupIndexed {
-			// Where lookups by _id scan, the holder knows its rule's
-			// buckets instead: its merges are their only writers while it
-			// holds its term (directory.go). Where they are indexed (the
-			// embedded upstream), probes and reads cost a lookup each.
+		if !opts.Guest {
+			// The holder knows its rule's buckets instead of probing
+			// them: its merges are their only writers while it holds its
+			// term (directory.go). Where lookups by _id scan (the stock
+			// command, PostgreSQL) a probe scans; where they are indexed
+			// (the embedded upstream) FerretDB still decodes each bucket
+			// a probe finds, so probing a key cost every event its window
+			// held, at each merge before a read.
 			// A counter or slots rule has no delete through the proxy;
 			// its direct inserts and retention sweeps count as writes.
 			opts.Known = s.dirs.known(rule.BucketNamespace(), s.heldTerm(rule))

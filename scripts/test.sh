@@ -51,8 +51,25 @@ fi
 echo "== unit tests (race detector)"
 go test -race -count=1 -timeout 15m ./wire/... ./rules/... ./rewrite/... ./proxy/... ./upstream/...
 
+# failures LOG: a failing test's block (its --- FAIL line and the indented
+# lines after it: what t.Fatalf printed, a client's own output included),
+# without the proxies' log lines. The logs are long: CI repeats these
+# last, where a truncated CI log still shows them.
+failures() {
+  awk '/--- FAIL/ {f = 1; print; next}
+       f && /^[ \t]/ { if ($0 !~ /level=/) print; next }
+       {f = 0}
+       /^panic:|^FAIL|_test\.go:[0-9]+: / && !/level=/ {print}' "$1" | tail -80 || true
+}
+
 echo "== end-to-end and command tests (embedded upstream)"
-go test -count=1 -timeout 25m ./tests/e2e/... ./cmd/...
+e2elog="$(mktemp)"
+if ! go test -count=1 -timeout 25m ./tests/e2e/... ./cmd/... 2>&1 | tee "$e2elog"; then
+  echo "-- failures in the end-to-end and command tests (embedded upstream)"
+  failures "$e2elog"
+  rm -f "$e2elog"; echo "end-to-end tests failed"; exit 1
+fi
+rm -f "$e2elog"
 
 # The e2e subset CI runs on the two other upstreams, chosen by priority
 # (the 50,000-event read differential, the staging tier, inserts,
@@ -81,16 +98,9 @@ if [ -z "${TSPROXY_E2E_UPSTREAM:-}" ]; then
   wait "$pgpid" || e2e_failed=1
   echo "-- ferretdb"; cat "$fdlog"; echo "-- postgresql"; cat "$pglog"
   if [ "$e2e_failed" -ne 0 ]; then
-    # The logs are long (every proxy's log lines): repeat the failures last,
-    # where a truncated CI log still shows them.
     for l in "$fdlog" "$pglog"; do
       echo "-- failures in the $([ "$l" = "$fdlog" ] && echo ferretdb || echo postgresql) subset"
-      # A failing test's block: its --- FAIL line and the indented lines
-      # after it (what t.Fatalf printed, a client's own output included).
-      awk '/--- FAIL/ {f = 1; print; next}
-           f && /^[ \t]/ { if ($0 !~ /level=/) print; next }
-           {f = 0}
-           /^panic:|^FAIL|_test\.go:[0-9]+: / && !/level=/ {print}' "$l" | tail -80 || true
+      failures "$l"
     done
     rm -f "$fdlog" "$pglog"; echo "end-to-end subset failed"; exit 1
   fi

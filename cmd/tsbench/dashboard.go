@@ -230,15 +230,20 @@ func benchDashboard(e *benchEnv, runs, events, every int) error {
 			med(row.ps, func(p dashboardPath) float64 { return ms(p50(p.afterRead)) }), med(row.ps, func(p dashboardPath) float64 { return ms(p50(p.otherCalls)) }))
 	}
 	q := fillQuarters(proxied)
-	fmt.Printf("\nThe merge's share of a read through the proxy (ms, median of every read of every run), by how full the open bucket of the series read was (events of %d): 1-250 %.1f, 251-500 %.1f, 501-750 %.1f, 751-1000 %.1f\n",
+	fmt.Printf("\nThe merge's share of a read through the proxy (ms, median of every read of every run), by where the series read stood in its run of %d events (maxEvents; unbounded top-ups rewrote a bucket that full): 1-250 %.1f, 251-500 %.1f, 501-750 %.1f, 751-1000 %.1f\n",
 		ingestMaxEvents, q[0], q[1], q[2], q[3])
 	return nil
 }
 
-// openBucketFill is how many events of a series the open bucket holds
-// once its event at t is in: ingestBatchesFrom's series have one event a
-// second from ingestStart (a window start of the rule's 1-hour span,
-// writeIngestRule) on, and -prefill's end there.
+// openBucketFill is how many events of a series its open bucket would
+// hold once its event at t is in, were buckets filled to maxEvents in time
+// order: ingestBatchesFrom's series have one event a second from
+// ingestStart (a window start of the rule's 1-hour span, writeIngestRule)
+// on, and -prefill's end there. Merges of a few events top up a bucket
+// only while it is small (rewrite/stage/topup.go), so past that floor this
+// is where the series stands in its run of maxEvents, not the fill of the
+// bucket a merge rewrites: a merge's share flat across the quarters is
+// what that bound is for.
 func openBucketFill(t time.Time) int {
 	inWindow := int(t.Sub(t.Truncate(time.Hour))/time.Second) + 1
 	return (inWindow-1)%ingestMaxEvents + 1

@@ -1210,6 +1210,59 @@ func testMergeTopUp(t *testing.T, oneScanBeats func(int) bool) {
 		}
 		onceEach(t, m, 122)
 	})
+	t.Run("a top-up costs at most the floor or a multiple of what it adds", func(t *testing.T) {
+		rule := rwtest.InsertRule()
+		rule.MaxEvents = 20
+		floored := func(now int64, floor int) stage.MergeOptions {
+			o := opts(now)
+			o.TopUpFloor = floor
+			return o
+		}
+		m := newMem(t)
+		from, now := 0, int64(1_000_000)
+		step := func(n, floor int, wantTopped int, want ...int64) {
+			t.Helper()
+			stagedInsert(t, m, events("a", from, n))
+			from, now = from+n, now+100
+			if st := mergeRule(t, m, rule, floored(now, floor)); st.ToppedUp != wantTopped || st.Events != n {
+				t.Fatalf("merge of %d: stats %+v, want %d topped up", n, st, wantTopped)
+			}
+			if got := bucketCounts(t, m, "a"); !slices.Equal(got, want) {
+				t.Fatalf("merge of %d: bucket counts %v, want %v", n, got, want)
+			}
+		}
+		step(6, 2, 0, 6)
+		step(1, 2, 0, 6, 1)    // 6 events over the floor, more than 4 times 1: a new bucket
+		step(1, 2, 1, 6, 2)    // under the floor
+		step(2, 2, 1, 6, 4)    // 2 events, at most 4 times 2
+		step(2, 2, 1, 6, 6)    // 4, at most 4 times 2
+		step(1, 2, 0, 6, 6, 1) // 6, more than 4 times 1
+		step(4, 0, 1, 6, 6, 5) // the default floor, 128: under it
+		onceEachStored(t, m, from)
+	})
+	t.Run("the default floor is 128 events", func(t *testing.T) {
+		rule := rwtest.InsertRule()
+		rule.MaxEvents = 1000
+		m := newMem(t)
+		var evs []bson.D
+		for i := range 129 {
+			evs = append(evs, rwtest.Event(rwtest.OID(byte(i)), rwtest.DT(36_000_000+int64(i)*1000), "a", float64(i)))
+		}
+		stagedInsert(t, m, evs[:127])
+		mergeRule(t, m, rule, opts(1_000_000))
+		stagedInsert(t, m, evs[127:128])
+		if st := mergeRule(t, m, rule, opts(1_000_100)); st.ToppedUp != 1 {
+			t.Fatalf("stats %+v, want the bucket of 127 topped up", st)
+		}
+		stagedInsert(t, m, evs[128:])
+		if st := mergeRule(t, m, rule, opts(1_000_200)); st.ToppedUp != 0 || st.Buckets != 1 {
+			t.Fatalf("stats %+v, want a new bucket after one of 128", st)
+		}
+		if got := bucketCounts(t, m, "a"); !slices.Equal(got, []int64{128, 1}) {
+			t.Fatalf("bucket counts %v, want [128 1]", got)
+		}
+		onceEachStored(t, m, 129)
+	})
 	t.Run("a full last bucket is left alone", func(t *testing.T) {
 		m := newMem(t)
 		stagedInsert(t, m, events("a", 0, 3))

@@ -42,6 +42,35 @@ import (
 //     old never moved), so its count only grows, and the condition on it
 //     cannot meet a bucket that already took the new events.
 
+// What a top-up may cost. These upstreams rewrite a whole document on
+// every update, so topping up a bucket of n events with k costs n+k event
+// writes, and merges of a few events each (the merge before a read takes
+// what was staged since the last read: one or a few events a series)
+// would cost more the fuller the open bucket, up to maxEvents a merge. So
+// a merge tops up a last bucket only while it holds fewer than the floor
+// (MergeOptions.TopUpFloor), or at most topUpRatio times the events the
+// merge has for its key; past that the key starts a new bucket. What a
+// merge rewrites is then at most the floor a key plus topUpRatio+1 writes
+// an event, whatever maxEvents. The price: under reads more frequent than
+// the floor's events a series, buckets close at the floor (128 events:
+// still over 100 times fewer documents than events) instead of at
+// maxEvents; merges of more events (merge batches, flushes, the merge
+// after a quiet period) still fill them.
+const (
+	DefaultTopUpFloor = 128
+	topUpRatio        = 4
+)
+
+// worthToppingUp says whether a last bucket of old events is topped up
+// by a merge with adding events for its key.
+func (m *Merge) worthToppingUp(old, adding int) bool {
+	floor := m.opts.TopUpFloor
+	if floor <= 0 {
+		floor = DefaultTopUpFloor
+	}
+	return old < floor || old <= topUpRatio*adding
+}
+
 // topUp is a key's last bucket as a merge read it, to be filled up.
 type topUp struct {
 	seq int
@@ -77,6 +106,7 @@ func (m *Merge) lockKeys(keys []bucket.Key) func() {
 func (m *Merge) readTopUps(x *rewrite.Exec, groups []group, bases map[string]int, known map[string]KnownKey) (map[string]*topUp, error) {
 	ns := m.rule.BucketNamespace()
 	byID := map[bson.ObjectID]string{}
+	adding := map[string]int{}
 	var ids []bson.ObjectID
 	var found []bsoncore.Document
 	for _, g := range groups {
@@ -85,6 +115,7 @@ func (m *Merge) readTopUps(x *rewrite.Exec, groups []group, bases map[string]int
 		if s == 0 {
 			continue
 		}
+		adding[k] = len(g.events)
 		if kk, ok := known[k]; ok && kk.Next == s && (kk.Full || kk.Last != nil) {
 			if kk.Last != nil { // as this proxy's last merge of the key wrote it
 				byID[g.key.ID(ns, s-1)] = k
@@ -115,7 +146,7 @@ func (m *Merge) readTopUps(x *rewrite.Exec, groups []group, bases map[string]int
 		if !ok || total+len(d) > maxTopUpBytes {
 			continue
 		}
-		t, err := m.topUpOf(d, bases[k]-1)
+		t, err := m.topUpOf(d, bases[k]-1, adding[k])
 		if err != nil {
 			return nil, fmt.Errorf("last bucket %s: %w", id.Hex(), err)
 		}
@@ -127,9 +158,10 @@ func (m *Merge) readTopUps(x *rewrite.Exec, groups []group, bases map[string]int
 	return tops, nil
 }
 
-// topUpOf is bucket d (seq) as a top-up, or nil when it has no room.
-func (m *Merge) topUpOf(d bsoncore.Document, seq int) (*topUp, error) {
-	if n := bucketCount(d); n < 0 || n >= m.lim.MaxEvents {
+// topUpOf is bucket d (seq) as a top-up for adding events, or nil when
+// it has no room or is not worth it.
+func (m *Merge) topUpOf(d bsoncore.Document, seq, adding int) (*topUp, error) {
+	if n := bucketCount(d); n < 0 || n >= m.lim.MaxEvents || !m.worthToppingUp(n, adding) {
 		return nil, nil
 	}
 	old, err := bucket.StoredEvents(d, m.rule, m.lim)
