@@ -124,6 +124,25 @@ func (s *spareCollections) takeRenamed(rule *rules.Rule) (spareCollection, bool)
 	return s.takeIf(stage.RuleSpareKey(rule), func(sp *spareCollection) bool { return sp.renamed })
 }
 
+// ready counts the spares cleaned and ready for an insert.
+func (s *spareCollections) ready() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, sp := range s.byRule {
+		if sp.made {
+			n++
+		}
+	}
+	return n
+}
+
+// ReadySpares is how many spare staging collections the proxy holds
+// cleaned, for an insert to take. The upstream shows a spare cleaned a
+// moment before the proxy learns it from the delete's reply: until then
+// an insert creates its collection, as without a spare.
+func (s *Server) ReadySpares() int { return s.spares.ready() }
+
 // kept says whether name is rule's spare, made or on its way.
 func (s *spareCollections) kept(rule *rules.Rule, name string) bool {
 	s.mu.Lock()

@@ -45,12 +45,15 @@ func TestSpareCollections(t *testing.T) {
 	if got := wait(); got != name+"|m1" {
 		t.Fatalf("cleaning %q, want %s with its marker", got, name)
 	}
-	if _, ok := s.take(key); ok {
-		t.Fatal("a spare not cleaned went to an insert")
+	if _, ok := s.take(key); ok || s.ready() != 0 {
+		t.Fatalf("a spare not cleaned went to an insert, or counted ready (%d)", s.ready())
 	}
 	s.cleaned(rule, name, true)
-	if sp, ok := s.take(key); !ok || sp.name != name || sp.marker != "m1" {
-		t.Fatalf("take: %+v %v", sp, ok)
+	if n := s.ready(); n != 1 {
+		t.Fatalf("%d spares ready once cleaned, want 1", n)
+	}
+	if sp, ok := s.take(key); !ok || sp.name != name || sp.marker != "m1" || s.ready() != 0 {
+		t.Fatalf("take: %+v %v (%d ready after)", sp, ok, s.ready())
 	}
 	if _, ok := s.take(key); ok {
 		t.Fatal("a spare went to two inserts")

@@ -345,13 +345,17 @@ func (s *Server) runMergeLocked(r stepRunner, up lease.Commander, rule *rules.Ru
 			// The holder knows its rule's buckets instead of probing
 			// them: its merges are their only writers while it holds its
 			// term (directory.go). Where lookups by _id scan (the stock
-			// command, PostgreSQL) a probe scans; where they are indexed
+			// command, PostgreSQL) a probe scans, so the directory reads
+			// every bucket's key once instead. Where they are indexed
 			// (the embedded upstream) FerretDB still decodes each bucket
-			// a probe finds, so probing a key cost every event its window
-			// held, at each merge before a read.
+			// a probe finds, so probing a key at each merge before a read
+			// cost every event its window held; there the directory is
+			// what the merges learn, and a key it lacks is probed once
+			// (a read of every bucket would cost the whole rule).
 			// A counter or slots rule has no delete through the proxy;
 			// its direct inserts and retention sweeps count as writes.
 			opts.Known = s.dirs.known(rule.BucketNamespace(), s.heldTerm(rule))
+			opts.Known.NoRead = lookups == read.IDLookupIndexed
 		}
 		if !opts.Guest {
 			// The holder's merges are the only writers of the records of

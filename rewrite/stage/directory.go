@@ -64,6 +64,13 @@ type Known struct {
 	Load func(coll string, keys map[string]KnownKey, complete bool)
 	// Learn records what a merge left in keys of collection coll.
 	Learn func(coll string, keys map[string]KnownKey)
+	// NoRead: the directory is only what this proxy's merges learned;
+	// keys it lacks are probed, and the buckets' keys are never read
+	// (scanDirectory). Where a probe is an indexed lookup (the embedded
+	// upstream) it costs the buckets it finds, while the read decodes
+	// every bucket of the rule: at each term's first merge, and again
+	// after each direct insert, delete or sweep.
+	NoRead bool
 }
 
 // MaxDirectoryKeys bounds the keys one directory read takes in: past it
@@ -92,6 +99,9 @@ func (m *Merge) knownKeys(x *rewrite.Exec, keys []bucket.Key) (map[string]KnownK
 		// No bucket collection: no bucket, nothing to read.
 		m.opts.Known.Load(coll, map[string]KnownKey{}, true)
 		return KnownOf(nil, true, keys), nil
+	}
+	if m.opts.Known.NoRead {
+		return known, nil
 	}
 	dir, complete, err := m.scanDirectory(x)
 	if err != nil {
@@ -233,13 +243,29 @@ func (m *Merge) scanDirectory(x *rewrite.Exec) (dir map[string]KnownKey, complet
 	return dir, complete, nil
 }
 
+// probedKeys are the keys the merge will probe, not known, that a
+// directory never read (NoRead) may learn: all but those another
+// proxy's retention sweep may reach. Nil for a directory that is read.
+func (m *Merge) probedKeys(keys []bucket.Key, known map[string]KnownKey) map[string]bool {
+	if m.opts.Known == nil || !m.opts.Known.NoRead {
+		return nil
+	}
+	out := map[string]bool{}
+	for _, k := range keys {
+		if _, ok := known[k.String()]; !ok && !m.sweepable(k) {
+			out[k.String()] = true
+		}
+	}
+	return out
+}
+
 // errTooManyKeys stops scanDirectory's read past MaxDirectoryKeys.
 var errTooManyKeys = errors.New("more bucket keys than a directory holds")
 
 // learn tells the directory what this merge left in each key it wrote
 // (m.last).
 func (m *Merge) learn(x *rewrite.Exec) error {
-	defer func() { m.last, m.planKnown = nil, nil }()
+	defer func() { m.last, m.planKnown, m.planProbed = nil, nil, nil }()
 	if m.opts.Known == nil || len(m.last) == 0 {
 		return nil
 	}
@@ -259,12 +285,15 @@ func (m *Merge) learn(x *rewrite.Exec) error {
 
 // noteLast records the last bucket of key k that the merge wrote: seq
 // (the key's next is seq+1), with events evs, for the directory.
-// Only a key the directory knew is: one the merge probed may have
-// buckets past its first free seq (a gap), as the directory's read of
-// the keys would have seen.
+// Only a key the directory knew is, where the directory is read: one the
+// merge probed may have buckets past its first free seq (a gap), as the
+// directory's read of the keys would have seen. A directory never read
+// (NoRead) also learns the keys the merge probed: it has nothing else to
+// learn from, and its next probe would assume what a probe assumes, seqs
+// without gaps (deletes keep them so).
 func (m *Merge) noteLast(k string, seq int, doc bsoncore.Document, evs []bucket.Event) {
-	if _, ok := m.planKnown[k]; !ok {
-		return // sweepable keys are not in planKnown either
+	if _, ok := m.planKnown[k]; !ok && !m.planProbed[k] {
+		return // sweepable keys are in neither
 	}
 	if m.last == nil {
 		m.last = map[string]KnownKey{}

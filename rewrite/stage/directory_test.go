@@ -107,6 +107,40 @@ func TestMergeDirectory(t *testing.T) {
 		}
 		checkIDIndex(t, with, true)
 	})
+	t.Run("a directory never read learns from the merges and probes what it lacks", func(t *testing.T) {
+		with, without := newMem(t), newMem(t)
+		// Buckets from before the directory (another term).
+		stagedInsert(t, with, rounds[0])
+		stagedInsert(t, without, rounds[0])
+		merge(t, with, opts(1_000_000, nil))
+		merge(t, without, opts(1_000_000, nil))
+		d := &dir{}
+		reads := bucketReads(with)
+		for i, evs := range rounds[1:] {
+			now := int64(1_000_100 + 100*i)
+			stagedInsert(t, with, evs)
+			stagedInsert(t, without, evs)
+			o := opts(now, nil)
+			o.Known = d.known()
+			o.Known.NoRead = true
+			*reads = 0
+			st := merge(t, with, o)
+			merge(t, without, opts(now, nil))
+			if st.DirectoryReads != 0 || d.loads != 0 {
+				t.Fatalf("merge %d: stats %+v, %d loads: want the keys never read", i, st, d.loads)
+			}
+			// a's buckets, there before, are probed at the first merge;
+			// b is new then, and each key is known after the merge that
+			// wrote it.
+			if want := map[bool]int{true: 1, false: 0}[i == 0]; (*reads > 0) != (want > 0) {
+				t.Fatalf("merge %d: %d finds of the bucket collection, want them only while a key was not known", i, *reads)
+			}
+		}
+		if a, b := bucketIDsAndCounts(with), bucketIDsAndCounts(without); !maps.Equal(a, b) {
+			t.Fatalf("buckets with the directory %v, without %v", a, b)
+		}
+		checkIDIndex(t, with, true)
+	})
 	t.Run("another bucket collection makes the merge read the keys again", func(t *testing.T) {
 		m := newMem(t)
 		d := &dir{}

@@ -96,6 +96,9 @@ type Merge struct {
 	// planKnown is what the directory knew of the keys of the current
 	// retired collection when its merge was planned.
 	planKnown map[string]KnownKey
+	// planProbed are the keys of that plan the merge probed and may
+	// teach a directory that is never read (Known.NoRead).
+	planProbed map[string]bool
 	// planColl is the bucket collection's uuid when that plan was made.
 	planColl string
 	// expired: loadRecords found records past the retry horizon.

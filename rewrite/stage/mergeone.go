@@ -153,7 +153,7 @@ func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records *RecordSet) erro
 		return err
 	}
 	if repeated || !m.opts.TopUp {
-		m.last, m.planKnown = nil, nil // not under this run's key locks: the directory is not told
+		m.last, m.planKnown, m.planProbed = nil, nil, nil // not under this run's key locks: the directory is not told
 	} else if err := m.learn(x); err != nil {
 		return err
 	}
@@ -199,6 +199,7 @@ func (m *Merge) planKeys(x *rewrite.Exec, r Collection, groups []group, plan *me
 			return unlock, err
 		}
 		m.planKnown = known
+		m.planProbed = m.probedKeys(keys, known)
 	}
 	if plan.bases, err = m.probeBases(x, groups, known); err != nil {
 		return unlock, err
