@@ -356,8 +356,6 @@ func (s *Server) runMergeLocked(r stepRunner, up lease.Commander, rule *rules.Ru
 			// its direct inserts and retention sweeps count as writes.
 			opts.Known = s.dirs.known(rule.BucketNamespace(), s.heldTerm(rule))
 			opts.Known.NoRead = lookups == read.IDLookupIndexed
-		}
-		if !opts.Guest {
 			// The holder's merges are the only writers of the records of
 			// merged retryable writes too, on every upstream: it keeps
 			// them between merges rather than read them all at each.

@@ -265,7 +265,7 @@ var errTooManyKeys = errors.New("more bucket keys than a directory holds")
 // learn tells the directory what this merge left in each key it wrote
 // (m.last).
 func (m *Merge) learn(x *rewrite.Exec) error {
-	defer func() { m.last, m.planKnown, m.planProbed = nil, nil, nil }()
+	defer m.forgetPlanKeys()
 	if m.opts.Known == nil || len(m.last) == 0 {
 		return nil
 	}
@@ -281,6 +281,12 @@ func (m *Merge) learn(x *rewrite.Exec) error {
 	}
 	m.opts.Known.Learn(coll, m.last)
 	return nil
+}
+
+// forgetPlanKeys drops what the merge of the current retired
+// collection noted of its keys for the directory.
+func (m *Merge) forgetPlanKeys() {
+	m.last, m.planKnown, m.planProbed = nil, nil, nil
 }
 
 // noteLast records the last bucket of key k that the merge wrote: seq

@@ -153,7 +153,7 @@ func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records *RecordSet) erro
 		return err
 	}
 	if repeated || !m.opts.TopUp {
-		m.last, m.planKnown, m.planProbed = nil, nil, nil // not under this run's key locks: the directory is not told
+		m.forgetPlanKeys() // not under this run's key locks: the directory is not told
 	} else if err := m.learn(x); err != nil {
 		return err
 	}
