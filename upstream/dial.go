@@ -93,7 +93,11 @@ func (d *Dialer) Dial(ctx context.Context) (*Conn, error) {
 
 func (d *Dialer) dialAddr(ctx context.Context, addr string) (*Conn, error) {
 	var nd net.Dialer
-	nc, err := nd.DialContext(ctx, "tcp", addr)
+	network := "tcp"
+	if IsSocket(addr) {
+		network = "unix"
+	}
+	nc, err := nd.DialContext(ctx, network, addr)
 	if err != nil {
 		return nil, fmt.Errorf("upstream %s unreachable: %w", addr, err)
 	}

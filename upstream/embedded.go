@@ -2,7 +2,9 @@ package upstream
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -19,20 +21,53 @@ type EmbeddedOptions struct {
 	// (a free port) when empty. It is never exposed to clients: they reach
 	// it only through the proxy.
 	Listen string
+	// Socket is the path of the Unix domain socket FerretDB also listens
+	// on, for the proxy in this process (LocalURI): DataDir's
+	// ferretdb.sock when empty, or a file in a new temporary directory
+	// when that path is too long for a socket's address.
+	Socket string
 	// Logger receives FerretDB's own logs; they are noisy at info level
 	// (a line per connection), so callers usually pass a warn-level logger.
 	Logger *slog.Logger
 }
 
 // Embedded is a FerretDB v1.24 server with its SQLite backend, running in
-// this process. It is a real server with real storage: the proxy talks to it
-// over loopback TCP exactly as it talks to any other upstream.
+// this process. It is a real server with real storage: the proxy talks to
+// it through the wire protocol exactly as it talks to any other upstream,
+// over a Unix domain socket (LocalURI), which costs a round trip 20–30 µs
+// less than loopback TCP here (about 4% of a one-event insert). It listens
+// on loopback TCP too (URI), for tools and tests.
 type Embedded struct {
-	dir    string
-	uri    string
-	addr   string
-	cancel context.CancelFunc
-	done   chan struct{}
+	dir     string
+	uri     string
+	addr    string
+	socket  string
+	tempDir string // holds the socket when DataDir's path was too long; removed by Close
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+// maxSocketPath is the longest path a Unix socket's address holds on Linux
+// (sun_path is 108 bytes, the last a NUL).
+const maxSocketPath = 107
+
+// socketFile is the name of the embedded server's socket in its data dir.
+const socketFile = "ferretdb.sock"
+
+// embeddedSocket is where the embedded server's socket goes: path if
+// given, else the data dir's socketFile, else (too long) a file in a new
+// temporary directory, which the caller removes.
+func embeddedSocket(path, dataDir string) (socket, tempDir string, err error) {
+	if path == "" {
+		path = filepath.Join(dataDir, socketFile)
+	}
+	if len(path) <= maxSocketPath {
+		return path, "", nil
+	}
+	if tempDir, err = os.MkdirTemp("", "tsproxy-*"); err != nil {
+		return "", "", fmt.Errorf("socket directory: %w", err)
+	}
+	return filepath.Join(tempDir, socketFile), tempDir, nil
 }
 
 // StartEmbedded starts FerretDB and returns once it is listening.
@@ -56,20 +91,32 @@ func StartEmbedded(opts EmbeddedOptions) (*Embedded, error) {
 	if logger == nil {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
+	socket, tempDir, err := embeddedSocket(opts.Socket, abs)
+	if err != nil {
+		return nil, fmt.Errorf("embedded upstream: %w", err)
+	}
+	// A socket file left by a process that was killed: no server listens
+	// there (this data dir is this process's), and FerretDB's listen would
+	// fail on it.
+	if err := os.Remove(socket); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("embedded upstream: stale socket %s: %w", socket, err)
+	}
 	f, err := ferretdb.New(&ferretdb.Config{
-		Listener:  ferretdb.ListenerConfig{TCP: listen},
+		Listener:  ferretdb.ListenerConfig{TCP: listen, Unix: socket},
 		Handler:   "sqlite",
 		SQLiteURL: "file:" + abs + "/",
 		Logger:    slog.New(lazyAttrs{h: logger.Handler()}),
 	})
 	if err != nil {
+		removeTemp(tempDir)
 		return nil, fmt.Errorf("embedded upstream: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	e := &Embedded{dir: abs, uri: f.MongoDBURI(), cancel: cancel, done: make(chan struct{})}
+	e := &Embedded{dir: abs, uri: f.MongoDBURI(), socket: socket, tempDir: tempDir, cancel: cancel, done: make(chan struct{})}
 	host, err := hostOfURI(e.uri)
 	if err != nil {
 		cancel()
+		removeTemp(tempDir)
 		return nil, fmt.Errorf("embedded upstream: %w", err)
 	}
 	e.addr = host
@@ -86,11 +133,23 @@ func (e *Embedded) URI() string { return e.uri }
 // Addr is its host:port.
 func (e *Embedded) Addr() string { return e.addr }
 
+// LocalURI is the mongodb:// URI of its Unix domain socket: what a proxy
+// in this process dials.
+func (e *Embedded) LocalURI() string { return SocketURI(e.socket) }
+
 // Close stops the server and waits for it to release its files.
 func (e *Embedded) Close() error {
 	e.cancel()
 	<-e.done
+	removeTemp(e.tempDir)
 	return nil
+}
+
+// removeTemp removes the socket's temporary directory, if one was made.
+func removeTemp(dir string) {
+	if dir != "" {
+		_ = os.RemoveAll(dir)
+	}
 }
 
 func hostOfURI(uri string) (string, error) {

@@ -13,7 +13,7 @@ import (
 // Credentials in it are not used for client connections: each client
 // authenticates itself, through the proxy, with its own credentials.
 type URI struct {
-	Hosts          []string // host:port, port 27017 when omitted
+	Hosts          []string // host:port, port 27017 when omitted; or a Unix socket's path (IsSocket)
 	ReplicaSet     string
 	TLS            bool
 	TLSCAFile      string
@@ -52,6 +52,10 @@ func ParseURI(s string) (*URI, error) {
 		if h == "" {
 			return nil, fmt.Errorf("upstream URI %q: empty host in list", redact(s))
 		}
+		if path, ok := socketPath(h); ok {
+			u.Hosts = append(u.Hosts, path)
+			continue
+		}
 		if _, _, err := net.SplitHostPort(h); err != nil {
 			h = net.JoinHostPort(strings.Trim(h, "[]"), "27017")
 		}
@@ -85,6 +89,28 @@ func ParseURI(s string) (*URI, error) {
 		// which send their own; the proxy does not act on them.
 	}
 	return u, nil
+}
+
+// socketPath reads a host of a connection string that names a Unix
+// domain socket: its percent-encoded path, ending in ".sock", as the
+// connection string specification has it (mongodb://%2Ftmp%2Fx.sock/).
+func socketPath(host string) (string, bool) {
+	path, err := url.PathUnescape(host)
+	if err != nil || !IsSocket(path) {
+		return "", false
+	}
+	return path, true
+}
+
+// IsSocket says whether a host of URI.Hosts is a Unix domain socket's path.
+func IsSocket(host string) bool {
+	return strings.HasPrefix(host, "/") && strings.HasSuffix(host, ".sock")
+}
+
+// SocketURI is the mongodb:// URI of the server listening on the Unix
+// domain socket at path.
+func SocketURI(path string) string {
+	return "mongodb://" + url.PathEscape(path) + "/"
 }
 
 // redact hides a password in a URI so it never reaches a log or an error.

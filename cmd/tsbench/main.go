@@ -24,7 +24,7 @@ import (
 )
 
 type benchEnv struct {
-	upstreamURI string
+	upstreamURI string // what the direct path dials
 	proxyURI    string
 	stop        func()
 	// indexIDs adds the embedded upstream's _id index to a collection
@@ -49,6 +49,7 @@ func main() {
 	pgDurable := fs.Bool("pg-durable", false, "-backend postgresql: run the cluster with PostgreSQL's default durability (fsync and synchronous_commit on), as a user's server runs; default off, as the tests run it (every commit cheaper)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (proxy, upstream and clients) to `file`")
 	memProfile := fs.String("memprofile", "", "write a profile of the whole run's allocations (proxy, embedded upstream and clients) to `file` at its end")
+	proxyLink := fs.String("proxy-link", "", "how the proxy dials the upstream it started: tcp (loopback, as the direct path does) or socket (its Unix socket: a proxy beside its server); default: socket on embedded, as tsproxy dials its own embedded upstream, tcp on the others")
 	every := fs.Int("read-every", 50, "dashboard: per-event inserts between two reads")
 	ro := addRangeFlags(fs)
 	fs.Usage = func() {
@@ -69,7 +70,15 @@ func main() {
 		fmt.Fprintln(os.Stderr, "tsbench: -pg-durable needs -backend postgresql (and no -upstream)")
 		os.Exit(2)
 	}
-	up := upstreamSpec{uri: *upstreamURI, kind: *kind, durablePG: *pgDurable}
+	switch {
+	case *proxyLink != "" && *proxyLink != "tcp" && *proxyLink != "socket":
+		fmt.Fprintf(os.Stderr, "tsbench: -proxy-link %q: want tcp or socket\n", *proxyLink)
+		os.Exit(2)
+	case *proxyLink != "" && *upstreamURI != "":
+		fmt.Fprintln(os.Stderr, "tsbench: -proxy-link is for an upstream tsbench starts (no -upstream)")
+		os.Exit(2)
+	}
+	up := upstreamSpec{uri: *upstreamURI, kind: *kind, durablePG: *pgDurable, proxyLink: *proxyLink}
 	stopProfile, err := startCPUProfile(*cpuProfile)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "tsbench:", err)
@@ -137,7 +146,8 @@ func main() {
 // FerretDB of kind.
 type upstreamSpec struct {
 	uri, kind string
-	durablePG bool // -pg-durable
+	durablePG bool   // -pg-durable
+	proxyLink string // -proxy-link: "", tcp or socket
 }
 
 // name is the started upstream's kind, saying when its PostgreSQL is
@@ -154,6 +164,7 @@ func (us upstreamSpec) name() string {
 func withEnv(us upstreamSpec, rs []rules.Rule, f func(*benchEnv) error) error {
 	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	e := &benchEnv{upstreamURI: us.uri}
+	proxyUpstream := us.uri // what the proxy dials
 	var indexIDs func(context.Context, string, string) error
 	var dropOrphanedTable func(context.Context, string, string) (bool, error)
 	if us.uri == "" {
@@ -162,13 +173,19 @@ func withEnv(us upstreamSpec, rs []rules.Rule, f func(*benchEnv) error) error {
 			return err
 		}
 		defer up.Close()
-		e.upstreamURI = up.URI()
+		e.upstreamURI, proxyUpstream = up.URI(), up.ProxyURI()
+		switch us.proxyLink {
+		case "tcp":
+			proxyUpstream = up.URI()
+		case "socket":
+			proxyUpstream = up.SocketURI()
+		}
 		indexIDs = up.IndexIDs()
 		e.indexIDs = indexIDs
 		dropOrphanedTable = up.DropOrphanedTable()
 		fmt.Printf("backend %s\n", us.name())
 	}
-	dialer, err := upstream.NewDialer(upstream.Options{URI: e.upstreamURI})
+	dialer, err := upstream.NewDialer(upstream.Options{URI: proxyUpstream})
 	if err != nil {
 		return err
 	}
@@ -187,7 +204,7 @@ func withEnv(us upstreamSpec, rs []rules.Rule, f func(*benchEnv) error) error {
 		_ = srv.Shutdown(ctx)
 	}()
 	e.proxyURI = "mongodb://" + ln.Addr().String() + "/"
-	fmt.Printf("upstream %s, proxy %s, %s\n", redactURI(e.upstreamURI), e.proxyURI, time.Now().UTC().Format(time.RFC3339))
+	fmt.Printf("upstream %s (the proxy dials %s), proxy %s, %s\n", redactURI(e.upstreamURI), redactURI(proxyUpstream), e.proxyURI, time.Now().UTC().Format(time.RFC3339))
 	return f(e)
 }
 

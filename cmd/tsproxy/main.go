@@ -119,8 +119,8 @@ func startUpstream(cfg *rules.Config, log *slog.Logger) (upstreamHandle, error) 
 	if err != nil {
 		return upstreamHandle{}, err
 	}
-	log.Info("embedded upstream started (FerretDB, SQLite)", "data", cfg.Upstream.DataDir, "addr", emb.Addr())
-	return upstreamHandle{uri: emb.URI(), indexIDs: emb.IndexIDs, dropOrphanedTable: emb.DropOrphanedTable, close: func() { emb.Close() }}, nil
+	log.Info("embedded upstream started (FerretDB, SQLite)", "data", cfg.Upstream.DataDir, "addr", emb.Addr(), "socket", emb.LocalURI())
+	return upstreamHandle{uri: emb.LocalURI(), indexIDs: emb.IndexIDs, dropOrphanedTable: emb.DropOrphanedTable, close: func() { emb.Close() }}, nil
 }
 
 func newServer(cfg *rules.Config, up upstreamHandle, tel *telemetrySetup, log *slog.Logger) (*proxy.Server, *tls.Config, error) {

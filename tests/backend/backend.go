@@ -148,6 +148,25 @@ func (u *Upstream) startFerretDB(o Options, pgURL string) error {
 // URI is the plain mongodb:// URI of the upstream.
 func (u *Upstream) URI() string { return "mongodb://" + u.addr + "/" }
 
+// SocketURI is the URI of the server's Unix socket: the embedded
+// upstream's, or the ferretdb process's (both listen on one).
+func (u *Upstream) SocketURI() string {
+	if u.Embedded != nil {
+		return u.Embedded.LocalURI()
+	}
+	return u.FerretDB.SocketURI()
+}
+
+// ProxyURI is the URI a proxy dials: the embedded upstream's Unix socket,
+// as tsproxy's own embedded upstream is dialed (upstream.Embedded.LocalURI),
+// and URI on the other kinds. Direct clients use URI, over TCP.
+func (u *Upstream) ProxyURI() string {
+	if u.Embedded != nil {
+		return u.Embedded.LocalURI()
+	}
+	return u.URI()
+}
+
 // Addr is its host:port.
 func (u *Upstream) Addr() string { return u.addr }
 

@@ -1,7 +1,9 @@
 package backend
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +11,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/tsproxy/tsproxy/upstream"
 )
 
 // ferretdbVersion is the FerretDB module the embedded upstream uses; the
@@ -119,6 +123,7 @@ type FerretDBOptions struct {
 type FerretDB struct {
 	Addr    string // plain TCP
 	TLSAddr string // TLS, when asked for
+	Socket  string // its Unix socket's path
 	bin     string
 	args    []string
 	dir     string // state (and SQLite files)
@@ -153,7 +158,8 @@ func (f *FerretDB) flags(o FerretDBOptions) ([]string, error) {
 	if f.Addr, err = FreeAddr(); err != nil {
 		return nil, err
 	}
-	args := []string{"--listen-addr=" + f.Addr, "--state-dir=" + f.dir,
+	f.Socket = filepath.Join(f.dir, "ferretdb.sock")
+	args := []string{"--listen-addr=" + f.Addr, "--listen-unix=" + f.Socket, "--state-dir=" + f.dir,
 		"--debug-addr=-", "--telemetry=disable", "--log-level=error"}
 	if o.PostgreSQLURL != "" {
 		args = append(args, "--handler=postgresql", "--postgresql-url="+o.PostgreSQLURL)
@@ -179,14 +185,21 @@ func (f *FerretDB) flags(o FerretDBOptions) ([]string, error) {
 // URI is the plain mongodb:// URI of the server.
 func (f *FerretDB) URI() string { return "mongodb://" + f.Addr + "/" }
 
+// SocketURI is the mongodb:// URI of its Unix socket.
+func (f *FerretDB) SocketURI() string { return upstream.SocketURI(f.Socket) }
+
 // Restart starts the command again (after Stop) on the same ports and
 // data, and waits until it listens.
 func (f *FerretDB) Restart() error {
+	// A kill leaves the socket file, on which the listen would fail.
+	if err := os.Remove(f.Socket); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
 	p, err := startProc(exec.Command(f.bin, f.args...), syscall.SIGKILL)
 	if err != nil {
 		return err
 	}
-	for _, a := range []string{f.Addr, f.TLSAddr} {
+	for _, a := range []string{f.Addr, f.TLSAddr, f.Socket} {
 		if a == "" {
 			continue
 		}

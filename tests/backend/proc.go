@@ -10,6 +10,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/tsproxy/tsproxy/upstream"
 )
 
 // proc is a child process that dies with this one.
@@ -76,7 +78,11 @@ func (p *proc) waitListen(addr string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+		network := "tcp"
+		if upstream.IsSocket(addr) {
+			network = "unix"
+		}
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
 		cancel()
 		if err == nil {
 			c.Close()

@@ -281,7 +281,7 @@ func newCatalogFixture(t *testing.T) *catalogFixture {
     metaField: sensorId
     bucket: {span: 1h, maxEvents: 100}
     aggregates: [value]
-`, f.db), upstreamURI: f.up.URI(), edit: func(o *proxy.Options) {
+`, f.db), upstreamURI: f.up.ProxyURI(), edit: func(o *proxy.Options) {
 		// As a proxy running the embedded upstream has it.
 		o.IndexIDs, o.DropOrphanedTable = f.up.IndexIDs(), f.up.DropOrphanedTable()
 	}})
@@ -340,7 +340,7 @@ func TestRetentionLostPartition(t *testing.T) {
 
 	now := time.Now().UTC()
 	cutoff := now.Add(-60 * 24 * time.Hour)
-	p1 := startProxy(t, proxyOptions{yaml: partRule(db, ""), upstreamURI: up.URI()})
+	p1 := startProxy(t, proxyOptions{yaml: partRule(db, ""), upstreamURI: up.ProxyURI()})
 	var docs []any
 	recent := 0
 	for i := range 300 {
@@ -377,7 +377,7 @@ func TestRetentionLostPartition(t *testing.T) {
 		t.Fatalf("partitions after the restart: %v, want %s first", got, lost)
 	}
 
-	p2 := startProxy(t, proxyOptions{yaml: partRule(db, "    expireAfter: 60d\n    sweepInterval: 200ms\n"), upstreamURI: up.URI()})
+	p2 := startProxy(t, proxyOptions{yaml: partRule(db, "    expireAfter: 60d\n    sweepInterval: 200ms\n"), upstreamURI: up.ProxyURI()})
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		left := partitions()
 		if !slices.ContainsFunc(mustGo, func(n string) bool { return slices.Contains(left, n) }) {

@@ -69,7 +69,7 @@ func upstreamRestarts(t *testing.T, ingest string) {
     aggregates: [value]
     ingest: %s
 `, db, ingest)
-	p := startProxy(t, proxyOptions{yaml: rule, upstreamURI: up.URI()})
+	p := startProxy(t, proxyOptions{yaml: rule, upstreamURI: up.ProxyURI()})
 	ctx := ctxFor(t)
 
 	const clients = 16

@@ -29,7 +29,7 @@ import (
 
 // env is the shared upstream of the whole run.
 var env struct {
-	upstreamURI string // what the proxies dial
+	upstreamURI string // what the proxies dial: the embedded upstream's Unix socket, as tsproxy dials it, or TCP
 	external    bool   // TSPROXY_E2E_UPSTREAM: a real MongoDB, not a FerretDB of this run
 	kind        string // TSPROXY_E2E_BACKEND: which FerretDB (backend.Kinds)
 	emb         *upstream.Embedded
@@ -52,7 +52,7 @@ func runMain(m *testing.M) int {
 		return 1
 	}
 	defer up.Close()
-	env.emb, env.pg, env.upstreamURI = up.Embedded, up.Postgres, up.URI()
+	env.emb, env.pg, env.upstreamURI = up.Embedded, up.Postgres, up.ProxyURI()
 	fmt.Fprintf(os.Stderr, "e2e upstream: %s at %s\n", env.kind, env.upstreamURI)
 	return m.Run()
 }

@@ -121,7 +121,7 @@ func (r *relay) serve(ln net.Listener) {
 				return
 			}
 			r.accepts.Add(1)
-			up, err := net.DialTimeout("tcp", r.target, 5*time.Second)
+			up, err := net.DialTimeout(networkOf(r.target), r.target, 5*time.Second)
 			if err != nil {
 				c.Close()
 				continue
@@ -223,7 +223,17 @@ func TestRelayForwardsAndStops(t *testing.T) {
 	nc.Close()
 }
 
-// upstreamAddr is host:port of the shared upstream (its first host).
+// networkOf is the network to dial addr on: a Unix socket's path, or
+// host:port.
+func networkOf(addr string) string {
+	if upstream.IsSocket(addr) {
+		return "unix"
+	}
+	return "tcp"
+}
+
+// upstreamAddr is host:port of the shared upstream (its first host), or
+// the path of its Unix socket (the embedded upstream's).
 func upstreamAddr(t testing.TB) string {
 	t.Helper()
 	u, err := upstream.ParseURI(env.upstreamURI)

@@ -1,0 +1,78 @@
+package upstream
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+)
+
+// TestEmbeddedSocket: the embedded server answers on its Unix socket, which
+// the Dialer reaches through LocalURI; a socket file left by a killed
+// process does not stop the next start; a data dir whose path is too long
+// for a socket's address gets its socket in a temporary directory, removed
+// by Close.
+func TestEmbeddedSocket(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ping := func(t *testing.T, e *Embedded) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		d, err := NewDialer(Options{URI: e.LocalURI()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := d.Dial(ctx)
+		if err != nil {
+			t.Fatalf("dial %s: %v", e.LocalURI(), err)
+		}
+		defer c.Close()
+		reply, err := c.Command(bson.D{{Key: "insert", Value: "c"}, {Key: "documents", Value: bson.A{bson.D{{Key: "x", Value: 1}}}}, {Key: "$db", Value: "d"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, _ := reply.Lookup("n").AsInt64OK(); n != 1 {
+			t.Fatalf("insert over the socket: %s", reply)
+		}
+	}
+
+	t.Run("data dir, stale socket", func(t *testing.T) {
+		dir := t.TempDir()
+		// What a kill -9 leaves: the socket file, nobody listening.
+		stale := filepath.Join(dir, socketFile)
+		if err := os.WriteFile(stale, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		e, err := StartEmbedded(EmbeddedOptions{DataDir: dir, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		if want := SocketURI(stale); e.LocalURI() != want {
+			t.Fatalf("LocalURI %s, want %s", e.LocalURI(), want)
+		}
+		ping(t, e)
+	})
+
+	t.Run("long data dir", func(t *testing.T) {
+		dir := filepath.Join(t.TempDir(), strings.Repeat("d", maxSocketPath))
+		e, err := StartEmbedded(EmbeddedOptions{DataDir: dir, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasPrefix(e.socket, dir) || len(e.socket) > maxSocketPath {
+			t.Fatalf("socket %s: want one outside the long data dir", e.socket)
+		}
+		ping(t, e)
+		e.Close()
+		if _, err := os.Stat(filepath.Dir(e.socket)); !os.IsNotExist(err) {
+			t.Fatalf("the socket's temporary directory is left after Close: %v", err)
+		}
+	})
+}
