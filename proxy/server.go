@@ -132,6 +132,7 @@ type Server struct {
 
 	mu       sync.Mutex
 	ln       net.Listener
+	more     []net.Listener // Serve's other listeners (Unix sockets)
 	conns    map[*conn]struct{}
 	closing  atomic.Bool
 	connWG   sync.WaitGroup
@@ -205,19 +206,27 @@ func New(opts Options) (*Server, error) {
 	return s, nil
 }
 
-// Serve accepts clients on ln until Shutdown; it returns nil after a
-// Shutdown and the accept error otherwise.
-func (s *Server) Serve(ln net.Listener) error {
+// Serve accepts clients on ln, and on the listeners of more (Unix
+// sockets for apps on this host: without TLS, which their permissions
+// make needless), until Shutdown; it returns nil after a Shutdown and
+// ln's accept error otherwise (one of more's is logged, and ends only
+// that listener). ln's address names the proxy in writer leases: it is
+// set before any listener accepts, so that every client's staged inserts
+// go to collections of the same name.
+func (s *Server) Serve(ln net.Listener, more ...net.Listener) error {
 	if s.opts.TLS != nil {
 		ln = tls.NewListener(ln, s.opts.TLS)
 	}
 	s.mu.Lock()
-	s.ln = ln
+	s.ln, s.more = ln, more
 	if s.closing.Load() {
 		// Shutdown ran before Serve got here and found no listener to
-		// close: close it now rather than accept forever.
+		// close: close them now rather than accept forever.
 		s.mu.Unlock()
 		ln.Close()
+		for _, l := range more {
+			l.Close()
+		}
 		return nil
 	}
 	s.mu.Unlock()
@@ -225,6 +234,18 @@ func (s *Server) Serve(ln net.Listener) error {
 		s.leases.SetIdentity(ln.Addr().String())
 	}
 	s.startSweeper()
+	for _, l := range more {
+		go func() {
+			if err := s.accept(l); err != nil {
+				s.log.Error("listener stopped", "addr", l.Addr().String(), "err", err)
+			}
+		}()
+	}
+	return s.accept(ln)
+}
+
+// accept serves the clients of ln until it is closed.
+func (s *Server) accept(ln net.Listener) error {
 	var backoff time.Duration
 	for {
 		nc, err := ln.Accept()
@@ -301,6 +322,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	if s.ln != nil {
 		s.ln.Close()
+	}
+	for _, l := range s.more {
+		l.Close()
 	}
 	for c := range s.conns {
 		c.closeIfIdle()

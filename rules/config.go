@@ -59,6 +59,13 @@ type Config struct {
 	// Listen is the HOST:PORT the proxy accepts MongoDB clients on
 	// (key "listen", flag --listen). Default "127.0.0.1:27017".
 	Listen string
+	// ListenUnix is the path of a Unix domain socket the proxy also
+	// accepts MongoDB clients on (key "listenUnix", flag --listen-unix),
+	// for apps on its host: mongodb://%2Fpath%2Fto%2Ftsproxy.sock/. It ends
+	// in ".sock", as drivers require of a socket host; made absolute at
+	// load. Empty (the default): none. No TLS on it (ListenTLS is the TCP
+	// listener's); who may connect is the socket file's permissions.
+	ListenUnix string
 	// ListenTLS makes the listener speak TLS (key "listenTLS"). Left empty,
 	// the listener is plain TCP.
 	ListenTLS TLSServer

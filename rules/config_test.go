@@ -305,6 +305,8 @@ func TestPrecedence(t *testing.T) {
 			"embedded", "mongodb://file:1", "mongodb://env:1", "mongodb://flag:1"},
 		{"data", "TSPROXY_UPSTREAM_DATADIR", "upstream.dataDir", func(c *Config) string { return c.Upstream.DataDir },
 			"./data", "/file", "/env", "/flag"},
+		{"listen-unix", "TSPROXY_LISTENUNIX", "listenUnix", func(c *Config) string { return c.ListenUnix },
+			"", "/file/t.sock", "/env/t.sock", "/flag/t.sock"},
 		{"metrics", "TSPROXY_TELEMETRY_METRICSLISTEN", "telemetry.metricsListen", func(c *Config) string { return c.Telemetry.MetricsListen },
 			DefaultMetricsListen, ":2001", ":2002", ":2003"},
 		{"log-level", "TSPROXY_TELEMETRY_LOGLEVEL", "telemetry.logLevel", func(c *Config) string { return c.Telemetry.LogLevel },
@@ -422,6 +424,10 @@ func TestInvalid(t *testing.T) {
 			`config: listen: "nope" is not HOST:PORT (from $TSPROXY_LISTEN)`},
 		{"listen from flag", "", nil, []string{"--listen", "x:y"},
 			`config: listen: "x:y": port "y" is not a number from 0 to 65535 (from flag --listen)`},
+		{"listenUnix without .sock", "listenUnix: /tmp/tsproxy\n", nil, nil,
+			`config: listenUnix: "/tmp/tsproxy" does not end in .sock: drivers take a host as a Unix socket only when it does (mongodb://%2Fpath%2Fto%2Ftsproxy.sock/)`},
+		{"listenUnix too long", "listenUnix: /" + strings.Repeat("d", 110) + ".sock\n", nil, nil,
+			`config: listenUnix: "/` + strings.Repeat("d", 110) + `.sock" is 116 bytes long; a Unix socket's path holds at most 107`},
 		{"metrics bad", "telemetry:\n  metricsListen: 9216\n", nil, nil,
 			`config: telemetry.metricsListen: "9216" is not HOST:PORT`},
 
@@ -808,5 +814,19 @@ func TestEnvMistakes(t *testing.T) {
 		if err == nil && c.Upstream.URI != "embedded" {
 			t.Errorf("env %v: upstream %q", tc.env, c.Upstream.URI)
 		}
+	}
+}
+
+// TestListenUnixAbsolute: a relative socket path is made absolute at load,
+// so that the socket and the URI apps use name the same file.
+func TestListenUnixAbsolute(t *testing.T) {
+	setup(t)
+	c, err := Load(LoadOptions{ConfigFile: writeFile(t, "c.yaml", "listenUnix: run/tsproxy.sock\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := filepath.Abs("run/tsproxy.sock")
+	if c.ListenUnix != want {
+		t.Fatalf("listenUnix %q, want %q", c.ListenUnix, want)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -51,6 +52,7 @@ func (d *decoder) config() *Config {
 
 	c.Listen = d.str("listen", d.v.Get("listen"))
 	d.hostPort("listen", c.Listen)
+	c.ListenUnix = d.socketPath("listenUnix", d.str("listenUnix", d.v.Get("listenUnix")))
 
 	t := &c.ListenTLS
 	t.CertFile = d.str("listenTLS.certFile", d.v.Get("listenTLS.certFile"))
@@ -298,6 +300,31 @@ func show(v any) string {
 }
 
 // --- checks of whole values ---
+
+// maxSocketPath is the longest path a Unix socket's address holds on
+// Linux (sun_path is 108 bytes, the last a NUL).
+const maxSocketPath = 107
+
+// socketPath checks the path of a Unix socket to listen on and makes it
+// absolute ("" stays "": none).
+func (d *decoder) socketPath(key, path string) string {
+	if path == "" {
+		return ""
+	}
+	if !strings.HasSuffix(path, ".sock") {
+		d.fail(key, "%q does not end in .sock: drivers take a host as a Unix socket only when it does (mongodb://%%2Fpath%%2Fto%%2Ftsproxy.sock/)", path)
+		return path
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		d.fail(key, "%q: %v", path, err)
+		return path
+	}
+	if len(abs) > maxSocketPath {
+		d.fail(key, "%q is %d bytes long; a Unix socket's path holds at most %d", abs, len(abs), maxSocketPath)
+	}
+	return abs
+}
 
 func (d *decoder) hostPort(key, s string) {
 	if err := checkHostPort(s); err != nil {

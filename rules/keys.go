@@ -35,6 +35,7 @@ func leaves(names ...string) []keySpec {
 // schema lists every key of the config file.
 var schema = []keySpec{
 	{name: "listen"},
+	{name: "listenUnix"},
 	{name: "listenTLS", kind: mapping, children: leaves("certFile", "keyFile", "caFile", "clientAuth")},
 	{name: "upstream", kind: mapping, children: []keySpec{
 		{name: "uri"},

@@ -27,17 +27,19 @@ const EnvConfigFile = EnvPrefix + "_CONFIG"
 
 // Names of the flags RegisterFlags defines.
 const (
-	FlagConfig   = "config"
-	FlagListen   = "listen"
-	FlagUpstream = "upstream"
-	FlagData     = "data"
-	FlagMetrics  = "metrics"
-	FlagLogLevel = "log-level"
+	FlagConfig     = "config"
+	FlagListen     = "listen"
+	FlagListenUnix = "listen-unix"
+	FlagUpstream   = "upstream"
+	FlagData       = "data"
+	FlagMetrics    = "metrics"
+	FlagLogLevel   = "log-level"
 )
 
 // flagKeys binds each flag to its config key.
 var flagKeys = []struct{ flag, key string }{
 	{FlagListen, "listen"},
+	{FlagListenUnix, "listenUnix"},
 	{FlagUpstream, "upstream.uri"},
 	{FlagData, "upstream.dataDir"},
 	{FlagMetrics, "telemetry.metricsListen"},
@@ -45,12 +47,13 @@ var flagKeys = []struct{ flag, key string }{
 }
 
 // RegisterFlags defines on fs the flags Load reads: --config FILE,
-// --listen HOST:PORT, --upstream URI|embedded, --data DIR,
+// --listen HOST:PORT, --listen-unix PATH, --upstream URI|embedded, --data DIR,
 // --metrics HOST:PORT and --log-level LEVEL. Their defaults are empty: a
 // flag counts only when given, and then beats the environment and the file.
 func RegisterFlags(fs *pflag.FlagSet) {
 	fs.String(FlagConfig, "", "YAML config `file` (default "+DefaultConfigFile+" when it exists; env "+EnvConfigFile+")")
 	fs.String(FlagListen, "", "`HOST:PORT` to accept MongoDB clients on (key listen; default "+DefaultListen+")")
+	fs.String(FlagListenUnix, "", "`PATH` of a Unix socket (ending in .sock) to accept MongoDB clients on as well, for apps on this host (key listenUnix; default none)")
 	fs.String(FlagUpstream, "", "upstream `URI`: \"embedded\" or mongodb://host[:port][,host...]/?options (key upstream.uri; default "+DefaultUpstreamURI+")")
 	fs.String(FlagData, "", "data `DIR` of the embedded upstream (key upstream.dataDir; default "+DefaultDataDir+")")
 	fs.String(FlagMetrics, "", "`HOST:PORT` of the Prometheus /metrics endpoint (key telemetry.metricsListen; default "+DefaultMetricsListen+"; \"\" disables)")
@@ -83,6 +86,7 @@ func (e *Error) Error() string { return "config: " + e.Msg }
 // defaults are applied through viper, under every other source.
 var defaults = map[string]any{
 	"listen":                          DefaultListen,
+	"listenUnix":                      "",
 	"listenTLS.clientAuth":            ClientAuthNone,
 	"upstream.uri":                    DefaultUpstreamURI,
 	"upstream.dataDir":                DefaultDataDir,

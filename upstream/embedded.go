@@ -34,9 +34,10 @@ type EmbeddedOptions struct {
 // Embedded is a FerretDB v1.24 server with its SQLite backend, running in
 // this process. It is a real server with real storage: the proxy talks to
 // it through the wire protocol exactly as it talks to any other upstream,
-// over a Unix domain socket (LocalURI), which costs a round trip 20–30 µs
-// less than loopback TCP here (about 4% of a one-event insert). It listens
-// on loopback TCP too (URI), for tools and tests.
+// over a Unix domain socket (LocalURI), which takes 10–25 µs less a
+// command than loopback TCP here (3–5% of a one-event insert, see
+// docs/benchmarks.md). It listens on loopback TCP too (URI), for tools and
+// tests.
 type Embedded struct {
 	dir     string
 	uri     string

@@ -50,6 +50,7 @@ func main() {
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (proxy, upstream and clients) to `file`")
 	memProfile := fs.String("memprofile", "", "write a profile of the whole run's allocations (proxy, embedded upstream and clients) to `file` at its end")
 	proxyLink := fs.String("proxy-link", "", "how the proxy dials the upstream it started: tcp (loopback, as the direct path does) or socket (its Unix socket: a proxy beside its server); default: socket on embedded, as tsproxy dials its own embedded upstream, tcp on the others")
+	clientLink := fs.String("client-link", "tcp", "how the clients dial: tcp (loopback), or socket: the proxy path's clients its Unix socket (listenUnix) and the direct path's the upstream's, as apps on the host of both would (needs an upstream tsbench starts)")
 	every := fs.Int("read-every", 50, "dashboard: per-event inserts between two reads")
 	ro := addRangeFlags(fs)
 	fs.Usage = func() {
@@ -77,8 +78,14 @@ func main() {
 	case *proxyLink != "" && *upstreamURI != "":
 		fmt.Fprintln(os.Stderr, "tsbench: -proxy-link is for an upstream tsbench starts (no -upstream)")
 		os.Exit(2)
+	case *clientLink != "tcp" && *clientLink != "socket":
+		fmt.Fprintf(os.Stderr, "tsbench: -client-link %q: want tcp or socket\n", *clientLink)
+		os.Exit(2)
+	case *clientLink == "socket" && *upstreamURI != "":
+		fmt.Fprintln(os.Stderr, "tsbench: -client-link socket is for an upstream tsbench starts (no -upstream)")
+		os.Exit(2)
 	}
-	up := upstreamSpec{uri: *upstreamURI, kind: *kind, durablePG: *pgDurable, proxyLink: *proxyLink}
+	up := upstreamSpec{uri: *upstreamURI, kind: *kind, durablePG: *pgDurable, proxyLink: *proxyLink, clientLink: *clientLink}
 	stopProfile, err := startCPUProfile(*cpuProfile)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "tsbench:", err)
@@ -145,9 +152,10 @@ func main() {
 // upstreamSpec is the upstream to measure on: uri when set, else a new
 // FerretDB of kind.
 type upstreamSpec struct {
-	uri, kind string
-	durablePG bool   // -pg-durable
-	proxyLink string // -proxy-link: "", tcp or socket
+	uri, kind  string
+	durablePG  bool   // -pg-durable
+	proxyLink  string // -proxy-link: "", tcp or socket
+	clientLink string // -client-link: tcp or socket
 }
 
 // name is the started upstream's kind, saying when its PostgreSQL is
@@ -164,7 +172,8 @@ func (us upstreamSpec) name() string {
 func withEnv(us upstreamSpec, rs []rules.Rule, f func(*benchEnv) error) error {
 	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	e := &benchEnv{upstreamURI: us.uri}
-	proxyUpstream := us.uri // what the proxy dials
+	proxyUpstream := us.uri   // what the proxy dials
+	var clientUpstream string // the upstream's socket, for -client-link socket
 	var indexIDs func(context.Context, string, string) error
 	var dropOrphanedTable func(context.Context, string, string) (bool, error)
 	if us.uri == "" {
@@ -173,7 +182,7 @@ func withEnv(us upstreamSpec, rs []rules.Rule, f func(*benchEnv) error) error {
 			return err
 		}
 		defer up.Close()
-		e.upstreamURI, proxyUpstream = up.URI(), up.ProxyURI()
+		e.upstreamURI, proxyUpstream, clientUpstream = up.URI(), up.ProxyURI(), up.SocketURI()
 		switch us.proxyLink {
 		case "tcp":
 			proxyUpstream = up.URI()
@@ -197,13 +206,29 @@ func withEnv(us upstreamSpec, rs []rules.Rule, f func(*benchEnv) error) error {
 	if err != nil {
 		return err
 	}
-	go func() { _ = srv.Serve(ln) }()
+	e.proxyURI = "mongodb://" + ln.Addr().String() + "/"
+	var more []net.Listener
+	if us.clientLink == "socket" {
+		// Everything on one host: the apps reach the proxy, and the
+		// direct path its server, over Unix sockets.
+		dir, err := os.MkdirTemp("", "tsbench-*")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		uln, err := net.Listen("unix", filepath.Join(dir, "tsproxy.sock"))
+		if err != nil {
+			return err
+		}
+		more = append(more, uln)
+		e.proxyURI, e.upstreamURI = upstream.SocketURI(uln.Addr().String()), clientUpstream
+	}
+	go func() { _ = srv.Serve(ln, more...) }()
 	defer func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(ctx)
 	}()
-	e.proxyURI = "mongodb://" + ln.Addr().String() + "/"
 	fmt.Printf("upstream %s (the proxy dials %s), proxy %s, %s\n", redactURI(e.upstreamURI), redactURI(proxyUpstream), e.proxyURI, time.Now().UTC().Format(time.RFC3339))
 	return f(e)
 }

@@ -2,7 +2,7 @@
 // the namespaces named by its rules as time-series buckets, and passes all
 // other traffic through unchanged.
 //
-//	tsproxy --config FILE [--listen HOST:PORT] [--upstream URI|embedded] [--data DIR]
+//	tsproxy --config FILE [--listen HOST:PORT] [--listen-unix PATH] [--upstream URI|embedded] [--data DIR]
 //	tsproxy migrate --config FILE --rule NAMESPACE --from DB.COLLECTION [--batch N]
 //	tsproxy rollups rebuild --config FILE --rule NAMESPACE
 //

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -74,9 +75,21 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
 	}
+	var more []net.Listener
+	if cfg.ListenUnix != "" {
+		uln, err := listenUnix(cfg.ListenUnix)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		more = append(more, uln)
+	}
 	httpSrv, err := serveHTTP(cfg.Telemetry.MetricsListen, tel, srv, log)
 	if err != nil {
 		ln.Close()
+		for _, l := range more {
+			l.Close()
+		}
 		return err
 	}
 	if httpSrv != nil {
@@ -88,8 +101,8 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 	cancel()
 
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }()
-	log.Info("tsproxy listening", "addr", ln.Addr().String(), "upstream", rules.Redact(cfg.Upstream.URI), "rules", len(cfg.Rules), "tls", lnTLS != nil)
+	go func() { serveErr <- srv.Serve(ln, more...) }()
+	log.Info("tsproxy listening", "addr", ln.Addr().String(), "socket", cfg.ListenUnix, "upstream", rules.Redact(cfg.Upstream.URI), "rules", len(cfg.Rules), "tls", lnTLS != nil)
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}
@@ -109,6 +122,29 @@ type upstreamHandle struct {
 	indexIDs          func(context.Context, string, string) error
 	dropOrphanedTable func(context.Context, string, string) (bool, error)
 	close             func()
+}
+
+// listenUnix listens on the Unix socket at path. A socket file there that
+// no process answers on is what a killed proxy leaves, and is removed; a
+// live one, or a file that is not a socket, is an error.
+func listenUnix(path string) (net.Listener, error) {
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&fs.ModeSocket == 0 {
+			return nil, fmt.Errorf("listenUnix %s: exists and is not a socket", path)
+		}
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("listenUnix %s: another process listens there", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("listenUnix %s: stale socket: %w", path, err)
+		}
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("listenUnix %s: %w", path, err)
+	}
+	return ln, nil
 }
 
 func startUpstream(cfg *rules.Config, log *slog.Logger) (upstreamHandle, error) {

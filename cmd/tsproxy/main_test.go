@@ -52,6 +52,27 @@ func (s *syncBuffer) logRecords(t *testing.T) []map[string]any {
 	return recs
 }
 
+// startRun runs the program with config file cfg until cancel, and
+// returns once it listens: its TCP address, its log, and run's result.
+func startRun(t *testing.T, cfg string) (addr string, logs *syncBuffer, cancel context.CancelFunc, done chan error) {
+	t.Helper()
+	logs = &syncBuffer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan string, 1)
+	done = make(chan error, 1)
+	go func() { done <- run(ctx, []string{"--config", cfg}, logs, ready) }()
+	select {
+	case addr = <-ready:
+	case err := <-done:
+		cancel()
+		t.Fatalf("run ended before it was ready: %v\n%s", err, logs)
+	case <-time.After(60 * time.Second):
+		cancel()
+		t.Fatalf("run not ready after 60s\n%s", logs)
+	}
+	return addr, logs, cancel, done
+}
+
 func writeConfig(t *testing.T, yaml string) string {
 	t.Helper()
 	f := filepath.Join(t.TempDir(), "config.yaml")
@@ -81,21 +102,8 @@ telemetry:
   logLevel: info
 shutdownTimeout: 5s
 `)
-	logs := &syncBuffer{}
-	ctx, cancel := context.WithCancel(context.Background())
+	addr, logs, cancel, done := startRun(t, cfg)
 	defer cancel()
-	ready := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"--config", cfg}, logs, ready) }()
-
-	var addr string
-	select {
-	case addr = <-ready:
-	case err := <-done:
-		t.Fatalf("run ended before it was ready: %v\n%s", err, logs)
-	case <-time.After(60 * time.Second):
-		t.Fatalf("run not ready after 60s\n%s", logs)
-	}
 
 	// The metrics address is in the log line that announces the endpoint.
 	var metricsAddr string

@@ -606,6 +606,20 @@ func mergeRule(t *testing.T, m *mem, rule *rules.Rule, opts stage.MergeOptions) 
 }
 
 // storedEvents counts the events in the bucket collection by _id.
+// storedOnce checks that the buckets hold want events, each once.
+func storedOnce(t *testing.T, m *mem, want int) {
+	t.Helper()
+	got := storedEvents(t, m)
+	if len(got) != want {
+		t.Fatalf("%d events stored, want %d", len(got), want)
+	}
+	for id, n := range got {
+		if n != 1 {
+			t.Fatalf("event %s stored %d times", id, n)
+		}
+	}
+}
+
 func storedEvents(t *testing.T, m *mem) map[string]int {
 	got := map[string]int{}
 	for _, b := range m.colls["readings.buckets"] {
@@ -823,13 +837,43 @@ func TestMerge(t *testing.T) {
 		if st = merge(t, m, stage.MergeOptions{All: true, Now: time.UnixMilli(1_000_300)}); st.Events != 1 {
 			t.Fatalf("stats %+v, want the late event merged", st)
 		}
-		got := storedEvents(t, m)
-		if len(got) != 3 {
-			t.Fatalf("%d events stored, want 3", len(got))
+		storedOnce(t, m, 3)
+	})
+	t.Run("a crash between the move of late documents and the drop stores them once", func(t *testing.T) {
+		m := newMem(t)
+		stagedInsert(t, m, events("a", 0, 2))
+		merge(t, m, stage.MergeOptions{All: true, FreezeOnly: true})
+		m.fail["drop"] = true
+		m.run(stage.NewMerge(rwtest.InsertRule(), stage.MergeOptions{Now: time.UnixMilli(1_000_100), RetryHorizon: time.Hour}))
+		for name := range m.colls {
+			if strings.Contains(name, "_m") {
+				m.colls[name] = append(m.colls[name], doc(bson.D{{Key: "_id", Value: rwtest.OID(200)}, {Key: "meta", Value: "a"}, {Key: "start", Value: bson.DateTime(36_000_000)}, {Key: "count", Value: int32(1)}, {Key: "events", Value: bson.A{rwtest.Stored(rwtest.OID(99), rwtest.DT(36_099_000), true, 9.0)}}}))
+			}
 		}
-		for id, n := range got {
-			if n != 1 {
-				t.Fatalf("event %s stored %d times", id, n)
+		// The late document is moved back to staging, then the proxy dies
+		// before the drop (refused here).
+		m.run(stage.NewMerge(rwtest.InsertRule(), stage.MergeOptions{Now: time.UnixMilli(1_000_200), RetryHorizon: time.Hour, RetiredOnly: true, CheckLate: true}))
+		if n := len(m.colls[rwtest.InsertRule().StageCollection(36_000_000)]); n != 1 {
+			t.Fatalf("%d documents back in staging, want the late one", n)
+		}
+		m.fail["drop"] = false
+		// The next holder's passes, as proxy.Server.mergeStaged runs them:
+		// what is retired first (the move is repeated: a duplicate key),
+		// then the freeze, then what it froze.
+		// (A repeated merge counts the events it planned again; its
+		// buckets meet their duplicate keys.)
+		st := merge(t, m, stage.MergeOptions{Now: time.UnixMilli(1_000_300), RetiredOnly: true, CheckLate: true})
+		if st.Collections != 1 || st.Late != 1 {
+			t.Fatalf("stats %+v, want the cut merge finished, its late document moved again", st)
+		}
+		merge(t, m, stage.MergeOptions{All: true, FreezeOnly: true, Now: time.UnixMilli(1_000_400)})
+		if st = merge(t, m, stage.MergeOptions{Now: time.UnixMilli(1_000_500), RetiredOnly: true, CheckLate: true}); st.Events != 1 {
+			t.Fatalf("stats %+v, want the late event merged", st)
+		}
+		storedOnce(t, m, 3)
+		for _, n := range names(m) {
+			if _, ok := stage.Parse(rwtest.InsertRule(), n); ok && len(m.colls[n]) > 0 {
+				t.Fatalf("staging collection %s left with %d documents", n, len(m.colls[n]))
 			}
 		}
 	})

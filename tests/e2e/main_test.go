@@ -148,8 +148,16 @@ func startProxy(t testing.TB, po proxyOptions) *testProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var more []net.Listener
+	if cfg.ListenUnix != "" {
+		uln, err := net.Listen("unix", cfg.ListenUnix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		more = append(more, uln)
+	}
 	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
+	go func() { done <- srv.Serve(ln, more...) }()
 	tp := &testProxy{srv: srv, addr: ln.Addr().String(), cfg: cfg}
 	live.Lock()
 	live.proxies[tp] = liveProxy{owner: t.Name()}
