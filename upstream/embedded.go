@@ -23,8 +23,9 @@ type EmbeddedOptions struct {
 	Listen string
 	// Socket is the path of the Unix domain socket FerretDB also listens
 	// on, for the proxy in this process (LocalURI): DataDir's
-	// ferretdb.sock when empty, or a file in a new temporary directory
-	// when that path is too long for a socket's address.
+	// ferretdb.sock when empty; a file in a new temporary directory when
+	// no socket can listen there (too long a path, a file system without
+	// sockets); none, and a warning, when neither can.
 	Socket string
 	// Logger receives FerretDB's own logs; they are noisy at info level
 	// (a line per connection), so callers usually pass a warn-level logger.
@@ -56,19 +57,48 @@ const maxSocketPath = 107
 const socketFile = "ferretdb.sock"
 
 // embeddedSocket is where the embedded server's socket goes: path if
-// given, else the data dir's socketFile, else (too long) a file in a new
-// temporary directory, which the caller removes.
-func embeddedSocket(path, dataDir string) (socket, tempDir string, err error) {
+// given, else the data dir's socketFile; else, when that path is too long
+// for a socket or its file system holds no sockets (some container bind
+// mounts), a file in a new temporary directory, which the caller removes;
+// else "": none, and the proxy dials TCP. A socket file left by a process
+// that was killed is removed: no server listens there (this data dir is
+// this process's), and the listen would fail on it.
+func embeddedSocket(path, dataDir string) (socket, tempDir string) {
 	if path == "" {
 		path = filepath.Join(dataDir, socketFile)
 	}
-	if len(path) <= maxSocketPath {
-		return path, "", nil
+	err := canListenOn(path)
+	if err == nil {
+		return path, ""
 	}
-	if tempDir, err = os.MkdirTemp("", "tsproxy-*"); err != nil {
-		return "", "", fmt.Errorf("socket directory: %w", err)
+	tempDir, terr := os.MkdirTemp("", "tsproxy-*")
+	if terr == nil {
+		socket = filepath.Join(tempDir, socketFile)
+		if terr = canListenOn(socket); terr == nil {
+			return socket, tempDir
+		}
+		removeTemp(tempDir)
 	}
-	return filepath.Join(tempDir, socketFile), tempDir, nil
+	// The default logger: the one given for FerretDB's own lines keeps
+	// only errors.
+	slog.Warn("embedded upstream: no Unix socket; the proxy dials it over loopback TCP", "socket", path, "err", errors.Join(err, terr))
+	return "", ""
+}
+
+// canListenOn checks that a Unix socket can listen at path (FerretDB's
+// own listen, failing after its TCP one, would leave that one open).
+func canListenOn(path string) error {
+	if len(path) > maxSocketPath {
+		return fmt.Errorf("%s: longer than a socket's %d bytes", path, maxSocketPath)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("stale socket: %w", err)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return err
+	}
+	return ln.Close() // removes the file
 }
 
 // StartEmbedded starts FerretDB and returns once it is listening.
@@ -92,16 +122,7 @@ func StartEmbedded(opts EmbeddedOptions) (*Embedded, error) {
 	if logger == nil {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
-	socket, tempDir, err := embeddedSocket(opts.Socket, abs)
-	if err != nil {
-		return nil, fmt.Errorf("embedded upstream: %w", err)
-	}
-	// A socket file left by a process that was killed: no server listens
-	// there (this data dir is this process's), and FerretDB's listen would
-	// fail on it.
-	if err := os.Remove(socket); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("embedded upstream: stale socket %s: %w", socket, err)
-	}
+	socket, tempDir := embeddedSocket(opts.Socket, abs)
 	f, err := ferretdb.New(&ferretdb.Config{
 		Listener:  ferretdb.ListenerConfig{TCP: listen, Unix: socket},
 		Handler:   "sqlite",
@@ -134,9 +155,14 @@ func (e *Embedded) URI() string { return e.uri }
 // Addr is its host:port.
 func (e *Embedded) Addr() string { return e.addr }
 
-// LocalURI is the mongodb:// URI of its Unix domain socket: what a proxy
-// in this process dials.
-func (e *Embedded) LocalURI() string { return SocketURI(e.socket) }
+// LocalURI is what a proxy in this process dials: the mongodb:// URI of
+// its Unix domain socket, or URI when it has none (embeddedSocket).
+func (e *Embedded) LocalURI() string {
+	if e.socket == "" {
+		return e.uri
+	}
+	return SocketURI(e.socket)
+}
 
 // Close stops the server and waits for it to release its files.
 func (e *Embedded) Close() error {

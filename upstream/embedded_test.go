@@ -60,6 +60,33 @@ func TestEmbeddedSocket(t *testing.T) {
 		ping(t, e)
 	})
 
+	t.Run("data dir without sockets, then no socket at all", func(t *testing.T) {
+		dir := t.TempDir()
+		// A directory where the socket would go stands for a file system
+		// that holds no sockets: the listen there fails.
+		if err := os.MkdirAll(filepath.Join(dir, socketFile, "x"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		e, err := StartEmbedded(EmbeddedOptions{DataDir: dir, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.tempDir == "" || !strings.HasPrefix(e.socket, e.tempDir) {
+			t.Fatalf("socket %s: want one in a temporary directory", e.socket)
+		}
+		ping(t, e)
+		e.Close()
+		t.Setenv("TMPDIR", filepath.Join(dir, "missing")) // no temporary directory either
+		if e, err = StartEmbedded(EmbeddedOptions{DataDir: dir, Logger: quiet}); err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		if e.socket != "" || e.LocalURI() != e.URI() {
+			t.Fatalf("socket %q, LocalURI %s: want TCP (%s)", e.socket, e.LocalURI(), e.URI())
+		}
+		ping(t, e)
+	})
+
 	t.Run("long data dir", func(t *testing.T) {
 		dir := filepath.Join(t.TempDir(), strings.Repeat("d", maxSocketPath))
 		e, err := StartEmbedded(EmbeddedOptions{DataDir: dir, Logger: quiet})
