@@ -93,11 +93,7 @@ func (d *Dialer) Dial(ctx context.Context) (*Conn, error) {
 
 func (d *Dialer) dialAddr(ctx context.Context, addr string) (*Conn, error) {
 	var nd net.Dialer
-	network := "tcp"
-	if IsSocket(addr) {
-		network = "unix"
-	}
-	nc, err := nd.DialContext(ctx, network, addr)
+	nc, err := nd.DialContext(ctx, Network(addr), addr)
 	if err != nil {
 		return nil, fmt.Errorf("upstream %s unreachable: %w", addr, err)
 	}

@@ -107,6 +107,15 @@ func IsSocket(host string) bool {
 	return strings.HasPrefix(host, "/") && strings.HasSuffix(host, ".sock")
 }
 
+// Network is the network to dial a host of URI.Hosts on: "unix" for a
+// socket's path, else "tcp".
+func Network(host string) string {
+	if IsSocket(host) {
+		return "unix"
+	}
+	return "tcp"
+}
+
 // SocketURI is the mongodb:// URI of the server listening on the Unix
 // domain socket at path.
 func SocketURI(path string) string {

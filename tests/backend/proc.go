@@ -78,11 +78,7 @@ func (p *proc) waitListen(addr string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		network := "tcp"
-		if upstream.IsSocket(addr) {
-			network = "unix"
-		}
-		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		c, err := (&net.Dialer{}).DialContext(ctx, upstream.Network(addr), addr)
 		cancel()
 		if err == nil {
 			c.Close()

@@ -121,7 +121,7 @@ func (r *relay) serve(ln net.Listener) {
 				return
 			}
 			r.accepts.Add(1)
-			up, err := net.DialTimeout(networkOf(r.target), r.target, 5*time.Second)
+			up, err := net.DialTimeout(upstream.Network(r.target), r.target, 5*time.Second)
 			if err != nil {
 				c.Close()
 				continue
@@ -221,15 +221,6 @@ func TestRelayForwardsAndStops(t *testing.T) {
 		t.Fatalf("restarted relay: %v", err)
 	}
 	nc.Close()
-}
-
-// networkOf is the network to dial addr on: a Unix socket's path, or
-// host:port.
-func networkOf(addr string) string {
-	if upstream.IsSocket(addr) {
-		return "unix"
-	}
-	return "tcp"
 }
 
 // upstreamAddr is host:port of the shared upstream (its first host), or
