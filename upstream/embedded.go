@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -61,8 +60,8 @@ const socketFile = "ferretdb.sock"
 // for a socket or its file system holds no sockets (some container bind
 // mounts), a file in a new temporary directory, which the caller removes;
 // else "": none, and the proxy dials TCP. A socket file left by a process
-// that was killed is removed: no server listens there (this data dir is
-// this process's), and the listen would fail on it.
+// that was killed is removed (RemoveStaleSocket); a live one, or another
+// file, sends the socket elsewhere.
 func embeddedSocket(path, dataDir string) (socket, tempDir string) {
 	if path == "" {
 		path = filepath.Join(dataDir, socketFile)
@@ -91,8 +90,8 @@ func canListenOn(path string) error {
 	if len(path) > maxSocketPath {
 		return fmt.Errorf("%s: longer than a socket's %d bytes", path, maxSocketPath)
 	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("stale socket: %w", err)
+	if err := RemoveStaleSocket(path); err != nil {
+		return err
 	}
 	ln, err := net.Listen("unix", path)
 	if err != nil {

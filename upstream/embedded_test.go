@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -46,9 +47,12 @@ func TestEmbeddedSocket(t *testing.T) {
 		dir := t.TempDir()
 		// What a kill -9 leaves: the socket file, nobody listening.
 		stale := filepath.Join(dir, socketFile)
-		if err := os.WriteFile(stale, nil, 0o600); err != nil {
+		ln, err := net.Listen("unix", stale)
+		if err != nil {
 			t.Fatal(err)
 		}
+		ln.(*net.UnixListener).SetUnlinkOnClose(false)
+		ln.Close()
 		e, err := StartEmbedded(EmbeddedOptions{DataDir: dir, Logger: quiet})
 		if err != nil {
 			t.Fatal(err)
@@ -56,6 +60,26 @@ func TestEmbeddedSocket(t *testing.T) {
 		defer e.Close()
 		if want := SocketURI(stale); e.LocalURI() != want {
 			t.Fatalf("LocalURI %s, want %s", e.LocalURI(), want)
+		}
+		ping(t, e)
+	})
+
+	t.Run("a file that is not a socket is left alone", func(t *testing.T) {
+		dir := t.TempDir()
+		file := filepath.Join(dir, socketFile)
+		if err := os.WriteFile(file, []byte("mine"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		e, err := StartEmbedded(EmbeddedOptions{DataDir: dir, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		if e.tempDir == "" || !strings.HasPrefix(e.socket, e.tempDir) {
+			t.Fatalf("socket %s: want one in a temporary directory", e.socket)
+		}
+		if b, err := os.ReadFile(file); err != nil || string(b) != "mine" {
+			t.Fatalf("the file at the socket's path: %q, %v", b, err)
 		}
 		ping(t, e)
 	})

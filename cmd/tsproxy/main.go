@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -124,21 +123,11 @@ type upstreamHandle struct {
 	close             func()
 }
 
-// listenUnix listens on the Unix socket at path. A socket file there that
-// no process answers on is what a killed proxy leaves, and is removed; a
-// live one, or a file that is not a socket, is an error.
+// listenUnix listens on the Unix socket at path, over a socket file a
+// killed proxy left (upstream.RemoveStaleSocket).
 func listenUnix(path string) (net.Listener, error) {
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode()&fs.ModeSocket == 0 {
-			return nil, fmt.Errorf("listenUnix %s: exists and is not a socket", path)
-		}
-		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
-			c.Close()
-			return nil, fmt.Errorf("listenUnix %s: another process listens there", path)
-		}
-		if err := os.Remove(path); err != nil {
-			return nil, fmt.Errorf("listenUnix %s: stale socket: %w", path, err)
-		}
+	if err := upstream.RemoveStaleSocket(path); err != nil {
+		return nil, fmt.Errorf("listenUnix: %w", err)
 	}
 	ln, err := net.Listen("unix", path)
 	if err != nil {

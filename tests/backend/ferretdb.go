@@ -1,9 +1,7 @@
 package backend
 
 import (
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -192,7 +190,7 @@ func (f *FerretDB) SocketURI() string { return upstream.SocketURI(f.Socket) }
 // data, and waits until it listens.
 func (f *FerretDB) Restart() error {
 	// A kill leaves the socket file, on which the listen would fail.
-	if err := os.Remove(f.Socket); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := upstream.RemoveStaleSocket(f.Socket); err != nil {
 		return err
 	}
 	p, err := startProc(exec.Command(f.bin, f.args...), syscall.SIGKILL)
