@@ -26,6 +26,13 @@ const (
 	// FieldStagedAt is a staged document's arrival stamp
 	// (StagedOptions.At).
 	FieldStagedAt = "at"
+	// FieldMovedLate marks a staged document that a merge moved back to
+	// staging: it reached a retired collection after the merge read it.
+	// The merge that stores its events records its _id, as a retryable
+	// write's, so that a copy of the move landing later (a holder whose
+	// lease lapsed while its insert was on its way) is merged once
+	// (rewrite/stage). Every version of the proxy reads past it.
+	FieldMovedLate = "late"
 )
 
 // IndexName is the proxy's own index {meta: 1, start: 1} on every

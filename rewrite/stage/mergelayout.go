@@ -25,14 +25,14 @@ import (
 func (m *Merge) mergeLayoutOne(x *rewrite.Exec, r Collection, staged []bsoncore.Document, plan *mergePlan, repeated bool, records *RecordSet) error {
 	sortByArrival(staged)
 	var evs []bucket.Event
-	var derived []bson.ObjectID
+	var recorded []bson.ObjectID
 	for _, d := range staged {
 		id, isOID := idOf(d)
 		if isOID && plan.skip[id] {
 			continue
 		}
-		if isOID && IsDerived(id) {
-			derived = append(derived, id)
+		if rid, ok := recordedID(d); ok {
+			recorded = append(recorded, rid)
 		}
 		de, err := bucket.StagedEvents(d, m.rule, m.lim)
 		if err != nil {
@@ -55,7 +55,7 @@ func (m *Merge) mergeLayoutOne(x *rewrite.Exec, r Collection, staged []bsoncore.
 		// what it counted cannot be told, so nothing is counted.
 		return fmt.Errorf("plan document without a counter mark: not written by a counter or slots merge")
 	}
-	if err := m.recordDerived(x, r, derived, records); err != nil {
+	if err := m.recordMerged(x, r, recorded, records); err != nil {
 		return err
 	}
 	groups := layout.GroupStaged(m.rule, evs)

@@ -9,6 +9,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/source"
@@ -86,17 +87,47 @@ func (m *Merge) moveLate(x *rewrite.Exec, r Collection, merged map[string]bool, 
 	if err != nil {
 		return err
 	}
+	// Back to the open collection of r's staging period, which holds
+	// every event of r: a staged document's own key is no guide, since
+	// the packed form (bucket.StagedPacked) has none at its top.
+	open := m.rule.StageCollection(r.Window)
 	for _, d := range docs {
-		_, start, err := bucket.KeyFields(d)
-		if err != nil {
-			return fmt.Errorf("late staged document %s: %w", d.Lookup("_id"), err)
-		}
-		if err := m.insertOne(x, m.rule.StageCollection(start), d); err != nil {
+		if err := m.insertOne(x, open, markMovedLate(d)); err != nil {
 			return fmt.Errorf("move late staged document %s: %w", d.Lookup("_id"), err)
 		}
 	}
 	m.Stats.Late += len(docs)
 	return nil
+}
+
+// markMovedLate is staged document d marked as moved back to staging
+// (bucket.FieldMovedLate), so that the merge that stores it records its
+// _id (recordedID).
+func markMovedLate(d bsoncore.Document) bsoncore.Document {
+	if _, ok := bsonutil.Lookup(d, bucket.FieldMovedLate); ok {
+		return d
+	}
+	out := append(make([]byte, 0, len(d)+len(bucket.FieldMovedLate)+3), d[:len(d)-1]...)
+	out = bsoncore.AppendBooleanElement(out, bucket.FieldMovedLate, true)
+	out = append(out, 0)
+	return bsoncore.UpdateLength(out, 0, int32(len(out)))
+}
+
+// recordedID is the _id of staged document d when the merge that stores
+// it records it (RecordDoc), so that a later copy of d is left out
+// (RecordSet.mergedElsewhere): a retryable write's (a retry meets the
+// same derived id), or a document moved back to staging (a copy of the
+// move may land after the merge).
+func recordedID(d bsoncore.Document) (bson.ObjectID, bool) {
+	id, ok := idOf(d)
+	if !ok {
+		return id, false
+	}
+	if IsDerived(id) {
+		return id, true
+	}
+	_, late := bsonutil.Lookup(d, bucket.FieldMovedLate)
+	return id, late
 }
 
 // group is the events of one key, sorted by time.
@@ -106,7 +137,7 @@ type group struct {
 }
 
 // mergeOne merges retired collection r into the bucket collection and
-// drops it. records are the derived ids merged before, by token.
+// drops it. records are the ids earlier merges recorded, by token.
 func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records *RecordSet) error {
 	docs, err := m.stagedOf(x, r)
 	if err != nil {
@@ -128,7 +159,7 @@ func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records *RecordSet) erro
 	if m.rule.Layout != rules.LayoutEvents {
 		return m.mergeLayoutOne(x, r, staged, plan, repeated, records)
 	}
-	groups, derived, err := m.groups(staged, plan.skip)
+	groups, recorded, err := m.groups(staged, plan.skip)
 	if err != nil {
 		return err
 	}
@@ -139,7 +170,7 @@ func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records *RecordSet) erro
 	if err != nil {
 		return err
 	}
-	if err := m.recordDerived(x, r, derived, records); err != nil {
+	if err := m.recordMerged(x, r, recorded, records); err != nil {
 		return err
 	}
 	buckets, topped, events := m.buckets(groups, plan)
@@ -249,31 +280,33 @@ func splitRetired(docs []bsoncore.Document) (plan *mergePlan, staged []bsoncore.
 // show merged from another collection.
 func newMergePlan(staged []bsoncore.Document, records *RecordSet, token int64) *mergePlan {
 	plan := &mergePlan{skip: map[bson.ObjectID]bool{}, ids: map[string]bool{}}
-	var derived []bson.ObjectID
+	var recorded []bson.ObjectID
 	for _, d := range staged {
 		plan.ids[idKey(d)] = true
-		if id, ok := idOf(d); ok && IsDerived(id) {
-			derived = append(derived, id)
+		if id, ok := recordedID(d); ok {
+			recorded = append(recorded, id)
 		}
 	}
-	for id := range records.mergedElsewhere(derived, token) {
+	for id := range records.mergedElsewhere(recorded, token) {
 		plan.skip[id] = true
 	}
 	return plan
 }
 
-// recordDerived records the derived ids of retryable writes that the
-// merge of r merges (TxnsCollection), before it writes their events.
-func (m *Merge) recordDerived(x *rewrite.Exec, r Collection, derived []bson.ObjectID, records *RecordSet) error {
-	if len(derived) == 0 {
+// recordMerged records the ids of the staged documents of r that a later
+// copy must not be merged again (recordedID: retryable writes, and
+// documents moved back to staging) in TxnsCollection, before the merge
+// of r writes their events.
+func (m *Merge) recordMerged(x *rewrite.Exec, r Collection, recorded []bson.ObjectID, records *RecordSet) error {
+	if len(recorded) == 0 {
 		return nil
 	}
-	if err := m.insertOne(x, TxnsCollection(m.rule), RecordDoc(r.Token, derived, m.opts.Now)); err != nil {
+	if err := m.insertOne(x, TxnsCollection(m.rule), RecordDoc(r.Token, recorded, m.opts.Now)); err != nil {
 		return fmt.Errorf("record merged retryable writes: %w", err)
 	}
 	// The retired collections after this one in the same run leave
 	// these out too, and the proxy's next merges (RecordCache).
-	records.Add(r.Token, m.opts.Now.UnixMilli(), derived)
+	records.Add(r.Token, m.opts.Now.UnixMilli(), recorded)
 	return nil
 }
 
@@ -302,14 +335,14 @@ func (m *Merge) finishRetired(x *rewrite.Exec, r Collection, plan *mergePlan) er
 
 // groups reads the staged documents' events, by key in key order, each
 // sorted by time (staged documents in _id order, so ties keep one order
-// on every run); derived are the derived ids among the documents merged.
+// on every run); recorded are the recordedIDs among the documents merged.
 func (m *Merge) groups(staged []bsoncore.Document, skip map[bson.ObjectID]bool) ([]group, []bson.ObjectID, error) {
-	var derived []bson.ObjectID
+	var recorded []bson.ObjectID
 	staged = slices.DeleteFunc(slices.Clone(staged), func(d bsoncore.Document) bool {
-		id, isOID := idOf(d)
-		if isOID && IsDerived(id) && !skip[id] {
-			derived = append(derived, id)
+		if id, ok := recordedID(d); ok && !skip[id] {
+			recorded = append(recorded, id)
 		}
+		id, isOID := idOf(d)
 		return isOID && skip[id]
 	})
 	decoded := make([][]bucket.Event, len(staged))
@@ -368,5 +401,5 @@ func (m *Merge) groups(staged []bsoncore.Document, skip map[bson.ObjectID]bool) 
 		}
 	}
 	slices.SortFunc(groups, func(a, b group) int { return bucket.CompareKeys(a.key, b.key) })
-	return groups, derived, nil
+	return groups, recorded, nil
 }

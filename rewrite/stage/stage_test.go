@@ -607,6 +607,27 @@ func mergeRule(t *testing.T, m *mem, rule *rules.Rule, opts stage.MergeOptions) 
 
 // storedEvents counts the events in the bucket collection by _id.
 // storedOnce checks that the buckets hold want events, each once.
+// stagedFormName names the forms of staged documents in test names.
+var stagedFormName = map[bucket.StagedFormat]string{bucket.StagedKeyed: "keyed", bucket.StagedPacked: "packed"}
+
+// lateDoc is a staged document of form holding one event of series "a"
+// at 10:01:39 (window 10:00): another proxy's insert, staged as every
+// proxy stages, that lands in a retired collection after its merge read
+// it.
+func lateDoc(t *testing.T, form bucket.StagedFormat) bsoncore.Document {
+	t.Helper()
+	other := newMem(t)
+	ev := rwtest.Event(rwtest.OID(99), rwtest.DT(36_099_000), "a", 9.0)
+	stagedInsertWith(t, other, []bson.D{ev}, stage.InsertEnv{Identity: "u", NewObjectID: bson.NewObjectID, Format: form})
+	for name, docs := range other.colls {
+		if _, ok := stage.Parse(rwtest.InsertRule(), name); ok && len(docs) == 1 {
+			return docs[0]
+		}
+	}
+	t.Fatalf("no staged document in %v", names(other))
+	return nil
+}
+
 func storedOnce(t *testing.T, m *mem, want int) {
 	t.Helper()
 	got := storedEvents(t, m)
@@ -815,68 +836,101 @@ func TestMerge(t *testing.T) {
 			}
 		}
 	})
-	t.Run("late documents go back to staging", func(t *testing.T) {
-		m := newMem(t)
-		stagedInsert(t, m, events("a", 0, 2))
-		merge(t, m, stage.MergeOptions{All: true, FreezeOnly: true})
-		// Another proxy's insert commits into the retired collection
-		// after the merge read it: simulated by a plan written before it.
-		m.fail["drop"] = true
-		merge2 := stage.NewMerge(rwtest.InsertRule(), stage.MergeOptions{Now: time.UnixMilli(1_000_100), RetryHorizon: time.Hour})
-		m.run(merge2) // plan and buckets written, drop refused
-		m.fail["drop"] = false
-		for name := range m.colls {
-			if strings.Contains(name, "_m") {
-				m.colls[name] = append(m.colls[name], doc(bson.D{{Key: "_id", Value: rwtest.OID(200)}, {Key: "meta", Value: "a"}, {Key: "start", Value: bson.DateTime(36_000_000)}, {Key: "count", Value: int32(1)}, {Key: "events", Value: bson.A{rwtest.Stored(rwtest.OID(99), rwtest.DT(36_099_000), true, 9.0)}}}))
+	for _, form := range []bucket.StagedFormat{bucket.StagedKeyed, bucket.StagedPacked} {
+		t.Run("late documents go back to staging, "+stagedFormName[form], func(t *testing.T) {
+			m := newMem(t)
+			stagedInsert(t, m, events("a", 0, 2))
+			merge(t, m, stage.MergeOptions{All: true, FreezeOnly: true})
+			// Another proxy's insert commits into the retired collection
+			// after the merge read it: simulated by a plan written before it.
+			m.fail["drop"] = true
+			merge2 := stage.NewMerge(rwtest.InsertRule(), stage.MergeOptions{Now: time.UnixMilli(1_000_100), RetryHorizon: time.Hour})
+			m.run(merge2) // plan and buckets written, drop refused
+			m.fail["drop"] = false
+			for name := range m.colls {
+				if strings.Contains(name, "_m") {
+					m.colls[name] = append(m.colls[name], lateDoc(t, form))
+				}
 			}
-		}
-		st := merge(t, m, stage.MergeOptions{Now: time.UnixMilli(1_000_200), CheckLate: true})
-		if st.Late != 1 || st.Collections != 1 {
-			t.Fatalf("stats %+v, want 1 late document moved", st)
-		}
-		if st = merge(t, m, stage.MergeOptions{All: true, Now: time.UnixMilli(1_000_300)}); st.Events != 1 {
-			t.Fatalf("stats %+v, want the late event merged", st)
-		}
-		storedOnce(t, m, 3)
-	})
-	t.Run("a crash between the move of late documents and the drop stores them once", func(t *testing.T) {
-		m := newMem(t)
-		stagedInsert(t, m, events("a", 0, 2))
-		merge(t, m, stage.MergeOptions{All: true, FreezeOnly: true})
-		m.fail["drop"] = true
-		m.run(stage.NewMerge(rwtest.InsertRule(), stage.MergeOptions{Now: time.UnixMilli(1_000_100), RetryHorizon: time.Hour}))
-		for name := range m.colls {
-			if strings.Contains(name, "_m") {
-				m.colls[name] = append(m.colls[name], doc(bson.D{{Key: "_id", Value: rwtest.OID(200)}, {Key: "meta", Value: "a"}, {Key: "start", Value: bson.DateTime(36_000_000)}, {Key: "count", Value: int32(1)}, {Key: "events", Value: bson.A{rwtest.Stored(rwtest.OID(99), rwtest.DT(36_099_000), true, 9.0)}}}))
+			st := merge(t, m, stage.MergeOptions{Now: time.UnixMilli(1_000_200), CheckLate: true})
+			if st.Late != 1 || st.Collections != 1 {
+				t.Fatalf("stats %+v, want 1 late document moved", st)
 			}
-		}
-		// The late document is moved back to staging, then the proxy dies
-		// before the drop (refused here).
-		m.run(stage.NewMerge(rwtest.InsertRule(), stage.MergeOptions{Now: time.UnixMilli(1_000_200), RetryHorizon: time.Hour, RetiredOnly: true, CheckLate: true}))
-		if n := len(m.colls[rwtest.InsertRule().StageCollection(36_000_000)]); n != 1 {
-			t.Fatalf("%d documents back in staging, want the late one", n)
-		}
-		m.fail["drop"] = false
-		// The next holder's passes, as proxy.Server.mergeStaged runs them:
-		// what is retired first (the move is repeated: a duplicate key),
-		// then the freeze, then what it froze.
-		// (A repeated merge counts the events it planned again; its
-		// buckets meet their duplicate keys.)
-		st := merge(t, m, stage.MergeOptions{Now: time.UnixMilli(1_000_300), RetiredOnly: true, CheckLate: true})
-		if st.Collections != 1 || st.Late != 1 {
-			t.Fatalf("stats %+v, want the cut merge finished, its late document moved again", st)
-		}
-		merge(t, m, stage.MergeOptions{All: true, FreezeOnly: true, Now: time.UnixMilli(1_000_400)})
-		if st = merge(t, m, stage.MergeOptions{Now: time.UnixMilli(1_000_500), RetiredOnly: true, CheckLate: true}); st.Events != 1 {
-			t.Fatalf("stats %+v, want the late event merged", st)
-		}
-		storedOnce(t, m, 3)
-		for _, n := range names(m) {
-			if _, ok := stage.Parse(rwtest.InsertRule(), n); ok && len(m.colls[n]) > 0 {
-				t.Fatalf("staging collection %s left with %d documents", n, len(m.colls[n]))
+			if st = merge(t, m, stage.MergeOptions{All: true, Now: time.UnixMilli(1_000_300)}); st.Events != 1 {
+				t.Fatalf("stats %+v, want the late event merged", st)
 			}
-		}
-	})
+			storedOnce(t, m, 3)
+		})
+		t.Run("a crash between the move of late documents and the drop stores them once, "+stagedFormName[form], func(t *testing.T) {
+			m := newMem(t)
+			stagedInsert(t, m, events("a", 0, 2))
+			merge(t, m, stage.MergeOptions{All: true, FreezeOnly: true})
+			m.fail["drop"] = true
+			m.run(stage.NewMerge(rwtest.InsertRule(), stage.MergeOptions{Now: time.UnixMilli(1_000_100), RetryHorizon: time.Hour}))
+			for name := range m.colls {
+				if strings.Contains(name, "_m") {
+					m.colls[name] = append(m.colls[name], lateDoc(t, form))
+				}
+			}
+			// The late document is moved back to staging, then the proxy dies
+			// before the drop (refused here).
+			m.run(stage.NewMerge(rwtest.InsertRule(), stage.MergeOptions{Now: time.UnixMilli(1_000_200), RetryHorizon: time.Hour, RetiredOnly: true, CheckLate: true}))
+			if n := len(m.colls[rwtest.InsertRule().StageCollection(36_000_000)]); n != 1 {
+				t.Fatalf("%d documents back in staging, want the late one", n)
+			}
+			m.fail["drop"] = false
+			// The next holder's passes, as proxy.Server.mergeStaged runs them:
+			// what is retired first (the move is repeated: a duplicate key),
+			// then the freeze, then what it froze.
+			// (A repeated merge counts the events it planned again; its
+			// buckets meet their duplicate keys.)
+			st := merge(t, m, stage.MergeOptions{Now: time.UnixMilli(1_000_300), RetiredOnly: true, CheckLate: true})
+			if st.Collections != 1 || st.Late != 1 {
+				t.Fatalf("stats %+v, want the cut merge finished, its late document moved again", st)
+			}
+			merge(t, m, stage.MergeOptions{All: true, FreezeOnly: true, Now: time.UnixMilli(1_000_400)})
+			if st = merge(t, m, stage.MergeOptions{Now: time.UnixMilli(1_000_500), RetiredOnly: true, CheckLate: true}); st.Events != 1 {
+				t.Fatalf("stats %+v, want the late event merged", st)
+			}
+			storedOnce(t, m, 3)
+			for _, n := range names(m) {
+				if _, ok := stage.Parse(rwtest.InsertRule(), n); ok && len(m.colls[n]) > 0 {
+					t.Fatalf("staging collection %s left with %d documents", n, len(m.colls[n]))
+				}
+			}
+		})
+		t.Run("a move that lands after the next holder merged it is merged once, "+stagedFormName[form], func(t *testing.T) {
+			// A holder's lease lapses while its move of a late document
+			// is on its way; the next holder moves, freezes and merges
+			// the same document; then the first move lands, in a new
+			// collection of the old name. The events' writes were not
+			// retryable: only the move's mark records the document.
+			m := newMem(t)
+			rule := rwtest.InsertRule()
+			stagedInsert(t, m, events("a", 0, 2))
+			merge(t, m, stage.MergeOptions{All: true, FreezeOnly: true})
+			m.fail["drop"] = true
+			m.run(stage.NewMerge(rule, stage.MergeOptions{Now: time.UnixMilli(1_000_100), RetryHorizon: time.Hour}))
+			m.fail["drop"] = false
+			for name := range m.colls {
+				if strings.Contains(name, "_m") {
+					m.colls[name] = append(m.colls[name], lateDoc(t, form))
+				}
+			}
+			open := rule.StageCollection(36_000_000)
+			if st := merge(t, m, stage.MergeOptions{Now: time.UnixMilli(1_000_200), RetryHorizon: time.Hour, RetiredOnly: true, CheckLate: true}); st.Late != 1 || len(m.colls[open]) != 1 {
+				t.Fatalf("stats %+v, %d documents in %s, want the late one moved there", st, len(m.colls[open]), open)
+			}
+			inFlight := slices.Clone(m.colls[open][0]) // the first holder's move carries the same document
+			merge(t, m, stage.MergeOptions{All: true, Now: time.UnixMilli(1_000_300), RetryHorizon: time.Hour})
+			storedOnce(t, m, 3)
+			m.colls[open] = append(m.colls[open], inFlight)
+			if st := merge(t, m, stage.MergeOptions{All: true, Now: time.UnixMilli(1_000_400), RetryHorizon: time.Hour}); st.Retries != 1 || st.Events != 0 {
+				t.Fatalf("stats %+v, want the landed copy left out", st)
+			}
+			storedOnce(t, m, 3)
+		})
+	}
 	t.Run("only due collections in the background", func(t *testing.T) {
 		m := newMem(t)
 		stagedInsert(t, m, events("a", 0, 1))
