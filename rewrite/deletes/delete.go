@@ -1,6 +1,7 @@
 package deletes
 
 import (
+	"slices"
 	"strconv"
 
 	"github.com/tsproxy/tsproxy/rewrite"
@@ -222,6 +223,11 @@ func (p *Request) scanCommand(sf query.SplitFilter, limitOne bool) []byte {
 	return p.aggregateCommand(pipeline, scanMatchBatch)
 }
 
+// holdsEvents is {count: {$gt: 0}}: a bucket with an event.
+var holdsEvents = bsoncore.NewDocumentBuilder().
+	AppendDocument(bucket.FieldCount, bsoncore.NewDocumentBuilder().AppendInt32("$gt", 0).Build()).
+	Build()
+
 // matchCommand lists matching events as {_id: bucket, events: event}
 // ($unwind keeps the bucket _id on every upstream; on one that keeps the
 // other fields too, meta and start come along and spare a read of each
@@ -229,8 +235,15 @@ func (p *Request) scanCommand(sf query.SplitFilter, limitOne bool) []byte {
 func (p *Request) matchCommand(sf query.SplitFilter, whole, limitOne bool, caps caps.Upstream) []byte {
 	var pipeline []bsoncore.Document
 	if whole {
-		if sf.Bucket != nil {
-			pipeline = append(pipeline, bsonutil.Stage("$match", bsonutil.DocValue(sf.Bucket)))
+		match := sf.Bucket
+		if limitOne {
+			// The first bucket must hold an event: a shell (bucket.Shell)
+			// matches any filter of meta alone and holds none, and a
+			// deleteOne that took it removed nothing.
+			match = query.AndOf(slices.DeleteFunc([]bsoncore.Document{sf.Bucket, holdsEvents}, func(d bsoncore.Document) bool { return d == nil }))
+		}
+		if match != nil {
+			pipeline = append(pipeline, bsonutil.Stage("$match", bsonutil.DocValue(match)))
 		}
 		proj := bsoncore.NewDocumentBuilder().
 			AppendInt32(bucket.FieldMeta, 1).

@@ -486,3 +486,44 @@ func TestDeleteWaitsForLease(t *testing.T) {
 		t.Fatalf("%d events left (%v), want 30", n, err)
 	}
 }
+
+// TestDeleteOnePastShells: deleteOne of a series whose first seqs a delete
+// emptied (kept as shells, since a later seq holds events) removes one
+// event each time, as MongoDB's deleteOne removes one matching document.
+// It once took the first bucket of the series, a shell, and removed
+// nothing (n: 0).
+func TestDeleteOnePastShells(t *testing.T) {
+	t.Parallel()
+	ctx := ctxFor(t)
+	db := uniqueDB(t)
+	p := startProxy(t, proxyOptions{yaml: readingsRule(db, 10)})
+	buckets := connect(t, p.URI()).Database(db).Collection("readings")
+	var docs []any
+	for i := range 30 { // seq 0, 1, 2 of one hour: minutes 0-9, 10-19, 20-29
+		docs = append(docs, sentEvent{id: bson.NewObjectID(), sensor: "ordered", ts: delBase.Add(time.Duration(i) * time.Minute), value: float64(i)}.doc())
+	}
+	if _, err := buckets.InsertMany(ctx, docs); err != nil {
+		t.Fatal(err)
+	}
+	early := bson.D{{Key: "ts", Value: bson.D{{Key: "$lt", Value: bson.NewDateTimeFromTime(delBase.Add(20 * time.Minute))}}}}
+	if res, err := buckets.DeleteMany(ctx, early); err != nil || res.DeletedCount != 20 {
+		t.Fatalf("delete minutes 0-19: %v, %v", res, err)
+	}
+	if n := delBucketsOf(t, ctx, db, "ordered"); n != 3 {
+		t.Fatalf("%d buckets, want 3 (seq 0 and 1 empty shells)", n)
+	}
+	series := bson.D{{Key: "sensorId", Value: "ordered"}}
+	for left := 10; left > 0; left-- {
+		res, err := buckets.DeleteOne(ctx, series)
+		if err != nil || res.DeletedCount != 1 {
+			t.Fatalf("deleteOne with %d events left: %v, %v; want 1 deleted", left, res, err)
+		}
+		if n, err := buckets.CountDocuments(ctx, series); err != nil || int(n) != left-1 {
+			t.Fatalf("after deleteOne: %d events, %v; want %d", n, err, left-1)
+		}
+		delCheckBuckets(t, ctx, db, left-1)
+	}
+	if res, err := buckets.DeleteOne(ctx, series); err != nil || res.DeletedCount != 0 {
+		t.Fatalf("deleteOne of an empty series: %v, %v; want 0 deleted", res, err)
+	}
+}
