@@ -2,6 +2,7 @@ package agg
 
 import (
 	"slices"
+	"strings"
 
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -180,6 +181,9 @@ func splitPath(p string) []string {
 }
 
 func (s *sortStage) push(doc bsoncore.Document) error {
+	if err := checkSortPaths(s.name, s.keys, doc); err != nil {
+		return err
+	}
 	s.bytes += len(doc) + 24
 	if s.bytes > s.max {
 		return exceeded(s.name, s.max)
@@ -207,6 +211,41 @@ func (s *sortStage) sortValue(doc bsoncore.Document, k sortKey) Value {
 		return best
 	}
 	return v
+}
+
+// checkSortPaths refuses a document in which a sort key's path goes
+// through an array before its last field ({a: [{b: 1}, {c: 2}]} sorted by
+// "a.b"): MongoDB sorts it by every value the path reaches, arrays
+// inside flattened and an element without the field as null, which
+// sortValue does not. An array at the path's end sorts by its least or
+// greatest element, as in MongoDB.
+func checkSortPaths(stage string, keys []sortKey, doc bsoncore.Document) error {
+	for _, k := range keys {
+		if throughArray(doc, k.path) {
+			return unsupported("a %s by %q, which goes through an array in a document,", stage, strings.Join(k.path, "."))
+		}
+	}
+	return nil
+}
+
+// throughArray says whether path meets an array in doc before its last
+// field.
+func throughArray(doc bsoncore.Document, path []string) bool {
+	v := Value{Type: bsoncore.TypeEmbeddedDocument, Data: doc}
+	for i, part := range path {
+		next, err := bsoncore.Document(v.Data).LookupErr(part)
+		if err != nil {
+			return false
+		}
+		switch {
+		case next.Type == bsoncore.TypeArray:
+			return i < len(path)-1
+		case next.Type != bsoncore.TypeEmbeddedDocument:
+			return false
+		}
+		v = next
+	}
+	return false
 }
 
 // compareDocs orders two documents by the stage's keys.

@@ -87,6 +87,9 @@ func (k partitionKey) partitions(docs []bsoncore.Document, keys []sortKey) ([]*p
 		if err != nil {
 			return nil, err
 		}
+		if err := checkSortPaths("sortBy", keys, d); err != nil {
+			return nil, err
+		}
 		gk := string(groupKey(nil, key))
 		i, ok := byKey[gk]
 		if !ok {
