@@ -18,8 +18,12 @@ import (
 // recently used cursors are forgotten first) and in time (cursors idle
 // past the TTL are forgotten; the upstream times them out on its side too).
 type Registry struct {
-	lru  *expirable.LRU[int64, *Entry]
-	size int
+	// adding makes Add's check of the bound and its add one step: two
+	// Adds at the bound would otherwise both pass the check, and the LRU
+	// would forget a live cursor it had accepted.
+	adding sync.Mutex
+	lru    *expirable.LRU[int64, *Entry]
+	size   int
 }
 
 // Entry is one remembered cursor.
@@ -55,6 +59,8 @@ func (r *Registry) Add(id int64, e *Entry) bool {
 	if id == 0 {
 		return true
 	}
+	r.adding.Lock()
+	defer r.adding.Unlock()
 	if r.lru.Len() >= r.size && !r.lru.Contains(id) {
 		return false
 	}
