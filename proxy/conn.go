@@ -67,8 +67,10 @@ type conn struct {
 	outBuf     []byte
 	compressor uint8 // compressor negotiated with this client (0: none)
 	// cursors are the registered cursors this connection opened or
-	// continued; see releaseCursors.
-	cursors map[int64]struct{}
+	// continued; see releaseCursors. Pruned when it reaches cursorsPrune
+	// (ownCursor).
+	cursors      map[int64]struct{}
+	cursorsPrune int
 	// auth is what the connection knows of its client's authentication
 	// (authz.go).
 	auth connAuth
@@ -200,8 +202,9 @@ func (c *conn) handle(h wire.Header, frame []byte) error {
 				return fmt.Errorf("OP_COMPRESSED with compressor %d, which was not negotiated", cm.CompressorID)
 			}
 		}
-		inner, err := wire.Decompress(frame)
+		inner, err := wire.DecompressLimit(frame, c.s.opts.MaxMessageBytes)
 		if err != nil {
+			c.refuseDecompressed(h, err)
 			return fmt.Errorf("OP_COMPRESSED: %w", err)
 		}
 		ih, err := wire.ParseHeader(inner)
@@ -369,6 +372,13 @@ func (c *conn) ensureUpstream() error {
 	}
 	c.up = up
 	c.upRef.Store(up)
+	if c.closed.Load() {
+		// forceClose (a Shutdown) ran during the dial and found nothing to
+		// close: it sets closed before it loads upRef, and this stores
+		// upRef before it loads closed, so one of the two closes it.
+		up.Close()
+		return net.ErrClosed
+	}
 	return nil
 }
 
@@ -438,6 +448,11 @@ func (c *conn) writeFrame(req *request, frame []byte) error {
 func (c *conn) replyBody(req *request, body []byte) error {
 	if req.txn != nil {
 		req.txn.Offer(body)
+	}
+	if req.msg.Flags&wire.MoreToCome != 0 {
+		// The client reads no reply to a moreToCome request: one sent
+		// would answer its next request. Every handler replies here.
+		return nil
 	}
 	var frame []byte
 	if req.legacy {

@@ -46,7 +46,35 @@ func (c *conn) ownCursor(id int64) {
 	if c.cursors == nil {
 		c.cursors = make(map[int64]struct{})
 	}
+	if len(c.cursors) >= c.cursorsPrune {
+		c.pruneCursors()
+	}
 	c.cursors[id] = struct{}{}
+}
+
+// minCursorsPrune is the size of a connection's set of cursors at which it
+// first drops what it no longer owns.
+const minCursorsPrune = 64
+
+// pruneCursors drops from the connection's set the cursors it no longer
+// owns: the registry forgot them (its TTL or bound, an endSessions) or
+// another connection continued them. The next prune waits until the set
+// has doubled, so a connection that reads through many cursors keeps a
+// set of about what it owns at a constant cost a cursor.
+func (c *conn) pruneCursors() {
+	for id := range c.cursors {
+		if e := c.s.cursors.Peek(id); e == nil || e.Owner.Load() != c.id {
+			delete(c.cursors, id)
+		}
+	}
+	c.cursorsPrune = max(minCursorsPrune, 2*len(c.cursors))
+}
+
+// forgetCursor forgets a cursor this connection ended (exhausted, killed,
+// failed).
+func (c *conn) forgetCursor(id int64) {
+	c.s.cursors.Forget(id)
+	delete(c.cursors, id)
 }
 
 // releaseCursors runs when the client connection ends: the cursors it

@@ -101,11 +101,11 @@ func (c *conn) rewriteGetMore(req *request, rule *rules.Rule) error {
 	res, err := drive(tr, e.Cursor.More(req.msg.Body))
 	c.endAfterReply(span, tr.wait, err)
 	if err != nil {
-		c.s.cursors.Forget(id)
+		c.forgetCursor(id)
 		return err
 	}
 	if res.Cursor == nil {
-		c.s.cursors.Forget(id)
+		c.forgetCursor(id)
 	}
 	return c.replyBody(req, res.Reply)
 }
@@ -125,7 +125,7 @@ func (c *conn) rewriteKillCursors(req *request, rule *rules.Rule) error {
 		if e == nil {
 			continue
 		}
-		c.s.cursors.Forget(id)
+		c.forgetCursor(id)
 		known = append(known, id)
 		if err := c.releaseEntry(e); err != nil {
 			return err
