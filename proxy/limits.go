@@ -44,6 +44,21 @@ func (c *conn) refuseOversized(h wire.Header, err error) {
 	_, _ = io.CopyN(io.Discard, c.r, le.Size-wire.HeaderLen)
 }
 
+// refuseDecompressed answers a compressed request whose original message
+// is over limits.maxMessageBytes as refuseOversized answers one that says
+// so in its header: the limit holds however the message is sent. The
+// frame was read whole, so nothing is left to drain; the caller closes the
+// connection.
+func (c *conn) refuseDecompressed(h wire.Header, err error) {
+	var le *wire.LimitError
+	if !errors.As(err, &le) || le.Min {
+		return
+	}
+	msg := fmt.Sprintf("tsproxy: message of %d bytes (sent compressed in %d) is larger than the limit of %d bytes (limits.maxMessageBytes)", le.Size, h.MessageLength, le.Limit)
+	c.log.Warn("refusing an oversized message", "size", le.Size, "compressed", h.MessageLength, "limit", le.Limit)
+	_ = c.replyError(&request{h: h}, mongoerr.BSONObjectTooLarge, msg)
+}
+
 // helloEnvelope is the room left in a message for the command around the
 // largest document a driver may send (insert, lsid, $clusterTime...).
 const helloEnvelope = 4096

@@ -1,10 +1,14 @@
 package wire
 
 import (
+	"bytes"
+	"compress/zlib"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 
+	"github.com/golang/snappy"
 	"github.com/klauspost/compress/zstd"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/wiremessage"
@@ -101,33 +105,34 @@ var zstdDecoder, _ = zstd.NewReader(nil,
 	zstd.WithDecoderConcurrency(0),
 )
 
-// Decompress turns an OP_COMPRESSED frame into the original frame, newly
-// allocated: a header with the original opcode, the same requestID and
-// responseTo, then the decompressed bytes. The uncompressed size is checked
-// against MaxMsgLen before anything is allocated, and the decompressed
-// length must equal it. The result is not decoded further.
-func Decompress(frame []byte) ([]byte, error) {
+// Decompress is DecompressLimit with the protocol's limit, MaxMsgLen.
+func Decompress(frame []byte) ([]byte, error) { return DecompressLimit(frame, MaxMsgLen) }
+
+// DecompressLimit turns an OP_COMPRESSED frame into the original frame,
+// newly allocated: a header with the original opcode, the same requestID
+// and responseTo, then the decompressed bytes. The original frame's length
+// (its header and the uncompressed size) is checked against maxLen (at
+// most MaxMsgLen) before anything is allocated, a *LimitError past it, so
+// that a small compressed frame cannot carry a message over a limit that
+// ReadMessage applied to the compressed one. The decompressed length must
+// equal the uncompressed size. What is allocated grows with what the
+// compressed bytes really hold, not with the size they claim (zlib
+// streams; a snappy block's claimed length is checked against the most
+// its bytes can hold), but for zstd, whose frame may state its size: up to
+// that size, which must be the message's. The result is not decoded
+// further.
+func DecompressLimit(frame []byte, maxLen int) ([]byte, error) {
 	var c Compressed
 	if err := c.Decode(frame); err != nil {
 		return nil, err
 	}
+	maxLen = min(maxLen, MaxMsgLen)
+	if n := int64(HeaderLen) + int64(c.UncompressedSize); n > int64(maxLen) {
+		return nil, fmt.Errorf("OP_COMPRESSED: %w", &LimitError{What: "message length", Size: n, Limit: int64(maxLen)})
+	}
 	h, _ := ParseHeader(frame)
 	name := CompressorName(c.CompressorID)
-	var out []byte
-	var err error
-	switch c.CompressorID {
-	case CompressorNoop:
-		out = c.CompressedMessage
-	case CompressorSnappy, CompressorZlib:
-		out, err = driver.DecompressPayload(c.CompressedMessage, driver.CompressionOpts{
-			Compressor:       wiremessage.CompressorID(c.CompressorID),
-			UncompressedSize: c.UncompressedSize,
-		})
-	case CompressorZstd:
-		out, err = zstdDecoder.DecodeAll(c.CompressedMessage, make([]byte, 0, c.UncompressedSize))
-	default:
-		return nil, malformed("OP_COMPRESSED: unknown compressor id %d", c.CompressorID)
-	}
+	out, err := decompressPayload(c.CompressorID, c.CompressedMessage, int(c.UncompressedSize))
 	if err != nil {
 		return nil, malformed("OP_COMPRESSED: %s: %w", name, err)
 	}
@@ -137,6 +142,45 @@ func Decompress(frame []byte) ([]byte, error) {
 	dst := make([]byte, 0, HeaderLen+len(out))
 	dst = Header{MessageLength: int32(HeaderLen + len(out)), RequestID: h.RequestID, ResponseTo: h.ResponseTo, OpCode: c.OriginalOpCode}.Append(dst)
 	return append(dst, out...), nil
+}
+
+// maxSnappyRatio bounds what a snappy block of n bytes decodes to: its
+// densest element, a copy with a 2-byte offset, makes 64 bytes of 3.
+const maxSnappyRatio = 22
+
+// decompressPayload decompresses msg, which the frame says holds size
+// bytes: more than size is an error, found without making more.
+func decompressPayload(id uint8, msg []byte, size int) ([]byte, error) {
+	switch id {
+	case CompressorNoop:
+		return msg, nil
+	case CompressorSnappy:
+		n, err := snappy.DecodedLen(msg)
+		if err != nil {
+			return nil, err
+		}
+		if n != size || n > maxSnappyRatio*len(msg) {
+			return nil, fmt.Errorf("block of %d bytes says it holds %d, the message %d", len(msg), n, size)
+		}
+		return snappy.Decode(make([]byte, n), msg)
+	case CompressorZlib:
+		r, err := zlib.NewReader(bytes.NewReader(msg))
+		if err != nil {
+			return nil, err
+		}
+		return io.ReadAll(io.LimitReader(r, int64(size)+1))
+	case CompressorZstd:
+		var zh zstd.Header
+		if err := zh.Decode(msg); err != nil {
+			return nil, err
+		}
+		if zh.HasFCS && zh.FrameContentSize != uint64(size) {
+			return nil, fmt.Errorf("frame says it holds %d bytes, the message %d", zh.FrameContentSize, size)
+		}
+		return zstdDecoder.DecodeAll(msg, nil)
+	default:
+		return nil, fmt.Errorf("unknown compressor id %d", id)
+	}
 }
 
 // Compress turns a whole frame of any opcode but OP_COMPRESSED into an

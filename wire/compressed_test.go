@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -148,5 +149,49 @@ func TestCompressedDecodeEncode(t *testing.T) {
 	out, err := c.Encode(nil, Header{RequestID: 1})
 	if err != nil || !bytes.Equal(out, f) {
 		t.Fatalf("Encode: %v", err)
+	}
+}
+
+// TestDecompressLimit: the original message's length is held to the
+// caller's limit before anything is made, and a frame that claims more
+// than its bytes hold costs about what it holds.
+func TestDecompressLimit(t *testing.T) {
+	body := append(u32(0), 0, 5, 0, 0, 0, 0) // flags, a kind-0 section of {}
+	big := bytes.Repeat([]byte{'x'}, 100_000)
+	for _, id := range []uint8{CompressorNoop, CompressorSnappy, CompressorZlib, CompressorZstd} {
+		whole := frame(OpMsg, 7, 0, body, big)
+		cf, err := Compress(whole, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := DecompressLimit(cf, len(whole)); err != nil {
+			t.Fatalf("%s at its own length: %v", CompressorName(id), err)
+		}
+		_, err = DecompressLimit(cf, len(whole)-1)
+		var le *LimitError
+		if !errors.As(err, &le) || le.Size != int64(len(whole)) || le.Limit != int64(len(whole)-1) {
+			t.Fatalf("%s over the limit (%d compressed bytes): %v, want a LimitError", CompressorName(id), len(cf), err)
+		}
+	}
+	// Claims of 40-48 MB in a few bytes: refused without making them.
+	zl, err := Compress(frame(OpMsg, 1, 0, body), CompressorZlib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snappyLie := []byte{0x80, 0xb4, 0x89, 0x13, 0} // a block that says 40,000,000 bytes
+	for name, f := range map[string][]byte{
+		"zlib":   compFrame(OpMsg, MaxMsgLen-HeaderLen, CompressorZlib, zl[25:]),
+		"snappy": compFrame(OpMsg, 40_000_000, CompressorSnappy, snappyLie),
+	} {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		_, err := Decompress(f)
+		runtime.ReadMemStats(&after)
+		if err == nil {
+			t.Fatalf("%s: decompressed a lie", name)
+		}
+		if got := after.TotalAlloc - before.TotalAlloc; got > 1<<20 {
+			t.Fatalf("%s: a %d-byte frame made %d bytes before it failed (%v)", name, len(f), got, err)
+		}
 	}
 }
