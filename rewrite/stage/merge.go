@@ -32,6 +32,9 @@ type Stats struct {
 	Pending int // staging collections not due yet
 	Frozen  int // retired collections left to merge (after a freeze)
 	Late    int // documents that reached a retired collection after it was read, moved back to staging
+	// Swept counts the buckets the merge meant to top up that the
+	// retention sweep deleted first (an expired window's late data).
+	Swept   int
 	Counted int // events counted into the rule's rollups
 	Kept    int // retired collections merged from what the proxy kept, not read back (kept.go)
 	// DirectoryReads counts the reads of every bucket's key
