@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 
@@ -118,7 +119,7 @@ func TestRecordCache(t *testing.T) {
 	set := func(n int) *stage.RecordSet {
 		s := stage.NewRecordSet()
 		for i := range n {
-			s.Add(1, 1000, []bson.ObjectID{{11: byte(i)}})
+			s.Add("1", 1000, []bson.ObjectID{{11: byte(i)}})
 		}
 		return s
 	}
@@ -151,7 +152,7 @@ func TestRecordCache(t *testing.T) {
 		{"a failed merge", func(d *directories, _ *int64, _ *stage.RecordCache) string { d.forget(ns); return "u1" }},
 		{"past the bound, grown by the merges", func(d *directories, _ *int64, c *stage.RecordCache) string {
 			d.maxRecordIDs = 3
-			c.Get("u1").Add(2, 2000, []bson.ObjectID{{11: 100}, {11: 101}})
+			c.Get("u1").Add("2", 2000, []bson.ObjectID{{11: 100}, {11: 101}})
 			return "u1"
 		}},
 	} {
@@ -192,7 +193,7 @@ func TestRecordCacheBoundIsShared(t *testing.T) {
 	ids := func(from byte, n int) *stage.RecordSet {
 		s := stage.NewRecordSet()
 		for i := range n {
-			s.Add(1, 1000, []bson.ObjectID{{11: from + byte(i)}})
+			s.Add("1", 1000, []bson.ObjectID{{11: from + byte(i)}})
 		}
 		return s
 	}
@@ -205,7 +206,7 @@ func TestRecordCacheBoundIsShared(t *testing.T) {
 	}
 	// The merges grow what is kept: at the next get, the least recently
 	// used others go.
-	a.Get("u1").Add(2, 2000, []bson.ObjectID{{11: 5}})
+	a.Get("u1").Add("2", 2000, []bson.ObjectID{{11: 5}})
 	if a.Get("u1") == nil || c.Get("u3") != nil {
 		t.Fatal("want c's records gone once a's grew past the bound")
 	}
@@ -224,7 +225,7 @@ func TestRecordCacheConcurrentRules(t *testing.T) {
 	go func() {
 		defer close(done)
 		for i := range 200 {
-			set.Add(int64(i), 1000, []bson.ObjectID{{10: byte(i >> 8), 11: byte(i)}})
+			set.Add(strconv.Itoa(i), 1000, []bson.ObjectID{{10: byte(i >> 8), 11: byte(i)}})
 		}
 	}()
 	for range 200 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strconv"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -73,7 +74,7 @@ func prefillRecords(ctx context.Context, directC *mongo.Client, db string) error
 			ids[i] = bson.NewObjectID()
 		}
 		n -= len(ids)
-		docs = append(docs, bson.Raw(stage.RecordDoc(token, ids, now)))
+		docs = append(docs, bson.Raw(stage.RecordDoc(strconv.FormatInt(token, 10), ids, now)))
 		if len(docs) == 100 || n == 0 {
 			if _, err := coll.InsertMany(ctx, docs); err != nil {
 				return fmt.Errorf("records of %s: %w", db, err)

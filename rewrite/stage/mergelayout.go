@@ -55,7 +55,7 @@ func (m *Merge) mergeLayoutOne(x *rewrite.Exec, r Collection, staged []bsoncore.
 		// what it counted cannot be told, so nothing is counted.
 		return fmt.Errorf("plan document without a counter mark: not written by a counter or slots merge")
 	}
-	if err := m.recordMerged(x, r, recorded, records); err != nil {
+	if err := m.recordMerged(x, recordKey(r, plan), recorded, records); err != nil {
 		return err
 	}
 	groups := layout.GroupStaged(m.rule, evs)

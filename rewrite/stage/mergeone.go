@@ -37,6 +37,9 @@ type mergePlan struct {
 	// (layout.CounterMerged): made once, when the plan is, so a repeat
 	// of this merge tells its own writes from any other's.
 	mark string
+	// record is the key of this merge's record of the ids it merged
+	// (recordKey): made once, when the plan is.
+	record string
 }
 
 // idKey is a staged document's _id as a map key (type and bytes).
@@ -149,7 +152,7 @@ func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records *RecordSet) erro
 	}
 	repeated := plan != nil
 	if plan == nil {
-		plan = newMergePlan(staged, records, r.Token)
+		plan = newMergePlan(staged, records, r)
 	} else {
 		// A repeated merge merges what the first run planned; documents
 		// that reached the collection after that are late (see moveLate).
@@ -170,7 +173,7 @@ func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records *RecordSet) erro
 	if err != nil {
 		return err
 	}
-	if err := m.recordMerged(x, r, recorded, records); err != nil {
+	if err := m.recordMerged(x, recordKey(r, plan), recorded, records); err != nil {
 		return err
 	}
 	buckets, topped, events := m.buckets(groups, plan)
@@ -276,10 +279,10 @@ func splitRetired(docs []bsoncore.Document) (plan *mergePlan, staged []bsoncore.
 }
 
 // newMergePlan is the first run's plan of the merge of retired collection
-// token: every staged document, less the retries of writes that records
-// show merged from another collection.
-func newMergePlan(staged []bsoncore.Document, records *RecordSet, token int64) *mergePlan {
-	plan := &mergePlan{skip: map[bson.ObjectID]bool{}, ids: map[string]bool{}}
+// r: every staged document, less the retries of writes that records show
+// merged by another merge.
+func newMergePlan(staged []bsoncore.Document, records *RecordSet, r Collection) *mergePlan {
+	plan := &mergePlan{skip: map[bson.ObjectID]bool{}, ids: map[string]bool{}, record: newRecordKey(r)}
 	var recorded []bson.ObjectID
 	for _, d := range staged {
 		plan.ids[idKey(d)] = true
@@ -287,7 +290,7 @@ func newMergePlan(staged []bsoncore.Document, records *RecordSet, token int64) *
 			recorded = append(recorded, id)
 		}
 	}
-	for id := range records.mergedElsewhere(recorded, token) {
+	for id := range records.mergedElsewhere(recorded, plan.record) {
 		plan.skip[id] = true
 	}
 	return plan
@@ -297,16 +300,16 @@ func newMergePlan(staged []bsoncore.Document, records *RecordSet, token int64) *
 // copy must not be merged again (recordedID: retryable writes, and
 // documents moved back to staging) in TxnsCollection, before the merge
 // of r writes their events.
-func (m *Merge) recordMerged(x *rewrite.Exec, r Collection, recorded []bson.ObjectID, records *RecordSet) error {
+func (m *Merge) recordMerged(x *rewrite.Exec, key string, recorded []bson.ObjectID, records *RecordSet) error {
 	if len(recorded) == 0 {
 		return nil
 	}
-	if err := m.insertOne(x, TxnsCollection(m.rule), RecordDoc(r.Token, recorded, m.opts.Now)); err != nil {
+	if err := m.insertOne(x, TxnsCollection(m.rule), RecordDoc(key, recorded, m.opts.Now)); err != nil {
 		return fmt.Errorf("record merged retryable writes: %w", err)
 	}
 	// The retired collections after this one in the same run leave
 	// these out too, and the proxy's next merges (RecordCache).
-	records.Add(r.Token, m.opts.Now.UnixMilli(), recorded)
+	records.Add(key, m.opts.Now.UnixMilli(), recorded)
 	return nil
 }
 

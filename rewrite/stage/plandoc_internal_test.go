@@ -3,6 +3,7 @@ package stage
 import (
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -96,7 +97,7 @@ func FuzzStoredBookkeeping(f *testing.F) {
 		AppendArray("bases", bsoncore.NewArrayBuilder().AppendDocument(bsoncore.NewDocumentBuilder().AppendBinary("k", 0, []byte("k1")).AppendInt64("s", 1<<40).Build()).Build()).
 		AppendArray("skip", bsoncore.NewArrayBuilder().AppendObjectID(oid(1)).AppendString("x").Build()).
 		AppendArray("ids", bsoncore.NewArrayBuilder().AppendBinary(0, []byte("a")).Build()).Build()))
-	f.Add([]byte(RecordDoc(7, []bson.ObjectID{oid(1), oid(2)}, time.UnixMilli(0))))
+	f.Add([]byte(RecordDoc("7", []bson.ObjectID{oid(1), oid(2)}, time.UnixMilli(0))))
 	f.Add([]byte(bsoncore.NewDocumentBuilder().AppendInt64("_id", 1).
 		AppendArray("ids", bsoncore.NewArrayBuilder().AppendObjectID(oid(4)).Build()).Build()))
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -112,9 +113,39 @@ func FuzzStoredBookkeeping(f *testing.F) {
 		}
 		ids := recordIDs(d)
 		if _, err := d.LookupErr("ids"); err != nil {
-			if got := recordIDs(RecordDoc(1, ids, time.UnixMilli(0))); !slices.Equal(got, ids) {
+			if got := recordIDs(RecordDoc("1", ids, time.UnixMilli(0))); !slices.Equal(got, ids) {
 				t.Fatalf("record ids %v wrote and read back as %v", ids, got)
 			}
 		}
 	})
+}
+
+// TestRecordKeys: a merge's record key round-trips through its record;
+// a key of digits is a token, stored as one (the records of proxies
+// before merge keys, whose repeated merges must meet their own record).
+func TestRecordKeys(t *testing.T) {
+	r := Collection{Name: "tsproxy_stage_x_0_m7", Token: 7}
+	key := newRecordKey(r)
+	if key == newRecordKey(r) || !strings.HasPrefix(key, r.Name+"/") {
+		t.Fatalf("keys %q: want the name and a random part", key)
+	}
+	for _, k := range []string{key, "7"} {
+		d := RecordDoc(k, []bson.ObjectID{{0xee, 1}}, time.UnixMilli(0))
+		if got := recordKeyOf(d); got != k {
+			t.Fatalf("key %q read back as %q", k, got)
+		}
+	}
+	if _, ok := RecordDoc("7", nil, time.UnixMilli(0)).Lookup("_id").Int64OK(); !ok {
+		t.Fatal("a token key is not stored as a token")
+	}
+	if got := recordKey(r, &mergePlan{}); got != "7" {
+		t.Fatalf("a plan without a key: %q, want the token", got)
+	}
+	if got := recordKey(r, &mergePlan{record: key}); got != key {
+		t.Fatalf("a plan's key: %q", got)
+	}
+	p, err := readPlan(planDoc(&mergePlan{bases: map[string]int{}, record: key}))
+	if err != nil || p.record != key {
+		t.Fatalf("plan read back: %+v, %v", p, err)
+	}
 }

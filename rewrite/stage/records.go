@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -55,6 +56,9 @@ func planDoc(p *mergePlan) bsoncore.Document {
 	}
 	if p.mark != "" {
 		b.AppendString("mark", p.mark)
+	}
+	if p.record != "" {
+		b.AppendString("record", p.record)
 	}
 	return b.Build()
 }
@@ -112,6 +116,7 @@ func readPlan(d bsoncore.Document) (*mergePlan, error) {
 		p.rawTops = tops
 	}
 	p.mark, _ = d.Lookup("mark").StringValueOK()
+	p.record, _ = d.Lookup("record").StringValueOK()
 	if err := readPlanSkip(d, p); err != nil {
 		return bad(err.Error())
 	}
@@ -174,18 +179,55 @@ func readPlanSkip(d bsoncore.Document, p *mergePlan) error {
 	return nil
 }
 
-// RecordDoc is the record of the derived ids merged under token:
-// {_id: token, packed: <the ids' 12 bytes each, as one binary>, at: now}.
-// Packed because FerretDB stores a document as JSON value by value:
-// records of 4,000 ids as an array took 29 ms to read back at each merge
-// on the embedded upstream, and their expiry as long to delete.
-func RecordDoc(token int64, ids []bson.ObjectID, now time.Time) bsoncore.Document {
+// RecordDoc is the record of the ids one merge of a retired collection
+// merged (recordedID), under that merge's key (recordKey): {_id: key,
+// packed: <the ids' 12 bytes each, as one binary>, at: now}. A key of
+// digits alone is a token, as proxies before merge keys recorded, and is
+// stored as one. Packed because FerretDB stores a document as JSON value
+// by value: records of 4,000 ids as an array took 29 ms to read back at
+// each merge on the embedded upstream, and their expiry as long to delete.
+func RecordDoc(key string, ids []bson.ObjectID, now time.Time) bsoncore.Document {
 	packed := make([]byte, 0, len(ids)*len(bson.ObjectID{}))
 	for _, id := range ids {
 		packed = append(packed, id[:]...)
 	}
-	return bsoncore.NewDocumentBuilder().AppendInt64("_id", token).AppendBinary("packed", 0, packed).
-		AppendDateTime("at", now.UnixMilli()).Build()
+	b := bsoncore.NewDocumentBuilder()
+	if token, err := strconv.ParseInt(key, 10, 64); err == nil {
+		b.AppendInt64("_id", token)
+	} else {
+		b.AppendString("_id", key)
+	}
+	return b.AppendBinary("packed", 0, packed).AppendDateTime("at", now.UnixMilli()).Build()
+}
+
+// recordKey names the merge of retired collection r by plan in its
+// record: the key its plan holds, made when the plan was (newMergePlan),
+// or, for a plan of a proxy before merge keys, r's token as that proxy
+// named it. A token alone did not name one merge: two proxies' clocks, or
+// one proxy's pass after another's, can give two retired collections the
+// same token, and a merge took the other's record for its own and merged
+// the retries it held a second time.
+func recordKey(r Collection, plan *mergePlan) string {
+	if plan.record != "" {
+		return plan.record
+	}
+	return strconv.FormatInt(r.Token, 10)
+}
+
+// newRecordKey is a new merge's record key: its collection's name and a
+// random part, since a retired collection's name may come back.
+func newRecordKey(r Collection) string {
+	return r.Name + "/" + bson.NewObjectID().Hex()
+}
+
+// recordKeyOf is the key of record document d.
+func recordKeyOf(d bsoncore.Document) string {
+	v := d.Lookup("_id")
+	if s, ok := v.StringValueOK(); ok {
+		return s
+	}
+	token, _ := v.AsInt64OK()
+	return strconv.FormatInt(token, 10)
 }
 
 // recordIDs are the derived ids of a record: packed, or an array (the
@@ -209,8 +251,9 @@ func recordIDs(d bsoncore.Document) []bson.ObjectID {
 }
 
 // RecordSet is the records of merged retryable writes within the retry
-// horizon (TxnsCollection): the derived ids each merge (token) merged,
-// sorted, 12 bytes an id (a Go map took 47), and when it recorded them.
+// horizon (TxnsCollection): the ids each merge (by its record key)
+// merged, sorted, 12 bytes an id (a Go map took 47), and when it recorded
+// them.
 type RecordSet struct {
 	runs []recordRun
 	// n is the number of ids: read by the proxy's bound across rules
@@ -219,8 +262,9 @@ type RecordSet struct {
 }
 
 type recordRun struct {
-	token, at int64 // at: ms
-	ids       []bson.ObjectID
+	key string
+	at  int64 // ms
+	ids []bson.ObjectID
 }
 
 // NewRecordSet is an empty RecordSet.
@@ -229,12 +273,13 @@ func NewRecordSet() *RecordSet { return &RecordSet{} }
 // Len is the number of derived ids recorded.
 func (s *RecordSet) Len() int { return int(s.n.Load()) }
 
-// Add records ids as merged under token at at (ms). A token recorded
-// already (a repeated merge's) keeps its time and takes the ids too.
-func (s *RecordSet) Add(token, at int64, ids []bson.ObjectID) {
-	i := slices.IndexFunc(s.runs, func(r recordRun) bool { return r.token == token })
+// Add records ids as merged by the merge of key at at (ms). A key
+// recorded already (a repeated merge's) keeps its time and takes the ids
+// too.
+func (s *RecordSet) Add(key string, at int64, ids []bson.ObjectID) {
+	i := slices.IndexFunc(s.runs, func(r recordRun) bool { return r.key == key })
 	if i < 0 {
-		s.runs = append(s.runs, recordRun{token: token, at: at})
+		s.runs = append(s.runs, recordRun{key: key, at: at})
 		i = len(s.runs) - 1
 	}
 	r := &s.runs[i]
@@ -245,17 +290,18 @@ func (s *RecordSet) Add(token, at int64, ids []bson.ObjectID) {
 	s.n.Add(int64(len(r.ids) - before))
 }
 
-// mergedElsewhere are those of ids (derived ids of staged documents)
-// that a merge other than token's recorded: retries of writes merged
-// before. One pass over each merge's sorted ids.
-func (s *RecordSet) mergedElsewhere(ids []bson.ObjectID, token int64) map[bson.ObjectID]bool {
+// mergedElsewhere are those of ids (recordedIDs of staged documents)
+// that a merge other than key's recorded: retries of writes merged
+// before, and copies of documents moved back to staging. One pass over
+// each merge's sorted ids.
+func (s *RecordSet) mergedElsewhere(ids []bson.ObjectID, key string) map[bson.ObjectID]bool {
 	if len(ids) == 0 || s.Len() == 0 {
 		return nil
 	}
 	want := slices.SortedFunc(slices.Values(ids), compareIDs)
 	out := map[bson.ObjectID]bool{}
 	for _, r := range s.runs {
-		if r.token == token {
+		if r.key == key {
 			continue
 		}
 		for i, j := 0, 0; i < len(want) && j < len(r.ids); {
@@ -350,8 +396,7 @@ func (m *Merge) loadRecords(x *rewrite.Exec, cut int64) (*RecordSet, error) {
 			m.expired = true
 			continue
 		}
-		token, _ := d.Lookup("_id").AsInt64OK()
-		set.Add(token, at, recordIDs(d))
+		set.Add(recordKeyOf(d), at, recordIDs(d))
 	}
 	return set, nil
 }
