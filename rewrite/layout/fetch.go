@@ -3,6 +3,7 @@ package layout
 import (
 	"cmp"
 	"encoding/hex"
+	"math"
 	"slices"
 	"strconv"
 
@@ -20,10 +21,18 @@ func (r *Read) planFetch(filter bsoncore.Document) {
 	var b fetchBounds
 	r.bounds(filter, &b, 0)
 	win := r.rule.LayoutOptions.Window.Milliseconds()
+	// No window at either end of the dates holds an event (an insert
+	// refuses a date whose window would wrap), and there a window's
+	// arithmetic would wrap: {$gte: new Date(-2**63)} floored to a window
+	// far in the future, and a range at the top never ended.
+	b.lo, b.hi = max(b.lo, math.MinInt64+win), min(b.hi, math.MaxInt64-win)
 	if exactMeta(b.meta) && b.hasLo && b.hasHi && b.lo <= b.hi && r.rule.MetaField != "" {
 		first, last := rules.FloorMillis(b.lo, win), rules.FloorMillis(b.hi, win)
-		if (last-first)/win < maxPointLookups {
-			for s := first; s <= last; s += win {
+		// last-first as unsigned: from near the smallest date to near the
+		// largest, the signed difference wraps.
+		if n := uint64(last-first) / uint64(win); n < maxPointLookups {
+			for i := range int64(n) + 1 {
+				s := first + i*win
 				id := bucket.ID(r.rule.BucketNamespace(), b.meta, s, 0)
 				r.fetch = append(r.fetch, bsoncore.NewDocumentBuilder().
 					AppendString("find", r.rule.BucketCollection).

@@ -1,6 +1,7 @@
 package layout
 
 import (
+	"math"
 	"time"
 
 	"github.com/tsproxy/tsproxy/rewrite"
@@ -210,9 +211,11 @@ func preallocate(rule *rules.Rule, keys []bucket.Key, claim func([]bucket.Key) [
 // SlotsShell's.
 func shellsInsert(rule *rules.Rule, keys []bucket.Key, claim func([]bucket.Key) []bucket.Key, packed bool) (bsoncore.Document, []bucket.Key) {
 	win := rule.LayoutOptions.Window.Milliseconds()
-	next := make([]bucket.Key, len(keys))
-	for i, k := range keys {
-		next[i] = bucket.Key{Meta: k.Meta, Start: k.Start + win}
+	next := make([]bucket.Key, 0, len(keys))
+	for _, k := range keys {
+		if k.Start <= math.MaxInt64-win { // the last window of the dates has no next
+			next = append(next, bucket.Key{Meta: k.Meta, Start: k.Start + win})
+		}
 	}
 	claimed := claim(next)
 	if len(claimed) == 0 {

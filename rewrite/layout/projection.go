@@ -21,6 +21,7 @@ func (r *Read) parseProjection(d bsoncore.Document) (*layoutProjection, error) {
 	}
 	p := &layoutProjection{fields: map[string]bool{}}
 	mode := 0 // 1 include, -1 exclude
+	idOn := false
 	for _, e := range es {
 		v := e.Value()
 		var on bool
@@ -38,6 +39,7 @@ func (r *Read) parseProjection(d bsoncore.Document) (*layoutProjection, error) {
 		}
 		if e.Key() == "_id" {
 			p.noID = !on
+			idOn = on
 			continue
 		}
 		m := -1
@@ -50,7 +52,8 @@ func (r *Read) parseProjection(d bsoncore.Document) (*layoutProjection, error) {
 		mode = m
 		p.fields[e.Key()] = true
 	}
-	p.include = mode == 1
+	// {_id: 1} alone includes _id alone, as in MongoDB.
+	p.include = mode == 1 || mode == 0 && idOn
 	return p, nil
 }
 
