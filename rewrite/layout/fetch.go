@@ -21,11 +21,12 @@ func (r *Read) planFetch(filter bsoncore.Document) {
 	var b fetchBounds
 	r.bounds(filter, &b, 0)
 	win := r.rule.LayoutOptions.Window.Milliseconds()
-	// No window at either end of the dates holds an event (an insert
-	// refuses a date whose window would wrap), and there a window's
-	// arithmetic would wrap: {$gte: new Date(-2**63)} floored to a window
-	// far in the future, and a range at the top never ended.
-	b.lo, b.hi = max(b.lo, math.MinInt64+win), min(b.hi, math.MaxInt64-win)
+	// The first window of the dates starts at or after the smallest date
+	// (an insert refuses a date whose window would start before it):
+	// {$gte: new Date(-2**63)} floored to a window far in the future.
+	// Windows are counted below, not stepped through: the step after
+	// the last window of the dates wrapped, and never ended.
+	b.lo = max(b.lo, math.MinInt64+win-1)
 	if exactMeta(b.meta) && b.hasLo && b.hasHi && b.lo <= b.hi && r.rule.MetaField != "" {
 		first, last := rules.FloorMillis(b.lo, win), rules.FloorMillis(b.hi, win)
 		// last-first as unsigned: from near the smallest date to near the

@@ -2,6 +2,7 @@ package read
 
 import (
 	"fmt"
+	"math"
 	"strings"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
@@ -256,7 +257,13 @@ func (s *pointSpec) setWindows(span int64, metas int) string {
 	if s.lo > s.hi || (s.lo == s.hi && (s.loStrict || s.hiStrict)) {
 		return "" // an empty range: no keys
 	}
-	first := rules.FloorMillis(s.lo, span)
+	// The first window of the dates starts at or after the smallest date
+	// (an insert refuses a date whose window would start before it): a
+	// lower bound before it floored to a window far in the future, and
+	// the plan read nothing. Windows are counted, not stepped through:
+	// the step after the last window of the dates wrapped, and never
+	// ended.
+	first := rules.FloorMillis(max(s.lo, math.MinInt64+span-1), span)
 	last := rules.FloorMillis(s.hi, span)
 	if s.hiStrict && last == s.hi {
 		last -= span
@@ -264,13 +271,15 @@ func (s *pointSpec) setWindows(span int64, metas int) string {
 	if first > last {
 		return ""
 	}
-	n := (last-first)/span + 1
-	if n < 0 || n*int64(max(metas, 1)) > maxPointKeys {
+	// Unsigned: from near the smallest date to near the largest, the
+	// signed difference wraps.
+	n := uint64(last-first)/uint64(span) + 1
+	if n > uint64(maxPointKeys/max(metas, 1)) {
 		return fmt.Sprintf("more than %d (meta, window) keys", maxPointKeys)
 	}
 	s.windows = make([]int64, 0, n)
-	for w := first; w <= last; w += span {
-		s.windows = append(s.windows, w)
+	for i := range int64(n) {
+		s.windows = append(s.windows, first+i*span)
 	}
 	if s.sortDir < 0 {
 		for i, j := 0, len(s.windows)-1; i < j; i, j = i+1, j-1 {

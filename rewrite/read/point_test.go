@@ -2,6 +2,7 @@ package read
 
 import (
 	"fmt"
+	"math"
 	"sort"
 	"strings"
 	"testing"
@@ -43,6 +44,8 @@ func TestPointPlan(t *testing.T) {
 		{name: "sort ts then _id", filter: D{meta("a"), rng(0, rwtest.Hour)}, sort: D{{Key: "ts", Value: 1}, {Key: "_id", Value: -1}}, metas: 1, windows: hours(0, 0)},
 		{name: "before the epoch", filter: D{meta("a"), rng(-rwtest.Hour-1, -rwtest.Hour+1)}, metas: 1, windows: []int64{-2 * rwtest.Hour, -rwtest.Hour}},
 		{name: "empty range", filter: D{meta("a"), rng(2*rwtest.Hour, rwtest.Hour)}, metas: 1},
+		{name: "from the smallest date", filter: D{meta("a"), rng(math.MinInt64, 2*rwtest.Hour)}, why: "keys"},
+		{name: "at the largest date", filter: D{meta("a"), {Key: "ts", Value: D{{Key: "$gte", Value: rwtest.DT(math.MaxInt64 - 1000)}, {Key: "$lte", Value: rwtest.DT(math.MaxInt64)}}}}, metas: 1, windows: []int64{math.MaxInt64 - math.MaxInt64%rwtest.Hour}},
 		{name: "empty $gt $lt same", filter: D{meta("a"), {Key: "ts", Value: D{{Key: "$gt", Value: rwtest.DT(rwtest.Hour)}, {Key: "$lt", Value: rwtest.DT(rwtest.Hour)}}}}, metas: 1},
 
 		{name: "no filter", why: "no filter"},
