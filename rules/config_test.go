@@ -266,9 +266,11 @@ func TestConfigFileChoice(t *testing.T) {
 		if err != nil || c.Listen != ":3" {
 			t.Fatalf("flag config: %v %+v", err, c)
 		}
-		c, err = Load(LoadOptions{Flags: flags(t, "--config="), ConfigFile: ""})
-		if err != nil || c.Listen != DefaultListen || c.File != "" {
-			t.Fatalf("--config= reads no file: %v %+v", err, c)
+		// An empty name (--config "$CFG" with CFG unset) is refused, not
+		// taken for no file: the proxy started on the defaults.
+		_, err = Load(LoadOptions{Flags: flags(t, "--config="), ConfigFile: ""})
+		if err == nil || err.Error() != "config: --config: the file name is empty" {
+			t.Fatalf("--config=: %v", err)
 		}
 	})
 	t.Run("a named file must exist", func(t *testing.T) {
@@ -469,7 +471,7 @@ func TestInvalid(t *testing.T) {
 		{"max connections zero", "limits:\n  maxConnections: 0\n", nil, nil,
 			`config: limits.maxConnections: 0 is out of range [1, 1000000]`},
 		{"max message bytes too big", "limits:\n  maxMessageBytes: 48000001\n", nil, nil,
-			`config: limits.maxMessageBytes: 48000001 is out of range [16384, 48000000]`},
+			`config: limits.maxMessageBytes: 48000001 bytes is out of range [16384, 48000000]`},
 		{"max cursors not a number", "limits:\n  maxCursors: lots\n", nil, nil,
 			`config: limits.maxCursors: "lots" is not a whole number`},
 		{"max cursors from env", "", map[string]string{"TSPROXY_LIMITS_MAXCURSORS": "-1"}, nil,
@@ -551,7 +553,7 @@ func TestInvalid(t *testing.T) {
 		{"maxEvents text", "rules:\n  - namespace: iot.readings\n    timeField: ts\n    bucket: {maxEvents: many}\n", nil, nil,
 			`config: rules[0].bucket.maxEvents: "many" is not a whole number`},
 		{"maxBytes zero", "rules:\n  - namespace: iot.readings\n    timeField: ts\n    bucket: {maxBytes: 0}\n", nil, nil,
-			`config: rules[0].bucket.maxBytes: 0 is not positive`},
+			`config: rules[0].bucket.maxBytes: 0 is less than 1KiB (1024 bytes): a bucket must hold an event`},
 		{"maxBytes too big", "rules:\n  - namespace: iot.readings\n    timeField: ts\n    bucket: {maxBytes: 16MiB}\n", nil, nil,
 			`config: rules[0].bucket.maxBytes: "16MiB" is more than the limit of 8MiB (8388608 bytes)`},
 		{"maxBytes bad unit", "rules:\n  - namespace: iot.readings\n    timeField: ts\n    bucket: {maxBytes: 1TB}\n", nil, nil,

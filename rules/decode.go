@@ -75,14 +75,14 @@ func (d *decoder) config() *Config {
 
 	l := &c.Limits
 	l.MaxConnections = d.intIn("limits.maxConnections", d.v.Get("limits.maxConnections"), 1, 1_000_000)
-	l.MaxMessageBytes = d.intIn("limits.maxMessageBytes", d.v.Get("limits.maxMessageBytes"), MinMessageBytes, MaxMessageBytes)
+	l.MaxMessageBytes = d.bytesIn("limits.maxMessageBytes", d.v.Get("limits.maxMessageBytes"), MinMessageBytes, MaxMessageBytes)
 	l.MaxCursors = d.intIn("limits.maxCursors", d.v.Get("limits.maxCursors"), 1, 100_000_000)
 	l.CursorTTL = d.duration("limits.cursorTTL", d.v.Get("limits.cursorTTL"))
 	if l.CursorTTL < time.Second && d.ok("limits.cursorTTL") {
 		d.fail("limits.cursorTTL", "%s is less than 1s", l.CursorTTL)
 	}
-	l.AggregateMemory = d.intIn("limits.aggregateMemory", d.v.Get("limits.aggregateMemory"), 1<<10, 1<<40)
-	l.StagedMemory = d.intIn("limits.stagedMemory", d.v.Get("limits.stagedMemory"), 0, 1<<40)
+	l.AggregateMemory = d.bytesIn("limits.aggregateMemory", d.v.Get("limits.aggregateMemory"), 1<<10, 1<<40)
+	l.StagedMemory = d.bytesIn("limits.stagedMemory", d.v.Get("limits.stagedMemory"), 0, 1<<40)
 	l.RetryCacheSize = d.intIn("limits.retryCacheSize", d.v.Get("limits.retryCacheSize"), 1, 100_000_000)
 	l.RetryCacheTTL = d.duration("limits.retryCacheTTL", d.v.Get("limits.retryCacheTTL"))
 	if l.RetryCacheTTL < time.Second && d.ok("limits.retryCacheTTL") {
@@ -215,6 +215,19 @@ func (d *decoder) intIn(key string, v any, lo, hi int64) int {
 	}
 	if n < lo || n > hi {
 		d.fail(key, "%d is out of range [%d, %d]", n, lo, hi)
+		return 0
+	}
+	return int(n)
+}
+
+// bytesIn is a byte count (bytes) within [lo, hi].
+func (d *decoder) bytesIn(key string, v any, lo, hi int64) int {
+	n, ok := d.bytes(key, v)
+	if !ok {
+		return 0
+	}
+	if n < lo || n > hi {
+		d.fail(key, "%d bytes is out of range [%d, %d]", n, lo, hi)
 		return 0
 	}
 	return int(n)
@@ -426,21 +439,21 @@ func (d *decoder) checkUpstream(u *Upstream) {
 }
 
 // Redact hides the password of a connection string, for logs and errors.
+// The user info ends at the first "@", as the driver reads it: a password
+// may hold "?" (and a refused one "/"), which a cut at the hosts' end
+// left in the clear.
 func Redact(uri string) string {
 	scheme, rest, ok := strings.Cut(uri, "://")
 	if !ok {
 		return uri
 	}
-	at := strings.LastIndex(rest, "@")
-	if slash := strings.IndexAny(rest, "/?"); slash >= 0 && slash < at {
-		at = strings.LastIndex(rest[:slash], "@")
-	}
-	if at < 0 {
+	userInfo, hosts, ok := strings.Cut(rest, "@")
+	if !ok {
 		return uri
 	}
-	user, _, hasPass := strings.Cut(rest[:at], ":")
+	user, _, hasPass := strings.Cut(userInfo, ":")
 	if !hasPass {
 		return uri
 	}
-	return scheme + "://" + user + ":xxxxx" + rest[at:]
+	return scheme + "://" + user + ":xxxxx@" + hosts
 }

@@ -152,6 +152,9 @@ func Load(opts LoadOptions) (*Config, error) {
 	}
 
 	file, must := configFile(opts)
+	if file == "" && must {
+		return nil, &Error{Msg: fmt.Sprintf("--%s: the file name is empty", FlagConfig)}
+	}
 	var errs []error
 	envErrs := checkEnv(os.Environ())
 	if file != "" {
@@ -195,6 +198,9 @@ func configFile(opts LoadOptions) (string, bool) {
 	}
 	if opts.Flags != nil {
 		if f := opts.Flags.Lookup(FlagConfig); f != nil && f.Changed {
+			// An empty value (--config "$CFG" with CFG unset) names no
+			// file: must, so that Load refuses it rather than start on
+			// the defaults.
 			return f.Value.String(), true
 		}
 	}
@@ -232,6 +238,18 @@ func envName(key string) string {
 // none: a section (TSPROXY_UPSTREAM) or a misspelt key in a section
 // (TSPROXY_UPSTREAM_URII). Other TSPROXY_ variables (TSPROXY_E2E_UPSTREAM
 // of the tests) are left alone.
+// knownSpelling is the known variable that name is, but for its
+// underscores.
+func knownSpelling(name string, known map[string]bool) (string, bool) {
+	bare := strings.ReplaceAll(name, "_", "")
+	for k := range known {
+		if strings.ReplaceAll(k, "_", "") == bare {
+			return k, true
+		}
+	}
+	return "", false
+}
+
 func checkEnv(environ []string) []error {
 	known := map[string]bool{envName(""): true, EnvConfigFile: true}
 	for _, k := range envKeys() {
@@ -268,6 +286,13 @@ func checkEnv(environ []string) []error {
 		}
 		switch {
 		case sec == "":
+			// Other programs' variables may share the prefix (the tests'
+			// TSPROXY_E2E_*): only a known name spelt with other
+			// underscores is taken for a typo ($TSPROXY_LISTEN_UNIX
+			// for $TSPROXY_LISTENUNIX, which was ignored).
+			if want, ok := knownSpelling(name, known); ok {
+				errs = append(errs, &Error{Key: "$" + name, Msg: fmt.Sprintf("unknown variable $%s; did you mean $%s?", name, want)})
+			}
 		case name == envName(sec):
 			errs = append(errs, &Error{Key: "$" + name, Msg: fmt.Sprintf(
 				"$%s: %s is a section, not a value; set its keys, e.g. $%s",

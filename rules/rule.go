@@ -22,6 +22,9 @@ const (
 	// MaxBucketBytes is the largest maxBytes a rule may ask for: well under
 	// the upstream's 16 MiB document limit, leaving room for the summaries.
 	MaxBucketBytes = 8 << 20
+	// MinBucketBytes is the smallest: an event over maxBytes is refused,
+	// so a bucket must hold at least a small one.
+	MinBucketBytes = 1 << 10
 	// BucketCollectionSuffix names the default bucket collection:
 	// iot.readings is stored in iot.readings.buckets.
 	BucketCollectionSuffix = ".buckets"

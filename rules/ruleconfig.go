@@ -2,6 +2,8 @@ package rules
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -117,6 +119,59 @@ func (d *decoder) crossCheck(rs []Rule, at []int) {
 			continue
 		}
 		bns[b] = at[j]
+	}
+	d.checkWrites(rs, at, dup)
+}
+
+// checkWrites reports a collection two rules would write (a rollup, a
+// partition) or that the proxy keeps for itself (its writer leases, its
+// staging tier's names, its catalog of created collections).
+func (d *decoder) checkWrites(rs []Rule, at []int, dup []bool) {
+	claims := map[string]string{} // namespace: what takes it
+	for j, r := range rs {
+		if dup[j] {
+			continue
+		}
+		for _, c := range []struct{ ns, key, what string }{
+			{r.Namespace, "namespace", "namespace"},
+			{r.BucketNamespace(), "collection", "bucket namespace"},
+		} {
+			key := fmt.Sprintf("rules[%d].%s", at[j], c.key)
+			db, coll, _ := strings.Cut(c.ns, ".")
+			switch {
+			case coll == LeaseCollection || strings.HasPrefix(coll, StagePrefix):
+				d.fail(key, "%s %q is a name the proxy keeps for itself (%s, %s...)", c.what, c.ns, LeaseCollection, StagePrefix)
+			case db == CatalogDB:
+				d.fail(key, "%s %q is in the database the proxy keeps its catalog in (%s)", c.what, c.ns, CatalogDB)
+			}
+			claims[c.ns] = fmt.Sprintf("%s of rules[%d]", c.what, at[j])
+		}
+	}
+	for j, r := range rs {
+		if dup[j] {
+			continue
+		}
+		for _, res := range r.Rollups {
+			ns := r.RollupNamespace(res)
+			if who, ok := claims[ns]; ok {
+				d.fail(fmt.Sprintf("rules[%d].rollups", at[j]), "rollup collection %q is the %s", ns, who)
+				continue
+			}
+			claims[ns] = fmt.Sprintf("rollup collection of rules[%d]", at[j])
+		}
+	}
+	names := slices.Sorted(maps.Keys(claims))
+	for j, r := range rs {
+		if dup[j] || !r.Partitioned() {
+			continue
+		}
+		for _, ns := range names {
+			if db, coll, _ := strings.Cut(ns, "."); db == r.DB {
+				if _, ok := r.ParsePartition(coll); ok {
+					d.fail(fmt.Sprintf("rules[%d].partitionBy", at[j]), "a partition of the rule would be %q, the %s", ns, claims[ns])
+				}
+			}
+		}
 	}
 }
 
@@ -242,8 +297,8 @@ func (d *decoder) bucket(p string, b map[string]any, r *Rule) {
 	if v := field(b, "maxBytes"); v != nil {
 		if n, ok := d.bytes(k("maxBytes"), v); ok {
 			switch {
-			case n <= 0:
-				d.fail(k("maxBytes"), "%s is not positive", show(v))
+			case n < MinBucketBytes:
+				d.fail(k("maxBytes"), "%s is less than 1KiB (%d bytes): a bucket must hold an event", show(v), MinBucketBytes)
 			case n > MaxBucketBytes:
 				d.fail(k("maxBytes"), "%s is more than the limit of 8MiB (%d bytes)", show(v), MaxBucketBytes)
 			default:

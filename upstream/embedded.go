@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/FerretDB/FerretDB/ferretdb"
 )
@@ -110,6 +112,11 @@ func StartEmbedded(opts EmbeddedOptions) (*Embedded, error) {
 	if err != nil {
 		return nil, fmt.Errorf("embedded upstream: data dir %q: %w", dir, err)
 	}
+	if strings.Contains(abs, "%") {
+		// FerretDB hands the path on to SQLite in a URL of its own,
+		// unescaped: SQLite read "a%41b" as "aAb", another directory.
+		return nil, fmt.Errorf("embedded upstream: data dir %q: a %% in its path cannot reach SQLite as it is; choose a path without one", abs)
+	}
 	if err := os.MkdirAll(abs, 0o750); err != nil {
 		return nil, fmt.Errorf("embedded upstream: data dir %q: %w", dir, err)
 	}
@@ -123,9 +130,11 @@ func StartEmbedded(opts EmbeddedOptions) (*Embedded, error) {
 	}
 	socket, tempDir := embeddedSocket(opts.Socket, abs)
 	f, err := ferretdb.New(&ferretdb.Config{
-		Listener:  ferretdb.ListenerConfig{TCP: listen, Unix: socket},
-		Handler:   "sqlite",
-		SQLiteURL: "file:" + abs + "/",
+		Listener: ferretdb.ListenerConfig{TCP: listen, Unix: socket},
+		Handler:  "sqlite",
+		// Escaped: FerretDB reads a URL, where "#" or "?" in the data
+		// dir's name cut it and "%41" was read as "A" (another directory).
+		SQLiteURL: (&url.URL{Scheme: "file", Path: abs + "/"}).String(),
 		Logger:    slog.New(lazyAttrs{h: logger.Handler()}),
 	})
 	if err != nil {

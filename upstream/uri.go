@@ -33,6 +33,11 @@ func ParseURI(s string) (*URI, error) {
 		return nil, fmt.Errorf("upstream URI %q: must start with mongodb://", redact(s))
 	}
 	rest := s[len(scheme):]
+	// The user info ends at the first "@", as the driver reads it (a
+	// password may hold "?"); the proxy takes no credentials from it.
+	if i := strings.IndexByte(rest, '@'); i >= 0 {
+		rest = rest[i+1:]
+	}
 	hostPart, query := rest, ""
 	if i := strings.IndexAny(rest, "/?"); i >= 0 {
 		hostPart = rest[:i]
@@ -40,9 +45,6 @@ func ParseURI(s string) (*URI, error) {
 		if j := strings.IndexByte(tail, '?'); j >= 0 {
 			query = tail[j+1:]
 		}
-	}
-	if i := strings.LastIndexByte(hostPart, '@'); i >= 0 {
-		hostPart = hostPart[i+1:]
 	}
 	if hostPart == "" {
 		return nil, fmt.Errorf("upstream URI %q: no host", redact(s))
@@ -56,11 +58,17 @@ func ParseURI(s string) (*URI, error) {
 			u.Hosts = append(u.Hosts, path)
 			continue
 		}
+		// Percent-encoded, as the spec has it: an IPv6 zone is "%25eth0".
+		h, err := url.PathUnescape(h)
+		if err != nil {
+			return nil, fmt.Errorf("upstream URI %q: host: %w", redact(s), err)
+		}
 		if _, _, err := net.SplitHostPort(h); err != nil {
 			h = net.JoinHostPort(strings.Trim(h, "[]"), "27017")
 		}
 		u.Hosts = append(u.Hosts, h)
 	}
+	tlsSaid := false
 	vals, err := url.ParseQuery(query)
 	if err != nil {
 		return nil, fmt.Errorf("upstream URI %q: options: %w", redact(s), err)
@@ -72,6 +80,7 @@ func ParseURI(s string) (*URI, error) {
 			u.ReplicaSet = v
 		case "tls", "ssl":
 			u.TLS = v == "true"
+			tlsSaid = true
 		case "tlscafile":
 			u.TLSCAFile = v
 		case "tlscertificatekeyfile":
@@ -87,6 +96,14 @@ func ParseURI(s string) (*URI, error) {
 		}
 		// Other options (authSource, appName, w, ...) concern the clients,
 		// which send their own; the proxy does not act on them.
+	}
+	// A CA or certificate file turns TLS on, as the driver reads it: the
+	// proxy dialed such an upstream in plain text.
+	if (u.TLSCAFile != "" || u.TLSCertKey != "") && !u.TLS {
+		if tlsSaid {
+			return nil, fmt.Errorf("upstream URI %q: tls=false with a TLS file (tlsCAFile or tlsCertificateKeyFile)", redact(s))
+		}
+		u.TLS = true
 	}
 	return u, nil
 }

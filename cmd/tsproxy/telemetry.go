@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -42,12 +43,12 @@ func setupTelemetry(ctx context.Context, t rules.Telemetry) (*telemetrySetup, er
 	}
 	mopts := []sdkmetric.Option{sdkmetric.WithResource(res), sdkmetric.WithReader(exp)}
 	if t.OTLPEndpoint != "" {
-		mexp, err := otlpmetrichttp.New(ctx, otlpmetrichttp.WithEndpointURL(t.OTLPEndpoint+"/v1/metrics"))
+		mexp, err := otlpmetrichttp.New(ctx, otlpmetrichttp.WithEndpointURL(strings.TrimSuffix(t.OTLPEndpoint, "/")+"/v1/metrics"))
 		if err != nil {
 			return nil, fmt.Errorf("telemetry: OTLP metrics: %w", err)
 		}
 		mopts = append(mopts, sdkmetric.WithReader(sdkmetric.NewPeriodicReader(mexp)))
-		texp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(t.OTLPEndpoint+"/v1/traces"))
+		texp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(strings.TrimSuffix(t.OTLPEndpoint, "/")+"/v1/traces"))
 		if err != nil {
 			return nil, fmt.Errorf("telemetry: OTLP traces: %w", err)
 		}
