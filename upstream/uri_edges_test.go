@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-
 )
 
 // TestParseURIQuestionMarkInPassword: the driver (and so the config
