@@ -112,15 +112,16 @@ func PartitionsOverlapping(by string, from, to int64) []int64 {
 }
 
 // PartitionExpired reports whether every bucket a partition can hold has
-// aged out at now: the last window starting in the period ended at or
-// before now - expireAfter. A span that does not divide the period gives
+// aged out at now: the last window starting in the period ended before
+// now - expireAfter, as a bucket of an unpartitioned rule expires
+// (rollup.Expiry.Cutoff). A span that does not divide the period gives
 // that window an end past the period's.
 func (r *Rule) PartitionExpired(start int64, now time.Time) bool {
 	if r.ExpireAfter <= 0 {
 		return false
 	}
 	last := r.WindowStartMillis(PartitionEnd(r.PartitionBy, start) - 1)
-	return last+r.SpanMillis() <= now.Add(-r.ExpireAfter).UnixMilli()
+	return last+r.SpanMillis() < now.Add(-r.ExpireAfter).UnixMilli()
 }
 
 // partitionBy decodes partitionBy of the rule at key.

@@ -101,7 +101,9 @@ func TestPartitionExpired(t *testing.T) {
 		want   bool
 	}{
 		{"old month", time.Hour, 30 * 24 * time.Hour, "2026-09-01T00:00:00Z", true},
-		{"month ending exactly at the cutoff", time.Hour, 21*24*time.Hour + 6*time.Hour, "2026-10-01T00:00:00Z", true},
+		// As a bucket's: expired once its end is before the cutoff.
+		{"month ending a ms before the cutoff", time.Hour, 21*24*time.Hour + 6*time.Hour - time.Millisecond, "2026-10-01T00:00:00Z", true},
+		{"month ending exactly at the cutoff", time.Hour, 21*24*time.Hour + 6*time.Hour, "2026-10-01T00:00:00Z", false},
 		{"month ending a ms after the cutoff", time.Hour, 21*24*time.Hour + 6*time.Hour + time.Millisecond, "2026-10-01T00:00:00Z", false},
 		{"current month", time.Hour, time.Hour, "2026-11-01T00:00:00Z", false},
 		// A 7-day window starting in October ends in November.

@@ -280,6 +280,13 @@ func weekday(v Value) (time.Weekday, bool) {
 // bin's length in milliseconds fits an int64.
 const maxBinSize = 100_000_000_000
 
+// The years of the dates a BSON date holds (milliseconds since 1970 in
+// an int64: about 292 million years either way), a little inside them.
+const (
+	minDateYear = 1970 - 292_000_000
+	maxDateYear = 1970 + 292_000_000
+)
+
 // truncate is t's bin start (ms): fixed units by their length from the
 // reference; days, weeks, months, quarters and years by the calendar in
 // t's zone.
@@ -296,23 +303,34 @@ func truncate(t time.Time, unit string, bin int64, startOfWeek time.Weekday) (in
 		y, m, d := tt.Date()
 		return int64(time.Date(y, m, d, 0, 0, 0, 0, time.UTC).Sub(time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)) / (24 * time.Hour))
 	}
-	dayStart := func(days int64) int64 {
-		return time.Date(2000, 1, 1+int(days), 0, 0, 0, 0, loc).UnixMilli()
+	// A bin of many days or years may start before the dates a BSON date
+	// holds: MongoDB's dateAdd of the bin start fails (5166406), and the
+	// start wrapped.
+	overflowed := badValue(5166406, "$dateTrunc: the bin start is outside the range of dates (dateAdd overflowed)")
+	dayStart := func(days int64) (int64, error) {
+		if days < (minDateYear-2000)*366 || days > (maxDateYear-2000)*366 {
+			return 0, overflowed
+		}
+		return time.Date(2000, 1, 1+int(days), 0, 0, 0, 0, loc).UnixMilli(), nil
 	}
 	switch unit {
 	case "day":
-		return dayStart(floorDiv(civil(t), bin) * bin), nil
+		return dayStart(floorDiv(civil(t), bin) * bin)
 	case "week":
 		// The reference week starts on the first startOfWeek on or
 		// after 2000-01-01 (a Saturday).
 		first := int64((int(startOfWeek) - int(time.Saturday) + 7) % 7)
-		return dayStart(first + floorDiv(civil(t)-first, 7*bin)*7*bin), nil
+		return dayStart(first + floorDiv(civil(t)-first, 7*bin)*7*bin)
 	case "month", "quarter", "year":
 		months := map[string]int64{"month": 1, "quarter": 3, "year": 12}[unit] * bin
 		y, m, _ := t.Date()
 		n := int64(y-2000)*12 + int64(m-1)
 		n = floorDiv(n, months) * months
-		return time.Date(2000+int(floorDiv(n, 12)), time.Month(n-floorDiv(n, 12)*12+1), 1, 0, 0, 0, 0, loc).UnixMilli(), nil
+		year := 2000 + floorDiv(n, 12)
+		if year < minDateYear || year > maxDateYear {
+			return 0, overflowed
+		}
+		return time.Date(int(year), time.Month(n-floorDiv(n, 12)*12+1), 1, 0, 0, 0, 0, loc).UnixMilli(), nil
 	}
 	return 0, badValue(5439014, "$dateTrunc parameter 'unit' value cannot be recognized as a time unit: %s", unit)
 }

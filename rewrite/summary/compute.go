@@ -141,8 +141,8 @@ func (p *Aggregation) groupID(b *bucketSummary) (bsoncore.Value, bool) {
 		case keyBucket:
 			return k.bdoc.rangeOf(b.start)
 		case keyTrunc:
-			w := k.trunc.window(b.start)
-			if k.trunc.window(b.start+p.span-1) != w {
+			w, ok := k.trunc.window(b.start)
+			if w2, ok2 := k.trunc.window(b.start + p.span - 1); !ok || !ok2 || w2 != w {
 				return bsoncore.Value{}, false
 			}
 			return bsoncore.Value{Type: bsoncore.TypeDateTime, Data: bsoncore.AppendDateTime(nil, w)}, true

@@ -72,6 +72,9 @@ func parseDateTrunc(v bsoncore.Value, timeField string) (dateTrunc, bool) {
 		return dt, false
 	}
 	if m, ok := calendarUnits[unit]; ok {
+		if dt.binSize > maxCalendarBinSize {
+			return dt, false // MongoDB refuses it (5439006): the events' path says so
+		}
 		dt.unitMonths = m
 		return dt, weekStart == ""
 	}
@@ -122,15 +125,33 @@ func (dt dateTrunc) wholeBuckets(span int64) bool {
 	return (dt.unitMillis*dt.binSize)%span == 0 && floorMod(dt.refMillis, span) == 0
 }
 
-// window returns the start of the window holding ms.
-func (dt dateTrunc) window(ms int64) int64 {
+// maxCalendarBinSize is MongoDB's largest binSize of a $dateTrunc in
+// days, weeks, months, quarters or years.
+const maxCalendarBinSize = 100_000_000_000
+
+// The years of the dates a BSON date holds (milliseconds since 1970 in
+// an int64: about 292 million years either way), a little inside them.
+const (
+	minDateYear = 1970 - 292_000_000
+	maxDateYear = 1970 + 292_000_000
+)
+
+// window returns the start of the window holding ms; false when that
+// start is not a date (a bin of many years that begins before the
+// dates: MongoDB's $dateTrunc fails there, and the window wrapped).
+func (dt dateTrunc) window(ms int64) (int64, bool) {
 	if dt.unitMonths > 0 {
 		t := time.UnixMilli(ms).UTC()
 		months := int64(t.Year()-2000)*12 + int64(t.Month()-1)
 		bin := int64(dt.unitMonths) * dt.binSize
 		k := months - floorMod(months, bin)
-		return time.Date(2000+int((k-floorMod(k, 12))/12), time.Month(floorMod(k, 12)+1), 1, 0, 0, 0, 0, time.UTC).UnixMilli()
+		year := 2000 + (k-floorMod(k, 12))/12
+		if year < minDateYear || year > maxDateYear {
+			return 0, false
+		}
+		return time.Date(int(year), time.Month(floorMod(k, 12)+1), 1, 0, 0, 0, 0, time.UTC).UnixMilli(), true
 	}
 	w := dt.unitMillis * dt.binSize
-	return ms - floorMod(ms-dt.refMillis, w)
+	start := ms - floorMod(ms-dt.refMillis, w)
+	return start, start <= ms
 }
