@@ -47,3 +47,33 @@ func TestConnForgetsEndedCursors(t *testing.T) {
 		t.Fatalf("the connection still tracks %d cursor ids after %d cursors were exhausted (registry: 0)", held, rounds)
 	}
 }
+
+// TestGetMoreIDMustBeLong: a getMore whose id is a double or an int32 is
+// refused as MongoDB refuses it (TypeMismatch), after the proxy's owner
+// check: it reached the upstream unchecked.
+func TestGetMoreIDMustBeLong(t *testing.T) {
+	_, addr := startWireProxy(t, wireRule, "", nil)
+	c := dialWire(t, addr)
+	now := time.Now().Truncate(time.Second)
+	docs := bson.A{}
+	for i := range 3 {
+		docs = append(docs, bson.D{{Key: "ts", Value: now.Add(time.Duration(i) * time.Second)}, {Key: "sensor", Value: "a"}, {Key: "v", Value: i}})
+	}
+	c.cmd(bson.D{{Key: "insert", Value: "readings"}, {Key: "documents", Value: docs}, {Key: "$db", Value: "db"}})
+	r := c.cmd(bson.D{{Key: "find", Value: "readings"}, {Key: "batchSize", Value: 1}, {Key: "$db", Value: "db"}})
+	id := r.Lookup("cursor", "id").Int64()
+	if id == 0 {
+		t.Fatalf("no cursor: %s", r)
+	}
+	for _, v := range []any{float64(id), int32(id)} {
+		r = c.cmd(bson.D{{Key: "getMore", Value: v}, {Key: "collection", Value: "readings"}, {Key: "$db", Value: "db"}})
+		if code, _ := r.Lookup("code").AsInt64OK(); code != 14 {
+			t.Fatalf("getMore of a %T id: %s, want TypeMismatch", v, r)
+		}
+	}
+	// The cursor is still the client's to read.
+	r = c.cmd(bson.D{{Key: "getMore", Value: id}, {Key: "collection", Value: "readings"}, {Key: "$db", Value: "db"}})
+	if n, _ := r.Lookup("cursor", "nextBatch").Array().Values(); len(n) != 2 {
+		t.Fatalf("getMore: %s", r)
+	}
+}

@@ -88,7 +88,11 @@ func (c *conn) killUpstreamCursor(rule *rules.Rule, id int64) {
 // cursor's own plan gives the next batch, and the cursor is forgotten once
 // it is exhausted.
 func (c *conn) rewriteGetMore(req *request, rule *rules.Rule) error {
-	id, _ := bson.Raw(req.msg.Body).Lookup("getMore").AsInt64OK()
+	v := bson.Raw(req.msg.Body).Lookup("getMore")
+	id, ok := v.Int64OK()
+	if !ok {
+		return c.replyError(req, mongoerr.TypeMismatch, fmt.Sprintf("Field 'getMore' must be of type long, not %s", v.Type))
+	}
 	e := c.s.cursors.Get(id)
 	if e == nil {
 		return c.replyError(req, mongoerr.CursorNotFound, fmt.Sprintf("tsproxy rule %s: cursor id %d not found", rule.Namespace, id))

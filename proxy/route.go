@@ -40,7 +40,10 @@ func (c *conn) bucketedTarget(req *request) (*rules.Rule, route) {
 	}
 	switch req.name {
 	case "getMore":
-		id, ok := first.Value().Int64OK()
+		// Any number: a registered cursor's id sent as a double or an int32
+		// must meet the proxy's owner check (rewriteGetMore then refuses
+		// the type, as MongoDB does), not reach the upstream unchecked.
+		id, ok := first.Value().AsInt64OK()
 		if !ok {
 			return nil, routePassthrough
 		}
