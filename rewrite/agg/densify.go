@@ -23,8 +23,12 @@ type densifyStage struct {
 	unitMs int64 // 0: numbers
 	bounds string
 	lo, hi float64
-	in     buffer
-	next   processor
+	// stepKind and loKind are the number types of the step and of an
+	// explicit lower bound: a generated number has the type $add gives
+	// the grid's start plus the step, as MongoDB makes it.
+	stepKind, loKind numKind
+	in               buffer
+	next             processor
 	// generatedDocs counts what the stage made (maxDensifyDocs at most).
 	generatedDocs int
 }
@@ -91,7 +95,7 @@ func compileDensify(v Value, next processor, opts Options) (processor, error) {
 			if f <= 0 {
 				return nil, badValue(5733401, "the step parameter in a range statement must be a strictly positive numeric value")
 			}
-			s.step = f
+			s.step, s.stepKind = f, k
 		case "unit":
 			u, ok := e.Value().StringValueOK()
 			ms, known := windowUnits[u]
@@ -126,6 +130,7 @@ func compileDensify(v Value, next processor, opts Options) (processor, error) {
 		if s.lo, err = s.position(vals[0]); err != nil {
 			return nil, err
 		}
+		s.loKind, _, _, _ = number(vals[0])
 		if s.hi, err = s.position(vals[1]); err != nil {
 			return nil, err
 		}
@@ -156,14 +161,31 @@ func (s *densifyStage) position(v Value) (float64, error) {
 	return f, nil
 }
 
-func (s *densifyStage) value(pos float64) Value {
-	if s.unitMs > 0 {
+// value is a generated value at pos of a grid of numbers of kind.
+func (s *densifyStage) value(pos float64, kind numKind) Value {
+	switch {
+	case s.unitMs > 0:
 		return dateValue(int64(pos))
-	}
-	if pos == math.Trunc(pos) && math.Abs(pos) < 1<<31 && s.step == math.Trunc(s.step) {
+	case kind == kindInt32 && math.Abs(pos) < 1<<31:
 		return int32Value(int32(pos))
+	case kind == kindInt32 || kind == kindInt64:
+		// $add of int32s past int32's range gives a long.
+		return Value{Type: bsoncore.TypeInt64, Data: bsoncore.AppendInt64(nil, int64(pos))}
 	}
 	return doubleValue(pos)
+}
+
+// gridKind is the number type of a grid starting at a value of kind
+// start: what $add of it and the step gives (a double with either, else
+// a long with either, else an int32).
+func (s *densifyStage) gridKind(start numKind) numKind {
+	switch {
+	case start == kindDouble || s.stepKind == kindDouble:
+		return kindDouble
+	case start == kindInt64 || s.stepKind == kindInt64:
+		return kindInt64
+	}
+	return kindInt32
 }
 
 func (s *densifyStage) push(doc bsoncore.Document) error { return s.in.add(doc) }
@@ -175,6 +197,7 @@ func (s *densifyStage) flush() error {
 		return err
 	}
 	gmin, gmax := math.Inf(1), math.Inf(-1)
+	var gminKind numKind
 	items := make([][]densifyItem, len(parts))
 	for pi, p := range parts {
 		for _, d := range p.docs {
@@ -185,6 +208,10 @@ func (s *densifyStage) flush() error {
 					return err
 				}
 				it.pos, it.has = pos, true
+				it.kind, _, _, _ = number(v)
+				if pos < gmin {
+					gminKind = it.kind
+				}
 				gmin, gmax = min(gmin, pos), max(gmax, pos)
 			}
 			items[pi] = append(items[pi], it)
@@ -206,19 +233,22 @@ func (s *densifyStage) flush() error {
 			}
 			return cmpFloat(a.pos, b.pos)
 		})
-		start, end, inclusive := s.lo, s.hi, false
+		start, end, inclusive, startKind := s.lo, s.hi, false, s.loKind
 		switch s.bounds {
 		case "full":
-			start, end, inclusive = gmin, gmax, true
+			start, end, inclusive, startKind = gmin, gmax, true, gminKind
 		case "partition":
 			start, end, inclusive = math.Inf(1), math.Inf(-1), true
 			for _, it := range items[pi] {
 				if it.has {
+					if it.pos < start {
+						startKind = it.kind
+					}
 					start, end = min(start, it.pos), max(end, it.pos)
 				}
 			}
 		}
-		if err := s.mergeGrid(p.key, items[pi], start, end, inclusive, step); err != nil {
+		if err := s.mergeGrid(p.key, items[pi], grid{start: start, end: end, inclusive: inclusive, step: step, kind: s.gridKind(startKind)}); err != nil {
 			return err
 		}
 	}
@@ -226,22 +256,33 @@ func (s *densifyStage) flush() error {
 }
 
 type densifyItem struct {
-	doc bsoncore.Document
-	pos float64
-	has bool // the field holds a value (else it sorts first, untouched)
+	doc  bsoncore.Document
+	pos  float64
+	kind numKind // of a number
+	has  bool    // the field holds a value (else it sorts first, untouched)
+}
+
+// grid is the values a partition's documents are densified to: start,
+// then each value plus step, up to end.
+type grid struct {
+	start, end, step float64
+	inclusive        bool    // end is a value of the grid
+	kind             numKind // of its numbers
 }
 
 // mergeGrid pushes a partition's documents (sorted) with a generated
-// document for each grid value start + k*step up to end that none has.
-func (s *densifyStage) mergeGrid(key Value, items []densifyItem, start, end float64, inclusive bool, step float64) error {
+// document for each grid value up to end that none has. Values are made
+// by adding the step to the one before, as MongoDB does: start + k*step
+// differs from it in doubles (0.1 ten times is not 1).
+func (s *densifyStage) mergeGrid(key Value, items []densifyItem, g grid) error {
+	start, end, inclusive, step := g.start, g.end, g.inclusive, g.step
 	hasGrid := !math.IsInf(start, 0)
 	if hasGrid && start+step == start {
 		return badValue(5733401, "$densify: the step %v is too small for values around %v (adding it changes nothing)", step, start)
 	}
-	k := 0
 	next := start
 	inRange := func() bool { return hasGrid && (next < end || (inclusive && next == end)) }
-	advance := func() { k++; next = start + float64(k)*step }
+	advance := func() { next += step }
 	emit := func() error {
 		s.in.bytes += 64
 		s.generatedDocs++
@@ -251,7 +292,7 @@ func (s *densifyStage) mergeGrid(key Value, items []densifyItem, start, end floa
 		if s.generatedDocs > maxDensifyDocs {
 			return badValue(5897900, "$densify would generate more than %d documents", maxDensifyDocs)
 		}
-		err := s.generated(key, next)
+		err := s.generated(key, s.value(next, g.kind))
 		advance()
 		return err
 	}
@@ -280,9 +321,9 @@ func (s *densifyStage) mergeGrid(key Value, items []densifyItem, start, end floa
 
 // generated pushes {<field>: pos, <partition fields>...}, the order of
 // the generated documents in MongoDB's $densify examples.
-func (s *densifyStage) generated(key Value, pos float64) error {
+func (s *densifyStage) generated(key Value, v Value) error {
 	idx, out := bsoncore.AppendDocumentStart(nil)
-	out = bsoncore.AppendValueElement(out, s.field[0], s.value(pos))
+	out = bsoncore.AppendValueElement(out, s.field[0], v)
 	for i, p := range s.by.fields {
 		if v := s.by.field(key, i); !isNullish(v) {
 			out = bsoncore.AppendValueElement(out, p[0], v)

@@ -367,6 +367,32 @@ func (a *addFieldsStage) push(doc bsoncore.Document) error {
 
 func (a *addFieldsStage) flush() error { return a.next.flush() }
 
+// addFieldsIn applies spec inside v, the value at a dotted path's part:
+// into a document, into every element of an array (arrays inside it
+// included), as MongoDB sets "a.b" in each document of an array a; any
+// other value is replaced by a new document.
+func addFieldsIn(root bsoncore.Document, v Value, spec *specNode) (Value, error) {
+	switch v.Type {
+	case bsoncore.TypeEmbeddedDocument:
+		nd, err := addFields(root, v.Document(), spec)
+		return Value{Type: bsoncore.TypeEmbeddedDocument, Data: nd}, err
+	case bsoncore.TypeArray:
+		vals, _ := v.Array().Values()
+		idx, arr := bsoncore.AppendArrayStart(nil)
+		for i, el := range vals {
+			nv, err := addFieldsIn(root, el, spec)
+			if err != nil {
+				return Value{}, err
+			}
+			arr = bsoncore.AppendValueElement(arr, bsonutil.Itoa(i), nv)
+		}
+		arr, _ = bsoncore.AppendArrayEnd(arr, idx)
+		return Value{Type: bsoncore.TypeArray, Data: arr}, nil
+	}
+	nd, err := addFields(root, emptyDoc, spec)
+	return Value{Type: bsoncore.TypeEmbeddedDocument, Data: nd}, err
+}
+
 func addFields(root, doc bsoncore.Document, spec *specNode) (bsoncore.Document, error) {
 	vals := map[string]Value{}
 	for k, e := range spec.computed {
@@ -390,15 +416,11 @@ func addFields(root, doc bsoncore.Document, spec *specNode) (bsoncore.Document, 
 		}
 		if c, ok := spec.children[k]; ok {
 			done[k] = true
-			sub := emptyDoc
-			if d, ok := e.Value().DocumentOK(); ok {
-				sub = d
-			}
-			nd, err := addFields(root, sub, c)
+			nv, err := addFieldsIn(root, e.Value(), c)
 			if err != nil {
 				return nil, err
 			}
-			out = bsoncore.AppendDocumentElement(out, k, nd)
+			out = bsoncore.AppendValueElement(out, k, nv)
 			continue
 		}
 		out = bsoncore.AppendValueElement(out, k, e.Value())

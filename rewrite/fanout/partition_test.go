@@ -279,7 +279,7 @@ func TestPartitionedFind(t *testing.T) {
 		{"sort by nested desc then v, skip, limit", bson.D{{Key: "sort", Value: bson.D{{Key: "s.k", Value: -1}, {Key: "v", Value: -1}}}, {Key: "skip", Value: int32(1)}, {Key: "limit", Value: int32(3)}},
 			bson.D{{Key: "sort", Value: bson.D{{Key: "s.k", Value: -1}, {Key: "v", Value: -1}}}, {Key: "limit", Value: int64(4)}}, [][]int32{{5, 1, 2}}},
 		{"batches", bson.D{{Key: "batchSize", Value: int32(2)}}, nil, [][]int32{{1, 2}, {3, 4, 5}}},
-		{"negative limit: one batch", bson.D{{Key: "limit", Value: int32(-2)}, {Key: "batchSize", Value: int32(1)}}, bson.D{{Key: "limit", Value: int64(2)}}, [][]int32{{1, 2}}},
+		{"single batch", bson.D{{Key: "limit", Value: int32(2)}, {Key: "singleBatch", Value: true}, {Key: "batchSize", Value: int32(1)}}, bson.D{{Key: "limit", Value: int64(2)}}, [][]int32{{1, 2}}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

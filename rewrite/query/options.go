@@ -88,10 +88,9 @@ func (rc *Ctx) ReadFindPaging(body bsoncore.Document) (Paging, error) {
 		return pg, rc.BadValue(mongoerr.TypeMismatch, "find option \"singleBatch\" must be a boolean")
 	}
 	if pg.Limit < 0 {
-		if pg.Limit == math.MinInt64 {
-			return pg, rc.BadValue(mongoerr.BadValue, "find option \"limit\" is out of range")
-		}
-		pg.Limit, pg.Single = -pg.Limit, true
+		// The find command refuses it (limit: safeInt64 >= 0); a driver
+		// sends a negative limit as singleBatch and its absolute value.
+		return pg, rc.BadValue(mongoerr.BadValue, "BSON field 'limit' value must be >= 0, actual value '%d'", pg.Limit)
 	}
 	bs, hasBatch, err := rc.ReadInt(body, "batchSize", cmd)
 	if err != nil {

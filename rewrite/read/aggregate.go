@@ -413,6 +413,9 @@ func CountGroup(v bsoncore.Value) (string, bool) {
 	if err != nil || len(ae) != 1 || ae[0].Key() != "$sum" {
 		return "", false
 	}
-	n, ok := ae[0].Value().AsFloat64OK()
+	// {$sum: 1} as an int32 alone (countDocuments' form): the count it
+	// is answered with is an int32, and MongoDB's $sum of 1.0 or
+	// NumberLong(1) is a double or a long.
+	n, ok := ae[0].Value().Int32OK()
 	return key, ok && n == 1
 }

@@ -129,6 +129,16 @@ func TestProjection(t *testing.T) {
 	}
 }
 
+// TestFindNegativeLimitRefused: the find command refuses a negative limit
+// (MongoDB's find_command.idl: limit >= 0); the proxy took it for one
+// batch, as OP_QUERY did. Drivers send singleBatch instead.
+func TestFindNegativeLimitRefused(t *testing.T) {
+	_, err := rdPlan(t, rwtest.FerretCaps, D{{Key: "find", Value: "readings"}, {Key: "filter", Value: D{{Key: "v", Value: 1}}}, {Key: "limit", Value: int32(-2)}})
+	if err == nil || !strings.Contains(err.Error(), "'limit' value must be >= 0") {
+		t.Fatalf("find with limit -2: %v, want BadValue", err)
+	}
+}
+
 func rdPlan(t testing.TB, caps caps.Upstream, cmd D) (*Command, error) {
 	t.Helper()
 	return PlanRead(rwtest.Doc(t, append(cmd, E{Key: "$db", Value: "iot"})), rwtest.Rule(), Options{Caps: caps})
@@ -138,7 +148,7 @@ func TestFindRewrite(t *testing.T) {
 	p, err := rdPlan(t, rwtest.FerretCaps, D{{Key: "find", Value: "readings"},
 		{Key: "filter", Value: D{{Key: "sensorId", Value: "a"}, {Key: "ts", Value: D{{Key: "$gte", Value: rwtest.DT(rwtest.Hour)}}}, {Key: "v", Value: D{{Key: "$gt", Value: 1}}}}},
 		{Key: "sort", Value: D{{Key: "ts", Value: -1}, {Key: "_id", Value: 1}}},
-		{Key: "skip", Value: int32(2)}, {Key: "limit", Value: int64(-10)}, {Key: "batchSize", Value: 50},
+		{Key: "skip", Value: int32(2)}, {Key: "limit", Value: int64(10)}, {Key: "singleBatch", Value: true}, {Key: "batchSize", Value: 50},
 		{Key: "projection", Value: D{{Key: "v", Value: 1}}},
 		{Key: "maxTimeMS", Value: 500}, {Key: "comment", Value: "c"}, {Key: "lsid", Value: D{{Key: "id", Value: 1}}}, {Key: "allowDiskUse", Value: true},
 	})
