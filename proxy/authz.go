@@ -114,6 +114,13 @@ func (c *conn) authorize(req *request, rule *rules.Rule) (denied []byte, err err
 		if err != nil {
 			return nil, err
 		}
+		if !mongoerr.IsOK(reply) && !rewrite.IsUnauthorized(reply) {
+			// Any failure denies (an upstream may refuse with another
+			// code: FerretDB on PostgreSQL fails a wrong PLAIN password
+			// only at the next command), but only a refusal is kept: a
+			// passing failure is asked again.
+			return reply, nil
+		}
 		v = verdict{at: time.Now()}
 		if rewrite.IsUnauthorized(reply) {
 			v.denied = reply
@@ -138,6 +145,18 @@ func (c *conn) authorize(req *request, rule *rules.Rule) (denied []byte, err err
 		return nil, nil
 	}
 	return mongoerr.Reply(rewrite.NotAuthorized(rule.DB, req.name)), nil
+}
+
+// gateList asks the server to list db as the client before the proxy
+// lists it (or refuses a filter) with what it knows of db's rules; done
+// is true when req was answered (refused) already.
+func (c *conn) gateList(req *request, db string) (done bool, err error) {
+	reply, err := c.upCommand(rewrite.ListProbe(db))
+	if err != nil || mongoerr.IsOK(reply) {
+		return false, err
+	}
+	c.s.tel.ErrorSeen("Unauthorized")
+	return true, c.replyBody(req, reply)
 }
 
 // gate authorizes req before the proxy serves it; done is true when it

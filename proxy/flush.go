@@ -374,7 +374,10 @@ func (c *conn) handleFlush(req *request) error {
 	if err := c.ensureUpstream(); err != nil {
 		return c.replyUpstreamDown(req, err)
 	}
-	targets, err := c.ruleTargets(req, "tsproxyFlush")
+	targets, denied, err := c.ruleTargets(req, "tsproxyFlush")
+	if denied != nil {
+		return c.replyBody(req, denied)
+	}
 	if err != nil {
 		return c.replyError(req, mongoerr.CodeOf(err), err.Error())
 	}
@@ -439,22 +442,34 @@ func upstreamMs(times map[string]stage.StepTime) bson.D {
 
 // ruleTargets are the rules a proxy command (tsproxyFlush,
 // tsproxyStagingFormat) names: 1 for every rule, or "db.collection".
-func (c *conn) ruleTargets(req *request, name string) ([]*rules.Rule, error) {
+// The server authorizes the client on each first (denied is its refusal,
+// for the client): whether a namespace has a rule is told only to whom
+// it lets read the namespace.
+func (c *conn) ruleTargets(req *request, name string) (targets []*rules.Rule, denied []byte, err error) {
 	v := bson.Raw(req.msg.Body).Lookup(name)
 	if ns, ok := v.StringValueOK(); ok {
 		db, coll, _ := strings.Cut(ns, ".")
 		rule := c.rules.Lookup(db, coll)
 		if rule == nil {
-			return nil, mongoerr.Errorf(mongoerr.NamespaceNotFound, "%s: no rule for namespace %q", name, ns)
+			probe := &rules.Rule{Namespace: ns, DB: db, Collection: coll}
+			if denied, err := c.authorize(req, probe); denied != nil || err != nil {
+				return nil, denied, err
+			}
+			return nil, nil, mongoerr.Errorf(mongoerr.NamespaceNotFound, "%s: no rule for namespace %q", name, ns)
 		}
-		return []*rules.Rule{rule}, nil
+		if denied, err := c.authorize(req, rule); denied != nil || err != nil {
+			return nil, denied, err
+		}
+		return []*rules.Rule{rule}, nil, nil
 	}
 	if n, ok := v.AsInt64OK(); !ok || n != 1 {
-		return nil, mongoerr.Errorf(mongoerr.BadValue, "%s takes 1 (every rule) or a namespace \"db.collection\", not %s", name, v)
+		return nil, nil, mongoerr.Errorf(mongoerr.BadValue, "%s takes 1 (every rule) or a namespace \"db.collection\", not %s", name, v)
 	}
-	var out []*rules.Rule
 	for _, r := range c.rules.All() {
-		out = append(out, &r)
+		if denied, err := c.authorize(req, &r); denied != nil || err != nil {
+			return nil, denied, err
+		}
+		targets = append(targets, &r)
 	}
-	return out, nil
+	return targets, nil, nil
 }

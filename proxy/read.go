@@ -165,6 +165,9 @@ func (c *conn) rewriteListCollections(req *request) error {
 	if err := c.ensureUpstream(); err != nil {
 		return c.replyUpstreamDown(req, err)
 	}
+	if done, err := c.gateList(req, req.db); done || err != nil {
+		return err
+	}
 	var rs []*rules.Rule
 	all := c.rules.All()
 	for i := range all {

@@ -170,7 +170,10 @@ func (c *conn) handleStagingFormat(req *request) error {
 	if err := c.ensureUpstream(); err != nil {
 		return c.replyUpstreamDown(req, err)
 	}
-	targets, err := c.ruleTargets(req, name)
+	targets, denied, err := c.ruleTargets(req, name)
+	if denied != nil {
+		return c.replyBody(req, denied)
+	}
 	if err != nil {
 		return c.replyError(req, mongoerr.CodeOf(err), err.Error())
 	}

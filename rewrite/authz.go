@@ -73,6 +73,18 @@ func AuthProbe(db, coll string) []byte {
 	return b.Build()
 }
 
+// ListProbe asks, as the client, to list db's collections by a name no
+// collection has: what the server answers a listCollections of db, before
+// the proxy says anything of its own about db's bucketed namespaces.
+func ListProbe(db string) []byte {
+	return bsoncore.NewDocumentBuilder().
+		AppendInt32("listCollections", 1).
+		AppendDocument("filter", bsoncore.NewDocumentBuilder().AppendString("name", "\x00tsproxy-probe").Build()).
+		AppendBoolean("nameOnly", true).
+		AppendString("$db", db).
+		Build()
+}
+
 // ConnectionStatusCommand asks who is authenticated on a connection and
 // with which privileges (MongoDB reports them; FerretDB only the users).
 func ConnectionStatusCommand() []byte {
@@ -123,7 +135,11 @@ func ParseConnectionStatus(reply []byte) (AuthInfo, error) {
 		}
 	}
 	slices.Sort(out.Users)
-	if privs, ok := info.Lookup("authenticatedUserPrivileges").ArrayOK(); ok {
+	// With nobody authenticated MongoDB reports no privileges, and runs
+	// every command where authentication is off (where it is on, the
+	// probe is refused): no privileges to check then, or every rewritten
+	// write on a MongoDB without --auth was refused.
+	if privs, ok := info.Lookup("authenticatedUserPrivileges").ArrayOK(); ok && len(out.Users) > 0 {
 		out.Privileges = []Privilege{}
 		vals, _ := privs.Values()
 		for _, v := range vals {
