@@ -114,7 +114,15 @@ func (c *conn) endCursorSessions(req *request) {
 	if err != nil {
 		return
 	}
-	for _, cur := range c.s.cursors.ForgetSessions(ended, users) {
+	// The users are who connectionStatus names, which FerretDB on
+	// PostgreSQL reports for a PLAIN login before it checks the password:
+	// the server authorizes the client on each rule first, as for a
+	// getMore.
+	may := func(rule *rules.Rule) bool {
+		denied, err := c.authorize(req, rule)
+		return err == nil && denied == nil
+	}
+	for _, cur := range c.s.cursors.ForgetSessions(ended, users, may) {
 		_ = c.releaseEntry(cur.Entry)
 	}
 }

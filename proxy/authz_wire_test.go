@@ -119,3 +119,39 @@ func TestImpostorGetsNoRecordedReply(t *testing.T) {
 		t.Errorf("an impostor with a wrong password got alice's recorded reply: %s", r)
 	}
 }
+
+// TestImpostorEndsNoSession: the same impostor's endSessions of alice's
+// session leaves alice's cursor of a rule alone (the users connectionStatus
+// names are the claimed ones; the server refuses the impostor on the rule).
+func TestImpostorEndsNoSession(t *testing.T) {
+	e, err := upstream.StartEmbedded(upstream.EmbeddedOptions{DataDir: t.TempDir(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	up := startFakeAuthUpstream(t, false)
+	up.relay = e.Addr()
+	_, addr := startWireProxy(t, wireRule, up.uri(), nil)
+	lsid := bson.D{{Key: "id", Value: bson.Binary{Subtype: 4, Data: []byte("fedcba9876543210")}}}
+	alice := dialWire(t, addr)
+	alice.authenticateAs("alice:good")
+	docs := bson.A{}
+	for i := range 3 {
+		docs = append(docs, bson.D{{Key: "ts", Value: bson.DateTime(1700000000000 + int64(i)*1000)}, {Key: "sensor", Value: "a"}, {Key: "v", Value: i}})
+	}
+	if r := alice.cmd(bson.D{{Key: "insert", Value: "readings"}, {Key: "documents", Value: docs}, {Key: "$db", Value: "db"}}); codeOf(r) != 0 {
+		t.Fatalf("insert: %s", r)
+	}
+	r := alice.cmd(bson.D{{Key: "find", Value: "readings"}, {Key: "batchSize", Value: 1}, {Key: "lsid", Value: lsid}, {Key: "$db", Value: "db"}})
+	id := r.Lookup("cursor", "id").Int64()
+	if id == 0 {
+		t.Fatalf("no cursor: %s", r)
+	}
+	mallory := dialWire(t, addr)
+	mallory.authenticateAs("alice:wrong")
+	mallory.cmd(bson.D{{Key: "endSessions", Value: bson.A{lsid}}, {Key: "$db", Value: "admin"}})
+	r = alice.cmd(bson.D{{Key: "getMore", Value: id}, {Key: "collection", Value: "readings"}, {Key: "lsid", Value: lsid}, {Key: "$db", Value: "db"}})
+	if n, _ := r.Lookup("cursor", "nextBatch").Array().Values(); len(n) != 2 {
+		t.Fatalf("alice's getMore after the impostor's endSessions: %s", r)
+	}
+}

@@ -17,17 +17,17 @@ func TestCursorRegistryForgetSession(t *testing.T) {
 	r.Add(2, &cursors.Entry{Rule: rule, Session: "b"})
 	r.Add(3, &cursors.Entry{Rule: rule, Session: "a"})
 	r.Add(4, &cursors.Entry{Rule: rule})
-	if got := r.ForgetSessions(map[string]bool{"": true}, nil); got != nil {
+	if got := r.ForgetSessions(map[string]bool{"": true}, nil, nil); got != nil {
 		t.Fatalf("no session forgot %v", got)
 	}
-	got := r.ForgetSessions(map[string]bool{"a": true, "zz": true}, nil)
+	got := r.ForgetSessions(map[string]bool{"a": true, "zz": true}, nil, nil)
 	if len(got) != 2 || got[0].ID+got[1].ID != 4 || got[0].Entry.Rule != rule {
 		t.Fatalf("forgot %v, want cursors 1 and 3", got)
 	}
 	if r.Len() != 2 || r.Get(1) != nil || r.Get(3) != nil || r.Get(2) == nil || r.Get(4) == nil {
 		t.Fatalf("registry after endSessions of a: %d cursors", r.Len())
 	}
-	if got := r.ForgetSessions(map[string]bool{"a": true, "zz": true}, nil); len(got) != 0 {
+	if got := r.ForgetSessions(map[string]bool{"a": true, "zz": true}, nil, nil); len(got) != 0 {
 		t.Fatalf("forgot %v again", got)
 	}
 }
@@ -42,7 +42,7 @@ func TestCursorOwnership(t *testing.T) {
 	alice := []string{"alice@admin"}
 	r.Add(1, &cursors.Entry{Rule: rule, Session: "s", Users: alice})
 	r.Add(2, &cursors.Entry{Rule: rule, Session: "s"}) // opened without authentication
-	if got := r.ForgetSessions(map[string]bool{"s": true}, []string{"bob@admin"}); len(got) != 1 || got[0].ID != 2 {
+	if got := r.ForgetSessions(map[string]bool{"s": true}, []string{"bob@admin"}, nil); len(got) != 1 || got[0].ID != 2 {
 		t.Fatalf("bob's endSessions forgot %v, want only the anonymous cursor 2", got)
 	}
 	if r.Get(1) == nil {

@@ -97,16 +97,32 @@ type Ended struct {
 // Only cursors the ending client's users opened are touched: MongoDB's
 // sessions belong to their users, and another user's endSessions of the
 // same lsid ends nothing of theirs.
-func (r *Registry) ForgetSessions(sessions map[string]bool, users []string) []Ended {
+// may, when set, says whether the client may end a cursor of that rule
+// (the server authorizes it on the rule's namespace): the cursors of a
+// rule it may not are left.
+func (r *Registry) ForgetSessions(sessions map[string]bool, users []string, may func(*rules.Rule) bool) []Ended {
 	if len(sessions) == 0 {
 		return nil
 	}
 	var out []Ended
+	allowed := map[*rules.Rule]bool{}
 	for _, id := range r.lru.Keys() {
-		if e, ok := r.lru.Peek(id); ok && e.Session != "" && sessions[e.Session] && rewrite.Coauthorized(e.Users, users) {
-			r.lru.Remove(id)
-			out = append(out, Ended{ID: id, Entry: e})
+		e, ok := r.lru.Peek(id)
+		if !ok || e.Session == "" || !sessions[e.Session] || !rewrite.Coauthorized(e.Users, users) {
+			continue
 		}
+		if may != nil {
+			ok, asked := allowed[e.Rule]
+			if !asked {
+				ok = may(e.Rule)
+				allowed[e.Rule] = ok
+			}
+			if !ok {
+				continue
+			}
+		}
+		r.lru.Remove(id)
+		out = append(out, Ended{ID: id, Entry: e})
 	}
 	return out
 }

@@ -46,7 +46,7 @@ func TestForgetSessionsTouchesOnlyCoauthorizedCursors(t *testing.T) {
 	r.Add(2, &Entry{Session: "s1", Users: []string{"bob@admin"}})
 	r.Add(3, &Entry{Session: "s2", Users: []string{"alice@admin"}})
 	r.Add(4, &Entry{Users: []string{"alice@admin"}}) // no session
-	ended := r.ForgetSessions(map[string]bool{"s1": true}, []string{"alice@admin"})
+	ended := r.ForgetSessions(map[string]bool{"s1": true}, []string{"alice@admin"}, nil)
 	if len(ended) != 1 || ended[0].ID != 1 {
 		t.Fatalf("ended %+v, want cursor 1 only (bob's cursor of the same lsid is his)", ended)
 	}
@@ -55,7 +55,7 @@ func TestForgetSessionsTouchesOnlyCoauthorizedCursors(t *testing.T) {
 			t.Errorf("cursor %d was forgotten", id)
 		}
 	}
-	if r.ForgetSessions(nil, nil) != nil {
+	if r.ForgetSessions(nil, nil, nil) != nil {
 		t.Error("no sessions must end nothing")
 	}
 }
