@@ -41,6 +41,7 @@ const authVerdictTTL = time.Minute
 // Like all conn state it is touched only by the connection's goroutine.
 type connAuth struct {
 	info     *rewrite.AuthInfo  // nil: not asked since the last change
+	infoAt   time.Time          // when info was asked (kept authVerdictTTL)
 	verdicts map[string]verdict // by namespace
 }
 
@@ -69,7 +70,9 @@ func (c *conn) noteAuthChange(req *request) {
 // authInfo is who is authenticated on the connection, asked of the
 // upstream once per authentication change.
 func (c *conn) authInfo() (rewrite.AuthInfo, error) {
-	if c.auth.info != nil {
+	// Privileges an administrator revokes reach the proxy's own
+	// decisions within authVerdictTTL, as its verdicts do.
+	if c.auth.info != nil && time.Since(c.auth.infoAt) <= authVerdictTTL {
 		return *c.auth.info, nil
 	}
 	reply, err := c.upCommand(rewrite.ConnectionStatusCommand())
@@ -80,7 +83,7 @@ func (c *conn) authInfo() (rewrite.AuthInfo, error) {
 	if err != nil {
 		return rewrite.AuthInfo{}, err
 	}
-	c.auth.info = &info
+	c.auth.info, c.auth.infoAt = &info, time.Now()
 	return info, nil
 }
 
