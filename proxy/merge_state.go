@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"fmt"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"sync"
 	"time"
 
@@ -47,6 +48,12 @@ type mergeState struct {
 	// proxy staged into the rule, waking the inserts that wait for room
 	// (admit).
 	room map[string]chan struct{}
+	// closing is closed by Server.Shutdown once it stops the merges:
+	// nothing makes room any more, so inserts waiting for it are
+	// refused at once (admit), where they held Shutdown up to their
+	// maxTimeMS.
+	closing     chan struct{}
+	closingOnce sync.Once
 }
 
 // stagedSince is a rule's staging since its last freeze.
@@ -61,8 +68,11 @@ type ruleStageStats = telemetry.Staging
 
 func newMergeState() *mergeState {
 	return &mergeState{locks: map[string]*sync.Mutex{}, inflight: map[string]*sync.RWMutex{}, activity: map[string]*stagedSince{}, stats: map[string]*ruleStageStats{}, gens: map[string]int64{},
-		series: map[string]int{}, kicks: map[string]chan struct{}{}, room: map[string]chan struct{}{}}
+		series: map[string]int{}, kicks: map[string]chan struct{}{}, room: map[string]chan struct{}{}, closing: make(chan struct{})}
 }
+
+// close wakes the inserts waiting for room, for good.
+func (m *mergeState) close() { m.closingOnce.Do(func() { close(m.closing) }) }
 
 func (m *mergeState) lock(ns string) *sync.Mutex {
 	m.mu.Lock()
@@ -219,9 +229,16 @@ func (m *mergeState) admit(rule *rules.Rule, deadline time.Time) (waited bool, e
 		case <-room:
 			t.Stop()
 		case <-t.C:
+		case <-m.closing:
+			t.Stop()
+			return waited, errShuttingDown
 		}
 	}
 }
+
+// errShuttingDown refuses a staged insert that waited for room while the
+// proxy shuts down.
+var errShuttingDown = &mongoerr.Error{Code: mongoerr.InterruptedAtShutdown, Msg: "tsproxy: the proxy is shutting down and merges no more; staging has no room"}
 
 // due is the background policy: a rule's staging collections are merged
 // once it has staged nothing for the rule's mergeAfter, or once it holds

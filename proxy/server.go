@@ -316,6 +316,7 @@ func (s *Server) Addr() net.Addr {
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.closing.Store(true)
 	s.stopSweeper()
+	s.merges.close()    // nothing merges now: inserts waiting for room are refused
 	defer s.cat.close() // catalog.go
 	defer s.helpers.close()
 	defer s.background.close()

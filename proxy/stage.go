@@ -75,7 +75,11 @@ func (c *conn) stagedInsert(req *request, rule *rules.Rule) error {
 		// Backpressure: wait for room in staging (before the insert holds
 		// off the freeze that makes it).
 		if _, full := c.s.merges.admit(rule, waitDeadline(req, stagedWait)); full != nil {
-			return c.replyError(req, mongoerr.MaxTimeMSExpired, full.Error())
+			code := mongoerr.MaxTimeMSExpired
+			if full == errShuttingDown {
+				code = mongoerr.InterruptedAtShutdown
+			}
+			return c.replyError(req, code, full.Error())
 		}
 	}
 	// Held from the generation read to the reply: a freeze of this
@@ -104,16 +108,17 @@ func (c *conn) stagedInsert(req *request, rule *rules.Rule) error {
 			c.logOrphanedIndex(rule, res.Reply)
 		}
 	}
-	inflight.RUnlock()
 	if err == nil && mongoerr.IsOK(res.Reply) {
 		n, _ := bson.Raw(res.Reply).Lookup("n").AsInt64OK()
 		// Its rollups count these events when they are merged
-		// (stage.Merge), not here. Counted once the client has its
-		// reply: a freeze may take the events first, as it may between
-		// the insert and the count anyway (the count only sizes
-		// backpressure and the next merge).
-		c.afterReplied(func() { c.s.merges.staged(rule, n) })
+		// (stage.Merge), not here. Counted before the insert lets a
+		// freeze go: a count after it (once the client had its reply)
+		// could land after a freeze that took the events and reset the
+		// backlog, and leave it counting events nothing staged, which
+		// no freeze then reset: every later insert waited for room.
+		c.s.merges.staged(rule, n)
 	}
+	inflight.RUnlock()
 	if err == nil {
 		err = c.answer(req, rule, res)
 	}
@@ -398,9 +403,13 @@ func (s *Server) runMergeLocked(r stepRunner, up lease.Commander, rule *rules.Ru
 	inflight := s.merges.inserts(rule.Namespace)
 	inflight.Lock()
 	res, err := drive(r, freeze)
-	if freeze.Stats.Frozen > 0 {
+	if freeze.Stats.Frozen > 0 || err != nil || !mongoerr.IsOK(res.Reply) {
 		// This proxy's next inserts go to collections of a new
-		// generation: none of the names frozen is created again.
+		// generation: none of the names frozen is created again. A
+		// freeze cut short (a failed rename, a lost reply) may have
+		// renamed some: its next insert recreated the name, and the
+		// kept documents of the renamed one took that insert too,
+		// merged twice.
 		s.merges.nextGen(rule.Namespace, opts.Now)
 	}
 	if err == nil && mongoerr.IsOK(res.Reply) && freeze.Stats.Pending == 0 {

@@ -34,6 +34,7 @@ const (
 	QueryExceededMemoryLimit       Code = 292   // QueryExceededMemoryLimitNoDiskUseAllowed
 	NotImplemented                 Code = 238   // NotImplemented
 	BSONObjectTooLarge             Code = 10334 // BSONObjectTooLarge
+	InterruptedAtShutdown          Code = 11600 // InterruptedAtShutdown
 	DuplicateKey                   Code = 11000 // DuplicateKey
 	DistinctTooBig                 Code = 17217 // Location17217
 	ProjectionCollide              Code = 31249 // Location31249

@@ -34,6 +34,7 @@ func _() {
 	_ = x[QueryExceededMemoryLimit-292]
 	_ = x[NotImplemented-238]
 	_ = x[BSONObjectTooLarge-10334]
+	_ = x[InterruptedAtShutdown-11600]
 	_ = x[DuplicateKey-11000]
 	_ = x[DistinctTooBig-17217]
 	_ = x[ProjectionCollide-31249]
@@ -48,7 +49,7 @@ func _() {
 	_ = x[TooManyCursors-8002]
 }
 
-const _Code_name = "InternalErrorBadValueHostUnreachableUnknownErrorFailedToParseUnauthorizedTypeMismatchInvalidLengthAuthenticationFailedIllegalOperationInvalidBSONNamespaceNotFoundIndexNotFoundCursorNotFoundNamespaceExistsMaxTimeMSExpiredCommandNotFoundInvalidOptionsInvalidNamespaceOperationFailedConflictingOperationInProgressCommandNotSupportedOnViewTransactionTooOldNotImplementedQueryExceededMemoryLimitNoDiskUseAllowedTooManyConnectionsTooManyCursorsBSONObjectTooLargeDuplicateKeyLocation17217Location31249Location31254Location40066Location40414Location40415Location50736Location50737Location50738"
+const _Code_name = "InternalErrorBadValueHostUnreachableUnknownErrorFailedToParseUnauthorizedTypeMismatchInvalidLengthAuthenticationFailedIllegalOperationInvalidBSONNamespaceNotFoundIndexNotFoundCursorNotFoundNamespaceExistsMaxTimeMSExpiredCommandNotFoundInvalidOptionsInvalidNamespaceOperationFailedConflictingOperationInProgressCommandNotSupportedOnViewTransactionTooOldNotImplementedQueryExceededMemoryLimitNoDiskUseAllowedTooManyConnectionsTooManyCursorsBSONObjectTooLargeDuplicateKeyInterruptedAtShutdownLocation17217Location31249Location31254Location40066Location40414Location40415Location50736Location50737Location50738"
 
 var _Code_map = map[Code]string{
 	1:     _Code_name[0:13],
@@ -80,15 +81,16 @@ var _Code_map = map[Code]string{
 	8002:  _Code_name[424:438],
 	10334: _Code_name[438:456],
 	11000: _Code_name[456:468],
-	17217: _Code_name[468:481],
-	31249: _Code_name[481:494],
-	31254: _Code_name[494:507],
-	40066: _Code_name[507:520],
-	40414: _Code_name[520:533],
-	40415: _Code_name[533:546],
-	50736: _Code_name[546:559],
-	50737: _Code_name[559:572],
-	50738: _Code_name[572:585],
+	11600: _Code_name[468:489],
+	17217: _Code_name[489:502],
+	31249: _Code_name[502:515],
+	31254: _Code_name[515:528],
+	40066: _Code_name[528:541],
+	40414: _Code_name[541:554],
+	40415: _Code_name[554:567],
+	50736: _Code_name[567:580],
+	50737: _Code_name[580:593],
+	50738: _Code_name[593:606],
 }
 
 func (i Code) String() string {

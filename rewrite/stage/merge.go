@@ -310,9 +310,17 @@ func (m *Merge) due(open []Collection) ([]Collection, error) {
 			} else {
 				m.Stats.Pending++
 			}
+		case m.opts.Guest && c.Owner != "" && c.Owner == m.opts.Self:
+			// A previous run's of this proxy (restarted at the same
+			// address): frozen by this run, under a taken-over name, so
+			// the holder looks for late documents. The holder takes over
+			// only the collections of a proxy whose announcement lapsed,
+			// and this run renews that same announcement: left to it,
+			// they were merged by nobody while this proxy took inserts,
+			// and every flush and read of the rule waited for them.
+			due = append(due, c)
 		case m.opts.Guest:
-			// Another proxy's, the holder's, or a previous run's of this
-			// one: the holder's to take over.
+			// Another proxy's or the holder's: the holder's to take over.
 			m.Stats.Others = append(m.Stats.Others, c.Name)
 		case c.Owner == "":
 			if m.opts.All || m.opts.Due != nil && m.opts.Due(c) {
