@@ -7,21 +7,13 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
-// A connection's set of owned cursors must not keep the ids of cursors
-// that are gone (exhausted, killed): a long-lived connection that reads
-// with cursors would otherwise grow it without bound.
 // TestConnForgetsEndedCursors: a connection forgets the cursors it read
 // to their end, so a pooled connection that reads through many does not
 // keep their ids (the registry is bounded; the connection's set was not).
 func TestConnForgetsEndedCursors(t *testing.T) {
 	s, addr := startWireProxy(t, wireRule, "", nil)
 	c := dialWire(t, addr)
-	now := time.Now().Truncate(time.Second)
-	docs := bson.A{}
-	for i := range 3 {
-		docs = append(docs, bson.D{{Key: "ts", Value: now.Add(time.Duration(i) * time.Second)}, {Key: "sensor", Value: "a"}, {Key: "v", Value: i}})
-	}
-	c.cmd(bson.D{{Key: "insert", Value: "readings"}, {Key: "documents", Value: docs}, {Key: "$db", Value: "db"}})
+	insertThree(t, c)
 	const rounds = 50
 	for range rounds {
 		r := c.cmd(bson.D{{Key: "find", Value: "readings"}, {Key: "batchSize", Value: 1}, {Key: "$db", Value: "db"}})
@@ -48,18 +40,26 @@ func TestConnForgetsEndedCursors(t *testing.T) {
 	}
 }
 
+// insertThree inserts three events of one series into db.readings.
+func insertThree(t *testing.T, c *wireClient) {
+	t.Helper()
+	now := time.Now().Truncate(time.Second)
+	docs := bson.A{}
+	for i := range 3 {
+		docs = append(docs, bson.D{{Key: "ts", Value: now.Add(time.Duration(i) * time.Second)}, {Key: "sensor", Value: "a"}, {Key: "v", Value: i}})
+	}
+	if r := c.cmd(bson.D{{Key: "insert", Value: "readings"}, {Key: "documents", Value: docs}, {Key: "$db", Value: "db"}}); !bsonOK(r) {
+		t.Fatalf("insert: %s", r)
+	}
+}
+
 // TestGetMoreIDMustBeLong: a getMore whose id is a double or an int32 is
 // refused as MongoDB refuses it (TypeMismatch), after the proxy's owner
 // check: it reached the upstream unchecked.
 func TestGetMoreIDMustBeLong(t *testing.T) {
 	_, addr := startWireProxy(t, wireRule, "", nil)
 	c := dialWire(t, addr)
-	now := time.Now().Truncate(time.Second)
-	docs := bson.A{}
-	for i := range 3 {
-		docs = append(docs, bson.D{{Key: "ts", Value: now.Add(time.Duration(i) * time.Second)}, {Key: "sensor", Value: "a"}, {Key: "v", Value: i}})
-	}
-	c.cmd(bson.D{{Key: "insert", Value: "readings"}, {Key: "documents", Value: docs}, {Key: "$db", Value: "db"}})
+	insertThree(t, c)
 	r := c.cmd(bson.D{{Key: "find", Value: "readings"}, {Key: "batchSize", Value: 1}, {Key: "$db", Value: "db"}})
 	id := r.Lookup("cursor", "id").Int64()
 	if id == 0 {

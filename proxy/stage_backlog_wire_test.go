@@ -21,15 +21,7 @@ import (
 // once it reaches maxStaged every later insert of the rule on this proxy
 // waits and fails, for good.
 func TestBacklogCountedAfterFreeze(t *testing.T) {
-	_, addr := startWireProxy(t, `rules:
-  - namespace: db.readings
-    timeField: ts
-    metaField: sensor
-    bucket:
-      span: 1h
-    mergeAfter: 1h
-    maxStaged: 1000
-`, "", nil)
+	_, addr := startWireProxy(t, stagedWireRule+"    maxStaged: 1000\n", "", nil)
 	// A client with a small receive buffer that does not read its reply
 	// at once: the insert's large reply (a write error for each rejected
 	// event) stays on its way.

@@ -78,7 +78,26 @@ func TestFreezeCutAfterFirstRename(t *testing.T) {
 	// Two staging periods: two open staging collections of this proxy.
 	wireInsert(t, c, bson.D{{Key: "ts", Value: day1}, {Key: "sensor", Value: "a"}, {Key: "v", Value: 1}},
 		bson.D{{Key: "ts", Value: day2}, {Key: "sensor", Value: "a"}, {Key: "v", Value: 2}})
+	// The freeze renames the first collection, and the second rename
+	// fails.
+	if err := mergeThrough(t, s, func(r stepRunner) stepRunner { return &failNthRename{r: r, n: 2} }); err == nil {
+		t.Fatal("the merge with a failed rename succeeded")
+	}
 
+	// One more event into the first period, then a flush.
+	wireInsert(t, c, bson.D{{Key: "ts", Value: day1.Add(time.Minute)}, {Key: "sensor", Value: "a"}, {Key: "v", Value: 3}})
+	if r := c.cmd(bson.D{{Key: "tsproxyFlush", Value: 1}, {Key: "$db", Value: "admin"}}); !bsonOK(r) {
+		t.Fatalf("flush: %s", r)
+	}
+	if n := wireCount(t, c); n != 3 {
+		t.Fatalf("count after the flush: %d events, want the 3 acknowledged", n)
+	}
+}
+
+// mergeThrough runs a merge of db.readings on s, as its background merger
+// would, with its steps run by wrap of an upstream connection's runner.
+func mergeThrough(t *testing.T, s *Server, wrap func(stepRunner) stepRunner) error {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	up, err := s.opts.Dialer.Dial(ctx)
@@ -91,21 +110,8 @@ func TestFreezeCutAfterFirstRename(t *testing.T) {
 		t.Fatal(err)
 	}
 	rule := s.opts.Rules.Lookup("db", "readings")
-	// The freeze renames the first collection, and the second rename
-	// fails.
-	_, err = s.runMerge(&failNthRename{r: upRunner{up: up}, n: 2}, up, rule, caps, stage.MergeOptions{All: true}, false)
-	if err == nil {
-		t.Fatal("the merge with a failed rename succeeded")
-	}
-
-	// One more event into the first period, then a flush.
-	wireInsert(t, c, bson.D{{Key: "ts", Value: day1.Add(time.Minute)}, {Key: "sensor", Value: "a"}, {Key: "v", Value: 3}})
-	if r := c.cmd(bson.D{{Key: "tsproxyFlush", Value: 1}, {Key: "$db", Value: "admin"}}); !bsonOK(r) {
-		t.Fatalf("flush: %s", r)
-	}
-	if n := wireCount(t, c); n != 3 {
-		t.Fatalf("count after the flush: %d events, want the 3 acknowledged", n)
-	}
+	_, err = s.runMerge(wrap(upRunner{up: up}), up, rule, caps, stage.MergeOptions{All: true}, false)
+	return err
 }
 
 func bsonOK(r bson.Raw) bool {
@@ -140,19 +146,7 @@ func TestFreezeRenameReplyLost(t *testing.T) {
 	c := dialWire(t, addr)
 	day1 := time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC)
 	wireInsert(t, c, bson.D{{Key: "ts", Value: day1}, {Key: "sensor", Value: "a"}, {Key: "v", Value: 1}})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	up, err := s.opts.Dialer.Dial(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer up.Close()
-	caps, err := s.upstreamCapsOn(up)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rule := s.opts.Rules.Lookup("db", "readings")
-	if _, err = s.runMerge(&loseNthRenameReply{r: upRunner{up: up}, n: 1}, up, rule, caps, stage.MergeOptions{All: true}, false); err == nil {
+	if err := mergeThrough(t, s, func(r stepRunner) stepRunner { return &loseNthRenameReply{r: r, n: 1} }); err == nil {
 		t.Fatal("the merge with a lost rename reply succeeded")
 	}
 	wireInsert(t, c, bson.D{{Key: "ts", Value: day1.Add(time.Minute)}, {Key: "sensor", Value: "a"}, {Key: "v", Value: 2}})

@@ -14,15 +14,7 @@ import (
 // nothing makes room any more; the waiting insert must not hold Shutdown
 // for its whole wait (maxTimeMS, or a minute).
 func TestShutdownWithInsertWaitingForRoom(t *testing.T) {
-	s, addr := startWireProxy(t, `rules:
-  - namespace: db.readings
-    timeField: ts
-    metaField: sensor
-    bucket:
-      span: 1h
-    mergeAfter: 1h
-    maxStaged: 1000
-`, "", nil)
+	s, addr := startWireProxy(t, stagedWireRule+"    maxStaged: 1000\n", "", nil)
 	// The merges are behind (here: stopped, as Shutdown stops them first).
 	s.stopSweeper()
 	c := dialWire(t, addr)
