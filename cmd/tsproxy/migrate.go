@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -263,12 +264,14 @@ func (o *migrateOptions) saveState(ctx context.Context, st *migrationState) erro
 }
 
 // copyAll reads the source after the checkpoint in _id order and writes it
-// in batches; the first batch of a resumed run leaves out the events the
-// interrupted run already stored.
+// in batches. Batches leave out the events the rule holds already, from
+// the first on, until one finds none: a run killed before its first
+// checkpoint, or resumed with a smaller --batch than the interrupted
+// batch, stored them twice.
 func (o *migrateOptions) copyAll(ctx context.Context, src, dst *mongo.Collection, st *migrationState, resumed bool, total int64) error {
 	filter := bson.D{}
 	if st.LastID.Type != 0 {
-		filter = bson.D{{Key: "_id", Value: bson.D{{Key: "$gt", Value: st.LastID}}}}
+		filter = afterID(st.LastID)
 	}
 	cur, err := src.Find(ctx, filter, options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}).SetBatchSize(int32(o.batch)))
 	if err != nil {
@@ -277,23 +280,24 @@ func (o *migrateOptions) copyAll(ctx context.Context, src, dst *mongo.Collection
 	defer cur.Close(ctx)
 	t0 := time.Now()
 	startCopied := st.Copied + st.Skipped
-	checkFirst := resumed
+	check := true
 	var docs []bson.Raw
 	flush := func() error {
 		if len(docs) == 0 {
 			return nil
 		}
 		batch := docs
-		if checkFirst {
-			checkFirst = false
+		if check {
 			var err error
 			if batch, err = o.withoutStored(ctx, dst, docs); err != nil {
 				return err
 			}
-			if n := len(docs) - len(batch); n > 0 {
-				fmt.Fprintf(o.out, "resume: %d events of the interrupted batch were already stored; not written again\n", n)
+			n := len(docs) - len(batch)
+			if n > 0 {
+				fmt.Fprintf(o.out, "resume: %d events of the interrupted run were already stored; not written again\n", n)
 				st.Copied += int64(n)
 			}
+			check = n > 0
 		}
 		copied, skipped, err := o.writeBatch(ctx, dst, batch)
 		if err != nil {
@@ -325,6 +329,61 @@ func (o *migrateOptions) copyAll(ctx context.Context, src, dst *mongo.Collection
 	}
 	st.Done = true
 	return o.saveState(ctx, st)
+}
+
+// idTypeOrder is BSON's sort order of the types an _id may have, by
+// their $type aliases (numbers compare with each other, as strings do
+// with symbols).
+var idTypeOrder = [][]string{
+	{"int", "long", "double"}, {"string"}, {"object"}, {"binData"},
+	{"objectId"}, {"bool"}, {"date"}, {"timestamp"}, {"regex"},
+}
+
+// afterID matches the _ids after last in _id order. {$gt: last} alone
+// matches only _ids of last's type (type bracketing), and a resumed run
+// never read the events whose _ids were of a type sorting after it.
+func afterID(last bson.RawValue) bson.D {
+	gt := bson.D{{Key: "_id", Value: bson.D{{Key: "$gt", Value: last}}}}
+	class := slices.IndexFunc(idTypeOrder, func(aliases []string) bool { return slices.Contains(aliases, typeAlias(last.Type)) })
+	if class < 0 || class == len(idTypeOrder)-1 {
+		return gt
+	}
+	var later bson.A
+	for _, aliases := range idTypeOrder[class+1:] {
+		for _, a := range aliases {
+			later = append(later, a)
+		}
+	}
+	return bson.D{{Key: "$or", Value: bson.A{gt, bson.D{{Key: "_id", Value: bson.D{{Key: "$type", Value: later}}}}}}}
+}
+
+// typeAlias is the $type alias of t, among idTypeOrder's ("" for others).
+func typeAlias(t bson.Type) string {
+	switch t {
+	case bson.TypeInt32:
+		return "int"
+	case bson.TypeInt64:
+		return "long"
+	case bson.TypeDouble:
+		return "double"
+	case bson.TypeString:
+		return "string"
+	case bson.TypeEmbeddedDocument:
+		return "object"
+	case bson.TypeBinary:
+		return "binData"
+	case bson.TypeObjectID:
+		return "objectId"
+	case bson.TypeBoolean:
+		return "bool"
+	case bson.TypeDateTime:
+		return "date"
+	case bson.TypeTimestamp:
+		return "timestamp"
+	case bson.TypeRegex:
+		return "regex"
+	}
+	return ""
 }
 
 // withoutStored drops from docs the events whose _id the rule's namespace

@@ -64,6 +64,12 @@ func runRollups(ctx context.Context, args []string, out, logOut io.Writer) error
 
 func rebuildRollups(ctx context.Context, env *migrationEnv, rule *rules.Rule, out io.Writer) error {
 	updb := env.upstream.Database(rule.DB)
+	// What is staged is merged first: a merge counts its events into the
+	// rollups, and the read below, which merges first, merged it after
+	// the rollups were recreated and then counted it a second time.
+	if err := env.viaProxy.Database("admin").RunCommand(ctx, bson.D{{Key: "tsproxyFlush", Value: rule.Namespace}}).Err(); err != nil {
+		return fmt.Errorf("rollups: merge what is staged in %s first: %w", rule.Namespace, err)
+	}
 	for _, res := range rule.Rollups {
 		if err := recreateRollupCollection(ctx, env, updb, rule, rule.RollupCollection(res)); err != nil {
 			return err
