@@ -188,7 +188,7 @@ func (s *IDSet) MayHold(doc bsoncore.Document) (id bson.ObjectID, may, ok bool) 
 	}
 	unhashed, _ := doc.Lookup(idEntryUnhashed).BooleanOK()
 	_, filter, okf := doc.Lookup(idEntryFilter).BinaryOK()
-	if !okf || len(filter) == 0 || s.always || (unhashed && (s.anyUnhashed || len(s.hashed) > 0 && hasNumberKey(s.hashed))) {
+	if !okf || len(filter) == 0 || s.always || (unhashed && (s.anyUnhashed || len(s.hashed) > 0 && hasUnhashedEqual(s.hashed))) {
 		// No usable filter, or an id the filter cannot rule out.
 		return id, true, true
 	}
@@ -216,10 +216,12 @@ func (s *IDSet) Likely(doc bsoncore.Document, span int64) bool {
 	return false
 }
 
-// hasNumberKey: a number may equal an unhashed decimal of the bucket.
-func hasNumberKey(keys [][]byte) bool {
+// hasUnhashedEqual: a number may equal an unhashed decimal of the
+// bucket, and a string an unhashed symbol (entries written before
+// symbols were hashed as strings).
+func hasUnhashedEqual(keys [][]byte) bool {
 	for _, k := range keys {
-		if k[0] == 'n' || k[0] == 'd' {
+		if k[0] == 'n' || k[0] == 'd' || k[0] == 's' {
 			return true
 		}
 	}
@@ -227,9 +229,9 @@ func hasNumberKey(keys [][]byte) bool {
 }
 
 // idHashKey is the key an id is hashed under, equal for ids MongoDB
-// compares equal: ObjectIDs and strings by their bytes, numbers by value
-// (int32 5, int64 5 and double 5.0 alike). Other types (and decimals,
-// NaN) are not hashed.
+// compares equal: ObjectIDs and strings (and symbols) by their bytes,
+// numbers by value (int32 5, int64 5 and double 5.0 alike). Other types
+// (and decimals, NaN) are not hashed.
 func idHashKey(v bsoncore.Value) ([]byte, bool) {
 	switch v.Type {
 	case bsoncore.TypeObjectID:
@@ -237,6 +239,9 @@ func idHashKey(v bsoncore.Value) ([]byte, bool) {
 		return append([]byte{'o'}, oid[:]...), ok
 	case bsoncore.TypeString:
 		s, ok := v.StringValueOK()
+		return append([]byte{'s'}, s...), ok
+	case bsoncore.TypeSymbol: // MongoDB compares a symbol and a string of the same characters equal
+		s, ok := v.SymbolOK()
 		return append([]byte{'s'}, s...), ok
 	case bsoncore.TypeInt32, bsoncore.TypeInt64:
 		n, ok := v.AsInt64OK()
