@@ -252,12 +252,15 @@ func (c *conn) checkNameFree(rule *rules.Rule) error {
 // createdRuleCreate answers a create of a created rule's namespace: ok for
 // the same options (MongoDB 7.1+), NamespaceExists otherwise.
 func (c *conn) createdRuleCreate(req *request, rule *rules.Rule) error {
+	if !admin.HasTimeseries(req.msg.Body) {
+		// Any other create of the name (capped, a validator...) meets
+		// the collection: NamespaceExists, before its options are read
+		// as a time-series create's (they answered InvalidOptions).
+		return c.replyRewriteError(req, admin.ExistsError(rule.CreatedOf(), rule))
+	}
 	created, err := admin.ParseTimeseriesCreate(req.msg.Body, req.db)
 	if err != nil {
 		return c.replyRewriteError(req, err)
-	}
-	if !admin.HasTimeseries(req.msg.Body) {
-		return c.replyRewriteError(req, admin.ExistsError(created, rule))
 	}
 	if admin.SameTimeseries(created, rule) {
 		return c.replyBody(req, okReply())
@@ -386,6 +389,71 @@ func createdInDB(set *rules.Set, db string) []rules.Rule {
 	return out
 }
 
+// markDropping marks every ready catalog entry of db "dropping", from a
+// catalog read now: one marked on an older snapshot failed its
+// compare-and-set when a collMod or a create had changed it meanwhile,
+// was skipped, and survived the database. A mark that loses such a race
+// is tried again on a new read, a few times, then the drop is refused
+// rather than run with an entry unmarked.
+func (c *conn) markDropping(db string) (marked []admin.CatalogEntry, err error) {
+	done := map[string]bool{}
+	for attempt := 0; attempt < 5; attempt++ {
+		snap, err := c.s.cat.refresh(nil)
+		if err != nil {
+			return marked, err
+		}
+		lost := false
+		for _, old := range snap.entries {
+			if old.Created.DB != db || old.State != admin.StateReady || done[old.Namespace()] {
+				continue
+			}
+			dropping := old
+			dropping.State = admin.StateDropping
+			n, err := c.s.cat.write(admin.CatalogReplace(dropping, old.Nonce, admin.StateReady))
+			if err != nil {
+				return marked, err
+			}
+			if n != 1 {
+				lost = true
+				continue
+			}
+			done[old.Namespace()] = true
+			marked = append(marked, dropping)
+		}
+		if !lost {
+			return marked, nil
+		}
+	}
+	return marked, mongoerr.Errorf(mongoerr.ConflictingOperationInProgress, "dropDatabase %s: its time-series collections keep changing (a create or collMod through another client); try again", db)
+}
+
+// forgetDroppedDB deletes the catalog entries of db, whose database the
+// upstream dropped: those it marked, and any other entry of db a catalog
+// read now finds (a create that ended while the drop waited out the
+// lease: its buckets went with the database, and its entry stayed ready).
+func (c *conn) forgetDroppedDB(db string, marked []admin.CatalogEntry) {
+	entries := map[string]admin.CatalogEntry{}
+	for _, e := range marked {
+		entries[e.Namespace()] = e
+	}
+	if snap, err := c.s.cat.refresh(nil); err == nil {
+		for ns, e := range snap.entries {
+			if e.Created.DB == db {
+				entries[ns] = e
+			}
+		}
+	} else {
+		c.log.Warn("catalog: read after dropDatabase failed; only the entries it marked are deleted", "db", db, "err", err.Error())
+	}
+	for _, e := range entries {
+		if _, err := c.s.cat.write(admin.CatalogDelete(e.Namespace(), e.Nonce)); err != nil {
+			c.log.Warn("catalog: an entry of a dropped database was left; drop the namespace again", "ns", e.Namespace(), "err", err.Error())
+		}
+		r := rules.NewCreatedRule(e.Created)
+		c.s.forgetNamespace(r.BucketNamespace())
+	}
+}
+
 // dropDatabaseTimeseries serves dropDatabase of a database with created
 // time-series collections: their entries go "dropping" (every proxy
 // stops routing to them) before the database goes, then the entries go.
@@ -406,18 +474,13 @@ func (c *conn) dropDatabaseTimeseries(req *request, created []rules.Rule) error 
 		}
 		return c.replyRewriteError(req, rewrite.NotAuthorized(req.db, req.name))
 	}
-	snap := c.s.cat.snap.Load()
-	var marked []admin.CatalogEntry
-	for i := range created {
-		old, ok := snap.entries[created[i].Namespace]
-		if !ok || old.State != admin.StateReady {
-			continue
+	marked, err := c.markDropping(req.db)
+	if err != nil {
+		c.restoreEntries(marked...)
+		if req.msg.Flags&wire.MoreToCome != 0 {
+			return nil
 		}
-		dropping := old
-		dropping.State = admin.StateDropping
-		if n, err := c.s.cat.write(admin.CatalogReplace(dropping, old.Nonce, admin.StateReady)); err == nil && n == 1 {
-			marked = append(marked, dropping)
-		}
+		return c.replyRewriteError(req, err)
 	}
 	c.s.cat.reread("dropDatabase began")
 	c.s.cat.waitOut()
@@ -430,13 +493,7 @@ func (c *conn) dropDatabaseTimeseries(req *request, created []rules.Rule) error 
 	if !mongoerr.IsOK(reply) {
 		c.restoreEntries(marked...)
 	} else {
-		for _, e := range marked {
-			if _, err := c.s.cat.write(admin.CatalogDelete(e.Namespace(), e.Nonce)); err != nil {
-				c.log.Warn("catalog: an entry of a dropped database was left; drop the namespace again", "ns", e.Namespace(), "err", err.Error())
-			}
-			r := rules.NewCreatedRule(e.Created)
-			c.s.forgetNamespace(r.BucketNamespace())
-		}
+		c.forgetDroppedDB(req.db, marked)
 	}
 	c.s.cat.reread("dropDatabase")
 	if req.msg.Flags&wire.MoreToCome != 0 {

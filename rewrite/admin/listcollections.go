@@ -7,6 +7,7 @@ import (
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rewrite/query"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -29,6 +30,13 @@ type ListCollectionsPlan struct {
 	nameOnly bool
 	// firstPartition: see PlanListCollectionsPartitioned.
 	firstPartition map[string]string
+	// post, when set, is the client's whole filter, applied to the
+	// listing as the app sees it: a filter on anything but the name
+	// (type, options, info) matched the bucket collection's own entry
+	// upstream ({type: "timeseries"} found nothing, {type: "collection"}
+	// the time-series collections), so the upstream gets its name part
+	// alone and the proxy filters what it shows.
+	post query.DocPred
 }
 
 // PlanListCollections rewrites listCollections on db, where rs are the
@@ -60,6 +68,17 @@ func PlanListCollectionsPartitioned(body []byte, db string, rs []*rules.Rule, fi
 				out = append(out, e...) // let the upstream refuse it
 				continue
 			}
+			if hasOtherThanName(f) {
+				fc := query.Compiler{Unsupported: func(format string, args ...any) error {
+					return p.refuse("filter: "+format+" is not supported on a database with bucketed namespaces", args...)
+				}}
+				post, err := fc.Compile(f, 0)
+				if err != nil {
+					return nil, err
+				}
+				p.post = post
+				f = nameOnlyFilter(f)
+			}
 			nf, err := p.mapFilter(f)
 			if err != nil {
 				return nil, err
@@ -74,6 +93,26 @@ func PlanListCollectionsPartitioned(body []byte, db string, rs []*rules.Rule, fi
 	out, _ = bsoncore.AppendDocumentEnd(out, idx)
 	p.Command = out
 	return p, nil
+}
+
+// hasOtherThanName says whether filter f asks for more than the name.
+func hasOtherThanName(f bsoncore.Document) bool {
+	elems, _ := f.Elements()
+	for _, e := range elems {
+		if e.Key() != "name" {
+			return true
+		}
+	}
+	return false
+}
+
+// nameOnlyFilter is f's top-level name condition alone ({} without one).
+func nameOnlyFilter(f bsoncore.Document) bsoncore.Document {
+	b := bsoncore.NewDocumentBuilder()
+	if v, err := f.LookupErr("name"); err == nil {
+		b.AppendValue("name", v)
+	}
+	return b.Build()
 }
 
 func (p *ListCollectionsPlan) refuse(format string, args ...any) error {
@@ -205,7 +244,7 @@ func (p *ListCollectionsPlan) Feed(reply []byte) []byte {
 		vals, _ := arr.Values()
 		for _, v := range vals {
 			if d, ok := v.DocumentOK(); ok {
-				if m := p.mapDoc(d); m != nil {
+				if m := p.mapDoc(d); m != nil && (p.post == nil || p.post(m)) {
 					p.docs = append(p.docs, m)
 				}
 			}

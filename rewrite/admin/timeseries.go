@@ -3,6 +3,7 @@ package admin
 import (
 	"math"
 	"strings"
+	"time"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -193,6 +194,13 @@ func expireAfterSeconds(v bsoncore.Value) (int64, error) {
 	if n < 0 {
 		return 0, mongoerr.Errorf(mongoerr.InvalidOptions, "TTL index 'expireAfterSeconds' option cannot be less than 0")
 	}
+	if n > time.Now().Unix() {
+		// MongoDB's bound for clustered and time-series collections. In
+		// a time.Duration more than about 292 years wrapped: 2^55 + 3600
+		// seconds became an hour, and the sweeper deleted every event
+		// older than that.
+		return 0, mongoerr.Errorf(mongoerr.InvalidOptions, "TTL index 'expireAfterSeconds' option must be within an acceptable range, try a lower number")
+	}
 	return n, nil
 }
 
@@ -296,7 +304,12 @@ func modBucketing(ts bsoncore.Document, c *rules.Created) error {
 				return mongoerr.Errorf(mongoerr.BadValue, "Enumeration value '%s' for field 'collMod.timeseries.granularity' is not a valid value.", g)
 			}
 			old := c.Declared.Granularity
-			if old == "" || rules.GranularityRank(g) < rules.GranularityRank(old) {
+			if span, _, _ := rules.GranularitySpan(g); old == "" && span < c.Declared.BucketMaxSpanSeconds {
+				// Custom bucketing takes a granularity of at least its
+				// span (MongoDB 6.3+), not a shorter one.
+				return mongoerr.Errorf(mongoerr.InvalidOptions, "Timeseries 'bucketMaxSpanSeconds' needs to be equal or greater to transition")
+			}
+			if old != "" && rules.GranularityRank(g) < rules.GranularityRank(old) {
 				return mongoerr.Errorf(mongoerr.InvalidOptions, "Invalid transition for timeseries.granularity. Can only transition from 'seconds' to 'minutes' or 'minutes' to 'hours'.")
 			}
 			c.Declared.Granularity = g

@@ -82,6 +82,8 @@ func TestTimeseriesCollMod(t *testing.T) {
 		Declared: rules.Timeseries{Granularity: "minutes"}, SpanSeconds: 86400, ExpireAfterSeconds: 60})
 	custom := rules.NewCreatedRule(rules.Created{DB: "db", Collection: "w", TimeField: "t",
 		Declared: rules.Timeseries{BucketMaxSpanSeconds: 600, BucketRoundingSeconds: 600}, SpanSeconds: 600})
+	customLong := rules.NewCreatedRule(rules.Created{DB: "db", Collection: "w", TimeField: "t",
+		Declared: rules.Timeseries{BucketMaxSpanSeconds: 7200, BucketRoundingSeconds: 7200}, SpanSeconds: 7200})
 	cases := []struct {
 		name string
 		rule *rules.Rule
@@ -102,7 +104,11 @@ func TestTimeseriesCollMod(t *testing.T) {
 		{name: "longer custom", rule: &custom, body: D{{Key: "collMod", Value: "w"}, {Key: "timeseries", Value: D{{Key: "bucketMaxSpanSeconds", Value: 900}, {Key: "bucketRoundingSeconds", Value: 900}}}},
 			want: rules.Timeseries{BucketMaxSpanSeconds: 900, BucketRoundingSeconds: 900}},
 		{name: "shorter custom", rule: &custom, body: D{{Key: "collMod", Value: "w"}, {Key: "timeseries", Value: D{{Key: "bucketMaxSpanSeconds", Value: 60}, {Key: "bucketRoundingSeconds", Value: 60}}}}, code: mongoerr.InvalidOptions},
-		{name: "custom to granularity", rule: &custom, body: D{{Key: "collMod", Value: "w"}, {Key: "timeseries", Value: D{{Key: "granularity", Value: "hours"}}}}, code: mongoerr.InvalidOptions},
+		// MongoDB 6.3+: custom bucketing takes a granularity of at least
+		// its span, not a shorter one.
+		{name: "custom to a granularity as long", rule: &custom, body: D{{Key: "collMod", Value: "w"}, {Key: "timeseries", Value: D{{Key: "granularity", Value: "hours"}}}},
+			want: rules.Timeseries{Granularity: "hours", BucketMaxSpanSeconds: 2592000, BucketRoundingSeconds: 86400}},
+		{name: "custom to a shorter granularity", rule: &customLong, body: D{{Key: "collMod", Value: "w"}, {Key: "timeseries", Value: D{{Key: "granularity", Value: "seconds"}}}}, code: mongoerr.InvalidOptions},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
