@@ -328,6 +328,19 @@ func (c *conn) route(req *request) error {
 	if rule, route := c.bucketedTarget(req); route != routePassthrough {
 		return c.handleBucketed(req, rule, route)
 	}
+	if rule, what := c.crossRefRule(req); rule != nil {
+		if err := c.ensureUpstream(); err != nil {
+			return c.replyUpstreamDown(req, err)
+		}
+		if done, err := c.gate(req, rule); done || err != nil {
+			return err
+		}
+		if req.msg.Flags&wire.MoreToCome != 0 {
+			return nil
+		}
+		return c.replyError(req, mongoerr.NotImplemented, fmt.Sprintf(
+			"tsproxy rule %s: %s naming a bucketed namespace from a command on another collection is not supported (its events are in %s, which the upstream would read or write as it is)", rule.Namespace, what, rule.BucketNamespace()))
+	}
 	if rule := c.rollupTarget(req); rule != nil {
 		// A staged rule's rollups count its events when they are
 		// merged: the merge runs first, as before a read of the events.
@@ -428,7 +441,22 @@ func (c *conn) passthrough(req *request) error {
 }
 
 // writeFrame sends a whole reply frame, compressed if the request was.
+// A reply over limits.maxMessageBytes, which hello announces as the
+// maxMessageSizeBytes of both directions, is answered with an error
+// naming the limit: a driver drops a connection whose reply is larger
+// than the server announced ("length of read message too large") and
+// retried until its deadline.
 func (c *conn) writeFrame(req *request, frame []byte) error {
+	if len(frame) > c.s.opts.MaxMessageBytes {
+		msg := fmt.Sprintf("tsproxy: the reply of %d bytes is larger than the limit of %d bytes (limits.maxMessageBytes, announced as maxMessageSizeBytes); ask for smaller batches (batchSize)", len(frame), c.s.opts.MaxMessageBytes)
+		c.log.Warn("refusing an oversized reply", "command", req.name, "size", len(frame), "limit", c.s.opts.MaxMessageBytes)
+		body := mongoerr.Reply(mongoerr.Errorf(mongoerr.BSONObjectTooLarge, "%s", msg))
+		if req.legacy {
+			frame = wire.AppendReply(nil, upstream.NextRequestID(), req.h.RequestID, body)
+		} else {
+			frame = wire.AppendMsg(nil, upstream.NextRequestID(), req.h.RequestID, 0, body)
+		}
+	}
 	if req.compressor != 0 {
 		cf, err := wire.Compress(frame, req.compressor)
 		if err != nil {

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
@@ -31,7 +30,7 @@ type failNthRename struct {
 
 func (f *failNthRename) runStep(step rewrite.Step) ([][]byte, error) {
 	for _, u := range step {
-		if _, err := bsoncore.Document(u.Body).LookupErr("renameCollection"); err == nil {
+		if _, err := bson.Raw(u.Body).LookupErr("renameCollection"); err == nil {
 			f.seen++
 			if f.seen == f.n {
 				return nil, errors.New("injected: upstream connection reset")
@@ -129,7 +128,7 @@ type loseNthRenameReply struct {
 func (f *loseNthRenameReply) runStep(step rewrite.Step) ([][]byte, error) {
 	replies, err := f.r.runStep(step)
 	for _, u := range step {
-		if _, e := bsoncore.Document(u.Body).LookupErr("renameCollection"); e == nil {
+		if _, e := bson.Raw(u.Body).LookupErr("renameCollection"); e == nil {
 			f.seen++
 			if f.seen == f.n {
 				return nil, errors.New("injected: connection reset after the rename was sent")

@@ -87,4 +87,10 @@ func TestRestartedGuestsStaging(t *testing.T) {
 	if !bsonOK(r) {
 		t.Fatalf("flush on the restarted proxy failed after %s: %s", time.Since(began).Round(time.Millisecond), r.Lookup("errmsg"))
 	}
+	// Every event staged before the inserts that go on is there once:
+	// the first run's five among them, merged, not dropped.
+	r = c2.cmd(bson.D{{Key: "count", Value: "readings"}, {Key: "query", Value: bson.D{{Key: "ts", Value: bson.D{{Key: "$lte", Value: t0.Add(6 * time.Second)}}}}}, {Key: "$db", Value: "db"}})
+	if n, _ := r.Lookup("n").AsInt64OK(); n != 7 {
+		t.Fatalf("count of the events before the ongoing inserts: %s, want 7", r)
+	}
 }
