@@ -15,10 +15,16 @@ import (
 // validateExpireAfterSeconds: InvalidOptions "TTL index 'expireAfterSeconds'
 // option must be within an acceptable range, try a lower number";
 // jstests/core/timeseries/timeseries_create_collection.js:
-// NumberLong("4611686018427387904") -> InvalidOptions). The proxy accepts
-// any int64, and the rule's time.Duration overflows.
+// NumberLong("4611686018427387904") -> InvalidOptions). The proxy accepted
+// any int64, and the rule's time.Duration overflowed. The bound is pinned
+// from both sides: a day past now is refused, a day before it taken.
 func TestCreateHugeExpireAfterSeconds(t *testing.T) {
-	for _, n := range []int64{4611686018427387904, 36028797018967568, 10_000_000_000} {
+	now := time.Now().Unix()
+	ok := rwtest.Doc(t, D{{Key: "create", Value: "w"}, {Key: "timeseries", Value: D{{Key: "timeField", Value: "t"}}}, {Key: "expireAfterSeconds", Value: now - 86400}})
+	if c, err := ParseTimeseriesCreate(ok, "db"); err != nil || c.ExpireAfterSeconds != now-86400 {
+		t.Fatalf("expireAfterSeconds a day under the bound: %+v, %v", c, err)
+	}
+	for _, n := range []int64{4611686018427387904, 36028797018967568, 10_000_000_000, now + 86400} {
 		body := rwtest.Doc(t, D{{Key: "create", Value: "w"}, {Key: "timeseries", Value: D{{Key: "timeField", Value: "t"}}}, {Key: "expireAfterSeconds", Value: n}})
 		c, err := ParseTimeseriesCreate(body, "db")
 		if err == nil {
@@ -41,6 +47,9 @@ func TestCollModHugeExpireAfterSeconds(t *testing.T) {
 	if err == nil {
 		r := rules.NewCreatedRule(c)
 		t.Fatalf("collMod expireAfterSeconds 36028797018967568 accepted; the rule expires events after %v", r.ExpireAfter)
+	}
+	if codeOf(err) != mongoerr.InvalidOptions || !strings.Contains(err.Error(), "acceptable range") {
+		t.Fatalf("collMod expireAfterSeconds 36028797018967568: %v, want InvalidOptions (acceptable range)", err)
 	}
 }
 

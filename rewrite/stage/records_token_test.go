@@ -10,14 +10,6 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/stage"
 )
 
-// TestRecordsOfMergesOfOneToken: a retryable write's first attempt is
-// staged on proxy G (its reply lost), the driver's retry on proxy H (the
-// holder). G freezes its collection at G's clock T; H's merge, run as
-// proxy.Server.runMergeLocked runs it (retired first, freeze, retired
-// again, all with one Now), starts at H's clock T too. Both retired
-// collections get token T: the record of the first is the record of the
-// second (a duplicate key, taken as a repeat), and mergedElsewhere skips
-// records of the merge's own token, so the retry is merged again.
 // TestRecordsOfMergesOfOneToken: two retired collections with one token
 // (a guest froze its own at T on its clock; the holder, merging it and
 // then freezing its own in one run, took T on its clock too). A retry of
