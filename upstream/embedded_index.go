@@ -109,3 +109,27 @@ func (e *Embedded) DropOrphanedTable(ctx context.Context, db, table string) (boo
 	}
 	return true, nil
 }
+
+// IndexBytes is the size of the _id index IndexIDs made on db.coll (0
+// without one): FerretDB's collStats counts only the indexes its catalog
+// lists, and so leaves it out.
+func (e *Embedded) IndexBytes(ctx context.Context, db, coll string) (int64, error) {
+	sdb, err := e.sqlite(db)
+	if err != nil {
+		return 0, err
+	}
+	defer sdb.Close()
+	var table string
+	err = sdb.QueryRowContext(ctx, `SELECT table_name FROM "_ferretdb_collections" WHERE name = ?`, coll).Scan(&table)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("embedded upstream: index of %s.%s: %w", db, coll, err)
+	}
+	var n sql.NullInt64
+	if err := sdb.QueryRowContext(ctx, `SELECT SUM(pgsize) FROM dbstat WHERE name = ?`, table+"_tsproxy_id").Scan(&n); err != nil {
+		return 0, fmt.Errorf("embedded upstream: size of the index of %s.%s: %w", db, coll, err)
+	}
+	return n.Int64, nil
+}

@@ -175,7 +175,7 @@ func benchDashboard(e *benchEnv, runs, events, every int) error {
 			return fmt.Errorf("run %d: tsproxyFlush: %w", r, err)
 		}
 		fmt.Fprintf(os.Stderr, "  run %d: a flush of %d more inserts (and of the stale event-id index entries the reads' merges left waiting) took %.1f ms: %d events into %d buckets; %s\n", r, every, ms(fd), fr.events, fr.buckets, slowestSteps(fr.steps, 6))
-		st, err := settled(ctx, cs.direct.Database(db))
+		st, err := settled(ctx, cs.direct.Database(db), e.indexBytes)
 		if err != nil {
 			return fmt.Errorf("run %d: %w", r, err)
 		}

@@ -199,7 +199,7 @@ func benchIngest(e *benchEnv, runs, events int, only string) error {
 			if err != nil {
 				fail("run %d batch %d clients %d: %v", r, c.batch, c.conc, err)
 			} else {
-				st, err := settled(ctx, directC.Database(db))
+				st, err := settled(ctx, directC.Database(db), e.indexBytes)
 				s.st = st
 				switch {
 				case err != nil:

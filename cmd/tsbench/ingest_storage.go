@@ -30,7 +30,9 @@ type ingestStorage struct {
 // the collections' statistics and counts, the events in the buckets, and
 // the staging collections left (any collection but the plain one, the
 // bucket collection, the writer leases and the staging tier's txns).
-func settled(ctx context.Context, db *mongo.Database) (ingestStorage, error) {
+// indexBytes, where set (the embedded upstream), sizes the _id index the
+// proxy adds to its bucket collection there, which collStats leaves out.
+func settled(ctx context.Context, db *mongo.Database, indexBytes func(ctx context.Context, db, coll string) (int64, error)) (ingestStorage, error) {
 	var st ingestStorage
 	names, err := db.ListCollectionNames(ctx, bson.D{})
 	if err != nil {
@@ -78,11 +80,15 @@ func settled(ctx context.Context, db *mongo.Database) (ingestStorage, error) {
 	if st.bucket, err = stats(ctx, db, bucketColl); err != nil {
 		return st, err
 	}
-	// The event-id index (one small document per bucket) and the records
-	// of merged retryable writes are storage the rule's buckets need (the
-	// records shrink past the retry horizon, but their collection and its
-	// index stay): counted with them, except in the bucket collection's
-	// own collStats count.
+	// The event-id index (one small document per bucket), the records
+	// of merged retryable writes and the writer leases (with the staging
+	// format record) are storage the rule's buckets need (the records
+	// shrink past the retry horizon, but their collection and its index
+	// stay; the leases' collection is the database's, for every rule in
+	// it): counted with them, except in the bucket collection's own
+	// collStats count. So is the embedded upstream's own _id index of the
+	// bucket collection, which its collStats leaves out (until 2026-11-29
+	// neither it nor the leases were counted).
 	own, err := ruleOwnStats(ctx, db, bucketColl)
 	if err != nil {
 		return st, err
@@ -90,6 +96,13 @@ func settled(ctx context.Context, db *mongo.Database) (ingestStorage, error) {
 	st.bucket.size += own.size
 	st.bucket.indexSize += own.indexSize
 	st.bucketN += own.count
+	if indexBytes != nil {
+		n, err := indexBytes(ctx, db.Name(), bucketColl)
+		if err != nil {
+			return st, err
+		}
+		st.bucket.indexSize += n
+	}
 	st.docsRat = ratio(st.plainN, st.bucketN)
 	st.idxRat = ratio(st.plain.indexSize, st.bucket.indexSize)
 	return st, nil
@@ -168,11 +181,12 @@ func belowStorage(c ingestCase, docs, idx float64) []string {
 
 // ruleOwnStats adds up the collStats of the collections a rule keeps of
 // its own beside its buckets, by the bucket collection's name: the
-// event-id index and the records of merged retryable writes (those of
-// them that exist).
+// event-id index, the records of merged retryable writes and the writer
+// leases (those of them that exist; each tsbench case has a database of
+// its own, so the leases are this rule's alone).
 func ruleOwnStats(ctx context.Context, db *mongo.Database, bucketColl string) (collStats, error) {
 	rule := rules.Rule{BucketCollection: bucketColl}
-	names, err := db.ListCollectionNames(ctx, bson.D{{Key: "name", Value: bson.D{{Key: "$in", Value: bson.A{rule.IDIndexCollection(), stage.TxnsCollection(&rule)}}}}})
+	names, err := db.ListCollectionNames(ctx, bson.D{{Key: "name", Value: bson.D{{Key: "$in", Value: bson.A{rule.IDIndexCollection(), stage.TxnsCollection(&rule), rules.LeaseCollection}}}}})
 	if err != nil {
 		return collStats{}, fmt.Errorf("listCollections %s: %w", db.Name(), err)
 	}

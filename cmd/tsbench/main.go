@@ -30,6 +30,9 @@ type benchEnv struct {
 	// indexIDs adds the embedded upstream's _id index to a collection
 	// (nil elsewhere), as the proxy does to the collections it creates.
 	indexIDs func(ctx context.Context, db, coll string) error
+	// indexBytes is the size of that index, which collStats leaves out
+	// (nil elsewhere).
+	indexBytes func(ctx context.Context, db, coll string) (int64, error)
 }
 
 func main() {
@@ -191,6 +194,7 @@ func withEnv(us upstreamSpec, rs []rules.Rule, f func(*benchEnv) error) error {
 		}
 		indexIDs = up.IndexIDs()
 		e.indexIDs = indexIDs
+		e.indexBytes = up.IndexBytes()
 		dropOrphanedTable = up.DropOrphanedTable()
 		fmt.Printf("backend %s\n", us.name())
 	}

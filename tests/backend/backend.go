@@ -191,6 +191,15 @@ func (u *Upstream) IndexIDs() func(ctx context.Context, db, coll string) error {
 	return u.Embedded.IndexIDs
 }
 
+// IndexBytes is the size of the embedded upstream's own _id index of a
+// collection (IndexIDs), which collStats leaves out; nil elsewhere.
+func (u *Upstream) IndexBytes() func(ctx context.Context, db, coll string) (int64, error) {
+	if u.Embedded == nil {
+		return nil
+	}
+	return u.Embedded.IndexBytes
+}
+
 // Stop stops the MongoDB-protocol server (the embedded FerretDB or the
 // ferretdb process); its data, and a postgresql upstream's cluster, stay
 // for Restart.
