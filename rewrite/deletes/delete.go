@@ -165,10 +165,10 @@ func (p *Request) planStatement(i int, d bsoncore.Document, caps caps.Upstream) 
 		return nil, err
 	}
 	rc.Caps = caps
-	sf, err := rc.Split(filter)
 	if caps.PackedEvents {
-		return p.planScanStatement(st, rc, filter, sf, err)
+		return p.planScanStatement(st, rc, filter)
 	}
+	sf, err := rc.Split(filter)
 	if err != nil {
 		st.Err = err
 		return st, nil
@@ -186,13 +186,22 @@ func (p *Request) planStatement(i int, d bsoncore.Document, caps caps.Upstream) 
 // planScanStatement plans a statement on an upstream that cannot see the
 // events (caps.Upstream.PackedEvents): the match command lists whole
 // buckets, narrowed by the filter's bucket part where it has one, and the
-// proxy matches their events itself (Candidates.Feed). splitErr is why
-// the filter has no bucket part and event part the upstream could run
-// ($or over the metaField on FerretDB): the scan does not need one.
-func (p *Request) planScanStatement(st *Statement, rc *query.Ctx, filter bsoncore.Document, sf query.SplitFilter, splitErr error) (*Statement, error) {
-	if splitErr != nil {
-		sf = query.SplitFilter{}
-	} else if st.Whole = sf.Event == nil; st.Whole {
+// proxy matches their events itself (Candidates.Feed).
+//
+// The upstream gets only the conditions that select buckets exactly on
+// every upstream (read.BucketPushDown): FerretDB evaluates other
+// operators on a bucket's meta unlike MongoDB, and a delete that let it
+// choose the buckets (whole, by the split filter's bucket part) deleted
+// events MongoDB keeps ({"sensor.tags.k": {$ne: "a"}} over arrays, a
+// $elemMatch range, a regex with $ before a final newline) and kept others.
+func (p *Request) planScanStatement(st *Statement, rc *query.Ctx, filter bsoncore.Document) (*Statement, error) {
+	safe, whole := read.BucketPushDown(rc, filter)
+	var sf query.SplitFilter
+	if len(safe) > 5 {
+		sf.Bucket = safe
+	}
+	if whole {
+		st.Whole = true
 		st.Match = p.matchCommand(sf, true, st.LimitOne, rc.Caps)
 		return st, nil
 	}

@@ -330,3 +330,26 @@ func (sc *bucketScan) orderExplain() string {
 	}
 	return "buckets by start, each window's events sorted by the proxy"
 }
+
+// BucketPushDown is the filter of the buckets that may hold events
+// matching filter, built only of what selects buckets exactly on every
+// upstream (pushDown: bounds on start, an equality or $in of byte-equal
+// values on the metaField; {} for none), and whether it selects exactly
+// the matching events (whole: filter is one such metaField condition,
+// or empty). FerretDB evaluates other operators on the bucket's meta
+// unlike MongoDB (regexes, $ne, $all and $elemMatch through arrays, $type
+// lists, null through arrays): a delete that let it choose the buckets
+// deleted events MongoDB keeps, and kept others.
+func BucketPushDown(rc *query.Ctx, filter bsoncore.Document) (bsoncore.Document, bool) {
+	var s pointSpec
+	sc := &bucketScan{dir: 1}
+	pushDown(rc, filter, &s, sc)
+	conj, err := rc.Conjuncts(filter, 0, nil)
+	whole := err == nil && len(conj) <= 1
+	for _, e := range conj {
+		if _, why := pointMetas(e.Value()); e.Key() != rc.MetaField || rc.MetaField == "" || why != "" {
+			whole = false
+		}
+	}
+	return sc.scanFilter(rc.Span), whole
+}
