@@ -88,14 +88,14 @@ func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
 	cmd := commandOf(req)
 	held := &heldLocks{c: c}
 	defer held.releaseAll()
-	part := func(r *rules.Rule, cmd rewrite.Command) rewrite.Plan {
+	part := func(r *rules.Rule, cmd rewrite.Command, indexes []int) rewrite.Plan {
 		prepared, err := insert.Prepare(cmd, r, bson.NewObjectID)
 		if err != nil {
 			// As MongoDB answers a document it cannot take.
 			return rewrite.Fail(mongoerr.Errorf(mongoerr.FailedToParse, "%s", err.Error()))
 		}
 		locked := held.lock(r.BucketNamespace(), prepared.Keys())
-		return insert.Plan(cmd, prepared, insert.Env{Caps: caps, NewObjectID: bson.NewObjectID, Fills: locked, Check: c.keysToCheck(req, rule, caps, locked)})
+		return insert.Plan(cmd, prepared, insert.Env{Caps: caps, NewObjectID: bson.NewObjectID, Fills: locked, Check: c.keysToCheck(req, rule, caps, locked), StmtIDs: indexes})
 	}
 	var p rewrite.Plan
 	if rule.Partitioned() {
@@ -106,7 +106,7 @@ func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
 		p = fanout.Insert(parts, ordered, rule, part)
 	} else {
 		c.ensureBucketIndex(rule)
-		p = part(rule, cmd)
+		p = part(rule, cmd, nil)
 	}
 	c.ensureLifecycle(rule)
 	res, err := c.runPlan(req, rule, routeRewrite, p)

@@ -120,11 +120,15 @@ func InsertPartFailed(reply []byte) bool {
 }
 
 // MergeInsertReplies is the reply of the client's insert from the
-// replies of its parts (the parts run, in order): n summed, writeErrors
-// renumbered to the client's indexes and sorted, the first
-// writeConcernError kept. A part that failed as a command (ok: 0) is the
-// answer itself, as the upstream gave it; the parts run before it stay
-// written, as with any failed insert.
+// replies of its parts (replies of the parts run, in order; an ordered
+// insert stops at a failed part): n summed, writeErrors renumbered to the
+// client's indexes and sorted, the first writeConcernError kept. The
+// events of a part that failed as a command (ok: 0), and of the parts an
+// ordered insert did not run, are each reported not written, when any
+// part wrote: the client learns what is stored (it was told nothing was,
+// and could write it again), and the rollups, which count every event
+// the reply does not name, counted the parts never run. With nothing
+// written, a command error is the answer itself, as the upstream gave it.
 func MergeInsertReplies(parts []InsertPart, replies [][]byte) []byte {
 	var n int64
 	type werr struct {
@@ -133,10 +137,42 @@ func MergeInsertReplies(parts []InsertPart, replies [][]byte) []byte {
 	}
 	var errs []werr
 	var wce bsoncore.Value
+	written := false
+	for _, r := range replies {
+		doc := bsoncore.Document(r)
+		if k, _ := doc.Lookup("n").AsInt64OK(); doc.Validate() == nil && mongoerr.IsOK(doc) && k > 0 {
+			written = true
+		}
+	}
+	var stop *mongoerr.Error // why an ordered insert stopped
+	notWritten := func(indexes []int, code mongoerr.Code, msg string) {
+		for _, g := range indexes {
+			errs = append(errs, werr{g, bsoncore.NewDocumentBuilder().AppendInt32("index", int32(g)).
+				AppendInt32("code", int32(code)).AppendString("errmsg", msg).Build()})
+		}
+	}
 	for i, r := range replies {
 		doc := bsoncore.Document(r)
 		if doc.Validate() != nil || !mongoerr.IsOK(doc) {
-			return r
+			if !written || i >= len(parts) || len(parts[i].Indexes) == 0 {
+				return r
+			}
+			e := mongoerr.FromReply(doc, "insert failed")
+			stop = e
+			notWritten(parts[i].Indexes, e.Code, e.Msg)
+			continue
+		}
+		if stop == nil {
+			if v, ok := bsonutil.Lookup(doc, "writeErrors"); ok {
+				vals, _ := bsoncore.Document(v.Data).Values()
+				if len(vals) > 0 {
+					if d, ok := vals[0].DocumentOK(); ok {
+						code, _ := d.Lookup("code").AsInt64OK()
+						msg, _ := d.Lookup("errmsg").StringValueOK()
+						stop = &mongoerr.Error{Code: mongoerr.Code(code), Msg: msg}
+					}
+				}
+			}
 		}
 		if v, ok := bsonutil.Lookup(doc, "n"); ok {
 			k, _ := v.AsInt64OK()
@@ -161,6 +197,12 @@ func MergeInsertReplies(parts []InsertPart, replies [][]byte) []byte {
 				global = parts[i].Indexes[local]
 			}
 			errs = append(errs, werr{global, renumbered(d, global)})
+		}
+	}
+	if len(replies) < len(parts) && stop != nil {
+		msg := "event not written: an earlier part of this ordered insert failed: " + stop.Msg
+		for _, p := range parts[len(replies):] {
+			notWritten(p.Indexes, stop.Code, msg)
 		}
 	}
 	slices.SortStableFunc(errs, func(a, b werr) int { return a.index - b.index })

@@ -118,7 +118,13 @@ func TestMergeInsertReplies(t *testing.T) {
 			{{Key: "n", Value: int32(1)}, {Key: "writeErrors", Value: bson.A{werr(1, "b")}}, {Key: "ok", Value: 1.0}},
 			{{Key: "n", Value: int32(1)}, {Key: "writeErrors", Value: bson.A{werr(0, "a")}}, {Key: "writeConcernError", Value: bson.D{{Key: "code", Value: int32(64)}}}, {Key: "ok", Value: 1.0}}},
 			bson.D{{Key: "n", Value: int32(2)}, {Key: "writeErrors", Value: bson.A{werr(1, "a"), werr(2, "b")}}, {Key: "writeConcernError", Value: bson.D{{Key: "code", Value: int32(64)}}}, {Key: "ok", Value: 1.0}}},
-		{"a command error is the answer", []bson.D{{{Key: "n", Value: int32(2)}, {Key: "ok", Value: 1.0}}, {{Key: "ok", Value: 0.0}, {Key: "errmsg", Value: "boom"}}},
+		// Written parts stay reported: the failed part's events are each
+		// not written (as MongoDB answers, and the unpartitioned insert).
+		{"a command error after a part wrote: per-event errors", []bson.D{{{Key: "n", Value: int32(2)}, {Key: "ok", Value: 1.0}}, {{Key: "ok", Value: 0.0}, {Key: "errmsg", Value: "boom"}}},
+			bson.D{{Key: "n", Value: int32(2)}, {Key: "writeErrors", Value: bson.A{
+				bson.D{{Key: "index", Value: int32(1)}, {Key: "code", Value: int32(1)}, {Key: "errmsg", Value: "boom"}},
+				bson.D{{Key: "index", Value: int32(3)}, {Key: "code", Value: int32(1)}, {Key: "errmsg", Value: "boom"}}}}, {Key: "ok", Value: 1.0}}},
+		{"a command error with nothing written is the answer", []bson.D{{{Key: "ok", Value: 0.0}, {Key: "errmsg", Value: "boom"}}},
 			bson.D{{Key: "ok", Value: 0.0}, {Key: "errmsg", Value: "boom"}}},
 	}
 	for _, tc := range cases {

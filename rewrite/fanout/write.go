@@ -11,11 +11,13 @@ import (
 // per partition (SplitInsert), each part run as the ordinary insert of its
 // partition (part's plan), and their replies merged into the client's.
 // With ordered:true a failed part stops the parts after it.
-func Insert(parts []InsertPart, ordered bool, rule *rules.Rule, part func(r *rules.Rule, cmd rewrite.Command) rewrite.Plan) rewrite.Plan {
+// part gets the client's index of each of the part's events (its
+// stmtIds).
+func Insert(parts []InsertPart, ordered bool, rule *rules.Rule, part func(r *rules.Rule, cmd rewrite.Command, indexes []int) rewrite.Plan) rewrite.Plan {
 	return rewrite.Script(func(x *rewrite.Exec) (rewrite.Result, error) {
 		replies := make([][]byte, 0, len(parts))
 		for _, p := range parts {
-			res, err := runAll(x, part(Rule(rule, p.Collection), p.Command))
+			res, err := runAll(x, part(Rule(rule, p.Collection), p.Command, p.Indexes))
 			if err != nil {
 				return rewrite.Result{}, err
 			}

@@ -113,7 +113,11 @@ func (p *Commands) addCommand(kind, arrayField string, ordered bool, batch []sta
 	if withStmtIDs {
 		arr, doc = bsoncore.AppendArrayElementStart(doc, "stmtIds")
 		for i, st := range batch {
-			doc = bsoncore.AppendInt32Element(doc, strconv.Itoa(i), int32(st.plan.events[0]))
+			id := st.plan.events[0]
+			if id < len(p.opts.StmtIDs) {
+				id = p.opts.StmtIDs[id]
+			}
+			doc = bsoncore.AppendInt32Element(doc, strconv.Itoa(i), int32(id))
 		}
 		doc, _ = bsoncore.AppendArrayEnd(doc, arr)
 	}

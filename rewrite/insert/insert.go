@@ -28,6 +28,12 @@ type Options struct {
 	// InsertKeys returns before planning; nil, or an unknown fill, means
 	// "no bucket yet" (seq 0 is the first one written).
 	Buckets func(key bucket.Key) bucket.Fill
+	// StmtIDs, when set, is the client's index of each event of the
+	// command (a part of a partitioned insert numbers its events from 0):
+	// a statement's stmtId is its first event's, and the parts' must
+	// differ, as a server records them per session and txnNumber, not
+	// per namespace.
+	StmtIDs []int
 }
 
 // maxInsertRounds bounds the rounds of one insert: the first plan and its

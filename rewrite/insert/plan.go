@@ -30,6 +30,8 @@ type Env struct {
 	// reply cache): they are read first, and the events found there are
 	// not written again.
 	Check []bucket.Key
+	// StmtIDs: see Options.StmtIDs.
+	StmtIDs []int
 }
 
 // maxProbeSeq bounds the point reads that look for a key's open bucket.
@@ -233,7 +235,7 @@ func (p *plan) startFills() {
 // write plans against the fills and starts the bucket writes.
 func (p *plan) write() {
 	if p.ins == nil {
-		p.ins = p.pi.Plan(Options{Caps: p.env.Caps, NewObjectID: p.env.NewObjectID, Buckets: p.env.Fills.Fill})
+		p.ins = p.pi.Plan(Options{Caps: p.env.Caps, NewObjectID: p.env.NewObjectID, Buckets: p.env.Fills.Fill, StmtIDs: p.env.StmtIDs})
 	}
 	p.next, p.replies = 0, nil
 	if len(p.ins.Commands) == 0 {
