@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/tsproxy/tsproxy/rules"
@@ -89,6 +90,11 @@ func (s *Server) syncLoops(set *rules.Set) {
 		if !ok || loopFingerprint(&r) != l.fingerprint {
 			l.cancel()
 			delete(sw.running, key)
+		}
+		if ns, merge := strings.CutPrefix(key, "merge "); merge && !ok {
+			// A rule gone (a created collection dropped): its figures
+			// go, or every name a client ever created kept its series.
+			s.merges.forgetFigures(ns)
 		}
 	}
 	for key, run := range want {

@@ -285,10 +285,47 @@ func (m *mergeState) frozeAll(rule *rules.Rule) {
 	}
 }
 
-// record adds a merge's figures to the rule's.
+// record adds a merge's figures to the rule's and sets its backlog
+// gauges (pending, lag) from it.
 func (m *mergeState) record(rule *rules.Rule, st stage.Stats, background bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.countLocked(rule, st, false)
+	m.gaugesLocked(rule, st, background)
+}
+
+// forgetFigures drops the figures of a rule that left the rule set, so
+// that its metrics' series go with it. Its locks stay: a merge of it may
+// still be running.
+func (m *mergeState) forgetFigures(ns string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.stats, ns)
+	delete(m.activity, ns)
+	delete(m.series, ns)
+}
+
+// recordFailed adds the figures of a merge that failed (or of a pass of
+// one) and leaves the backlog gauges as they were: a failed merge is no
+// sign of a caught-up backlog (its Pending counted nothing, and the lag
+// read 0 while every merge failed), and what it took from what the proxy
+// kept (Kept) was merged by nobody (collections{from="read"}, which is
+// Collections - Kept, went negative).
+func (m *mergeState) recordFailed(rule *rules.Rule, st stage.Stats) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.countLocked(rule, st, true)
+}
+
+// recordCounts adds the figures of a pass of a merge that goes on,
+// without its gauges.
+func (m *mergeState) recordCounts(rule *rules.Rule, st stage.Stats) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.countLocked(rule, st, false)
+}
+
+func (m *mergeState) countLocked(rule *rules.Rule, st stage.Stats, failed bool) {
 	r := m.ruleStats(rule)
 	if st.Series > 0 {
 		m.series[rule.Namespace] = st.Series
@@ -297,7 +334,13 @@ func (m *mergeState) record(rule *rules.Rule, st stage.Stats, background bool) {
 	r.Buckets += int64(st.Buckets)
 	r.Retries += int64(st.Retries)
 	r.Collections += int64(st.Collections)
-	r.Kept += int64(st.Kept)
+	if !failed {
+		r.Kept += int64(st.Kept)
+	}
+}
+
+func (m *mergeState) gaugesLocked(rule *rules.Rule, st stage.Stats, background bool) {
+	r := m.ruleStats(rule)
 	if background || st.Pending == 0 {
 		r.Pending, r.PendingEvents = int64(st.Pending), m.stagedSince(rule).events
 		switch {

@@ -390,11 +390,14 @@ func (s *Server) runMergeLocked(r stepRunner, up lease.Commander, rule *rules.Ru
 	if !opts.Guest {
 		// Retired collections left before (a merge cut short, another
 		// proxy's freeze) are merged first, with inserts going on.
-		st, err := s.mergeRetiredOnly(r, rule, caps, opts, false)
+		first, err := s.mergeRetiredOnly(r, rule, caps, opts, false)
 		if err != nil {
-			s.merges.record(rule, st, background)
-			return st, err
+			s.merges.recordFailed(rule, first)
+			return first, err
 		}
+		// Counted now: the passes below record their own (the first
+		// pass's were dropped, and its merged events never counted).
+		s.merges.recordCounts(rule, first)
 	}
 	// The freeze, with this proxy's inserts into the rule held off.
 	freezeOpts := opts
@@ -431,10 +434,11 @@ func (s *Server) runMergeLocked(r stepRunner, up lease.Commander, rule *rules.Ru
 	}
 	st, err = s.mergeRetiredOnly(r, rule, caps, opts, true)
 	st.Pending, st.Markers, st.Others = freeze.Stats.Pending, freeze.Stats.Markers, freeze.Stats.Others
-	s.merges.record(rule, st, background)
 	if err != nil {
+		s.merges.recordFailed(rule, st)
 		return st, err
 	}
+	s.merges.record(rule, st, background)
 	if st.Collections > 0 {
 		slowest, took := slowestStep(times)
 		s.log.Debug("staging merged", "rule", rule.Namespace, "collections", st.Collections, "events", st.Events, "buckets", st.Buckets,

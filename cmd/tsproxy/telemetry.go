@@ -37,7 +37,7 @@ type telemetrySetup struct {
 func setupTelemetry(ctx context.Context, t rules.Telemetry) (*telemetrySetup, error) {
 	res := resource.NewSchemaless(semconv.ServiceName(t.ServiceName))
 	ts := &telemetrySetup{registry: prometheus.NewRegistry()}
-	exp, err := otelprom.New(otelprom.WithRegisterer(ts.registry))
+	exp, err := otelprom.New(otelprom.WithRegisterer(ts.registry), otelprom.WithoutScopeInfo()) // the series README shows: no otel_scope_* labels
 	if err != nil {
 		return nil, fmt.Errorf("telemetry: prometheus exporter: %w", err)
 	}

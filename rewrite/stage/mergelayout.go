@@ -130,7 +130,14 @@ func (m *Merge) mergeLayoutOne(x *rewrite.Exec, r Collection, staged []bsoncore.
 		return err
 	}
 	m.Stats.Events += w.Events()
-	m.Stats.Buckets += len(w.Inserts) + len(w.Updates)
+	// New buckets only, as the events layout counts them (a rewrite of a
+	// bucket is not another): merged events / buckets is the mean fill.
+	// An upsert may make one too (a counter's $inc when not packed).
+	for _, k := range keys {
+		if _, exists := stored(k); !exists {
+			m.Stats.Buckets++
+		}
+	}
 	m.Stats.Keys += len(keys)
 	m.Stats.Series = max(m.Stats.Series, seriesOf(keys))
 	m.Stats.Retries += len(plan.skip)
