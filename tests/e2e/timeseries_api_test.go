@@ -72,7 +72,7 @@ func TestTimeseriesCreate(t *testing.T) {
 	dropAtEnd(t, c1, db)
 
 	tsOpts := options.TimeSeries().SetTimeField("ts").SetMetaField("meta").SetGranularity("minutes")
-	if err := c1.Database(db).CreateCollection(ctx, "weather", options.CreateCollection().SetTimeSeriesOptions(tsOpts).SetExpireAfterSeconds(86400*365*100)); err != nil {
+	if err := c1.Database(db).CreateCollection(ctx, "weather", options.CreateCollection().SetTimeSeriesOptions(tsOpts).SetExpireAfterSeconds(86400*365*10)); err != nil {
 		t.Fatalf("create: %v", err)
 	}
 	// Inserted through the other proxy, at once, one event per insert.
@@ -115,7 +115,7 @@ func TestTimeseriesCreate(t *testing.T) {
 		}
 		opts := fmt.Sprint(w["options"])
 		// MongoDB's BSON types: expireAfterSeconds a long, the span an int.
-		if want := `{"expireAfterSeconds":{"$numberLong":"3153600000"},"timeseries":{"timeField":"ts","metaField":"meta","granularity":"minutes","bucketMaxSpanSeconds":{"$numberInt":"86400"}}}`; opts != want {
+		if want := `{"expireAfterSeconds":{"$numberLong":"315360000"},"timeseries":{"timeField":"ts","metaField":"meta","granularity":"minutes","bucketMaxSpanSeconds":{"$numberInt":"86400"}}}`; opts != want {
 			t.Fatalf("proxy %d options %s, want %s", i+1, opts, want)
 		}
 	}
@@ -129,7 +129,7 @@ func TestTimeseriesCreate(t *testing.T) {
 
 	// MongoDB's answers to a create repeated, different, or on a plain
 	// collection's name.
-	if err := c2.Database(db).CreateCollection(ctx, "weather", options.CreateCollection().SetTimeSeriesOptions(tsOpts).SetExpireAfterSeconds(86400*365*100)); err != nil {
+	if err := c2.Database(db).CreateCollection(ctx, "weather", options.CreateCollection().SetTimeSeriesOptions(tsOpts).SetExpireAfterSeconds(86400*365*10)); err != nil {
 		t.Fatalf("the same create again: %v", err)
 	}
 	err = c2.Database(db).CreateCollection(ctx, "weather", options.CreateCollection().SetTimeSeriesOptions(options.TimeSeries().SetTimeField("ts")))
@@ -355,7 +355,7 @@ func TestTimeseriesMongosh(t *testing.T) {
 	dropAtEnd(t, connect(t, p.URI()), db)
 	script := fmt.Sprintf(`
 const d = connect(process.env.TSPROXY_URI + %q);
-d.createCollection("weather", {timeseries: {timeField: "ts", metaField: "sensor", granularity: "hours"}, expireAfterSeconds: 3153600000});
+d.createCollection("weather", {timeseries: {timeField: "ts", metaField: "sensor", granularity: "hours"}, expireAfterSeconds: 315360000});
 d.notes.insertOne({text: "plain"});
 const docs = [];
 for (let i = 0; i < 500; i++) docs.push({ts: new Date(Date.UTC(2026, 0, 1) + i * 60000), sensor: "s" + (i %% 5), temp: i});
@@ -370,7 +370,7 @@ try { d.weather.insertOne({sensor: "x"}); } catch (e) { print("ERR " + e.code + 
 	for _, want := range []string{
 		"COUNT 100",
 		`FIRST [{"ts":"2026-01-01T00:00:00.000Z","sensor":"s0","temp":0}]`,
-		`INFO timeseries {"expireAfterSeconds":{"$numberLong":"3153600000"},"timeseries":{"timeField":"ts","metaField":"sensor","granularity":"hours","bucketMaxSpanSeconds":{"$numberInt":"2592000"}}}`,
+		`INFO timeseries {"expireAfterSeconds":{"$numberLong":"315360000"},"timeseries":{"timeField":"ts","metaField":"sensor","granularity":"hours","bucketMaxSpanSeconds":{"$numberInt":"2592000"}}}`,
 		"ERR 2 'ts' must be present and contain a valid BSON UTC datetime value",
 	} {
 		if !strings.Contains(out, want) {
@@ -440,7 +440,7 @@ func TestTimeseriesMongoose(t *testing.T) {
 		`"firstHour":60,"firstTemps":[10,10.5,11],"sensors":[0,1,2,3,4,5],` +
 		`"lastThree":[23.5,20.5,17.5],"inRange":60,"deleted":100,"after":501,` +
 		`"type":"timeseries","timeseries":{"timeField":"timestamp","metaField":"metadata","granularity":"hours","bucketMaxSpanSeconds":2592000},` +
-		`"expireAfterSeconds":3153600000,"noDate":"2 'timestamp' must be present and contain a valid BSON UTC datetime value"}`
+		`"expireAfterSeconds":315360000,"noDate":"2 'timestamp' must be present and contain a valid BSON UTC datetime value"}`
 	if got := strings.TrimSpace(string(out)); got != want {
 		t.Fatalf("the Mongoose app printed\n%s\nwant\n%s", got, want)
 	}

@@ -16,7 +16,7 @@ const readingSchema = new mongoose.Schema(
   },
   {
     timeseries: { timeField: 'timestamp', metaField: 'metadata', granularity: 'hours' },
-    expireAfterSeconds: 100 * 365 * 86400,
+    expireAfterSeconds: 10 * 365 * 86400, // 10 years: MongoDB refuses more than the seconds since 1970
     autoCreate: true,
   },
 );
