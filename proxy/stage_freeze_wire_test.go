@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"context"
 	"errors"
 	"testing"
 	"time"
@@ -97,20 +96,7 @@ func TestFreezeCutAfterFirstRename(t *testing.T) {
 // would, with its steps run by wrap of an upstream connection's runner.
 func mergeThrough(t *testing.T, s *Server, wrap func(stepRunner) stepRunner) error {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	up, err := s.opts.Dialer.Dial(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer up.Close()
-	caps, err := s.upstreamCapsOn(up)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rule := s.opts.Rules.Lookup("db", "readings")
-	_, err = s.runMerge(wrap(upRunner{up: up}), up, rule, caps, stage.MergeOptions{All: true}, false)
-	return err
+	return mergeWith(t, s, wrap, stage.MergeOptions{All: true}, false)
 }
 
 func bsonOK(r bson.Raw) bool {

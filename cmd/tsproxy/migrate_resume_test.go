@@ -85,6 +85,20 @@ func migratedIDs(t *testing.T, ctx context.Context, env *migrationEnv) (int, map
 	return n, seen
 }
 
+// storedOnceEach checks that the rule holds want events, each _id once.
+func storedOnceEach(t *testing.T, ctx context.Context, env *migrationEnv, want int) {
+	t.Helper()
+	n, seen := migratedIDs(t, ctx, env)
+	for id, c := range seen {
+		if c != 1 {
+			t.Errorf("event %d stored %d times", id, c)
+		}
+	}
+	if n != want {
+		t.Fatalf("%d events in the rule after the resumed migration, want %d", n, want)
+	}
+}
+
 // TestMigrateCrashInFirstBatch: a migration killed after its first
 // batch was acknowledged but before its first checkpoint (none exists
 // yet) writes that batch a second time when run again.
@@ -105,15 +119,7 @@ func TestMigrateCrashInFirstBatch(t *testing.T) {
 	var out bytes.Buffer
 	err := migrate(ctx, migrateTestOpts(env, rule, 10, &out))
 	t.Logf("migrate: %v\n%s", err, out.String())
-	n, seen := migratedIDs(t, ctx, env)
-	for id, c := range seen {
-		if c != 1 {
-			t.Errorf("event %d stored %d times", id, c)
-		}
-	}
-	if n != 20 {
-		t.Fatalf("%d events in the rule after the resumed migration, want 20", n)
-	}
+	storedOnceEach(t, ctx, env, 20)
 }
 
 // TestMigrateResumeSmallerBatch: a run killed inside its second
@@ -139,15 +145,7 @@ func TestMigrateResumeSmallerBatch(t *testing.T) {
 	o.out = &out
 	err := migrate(ctx, o)
 	t.Logf("migrate: %v\n%s", err, out.String())
-	n, seen := migratedIDs(t, ctx, env)
-	for id, c := range seen {
-		if c != 1 {
-			t.Errorf("event %d stored %d times", id, c)
-		}
-	}
-	if n != 30 {
-		t.Fatalf("%d events in the rule after the resumed migration, want 30", n)
-	}
+	storedOnceEach(t, ctx, env, 30)
 }
 
 // TestMigrateResumeMixedIDTypes: the source's _ids are numbers and
