@@ -134,6 +134,21 @@ func (c CarriedArgs) WithoutSession() CarriedArgs {
 	return out
 }
 
+// WithoutTxnNumber is c without txnNumber: for the commands of a
+// retryable write outside a transaction that a server must not take for
+// the write's own statements (several commands of one txnNumber without
+// stmtIds: the server numbers each command's statements from 0, and
+// takes the second command's for retries of the first's).
+func (c CarriedArgs) WithoutTxnNumber() CarriedArgs {
+	out := CarriedArgs{first: c.first}
+	for _, e := range c.always {
+		if e.Key() != "txnNumber" {
+			out.always = append(out.always, e)
+		}
+	}
+	return out
+}
+
 // appendCarried appends the carried arguments to a command under
 // construction; first says whether it is the first upstream command.
 func (c CarriedArgs) AppendTo(dst []byte, first bool) []byte {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"strings"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
@@ -236,6 +237,12 @@ func checkTimeMeta(t, m bsoncore.Value, index int, rule *rules.Rule, lim Limits)
 // an array also matches arrays that contain it, a regex matches strings,
 // undefined is not a queryable value, and a document whose first key is
 // $-prefixed reads as query operators.
+//
+// Nor values FerretDB refuses to store in a document (infinities, NaN,
+// an array directly inside an array), anywhere in the meta: a staged
+// event's merge into a bucket failed on them, and every read of the rule
+// with it, the insert having been acknowledged. MongoDB stores them; a
+// series named by one is refused here on every upstream.
 func unsupportedMeta(m bsoncore.Value) string {
 	switch m.Type {
 	case bsoncore.TypeArray, bsoncore.TypeRegex, bsoncore.TypeUndefined:
@@ -244,6 +251,38 @@ func unsupportedMeta(m bsoncore.Value) string {
 		elems, err := bsoncore.Document(m.Data).Elements()
 		if err == nil && len(elems) > 0 && strings.HasPrefix(elems[0].Key(), "$") {
 			return fmt.Sprintf("documents whose first field is $-prefixed (%q) are not supported", elems[0].Key())
+		}
+	}
+	return unstorableIn(m, false, 0)
+}
+
+// unstorableIn says why value v (inside an array when inArray) is one
+// FerretDB cannot store, or "".
+func unstorableIn(v bsoncore.Value, inArray bool, depth int) string {
+	if depth > bsonutil.MaxDepth {
+		return "it is nested too deep"
+	}
+	switch v.Type {
+	case bsoncore.TypeDouble:
+		if f := v.Double(); math.IsInf(f, 0) || math.IsNaN(f) {
+			return fmt.Sprintf("it holds %v, which the upstream cannot store in a bucket", f)
+		}
+	case bsoncore.TypeArray:
+		if inArray {
+			return "it holds an array inside an array, which the upstream cannot store in a bucket"
+		}
+		vals, _ := bsoncore.Array(v.Data).Values()
+		for _, e := range vals {
+			if why := unstorableIn(e, true, depth+1); why != "" {
+				return why
+			}
+		}
+	case bsoncore.TypeEmbeddedDocument:
+		elems, _ := bsoncore.Document(v.Data).Elements()
+		for _, e := range elems {
+			if why := unstorableIn(e.Value(), false, depth+1); why != "" {
+				return why
+			}
 		}
 	}
 	return ""

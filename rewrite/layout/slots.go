@@ -2,6 +2,7 @@ package layout
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 
 	"github.com/tsproxy/tsproxy/rewrite"
@@ -62,6 +63,12 @@ func slotsValue(rule *rules.Rule, doc bsoncore.Document, index int) (bsoncore.Va
 	}
 	if o.Aggregated && !bucket.IsAggregatable(v.Type) {
 		return v, bucket.WriteErrorf(index, rule, mongoerr.BadValue, "valueField %q must be a number (int, long or double) because it is aggregated, got %s", o.ValueField, bsonutil.TypeName(v.Type))
+	}
+	if f, ok := v.DoubleOK(); ok && o.Aggregated && (math.IsInf(f, 0) || math.IsNaN(f)) {
+		// The bucket's total_samples would be one too, which FerretDB
+		// refuses to store: the merge failed, and every read of the rule
+		// with it.
+		return v, bucket.WriteErrorf(index, rule, mongoerr.BadValue, "valueField %q is %v, which an aggregated value may not be (its total is stored)", o.ValueField, f)
 	}
 	return v, nil
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
 	"github.com/tsproxy/tsproxy/rules"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
 // Plan is the plan of a find, aggregate, count, distinct or explain on
@@ -17,6 +18,14 @@ func Plan(body []byte, rule *rules.Rule, opts Options, newID func() int64) rewri
 	p, err := PlanRead(body, rule, opts)
 	if err != nil {
 		return rewrite.Fail(err)
+	}
+	if p.Point != nil && p.Command != nil && !opts.Caps.PackedEvents && serverGuarantees(body) {
+		// The proxy's own reads (point lookups, scans, the event-id
+		// index) are several upstream finds without the session's
+		// fields: a transaction's read ran outside it, and a snapshot,
+		// linearizable or causal (afterClusterTime) read was served as
+		// a local one. The upstream's aggregate carries them.
+		p.Point, p.PointDrain = nil, nil
 	}
 	switch {
 	case p.Local != nil && p.LocalExplain != nil:
@@ -365,4 +374,26 @@ func closeUpstream(x *rewrite.Exec, pr *PointRead, rule *rules.Rule) {
 		pr.UpstreamCursorClosed()
 		x.Do(rewrite.Step{{Body: query.KillCursorsCommand(rule, id)}})
 	}
+}
+
+// serverGuarantees says whether a read asks the server for what only one
+// command with the session's fields gives: a transaction's snapshot, a
+// read concern other than local, a causal read.
+func serverGuarantees(body []byte) bool {
+	doc := bsoncore.Document(body)
+	if rewrite.InTransaction(doc) {
+		return true
+	}
+	rc, ok := doc.Lookup("readConcern").DocumentOK()
+	if !ok {
+		return false
+	}
+	switch level, _ := rc.Lookup("level").StringValueOK(); level {
+	case "", "local", "available":
+	default:
+		return true
+	}
+	_, after := rc.LookupErr("afterClusterTime")
+	_, at := rc.LookupErr("atClusterTime")
+	return after == nil || at == nil
 }

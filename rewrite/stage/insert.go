@@ -71,9 +71,19 @@ func Insert(cmd rewrite.Command, pi *insert.Prepared, env InsertEnv) rewrite.Pla
 		return rewrite.Fail(err)
 	}
 	args := rewrite.ReadCarriedArgs(cmd.Body)
-	combine := env.Combinable && !rewrite.InTransaction(cmd.Body)
-	if combine {
+	inTxn := rewrite.InTransaction(cmd.Body)
+	combine := env.Combinable && !inTxn
+	switch {
+	case combine:
 		args = args.WithoutSession()
+	case !inTxn:
+		// One staged insert may be several upstream inserts (one a
+		// staging period): with one txnNumber and no stmtIds, MongoDB
+		// took the second's documents for retries of the first's and
+		// skipped them, acknowledged. A retry is safe without it: a
+		// staged document's _id is derived from the write, and meets
+		// its first attempt as a duplicate key.
+		args = args.WithoutTxnNumber()
 	}
 	return &insertPlan{pi: pi, cmds: cmds, args: args, combine: combine, keep: env.Stager.Tag != "",
 		out: outcome{errs: slices.Clone(pi.Rejected())}}
@@ -96,7 +106,7 @@ func (p *insertPlan) Next() (rewrite.Step, bool) {
 	if p.next >= len(p.cmds) || p.out.stopped(p.pi.Ordered()) {
 		return nil, true
 	}
-	body, seq := insertCommand(p.pi.Rule().DB, p.cmds[p.next], p.args)
+	body, seq := insertCommand(p.pi.Rule().DB, p.cmds[p.next], p.args, p.next == 0)
 	return rewrite.Step{{Body: body, Seq: seq, Combine: p.combine, Keep: p.keep}}, false
 }
 
@@ -237,12 +247,13 @@ func IsDerived(id bson.ObjectID) bool { return [4]byte(id[:4]) == derivedPrefix 
 // carried fields: its header, keys, "ordered" and string lengths.
 const insertCommandBytes = 64
 
-// insertCommand is the upstream insert of c's documents.
-func insertCommand(db string, c stagedCommand, args rewrite.CarriedArgs) ([]byte, *rewrite.Sequence) {
+// insertCommand is the upstream insert of c's documents; first says
+// whether it is the insert's first upstream command.
+func insertCommand(db string, c stagedCommand, args rewrite.CarriedArgs, first bool) ([]byte, *rewrite.Sequence) {
 	idx, body := bsoncore.AppendDocumentStart(make([]byte, 0, insertCommandBytes+len(c.coll)+len(db)+args.Bytes()))
 	body = bsoncore.AppendStringElement(body, "insert", c.coll)
 	body = bsoncore.AppendBooleanElement(body, "ordered", false)
-	body = args.AppendTo(body, true)
+	body = args.AppendTo(body, first) // startTransaction and readConcern on the first alone
 	body = bsoncore.AppendStringElement(body, "$db", db)
 	body, _ = bsoncore.AppendDocumentEnd(body, idx)
 	seq := &rewrite.Sequence{Identifier: "documents", Documents: make([]bsoncore.Document, 0, len(c.docs))}
