@@ -46,16 +46,22 @@ func drive(r stepRunner, p rewrite.Plan) (rewrite.Result, error) {
 }
 
 // timedRunner runs steps on the connection and adds up the time spent
-// waiting on the upstream, for the command's metrics.
+// waiting on the upstream, for the command's metrics; it keeps the
+// replies' latest operationTime and $clusterTime for the client's reply.
 type timedRunner struct {
-	c    *conn
-	wait time.Duration
+	c      *conn
+	wait   time.Duration
+	gossip rewrite.Gossip
 }
 
 func (t *timedRunner) runStep(step rewrite.Step) ([][]byte, error) {
 	t0 := time.Now()
 	defer func() { t.wait += time.Since(t0) }()
-	return t.c.runStep(step)
+	replies, err := t.c.runStep(step)
+	for _, r := range replies {
+		t.gossip.Note(r)
+	}
+	return replies, err
 }
 
 // servePlan runs the plan of req on rule's namespace and answers the
@@ -79,6 +85,7 @@ func (c *conn) runPlan(req *request, rule *rules.Rule, r route, p rewrite.Plan) 
 	if err != nil {
 		return res, err
 	}
+	res.Reply = tr.gossip.AddTo(res.Reply)
 	for _, ns := range res.Forget {
 		c.s.forgetNamespace(ns)
 	}

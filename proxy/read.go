@@ -111,7 +111,7 @@ func (c *conn) rewriteGetMore(req *request, rule *rules.Rule) error {
 	if res.Cursor == nil {
 		c.forgetCursor(id)
 	}
-	return c.replyBody(req, res.Reply)
+	return c.replyBody(req, tr.gossip.AddTo(res.Reply))
 }
 
 // rewriteKillCursors kills cursors of the app's namespace: those the proxy
