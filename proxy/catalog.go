@@ -215,8 +215,20 @@ func (cat *catalog) up() (*upstream.Conn, error) {
 	} else {
 		cat.idle.Reset(catalogIdleClose)
 	}
-	return cat.conn.get()
+	up, err := cat.conn.get()
+	if err == nil {
+		// Every use of it is under cat.mu, which every client's command
+		// may wait on: an upstream that stopped answering mid-reply held
+		// every command of every client, and Shutdown, for good. A read
+		// or write that times out closes the connection (closeConn).
+		_ = up.SetDeadline(time.Now().Add(catalogTimeout))
+	}
+	return up, err
 }
+
+// catalogTimeout bounds one use of the catalog's connection; a variable
+// so that tests can shorten it.
+var catalogTimeout = 10 * time.Second
 
 // closeIdle closes the connection if it was not used since the timer was
 // set.

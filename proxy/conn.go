@@ -128,7 +128,18 @@ func (c *conn) serve() {
 		if c.s.closing.Load() {
 			return
 		}
+		// Idle as long as it likes, as with mongod; but a frame once
+		// begun must arrive within FrameTimeout: a client that sent half
+		// a frame (or half a TLS handshake) and stalled kept its slot for
+		// good, and maxConnections of them refused everyone else
+		// (Options.FrameTimeout).
+		if _, err := c.r.Peek(1); err == nil {
+			_ = c.nc.SetReadDeadline(time.Now().Add(c.s.opts.FrameTimeout))
+		}
 		h, frame, err := wire.ReadMessage(c.r, c.inBuf, c.s.opts.MaxMessageBytes)
+		if err == nil {
+			_ = c.nc.SetReadDeadline(time.Time{})
+		}
 		if err != nil {
 			c.refuseOversized(h, err)
 			c.logReadError(err)
@@ -465,6 +476,9 @@ func (c *conn) writeFrame(req *request, frame []byte) error {
 		frame = cf
 	}
 	// One Write of the whole frame: a write buffer would only copy it.
+	// Bounded: a client that never reads its replies kept its
+	// connection, its upstream connection and the reply for good.
+	_ = c.nc.SetWriteDeadline(time.Now().Add(c.s.opts.WriteTimeout))
 	if _, err := c.nc.Write(frame); err != nil {
 		return err
 	}

@@ -36,6 +36,11 @@ type Options struct {
 	MaxConnections int
 	// MaxMessageBytes bounds one client message (0: 48,000,000).
 	MaxMessageBytes int
+	// FrameTimeout bounds a client frame's arrival once its first byte
+	// came, and a TLS handshake; WriteTimeout the write of a reply (0:
+	// 2 minutes each: a 48 MB frame over a 400 KB/s link). An idle client
+	// is never timed out.
+	FrameTimeout, WriteTimeout time.Duration
 	// MaxCursors bounds the cursor registry of rewritten reads (0: 100000).
 	MaxCursors int
 	// AggregateMemory bounds each blocking stage of an aggregation the
@@ -153,6 +158,12 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.MaxMessageBytes <= 0 || opts.MaxMessageBytes > maxMsgLen {
 		opts.MaxMessageBytes = maxMsgLen
+	}
+	if opts.FrameTimeout <= 0 {
+		opts.FrameTimeout = 2 * time.Minute
+	}
+	if opts.WriteTimeout <= 0 {
+		opts.WriteTimeout = 2 * time.Minute
 	}
 	if opts.MaxCursors <= 0 {
 		opts.MaxCursors = 100000
@@ -292,6 +303,18 @@ func (s *Server) startConn(nc net.Conn) {
 			s.tel.ConnClosed()
 			s.connWG.Done()
 		}()
+		if tc, ok := nc.(*tls.Conn); ok {
+			// The handshake, bounded: run by the first read otherwise,
+			// a client that never sent its hello held a slot for good.
+			_ = tc.SetDeadline(time.Now().Add(s.opts.FrameTimeout))
+			if err := tc.Handshake(); err != nil {
+				c.log.Warn("closing client connection: TLS handshake failed", "err", err.Error())
+				s.tel.ErrorSeen("tls_handshake")
+				nc.Close()
+				return
+			}
+			_ = tc.SetDeadline(time.Time{})
+		}
 		if over {
 			c.refuse(fmt.Sprintf("tsproxy: connection limit of %d reached", s.opts.MaxConnections))
 			return
@@ -337,6 +360,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-done:
 		return nil
 	case <-ctx.Done():
+		// A connection may wait on cat.mu behind a catalog read the
+		// upstream stopped answering: ending the catalog's context closes
+		// its connection (background.go), which ends that read.
+		s.cat.cancel()
 		s.mu.Lock()
 		for c := range s.conns {
 			c.forceClose()

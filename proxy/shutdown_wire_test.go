@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,40 +21,22 @@ import (
 // connection while it dials its upstream closes that upstream connection
 // too, once the dial ends.
 func TestShutdownDuringDialClosesUpstream(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	var open atomic.Int64
 	ok, _ := bson.Marshal(bson.D{{Key: "ok", Value: 1.0}})
-	go func() {
-		for {
-			nc, err := ln.Accept()
+	upAddr, open, _ := fakeUpstream(t, func(nc net.Conn, r *bufio.Reader) {
+		for first := true; ; first = false {
+			h, _, err := wire.ReadMessage(r, nil, 0)
 			if err != nil {
 				return
 			}
-			open.Add(1)
-			go func() {
-				defer open.Add(-1)
-				defer nc.Close()
-				r := bufio.NewReader(nc)
-				for first := true; ; first = false {
-					h, _, err := wire.ReadMessage(r, nil, 0)
-					if err != nil {
-						return
-					}
-					if first {
-						time.Sleep(time.Second) // a slow link check
-					}
-					if _, err := nc.Write(wire.AppendMsg(nil, h.RequestID+1, h.RequestID, 0, ok)); err != nil {
-						return
-					}
-				}
-			}()
+			if first {
+				time.Sleep(time.Second) // a slow link check
+			}
+			if _, err := nc.Write(wire.AppendMsg(nil, h.RequestID+1, h.RequestID, 0, ok)); err != nil {
+				return
+			}
 		}
-	}()
-	d, err := upstream.NewDialer(upstream.Options{URI: "mongodb://" + ln.Addr().String(), DialTimeout: 5 * time.Second})
+	})
+	d, err := upstream.NewDialer(upstream.Options{URI: "mongodb://" + upAddr, DialTimeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,6 @@ package proxy
 
 import (
 	"bufio"
-	"context"
 	"io"
 	"log/slog"
 	"net"
@@ -56,23 +55,7 @@ func startWireProxy(t *testing.T, yaml string, upURI string, edit func(*Options)
 	if edit != nil {
 		edit(&opts)
 	}
-	s, err := New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = s.Shutdown(ctx)
-		<-done
-	})
-	return s, ln.Addr().String()
+	return serveProxy(t, opts)
 }
 
 const wireRule = `rules:

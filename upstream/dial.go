@@ -78,17 +78,42 @@ func (d *Dialer) Dial(ctx context.Context) (*Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		return d.dialAddr(ctx, addr)
+		c, err := d.dialAddr(ctx, addr)
+		if err != nil {
+			// The primary it knew may be down, another elected: ask
+			// again now, not after primaryTTL (every dial failed until
+			// then).
+			d.forgetPrimary()
+			if addr2, err2 := d.findPrimary(ctx); err2 == nil && addr2 != addr {
+				return d.dialAddr(ctx, addr2)
+			}
+		}
+		return c, err
 	}
 	var errs []error
-	for _, h := range d.uri.Hosts {
-		c, err := d.dialAddr(ctx, h)
+	for i, h := range d.uri.Hosts {
+		// Each host a share of what is left: one that accepts and never
+		// answers took the whole timeout, and the hosts after it were
+		// never really tried.
+		hctx, hcancel := hostContext(ctx, len(d.uri.Hosts)-i)
+		c, err := d.dialAddr(hctx, h)
+		hcancel()
 		if err == nil {
 			return c, nil
 		}
 		errs = append(errs, err)
 	}
 	return nil, errors.Join(errs...)
+}
+
+// hostContext is ctx bounded to a 1/left share of its remaining time
+// (left hosts to try).
+func hostContext(ctx context.Context, left int) (context.Context, context.CancelFunc) {
+	deadline, ok := ctx.Deadline()
+	if !ok || left <= 1 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, time.Until(deadline)/time.Duration(left))
 }
 
 func (d *Dialer) dialAddr(ctx context.Context, addr string) (*Conn, error) {
@@ -144,6 +169,13 @@ func (c *Conn) checkLink(ctx context.Context) error {
 	return nil
 }
 
+// forgetPrimary drops the primary found, so the next findPrimary probes.
+func (d *Dialer) forgetPrimary() {
+	d.mu.Lock()
+	d.primary = ""
+	d.mu.Unlock()
+}
+
 // findPrimary returns the replica set's primary, probing the hosts on
 // connections of its own: a hello on a client's connection would spend
 // the client's one chance to send its metadata.
@@ -156,8 +188,10 @@ func (d *Dialer) findPrimary(ctx context.Context) (string, error) {
 	}
 	d.mu.Unlock()
 	var errs []error
-	for _, h := range d.uri.Hosts {
-		primary, err := d.probe(ctx, h)
+	for i, h := range d.uri.Hosts {
+		hctx, hcancel := hostContext(ctx, len(d.uri.Hosts)-i)
+		primary, err := d.probe(hctx, h)
+		hcancel()
 		if err != nil {
 			errs = append(errs, err)
 			continue
