@@ -1,10 +1,7 @@
 package proxy
 
 import (
-	"bufio"
 	"context"
-	"io"
-	"net"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,28 +21,11 @@ func catalogStallServer(t *testing.T) (addr string, catalogReads *atomic.Int64, 
 	catalogReads = new(atomic.Int64)
 	ok, _ := bson.Marshal(bson.D{{Key: "ok", Value: 1.0}})
 	emptyCursor, _ := bson.Marshal(bson.D{{Key: "cursor", Value: bson.D{{Key: "id", Value: int64(0)}, {Key: "ns", Value: "tsproxy.catalog"}, {Key: "firstBatch", Value: bson.A{}}}}, {Key: "ok", Value: 1.0}})
-	addr, _, unstall = fakeUpstream(t, func(nc net.Conn, r *bufio.Reader) {
-		for {
-			h, frame, err := wire.ReadMessage(r, nil, 0)
-			if err != nil {
-				return
-			}
-			var m wire.Msg
-			_ = m.Decode(frame)
-			body := ok
-			if m.CommandName() == "find" && m.DB() == rules.CatalogDB {
-				body = emptyCursor
-				if catalogReads.Add(1) == 1 {
-					reply := wire.AppendMsg(nil, h.RequestID+1, h.RequestID, 0, body)
-					_, _ = nc.Write(reply[:10])
-					_, _ = io.Copy(io.Discard, r)
-					return
-				}
-			}
-			if _, err := nc.Write(wire.AppendMsg(nil, h.RequestID+1, h.RequestID, 0, body)); err != nil {
-				return
-			}
+	addr, _, unstall = scriptedUpstream(t, func(m *wire.Msg) ([]byte, bool) {
+		if m.CommandName() == "find" && m.DB() == rules.CatalogDB {
+			return emptyCursor, catalogReads.Add(1) == 1
 		}
+		return ok, false
 	})
 	return addr, catalogReads, unstall
 }

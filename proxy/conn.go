@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -83,18 +82,25 @@ type conn struct {
 	// it reads the next request, while the client turns the reply around.
 	afterReply []func()
 
+	// watch notices a client that leaves while its request waits on
+	// the upstream (client_watch.go); clientLeft records that it did.
+	watch      *clientWatch
+	clientLeft atomic.Bool
+
 	busy   atomic.Bool // serving a request
 	closed atomic.Bool
 }
 
 func newConn(s *Server, nc net.Conn, id uint64) *conn {
-	return &conn{
+	c := &conn{
 		s:   s,
 		id:  id,
 		nc:  nc,
 		r:   bufio.NewReaderSize(nc, readAhead),
 		log: s.log.With("conn", id, "client", nc.RemoteAddr().String()),
 	}
+	c.watch = newClientWatch(c, s.opts.ClientWatchAfter)
+	return c
 }
 
 // request is one client message, decoded as far as routing needs.
@@ -116,6 +122,7 @@ type request struct {
 // connection breaks, or the server shuts down.
 func (c *conn) serve() {
 	defer c.forceClose()
+	defer c.watch.stop()
 	defer func() {
 		// The one recover of the proxy: a bug in serving one client must
 		// not take the others down. It logs and closes this connection.
@@ -150,13 +157,19 @@ func (c *conn) serve() {
 		}
 		c.busy.Store(true)
 		c.s.tel.BytesIn(len(frame))
+		c.watch.arm()
 		err = c.handle(h, frame)
+		c.watch.disarm()
 		c.runAfterReply()
 		c.busy.Store(false)
 		if cap(c.outBuf) > maxKeptBuf {
 			c.outBuf = nil // a huge reply's buffer is not kept while idle
 		}
 		if err != nil {
+			if c.clientLeft.Load() {
+				c.log.Info("client left while its request waited on the upstream; closed its upstream connection", "reason", err.Error())
+				return
+			}
 			c.log.Warn("closing client connection", "reason", err.Error())
 			return
 		}
@@ -380,130 +393,6 @@ func (c *conn) rollupTarget(req *request) *rules.Rule {
 		return nil
 	}
 	return c.rules.ByRollupCollection(req.db, coll)
-}
-
-// ensureUpstream dials this client's upstream connection on first use.
-func (c *conn) ensureUpstream() error {
-	if c.up != nil {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	up, err := c.s.opts.Dialer.Dial(ctx)
-	if err != nil {
-		c.s.tel.ErrorSeen("upstream_unreachable")
-		return err
-	}
-	c.up = up
-	c.upRef.Store(up)
-	if c.closed.Load() {
-		// forceClose (a Shutdown) ran during the dial and found nothing to
-		// close: it sets closed before it loads upRef, and this stores
-		// upRef before it loads closed, so one of the two closes it.
-		up.Close()
-		return net.ErrClosed
-	}
-	return nil
-}
-
-// passthrough forwards the client's bytes unchanged (but for the
-// exhaustAllowed and moreToCome flags) and the upstream's reply unchanged.
-func (c *conn) passthrough(req *request) error {
-	if err := c.ensureUpstream(); err != nil {
-		return c.replyUpstreamDown(req, err)
-	}
-	fwd := req.frame
-	if req.legacy {
-		fwd = wire.AppendMsg(c.outBuf[:0], req.h.RequestID, 0, 0, req.msg.Body)
-		c.outBuf = fwd[:0]
-	} else if req.msg.Flags&(wire.ExhaustAllowed|wire.MoreToCome) != 0 {
-		// The proxy answers one request with one reply; without the flag
-		// the upstream never streams. A moreToCome request goes upstream
-		// as an ordinary one and its reply is dropped: some upstreams
-		// (FerretDB 1.24) answer moreToCome messages all the same, and a
-		// reply left unread would be taken for the next request's.
-		f, err := wire.SetMsgFlags(req.frame, req.msg.Flags&^(wire.ExhaustAllowed|wire.MoreToCome))
-		if err != nil {
-			return err
-		}
-		fwd = f
-	}
-	span := c.s.tel.Start(req.name, req.db, routePassthrough.String(), req.start)
-	upStart := time.Now()
-	_, reply, err := c.up.RoundTrip(fwd)
-	c.endAfterReply(span, time.Since(upStart), err)
-	if err != nil {
-		// The client's session and authentication live on this upstream
-		// connection; a new one would not have them, so the client must
-		// reconnect.
-		return err
-	}
-	if req.msg.Flags&wire.MoreToCome != 0 {
-		return nil // the client reads no reply
-	}
-	if req.legacy {
-		var m wire.Msg
-		if err := m.Decode(reply); err != nil {
-			return fmt.Errorf("upstream reply: %w", err)
-		}
-		return c.replyBody(req, m.Body)
-	}
-	return c.writeFrame(req, reply)
-}
-
-// writeFrame sends a whole reply frame, compressed if the request was.
-// A reply over limits.maxMessageBytes, which hello announces as the
-// maxMessageSizeBytes of both directions, is answered with an error
-// naming the limit: a driver drops a connection whose reply is larger
-// than the server announced ("length of read message too large") and
-// retried until its deadline.
-func (c *conn) writeFrame(req *request, frame []byte) error {
-	if len(frame) > c.s.opts.MaxMessageBytes {
-		msg := fmt.Sprintf("tsproxy: the reply of %d bytes is larger than the limit of %d bytes (limits.maxMessageBytes, announced as maxMessageSizeBytes); ask for smaller batches (batchSize)", len(frame), c.s.opts.MaxMessageBytes)
-		c.log.Warn("refusing an oversized reply", "command", req.name, "size", len(frame), "limit", c.s.opts.MaxMessageBytes)
-		body := mongoerr.Reply(mongoerr.Errorf(mongoerr.BSONObjectTooLarge, "%s", msg))
-		if req.legacy {
-			frame = wire.AppendReply(nil, upstream.NextRequestID(), req.h.RequestID, body)
-		} else {
-			frame = wire.AppendMsg(nil, upstream.NextRequestID(), req.h.RequestID, 0, body)
-		}
-	}
-	if req.compressor != 0 {
-		cf, err := wire.Compress(frame, req.compressor)
-		if err != nil {
-			return fmt.Errorf("compress reply: %w", err)
-		}
-		frame = cf
-	}
-	// One Write of the whole frame: a write buffer would only copy it.
-	// Bounded: a client that never reads its replies kept its
-	// connection, its upstream connection and the reply for good.
-	_ = c.nc.SetWriteDeadline(time.Now().Add(c.s.opts.WriteTimeout))
-	if _, err := c.nc.Write(frame); err != nil {
-		return err
-	}
-	c.s.tel.BytesOut(len(frame))
-	return nil
-}
-
-// replyBody sends body as the reply to req, in the opcode the client used.
-func (c *conn) replyBody(req *request, body []byte) error {
-	if req.txn != nil {
-		req.txn.Offer(body)
-	}
-	if req.msg.Flags&wire.MoreToCome != 0 {
-		// The client reads no reply to a moreToCome request: one sent
-		// would answer its next request. Every handler replies here.
-		return nil
-	}
-	var frame []byte
-	if req.legacy {
-		frame = wire.AppendReply(c.outBuf[:0], upstream.NextRequestID(), req.h.RequestID, body)
-	} else {
-		frame = wire.AppendMsg(c.outBuf[:0], upstream.NextRequestID(), req.h.RequestID, 0, body)
-	}
-	c.outBuf = frame[:0]
-	return c.writeFrame(req, frame)
 }
 
 // refuse answers the first request of a connection over the limit with an

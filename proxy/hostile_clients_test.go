@@ -60,13 +60,12 @@ func fakeUpstream(t *testing.T, serve func(nc net.Conn, r *bufio.Reader)) (addr 
 	return ln.Addr().String(), open, closeAll
 }
 
-// stallServer is a fake upstream answering {ok: 1}, except that a command
-// for which stall(name, body) is true gets half a reply, then nothing.
-// open counts its connections still open.
-func stallServer(t *testing.T, stall func(name string, body bson.Raw) bool) (addr string, open *atomic.Int64) {
+// scriptedUpstream is a fake upstream answering each command with the
+// body answer gives; when stall, it sends half of that reply, then nothing
+// until the proxy closes the connection.
+func scriptedUpstream(t *testing.T, answer func(m *wire.Msg) (body []byte, stall bool)) (addr string, open *atomic.Int64, closeAll func()) {
 	t.Helper()
-	ok, _ := bson.Marshal(bson.D{{Key: "ok", Value: 1.0}})
-	addr, open, _ = fakeUpstream(t, func(nc net.Conn, r *bufio.Reader) {
+	return fakeUpstream(t, func(nc net.Conn, r *bufio.Reader) {
 		for {
 			h, frame, err := wire.ReadMessage(r, nil, 0)
 			if err != nil {
@@ -74,8 +73,9 @@ func stallServer(t *testing.T, stall func(name string, body bson.Raw) bool) (add
 			}
 			var m wire.Msg
 			_ = m.Decode(frame)
-			reply := wire.AppendMsg(nil, h.RequestID+1, h.RequestID, 0, ok)
-			if stall(m.CommandName(), bson.Raw(m.Body)) {
+			body, stall := answer(&m)
+			reply := wire.AppendMsg(nil, h.RequestID+1, h.RequestID, 0, body)
+			if stall {
 				_, _ = nc.Write(reply[:10])   // half a reply, then silence
 				_, _ = io.Copy(io.Discard, r) // until the proxy closes
 				return
@@ -84,6 +84,17 @@ func stallServer(t *testing.T, stall func(name string, body bson.Raw) bool) (add
 				return
 			}
 		}
+	})
+}
+
+// stallServer is a fake upstream answering {ok: 1}, except that a command
+// for which stall(name, body) is true gets half a reply, then nothing.
+// open counts its connections still open.
+func stallServer(t *testing.T, stall func(name string, body bson.Raw) bool) (addr string, open *atomic.Int64) {
+	t.Helper()
+	ok, _ := bson.Marshal(bson.D{{Key: "ok", Value: 1.0}})
+	addr, open, _ = scriptedUpstream(t, func(m *wire.Msg) ([]byte, bool) {
+		return ok, stall(m.CommandName(), bson.Raw(m.Body))
 	})
 	return addr, open
 }

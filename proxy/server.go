@@ -41,6 +41,10 @@ type Options struct {
 	// 2 minutes each: a 48 MB frame over a 400 KB/s link). An idle client
 	// is never timed out.
 	FrameTimeout, WriteTimeout time.Duration
+	// ClientWatchAfter is how long a request runs before the proxy
+	// watches for its client leaving, to end the request's wait on the
+	// upstream (client_watch.go) (0: 1s).
+	ClientWatchAfter time.Duration
 	// MaxCursors bounds the cursor registry of rewritten reads (0: 100000).
 	MaxCursors int
 	// AggregateMemory bounds each blocking stage of an aggregation the
@@ -164,6 +168,9 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.WriteTimeout <= 0 {
 		opts.WriteTimeout = 2 * time.Minute
+	}
+	if opts.ClientWatchAfter <= 0 {
+		opts.ClientWatchAfter = time.Second
 	}
 	if opts.MaxCursors <= 0 {
 		opts.MaxCursors = 100000

@@ -18,6 +18,10 @@ const (
 	DefaultCursorTTL       = 10 * time.Minute
 	DefaultRetryCacheSize  = 100000
 	DefaultRetryCacheTTL   = 30 * time.Minute
+	// DefaultFrameTimeout and DefaultWriteTimeout are 2 minutes: a 48 MB
+	// message over a 400 KB/s link.
+	DefaultFrameTimeout = 2 * time.Minute
+	DefaultWriteTimeout = 2 * time.Minute
 	// DefaultAggregateMemory is what one blocking stage of an
 	// aggregation the proxy runs itself may hold: MongoDB's 100 MB.
 	DefaultAggregateMemory = 100 << 20
@@ -179,6 +183,12 @@ type Limits struct {
 	// CursorTTL closes a proxy cursor left idle this long
 	// ("limits.cursorTTL"). Default 10m; at least 1s.
 	CursorTTL time.Duration
+	// FrameTimeout bounds a client message's arrival once its first byte
+	// came, and a TLS handshake ("limits.frameTimeout"); WriteTimeout the
+	// write of a reply to a client ("limits.writeTimeout"). A client past
+	// either is disconnected; an idle client never is. Default 2m each; at
+	// least 1s.
+	FrameTimeout, WriteTimeout time.Duration
 	// RetryCacheSize is how many sessions' last retryable rewritten write
 	// the proxy remembers, to answer a driver's retry with the write's
 	// reply instead of writing again ("limits.retryCacheSize"),

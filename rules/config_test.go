@@ -62,6 +62,8 @@ func defaultConfig() Config {
 			MaxMessageBytes: 48_000_000,
 			MaxCursors:      100000,
 			CursorTTL:       10 * time.Minute,
+			FrameTimeout:    2 * time.Minute,
+			WriteTimeout:    2 * time.Minute,
 			RetryCacheSize:  100000,
 			RetryCacheTTL:   30 * time.Minute,
 			AggregateMemory: 100 << 20,
@@ -137,6 +139,8 @@ limits:
   maxMessageBytes: 16_000_000
   maxCursors: 2000
   cursorTTL: 90s
+  frameTimeout: 30s
+  writeTimeout: 1m
   retryCacheSize: 5000
   retryCacheTTL: 5m
 telemetry:
@@ -192,6 +196,7 @@ rules:
 			},
 		},
 		Limits: Limits{MaxConnections: 500, MaxMessageBytes: 16_000_000, MaxCursors: 2000, CursorTTL: 90 * time.Second,
+			FrameTimeout: 30 * time.Second, WriteTimeout: time.Minute,
 			RetryCacheSize: 5000, RetryCacheTTL: 5 * time.Minute, AggregateMemory: 100 << 20, StagedMemory: 64 << 20},
 		Telemetry: Telemetry{
 			MetricsListen: ":9100", OTLPEndpoint: "http://otel:4318",
@@ -478,6 +483,10 @@ func TestInvalid(t *testing.T) {
 			`config: limits.maxCursors: -1 is out of range [1, 100000000] (from $TSPROXY_LIMITS_MAXCURSORS)`},
 		{"cursor ttl short", "limits:\n  cursorTTL: 10ms\n", nil, nil,
 			`config: limits.cursorTTL: 10ms is less than 1s`},
+		{"frame timeout short", "limits:\n  frameTimeout: 0s\n", nil, nil,
+			`config: limits.frameTimeout: 0s is less than 1s`},
+		{"write timeout bad", "limits:\n  writeTimeout: 5\n", nil, nil,
+			`config: limits.writeTimeout: 5 has no unit; write it as e.g. 5s`},
 		{"cursor ttl bad", "limits:\n  cursorTTL: forever\n", nil, nil,
 			`config: limits.cursorTTL: "forever" is not a duration such as 90s, 10m or 1h`},
 		{"retry cache size zero", "limits:\n  retryCacheSize: 0\n", nil, nil,

@@ -77,17 +77,13 @@ func (d *decoder) config() *Config {
 	l.MaxConnections = d.intIn("limits.maxConnections", d.v.Get("limits.maxConnections"), 1, 1_000_000)
 	l.MaxMessageBytes = d.bytesIn("limits.maxMessageBytes", d.v.Get("limits.maxMessageBytes"), MinMessageBytes, MaxMessageBytes)
 	l.MaxCursors = d.intIn("limits.maxCursors", d.v.Get("limits.maxCursors"), 1, 100_000_000)
-	l.CursorTTL = d.duration("limits.cursorTTL", d.v.Get("limits.cursorTTL"))
-	if l.CursorTTL < time.Second && d.ok("limits.cursorTTL") {
-		d.fail("limits.cursorTTL", "%s is less than 1s", l.CursorTTL)
-	}
+	l.CursorTTL = d.durationAtLeastSecond("limits.cursorTTL")
+	l.FrameTimeout = d.durationAtLeastSecond("limits.frameTimeout")
+	l.WriteTimeout = d.durationAtLeastSecond("limits.writeTimeout")
 	l.AggregateMemory = d.bytesIn("limits.aggregateMemory", d.v.Get("limits.aggregateMemory"), 1<<10, 1<<40)
 	l.StagedMemory = d.bytesIn("limits.stagedMemory", d.v.Get("limits.stagedMemory"), 0, 1<<40)
 	l.RetryCacheSize = d.intIn("limits.retryCacheSize", d.v.Get("limits.retryCacheSize"), 1, 100_000_000)
-	l.RetryCacheTTL = d.duration("limits.retryCacheTTL", d.v.Get("limits.retryCacheTTL"))
-	if l.RetryCacheTTL < time.Second && d.ok("limits.retryCacheTTL") {
-		d.fail("limits.retryCacheTTL", "%s is less than 1s", l.RetryCacheTTL)
-	}
+	l.RetryCacheTTL = d.durationAtLeastSecond("limits.retryCacheTTL")
 
 	tm := &c.Telemetry
 	tm.MetricsListen = d.str("telemetry.metricsListen", d.v.Get("telemetry.metricsListen"))
@@ -254,6 +250,16 @@ func (d *decoder) duration(key string, v any) time.Duration {
 	}
 	d.fail(key, "%s is not a duration such as 90s, 10m or 1h", show(v))
 	return 0
+}
+
+// durationAtLeastSecond reads the duration at key, which must be at least
+// 1s when set: shorter bounds cut off ordinary traffic.
+func (d *decoder) durationAtLeastSecond(key string) time.Duration {
+	dur := d.duration(key, d.v.Get(key))
+	if dur < time.Second && d.ok(key) {
+		d.fail(key, "%s is less than 1s", dur)
+	}
+	return dur
 }
 
 var byteUnits = []struct {

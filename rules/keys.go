@@ -43,7 +43,7 @@ var schema = []keySpec{
 		{name: "dialTimeout"},
 		{name: "tls", kind: mapping, children: leaves("enabled", "caFile", "certFile", "keyFile", "insecureSkipVerify", "serverName")},
 	}},
-	{name: "limits", kind: mapping, children: leaves("maxConnections", "maxMessageBytes", "maxCursors", "cursorTTL", "retryCacheSize", "retryCacheTTL", "aggregateMemory", "stagedMemory")},
+	{name: "limits", kind: mapping, children: leaves("maxConnections", "maxMessageBytes", "maxCursors", "cursorTTL", "frameTimeout", "writeTimeout", "retryCacheSize", "retryCacheTTL", "aggregateMemory", "stagedMemory")},
 	{name: "telemetry", kind: mapping, children: leaves("metricsListen", "otlpEndpoint", "serviceName", "logLevel", "logFormat")},
 	{name: "rules", kind: mapList, children: []keySpec{
 		{name: "namespace"},

@@ -96,6 +96,8 @@ var defaults = map[string]any{
 	"limits.maxMessageBytes":          DefaultMaxMessageBytes,
 	"limits.maxCursors":               DefaultMaxCursors,
 	"limits.cursorTTL":                DefaultCursorTTL,
+	"limits.frameTimeout":             DefaultFrameTimeout,
+	"limits.writeTimeout":             DefaultWriteTimeout,
 	"limits.retryCacheSize":           DefaultRetryCacheSize,
 	"limits.retryCacheTTL":            DefaultRetryCacheTTL,
 	"limits.aggregateMemory":          DefaultAggregateMemory,

@@ -169,6 +169,8 @@ func newServer(cfg *rules.Config, up upstreamHandle, tel *telemetrySetup, log *s
 		MaxMessageBytes: cfg.Limits.MaxMessageBytes,
 		MaxCursors:      cfg.Limits.MaxCursors,
 		CursorTTL:       cfg.Limits.CursorTTL,
+		FrameTimeout:    cfg.Limits.FrameTimeout,
+		WriteTimeout:    cfg.Limits.WriteTimeout,
 		RetryCacheSize:  cfg.Limits.RetryCacheSize,
 		RetryCacheTTL:   cfg.Limits.RetryCacheTTL,
 		AggregateMemory: cfg.Limits.AggregateMemory,
