@@ -15,11 +15,16 @@ import (
 // client disconnected.
 //
 // Nothing reads the client while a request is served (a client waits for
-// each reply before its next request), so once a request has run for
+// each reply before its next request), so once a request that expects a
+// reply has run for
 // Options.ClientWatchAfter a goroutine peeks at the client's connection:
 // EOF or a reset means the client left; a byte means it sent its next
 // request early, which stays buffered in c.r for serve. A request that
 // ends before then costs a timer's Reset and Stop, and no goroutine.
+//
+// A client that half-closes its side after a request (a FIN, as some
+// command-line tools send) reads as one that left, as it does to mongod;
+// drivers never half-close.
 type clientWatch struct {
 	c     *conn
 	after time.Duration
@@ -37,8 +42,8 @@ func newClientWatch(c *conn, after time.Duration) *clientWatch {
 	return w
 }
 
-// arm starts the watch of one request; disarm must follow before the next
-// client read.
+// arm starts the watch of one request that expects a reply; serve calls
+// disarm (armed or not) before its next client read.
 func (w *clientWatch) arm() {
 	w.mu.Lock()
 	w.armed = true

@@ -65,3 +65,66 @@ func TestWatchedClientKeepsItsRequests(t *testing.T) {
 		}
 	}
 }
+
+// TestMoreToComeThenCloseStillWrites: a client that sends a moreToCome
+// (w:0) insert and closes has ended normally; it waits for no reply.
+// While the proxy waited on a slow catalog read before sending the
+// insert, the watch took the close for a client that gave up and closed
+// the upstream connection: the insert never reached the upstream.
+func TestMoreToComeThenCloseStillWrites(t *testing.T) {
+	inserted := make(chan struct{}, 10)
+	upAddr, _, _ := scriptedUpstream(t, func(m *wire.Msg) ([]byte, bool) {
+		var body []byte
+		switch m.CommandName() {
+		case "find": // the catalog read
+			time.Sleep(300 * time.Millisecond)
+			body, _ = bson.Marshal(bson.D{{Key: "cursor", Value: bson.D{{Key: "firstBatch", Value: bson.A{}}, {Key: "id", Value: int64(0)}, {Key: "ns", Value: "x.y"}}}, {Key: "ok", Value: 1.0}})
+		case "insert":
+			inserted <- struct{}{}
+			body, _ = bson.Marshal(bson.D{{Key: "n", Value: 1}, {Key: "ok", Value: 1.0}})
+		default:
+			body, _ = bson.Marshal(bson.D{{Key: "ok", Value: 1.0}})
+		}
+		return body, false
+	})
+	_, addr := startRawProxy(t, upAddr, func(o *Options) {
+		o.ClientWatchAfter = 20 * time.Millisecond
+		o.CreateTimeseries = "proxy"
+		o.CatalogLease = time.Millisecond
+	})
+	c := dialWire(t, addr)
+	c.cmd(bson.D{{Key: "ping", Value: 1}, {Key: "$db", Value: "admin"}})
+	time.Sleep(20 * time.Millisecond)
+	c.send(wire.MoreToCome, bson.D{{Key: "insert", Value: "x"}, {Key: "documents", Value: bson.A{bson.D{{Key: "a", Value: 1}}}}, {Key: "$db", Value: "db"}})
+	time.Sleep(5 * time.Millisecond)
+	c.nc.Close()
+	select {
+	case <-inserted:
+	case <-time.After(3 * time.Second):
+		t.Fatal("the moreToCome insert never reached the upstream after its client closed")
+	}
+}
+
+// TestIdleAfterWatchedRequest: the watch's read deadline is cleared
+// after a watched request; an idle client is never timed out.
+func TestIdleAfterWatchedRequest(t *testing.T) {
+	upAddr, _, _ := scriptedUpstream(t, func(m *wire.Msg) ([]byte, bool) {
+		if m.CommandName() == "find" {
+			time.Sleep(200 * time.Millisecond)
+		}
+		body, _ := bson.Marshal(bson.D{{Key: "cmd", Value: m.CommandName()}, {Key: "ok", Value: 1.0}})
+		return body, false
+	})
+	_, addr := startRawProxy(t, upAddr, func(o *Options) {
+		o.ClientWatchAfter = 20 * time.Millisecond
+		o.FrameTimeout = 100 * time.Millisecond
+	})
+	c := dialWire(t, addr)
+	for round := range 3 {
+		c.cmd(bson.D{{Key: "find", Value: "x"}, {Key: "$db", Value: "db"}})
+		time.Sleep(400 * time.Millisecond) // idle past FrameTimeout
+		if r := c.cmd(bson.D{{Key: "ping", Value: 1}, {Key: "$db", Value: "admin"}}); r.Lookup("cmd").StringValue() != "ping" {
+			t.Fatalf("round %d: %v", round, r)
+		}
+	}
+}

@@ -157,8 +157,7 @@ func (c *conn) serve() {
 		}
 		c.busy.Store(true)
 		c.s.tel.BytesIn(len(frame))
-		c.watch.arm()
-		err = c.handle(h, frame)
+		err = c.handle(h, frame) // arms c.watch (route)
 		c.watch.disarm()
 		c.runAfterReply()
 		c.busy.Store(false)
@@ -260,6 +259,12 @@ func (c *conn) handle(h wire.Header, frame []byte) error {
 	}
 	req.name = req.msg.CommandName()
 	req.db = req.msg.DB()
+	if req.msg.Flags&wire.MoreToCome == 0 {
+		// A client that sent a moreToCome write waits for no reply, so
+		// closing right after is how it ends, not a sign it gave up:
+		// its write must still go upstream.
+		c.watch.arm()
+	}
 	return c.route(req)
 }
 
