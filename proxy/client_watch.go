@@ -16,11 +16,11 @@ import (
 //
 // Nothing reads the client while a request is served (a client waits for
 // each reply before its next request), so once a request that expects a
-// reply has run for
-// Options.ClientWatchAfter a goroutine peeks at the client's connection:
-// EOF or a reset means the client left; a byte means it sent its next
-// request early, which stays buffered in c.r for serve. A request that
-// ends before then costs a timer's Reset and Stop, and no goroutine.
+// reply has run for Options.ClientWatchAfter, a goroutine peeks at the
+// client's connection: EOF or a reset means the client left; a byte means
+// it sent its next request early, which stays buffered in c.r for serve.
+// A request that ends before then costs a timer's Reset and Stop, and no
+// goroutine.
 //
 // A client that half-closes its side after a request (a FIN, as some
 // command-line tools send) reads as one that left, as it does to mongod;
