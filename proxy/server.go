@@ -158,25 +158,25 @@ func New(opts Options) (*Server, error) {
 		opts.Rules = rules.NewSet(nil)
 	}
 	if opts.MaxConnections <= 0 {
-		opts.MaxConnections = 10000
+		opts.MaxConnections = rules.DefaultMaxConnections
 	}
 	if opts.MaxMessageBytes <= 0 || opts.MaxMessageBytes > maxMsgLen {
 		opts.MaxMessageBytes = maxMsgLen
 	}
 	if opts.FrameTimeout <= 0 {
-		opts.FrameTimeout = 2 * time.Minute
+		opts.FrameTimeout = rules.DefaultFrameTimeout
 	}
 	if opts.WriteTimeout <= 0 {
-		opts.WriteTimeout = 2 * time.Minute
+		opts.WriteTimeout = rules.DefaultWriteTimeout
 	}
 	if opts.ClientWatchAfter <= 0 {
 		opts.ClientWatchAfter = time.Second
 	}
 	if opts.MaxCursors <= 0 {
-		opts.MaxCursors = 100000
+		opts.MaxCursors = rules.DefaultMaxCursors
 	}
 	if opts.CursorTTL <= 0 {
-		opts.CursorTTL = 10 * time.Minute
+		opts.CursorTTL = rules.DefaultCursorTTL
 	}
 	if opts.RetryCacheSize <= 0 {
 		opts.RetryCacheSize = replycache.DefaultSize

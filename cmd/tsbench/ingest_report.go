@@ -112,11 +112,11 @@ func report(cases []ingestCase, samples [][]ingestSample, runs, events int, setu
 	}
 
 	fmt.Printf("\n### storage after the flush (last good run; straight from the upstream)\n\n")
-	fmt.Println("| batch | clients | events stored (sum of bucket counts) | plain docs | bucket docs | collStats count plain / bucket | plain index bytes | bucket index bytes | plain data bytes | bucket data bytes | bucket BSON bytes | staging left | stage.txns docs |")
-	fmt.Println("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+	fmt.Println("| batch | clients | events stored (sum of bucket counts) | plain docs | bucket docs | collStats count plain / bucket | plain index bytes | bucket index bytes | plain data bytes | bucket data bytes | bucket BSON bytes | staging left | stage.txns docs | bucketed index bytes by collection | bucket fills (events×buckets) |")
+	fmt.Println("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|")
 	for i, c := range cases {
 		if len(samples[i]) == 0 {
-			fmt.Printf("| %d | %d | – | – | – | – | – | – | – | – | – | – | – |\n", c.batch, c.conc)
+			fmt.Printf("| %d | %d | – | – | – | – | – | – | – | – | – | – | – | – | – |\n", c.batch, c.conc)
 			continue
 		}
 		st := samples[i][len(samples[i])-1].st
@@ -127,8 +127,8 @@ func report(cases []ingestCase, samples [][]ingestSample, runs, events int, setu
 		if st.txns {
 			txns = fmt.Sprint(st.txnsDocs)
 		}
-		fmt.Printf("| %d | %d | %d | %d | %d | %d / %d | %d | %d | %d | %d | %d | %s | %s |\n", c.batch, c.conc, st.stored, st.plainN, st.bucketN,
-			st.plain.count, st.bucket.count, st.plain.indexSize, st.bucket.indexSize, st.plain.size, st.bucket.size, st.bucketBSON, left, txns)
+		fmt.Printf("| %d | %d | %d | %d | %d | %d / %d | %d | %d | %d | %d | %d | %s | %s | %s | %s |\n", c.batch, c.conc, st.stored, st.plainN, st.bucketN,
+			st.plain.count, st.bucket.count, st.plain.indexSize, st.bucket.indexSize, st.plain.size, st.bucket.size, st.bucketBSON, left, txns, strings.Join(st.indexBy, ", "), strings.Join(st.fills, " "))
 	}
 }
 

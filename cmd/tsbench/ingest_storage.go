@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"sort"
 	"strings"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -23,7 +24,9 @@ type ingestStorage struct {
 	leftover        []string  // staging collections left after the flush
 	txns            bool      // <bucket>.stage.txns exists
 	txnsDocs        int64
-	docsRat, idxRat float64 // plain/bucketed: documents (counted), index bytes
+	indexBy         []string // the bucketed side's index bytes, collection by collection
+	fills           []string // "events×buckets": how many buckets hold how many events
+	docsRat, idxRat float64  // plain/bucketed: documents (counted), index bytes
 }
 
 // settled reads, straight from the upstream, what db holds once flushed:
@@ -65,6 +68,9 @@ func settled(ctx context.Context, db *mongo.Database, indexBytes func(ctx contex
 	if len(sums) > 0 {
 		st.stored, _ = sums[0].Lookup("n").AsInt64OK()
 	}
+	if st.fills, err = bucketFills(ctx, db.Collection(bucketColl)); err != nil {
+		return st, err
+	}
 	if st.bucketBSON, err = bsonBytes(ctx, db.Collection(bucketColl)); err != nil {
 		return st, err
 	}
@@ -89,23 +95,52 @@ func settled(ctx context.Context, db *mongo.Database, indexBytes func(ctx contex
 	// collStats count. So is the embedded upstream's own _id index of the
 	// bucket collection, which its collStats leaves out (until 2026-11-29
 	// neither it nor the leases were counted).
+	st.indexBy = append(st.indexBy, fmt.Sprintf("%s %d", bucketColl, st.bucket.indexSize))
 	own, err := ruleOwnStats(ctx, db, bucketColl)
 	if err != nil {
 		return st, err
 	}
-	st.bucket.size += own.size
-	st.bucket.indexSize += own.indexSize
-	st.bucketN += own.count
+	for _, o := range own {
+		st.bucket.add(collStats{size: o.size, indexSize: o.indexSize})
+		st.bucketN += o.count
+		st.indexBy = append(st.indexBy, fmt.Sprintf("%s %d", o.name, o.indexSize))
+	}
 	if indexBytes != nil {
 		n, err := indexBytes(ctx, db.Name(), bucketColl)
 		if err != nil {
 			return st, err
 		}
 		st.bucket.indexSize += n
+		st.indexBy = append(st.indexBy, fmt.Sprintf("%s's _id index %d", bucketColl, n))
 	}
 	st.docsRat = ratio(st.plainN, st.bucketN)
 	st.idxRat = ratio(st.plain.indexSize, st.bucket.indexSize)
 	return st, nil
+}
+
+// bucketFills counts coll's buckets by their events, fullest first:
+// "1000×36" is 36 buckets of 1,000 events. It shows where a run made more
+// buckets than its events need.
+func bucketFills(ctx context.Context, coll *mongo.Collection) ([]string, error) {
+	cur, err := coll.Aggregate(ctx, mongo.Pipeline{
+		{{Key: "$group", Value: bson.D{{Key: "_id", Value: "$count"}, {Key: "n", Value: bson.D{{Key: "$sum", Value: 1}}}}}},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("bucket fills of %s: %w", coll.Name(), err)
+	}
+	var groups []struct {
+		Events int64 `bson:"_id"`
+		N      int64 `bson:"n"`
+	}
+	if err := cur.All(ctx, &groups); err != nil {
+		return nil, fmt.Errorf("bucket fills of %s: %w", coll.Name(), err)
+	}
+	sort.Slice(groups, func(i, j int) bool { return groups[i].Events > groups[j].Events })
+	fills := make([]string, len(groups))
+	for i, g := range groups {
+		fills[i] = fmt.Sprintf("%d×%d", g.Events, g.N)
+	}
+	return fills, nil
 }
 
 // bsonBytes is the sum of the BSON sizes of coll's documents: what they
@@ -179,24 +214,31 @@ func belowStorage(c ingestCase, docs, idx float64) []string {
 	return below
 }
 
-// ruleOwnStats adds up the collStats of the collections a rule keeps of
+// ruleOwnStats is the collStats, by name, of the collections a rule keeps of
 // its own beside its buckets, by the bucket collection's name: the
 // event-id index, the records of merged retryable writes and the writer
 // leases (those of them that exist; each tsbench case has a database of
 // its own, so the leases are this rule's alone).
-func ruleOwnStats(ctx context.Context, db *mongo.Database, bucketColl string) (collStats, error) {
+func ruleOwnStats(ctx context.Context, db *mongo.Database, bucketColl string) ([]namedStats, error) {
 	rule := rules.Rule{BucketCollection: bucketColl}
 	names, err := db.ListCollectionNames(ctx, bson.D{{Key: "name", Value: bson.D{{Key: "$in", Value: bson.A{rule.IDIndexCollection(), stage.TxnsCollection(&rule), rules.LeaseCollection}}}}})
 	if err != nil {
-		return collStats{}, fmt.Errorf("listCollections %s: %w", db.Name(), err)
+		return nil, fmt.Errorf("listCollections %s: %w", db.Name(), err)
 	}
-	var sum collStats
+	sort.Strings(names)
+	own := make([]namedStats, 0, len(names))
 	for _, name := range names {
 		st, err := stats(ctx, db, name)
 		if err != nil {
-			return collStats{}, err
+			return nil, err
 		}
-		sum.add(st)
+		own = append(own, namedStats{name: name, collStats: st})
 	}
-	return sum, nil
+	return own, nil
+}
+
+// namedStats is one collection's collStats.
+type namedStats struct {
+	name string
+	collStats
 }

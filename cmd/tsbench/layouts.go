@@ -152,7 +152,9 @@ func benchLayouts(e *benchEnv, runs, events, batch, prefill int) error {
 		if err != nil {
 			return err
 		}
-		bu.add(own)
+		for _, o := range own {
+			bu.add(o.collStats)
+		}
 		n, err := db(proxyC).Collection(lc.coll).CountDocuments(ctx, bson.D{})
 		if err != nil {
 			return err
