@@ -47,6 +47,10 @@ type KnownKey struct {
 	Last bsoncore.Document
 	// Full: the last bucket has no room (nothing to top up).
 	Full bool
+	// Closed: a merge of this directory's life took events of a later
+	// window of the key's series with the key's own, so the key's window
+	// has had its one closing top-up (topup.go).
+	Closed bool
 }
 
 // Known is the merging proxy's directory of the rule's buckets
@@ -286,7 +290,7 @@ func (m *Merge) learn(x *rewrite.Exec) error {
 // forgetPlanKeys drops what the merge of the current retired
 // collection noted of its keys for the directory.
 func (m *Merge) forgetPlanKeys() {
-	m.last, m.planKnown, m.planProbed = nil, nil, nil
+	m.last, m.planKnown, m.planProbed, m.planClosing = nil, nil, nil, nil
 }
 
 // noteLast records the last bucket of key k that the merge wrote: seq
@@ -304,7 +308,7 @@ func (m *Merge) noteLast(k string, seq int, doc bsoncore.Document, evs []bucket.
 	if m.last == nil {
 		m.last = map[string]KnownKey{}
 	}
-	kk := KnownKey{Next: seq + 1, Full: len(evs) >= m.lim.MaxEvents || eventBytes(evs) >= m.lim.MaxBytes}
+	kk := KnownKey{Next: seq + 1, Full: len(evs) >= m.lim.MaxEvents || eventBytes(evs) >= m.lim.MaxBytes, Closed: m.planKnown[k].Closed || m.planClosing[k]}
 	if !kk.Full {
 		kk.Last = doc
 	}

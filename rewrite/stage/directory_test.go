@@ -291,3 +291,81 @@ func mustElems(t *testing.T, d bsoncore.Document) []bsoncore.Element {
 	}
 	return els
 }
+
+// TestMergeClosingTopUp: the merge that takes a window's last events with
+// events of the series' next window tops the window's last bucket up
+// whatever the top-up ratio, once a key in a directory's life; late
+// events after it, and merges without a directory, keep the ratio.
+func TestMergeClosingTopUp(t *testing.T) {
+	rule := rwtest.InsertRule()
+	rule.MaxEvents = 20
+	const w0, w1 = 36_000_000, 36_000_000 + 3_600_000 // two windows of an hour
+	// at are n events of series a from second i of the window starting
+	// at w; ids unique across the windows.
+	at := func(w int64, i, n int) []bson.D {
+		var out []bson.D
+		for j := i; j < i+n; j++ {
+			id := rwtest.OID(byte(j))
+			id[5] = byte(w / 3_600_000)
+			out = append(out, rwtest.Event(id, rwtest.DT(w+int64(j)*1000), "a", float64(j)))
+		}
+		return out
+	}
+	opts := func(now int64, d *dir) stage.MergeOptions {
+		o := stage.MergeOptions{All: true, TopUp: true, TopUpFloor: 2, Now: time.UnixMilli(now), OneScanBeats: func(n int) bool { return n > 1 }}
+		if d != nil {
+			o.Known = d.known()
+		}
+		return o
+	}
+	rounds := [][]bson.D{
+		at(w0, 0, 10),                          // w0: a bucket of 10
+		append(at(w0, 10, 2), at(w1, 0, 3)...), // w0's last 2, more than 4 times over: closing
+		append(at(w0, 12, 1), at(w1, 3, 1)...), // a late one: the ratio again
+	}
+	run := func(t *testing.T, d *dir) *mem {
+		m := newMem(t)
+		for i, evs := range rounds {
+			stagedInsert(t, m, evs)
+			mergeRule(t, m, rule, opts(1_000_000+100*int64(i), d))
+		}
+		onceEachStored(t, m, 17)
+		return m
+	}
+	t.Run("with a directory", func(t *testing.T) {
+		d := &dir{}
+		m := run(t, d)
+		if got := bucketCounts(t, m, "a"); !slices.Equal(got, []int64{12, 1}) {
+			t.Fatalf("bucket counts of the first window %v, want [12 1]: closed once, then a late event in a bucket of its own", got)
+		}
+		w0Key := bucket.KeyOf(bsoncore.Value{Type: bsoncore.TypeString, Data: bsoncore.AppendString(nil, "a")}, w0).String()
+		if kk, ok := d.keys[w0Key]; !ok || !kk.Closed {
+			t.Fatalf("directory %v: want the first window's key known as closed", d.keys)
+		}
+	})
+	t.Run("a closing merge cut after its top-up is finished without doubling", func(t *testing.T) {
+		m, d := newMem(t), &dir{}
+		stagedInsert(t, m, rounds[0])
+		mergeRule(t, m, rule, opts(1_000_000, d))
+		stagedInsert(t, m, rounds[1])
+		m.fail["drop"] = true
+		o := opts(1_000_100, d)
+		o.RetryHorizon = time.Hour
+		m.run(stage.NewMerge(rule, o))
+		m.fail["drop"] = false
+		if st := mergeRule(t, m, rule, opts(1_000_200, d)); st.Collections != 1 {
+			t.Fatalf("resume %+v, want the cut merge finished", st)
+		}
+		if got := bucketCounts(t, m, "a"); !slices.Equal(got, []int64{12}) {
+			t.Fatalf("bucket counts of the first window %v, want [12]", got)
+		}
+		onceEachStored(t, m, 15)
+	})
+	t.Run("without one", func(t *testing.T) {
+		m := run(t, nil)
+		// 10, more than 4 times 2: a bucket of 2, which the late one tops up.
+		if got := bucketCounts(t, m, "a"); !slices.Equal(got, []int64{10, 3}) {
+			t.Fatalf("bucket counts of the first window %v, want [10 3]", got)
+		}
+	})
+}

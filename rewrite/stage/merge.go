@@ -102,6 +102,9 @@ type Merge struct {
 	// planProbed are the keys of that plan the merge probed and may
 	// teach a directory that is never read (Known.NoRead).
 	planProbed map[string]bool
+	// planClosing are the keys of that plan whose window the merge saw
+	// close (closingKeys) and the directory will learn so (KnownKey.Closed).
+	planClosing map[string]bool
 	// planColl is the bucket collection's uuid when that plan was made.
 	planColl string
 	// expired: loadRecords found records past the retry horizon.

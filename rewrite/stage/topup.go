@@ -56,10 +56,56 @@ import (
 // still over 100 times fewer documents than events) instead of at
 // maxEvents; merges of more events (merge batches, flushes, the merge
 // after a quiet period) still fill them.
+//
+// The closing top-up. Merges cut per-event inserts by size (a merge
+// batch), wherever that falls in a window, so the merge that takes a
+// window's last events may have few of them for a bucket the merge before
+// left half full: 99 events for a bucket of 501 (tsbench ingest, batch 1)
+// were a bucket of their own, and batch 1 ended with more buckets than
+// batch 1000. A merge that also takes events of a later window of the
+// same series sees the key's window closed (closingKeys): it tops the
+// last bucket up whatever the ratio, once a key in the life of the
+// merging proxy's directory (KnownKey.Closed; only keys the directory
+// learns), so late events that trickle into a closed window later cost
+// what they cost before. That one rewrite is at most the window's own
+// events, so at most one write more an event of the window.
 const (
 	DefaultTopUpFloor = 128
 	topUpRatio        = 4
 )
+
+// closingKeys are the keys of groups whose series has a group of a later
+// window in the same merge: events arrive about in time order, so those
+// windows are closed (the closing top-up above).
+func closingKeys(groups []group) map[string]bool {
+	latest := map[string]int64{} // by series
+	for _, g := range groups {
+		if s, ok := latest[string(g.key.Meta)]; !ok || g.key.Start > s {
+			latest[string(g.key.Meta)] = g.key.Start
+		}
+	}
+	var out map[string]bool
+	for _, g := range groups {
+		if g.key.Start < latest[string(g.key.Meta)] {
+			if out == nil {
+				out = map[string]bool{}
+			}
+			out[g.key.String()] = true
+		}
+	}
+	return out
+}
+
+// mayCloseKey says whether key k, whose window this merge sees closed,
+// gets its closing top-up: not yet in this directory's life, and the
+// directory will learn that it had it (it knows the key, or learns the
+// keys the merge probes).
+func (m *Merge) mayCloseKey(k string) bool {
+	if kk, ok := m.planKnown[k]; ok {
+		return !kk.Closed
+	}
+	return m.planProbed[k]
+}
 
 // worthToppingUp says whether a last bucket of old events is topped up
 // by a merge with adding events for its key.
@@ -105,6 +151,14 @@ func (m *Merge) lockKeys(keys []bucket.Key) func() {
 // (known) is not read: its last bucket is full, or known as written.
 func (m *Merge) readTopUps(x *rewrite.Exec, groups []group, bases map[string]int, known map[string]KnownKey) (map[string]*topUp, error) {
 	ns := m.rule.BucketNamespace()
+	closing := map[string]bool{}
+	for k := range closingKeys(groups) {
+		if m.mayCloseKey(k) {
+			closing[k] = true
+		}
+	}
+	// What the directory learns of them, whatever this merge finds.
+	m.planClosing = closing
 	byID := map[bson.ObjectID]string{}
 	adding := map[string]int{}
 	var ids []bson.ObjectID
@@ -146,7 +200,7 @@ func (m *Merge) readTopUps(x *rewrite.Exec, groups []group, bases map[string]int
 		if !ok || total+len(d) > maxTopUpBytes {
 			continue
 		}
-		t, err := m.topUpOf(d, bases[k]-1, adding[k])
+		t, err := m.topUpOf(d, bases[k]-1, adding[k], closing[k])
 		if err != nil {
 			return nil, fmt.Errorf("last bucket %s: %w", id.Hex(), err)
 		}
@@ -159,9 +213,10 @@ func (m *Merge) readTopUps(x *rewrite.Exec, groups []group, bases map[string]int
 }
 
 // topUpOf is bucket d (seq) as a top-up for adding events, or nil when
-// it has no room or is not worth it.
-func (m *Merge) topUpOf(d bsoncore.Document, seq, adding int) (*topUp, error) {
-	if n := bucketCount(d); n < 0 || n >= m.lim.MaxEvents || !m.worthToppingUp(n, adding) {
+// it has no room or is not worth it; closing: its key's closing top-up,
+// worth it whatever it holds.
+func (m *Merge) topUpOf(d bsoncore.Document, seq, adding int, closing bool) (*topUp, error) {
+	if n := bucketCount(d); n < 0 || n >= m.lim.MaxEvents || !closing && !m.worthToppingUp(n, adding) {
 		return nil, nil
 	}
 	old, err := bucket.StoredEvents(d, m.rule, m.lim)
