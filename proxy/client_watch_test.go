@@ -38,13 +38,7 @@ func TestClientLeavesDuringStalledReply(t *testing.T) {
 // upstream answers is not taken for gone, and a request it sends before
 // the reply (read by the watch) is answered next, in order.
 func TestWatchedClientKeepsItsRequests(t *testing.T) {
-	upAddr, _, _ := scriptedUpstream(t, func(m *wire.Msg) ([]byte, bool) {
-		if m.CommandName() == "find" {
-			time.Sleep(300 * time.Millisecond)
-		}
-		body, _ := bson.Marshal(bson.D{{Key: "cmd", Value: m.CommandName()}, {Key: "ok", Value: 1.0}})
-		return body, false
-	})
+	upAddr := slowFindUpstream(t, 300*time.Millisecond)
 	_, addr := startRawProxy(t, upAddr, func(o *Options) { o.ClientWatchAfter = 20 * time.Millisecond })
 	c := dialWire(t, addr)
 	for round := range 3 {
@@ -108,13 +102,7 @@ func TestMoreToComeThenCloseStillWrites(t *testing.T) {
 // TestIdleAfterWatchedRequest: the watch's read deadline is cleared
 // after a watched request; an idle client is never timed out.
 func TestIdleAfterWatchedRequest(t *testing.T) {
-	upAddr, _, _ := scriptedUpstream(t, func(m *wire.Msg) ([]byte, bool) {
-		if m.CommandName() == "find" {
-			time.Sleep(200 * time.Millisecond)
-		}
-		body, _ := bson.Marshal(bson.D{{Key: "cmd", Value: m.CommandName()}, {Key: "ok", Value: 1.0}})
-		return body, false
-	})
+	upAddr := slowFindUpstream(t, 200*time.Millisecond)
 	_, addr := startRawProxy(t, upAddr, func(o *Options) {
 		o.ClientWatchAfter = 20 * time.Millisecond
 		o.FrameTimeout = 100 * time.Millisecond
@@ -127,4 +115,18 @@ func TestIdleAfterWatchedRequest(t *testing.T) {
 			t.Fatalf("round %d: %v", round, r)
 		}
 	}
+}
+
+// slowFindUpstream is a scripted upstream that answers every command
+// with {cmd: <its name>, ok: 1}, a find after delay.
+func slowFindUpstream(t *testing.T, delay time.Duration) string {
+	t.Helper()
+	upAddr, _, _ := scriptedUpstream(t, func(m *wire.Msg) ([]byte, bool) {
+		if m.CommandName() == "find" {
+			time.Sleep(delay)
+		}
+		body, _ := bson.Marshal(bson.D{{Key: "cmd", Value: m.CommandName()}, {Key: "ok", Value: 1.0}})
+		return body, false
+	})
+	return upAddr
 }

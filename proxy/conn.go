@@ -157,7 +157,7 @@ func (c *conn) serve() {
 		}
 		c.busy.Store(true)
 		c.s.tel.BytesIn(len(frame))
-		err = c.handle(h, frame) // arms c.watch (route)
+		err = c.handle(h, frame) // arms c.watch for a request that expects a reply
 		c.watch.disarm()
 		c.runAfterReply()
 		c.busy.Store(false)
