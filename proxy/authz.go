@@ -64,6 +64,7 @@ func (c *conn) noteAuthChange(req *request) {
 	}
 	if change {
 		c.auth = connAuth{}
+		c.upAuth = true
 	}
 }
 

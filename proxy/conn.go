@@ -73,6 +73,9 @@ type conn struct {
 	// auth is what the connection knows of its client's authentication
 	// (authz.go).
 	auth connAuth
+	// upAuth: an authentication command went over c.up, so the client's
+	// authentication may live on it (a new link would not have it).
+	upAuth bool
 	// rules is the rule set the request being served is routed by: config
 	// rules and created time-series collections (catalogGate).
 	rules *rules.Set
@@ -115,6 +118,7 @@ type request struct {
 	start      time.Time
 	txn        *replycache.Attempt   // a retryable write's attempt (reply_cache.go)
 	retry      *rewrite.ReadRetryKey // the body's retry key, once retriedReply read it
+	replied    bool                  // a reply frame went to the client
 }
 
 // serve reads and answers requests until the client goes away, a frame
@@ -265,7 +269,10 @@ func (c *conn) handle(h wire.Header, frame []byte) error {
 		// its write must still go upstream.
 		c.watch.arm()
 	}
-	return c.route(req)
+	if err := c.route(req); err != nil {
+		return c.afterLinkLoss(req, err) // link_loss.go
+	}
+	return nil
 }
 
 // decodeQuery turns a legacy OP_QUERY command (drivers still send their

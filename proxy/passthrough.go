@@ -60,13 +60,20 @@ func (c *conn) passthrough(req *request) error {
 	_, reply, err := c.up.RoundTrip(fwd)
 	c.endAfterReply(span, time.Since(upStart), err)
 	if err != nil {
-		// The client's session and authentication live on this upstream
-		// connection; a new one would not have them, so the client must
-		// reconnect.
-		return err
+		return err // afterLinkLoss decides whether the client keeps its connection
 	}
 	if req.msg.Flags&wire.MoreToCome != 0 {
 		return nil // the client reads no reply
+	}
+	if coll, ok := quotedCreation(req, reply); ok {
+		body, retried, err := c.createQuoted(req, coll, reply, fwd) // quoted_names.go
+		if err != nil {
+			return err
+		}
+		if body != nil {
+			return c.replyBody(req, body)
+		}
+		reply = retried
 	}
 	if req.legacy {
 		var m wire.Msg

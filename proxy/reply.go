@@ -40,6 +40,7 @@ func (c *conn) writeFrame(req *request, frame []byte) error {
 	if _, err := c.nc.Write(frame); err != nil {
 		return err
 	}
+	req.replied = true
 	c.s.tel.BytesOut(len(frame))
 	return nil
 }

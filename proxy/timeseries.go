@@ -170,6 +170,11 @@ func (c *conn) finishCreate(req *request, rule *rules.Rule, entry admin.CatalogE
 	if err != nil {
 		return nil, err
 	}
+	if !mongoerr.IsOK(res.Reply) && quotedCreateFailed(rule.Collection, res.Reply) { // quoted_names.go
+		// Its buckets go to collections the merge creates as it goes.
+		return mongoerr.ReplyNamed(mongoerr.InvalidNamespace, "", fmt.Sprintf(
+			"tsproxy: the upstream cannot hold the time-series collection %q of database %q: its name holds '\"', which FerretDB 1.x on SQLite cannot create (choose a name without it)", rule.Collection, rule.DB)), errors.New("create refused")
+	}
 	if !mongoerr.IsOK(res.Reply) {
 		return res.Reply, errors.New("create refused")
 	}

@@ -51,7 +51,7 @@ func (c *Conn) Addr() string { return c.addr }
 // Write sends one whole frame.
 func (c *Conn) Write(frame []byte) error {
 	if _, err := c.nc.Write(frame); err != nil {
-		return fmt.Errorf("upstream %s: write: %w", c.addr, err)
+		return &LinkError{Addr: c.addr, Op: "write", Err: err}
 	}
 	return nil
 }
@@ -60,13 +60,26 @@ func (c *Conn) Write(frame []byte) error {
 func (c *Conn) ReadMessage() (wire.Header, []byte, error) {
 	h, frame, err := wire.ReadMessage(c.r, c.buf, wire.MaxMsgLen)
 	if err != nil {
-		return h, nil, fmt.Errorf("upstream %s: read: %w", c.addr, err)
+		return h, nil, &LinkError{Addr: c.addr, Op: "read", Err: err}
 	}
 	if cap(frame) > cap(c.buf) && cap(frame) <= maxKeptBuf {
 		c.buf = frame[:0]
 	}
 	return h, frame, nil
 }
+
+// LinkError is a failure of the connection itself (a write or a read),
+// as opposed to an error the upstream answered: after one the connection
+// is out of step and must be closed.
+type LinkError struct {
+	Addr string
+	Op   string // "read" or "write"
+	Err  error
+}
+
+func (e *LinkError) Error() string { return fmt.Sprintf("upstream %s: %s: %v", e.Addr, e.Op, e.Err) }
+
+func (e *LinkError) Unwrap() error { return e.Err }
 
 // RoundTrip writes frame and reads the reply.
 func (c *Conn) RoundTrip(frame []byte) (wire.Header, []byte, error) {
