@@ -34,6 +34,13 @@ func compileGroup(v Value, next processor, opts Options) (processor, error) {
 			if err != nil {
 				return nil, err
 			}
+			if o, ok := id.(objectExpr); ok {
+				// MongoDB's $group makes a missing value of a field of an
+				// _id object null ({x: "$m"} is {x: null} whether m is
+				// null or missing: one group), unlike an object
+				// expression elsewhere, which drops the field.
+				id = groupIDObject{o}
+			}
 			g.id = id
 			continue
 		}
@@ -384,3 +391,23 @@ func (u *unwindStage) emit(doc bsoncore.Document, el, index Value, drop bool) er
 }
 
 func (u *unwindStage) flush() error { return u.next.flush() }
+
+// groupIDObject is a $group _id given as an object: its fields' missing
+// values are null, so a missing and a null field are one group.
+type groupIDObject struct{ objectExpr }
+
+func (o groupIDObject) eval(doc bsoncore.Document) (Value, error) {
+	idx, out := bsoncore.AppendDocumentStart(nil)
+	for i, e := range o.exprs {
+		v, err := e.eval(doc)
+		if err != nil {
+			return missing, err
+		}
+		if v.Type == 0 {
+			v = null
+		}
+		out = bsoncore.AppendValueElement(out, o.keys[i], v)
+	}
+	out, _ = bsoncore.AppendDocumentEnd(out, idx)
+	return Value{Type: bsoncore.TypeEmbeddedDocument, Data: out}, nil
+}
