@@ -365,6 +365,11 @@ func (c *conn) route(req *request) error {
 		return c.handleBucketed(req, rule, route)
 	}
 	if rule, what := c.crossRefRule(req); rule != nil {
+		if req.name == "aggregate" && isJoinStage(what) {
+			if joined := c.joinedRules(req); len(joined) > 0 {
+				return c.serveJoin(req, joined) // join.go
+			}
+		}
 		if err := c.ensureUpstream(); err != nil {
 			return c.replyUpstreamDown(req, err)
 		}

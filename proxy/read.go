@@ -61,10 +61,7 @@ func (c *conn) rewriteRead(req *request, rule *rules.Rule) error {
 	if err != nil {
 		return err
 	}
-	opts := read.Options{Caps: caps, IDLookups: c.idLookupCost(rule, caps), IDIndex: c.s.idIndexes, AggregateMemory: c.s.opts.AggregateMemory,
-		Bucketed: func(db, coll string) bool {
-			return c.rules.Lookup(db, coll) != nil || c.rules.ByBucketCollection(db, coll) != nil || c.rules.ByRollupCollection(db, coll) != nil
-		}}
+	opts := c.readOptions(rule, caps) // join.go
 	single := func(r *rules.Rule, body []byte) rewrite.Plan {
 		return summary.Plan(body, r, opts, func() rewrite.Plan { return read.Plan(body, r, opts, newCursorID) })
 	}
