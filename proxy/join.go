@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/caps"
@@ -106,7 +105,7 @@ func (c *conn) serveJoin(req *request, joined []*rules.Rule) error {
 	for _, rule := range joined {
 		optsOf[rule] = c.readOptions(rule, caps)
 	}
-	bucketed := func(db, coll string, find bsoncore.Document) rewrite.Plan {
+	bucketed := func(db, coll string, find []byte) rewrite.Plan {
 		rule := c.rules.Lookup(db, coll)
 		if rule == nil {
 			return nil

@@ -11,7 +11,7 @@ import (
 // Bucketed is the plan of a find command on db.coll when db.coll is a
 // bucketed namespace (the proxy's read path, which answers it from
 // buckets), nil when it is a plain collection.
-type Bucketed func(db, coll string, find bsoncore.Document) rewrite.Plan
+type Bucketed func(db, coll string, find []byte) rewrite.Plan
 
 // UpstreamReader reads a plain collection with a find upstream, a
 // bucketed one through bucketed's plan: both on the client's connection,
