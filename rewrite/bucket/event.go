@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
-	"strings"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -135,6 +134,11 @@ func readEventFields(doc bsoncore.Document, rule *rules.Rule, lim Limits, aggs [
 	return f, err
 }
 
+// MaxMeasurementBytes is MongoDB's maximum document size, which a
+// measurement may not exceed (BSONObjectTooLarge); its meta counts, though
+// the bucket keeps it once for the series.
+const MaxMeasurementBytes = 16 * 1024 * 1024
+
 func PrepareEvent(doc bsoncore.Document, index int, rule *rules.Rule, lim Limits, newID func() bson.ObjectID, buf *[]byte, aggs []bsoncore.Value) (Event, *WriteError) {
 	reject := func(code mongoerr.Code, format string, args ...any) (Event, *WriteError) {
 		return Event{}, WriteErrorf(index, rule, code, format, args...)
@@ -142,6 +146,9 @@ func PrepareEvent(doc bsoncore.Document, index int, rule *rules.Rule, lim Limits
 	f, err := readEventFields(doc, rule, lim, aggs)
 	if err != nil {
 		return reject(mongoerr.InvalidBSON, "event is not valid BSON: %v", err)
+	}
+	if len(doc) > MaxMeasurementBytes {
+		return reject(mongoerr.BSONObjectTooLarge, "measurement is %d bytes, more than the maximum BSON object size %d", len(doc), MaxMeasurementBytes)
 	}
 	if f.duplicate != "" {
 		// The bucket keeps one value of each: the event read back would
@@ -226,7 +233,7 @@ func checkTimeMeta(t, m bsoncore.Value, index int, rule *rules.Rule, lim Limits)
 		if why := unsupportedMeta(m); why != "" {
 			return meta, 0, 0, WriteErrorf(index, rule, mongoerr.BadValue, "metaField %q: %s", rule.MetaField, why)
 		}
-		meta = m
+		meta = StoredMeta(m)
 	}
 	return meta, ms, start, nil
 }
@@ -234,24 +241,23 @@ func checkTimeMeta(t, m bsoncore.Value, index int, rule *rules.Rule, lim Limits)
 // unsupportedMeta says why a meta value cannot identify a series, or "".
 // The upsert filter {meta: M} must match exactly the buckets of M, and the
 // upsert must copy M into a new bucket. That holds for every type but these:
-// an array also matches arrays that contain it, a regex matches strings,
-// undefined is not a queryable value, and a document whose first key is
-// $-prefixed reads as query operators.
+// an array also matches arrays that contain it, a regex matches strings
+// and undefined is not a queryable value. (A document whose first name
+// is $-prefixed, which would read as query operators, is stored with
+// that name escaped: StoredMeta.)
 //
 // Nor values FerretDB refuses to store in a document (infinities, NaN,
-// an array directly inside an array), anywhere in the meta: a staged
-// event's merge into a bucket failed on them, and every read of the rule
-// with it, the insert having been acknowledged. MongoDB stores them; a
-// series named by one is refused here on every upstream.
+// an array directly inside an array, Decimal128, on which FerretDB v1.x
+// closes its connection), anywhere in the meta: a staged event's merge
+// into a bucket failed on them, and every read of the rule with it, the
+// insert having been acknowledged. MongoDB stores them; a series named
+// by one is refused here on every upstream, so that the stored format
+// is the same on all (field names FerretDB cannot store are escaped
+// instead: StoredMeta).
 func unsupportedMeta(m bsoncore.Value) string {
 	switch m.Type {
 	case bsoncore.TypeArray, bsoncore.TypeRegex, bsoncore.TypeUndefined:
 		return fmt.Sprintf("values of type %s are not supported", bsonutil.TypeName(m.Type))
-	case bsoncore.TypeEmbeddedDocument:
-		elems, err := bsoncore.Document(m.Data).Elements()
-		if err == nil && len(elems) > 0 && strings.HasPrefix(elems[0].Key(), "$") {
-			return fmt.Sprintf("documents whose first field is $-prefixed (%q) are not supported", elems[0].Key())
-		}
 	}
 	return unstorableIn(m, false, 0)
 }
@@ -267,6 +273,8 @@ func unstorableIn(v bsoncore.Value, inArray bool, depth int) string {
 		if f := v.Double(); math.IsInf(f, 0) || math.IsNaN(f) {
 			return fmt.Sprintf("it holds %v, which the upstream cannot store in a bucket", f)
 		}
+	case bsoncore.TypeDecimal128:
+		return "it holds a Decimal128, which FerretDB v1.x cannot store in a bucket"
 	case bsoncore.TypeArray:
 		if inArray {
 			return "it holds an array inside an array, which the upstream cannot store in a bucket"

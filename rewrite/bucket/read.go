@@ -170,6 +170,7 @@ func RestoreMeta(stored bsoncore.Document, metaField string, metaOf func() (bson
 	if err != nil {
 		return nil, err
 	}
+	meta = UserMeta(meta)
 	idx, out := bsoncore.AppendDocumentStart(make([]byte, 0, len(stored)+len(meta.Data)+8))
 	for _, e := range elems {
 		if e.Key() == metaField {

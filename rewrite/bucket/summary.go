@@ -50,7 +50,11 @@ func Summarize(chunk []Event, lim Limits) Summary {
 				continue
 			}
 			a := &s.Aggs[i]
-			if !IsAggregatable(v.Type) {
+			// NaN and the infinities too: FerretDB v1.24 refuses to store
+			// an infinity and closes its connection on a NaN, so a
+			// bucket's min, max or sum must not hold one (the events keep
+			// them, packed; reads of the field then use the events).
+			if !IsAggregatable(v.Type) || nonFinite(v) {
 				a.Mixed = true
 				continue
 			}
@@ -70,6 +74,11 @@ func Summarize(chunk []Event, lim Limits) Summary {
 		}
 	}
 	return s
+}
+
+func nonFinite(v bsoncore.Value) bool {
+	f, ok := v.DoubleOK()
+	return ok && (math.IsNaN(f) || math.IsInf(f, 0))
 }
 
 // Bounds of LowBitOf: no finite nonzero double has a bit below 2^-1074

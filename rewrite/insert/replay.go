@@ -61,7 +61,9 @@ func eventIdentity(doc bsoncore.Document, rule *rules.Rule) (string, bool) {
 	meta := bson.RawValue{Type: bson.TypeNull}
 	if rule.MetaField != "" {
 		if m, err := raw.LookupErr(rule.MetaField); err == nil {
-			meta = m
+			// As the bucket keeps it (fields sorted, names escaped).
+			sm := bucket.StoredMeta(bsoncore.Value{Type: bsoncore.Type(m.Type), Data: m.Value})
+			meta = bson.RawValue{Type: bson.Type(sm.Type), Value: sm.Data}
 		}
 	}
 	return identity(id, meta, ts), true

@@ -104,7 +104,7 @@ func (r *Read) bounds(filter bsoncore.Document, b *fetchBounds, depth int) {
 				}
 			}
 			if v.Type != bsoncore.TypeRegex && v.Type != bsoncore.TypeNull && v.Type != bsoncore.TypeArray {
-				b.meta = v
+				b.meta = bucket.EscapeMeta(v)
 			}
 		}
 	}
@@ -237,7 +237,7 @@ func (r *Read) expand() []layoutDoc {
 		h := head{ok: true, start: start, meta: bsoncore.Value{Type: bsoncore.TypeNull}}
 		h.id, _ = fb.doc.Lookup(bucket.FieldID).ObjectIDOK()
 		if m := fb.doc.Lookup(bucket.FieldMeta); r.rule.MetaField != "" && m.Type != 0 && m.Type != bsoncore.TypeNull {
-			h.meta = m
+			h.meta = bucket.UserMeta(m)
 		}
 		heads[i] = h
 		for _, ws := range fb.slots {

@@ -73,7 +73,7 @@ func (rc *Ctx) MetaPath(path string) (rest string, ok bool) {
 func (rc *Ctx) UpstreamPath(path string) string {
 	if rest, ok := rc.MetaPath(path); ok {
 		rc.UsedMeta = true
-		return bucket.FieldMeta + rest
+		return storedMetaPath(rest)
 	}
 	return bucket.FieldEvents + "." + path
 }

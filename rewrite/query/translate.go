@@ -251,6 +251,9 @@ func (rc *Ctx) appendTranslatedElem(dst []byte, e bsoncore.Element, depth int) (
 	if rest, ok := rc.MetaPath(k); ok && rest == "" && isOps {
 		return rc.appendMetaOperators(dst, ops)
 	}
+	if _, ok := rc.MetaPath(k); ok {
+		v = storedMetaOperand(v)
+	}
 	return bsoncore.AppendValueElement(dst, rc.UpstreamPath(k), v), nil
 }
 
@@ -293,7 +296,7 @@ func (rc *Ctx) appendMetaOperators(dst []byte, ops bsoncore.Document) ([]byte, e
 		rc.UsedMeta = true
 		idx, out := bsoncore.AppendDocumentElementStart(dst, bucket.FieldMeta)
 		for _, e := range onMeta {
-			out = append(out, e...)
+			out = bsoncore.AppendValueElement(out, e.Key(), storedOperatorValue(e.Key(), e.Value()))
 		}
 		dst, _ = bsoncore.AppendDocumentEnd(out, idx)
 	}

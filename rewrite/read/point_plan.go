@@ -2,6 +2,7 @@ package read
 
 import (
 	"fmt"
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"math"
 	"strings"
 
@@ -135,7 +136,9 @@ func pointMetas(v bsoncore.Value) ([]bsoncore.Value, string) {
 			continue
 		}
 		seen[k] = true
-		out = append(out, bsoncore.Value{Type: m.Type, Data: append([]byte(nil), m.Data...)})
+		// In the stored form (escaped names), as bucket ids and the
+		// buckets' meta are.
+		out = append(out, bucket.EscapeMeta(bsoncore.Value{Type: m.Type, Data: append([]byte(nil), m.Data...)}))
 	}
 	return out, ""
 }

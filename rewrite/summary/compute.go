@@ -46,7 +46,7 @@ func (p *Aggregation) readBucket(d bsoncore.Document) (bucketSummary, error) {
 	b.count = rawCount(d)
 	b.meta = bsoncore.Value{Type: bsoncore.TypeNull}
 	if m, ok := bsonutil.Lookup(d, bucket.FieldMeta); ok {
-		b.meta = copyValue(m)
+		b.meta = bucket.UserMeta(copyValue(m))
 	}
 	b.min = subDoc(d, bucket.FieldMin)
 	b.max = subDoc(d, bucket.FieldMax)
