@@ -191,6 +191,9 @@ func compileVariable(s string) (expr, error) {
 	case "REMOVE":
 		return literal{v: missing}, nil
 	}
+	if slot := lookupVar(name); slot != nil {
+		return varRef{slot: slot, parts: parts}, nil
+	}
 	return nil, unsupported("the variable %q", "$$"+name)
 }
 
@@ -256,8 +259,11 @@ func (o opFunc) eval(doc bsoncore.Document) (Value, error) {
 
 // compileOperator compiles {$op: args}.
 func compileOperator(name string, v Value, depth int) (expr, error) {
+	if e, ok, err := compileBinding(name, v, depth); ok {
+		return e, err
+	}
 	switch name {
-	case "$literal":
+	case "$literal", "$const":
 		return literal{v: clone(v)}, nil
 	case "$cond":
 		return compileCond(v, depth)
