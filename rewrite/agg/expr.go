@@ -262,6 +262,9 @@ func compileOperator(name string, v Value, depth int) (expr, error) {
 	if e, ok, err := compileBinding(name, v, depth); ok {
 		return e, err
 	}
+	if c, ok := rawOperators[name]; ok {
+		return c(name, v, depth)
+	}
 	switch name {
 	case "$literal", "$const":
 		return literal{v: clone(v)}, nil

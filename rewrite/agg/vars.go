@@ -364,3 +364,7 @@ func compileBinding(name string, v Value, depth int) (e expr, ok bool, err error
 	}
 	return e, true, err
 }
+
+// rawOperators compile their argument themselves (named arguments,
+// lazily evaluated): filled by the ops_*.go files.
+var rawOperators = map[string]func(name string, v Value, depth int) (expr, error){}
