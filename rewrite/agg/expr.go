@@ -194,7 +194,11 @@ func compileVariable(s string) (expr, error) {
 	if slot := lookupVar(name); slot != nil {
 		return varRef{slot: slot, parts: parts}, nil
 	}
-	return nil, unsupported("the variable %q", "$$"+name)
+	if strings.ToUpper(name) == name {
+		// $$NOW, $$CLUSTER_TIME and the other system variables.
+		return nil, unsupported("the variable %q", "$$"+name)
+	}
+	return nil, badValue(17276, "Use of undefined variable: %s", name)
 }
 
 // operatorArgs reads an operator's arguments: an array, or one value
