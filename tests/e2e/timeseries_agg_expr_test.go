@@ -53,10 +53,12 @@ func TestTimeseriesAggExpr(t *testing.T) {
 			[]string{`{"s": {"$numberInt":"9"}}`, `{"s": {"$numberInt":"6"}}`}},
 	}
 	for _, c := range cases {
-		got := aggAll(t, ctx, coll, c.pipeline)
-		if strings.Join(got, "\n") != strings.Join(c.want, "\n") {
-			t.Errorf("%s:\n got %v\nwant %v", c.name, got, c.want)
-		}
+		t.Run(c.name, func(t *testing.T) {
+			got := aggAll(t, ctx, coll, c.pipeline)
+			if strings.Join(got, "\n") != strings.Join(c.want, "\n") {
+				t.Errorf("got %v\nwant %v", got, c.want)
+			}
+		})
 	}
 }
 
