@@ -145,7 +145,7 @@ func substrBytes(name string, v []Value) (Value, error) {
 	if length >= 0 && start+length < end {
 		end = start + length
 	}
-	if !utf8.RuneStart(s[start]) && start < int64(len(s)) || end < int64(len(s)) && !utf8.RuneStart(s[end]) {
+	if !onRuneStart(s, start) || !onRuneStart(s, end) {
 		return missing, badValue(28656, "%s: Invalid range, starting index is a UTF-8 continuation byte or ending index is in the middle of a UTF-8 character.", name)
 	}
 	return stringValue(s[start:end]), nil
@@ -286,4 +286,10 @@ func (t trimExpr) eval(doc bsoncore.Document) (Value, error) {
 		s = strings.TrimRight(s, chars)
 	}
 	return stringValue(s), nil
+}
+
+// onRuneStart says whether byte offset i of s is not inside a UTF-8
+// character (the end of s is).
+func onRuneStart(s string, i int64) bool {
+	return i >= int64(len(s)) || utf8.RuneStart(s[i])
 }

@@ -21,6 +21,8 @@ func TestStringOperators(t *testing.T) {
 		{name: "substrCP", expr: D{{Key: "$substrCP", Value: A{"cafétéria", 0, 5}}}, want: "cafét"},
 		{name: "substrCP past the end", expr: D{{Key: "$substrCP", Value: A{"abc", 1, 10}}}, want: "bc"},
 		{name: "substrBytes", expr: D{{Key: "$substrBytes", Value: A{"hello", 1, 3}}}, want: "ell"},
+		{name: "substrBytes at the end", expr: D{{Key: "$substrBytes", Value: A{"abc", 3, 2}}}, want: ""},
+		{name: "substrBytes past the end", expr: D{{Key: "$substrBytes", Value: A{"abc", 7, 2}}}, want: ""},
 		{name: "substrBytes mid-character", expr: D{{Key: "$substrBytes", Value: A{"é", 1, 1}}}, code: 28656},
 		{name: "split", expr: D{{Key: "$split", Value: A{"June-15-2013", "-"}}}, want: A{"June", "15", "2013"}},
 		{name: "split null", expr: D{{Key: "$split", Value: A{nil, "-"}}}, want: nil},
