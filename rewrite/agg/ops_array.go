@@ -170,7 +170,7 @@ func slice(name string, v []Value) (Value, error) {
 		start = max(n+start, 0)
 	}
 	start = min(start, n)
-	return arrayValue(vals[start:min(start+count, n)]), nil
+	return arrayValue(vals[start:clampEnd(start, count, n)]), nil
 }
 
 // maxRange bounds $range's output as MongoDB's memory limit would.

@@ -26,6 +26,7 @@ func TestArrayOperators(t *testing.T) {
 		{name: "slice last", expr: D{{Key: "$slice", Value: A{A{1, 2, 3}, -2}}}, want: A{int32(2), int32(3)}},
 		{name: "slice position", expr: D{{Key: "$slice", Value: A{A{1, 2, 3}, 1, 1}}}, want: A{int32(2)}},
 		{name: "slice negative position", expr: D{{Key: "$slice", Value: A{A{1, 2, 3}, -20, 2}}}, want: A{int32(1), int32(2)}},
+		{name: "slice huge count", expr: D{{Key: "$slice", Value: A{A{1, 2, 3}, 1, int64(1) << 62}}}, want: A{int32(2), int32(3)}},
 		{name: "range", expr: D{{Key: "$range", Value: A{0, 10, 2}}}, want: A{int32(0), int32(2), int32(4), int32(6), int32(8)}},
 		{name: "range down", expr: D{{Key: "$range", Value: A{10, 0, -2}}}, want: A{int32(10), int32(8), int32(6), int32(4), int32(2)}},
 		{name: "range empty", expr: D{{Key: "$range", Value: A{0, 10, -2}}}, want: A{}},

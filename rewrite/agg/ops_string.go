@@ -121,8 +121,7 @@ func substrCP(name string, v []Value) (Value, error) {
 	}
 	r := []rune(s)
 	start = min(start, int64(len(r)))
-	end := min(start+length, int64(len(r)))
-	return stringValue(string(r[start:end])), nil
+	return stringValue(string(r[start:clampEnd(start, length, int64(len(r)))])), nil
 }
 
 func substrBytes(name string, v []Value) (Value, error) {
@@ -142,8 +141,8 @@ func substrBytes(name string, v []Value) (Value, error) {
 		return stringValue(""), nil
 	}
 	end := int64(len(s))
-	if length >= 0 && start+length < end {
-		end = start + length
+	if length >= 0 {
+		end = clampEnd(start, length, end)
 	}
 	if !onRuneStart(s, start) || !onRuneStart(s, end) {
 		return missing, badValue(28656, "%s: Invalid range, starting index is a UTF-8 continuation byte or ending index is in the middle of a UTF-8 character.", name)
@@ -292,4 +291,12 @@ func (t trimExpr) eval(doc bsoncore.Document) (Value, error) {
 // character (the end of s is).
 func onRuneStart(s string, i int64) bool {
 	return i >= int64(len(s)) || utf8.RuneStart(s[i])
+}
+
+// clampEnd is start+length bounded by n, without overflowing.
+func clampEnd(start, length, n int64) int64 {
+	if length >= n-start {
+		return n
+	}
+	return start + length
 }

@@ -20,6 +20,8 @@ func TestStringOperators(t *testing.T) {
 		{name: "strLenCP of a number", expr: D{{Key: "$strLenCP", Value: 1}}, code: 34471},
 		{name: "substrCP", expr: D{{Key: "$substrCP", Value: A{"cafétéria", 0, 5}}}, want: "cafét"},
 		{name: "substrCP past the end", expr: D{{Key: "$substrCP", Value: A{"abc", 1, 10}}}, want: "bc"},
+		{name: "substrCP huge length", expr: D{{Key: "$substrCP", Value: A{"abc", 1, int64(1) << 62}}}, want: "bc"},
+		{name: "substrBytes huge length", expr: D{{Key: "$substrBytes", Value: A{"abc", 1, int64(1) << 62}}}, want: "bc"},
 		{name: "substrBytes", expr: D{{Key: "$substrBytes", Value: A{"hello", 1, 3}}}, want: "ell"},
 		{name: "substrBytes at the end", expr: D{{Key: "$substrBytes", Value: A{"abc", 3, 2}}}, want: ""},
 		{name: "substrBytes past the end", expr: D{{Key: "$substrBytes", Value: A{"abc", 7, 2}}}, want: ""},
