@@ -71,7 +71,7 @@ func compileAccumulator(field string, v Value) (accumulatorSpec, error) {
 	if arg.Type == bsoncore.TypeArray {
 		return spec, badValue(40237, "The %s accumulator is a unary operator", op)
 	}
-	e, err := compileExpr(arg, 1)
+	e, err := compileTop(arg, 1)
 	if err != nil {
 		return spec, err
 	}

@@ -105,7 +105,7 @@ func compileGroupBy(stage string, v Value, code mongoerr.Code) (expr, error) {
 	if s, ok := v.StringValueOK(); !(ok && len(s) > 1 && s[0] == '$') && v.Type != bsoncore.TypeEmbeddedDocument {
 		return nil, badValue(code, "The %s 'groupBy' field must be defined as a $-prefixed path or an expression, but found: %s.", stage, v)
 	}
-	return compileExpr(v, 1)
+	return compileTop(v, 1)
 }
 
 // bucketOutput compiles the output of $bucket and $bucketAuto: its

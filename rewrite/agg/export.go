@@ -13,7 +13,7 @@ type Expression struct{ e expr }
 // CompileExpression compiles an aggregation expression; an operator the
 // engine does not run is an error naming it.
 func CompileExpression(v Value) (Expression, error) {
-	e, err := compileExpr(v, 0)
+	e, err := compileTop(v, 0)
 	if err != nil {
 		return Expression{}, err
 	}

@@ -191,7 +191,14 @@ func compileVariable(s string) (expr, error) {
 	case "REMOVE":
 		return literal{v: missing}, nil
 	}
-	return nil, unsupported("the variable %q", "$$"+name)
+	if slot := lookupVar(name); slot != nil {
+		return varRef{slot: slot, parts: parts}, nil
+	}
+	if strings.ToUpper(name) == name {
+		// $$NOW, $$CLUSTER_TIME and the other system variables.
+		return nil, unsupported("the variable %q", "$$"+name)
+	}
+	return nil, badValue(17276, "Use of undefined variable: %s", name)
 }
 
 // operatorArgs reads an operator's arguments: an array, or one value
@@ -256,8 +263,14 @@ func (o opFunc) eval(doc bsoncore.Document) (Value, error) {
 
 // compileOperator compiles {$op: args}.
 func compileOperator(name string, v Value, depth int) (expr, error) {
+	if e, ok, err := compileBinding(name, v, depth); ok {
+		return e, err
+	}
+	if c, ok := rawOperators[name]; ok {
+		return c(name, v, depth)
+	}
 	switch name {
-	case "$literal":
+	case "$literal", "$const":
 		return literal{v: clone(v)}, nil
 	case "$cond":
 		return compileCond(v, depth)

@@ -54,7 +54,7 @@ func compileFill(v Value, next processor, opts Options) (processor, error) {
 				return nil, unsupported("a linear $fill with a sortBy of more than one field")
 			}
 		} else if val, err := spec.LookupErr("value"); err == nil {
-			x, err := compileExpr(val, 1)
+			x, err := compileTop(val, 1)
 			if err != nil {
 				return nil, err
 			}

@@ -30,7 +30,7 @@ func compileGroup(v Value, next processor, opts Options) (processor, error) {
 	elems, _ := d.Elements()
 	for _, e := range elems {
 		if e.Key() == "_id" {
-			id, err := compileExpr(e.Value(), 1)
+			id, err := compileTop(e.Value(), 1)
 			if err != nil {
 				return nil, err
 			}
@@ -121,7 +121,7 @@ func compileSortByCount(v Value, next processor, opts Options) (processor, error
 			return nil, badValue(40148, "the sortByCount field must be defined as a $-prefixed path or an expression")
 		}
 	}
-	id, err := compileExpr(v, 1)
+	id, err := compileTop(v, 1)
 	if err != nil {
 		return nil, err
 	}

@@ -152,7 +152,7 @@ func readPartitioned(stage string, d bsoncore.Document, fields bool) (partitione
 		var err error
 		switch k := e.Key(); {
 		case k == "partitionBy":
-			p.by.expr, err = compileExpr(e.Value(), 1)
+			p.by.expr, err = compileTop(e.Value(), 1)
 		case k == "partitionByFields" && fields:
 			p.by.fields, err = readPartitionFields(stage, e.Value())
 		case k == "sortBy":

@@ -78,6 +78,8 @@ func init() {
 		"$facet":           compileFacet,
 		"$lookup":          compileLookup,
 		"$bucketAuto":      compileBucketAuto,
+		"$replaceRoot":     compileReplaceRoot,
+		"$replaceWith":     compileReplaceWith,
 	}
 }
 
@@ -153,8 +155,9 @@ func exceeded(stage string, limit int) error {
 // $match: the query subset of rewrite/query (comparisons, $in, $nin,
 // $exists, $not, $and, $or, $nor), refused by name beyond it.
 type matchStage struct {
-	pred query.DocPred
-	next processor
+	pred  query.DocPred
+	exprs []expr // $expr: each must be truthy
+	next  processor
 }
 
 func compileMatch(v Value, next processor, _ Options) (processor, error) {
@@ -162,24 +165,29 @@ func compileMatch(v Value, next processor, _ Options) (processor, error) {
 	if !ok {
 		return nil, badValue(15959, "the match filter must be an expression in an object")
 	}
-	if _, err := d.LookupErr("$expr"); err == nil {
-		return nil, unsupported("$expr in $match")
+	rest, exprs, err := splitExpr(d)
+	if err != nil {
+		return nil, err
 	}
 	fc := query.Compiler{Unsupported: func(format string, args ...any) error {
 		return unsupported("in $match, "+format, args...)
 	}}
-	pred, err := fc.Compile(d, 0)
+	pred, err := fc.Compile(rest, 0)
 	if err != nil {
 		return nil, err
 	}
-	return &matchStage{pred: pred, next: next}, nil
+	return &matchStage{pred: pred, exprs: exprs, next: next}, nil
 }
 
 func (m *matchStage) push(doc bsoncore.Document) error {
-	if m.pred(doc) {
-		return m.next.push(doc)
+	if !m.pred(doc) {
+		return nil
 	}
-	return nil
+	ok, err := exprsTrue(m.exprs, doc)
+	if err != nil || !ok {
+		return err
+	}
+	return m.next.push(doc)
 }
 
 func (m *matchStage) flush() error { return m.next.flush() }

@@ -102,7 +102,7 @@ func (n *specNode) set(stage, key string, v Value, addFields bool, depth int) er
 			return nil
 		}
 	}
-	e, err := compileExpr(v, depth+1)
+	e, err := compileTop(v, depth+1)
 	if err != nil {
 		return err
 	}

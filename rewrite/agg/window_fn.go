@@ -46,7 +46,7 @@ func (o *windowOutput) readFunction(name string, v Value, keys []sortKey) error 
 		var err error
 		switch k := e.Key(); {
 		case k == "output" && name == "$shift", k == "input" && name != "$shift":
-			o.acc.arg, err = compileExpr(e.Value(), 1)
+			o.acc.arg, err = compileTop(e.Value(), 1)
 		case k == "by" && name == "$shift":
 			kind, i, _, ok := number(e.Value())
 			if !ok || kind == kindDouble || kind == kindDecimal || i < math.MinInt32 || i > math.MaxInt32 {
@@ -54,7 +54,7 @@ func (o *windowOutput) readFunction(name string, v Value, keys []sortKey) error 
 			}
 			o.shiftBy = int(i)
 		case k == "default" && name == "$shift":
-			o.shiftDef, err = compileExpr(e.Value(), 1)
+			o.shiftDef, err = compileTop(e.Value(), 1)
 		case k == "unit" && (name == "$derivative" || name == "$integral"):
 			u, ok := e.Value().StringValueOK()
 			ms, known := windowUnits[u]

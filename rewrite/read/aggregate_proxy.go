@@ -202,6 +202,7 @@ func (a *aggregateRewrite) engineShaped() (*Command, error) {
 	if err != nil {
 		return nil, nil
 	}
+	filters, i = scanMatches(filters, i)
 	rest := a.stages[i:]
 	var output *agg.Output
 	if n := len(rest); n > 0 && (rest[n-1].Name == "$out" || rest[n-1].Name == "$merge") {
@@ -270,4 +271,16 @@ func (a *aggregateRewrite) engineShaped() (*Command, error) {
 		}
 	}
 	return &Command{rc: a.rc, Point: pr, PointDrain: d}, nil
+}
+
+// scanMatches are the leading $match filters the event scan takes: those
+// before the first one with a top-level $expr, which the engine
+// evaluates from there on (the scan's query language has no $expr).
+func scanMatches(filters []bsoncore.Document, end int) ([]bsoncore.Document, int) {
+	for k, f := range filters {
+		if _, err := f.LookupErr("$expr"); err == nil {
+			return filters[:k], end - len(filters) + k
+		}
+	}
+	return filters, end
 }

@@ -1,0 +1,302 @@
+package agg
+
+import (
+	"strings"
+	"unicode/utf8"
+
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+)
+
+// The string operators: $toUpper, $toLower, $trim, $ltrim, $rtrim,
+// $strLenCP, $substrCP, $substrBytes, $split and $indexOfCP. MongoDB
+// changes case of ASCII letters only.
+
+func init() {
+	operators["$toUpper"] = caseOp(strings.ToUpper)
+	operators["$toLower"] = caseOp(strings.ToLower)
+	operators["$strLenCP"] = unary(strLenCP)
+	operators["$substrCP"] = fixed(3, substrCP)
+	operators["$substrBytes"] = fixed(3, substrBytes)
+	operators["$split"] = fixed(2, split)
+	operators["$indexOfCP"] = indexOfCP
+	for _, n := range []string{"$trim", "$ltrim", "$rtrim"} {
+		rawOperators[n] = compileTrim
+	}
+}
+
+// unary is a one-argument operator over its evaluated argument.
+func unary(f func(name string, v Value) (Value, error)) func(string, []expr) (expr, error) {
+	return fixed(1, func(name string, v []Value) (Value, error) { return f(name, v[0]) })
+}
+
+// fixed is an operator of exactly n evaluated arguments.
+func fixed(n int, f func(name string, v []Value) (Value, error)) func(string, []expr) (expr, error) {
+	return func(name string, args []expr) (expr, error) {
+		if err := wantArgs(name, args, n); err != nil {
+			return nil, err
+		}
+		return opFunc{name: name, args: args, f: func(v []Value) (Value, error) { return f(name, v) }}, nil
+	}
+}
+
+// asString is v as $toUpper, $substr and $concat-like operators coerce
+// it: null and missing are "", numbers, dates and strings their text.
+func asString(name string, v Value) (string, error) {
+	switch v.Type {
+	case 0, bsoncore.TypeNull, bsoncore.TypeUndefined:
+		return "", nil
+	case bsoncore.TypeString:
+		return v.StringValue(), nil
+	case bsoncore.TypeInt32, bsoncore.TypeInt64, bsoncore.TypeDouble, bsoncore.TypeDateTime:
+		s, err := convert("$toString", v)
+		if err != nil {
+			return "", err
+		}
+		return s.StringValue(), nil
+	}
+	return "", badValue(16007, "%s: can't convert from BSON type %s to String", name, typeAlias(v))
+}
+
+func asciiOnly(f func(string) string) func(string) string {
+	return func(s string) string {
+		b := []byte(s)
+		for i, c := range b {
+			if c < 0x80 {
+				b[i] = f(string(c))[0]
+			}
+		}
+		return string(b)
+	}
+}
+
+func caseOp(f func(string) string) func(string, []expr) (expr, error) {
+	ascii := asciiOnly(f)
+	return unary(func(name string, v Value) (Value, error) {
+		s, err := asString(name, v)
+		if err != nil {
+			return missing, err
+		}
+		return stringValue(ascii(s)), nil
+	})
+}
+
+func strLenCP(name string, v Value) (Value, error) {
+	s, ok := v.StringValueOK()
+	if !ok {
+		return missing, badValue(34471, "%s requires a string argument, found: %s", name, typeAlias(v))
+	}
+	return int32Value(int32(utf8.RuneCountInString(s))), nil
+}
+
+// intArg reads an integral argument of name (what says which one).
+func intArg(name, what string, v Value, code mongoerr.Code) (int64, error) {
+	n, ok := bsonutil.WholeNumber(v)
+	if !ok {
+		return 0, badValue(code, "%s: %s must be a numeric integral value, found: %s", name, what, typeAlias(v))
+	}
+	return n, nil
+}
+
+func substrCP(name string, v []Value) (Value, error) {
+	s, err := asString(name, v[0])
+	if err != nil {
+		return missing, err
+	}
+	start, err := intArg(name, "starting index", v[1], 34450)
+	if err != nil {
+		return missing, err
+	}
+	length, err := intArg(name, "length", v[2], 34452)
+	if err != nil {
+		return missing, err
+	}
+	if start < 0 {
+		return missing, badValue(34455, "%s: starting index must be non-negative (got: %d)", name, start)
+	}
+	if length < 0 {
+		return missing, badValue(34454, "%s: length must be a nonnegative integer.", name)
+	}
+	r := []rune(s)
+	start = min(start, int64(len(r)))
+	return stringValue(string(r[start:clampEnd(start, length, int64(len(r)))])), nil
+}
+
+func substrBytes(name string, v []Value) (Value, error) {
+	s, err := asString(name, v[0])
+	if err != nil {
+		return missing, err
+	}
+	start, err := intArg(name, "starting index", v[1], 16034)
+	if err != nil {
+		return missing, err
+	}
+	length, err := intArg(name, "length", v[2], 16035)
+	if err != nil {
+		return missing, err
+	}
+	if start < 0 || start > int64(len(s)) {
+		return stringValue(""), nil
+	}
+	end := int64(len(s))
+	if length >= 0 {
+		end = clampEnd(start, length, end)
+	}
+	if !onRuneStart(s, start) || !onRuneStart(s, end) {
+		return missing, badValue(28656, "%s: Invalid range, starting index is a UTF-8 continuation byte or ending index is in the middle of a UTF-8 character.", name)
+	}
+	return stringValue(s[start:end]), nil
+}
+
+func split(name string, v []Value) (Value, error) {
+	if isNullish(v[0]) {
+		return null, nil
+	}
+	s, ok := v[0].StringValueOK()
+	if !ok {
+		return missing, badValue(40085, "%s requires an expression that evaluates to a string as a first argument, found: %s", name, typeAlias(v[0]))
+	}
+	sep, ok := v[1].StringValueOK()
+	if !ok {
+		return missing, badValue(40086, "%s requires an expression that evaluates to a string as a second argument, found: %s", name, typeAlias(v[1]))
+	}
+	if sep == "" {
+		return missing, badValue(40087, "%s requires a non-empty separator", name)
+	}
+	parts := strings.Split(s, sep)
+	out := make([]Value, len(parts))
+	for i, p := range parts {
+		out[i] = stringValue(p)
+	}
+	return arrayValue(out), nil
+}
+
+// indexOfCP: [string, substring, start?, end?], code points.
+func indexOfCP(name string, args []expr) (expr, error) {
+	if len(args) < 2 || len(args) > 4 {
+		return nil, badValue(28667, "Expression %s takes at least 2 arguments, and at most 4, but %d were passed in.", name, len(args))
+	}
+	return opFunc{name: name, args: args, f: func(v []Value) (Value, error) { return indexOf(name, v) }}, nil
+}
+
+func indexOf(name string, v []Value) (Value, error) {
+	if isNullish(v[0]) {
+		return null, nil
+	}
+	s, ok := v[0].StringValueOK()
+	if !ok {
+		return missing, badValue(40093, "%s requires a string as the first argument, found: %s", name, typeAlias(v[0]))
+	}
+	sub, ok := v[1].StringValueOK()
+	if !ok {
+		return missing, badValue(40094, "%s requires a string as the second argument, found: %s", name, typeAlias(v[1]))
+	}
+	r, want := []rune(s), []rune(sub)
+	start, end := int64(0), int64(len(r))
+	if len(v) > 2 {
+		n, err := intArg(name, "starting index", v[2], 40096)
+		if err != nil {
+			return missing, err
+		}
+		if n < 0 {
+			return missing, badValue(40097, "%s requires a nonnegative start index, found: %d", name, n)
+		}
+		start = n
+	}
+	if len(v) > 3 {
+		n, err := intArg(name, "ending index", v[3], 40096)
+		if err != nil {
+			return missing, err
+		}
+		if n < 0 {
+			return missing, badValue(40097, "%s requires a nonnegative end index, found: %d", name, n)
+		}
+		end = min(n, end)
+	}
+	for i := start; i+int64(len(want)) <= end; i++ {
+		if string(r[i:i+int64(len(want))]) == sub {
+			return int32Value(int32(i)), nil
+		}
+	}
+	return int32Value(-1), nil
+}
+
+// $trim, $ltrim, $rtrim: {input, chars?}; the default chars are
+// whitespace and the null character, as MongoDB's.
+const trimDefault = "\x00 \t\n\v\f\r\u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+
+type trimExpr struct {
+	name         string
+	input, chars expr
+}
+
+func compileTrim(name string, v Value, depth int) (expr, error) {
+	d, ok := v.DocumentOK()
+	if !ok {
+		return nil, badValue(50696, "%s only supports an object as an argument, found: %s", name, typeAlias(v))
+	}
+	t := trimExpr{name: name}
+	elems, _ := d.Elements()
+	for _, e := range elems {
+		x, err := compileExpr(e.Value(), depth+1)
+		if err != nil {
+			return nil, err
+		}
+		switch e.Key() {
+		case "input":
+			t.input = x
+		case "chars":
+			t.chars = x
+		default:
+			return nil, badValue(50694, "%s found an unknown argument: %s", name, e.Key())
+		}
+	}
+	if t.input == nil {
+		return nil, badValue(50695, "%s requires an 'input' field", name)
+	}
+	return t, nil
+}
+
+func (t trimExpr) eval(doc bsoncore.Document) (Value, error) {
+	in, err := t.input.eval(doc)
+	if err != nil || isNullish(in) {
+		return null, err
+	}
+	s, ok := in.StringValueOK()
+	if !ok {
+		return missing, badValue(50699, "%s requires its input to be a string, got %s (of type %s) instead.", t.name, describe(in), typeAlias(in))
+	}
+	chars := trimDefault
+	if t.chars != nil {
+		c, err := t.chars.eval(doc)
+		if err != nil || isNullish(c) {
+			return null, err
+		}
+		if chars, ok = c.StringValueOK(); !ok {
+			return missing, badValue(50700, "%s requires 'chars' to be a string, got %s (of type %s) instead.", t.name, describe(c), typeAlias(c))
+		}
+	}
+	if t.name != "$rtrim" {
+		s = strings.TrimLeft(s, chars)
+	}
+	if t.name != "$ltrim" {
+		s = strings.TrimRight(s, chars)
+	}
+	return stringValue(s), nil
+}
+
+// onRuneStart says whether byte offset i of s is not inside a UTF-8
+// character (the end of s is).
+func onRuneStart(s string, i int64) bool {
+	return i >= int64(len(s)) || utf8.RuneStart(s[i])
+}
+
+// clampEnd is start+length bounded by n, without overflowing.
+func clampEnd(start, length, n int64) int64 {
+	if length >= n-start {
+		return n
+	}
+	return start + length
+}

@@ -1,0 +1,370 @@
+package agg
+
+import (
+	"strings"
+	"sync"
+
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+)
+
+// Variables ($let's names, $map's and $filter's "as", $reduce's $$this
+// and $$value) are bound at compile time to a slot: the binding operator
+// writes the slot before evaluating its body and restores it after, so
+// nested and recursive bindings see their own value. The compile-time
+// scope is package state guarded by compileMu, taken by compileTop, so
+// the existing compileExpr signature (and its callers) stay as they were.
+
+type varSlot struct{ v Value }
+
+type binding struct {
+	name string
+	slot *varSlot
+}
+
+var (
+	compileMu sync.Mutex
+	scope     []binding
+)
+
+// compileTop compiles a top-level expression with an empty variable scope.
+func compileTop(v Value, depth int) (expr, error) {
+	compileMu.Lock()
+	defer compileMu.Unlock()
+	saved := scope
+	scope = nil
+	defer func() { scope = saved }()
+	return compileExpr(v, depth)
+}
+
+// withVars compiles v with names bound to fresh slots, returned in order.
+func withVars(v Value, depth int, names ...string) (expr, []*varSlot, error) {
+	slots := make([]*varSlot, len(names))
+	n := len(scope)
+	for i, name := range names {
+		slots[i] = &varSlot{}
+		scope = append(scope, binding{name: name, slot: slots[i]})
+	}
+	defer func() { scope = scope[:n] }()
+	e, err := compileExpr(v, depth+1)
+	return e, slots, err
+}
+
+func lookupVar(name string) *varSlot {
+	for i := len(scope) - 1; i >= 0; i-- {
+		if scope[i].name == name {
+			return scope[i].slot
+		}
+	}
+	return nil
+}
+
+// varRef is $$name(.path).
+type varRef struct {
+	slot  *varSlot
+	parts []string
+}
+
+func (r varRef) eval(bsoncore.Document) (Value, error) {
+	return lookupPath(r.slot.v, r.parts), nil
+}
+
+// bindEval evaluates body with the slots set to vals, restoring them after.
+func bindEval(body expr, doc bsoncore.Document, slots []*varSlot, vals ...Value) (Value, error) {
+	saved := make([]Value, len(slots))
+	for i, s := range slots {
+		saved[i], s.v = s.v, vals[i]
+	}
+	defer func() {
+		for i, s := range slots {
+			s.v = saved[i]
+		}
+	}()
+	return body.eval(doc)
+}
+
+func validVarName(name string) bool {
+	if name == "" || !(name[0] >= 'a' && name[0] <= 'z' || name[0] >= 0x80) {
+		return false
+	}
+	return !strings.ContainsAny(name, ".$ ")
+}
+
+// $let: {vars: {name: expr}, in: expr}.
+type letExpr struct {
+	exprs []expr
+	slots []*varSlot
+	in    expr
+}
+
+func (l letExpr) eval(doc bsoncore.Document) (Value, error) {
+	vals, err := evalAll(l.exprs, doc)
+	if err != nil {
+		return missing, err
+	}
+	return bindEval(l.in, doc, l.slots, vals...)
+}
+
+func compileLet(v Value, depth int) (expr, error) {
+	d, ok := v.DocumentOK()
+	if !ok {
+		return nil, badValue(16874, "$let only supports an object as its argument")
+	}
+	vars, okVars := d.Lookup("vars").DocumentOK()
+	in, err := d.LookupErr("in")
+	if !okVars {
+		return nil, badValue(16876, "Missing 'vars' parameter to $let")
+	}
+	if err != nil {
+		return nil, badValue(16877, "Missing 'in' parameter to $let")
+	}
+	var l letExpr
+	var names []string
+	elems, _ := vars.Elements()
+	for _, e := range elems {
+		if !validVarName(e.Key()) {
+			return nil, badValue(16867, "$let: '%s' is not a valid variable name", e.Key())
+		}
+		x, err := compileExpr(e.Value(), depth+1)
+		if err != nil {
+			return nil, err
+		}
+		l.exprs, names = append(l.exprs, x), append(names, e.Key())
+	}
+	l.in, l.slots, err = withVars(in, depth, names...)
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// arrayArg evaluates e as the array input of op: its values, isNull for
+// null or missing, an error for any other type.
+func arrayArg(op string, code mongoerr.Code, e expr, doc bsoncore.Document) (vals []Value, isNull bool, err error) {
+	v, err := e.eval(doc)
+	if err != nil {
+		return nil, false, err
+	}
+	if isNullish(v) {
+		return nil, true, nil
+	}
+	arr, ok := v.ArrayOK()
+	if !ok {
+		return nil, false, badValue(code, "input to %s must be an array not %s", op, typeAlias(v))
+	}
+	vals, err = arr.Values()
+	if err != nil {
+		return nil, false, badValue(mongoerr.BadValue, "%s: input is not valid BSON: %v", op, err)
+	}
+	return vals, false, nil
+}
+
+func arrayValue(vals []Value) Value {
+	idx, out := bsoncore.AppendArrayStart(nil)
+	for i, v := range vals {
+		if v.Type == 0 {
+			v = null
+		}
+		out = bsoncore.AppendValueElement(out, bsonutil.Itoa(i), v)
+	}
+	out, _ = bsoncore.AppendArrayEnd(out, idx)
+	return Value{Type: bsoncore.TypeArray, Data: out}
+}
+
+// iterSpec reads $map's or $filter's {input, as, in|cond, ...}.
+type iterSpec struct {
+	input expr
+	body  expr
+	slot  *varSlot
+	limit expr
+}
+
+func compileIter(op, bodyKey string, v Value, depth int) (iterSpec, error) {
+	var s iterSpec
+	d, ok := v.DocumentOK()
+	if !ok {
+		return s, badValue(16878, "%s only supports an object as its argument", op)
+	}
+	inV, err := d.LookupErr("input")
+	if err != nil {
+		return s, badValue(16880, "Missing 'input' parameter to %s", op)
+	}
+	bodyV, err := d.LookupErr(bodyKey)
+	if err != nil {
+		return s, badValue(16882, "Missing '%s' parameter to %s", bodyKey, op)
+	}
+	as := "this"
+	if a, err := d.LookupErr("as"); err == nil {
+		if as, ok = a.StringValueOK(); !ok || !validVarName(as) {
+			return s, badValue(16867, "%s: 'as' must be a valid variable name", op)
+		}
+	}
+	elems, _ := d.Elements()
+	for _, e := range elems {
+		switch e.Key() {
+		case "input", "as", bodyKey:
+		case "limit":
+			if op != "$filter" {
+				return s, badValue(16879, "Unrecognized parameter to %s: %s", op, e.Key())
+			}
+			if s.limit, err = compileExpr(e.Value(), depth+1); err != nil {
+				return s, err
+			}
+		default:
+			return s, badValue(16879, "Unrecognized parameter to %s: %s", op, e.Key())
+		}
+	}
+	if s.input, err = compileExpr(inV, depth+1); err != nil {
+		return s, err
+	}
+	body, slots, err := withVars(bodyV, depth, as)
+	if err != nil {
+		return s, err
+	}
+	s.body, s.slot = body, slots[0]
+	return s, nil
+}
+
+type mapExpr struct{ iterSpec }
+
+func (m mapExpr) eval(doc bsoncore.Document) (Value, error) {
+	vals, isNull, err := arrayArg("$map", 16883, m.input, doc)
+	if err != nil || isNull {
+		return null, err
+	}
+	out := make([]Value, len(vals))
+	for i, el := range vals {
+		if out[i], err = bindEval(m.body, doc, []*varSlot{m.slot}, el); err != nil {
+			return missing, err
+		}
+	}
+	return arrayValue(out), nil
+}
+
+type filterExpr struct{ iterSpec }
+
+func (f filterExpr) eval(doc bsoncore.Document) (Value, error) {
+	vals, isNull, err := arrayArg("$filter", 28651, f.input, doc)
+	if err != nil || isNull {
+		return null, err
+	}
+	limit := int64(len(vals))
+	if f.limit != nil {
+		lv, err := f.limit.eval(doc)
+		if err != nil {
+			return missing, err
+		}
+		if !isNullish(lv) {
+			n, ok := bsonutil.WholeNumber(lv)
+			if !ok || n <= 0 {
+				return missing, badValue(327391, "$filter: limit must be a positive whole number, found: %s", typeAlias(lv))
+			}
+			limit = n
+		}
+	}
+	var out []Value
+	for _, el := range vals {
+		if int64(len(out)) >= limit {
+			break
+		}
+		keep, err := bindEval(f.body, doc, []*varSlot{f.slot}, el)
+		if err != nil {
+			return missing, err
+		}
+		if truthy(keep) {
+			out = append(out, el)
+		}
+	}
+	return arrayValue(out), nil
+}
+
+// $reduce: {input, initialValue, in} with $$value and $$this.
+type reduceExpr struct {
+	input, initial, in expr
+	slots              []*varSlot
+}
+
+func (r reduceExpr) eval(doc bsoncore.Document) (Value, error) {
+	vals, isNull, err := arrayArg("$reduce", 40080, r.input, doc)
+	if err != nil || isNull {
+		return null, err
+	}
+	acc, err := r.initial.eval(doc)
+	if err != nil {
+		return missing, err
+	}
+	for _, el := range vals {
+		if acc, err = bindEval(r.in, doc, r.slots, acc, el); err != nil {
+			return missing, err
+		}
+	}
+	return acc, nil
+}
+
+func compileReduce(v Value, depth int) (expr, error) {
+	d, ok := v.DocumentOK()
+	if !ok {
+		return nil, badValue(40075, "$reduce only supports an object as its argument, found: %s", typeAlias(v))
+	}
+	var r reduceExpr
+	var inV Value
+	elems, _ := d.Elements()
+	for _, e := range elems {
+		var err error
+		switch e.Key() {
+		case "input":
+			r.input, err = compileExpr(e.Value(), depth+1)
+		case "initialValue":
+			r.initial, err = compileExpr(e.Value(), depth+1)
+		case "in":
+			inV = e.Value()
+		default:
+			return nil, badValue(40076, "$reduce found an unknown argument: %s", e.Key())
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	switch {
+	case r.input == nil:
+		return nil, badValue(40077, "$reduce requires 'input' to be specified")
+	case r.initial == nil:
+		return nil, badValue(40078, "$reduce requires 'initialValue' to be specified")
+	case inV.Type == 0:
+		return nil, badValue(40079, "$reduce requires 'in' to be specified")
+	}
+	var err error
+	r.in, r.slots, err = withVars(inV, depth, "value", "this")
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// compileBinding compiles the operators that bind variables; ok is false
+// for any other name.
+func compileBinding(name string, v Value, depth int) (e expr, ok bool, err error) {
+	switch name {
+	case "$let":
+		e, err = compileLet(v, depth)
+	case "$map":
+		var s iterSpec
+		s, err = compileIter(name, "in", v, depth)
+		e = mapExpr{s}
+	case "$filter":
+		var s iterSpec
+		s, err = compileIter(name, "cond", v, depth)
+		e = filterExpr{s}
+	case "$reduce":
+		e, err = compileReduce(v, depth)
+	default:
+		return nil, false, nil
+	}
+	return e, true, err
+}
+
+// rawOperators compile their argument themselves (named arguments,
+// lazily evaluated): filled by the ops_*.go files.
+var rawOperators = map[string]func(name string, v Value, depth int) (expr, error){}
