@@ -51,7 +51,7 @@ type ruleLoop struct {
 
 // loopFingerprint is what, changed, restarts a rule's loops.
 func loopFingerprint(r *rules.Rule) string {
-	return fmt.Sprintf("%s|%s|%s|%d|%d|%d|%d|%d|%s|%s", r.Namespace, r.BucketCollection, r.Layout, r.Span, r.ExpireAfter, r.SweepInterval, r.MergeAfter, r.MaxStaged, r.Ingest, r.PartitionBy)
+	return fmt.Sprintf("%s|%s|%s|%d|%d|%t|%d|%d|%d|%s|%s", r.Namespace, r.BucketCollection, r.Layout, r.Span, r.ExpireAfter, r.ExpireAtWindowEnd, r.SweepInterval, r.MergeAfter, r.MaxStaged, r.Ingest, r.PartitionBy)
 }
 
 // syncLoops makes the running loops those of set's rules.
@@ -80,7 +80,7 @@ func (s *Server) syncLoops(set *rules.Set) {
 			want["merge "+r.Namespace] = s.mergeLoop // merger.go
 			rulesByKey["merge "+r.Namespace] = r
 		}
-		if r.ExpireAfter > 0 {
+		if r.Expires() {
 			want["retain "+r.Namespace] = s.retain // sweeper.go
 			rulesByKey["retain "+r.Namespace] = r
 		}

@@ -117,7 +117,7 @@ func PartitionsOverlapping(by string, from, to int64) []int64 {
 // (rollup.Expiry.Cutoff). A span that does not divide the period gives
 // that window an end past the period's.
 func (r *Rule) PartitionExpired(start int64, now time.Time) bool {
-	if r.ExpireAfter <= 0 {
+	if !r.Expires() {
 		return false
 	}
 	last := r.WindowStartMillis(PartitionEnd(r.PartitionBy, start) - 1)

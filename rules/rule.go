@@ -82,6 +82,10 @@ type Rule struct {
 	// ExpireAfter, when positive, removes buckets (and rollup documents)
 	// whose window ended more than this long ago.
 	ExpireAfter time.Duration
+	// ExpireAtWindowEnd, with ExpireAfter 0, removes buckets once their
+	// window ended: a created collection's expireAfterSeconds 0, as
+	// MongoDB expires a bucket once its whole time range has passed.
+	ExpireAtWindowEnd bool
 	// SweepInterval is how often the proxy deletes expired buckets on an
 	// upstream without TTL indexes.
 	SweepInterval time.Duration
@@ -113,6 +117,10 @@ type Rule struct {
 	// collection (a partition's) must not take it.
 	stagePrefix, stagePrefixOf string
 }
+
+// Expires reports whether r's buckets expire: ExpireAfter after their
+// window ended, or at its end (ExpireAtWindowEnd).
+func (r *Rule) Expires() bool { return r.ExpireAfter > 0 || r.ExpireAtWindowEnd }
 
 // BucketNamespace is "db.bucketCollection".
 func (r *Rule) BucketNamespace() string { return r.DB + "." + r.BucketCollection }

@@ -66,6 +66,10 @@ type Timeseries struct {
 	Granularity           string
 	BucketMaxSpanSeconds  int64
 	BucketRoundingSeconds int64
+	// EmptyMetaField: metaField "" was declared, which MongoDB 8.0
+	// accepts. It is listed as declared; the rule has no metaField (its
+	// "" field is stored in each event like any other field).
+	EmptyMetaField bool
 }
 
 // TimeseriesOf returns how listCollections shows r: its declared options
@@ -97,9 +101,16 @@ type Created struct {
 	// Span is the window of the rule's buckets, in seconds: the declared
 	// bucketMaxSpanSeconds at create time (see Timeseries).
 	SpanSeconds int64
-	// ExpireAfterSeconds: 0 keeps events for ever.
+	// ExpireAfterSeconds: events expire this long after their bucket's
+	// window ended; 0 keeps them for ever unless ExpireAtWindowEnd.
 	ExpireAfterSeconds int64
+	// ExpireAtWindowEnd: expireAfterSeconds 0 was given (MongoDB's "once
+	// the bucket's whole time range has passed"), with ExpireAfterSeconds 0.
+	ExpireAtWindowEnd bool
 }
+
+// Expires reports whether c's events expire at all.
+func (c Created) Expires() bool { return c.ExpireAfterSeconds > 0 || c.ExpireAtWindowEnd }
 
 // NewCreatedRule is the rule of a created time-series collection: the
 // events layout with the rule defaults (auto ingest, 1000 events a
@@ -122,7 +133,8 @@ func NewCreatedRule(c Created) Rule {
 		ExpireAfter: time.Duration(c.ExpireAfterSeconds) * time.Second,
 		Declared:    &declared,
 	}
-	if r.ExpireAfter > 0 {
+	r.ExpireAtWindowEnd = c.ExpireAtWindowEnd && r.ExpireAfter == 0
+	if r.Expires() {
 		r.SweepInterval = DefaultSweepInterval
 	}
 	fillDefaults(&r)
@@ -136,6 +148,7 @@ func (r *Rule) CreatedOf() Created {
 		TimeField: r.TimeField, MetaField: r.MetaField,
 		SpanSeconds:        int64(r.Span / time.Second),
 		ExpireAfterSeconds: int64(r.ExpireAfter / time.Second),
+		ExpireAtWindowEnd:  r.ExpireAtWindowEnd && r.ExpireAfter == 0,
 	}
 	if r.Declared != nil {
 		c.Declared = *r.Declared

@@ -9,6 +9,7 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/internal/rwtest"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rules"
 )
 
 func TestPlanCreate(t *testing.T) {
@@ -82,6 +83,18 @@ func TestPlanCreateIndexes(t *testing.T) {
 			}
 			rwtest.AssertDoc(t, "createIndexes", got, D{{Key: "createIndexes", Value: "readings.buckets"}, {Key: "indexes", Value: c.want}, {Key: "$db", Value: "iot"}})
 		})
+	}
+}
+
+// TestCreateIndexEmptyMetaField: metaField "" is stored in each event,
+// so an index on it is refused, saying so.
+func TestCreateIndexEmptyMetaField(t *testing.T) {
+	rule := rules.NewCreatedRule(rules.Created{DB: "iot", Collection: "e", TimeField: "t",
+		Declared: rules.Timeseries{Granularity: "seconds", EmptyMetaField: true}, SpanSeconds: 3600})
+	body := rwtest.Doc(t, D{{Key: "createIndexes", Value: "e"}, {Key: "indexes", Value: A{D{{Key: "key", Value: D{{Key: "", Value: 1}}}, {Key: "name", Value: "n"}}}}, {Key: "$db", Value: "iot"}})
+	_, err := PlanCreateIndexes(body, &rule, false)
+	if err == nil || !strings.Contains(err.Error(), `the metaField "" is not supported: tsproxy stores the "" field in each event`) {
+		t.Fatalf("err %v", err)
 	}
 }
 

@@ -44,7 +44,7 @@ func (e CatalogEntry) Document() bsoncore.Document {
 		AppendString("db", c.DB).
 		AppendString("coll", c.Collection).
 		AppendString("timeField", c.TimeField)
-	if c.MetaField != "" {
+	if c.MetaField != "" || c.Declared.EmptyMetaField {
 		b.AppendString("metaField", c.MetaField)
 	}
 	if c.Declared.Granularity != "" {
@@ -53,9 +53,14 @@ func (e CatalogEntry) Document() bsoncore.Document {
 		b.AppendInt64("bucketMaxSpanSeconds", c.Declared.BucketMaxSpanSeconds).
 			AppendInt64("bucketRoundingSeconds", c.Declared.BucketRoundingSeconds)
 	}
-	return b.AppendInt64("spanSeconds", c.SpanSeconds).
-		AppendInt64("expireAfterSeconds", c.ExpireAfterSeconds).
-		AppendString("state", e.State).
+	b.AppendInt64("spanSeconds", c.SpanSeconds).
+		AppendInt64("expireAfterSeconds", c.ExpireAfterSeconds)
+	if c.ExpireAtWindowEnd {
+		// Apart from expireAfterSeconds: a proxy older than it reads 0
+		// as "never", and keeps events rather than deleting them.
+		b.AppendBoolean("expireAtWindowEnd", true)
+	}
+	return b.AppendString("state", e.State).
 		AppendString("nonce", e.Nonce).
 		Build()
 }
@@ -76,6 +81,12 @@ func ParseCatalogEntry(d bsoncore.Document) (CatalogEntry, error) {
 		SpanSeconds:        num("spanSeconds"),
 		ExpireAfterSeconds: num("expireAfterSeconds"),
 	}}
+	if meta, ok := d.Lookup("metaField").StringValueOK(); ok && meta == "" {
+		e.Created.Declared.EmptyMetaField = true
+	}
+	if atEnd, _ := d.Lookup("expireAtWindowEnd").BooleanOK(); atEnd && e.Created.ExpireAfterSeconds == 0 {
+		e.Created.ExpireAtWindowEnd = true
+	}
 	id, _ := d.Lookup("_id").StringValueOK()
 	c := e.Created
 	switch {
@@ -174,7 +185,7 @@ func TimeseriesInfo(rule *rules.Rule, nameOnly bool) bsoncore.Document {
 	}
 	ts := rule.TimeseriesOf()
 	tb := bsoncore.NewDocumentBuilder().AppendString("timeField", rule.TimeField)
-	if rule.MetaField != "" {
+	if rule.MetaField != "" || ts.EmptyMetaField {
 		tb.AppendString("metaField", rule.MetaField)
 	}
 	if ts.Granularity != "" {
@@ -184,7 +195,7 @@ func TimeseriesInfo(rule *rules.Rule, nameOnly bool) bsoncore.Document {
 	}
 	tb.AppendInt32("bucketMaxSpanSeconds", int32(ts.BucketMaxSpanSeconds))
 	ob := bsoncore.NewDocumentBuilder()
-	if rule.ExpireAfter > 0 {
+	if rule.Expires() {
 		ob.AppendInt64("expireAfterSeconds", int64(rule.ExpireAfter.Seconds()))
 	}
 	ob.AppendDocument("timeseries", tb.Build())

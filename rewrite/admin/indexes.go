@@ -154,6 +154,9 @@ func translateIndexKey(rule *rules.Rule, key bsoncore.Document) (bsoncore.Docume
 	idx, d := bsoncore.AppendDocumentStart(nil)
 	for _, e := range elems {
 		f, ok := indexField(rule, e.Key())
+		if !ok && e.Key() == "" && rule.Declared != nil && rule.Declared.EmptyMetaField {
+			return nil, query.RuleErrorf(rule, mongoerr.NotImplemented, "an index on the metaField \"\" is not supported: tsproxy stores the \"\" field in each event, not as the buckets' meta; only the timeField %q can be indexed", rule.TimeField)
+		}
 		if !ok {
 			return nil, query.RuleErrorf(rule, mongoerr.NotImplemented, "an index on %q is not supported on a bucketed namespace: only the metaField %q (and fields inside it) and the timeField %q can be indexed", e.Key(), rule.MetaField, rule.TimeField)
 		}

@@ -54,11 +54,11 @@ func ParseTimeseriesCreate(body []byte, db string) (rules.Created, error) {
 				return c, err
 			}
 		case k == "expireAfterSeconds":
-			n, err := expireAfterSeconds(e.Value())
+			n, err := expireAfterSeconds("create", e.Value())
 			if err != nil {
 				return c, err
 			}
-			c.ExpireAfterSeconds = n
+			setExpiry(&c, n)
 		case isGeneric(k):
 		default:
 			return c, mongoerr.Errorf(mongoerr.InvalidOptions, "%s.%s: 'timeseries' is not allowed with '%s'", db, coll, k)
@@ -96,7 +96,7 @@ func parseTimeseriesOptions(ts bsoncore.Document, c *rules.Created) error {
 			case "timeField":
 				c.TimeField, hasTime = s, true
 			case "metaField":
-				c.MetaField = s
+				c.MetaField, c.Declared.EmptyMetaField = s, s == ""
 			default:
 				if _, _, ok := rules.GranularitySpan(s); !ok {
 					return mongoerr.Errorf(mongoerr.BadValue, "Enumeration value '%s' for field 'create.timeseries.granularity' is not a valid value.", s)
@@ -129,7 +129,10 @@ func parseTimeseriesOptions(ts bsoncore.Document, c *rules.Created) error {
 	if err := checkTimeseriesFields(c.DB+"."+c.Collection, c.TimeField, c.MetaField); err != nil {
 		return err
 	}
-	return setBucketing(c, maxSpan, rounding, hasMaxSpan, hasRounding)
+	emptyMeta := c.Declared.EmptyMetaField
+	err = setBucketing(c, maxSpan, rounding, hasMaxSpan, hasRounding)
+	c.Declared.EmptyMetaField = emptyMeta
+	return err
 }
 
 // checkTimeseriesFields is MongoDB's check of the timeField and metaField
@@ -185,11 +188,27 @@ func setBucketing(c *rules.Created, maxSpan, rounding int64, hasMaxSpan, hasRoun
 	return nil
 }
 
+// setExpiry sets c's expireAfterSeconds to n seconds: 0 expires a
+// bucket once its window ended, as on MongoDB.
+func setExpiry(c *rules.Created, n int64) {
+	c.ExpireAfterSeconds, c.ExpireAtWindowEnd = n, n == 0
+}
+
+// clearExpiry is collMod's expireAfterSeconds "off": events are kept for
+// ever.
+func clearExpiry(c *rules.Created) {
+	c.ExpireAfterSeconds, c.ExpireAtWindowEnd = 0, false
+}
+
 // expireAfterSeconds reads a create's or collMod's expireAfterSeconds.
-func expireAfterSeconds(v bsoncore.Value) (int64, error) {
+func expireAfterSeconds(cmd string, v bsoncore.Value) (int64, error) {
 	n, ok := wholeNumber(v)
 	if !ok {
-		return 0, mongoerr.Errorf(mongoerr.TypeMismatch, "BSON field 'expireAfterSeconds' is the wrong type '%s', expected types '[long, int, decimal, double]'", bsonutil.TypeName(v.Type))
+		expected := "[long, int, decimal, double]"
+		if cmd == "collMod" {
+			expected = "[string, long, int, decimal, double]"
+		}
+		return 0, mongoerr.Errorf(mongoerr.TypeMismatch, "BSON field '%s.expireAfterSeconds' is the wrong type '%s', expected types '%s'", cmd, bsonutil.TypeName(v.Type), expected)
 	}
 	if n < 0 {
 		return 0, mongoerr.Errorf(mongoerr.InvalidOptions, "TTL index 'expireAfterSeconds' option cannot be less than 0")
@@ -225,7 +244,7 @@ func wholeNumber(v bsoncore.Value) (int64, bool) {
 func SameTimeseries(c rules.Created, rule *rules.Rule) bool {
 	ts := rule.TimeseriesOf()
 	return c.TimeField == rule.TimeField && c.MetaField == rule.MetaField &&
-		c.Declared == ts && c.ExpireAfterSeconds == int64(rule.ExpireAfter.Seconds())
+		c.Declared == ts && c.Expires() == rule.Expires() && c.ExpireAfterSeconds == int64(rule.ExpireAfter.Seconds())
 }
 
 // ExistsError is MongoDB's NamespaceExists for a create whose options
@@ -270,14 +289,14 @@ func ParseTimeseriesCollMod(body []byte, rule *rules.Rule) (rules.Created, error
 				if s != "off" {
 					return c, mongoerr.Errorf(mongoerr.InvalidOptions, "Invalid string value for the 'clusteredIndex::expireAfterSeconds' option. Got: '%s'. Accepted value is 'off'", s)
 				}
-				c.ExpireAfterSeconds = 0
+				clearExpiry(&c)
 				continue
 			}
-			n, err := expireAfterSeconds(e.Value())
+			n, err := expireAfterSeconds("collMod", e.Value())
 			if err != nil {
 				return c, err
 			}
-			c.ExpireAfterSeconds = n
+			setExpiry(&c, n)
 		case isGeneric(k):
 		default:
 			return c, mongoerr.Errorf(mongoerr.InvalidOptions, "collMod option '%s' is not supported on the time-series collection %s by tsproxy (granularity, bucketMaxSpanSeconds, bucketRoundingSeconds and expireAfterSeconds are)", k, rule.Namespace)
@@ -288,58 +307,96 @@ func ParseTimeseriesCollMod(body []byte, rule *rules.Rule) (rules.Created, error
 
 // modBucketing applies a collMod's timeseries document to c.Declared.
 // The rule's span (its buckets' windows) does not change: see
-// rules.Timeseries.
+// rules.Timeseries. As on MongoDB, a granularity may come with the
+// bucketMaxSpanSeconds it stands for, never with bucketRoundingSeconds.
 func modBucketing(ts bsoncore.Document, c *rules.Created) error {
+	m, err := readModBucketing(ts)
+	if err != nil {
+		return err
+	}
+	if m.granularity != "" {
+		gspan, _, _ := rules.GranularitySpan(m.granularity)
+		switch {
+		case m.hasMaxSpan && m.maxSpan != gspan:
+			return mongoerr.Errorf(mongoerr.InvalidOptions, "Timeseries 'bucketMaxSpanSeconds' is not configurable to a value other than the default of %d for the provided granularity", gspan)
+		case m.hasRounding:
+			return mongoerr.Errorf(mongoerr.InvalidOptions, "Timeseries 'bucketRoundingSeconds' is not configurable alongside the granularity parameter")
+		}
+		return modGranularity(m.granularity, c)
+	}
+	if !m.hasMaxSpan && !m.hasRounding {
+		return nil
+	}
+	return modCustomBucketing(m, c)
+}
+
+// modBucketingAsk is what a collMod's timeseries document asks for.
+type modBucketingAsk struct {
+	granularity             string
+	maxSpan, rounding       int64
+	hasMaxSpan, hasRounding bool
+}
+
+// readModBucketing reads a collMod's timeseries document, checking each
+// field's type and range.
+func readModBucketing(ts bsoncore.Document) (modBucketingAsk, error) {
+	var m modBucketingAsk
 	elems, _ := ts.Elements()
-	var maxSpan, rounding int64
-	var hasMaxSpan, hasRounding bool
 	for _, e := range elems {
 		switch k := e.Key(); k {
 		case "granularity":
 			g, ok := e.Value().StringValueOK()
 			if !ok {
-				return mongoerr.Errorf(mongoerr.TypeMismatch, "BSON field 'collMod.timeseries.granularity' is the wrong type '%s', expected type 'string'", bsonutil.TypeName(e.Value().Type))
+				return m, mongoerr.Errorf(mongoerr.TypeMismatch, "BSON field 'collMod.timeseries.granularity' is the wrong type '%s', expected type 'string'", bsonutil.TypeName(e.Value().Type))
 			}
 			if _, _, ok := rules.GranularitySpan(g); !ok {
-				return mongoerr.Errorf(mongoerr.BadValue, "Enumeration value '%s' for field 'collMod.timeseries.granularity' is not a valid value.", g)
+				return m, mongoerr.Errorf(mongoerr.BadValue, "Enumeration value '%s' for field 'collMod.timeseries.granularity' is not a valid value.", g)
 			}
-			old := c.Declared.Granularity
-			if span, _, _ := rules.GranularitySpan(g); old == "" && span < c.Declared.BucketMaxSpanSeconds {
-				// Custom bucketing takes a granularity of at least its
-				// span (MongoDB 6.3+), not a shorter one.
-				return mongoerr.Errorf(mongoerr.InvalidOptions, "Timeseries 'bucketMaxSpanSeconds' needs to be equal or greater to transition")
-			}
-			if old != "" && rules.GranularityRank(g) < rules.GranularityRank(old) {
-				return mongoerr.Errorf(mongoerr.InvalidOptions, "Invalid transition for timeseries.granularity. Can only transition from 'seconds' to 'minutes' or 'minutes' to 'hours'.")
-			}
-			c.Declared.Granularity = g
-			c.Declared.BucketMaxSpanSeconds, c.Declared.BucketRoundingSeconds, _ = rules.GranularitySpan(g)
+			m.granularity = g
 		case "bucketMaxSpanSeconds", "bucketRoundingSeconds":
 			n, ok := wholeNumber(e.Value())
 			if !ok || n < 1 || n > maxBucketSpanSeconds {
-				return mongoerr.Errorf(mongoerr.BadValue, "BSON field 'collMod.timeseries.%s' must be a whole number of seconds in [1, %d]", k, maxBucketSpanSeconds)
+				return m, mongoerr.Errorf(mongoerr.BadValue, "BSON field 'collMod.timeseries.%s' must be a whole number of seconds in [1, %d]", k, maxBucketSpanSeconds)
 			}
 			if k == "bucketMaxSpanSeconds" {
-				maxSpan, hasMaxSpan = n, true
+				m.maxSpan, m.hasMaxSpan = n, true
 			} else {
-				rounding, hasRounding = n, true
+				m.rounding, m.hasRounding = n, true
 			}
 		default:
-			return mongoerr.Errorf(mongoerr.IDLUnknownField, "BSON field 'collMod.timeseries.%s' is an unknown field.", k)
+			return m, mongoerr.Errorf(mongoerr.IDLUnknownField, "BSON field 'collMod.timeseries.%s' is an unknown field.", k)
 		}
 	}
-	if !hasMaxSpan && !hasRounding {
-		return nil
-	}
-	switch {
-	case !hasMaxSpan || !hasRounding || maxSpan != rounding:
-		return mongoerr.Errorf(mongoerr.InvalidOptions, "Timeseries 'bucketRoundingSeconds' needs to be equal to 'bucketMaxSpanSeconds'")
-	case maxSpan < c.Declared.BucketMaxSpanSeconds:
+	return m, nil
+}
+
+// modGranularity moves c to granularity g: only coarser, and from custom
+// bucketing only to a granularity of at least its span (MongoDB 6.3+).
+func modGranularity(g string, c *rules.Created) error {
+	old := c.Declared.Granularity
+	if span, _, _ := rules.GranularitySpan(g); old == "" && span < c.Declared.BucketMaxSpanSeconds {
 		return mongoerr.Errorf(mongoerr.InvalidOptions, "Timeseries 'bucketMaxSpanSeconds' needs to be equal or greater to transition")
-	case rounding < c.Declared.BucketRoundingSeconds:
+	}
+	if old != "" && rules.GranularityRank(g) < rules.GranularityRank(old) {
+		return mongoerr.Errorf(mongoerr.InvalidOptions, "Invalid transition for timeseries.granularity. Can only transition from 'seconds' to 'minutes' or 'minutes' to 'hours'.")
+	}
+	c.Declared.Granularity = g
+	c.Declared.BucketMaxSpanSeconds, c.Declared.BucketRoundingSeconds, _ = rules.GranularitySpan(g)
+	return nil
+}
+
+// modCustomBucketing moves c to equal bucketMaxSpanSeconds and
+// bucketRoundingSeconds, no shorter than c's.
+func modCustomBucketing(m modBucketingAsk, c *rules.Created) error {
+	switch {
+	case !m.hasMaxSpan || !m.hasRounding || m.maxSpan != m.rounding:
+		return mongoerr.Errorf(mongoerr.InvalidOptions, "Timeseries 'bucketRoundingSeconds' needs to be equal to 'bucketMaxSpanSeconds'")
+	case m.maxSpan < c.Declared.BucketMaxSpanSeconds:
+		return mongoerr.Errorf(mongoerr.InvalidOptions, "Timeseries 'bucketMaxSpanSeconds' needs to be equal or greater to transition")
+	case m.rounding < c.Declared.BucketRoundingSeconds:
 		return mongoerr.Errorf(mongoerr.InvalidOptions, "Timeseries 'bucketRoundingSeconds' needs to be equal or greater to transition")
 	}
-	c.Declared = rules.Timeseries{BucketMaxSpanSeconds: maxSpan, BucketRoundingSeconds: rounding}
+	c.Declared = rules.Timeseries{BucketMaxSpanSeconds: m.maxSpan, BucketRoundingSeconds: m.rounding, EmptyMetaField: c.Declared.EmptyMetaField}
 	return nil
 }
 

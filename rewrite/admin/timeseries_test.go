@@ -42,6 +42,10 @@ func TestParseTimeseriesCreate(t *testing.T) {
 			want: rules.Created{DB: "db", Collection: "w", TimeField: "t", Declared: rules.Timeseries{Granularity: "hours", BucketMaxSpanSeconds: 2592000, BucketRoundingSeconds: 86400}, SpanSeconds: 2592000}},
 		{name: "custom", body: D{{Key: "create", Value: "w"}, {Key: "timeseries", Value: ts("timeField", "t", "bucketMaxSpanSeconds", 600.0, "bucketRoundingSeconds", int64(600))}},
 			want: rules.Created{DB: "db", Collection: "w", TimeField: "t", Declared: rules.Timeseries{BucketMaxSpanSeconds: 600, BucketRoundingSeconds: 600}, SpanSeconds: 600}},
+		{name: "ttl 0", body: D{{Key: "create", Value: "w"}, {Key: "timeseries", Value: ts("timeField", "t")}, {Key: "expireAfterSeconds", Value: 0}},
+			want: rules.Created{DB: "db", Collection: "w", TimeField: "t", Declared: rules.Timeseries{Granularity: "seconds", BucketMaxSpanSeconds: 3600, BucketRoundingSeconds: 60}, SpanSeconds: 3600, ExpireAtWindowEnd: true}},
+		{name: "empty metaField", body: D{{Key: "create", Value: "w"}, {Key: "timeseries", Value: ts("timeField", "t", "metaField", "")}},
+			want: rules.Created{DB: "db", Collection: "w", TimeField: "t", Declared: rules.Timeseries{Granularity: "seconds", BucketMaxSpanSeconds: 3600, BucketRoundingSeconds: 60, EmptyMetaField: true}, SpanSeconds: 3600}},
 		{name: "no timeField", body: D{{Key: "create", Value: "w"}, {Key: "timeseries", Value: ts("metaField", "m")}}, code: mongoerr.IDLFailedToParse, msg: "is missing but a required field"},
 		{name: "timeseries not a document", body: D{{Key: "create", Value: "w"}, {Key: "timeseries", Value: "t"}}, code: mongoerr.TypeMismatch, msg: "expected type 'object'"},
 		{name: "timeField a number", body: D{{Key: "create", Value: "w"}, {Key: "timeseries", Value: ts("timeField", 1)}}, code: mongoerr.TypeMismatch, msg: "'create.timeseries.timeField' is the wrong type 'int'"},
@@ -82,15 +86,18 @@ func TestTimeseriesCollMod(t *testing.T) {
 		Declared: rules.Timeseries{Granularity: "minutes"}, SpanSeconds: 86400, ExpireAfterSeconds: 60})
 	custom := rules.NewCreatedRule(rules.Created{DB: "db", Collection: "w", TimeField: "t",
 		Declared: rules.Timeseries{BucketMaxSpanSeconds: 600, BucketRoundingSeconds: 600}, SpanSeconds: 600})
+	atEnd := rules.NewCreatedRule(rules.Created{DB: "db", Collection: "w", TimeField: "t", MetaField: "m",
+		Declared: rules.Timeseries{Granularity: "minutes"}, SpanSeconds: 86400, ExpireAtWindowEnd: true})
 	customLong := rules.NewCreatedRule(rules.Created{DB: "db", Collection: "w", TimeField: "t",
 		Declared: rules.Timeseries{BucketMaxSpanSeconds: 7200, BucketRoundingSeconds: 7200}, SpanSeconds: 7200})
 	cases := []struct {
-		name string
-		rule *rules.Rule
-		body D
-		want rules.Timeseries
-		ttl  int64
-		code mongoerr.Code
+		name  string
+		rule  *rules.Rule
+		body  D
+		want  rules.Timeseries
+		ttl   int64
+		atEnd bool
+		code  mongoerr.Code
 	}{
 		{name: "coarser", rule: &minutes, body: D{{Key: "collMod", Value: "w"}, {Key: "timeseries", Value: D{{Key: "granularity", Value: "hours"}}}},
 			want: rules.Timeseries{Granularity: "hours", BucketMaxSpanSeconds: 2592000, BucketRoundingSeconds: 86400}, ttl: 60},
@@ -98,6 +105,25 @@ func TestTimeseriesCollMod(t *testing.T) {
 			want: rules.Timeseries{Granularity: "minutes", BucketMaxSpanSeconds: 86400, BucketRoundingSeconds: 3600}, ttl: 7},
 		{name: "ttl off", rule: &minutes, body: D{{Key: "collMod", Value: "w"}, {Key: "expireAfterSeconds", Value: "off"}},
 			want: rules.Timeseries{Granularity: "minutes", BucketMaxSpanSeconds: 86400, BucketRoundingSeconds: 3600}},
+		{name: "ttl 0", rule: &minutes, body: D{{Key: "collMod", Value: "w"}, {Key: "expireAfterSeconds", Value: 0}},
+			want: rules.Timeseries{Granularity: "minutes", BucketMaxSpanSeconds: 86400, BucketRoundingSeconds: 3600}, atEnd: true},
+		{name: "ttl 0 then off", rule: &atEnd, body: D{{Key: "collMod", Value: "w"}, {Key: "expireAfterSeconds", Value: "off"}},
+			want: rules.Timeseries{Granularity: "minutes", BucketMaxSpanSeconds: 86400, BucketRoundingSeconds: 3600}},
+		{name: "ttl 0 kept", rule: &atEnd, body: D{{Key: "collMod", Value: "w"}, {Key: "timeseries", Value: D{{Key: "granularity", Value: "hours"}}}},
+			want: rules.Timeseries{Granularity: "hours", BucketMaxSpanSeconds: 2592000, BucketRoundingSeconds: 86400}, atEnd: true},
+		{name: "ttl negative", rule: &minutes, body: D{{Key: "collMod", Value: "w"}, {Key: "expireAfterSeconds", Value: -10}}, code: mongoerr.InvalidOptions},
+		{name: "ttl a document", rule: &minutes, body: D{{Key: "collMod", Value: "w"}, {Key: "expireAfterSeconds", Value: D{}}}, code: mongoerr.TypeMismatch},
+		{name: "ttl a number as a string", rule: &minutes, body: D{{Key: "collMod", Value: "w"}, {Key: "expireAfterSeconds", Value: "10"}}, code: mongoerr.InvalidOptions},
+		// MongoDB's timeseries_collmod.js: a granularity may come with
+		// the bucketMaxSpanSeconds it stands for, not with another one
+		// nor with bucketRoundingSeconds.
+		{name: "granularity with its span", rule: &minutes, body: D{{Key: "collMod", Value: "w"}, {Key: "timeseries", Value: D{{Key: "granularity", Value: "hours"}, {Key: "bucketMaxSpanSeconds", Value: 2592000}}}},
+			want: rules.Timeseries{Granularity: "hours", BucketMaxSpanSeconds: 2592000, BucketRoundingSeconds: 86400}, ttl: 60},
+		{name: "granularity with another span", rule: &minutes, body: D{{Key: "collMod", Value: "w"}, {Key: "timeseries", Value: D{{Key: "granularity", Value: "hours"}, {Key: "bucketMaxSpanSeconds", Value: 2592001}}}}, code: mongoerr.InvalidOptions},
+		{name: "granularity with rounding", rule: &minutes, body: D{{Key: "collMod", Value: "w"}, {Key: "timeseries", Value: D{{Key: "granularity", Value: "hours"}, {Key: "bucketMaxSpanSeconds", Value: 2592000}, {Key: "bucketRoundingSeconds", Value: 86400}}}}, code: mongoerr.InvalidOptions},
+		{name: "granularity with its span, finer", rule: &minutes, body: D{{Key: "collMod", Value: "w"}, {Key: "timeseries", Value: D{{Key: "granularity", Value: "seconds"}, {Key: "bucketMaxSpanSeconds", Value: 3600}}}}, code: mongoerr.InvalidOptions},
+		{name: "empty timeseries", rule: &minutes, body: D{{Key: "collMod", Value: "w"}, {Key: "timeseries", Value: D{}}},
+			want: rules.Timeseries{Granularity: "minutes", BucketMaxSpanSeconds: 86400, BucketRoundingSeconds: 3600}, ttl: 60},
 		{name: "finer", rule: &minutes, body: D{{Key: "collMod", Value: "w"}, {Key: "timeseries", Value: D{{Key: "granularity", Value: "seconds"}}}}, code: mongoerr.InvalidOptions},
 		{name: "ttl other string", rule: &minutes, body: D{{Key: "collMod", Value: "w"}, {Key: "expireAfterSeconds", Value: "on"}}, code: mongoerr.InvalidOptions},
 		{name: "other option", rule: &minutes, body: D{{Key: "collMod", Value: "w"}, {Key: "validator", Value: D{}}}, code: mongoerr.InvalidOptions},
@@ -119,8 +145,8 @@ func TestTimeseriesCollMod(t *testing.T) {
 				}
 				return
 			}
-			if err != nil || got.Declared != c.want || got.ExpireAfterSeconds != c.ttl || got.SpanSeconds != int64(c.rule.Span/time.Second) {
-				t.Fatalf("got %+v, %v; want %+v, ttl %d, the span kept", got, err, c.want, c.ttl)
+			if err != nil || got.Declared != c.want || got.ExpireAfterSeconds != c.ttl || got.ExpireAtWindowEnd != c.atEnd || got.SpanSeconds != int64(c.rule.Span/time.Second) {
+				t.Fatalf("got %+v, %v; want %+v, ttl %d (at the window's end: %t), the span kept", got, err, c.want, c.ttl, c.atEnd)
 			}
 		})
 	}
@@ -130,6 +156,8 @@ func TestCatalogEntryRoundTrip(t *testing.T) {
 	for _, c := range []rules.Created{
 		{DB: "db", Collection: "a.b", TimeField: "t", MetaField: "m", Declared: rules.Timeseries{Granularity: "hours", BucketMaxSpanSeconds: 2592000, BucketRoundingSeconds: 86400}, SpanSeconds: 86400, ExpireAfterSeconds: 5},
 		{DB: "db", Collection: "w", TimeField: "t", Declared: rules.Timeseries{BucketMaxSpanSeconds: 600, BucketRoundingSeconds: 600}, SpanSeconds: 600},
+		{DB: "db", Collection: "z", TimeField: "t", Declared: rules.Timeseries{BucketMaxSpanSeconds: 600, BucketRoundingSeconds: 600}, SpanSeconds: 600, ExpireAtWindowEnd: true},
+		{DB: "db", Collection: "e", TimeField: "t", Declared: rules.Timeseries{Granularity: "minutes", BucketMaxSpanSeconds: 86400, BucketRoundingSeconds: 3600, EmptyMetaField: true}, SpanSeconds: 86400},
 	} {
 		e := CatalogEntry{Created: c, State: StateCreating, Nonce: "n1"}
 		got, err := ParseCatalogEntry(e.Document())
@@ -157,11 +185,17 @@ func TestTimeseriesInfo(t *testing.T) {
 	config := rwtest.Rule() // span 1h: shown as MongoDB's seconds
 	custom := rules.NewCreatedRule(rules.Created{DB: "db", Collection: "c", TimeField: "t",
 		Declared: rules.Timeseries{BucketMaxSpanSeconds: 600, BucketRoundingSeconds: 600}, SpanSeconds: 600})
+	atEnd := rules.NewCreatedRule(rules.Created{DB: "db", Collection: "z", TimeField: "t",
+		Declared: rules.Timeseries{Granularity: "hours"}, SpanSeconds: 86400, ExpireAtWindowEnd: true})
+	emptyMeta := rules.NewCreatedRule(rules.Created{DB: "db", Collection: "e", TimeField: "t",
+		Declared: rules.Timeseries{Granularity: "seconds", EmptyMetaField: true}, SpanSeconds: 3600})
 	for _, c := range []struct {
 		rule     *rules.Rule
 		nameOnly bool
 		want     string
 	}{
+		{&emptyMeta, false, `{"name": "e","type": "timeseries","options": {"timeseries": {"timeField": "t","metaField": "","granularity": "seconds","bucketMaxSpanSeconds": {"$numberInt":"3600"}}},"info": {"readOnly": false}}`},
+		{&atEnd, false, `{"name": "z","type": "timeseries","options": {"expireAfterSeconds": {"$numberLong":"0"},"timeseries": {"timeField": "t","granularity": "hours","bucketMaxSpanSeconds": {"$numberInt":"2592000"}}},"info": {"readOnly": false}}`},
 		{&created, false, `{"name": "w","type": "timeseries","options": {"expireAfterSeconds": {"$numberLong":"60"},"timeseries": {"timeField": "t","metaField": "m","granularity": "hours","bucketMaxSpanSeconds": {"$numberInt":"2592000"}}},"info": {"readOnly": false}}`},
 		{&created, true, `{"name": "w","type": "timeseries"}`},
 		{config, false, `{"name": "readings","type": "timeseries","options": {"timeseries": {"timeField": "ts","metaField": "sensorId","granularity": "seconds","bucketMaxSpanSeconds": {"$numberInt":"3600"}}},"info": {"readOnly": false}}`},

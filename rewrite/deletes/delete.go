@@ -94,8 +94,8 @@ func NewRequest(cmd rewrite.Command, rule *rules.Rule, opts Options) (*Request, 
 	if rewrite.InTransaction(cmd.Body) {
 		return nil, query.RuleErrorf(rule, mongoerr.NotImplemented, "delete inside a transaction is not supported on a bucketed namespace")
 	}
-	if _, ok := bsonutil.Lookup(cmd.Body, "let"); ok {
-		return nil, query.RuleErrorf(rule, mongoerr.NotImplemented, "delete option \"let\" is not supported on a bucketed namespace")
+	if err := checkLet(cmd.Body); err != nil {
+		return nil, err
 	}
 	ordered, err := bsonutil.Bool(cmd.Body, "ordered", true)
 	if err != nil {
@@ -149,15 +149,21 @@ func (p *Request) planStatement(i int, d bsoncore.Document, caps caps.Upstream) 
 		return nil, mongoerr.Errorf(mongoerr.FailedToParse, "delete statement %d: \"limit\" must be 0 (all) or 1 (one), got %s", i, lv.String())
 	}
 	st.LimitOne = limit == 1
-	elems, _ := d.Elements()
-	for _, e := range elems {
-		switch e.Key() {
-		case "q", "limit":
-		case "hint", "collation":
-			st.Err = query.RuleErrorf(p.rule, mongoerr.NotImplemented, "delete option %q is not supported on a bucketed namespace", e.Key())
+	simple, err := p.checkStatementFields(i, d)
+	if err != nil {
+		return nil, err
+	}
+	if err := jsonSchemaError(filter); err != nil {
+		st.Err = err
+		return st, nil
+	}
+	if _, ok := bsonutil.Lookup(d, "hint"); ok {
+		st.Err = query.RuleErrorf(p.rule, mongoerr.NotImplemented, "delete option \"hint\" is not supported on a bucketed namespace")
+		return st, nil
+	}
+	if !simple {
+		if st.Err = collationRefusal(p.rule, filter); st.Err != nil {
 			return st, nil
-		default:
-			return nil, mongoerr.Errorf(mongoerr.FailedToParse, "delete statement %d: unknown field %q", i, e.Key())
 		}
 	}
 	rc, err := query.NewCtx(p.rule)
@@ -181,6 +187,26 @@ func (p *Request) planStatement(i int, d bsoncore.Document, caps caps.Upstream) 
 		}
 	}
 	return st, nil
+}
+
+// checkStatementFields checks a statement's fields besides q and limit,
+// as the server's parser does, and says whether its collation (if any)
+// is the simple one.
+func (p *Request) checkStatementFields(i int, d bsoncore.Document) (simpleCollation bool, err error) {
+	simpleCollation = true
+	elems, _ := d.Elements()
+	for _, e := range elems {
+		switch e.Key() {
+		case "q", "limit", "hint":
+		case "collation":
+			if simpleCollation, err = statementCollation(i, e.Value()); err != nil {
+				return false, err
+			}
+		default:
+			return false, mongoerr.Errorf(mongoerr.FailedToParse, "delete statement %d: unknown field %q", i, e.Key())
+		}
+	}
+	return simpleCollation, nil
 }
 
 // planScanStatement plans a statement on an upstream that cannot see the

@@ -91,7 +91,9 @@ func TestPlanDelete(t *testing.T) {
 		{name: "unknown statement field", cmd: delCmd(t, A{D{{Key: "q", Value: D{}}, {Key: "limit", Value: 0}, {Key: "x", Value: 1}}}), err: `unknown field "x"`},
 		{name: "other collection", cmd: rewrite.Command{Body: rwtest.Doc(t, D{{Key: "delete", Value: "other"}, {Key: "deletes", Value: A{}}})}, err: `does not match the rule's collection`},
 		{name: "transaction", cmd: delCmd(t, A{stmt(D{}, 0)}, E{Key: "autocommit", Value: false}), err: "inside a transaction"},
-		{name: "let", cmd: delCmd(t, A{stmt(D{}, 0)}, E{Key: "let", Value: D{}}), err: `"let" is not supported`},
+		{name: "let", cmd: delCmd(t, A{stmt(D{}, 0)}, E{Key: "let", Value: D{{Key: "x", Value: 1}}}), whole: []bool{true}, one: []bool{false}},
+		{name: "let null", cmd: delCmd(t, A{stmt(D{}, 0)}, E{Key: "let", Value: nil}), whole: []bool{true}, one: []bool{false}},
+		{name: "let a number", cmd: delCmd(t, A{stmt(D{}, 0)}, E{Key: "let", Value: 1}), err: `'delete.let' is the wrong type 'int'`},
 		{name: "no deletes", cmd: rewrite.Command{Body: rwtest.Doc(t, D{{Key: "delete", Value: "readings"}})}, err: `missing field "deletes"`},
 	}
 	for _, c := range cases {
@@ -439,5 +441,63 @@ func TestPlanDeleteByID(t *testing.T) {
 		if len(cands.List) != 1 || len(cands.List[0].order) != 1 || !cands.List[0].HasKey {
 			t.Fatalf("candidates %+v, want the event with _id 1.0", cands.List)
 		}
+	}
+}
+
+// TestDeleteOptions: collation and $jsonSchema as MongoDB answers them
+// (issue 55, case 7): the simple collation, or any on a filter that
+// compares no string, runs; another on strings is the statement's
+// error; a malformed collation fails the command; a $jsonSchema that is
+// not a document is TypeMismatch.
+func TestDeleteOptions(t *testing.T) {
+	withColl := func(q D, coll any) D {
+		return D{{Key: "q", Value: q}, {Key: "limit", Value: 0}, {Key: "collation", Value: coll}}
+	}
+	fr := D{{Key: "locale", Value: "fr"}, {Key: "strength", Value: 2}}
+	cases := []struct {
+		name string
+		st   D
+		serr string        // the statement's error
+		code mongoerr.Code // its code, or the command's
+		err  string        // the command's error
+	}{
+		{name: "simple collation", st: withColl(D{{Key: "value", Value: "x"}}, D{{Key: "locale", Value: "simple"}})},
+		{name: "null collation", st: withColl(D{{Key: "value", Value: "x"}}, nil)},
+		{name: "other collation, numbers only", st: withColl(D{{Key: "value", Value: D{{Key: "$gt", Value: 5}}}}, fr)},
+		{name: "other collation, a regex and a type name", st: withColl(D{{Key: "value", Value: D{{Key: "$regex", Value: "^a"}, {Key: "$type", Value: "string"}}}}, fr)},
+		{name: "other collation, a string", st: withColl(D{{Key: "value", Value: D{{Key: "$in", Value: A{1, "a"}}}}}, fr), serr: "compares strings", code: mongoerr.NotImplemented},
+		{name: "other collation, a metaField string", st: withColl(D{{Key: "sensorId", Value: "s1"}}, fr), serr: "compares strings", code: mongoerr.NotImplemented},
+		{name: "collation a string", st: withColl(D{}, "fr"), err: "'delete.deletes.collation' is the wrong type 'string'", code: mongoerr.TypeMismatch},
+		{name: "collation without locale", st: withColl(D{}, D{{Key: "strength", Value: 1}}), err: "'collation.locale' is missing", code: mongoerr.IDLFailedToParse},
+		{name: "collation unknown field", st: withColl(D{}, D{{Key: "locale", Value: "fr"}, {Key: "colour", Value: 1}}), err: "'collation.colour' is an unknown field", code: mongoerr.IDLUnknownField},
+		{name: "$jsonSchema not a document", st: stmt(D{{Key: "$jsonSchema", Value: 1}}, 0), serr: "$jsonSchema must be an object", code: mongoerr.TypeMismatch},
+		{name: "$jsonSchema in $and not a document", st: stmt(D{{Key: "$and", Value: A{D{{Key: "$jsonSchema", Value: "x"}}}}}, 0), serr: "$jsonSchema must be an object", code: mongoerr.TypeMismatch},
+		{name: "$jsonSchema unknown keyword", st: stmt(D{{Key: "$jsonSchema", Value: D{{Key: "colour", Value: 1}}}}, 0), serr: "Unknown $jsonSchema keyword: colour", code: mongoerr.FailedToParse},
+		{name: "$jsonSchema unsupported keyword", st: stmt(D{{Key: "$jsonSchema", Value: D{{Key: "$ref", Value: "x"}}}}, 0), serr: "'$ref' is not currently supported", code: mongoerr.FailedToParse},
+		{name: "$jsonSchema valid: not evaluated", st: stmt(D{{Key: "$jsonSchema", Value: D{{Key: "required", Value: A{"value"}}}}}, 0), serr: "$jsonSchema", code: mongoerr.NotImplemented},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p, err := NewRequest(delCmd(t, A{c.st}), rwtest.Rule(), Options{Caps: rwtest.MongoCaps})
+			if c.err != "" {
+				if err == nil || !strings.Contains(err.Error(), c.err) || mongoerr.CodeOf(err) != c.code {
+					t.Fatalf("err %v, want code %d with %q", err, c.code, c.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			st := p.Statements[0]
+			if c.serr == "" {
+				if st.Err != nil || st.Match == nil {
+					t.Fatalf("statement error %v, match %s; want it planned", st.Err, st.Match)
+				}
+				return
+			}
+			if st.Err == nil || !strings.Contains(st.Err.Error(), c.serr) || mongoerr.CodeOf(st.Err) != c.code {
+				t.Fatalf("statement error %v, want code %d with %q", st.Err, c.code, c.serr)
+			}
+		})
 	}
 }

@@ -25,7 +25,7 @@ type Expiry struct {
 // Expiries lists the rule's bucket collection and its rollup collections
 // (which keep the same retention), or nil when the rule keeps data forever.
 func Expiries(rule *rules.Rule) []Expiry {
-	if rule == nil || rule.ExpireAfter <= 0 {
+	if rule == nil || !rule.Expires() {
 		return nil
 	}
 	out := []Expiry{{Collection: rule.BucketCollection, Window: rule.Span}}
