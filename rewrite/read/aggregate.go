@@ -19,6 +19,10 @@ import (
 // events are rebuilt upstream with $replaceWith and the app's pipeline
 // runs unchanged after it; elsewhere it is refused by name.
 func planAggregate(rc *query.Ctx, body bsoncore.Document, opts Options, forExplain bool) (*Command, error) {
+	body, err := naturalAggregate(rc, body)
+	if err != nil {
+		return nil, err
+	}
 	a := &aggregateRewrite{rc: rc, body: body, opts: opts, forExplain: forExplain}
 	if err := a.readOptions(); err != nil {
 		return nil, err

@@ -205,6 +205,10 @@ func PlanRead(body []byte, rule *rules.Rule, opts Options) (p *Command, err erro
 // planFind rewrites find into an aggregate of events.
 func planFind(rc *query.Ctx, body bsoncore.Document, opts Options, forExplain bool) (*Command, error) {
 	const cmd = "find"
+	body, err := naturalFind(rc, body)
+	if err != nil {
+		return nil, err
+	}
 	if err := rc.CheckOptions(body, cmd, "filter", "sort", "projection", "skip", "limit", "batchSize", "singleBatch", "allowDiskUse", "maxScan"); err != nil {
 		return nil, err
 	}
