@@ -154,28 +154,28 @@ func (c *conn) authorize(req *request, rule *rules.Rule) (denied []byte, err err
 // gateList asks the server to list db as the client before the proxy
 // lists it (or refuses a filter) with what it knows of db's rules; done
 // is true when req was answered (refused) already.
-func (c *conn) gateList(req *request, db string) (done bool, err error) {
+func (c *conn) gateList(req *request, db string) error {
 	reply, err := c.upCommand(rewrite.ListProbe(db))
 	if err != nil || mongoerr.IsOK(reply) {
-		return false, err
+		return err
 	}
 	c.s.tel.ErrorSeen("Unauthorized")
-	return true, c.replyBody(req, reply)
+	return answered(c.replyBody(req, reply))
 }
 
 // gate authorizes req before the proxy serves it; done is true when it
 // was answered (refused) already.
-func (c *conn) gate(req *request, rule *rules.Rule) (done bool, err error) {
+func (c *conn) gate(req *request, rule *rules.Rule) error {
 	denied, err := c.authorize(req, rule)
 	if err != nil || denied == nil {
-		return false, err
+		return err
 	}
 	c.s.tel.ErrorSeen("Unauthorized")
 	c.log.Info("command refused by the upstream's authorization", "rule", rule.Namespace, "command", req.name)
 	if req.msg.Flags&wire.MoreToCome != 0 {
-		return true, nil
+		return errAnswered
 	}
-	return true, c.replyBody(req, denied)
+	return answered(c.replyBody(req, denied))
 }
 
 // cursorUserError is MongoDB's refusal of a getMore or killCursors of a

@@ -86,6 +86,6 @@ func (b *backgroundConn) end(pooled bool) {
 }
 
 // backgroundMaxIdle is how many background connections stay open between
-// rounds: the rules' rounds start at random points of their second
-// (merger.go), so a few serve them all.
+// rounds: the rules' rounds start at random points of their second, so a few
+// serve them all.
 const backgroundMaxIdle = 4

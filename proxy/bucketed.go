@@ -25,28 +25,28 @@ func (c *conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
 	if err := c.ensureUpstream(); err != nil {
 		return c.replyUpstreamDown(req, err)
 	}
-	c.s.noteServed(rule) // loops.go
+	c.s.noteServed(rule)
 	// The server authorizes the client before the proxy answers anything
-	// of its own (authz.go), and a cursor it holds is read only by the
+	// of its own, and a cursor it holds is read only by the
 	// users, and in the session, that opened it.
-	if done, err := c.gate(req, rule); done || err != nil {
+	if err := c.gate(req, rule); err != nil {
 		return err
 	}
-	if done, err := c.checkCursorOwner(req, rule); done || err != nil {
+	if err := c.checkCursorOwner(req, rule); err != nil {
 		return err
 	}
-	if done, err := c.retriedReply(req, rule); done { // reply_cache.go
+	if err := c.retriedReply(req, rule); err != nil {
 		return err
 	}
 	defer c.endRetryable(req)
 	switch req.name {
 	case "insert", "getMore", "killCursors":
 	default:
-		if done, err := c.settleStaged(req, rule); done || err != nil { // stage.go
+		if err := c.settleStaged(req, rule); err != nil {
 			return err
 		}
 	}
-	h := handlerFor(req.name, rule) // commands.go
+	h := handlerFor(req.name, rule)
 	if h == nil {
 		msg := fmt.Sprintf("tsproxy rule %s: command %q is not supported on a bucketed namespace", rule.Namespace, req.name)
 		if rule.Layout != rules.LayoutEvents {
@@ -76,7 +76,7 @@ func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
 	if staged, _, err := c.stagedRule(rule); err != nil {
 		return err
 	} else if staged {
-		return c.stagedInsert(req, rule) // stage.go
+		return c.stagedInsert(req, rule)
 	}
 	caps, err := c.startWrite(rule)
 	if err != nil {
@@ -150,7 +150,7 @@ func (c *conn) roundTripInSlot(frame []byte, slotted bool) ([]byte, error) {
 
 // startWrite begins every rewritten write of rule: it learns what the
 // upstream supports and, where its updates are not isolated, makes sure
-// this proxy holds the rule's writer lease (writer_lease.go).
+// this proxy holds the rule's writer lease.
 func (c *conn) startWrite(rule *rules.Rule) (caps.Upstream, error) {
 	caps, err := c.upstreamCaps()
 	if err != nil {

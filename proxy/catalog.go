@@ -19,8 +19,8 @@ import (
 	"github.com/tsproxy/tsproxy/upstream"
 )
 
-// The catalog of time-series collections apps created (rewrite/admin,
-// catalog.go). Every proxy on one upstream reads it, and the rules it
+// The catalog of time-series collections apps created (rewrite/admin
+// keeps its documents). Every proxy on one upstream reads it, and the rules it
 // holds join the config's.
 //
 // The promise: no event inserted through any proxy after a create was
@@ -74,10 +74,11 @@ func (s *catalogSnap) pending(ns string) (admin.CatalogEntry, bool) {
 
 // catalog keeps the snapshot fresh.
 type catalog struct {
-	s     *Server
-	lease time.Duration
-	snap  atomic.Pointer[catalogSnap]
-	bg    atomic.Bool // a background refresh is running
+	s       *Server
+	lease   time.Duration
+	timeout time.Duration // bounds one use of the connection
+	snap    atomic.Pointer[catalogSnap]
+	bg      atomic.Bool // a background refresh is running
 
 	mu      sync.Mutex // one read or write at a time; guards the fields below
 	conn    *backgroundConn
@@ -221,14 +222,13 @@ func (cat *catalog) up() (*upstream.Conn, error) {
 		// may wait on: an upstream that stopped answering mid-reply held
 		// every command of every client, and Shutdown, for good. A read
 		// or write that times out closes the connection (closeConn).
-		_ = up.SetDeadline(time.Now().Add(catalogTimeout))
+		_ = up.SetDeadline(time.Now().Add(cat.timeout))
 	}
 	return up, err
 }
 
-// catalogTimeout bounds one use of the catalog's connection; a variable
-// so that tests can shorten it.
-var catalogTimeout = 10 * time.Second
+// DefaultCatalogTimeout bounds one use of the catalog's connection.
+const DefaultCatalogTimeout = 10 * time.Second
 
 // closeIdle closes the connection if it was not used since the timer was
 // set.
@@ -305,7 +305,7 @@ func (cat *catalog) read() (*catalogSnap, error) {
 	snap := &catalogSnap{entries: entries, readAt: sent, rules: prev.rules}
 	if !sameReady(prev.entries, entries) || prev.rules == nil {
 		snap.rules = cat.s.opts.Rules.WithRules(readyRules(entries))
-		cat.s.syncLoops(snap.rules) // loops.go
+		cat.s.syncLoops(snap.rules)
 	}
 	return snap, nil
 }

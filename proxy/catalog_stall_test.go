@@ -33,14 +33,12 @@ func catalogStallServer(t *testing.T) (addr string, catalogReads *atomic.Int64, 
 // TestStalledCatalogReadBlocksAllClients: the catalog read holds cat.mu,
 // and every client's command on any namespace may wait on it. The first
 // catalog read stalls; every later one, on a new connection, would be
-// answered. Its deadline (catalogTimeout) ends it, and the others go on.
+// answered. Its deadline (Options.CatalogTimeout) ends it, and the
+// others go on.
 func TestStalledCatalogReadBlocksAllClients(t *testing.T) {
-	old := catalogTimeout
-	catalogTimeout = time.Second
-	t.Cleanup(func() { catalogTimeout = old })
 	upAddr, catalogReads, unstall := catalogStallServer(t)
-	_, addr := startRawProxy(t, upAddr, func(o *Options) { o.CreateTimeseries = "" }) // auto: the catalog is read
-	t.Cleanup(unstall)                                                                // runs before the proxy's Shutdown, which would hang otherwise
+	_, addr := startRawProxy(t, upAddr, func(o *Options) { o.CreateTimeseries, o.CatalogTimeout = "", time.Second }) // auto: the catalog is read
+	t.Cleanup(unstall)                                                                                               // runs before the proxy's Shutdown, which would hang otherwise
 	a := dialWire(t, addr)
 	a.send(0, bson.D{{Key: "find", Value: "x"}, {Key: "$db", Value: "db"}}) // its catalog read stalls
 	time.Sleep(300 * time.Millisecond)

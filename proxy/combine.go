@@ -10,7 +10,7 @@ import (
 )
 
 // combiner lets concurrent staged inserts share one upstream insert
-// (rewrite/stage/combine.go says why). Inserts share when their command
+// (package rewrite/stage says why). Inserts share when their command
 // bodies are the same bytes (one staging collection, one write concern)
 // and their connections have the same users, so the shared insert runs
 // with privileges every one of them has; it runs on the connection of

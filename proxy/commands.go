@@ -11,7 +11,7 @@ import (
 // The registry of the commands a bucketed namespace answers, in one
 // table: per command, how each layout serves it. A command missing from
 // the table, or from its layout's column, is refused with NotImplemented
-// naming the rule (bucketed.go).
+// naming the rule.
 
 // handler serves one command on a rule's namespace.
 type handler func(c *conn, req *request, rule *rules.Rule) error
@@ -111,7 +111,7 @@ var commands = map[string]commandSpec{
 }
 
 // serveDrop drops a rule's collections; a created time-series
-// collection's through the catalog (timeseries.go).
+// collection's through the catalog.
 func serveDrop(c *conn, req *request, rule *rules.Rule) error {
 	if rule.Declared != nil {
 		return c.dropTimeseries(req, rule)

@@ -50,8 +50,8 @@ const maxKeptBuf = 1 << 20
 // Write, so there is no write buffer at all. c.inBuf and c.outBuf start
 // empty, grow to the largest frame seen and are kept only up to
 // maxKeptBuf; a larger frame gets memory of its own that is dropped after
-// its request. The upstream connection follows the same rules
-// (upstream/conn.go). An idle connection therefore holds about 4 KiB of
+// its request. The upstream connection follows the same rules. An idle
+// connection therefore holds about 4 KiB of
 // read-ahead per side plus its last ordinary frames.
 type conn struct {
 	s   *Server
@@ -70,8 +70,7 @@ type conn struct {
 	// (ownCursor).
 	cursors      map[int64]struct{}
 	cursorsPrune int
-	// auth is what the connection knows of its client's authentication
-	// (authz.go).
+	// auth is what the connection knows of its client's authentication.
 	auth connAuth
 	// upAuth: an authentication command went over c.up, so the client's
 	// authentication may live on it (a new link would not have it).
@@ -86,7 +85,7 @@ type conn struct {
 	afterReply []func()
 
 	// watch notices a client that leaves while its request waits on
-	// the upstream (client_watch.go); clientLeft records that it did.
+	// the upstream; clientLeft records that it did.
 	watch      *clientWatch
 	clientLeft atomic.Bool
 
@@ -116,7 +115,7 @@ type request struct {
 	name       string
 	db         string
 	start      time.Time
-	txn        *replycache.Attempt   // a retryable write's attempt (reply_cache.go)
+	txn        *replycache.Attempt   // a retryable write's attempt
 	retry      *rewrite.ReadRetryKey // the body's retry key, once retriedReply read it
 	replied    bool                  // a reply frame went to the client
 }
@@ -269,8 +268,8 @@ func (c *conn) handle(h wire.Header, frame []byte) error {
 		// its write must still go upstream.
 		c.watch.arm()
 	}
-	if err := c.route(req); err != nil {
-		return c.afterLinkLoss(req, err) // link_loss.go
+	if err := c.route(req); err != nil && !errors.Is(err, errAnswered) {
+		return c.afterLinkLoss(req, err)
 	}
 	return nil
 }
@@ -317,82 +316,6 @@ func appendDB(cmd bson.Raw, db string) ([]byte, error) {
 	}
 	d = append(d, bson.E{Key: "$db", Value: db})
 	return bson.Marshal(d)
-}
-
-// route sends a request where it belongs.
-func (c *conn) route(req *request) error {
-	c.noteAuthChange(req)
-	if done, err := c.catalogGate(req); done || err != nil { // timeseries.go
-		return err
-	}
-	switch req.name {
-	case "hello", "isMaster", "ismaster":
-		return c.handleHello(req)
-	case "create":
-		if c.createsTimeseries(req) {
-			return c.createTimeseries(req)
-		}
-	case "listCollections":
-		// Show each rule's namespace in place of its bucket collection,
-		// and hide the proxy's own collections (a database whose
-		// time-series collections were all dropped keeps its writer
-		// leases).
-		if c.rules.InDB(req.db) || !c.s.cat.snap.Load().static {
-			return c.rewriteListCollections(req)
-		}
-	case "dropDatabase":
-		if created := createdInDB(c.rules, req.db); len(created) > 0 {
-			return c.dropDatabaseTimeseries(req, created) // timeseries.go
-		}
-	case "endSessions":
-		c.endCursorSessions(req) // then passes through
-	case "tsproxyFlush":
-		return c.handleFlush(req) // flush.go
-	case "tsproxyStagingFormat":
-		return c.handleStagingFormat(req) // staging_format.go
-	case "renameCollection":
-		if rule := c.renameTouchesRule(req); rule != nil {
-			if err := c.ensureUpstream(); err != nil {
-				return c.replyUpstreamDown(req, err)
-			}
-			if done, err := c.gate(req, rule); done || err != nil {
-				return err
-			}
-			return c.refuseRename(req, rule)
-		}
-	}
-	if rule, route := c.bucketedTarget(req); route != routePassthrough {
-		return c.handleBucketed(req, rule, route)
-	}
-	if rule, what := c.crossRefRule(req); rule != nil {
-		if req.name == "aggregate" && isJoinStage(what) {
-			if joined := c.joinedRules(req); len(joined) > 0 {
-				return c.serveJoin(req, joined) // join.go
-			}
-		}
-		if err := c.ensureUpstream(); err != nil {
-			return c.replyUpstreamDown(req, err)
-		}
-		if done, err := c.gate(req, rule); done || err != nil {
-			return err
-		}
-		if req.msg.Flags&wire.MoreToCome != 0 {
-			return nil
-		}
-		return c.replyError(req, mongoerr.NotImplemented, fmt.Sprintf(
-			"tsproxy rule %s: %s naming a bucketed namespace from a command on another collection is not supported (its events are in %s, which the upstream would read or write as it is)", rule.Namespace, what, rule.BucketNamespace()))
-	}
-	if rule := c.rollupTarget(req); rule != nil {
-		// A staged rule's rollups count its events when they are
-		// merged: the merge runs first, as before a read of the events.
-		if err := c.ensureUpstream(); err != nil {
-			return c.replyUpstreamDown(req, err)
-		}
-		if done, err := c.settleStaged(req, rule); done || err != nil { // stage.go
-			return err
-		}
-	}
-	return c.passthrough(req)
 }
 
 // rollupTarget is the rule whose rollup collection a command names (its

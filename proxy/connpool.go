@@ -16,8 +16,8 @@ import (
 // (connIdle) so that a run of merges or background rounds does not dial
 // for each, then closed, and at most maxIdle at a time. The merges'
 // parallel inserts take theirs from Server.helpers, which an idle proxy
-// holds none of; the background loops from Server.background
-// (background.go), which their rounds, a second apart, keep in use.
+// holds none of; the background loops from Server.background, which their
+// rounds, a second apart, keep in use.
 type connPool struct {
 	dial    func(ctx context.Context) (*upstream.Conn, error)
 	maxIdle int

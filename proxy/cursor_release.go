@@ -114,16 +114,16 @@ func (c *conn) releaseCursors() {
 // killCursors naming such a cursor: MongoDB's Unauthorized (13), or its
 // session codes, with nothing read or killed. done is true when req was
 // answered.
-func (c *conn) checkCursorOwner(req *request, rule *rules.Rule) (done bool, err error) {
+func (c *conn) checkCursorOwner(req *request, rule *rules.Rule) error {
 	if req.name != "getMore" && req.name != "killCursors" {
-		return false, nil
+		return nil
 	}
 	var ids []int64
 	body := bson.Raw(req.msg.Body)
 	if req.name == "getMore" {
 		id, ok := body.Lookup("getMore").AsInt64OK()
 		if !ok {
-			return false, nil
+			return nil
 		}
 		ids = []int64{id}
 	} else {
@@ -137,7 +137,7 @@ func (c *conn) checkCursorOwner(req *request, rule *rules.Rule) (done bool, err 
 	}
 	users, err := c.users()
 	if err != nil {
-		return false, err
+		return err
 	}
 	for _, id := range ids {
 		e := c.s.cursors.Peek(id)
@@ -155,9 +155,9 @@ func (c *conn) checkCursorOwner(req *request, rule *rules.Rule) (done bool, err 
 		}
 		c.log.Info("cursor of other users refused", "rule", rule.Namespace, "command", req.name, "cursor", id)
 		if req.msg.Flags&wire.MoreToCome != 0 {
-			return true, nil
+			return errAnswered
 		}
-		return true, c.replyRewriteError(req, refusal)
+		return answered(c.replyRewriteError(req, refusal))
 	}
-	return false, nil
+	return nil
 }

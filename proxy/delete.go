@@ -16,7 +16,7 @@ import (
 	"github.com/tsproxy/tsproxy/rules"
 )
 
-// This file serves delete on a bucketed namespace (see rewrite/delete.go):
+// This file serves delete on a bucketed namespace:
 // per statement, the matching events are listed upstream, the buckets
 // holding them are locked as the insert path locks them, read, and
 // rewritten: replaced by the bucket of their remaining events, or removed
@@ -58,7 +58,7 @@ type heldLocks struct {
 // lock takes the locks of keys of the bucket namespace ns.
 func (h *heldLocks) lock(ns string, keys []bucket.Key) *fills.Locked {
 	l := h.c.s.state.bucketCache().Lock(ns, keys)
-	h.c.s.dirs.wrote(ns) // under the keys' locks, before the write (directory.go)
+	h.c.s.dirs.wrote(ns) // under the keys' locks, before the write
 	h.held = append(h.held, l)
 	return l
 }

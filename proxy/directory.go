@@ -8,7 +8,7 @@ import (
 )
 
 // directories are what this proxy knows of the buckets of the rules it
-// merges (stage.Known, rewrite/stage/directory.go): a rule's is valid
+// merges (stage.Known): a rule's is valid
 // while the proxy holds the same term of its writer lease, no write of
 // the buckets outside its merges went through this proxy since (epochs),
 // and the bucket collection is the same one (its uuid). Any other case,
@@ -146,7 +146,7 @@ func (d *directories) recordCache(bucketNS string, term func() int64) *stage.Rec
 // this proxy in term number term (0: none, and nil). A new term starts
 // an empty list: another proxy's merges may have written entries since,
 // so the entries waiting are left in place for good (each costs a
-// lookup at most, rewrite/stage's stale.go). Deletes, drops and sweeps
+// lookup at most). Deletes, drops and sweeps
 // through this proxy do not start it over: only a merge writes entries,
 // and it takes those it writes off the list.
 func (d *directories) staleEntries(bucketNS string, term int64) *stage.StaleEntries {

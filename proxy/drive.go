@@ -185,7 +185,7 @@ func pipeline(up *upstream.Conn, buf *[]byte, step rewrite.Step) ([][]byte, erro
 // update on an upstream that bounds them holds a write slot meanwhile.
 func (c *conn) runStep(step rewrite.Step) ([][]byte, error) {
 	if len(step) == 1 && step[0].Keep && c.s.kept != nil {
-		return c.runKept(step[0]) // kept.go
+		return c.runKept(step[0])
 	}
 	return c.runStepAsIs(step)
 }
@@ -193,7 +193,7 @@ func (c *conn) runStep(step rewrite.Step) ([][]byte, error) {
 // runStepAsIs is runStep without keeping what a staged insert stored.
 func (c *conn) runStepAsIs(step rewrite.Step) ([][]byte, error) {
 	if len(step) == 1 && step[0].Combine {
-		return c.runCombined(step[0]) // combine.go
+		return c.runCombined(step[0])
 	}
 	if len(step) == 1 {
 		frame, err := c.upstreamFrame(step[0])

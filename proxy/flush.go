@@ -23,25 +23,26 @@ import (
 )
 
 // This file serves tsproxyFlush and the settling of a staged rule before
-// a command that reads or changes its events (stage.go stages and merges).
+// a command that reads or changes its events (staged and merged by the staging
+// tier).
 
 // settleStaged merges everything staged of rule before a command that
 // reads or changes its stored events, so that the command sees every
 // acknowledged event exactly once, in complete buckets. An error is the
 // client's answer (the command does not run).
-func (c *conn) settleStaged(req *request, rule *rules.Rule) (done bool, err error) {
+func (c *conn) settleStaged(req *request, rule *rules.Rule) error {
 	staged, caps, err := c.stagedRule(rule)
 	if err != nil || !staged {
-		return false, nil // no caps: the command itself meets the upstream's error
+		return nil // no caps: the command itself meets the upstream's error
 	}
 	if err := c.flushStaged(rule, caps, nil, readThrough(req, rule), makeSpare); err != nil {
 		var up upstreamFailure
 		if errors.As(err, &up) {
-			return true, up.err
+			return answered(up.err)
 		}
-		return true, c.replyError(req, mongoerr.CodeOf(err), err.Error())
+		return answered(c.replyError(req, mongoerr.CodeOf(err), err.Error()))
 	}
-	return false, nil
+	return nil
 }
 
 // allStaged is flushStaged's through for a flush of everything staged.
@@ -65,7 +66,7 @@ func readThrough(req *request, rule *rules.Rule) int64 {
 }
 
 // spareUse says what a flush does about the rule's spare staging
-// collection (spare.go).
+// collection.
 type spareUse bool
 
 const (
@@ -94,13 +95,12 @@ func (c *conn) flushStaged(rule *rules.Rule, caps caps.Upstream, total *stage.St
 	}()
 	// The admin commands (those that count what they merged) settle the
 	// event-id index too, with nothing staged as well: the merges before
-	// reads leave its stale entries waiting (rewrite/stage's stale.go).
+	// reads leave its stale entries waiting.
 	dropStale := total != nil
 	opts := stage.MergeOptions{All: true, DropStale: dropStale}
 	if spares == makeSpare {
 		// Before a read (or a delete): the collections merged become
-		// spares, which the next inserts take rather than create one
-		// (spare.go).
+		// spares, which the next inserts take rather than create one.
 		opts.Recycle = c.s.recycler(rule, caps.SingleWriter)
 	} else {
 		defer func() {

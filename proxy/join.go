@@ -90,10 +90,10 @@ func (c *conn) serveJoin(req *request, joined []*rules.Rule) error {
 	}
 	for _, rule := range joined {
 		c.s.noteServed(rule)
-		if done, err := c.gate(req, rule); done || err != nil {
+		if err := c.gate(req, rule); err != nil {
 			return err
 		}
-		if done, err := c.settleStaged(req, rule); done || err != nil {
+		if err := c.settleStaged(req, rule); err != nil {
 			return err
 		}
 	}

@@ -14,7 +14,7 @@ import (
 
 // keptStore holds what this proxy stored in its own staging collections,
 // so that a merge of one it froze need not read it back
-// (rewrite/stage/kept.go says why, and when that is exact). It holds at
+// (package rewrite/stage says why, and when that is exact). It holds at
 // most budget bytes of staged documents (limits.stagedMemory): a
 // collection whose documents would pass that keeps nothing, and its
 // merge reads it back as before.
@@ -170,7 +170,7 @@ func (c *conn) runKept(u rewrite.Upstream) ([][]byte, error) {
 // inserts waiting on kc.ready go on either way.
 func (c *conn) markKept(kc *keptColl, db, coll string) {
 	defer close(kc.ready)
-	if c.useSpare(kc, db, coll) { // spare.go: a rename, not a create
+	if c.useSpare(kc, db, coll) { // a rename, not a create
 		return
 	}
 	var token [8]byte

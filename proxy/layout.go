@@ -24,7 +24,7 @@ func (c *conn) layoutInsert(req *request, rule *rules.Rule) error {
 	if staged, _, err := c.stagedRule(rule); err != nil {
 		return err
 	} else if staged {
-		return c.stagedInsert(req, rule) // stage.go
+		return c.stagedInsert(req, rule)
 	}
 	caps, err := c.startWrite(rule)
 	if err != nil {
@@ -95,7 +95,7 @@ func (m *shellMemory) forget(ns string) {
 }
 
 // writeIDs remembers the write ids of the retryable counter inserts this
-// proxy saw (see rewrite/layout/counter_retry.go), to recognise a
+// proxy saw, to recognise a
 // driver's retry: a write id seen before is checked against its buckets'
 // marks. Until checkAllUntil (the proxy's start, or forgetting ids under
 // load) an unseen id may be a retry of a write sent to a proxy that is

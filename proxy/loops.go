@@ -11,8 +11,8 @@ import (
 
 // The background loops of the rules: a merger for each rule that may
 // stage, a retention loop for each rule with expireAfter. The rule set
-// changes when apps create, change or drop time-series collections
-// (catalog.go), so the loops follow it: syncLoops starts the loops of new
+// changes when apps create, change or drop time-series collections, so the
+// loops follow it: syncLoops starts the loops of new
 // rules, and stops and restarts those whose rule changed.
 
 // untouchedMergeCheck is how often a proxy looks for staged events of a
@@ -77,11 +77,11 @@ func (s *Server) syncLoops(set *rules.Set) {
 		// for a read or a flush, and past maxStaged their inserts waited
 		// for good (TestLayoutBackgroundMerge).
 		if r.Staged(true) {
-			want["merge "+r.Namespace] = s.mergeLoop // merger.go
+			want["merge "+r.Namespace] = s.mergeLoop
 			rulesByKey["merge "+r.Namespace] = r
 		}
 		if r.Expires() {
-			want["retain "+r.Namespace] = s.retain // sweeper.go
+			want["retain "+r.Namespace] = s.retain
 			rulesByKey["retain "+r.Namespace] = r
 		}
 	}

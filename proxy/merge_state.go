@@ -137,7 +137,7 @@ const MaxStagedEvents = 50_000
 // alongside the inserts, and a flush or a read that must merge first
 // finds one batch left, not the whole window; at one event a document a
 // batch fills about one bucket a key, and on FerretDB the next merge
-// tops up the partial one (rewrite/stage topup.go), so each bucket is
+// tops up the partial one (rewrite/stage's top-up), so each bucket is
 // rewritten about once. Large inserts (many events a document) are left
 // for maxStagedEvents or the window's end: merging them as they come by
 // events cost the inserts more than it saved the flush (tsbench ingest,

@@ -19,7 +19,7 @@ import (
 // mergeLoop merges rule's quiet staging collections until ctx ends.
 func (s *Server) mergeLoop(ctx context.Context, rule *rules.Rule) {
 	interval := min(max(rule.MergeAfter/4, 50*time.Millisecond), time.Second)
-	conn := newBackgroundConn(ctx, s) // background.go
+	conn := newBackgroundConn(ctx, s)
 	defer conn.close()
 	// Rules started together would otherwise tick together, and their
 	// rounds take as many connections at once.
@@ -31,7 +31,7 @@ func (s *Server) mergeLoop(ctx context.Context, rule *rules.Rule) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	var watched time.Time
-	var backoff mergeBackoff // merge_backoff.go
+	var backoff mergeBackoff
 	for {
 		select {
 		case <-ctx.Done():
@@ -42,7 +42,7 @@ func (s *Server) mergeLoop(ctx context.Context, rule *rules.Rule) {
 		if backoff.waiting(time.Now()) {
 			continue
 		}
-		if !s.servedHere(rule) { // loops.go
+		if !s.servedHere(rule) {
 			if time.Since(watched) < untouchedMergeCheck {
 				continue
 			}
@@ -72,7 +72,7 @@ func (s *Server) mergeLoop(ctx context.Context, rule *rules.Rule) {
 			wait := backoff.failed(time.Now(), interval)
 			s.log.Warn("staging: background merge failed; will retry", "rule", rule.Namespace, "failuresInARow", backoff.failures, "retryIn", wait.String(), "err", err.Error())
 			if o, ok := stage.OrphanedIn(err.Error()); ok && o.Index {
-				// No retry gets past it (orphans.go mends tables only).
+				// No retry gets past it (the orphan mending mends tables only).
 				s.log.Error("staging: the upstream cannot create a collection the merge writes: FerretDB (on PostgreSQL, killed while it created another collection) did not record that one's index, and gives its name to this one's; renaming the index in PostgreSQL (ALTER INDEX \"<database>\".\"<index>\" RENAME TO ...) frees the name, its collection keeping it",
 					"rule", rule.Namespace, "index", o.Relation)
 			}
@@ -154,7 +154,7 @@ func (s *Server) mergeOnce(up *upstream.Conn, rule *rules.Rule) (stage.Stats, er
 				return st, upstreamFailure{err: err}
 			}
 			if mongoerr.DroppedUnderQueryReply(res.Reply) {
-				// Its table lost (rewrite/stage/lost.go): it would be a
+				// Its table lost: it would be a
 				// request forever, and the rule never idle.
 				if _, err := drive(runner, rewrite.Passthrough(stage.SetAsideCommand(rule, name), nil)); err != nil {
 					return st, upstreamFailure{err: err}

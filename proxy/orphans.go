@@ -14,7 +14,7 @@ import (
 // an embedded upstream's collection create leaves: a table its catalog
 // does not name, which every later create of that collection meets
 // (stage.OrphanedCollection). Staging collections get past it by a new
-// generation of names (stage.go), but a rule's bucket collection, its
+// generation of names, but a rule's bucket collection, its
 // records and its event-id index have one name each: their first merge,
 // cut there, left every later merge of the rule failing, and every read
 // with it. A command so answered stored nothing (the create comes before

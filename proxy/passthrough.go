@@ -66,7 +66,7 @@ func (c *conn) passthrough(req *request) error {
 		return nil // the client reads no reply
 	}
 	if coll, ok := quotedCreation(req, reply); ok {
-		body, retried, err := c.createQuoted(req, coll, reply, fwd) // quoted_names.go
+		body, retried, err := c.createQuoted(req, coll, reply, fwd)
 		if err != nil {
 			return err
 		}

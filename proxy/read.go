@@ -61,7 +61,7 @@ func (c *conn) rewriteRead(req *request, rule *rules.Rule) error {
 	if err != nil {
 		return err
 	}
-	opts := c.readOptions(rule, caps) // join.go
+	opts := c.readOptions(rule, caps)
 	single := func(r *rules.Rule, body []byte) rewrite.Plan {
 		return summary.Plan(body, r, opts, func() rewrite.Plan { return read.Plan(body, r, opts, newCursorID) })
 	}
@@ -162,7 +162,7 @@ func (c *conn) rewriteListCollections(req *request) error {
 	if err := c.ensureUpstream(); err != nil {
 		return c.replyUpstreamDown(req, err)
 	}
-	if done, err := c.gateList(req, req.db); done || err != nil {
+	if err := c.gateList(req, req.db); err != nil {
 		return err
 	}
 	var rs []*rules.Rule

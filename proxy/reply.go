@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -63,4 +64,17 @@ func (c *conn) replyBody(req *request, body []byte) error {
 	}
 	c.outBuf = frame[:0]
 	return c.writeFrame(req, frame)
+}
+
+// errAnswered ends a request's route early: a gate answered it itself
+// (or it was a moreToCome request, which wants no answer). The
+// connection's handle takes it for success.
+var errAnswered = errors.New("tsproxy: request answered")
+
+// answered is errAnswered, or the error answering the request met.
+func answered(err error) error {
+	if err != nil {
+		return err
+	}
+	return errAnswered
 }

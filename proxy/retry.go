@@ -19,9 +19,9 @@ import (
 // answers a retry of a recorded write with its reply, refuses one that
 // cannot be run (done is true then), or registers the attempt in
 // req.txn; endRetryable must follow.
-func (c *conn) retriedReply(req *request, rule *rules.Rule) (done bool, err error) {
+func (c *conn) retriedReply(req *request, rule *rules.Rule) error {
 	if !commands[req.name].retryable {
-		return false, nil
+		return nil
 	}
 	key, ok, kerr := rewrite.RetryKeyOf(req.msg.Body)
 	unacked := req.msg.Flags&wire.MoreToCome != 0
@@ -29,7 +29,7 @@ func (c *conn) retriedReply(req *request, rule *rules.Rule) (done bool, err erro
 		req.retry = &rewrite.ReadRetryKey{Key: key, Retryable: ok}
 	}
 	if kerr == nil && !ok {
-		return false, nil
+		return nil
 	}
 	var out replycache.Outcome
 	if kerr != nil {
@@ -37,22 +37,22 @@ func (c *conn) retriedReply(req *request, rule *rules.Rule) (done bool, err erro
 	} else {
 		identity, err := c.identity()
 		if err != nil {
-			return true, err
+			return answered(err)
 		}
 		out = c.s.replies.Begin(key.OwnedBy(identity), rule.Namespace+" "+req.name)
 	}
 	switch {
 	case out.Attempt != nil:
 		req.txn = out.Attempt
-		return false, nil
+		return nil
 	case unacked:
-		return true, nil
+		return errAnswered
 	case out.Err != nil:
 		c.log.Info("retryable write refused", "rule", rule.Namespace, "err", out.Err.Error())
-		return true, c.replyBody(req, mongoerr.Reply(out.Err))
+		return answered(c.replyBody(req, mongoerr.Reply(out.Err)))
 	}
 	c.log.Info("retried write answered with its recorded reply", "rule", rule.Namespace, "txnNumber", key.TxnNumber)
-	return true, c.replyBody(req, out.Reply)
+	return answered(c.replyBody(req, out.Reply))
 }
 
 // endRetryable ends the request's attempt, if it has one.
@@ -64,7 +64,7 @@ func (c *conn) endRetryable(req *request) {
 }
 
 // The proxy recognises a driver's retry of an insert the upstream cannot
-// recognise (see rewrite/insert/replay.go). Checking costs a read of the
+// recognise. Checking costs a read of the
 // key's buckets, so it checks only when a retry of a write it did not see
 // through is possible:
 //   - when it does not know the key's fill: after any failure whose outcome

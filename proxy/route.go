@@ -1,9 +1,13 @@
 package proxy
 
 import (
+	"fmt"
+
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
+	"github.com/tsproxy/tsproxy/wire"
 )
 
 // route says how a request is served.
@@ -82,4 +86,120 @@ func (c *conn) bucketedTarget(req *request) (*rules.Rule, route) {
 		return rule, routeRewrite
 	}
 	return nil, routePassthrough
+}
+
+// route sends a request where it belongs: to what the front door serves
+// itself (frontCommands), else by the rule it names.
+func (c *conn) route(req *request) error {
+	c.noteAuthChange(req)
+	if err := c.catalogGate(req); err != nil {
+		return err
+	}
+	if serve, ok := frontCommands[req.name]; ok {
+		return serve(c, req)
+	}
+	return c.routeByRule(req)
+}
+
+// frontCommands are served before a request's rule is looked at; each
+// goes on to routeByRule where it does not apply.
+var frontCommands = map[string]func(*conn, *request) error{
+	"hello":                (*conn).handleHello,
+	"isMaster":             (*conn).handleHello,
+	"ismaster":             (*conn).handleHello,
+	"create":               (*conn).routeCreate,
+	"listCollections":      (*conn).routeListCollections,
+	"dropDatabase":         (*conn).routeDropDatabase,
+	"endSessions":          (*conn).routeEndSessions,
+	"renameCollection":     (*conn).routeRename,
+	"tsproxyFlush":         (*conn).handleFlush,
+	"tsproxyStagingFormat": (*conn).handleStagingFormat,
+}
+
+func (c *conn) routeCreate(req *request) error {
+	if c.createsTimeseries(req) {
+		return c.createTimeseries(req)
+	}
+	return c.routeByRule(req)
+}
+
+// routeListCollections shows each rule's namespace in place of its bucket
+// collection, and hides the proxy's own collections (a database whose
+// time-series collections were all dropped keeps its writer leases).
+func (c *conn) routeListCollections(req *request) error {
+	if c.rules.InDB(req.db) || !c.s.cat.snap.Load().static {
+		return c.rewriteListCollections(req)
+	}
+	return c.routeByRule(req)
+}
+
+func (c *conn) routeDropDatabase(req *request) error {
+	if created := createdInDB(c.rules, req.db); len(created) > 0 {
+		return c.dropDatabaseTimeseries(req, created)
+	}
+	return c.routeByRule(req)
+}
+
+// routeEndSessions ends the sessions' cursors here, then passes through.
+func (c *conn) routeEndSessions(req *request) error {
+	c.endCursorSessions(req)
+	return c.routeByRule(req)
+}
+
+func (c *conn) routeRename(req *request) error {
+	rule := c.renameTouchesRule(req)
+	if rule == nil {
+		return c.routeByRule(req)
+	}
+	if err := c.ensureUpstream(); err != nil {
+		return c.replyUpstreamDown(req, err)
+	}
+	if err := c.gate(req, rule); err != nil {
+		return err
+	}
+	return c.refuseRename(req, rule)
+}
+
+// routeByRule serves a command on a bucketed namespace, refuses one that
+// names a bucketed namespace from another collection, settles a rollup's
+// source before it is read, and passes the rest through.
+func (c *conn) routeByRule(req *request) error {
+	if rule, route := c.bucketedTarget(req); route != routePassthrough {
+		return c.handleBucketed(req, rule, route)
+	}
+	if rule, what := c.crossRefRule(req); rule != nil {
+		return c.serveCrossRef(req, rule, what)
+	}
+	if rule := c.rollupTarget(req); rule != nil {
+		// A staged rule's rollups count its events when they are
+		// merged: the merge runs first, as before a read of the events.
+		if err := c.ensureUpstream(); err != nil {
+			return c.replyUpstreamDown(req, err)
+		}
+		if err := c.settleStaged(req, rule); err != nil {
+			return err
+		}
+	}
+	return c.passthrough(req)
+}
+
+// serveCrossRef serves a command on another collection that names rule's
+// namespace: a join is answered from its buckets, anything else refused.
+func (c *conn) serveCrossRef(req *request, rule *rules.Rule, what string) error {
+	if req.name == "aggregate" && isJoinStage(what) {
+		if joined := c.joinedRules(req); len(joined) > 0 {
+			return c.serveJoin(req, joined)
+		}
+	}
+	if err := c.ensureUpstream(); err != nil {
+		return c.replyUpstreamDown(req, err)
+	}
+	if err := c.gate(req, rule); err != nil {
+		return err
+	}
+	if req.msg.Flags&wire.MoreToCome != 0 {
+		return nil
+	}
+	return c.replyError(req, mongoerr.NotImplemented, fmt.Sprintf(
+		"tsproxy rule %s: %s naming a bucketed namespace from a command on another collection is not supported (its events are in %s, which the upstream would read or write as it is)", rule.Namespace, what, rule.BucketNamespace()))
 }

@@ -43,7 +43,7 @@ type Options struct {
 	FrameTimeout, WriteTimeout time.Duration
 	// ClientWatchAfter is how long a request runs before the proxy
 	// watches for its client leaving, to end the request's wait on the
-	// upstream (client_watch.go) (0: 1s).
+	// upstream (0: 1s).
 	ClientWatchAfter time.Duration
 	// MaxCursors bounds the cursor registry of rewritten reads (0: 100000).
 	MaxCursors int
@@ -52,13 +52,13 @@ type Options struct {
 	AggregateMemory int
 	// StagedMemory bounds the bytes of staged documents the proxy keeps
 	// to merge its staging collections without reading them back
-	// (kept.go) (0: 64 MiB; negative: none).
+	// (0: 64 MiB; negative: none).
 	StagedMemory int64
 	// CursorTTL forgets registered cursors idle this long (0: 10m).
 	CursorTTL time.Duration
 	// RetryCacheSize bounds the sessions whose last retryable rewritten
 	// write the proxy remembers, to answer a driver's retry with its reply
-	// (0: 100,000; see reply_cache.go).
+	// (0: 100,000).
 	RetryCacheSize int
 	// RetryCacheTTL forgets such a record after this long (0: 30m).
 	RetryCacheTTL time.Duration
@@ -77,66 +77,69 @@ type Options struct {
 	// whether it did: the embedded upstream's mend for a collection whose
 	// create a crash cut after its table (upstream.Embedded.
 	// DropOrphanedTable), which no create of that name gets past. Merges
-	// use it (orphans.go). Other upstreams offer none.
+	// use it. Other upstreams offer none.
 	DropOrphanedTable func(ctx context.Context, db, table string) (bool, error)
 	// WriterLease is how long a writer lease lasts without renewal, on
-	// upstreams whose updates are not isolated (0: 30s; see
-	// writer_lease.go).
+	// upstreams whose updates are not isolated (0: 30s).
 	WriterLease time.Duration
 	// WriterID names this proxy in writer leases; empty means its host and
 	// listen address.
 	WriterID string
 	// CreateTimeseries says who serves a create with the timeseries option
 	// on a namespace without a rule: rules.CreateTimeseriesAuto (""), ...Proxy
-	// or ...Upstream (see rules.Config.CreateTimeseries and catalog.go).
+	// or ...Upstream (see rules.Config.CreateTimeseries).
 	CreateTimeseries string
 	// CatalogLease is how old a catalog snapshot may be when the proxy
-	// routes by it (0: DefaultCatalogLease; see catalog.go).
+	// routes by it (0: DefaultCatalogLease).
 	CatalogLease time.Duration
+	// CatalogTimeout bounds one read or write of the catalog on its
+	// connection (0: DefaultCatalogTimeout).
+	CatalogTimeout time.Duration
 }
 
 // Server is a running proxy.
 type Server struct {
-	opts    Options
-	log     *slog.Logger
-	tel     *telemetry.Instruments
-	state   *upstreamState
-	cursors *cursors.Registry
-	replies *replycache.Cache // reply_cache.go
-	life    *lifecycleState   // rollups.go
-	sweep   *sweeper          // sweeper.go
-	leases  *lease.Set        // writer leases (package lease)
-	merges  *mergeState       // merge_state.go
-	once    *onceSteps        // ensure.go
-	shells  *shellMemory      // layout.go
-	arrival arrivalClock      // stage.go: staged slots writes in arrival order
-	writes  *writeIDs         // layout.go
+	opts Options
+	log  *slog.Logger
+	tel  *telemetry.Instruments
+	// stopMetrics ends the staging figures' reports on the global meter.
+	stopMetrics func() error
+	state       *upstreamState
+	cursors     *cursors.Registry
+	replies     *replycache.Cache
+	life        *lifecycleState
+	sweep       *sweeper
+	leases      *lease.Set // writer leases (package lease)
+	merges      *mergeState
+	once        *onceSteps
+	shells      *shellMemory
+	arrival     arrivalClock // staged slots writes in arrival order
+	writes      *writeIDs
 	// idIndexOff: bucket namespace -> the writer-lease term (its start;
 	// zero without leases) in which this proxy stopped the event-id
-	// index before writing directly (id_index.go).
+	// index before writing directly.
 	idIndexOff sync.Map
-	idIndexes  *idIndexCache     // id_index.go
-	cat        *catalog          // catalog.go
-	served     sync.Map          // namespace → struct{}: created rules served here (loops.go)
-	orphanLog  sync.Map          // namespace → time.Time: the last warning of an unrecorded index (stage.go) or a lost partition (sweeper.go)
-	combiner   combiner          // staged inserts sharing upstream inserts (combine.go)
-	kept       *keptStore        // what staged inserts stored, for their merge (kept.go); nil: nothing kept
-	spares     *spareCollections // spare staging collections, made by merges before reads (spare.go)
-	dirs       *directories      // what the merges know of their rules' buckets (directory.go)
-	helpers    *connPool         // connections of merges' parallel inserts (parallel.go)
-	background *connPool         // connections of the background loops' rounds (background.go)
-	listings   *dbListings       // the merge rounds' listings, shared by a database's rules (flush.go)
+	idIndexes  *idIndexCache
+	cat        *catalog
+	served     sync.Map          // namespace → struct{}: created rules served here
+	orphanLog  sync.Map          // namespace → time.Time: the last warning of an unrecorded index or a lost partition
+	combiner   combiner          // staged inserts sharing upstream inserts
+	kept       *keptStore        // what staged inserts stored, for their merge; nil: nothing kept
+	spares     *spareCollections // spare staging collections, made by merges before reads
+	dirs       *directories      // what the merges know of their rules' buckets
+	helpers    *connPool         // connections of merges' parallel inserts
+	background *connPool         // connections of the background loops' rounds
+	listings   *dbListings       // the merge rounds' listings, shared by a database's rules
 	// presence is this proxy's announcements that it stages rules into
 	// collections of its own, and stagerSince the first generation of
-	// those (when it started, in ms) (stage.go).
+	// those (when it started, in ms).
 	presence    *lease.Presence
 	stagerSince int64
 	tag         atomic.Pointer[stagerTagOf] // stagerTag's last answer
-	// formats are the staged rules' format records, as last read
-	// (staging_format.go).
+	// formats are the staged rules' format records, as last read.
 	formats *stagingFormats
-	// serviceID names this proxy to drivers in load-balanced mode
-	// (hello.go): one per process, as a mongos behind a balancer has.
+	// serviceID names this proxy to drivers in load-balanced mode: one per
+	// process, as a mongos behind a balancer has.
 	serviceID bson.ObjectID
 
 	mu       sync.Mutex
@@ -218,9 +221,12 @@ func New(opts Options) (*Server, error) {
 		listings:    newDBListings(),
 	}
 	s.cat = newCatalog(s, opts.CatalogLease, opts.CreateTimeseries)
-	if err := telemetry.ObserveStaging(s.merges.snapshot); err != nil {
+	s.cat.timeout = cmp.Or(opts.CatalogTimeout, DefaultCatalogTimeout)
+	stop, err := telemetry.ObserveStaging(s.merges.snapshot)
+	if err != nil {
 		return nil, fmt.Errorf("proxy: telemetry: %w", err)
 	}
+	s.stopMetrics = stop
 	return s, nil
 }
 
@@ -346,8 +352,9 @@ func (s *Server) Addr() net.Addr {
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.closing.Store(true)
 	s.stopSweeper()
-	s.merges.close()    // nothing merges now: inserts waiting for room are refused
-	defer s.cat.close() // catalog.go
+	defer s.stopMetrics()
+	s.merges.close() // nothing merges now: inserts waiting for room are refused
+	defer s.cat.close()
 	defer s.helpers.close()
 	defer s.background.close()
 	s.mu.Lock()
@@ -369,7 +376,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-ctx.Done():
 		// A connection may wait on cat.mu behind a catalog read the
 		// upstream stopped answering: ending the catalog's context closes
-		// its connection (background.go), which ends that read.
+		// its connection, which ends that read.
 		s.cat.cancel()
 		s.mu.Lock()
 		for c := range s.conns {

@@ -12,8 +12,8 @@ import (
 	"github.com/tsproxy/tsproxy/rules"
 )
 
-// spareCollections are this proxy's spare staging collections
-// (rewrite/stage's spare.go), at most one a rule: a merge before a read
+// spareCollections are this proxy's spare staging collections, at most one a
+// rule: a merge before a read
 // makes one from the collection it merged, and the proxy's next insert
 // into a staging collection it has not made yet renames the spare to it
 // instead of creating it. One is enough: the merge before the next read

@@ -88,7 +88,7 @@ func (c *conn) stagedInsert(req *request, rule *rules.Rule) error {
 	inflight.RLock()
 	var p rewrite.Plan
 	// An upstream that keeps no session state (no stmtIds: FerretDB)
-	// takes concurrent clients' staged inserts as one (combine.go).
+	// takes concurrent clients' staged inserts as one.
 	env := stage.InsertEnv{Identity: identity, NewObjectID: bson.NewObjectID,
 		Combinable: !caps.StmtIDs, Stager: c.s.stager(rule, caps), Retry: req.retry, Format: format}
 	if rule.Layout == rules.LayoutSlots {
@@ -349,7 +349,7 @@ func (s *Server) runMergeLocked(r stepRunner, up lease.Commander, rule *rules.Ru
 		if !opts.Guest {
 			// The holder knows its rule's buckets instead of probing
 			// them: its merges are their only writers while it holds its
-			// term (directory.go). Where lookups by _id scan (the stock
+			// term. Where lookups by _id scan (the stock
 			// command, PostgreSQL) a probe scans, so the directory reads
 			// every bucket's key once instead. Where they are indexed
 			// (the embedded upstream) FerretDB still decodes each bucket
@@ -366,7 +366,7 @@ func (s *Server) runMergeLocked(r stepRunner, up lease.Commander, rule *rules.Ru
 			// them between merges rather than read them all at each.
 			opts.Records = s.dirs.recordCache(rule.BucketNamespace(), s.heldTerm(rule))
 			// And it leaves the entries its top-ups made stale to be
-			// deleted many at a time (rewrite/stage's stale.go).
+			// deleted many at a time.
 			opts.Stale = s.dirs.staleEntries(rule.BucketNamespace(), s.heldTerm(rule)())
 		}
 	}
@@ -378,7 +378,7 @@ func (s *Server) runMergeLocked(r stepRunner, up lease.Commander, rule *rules.Ru
 		}
 	}
 	times := map[string]stage.StepTime{}
-	r = timedSteps{r: r, rule: rule, times: times} // merge_times.go
+	r = timedSteps{r: r, rule: rule, times: times}
 	defer func() { stage.AddStepTimes(&st.Upstream, times) }()
 	if !opts.Guest && caps.SingleWriter {
 		// Every step of the holder's merge runs under the writer lease,
@@ -478,7 +478,7 @@ func (s *Server) mergeRetiredOnly(r stepRunner, rule *rules.Rule, caps caps.Upst
 			"rule", rule.Namespace, "errors", strings.Join(m.Stats.RollupErrors, "; "))
 	}
 	for _, name := range m.Stats.Lost {
-		// Its events were merged before (stage/lost.go); the catalog
+		// Its events were merged before; the catalog
 		// entry FerretDB cannot drop stays, renamed.
 		s.log.Warn("staging: a retired staging collection had lost its table (FerretDB on PostgreSQL killed while dropping it after its merge) and was set aside; its catalog entry can be deleted in PostgreSQL's _ferretdb_database_metadata",
 			"rule", rule.Namespace, "collection", name, "renamedTo", stage.LostName(rule, name))

@@ -25,9 +25,9 @@ type upstreamState struct {
 	// idLookups: what a find by _id on a bucket collection costs (see
 	// read.Options.IDLookups); nil until probed.
 	idLookups *read.IDLookupCost
-	buckets   *fills.Cache // fills of open buckets; see buckets.go
+	buckets   *fills.Cache // fills of open buckets
 	// writeSlots bounds the bucket update commands running at once on an
-	// upstream with Caps.MaxUpdateStatements (FerretDB); see buckets.go.
+	// upstream with Caps.MaxUpdateStatements (FerretDB).
 	writeSlots chan struct{}
 }
 

@@ -14,14 +14,14 @@ type Stats struct {
 
 // SharedInserts counts, since the start, the upstream inserts that
 // carried more than one client's staged insert, and the client inserts
-// that rode along in one another led (combine.go).
+// that rode along in one another led.
 func (s *Server) SharedInserts() (inserts, riders int64) {
 	return s.combiner.shared.Load(), s.combiner.riders.Load()
 }
 
 // BackgroundConns is the number of upstream connections of the proxy's
 // background work (merges, retention) open now, in use or kept between
-// rounds (background.go): the proxy's own, which outlive its clients.
+// rounds: the proxy's own, which outlive its clients.
 func (s *Server) BackgroundConns() int { return int(s.background.open.Load()) }
 
 // Stats returns the current counts.

@@ -32,7 +32,7 @@ import (
 // rule with expireAfter; in a fleet, only the proxy holding the rule's
 // retention lease sweeps (ownsRetention).
 
-// sweeper runs the background loops of every rule (loops.go): retention
+// sweeper runs the background loops of every rule: retention
 // where it has expireAfter, merges where it stages.
 type sweeper struct {
 	ctx    context.Context
@@ -54,7 +54,7 @@ func (s *Server) startSweeper() {
 	ctx, cancel := context.WithCancel(context.Background())
 	s.sweep = &sweeper{ctx: ctx, cancel: cancel, running: map[string]ruleLoop{}}
 	s.mu.Unlock()
-	s.syncLoops(s.rules()) // loops.go
+	s.syncLoops(s.rules())
 }
 
 // stopSweeper stops the background loops and waits for them (a sweep in
@@ -92,7 +92,7 @@ func (s *Server) retain(ctx context.Context, rule *rules.Rule) {
 		interval = rules.DefaultSweepInterval
 	}
 	modes := map[string]retentionMode{}
-	conn := newBackgroundConn(ctx, s) // background.go
+	conn := newBackgroundConn(ctx, s)
 	defer conn.close()
 	t := time.NewTicker(interval)
 	defer t.Stop()

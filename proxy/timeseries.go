@@ -17,7 +17,7 @@ import (
 
 // MongoDB's time-series API served by the proxy: create with the
 // timeseries option, collMod and drop of a created namespace (the catalog
-// protocol is in catalog.go).
+// protocol is the catalog's).
 
 // pendingWait bounds how long a command waits for another proxy's create
 // or drop of its namespace.
@@ -25,17 +25,17 @@ const pendingWait = 10 * time.Second
 
 // catalogGate takes the rule set the request is routed by: fresh for a
 // command that names a namespace (or lists a database's), after any
-// create or drop of that namespace in progress. done: the request was
-// answered.
-func (c *conn) catalogGate(req *request) (done bool, err error) {
+// create or drop of that namespace in progress. errAnswered: the request
+// was answered.
+func (c *conn) catalogGate(req *request) error {
 	ns, named := requestNamespace(req)
 	if !named {
 		c.rules = c.s.rules()
-		return false, nil
+		return nil
 	}
 	snap, err := c.s.cat.fresh()
 	if err != nil {
-		return true, c.replyCatalogDown(req, err)
+		return answered(c.replyCatalogDown(req, err))
 	}
 	deadline := time.Now().Add(pendingWait)
 	for ns != "" {
@@ -46,28 +46,28 @@ func (c *conn) catalogGate(req *request) (done bool, err error) {
 		if req.name == "drop" && c.s.cat.stuckDrop(e) {
 			rule := rules.NewCreatedRule(e.Created)
 			if err := c.ensureUpstream(); err != nil {
-				return true, c.replyUpstreamDown(req, err)
+				return answered(c.replyUpstreamDown(req, err))
 			}
-			if done, err := c.gate(req, &rule); done || err != nil {
-				return true, err
+			if err := c.gate(req, &rule); err != nil {
+				return err
 			}
-			return true, c.finishDrop(req, &rule, e)
+			return answered(c.finishDrop(req, &rule, e))
 		}
 		if time.Now().After(deadline) {
 			if req.msg.Flags&wire.MoreToCome != 0 {
-				return true, nil
+				return errAnswered
 			}
-			return true, c.replyError(req, mongoerr.ConflictingOperationInProgress,
-				fmt.Sprintf("tsproxy: the time-series collection %s is being %s by another client; retry (run drop again if a proxy stopped during a drop)", ns, map[string]string{admin.StateCreating: "created", admin.StateDropping: "dropped"}[e.State]))
+			return answered(c.replyError(req, mongoerr.ConflictingOperationInProgress,
+				fmt.Sprintf("tsproxy: the time-series collection %s is being %s by another client; retry (run drop again if a proxy stopped during a drop)", ns, map[string]string{admin.StateCreating: "created", admin.StateDropping: "dropped"}[e.State])))
 		}
 		time.Sleep(50 * time.Millisecond)
 		// refresh(snap): the connections waiting here share one read.
 		if snap, err = c.s.cat.refresh(snap); err != nil {
-			return true, c.replyCatalogDown(req, err)
+			return answered(c.replyCatalogDown(req, err))
 		}
 	}
 	c.rules = snap.rules
-	return false, nil
+	return nil
 }
 
 func (c *conn) replyCatalogDown(req *request, err error) error {
@@ -122,7 +122,7 @@ func (c *conn) createsTimeseries(req *request) bool {
 }
 
 // createTimeseries serves a create with the timeseries option: see the
-// protocol in catalog.go.
+// protocol in the catalog.
 func (c *conn) createTimeseries(req *request) error {
 	if err := c.ensureUpstream(); err != nil {
 		return c.replyUpstreamDown(req, err)
@@ -132,7 +132,7 @@ func (c *conn) createTimeseries(req *request) error {
 		return c.replyRewriteError(req, err)
 	}
 	rule := rules.NewCreatedRule(created)
-	if done, err := c.gate(req, &rule); done || err != nil {
+	if err := c.gate(req, &rule); err != nil {
 		return err
 	}
 	if err := c.checkNameFree(&rule); err != nil {
@@ -170,7 +170,7 @@ func (c *conn) finishCreate(req *request, rule *rules.Rule, entry admin.CatalogE
 	if err != nil {
 		return nil, err
 	}
-	if !mongoerr.IsOK(res.Reply) && quotedCreateFailed(rule.Collection, res.Reply) { // quoted_names.go
+	if !mongoerr.IsOK(res.Reply) && quotedCreateFailed(rule.Collection, res.Reply) {
 		// Its buckets go to collections the merge creates as it goes.
 		return mongoerr.ReplyNamed(mongoerr.InvalidNamespace, "", fmt.Sprintf(
 			"tsproxy: the upstream cannot hold the time-series collection %q of database %q: its name holds '\"', which FerretDB 1.x on SQLite cannot create (choose a name without it)", rule.Collection, rule.DB)), errors.New("create refused")
@@ -305,7 +305,7 @@ func (c *conn) collModTimeseries(req *request, rule *rules.Rule) error {
 
 // dropTimeseries drops a created rule's namespace: the entry goes
 // "dropping", every proxy stops routing to it, then its collections and
-// its entry go (catalog.go).
+// its entry go.
 func (c *conn) dropTimeseries(req *request, rule *rules.Rule) error {
 	snap := c.s.cat.snap.Load()
 	old, ok := snap.entries[rule.Namespace]

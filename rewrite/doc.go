@@ -8,7 +8,7 @@
 // The command families and layouts are sub-packages (admin, read,
 // summary, insert, deletes, layout, fanout, rollup, hello), each exporting
 // plans; this package holds what they share: the Command as the client
-// sent it, the Plan seam (plan.go) and its combinators (Script, Drain,
+// sent it, the Plan seam and its combinators (Script, Drain,
 // Then), the retry key of a retryable write and the authorization probe.
 // It must not import a family package.
 package rewrite

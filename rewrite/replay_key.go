@@ -14,7 +14,7 @@ import (
 // MongoDB recognises a driver's retry of a write by its session's
 // transaction table: one record per session (lsid) holding the last
 // txnNumber and what it wrote. The proxy keeps the same in memory for the
-// writes it rewrites (proxy/reply_cache.go); these functions read the
+// writes it rewrites; these functions read the
 // parts of a command and a reply that table needs.
 
 // RetryKey names one retryable write: its session (lsid.id and, when

@@ -55,8 +55,8 @@ type LayoutOptions struct {
 	// Unpacked (the rule's packed: false): buckets keep a field per
 	// slot on every upstream; by default, on an upstream that rewrites
 	// whole documents (FerretDB), a slots bucket's values and a counter's
-	// slots are packed into one binary field (rewrite/layout's
-	// packed.go), which proxies older than that format do not read.
+	// slots are packed into one binary field (package rewrite/layout),
+	// which proxies older than that format do not read.
 	Unpacked bool
 }
 

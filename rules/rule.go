@@ -4,14 +4,14 @@ import (
 	"time"
 )
 
-// Layouts a rule may choose; see also rules/layout.go.
+// Layouts a rule may choose (Layout says what each stores).
 const (
 	LayoutEvents = "events"
 )
 
 // LeaseCollection holds, in each database with bucketed namespaces, the
-// proxies' writer leases on upstreams whose updates are not isolated
-// (proxy/writer_lease.go); listCollections through the proxy hides it.
+// proxies' writer leases on upstreams whose updates are not isolated;
+// listCollections through the proxy hides it.
 const LeaseCollection = "tsproxy_leases"
 
 // Defaults for a rule's bucket settings.
@@ -70,11 +70,10 @@ type Rule struct {
 
 	// Layout is the bucket layout; LayoutEvents unless configured.
 	Layout string
-	// LayoutOptions are the settings of the counter and slots layouts
-	// (rules/layout.go).
+	// LayoutOptions are the settings of the counter and slots layouts.
 	LayoutOptions LayoutOptions
 
-	// Lifecycle (rules/lifecycle.go).
+	// Lifecycle.
 
 	// Rollups are the resolutions, finest first, of the rollup collections
 	// maintained on each write (see RollupCollection).
@@ -93,21 +92,21 @@ type Rule struct {
 	// upstream is a mongos.
 	ShardKey bool
 	// PartitionBy, when set (PartitionMonth or PartitionDay), writes the
-	// buckets into one collection per period (rules/partition.go).
+	// buckets into one collection per period.
 	PartitionBy string
 
-	// Ingest is the rule's ingest mode (rules/ingest.go): IngestAuto
+	// Ingest is the rule's ingest mode: IngestAuto
 	// unless configured.
 	Ingest string
 	// MergeAfter is how long a staging collection takes no new event
 	// before the proxy merges it into buckets.
 	MergeAfter time.Duration
 	// MaxStaged bounds the events one proxy holds staged for the rule
-	// before its inserts wait for a merge (rules/ingest.go).
+	// before its inserts wait for a merge.
 	MaxStaged int
 
 	// Declared, set on a rule an application created with MongoDB's
-	// timeseries option (rules/timeseries.go), is what it declared; nil on
+	// timeseries option, is what it declared; nil on
 	// a config.yaml rule.
 	Declared *Timeseries
 

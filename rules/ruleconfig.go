@@ -221,7 +221,7 @@ func (d *decoder) rule(p string, m map[string]any) (Rule, bool) {
 	// aggregates
 	r.Aggregates = d.aggregates(k("aggregates"), field(m, "aggregates"), &r)
 
-	// layout (rules/layout.go): after bucket, whose span a window replaces
+	// layout: after bucket, whose span a window replaces
 	d.layout(p, m, &r)
 	d.lifecycle(p, m, &r)
 
@@ -244,9 +244,9 @@ func (d *decoder) rule(p string, m map[string]any) (Rule, bool) {
 	}
 	// After collection: partition names extend the bucket collection's.
 	if v := field(m, "partitionBy"); v != nil {
-		d.partitionBy(k("partitionBy"), v, &r) // rules/partition.go
+		d.partitionBy(k("partitionBy"), v, &r)
 	}
-	d.ingest(p, m, &r) // rules/ingest.go
+	d.ingest(p, m, &r)
 	return r, nsOK
 }
 

@@ -5,7 +5,7 @@ import (
 )
 
 // Rules made by the application: a create with MongoDB's "timeseries"
-// option (rewrite/admin/timeseries.go validates it, proxy/catalog.go keeps
+// option (package rewrite/admin validates it, the proxy's catalog keeps
 // the rules in the upstream's catalog collection).
 
 // Where a created rule is kept: one document per namespace in

@@ -18,7 +18,7 @@ import (
 // The dashboard benchmark: a rule with history (-prefill) takes per-event
 // inserts while a dashboard reads it, one client doing both in turn: every
 // -read-every inserts, the last five minutes of one series, read twice. A read
-// of a staged rule merges what is staged first (proxy/flush.go), so the
+// of a staged rule merges what is staged first, so the
 // first read pays for the merge of the inserts before it (on an open
 // window: the top-up of each series' last bucket, which on the stock
 // command and PostgreSQL rewrites it by _id and so scans the rule's
@@ -240,7 +240,7 @@ func benchDashboard(e *benchEnv, runs, events, every int) error {
 // order: ingestBatchesFrom's series have one event a second from
 // ingestStart (a window start of the rule's 1-hour span, writeIngestRule)
 // on, and -prefill's end there. Merges of a few events top up a bucket
-// only while it is small (rewrite/stage/topup.go), so past that floor this
+// only while it is small, so past that floor this
 // is where the series stands in its run of maxEvents, not the fill of the
 // bucket a merge rewrites: a merge's share flat across the quarters is
 // what that bound is for.

@@ -39,7 +39,7 @@ func ingestDB(run, i int, c ingestCase) string {
 var ingestNamespaces = map[string]bool{}
 
 // ingestRules buckets <db>.events of every run and case (-runs and -cases,
-// read by ingest_args.go): 1-second data in 1-hour buckets of at most 1000
+// read by readIngestArgs): 1-second data in 1-hour buckets of at most 1000
 // events; threshold is the insertThreshold (0: the default). The rules
 // stage their inserts (ingest: staged) whatever the default ingest mode:
 // this measures the staging tier (issue 13).

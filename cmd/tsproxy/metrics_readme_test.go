@@ -35,11 +35,13 @@ func TestREADMEScrapeMatchesExport(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ts.shutdown()
-	if err := telemetry.ObserveStaging(func() map[string]telemetry.Staging {
+	stop, err := telemetry.ObserveStaging(func() map[string]telemetry.Staging {
 		return map[string]telemetry.Staging{"iot.readings": {Staged: 3208, Merged: 3200, Buckets: 4, Collections: 3, Kept: 3, Oldest: time.Time{}}}
-	}); err != nil {
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
+	defer stop()
 	rec := httptest.NewRecorder()
 	promhttp.HandlerFor(ts.registry, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	b, _ := io.ReadAll(rec.Body)

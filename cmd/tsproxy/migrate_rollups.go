@@ -20,8 +20,8 @@ import (
 )
 
 // tsproxy rollups rebuild --rule <namespace>: recomputes a rule's rollup
-// collections from the stored events. Live rollups are counted at most once
-// (see proxy/rollups.go): a rollup write that failed, or a proxy that died
+// collections from the stored events. Live rollups are counted at most once: a
+// rollup write that failed, or a proxy that died
 // between a bucket write and its rollup write, leaves them short. The
 // rebuild drops the rollup collections and counts every stored event again,
 // read through an in-process proxy, with the same planning as live writes.

@@ -41,42 +41,43 @@ type Staging struct {
 // merged, from what the proxy kept or read back),
 // tsproxy.staging.merge_failures and
 // tsproxy.staging.lag (seconds the oldest pending collection has waited).
-// The mean fill of merged buckets is merged events / buckets.
-func ObserveStaging(snapshot func() map[string]Staging) error {
+// The mean fill of merged buckets is merged events / buckets. stop ends
+// the reports (a Server's Shutdown calls it: the meter is global).
+func ObserveStaging(snapshot func() map[string]Staging) (stop func() error, err error) {
 	m := otel.Meter(instrumentationName)
 	events, err := m.Int64ObservableCounter("tsproxy.staging.events", metric.WithDescription("Events staged and merged into buckets, by rule."))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	buckets, err := m.Int64ObservableCounter("tsproxy.staging.buckets", metric.WithDescription("Buckets written by merges, by rule."))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	retries, err := m.Int64ObservableCounter("tsproxy.staging.retries", metric.WithDescription("Staged documents left out of a merge as retries of writes merged before, by rule."))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	pending, err := m.Int64ObservableGauge("tsproxy.staging.pending", metric.WithDescription("Merge backlog: staging collections and the events this proxy staged in them, not merged yet, by rule."))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	throttled, err := m.Int64ObservableCounter("tsproxy.staging.throttled", metric.WithDescription("Staged inserts that waited for the merge to make room (the rule's maxStaged), by rule."))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	colls, err := m.Int64ObservableCounter("tsproxy.staging.collections", metric.WithDescription("Staging collections merged, from what the proxy kept of its inserts or read back, by rule."))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	failures, err := m.Int64ObservableCounter("tsproxy.staging.merge_failures", metric.WithDescription("Merges that failed, by rule: before a read, at a flush, or a background round (its upstream unreachable included). The next merge finishes what one left; the background merger waits longer after each failure in a row, up to 10 s."))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	lag, err := m.Float64ObservableGauge("tsproxy.staging.lag", metric.WithDescription("How long the oldest pending staging collection has waited, by rule."), metric.WithUnit("s"))
 	if err != nil {
-		return err
+		return nil, err
 	}
-	_, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+	reg, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		now := time.Now()
 		for ns, s := range snapshot() {
 			rule := attribute.String("rule", ns)
@@ -98,5 +99,8 @@ func ObserveStaging(snapshot func() map[string]Staging) error {
 		}
 		return nil
 	}, events, buckets, retries, throttled, pending, colls, failures, lag)
-	return err
+	if err != nil {
+		return nil, err
+	}
+	return reg.Unregister, nil
 }

@@ -11,7 +11,7 @@ import (
 
 // The catalog of created time-series collections: one document per
 // namespace in rules.CatalogDB.CatalogCollection, which every proxy on the
-// upstream reads (proxy/catalog.go has the protocol). A document's state
+// upstream reads (the proxy's catalog has the protocol). A document's state
 // says whether proxies may route the namespace yet:
 //
 //	creating: a proxy is creating it; commands on it wait

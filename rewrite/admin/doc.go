@@ -5,8 +5,8 @@
 // listCollections (bucket collections shown under the app's name, as
 // MongoDB lists a time-series collection). It also reads and checks
 // MongoDB's time-series API on namespaces without a config rule (create
-// with the timeseries option, collMod; timeseries.go) and builds the
-// commands of the catalog those rules are kept in (catalog.go).
+// with the timeseries option, collMod) and builds the
+// commands of the catalog those rules are kept in.
 //
 // It does no I/O: each command is a rewrite.Plan. It must not write or
 // read stored events; those are the read, insert and deletes packages'.

@@ -320,7 +320,7 @@ func DropStaging(rule *rules.Rule) rewrite.Plan {
 			var failed []string
 			for i, r := range replies {
 				// A collection whose table FerretDB on PostgreSQL lost
-				// (rewrite/stage/lost.go) holds nothing and can never be
+				// holds nothing and can never be
 				// dropped: not a failure.
 				if !mongoerr.IsOK(r) && !mongoerr.DroppedUnderQueryReply(r) {
 					failed = append(failed, names[i])

@@ -55,12 +55,12 @@ func (c cond) eval(doc bsoncore.Document) (Value, error) {
 	return c.els.eval(doc)
 }
 
-func compileCond(v Value, depth int) (expr, error) {
+func compileCond(v Value, depth level) (expr, error) {
 	if v.Type == bsoncore.TypeEmbeddedDocument {
 		var c cond
 		elems, _ := bsoncore.Document(v.Data).Elements()
 		for _, e := range elems {
-			x, err := compileExpr(e.Value(), depth+1)
+			x, err := compileExpr(e.Value(), depth.next())
 			if err != nil {
 				return nil, err
 			}
@@ -118,7 +118,7 @@ func (s switchExpr) eval(doc bsoncore.Document) (Value, error) {
 	return s.def.eval(doc)
 }
 
-func compileSwitch(v Value, depth int) (expr, error) {
+func compileSwitch(v Value, depth level) (expr, error) {
 	d, ok := v.DocumentOK()
 	if !ok {
 		return nil, badValue(40060, "$switch requires an object as an argument, found: %s", typeAlias(v))
@@ -141,7 +141,7 @@ func compileSwitch(v Value, depth int) (expr, error) {
 				var c, then expr
 				be, _ := bd.Elements()
 				for _, x := range be {
-					ce, err := compileExpr(x.Value(), depth+1)
+					ce, err := compileExpr(x.Value(), depth.next())
 					if err != nil {
 						return nil, err
 					}
@@ -163,7 +163,7 @@ func compileSwitch(v Value, depth int) (expr, error) {
 				s.cases, s.thens = append(s.cases, c), append(s.thens, then)
 			}
 		case "default":
-			def, err := compileExpr(e.Value(), depth+1)
+			def, err := compileExpr(e.Value(), depth.next())
 			if err != nil {
 				return nil, err
 			}

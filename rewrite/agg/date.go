@@ -111,14 +111,14 @@ func location(v Value) (*time.Location, error) {
 // compileZoned reads a date operator's argument: a date expression, or
 // {date, timezone} (and, for $dateTrunc and $dateToString, more fields,
 // returned in extra).
-func compileZoned(name string, v Value, depth int, allowed ...string) (zoneExpr, map[string]expr, error) {
+func compileZoned(name string, v Value, depth level, allowed ...string) (zoneExpr, map[string]expr, error) {
 	var z zoneExpr
 	if v.Type == bsoncore.TypeEmbeddedDocument {
 		elems, _ := bsoncore.Document(v.Data).Elements()
 		if len(elems) > 0 && !strings.HasPrefix(elems[0].Key(), "$") {
 			extra := map[string]expr{}
 			for _, e := range elems {
-				x, err := compileExpr(e.Value(), depth+1)
+				x, err := compileExpr(e.Value(), depth.next())
 				if err != nil {
 					return z, nil, err
 				}
@@ -153,7 +153,7 @@ func compileZoned(name string, v Value, depth int, allowed ...string) (zoneExpr,
 		z.date = args[0]
 		return z, nil, nil
 	}
-	d, err := compileExpr(v, depth+1)
+	d, err := compileExpr(v, depth.next())
 	z.date = d
 	return z, nil, err
 }
@@ -180,7 +180,7 @@ func (p datePart) eval(doc bsoncore.Document) (Value, error) {
 	return int32Value(int32(p.f(t))), nil
 }
 
-func compileDatePart(name string, v Value, depth int, f func(time.Time) int64) (expr, error) {
+func compileDatePart(name string, v Value, depth level, f func(time.Time) int64) (expr, error) {
 	z, _, err := compileZoned(name, v, depth)
 	if err != nil {
 		return nil, err
@@ -195,7 +195,7 @@ type dateTrunc struct {
 	unit, binSize, startOfWeek expr
 }
 
-func compileDateTrunc(v Value, depth int) (expr, error) {
+func compileDateTrunc(v Value, depth level) (expr, error) {
 	z, extra, err := compileZoned("$dateTrunc", v, depth, "unit", "binSize", "startOfWeek")
 	if err != nil {
 		return nil, err
@@ -351,7 +351,7 @@ type dateToString struct {
 	format, onNull expr
 }
 
-func compileDateToString(v Value, depth int) (expr, error) {
+func compileDateToString(v Value, depth level) (expr, error) {
 	z, extra, err := compileZoned("$dateToString", v, depth, "format", "onNull")
 	if err != nil {
 		return nil, err

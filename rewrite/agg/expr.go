@@ -121,8 +121,8 @@ func (a arrayExpr) eval(doc bsoncore.Document) (Value, error) {
 const maxExprDepth = 64
 
 // compileExpr compiles an aggregation expression.
-func compileExpr(v Value, depth int) (expr, error) {
-	if depth > maxExprDepth {
+func compileExpr(v Value, depth level) (expr, error) {
+	if depth.n > maxExprDepth {
 		return nil, unsupported("an expression nested deeper than %d levels", maxExprDepth)
 	}
 	switch v.Type {
@@ -130,7 +130,7 @@ func compileExpr(v Value, depth int) (expr, error) {
 		s := v.StringValue()
 		switch {
 		case strings.HasPrefix(s, "$$"):
-			return compileVariable(s)
+			return compileVariable(s, depth)
 		case strings.HasPrefix(s, "$"):
 			if len(s) == 1 {
 				return nil, badValue(16872, "'$' by itself is not a valid FieldPath")
@@ -154,7 +154,7 @@ func compileExpr(v Value, depth int) (expr, error) {
 			if strings.Contains(e.Key(), ".") {
 				return nil, badValue(mongoerr.Code(16412), "FieldPath field names may not contain '.'. Consider using $getField or $setField.")
 			}
-			c, err := compileExpr(e.Value(), depth+1)
+			c, err := compileExpr(e.Value(), depth.next())
 			if err != nil {
 				return nil, err
 			}
@@ -168,7 +168,7 @@ func compileExpr(v Value, depth int) (expr, error) {
 		}
 		a := arrayExpr{}
 		for _, el := range vals {
-			c, err := compileExpr(el, depth+1)
+			c, err := compileExpr(el, depth.next())
 			if err != nil {
 				return nil, err
 			}
@@ -179,7 +179,7 @@ func compileExpr(v Value, depth int) (expr, error) {
 	return literal{v: clone(v)}, nil
 }
 
-func compileVariable(s string) (expr, error) {
+func compileVariable(s string, depth level) (expr, error) {
 	name, rest, _ := strings.Cut(s[2:], ".")
 	var parts []string
 	if rest != "" {
@@ -191,7 +191,7 @@ func compileVariable(s string) (expr, error) {
 	case "REMOVE":
 		return literal{v: missing}, nil
 	}
-	if slot := lookupVar(name); slot != nil {
+	if slot := depth.lookup(name); slot != nil {
 		return varRef{slot: slot, parts: parts}, nil
 	}
 	if strings.ToUpper(name) == name {
@@ -203,9 +203,9 @@ func compileVariable(s string) (expr, error) {
 
 // operatorArgs reads an operator's arguments: an array, or one value
 // taken as an array of one.
-func operatorArgs(name string, v Value, depth int) ([]expr, error) {
+func operatorArgs(name string, v Value, depth level) ([]expr, error) {
 	if v.Type != bsoncore.TypeArray {
-		e, err := compileExpr(v, depth+1)
+		e, err := compileExpr(v, depth.next())
 		if err != nil {
 			return nil, err
 		}
@@ -217,7 +217,7 @@ func operatorArgs(name string, v Value, depth int) ([]expr, error) {
 	}
 	out := make([]expr, 0, len(vals))
 	for _, el := range vals {
-		e, err := compileExpr(el, depth+1)
+		e, err := compileExpr(el, depth.next())
 		if err != nil {
 			return nil, err
 		}
@@ -262,7 +262,7 @@ func (o opFunc) eval(doc bsoncore.Document) (Value, error) {
 }
 
 // compileOperator compiles {$op: args}.
-func compileOperator(name string, v Value, depth int) (expr, error) {
+func compileOperator(name string, v Value, depth level) (expr, error) {
 	if e, ok, err := compileBinding(name, v, depth); ok {
 		return e, err
 	}

@@ -30,7 +30,7 @@ type dateFromParts struct {
 	zone  expr
 }
 
-func compileDateFromParts(name string, v Value, depth int) (expr, error) {
+func compileDateFromParts(name string, v Value, depth level) (expr, error) {
 	d, ok := v.DocumentOK()
 	if !ok {
 		return nil, badValue(40519, "%s only supports an object as its argument", name)
@@ -46,7 +46,7 @@ func compileDateFromParts(name string, v Value, depth int) (expr, error) {
 	}
 	elems, _ := d.Elements()
 	for _, e := range elems {
-		x, err := compileExpr(e.Value(), depth+1)
+		x, err := compileExpr(e.Value(), depth.next())
 		if err != nil {
 			return nil, err
 		}
@@ -157,7 +157,7 @@ type dateToParts struct {
 	iso expr
 }
 
-func compileDateToParts(name string, v Value, depth int) (expr, error) {
+func compileDateToParts(name string, v Value, depth level) (expr, error) {
 	z, extra, err := compileZoned(name, v, depth, "iso8601")
 	if err != nil {
 		return nil, err

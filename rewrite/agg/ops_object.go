@@ -29,7 +29,7 @@ type fieldArgs struct {
 	value expr // $setField only
 }
 
-func compileFieldArgs(name string, v Value, depth int, allowed ...string) (fieldArgs, error) {
+func compileFieldArgs(name string, v Value, depth level, allowed ...string) (fieldArgs, error) {
 	a := fieldArgs{name: name}
 	if s, ok := v.StringValueOK(); ok && name == "$getField" {
 		if strings.HasPrefix(s, "$") {
@@ -54,9 +54,9 @@ func compileFieldArgs(name string, v Value, depth int, allowed ...string) (field
 			}
 			a.field, haveField = f, true
 		case e.Key() == "input":
-			a.input, err = compileExpr(e.Value(), depth+1)
+			a.input, err = compileExpr(e.Value(), depth.next())
 		case e.Key() == "value" && contains(allowed, "value"):
-			a.value, err = compileExpr(e.Value(), depth+1)
+			a.value, err = compileExpr(e.Value(), depth.next())
 		default:
 			return a, badValue(3041701, "%s found an unknown argument: %s", name, e.Key())
 		}
@@ -98,7 +98,7 @@ func (a fieldArgs) inputDoc(doc bsoncore.Document) (Value, error) {
 
 type getField struct{ fieldArgs }
 
-func compileGetField(name string, v Value, depth int) (expr, error) {
+func compileGetField(name string, v Value, depth level) (expr, error) {
 	a, err := compileFieldArgs(name, v, depth)
 	return getField{a}, err
 }
@@ -124,7 +124,7 @@ func (g getField) eval(doc bsoncore.Document) (Value, error) {
 
 type setField struct{ fieldArgs }
 
-func compileSetField(name string, v Value, depth int) (expr, error) {
+func compileSetField(name string, v Value, depth level) (expr, error) {
 	a, err := compileFieldArgs(name, v, depth, "value")
 	return setField{a}, err
 }

@@ -232,7 +232,7 @@ type trimExpr struct {
 	input, chars expr
 }
 
-func compileTrim(name string, v Value, depth int) (expr, error) {
+func compileTrim(name string, v Value, depth level) (expr, error) {
 	d, ok := v.DocumentOK()
 	if !ok {
 		return nil, badValue(50696, "%s only supports an object as an argument, found: %s", name, typeAlias(v))
@@ -240,7 +240,7 @@ func compileTrim(name string, v Value, depth int) (expr, error) {
 	t := trimExpr{name: name}
 	elems, _ := d.Elements()
 	for _, e := range elems {
-		x, err := compileExpr(e.Value(), depth+1)
+		x, err := compileExpr(e.Value(), depth.next())
 		if err != nil {
 			return nil, err
 		}

@@ -8,7 +8,7 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 )
 
-// The type operators besides $type and the $toX shorthands (arith.go):
+// The type operators besides $type and the $toX shorthands:
 // $isNumber and $convert {input, to, onError, onNull}.
 
 func init() {
@@ -34,7 +34,7 @@ type convertExpr struct {
 	input, to, onError, onNull expr
 }
 
-func compileConvert(name string, v Value, depth int) (expr, error) {
+func compileConvert(name string, v Value, depth level) (expr, error) {
 	d, ok := v.DocumentOK()
 	if !ok {
 		return nil, badValue(10065, "%s expects an object of named arguments but found: %s", name, typeAlias(v))
@@ -42,7 +42,7 @@ func compileConvert(name string, v Value, depth int) (expr, error) {
 	var c convertExpr
 	elems, _ := d.Elements()
 	for _, e := range elems {
-		x, err := compileExpr(e.Value(), depth+1)
+		x, err := compileExpr(e.Value(), depth.next())
 		if err != nil {
 			return nil, err
 		}

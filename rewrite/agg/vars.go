@@ -2,7 +2,6 @@ package agg
 
 import (
 	"strings"
-	"sync"
 
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
@@ -14,8 +13,7 @@ import (
 // and $$value) are bound at compile time to a slot: the binding operator
 // writes the slot before evaluating its body and restores it after, so
 // nested and recursive bindings see their own value. The compile-time
-// scope is package state guarded by compileMu, taken by compileTop, so
-// the existing compileExpr signature (and its callers) stay as they were.
+// scope travels with the nesting level through every compile function.
 
 type varSlot struct{ v Value }
 
@@ -24,41 +22,46 @@ type binding struct {
 	slot *varSlot
 }
 
-var (
-	compileMu sync.Mutex
-	scope     []binding
-)
-
-// compileTop compiles a top-level expression with an empty variable scope.
-func compileTop(v Value, depth int) (expr, error) {
-	compileMu.Lock()
-	defer compileMu.Unlock()
-	saved := scope
-	scope = nil
-	defer func() { scope = saved }()
-	return compileExpr(v, depth)
+// level is an expression's nesting depth and the variables in scope.
+type level struct {
+	n     int
+	scope *[]binding
 }
 
-// withVars compiles v with names bound to fresh slots, returned in order.
-func withVars(v Value, depth int, names ...string) (expr, []*varSlot, error) {
-	slots := make([]*varSlot, len(names))
-	n := len(scope)
-	for i, name := range names {
-		slots[i] = &varSlot{}
-		scope = append(scope, binding{name: name, slot: slots[i]})
+func (l level) next() level { return level{n: l.n + 1, scope: l.scope} }
+
+func (l level) lookup(name string) *varSlot {
+	if l.scope == nil {
+		return nil
 	}
-	defer func() { scope = scope[:n] }()
-	e, err := compileExpr(v, depth+1)
-	return e, slots, err
-}
-
-func lookupVar(name string) *varSlot {
-	for i := len(scope) - 1; i >= 0; i-- {
-		if scope[i].name == name {
-			return scope[i].slot
+	sc := *l.scope
+	for i := len(sc) - 1; i >= 0; i-- {
+		if sc[i].name == name {
+			return sc[i].slot
 		}
 	}
 	return nil
+}
+
+// compileTop compiles a top-level expression with an empty variable scope.
+func compileTop(v Value, depth int) (expr, error) {
+	return compileExpr(v, level{n: depth, scope: new([]binding)})
+}
+
+// withVars compiles v with names bound to fresh slots, returned in order.
+func withVars(v Value, depth level, names ...string) (expr, []*varSlot, error) {
+	if depth.scope == nil {
+		depth.scope = new([]binding)
+	}
+	slots := make([]*varSlot, len(names))
+	n := len(*depth.scope)
+	for i, name := range names {
+		slots[i] = &varSlot{}
+		*depth.scope = append(*depth.scope, binding{name: name, slot: slots[i]})
+	}
+	defer func() { *depth.scope = (*depth.scope)[:n] }()
+	e, err := compileExpr(v, depth.next())
+	return e, slots, err
 }
 
 // varRef is $$name(.path).
@@ -107,7 +110,7 @@ func (l letExpr) eval(doc bsoncore.Document) (Value, error) {
 	return bindEval(l.in, doc, l.slots, vals...)
 }
 
-func compileLet(v Value, depth int) (expr, error) {
+func compileLet(v Value, depth level) (expr, error) {
 	d, ok := v.DocumentOK()
 	if !ok {
 		return nil, badValue(16874, "$let only supports an object as its argument")
@@ -127,7 +130,7 @@ func compileLet(v Value, depth int) (expr, error) {
 		if !validVarName(e.Key()) {
 			return nil, badValue(16867, "$let: '%s' is not a valid variable name", e.Key())
 		}
-		x, err := compileExpr(e.Value(), depth+1)
+		x, err := compileExpr(e.Value(), depth.next())
 		if err != nil {
 			return nil, err
 		}
@@ -181,7 +184,7 @@ type iterSpec struct {
 	limit expr
 }
 
-func compileIter(op, bodyKey string, v Value, depth int) (iterSpec, error) {
+func compileIter(op, bodyKey string, v Value, depth level) (iterSpec, error) {
 	var s iterSpec
 	d, ok := v.DocumentOK()
 	if !ok {
@@ -209,14 +212,14 @@ func compileIter(op, bodyKey string, v Value, depth int) (iterSpec, error) {
 			if op != "$filter" {
 				return s, badValue(16879, "Unrecognized parameter to %s: %s", op, e.Key())
 			}
-			if s.limit, err = compileExpr(e.Value(), depth+1); err != nil {
+			if s.limit, err = compileExpr(e.Value(), depth.next()); err != nil {
 				return s, err
 			}
 		default:
 			return s, badValue(16879, "Unrecognized parameter to %s: %s", op, e.Key())
 		}
 	}
-	if s.input, err = compileExpr(inV, depth+1); err != nil {
+	if s.input, err = compileExpr(inV, depth.next()); err != nil {
 		return s, err
 	}
 	body, slots, err := withVars(bodyV, depth, as)
@@ -303,7 +306,7 @@ func (r reduceExpr) eval(doc bsoncore.Document) (Value, error) {
 	return acc, nil
 }
 
-func compileReduce(v Value, depth int) (expr, error) {
+func compileReduce(v Value, depth level) (expr, error) {
 	d, ok := v.DocumentOK()
 	if !ok {
 		return nil, badValue(40075, "$reduce only supports an object as its argument, found: %s", typeAlias(v))
@@ -315,9 +318,9 @@ func compileReduce(v Value, depth int) (expr, error) {
 		var err error
 		switch e.Key() {
 		case "input":
-			r.input, err = compileExpr(e.Value(), depth+1)
+			r.input, err = compileExpr(e.Value(), depth.next())
 		case "initialValue":
-			r.initial, err = compileExpr(e.Value(), depth+1)
+			r.initial, err = compileExpr(e.Value(), depth.next())
 		case "in":
 			inV = e.Value()
 		default:
@@ -345,7 +348,7 @@ func compileReduce(v Value, depth int) (expr, error) {
 
 // compileBinding compiles the operators that bind variables; ok is false
 // for any other name.
-func compileBinding(name string, v Value, depth int) (e expr, ok bool, err error) {
+func compileBinding(name string, v Value, depth level) (e expr, ok bool, err error) {
 	switch name {
 	case "$let":
 		e, err = compileLet(v, depth)
@@ -367,4 +370,4 @@ func compileBinding(name string, v Value, depth int) (e expr, ok bool, err error
 
 // rawOperators compile their argument themselves (named arguments,
 // lazily evaluated): filled by the ops_*.go files.
-var rawOperators = map[string]func(name string, v Value, depth int) (expr, error){}
+var rawOperators = map[string]func(name string, v Value, depth level) (expr, error){}

@@ -19,7 +19,7 @@ func appendEventsArray(dst []byte, key string, chunk []Event) []byte {
 
 // appendPackedEvents appends the chunk's stored events as the BSON of
 // their array in one binary value (FieldPacked), compressed when compress
-// says so (pack.go).
+// says so.
 func appendPackedEvents(dst []byte, chunk []Event, compress bool) []byte {
 	size := 5
 	for i, ev := range chunk {
@@ -49,8 +49,8 @@ func appendKey(dst []byte, chunk []Event) []byte {
 
 // StagedFormat is the form of a staged document. Every form a proxy can
 // write it reads too, and a proxy writes a form only once every proxy
-// that may merge the rule reads it (the rule's staging format record:
-// proxy/staging_format.go): a proxy of an older version fails to merge a
+// that may merge the rule reads it (the rule's staging format
+// record): a proxy of an older version fails to merge a
 // form it does not know.
 type StagedFormat int
 

@@ -24,7 +24,7 @@ type Limits struct {
 	// (caps.Upstream.PackedEvents); the caller sets it.
 	Packed bool
 	// Compress: packed values (of buckets and staged documents) are
-	// written compressed (pack.go); the rule's bucket.compression.
+	// written compressed; the rule's bucket.compression.
 	Compress bool
 }
 

@@ -34,7 +34,7 @@ type Upstream struct {
 	// update statement's query open until its command ends, one SQLite
 	// connection each out of a pool of 100: an update of 100 statements
 	// waits forever for a connection. The proxy also bounds how many such
-	// commands run at once (proxy/state.go, writeSlots).
+	// commands run at once (the proxy's writeSlots).
 	MaxUpdateStatements int
 	// CostlyUpdates: an update rewrites the whole document, at a cost
 	// proportional to its size (FerretDB v1.24: read, decode, re-encode and
@@ -45,7 +45,7 @@ type Upstream struct {
 	// other (FerretDB v1.24 reads a document, changes it in Go and writes
 	// it back by _id), so two proxies updating one bucket at once lose an
 	// update. The proxy then writes a bucketed namespace only while it
-	// holds its writer lease (proxy/writer_lease.go).
+	// holds its writer lease.
 	SingleWriter bool
 	// PackedEvents: buckets written whole (by a merge, a large insert, a
 	// delete's rewrite) keep their events packed in one binary value

@@ -52,8 +52,8 @@ type Statement struct {
 	Match []byte
 	// IDs and Events are set for a filter that names event _ids, on an
 	// upstream whose aggregate decodes every bucket (FerretDB): the
-	// candidates then come from the event-id index where it answers
-	// (by_id.go), Match where it does not.
+	// candidates then come from the event-id index where it answers, Match
+	// where it does not.
 	IDs    *bucket.IDSet
 	Events *read.EventMatcher
 	// Scan: Match lists whole buckets, whose events Events matches

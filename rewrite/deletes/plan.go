@@ -23,7 +23,7 @@ type Env struct {
 	// changes (or may have changed, after a failure) their buckets.
 	Lock func(keys []bucket.Key) (unlock func())
 	// IDIndex, when set, keeps the event-id indexes deletes by event _id
-	// read (by_id.go).
+	// read.
 	IDIndex bucket.IDIndexCache
 }
 

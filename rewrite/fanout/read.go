@@ -258,7 +258,7 @@ func (m *merger) summaries(body []byte, opts read.Options) (rewrite.Result, bool
 				return rewrite.Result{}, true, rewrite.ErrAborted
 			}
 			if first && lostTable(rewrite.Result{Reply: reply}) {
-				break // a partition without its table holds no buckets (lost.go)
+				break // a partition without its table holds no buckets
 			}
 			if _, err := all.Feed(reply); err != nil {
 				return rewrite.Result{}, true, err

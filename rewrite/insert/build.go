@@ -1,6 +1,7 @@
 package insert
 
 import (
+	"cmp"
 	"fmt"
 	"strconv"
 
@@ -78,14 +79,15 @@ func (p *Commands) buildGroups(groups [][]bucket.Event) {
 	sess := rewrite.ReadSession(p.body)
 	args := rewrite.ReadCarriedArgs(p.body)
 	withStmtIDs := p.opts.Caps.StmtIDs && sess.Retryable()
-	for _, batch := range splitStatements(inserts, maxCommandStatements) {
+	maxBytes := cmp.Or(p.opts.MaxCommandBytes, maxCommandStatementBytes)
+	for _, batch := range splitStatements(inserts, maxCommandStatements, maxBytes) {
 		p.addCommand("insert", "documents", p.ordered, batch, rule, args, withStmtIDs)
 	}
 	maxUpdates := maxCommandStatements
 	if n := p.opts.Caps.MaxUpdateStatements; n > 0 {
 		maxUpdates = min(n, maxUpdates)
 	}
-	for _, batch := range splitStatements(updates, maxUpdates) {
+	for _, batch := range splitStatements(updates, maxUpdates, maxBytes) {
 		p.addCommand("update", "updates", p.ordered, batch, rule, args, withStmtIDs)
 	}
 }

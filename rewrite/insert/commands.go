@@ -10,7 +10,7 @@ import (
 // batch (up to 48 MB in document sequences) can exceed that once it is
 // moved into a body, so statements are spread over several commands, each
 // with room left for the carried arguments.
-var (
+const (
 	maxCommandStatementBytes = 15 << 20
 	maxCommandStatements     = 100_000
 )
@@ -32,12 +32,12 @@ func eventIndexes(chunk []bucket.Event) []int {
 
 // splitStatements cuts statements, in order, into batches that fit one
 // upstream command each.
-func splitStatements(stmts []statementDoc, maxStatements int) [][]statementDoc {
+func splitStatements(stmts []statementDoc, maxStatements, maxBytes int) [][]statementDoc {
 	var batches [][]statementDoc
 	var cur []statementDoc
 	size := 0
 	for _, st := range stmts {
-		if len(cur) > 0 && (len(cur) >= maxStatements || size+len(st.doc) > maxCommandStatementBytes) {
+		if len(cur) > 0 && (len(cur) >= maxStatements || size+len(st.doc) > maxBytes) {
 			batches = append(batches, cur)
 			cur, size = nil, 0
 		}

@@ -6,7 +6,7 @@
 // to the client's documents, full buckets retried in the next bucket, and
 // retries detected.
 //
-// It does no I/O: an insert is a rewrite.Plan (plan.go) over the Commands
-// of each round (insert.go, build.go, settle.go). It must not change the
+// It does no I/O: an insert is a rewrite.Plan over the Commands
+// of each round. It must not change the
 // stored format (rewrite/bucket's).
 package insert

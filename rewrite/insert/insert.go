@@ -34,6 +34,9 @@ type Options struct {
 	// differ, as a server records them per session and txnNumber, not
 	// per namespace.
 	StmtIDs []int
+	// MaxCommandBytes bounds the statements of one upstream command
+	// (0: 15 MiB, room left under the server's 16 MiB for the rest).
+	MaxCommandBytes int
 }
 
 // maxInsertRounds bounds the rounds of one insert: the first plan and its

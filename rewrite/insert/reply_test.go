@@ -193,16 +193,15 @@ func TestInsertDeterministic(t *testing.T) {
 }
 
 func TestInsertSplitsLargeBatches(t *testing.T) {
-	saved := maxCommandStatementBytes
-	maxCommandStatementBytes = 300
-	defer func() { maxCommandStatementBytes = saved }()
+	smallCommands := opts()
+	smallCommands.MaxCommandBytes = 300
 	rule := rwtest.InsertRule()
 	rule.InsertThreshold = 100
 	var events []bson.D
 	for i := range 6 {
 		events = append(events, rwtest.Event(rwtest.OID(byte(i)), rwtest.DT(int64(i)), []string{"a", "b", "c", "d", "e", "f"}[i], nil))
 	}
-	p := mustInsert(t, rwtest.BodyCmd(t, events, bson.E{Key: "startTransaction", Value: true}), rule, opts())
+	p := mustInsert(t, rwtest.BodyCmd(t, events, bson.E{Key: "startTransaction", Value: true}), rule, smallCommands)
 	if len(p.Commands) < 2 {
 		t.Fatalf("want the updates spread over several commands, got %d", len(p.Commands))
 	}

@@ -129,8 +129,8 @@ func CounterInsert(cmd rewrite.Command, rule *rules.Rule, caps caps.Upstream) (*
 }
 
 // CounterInsertWith plans an insert on a counter rule whose upserts carry
-// the write's mark, leaving out those opts.Applied says were applied (see
-// counter_retry.go).
+// the write's mark, leaving out those opts.Applied says were applied (a retried
+// counter insert).
 func CounterInsertWith(cmd rewrite.Command, rule *rules.Rule, opts CounterOptions) (*Write, error) {
 	li, err := readLayoutInsert(cmd, rule, rules.LayoutCounter)
 	if err != nil {

@@ -12,7 +12,7 @@ import (
 )
 
 // A counter bucket written whole: new ones (a merge inserts them, which
-// reads nothing), and, where the slots are packed (packed.go), every
+// reads nothing), and, where the slots are packed, every
 // write, since an $inc cannot reach into a packed map: the bucket is read
 // (under the key's lock and the writer lease, or in the merge) and
 // replaced by its counts plus the group's, its marks carried over.

@@ -131,7 +131,7 @@ func InsertPlan(cmd rewrite.Command, rule *rules.Rule, keys []bucket.Key, env Wr
 // recognise as a retry carries its write id's mark, and is checked against
 // its buckets' marks when it may be a retry. On an upstream that packs
 // (Caps.PackedEvents) the buckets of keys are read first, as slots
-// writes read them: they are written whole (counter_whole.go).
+// writes read them: they are written whole.
 func counterWrite(x *rewrite.Exec, cmd rewrite.Command, rule *rules.Rule, keys []bucket.Key, env WriteEnv) (*Write, error) {
 	opts := CounterOptions{Caps: env.Caps, WriteID: CounterWriteID(cmd, env.Caps), Now: env.Now.UnixMilli()}
 	if env.Caps.PackedEvents {

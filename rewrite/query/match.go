@@ -19,8 +19,8 @@ import (
 // $not/$and/$or/$nor, on top-level or dotted fields. Arrays are matched
 // element-wise as MongoDB does: a dotted path looks into each document of
 // an array on its way (a numeric component also indexes the array), and a
-// leaf array matches when the array itself or any of its elements does
-// (match_path.go). Operators MongoDB has but the proxy cannot evaluate
+// leaf array matches when the array itself or any of its elements does.
+// Operators MongoDB has but the proxy cannot evaluate
 // ($where, $expr, $text, geo, $jsonSchema) are refused by name; $comment
 // is accepted and ignored.
 

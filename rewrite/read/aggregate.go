@@ -33,7 +33,7 @@ func planAggregate(rc *query.Ctx, body bsoncore.Document, opts Options, forExpla
 	p, err := a.translate()
 	if err != nil && !opts.Caps.FullAggregation && mongoerr.CodeOf(err) == mongoerr.NotImplemented {
 		// What the upstream cannot run on unwound events, the proxy runs
-		// itself over an event scan (aggregate_proxy.go).
+		// itself over an event scan.
 		if ep, eerr := a.engineShaped(); ep != nil || eerr != nil {
 			return ep, eerr
 		}

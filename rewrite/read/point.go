@@ -12,8 +12,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
-// PointRead is a find served from bucket point lookups (see
-// point_plan.go): a cursor the proxy holds itself. It streams window
+// PointRead is a find served from bucket point lookups: a cursor the proxy
+// holds itself. It streams window
 // by window: only the buckets of the windows in flight and the events of
 // the batch being built are in memory.
 //
@@ -24,7 +24,7 @@ import (
 type PointRead struct {
 	spec      *pointSpec
 	scan      *bucketScan // set: the buckets come from a scan, not keys
-	ids       *idRead     // set: from the event-id index first (id_read.go)
+	ids       *idRead     // set: from the event-id index first
 	bucketNS  string
 	coll, db  string
 	ns        string
@@ -80,7 +80,7 @@ func newPointRead(rc *query.Ctx, s *pointSpec, proj *query.Projection, skip, lim
 }
 
 // newScanRead is a PointRead whose buckets come from one sorted upstream
-// find (see scan.go) instead of _id lookups.
+// find instead of _id lookups.
 func newScanRead(rc *query.Ctx, s *pointSpec, sc *bucketScan, proj *query.Projection, skip, limit int64, single bool) *PointRead {
 	p := newPointRead(rc, s, proj, skip, limit, single)
 	p.scan = sc

@@ -22,7 +22,7 @@ type pointSpec struct {
 	sortDir            int // 0: no sort; 1 or -1 on the timeField
 	idDir              int // 0, or a tie-break on _id
 
-	// An event scan's (event_scan.go): the app's filter, the field paths
+	// An event scan's: the app's filter, the field paths
 	// it names, and the sort, applied by the proxy to events with their
 	// meta restored.
 	pred  query.DocPred

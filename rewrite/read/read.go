@@ -108,7 +108,7 @@ type Options struct {
 	// event scan instead (see pointOrScan).
 	IDLookups IDLookupCost
 	// IDIndex, when set, keeps the event-id indexes reads by event _id
-	// read (id_read.go).
+	// read.
 	IDIndex bucket.IDIndexCache
 	// AggregateMemory bounds each blocking stage of an aggregation the
 	// proxy runs itself (0: agg.DefaultMaxMemory).

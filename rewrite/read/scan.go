@@ -28,7 +28,7 @@ type bucketScan struct {
 	done   bool  // the upstream cursor is exhausted (or never needed)
 	cursor int64 // the upstream cursor while it is open
 
-	// How buckets are sorted and cut into runs (event_scan.go): on
+	// How buckets are sorted and cut into runs: on
 	// metaKeys first, then on start; a run ends where the keys change,
 	// and, with byStart, where start does. oneRun: the whole scan is one.
 	metaKeys eventOrder

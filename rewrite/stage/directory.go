@@ -49,7 +49,7 @@ type KnownKey struct {
 	Full bool
 	// Closed: a merge of this directory's life took events of a later
 	// window of the key's series with the key's own, so the key's window
-	// has had its one closing top-up (topup.go).
+	// has had its one closing top-up.
 	Closed bool
 }
 

@@ -16,7 +16,8 @@
 // more} with every group packed in "more" (bucket.StagedPacked), or, in
 // the form every version of the proxy reads, {_id, meta, start, packed}
 // for its first group and the others in "more" (bucket.StagedKeyed). The
-// rule's format record says which (proxy/staging_format.go). The staging collection of the events whose window starts in
+// rule's format record says which. The staging collection of the events whose
+// window starts in
 // staging period P (a day, or the span if longer) is
 // tsproxy_stage_<hash of the bucket collection>_<P's start in ms> (no
 // dots: FerretDB renames only such names). Its _id is random, or, for a
@@ -37,7 +38,7 @@
 // grouped by series and window, sorted by time, cut into buckets of at
 // most maxEvents and maxBytes, and inserted after the highest seq of
 // their key in the bucket collection (with TopUp, the key's last bucket
-// is filled first: topup.go); then it is dropped. Every step is
+// is filled first); then it is dropped. Every step is
 // repeatable, so a merge cut by a crash is finished by the next one: the
 // seqs a merge uses are recorded in the retired collection (its "plan"
 // document) before any bucket is inserted, and a duplicate key on a

@@ -12,8 +12,8 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 )
 
-// What a proxy keeps of its inserts into its own staging collections
-// (proxy/written.go), so that the merge of a collection it froze itself
+// What a proxy keeps of its inserts into its own staging collections, so that
+// the merge of a collection it froze itself
 // need not read the collection back: on FerretDB that read decodes every
 // staged document from JSON, and was half of a merge's time (a third of
 // a second for 50,000 events on the embedded upstream).
@@ -137,7 +137,7 @@ func (m *Merge) readStaged(x *rewrite.Exec, r Collection) ([]bsoncore.Document, 
 				if m.keptMarkers == nil {
 					m.keptMarkers = map[string]string{}
 				}
-				m.keptMarkers[r.Name] = marker // a spare may keep it (spare.go)
+				m.keptMarkers[r.Name] = marker // a spare may keep it
 				out := make([]bsoncore.Document, 0, len(docs)+1)
 				for _, d := range docs {
 					out = append(out, d)

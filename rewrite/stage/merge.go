@@ -36,7 +36,7 @@ type Stats struct {
 	// retention sweep deleted first (an expired window's late data).
 	Swept   int
 	Counted int // events counted into the rule's rollups
-	Kept    int // retired collections merged from what the proxy kept, not read back (kept.go)
+	Kept    int // retired collections merged from what the proxy kept, not read back
 	// DirectoryReads counts the reads of every bucket's key
 	// (MergeOptions.Known).
 	DirectoryReads int
@@ -62,7 +62,7 @@ type Stats struct {
 	// Markers are the flush requests the merge's listing found.
 	Markers []string
 	// Lost are the retired collections whose tables the upstream had
-	// lost, moved to their LostName (lost.go).
+	// lost, moved to their LostName.
 	Lost []string
 	// Upstream is the time the merge waited on the upstream, by StepKind:
 	// the runner that ran its steps (the proxy's) fills it.
@@ -110,7 +110,7 @@ type Merge struct {
 	// expired: loadRecords found records past the retry horizon.
 	expired bool
 	// keptMarkers are the markers of the retired collections merged from
-	// what the proxy kept, by name (a spare keeps it: spare.go).
+	// what the proxy kept, by name (a spare keeps it).
 	keptMarkers map[string]string
 }
 

@@ -93,7 +93,7 @@ type builtBucket struct {
 	first bsoncore.Value    // the first event's _id
 	entry bsoncore.Document // its event-id index entry
 	evs   []bucket.Event    // its new events, for the rule's rollups
-	// A topped-up bucket (topup.go): its count when the merge read it,
+	// A topped-up bucket: its count when the merge read it,
 	// all its events, and the _id of its event-id index entry before.
 	oldCount int
 	all      []bucket.Event

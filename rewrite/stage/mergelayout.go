@@ -15,8 +15,8 @@ import (
 	"github.com/tsproxy/tsproxy/rules"
 )
 
-// mergeLayoutOne merges retired collection r of a counter or slots rule
-// (rewrite/layout's stage.go): the staged events, in the order they
+// mergeLayoutOne merges retired collection r of a counter or slots rule: the
+// staged events, in the order they
 // arrived, become one write per (series, window), after a read of those
 // buckets. repeated says r's plan was read (an earlier run was cut): a
 // counter then leaves out the buckets that carry the plan's mark, so
@@ -61,7 +61,7 @@ func (m *Merge) mergeLayoutOne(x *rewrite.Exec, r Collection, staged []bsoncore.
 	groups := layout.GroupStaged(m.rule, evs)
 	keys := groups.Keys()
 	// The proxy's directory of the rule's buckets, as the events' merge
-	// uses it (directory.go): asked under the keys' locks, which hold
+	// uses it: asked under the keys' locks, which hold
 	// until it learns what this merge wrote. Not on a repeated run: what
 	// the cut run wrote is not known.
 	unlock := func() {}
@@ -75,7 +75,7 @@ func (m *Merge) mergeLayoutOne(x *rewrite.Exec, r Collection, staged []bsoncore.
 		}
 	}
 	// Whole buckets, but for a counter whose buckets take an $inc (not on
-	// an upstream that packs: layout's packed.go): its mark alone.
+	// an upstream that packs: package layout): its mark alone.
 	var proj bsoncore.Document
 	if m.rule.Layout == rules.LayoutCounter && !m.opts.PackedEvents {
 		proj = bsoncore.NewDocumentBuilder().AppendInt32(layout.CounterMerged, 1).Build()

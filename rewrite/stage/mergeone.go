@@ -26,12 +26,12 @@ type mergePlan struct {
 	bases map[string]int // by Key.String(): the first seq to write
 	skip  map[bson.ObjectID]bool
 	ids   map[string]bool // the staged documents merged, by idKey
-	// tops are the last buckets to fill up, by Key.String() (topup.go);
+	// tops are the last buckets to fill up, by Key.String();
 	// rawTops is their record as read from a plan document.
 	tops    map[string]*topUp
 	rawTops bsoncore.Array
-	// markers counts the marker documents the collection holds
-	// (kept.go): neither staged nor late.
+	// markers counts the marker documents the collection holds: neither staged
+	// nor late.
 	markers int
 	// mark is what a counter merge marks its buckets with
 	// (layout.CounterMerged): made once, when the plan is, so a repeat
@@ -167,7 +167,7 @@ func (m *Merge) mergeOne(x *rewrite.Exec, r Collection, records *RecordSet) erro
 		return err
 	}
 	// The keys of the buckets this merge tops up stay locked until they
-	// are written (topup.go).
+	// are written.
 	unlock, err := m.planKeys(x, r, groups, plan)
 	defer func() { unlock() }()
 	if err != nil {
@@ -251,7 +251,7 @@ func (m *Merge) planKeys(x *rewrite.Exec, r Collection, groups []group, plan *me
 
 // splitRetired sorts what a retired collection holds: the plan its
 // merge recorded (nil before one), its staged documents in _id order, and
-// how many marker documents (kept.go).
+// how many marker documents.
 func splitRetired(docs []bsoncore.Document) (plan *mergePlan, staged []bsoncore.Document, markers int, err error) {
 	for _, d := range docs {
 		if s, ok := d.Lookup("_id").StringValueOK(); ok && s == planID {
@@ -270,7 +270,7 @@ func splitRetired(docs []bsoncore.Document) (plan *mergePlan, staged []bsoncore.
 	// Two staged documents of one _id are one write's two attempts: the
 	// collection lacked its unique _id index, which FerretDB on
 	// PostgreSQL leaves out when it is killed between creating a
-	// collection and its index (orphan.go). Merged once.
+	// collection and its index. Merged once.
 	staged = slices.CompactFunc(staged, func(a, b bsoncore.Document) bool {
 		x, y := a.Lookup("_id"), b.Lookup("_id")
 		return x.Type == y.Type && bytes.Equal(x.Data, y.Data)

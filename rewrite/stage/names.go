@@ -120,7 +120,7 @@ func TakenOverName(stage string, token int64) string {
 const goneInfix = "gone_"
 
 // LostName is the name a retired collection whose table the upstream lost
-// is moved to (Merge, lost.go): in the staging tier's names, so hidden
+// is moved to (Merge): in the staging tier's names, so hidden
 // from clients and dropped with the rule's staging, but of no form Parse
 // reads, so that no merge, read or flush meets it again.
 func LostName(rule *rules.Rule, name string) string {

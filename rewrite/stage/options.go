@@ -66,12 +66,12 @@ type MergeOptions struct {
 	// (caps.Upstream.PackedEvents).
 	PackedEvents bool
 	// TopUp fills each key's last bucket, when it has room, before new
-	// buckets are started (topup.go). Only where deletes of the rule run
+	// buckets are started. Only where deletes of the rule run
 	// under its writer lease, as the merge does (FerretDB).
 	TopUp bool
 	// TopUpFloor: a last bucket holding fewer events than this is topped
 	// up however few events the merge adds to it; a fuller one only when
-	// it holds at most topUpRatio times what the merge adds (topup.go).
+	// it holds at most topUpRatio times what the merge adds.
 	// 0: DefaultTopUpFloor.
 	TopUpFloor int
 	// Lock locks bucket keys as a delete locks them, for a top-up's read
@@ -89,7 +89,7 @@ type MergeOptions struct {
 	// Kept gives, once, what this proxy kept of its inserts into the
 	// staging collection that retired collection r was frozen from: the
 	// staged documents, and the _id of the marker document that proves r
-	// is where they went (kept.go). ok is false when it kept nothing
+	// is where they went. ok is false when it kept nothing
 	// whole. Asked only for this proxy's own collections of this run. Nil:
 	// every retired collection is read back.
 	Kept func(r Collection) (docs [][]byte, marker string, ok bool)
@@ -97,7 +97,7 @@ type MergeOptions struct {
 	// events merges use instead of asking the upstream, for where
 	// lookups by _id scan the bucket collection: the merge reads every
 	// bucket's key once (one scan) when the directory has not, rather
-	// than probing merge after merge (directory.go). Nil: they ask. Only
+	// than probing merge after merge. Nil: they ask. Only
 	// with TopUp: its key locks order the directory's checks against
 	// deletes.
 	Known *Known
@@ -105,15 +105,15 @@ type MergeOptions struct {
 	// merges (RecordCache). Nil: each merge reads them.
 	Records *RecordCache
 	// Stale keeps the event-id index entries that top-ups left stale
-	// until enough wait to delete them in one command (stale.go). Nil:
+	// until enough wait to delete them in one command. Nil:
 	// each merge deletes its own.
 	Stale *StaleEntries
 	// DropStale deletes every stale entry Stale keeps at the end of the
 	// merge: a flush settles the event-id index too.
 	DropStale bool
 	// Recycle, when set, names the spare collection that retired
-	// collection r becomes once merged, rather than being dropped
-	// (spare.go): asked only for a collection of this proxy's run that
+	// collection r becomes once merged, rather than being dropped: asked only
+	// for a collection of this proxy's run that
 	// the merge read from what the proxy kept. made is called with
 	// whether r became the spare, and its marker's _id. ok false: r is
 	// dropped. The proxy asks for spares in its merges before reads.

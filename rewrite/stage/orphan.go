@@ -19,7 +19,7 @@ import (
 // Killed after CREATE TABLE, it leaves a table without a catalog entry.
 // A table is named after its collection, so a staging collection of
 // another name (a new generation) gets another table: the proxy moves on
-// to one (proxy/stage.go).
+// to one.
 //
 // Killed after CREATE INDEX, it leaves a collection that works but whose
 // index its catalog does not list. FerretDB names an index after the

@@ -12,7 +12,7 @@ import (
 )
 
 // Spare staging collections. A proxy's first insert into a staging
-// collection creates it and writes its marker (kept.go): on FerretDB a
+// collection creates it and writes its marker: on FerretDB a
 // create costs 5-8 ms (a table, its index, the catalog), against about 1
 // ms for an insert. A merge before a read freezes the collection that the
 // reads' writers were inserting into, so with a read every few per-event
@@ -28,7 +28,7 @@ import (
 // collection's name (a rename changes only FerretDB's catalog) instead of
 // creating one, keeping the marker as the collection's own: the
 // collection then holds the marker and nothing else, as markKept's create
-// and insert leave it, so what kept.go says holds. A rename onto a name
+// and insert leave it, so what Kept says holds. A rename onto a name
 // that exists fails, as a create does.
 //
 // A spare's name is of no form Parse reads (as LostName's): no read,
@@ -38,7 +38,7 @@ import (
 // staging. A merge cut before its rename leaves the retired collection
 // (and its plan), which the next merge finishes; a spare left by a proxy
 // that stopped, or not cleaned, is dropped by its proxy when it finds it
-// unused (proxy/spare.go).
+// unused.
 
 // spareInfix names a spare collection.
 const spareInfix = "spare_"

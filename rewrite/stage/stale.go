@@ -12,7 +12,7 @@ import (
 )
 
 // Stale event-id index entries. A top-up writes its bucket's new entry
-// and leaves the old one stale (topup.go). Deleting it is a delete by
+// and leaves the old one stale. Deleting it is a delete by
 // {_id: {$in}} on the event-id index collection, which FerretDB pushes
 // down on no backend: it decodes every entry of the rule, one per bucket,
 // on all three upstreams (about 20 ms at 240 buckets, `tsbench dashboard
@@ -25,7 +25,7 @@ import (
 // as the entry that replaced it, with a subset of its ids (a top-up only
 // adds events), so a read that meets it looks up a bucket it would look
 // up anyway, or one more at worst ("stale entries cost a lookup, never an
-// answer", rewrite/bucket's idindex.go). What is not safe is deleting a
+// answer"). What is not safe is deleting a
 // waiting entry that has become some bucket's live entry again (an
 // entry's _id names its bucket and its ids, and a bucket that lost events
 // to a delete can take the same ids again). Merges are the only writers

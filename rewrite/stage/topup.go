@@ -318,7 +318,7 @@ func (m *Merge) rewriteTopUpBatch(x *rewrite.Exec, topped []builtBucket, repeate
 // buckets had before: stale, they would cost a lookup each, and one entry
 // a top-up would add up. After the rewrite, so an entry never lacks for
 // a bucket. With MergeOptions.Stale, they wait to be deleted with
-// others (stale.go).
+// others.
 func (m *Merge) dropOldEntries(x *rewrite.Exec, topped []builtBucket) error {
 	var old []bsoncore.Value
 	for _, b := range topped {
@@ -332,7 +332,7 @@ func (m *Merge) dropOldEntries(x *rewrite.Exec, topped []builtBucket) error {
 		return nil
 	}
 	if m.opts.Stale != nil {
-		old = m.opts.Stale.add(old) // stale.go: most merges leave them waiting
+		old = m.opts.Stale.add(old) // most merges leave them waiting
 	}
 	return m.deleteEntries(x, old)
 }

@@ -327,7 +327,7 @@ func (m *Merge) writeIDIndex(x *rewrite.Exec, buckets []builtBucket) error {
 	}
 	if m.opts.Stale != nil {
 		// An entry written again is live, whatever a top-up left waiting
-		// under its _id (stale.go).
+		// under its _id.
 		entries := make([]bsoncore.Document, len(buckets))
 		for i, b := range buckets {
 			entries[i] = b.entry
