@@ -33,12 +33,12 @@ func (b *backgroundConn) get() (*upstream.Conn, error) {
 	if b.up != nil {
 		return b.up, nil
 	}
-	c, err := b.s.background.take(b.ctx)
+	c, err := b.s.background.Take(b.ctx)
 	if err != nil {
 		return nil, err
 	}
 	b.up = c
-	b.stop = context.AfterFunc(b.ctx, func() { b.s.background.discard(c) })
+	b.stop = context.AfterFunc(b.ctx, func() { b.s.background.Discard(c) })
 	return c, nil
 }
 
@@ -51,7 +51,7 @@ func (b *backgroundConn) close() { b.end(false) }
 // its own.
 func (b *backgroundConn) fail() {
 	b.close()
-	b.s.background.closeIdle()
+	b.s.background.CloseIdle()
 }
 
 // release gives the connection, if any, back to the pool after a round
@@ -77,9 +77,9 @@ func (b *backgroundConn) end(pooled bool) {
 	}
 	if b.stop() {
 		if pooled {
-			b.s.background.put(b.up)
+			b.s.background.Put(b.up)
 		} else {
-			b.s.background.discard(b.up)
+			b.s.background.Discard(b.up)
 		}
 	}
 	b.up = nil

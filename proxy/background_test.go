@@ -11,6 +11,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/tsproxy/tsproxy/proxy/exec"
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
 	"github.com/tsproxy/tsproxy/rules"
@@ -68,8 +69,8 @@ func TestBackgroundConnsPooled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{background: newConnPool(d.Dial, backgroundMaxIdle)}
-	defer s.background.close()
+	s := &Server{background: exec.NewPool(d.Dial, backgroundMaxIdle)}
+	defer s.background.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	b := newBackgroundConn(ctx, s)
 	round := func() *upstream.Conn {
@@ -113,7 +114,7 @@ func TestBackgroundConnsPooled(t *testing.T) {
 	}
 	round()
 	b.fail()
-	if got, n := len(s.background.idle), s.BackgroundConns(); got != 0 || n != 0 {
+	if got, n := s.background.Idle(), s.BackgroundConns(); got != 0 || n != 0 {
 		t.Fatalf("%d idle connections and %d open after a failed round, want none", got, n)
 	}
 	round()
@@ -122,7 +123,7 @@ func TestBackgroundConnsPooled(t *testing.T) {
 	}
 	cancel() // the loop ends: its connection closes, and is not pooled
 	b.release()
-	if got := len(s.background.idle); got != 0 {
+	if got := s.background.Idle(); got != 0 {
 		t.Fatalf("%d idle connections after the loop ended, want none", got)
 	}
 	for deadline := time.Now().Add(5 * time.Second); s.BackgroundConns() != 0; time.Sleep(time.Millisecond) {
@@ -141,7 +142,7 @@ type listRunner struct {
 	fail  error
 }
 
-func (l *listRunner) runStep(step rewrite.Step) ([][]byte, error) {
+func (l *listRunner) RunStep(step rewrite.Step) ([][]byte, error) {
 	l.n++
 	if l.fail != nil {
 		err := l.fail
@@ -194,4 +195,13 @@ func TestDBListingsShared(t *testing.T) {
 		t.Fatal("a failed listing answered")
 	}
 	check(a, 2*listingShared+time.Millisecond, true, 5) // the failure was not kept
+}
+
+func doc(t *testing.T, d bson.D) []byte {
+	t.Helper()
+	b, err := bson.Marshal(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

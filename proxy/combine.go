@@ -63,12 +63,12 @@ func newCombined(u rewrite.Upstream) *combined {
 // ones of the same key.
 func (c *conn) runCombined(u rewrite.Upstream) ([][]byte, error) {
 	if u.Seq == nil {
-		return c.runStep(rewrite.Step{{Body: u.Body}})
+		return c.RunStep(rewrite.Step{{Body: u.Body}})
 	}
 	cb := &c.s.combiner
 	defer cb.flying.Add(-1)
 	if cb.flying.Add(1) == 1 {
-		return c.runStep(rewrite.Step{{Body: u.Body, Seq: u.Seq}})
+		return c.RunStep(rewrite.Step{{Body: u.Body, Seq: u.Seq}})
 	}
 	identity, err := c.identity()
 	if err != nil {
@@ -117,7 +117,7 @@ func (c *conn) leadCombined(key string, me *combined) (reply []byte, err error) 
 		cb.handOver(key)
 	}()
 	if len(flight) == 1 {
-		replies, err := c.runStep(rewrite.Step{{Body: me.u.Body, Seq: me.u.Seq}})
+		replies, err := c.RunStep(rewrite.Step{{Body: me.u.Body, Seq: me.u.Seq}})
 		if err != nil {
 			return nil, err
 		}
@@ -130,7 +130,7 @@ func (c *conn) leadCombined(key string, me *combined) (reply []byte, err error) 
 	}
 	cb.shared.Add(1)
 	cb.riders.Add(int64(len(flight) - 1))
-	replies, err := c.runStep(rewrite.Step{stage.Combine(me.u.Body, parts)})
+	replies, err := c.RunStep(rewrite.Step{stage.Combine(me.u.Body, parts)})
 	var split [][]byte
 	if err == nil {
 		split = stage.SplitReply(replies[0], sizes)

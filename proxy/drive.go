@@ -1,49 +1,16 @@
 package proxy
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/tsproxy/tsproxy/proxy/cursors"
+	"github.com/tsproxy/tsproxy/proxy/exec"
 
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
-	"github.com/tsproxy/tsproxy/upstream"
 	"github.com/tsproxy/tsproxy/wire"
 )
-
-// stepRunner sends one plan step upstream and returns copies of the
-// replies' bodies, in order. A connection runs steps on its client's
-// upstream connection; the tests script one.
-type stepRunner interface {
-	runStep(step rewrite.Step) ([][]byte, error)
-}
-
-// drive runs a plan to its end. The error is the upstream connection's
-// (the client connection then closes, as its session lived there); a plan
-// that fails answers with an error reply in its result instead.
-func drive(r stepRunner, p rewrite.Plan) (rewrite.Result, error) {
-	for {
-		step, done := p.Next()
-		if done {
-			return p.Result(), nil
-		}
-		if len(step) == 0 {
-			return rewrite.Result{}, fmt.Errorf("tsproxy: a plan asked for an empty step")
-		}
-		replies, err := r.runStep(step)
-		if err != nil {
-			if rel, ok := p.(rewrite.Releaser); ok {
-				rel.Release()
-			}
-			return rewrite.Result{}, err
-		}
-		if err := p.Feed(replies); err != nil {
-			return rewrite.Result{Reply: mongoerr.Reply(err)}, nil
-		}
-	}
-}
 
 // timedRunner runs steps on the connection and adds up the time spent
 // waiting on the upstream, for the command's metrics; it keeps the
@@ -54,10 +21,10 @@ type timedRunner struct {
 	gossip rewrite.Gossip
 }
 
-func (t *timedRunner) runStep(step rewrite.Step) ([][]byte, error) {
+func (t *timedRunner) RunStep(step rewrite.Step) ([][]byte, error) {
 	t0 := time.Now()
 	defer func() { t.wait += time.Since(t0) }()
-	replies, err := t.c.runStep(step)
+	replies, err := t.c.RunStep(step)
 	for _, r := range replies {
 		t.gossip.Note(r)
 	}
@@ -80,7 +47,7 @@ func (c *conn) servePlan(req *request, rule *rules.Rule, r route, p rewrite.Plan
 func (c *conn) runPlan(req *request, rule *rules.Rule, r route, p rewrite.Plan) (rewrite.Result, error) {
 	span := c.s.tel.Start(req.name, req.db, r.String(), req.start)
 	tr := &timedRunner{c: c}
-	res, err := drive(tr, p)
+	res, err := exec.Drive(tr, p)
 	c.endAfterReply(span, tr.wait, err)
 	if err != nil {
 		return res, err
@@ -114,7 +81,7 @@ func (c *conn) answer(req *request, rule *rules.Rule, res rewrite.Result) error 
 	if res.After == nil {
 		return nil
 	}
-	after, err := drive(c, res.After)
+	after, err := exec.Drive(c, res.After)
 	if err != nil {
 		c.log.Warn("work after the reply failed", "rule", rule.Namespace, "command", req.name, "err", err.Error())
 		return err
@@ -134,56 +101,16 @@ func (c *conn) releaseCursor(rule *rules.Rule, cur rewrite.Cursor) error {
 	if p == nil {
 		return nil
 	}
-	_, err := drive(c, p)
+	_, err := exec.Drive(c, p)
 	if err != nil {
 		c.log.Debug("releasing a cursor upstream failed; the upstream times it out", "rule", rule.Namespace, "cursor", cur.ID(), "err", err.Error())
 	}
 	return err
 }
 
-// upRunner runs steps on an upstream connection of the proxy's own (the
-// sweeper's): its commands are deletes and reads, which hold no write
-// slot.
-type upRunner struct{ up *upstream.Conn }
-
-func (r upRunner) runStep(step rewrite.Step) ([][]byte, error) {
-	var buf []byte
-	return pipeline(r.up, &buf, step)
-}
-
-// pipeline sends a step's commands together on up and reads their
-// replies in order (the upstream answers one connection's requests in
-// order, so only round trips are saved); buf is reused for the frames.
-func pipeline(up *upstream.Conn, buf *[]byte, step rewrite.Step) ([][]byte, error) {
-	b := (*buf)[:0]
-	for _, u := range step {
-		var err error
-		if b, err = appendUpstreamFrame(b, u); err != nil {
-			return nil, err
-		}
-	}
-	*buf = b[:0]
-	if err := up.Write(b); err != nil {
-		return nil, err
-	}
-	out := make([][]byte, len(step))
-	for i := range step {
-		_, rf, err := up.ReadMessage()
-		if err != nil {
-			return nil, err
-		}
-		var m wire.Msg
-		if err := m.Decode(rf); err != nil {
-			return nil, fmt.Errorf("upstream reply: %w", err)
-		}
-		out[i] = append([]byte(nil), m.Body...)
-	}
-	return out, nil
-}
-
 // runStep sends a step on the client's upstream connection (pipeline). An
 // update on an upstream that bounds them holds a write slot meanwhile.
-func (c *conn) runStep(step rewrite.Step) ([][]byte, error) {
+func (c *conn) RunStep(step rewrite.Step) ([][]byte, error) {
 	if len(step) == 1 && step[0].Keep && c.s.kept != nil {
 		return c.runKept(step[0])
 	}
@@ -212,13 +139,13 @@ func (c *conn) runStepAsIs(step rewrite.Step) ([][]byte, error) {
 			return c.runEach(step)
 		}
 	}
-	return pipeline(c.up, &c.outBuf, step)
+	return exec.Pipeline(c.up, &c.outBuf, step)
 }
 
 func (c *conn) runEach(step rewrite.Step) ([][]byte, error) {
 	out := make([][]byte, 0, len(step))
 	for _, u := range step {
-		replies, err := c.runStep(rewrite.Step{u})
+		replies, err := c.RunStep(rewrite.Step{u})
 		if err != nil {
 			return nil, err
 		}
@@ -238,28 +165,10 @@ func (c *conn) slotsUpdates() bool {
 // upstreamFrame frames u in the connection's out buffer; the frame is
 // valid until the next frame is built.
 func (c *conn) upstreamFrame(u rewrite.Upstream) ([]byte, error) {
-	frame, err := appendUpstreamFrame(c.outBuf[:0], u)
+	frame, err := exec.AppendFrame(c.outBuf[:0], u)
 	if err != nil {
 		return nil, err
 	}
 	c.outBuf = frame[:0]
-	return frame, nil
-}
-
-// appendUpstreamFrame appends u as an OP_MSG: its body, and its document
-// sequence when it has one.
-func appendUpstreamFrame(dst []byte, u rewrite.Upstream) ([]byte, error) {
-	if u.Seq == nil {
-		return wire.AppendMsg(dst, upstream.NextRequestID(), 0, 0, u.Body), nil
-	}
-	seq := wire.Sequence{Identifier: u.Seq.Identifier, Documents: make([][]byte, len(u.Seq.Documents))}
-	for i, d := range u.Seq.Documents {
-		seq.Documents[i] = d
-	}
-	m := wire.Msg{Body: u.Body, Sequences: []wire.Sequence{seq}}
-	frame, err := m.Encode(dst, wire.Header{RequestID: upstream.NextRequestID()})
-	if err != nil {
-		return nil, fmt.Errorf("encode upstream command: %w", err)
-	}
 	return frame, nil
 }

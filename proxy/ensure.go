@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tsproxy/tsproxy/proxy/exec"
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/caps"
@@ -70,7 +71,7 @@ func (o *onceSteps) forget(ns string) {
 func (s *Server) forgetNamespace(ns string) {
 	s.once.forget(ns)
 	s.state.forgetBuckets(ns)
-	s.dirs.wrote(ns)
+	s.dirs.Wrote(ns)
 	s.shells.forget(ns)
 	s.idIndexOff.Delete(ns)
 }
@@ -97,7 +98,7 @@ func (c *conn) ensureIndex(rule *rules.Rule, coll, failure string) {
 // the index. On an upstream that reads by no such index
 // (caps.UnusedIndexes) the step only creates the collection, which the
 // index's create would have, and its later steps (IndexIDs) need.
-func (s *Server) ensureIndexOn(r stepRunner, rule *rules.Rule, coll, failure string, caps caps.Upstream) error {
+func (s *Server) ensureIndexOn(r exec.Runner, rule *rules.Rule, coll, failure string, caps caps.Upstream) error {
 	ns := rule.DB + "." + coll
 	if !s.once.begin("index", ns) {
 		return nil
@@ -106,7 +107,7 @@ func (s *Server) ensureIndexOn(r stepRunner, rule *rules.Rule, coll, failure str
 	if caps.UnusedIndexes {
 		cmd = bucket.CreateCommand(rule.DB, coll)
 	}
-	res, err := drive(r, rewrite.Passthrough(cmd, nil))
+	res, err := exec.Drive(r, rewrite.Passthrough(cmd, nil))
 	if err == nil {
 		err = mongoerr.ReplyError(res.Reply)
 		if caps.UnusedIndexes && mongoerr.CodeOf(err) == mongoerr.NamespaceExists {
@@ -150,7 +151,7 @@ func (c *conn) ensureSharded(rule *rules.Rule) {
 	if !c.s.once.begin("shard", ns) {
 		return
 	}
-	hello, err := drive(c, rewrite.Passthrough(rollup.HelloCommand(), nil))
+	hello, err := exec.Drive(c, rewrite.Passthrough(rollup.HelloCommand(), nil))
 	if err != nil {
 		c.log.Error("shardKey: hello failed; will retry", "rule", rule.Namespace, "err", err.Error())
 		return
@@ -161,7 +162,7 @@ func (c *conn) ensureSharded(rule *rules.Rule) {
 		return
 	}
 	for _, cmd := range rollup.ShardCommands(rule) {
-		res, err := drive(c, rewrite.Passthrough(cmd.Body, nil))
+		res, err := exec.Drive(c, rewrite.Passthrough(cmd.Body, nil))
 		if err == nil && cmd.Required {
 			err = mongoerr.ReplyError(res.Reply)
 		}

@@ -12,6 +12,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/tsproxy/tsproxy/proxy/exec"
 	"github.com/tsproxy/tsproxy/proxy/lease"
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/caps"
@@ -90,7 +91,7 @@ const (
 func (c *conn) flushStaged(rule *rules.Rule, caps caps.Upstream, total *stage.Stats, through int64, spares spareUse) (err error) {
 	defer func() {
 		if err != nil {
-			c.s.merges.failed(rule) // the metric of merges that failed
+			c.s.merges.Failed(rule) // the metric of merges that failed
 		}
 	}()
 	// The admin commands (those that count what they merged) settle the
@@ -110,7 +111,7 @@ func (c *conn) flushStaged(rule *rules.Rule, caps caps.Upstream, total *stage.St
 		}()
 	}
 	idle, err := c.nothingStaged(rule, through)
-	if err != nil || idle && !(dropStale && c.s.dirs.staleWaiting(rule.BucketNamespace())) {
+	if err != nil || idle && !(dropStale && c.s.dirs.StaleWaiting(rule.BucketNamespace())) {
 		return err
 	}
 	st, err := c.mergeStaged(rule, caps, opts)
@@ -150,8 +151,8 @@ func (c *conn) nothingStaged(rule *rules.Rule, through int64) (bool, error) {
 // stagedWork lists rule's database on r: the listing, and whether it
 // holds a staging collection of rule, open or retired, or a flush
 // request (stage.HasWork).
-func stagedWork(r stepRunner, rule *rules.Rule) (list []byte, work bool, err error) {
-	res, err := drive(r, rewrite.Passthrough(source.ListCommand(rule.DB), nil))
+func stagedWork(r exec.Runner, rule *rules.Rule) (list []byte, work bool, err error) {
+	res, err := exec.Drive(r, rewrite.Passthrough(source.ListCommand(rule.DB), nil))
 	if err != nil {
 		return nil, false, upstreamFailure{err: err}
 	}
@@ -202,7 +203,7 @@ func newDBListings() *dbListings {
 
 // stagedWork is stagedWork (above) from a listing of rule's database
 // taken within listingShared before now, or from a new one.
-func (l *dbListings) stagedWork(r stepRunner, rule *rules.Rule, now time.Time) (list []byte, work bool, err error) {
+func (l *dbListings) stagedWork(r exec.Runner, rule *rules.Rule, now time.Time) (list []byte, work bool, err error) {
 	l.mu.Lock()
 	got, ok := l.byDB[rule.DB]
 	l.mu.Unlock()
@@ -257,7 +258,7 @@ const flushWaitLeases = 3
 // does what the holder would once it holds the lease.
 func (c *conn) requestFlush(rule *rules.Rule, caps caps.Upstream, waitFor []string) error {
 	marker := stage.FlushMarker(rule, bson.NewObjectID().Hex())
-	res, err := drive(c, rewrite.Passthrough(stage.FlushRequestCommand(rule, marker), nil))
+	res, err := exec.Drive(c, rewrite.Passthrough(stage.FlushRequestCommand(rule, marker), nil))
 	if err != nil {
 		return upstreamFailure{err: err}
 	}
@@ -265,7 +266,7 @@ func (c *conn) requestFlush(rule *rules.Rule, caps caps.Upstream, waitFor []stri
 		return fmt.Errorf("tsproxy rule %s: request a merge of the staged events: %w", rule.Namespace, err)
 	}
 	withdraw := func() error {
-		_, err := drive(c, rewrite.Passthrough(source.DropCommand(rule.DB, marker), nil))
+		_, err := exec.Drive(c, rewrite.Passthrough(source.DropCommand(rule.DB, marker), nil))
 		return err
 	}
 	wait := flushWaitLeases * c.s.leases.TTL()
@@ -358,7 +359,7 @@ func (p *flushPatience) reason() string {
 // listNames lists db's collection names on the client's connection.
 func (c *conn) listNames(db string) ([]string, error) {
 	list := source.ListNames(db)
-	res, err := drive(c, list)
+	res, err := exec.Drive(c, list)
 	if err != nil {
 		return nil, upstreamFailure{err: err}
 	}

@@ -94,7 +94,7 @@ func (s *Server) syncLoops(set *rules.Set) {
 		if ns, merge := strings.CutPrefix(key, "merge "); merge && !ok {
 			// A rule gone (a created collection dropped): its figures
 			// go, or every name a client ever created kept its series.
-			s.merges.forgetFigures(ns)
+			s.merges.ForgetFigures(ns)
 		}
 	}
 	for key, run := range want {

@@ -6,7 +6,9 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/tsproxy/tsproxy/proxy/exec"
 	"github.com/tsproxy/tsproxy/proxy/lease"
+	"github.com/tsproxy/tsproxy/proxy/tier"
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -31,15 +33,15 @@ func (s *Server) mergeLoop(ctx context.Context, rule *rules.Rule) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	var watched time.Time
-	var backoff mergeBackoff
+	var backoff tier.Backoff
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		case <-s.merges.kick(rule.Namespace): // a merge batch is staged
+		case <-s.merges.Kick(rule.Namespace): // a merge batch is staged
 		}
-		if backoff.waiting(time.Now()) {
+		if backoff.Waiting(time.Now()) {
 			continue
 		}
 		if !s.servedHere(rule) {
@@ -51,11 +53,11 @@ func (s *Server) mergeLoop(ctx context.Context, rule *rules.Rule) {
 		up, err := conn.get()
 		if err != nil {
 			if ctx.Err() == nil {
-				s.merges.failed(rule)
+				s.merges.Failed(rule)
 				// No upstream: redialled less and less often, and logged
 				// at the 1st, 2nd, 4th, 8th... failure in a row.
-				wait := backoff.failed(time.Now(), interval)
-				if f := backoff.failures; f&(f-1) == 0 {
+				wait := backoff.Failed(time.Now(), interval)
+				if f := backoff.Failures(); f&(f-1) == 0 {
 					s.log.Warn("staging: background merge cannot reach the upstream; will retry", "rule", rule.Namespace, "failuresInARow", f, "retryIn", wait.String(), "err", err.Error())
 				}
 			}
@@ -66,11 +68,11 @@ func (s *Server) mergeLoop(ctx context.Context, rule *rules.Rule) {
 		var held *lease.HeldError
 		switch {
 		case err == nil || errors.As(err, &held): // another proxy merges this rule
-			backoff.succeeded()
+			backoff.Succeeded()
 		case ctx.Err() == nil:
-			s.merges.failed(rule)
-			wait := backoff.failed(time.Now(), interval)
-			s.log.Warn("staging: background merge failed; will retry", "rule", rule.Namespace, "failuresInARow", backoff.failures, "retryIn", wait.String(), "err", err.Error())
+			s.merges.Failed(rule)
+			wait := backoff.Failed(time.Now(), interval)
+			s.log.Warn("staging: background merge failed; will retry", "rule", rule.Namespace, "failuresInARow", backoff.Failures(), "retryIn", wait.String(), "err", err.Error())
 			if o, ok := stage.OrphanedIn(err.Error()); ok && o.Index {
 				// No retry gets past it (the orphan mending mends tables only).
 				s.log.Error("staging: the upstream cannot create a collection the merge writes: FerretDB (on PostgreSQL, killed while it created another collection) did not record that one's index, and gives its name to this one's; renaming the index in PostgreSQL (ALTER INDEX \"<database>\".\"<index>\" RENAME TO ...) frees the name, its collection keeping it",
@@ -89,9 +91,9 @@ func (s *Server) mergeOnce(up *upstream.Conn, rule *rules.Rule) (stage.Stats, er
 	if !rule.Staged(upCaps.CostlyUpdates) {
 		return stage.Stats{}, nil
 	}
-	list, work, err := s.listings.stagedWork(upRunner{up: up}, rule, time.Now())
+	list, work, err := s.listings.stagedWork(exec.OnConn{Up: up}, rule, time.Now())
 	if err == nil && upCaps.SingleWriter {
-		err = s.tidySpares(upRunner{up: up}, rule, list, time.Now())
+		err = s.tidySpares(exec.OnConn{Up: up}, rule, list, time.Now())
 	}
 	if err != nil || !work {
 		return stage.Stats{}, err
@@ -104,7 +106,7 @@ func (s *Server) mergeOnce(up *upstream.Conn, rule *rules.Rule) (stage.Stats, er
 	}
 	now := time.Now()
 	requests := stage.FlushRequests(rule, list)
-	opts := stage.MergeOptions{Due: s.merges.due(rule, now), Now: now, CheckLate: s.lateDocsPossible(rule, upCaps),
+	opts := stage.MergeOptions{Due: s.merges.Due(rule, now), Now: now, CheckLate: s.lateDocsPossible(rule, upCaps),
 		AllMine: len(requests) > 0} // a flush asked for: this proxy's own staging, whatever is due
 	if upCaps.SingleWriter {
 		err := s.leases.Ensure(up, rule.DB, rule.Collection, s.log)
@@ -116,11 +118,11 @@ func (s *Server) mergeOnce(up *upstream.Conn, rule *rules.Rule) (stage.Stats, er
 			return stage.Stats{}, err
 		}
 	}
-	runner := upRunner{up: up}
+	runner := exec.OnConn{Up: up}
 	var st stage.Stats
 	if pending, idle := s.idleRound(rule, upCaps, list, opts.Due); idle {
 		st.Pending = pending
-		s.merges.record(rule, st, true)
+		s.merges.Record(rule, st, true)
 	} else if st, err = s.runMerge(runner, up, rule, upCaps, opts, true); err != nil {
 		return st, err
 	}
@@ -149,14 +151,14 @@ func (s *Server) mergeOnce(up *upstream.Conn, rule *rules.Rule) (stage.Stats, er
 	}
 	for _, name := range requests {
 		if t, ok := stage.FlushRequestTime(rule, name); ok && now.Sub(t) > staleFlushRequest {
-			res, err := drive(runner, rewrite.Passthrough(source.DropCommand(rule.DB, name), nil))
+			res, err := exec.Drive(runner, rewrite.Passthrough(source.DropCommand(rule.DB, name), nil))
 			if err != nil {
 				return st, upstreamFailure{err: err}
 			}
 			if mongoerr.DroppedUnderQueryReply(res.Reply) {
 				// Its table lost: it would be a
 				// request forever, and the rule never idle.
-				if _, err := drive(runner, rewrite.Passthrough(stage.SetAsideCommand(rule, name), nil)); err != nil {
+				if _, err := exec.Drive(runner, rewrite.Passthrough(stage.SetAsideCommand(rule, name), nil)); err != nil {
 					return st, upstreamFailure{err: err}
 				}
 				s.log.Warn("staging: a flush request had lost its table (FerretDB on PostgreSQL killed while dropping it) and was set aside", "rule", rule.Namespace, "collection", name)
@@ -172,7 +174,7 @@ func (s *Server) mergeOnce(up *upstream.Conn, rule *rules.Rule) (stage.Stats, er
 // and due takes none of them. Its merge would list the database again
 // and run a freeze pass, which holds the rule's inserts off, to find the
 // same. A counter or slots rule, merged only at the backlog bound, when
-// quiet and before a read (mergeState.dueNow), had such a round every
+// quiet and before a read (tier.State.dueNow), had such a round every
 // second while it took inserts.
 func (s *Server) idleRound(rule *rules.Rule, caps caps.Upstream, list []byte, due func(stage.Collection) bool) (pending int, idle bool) {
 	if !caps.SingleWriter { // staging names carry no owner tag

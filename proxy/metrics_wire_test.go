@@ -14,6 +14,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/tsproxy/tsproxy/proxy/exec"
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
 )
@@ -22,23 +23,23 @@ import (
 // collection, as a lost upstream connection would: the freeze before it
 // succeeded, so the staging collection is retired and left unmerged.
 type failBucketInsert struct {
-	r    stepRunner
+	r    exec.Runner
 	done bool
 }
 
-func (f *failBucketInsert) runStep(step rewrite.Step) ([][]byte, error) {
+func (f *failBucketInsert) RunStep(step rewrite.Step) ([][]byte, error) {
 	for _, u := range step {
 		if coll, _ := bson.Raw(u.Body).Lookup("insert").StringValueOK(); coll == "readings.buckets" && !f.done {
 			f.done = true
 			return nil, errors.New("injected: upstream connection reset")
 		}
 	}
-	return f.r.runStep(step)
+	return f.r.RunStep(step)
 }
 
 // mergeWith runs a merge of db.readings on s with opts, as the
 // background merger (background) or a flush would.
-func mergeWith(t *testing.T, s *Server, wrap func(stepRunner) stepRunner, opts stage.MergeOptions, background bool) error {
+func mergeWith(t *testing.T, s *Server, wrap func(exec.Runner) exec.Runner, opts stage.MergeOptions, background bool) error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -52,7 +53,7 @@ func mergeWith(t *testing.T, s *Server, wrap func(stepRunner) stepRunner, opts s
 		t.Fatal(err)
 	}
 	rule := s.opts.Rules.Lookup("db", "readings")
-	_, err = s.runMerge(wrap(upRunner{up: up}), up, rule, caps, opts, background)
+	_, err = s.runMerge(wrap(exec.OnConn{Up: up}), up, rule, caps, opts, background)
 	return err
 }
 
@@ -74,16 +75,16 @@ func TestMergedCountsRetiredFirstPass(t *testing.T) {
 	s, addr := startWireProxy(t, stagedWireRule, "", nil)
 	c := dialWire(t, addr)
 	wireInsert(t, c, sensorEvents(3)...)
-	if err := mergeWith(t, s, func(r stepRunner) stepRunner { return &failBucketInsert{r: r} }, stage.MergeOptions{All: true}, false); err == nil {
+	if err := mergeWith(t, s, func(r exec.Runner) exec.Runner { return &failBucketInsert{r: r} }, stage.MergeOptions{All: true}, false); err == nil {
 		t.Fatal("the merge with a failed bucket insert succeeded")
 	}
-	if err := mergeWith(t, s, func(r stepRunner) stepRunner { return r }, stage.MergeOptions{All: true}, false); err != nil {
+	if err := mergeWith(t, s, func(r exec.Runner) exec.Runner { return r }, stage.MergeOptions{All: true}, false); err != nil {
 		t.Fatal(err)
 	}
 	if n := wireCount(t, c); n != 3 {
 		t.Fatalf("count: %d, want 3", n)
 	}
-	st := s.merges.snapshot()["db.readings"]
+	st := s.merges.Snapshot()["db.readings"]
 	t.Logf("figures: %+v", st)
 	if st.Merged != 3 || st.Buckets != 1 || st.Collections != 1 {
 		t.Fatalf("after every staged event was merged (count 3): staged %d, merged %d, buckets %d, collections %d; want merged 3, buckets 1, collections 1",
@@ -100,19 +101,19 @@ func TestLagKeptWhileMergeFails(t *testing.T) {
 	wireInsert(t, c, sensorEvents(3)...)
 	// A background round that finds the collection not due yet: pending.
 	never := func(stage.Collection) bool { return false }
-	if err := mergeWith(t, s, func(r stepRunner) stepRunner { return r }, stage.MergeOptions{Due: never, Now: time.Now()}, true); err != nil {
+	if err := mergeWith(t, s, func(r exec.Runner) exec.Runner { return r }, stage.MergeOptions{Due: never, Now: time.Now()}, true); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(1100 * time.Millisecond)
-	before := s.merges.snapshot()["db.readings"]
+	before := s.merges.Snapshot()["db.readings"]
 	if before.Pending != 1 || before.Oldest.IsZero() || time.Since(before.Oldest) < time.Second {
 		t.Fatalf("precondition: pending %d, oldest %v", before.Pending, before.Oldest)
 	}
 	// The next background round merges it, and fails after the freeze.
-	if err := mergeWith(t, s, func(r stepRunner) stepRunner { return &failBucketInsert{r: r} }, stage.MergeOptions{All: true, Now: time.Now()}, true); err == nil {
+	if err := mergeWith(t, s, func(r exec.Runner) exec.Runner { return &failBucketInsert{r: r} }, stage.MergeOptions{All: true, Now: time.Now()}, true); err == nil {
 		t.Fatal("the merge with a failed bucket insert succeeded")
 	}
-	st := s.merges.snapshot()["db.readings"]
+	st := s.merges.Snapshot()["db.readings"]
 	t.Logf("figures after the failed merge: %+v", st)
 	if st.Staged-st.Merged != 3 {
 		t.Fatalf("precondition: %d staged, %d merged", st.Staged, st.Merged)
@@ -179,12 +180,12 @@ func TestCollectionsReadNeverNegative(t *testing.T) {
 	s, addr := startWireProxy(t, stagedWireRule, "", nil)
 	c := dialWire(t, addr)
 	wireInsert(t, c, sensorEvents(3)...)
-	if err := mergeWith(t, s, func(r stepRunner) stepRunner { return &failBucketInsert{r: r} }, stage.MergeOptions{All: true}, false); err == nil {
+	if err := mergeWith(t, s, func(r exec.Runner) exec.Runner { return &failBucketInsert{r: r} }, stage.MergeOptions{All: true}, false); err == nil {
 		t.Fatal("the merge with a failed bucket insert succeeded")
 	}
 	// This server's figures, which its metrics export (Collections -
 	// Kept for from="read"; a process's other servers export theirs).
-	st := s.merges.snapshot()["db.readings"]
+	st := s.merges.Snapshot()["db.readings"]
 	if read := st.Collections - st.Kept; read < 0 || st.Kept != 0 {
 		t.Fatalf("after a merge that merged no collection (it failed): collections{from=read} = %d, {from=kept} = %d; want 0 and 0 (a counter is never negative)", read, st.Kept)
 	}
@@ -215,10 +216,10 @@ func TestDroppedCollectionsLeaveNoRuleLabels(t *testing.T) {
 		}
 	}
 	t.Logf("series of tsproxy.staging.events: %v", rulesSeen)
-	t.Logf("rules in the proxy's staging figures: %d", len(s.merges.snapshot()))
-	if len(rulesSeen) > 0 || len(s.merges.snapshot()) > 0 {
+	t.Logf("rules in the proxy's staging figures: %d", len(s.merges.Snapshot()))
+	if len(rulesSeen) > 0 || len(s.merges.Snapshot()) > 0 {
 		t.Fatalf("after %d time-series collections were created and dropped (none exists), the staging metrics still export %d series (%d rules' figures kept); each new name a client invents adds series forever",
-			n, len(rulesSeen), len(s.merges.snapshot()))
+			n, len(rulesSeen), len(s.merges.Snapshot()))
 	}
 }
 
@@ -256,7 +257,7 @@ func TestSlotsBucketsWritten(t *testing.T) {
 	ins(10)
 	r := c.cmd(bson.D{{Key: "count", Value: "cpu"}, {Key: "$db", Value: "db"}})
 	t.Logf("count: %s", r)
-	st := s.merges.snapshot()["db.cpu"]
+	st := s.merges.Snapshot()["db.cpu"]
 	t.Logf("figures: %+v", st)
 	if st.Merged != 20 || st.Buckets != 1 {
 		t.Fatalf("20 events of one host in one hour (one bucket): merged %d, buckets written %d, mean fill %.1f; want merged 20, 1 bucket, fill 20",
@@ -274,7 +275,7 @@ func TestEventsBucketsWrittenContrast(t *testing.T) {
 	mustOK(t, "flush", c.cmd(bson.D{{Key: "tsproxyFlush", Value: 1}, {Key: "$db", Value: "admin"}}))
 	wireInsert(t, c, ev[3:]...)
 	mustOK(t, "flush", c.cmd(bson.D{{Key: "tsproxyFlush", Value: 1}, {Key: "$db", Value: "admin"}}))
-	if st := s.merges.snapshot()["db.readings"]; st.Merged != 6 || st.Buckets != 1 {
+	if st := s.merges.Snapshot()["db.readings"]; st.Merged != 6 || st.Buckets != 1 {
 		t.Fatalf("6 events of one series in one hour, merged in two flushes (the second tops the bucket up): %+v, want merged 6, 1 bucket", st)
 	}
 }

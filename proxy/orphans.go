@@ -6,6 +6,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/tsproxy/tsproxy/proxy/exec"
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
 )
@@ -21,12 +22,12 @@ import (
 // any write; mend checks that it says so), so once the orphaned table is
 // dropped it is sent again, alone.
 type orphanMender struct {
-	r stepRunner
+	r exec.Runner
 	s *Server
 }
 
-func (m orphanMender) runStep(step rewrite.Step) ([][]byte, error) {
-	replies, err := m.r.runStep(step)
+func (m orphanMender) RunStep(step rewrite.Step) ([][]byte, error) {
+	replies, err := m.r.RunStep(step)
 	if err != nil {
 		return replies, err
 	}
@@ -34,7 +35,7 @@ func (m orphanMender) runStep(step rewrite.Step) ([][]byte, error) {
 		if i >= len(step) || !m.mend(step[i], reply) {
 			continue
 		}
-		again, err := m.r.runStep(step[i : i+1])
+		again, err := m.r.RunStep(step[i : i+1])
 		if err != nil {
 			return nil, err
 		}

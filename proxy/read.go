@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/tsproxy/tsproxy/proxy/cursors"
+	"github.com/tsproxy/tsproxy/proxy/exec"
 	"github.com/tsproxy/tsproxy/proxy/lease"
 
 	"github.com/tsproxy/tsproxy/rewrite"
@@ -99,7 +100,7 @@ func (c *conn) rewriteGetMore(req *request, rule *rules.Rule) error {
 	defer e.Mu.Unlock()
 	span := c.s.tel.Start(req.name, req.db, routeCursor.String(), req.start)
 	tr := &timedRunner{c: c}
-	res, err := drive(tr, e.Cursor.More(req.msg.Body))
+	res, err := exec.Drive(tr, e.Cursor.More(req.msg.Body))
 	c.endAfterReply(span, tr.wait, err)
 	if err != nil {
 		c.forgetCursor(id)

@@ -3,6 +3,7 @@ package proxy
 import (
 	"sync"
 
+	"github.com/tsproxy/tsproxy/proxy/exec"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/rollup"
 
@@ -41,7 +42,7 @@ func (c *conn) maintainRollups(rule *rules.Rule, cmd rewrite.Command, reply []by
 		mu.Lock()
 		defer mu.Unlock()
 	}
-	res, err := drive(c, rollup.Plan(cmd, rule, reply, rollup.Options{MaxStatements: caps.MaxUpdateStatements, StmtIDs: caps.StmtIDs}))
+	res, err := exec.Drive(c, rollup.Plan(cmd, rule, reply, rollup.Options{MaxStatements: caps.MaxUpdateStatements, StmtIDs: caps.StmtIDs}))
 	if err != nil {
 		c.log.Error("rollup write failed on a broken upstream connection; the events are stored but rollups lag", "rule", rule.Namespace, "err", err.Error())
 		return err

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/tsproxy/tsproxy/proxy/cursors"
+	"github.com/tsproxy/tsproxy/proxy/exec"
+	"github.com/tsproxy/tsproxy/proxy/tier"
 
 	"github.com/tsproxy/tsproxy/proxy/lease"
 	"github.com/tsproxy/tsproxy/proxy/replycache"
@@ -110,7 +112,7 @@ type Server struct {
 	life        *lifecycleState
 	sweep       *sweeper
 	leases      *lease.Set // writer leases (package lease)
-	merges      *mergeState
+	merges      *tier.State
 	once        *onceSteps
 	shells      *shellMemory
 	arrival     arrivalClock // staged slots writes in arrival order
@@ -126,9 +128,9 @@ type Server struct {
 	combiner   combiner          // staged inserts sharing upstream inserts
 	kept       *keptStore        // what staged inserts stored, for their merge; nil: nothing kept
 	spares     *spareCollections // spare staging collections, made by merges before reads
-	dirs       *directories      // what the merges know of their rules' buckets
-	helpers    *connPool         // connections of merges' parallel inserts
-	background *connPool         // connections of the background loops' rounds
+	dirs       *tier.Directories // what the merges know of their rules' buckets
+	helpers    *exec.Pool        // connections of merges' parallel inserts
+	background *exec.Pool        // connections of the background loops' rounds
 	listings   *dbListings       // the merge rounds' listings, shared by a database's rules
 	// presence is this proxy's announcements that it stages rules into
 	// collections of its own, and stagerSince the first generation of
@@ -203,7 +205,7 @@ func New(opts Options) (*Server, error) {
 		replies:     replycache.New(opts.RetryCacheSize, opts.RetryCacheTTL),
 		life:        newLifecycleState(),
 		leases:      lease.NewSet(opts.WriterLease, opts.WriterID),
-		merges:      newMergeState(),
+		merges:      tier.NewState(),
 		once:        newOnceSteps(),
 		shells:      newShellMemory(),
 		writes:      newWriteIDs(time.Now()),
@@ -214,15 +216,15 @@ func New(opts Options) (*Server, error) {
 		formats:     newStagingFormats(),
 		conns:       make(map[*conn]struct{}),
 		kept:        newKeptStore(cmp.Or(opts.StagedMemory, int64(rules.DefaultStagedMemory))),
-		dirs:        newDirectories(),
+		dirs:        tier.NewDirectories(),
 		spares:      newSpareCollections(),
-		helpers:     newConnPool(opts.Dialer.Dial, helperMaxIdle),
-		background:  newConnPool(opts.Dialer.Dial, backgroundMaxIdle),
+		helpers:     exec.NewPool(opts.Dialer.Dial, exec.HelperMaxIdle),
+		background:  exec.NewPool(opts.Dialer.Dial, backgroundMaxIdle),
 		listings:    newDBListings(),
 	}
 	s.cat = newCatalog(s, opts.CatalogLease, opts.CreateTimeseries)
 	s.cat.timeout = cmp.Or(opts.CatalogTimeout, DefaultCatalogTimeout)
-	stop, err := telemetry.ObserveStaging(s.merges.snapshot)
+	stop, err := telemetry.ObserveStaging(s.merges.Snapshot)
 	if err != nil {
 		return nil, fmt.Errorf("proxy: telemetry: %w", err)
 	}
@@ -353,10 +355,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.closing.Store(true)
 	s.stopSweeper()
 	defer s.stopMetrics()
-	s.merges.close() // nothing merges now: inserts waiting for room are refused
+	s.merges.Close() // nothing merges now: inserts waiting for room are refused
 	defer s.cat.close()
-	defer s.helpers.close()
-	defer s.background.close()
+	defer s.helpers.Close()
+	defer s.background.Close()
 	s.mu.Lock()
 	if s.ln != nil {
 		s.ln.Close()

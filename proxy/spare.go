@@ -4,6 +4,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tsproxy/tsproxy/proxy/exec"
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -168,7 +169,7 @@ func (s *Server) recycler(rule *rules.Rule, singleWriter bool) func(stage.Collec
 // the background pool, which the background rounds keep open anyway (a
 // helper would stay open connIdle after each read, apart from them).
 func (s *Server) cleanSpare(rule *rules.Rule, name, marker string) {
-	reply := s.background.run(rewrite.Upstream{Body: stage.SpareCleanCommand(rule.DB, name, marker)})
+	reply := s.background.Run(rewrite.Upstream{Body: stage.SpareCleanCommand(rule.DB, name, marker)})
 	s.spares.cleaned(rule, name, reply != nil && mongoerr.IsOK(reply))
 }
 
@@ -199,7 +200,7 @@ func (c *conn) useSpare(kc *keptColl, db, coll string) bool {
 
 // dropSpare drops rule's spare, if it has one (a flush leaves no staging
 // behind). One being cleaned goes too: its cleaning then finds it gone.
-func (s *Server) dropSpare(r stepRunner, rule *rules.Rule) error {
+func (s *Server) dropSpare(r exec.Runner, rule *rules.Rule) error {
 	sp, ok := s.spares.takeRenamed(rule)
 	if !ok {
 		return nil
@@ -207,8 +208,8 @@ func (s *Server) dropSpare(r stepRunner, rule *rules.Rule) error {
 	return dropSpareNamed(r, rule, sp.name)
 }
 
-func dropSpareNamed(r stepRunner, rule *rules.Rule, name string) error {
-	res, err := drive(r, rewrite.Passthrough(source.DropCommand(rule.DB, name), nil))
+func dropSpareNamed(r exec.Runner, rule *rules.Rule, name string) error {
+	res, err := exec.Drive(r, rewrite.Passthrough(source.DropCommand(rule.DB, name), nil))
 	if err != nil {
 		return upstreamFailure{err: err}
 	}
@@ -223,7 +224,7 @@ func dropSpareNamed(r stepRunner, rule *rules.Rule, name string) error {
 // dropped, and so are spares of its tag it does not keep (left by a merge
 // cut after it made one, or by an earlier run of the proxy) once they
 // are older than a reservation lasts.
-func (s *Server) tidySpares(r stepRunner, rule *rules.Rule, list []byte, now time.Time) error {
+func (s *Server) tidySpares(r exec.Runner, rule *rules.Rule, list []byte, now time.Time) error {
 	if sp, ok := s.spares.takeIdle(rule, now.Add(-spareIdleFor)); ok {
 		if err := dropSpareNamed(r, rule, sp.name); err != nil {
 			return err

@@ -8,7 +8,9 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/tsproxy/tsproxy/proxy/exec"
 	"github.com/tsproxy/tsproxy/proxy/lease"
+	"github.com/tsproxy/tsproxy/proxy/tier"
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/caps"
@@ -24,7 +26,7 @@ import (
 // staging collections with no lock, no update and no lease (into
 // collections of this proxy's own where the upstream needs that, see
 // stagedInsert); merges write its buckets. One merge of a rule runs at a
-// time in this proxy (mergeState's lock) and in the fleet (the rule's
+// time in this proxy (tier.State's lock) and in the fleet (the rule's
 // writer lease); a proxy that does not hold it freezes its own staging
 // collections only. A merge runs before
 // every command on the rule's namespace but inserts, getMore and
@@ -33,6 +35,11 @@ import (
 // collection has taken nothing new for the rule's mergeAfter.
 
 // stagedRule says whether rule stages its events on this upstream.
+// RetryHorizon is how long the records of merged retryable writes are
+// kept: a driver retries within its server selection timeout (30 s by
+// default), after a proxy restarts too.
+const RetryHorizon = 10 * time.Minute
+
 func (c *conn) stagedRule(rule *rules.Rule) (bool, caps.Upstream, error) {
 	caps, err := c.upstreamCaps()
 	if err != nil {
@@ -74,9 +81,9 @@ func (c *conn) stagedInsert(req *request, rule *rules.Rule) error {
 	if err == nil {
 		// Backpressure: wait for room in staging (before the insert holds
 		// off the freeze that makes it).
-		if _, full := c.s.merges.admit(rule, waitDeadline(req, stagedWait)); full != nil {
+		if _, full := c.s.merges.Admit(rule, waitDeadline(req, stagedWait)); full != nil {
 			code := mongoerr.MaxTimeMSExpired
-			if full == errShuttingDown {
+			if full == tier.ErrShuttingDown {
 				code = mongoerr.InterruptedAtShutdown
 			}
 			return c.replyError(req, code, full.Error())
@@ -84,7 +91,7 @@ func (c *conn) stagedInsert(req *request, rule *rules.Rule) error {
 	}
 	// Held from the generation read to the reply: a freeze of this
 	// proxy's collections (which moves it on) waits for it.
-	inflight := c.s.merges.inserts(rule.Namespace)
+	inflight := c.s.merges.Inserts(rule.Namespace)
 	inflight.RLock()
 	var p rewrite.Plan
 	// An upstream that keeps no session state (no stmtIds: FerretDB)
@@ -116,7 +123,7 @@ func (c *conn) stagedInsert(req *request, rule *rules.Rule) error {
 		// could land after a freeze that took the events and reset the
 		// backlog, and leave it counting events nothing staged, which
 		// no freeze then reset: every later insert waited for room.
-		c.s.merges.staged(rule, n)
+		c.s.merges.Staged(rule, n)
 	}
 	inflight.RUnlock()
 	if err == nil {
@@ -163,7 +170,7 @@ func (c *conn) mendOrphanedStaging(rule *rules.Rule, caps caps.Upstream, reply [
 		return true
 	}
 	old := c.s.stager(rule, caps)
-	c.s.merges.nextGen(rule.Namespace, time.Now())
+	c.s.merges.NextGen(rule.Namespace, time.Now())
 	c.log.Warn("staging: the upstream cannot create a staging collection (its table outlived FerretDB's catalog entry, as a FerretDB killed while creating it leaves it, on PostgreSQL or SQLite); staging moves to collections of a new name, and the table named below can be dropped (in PostgreSQL, or in the database's SQLite file)",
 		"rule", rule.Namespace, "generation", old.Gen, "err", orphan.Message)
 	return true
@@ -227,7 +234,7 @@ func (s *Server) stager(rule *rules.Rule, caps caps.Upstream) stage.Stager {
 	if !caps.SingleWriter {
 		return stage.Stager{}
 	}
-	return stage.Stager{Tag: s.stagerTag(), Gen: s.merges.gen(rule.Namespace, s.stagerSince)}
+	return stage.Stager{Tag: s.stagerTag(), Gen: s.merges.Gen(rule.Namespace, s.stagerSince)}
 }
 
 // stagerTag names this proxy in its staging collections' names: its
@@ -300,20 +307,20 @@ func (s *Server) lateDocsPossible(rule *rules.Rule, caps caps.Upstream) bool {
 
 // runMerge runs a merge plan on r under the rule's merge lock; up asks
 // whether other proxies' announcements lapsed.
-func (s *Server) runMerge(r stepRunner, up lease.Commander, rule *rules.Rule, caps caps.Upstream, opts stage.MergeOptions, background bool) (stage.Stats, error) {
-	l := s.merges.lock(rule.Namespace)
+func (s *Server) runMerge(r exec.Runner, up lease.Commander, rule *rules.Rule, caps caps.Upstream, opts stage.MergeOptions, background bool) (stage.Stats, error) {
+	l := s.merges.Lock(rule.Namespace)
 	l.Lock()
 	defer l.Unlock()
 	st, err := s.runMergeLocked(r, up, rule, caps, opts, background)
 	if err != nil {
 		// What the merge wrote before it stopped is not known.
-		s.dirs.forget(rule.BucketNamespace())
+		s.dirs.Forget(rule.BucketNamespace())
 	}
 	return st, err
 }
 
 // runMergeLocked is runMerge under the rule's merge lock.
-func (s *Server) runMergeLocked(r stepRunner, up lease.Commander, rule *rules.Rule, caps caps.Upstream, opts stage.MergeOptions, background bool) (st stage.Stats, err error) {
+func (s *Server) runMergeLocked(r exec.Runner, up lease.Commander, rule *rules.Rule, caps caps.Upstream, opts stage.MergeOptions, background bool) (st stage.Stats, err error) {
 	if opts.Now.IsZero() {
 		opts.Now = time.Now()
 	}
@@ -332,7 +339,7 @@ func (s *Server) runMergeLocked(r stepRunner, up lease.Commander, rule *rules.Ru
 			opts.Kept = func(r stage.Collection) ([][]byte, string, bool) { return s.kept.take(rule.DB + "." + r.OpenName()) }
 			// What a freeze took and no merge asked for (a guest's, a
 			// merge that failed) is read back when it is merged.
-			defer func() { s.kept.forgetFrozen(rule, s.merges.gen(rule.Namespace, s.stagerSince)) }()
+			defer func() { s.kept.forgetFrozen(rule, s.merges.Gen(rule.Namespace, s.stagerSince)) }()
 		}
 		opts.Gone = s.goneStagers(up, rule, opts.Now)
 		// Deletes run under the writer lease here, as the merge does,
@@ -359,26 +366,26 @@ func (s *Server) runMergeLocked(r stepRunner, up lease.Commander, rule *rules.Ru
 			// (a read of every bucket would cost the whole rule).
 			// A counter or slots rule has no delete through the proxy;
 			// its direct inserts and retention sweeps count as writes.
-			opts.Known = s.dirs.known(rule.BucketNamespace(), s.heldTerm(rule))
+			opts.Known = s.dirs.Known(rule.BucketNamespace(), s.heldTerm(rule))
 			opts.Known.NoRead = lookups == read.IDLookupIndexed
 			// The holder's merges are the only writers of the records of
 			// merged retryable writes too, on every upstream: it keeps
 			// them between merges rather than read them all at each.
-			opts.Records = s.dirs.recordCache(rule.BucketNamespace(), s.heldTerm(rule))
+			opts.Records = s.dirs.RecordCache(rule.BucketNamespace(), s.heldTerm(rule))
 			// And it leaves the entries its top-ups made stale to be
 			// deleted many at a time.
-			opts.Stale = s.dirs.staleEntries(rule.BucketNamespace(), s.heldTerm(rule)())
+			opts.Stale = s.dirs.StaleEntries(rule.BucketNamespace(), s.heldTerm(rule)())
 		}
 	}
 	if !opts.Guest {
-		opts.InsertStreams = mergeInsertStreams
-		r = parallelRunner{r: r, helpers: s.helpers}
+		opts.InsertStreams = exec.MergeInsertStreams
+		r = exec.Parallel{R: r, Helpers: s.helpers}
 		if s.opts.DropOrphanedTable != nil {
 			r = orphanMender{r: r, s: s}
 		}
 	}
 	times := map[string]stage.StepTime{}
-	r = timedSteps{r: r, rule: rule, times: times}
+	r = exec.Timed{R: r, Rule: rule, Times: times}
 	defer func() { stage.AddStepTimes(&st.Upstream, times) }()
 	if !opts.Guest && caps.SingleWriter {
 		// Every step of the holder's merge runs under the writer lease,
@@ -392,20 +399,20 @@ func (s *Server) runMergeLocked(r stepRunner, up lease.Commander, rule *rules.Ru
 		// proxy's freeze) are merged first, with inserts going on.
 		first, err := s.mergeRetiredOnly(r, rule, caps, opts, false)
 		if err != nil {
-			s.merges.recordFailed(rule, first)
+			s.merges.RecordFailed(rule, first)
 			return first, err
 		}
 		// Counted now: the passes below record their own (the first
 		// pass's were dropped, and its merged events never counted).
-		s.merges.recordCounts(rule, first)
+		s.merges.RecordCounts(rule, first)
 	}
 	// The freeze, with this proxy's inserts into the rule held off.
 	freezeOpts := opts
 	freezeOpts.FreezeOnly = true
 	freeze := stage.NewMerge(rule, freezeOpts)
-	inflight := s.merges.inserts(rule.Namespace)
+	inflight := s.merges.Inserts(rule.Namespace)
 	inflight.Lock()
-	res, err := drive(r, freeze)
+	res, err := exec.Drive(r, freeze)
 	if freeze.Stats.Frozen > 0 || err != nil || !mongoerr.IsOK(res.Reply) {
 		// This proxy's next inserts go to collections of a new
 		// generation: none of the names frozen is created again. A
@@ -413,10 +420,10 @@ func (s *Server) runMergeLocked(r stepRunner, up lease.Commander, rule *rules.Ru
 		// renamed some: its next insert recreated the name, and the
 		// kept documents of the renamed one took that insert too,
 		// merged twice.
-		s.merges.nextGen(rule.Namespace, opts.Now)
+		s.merges.NextGen(rule.Namespace, opts.Now)
 	}
 	if err == nil && mongoerr.IsOK(res.Reply) && freeze.Stats.Pending == 0 {
-		s.merges.frozeAll(rule)
+		s.merges.FrozeAll(rule)
 	}
 	inflight.Unlock()
 	if err != nil {
@@ -429,20 +436,20 @@ func (s *Server) runMergeLocked(r stepRunner, up lease.Commander, rule *rules.Ru
 	// collection another proxy froze meanwhile is merged now, not left:
 	// a flush that found nothing to wait for reads next.)
 	if opts.Guest || freeze.Stats.Frozen == 0 && len(freeze.Stats.Retired) == 0 {
-		s.merges.record(rule, freeze.Stats, background)
+		s.merges.Record(rule, freeze.Stats, background)
 		return freeze.Stats, nil
 	}
 	st, err = s.mergeRetiredOnly(r, rule, caps, opts, true)
 	st.Pending, st.Markers, st.Others = freeze.Stats.Pending, freeze.Stats.Markers, freeze.Stats.Others
 	if err != nil {
-		s.merges.recordFailed(rule, st)
+		s.merges.RecordFailed(rule, st)
 		return st, err
 	}
-	s.merges.record(rule, st, background)
+	s.merges.Record(rule, st, background)
 	if st.Collections > 0 {
-		slowest, took := slowestStep(times)
+		slowest, took := exec.SlowestStep(times)
 		s.log.Debug("staging merged", "rule", rule.Namespace, "collections", st.Collections, "events", st.Events, "buckets", st.Buckets,
-			"slowestStep", slowest, "slowestStepMs", took.Milliseconds())
+			"exec.SlowestStep", slowest, "slowestStepMs", took.Milliseconds())
 	}
 	return st, nil
 }
@@ -465,13 +472,13 @@ func (s *Server) heldTerm(rule *rules.Rule) func() int64 {
 // over the buckets, 100 ms for 50,000 events on the embedded upstream),
 // else once something was merged: a create or drop of the namespace
 // settles first, and must not find the collection made by that.
-func (s *Server) mergeRetiredOnly(r stepRunner, rule *rules.Rule, caps caps.Upstream, opts stage.MergeOptions, retired bool) (stage.Stats, error) {
+func (s *Server) mergeRetiredOnly(r exec.Runner, rule *rules.Rule, caps caps.Upstream, opts stage.MergeOptions, retired bool) (stage.Stats, error) {
 	opts.All, opts.Due, opts.RetiredOnly = false, nil, true
 	m := stage.NewMerge(rule, opts)
 	if retired {
 		_ = s.ensureIndexOn(r, rule, rule.BucketCollection, bucketIndexFailure, caps) // logged; the merge works without it
 	}
-	res, err := drive(r, m)
+	res, err := exec.Drive(r, m)
 	if len(m.Stats.RollupErrors) > 0 {
 		// Rollups count at most once (rewrite/stage countRollups).
 		s.log.Error("rollups not updated for merged events; they are stored but these rollup documents lag (tsproxy rollups rebuild recounts them)",
@@ -509,13 +516,13 @@ func mergeFailure(err error) error {
 // leasedRunner runs each step of a merge after making sure the proxy
 // still holds the rule's writer lease (renewing it when half used).
 type leasedRunner struct {
-	r     stepRunner
+	r     exec.Runner
 	renew func() error
 }
 
-func (l leasedRunner) runStep(step rewrite.Step) ([][]byte, error) {
+func (l leasedRunner) RunStep(step rewrite.Step) ([][]byte, error) {
 	if err := l.renew(); err != nil {
 		return nil, err
 	}
-	return l.r.runStep(step)
+	return l.r.RunStep(step)
 }

@@ -13,7 +13,7 @@ import (
 )
 
 // TestBacklogCountedAfterFreeze: a staged insert counts its events
-// into the proxy's backlog (mergeState.staged) only once its client has
+// into the proxy's backlog (tier.State.staged) only once its client has
 // the reply, after it let freezes in. A freeze that takes the insert's
 // events in between (here a flush on another connection while the reply
 // is on its way) resets the backlog first, and the late count then stays

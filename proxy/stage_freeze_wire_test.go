@@ -7,6 +7,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/tsproxy/tsproxy/proxy/exec"
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
 )
@@ -23,11 +24,11 @@ const stagedWireRule = `rules:
 // failNthRename runs steps on r, but fails the n-th renameCollection as a
 // lost upstream connection would.
 type failNthRename struct {
-	r       stepRunner
+	r       exec.Runner
 	n, seen int
 }
 
-func (f *failNthRename) runStep(step rewrite.Step) ([][]byte, error) {
+func (f *failNthRename) RunStep(step rewrite.Step) ([][]byte, error) {
 	for _, u := range step {
 		if _, err := bson.Raw(u.Body).LookupErr("renameCollection"); err == nil {
 			f.seen++
@@ -36,7 +37,7 @@ func (f *failNthRename) runStep(step rewrite.Step) ([][]byte, error) {
 			}
 		}
 	}
-	return f.r.runStep(step)
+	return f.r.RunStep(step)
 }
 
 func wireInsert(t *testing.T, c *wireClient, docs ...bson.D) {
@@ -78,7 +79,7 @@ func TestFreezeCutAfterFirstRename(t *testing.T) {
 		bson.D{{Key: "ts", Value: day2}, {Key: "sensor", Value: "a"}, {Key: "v", Value: 2}})
 	// The freeze renames the first collection, and the second rename
 	// fails.
-	if err := mergeThrough(t, s, func(r stepRunner) stepRunner { return &failNthRename{r: r, n: 2} }); err == nil {
+	if err := mergeThrough(t, s, func(r exec.Runner) exec.Runner { return &failNthRename{r: r, n: 2} }); err == nil {
 		t.Fatal("the merge with a failed rename succeeded")
 	}
 
@@ -94,7 +95,7 @@ func TestFreezeCutAfterFirstRename(t *testing.T) {
 
 // mergeThrough runs a merge of db.readings on s, as its background merger
 // would, with its steps run by wrap of an upstream connection's runner.
-func mergeThrough(t *testing.T, s *Server, wrap func(stepRunner) stepRunner) error {
+func mergeThrough(t *testing.T, s *Server, wrap func(exec.Runner) exec.Runner) error {
 	t.Helper()
 	return mergeWith(t, s, wrap, stage.MergeOptions{All: true}, false)
 }
@@ -107,12 +108,12 @@ func bsonOK(r bson.Raw) bool {
 // loseNthRenameReply runs the n-th renameCollection but loses its reply,
 // as a connection cut after the upstream committed would.
 type loseNthRenameReply struct {
-	r       stepRunner
+	r       exec.Runner
 	n, seen int
 }
 
-func (f *loseNthRenameReply) runStep(step rewrite.Step) ([][]byte, error) {
-	replies, err := f.r.runStep(step)
+func (f *loseNthRenameReply) RunStep(step rewrite.Step) ([][]byte, error) {
+	replies, err := f.r.RunStep(step)
 	for _, u := range step {
 		if _, e := bson.Raw(u.Body).LookupErr("renameCollection"); e == nil {
 			f.seen++
@@ -131,7 +132,7 @@ func TestFreezeRenameReplyLost(t *testing.T) {
 	c := dialWire(t, addr)
 	day1 := time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC)
 	wireInsert(t, c, bson.D{{Key: "ts", Value: day1}, {Key: "sensor", Value: "a"}, {Key: "v", Value: 1}})
-	if err := mergeThrough(t, s, func(r stepRunner) stepRunner { return &loseNthRenameReply{r: r, n: 1} }); err == nil {
+	if err := mergeThrough(t, s, func(r exec.Runner) exec.Runner { return &loseNthRenameReply{r: r, n: 1} }); err == nil {
 		t.Fatal("the merge with a lost rename reply succeeded")
 	}
 	wireInsert(t, c, bson.D{{Key: "ts", Value: day1.Add(time.Minute)}, {Key: "sensor", Value: "a"}, {Key: "v", Value: 2}})

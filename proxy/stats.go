@@ -22,7 +22,7 @@ func (s *Server) SharedInserts() (inserts, riders int64) {
 // BackgroundConns is the number of upstream connections of the proxy's
 // background work (merges, retention) open now, in use or kept between
 // rounds: the proxy's own, which outlive its clients.
-func (s *Server) BackgroundConns() int { return int(s.background.open.Load()) }
+func (s *Server) BackgroundConns() int { return s.background.Open() }
 
 // Stats returns the current counts.
 func (s *Server) Stats() Stats {

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tsproxy/tsproxy/proxy/exec"
 	"github.com/tsproxy/tsproxy/proxy/lease"
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/fanout"
@@ -194,7 +195,7 @@ func (s *Server) retainCollection(up *upstream.Conn, rule *rules.Rule, e rollup.
 			// The fills of the swept (series, window) keys are stale;
 			// the next insert of any key loads its fill again.
 			s.state.forgetBuckets(rule.BucketNamespace())
-			s.dirs.wrote(rule.BucketNamespace())
+			s.dirs.Wrote(rule.BucketNamespace())
 			s.sweepIDIndex(up, rule, e.Cutoff(rule, now))
 		}
 		s.log.Info("retention: expired documents deleted", "rule", rule.Namespace, "collection", e.Collection, "deleted", n)
@@ -237,7 +238,7 @@ func sweepOnce(up *upstream.Conn, rule *rules.Rule, e rollup.Expiry, now time.Ti
 // expired period go too.
 func (s *Server) retainBuckets(up *upstream.Conn, rule *rules.Rule, e rollup.Expiry, modes map[string]retentionMode, now time.Time) error {
 	l := source.List(rule)
-	if _, err := drive(upRunner{up: up}, l); err != nil {
+	if _, err := exec.Drive(exec.OnConn{Up: up}, l); err != nil {
 		return err
 	}
 	for _, c := range l.Collections() {
@@ -248,7 +249,7 @@ func (s *Server) retainBuckets(up *upstream.Conn, rule *rules.Rule, e rollup.Exp
 			continue
 		}
 		if rule.PartitionExpired(c.Start, now) {
-			res, err := drive(upRunner{up: up}, rewrite.Passthrough(source.DropCommand(rule.DB, c.Name), nil))
+			res, err := exec.Drive(exec.OnConn{Up: up}, rewrite.Passthrough(source.DropCommand(rule.DB, c.Name), nil))
 			if err == nil && mongoerr.DroppedUnderQueryReply(res.Reply) {
 				// A drop of it cut between its two statements on
 				// FerretDB over PostgreSQL left a catalog entry without

@@ -7,6 +7,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/tsproxy/tsproxy/proxy/exec"
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/admin"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -364,7 +365,7 @@ func (c *conn) restoreEntries(dropping ...admin.CatalogEntry) {
 // dropStaging drops the rule's staging collections (events not merged
 // yet), so a later create of the name starts empty.
 func (c *conn) dropStaging(rule *rules.Rule) {
-	res, err := drive(c, admin.DropStaging(rule))
+	res, err := exec.Drive(c, admin.DropStaging(rule))
 	if err == nil && res.Reply != nil && !mongoerr.IsOK(res.Reply) {
 		err = errors.New(string(bson.Raw(res.Reply).Lookup("errmsg").StringValue()))
 	}

@@ -1,4 +1,4 @@
-package proxy
+package exec
 
 import (
 	"errors"
@@ -18,7 +18,7 @@ type scriptedRunner struct {
 	fail    error // returned at the step after the script ends
 }
 
-func (s *scriptedRunner) runStep(step rewrite.Step) ([][]byte, error) {
+func (s *scriptedRunner) RunStep(step rewrite.Step) ([][]byte, error) {
 	s.sent = append(s.sent, step)
 	if len(s.replies) == 0 {
 		if s.fail != nil {
@@ -73,7 +73,7 @@ func (p *countingPlan) Result() rewrite.Result {
 func TestDriveRunsStepsUntilDone(t *testing.T) {
 	n := func(v int64) []byte { return doc(t, bson.D{{Key: "n", Value: v}}) }
 	r := &scriptedRunner{replies: [][][]byte{{n(1), n(2)}, {n(3), n(4)}}}
-	res, err := drive(r, &countingPlan{t: t, steps: 2})
+	res, err := Drive(r, &countingPlan{t: t, steps: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +84,7 @@ func TestDriveRunsStepsUntilDone(t *testing.T) {
 
 func TestDriveAnswersAPlanErrorAndStops(t *testing.T) {
 	r := &scriptedRunner{replies: [][][]byte{{doc(t, bson.D{{Key: "x", Value: 1}}), doc(t, bson.D{{Key: "n", Value: 1}})}}}
-	res, err := drive(r, &countingPlan{t: t, steps: 5})
+	res, err := Drive(r, &countingPlan{t: t, steps: 5})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +96,7 @@ func TestDriveAnswersAPlanErrorAndStops(t *testing.T) {
 func TestDriveReturnsUpstreamFailure(t *testing.T) {
 	down := fmt.Errorf("upstream: read: EOF")
 	r := &scriptedRunner{fail: down}
-	if _, err := drive(r, &countingPlan{t: t, steps: 1}); !errors.Is(err, down) {
+	if _, err := Drive(r, &countingPlan{t: t, steps: 1}); !errors.Is(err, down) {
 		t.Fatalf("err %v, want the upstream's", err)
 	}
 }
@@ -114,7 +114,7 @@ func TestDriveCombinators(t *testing.T) {
 			return rewrite.Result{Reply: first.Reply}, nil
 		})
 	})
-	res, err := drive(r, p)
+	res, err := Drive(r, p)
 	if err != nil || len(seen) != 2 || string(res.Reply) != string(ok) || len(r.sent) != 2 {
 		t.Fatalf("res %v err %v seen %v sent %d", res, err, seen, len(r.sent))
 	}
@@ -123,12 +123,12 @@ func TestDriveCombinators(t *testing.T) {
 	failing := rewrite.Single(rewrite.Upstream{Body: ok}, func([]byte) (rewrite.Result, error) {
 		return rewrite.Result{}, mongoerr.Errorf(mongoerr.NamespaceNotFound, "gone")
 	})
-	res, err = drive(r, rewrite.Then(failing, func(rewrite.Result) rewrite.Plan { t.Fatal("next ran after a failure"); return nil }))
+	res, err = Drive(r, rewrite.Then(failing, func(rewrite.Result) rewrite.Plan { t.Fatal("next ran after a failure"); return nil }))
 	if err != nil || mongoerr.Code(bson.Raw(res.Reply).Lookup("code").Int32()) != mongoerr.NamespaceNotFound {
 		t.Fatalf("res %s err %v", bson.Raw(res.Reply), err)
 	}
 	// Done needs no upstream at all.
-	if res, err := drive(&scriptedRunner{}, rewrite.Done(rewrite.Result{Reply: ok})); err != nil || string(res.Reply) != string(ok) {
+	if res, err := Drive(&scriptedRunner{}, rewrite.Done(rewrite.Result{Reply: ok})); err != nil || string(res.Reply) != string(ok) {
 		t.Fatalf("Done: %v %v", res, err)
 	}
 }
@@ -155,7 +155,7 @@ func TestDriveScript(t *testing.T) {
 		})
 	}
 	r := &scriptedRunner{replies: [][][]byte{{n(1)}, {n(2)}, {n(3)}}}
-	res, err := drive(r, script(3))
+	res, err := Drive(r, script(3))
 	if err != nil || len(r.sent) != 3 {
 		t.Fatalf("%v after %d steps", err, len(r.sent))
 	}
@@ -163,12 +163,12 @@ func TestDriveScript(t *testing.T) {
 		t.Fatalf("sum %d", got)
 	}
 	r = &scriptedRunner{replies: [][][]byte{{n(1)}, {n(-1)}}}
-	if res, err = drive(r, script(3)); err != nil || mongoerr.Code(bson.Raw(res.Reply).Lookup("code").Int32()) != mongoerr.BadValue {
+	if res, err = Drive(r, script(3)); err != nil || mongoerr.Code(bson.Raw(res.Reply).Lookup("code").Int32()) != mongoerr.BadValue {
 		t.Fatalf("script error: %s %v", bson.Raw(res.Reply), err)
 	}
 	down := errors.New("upstream gone")
 	r = &scriptedRunner{replies: [][][]byte{{n(1)}}, fail: down}
-	if _, err := drive(r, script(3)); !errors.Is(err, down) || len(r.sent) != 2 {
+	if _, err := Drive(r, script(3)); !errors.Is(err, down) || len(r.sent) != 2 {
 		t.Fatalf("abandoned script: %v after %d steps", err, len(r.sent))
 	}
 }

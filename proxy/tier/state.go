@@ -1,23 +1,19 @@
-package proxy
+package tier
 
 import (
 	"fmt"
-	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"sync"
 	"time"
+
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 
 	"github.com/tsproxy/tsproxy/proxy/telemetry"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
 	"github.com/tsproxy/tsproxy/rules"
 )
 
-// RetryHorizon is how long the records of merged retryable writes are
-// kept: a driver retries within its server selection timeout (30 s by
-// default), after a proxy restarts too.
-const RetryHorizon = 10 * time.Minute
-
-// mergeState is the proxy's side of its merges.
-type mergeState struct {
+// State is the proxy's side of its merges.
+type State struct {
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex // by rule namespace
 	// inflight, by rule namespace: staged inserts hold it shared, a
@@ -66,29 +62,29 @@ type stagedSince struct {
 // ruleStageStats are one rule's staging figures, for the metrics.
 type ruleStageStats = telemetry.Staging
 
-func newMergeState() *mergeState {
-	return &mergeState{locks: map[string]*sync.Mutex{}, inflight: map[string]*sync.RWMutex{}, activity: map[string]*stagedSince{}, stats: map[string]*ruleStageStats{}, gens: map[string]int64{},
+func NewState() *State {
+	return &State{locks: map[string]*sync.Mutex{}, inflight: map[string]*sync.RWMutex{}, activity: map[string]*stagedSince{}, stats: map[string]*ruleStageStats{}, gens: map[string]int64{},
 		series: map[string]int{}, kicks: map[string]chan struct{}{}, room: map[string]chan struct{}{}, closing: make(chan struct{})}
 }
 
-// close wakes the inserts waiting for room, for good.
-func (m *mergeState) close() { m.closingOnce.Do(func() { close(m.closing) }) }
+// Close wakes the inserts waiting for room, for good.
+func (m *State) Close() { m.closingOnce.Do(func() { close(m.closing) }) }
 
-func (m *mergeState) lock(ns string) *sync.Mutex {
+func (m *State) Lock(ns string) *sync.Mutex {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return entry(m.locks, ns)
 }
 
-func (m *mergeState) inserts(ns string) *sync.RWMutex {
+func (m *State) Inserts(ns string) *sync.RWMutex {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return entry(m.inflight, ns)
 }
 
-// gen is the generation of the rule's own staging collections; since
+// Gen is the generation of the rule's own staging collections; since
 // (the start of this run, in ms) until the first freeze.
-func (m *mergeState) gen(ns string, since int64) int64 {
+func (m *State) Gen(ns string, since int64) int64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	g, ok := m.gens[ns]
@@ -99,9 +95,9 @@ func (m *mergeState) gen(ns string, since int64) int64 {
 	return g
 }
 
-// nextGen moves the rule's generation on, past now (ms): a freeze took
+// NextGen moves the rule's generation on, past now (ms): a freeze took
 // the collections of the current one.
-func (m *mergeState) nextGen(ns string, now time.Time) {
+func (m *State) NextGen(ns string, now time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.gens[ns] = max(m.gens[ns]+1, now.UnixMilli())
@@ -124,7 +120,7 @@ func entry[T any](byName map[string]*T, name string) *T {
 // memory, stays bounded.
 const MaxStagedEvents = 50_000
 
-// mergeBatch is how many staged documents make a background merge due
+// MergeBatch is how many staged documents make a background merge due
 // while inserts still arrive: as many as a full bucket's events for each
 // series the rule's last merge took (of one staging collection: not its
 // windows, or a backfill of history would make the batches of the live
@@ -143,7 +139,7 @@ const MaxStagedEvents = 50_000
 // events cost the inserts more than it saved the flush (tsbench ingest,
 // batch 100 with one client: 1.17x, then 0.87–0.99x).
 // The caller holds mu.
-func (m *mergeState) mergeBatch(rule *rules.Rule) int64 {
+func (m *State) MergeBatch(rule *rules.Rule) int64 {
 	per := int64(max(rule.MaxEvents, 1))
 	return max(int64(m.series[rule.Namespace])*per, 2*per, minMergeBatch)
 }
@@ -153,7 +149,7 @@ func (m *mergeState) mergeBatch(rule *rules.Rule) int64 {
 // the freeze, the plan, the probe, the drop), paid once per batch.
 const minMergeBatch = 1000
 
-// dueNow says whether a's backlog makes a merge due. The caller holds mu.
+// DueNow says whether a's backlog makes a merge due. The caller holds mu.
 // A counter or slots rule has no merge batch: each of its merges rewrites
 // the whole bucket of every open window it reaches (one per series, a
 // whole hour of slots in a 1-hour window), so merging 1,000 staged
@@ -161,11 +157,11 @@ const minMergeBatch = 1000
 // windows filled: tsbench layouts at batch 1 on the stock command, 1-hour
 // slots, 0.80 with merges at the flush only, 0.70 with a merge batch. Its
 // staging is merged at maxStagedEvents, when quiet, and before a read.
-func (m *mergeState) dueNow(rule *rules.Rule, a *stagedSince) bool {
+func (m *State) DueNow(rule *rules.Rule, a *stagedSince) bool {
 	if a.events >= maxStagedEvents(rule) {
 		return true
 	}
-	return !rule.SlotLayout() && a.docs >= m.mergeBatch(rule)
+	return !rule.SlotLayout() && a.docs >= m.MergeBatch(rule)
 }
 
 // maxStagedEvents is the backlog, in events, that makes a merge due:
@@ -178,25 +174,25 @@ func maxStagedEvents(rule *rules.Rule) int64 {
 	return MaxStagedEvents
 }
 
-// errNoRoom answers a staged insert that waited for room in staging
+// ErrNoRoom answers a staged insert that waited for room in staging
 // until its deadline.
-type errNoRoom struct {
+type ErrNoRoom struct {
 	rule   string
 	staged int64
 	limit  int
 	waited time.Duration
 }
 
-func (e errNoRoom) Error() string {
+func (e ErrNoRoom) Error() string {
 	return fmt.Sprintf("tsproxy: staging of %s is full (%d events staged by this proxy, maxStaged %d) and its merge did not make room within %s; the merge is behind or failing (see the proxy's log and tsproxy_staging_lag_seconds)", e.rule, e.staged, e.limit, e.waited.Round(time.Millisecond))
 }
 
-// admit is the staging tier's backpressure: it returns once this proxy
+// Admit is the staging tier's backpressure: it returns once this proxy
 // holds fewer than the rule's maxStaged events staged and not frozen, or
-// errNoRoom at deadline. While it waits the background merger is woken;
+// ErrNoRoom at deadline. While it waits the background merger is woken;
 // a freeze of everything staged (frozeAll) makes room. waited says
 // whether the insert had to wait.
-func (m *mergeState) admit(rule *rules.Rule, deadline time.Time) (waited bool, err error) {
+func (m *State) Admit(rule *rules.Rule, deadline time.Time) (waited bool, err error) {
 	began := time.Now()
 	for {
 		m.mu.Lock()
@@ -217,12 +213,12 @@ func (m *mergeState) admit(rule *rules.Rule, deadline time.Time) (waited bool, e
 		m.mu.Unlock()
 		waited = true
 		select {
-		case m.kick(rule.Namespace) <- struct{}{}:
+		case m.Kick(rule.Namespace) <- struct{}{}:
 		default:
 		}
 		wait := time.Until(deadline)
 		if wait <= 0 {
-			return waited, errNoRoom{rule: rule.Namespace, staged: staged, limit: rule.MaxStaged, waited: time.Since(began)}
+			return waited, ErrNoRoom{rule: rule.Namespace, staged: staged, limit: rule.MaxStaged, waited: time.Since(began)}
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -231,21 +227,21 @@ func (m *mergeState) admit(rule *rules.Rule, deadline time.Time) (waited bool, e
 		case <-t.C:
 		case <-m.closing:
 			t.Stop()
-			return waited, errShuttingDown
+			return waited, ErrShuttingDown
 		}
 	}
 }
 
-// errShuttingDown refuses a staged insert that waited for room while the
+// ErrShuttingDown refuses a staged insert that waited for room while the
 // proxy shuts down.
-var errShuttingDown = &mongoerr.Error{Code: mongoerr.InterruptedAtShutdown, Msg: "tsproxy: the proxy is shutting down and merges no more; staging has no room"}
+var ErrShuttingDown = &mongoerr.Error{Code: mongoerr.InterruptedAtShutdown, Msg: "tsproxy: the proxy is shutting down and merges no more; staging has no room"}
 
-// due is the background policy: a rule's staging collections are merged
+// Due is the background policy: a rule's staging collections are merged
 // once it has staged nothing for the rule's mergeAfter, or once it holds
 // maxStagedEvents or a merge batch of documents. Staging collections
 // this proxy did not write (left by a restart, or written by another
 // proxy) count as staged when first seen.
-func (m *mergeState) due(rule *rules.Rule, now time.Time) func(c stage.Collection) bool {
+func (m *State) Due(rule *rules.Rule, now time.Time) func(c stage.Collection) bool {
 	return func(stage.Collection) bool {
 		m.mu.Lock()
 		defer m.mu.Unlock()
@@ -253,12 +249,12 @@ func (m *mergeState) due(rule *rules.Rule, now time.Time) func(c stage.Collectio
 		if a.last.IsZero() {
 			a.last = now
 		}
-		return m.dueNow(rule, a) || now.Sub(a.last) >= rule.MergeAfter
+		return m.DueNow(rule, a) || now.Sub(a.last) >= rule.MergeAfter
 	}
 }
 
-// kick is the channel that wakes rule's background merger.
-func (m *mergeState) kick(ns string) chan struct{} {
+// Kick is the channel that wakes rule's background merger.
+func (m *State) Kick(ns string) chan struct{} {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	k, ok := m.kicks[ns]
@@ -269,13 +265,13 @@ func (m *mergeState) kick(ns string) chan struct{} {
 	return k
 }
 
-func (m *mergeState) stagedSince(rule *rules.Rule) *stagedSince {
+func (m *State) stagedSince(rule *rules.Rule) *stagedSince {
 	return entry(m.activity, rule.Namespace)
 }
 
-// frozeAll forgets rule's staging activity: a freeze took everything
+// FrozeAll forgets rule's staging activity: a freeze took everything
 // staged (the caller holds the rule's inserts off).
-func (m *mergeState) frozeAll(rule *rules.Rule) {
+func (m *State) FrozeAll(rule *rules.Rule) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	*m.stagedSince(rule) = stagedSince{}
@@ -285,19 +281,19 @@ func (m *mergeState) frozeAll(rule *rules.Rule) {
 	}
 }
 
-// record adds a merge's figures to the rule's and sets its backlog
+// Record adds a merge's figures to the rule's and sets its backlog
 // gauges (pending, lag) from it.
-func (m *mergeState) record(rule *rules.Rule, st stage.Stats, background bool) {
+func (m *State) Record(rule *rules.Rule, st stage.Stats, background bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.countLocked(rule, st, false)
 	m.gaugesLocked(rule, st, background)
 }
 
-// forgetFigures drops the figures of a rule that left the rule set, so
+// ForgetFigures drops the figures of a rule that left the rule set, so
 // that its metrics' series go with it. Its locks stay: a merge of it may
 // still be running.
-func (m *mergeState) forgetFigures(ns string) {
+func (m *State) ForgetFigures(ns string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	delete(m.stats, ns)
@@ -305,27 +301,27 @@ func (m *mergeState) forgetFigures(ns string) {
 	delete(m.series, ns)
 }
 
-// recordFailed adds the figures of a merge that failed (or of a pass of
+// RecordFailed adds the figures of a merge that failed (or of a pass of
 // one) and leaves the backlog gauges as they were: a failed merge is no
 // sign of a caught-up backlog (its Pending counted nothing, and the lag
 // read 0 while every merge failed), and what it took from what the proxy
 // kept (Kept) was merged by nobody (collections{from="read"}, which is
 // Collections - Kept, went negative).
-func (m *mergeState) recordFailed(rule *rules.Rule, st stage.Stats) {
+func (m *State) RecordFailed(rule *rules.Rule, st stage.Stats) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.countLocked(rule, st, true)
 }
 
-// recordCounts adds the figures of a pass of a merge that goes on,
+// RecordCounts adds the figures of a pass of a merge that goes on,
 // without its gauges.
-func (m *mergeState) recordCounts(rule *rules.Rule, st stage.Stats) {
+func (m *State) RecordCounts(rule *rules.Rule, st stage.Stats) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.countLocked(rule, st, false)
 }
 
-func (m *mergeState) countLocked(rule *rules.Rule, st stage.Stats, failed bool) {
+func (m *State) countLocked(rule *rules.Rule, st stage.Stats, failed bool) {
 	r := m.ruleStats(rule)
 	if st.Series > 0 {
 		m.series[rule.Namespace] = st.Series
@@ -339,7 +335,7 @@ func (m *mergeState) countLocked(rule *rules.Rule, st stage.Stats, failed bool) 
 	}
 }
 
-func (m *mergeState) gaugesLocked(rule *rules.Rule, st stage.Stats, background bool) {
+func (m *State) gaugesLocked(rule *rules.Rule, st stage.Stats, background bool) {
 	r := m.ruleStats(rule)
 	if background || st.Pending == 0 {
 		r.Pending, r.PendingEvents = int64(st.Pending), m.stagedSince(rule).events
@@ -352,36 +348,36 @@ func (m *mergeState) gaugesLocked(rule *rules.Rule, st stage.Stats, background b
 	}
 }
 
-func (m *mergeState) ruleStats(rule *rules.Rule) *ruleStageStats {
+func (m *State) ruleStats(rule *rules.Rule) *ruleStageStats {
 	return entry(m.stats, rule.Namespace)
 }
 
-// failed counts a merge of rule that failed.
-func (m *mergeState) failed(rule *rules.Rule) {
+// Failed counts a merge of rule that failed.
+func (m *State) Failed(rule *rules.Rule) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.ruleStats(rule).Failures++
 }
 
-// staged records events acknowledged into a rule's staging tier, and
+// Staged records events acknowledged into a rule's staging tier, and
 // wakes the rule's background merger when that makes a merge due.
-func (m *mergeState) staged(rule *rules.Rule, n int64) {
+func (m *State) Staged(rule *rules.Rule, n int64) {
 	m.mu.Lock()
 	m.ruleStats(rule).Staged += n
 	a := m.stagedSince(rule)
 	a.last, a.events, a.docs = time.Now(), a.events+n, a.docs+1
-	full := m.dueNow(rule, a)
+	full := m.DueNow(rule, a)
 	m.mu.Unlock()
 	if full {
 		select {
-		case m.kick(rule.Namespace) <- struct{}{}:
+		case m.Kick(rule.Namespace) <- struct{}{}:
 		default: // a wake-up is pending already
 		}
 	}
 }
 
-// snapshot copies every rule's figures.
-func (m *mergeState) snapshot() map[string]ruleStageStats {
+// Snapshot copies every rule's figures.
+func (m *State) Snapshot() map[string]ruleStageStats {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	out := make(map[string]ruleStageStats, len(m.stats))

@@ -1,4 +1,4 @@
-package proxy
+package exec
 
 import (
 	"time"
@@ -10,30 +10,30 @@ import (
 	"github.com/tsproxy/tsproxy/rules"
 )
 
-// timedSteps runs a merge's steps on r and adds up, by stage.StepKind,
+// Timed runs a merge's steps on r and adds up, by stage.StepKind,
 // how long each kind waited on the upstream, for the merge's stats
 // (tsproxyFlush's upstreamMs, the merge's log line): where a merge's time
 // goes on a user's upstream, from the build they run. The steps of one
 // merge run one after the other, so times needs no lock.
-type timedSteps struct {
-	r     stepRunner
-	rule  *rules.Rule
-	times map[string]stage.StepTime
+type Timed struct {
+	R     Runner
+	Rule  *rules.Rule
+	Times map[string]stage.StepTime
 }
 
-func (t timedSteps) runStep(step rewrite.Step) ([][]byte, error) {
+func (t Timed) RunStep(step rewrite.Step) ([][]byte, error) {
 	t0 := time.Now()
-	replies, err := t.r.runStep(step)
-	k := stepKind(t.rule, step)
-	st := t.times[k]
+	replies, err := t.R.RunStep(step)
+	k := StepKind(t.Rule, step)
+	st := t.Times[k]
 	st.Steps++
 	st.Time += time.Since(t0)
-	t.times[k] = st
+	t.Times[k] = st
 	return replies, err
 }
 
-// stepKind is stage.StepKind of step's first command.
-func stepKind(rule *rules.Rule, step rewrite.Step) string {
+// StepKind is stage.StepKind of step's first command.
+func StepKind(rule *rules.Rule, step rewrite.Step) string {
 	if len(step) == 0 {
 		return "empty"
 	}
@@ -45,8 +45,8 @@ func stepKind(rule *rules.Rule, step rewrite.Step) string {
 	return stage.StepKind(rule, elems[0].Key(), coll)
 }
 
-// slowestStep is the kind of step that took most of times, and its time.
-func slowestStep(times map[string]stage.StepTime) (string, time.Duration) {
+// SlowestStep is the kind of step that took most of times, and its time.
+func SlowestStep(times map[string]stage.StepTime) (string, time.Duration) {
 	var kind string
 	var most time.Duration
 	for k, v := range times {

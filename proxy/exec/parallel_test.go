@@ -1,4 +1,4 @@
-package proxy
+package exec
 
 import (
 	"errors"
@@ -31,7 +31,7 @@ func (e *echoRunner) answer(u rewrite.Upstream) []byte {
 	return doc(e.t, bson.D{{Key: "n", Value: i}, {Key: "ok", Value: 1.0}})
 }
 
-func (e *echoRunner) runStep(step rewrite.Step) ([][]byte, error) {
+func (e *echoRunner) RunStep(step rewrite.Step) ([][]byte, error) {
 	if e.started != nil {
 		close(e.started)
 		e.started = nil
@@ -47,10 +47,10 @@ func (e *echoRunner) runStep(step rewrite.Step) ([][]byte, error) {
 	return out, nil
 }
 
-// helperFunc is a helperRunner.
+// helperFunc is a Helpers.
 type helperFunc func(u rewrite.Upstream) []byte
 
-func (f helperFunc) run(u rewrite.Upstream) []byte { return f(u) }
+func (f helperFunc) Run(u rewrite.Upstream) []byte { return f(u) }
 
 func parallelStep(t *testing.T, n int, parallel bool) rewrite.Step {
 	step := make(rewrite.Step, n)
@@ -79,7 +79,7 @@ func TestParallelRunner(t *testing.T) {
 		started := main.started
 		helper := &echoRunner{t: t}
 		ran := make(chan struct{}, 2)
-		p := parallelRunner{r: main, helpers: helperFunc(func(u rewrite.Upstream) []byte {
+		p := Parallel{R: main, Helpers: helperFunc(func(u rewrite.Upstream) []byte {
 			<-started // the main connection's command is in flight
 			defer func() { ran <- struct{}{} }()
 			return helper.answer(u)
@@ -96,7 +96,7 @@ func TestParallelRunner(t *testing.T) {
 			}
 			close(main.release)
 		}()
-		replies, err := p.runStep(parallelStep(t, 3, true))
+		replies, err := p.RunStep(parallelStep(t, 3, true))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -110,8 +110,8 @@ func TestParallelRunner(t *testing.T) {
 
 	t.Run("what a helper could not run runs on the main connection", func(t *testing.T) {
 		main := &echoRunner{t: t}
-		p := parallelRunner{r: main, helpers: helperFunc(func(rewrite.Upstream) []byte { return nil })}
-		replies, err := p.runStep(parallelStep(t, 2, true))
+		p := Parallel{R: main, Helpers: helperFunc(func(rewrite.Upstream) []byte { return nil })}
+		replies, err := p.RunStep(parallelStep(t, 2, true))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -126,11 +126,11 @@ func TestParallelRunner(t *testing.T) {
 	t.Run("steps not all Parallel, and single commands, run as they are", func(t *testing.T) {
 		for _, step := range []rewrite.Step{parallelStep(t, 3, false), parallelStep(t, 1, true)} {
 			main := &echoRunner{t: t}
-			p := parallelRunner{r: main, helpers: helperFunc(func(rewrite.Upstream) []byte {
+			p := Parallel{R: main, Helpers: helperFunc(func(rewrite.Upstream) []byte {
 				t.Error("a helper ran a command of a step that is not all Parallel")
 				return nil
 			})}
-			if _, err := p.runStep(step); err != nil {
+			if _, err := p.RunStep(step); err != nil {
 				t.Fatal(err)
 			}
 			if len(main.ran) != len(step) {
@@ -141,8 +141,8 @@ func TestParallelRunner(t *testing.T) {
 
 	t.Run("the main connection's failure is the step's", func(t *testing.T) {
 		boom := errors.New("upstream gone")
-		p := parallelRunner{r: &echoRunner{t: t, fail: boom}, helpers: helperFunc((&echoRunner{t: t}).answer)}
-		if _, err := p.runStep(parallelStep(t, 2, true)); !errors.Is(err, boom) {
+		p := Parallel{R: &echoRunner{t: t, fail: boom}, Helpers: helperFunc((&echoRunner{t: t}).answer)}
+		if _, err := p.RunStep(parallelStep(t, 2, true)); !errors.Is(err, boom) {
 			t.Fatalf("error %v, want %v", err, boom)
 		}
 	})

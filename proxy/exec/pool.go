@@ -1,4 +1,4 @@
-package proxy
+package exec
 
 import (
 	"context"
@@ -11,14 +11,14 @@ import (
 	"github.com/tsproxy/tsproxy/upstream"
 )
 
-// connPool holds upstream connections of the proxy's own: dialled
+// Pool holds upstream connections of the proxy's own: dialled
 // with the upstream URI's credentials, kept for a while after use
 // (connIdle) so that a run of merges or background rounds does not dial
 // for each, then closed, and at most maxIdle at a time. The merges'
 // parallel inserts take theirs from Server.helpers, which an idle proxy
 // holds none of; the background loops from Server.background, which their
 // rounds, a second apart, keep in use.
-type connPool struct {
+type Pool struct {
 	dial    func(ctx context.Context) (*upstream.Conn, error)
 	maxIdle int
 	open    atomic.Int64 // dialled and not closed: idle or in use (Server.BackgroundConns)
@@ -34,49 +34,49 @@ type idleConn struct {
 }
 
 // connIdle is how long a pooled connection stays open unused;
-// helperMaxIdle how many of the merges' helpers stay open.
+// HelperMaxIdle how many of the merges' helpers stay open.
 const (
 	connIdle      = 10 * time.Second
-	helperMaxIdle = mergeInsertStreams
+	HelperMaxIdle = MergeInsertStreams
 )
 
 // helperTimeout bounds one command on a helper connection; the merge
 // then runs it on its own connection.
 const helperTimeout = 2 * time.Minute
 
-func newConnPool(dial func(ctx context.Context) (*upstream.Conn, error), maxIdle int) *connPool {
-	return &connPool{dial: dial, maxIdle: maxIdle}
+func NewPool(dial func(ctx context.Context) (*upstream.Conn, error), maxIdle int) *Pool {
+	return &Pool{dial: dial, maxIdle: maxIdle}
 }
 
-// run sends u on a helper connection (helperRunner).
-func (p *connPool) run(u rewrite.Upstream) []byte {
-	up, err := p.get()
+// run sends u on a helper connection (Helpers).
+func (p *Pool) Run(u rewrite.Upstream) []byte {
+	up, err := p.Get()
 	if err != nil {
 		return nil
 	}
 	if err := up.SetDeadline(time.Now().Add(helperTimeout)); err != nil {
-		p.discard(up)
+		p.Discard(up)
 		return nil
 	}
 	var buf []byte
-	replies, err := pipeline(up, &buf, rewrite.Step{u})
+	replies, err := Pipeline(up, &buf, rewrite.Step{u})
 	if err != nil {
-		p.discard(up) // its state is not known
+		p.Discard(up) // its state is not known
 		return nil
 	}
-	p.put(up)
+	p.Put(up)
 	if !mongoerr.IsOK(replies[0]) {
 		return nil
 	}
 	return replies[0]
 }
 
-func (p *connPool) get() (*upstream.Conn, error) {
-	return p.take(context.Background())
+func (p *Pool) Get() (*upstream.Conn, error) {
+	return p.Take(context.Background())
 }
 
 // take returns an idle connection, or one dialled within ctx.
-func (p *connPool) take(ctx context.Context) (*upstream.Conn, error) {
+func (p *Pool) Take(ctx context.Context) (*upstream.Conn, error) {
 	p.mu.Lock()
 	for len(p.idle) > 0 {
 		h := p.idle[len(p.idle)-1]
@@ -97,17 +97,17 @@ func (p *connPool) take(ctx context.Context) (*upstream.Conn, error) {
 }
 
 // discard closes up, a connection of the pool's, for good.
-func (p *connPool) discard(up *upstream.Conn) {
+func (p *Pool) Discard(up *upstream.Conn) {
 	up.Close()
 	p.open.Add(-1)
 }
 
-func (p *connPool) put(up *upstream.Conn) {
+func (p *Pool) Put(up *upstream.Conn) {
 	_ = up.SetDeadline(time.Time{})
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed || len(p.idle) >= p.maxIdle {
-		p.discard(up)
+		p.Discard(up)
 		return
 	}
 	h := &idleConn{up: up}
@@ -120,13 +120,13 @@ func (p *connPool) put(up *upstream.Conn) {
 			}
 		}
 		p.mu.Unlock()
-		p.discard(up)
+		p.Discard(up)
 	})
 	p.idle = append(p.idle, h)
 }
 
 // close closes the idle connections; those in use close when returned.
-func (p *connPool) close() {
+func (p *Pool) Close() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.closed = true
@@ -135,17 +135,27 @@ func (p *connPool) close() {
 
 // closeIdle closes the idle connections: after a failure, which an
 // upstream restart gives every one of them.
-func (p *connPool) closeIdle() {
+func (p *Pool) CloseIdle() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.closeIdleLocked()
 }
 
-func (p *connPool) closeIdleLocked() {
+func (p *Pool) closeIdleLocked() {
 	for _, h := range p.idle {
 		if h.timer.Stop() {
-			p.discard(h.up)
+			p.Discard(h.up)
 		}
 	}
 	p.idle = nil
+}
+
+// Open counts the connections dialled and not closed: idle or in use.
+func (p *Pool) Open() int { return int(p.open.Load()) }
+
+// Idle counts the idle connections.
+func (p *Pool) Idle() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.idle)
 }

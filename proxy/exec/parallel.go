@@ -1,4 +1,4 @@
-package proxy
+package exec
 
 import (
 	"sync"
@@ -15,31 +15,31 @@ import (
 // upstream, on this 2-core machine (four connections gained nothing
 // more there, and lost on SQLite).
 
-// mergeInsertStreams is how many connections a merge's large bucket
+// MergeInsertStreams is how many connections a merge's large bucket
 // insert is spread over.
-const mergeInsertStreams = 2
+const MergeInsertStreams = 2
 
-// parallelRunner runs a merge's steps on r, but the commands of a step
+// Parallel runs a merge's steps on r, but the commands of a step
 // that are all Parallel at once: the first on r, each other one on a
 // helper connection of the proxy's own. A command a helper could not run
 // (no connection, a network failure, a command error such as a refusal
 // of the proxy's credentials) runs on r afterwards: the commands are
 // inserts a repeated run accepts (a duplicate bucket is verified by the
 // merge), so running one twice stores it once.
-type parallelRunner struct {
-	r       stepRunner
-	helpers helperRunner
+type Parallel struct {
+	R       Runner
+	Helpers Helpers
 }
 
-// helperRunner runs one command on a helper connection: its reply body,
+// Helpers runs one command on a helper connection: its reply body,
 // or nil when it could not run it there or the upstream refused it.
-type helperRunner interface {
-	run(u rewrite.Upstream) []byte
+type Helpers interface {
+	Run(u rewrite.Upstream) []byte
 }
 
-func (p parallelRunner) runStep(step rewrite.Step) ([][]byte, error) {
-	if len(step) < 2 || p.helpers == nil || !allParallel(step) {
-		return p.r.runStep(step)
+func (p Parallel) RunStep(step rewrite.Step) ([][]byte, error) {
+	if len(step) < 2 || p.Helpers == nil || !allParallel(step) {
+		return p.R.RunStep(step)
 	}
 	out := make([][]byte, len(step))
 	var wg sync.WaitGroup
@@ -47,10 +47,10 @@ func (p parallelRunner) runStep(step rewrite.Step) ([][]byte, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			out[i] = p.helpers.run(step[i]) // nil: not run
+			out[i] = p.Helpers.Run(step[i]) // nil: not run
 		}()
 	}
-	first, err := p.r.runStep(step[:1])
+	first, err := p.R.RunStep(step[:1])
 	wg.Wait()
 	if err != nil {
 		return nil, err
@@ -60,7 +60,7 @@ func (p parallelRunner) runStep(step rewrite.Step) ([][]byte, error) {
 		if out[i] != nil {
 			continue
 		}
-		replies, err := p.r.runStep(step[i : i+1])
+		replies, err := p.R.RunStep(step[i : i+1])
 		if err != nil {
 			return nil, err
 		}

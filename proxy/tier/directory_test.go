@@ -1,4 +1,4 @@
-package proxy
+package tier
 
 import (
 	"strconv"
@@ -15,10 +15,10 @@ func TestDirectories(t *testing.T) {
 	const ns = "db.c.buckets"
 	key := func(s string) bucket.Key { return bucket.Key{Meta: []byte(s)} }
 	a, b := key("a"), key("b")
-	setup := func() (*directories, *int64, *stage.Known) {
-		d := newDirectories()
+	setup := func() (*Directories, *int64, *stage.Known) {
+		d := NewDirectories()
 		term := int64(7)
-		return d, &term, d.known(ns, func() int64 { return term })
+		return d, &term, d.Known(ns, func() int64 { return term })
 	}
 	loaded := func(k *stage.Known) {
 		k.Load("u1", map[string]stage.KnownKey{a.String(): {Next: 3}}, true)
@@ -42,13 +42,13 @@ func TestDirectories(t *testing.T) {
 	})
 	for _, tc := range []struct {
 		name   string
-		change func(d *directories, term *int64) string // the collection the next merge finds
+		change func(d *Directories, term *int64) string // the collection the next merge finds
 	}{
-		{"another term of the lease", func(_ *directories, term *int64) string { *term = 8; return "u1" }},
-		{"no term held", func(_ *directories, term *int64) string { *term = 0; return "u1" }},
-		{"a write outside merges on this proxy", func(d *directories, _ *int64) string { d.wrote(ns); return "u1" }},
-		{"another collection (a drop and create elsewhere)", func(*directories, *int64) string { return "u2" }},
-		{"a merge that failed", func(d *directories, _ *int64) string { d.forget(ns); return "u1" }},
+		{"another term of the lease", func(_ *Directories, term *int64) string { *term = 8; return "u1" }},
+		{"no term held", func(_ *Directories, term *int64) string { *term = 0; return "u1" }},
+		{"a write outside merges on this proxy", func(d *Directories, _ *int64) string { d.Wrote(ns); return "u1" }},
+		{"another collection (a drop and create elsewhere)", func(*Directories, *int64) string { return "u2" }},
+		{"a merge that failed", func(d *Directories, _ *int64) string { d.Forget(ns); return "u1" }},
 	} {
 		t.Run("nothing is known after "+tc.name, func(t *testing.T) {
 			d, term, k := setup()
@@ -71,11 +71,11 @@ func TestDirectories(t *testing.T) {
 		if !complete || got[a.String()].Next != 3 || got[b.String()].Next != 1 || got[b.String()].Last == nil {
 			t.Fatalf("Of = %v, %v; want a at 3, b at 1 with its last bucket, complete", got, complete)
 		}
-		d.wrote("other.ns") // another rule's write changes nothing here
+		d.Wrote("other.ns") // another rule's write changes nothing here
 		if got, _, _ := k.Of("u1", []bucket.Key{a}); got[a.String()].Next != 3 {
 			t.Fatalf("Of = %v after another rule's write", got)
 		}
-		d.wrote(ns)
+		d.Wrote(ns)
 		k.Learn("u1", map[string]stage.KnownKey{b.String(): {Next: 2}})
 		got, complete, _ = k.Of("u1", []bucket.Key{a, b})
 		if complete || len(got) != 1 || got[b.String()].Next != 2 {
@@ -111,10 +111,10 @@ func TestDirectories(t *testing.T) {
 
 func TestRecordCache(t *testing.T) {
 	const ns = "db.c.buckets"
-	setup := func() (*directories, *int64, *stage.RecordCache) {
-		d := newDirectories()
+	setup := func() (*Directories, *int64, *stage.RecordCache) {
+		d := NewDirectories()
 		term := int64(7)
-		return d, &term, d.recordCache(ns, func() int64 { return term })
+		return d, &term, d.RecordCache(ns, func() int64 { return term })
 	}
 	set := func(n int) *stage.RecordSet {
 		s := stage.NewRecordSet()
@@ -144,13 +144,13 @@ func TestRecordCache(t *testing.T) {
 	})
 	for _, tc := range []struct {
 		name   string
-		change func(d *directories, term *int64, c *stage.RecordCache) string
+		change func(d *Directories, term *int64, c *stage.RecordCache) string
 	}{
-		{"another term", func(_ *directories, term *int64, _ *stage.RecordCache) string { *term = 8; return "u1" }},
-		{"no term", func(_ *directories, term *int64, _ *stage.RecordCache) string { *term = 0; return "u1" }},
-		{"another collection", func(*directories, *int64, *stage.RecordCache) string { return "u2" }},
-		{"a failed merge", func(d *directories, _ *int64, _ *stage.RecordCache) string { d.forget(ns); return "u1" }},
-		{"past the bound, grown by the merges", func(d *directories, _ *int64, c *stage.RecordCache) string {
+		{"another term", func(_ *Directories, term *int64, _ *stage.RecordCache) string { *term = 8; return "u1" }},
+		{"no term", func(_ *Directories, term *int64, _ *stage.RecordCache) string { *term = 0; return "u1" }},
+		{"another collection", func(*Directories, *int64, *stage.RecordCache) string { return "u2" }},
+		{"a failed merge", func(d *Directories, _ *int64, _ *stage.RecordCache) string { d.Forget(ns); return "u1" }},
+		{"past the bound, grown by the merges", func(d *Directories, _ *int64, c *stage.RecordCache) string {
 			d.maxRecordIDs = 3
 			c.Get("u1").Add("2", 2000, []bson.ObjectID{{11: 100}, {11: 101}})
 			return "u1"
@@ -186,10 +186,10 @@ func TestRecordCache(t *testing.T) {
 }
 
 func TestRecordCacheBoundIsShared(t *testing.T) {
-	d := newDirectories()
+	d := NewDirectories()
 	d.maxRecordIDs = 3
 	term := func() int64 { return 7 }
-	a, b, c := d.recordCache("db.a.buckets", term), d.recordCache("db.b.buckets", term), d.recordCache("db.c.buckets", term)
+	a, b, c := d.RecordCache("db.a.buckets", term), d.RecordCache("db.b.buckets", term), d.RecordCache("db.c.buckets", term)
 	ids := func(from byte, n int) *stage.RecordSet {
 		s := stage.NewRecordSet()
 		for i := range n {
@@ -216,9 +216,9 @@ func TestRecordCacheBoundIsShared(t *testing.T) {
 // while another rule's merge gets and puts (which counts every rule's
 // ids for the shared bound); run with -race.
 func TestRecordCacheConcurrentRules(t *testing.T) {
-	d := newDirectories()
+	d := NewDirectories()
 	term := func() int64 { return 7 }
-	a, b := d.recordCache("db.a.buckets", term), d.recordCache("db.b.buckets", term)
+	a, b := d.RecordCache("db.a.buckets", term), d.RecordCache("db.b.buckets", term)
 	a.Put("u1", stage.NewRecordSet())
 	set := a.Get("u1")
 	done := make(chan struct{})

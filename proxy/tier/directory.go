@@ -1,4 +1,4 @@
-package proxy
+package tier
 
 import (
 	"sync"
@@ -7,13 +7,13 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/stage"
 )
 
-// directories are what this proxy knows of the buckets of the rules it
+// Directories are what this proxy knows of the buckets of the rules it
 // merges (stage.Known): a rule's is valid
 // while the proxy holds the same term of its writer lease, no write of
 // the buckets outside its merges went through this proxy since (epochs),
 // and the bucket collection is the same one (its uuid). Any other case,
 // or a merge that failed, starts it over empty.
-type directories struct {
+type Directories struct {
 	mu sync.Mutex
 	// epochs count, by bucket namespace, the writes of the buckets
 	// outside merges on this proxy (deletes, direct inserts, drops,
@@ -73,31 +73,31 @@ type directory struct {
 // read when topped up).
 const maxDirectoryBytes = 32 << 20
 
-func newDirectories() *directories {
-	return &directories{epochs: map[string]uint64{}, dirs: map[string]*directory{}, records: map[string]*keptRecords{}, stale: map[string]*keptStale{}, maxRecordIDs: maxKeptRecordIDs}
+func NewDirectories() *Directories {
+	return &Directories{epochs: map[string]uint64{}, dirs: map[string]*directory{}, records: map[string]*keptRecords{}, stale: map[string]*keptStale{}, maxRecordIDs: maxKeptRecordIDs}
 }
 
-// wrote says that something other than a merge wrote the buckets of
+// Wrote says that something other than a merge wrote the buckets of
 // bucketNS through this proxy, or is about to.
-func (d *directories) wrote(bucketNS string) {
+func (d *Directories) Wrote(bucketNS string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.epochs[bucketNS]++
 	delete(d.dirs, bucketNS)
 }
 
-// forget drops bucketNS's directory and records (its merge failed: what
+// Forget drops bucketNS's directory and records (its merge failed: what
 // it wrote is not known).
-func (d *directories) forget(bucketNS string) {
+func (d *Directories) Forget(bucketNS string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	delete(d.dirs, bucketNS)
 	delete(d.records, bucketNS)
 }
 
-// recordCache is the stage.RecordCache of bucketNS for a merge whose
+// RecordCache is the stage.RecordCache of bucketNS for a merge whose
 // proxy holds term number term() (0: none) of the rule's writer lease.
-func (d *directories) recordCache(bucketNS string, term func() int64) *stage.RecordCache {
+func (d *Directories) RecordCache(bucketNS string, term func() int64) *stage.RecordCache {
 	return &stage.RecordCache{
 		Get: func(coll string) *stage.RecordSet {
 			d.mu.Lock()
@@ -117,8 +117,8 @@ func (d *directories) recordCache(bucketNS string, term func() int64) *stage.Rec
 			r.used = d.uses
 			// The merges grew what is kept: others go, least recently
 			// used first.
-			for d.keptRecordIDs() > d.maxRecordIDs {
-				d.evictRecords()
+			for d.KeptRecordIDs() > d.maxRecordIDs {
+				d.EvictRecords()
 			}
 			return r.set
 		},
@@ -133,8 +133,8 @@ func (d *directories) recordCache(bucketNS string, term func() int64) *stage.Rec
 			// Room for them: other rules' records go, least recently
 			// used first (a rule this proxy no longer merges keeps its
 			// records until then).
-			for d.keptRecordIDs()+set.Len() > d.maxRecordIDs {
-				d.evictRecords()
+			for d.KeptRecordIDs()+set.Len() > d.maxRecordIDs {
+				d.EvictRecords()
 			}
 			d.uses++
 			d.records[bucketNS] = &keptRecords{term: t, coll: coll, set: set, used: d.uses}
@@ -142,14 +142,14 @@ func (d *directories) recordCache(bucketNS string, term func() int64) *stage.Rec
 	}
 }
 
-// staleEntries is the stage.StaleEntries of bucketNS for a merge of
+// StaleEntries is the stage.StaleEntries of bucketNS for a merge of
 // this proxy in term number term (0: none, and nil). A new term starts
 // an empty list: another proxy's merges may have written entries since,
 // so the entries waiting are left in place for good (each costs a
 // lookup at most). Deletes, drops and sweeps
 // through this proxy do not start it over: only a merge writes entries,
 // and it takes those it writes off the list.
-func (d *directories) staleEntries(bucketNS string, term int64) *stage.StaleEntries {
+func (d *Directories) StaleEntries(bucketNS string, term int64) *stage.StaleEntries {
 	if term == 0 {
 		return nil
 	}
@@ -163,23 +163,23 @@ func (d *directories) staleEntries(bucketNS string, term int64) *stage.StaleEntr
 	return k.entries
 }
 
-// staleWaiting says whether stale event-id index entries of bucketNS
+// StaleWaiting says whether stale event-id index entries of bucketNS
 // wait to be deleted.
-func (d *directories) staleWaiting(bucketNS string) bool {
+func (d *Directories) StaleWaiting(bucketNS string) bool {
 	d.mu.Lock()
 	k := d.stale[bucketNS]
 	d.mu.Unlock()
 	return k != nil && k.entries.Len() > 0
 }
 
-// known is the stage.Known of bucketNS for a merge whose proxy holds
+// Known is the stage.Known of bucketNS for a merge whose proxy holds
 // term number term() (0: none) of the rule's writer lease.
-func (d *directories) known(bucketNS string, term func() int64) *stage.Known {
+func (d *Directories) Known(bucketNS string, term func() int64) *stage.Known {
 	return &stage.Known{
 		Of: func(coll string, keys []bucket.Key) (map[string]stage.KnownKey, bool, bool) {
 			d.mu.Lock()
 			defer d.mu.Unlock()
-			dir := d.valid(bucketNS, term(), coll)
+			dir := d.Valid(bucketNS, term(), coll)
 			if dir == nil {
 				return nil, false, false
 			}
@@ -226,9 +226,9 @@ func (d *directories) known(bucketNS string, term func() int64) *stage.Known {
 	}
 }
 
-// evictRecords drops the least recently used rule's records (the caller
+// EvictRecords drops the least recently used rule's records (the caller
 // holds mu).
-func (d *directories) evictRecords() {
+func (d *Directories) EvictRecords() {
 	var oldest string
 	for ns, r := range d.records {
 		if oldest == "" || r.used < d.records[oldest].used {
@@ -238,9 +238,9 @@ func (d *directories) evictRecords() {
 	delete(d.records, oldest)
 }
 
-// keptRecordIDs is the number of derived ids kept for all rules (the
+// KeptRecordIDs is the number of derived ids kept for all rules (the
 // caller holds mu).
-func (d *directories) keptRecordIDs() int {
+func (d *Directories) KeptRecordIDs() int {
 	n := 0
 	for _, r := range d.records {
 		n += r.set.Len()
@@ -248,9 +248,9 @@ func (d *directories) keptRecordIDs() int {
 	return n
 }
 
-// valid is bucketNS's directory if it still holds (the caller holds mu):
+// Valid is bucketNS's directory if it still holds (the caller holds mu):
 // else it is dropped and valid returns nil.
-func (d *directories) valid(bucketNS string, term int64, coll string) *directory {
+func (d *Directories) Valid(bucketNS string, term int64, coll string) *directory {
 	dir := d.dirs[bucketNS]
 	if dir == nil {
 		return nil
