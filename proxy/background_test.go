@@ -72,10 +72,10 @@ func TestBackgroundConnsPooled(t *testing.T) {
 	s := &Server{background: exec.NewPool(d.Dial, backgroundMaxIdle)}
 	defer s.background.Close()
 	ctx, cancel := context.WithCancel(context.Background())
-	b := newBackgroundConn(ctx, s)
+	b := exec.NewBackground(ctx, s.background)
 	round := func() *upstream.Conn {
 		t.Helper()
-		up, err := b.get()
+		up, err := b.Get()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -85,12 +85,12 @@ func TestBackgroundConnsPooled(t *testing.T) {
 		return up
 	}
 	first := round()
-	b.release()
+	b.Release()
 	for range 5 {
 		if up := round(); up != first {
 			t.Fatal("a round after a released one dialled a connection of its own")
 		}
-		b.release()
+		b.Release()
 	}
 	if n := accepted.Load(); n != 1 {
 		t.Fatalf("%d connections for 6 rounds, want 1", n)
@@ -99,13 +99,13 @@ func TestBackgroundConnsPooled(t *testing.T) {
 		t.Fatalf("BackgroundConns %d, want the 1 pooled", n)
 	}
 	// Two loops at once: a second connection, both pooled after.
-	other := newBackgroundConn(ctx, s)
+	other := exec.NewBackground(ctx, s.background)
 	round()
-	if _, err := other.get(); err != nil {
+	if _, err := other.Get(); err != nil {
 		t.Fatal(err)
 	}
-	b.release()
-	other.release()
+	b.Release()
+	other.Release()
 	if n := accepted.Load(); n != 2 {
 		t.Fatalf("%d connections for two loops, want 2", n)
 	}
@@ -113,7 +113,7 @@ func TestBackgroundConnsPooled(t *testing.T) {
 		t.Fatalf("BackgroundConns %d, want 2", n)
 	}
 	round()
-	b.fail()
+	b.Fail()
 	if got, n := s.background.Idle(), s.BackgroundConns(); got != 0 || n != 0 {
 		t.Fatalf("%d idle connections and %d open after a failed round, want none", got, n)
 	}
@@ -122,7 +122,7 @@ func TestBackgroundConnsPooled(t *testing.T) {
 		t.Fatalf("%d connections after a failed round, want a third", n)
 	}
 	cancel() // the loop ends: its connection closes, and is not pooled
-	b.release()
+	b.Release()
 	if got := s.background.Idle(); got != 0 {
 		t.Fatalf("%d idle connections after the loop ended, want none", got)
 	}

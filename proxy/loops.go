@@ -81,7 +81,7 @@ func (s *Server) syncLoops(set *rules.Set) {
 			rulesByKey["merge "+r.Namespace] = r
 		}
 		if r.Expires() {
-			want["retain "+r.Namespace] = s.retain
+			want["retain "+r.Namespace] = s.retention.Run
 			rulesByKey["retain "+r.Namespace] = r
 		}
 	}

@@ -21,8 +21,8 @@ import (
 // mergeLoop merges rule's quiet staging collections until ctx ends.
 func (s *Server) mergeLoop(ctx context.Context, rule *rules.Rule) {
 	interval := min(max(rule.MergeAfter/4, 50*time.Millisecond), time.Second)
-	conn := newBackgroundConn(ctx, s)
-	defer conn.close()
+	conn := exec.NewBackground(ctx, s.background)
+	defer conn.Close()
 	// Rules started together would otherwise tick together, and their
 	// rounds take as many connections at once.
 	select {
@@ -50,7 +50,7 @@ func (s *Server) mergeLoop(ctx context.Context, rule *rules.Rule) {
 			}
 			watched = time.Now()
 		}
-		up, err := conn.get()
+		up, err := conn.Get()
 		if err != nil {
 			if ctx.Err() == nil {
 				s.merges.Failed(rule)
@@ -64,7 +64,7 @@ func (s *Server) mergeLoop(ctx context.Context, rule *rules.Rule) {
 			continue
 		}
 		_, err = s.mergeOnce(up, rule)
-		conn.endRound(err)
+		conn.EndRound(err)
 		var held *lease.HeldError
 		switch {
 		case err == nil || errors.As(err, &held): // another proxy merges this rule

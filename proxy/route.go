@@ -127,7 +127,7 @@ func (c *conn) routeCreate(req *request) error {
 // collection, and hides the proxy's own collections (a database whose
 // time-series collections were all dropped keeps its writer leases).
 func (c *conn) routeListCollections(req *request) error {
-	if c.rules.InDB(req.db) || !c.s.cat.snap.Load().static {
+	if c.rules.InDB(req.db) || !c.s.cat.Load().Static {
 		return c.rewriteListCollections(req)
 	}
 	return c.routeByRule(req)

@@ -14,8 +14,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tsproxy/tsproxy/proxy/catalog"
 	"github.com/tsproxy/tsproxy/proxy/cursors"
 	"github.com/tsproxy/tsproxy/proxy/exec"
+	"github.com/tsproxy/tsproxy/proxy/retention"
 	"github.com/tsproxy/tsproxy/proxy/tier"
 
 	"github.com/tsproxy/tsproxy/proxy/lease"
@@ -92,10 +94,10 @@ type Options struct {
 	// or ...Upstream (see rules.Config.CreateTimeseries).
 	CreateTimeseries string
 	// CatalogLease is how old a catalog snapshot may be when the proxy
-	// routes by it (0: DefaultCatalogLease).
+	// routes by it (0: catalog.DefaultLease).
 	CatalogLease time.Duration
 	// CatalogTimeout bounds one read or write of the catalog on its
-	// connection (0: DefaultCatalogTimeout).
+	// connection (0: catalog.DefaultTimeout).
 	CatalogTimeout time.Duration
 }
 
@@ -111,6 +113,7 @@ type Server struct {
 	replies     *replycache.Cache
 	life        *lifecycleState
 	sweep       *sweeper
+	retention   *retention.Retainer
 	leases      *lease.Set // writer leases (package lease)
 	merges      *tier.State
 	once        *onceSteps
@@ -122,7 +125,7 @@ type Server struct {
 	// index before writing directly.
 	idIndexOff sync.Map
 	idIndexes  *idIndexCache
-	cat        *catalog
+	cat        *catalog.Catalog
 	served     sync.Map          // namespace → struct{}: created rules served here
 	orphanLog  sync.Map          // namespace → time.Time: the last warning of an unrecorded index or a lost partition
 	combiner   combiner          // staged inserts sharing upstream inserts
@@ -222,8 +225,9 @@ func New(opts Options) (*Server, error) {
 		background:  exec.NewPool(opts.Dialer.Dial, backgroundMaxIdle),
 		listings:    newDBListings(),
 	}
-	s.cat = newCatalog(s, opts.CatalogLease, opts.CreateTimeseries)
-	s.cat.timeout = cmp.Or(opts.CatalogTimeout, DefaultCatalogTimeout)
+	s.cat = catalog.New(catalog.Config{Pool: s.background, Log: s.log, Rules: opts.Rules, OnRules: s.syncLoops,
+		Lease: opts.CatalogLease, Timeout: opts.CatalogTimeout, Mode: opts.CreateTimeseries})
+	s.retention = retention.New(retentionHost{s}, s.log)
 	stop, err := telemetry.ObserveStaging(s.merges.Snapshot)
 	if err != nil {
 		return nil, fmt.Errorf("proxy: telemetry: %w", err)
@@ -356,7 +360,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.stopSweeper()
 	defer s.stopMetrics()
 	s.merges.Close() // nothing merges now: inserts waiting for room are refused
-	defer s.cat.close()
+	defer s.cat.Close()
 	defer s.helpers.Close()
 	defer s.background.Close()
 	s.mu.Lock()
@@ -379,7 +383,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		// A connection may wait on cat.mu behind a catalog read the
 		// upstream stopped answering: ending the catalog's context closes
 		// its connection, which ends that read.
-		s.cat.cancel()
+		s.cat.Cancel()
 		s.mu.Lock()
 		for c := range s.conns {
 			c.forceClose()
@@ -405,7 +409,7 @@ func (s *Server) Ready(ctx context.Context) error {
 	if err := up.Close(); err != nil {
 		return err
 	}
-	if _, err := s.cat.fresh(); err != nil {
+	if _, err := s.cat.Fresh(); err != nil {
 		return err
 	}
 	return nil
@@ -416,3 +420,8 @@ func (s *Server) OpenCursors() int { return s.cursors.Len() }
 
 // Connections is the number of open client connections.
 func (s *Server) Connections() int { return int(s.numConns.Load()) }
+
+// backgroundMaxIdle is how many background connections stay open between
+// rounds: the rules' rounds start at random points of their second, so a few
+// serve them all.
+const backgroundMaxIdle = 4

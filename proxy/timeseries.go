@@ -7,6 +7,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/tsproxy/tsproxy/proxy/catalog"
 	"github.com/tsproxy/tsproxy/proxy/exec"
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/admin"
@@ -34,17 +35,17 @@ func (c *conn) catalogGate(req *request) error {
 		c.rules = c.s.rules()
 		return nil
 	}
-	snap, err := c.s.cat.fresh()
+	snap, err := c.s.cat.Fresh()
 	if err != nil {
 		return answered(c.replyCatalogDown(req, err))
 	}
 	deadline := time.Now().Add(pendingWait)
 	for ns != "" {
-		e, busy := snap.pending(ns)
+		e, busy := snap.Pending(ns)
 		if !busy {
 			break
 		}
-		if req.name == "drop" && c.s.cat.stuckDrop(e) {
+		if req.name == "drop" && c.s.cat.StuckDrop(e) {
 			rule := rules.NewCreatedRule(e.Created)
 			if err := c.ensureUpstream(); err != nil {
 				return answered(c.replyUpstreamDown(req, err))
@@ -63,11 +64,11 @@ func (c *conn) catalogGate(req *request) error {
 		}
 		time.Sleep(50 * time.Millisecond)
 		// refresh(snap): the connections waiting here share one read.
-		if snap, err = c.s.cat.refresh(snap); err != nil {
+		if snap, err = c.s.cat.Refresh(snap); err != nil {
 			return answered(c.replyCatalogDown(req, err))
 		}
 	}
-	c.rules = snap.rules
+	c.rules = snap.Rules
 	return nil
 }
 
@@ -114,8 +115,8 @@ func (c *conn) createsTimeseries(req *request) bool {
 	if req.name != "create" || !admin.HasTimeseries(req.msg.Body) {
 		return false
 	}
-	snap := c.s.cat.snap.Load()
-	if snap.static {
+	snap := c.s.cat.Load()
+	if snap.Static {
 		return false
 	}
 	coll, _ := bson.Raw(req.msg.Body).Index(0).Value().StringValueOK()
@@ -139,11 +140,11 @@ func (c *conn) createTimeseries(req *request) error {
 	if err := c.checkNameFree(&rule); err != nil {
 		return c.replyRewriteError(req, err)
 	}
-	entry := admin.CatalogEntry{Created: created, State: admin.StateCreating, Nonce: newNonce()}
-	if _, err := c.s.cat.write(admin.CatalogInsert(entry)); err != nil {
+	entry := admin.CatalogEntry{Created: created, State: admin.StateCreating, Nonce: catalog.NewNonce()}
+	if _, err := c.s.cat.Write(admin.CatalogInsert(entry)); err != nil {
 		return c.createRace(req, created, err)
 	}
-	c.s.cat.waitOut()
+	c.s.cat.WaitOut()
 	reply, err := c.finishCreate(req, &rule, entry)
 	if err != nil {
 		c.abortCreate(entry)
@@ -152,7 +153,7 @@ func (c *conn) createTimeseries(req *request) error {
 		}
 		return c.replyBody(req, reply)
 	}
-	c.s.cat.reread("create")
+	c.s.cat.Reread("create")
 	c.log.Info("time-series collection created", "ns", rule.Namespace, "timeField", rule.TimeField, "metaField", rule.MetaField, "span", rule.Span)
 	return c.replyBody(req, okReply())
 }
@@ -182,7 +183,7 @@ func (c *conn) finishCreate(req *request, rule *rules.Rule, entry admin.CatalogE
 	c.ensureBucketIndex(rule)
 	ready := entry
 	ready.State = admin.StateReady
-	n, err := c.s.cat.write(admin.CatalogReplace(ready, entry.Nonce, admin.StateCreating))
+	n, err := c.s.cat.Write(admin.CatalogReplace(ready, entry.Nonce, admin.StateCreating))
 	if err != nil {
 		return nil, mongoerr.Errorf(mongoerr.HostUnreachable, "tsproxy: create of %s: marking it ready in the catalog: %v", rule.Namespace, err)
 	}
@@ -194,7 +195,7 @@ func (c *conn) finishCreate(req *request, rule *rules.Rule, entry admin.CatalogE
 
 // abortCreate deletes the entry of a create that failed.
 func (c *conn) abortCreate(entry admin.CatalogEntry) {
-	if _, err := c.s.cat.write(admin.CatalogDelete(entry.Namespace(), entry.Nonce)); err != nil {
+	if _, err := c.s.cat.Write(admin.CatalogDelete(entry.Namespace(), entry.Nonce)); err != nil {
 		c.log.Warn("catalog: deleting a failed create's entry failed; another proxy deletes it later", "ns", entry.Namespace(), "err", err.Error())
 	}
 }
@@ -203,19 +204,19 @@ func (c *conn) abortCreate(entry admin.CatalogEntry) {
 // key is another create of the name, answered as MongoDB answers a
 // create of an existing collection.
 func (c *conn) createRace(req *request, created rules.Created, err error) error {
-	var we *catalogWriteError
-	if !errors.As(err, &we) || we.code != int64(mongoerr.DuplicateKey) {
+	var we *catalog.WriteError
+	if !errors.As(err, &we) || we.Code != int64(mongoerr.DuplicateKey) {
 		return c.replyError(req, mongoerr.HostUnreachable, fmt.Sprintf("tsproxy: create of %s.%s: writing the catalog: %v", created.DB, created.Collection, err))
 	}
-	snap, rerr := c.s.cat.refresh(nil)
+	snap, rerr := c.s.cat.Refresh(nil)
 	if rerr != nil {
 		return c.replyCatalogDown(req, rerr)
 	}
 	ns := created.DB + "." + created.Collection
-	if e, busy := snap.pending(ns); busy {
+	if e, busy := snap.Pending(ns); busy {
 		return c.replyError(req, mongoerr.ConflictingOperationInProgress, fmt.Sprintf("tsproxy: the time-series collection %s is being %s by another client; retry", ns, e.State))
 	}
-	if rule := snap.rules.Lookup(created.DB, created.Collection); rule != nil {
+	if rule := snap.Rules.Lookup(created.DB, created.Collection); rule != nil {
 		if admin.SameTimeseries(created, rule) {
 			return c.replyBody(req, okReply())
 		}
@@ -284,13 +285,13 @@ func (c *conn) collModTimeseries(req *request, rule *rules.Rule) error {
 	if err != nil {
 		return c.replyRewriteError(req, err)
 	}
-	snap := c.s.cat.snap.Load()
-	old, ok := snap.entries[rule.Namespace]
+	snap := c.s.cat.Load()
+	old, ok := snap.Entries[rule.Namespace]
 	if !ok || old.State != admin.StateReady {
 		return c.replyError(req, mongoerr.ConflictingOperationInProgress, fmt.Sprintf("tsproxy: the time-series collection %s changed meanwhile; retry", rule.Namespace))
 	}
-	entry := admin.CatalogEntry{Created: created, State: admin.StateReady, Nonce: newNonce()}
-	n, err := c.s.cat.write(admin.CatalogReplace(entry, old.Nonce, admin.StateReady))
+	entry := admin.CatalogEntry{Created: created, State: admin.StateReady, Nonce: catalog.NewNonce()}
+	n, err := c.s.cat.Write(admin.CatalogReplace(entry, old.Nonce, admin.StateReady))
 	if err != nil {
 		return c.replyError(req, mongoerr.HostUnreachable, fmt.Sprintf("tsproxy: collMod of %s: writing the catalog: %v", rule.Namespace, err))
 	}
@@ -299,8 +300,8 @@ func (c *conn) collModTimeseries(req *request, rule *rules.Rule) error {
 	}
 	// Once acknowledged, the change is what every proxy lists and
 	// sweeps by.
-	c.s.cat.waitOut()
-	c.s.cat.reread("collMod")
+	c.s.cat.WaitOut()
+	c.s.cat.Reread("collMod")
 	return c.replyBody(req, okReply())
 }
 
@@ -308,14 +309,14 @@ func (c *conn) collModTimeseries(req *request, rule *rules.Rule) error {
 // "dropping", every proxy stops routing to it, then its collections and
 // its entry go.
 func (c *conn) dropTimeseries(req *request, rule *rules.Rule) error {
-	snap := c.s.cat.snap.Load()
-	old, ok := snap.entries[rule.Namespace]
+	snap := c.s.cat.Load()
+	old, ok := snap.Entries[rule.Namespace]
 	if !ok || old.State != admin.StateReady {
 		return c.replyError(req, mongoerr.ConflictingOperationInProgress, fmt.Sprintf("tsproxy: the time-series collection %s changed meanwhile; retry", rule.Namespace))
 	}
 	dropping := old
 	dropping.State = admin.StateDropping
-	n, err := c.s.cat.write(admin.CatalogReplace(dropping, old.Nonce, admin.StateReady))
+	n, err := c.s.cat.Write(admin.CatalogReplace(dropping, old.Nonce, admin.StateReady))
 	if err != nil || n != 1 {
 		return c.replyError(req, mongoerr.ConflictingOperationInProgress, fmt.Sprintf("tsproxy: drop of %s: the catalog entry changed meanwhile (%v); retry", rule.Namespace, err))
 	}
@@ -325,8 +326,8 @@ func (c *conn) dropTimeseries(req *request, rule *rules.Rule) error {
 // finishDrop is the rest of a drop once the entry is "dropping" (also a
 // drop run again after a proxy stopped mid-drop).
 func (c *conn) finishDrop(req *request, rule *rules.Rule, dropping admin.CatalogEntry) error {
-	c.s.cat.reread("drop began")
-	c.s.cat.waitOut()
+	c.s.cat.Reread("drop began")
+	c.s.cat.WaitOut()
 	res, err := c.runPlan(req, rule, routeRewrite, admin.Drop(req.msg.Body, rule))
 	if err != nil {
 		c.restoreEntries(dropping)
@@ -340,11 +341,11 @@ func (c *conn) finishDrop(req *request, rule *rules.Rule, dropping admin.Catalog
 		return c.answer(req, rule, res)
 	}
 	c.dropStaging(rule)
-	if _, err := c.s.cat.write(admin.CatalogDelete(rule.Namespace, dropping.Nonce)); err != nil {
+	if _, err := c.s.cat.Write(admin.CatalogDelete(rule.Namespace, dropping.Nonce)); err != nil {
 		return c.replyError(req, mongoerr.HostUnreachable, fmt.Sprintf("tsproxy: drop of %s: deleting its catalog entry: %v; run drop again", rule.Namespace, err))
 	}
 	c.s.forgetNamespace(rule.BucketNamespace())
-	c.s.cat.reread("drop")
+	c.s.cat.Reread("drop")
 	return c.answer(req, rule, res)
 }
 
@@ -354,12 +355,12 @@ func (c *conn) finishDrop(req *request, rule *rules.Rule, dropping admin.Catalog
 func (c *conn) restoreEntries(dropping ...admin.CatalogEntry) {
 	for _, e := range dropping {
 		ready := e
-		ready.State, ready.Nonce = admin.StateReady, newNonce()
-		if _, err := c.s.cat.write(admin.CatalogReplace(ready, e.Nonce, admin.StateDropping)); err != nil {
+		ready.State, ready.Nonce = admin.StateReady, catalog.NewNonce()
+		if _, err := c.s.cat.Write(admin.CatalogReplace(ready, e.Nonce, admin.StateDropping)); err != nil {
 			c.log.Warn("catalog: an entry of a failed drop was left dropping; run drop again", "ns", e.Namespace(), "err", err.Error())
 		}
 	}
-	c.s.cat.reread("failed drop")
+	c.s.cat.Reread("failed drop")
 }
 
 // dropStaging drops the rule's staging collections (events not merged
@@ -404,18 +405,18 @@ func createdInDB(set *rules.Set, db string) []rules.Rule {
 func (c *conn) markDropping(db string) (marked []admin.CatalogEntry, err error) {
 	done := map[string]bool{}
 	for attempt := 0; attempt < 5; attempt++ {
-		snap, err := c.s.cat.refresh(nil)
+		snap, err := c.s.cat.Refresh(nil)
 		if err != nil {
 			return marked, err
 		}
 		lost := false
-		for _, old := range snap.entries {
+		for _, old := range snap.Entries {
 			if old.Created.DB != db || old.State != admin.StateReady || done[old.Namespace()] {
 				continue
 			}
 			dropping := old
 			dropping.State = admin.StateDropping
-			n, err := c.s.cat.write(admin.CatalogReplace(dropping, old.Nonce, admin.StateReady))
+			n, err := c.s.cat.Write(admin.CatalogReplace(dropping, old.Nonce, admin.StateReady))
 			if err != nil {
 				return marked, err
 			}
@@ -442,8 +443,8 @@ func (c *conn) forgetDroppedDB(db string, marked []admin.CatalogEntry) {
 	for _, e := range marked {
 		entries[e.Namespace()] = e
 	}
-	if snap, err := c.s.cat.refresh(nil); err == nil {
-		for ns, e := range snap.entries {
+	if snap, err := c.s.cat.Refresh(nil); err == nil {
+		for ns, e := range snap.Entries {
 			if e.Created.DB == db {
 				entries[ns] = e
 			}
@@ -452,7 +453,7 @@ func (c *conn) forgetDroppedDB(db string, marked []admin.CatalogEntry) {
 		c.log.Warn("catalog: read after dropDatabase failed; only the entries it marked are deleted", "db", db, "err", err.Error())
 	}
 	for _, e := range entries {
-		if _, err := c.s.cat.write(admin.CatalogDelete(e.Namespace(), e.Nonce)); err != nil {
+		if _, err := c.s.cat.Write(admin.CatalogDelete(e.Namespace(), e.Nonce)); err != nil {
 			c.log.Warn("catalog: an entry of a dropped database was left; drop the namespace again", "ns", e.Namespace(), "err", err.Error())
 		}
 		r := rules.NewCreatedRule(e.Created)
@@ -488,8 +489,8 @@ func (c *conn) dropDatabaseTimeseries(req *request, created []rules.Rule) error 
 		}
 		return c.replyRewriteError(req, err)
 	}
-	c.s.cat.reread("dropDatabase began")
-	c.s.cat.waitOut()
+	c.s.cat.Reread("dropDatabase began")
+	c.s.cat.WaitOut()
 	reply, err := c.upCommand(req.msg.Body)
 	if err != nil {
 		c.restoreEntries(marked...)
@@ -501,9 +502,26 @@ func (c *conn) dropDatabaseTimeseries(req *request, created []rules.Rule) error 
 	} else {
 		c.forgetDroppedDB(req.db, marked)
 	}
-	c.s.cat.reread("dropDatabase")
+	c.s.cat.Reread("dropDatabase")
 	if req.msg.Flags&wire.MoreToCome != 0 {
 		return nil
 	}
 	return c.replyBody(req, reply)
+}
+
+// rules is the latest rule set (maybe stale: for background work, which
+// re-reads it every round).
+func (s *Server) rules() *rules.Set { return s.cat.Load().Rules }
+
+// routesRule reports whether the proxy still routes rule's namespace by a
+// rule (true when the catalog cannot be read: nothing says otherwise).
+func (s *Server) routesRule(rule *rules.Rule) bool {
+	if rule.Declared == nil {
+		return true // config rules change with the config file only
+	}
+	snap, err := s.cat.Fresh()
+	if err != nil {
+		return true
+	}
+	return snap.Rules.Lookup(rule.DB, rule.Collection) != nil
 }
