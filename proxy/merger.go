@@ -197,22 +197,3 @@ func (s *Server) idleRound(rule *rules.Rule, caps caps.Upstream, list []byte, du
 // lifetimes without progress, or this less that), and drops its own
 // request (unless it died meanwhile).
 const staleFlushRequest = 2 * time.Minute
-
-// goneStagers says, for a merge at now, whether the proxy tagged owner
-// stopped staging rule (its announcement lapsed), asking up once per
-// owner.
-func (s *Server) goneStagers(up lease.Commander, rule *rules.Rule, now time.Time) func(owner string) bool {
-	seen := map[string]bool{}
-	return func(owner string) bool {
-		if gone, ok := seen[owner]; ok {
-			return gone
-		}
-		gone, err := lease.Gone(up, rule.DB, rule.BucketCollection, owner, now)
-		if err != nil {
-			s.log.Warn("staging: could not read whether a proxy stopped; its staging collections wait", "rule", rule.Namespace, "proxy", owner, "err", err.Error())
-			gone = false
-		}
-		seen[owner] = gone
-		return gone
-	}
-}

@@ -341,7 +341,7 @@ func (s *Server) runMergeLocked(r exec.Runner, up lease.Commander, rule *rules.R
 			// merge that failed) is read back when it is merged.
 			defer func() { s.kept.forgetFrozen(rule, s.merges.Gen(rule.Namespace, s.stagerSince)) }()
 		}
-		opts.Gone = s.goneStagers(up, rule, opts.Now)
+		opts.TakeOver = true
 		// Deletes run under the writer lease here, as the merge does,
 		// and lock the keys they rewrite as the merge's top-ups do.
 		opts.TopUp = true
@@ -413,6 +413,9 @@ func (s *Server) runMergeLocked(r exec.Runner, up lease.Commander, rule *rules.R
 	inflight := s.merges.Inserts(rule.Namespace)
 	inflight.Lock()
 	res, err := exec.Drive(r, freeze)
+	for _, why := range freeze.Stats.PresenceErrors {
+		s.log.Warn("staging: could not read whether a proxy stopped; its staging collections wait", "rule", rule.Namespace, "err", why)
+	}
 	if freeze.Stats.Frozen > 0 || err != nil || !mongoerr.IsOK(res.Reply) {
 		// This proxy's next inserts go to collections of a new
 		// generation: none of the names frozen is created again. A
@@ -449,7 +452,7 @@ func (s *Server) runMergeLocked(r exec.Runner, up lease.Commander, rule *rules.R
 	if st.Collections > 0 {
 		slowest, took := exec.SlowestStep(times)
 		s.log.Debug("staging merged", "rule", rule.Namespace, "collections", st.Collections, "events", st.Events, "buckets", st.Buckets,
-			"exec.SlowestStep", slowest, "slowestStepMs", took.Milliseconds())
+			"slowestStep", slowest, "slowestStepMs", took.Milliseconds())
 	}
 	return st, nil
 }

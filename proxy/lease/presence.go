@@ -5,9 +5,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/stage"
 	"go.mongodb.org/mongo-driver/v2/bson"
-
-	"github.com/tsproxy/tsproxy/rules"
 )
 
 // Presence is what a proxy says of itself to the others on one upstream:
@@ -25,10 +24,6 @@ type Presence struct {
 	announced map[string]time.Time // by db.coll: this proxy's last announcement
 }
 
-// PresenceSkew is how far the proxies' clocks may disagree: an
-// announcement counts that much longer than it says.
-const PresenceSkew = 5 * time.Second
-
 // NewPresence returns the announcements of a proxy, each lasting ttl (0:
 // DefaultTTL).
 func NewPresence(ttl time.Duration) *Presence {
@@ -38,9 +33,9 @@ func NewPresence(ttl time.Duration) *Presence {
 	return &Presence{ttl: ttl, announced: map[string]time.Time{}}
 }
 
-func presenceNS(coll string) string { return "stager:" + coll }
+func presenceNS(coll string) string { return stage.PresenceNS(coll) }
 
-func presenceID(coll, tag string) string { return presenceNS(coll) + ":" + tag }
+func presenceID(coll, tag string) string { return stage.PresenceID(coll, tag) }
 
 // Announce says that the proxy tagged tag (named owner) stages db.coll's
 // events, unless it said so less than half a lifetime ago.
@@ -74,33 +69,4 @@ func (p *Presence) Forget(db, coll string) {
 	p.mu.Lock()
 	delete(p.announced, db+"."+coll)
 	p.mu.Unlock()
-}
-
-// Gone reports whether the proxy tagged tag stopped staging db.coll: its
-// announcement is missing, or expired more than PresenceSkew ago.
-func Gone(up Commander, db, coll, tag string, now time.Time) (bool, error) {
-	c := Client{Up: up, DB: db}
-	reply, err := c.run(bson.D{
-		{Key: "find", Value: rules.LeaseCollection},
-		{Key: "filter", Value: bson.D{{Key: "_id", Value: presenceID(coll, tag)}}},
-		{Key: "singleBatch", Value: true},
-		{Key: "limit", Value: 1},
-	})
-	if err != nil {
-		return false, err
-	}
-	var r struct {
-		Cursor struct {
-			FirstBatch []struct {
-				Expires time.Time `bson:"expires"`
-			} `bson:"firstBatch"`
-		} `bson:"cursor"`
-	}
-	if err := bson.Unmarshal(reply, &r); err != nil {
-		return false, fmt.Errorf("read staging announcements: %w", err)
-	}
-	if len(r.Cursor.FirstBatch) == 0 {
-		return true, nil
-	}
-	return now.After(r.Cursor.FirstBatch[0].Expires.Add(PresenceSkew)), nil
 }

@@ -207,7 +207,8 @@ func TestMergeKept(t *testing.T) {
 		k.stage(t, events("a", 0, 3), a)
 		// b holds the lease and takes a's collection over (a's presence
 		// lapsed), and merges it.
-		if st := mergeRule(t, m, rule, stage.MergeOptions{All: true, Self: b.Tag, Since: 100, Gone: func(tag string) bool { return tag == a.Tag }}); st.Events != 3 {
+		announce(m, rule, a.Tag, false)
+		if st := mergeRule(t, m, rule, stage.MergeOptions{All: true, Self: b.Tag, Since: 100, TakeOver: true}); st.Events != 3 {
 			t.Fatalf("takeover %+v", st)
 		}
 		// a did not notice: its next insert makes its collection again,

@@ -67,6 +67,9 @@ type Stats struct {
 	// Upstream is the time the merge waited on the upstream, by StepKind:
 	// the runner that ran its steps (the proxy's) fills it.
 	Upstream map[string]StepTime
+	// PresenceErrors say why announcements of other proxies could not be
+	// read: their staging collections wait for the next merge.
+	PresenceErrors []string
 	// Others are the staging collections of other proxies that still
 	// take inserts (their owners freeze them), and Retired the retired
 	// collections a freeze left unmerged (a guest's for the holder; the
@@ -171,7 +174,7 @@ func (m *Merge) run(x *rewrite.Exec) error {
 		m.Stats.Retired = append(m.Stats.Retired, r.Name)
 	}
 	retired = nil
-	due, err := m.due(open)
+	due, err := m.due(x, open)
 	if err != nil {
 		return err
 	}
@@ -303,7 +306,11 @@ func (m *Merge) list(x *rewrite.Exec) (open, retired []Collection, err error) {
 // All, AllMine or Due say; the holder's (no owner) as All or Due say, by
 // the holder; a stopped proxy's, by the holder. Another proxy's that
 // still runs are its own to freeze (Stats.Others).
-func (m *Merge) due(open []Collection) ([]Collection, error) {
+func (m *Merge) due(x *rewrite.Exec, open []Collection) ([]Collection, error) {
+	gone, err := m.goneOwners(x, m.othersToCheck(open))
+	if err != nil {
+		return nil, err
+	}
 	var due []Collection
 	for _, c := range open {
 		switch {
@@ -331,13 +338,28 @@ func (m *Merge) due(open []Collection) ([]Collection, error) {
 			} else {
 				m.Stats.Pending++
 			}
-		case c.Owner == m.opts.Self || m.opts.Gone != nil && m.opts.Gone(c.Owner):
+		case c.Owner == m.opts.Self || gone[c.Owner]:
 			due = append(due, c)
 		default:
 			m.Stats.Others = append(m.Stats.Others, c.Name)
 		}
 	}
 	return due, nil
+}
+
+// othersToCheck are the owners of other proxies' staging collections in
+// open whose announcements decide whether the holder takes them over.
+func (m *Merge) othersToCheck(open []Collection) []string {
+	if !m.opts.TakeOver || m.opts.Guest {
+		return nil
+	}
+	var owners []string
+	for _, c := range open {
+		if c.Owner != "" && c.Owner != m.opts.Self && !m.own(c) && !slices.Contains(owners, c.Owner) {
+			owners = append(owners, c.Owner)
+		}
+	}
+	return owners
 }
 
 // countCommand counts db.coll's documents.

@@ -54,10 +54,10 @@ type MergeOptions struct {
 	// only its own staging collections, and merges nothing: the holder
 	// merges what is retired. The zero value is the holder's merge.
 	Guest bool
-	// Gone says whether the proxy tagged owner stopped (its presence
-	// lapsed): the holder then takes its staging collections over. Nil:
-	// none has.
-	Gone func(owner string) bool
+	// TakeOver: the holder takes over the staging collections of the
+	// proxies whose announcements lapsed (presence.go); it reads them
+	// once a merge, for the owners of the collections it lists.
+	TakeOver bool
 	// RollupStatements bounds the statements of one rollup update, and of
 	// one update of topped-up buckets
 	// (caps.Upstream.MaxUpdateStatements; 0: rollup's default).

@@ -31,7 +31,8 @@ func TestRecordsOfMergesOfOneToken(t *testing.T) {
 	// G, a guest, freezes its own collection (a flush request, a read).
 	merge(t, m, stage.MergeOptions{All: true, FreezeOnly: true, Guest: true, Self: g.Tag, Since: 100, Now: time.UnixMilli(T)})
 	// H, the holder, at T on its own clock.
-	base := stage.MergeOptions{Self: h.Tag, Since: 200, Now: time.UnixMilli(T), Gone: func(string) bool { return false }}
+	announce(m, rwtest.InsertRule(), g.Tag, true)
+	base := stage.MergeOptions{Self: h.Tag, Since: 200, Now: time.UnixMilli(T), TakeOver: true}
 	o := base
 	o.RetiredOnly = true
 	merge(t, m, o) // G's collection, token T: records the write's id under T

@@ -590,6 +590,21 @@ func merge(t *testing.T, m *mem, opts stage.MergeOptions) stage.Stats {
 	return mergeRule(t, m, rwtest.InsertRule(), opts)
 }
 
+// announce writes the announcement of the proxy tagged tag staging rule,
+// lapsed or not at the merges' time (mergeRule's default Now).
+func announce(m *mem, rule *rules.Rule, tag string, live bool) {
+	expires := time.UnixMilli(1_000_000).Add(time.Hour)
+	if !live {
+		expires = time.UnixMilli(1_000_000).Add(-stage.PresenceSkew - time.Second)
+	}
+	id := stage.PresenceID(rule.BucketCollection, tag)
+	docs := slices.DeleteFunc(m.colls[rules.LeaseCollection], func(d bsoncore.Document) bool {
+		s, _ := d.Lookup("_id").StringValueOK()
+		return s == id
+	})
+	m.colls[rules.LeaseCollection] = append(docs, doc(bson.D{{Key: "_id", Value: id}, {Key: "ns", Value: stage.PresenceNS(rule.BucketCollection)}, {Key: "owner", Value: tag}, {Key: "expires", Value: expires}}))
+}
+
 // mergeRule runs a merge of rule's staging tier that must succeed.
 func mergeRule(t *testing.T, m *mem, rule *rules.Rule, opts stage.MergeOptions) stage.Stats {
 	t.Helper()
@@ -996,7 +1011,8 @@ func TestStagers(t *testing.T) {
 	}
 
 	// a, the holder: merges b's retired one, freezes and merges its own.
-	st = merge(t, m, stage.MergeOptions{All: true, Self: a.Tag, Since: 100, Gone: func(string) bool { return false }})
+	announce(m, rule, b.Tag, true)
+	st = merge(t, m, stage.MergeOptions{All: true, Self: a.Tag, Since: 100, TakeOver: true})
 	if st.Events != 5 || len(st.Others) != 0 {
 		t.Fatalf("holder: %+v", st)
 	}
@@ -1011,7 +1027,8 @@ func TestStagers(t *testing.T) {
 	// a's previous run left a collection too.
 	old := stage.Stager{Tag: a.Tag, Gen: 50}
 	stageAs(t, m, events("a", 10, 1), old)
-	st = merge(t, m, stage.MergeOptions{All: true, FreezeOnly: true, Self: a.Tag, Since: 100, Gone: func(tag string) bool { return tag == b.Tag }})
+	announce(m, rule, b.Tag, false)
+	st = merge(t, m, stage.MergeOptions{All: true, FreezeOnly: true, Self: a.Tag, Since: 100, TakeOver: true})
 	if st.Frozen != 2 {
 		t.Fatalf("takeover freeze: %+v", st)
 	}
