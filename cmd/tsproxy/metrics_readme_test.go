@@ -17,11 +17,12 @@ import (
 	"github.com/tsproxy/tsproxy/rules"
 )
 
-// TestREADMEScrapeMatchesExport: every line of the README's sample
-// scrape (## Metrics) must be a series the exporter set up by
-// setupTelemetry produces: the same name and the same label names.
+// TestREADMEScrapeMatchesExport: every line of the sample scrape in
+// docs/operations.md (## Metrics, linked from the README) must be a
+// series the exporter set up by setupTelemetry produces: the same name
+// and the same label names.
 func TestREADMEScrapeMatchesExport(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
+	readme, err := os.ReadFile("../../docs/operations.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,16 +65,16 @@ func TestREADMEScrapeMatchesExport(t *testing.T) {
 	for _, line := range strings.Split(strings.TrimSpace(sec), "\n") {
 		m := series.FindStringSubmatch(line)
 		if m == nil {
-			t.Errorf("README line not a series: %q", line)
+			t.Errorf("docs/operations.md line not a series: %q", line)
 			continue
 		}
 		got, ok := exported[m[1]]
 		if !ok {
-			t.Errorf("README shows %s, which is not exported", m[1])
+			t.Errorf("docs/operations.md shows %s, which is not exported", m[1])
 			continue
 		}
 		if want := labelNames(m[2]); got != want {
-			t.Errorf("README shows %s with labels {%s}; exported with {%s}", m[1], want, got)
+			t.Errorf("docs/operations.md shows %s with labels {%s}; exported with {%s}", m[1], want, got)
 		}
 	}
 }
