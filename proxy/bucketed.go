@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/tsproxy/tsproxy/proxy/exec"
 	"github.com/tsproxy/tsproxy/rewrite/fanout"
 	"github.com/tsproxy/tsproxy/rewrite/insert"
 	"github.com/tsproxy/tsproxy/upstream"
@@ -125,7 +126,7 @@ func (c *conn) rewriteInsert(req *request, rule *rules.Rule) error {
 // roundTripBody sends a frame the proxy built and returns a copy of the
 // reply's body (the frame's buffer is reused by the next read).
 func (c *conn) roundTripBody(frame []byte) ([]byte, error) {
-	_, rf, err := c.up.RoundTrip(frame)
+	_, rf, err := exec.RoundTrip(c.up, frame)
 	if err != nil {
 		return nil, err
 	}
@@ -206,7 +207,7 @@ func (s *Server) upstreamCapsOn(up *upstream.Conn) (caps.Upstream, error) {
 		return caps, nil
 	}
 	st.mu.Unlock()
-	reply, err := up.Command(bson.D{{Key: "buildInfo", Value: 1}, {Key: "$db", Value: "admin"}})
+	reply, err := exec.CommandDoc(up, bson.D{{Key: "buildInfo", Value: 1}, {Key: "$db", Value: "admin"}})
 	if err != nil {
 		return caps.Upstream{}, err
 	}

@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 
+	"github.com/tsproxy/tsproxy/proxy/exec"
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
@@ -24,7 +25,7 @@ func (s *Server) CheckRules(ctx context.Context) {
 		_ = up.SetDeadline(dl)
 	}
 	for _, r := range s.opts.Rules.All() {
-		reply, err := up.Command(bson.D{{Key: "count", Value: r.Collection}, {Key: "$db", Value: r.DB}})
+		reply, err := exec.CommandDoc(up, bson.D{{Key: "count", Value: r.Collection}, {Key: "$db", Value: r.DB}})
 		if err != nil {
 			s.log.Warn("could not check rule namespace for plain documents", "rule", r.Namespace, "err", err.Error())
 			return

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/tsproxy/tsproxy/proxy/exec"
 	"github.com/tsproxy/tsproxy/rewrite/hello"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -45,7 +46,7 @@ func (c *conn) handleHello(req *request) error {
 	c.outBuf = frame[:0]
 	span := c.s.tel.Start(req.name, req.db, routePassthrough.String(), req.start)
 	upStart := time.Now()
-	_, rf, err := c.up.RoundTrip(frame)
+	_, rf, err := exec.RoundTrip(c.up, frame)
 	c.endAfterReply(span, time.Since(upStart), err)
 	if err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tsproxy/tsproxy/proxy/exec"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
@@ -27,7 +28,7 @@ func (c *conn) stopIDIndex(rule *rules.Rule) error {
 	if v, ok := c.s.idIndexOff.Load(ns); ok && v.(time.Time).Equal(term.Since) {
 		return nil
 	}
-	reply, err := c.up.Command(bucket.IDIndexStopCommand(rule))
+	reply, err := exec.CommandDoc(c.up, bucket.IDIndexStopCommand(rule))
 	if err != nil {
 		return err
 	}
@@ -42,7 +43,7 @@ func (c *conn) stopIDIndex(rule *rules.Rule) error {
 // sweeper deleted (those whose window starts before cutoff). A failure
 // only leaves stale entries, which cost a lookup and never an answer.
 func (s *Server) sweepIDIndex(up *upstream.Conn, rule *rules.Rule, cutoff time.Time) {
-	reply, err := up.Command(bucket.IDIndexSweepCommand(rule, cutoff))
+	reply, err := exec.CommandDoc(up, bucket.IDIndexSweepCommand(rule, cutoff))
 	if err == nil {
 		err = upstream.CommandError(reply)
 	}

@@ -6,6 +6,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/tsproxy/tsproxy/proxy/exec"
 	"github.com/tsproxy/tsproxy/wire"
 )
 
@@ -57,7 +58,7 @@ func (c *conn) passthrough(req *request) error {
 	}
 	span := c.s.tel.Start(req.name, req.db, routePassthrough.String(), req.start)
 	upStart := time.Now()
-	_, reply, err := c.up.RoundTrip(fwd)
+	_, reply, err := exec.RoundTrip(c.up, fwd)
 	c.endAfterReply(span, time.Since(upStart), err)
 	if err != nil {
 		return err // afterLinkLoss decides whether the client keeps its connection

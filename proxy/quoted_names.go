@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/proxy/exec"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/upstream"
 	"github.com/tsproxy/tsproxy/wire"
@@ -66,7 +67,7 @@ func (c *conn) createQuoted(req *request, coll string, failed, fwd []byte) (body
 	if req.name == "create" {
 		return okReply(), nil, nil
 	}
-	_, retried, err = c.up.RoundTrip(fwd)
+	_, retried, err = exec.RoundTrip(c.up, fwd)
 	return nil, retried, err
 }
 
@@ -77,12 +78,12 @@ func (c *conn) makeQuoted(db, coll string, opts bson.D) error {
 	_, _ = rand.Read(b[:])
 	tmp := "tsproxy_quoted_" + hex.EncodeToString(b[:])
 	create := append(append(bson.D{{Key: "create", Value: tmp}}, opts...), bson.E{Key: "$db", Value: db})
-	if err := commandOK(c.up.Command(create)); err != nil {
+	if err := commandOK(exec.CommandDoc(c.up, create)); err != nil {
 		return fmt.Errorf("create %s: %w", tmp, err)
 	}
 	rename := bson.D{{Key: "renameCollection", Value: db + "." + tmp}, {Key: "to", Value: db + "." + coll}, {Key: "$db", Value: "admin"}}
-	if err := commandOK(c.up.Command(rename)); err != nil {
-		_ = commandOK(c.up.Command(bson.D{{Key: "drop", Value: tmp}, {Key: "$db", Value: db}}))
+	if err := commandOK(exec.CommandDoc(c.up, rename)); err != nil {
+		_ = commandOK(exec.CommandDoc(c.up, bson.D{{Key: "drop", Value: tmp}, {Key: "$db", Value: db}}))
 		return fmt.Errorf("renameCollection %s: %w", tmp, err)
 	}
 	return nil

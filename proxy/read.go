@@ -229,7 +229,7 @@ func (s *Server) idLookupCost(up lease.Commander, log *slog.Logger, rule *rules.
 // probeIDLookup explains a find by _id on db.coll; false when the
 // upstream gives no plan (no such collection) or refuses.
 func probeIDLookup(up lease.Commander, db, coll string) (read.IDLookupCost, bool) {
-	reply, err := up.Command(bson.D{
+	reply, err := exec.CommandDoc(up, bson.D{
 		{Key: "explain", Value: bson.D{{Key: "find", Value: coll}, {Key: "filter", Value: bson.D{{Key: "_id", Value: bson.NilObjectID}}}}},
 		{Key: "$db", Value: db},
 	})

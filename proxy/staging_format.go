@@ -9,6 +9,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/tsproxy/tsproxy/proxy/exec"
 	"github.com/tsproxy/tsproxy/proxy/lease"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -139,7 +140,7 @@ func ruleUsed(up lease.Commander, rule *rules.Rule) (bool, error) {
 		{{Key: "find", Value: rule.BucketCollection}, {Key: "projection", Value: bson.D{{Key: "_id", Value: 1}}},
 			{Key: "limit", Value: 1}, {Key: "singleBatch", Value: true}, {Key: "$db", Value: rule.DB}},
 	} {
-		reply, err := up.Command(cmd)
+		reply, err := exec.CommandDoc(up, cmd)
 		if err == nil {
 			err = upstream.CommandError(reply)
 		}

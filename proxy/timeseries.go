@@ -231,7 +231,7 @@ func (c *conn) createRace(req *request, created rules.Created, err error) error 
 func (c *conn) checkNameFree(rule *rules.Rule) error {
 	for _, name := range []string{rule.Collection, rule.BucketCollection} {
 		cmd := bson.D{{Key: "listCollections", Value: 1}, {Key: "filter", Value: bson.D{{Key: "name", Value: name}}}, {Key: "nameOnly", Value: true}, {Key: "$db", Value: rule.DB}}
-		reply, err := c.up.Command(cmd)
+		reply, err := exec.CommandDoc(c.up, cmd)
 		if err != nil {
 			return mongoerr.Errorf(mongoerr.HostUnreachable, "tsproxy: create of %s: %v", rule.Namespace, err)
 		}
@@ -245,7 +245,7 @@ func (c *conn) checkNameFree(rule *rules.Rule) error {
 		if name == rule.Collection {
 			return admin.PlainExistsError(rule.Namespace)
 		}
-		count, err := c.up.Command(bson.D{{Key: "count", Value: name}, {Key: "$db", Value: rule.DB}})
+		count, err := exec.CommandDoc(c.up, bson.D{{Key: "count", Value: name}, {Key: "$db", Value: rule.DB}})
 		if err != nil {
 			return mongoerr.Errorf(mongoerr.HostUnreachable, "tsproxy: create of %s: %v", rule.Namespace, err)
 		}

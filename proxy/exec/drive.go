@@ -7,7 +7,6 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/upstream"
 	"github.com/tsproxy/tsproxy/wire"
-	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
 // Runner sends one plan step upstream and returns copies of the
@@ -98,11 +97,4 @@ func AppendFrame(dst []byte, u rewrite.Upstream) ([]byte, error) {
 		return nil, fmt.Errorf("encode upstream command: %w", err)
 	}
 	return frame, nil
-}
-
-// Command runs one command on up, an upstream connection of the proxy's
-// own, and returns its reply.
-func Command(up *upstream.Conn, body []byte) (bson.Raw, error) {
-	res, err := Drive(OnConn{Up: up}, rewrite.Passthrough(body, nil))
-	return bson.Raw(res.Reply), err
 }
