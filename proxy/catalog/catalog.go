@@ -12,11 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"go.mongodb.org/mongo-driver/v2/bson"
-
 	"github.com/tsproxy/tsproxy/proxy/exec"
 	"github.com/tsproxy/tsproxy/rewrite/admin"
-	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/upstream"
@@ -277,20 +274,26 @@ func (cat *Catalog) read() (*Snap, error) {
 	return snap, nil
 }
 
-var buildInfo, _ = bson.Marshal(bson.D{{Key: "buildInfo", Value: 1}, {Key: "$db", Value: "admin"}})
-
 // detectMode resolves rules.CreateTimeseriesAuto: the upstream's own
-// time-series collections where it has them.
+// time-series collections where it makes them (admin.TimeseriesProbe, in
+// the catalog's database, under a name of this probe's own).
 func (cat *Catalog) detectMode(up *upstream.Conn) error {
-	reply, err := exec.Command(up, buildInfo)
+	res, err := exec.Drive(exec.OnConn{Up: up}, admin.TimeseriesProbe(rules.CatalogDB, "tsproxy_probe_"+NewNonce()))
 	if err != nil {
-		return fmt.Errorf("tsproxy: reading the time-series catalog: buildInfo: %w", err)
+		return fmt.Errorf("tsproxy: probing time-series collections: %w", err)
 	}
-	if r := upstream.RefusalOf(reply); r != nil {
-		return fmt.Errorf("tsproxy: reading the time-series catalog: buildInfo: %w", r)
+	native, err := admin.Native(res.Reply)
+	switch {
+	case errors.Is(err, admin.ErrProbeUnauthorized):
+		// The catalog could not be written either: creates pass
+		// through, as without a catalog.
+		cat.cfg.Log.Warn("time-series creates pass through to the upstream: the proxy's upstream credentials may not create collections in " + rules.CatalogDB)
+		native = true
+	case err != nil:
+		return err
 	}
 	cat.mode = rules.CreateTimeseriesProxy
-	if caps.Detect(reply).NativeTimeseries {
+	if native {
 		cat.mode = rules.CreateTimeseriesUpstream
 	}
 	cat.cfg.Log.Info("time-series collections", "servedBy", cat.mode)

@@ -58,10 +58,6 @@ type Upstream struct {
 	// FerretDB it had to be for most of them already: its $unwind drops
 	// the bucket's meta).
 	PackedEvents bool
-	// NativeTimeseries: the upstream has time-series collections of its
-	// own (MongoDB 5.0+), so a create with the timeseries option may pass
-	// through (rules.CreateTimeseriesAuto).
-	NativeTimeseries bool
 	// UnusedIndexes: the upstream reads by no index but _id's, whatever
 	// indexes a collection has. FerretDB v1.24: its SQLite backend pushes
 	// only {_id: X} filters down; its PostgreSQL backend tests a field as
@@ -83,21 +79,7 @@ func Detect(buildInfo []byte) Upstream {
 		return Upstream{IDOnlyFilters: true, CostlyUpdates: true, SingleWriter: true, PackedEvents: true, UnusedIndexes: true,
 			MaxUpdateStatements: FerretDBMaxUpdateStatements}
 	}
-	return Upstream{StmtIDs: true, FullAggregation: true, UnwindKeepsFields: true, NativeTimeseries: majorVersion(doc) >= 5}
-}
-
-// majorVersion reads buildInfo's versionArray[0] (0 when absent).
-func majorVersion(buildInfo bsoncore.Document) int64 {
-	arr, ok := buildInfo.Lookup("versionArray").ArrayOK()
-	if !ok {
-		return 0
-	}
-	v, err := arr.IndexErr(0)
-	if err != nil {
-		return 0
-	}
-	n, _ := v.AsInt64OK()
-	return n
+	return Upstream{StmtIDs: true, FullAggregation: true, UnwindKeepsFields: true}
 }
 
 // FerretDBMaxUpdateStatements is Caps.MaxUpdateStatements for FerretDB:

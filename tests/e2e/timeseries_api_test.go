@@ -459,3 +459,32 @@ func TestTimeseriesMongoose(t *testing.T) {
 		t.Fatalf("%d buckets, want 5", buckets)
 	}
 }
+
+// TestTimeseriesProbeLeavesNothing: the proxy finds whether the upstream
+// makes time-series collections by making one (never from the version
+// buildInfo claims: FerretDB 2.x claims MongoDB 7.0 and makes a plain
+// collection), then drops it; the collections it served a create with
+// are listed as time-series ones. Not parallel: no other proxy's probe
+// runs meanwhile.
+func TestTimeseriesProbeLeavesNothing(t *testing.T) {
+	ctx := ctxFor(t)
+	db := uniqueDB(t)
+	p := startProxy(t, proxyOptions{})
+	c := connect(t, p.URI())
+	dropAtEnd(t, c, db)
+	if err := c.Database(db).CreateCollection(ctx, "probe", options.CreateCollection().SetTimeSeriesOptions(options.TimeSeries().SetTimeField("t"))); err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	if w := tsCollections(t, ctx, c, db)["probe"]; w == nil || w["type"] != "timeseries" {
+		t.Fatalf("listed %v, want a time-series collection", w)
+	}
+	names, err := direct(t).Database("tsproxy").ListCollectionNames(ctx, bson.D{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range names {
+		if strings.HasPrefix(n, "tsproxy_probe_") {
+			t.Errorf("the probe left %s.%s", "tsproxy", n)
+		}
+	}
+}

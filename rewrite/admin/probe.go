@@ -1,0 +1,95 @@
+package admin
+
+import (
+	"errors"
+	"fmt"
+
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+)
+
+// Servers that speak MongoDB's protocol claim MongoDB versions (FerretDB
+// 2.x answers buildInfo as MongoDB 7.0), so what an upstream can do is
+// found by trying it, never read from its version.
+
+// ErrProbeUnauthorized: the proxy's credentials may not create the probe's
+// collection, so the probe says nothing.
+var ErrProbeUnauthorized = errors.New("tsproxy: the proxy's upstream credentials may not create a collection to probe the upstream")
+
+// TimeseriesProbe is the plan that finds whether the upstream makes
+// time-series collections of its own: it creates db.coll with the
+// timeseries option, lists it and drops it. Its reply is {ok: 1, native:
+// <bool>}, or {ok: 1, unauthorized: true} (Native reads it). The create's ok alone says nothing: FerretDB
+// 2.x over DocumentDB accepts the option and makes a plain collection;
+// only the listing's type "timeseries" does. coll should be a name of
+// this probe's own (two proxies probing at once must not drop each
+// other's).
+func TimeseriesProbe(db, coll string) rewrite.Plan {
+	return rewrite.Script(func(x *rewrite.Exec) (rewrite.Result, error) {
+		create := bsoncore.NewDocumentBuilder().AppendString("create", coll).
+			AppendDocument("timeseries", bsoncore.NewDocumentBuilder().AppendString("timeField", "t").Build()).
+			AppendString("$db", db).Build()
+		reply, ok := x.One(create)
+		if !ok {
+			return rewrite.Result{}, rewrite.ErrAborted
+		}
+		if err := mongoerr.ReplyError(reply); err != nil {
+			if mongoerr.CodeOf(err) == mongoerr.Unauthorized {
+				return rewrite.Result{Reply: bsoncore.NewDocumentBuilder().AppendDouble("ok", 1).AppendBoolean("unauthorized", true).Build()}, nil
+			}
+			// MongoDB before 5.0 and FerretDB v1.24 refuse the option.
+			return probeResult(false), nil
+		}
+		list := bsoncore.NewDocumentBuilder().AppendInt32("listCollections", 1).
+			AppendDocument("filter", bsoncore.NewDocumentBuilder().AppendString("name", coll).Build()).
+			AppendString("$db", db).Build()
+		listed, ok := x.One(list)
+		if !ok {
+			return rewrite.Result{}, rewrite.ErrAborted
+		}
+		drop := bsoncore.NewDocumentBuilder().AppendString("drop", coll).AppendString("$db", db).Build()
+		dropped, ok := x.One(drop)
+		if !ok {
+			return rewrite.Result{}, rewrite.ErrAborted
+		}
+		if err := mongoerr.ReplyError(listed); err != nil {
+			return rewrite.Result{}, fmt.Errorf("tsproxy: probing time-series collections: listCollections: %w", err)
+		}
+		if err := mongoerr.ReplyError(dropped); err != nil && mongoerr.CodeOf(err) != mongoerr.NamespaceNotFound {
+			return rewrite.Result{}, fmt.Errorf("tsproxy: probing time-series collections: drop %s.%s: %w", db, coll, err)
+		}
+		return probeResult(listedType(listed) == "timeseries"), nil
+	})
+}
+
+// listedType is the type of the first collection a listCollections reply
+// lists ("" when none).
+func listedType(reply []byte) string {
+	batch, _ := bsoncore.Document(reply).Lookup("cursor", "firstBatch").ArrayOK()
+	vals, _ := batch.Values()
+	if len(vals) == 0 {
+		return ""
+	}
+	d, _ := vals[0].DocumentOK()
+	t, _ := d.Lookup("type").StringValueOK()
+	return t
+}
+
+func probeResult(native bool) rewrite.Result {
+	return rewrite.Result{Reply: bsoncore.NewDocumentBuilder().AppendDouble("ok", 1).AppendBoolean("native", native).Build()}
+}
+
+// Native reads a TimeseriesProbe's reply: whether the upstream made a
+// time-series collection; an error reply is the probe's failure.
+func Native(reply []byte) (bool, error) {
+	if err := mongoerr.ReplyError(reply); err != nil {
+		return false, err
+	}
+	if u, _ := bsoncore.Document(reply).Lookup("unauthorized").BooleanOK(); u {
+		return false, ErrProbeUnauthorized
+	}
+	native, _ := bsoncore.Document(reply).Lookup("native").BooleanOK()
+	return native, nil
+}

@@ -1,0 +1,74 @@
+package admin
+
+import (
+	"errors"
+	"slices"
+	"testing"
+
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+)
+
+// runProbe runs a TimeseriesProbe against answers (by command name) and
+// returns what it concluded and the commands it sent.
+func runProbe(t *testing.T, answers map[string][]byte) (bool, error, []string) {
+	t.Helper()
+	p := TimeseriesProbe("tsproxy", "tsproxy_probe_x")
+	var sent []string
+	for {
+		step, done := p.Next()
+		if done {
+			native, err := Native(p.Result().Reply)
+			return native, err, sent
+		}
+		var replies [][]byte
+		for _, u := range step {
+			name := bsoncore.Document(u.Body).Index(0).Key()
+			sent = append(sent, name)
+			replies = append(replies, answers[name])
+		}
+		if err := p.Feed(replies); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestTimeseriesProbe(t *testing.T) {
+	ok := bsoncore.NewDocumentBuilder().AppendDouble("ok", 1).Build()
+	refused := func(code int32) []byte {
+		return bsoncore.NewDocumentBuilder().AppendDouble("ok", 0).AppendInt32("code", code).AppendString("errmsg", "no").Build()
+	}
+	listed := func(typ string) []byte {
+		batch := bsoncore.NewArrayBuilder()
+		if typ != "" {
+			batch.AppendDocument(bsoncore.NewDocumentBuilder().AppendString("name", "tsproxy_probe_x").AppendString("type", typ).Build())
+		}
+		return bsoncore.NewDocumentBuilder().AppendDocument("cursor", bsoncore.NewDocumentBuilder().
+			AppendInt64("id", 0).AppendString("ns", "tsproxy.$cmd.listCollections").AppendArray("firstBatch", batch.Build()).Build()).
+			AppendDouble("ok", 1).Build()
+	}
+	for _, c := range []struct {
+		name    string
+		answers map[string][]byte
+		native  bool
+		err     error
+		sent    []string
+	}{
+		{"MongoDB 5.0+", map[string][]byte{"create": ok, "listCollections": listed("timeseries"), "drop": ok}, true, nil, []string{"create", "listCollections", "drop"}},
+		// FerretDB 2.x: the option accepted, a plain collection made.
+		{"a plain collection made", map[string][]byte{"create": ok, "listCollections": listed("collection"), "drop": ok}, false, nil, []string{"create", "listCollections", "drop"}},
+		{"not listed", map[string][]byte{"create": ok, "listCollections": listed(""), "drop": refused(26)}, false, nil, []string{"create", "listCollections", "drop"}},
+		// MongoDB 4.4, FerretDB v1.24: the option refused; nothing to drop.
+		{"the option refused", map[string][]byte{"create": refused(40415)}, false, nil, []string{"create"}},
+		{"no privilege", map[string][]byte{"create": refused(13)}, false, ErrProbeUnauthorized, []string{"create"}},
+	} {
+		native, err, sent := runProbe(t, c.answers)
+		if native != c.native || !errors.Is(err, c.err) || !slices.Equal(sent, c.sent) {
+			t.Errorf("%s: native %v, %v, sent %v; want %v, %v, %v", c.name, native, err, sent, c.native, c.err, c.sent)
+		}
+	}
+	// A listing that fails still drops the probe's collection.
+	_, err, sent := runProbe(t, map[string][]byte{"create": ok, "listCollections": refused(2), "drop": ok})
+	if err == nil || !slices.Equal(sent, []string{"create", "listCollections", "drop"}) {
+		t.Errorf("listing refused: %v, sent %v", err, sent)
+	}
+}
