@@ -238,20 +238,8 @@ func compileTrim(name string, v Value, depth level) (expr, error) {
 		return nil, badValue(50696, "%s only supports an object as an argument, found: %s", name, typeAlias(v))
 	}
 	t := trimExpr{name: name}
-	elems, _ := d.Elements()
-	for _, e := range elems {
-		x, err := compileExpr(e.Value(), depth.next())
-		if err != nil {
-			return nil, err
-		}
-		switch e.Key() {
-		case "input":
-			t.input = x
-		case "chars":
-			t.chars = x
-		default:
-			return nil, badValue(50694, "%s found an unknown argument: %s", name, e.Key())
-		}
+	if err := namedArgs(name, d, depth, 50694, map[string]*expr{"input": &t.input, "chars": &t.chars}); err != nil {
+		return nil, err
 	}
 	if t.input == nil {
 		return nil, badValue(50695, "%s requires an 'input' field", name)

@@ -40,24 +40,8 @@ func compileConvert(name string, v Value, depth level) (expr, error) {
 		return nil, badValue(10065, "%s expects an object of named arguments but found: %s", name, typeAlias(v))
 	}
 	var c convertExpr
-	elems, _ := d.Elements()
-	for _, e := range elems {
-		x, err := compileExpr(e.Value(), depth.next())
-		if err != nil {
-			return nil, err
-		}
-		switch e.Key() {
-		case "input":
-			c.input = x
-		case "to":
-			c.to = x
-		case "onError":
-			c.onError = x
-		case "onNull":
-			c.onNull = x
-		default:
-			return nil, badValue(9, "%s found an unknown argument: %s", name, e.Key())
-		}
+	if err := namedArgs(name, d, depth, 9, map[string]*expr{"input": &c.input, "to": &c.to, "onError": &c.onError, "onNull": &c.onNull}); err != nil {
+		return nil, err
 	}
 	switch {
 	case c.input == nil:

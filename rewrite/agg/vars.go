@@ -371,3 +371,22 @@ func compileBinding(name string, v Value, depth level) (e expr, ok bool, err err
 // rawOperators compile their argument themselves (named arguments,
 // lazily evaluated): filled by the ops_*.go files.
 var rawOperators = map[string]func(name string, v Value, depth level) (expr, error){}
+
+// namedArgs compiles an operator's object of named arguments: each key of
+// slots into its slot, in the object's order; a key not in slots is
+// refused with code unknown, as MongoDB refuses it.
+func namedArgs(name string, d bsoncore.Document, depth level, unknown mongoerr.Code, slots map[string]*expr) error {
+	elems, _ := d.Elements()
+	for _, e := range elems {
+		slot, ok := slots[e.Key()]
+		if !ok {
+			return badValue(unknown, "%s found an unknown argument: %s", name, e.Key())
+		}
+		x, err := compileExpr(e.Value(), depth.next())
+		if err != nil {
+			return err
+		}
+		*slot = x
+	}
+	return nil
+}
