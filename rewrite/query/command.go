@@ -90,7 +90,7 @@ var packedGuard = packedGuardStage()
 const PackedEventsRefusal = "tsproxy: packed events (a bucket copied from FerretDB) cannot be unwound here; run tsproxy unpack on the rule. packed: "
 
 // packedGuardStage is {$addFields: {packed: {$cond: [<no packed field>,
-// "$$REMOVE", <an error>]}}}: the error is a failed conversion of a
+// "$$REMOVE", <an error unless there is none>]}}}: the error is a failed conversion of a
 // string that names the problem, made of the field's type so that it is
 // never folded into a constant (an error at parse time would fail every
 // read).
@@ -100,7 +100,12 @@ func packedGuardStage() bsoncore.Document {
 	msg := bsoncore.NewDocumentBuilder().AppendArray("$concat", bsoncore.NewArrayBuilder().
 		AppendDocument(bsoncore.NewDocumentBuilder().AppendString("$literal", PackedEventsRefusal).Build()).
 		AppendDocument(typ).Build()).Build()
-	fail := bsoncore.NewDocumentBuilder().AppendDocument("$toInt", msg).Build()
+	// The conversion's input is a number's text unless the field is
+	// there: DocumentDB evaluates both branches of a $cond, and a guard
+	// that failed on its own failed every read there.
+	failInput := bsoncore.NewDocumentBuilder().AppendArray("$cond", bsoncore.NewArrayBuilder().
+		AppendDocument(missing).AppendString("0").AppendDocument(msg).Build()).Build()
+	fail := bsoncore.NewDocumentBuilder().AppendDocument("$toInt", failInput).Build()
 	cond := bsoncore.NewDocumentBuilder().AppendArray("$cond", bsoncore.NewArrayBuilder().
 		AppendDocument(missing).AppendString("$$REMOVE").AppendDocument(fail).Build()).Build()
 	fields := bsoncore.NewDocumentBuilder().AppendDocument(bucket.FieldPacked, cond).Build()
