@@ -1,10 +1,14 @@
 package proxy
 
 import (
+	"context"
+	"crypto/rand"
 	"fmt"
 	"time"
 
+	"github.com/tsproxy/tsproxy/proxy/catalog"
 	"github.com/tsproxy/tsproxy/proxy/exec"
+	"github.com/tsproxy/tsproxy/rewrite/admin"
 	"github.com/tsproxy/tsproxy/rewrite/fanout"
 	"github.com/tsproxy/tsproxy/rewrite/insert"
 	"github.com/tsproxy/tsproxy/upstream"
@@ -216,9 +220,43 @@ func (s *Server) upstreamCapsOn(up *upstream.Conn) (caps.Upstream, error) {
 		return caps.Upstream{}, fmt.Errorf("upstream capabilities: buildInfo: %w", r)
 	}
 	caps := caps.Detect(reply)
+	if caps.StmtIDs {
+		caps.StmtIDs = s.probeRetryableWrites()
+	}
 	st.mu.Lock()
 	st.caps = &caps
 	st.mu.Unlock()
 	s.log.Info("upstream capabilities detected", "caps", fmt.Sprintf("%+v", caps))
 	return caps, nil
+}
+
+// probeRetryableWrites says whether the upstream keeps retryable writes
+// with stmtIds (admin.RetryableWritesProbe), on a connection of the
+// proxy's own: servers that claim MongoDB's version may not (FerretDB
+// 2.x refuses stmtIds). A probe that cannot run says yes, as the
+// upstream's buildInfo does, and is logged.
+func (s *Server) probeRetryableWrites() bool {
+	up, err := s.background.Take(context.Background())
+	if err != nil {
+		s.log.Warn("retryable writes not probed: no upstream connection; taken as kept", "err", err.Error())
+		return true
+	}
+	var lsid [16]byte
+	_, _ = rand.Read(lsid[:])
+	res, err := exec.Drive(exec.OnConn{Up: up}, admin.RetryableWritesProbe(rules.CatalogDB, "tsproxy_probe_"+catalog.NewNonce(), lsid))
+	if err != nil {
+		s.background.Discard(up)
+		s.log.Warn("retryable writes not probed; taken as kept", "err", err.Error())
+		return true
+	}
+	s.background.Put(up)
+	retryable, err := admin.Retryable(res.Reply)
+	if err != nil {
+		s.log.Warn("retryable writes not probed; taken as kept", "err", err.Error())
+		return true
+	}
+	if !retryable {
+		s.log.Info("the upstream does not keep retryable writes with stmtIds: the proxy numbers no statements")
+	}
+	return retryable
 }

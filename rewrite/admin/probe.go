@@ -93,3 +93,77 @@ func Native(reply []byte) (bool, error) {
 	native, _ := bsoncore.Document(reply).Lookup("native").BooleanOK()
 	return native, nil
 }
+
+// RetryableWritesProbe is the plan that finds whether the upstream accepts
+// stmtIds and keeps retryable writes: it inserts one document into db.coll
+// twice under the same session (lsid, 16 bytes of the caller's) and
+// txnNumber, counts the collection and drops it. A server that implements
+// retryable writes answers the second insert with the first one's outcome
+// and stores one document; FerretDB 2.x refuses stmtIds (UnknownBsonField),
+// a MongoDB standalone refuses txnNumber. Its reply is {ok: 1, retryable:
+// <bool>} (Retryable reads it), or {ok: 1, unauthorized: true}.
+func RetryableWritesProbe(db, coll string, lsid [16]byte) rewrite.Plan {
+	return rewrite.Script(func(x *rewrite.Exec) (rewrite.Result, error) {
+		insert := bsoncore.NewDocumentBuilder().AppendString("insert", coll).
+			AppendArray("documents", bsoncore.NewArrayBuilder().AppendDocument(
+				bsoncore.NewDocumentBuilder().AppendInt32("_id", 1).Build()).Build()).
+			AppendArray("stmtIds", bsoncore.NewArrayBuilder().AppendInt32(0).Build()).
+			AppendDocument("lsid", bsoncore.NewDocumentBuilder().AppendBinary("id", 4, lsid[:]).Build()).
+			AppendInt64("txnNumber", 1).
+			AppendString("$db", db).Build()
+		first, ok := x.One(insert)
+		if !ok {
+			return rewrite.Result{}, rewrite.ErrAborted
+		}
+		if err := mongoerr.ReplyError(first); err != nil {
+			if mongoerr.CodeOf(err) == mongoerr.Unauthorized {
+				return flagResult("unauthorized", true), nil
+			}
+			// Nothing was stored: no drop needed (a created collection
+			// is empty and named for this probe only).
+			return flagResult("retryable", false), nil
+		}
+		second, ok := x.One(insert)
+		if !ok {
+			return rewrite.Result{}, rewrite.ErrAborted
+		}
+		count := bsoncore.NewDocumentBuilder().AppendString("count", coll).AppendString("$db", db).Build()
+		counted, ok := x.One(count)
+		if !ok {
+			return rewrite.Result{}, rewrite.ErrAborted
+		}
+		drop := bsoncore.NewDocumentBuilder().AppendString("drop", coll).AppendString("$db", db).Build()
+		if _, ok := x.One(drop); !ok {
+			return rewrite.Result{}, rewrite.ErrAborted
+		}
+		if err := mongoerr.ReplyError(counted); err != nil {
+			return rewrite.Result{}, fmt.Errorf("tsproxy: probing retryable writes: count: %w", err)
+		}
+		n, _ := bsoncore.Document(counted).Lookup("n").AsInt64OK()
+		// The retry must be answered as the first attempt was (n: 1, no
+		// duplicate key error), with one document stored.
+		retried := mongoerr.ReplyError(second) == nil && !hasWriteErrors(second)
+		return flagResult("retryable", retried && n == 1 && !hasWriteErrors(first)), nil
+	})
+}
+
+func hasWriteErrors(reply []byte) bool {
+	_, ok := bsoncore.Document(reply).Lookup("writeErrors").ArrayOK()
+	return ok
+}
+
+func flagResult(key string, v bool) rewrite.Result {
+	return rewrite.Result{Reply: bsoncore.NewDocumentBuilder().AppendDouble("ok", 1).AppendBoolean(key, v).Build()}
+}
+
+// Retryable reads a RetryableWritesProbe's reply.
+func Retryable(reply []byte) (bool, error) {
+	if err := mongoerr.ReplyError(reply); err != nil {
+		return false, err
+	}
+	if u, _ := bsoncore.Document(reply).Lookup("unauthorized").BooleanOK(); u {
+		return false, ErrProbeUnauthorized
+	}
+	r, _ := bsoncore.Document(reply).Lookup("retryable").BooleanOK()
+	return r, nil
+}

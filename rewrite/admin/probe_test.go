@@ -72,3 +72,56 @@ func TestTimeseriesProbe(t *testing.T) {
 		t.Errorf("listing refused: %v, sent %v", err, sent)
 	}
 }
+
+func TestRetryableWritesProbe(t *testing.T) {
+	ok := bsoncore.NewDocumentBuilder().AppendDouble("ok", 1).Build()
+	inserted := bsoncore.NewDocumentBuilder().AppendInt32("n", 1).AppendDouble("ok", 1).Build()
+	dupKey := bsoncore.NewDocumentBuilder().AppendInt32("n", 0).AppendArray("writeErrors", bsoncore.NewArrayBuilder().
+		AppendDocument(bsoncore.NewDocumentBuilder().AppendInt32("index", 0).AppendInt32("code", 11000).Build()).Build()).AppendDouble("ok", 1).Build()
+	count := func(n int32) []byte { return bsoncore.NewDocumentBuilder().AppendInt32("n", n).AppendDouble("ok", 1).Build() }
+	refused := func(code int32) []byte {
+		return bsoncore.NewDocumentBuilder().AppendDouble("ok", 0).AppendInt32("code", code).AppendString("errmsg", "no").Build()
+	}
+	for _, c := range []struct {
+		name    string
+		inserts [][]byte // the replies to the first and second insert
+		n       int32
+		want    bool
+		err     error
+		sent    int
+	}{
+		{"a replica set member: the retry answered as the first", [][]byte{inserted, inserted}, 1, true, nil, 4},
+		{"the retry run again", [][]byte{inserted, dupKey}, 1, false, nil, 4},
+		{"stmtIds refused (FerretDB 2.x)", [][]byte{refused(40415)}, 0, false, nil, 1},
+		{"txnNumber refused (a standalone)", [][]byte{refused(20)}, 0, false, nil, 1},
+		{"no privilege", [][]byte{refused(13)}, 0, false, ErrProbeUnauthorized, 1},
+	} {
+		p := RetryableWritesProbe("tsproxy", "tsproxy_probe_x", [16]byte{1})
+		sent, inserts := 0, 0
+		for {
+			step, done := p.Next()
+			if done {
+				break
+			}
+			u := step[0]
+			sent++
+			var reply []byte
+			switch bsoncore.Document(u.Body).Index(0).Key() {
+			case "insert":
+				reply = c.inserts[inserts]
+				inserts++
+			case "count":
+				reply = count(c.n)
+			default:
+				reply = ok
+			}
+			if err := p.Feed([][]byte{reply}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got, err := Retryable(p.Result().Reply)
+		if got != c.want || !errors.Is(err, c.err) || sent != c.sent {
+			t.Errorf("%s: %v, %v, %d commands; want %v, %v, %d", c.name, got, err, sent, c.want, c.err, c.sent)
+		}
+	}
+}
