@@ -78,7 +78,9 @@ func TestRetryableWritesProbe(t *testing.T) {
 	inserted := bsoncore.NewDocumentBuilder().AppendInt32("n", 1).AppendDouble("ok", 1).Build()
 	dupKey := bsoncore.NewDocumentBuilder().AppendInt32("n", 0).AppendArray("writeErrors", bsoncore.NewArrayBuilder().
 		AppendDocument(bsoncore.NewDocumentBuilder().AppendInt32("index", 0).AppendInt32("code", 11000).Build()).Build()).AppendDouble("ok", 1).Build()
-	count := func(n int32) []byte { return bsoncore.NewDocumentBuilder().AppendInt32("n", n).AppendDouble("ok", 1).Build() }
+	count := func(n int32) []byte {
+		return bsoncore.NewDocumentBuilder().AppendInt32("n", n).AppendDouble("ok", 1).Build()
+	}
 	refused := func(code int32) []byte {
 		return bsoncore.NewDocumentBuilder().AppendDouble("ok", 0).AppendInt32("code", code).AppendString("errmsg", "no").Build()
 	}
