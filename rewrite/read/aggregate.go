@@ -31,9 +31,11 @@ func planAggregate(rc *query.Ctx, body bsoncore.Document, opts Options, forExpla
 		return a.proxyOnly()
 	}
 	p, err := a.translate()
-	if err != nil && !opts.Caps.FullAggregation && mongoerr.CodeOf(err) == mongoerr.NotImplemented {
-		// What the upstream cannot run on unwound events, the proxy runs
-		// itself over an event scan.
+	if err != nil && mongoerr.CodeOf(err) == mongoerr.NotImplemented {
+		// What the event read cannot express, the proxy runs itself over
+		// an event scan: an operator the translation does not carry
+		// upstream is refused there even on an upstream that runs full
+		// aggregation (FerretDB 2.x, MongoDB).
 		if ep, eerr := a.engineShaped(); ep != nil || eerr != nil {
 			return ep, eerr
 		}
