@@ -233,7 +233,12 @@ func (a *aggregateRewrite) engineShaped() (*Command, error) {
 	if err != nil {
 		return nil, mongoerr.Errorf(mongoerr.CodeOf(err), "tsproxy rule %s: %s", a.rc.NS, err.Error())
 	}
-	pr := eventScanRead(a.rc, query.AndOf(filters), nil, nil, query.Paging{})
+	// The engine reads whole buckets even where the upstream's $unwind
+	// would serve event reads (the scan is otherwise kept for upstreams
+	// whose $unwind drops the meta).
+	scanRC := *a.rc
+	scanRC.Caps.UnwindKeepsFields = false
+	pr := eventScanRead(&scanRC, query.AndOf(filters), nil, nil, query.Paging{})
 	if pr == nil {
 		return nil, nil
 	}
