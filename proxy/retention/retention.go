@@ -16,7 +16,6 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/source"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/upstream"
-	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
 // Host is what retention needs of the proxy it runs in.
@@ -179,7 +178,7 @@ func (r *Retainer) retainCollection(up *upstream.Conn, rule *rules.Rule, e rollu
 // options, or no privilege) gets swept instead, which removes exactly the
 // same documents; why is returned for the log.
 func ensureTTL(up *upstream.Conn, rule *rules.Rule, e rollup.Expiry) (mode retentionMode, why string, err error) {
-	reply, err := commandD(up, rollup.TTLIndexCommand(rule, e))
+	reply, err := exec.CommandDoc(up, rollup.TTLIndexCommand(rule, e))
 	if err != nil {
 		return modeUnknown, "", fmt.Errorf("create TTL index on %s.%s: %w", rule.DB, e.Collection, err)
 	}
@@ -191,7 +190,7 @@ func ensureTTL(up *upstream.Conn, rule *rules.Rule, e rollup.Expiry) (mode reten
 
 // sweepOnce deletes e's expired documents and returns how many.
 func sweepOnce(up *upstream.Conn, rule *rules.Rule, e rollup.Expiry, now time.Time) (int64, error) {
-	reply, err := commandD(up, rollup.SweepCommand(rule, e, e.Cutoff(rule, now)))
+	reply, err := exec.CommandDoc(up, rollup.SweepCommand(rule, e, e.Cutoff(rule, now)))
 	if err != nil {
 		return 0, fmt.Errorf("sweep %s.%s: %w", rule.DB, e.Collection, err)
 	}
@@ -259,13 +258,4 @@ func (r *Retainer) logLostPartition(rule *rules.Rule, coll string, reply []byte)
 	}
 	r.log.Warn("retention: an expired partition cannot be dropped: its table is gone but FerretDB's catalog still lists it (FerretDB on PostgreSQL killed while dropping it); reads that reach it fail until its entry is deleted from PostgreSQL's _ferretdb_database_metadata",
 		"rule", rule.Namespace, "collection", coll, "err", mongoerr.ReplyError(reply).Error())
-}
-
-// commandD runs cmd on up through the executor.
-func commandD(up *upstream.Conn, cmd bson.D) (bson.Raw, error) {
-	body, err := bson.Marshal(cmd)
-	if err != nil {
-		return nil, err
-	}
-	return exec.Command(up, body)
 }

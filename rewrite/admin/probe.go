@@ -37,10 +37,10 @@ func TimeseriesProbe(db, coll string) rewrite.Plan {
 		}
 		if err := mongoerr.ReplyError(reply); err != nil {
 			if mongoerr.CodeOf(err) == mongoerr.Unauthorized {
-				return rewrite.Result{Reply: bsoncore.NewDocumentBuilder().AppendDouble("ok", 1).AppendBoolean("unauthorized", true).Build()}, nil
+				return flagResult("unauthorized", true), nil
 			}
 			// MongoDB before 5.0 and FerretDB v1.24 refuse the option.
-			return probeResult(false), nil
+			return flagResult("native", false), nil
 		}
 		list := bsoncore.NewDocumentBuilder().AppendInt32("listCollections", 1).
 			AppendDocument("filter", bsoncore.NewDocumentBuilder().AppendString("name", coll).Build()).
@@ -60,7 +60,7 @@ func TimeseriesProbe(db, coll string) rewrite.Plan {
 		if err := mongoerr.ReplyError(dropped); err != nil && mongoerr.CodeOf(err) != mongoerr.NamespaceNotFound {
 			return rewrite.Result{}, fmt.Errorf("tsproxy: probing time-series collections: drop %s.%s: %w", db, coll, err)
 		}
-		return probeResult(listedType(listed) == "timeseries"), nil
+		return flagResult("native", listedType(listed) == "timeseries"), nil
 	})
 }
 
@@ -77,22 +77,9 @@ func listedType(reply []byte) string {
 	return t
 }
 
-func probeResult(native bool) rewrite.Result {
-	return rewrite.Result{Reply: bsoncore.NewDocumentBuilder().AppendDouble("ok", 1).AppendBoolean("native", native).Build()}
-}
-
 // Native reads a TimeseriesProbe's reply: whether the upstream made a
 // time-series collection; an error reply is the probe's failure.
-func Native(reply []byte) (bool, error) {
-	if err := mongoerr.ReplyError(reply); err != nil {
-		return false, err
-	}
-	if u, _ := bsoncore.Document(reply).Lookup("unauthorized").BooleanOK(); u {
-		return false, ErrProbeUnauthorized
-	}
-	native, _ := bsoncore.Document(reply).Lookup("native").BooleanOK()
-	return native, nil
-}
+func Native(reply []byte) (bool, error) { return probeFlag(reply, "native") }
 
 // RetryableWritesProbe is the plan that finds whether the upstream accepts
 // stmtIds and keeps retryable writes: it inserts one document into db.coll
@@ -157,13 +144,17 @@ func flagResult(key string, v bool) rewrite.Result {
 }
 
 // Retryable reads a RetryableWritesProbe's reply.
-func Retryable(reply []byte) (bool, error) {
+func Retryable(reply []byte) (bool, error) { return probeFlag(reply, "retryable") }
+
+// probeFlag reads a probe's reply: its flag key, ErrProbeUnauthorized, or
+// the error that stopped the probe.
+func probeFlag(reply []byte, key string) (bool, error) {
 	if err := mongoerr.ReplyError(reply); err != nil {
 		return false, err
 	}
 	if u, _ := bsoncore.Document(reply).Lookup("unauthorized").BooleanOK(); u {
 		return false, ErrProbeUnauthorized
 	}
-	r, _ := bsoncore.Document(reply).Lookup("retryable").BooleanOK()
-	return r, nil
+	v, _ := bsoncore.Document(reply).Lookup(key).BooleanOK()
+	return v, nil
 }

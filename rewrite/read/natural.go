@@ -23,7 +23,7 @@ func naturalFind(rc *query.Ctx, body bsoncore.Document) (bsoncore.Document, erro
 	if err != nil {
 		return nil, err
 	}
-	if len(sortDoc) > 5 {
+	if elems, _ := sortDoc.Elements(); len(elems) > 0 {
 		sorted, changed, err := naturalSortKeys(rc, sortDoc)
 		if err != nil || !changed {
 			return body, err
