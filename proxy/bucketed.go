@@ -161,7 +161,7 @@ func (c *conn) startWrite(rule *rules.Rule) (caps.Upstream, error) {
 	if err != nil {
 		return caps, err
 	}
-	return caps, c.ensureWriter(rule, caps)
+	return caps, c.s.tier.EnsureWriter(c, rule, caps)
 }
 
 // refuseBeforeWrite answers a write refused before anything was written, with

@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/tsproxy/tsproxy/proxy/fills"
-	"github.com/tsproxy/tsproxy/proxy/lease"
+	"github.com/tsproxy/tsproxy/proxy/tier/lease"
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rewrite/deletes"
@@ -58,7 +58,7 @@ type heldLocks struct {
 // lock takes the locks of keys of the bucket namespace ns.
 func (h *heldLocks) lock(ns string, keys []bucket.Key) *fills.Locked {
 	l := h.c.s.state.bucketCache().Lock(ns, keys)
-	h.c.s.dirs.Wrote(ns) // under the keys' locks, before the write
+	h.c.s.tier.Directories().Wrote(ns) // under the keys' locks, before the write
 	h.held = append(h.held, l)
 	return l
 }

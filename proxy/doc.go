@@ -10,7 +10,7 @@
 // per-connection state (the upstream connection, the authorization
 // verdicts, the reply being built) needs no locks; state shared between
 // connections (cursors, the reply cache, the open-bucket fills, the writer
-// leases, the staging tier's state in proxy/tier) lives in the Server and
+// leases, the staging tier, proxy/tier) lives in the Server and
 // is safe for concurrent use. Nothing is process-wide: two Servers in one
 // process share nothing, and the metrics a Server registers end at its
 // Shutdown.
@@ -23,6 +23,6 @@
 // the request itself), then its handler. The rules a request is routed by
 // are the config file's and those of the time-series collections apps
 // created (proxy/catalog); each conn takes a fresh enough rule set per
-// request, and the background loops (merges here, retention in
-// proxy/retention) follow the set as it changes.
+// request, and the background loops (merges in proxy/tier,
+// retention in proxy/retention) follow the set as it changes.
 package proxy

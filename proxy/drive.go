@@ -111,16 +111,21 @@ func (c *conn) releaseCursor(rule *rules.Rule, cur rewrite.Cursor) error {
 // runStep sends a step on the client's upstream connection (pipeline). An
 // update on an upstream that bounds them holds a write slot meanwhile.
 func (c *conn) RunStep(step rewrite.Step) ([][]byte, error) {
-	if len(step) == 1 && step[0].Keep && c.s.kept != nil {
-		return c.runKept(step[0])
+	if len(step) == 1 && step[0].Keep && c.s.tier.Keeps() {
+		return c.s.tier.RunKept(asIs{c}, step[0])
 	}
 	return c.runStepAsIs(step)
 }
 
+// asIs runs steps on c without keeping what a staged insert stored.
+type asIs struct{ c *conn }
+
+func (a asIs) RunStep(step rewrite.Step) ([][]byte, error) { return a.c.runStepAsIs(step) }
+
 // runStepAsIs is runStep without keeping what a staged insert stored.
 func (c *conn) runStepAsIs(step rewrite.Step) ([][]byte, error) {
 	if len(step) == 1 && step[0].Combine {
-		return c.runCombined(step[0])
+		return c.s.tier.RunCombined(c, c.identity, step[0])
 	}
 	if len(step) == 1 {
 		frame, err := c.upstreamFrame(step[0])

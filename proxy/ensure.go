@@ -71,7 +71,7 @@ func (o *onceSteps) forget(ns string) {
 func (s *Server) forgetNamespace(ns string) {
 	s.once.forget(ns)
 	s.state.forgetBuckets(ns)
-	s.dirs.Wrote(ns)
+	s.tier.Directories().Wrote(ns)
 	s.shells.forget(ns)
 	s.idIndexOff.Delete(ns)
 }

@@ -37,7 +37,7 @@ func (c *conn) layoutInsert(req *request, rule *rules.Rule) error {
 		return c.refuseBeforeWrite(req, rule, err, c.replyRewriteError)
 	}
 	locked := c.s.state.bucketCache().Lock(rule.BucketNamespace(), keys)
-	c.s.dirs.Wrote(rule.BucketNamespace())
+	c.s.tier.Directories().Wrote(rule.BucketNamespace())
 	defer locked.Unlock()
 	// A write id this proxy has not seen may also be a retry of a write
 	// that went through an earlier term of the rule's writer lease.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/tsproxy/tsproxy/rules"
 )
@@ -14,14 +13,6 @@ import (
 // changes when apps create, change or drop time-series collections, so the
 // loops follow it: syncLoops starts the loops of new
 // rules, and stops and restarts those whose rule changed.
-
-// untouchedMergeCheck is how often a proxy looks for staged events of a
-// created time-series collection it has served no command of (another
-// proxy writes it): often enough to take over the merges of a proxy
-// that died, rarely enough that many proxies and many collections do not
-// add up to a stream of listings. Reads merge whatever is staged before
-// they run, so this bounds only how long events may stay staged.
-const untouchedMergeCheck = 30 * time.Second
 
 // servedHere reports whether the proxy's merger of rule runs at full
 // pace: a config rule always; a created time-series collection once this
@@ -77,7 +68,7 @@ func (s *Server) syncLoops(set *rules.Set) {
 		// for a read or a flush, and past maxStaged their inserts waited
 		// for good (TestLayoutBackgroundMerge).
 		if r.Staged(true) {
-			want["merge "+r.Namespace] = s.mergeLoop
+			want["merge "+r.Namespace] = s.tier.MergeLoop
 			rulesByKey["merge "+r.Namespace] = r
 		}
 		if r.Expires() {

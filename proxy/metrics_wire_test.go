@@ -53,7 +53,7 @@ func mergeWith(t *testing.T, s *Server, wrap func(exec.Runner) exec.Runner, opts
 		t.Fatal(err)
 	}
 	rule := s.opts.Rules.Lookup("db", "readings")
-	_, err = s.runMerge(wrap(exec.OnConn{Up: up}), up, rule, caps, opts, background)
+	_, err = s.tier.RunMerge(wrap(exec.OnConn{Up: up}), up, rule, caps, opts, background)
 	return err
 }
 

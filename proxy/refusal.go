@@ -3,7 +3,7 @@ package proxy
 import (
 	"errors"
 
-	"github.com/tsproxy/tsproxy/proxy/lease"
+	"github.com/tsproxy/tsproxy/proxy/tier/lease"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/upstream"
 	"github.com/tsproxy/tsproxy/wire"

@@ -4,8 +4,8 @@ import (
 	"time"
 
 	"github.com/tsproxy/tsproxy/proxy/fills"
-	"github.com/tsproxy/tsproxy/proxy/lease"
 	"github.com/tsproxy/tsproxy/proxy/replycache"
+	"github.com/tsproxy/tsproxy/proxy/tier/lease"
 
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"

@@ -4,8 +4,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tsproxy/tsproxy/proxy/lease"
 	"github.com/tsproxy/tsproxy/proxy/replycache"
+	"github.com/tsproxy/tsproxy/proxy/tier/lease"
 )
 
 func TestRetryOfEarlierTerm(t *testing.T) {

@@ -3,7 +3,6 @@ package proxy
 import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -20,9 +19,9 @@ import (
 	"github.com/tsproxy/tsproxy/proxy/retention"
 	"github.com/tsproxy/tsproxy/proxy/tier"
 
-	"github.com/tsproxy/tsproxy/proxy/lease"
 	"github.com/tsproxy/tsproxy/proxy/replycache"
 	"github.com/tsproxy/tsproxy/proxy/telemetry"
+	"github.com/tsproxy/tsproxy/proxy/tier/lease"
 
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/upstream"
@@ -115,10 +114,10 @@ type Server struct {
 	sweep       *sweeper
 	retention   *retention.Retainer
 	leases      *lease.Set // writer leases (package lease)
-	merges      *tier.State
+	tier        *tier.Tier
+	merges      *tier.State // tier.State(), used on every staged insert
 	once        *onceSteps
 	shells      *shellMemory
-	arrival     arrivalClock // staged slots writes in arrival order
 	writes      *writeIDs
 	// idIndexOff: bucket namespace -> the writer-lease term (its start;
 	// zero without leases) in which this proxy stopped the event-id
@@ -126,23 +125,8 @@ type Server struct {
 	idIndexOff sync.Map
 	idIndexes  *idIndexCache
 	cat        *catalog.Catalog
-	served     sync.Map          // namespace → struct{}: created rules served here
-	orphanLog  sync.Map          // namespace → time.Time: the last warning of an unrecorded index or a lost partition
-	combiner   combiner          // staged inserts sharing upstream inserts
-	kept       *keptStore        // what staged inserts stored, for their merge; nil: nothing kept
-	spares     *spareCollections // spare staging collections, made by merges before reads
-	dirs       *tier.Directories // what the merges know of their rules' buckets
-	helpers    *exec.Pool        // connections of merges' parallel inserts
-	background *exec.Pool        // connections of the background loops' rounds
-	listings   *dbListings       // the merge rounds' listings, shared by a database's rules
-	// presence is this proxy's announcements that it stages rules into
-	// collections of its own, and stagerSince the first generation of
-	// those (when it started, in ms).
-	presence    *lease.Presence
-	stagerSince int64
-	tag         atomic.Pointer[stagerTagOf] // stagerTag's last answer
-	// formats are the staged rules' format records, as last read.
-	formats *stagingFormats
+	served     sync.Map   // namespace → struct{}: created rules served here
+	background *exec.Pool // connections of the background loops' rounds
 	// serviceID names this proxy to drivers in load-balanced mode: one per
 	// process, as a mongos behind a balancer has.
 	serviceID bson.ObjectID
@@ -200,31 +184,26 @@ func New(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("proxy: telemetry: %w", err)
 	}
 	s := &Server{
-		opts:        opts,
-		log:         opts.Logger,
-		tel:         tel,
-		state:       newUpstreamState(),
-		cursors:     cursors.New(opts.MaxCursors, opts.CursorTTL),
-		replies:     replycache.New(opts.RetryCacheSize, opts.RetryCacheTTL),
-		life:        newLifecycleState(),
-		leases:      lease.NewSet(opts.WriterLease, opts.WriterID),
-		merges:      tier.NewState(),
-		once:        newOnceSteps(),
-		shells:      newShellMemory(),
-		writes:      newWriteIDs(time.Now()),
-		idIndexes:   newIDIndexCache(),
-		serviceID:   bson.NewObjectID(),
-		presence:    lease.NewPresence(opts.WriterLease),
-		stagerSince: time.Now().UnixMilli(),
-		formats:     newStagingFormats(),
-		conns:       make(map[*conn]struct{}),
-		kept:        newKeptStore(cmp.Or(opts.StagedMemory, int64(rules.DefaultStagedMemory))),
-		dirs:        tier.NewDirectories(),
-		spares:      newSpareCollections(),
-		helpers:     exec.NewPool(opts.Dialer.Dial, exec.HelperMaxIdle),
-		background:  exec.NewPool(opts.Dialer.Dial, backgroundMaxIdle),
-		listings:    newDBListings(),
+		opts:       opts,
+		log:        opts.Logger,
+		tel:        tel,
+		state:      newUpstreamState(),
+		cursors:    cursors.New(opts.MaxCursors, opts.CursorTTL),
+		replies:    replycache.New(opts.RetryCacheSize, opts.RetryCacheTTL),
+		life:       newLifecycleState(),
+		leases:     lease.NewSet(opts.WriterLease, opts.WriterID),
+		once:       newOnceSteps(),
+		shells:     newShellMemory(),
+		writes:     newWriteIDs(time.Now()),
+		idIndexes:  newIDIndexCache(),
+		serviceID:  bson.NewObjectID(),
+		conns:      make(map[*conn]struct{}),
+		background: exec.NewPool(opts.Dialer.Dial, backgroundMaxIdle),
 	}
+	s.tier = tier.New(tier.Config{Host: tierHost{s}, Log: s.log, Leases: s.leases, Presence: lease.NewPresence(opts.WriterLease),
+		Helpers: exec.NewPool(opts.Dialer.Dial, exec.HelperMaxIdle), Background: s.background,
+		StagedMemory: opts.StagedMemory, DropOrphanedTable: opts.DropOrphanedTable})
+	s.merges = s.tier.State()
 	s.cat = catalog.New(catalog.Config{Pool: s.background, Log: s.log, Rules: opts.Rules, OnRules: s.syncLoops,
 		Lease: opts.CatalogLease, Timeout: opts.CatalogTimeout, Mode: opts.CreateTimeseries})
 	s.retention = retention.New(retentionHost{s}, s.log)
@@ -361,7 +340,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	defer s.stopMetrics()
 	s.merges.Close() // nothing merges now: inserts waiting for room are refused
 	defer s.cat.Close()
-	defer s.helpers.Close()
+	defer s.tier.Close()
 	defer s.background.Close()
 	s.mu.Lock()
 	if s.ln != nil {
@@ -375,7 +354,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.mu.Unlock()
 	done := make(chan struct{})
-	go func() { s.connWG.Wait(); s.releaseLeases(ctx); close(done) }()
+	go func() { s.connWG.Wait(); s.tier.ReleaseLeases(ctx, s.opts.Dialer.Dial); close(done) }()
 	select {
 	case <-done:
 		return nil

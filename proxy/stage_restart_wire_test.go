@@ -14,7 +14,7 @@ import (
 )
 
 // TestRestartedGuestsStaging: a proxy that stopped with events
-// staged and came back on the same address (its stager tag) while
+// staged and came back on the same address (its Stager tag) while
 // another proxy holds the rule's writer lease. Its previous run's staging
 // collections are neither its own (an earlier generation) nor, while it
 // announces its tag again, a stopped proxy's: nobody freezes them, and
@@ -51,7 +51,7 @@ func TestRestartedGuestsStaging(t *testing.T) {
 	time.Sleep(10 * time.Millisecond) // the next run's generation is later
 	// ... and comes back on the same address, and stages again.
 	s1b, addr1b := startWireProxy(t, stagedWireRule, uri, named("host/p1"))
-	t.Logf("first run since %d, second run since %d", s1a.stagerSince, s1b.stagerSince)
+	t.Logf("first run since %d, second run since %d", s1a.tier.Since(), s1b.tier.Since())
 	c1b := dialWire(t, addr1b)
 	wireInsert(t, c1b, ev(6))
 

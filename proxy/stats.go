@@ -16,7 +16,7 @@ type Stats struct {
 // carried more than one client's staged insert, and the client inserts
 // that rode along in one another led.
 func (s *Server) SharedInserts() (inserts, riders int64) {
-	return s.combiner.shared.Load(), s.combiner.riders.Load()
+	return s.tier.SharedInserts()
 }
 
 // BackgroundConns is the number of upstream connections of the proxy's

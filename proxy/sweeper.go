@@ -70,12 +70,12 @@ func (h retentionHost) BucketsDeleted(up *upstream.Conn, rule *rules.Rule, cutof
 	// The fills of the swept (series, window) keys are stale; the next
 	// insert of any key loads its fill again.
 	h.s.state.forgetBuckets(rule.BucketNamespace())
-	h.s.dirs.Wrote(rule.BucketNamespace())
+	h.s.tier.Directories().Wrote(rule.BucketNamespace())
 	h.s.sweepIDIndex(up, rule, cutoff)
 }
 
 func (h retentionHost) NamespaceDropped(ns string) { h.s.forgetNamespace(ns) }
 
 func (h retentionHost) LogDue(key string, every time.Duration) bool {
-	return h.s.orphanLogDue(key, every)
+	return h.s.tier.OrphanLogDue(key, every)
 }

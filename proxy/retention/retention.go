@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/tsproxy/tsproxy/proxy/exec"
-	"github.com/tsproxy/tsproxy/proxy/lease"
+	"github.com/tsproxy/tsproxy/proxy/tier/lease"
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/fanout"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"

@@ -14,7 +14,7 @@ import (
 // A proxy that stages a rule's events into staging collections of its own
 // announces it: a document {_id: PresenceID(coll, tag), ns:
 // PresenceNS(coll), owner, expires} in the rule database's lease
-// collection, renewed while it runs (package proxy/lease writes them).
+// collection, renewed while it runs (package proxy/tier/lease writes them).
 // Once an announcement lapsed, the holder of the rule's writer lease takes
 // that proxy's staging collections over (MergeOptions.TakeOver).
 

@@ -1,4 +1,4 @@
-package proxy
+package tier
 
 import (
 	"crypto/rand"
@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/tsproxy/tsproxy/proxy/exec"
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
@@ -140,18 +141,18 @@ func (k *keptStore) forgetFrozen(rule *rules.Rule, gen int64) {
 	}
 }
 
-// runKept runs u, an insert into one of this proxy's own staging
-// collections, and keeps what it stored there.
-func (c *conn) runKept(u rewrite.Upstream) ([][]byte, error) {
-	k := c.s.kept
+// RunKept runs u, an insert into one of this proxy's own staging
+// collections, and keeps what it stored there; asIs runs steps without keeping.
+func (t *Tier) RunKept(asIs exec.Runner, u rewrite.Upstream) ([][]byte, error) {
+	k := t.kept
 	db, coll := stage.KeptTarget(u)
 	kc, first := k.open(db + "." + coll)
 	if first {
-		c.markKept(kc, db, coll)
+		t.markKept(asIs, kc, db, coll)
 	} else {
 		<-kc.ready
 	}
-	replies, err := c.runStepAsIs(rewrite.Step{u})
+	replies, err := asIs.RunStep(rewrite.Step{u})
 	if err != nil || len(replies) != 1 {
 		k.spoil(kc)
 		return replies, err
@@ -168,28 +169,28 @@ func (c *conn) runKept(u rewrite.Upstream) ([][]byte, error) {
 // that what the proxy keeps of it is known to be all it holds; on any
 // failure (the name is taken, the upstream fails) it keeps nothing. The
 // inserts waiting on kc.ready go on either way.
-func (c *conn) markKept(kc *keptColl, db, coll string) {
+func (t *Tier) markKept(asIs exec.Runner, kc *keptColl, db, coll string) {
 	defer close(kc.ready)
-	if c.useSpare(kc, db, coll) { // a rename, not a create
+	if t.useSpare(asIs, kc, db, coll) { // a rename, not a create
 		return
 	}
 	var token [8]byte
 	_, _ = rand.Read(token[:])
 	id := stage.MarkerID(hex.EncodeToString(token[:]))
 	create, marker := stage.MarkerCommands(db, coll, id)
-	replies, err := c.runStepAsIs(rewrite.Step{{Body: create}})
+	replies, err := asIs.RunStep(rewrite.Step{{Body: create}})
 	if err != nil || len(replies) != 1 || !mongoerr.IsOK(replies[0]) {
-		c.s.kept.spoil(kc)
+		t.kept.spoil(kc)
 		return
 	}
-	replies, err = c.runStepAsIs(rewrite.Step{marker})
+	replies, err = asIs.RunStep(rewrite.Step{marker})
 	if err != nil || len(replies) != 1 {
-		c.s.kept.spoil(kc)
+		t.kept.spoil(kc)
 		return
 	}
 	if docs, ok := stage.KeptDocs(marker, replies[0]); !ok || len(docs) != 1 {
-		c.s.kept.spoil(kc)
+		t.kept.spoil(kc)
 		return
 	}
-	c.s.kept.marked(kc, id)
+	t.kept.marked(kc, id)
 }

@@ -1,11 +1,9 @@
-package proxy
+package tier
 
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"math"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -13,10 +11,9 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/tsproxy/tsproxy/proxy/exec"
-	"github.com/tsproxy/tsproxy/proxy/lease"
+	"github.com/tsproxy/tsproxy/proxy/tier/lease"
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/caps"
-	"github.com/tsproxy/tsproxy/rewrite/fanout"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/source"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
@@ -27,71 +24,35 @@ import (
 // a command that reads or changes its events (staged and merged by the staging
 // tier).
 
-// settleStaged merges everything staged of rule before a command that
-// reads or changes its stored events, so that the command sees every
-// acknowledged event exactly once, in complete buckets. An error is the
-// client's answer (the command does not run).
-func (c *conn) settleStaged(req *request, rule *rules.Rule) error {
-	staged, caps, err := c.stagedRule(rule)
-	if err != nil || !staged {
-		return nil // no caps: the command itself meets the upstream's error
-	}
-	if err := c.flushStaged(rule, caps, nil, readThrough(req, rule), makeSpare); err != nil {
-		var up upstreamFailure
-		if errors.As(err, &up) {
-			return answered(up.err)
-		}
-		return answered(c.replyError(req, mongoerr.CodeOf(err), err.Error()))
-	}
-	return nil
-}
+// AllStaged is Flush's through for a flush of everything staged.
+const AllStaged = math.MaxInt64
 
-// allStaged is flushStaged's through for a flush of everything staged.
-const allStaged = math.MaxInt64
-
-// readThrough is the latest event time (ms) req, a command on rule, can
-// read, or allStaged when it may read or change any event: a read
-// bounded in time need not wait for a merge of staging periods that
-// start after its bound (stage.WorkThrough says why), as a report on
-// yesterday while today's events are staged. Only the events layout,
-// whose reads filter on the events' own times.
-func readThrough(req *request, rule *rules.Rule) int64 {
-	if rule.Layout != rules.LayoutEvents {
-		return allStaged
-	}
-	to, ok := fanout.ReadTimeEnd(req.msg.Body, rule)
-	if ok {
-		return to
-	}
-	return allStaged
-}
-
-// spareUse says what a flush does about the rule's spare staging
+// SpareUse says what a flush does about the rule's spare staging
 // collection.
-type spareUse bool
+type SpareUse bool
 
 const (
-	// makeSpare: before a command, what the merge merged becomes the
+	// MakeSpare: before a command, what the merge merged becomes the
 	// spare that the next insert takes.
-	makeSpare spareUse = true
-	// noSpare: tsproxyFlush, and the mending of an unrecorded index
+	MakeSpare SpareUse = true
+	// NoSpare: tsproxyFlush, and the mending of an unrecorded index
 	// (which needs the collection that holds the index dropped, not
 	// renamed): no staging collection is left, spares included.
-	noSpare spareUse = false
+	NoSpare SpareUse = false
 )
 
-// flushStaged merges everything staged into rule before it began: this
+// Flush merges everything staged into rule before it began: this
 // proxy freezes its own staging collections and, holding the rule's
 // writer lease, merges; what is left (other proxies' collections, or all
 // of it when another holds the lease) it asks for and waits for
 // (requestFlush). total, when not nil, adds up what this proxy merged.
 // It merges only when something staged may hold an event at or before
-// through (ms; allStaged: anything staged), and then everything. spares
+// through (ms; AllStaged: anything staged), and then everything. spares
 // says whether it makes a spare or drops the one there is.
-func (c *conn) flushStaged(rule *rules.Rule, caps caps.Upstream, total *stage.Stats, through int64, spares spareUse) (err error) {
+func (t *Tier) Flush(cl Client, rule *rules.Rule, caps caps.Upstream, total *stage.Stats, through int64, spares SpareUse) (err error) {
 	defer func() {
 		if err != nil {
-			c.s.merges.Failed(rule) // the metric of merges that failed
+			t.state.Failed(rule) // the metric of merges that failed
 		}
 	}()
 	// The admin commands (those that count what they merged) settle the
@@ -99,22 +60,22 @@ func (c *conn) flushStaged(rule *rules.Rule, caps caps.Upstream, total *stage.St
 	// reads leave its stale entries waiting.
 	dropStale := total != nil
 	opts := stage.MergeOptions{All: true, DropStale: dropStale}
-	if spares == makeSpare {
+	if spares == MakeSpare {
 		// Before a read (or a delete): the collections merged become
 		// spares, which the next inserts take rather than create one.
-		opts.Recycle = c.s.recycler(rule, caps.SingleWriter)
+		opts.Recycle = t.recycler(rule, caps.SingleWriter)
 	} else {
 		defer func() {
 			if err == nil {
-				err = c.s.dropSpare(c, rule)
+				err = t.dropSpare(cl, rule)
 			}
 		}()
 	}
-	idle, err := c.nothingStaged(rule, through)
-	if err != nil || idle && !(dropStale && c.s.dirs.StaleWaiting(rule.BucketNamespace())) {
+	idle, err := t.nothingStaged(cl, rule, through)
+	if err != nil || idle && !(dropStale && t.dirs.StaleWaiting(rule.BucketNamespace())) {
 		return err
 	}
-	st, err := c.mergeStaged(rule, caps, opts)
+	st, err := t.mergeStaged(cl, rule, caps, opts)
 	if err != nil {
 		return err
 	}
@@ -122,7 +83,7 @@ func (c *conn) flushStaged(rule *rules.Rule, caps caps.Upstream, total *stage.St
 		addStats(total, st)
 	}
 	if waitFor := append(st.Others, st.Retired...); len(waitFor) > 0 {
-		return c.requestFlush(rule, caps, waitFor)
+		return t.requestFlush(cl, rule, caps, waitFor)
 	}
 	return nil
 }
@@ -135,11 +96,11 @@ func (c *conn) flushStaged(rule *rules.Rule, caps caps.Upstream, total *stage.St
 // It spares them the writer lease, whose renewal is a write (2-3 ms on
 // FerretDB/PostgreSQL): {tsproxyFlush: 1} over 40 rules, one of them
 // staged, took 0.23-0.34 s instead of 0.10-0.13 s. With through before
-// allStaged, only what may hold an event at or before it counts
+// AllStaged, only what may hold an event at or before it counts
 // (stage.WorkThrough).
-func (c *conn) nothingStaged(rule *rules.Rule, through int64) (bool, error) {
-	list, work, err := stagedWork(c, rule)
-	if err == nil && work && through != allStaged {
+func (t *Tier) nothingStaged(cl Client, rule *rules.Rule, through int64) (bool, error) {
+	list, work, err := stagedWork(cl, rule)
+	if err == nil && work && through != AllStaged {
 		work, err = stage.WorkThrough(rule, list, through)
 		if err != nil {
 			err = fmt.Errorf("list the collections of %s: %w", rule.DB, err)
@@ -154,7 +115,7 @@ func (c *conn) nothingStaged(rule *rules.Rule, through int64) (bool, error) {
 func stagedWork(r exec.Runner, rule *rules.Rule) (list []byte, work bool, err error) {
 	res, err := exec.Drive(r, rewrite.Passthrough(source.ListCommand(rule.DB), nil))
 	if err != nil {
-		return nil, false, upstreamFailure{err: err}
+		return nil, false, UpstreamFailure{Err: err}
 	}
 	if err := mongoerr.ReplyError(res.Reply); err != nil {
 		return nil, false, fmt.Errorf("list the collections of %s: %w", rule.DB, err)
@@ -256,23 +217,23 @@ const flushWaitLeases = 3
 // every proxy's background merger (one round a second at most) sees, and
 // drops it when done. Meanwhile it merges now and then itself, which
 // does what the holder would once it holds the lease.
-func (c *conn) requestFlush(rule *rules.Rule, caps caps.Upstream, waitFor []string) error {
+func (t *Tier) requestFlush(cl Client, rule *rules.Rule, caps caps.Upstream, waitFor []string) error {
 	marker := stage.FlushMarker(rule, bson.NewObjectID().Hex())
-	res, err := exec.Drive(c, rewrite.Passthrough(stage.FlushRequestCommand(rule, marker), nil))
+	res, err := exec.Drive(cl, rewrite.Passthrough(stage.FlushRequestCommand(rule, marker), nil))
 	if err != nil {
-		return upstreamFailure{err: err}
+		return UpstreamFailure{Err: err}
 	}
 	if err := mongoerr.ReplyError(res.Reply); err != nil {
 		return fmt.Errorf("tsproxy rule %s: request a merge of the staged events: %w", rule.Namespace, err)
 	}
 	withdraw := func() error {
-		_, err := exec.Drive(c, rewrite.Passthrough(source.DropCommand(rule.DB, marker), nil))
+		_, err := exec.Drive(cl, rewrite.Passthrough(source.DropCommand(rule.DB, marker), nil))
 		return err
 	}
-	wait := flushWaitLeases * c.s.leases.TTL()
+	wait := flushWaitLeases * t.leases.TTL()
 	patience := newFlushPatience(time.Now(), wait, len(waitFor))
 	for tries := 1; ; tries++ {
-		names, err := c.listNames(rule.DB)
+		names, err := t.listNames(cl, rule.DB)
 		if err != nil {
 			return err
 		}
@@ -280,18 +241,18 @@ func (c *conn) requestFlush(rule *rules.Rule, caps caps.Upstream, waitFor []stri
 		// Done; or a request for a namespace dropped meanwhile (its
 		// collections dropped already, or about to be), which nobody
 		// answers.
-		if len(waitFor) == 0 || !c.s.routesRule(rule) {
+		if len(waitFor) == 0 || !t.host.RoutesRule(rule) {
 			return withdraw()
 		}
 		patience.merged(time.Now(), len(waitFor))
 		if tries%10 == 0 {
 			// The holder may be gone: once its lease lapsed, this proxy
 			// merges (as a guest it would only freeze its own again).
-			err := c.ensureWriter(rule, caps)
+			err := t.EnsureWriter(cl, rule, caps)
 			var held *lease.HeldError
 			switch {
 			case err == nil:
-				if _, err := c.mergeStaged(rule, caps, stage.MergeOptions{All: true}); err != nil {
+				if _, err := t.mergeStaged(cl, rule, caps, stage.MergeOptions{All: true}); err != nil {
 					return err
 				}
 			case !errors.As(err, &held):
@@ -303,7 +264,7 @@ func (c *conn) requestFlush(rule *rules.Rule, caps caps.Upstream, waitFor []stri
 			// that gave up (a failed drop is logged: the holder drops
 			// requests older than staleFlushRequest).
 			if err := withdraw(); err != nil {
-				c.log.Warn("staging: a flush request was left", "rule", rule.Namespace, "request", marker, "err", err.Error())
+				t.log.Warn("staging: a flush request was left", "rule", rule.Namespace, "request", marker, "err", err.Error())
 			}
 			return mongoerr.Errorf(mongoerr.ConflictingOperationInProgress, "tsproxy rule %s: staged events not merged: %s (still staged: %s)", rule.Namespace, patience.reason(), strings.Join(waitFor, ", "))
 		}
@@ -357,120 +318,14 @@ func (p *flushPatience) reason() string {
 }
 
 // listNames lists db's collection names on the client's connection.
-func (c *conn) listNames(db string) ([]string, error) {
+func (t *Tier) listNames(cl Client, db string) ([]string, error) {
 	list := source.ListNames(db)
-	res, err := exec.Drive(c, list)
+	res, err := exec.Drive(cl, list)
 	if err != nil {
-		return nil, upstreamFailure{err: err}
+		return nil, UpstreamFailure{Err: err}
 	}
 	if res.Reply != nil {
 		return nil, fmt.Errorf("list the collections of %s: %w", db, mongoerr.ReplyError(res.Reply))
 	}
 	return list.Names(), nil
-}
-
-// handleFlush answers tsproxyFlush: {tsproxyFlush: 1} merges every staged
-// rule, {tsproxyFlush: "db.coll"} one; the reply counts what was merged.
-func (c *conn) handleFlush(req *request) error {
-	if err := c.ensureUpstream(); err != nil {
-		return c.replyUpstreamDown(req, err)
-	}
-	targets, denied, err := c.ruleTargets(req, "tsproxyFlush")
-	if denied != nil {
-		return c.replyBody(req, denied)
-	}
-	if err != nil {
-		return c.replyError(req, mongoerr.CodeOf(err), err.Error())
-	}
-	var total stage.Stats
-	rulesMerged := 0
-	for _, rule := range targets {
-		staged, caps, err := c.stagedRule(rule)
-		if err != nil {
-			return c.replyError(req, mongoerr.HostUnreachable, fmt.Sprintf("tsproxyFlush: %v", err))
-		}
-		if !staged {
-			continue
-		}
-		// What the holder merges for this flush is not counted here.
-		err = c.flushStaged(rule, caps, &total, allStaged, noSpare)
-		var up upstreamFailure
-		if errors.As(err, &up) {
-			return up.err
-		}
-		if err != nil {
-			return c.replyError(req, mongoerr.CodeOf(err), fmt.Sprintf("tsproxyFlush %s: %v", rule.Namespace, err))
-		}
-		rulesMerged++
-	}
-	reply, err := bson.Marshal(bson.D{
-		{Key: "rules", Value: rulesMerged},
-		{Key: "collections", Value: total.Collections},
-		{Key: "kept", Value: total.Kept},
-		{Key: "events", Value: total.Events},
-		{Key: "buckets", Value: total.Buckets},
-		{Key: "toppedUp", Value: total.ToppedUp},
-		{Key: "retries", Value: total.Retries},
-		{Key: "late", Value: total.Late},
-		{Key: "directoryReads", Value: total.DirectoryReads},
-		{Key: "knownBuckets", Value: total.KnownBuckets},
-		{Key: "parallelInserts", Value: total.ParallelInserts},
-		{Key: "recordReads", Value: total.RecordReads},
-		{Key: "upstreamMs", Value: upstreamMs(total.Upstream)},
-		{Key: "ok", Value: 1.0},
-	})
-	if err != nil {
-		return err
-	}
-	return c.replyBody(req, reply)
-}
-
-// upstreamMs is the flush reply's account of the time its merges waited
-// on the upstream: for each kind of step (stage.StepKind), in order of
-// name, its milliseconds and how many steps.
-func upstreamMs(times map[string]stage.StepTime) bson.D {
-	kinds := slices.Sorted(maps.Keys(times))
-	out := make(bson.D, 0, len(kinds))
-	for _, k := range kinds {
-		t := times[k]
-		out = append(out, bson.E{Key: k, Value: bson.D{
-			{Key: "ms", Value: float64(t.Time.Microseconds()) / 1000},
-			{Key: "steps", Value: t.Steps},
-		}})
-	}
-	return out
-}
-
-// ruleTargets are the rules a proxy command (tsproxyFlush,
-// tsproxyStagingFormat) names: 1 for every rule, or "db.collection".
-// The server authorizes the client on each first (denied is its refusal,
-// for the client): whether a namespace has a rule is told only to whom
-// it lets read the namespace.
-func (c *conn) ruleTargets(req *request, name string) (targets []*rules.Rule, denied []byte, err error) {
-	v := bson.Raw(req.msg.Body).Lookup(name)
-	if ns, ok := v.StringValueOK(); ok {
-		db, coll, _ := strings.Cut(ns, ".")
-		rule := c.rules.Lookup(db, coll)
-		if rule == nil {
-			probe := &rules.Rule{Namespace: ns, DB: db, Collection: coll}
-			if denied, err := c.authorize(req, probe); denied != nil || err != nil {
-				return nil, denied, err
-			}
-			return nil, nil, mongoerr.Errorf(mongoerr.NamespaceNotFound, "%s: no rule for namespace %q", name, ns)
-		}
-		if denied, err := c.authorize(req, rule); denied != nil || err != nil {
-			return nil, denied, err
-		}
-		return []*rules.Rule{rule}, nil, nil
-	}
-	if n, ok := v.AsInt64OK(); !ok || n != 1 {
-		return nil, nil, mongoerr.Errorf(mongoerr.BadValue, "%s takes 1 (every rule) or a namespace \"db.collection\", not %s", name, v)
-	}
-	for _, r := range c.rules.All() {
-		if denied, err := c.authorize(req, &r); denied != nil || err != nil {
-			return nil, denied, err
-		}
-		targets = append(targets, &r)
-	}
-	return targets, nil, nil
 }

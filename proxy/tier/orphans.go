@@ -1,4 +1,4 @@
-package proxy
+package tier
 
 import (
 	"context"
@@ -23,7 +23,7 @@ import (
 // dropped it is sent again, alone.
 type orphanMender struct {
 	r exec.Runner
-	s *Server
+	t *Tier
 }
 
 func (m orphanMender) RunStep(step rewrite.Step) ([][]byte, error) {
@@ -57,23 +57,23 @@ func (m orphanMender) mend(u rewrite.Upstream, reply []byte) bool {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dropped, err := m.s.opts.DropOrphanedTable(ctx, db, orphan.Relation)
+	dropped, err := m.t.dropOrphan(ctx, db, orphan.Relation)
 	if err != nil {
-		m.s.log.Error("merge: the upstream cannot create a collection (a crash left its table without a catalog entry), and dropping that table failed", "db", db, "table", orphan.Relation, "err", err.Error())
+		m.t.log.Error("merge: the upstream cannot create a collection (a crash left its table without a catalog entry), and dropping that table failed", "db", db, "table", orphan.Relation, "err", err.Error())
 		return false
 	}
 	if dropped {
-		m.s.log.Warn("merge: dropped a table the upstream's catalog does not name (a crash cut the create of its collection), so that the collection can be created", "db", db, "table", orphan.Relation)
+		m.t.log.Warn("merge: dropped a table the upstream's catalog does not name (a crash cut the create of its collection), so that the collection can be created", "db", db, "table", orphan.Relation)
 	}
 	return dropped
 }
 
-// orphanLogDue says whether the warning about key (Server.orphanLog) was
+// OrphanLogDue says whether the warning about key (Tier.orphanLog) was
 // not logged within every, and if so takes it as logged now.
-func (s *Server) orphanLogDue(key string, every time.Duration) bool {
-	if last, ok := s.orphanLog.Load(key); ok && time.Since(last.(time.Time)) < every {
+func (t *Tier) OrphanLogDue(key string, every time.Duration) bool {
+	if last, ok := t.orphanLog.Load(key); ok && time.Since(last.(time.Time)) < every {
 		return false
 	}
-	s.orphanLog.Store(key, time.Now())
+	t.orphanLog.Store(key, time.Now())
 	return true
 }

@@ -1,4 +1,4 @@
-package proxy
+package tier
 
 import (
 	"sync"
@@ -142,7 +142,7 @@ func (s *spareCollections) ready() int {
 // cleaned, for an insert to take. The upstream shows a spare cleaned a
 // moment before the proxy learns it from the delete's reply: until then
 // an insert creates its collection, as without a spare.
-func (s *Server) ReadySpares() int { return s.spares.ready() }
+func (t *Tier) ReadySpares() int { return t.spares.ready() }
 
 // kept says whether name is rule's spare, made or on its way.
 func (s *spareCollections) kept(rule *rules.Rule, name string) bool {
@@ -155,12 +155,12 @@ func (s *spareCollections) kept(rule *rules.Rule, name string) bool {
 // recycler is the stage.MergeOptions.Recycle of a merge before a read of
 // rule: nil where the proxy keeps nothing of its inserts (no marker to
 // reuse) or the staging names carry no owner.
-func (s *Server) recycler(rule *rules.Rule, singleWriter bool) func(stage.Collection) (string, func(bool, string), bool) {
-	if s.kept == nil || !singleWriter {
+func (t *Tier) recycler(rule *rules.Rule, singleWriter bool) func(stage.Collection) (string, func(bool, string), bool) {
+	if t.kept == nil || !singleWriter {
 		return nil
 	}
 	return func(stage.Collection) (string, func(bool, string), bool) {
-		return s.spares.reserve(rule, s.stagerTag(), time.Now(), func(name, marker string) { s.cleanSpare(rule, name, marker) })
+		return t.spares.reserve(rule, t.StagerTag(), time.Now(), func(name, marker string) { t.cleanSpare(rule, name, marker) })
 	}
 }
 
@@ -168,9 +168,9 @@ func (s *Server) recycler(rule *rules.Rule, singleWriter bool) func(stage.Collec
 // after the merge that renamed it, off the read's way: on a connection of
 // the background pool, which the background rounds keep open anyway (a
 // helper would stay open connIdle after each read, apart from them).
-func (s *Server) cleanSpare(rule *rules.Rule, name, marker string) {
-	reply := s.background.Run(rewrite.Upstream{Body: stage.SpareCleanCommand(rule.DB, name, marker)})
-	s.spares.cleaned(rule, name, reply != nil && mongoerr.IsOK(reply))
+func (t *Tier) cleanSpare(rule *rules.Rule, name, marker string) {
+	reply := t.background.Run(rewrite.Upstream{Body: stage.SpareCleanCommand(rule.DB, name, marker)})
+	t.spares.cleaned(rule, name, reply != nil && mongoerr.IsOK(reply))
 }
 
 // useSpare makes staging collection db.coll from a spare of its rule, if
@@ -178,30 +178,30 @@ func (s *Server) cleanSpare(rule *rules.Rule, name, marker string) {
 // collection's (kc's). It says whether it did; if not, markKept creates
 // the collection. A spare that cannot be renamed (the name exists, or the
 // spare went with a drop of the namespace) is dropped.
-func (c *conn) useSpare(kc *keptColl, db, coll string) bool {
+func (t *Tier) useSpare(asIs exec.Runner, kc *keptColl, db, coll string) bool {
 	key, ok := stage.SpareKey(db, coll)
 	if !ok {
 		return false
 	}
-	sp, ok := c.s.spares.take(key)
+	sp, ok := t.spares.take(key)
 	if !ok {
 		return false
 	}
-	replies, err := c.runStepAsIs(rewrite.Step{{Body: stage.SpareRenameCommand(db, sp.name, coll)}})
+	replies, err := asIs.RunStep(rewrite.Step{{Body: stage.SpareRenameCommand(db, sp.name, coll)}})
 	if err == nil && len(replies) == 1 && mongoerr.IsOK(replies[0]) {
-		c.s.kept.marked(kc, sp.marker)
+		t.kept.marked(kc, sp.marker)
 		return true
 	}
 	if err == nil {
-		_, _ = c.runStepAsIs(rewrite.Step{{Body: source.DropCommand(db, sp.name)}})
+		_, _ = asIs.RunStep(rewrite.Step{{Body: source.DropCommand(db, sp.name)}})
 	}
 	return false
 }
 
 // dropSpare drops rule's spare, if it has one (a flush leaves no staging
 // behind). One being cleaned goes too: its cleaning then finds it gone.
-func (s *Server) dropSpare(r exec.Runner, rule *rules.Rule) error {
-	sp, ok := s.spares.takeRenamed(rule)
+func (t *Tier) dropSpare(r exec.Runner, rule *rules.Rule) error {
+	sp, ok := t.spares.takeRenamed(rule)
 	if !ok {
 		return nil
 	}
@@ -211,7 +211,7 @@ func (s *Server) dropSpare(r exec.Runner, rule *rules.Rule) error {
 func dropSpareNamed(r exec.Runner, rule *rules.Rule, name string) error {
 	res, err := exec.Drive(r, rewrite.Passthrough(source.DropCommand(rule.DB, name), nil))
 	if err != nil {
-		return upstreamFailure{err: err}
+		return UpstreamFailure{Err: err}
 	}
 	if err := mongoerr.ReplyError(res.Reply); err != nil && mongoerr.CodeOf(err) != mongoerr.NamespaceNotFound {
 		return err
@@ -224,8 +224,8 @@ func dropSpareNamed(r exec.Runner, rule *rules.Rule, name string) error {
 // dropped, and so are spares of its tag it does not keep (left by a merge
 // cut after it made one, or by an earlier run of the proxy) once they
 // are older than a reservation lasts.
-func (s *Server) tidySpares(r exec.Runner, rule *rules.Rule, list []byte, now time.Time) error {
-	if sp, ok := s.spares.takeIdle(rule, now.Add(-spareIdleFor)); ok {
+func (t *Tier) tidySpares(r exec.Runner, rule *rules.Rule, list []byte, now time.Time) error {
+	if sp, ok := t.spares.takeIdle(rule, now.Add(-spareIdleFor)); ok {
 		if err := dropSpareNamed(r, rule, sp.name); err != nil {
 			return err
 		}
@@ -234,11 +234,11 @@ func (s *Server) tidySpares(r exec.Runner, rule *rules.Rule, list []byte, now ti
 	if err != nil {
 		return nil // a hint: the next round lists again
 	}
-	tag := s.stagerTag()
+	tag := t.StagerTag()
 	for _, d := range docs {
 		name, _ := d.Lookup("name").StringValueOK()
 		owner, token, ok := stage.ParseSpare(rule, name)
-		if !ok || owner != tag || now.UnixMilli()-token < spareReserveFor.Milliseconds() || s.spares.kept(rule, name) {
+		if !ok || owner != tag || now.UnixMilli()-token < spareReserveFor.Milliseconds() || t.spares.kept(rule, name) {
 			continue
 		}
 		if err := dropSpareNamed(r, rule, name); err != nil {

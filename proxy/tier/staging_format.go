@@ -1,7 +1,6 @@
-package proxy
+package tier
 
 import (
-	"errors"
 	"fmt"
 	"regexp"
 	"sync"
@@ -10,10 +9,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/tsproxy/tsproxy/proxy/exec"
-	"github.com/tsproxy/tsproxy/proxy/lease"
+	"github.com/tsproxy/tsproxy/proxy/tier/lease"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
-	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
-	"github.com/tsproxy/tsproxy/rewrite/stage"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/upstream"
 )
@@ -25,7 +22,7 @@ import (
 // raised only once every proxy that may merge the rule reads it, as
 // MongoDB's featureCompatibilityVersion is. The rule's format record
 // (lease.ReadFormat, in its database's lease collection) says which form
-// that is; each proxy reads it again every formatRecheck.
+// that is; each proxy reads it again every FormatRecheck.
 //
 // A rule gets its record from the first proxy that stages it or takes its
 // writer lease: bucket.LatestStagedFormat when nothing shows that a proxy
@@ -37,9 +34,9 @@ import (
 // every proxy's copy of the record and merges what was staged in the
 // higher form).
 
-// formatRecheck is how long a proxy stages by one read of a rule's format
+// FormatRecheck is how long a proxy stages by one read of a rule's format
 // record.
-const formatRecheck = 5 * time.Second
+const FormatRecheck = 5 * time.Second
 
 // stagingFormats are this proxy's reads of its rules' format records.
 type stagingFormats struct {
@@ -64,18 +61,18 @@ func (f *stagingFormats) forget(ns string) {
 	f.mu.Unlock()
 }
 
-// stagingFormat is the form rule's events are staged in, by a read of its
-// format record at most formatRecheck old (made on up, with its
+// StagingFormat is the form rule's events are staged in, by a read of its
+// format record at most FormatRecheck old (made on up, with its
 // privileges). A record that cannot be read or made gives
 // bucket.StagedKeyed, which every proxy reads: it costs a little speed,
 // never an event (a warning says why, at most once a minute per rule).
-func (s *Server) stagingFormat(up lease.Commander, rule *rules.Rule) bucket.StagedFormat {
+func (t *Tier) StagingFormat(up lease.Commander, rule *rules.Rule) bucket.StagedFormat {
 	ns := rule.BucketNamespace()
 	now := time.Now()
-	s.formats.mu.Lock()
-	last, ok := s.formats.byNS[ns]
-	s.formats.mu.Unlock()
-	if ok && now.Sub(last.readAt) < formatRecheck {
+	t.formats.mu.Lock()
+	last, ok := t.formats.byNS[ns]
+	t.formats.mu.Unlock()
+	if ok && now.Sub(last.readAt) < FormatRecheck {
 		return last.format
 	}
 	format, err := readStagingFormat(up, rule, now)
@@ -84,13 +81,13 @@ func (s *Server) stagingFormat(up lease.Commander, rule *rules.Rule) bucket.Stag
 		read.format = bucket.StagedKeyed
 		if now.Sub(last.warned) > time.Minute {
 			read.warned = now
-			s.log.Warn("staging: the rule's staging format record cannot be read or made; staging in the form every proxy reads",
+			t.log.Warn("staging: the rule's staging format record cannot be read or made; staging in the form every proxy reads",
 				"rule", rule.Namespace, "format", int(bucket.StagedKeyed), "err", err.Error())
 		}
 	}
-	s.formats.mu.Lock()
-	s.formats.byNS[ns] = read
-	s.formats.mu.Unlock()
+	t.formats.mu.Lock()
+	t.formats.byNS[ns] = read
+	t.formats.mu.Unlock()
 	return read.format
 }
 
@@ -158,100 +155,10 @@ func ruleUsed(up lease.Commander, rule *rules.Rule) (bool, error) {
 	return false, nil
 }
 
-// handleStagingFormat answers tsproxyStagingFormat: {tsproxyStagingFormat:
-// 1} reports every staged rule's recorded form, {tsproxyStagingFormat:
-// "db.coll"} one's; with set: N it records N first (bucket.StagedFormat:
-// 1 is read by every version, 2 since the format record exists). A form
-// lowered is in force once the command answers: it waits until every
-// proxy's read of the record before the change has expired, then merges
-// what was staged in the higher form, so that a proxy of an older
-// version may join.
-func (c *conn) handleStagingFormat(req *request) error {
-	const name = "tsproxyStagingFormat"
-	if err := c.ensureUpstream(); err != nil {
-		return c.replyUpstreamDown(req, err)
-	}
-	targets, denied, err := c.ruleTargets(req, name)
-	if denied != nil {
-		return c.replyBody(req, denied)
-	}
-	if err != nil {
-		return c.replyError(req, mongoerr.CodeOf(err), err.Error())
-	}
-	set, err := formatToSet(bson.Raw(req.msg.Body))
-	if err != nil {
-		return c.replyError(req, mongoerr.BadValue, fmt.Sprintf("%s: %v", name, err))
-	}
-	out := bson.A{} // an empty array, not null, when no rule is staged
-	var lowered []*rules.Rule
-	for _, rule := range targets {
-		staged, _, err := c.stagedRule(rule)
-		if err != nil {
-			return c.replyError(req, mongoerr.HostUnreachable, fmt.Sprintf("%s: %v", name, err))
-		}
-		if !staged {
-			continue
-		}
-		entry := bson.D{{Key: "ns", Value: rule.Namespace}}
-		if set != 0 {
-			was, err := lease.SetFormat(c.up, rule.DB, rule.BucketCollection, int(set), time.Now())
-			c.s.formats.forget(rule.BucketNamespace())
-			if err != nil {
-				return c.replyError(req, mongoerr.CodeOf(err), fmt.Sprintf("%s %s: %v", name, rule.Namespace, err))
-			}
-			entry = append(entry, bson.E{Key: "was", Value: was})
-			// Nothing recorded (was 0): no proxy of this version staged
-			// the rule, as each makes the record first.
-			if was > int(set) {
-				lowered = append(lowered, rule)
-			}
-		}
-		n, ok, err := lease.ReadFormat(c.up, rule.DB, rule.BucketCollection)
-		if err != nil {
-			return c.replyError(req, mongoerr.CodeOf(err), fmt.Sprintf("%s %s: %v", name, rule.Namespace, err))
-		}
-		entry = append(entry, bson.E{Key: "format", Value: n}, bson.E{Key: "recorded", Value: ok})
-		out = append(out, entry)
-	}
-	var total stage.Stats
-	if len(lowered) > 0 {
-		// Every proxy stages by a read of the record at most
-		// formatRecheck old, and an insert planned by one is sent at once.
-		time.Sleep(formatRecheck + time.Second)
-		for _, rule := range lowered {
-			_, caps, err := c.stagedRule(rule)
-			if err == nil {
-				err = c.flushStaged(rule, caps, &total, allStaged, noSpare)
-			}
-			var up upstreamFailure
-			if errors.As(err, &up) {
-				return up.err
-			}
-			if err != nil {
-				return c.replyError(req, mongoerr.CodeOf(err), fmt.Sprintf("%s %s: the format is lowered, and merging what was staged in the higher one failed (run tsproxyFlush before a proxy of an older version joins): %v", name, rule.Namespace, err))
-			}
-		}
-	}
-	reply, err := bson.Marshal(bson.D{
-		{Key: "rules", Value: out},
-		{Key: "mergedEvents", Value: total.Events},
-		{Key: "ok", Value: 1.0},
-	})
-	if err != nil {
-		return err
-	}
-	return c.replyBody(req, reply)
-}
-
-// formatToSet reads the command's set: 0 when it has none.
-func formatToSet(body bson.Raw) (bucket.StagedFormat, error) {
-	v, err := body.LookupErr("set")
-	if err != nil {
-		return 0, nil
-	}
-	n, ok := v.AsInt64OK()
-	if !ok || !bucket.StagedFormat(n).Valid() {
-		return 0, fmt.Errorf("set takes a staged document form, %d or %d, not %s", bucket.StagedKeyed, bucket.LatestStagedFormat, v)
-	}
-	return bucket.StagedFormat(n), nil
+// SetFormat records set as rule's staging format (on up, with its
+// privileges) and says what was recorded before (0: nothing).
+func (t *Tier) SetFormat(up lease.Commander, rule *rules.Rule, set bucket.StagedFormat) (int, error) {
+	was, err := lease.SetFormat(up, rule.DB, rule.BucketCollection, int(set), time.Now())
+	t.formats.forget(rule.BucketNamespace())
+	return was, err
 }

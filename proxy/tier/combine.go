@@ -1,10 +1,11 @@
-package proxy
+package tier
 
 import (
 	"errors"
 	"sync"
 	"sync/atomic"
 
+	"github.com/tsproxy/tsproxy/proxy/exec"
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
 )
@@ -26,7 +27,7 @@ type combiner struct {
 	mu     sync.Mutex
 	queues map[string][]*combined // by key; present while an insert of the key is in flight
 
-	shared, riders atomic.Int64 // Server.SharedInserts
+	shared, riders atomic.Int64 // SharedInserts
 	// flying counts the combinable inserts in runCombined. One that finds
 	// none other there has nothing to share with, nor to wait behind:
 	// it runs without a key or a queue (a per-event insert's usual case,
@@ -59,18 +60,19 @@ func newCombined(u rewrite.Upstream) *combined {
 	return &combined{u: u, bytes: n, wake: make(chan struct{}, 1)}
 }
 
-// runCombined runs u, a combinable insert, sharing it with concurrent
-// ones of the same key.
-func (c *conn) runCombined(u rewrite.Upstream) ([][]byte, error) {
+// RunCombined runs u, a combinable insert, sharing it with concurrent
+// ones of the same key (by identity, the client's
+// authenticated user), on r.
+func (t *Tier) RunCombined(r exec.Runner, identityOf func() (string, error), u rewrite.Upstream) ([][]byte, error) {
 	if u.Seq == nil {
-		return c.RunStep(rewrite.Step{{Body: u.Body}})
+		return r.RunStep(rewrite.Step{{Body: u.Body}})
 	}
-	cb := &c.s.combiner
+	cb := &t.combiner
 	defer cb.flying.Add(-1)
 	if cb.flying.Add(1) == 1 {
-		return c.RunStep(rewrite.Step{{Body: u.Body, Seq: u.Seq}})
+		return r.RunStep(rewrite.Step{{Body: u.Body, Seq: u.Seq}})
 	}
-	identity, err := c.identity()
+	identity, err := identityOf()
 	if err != nil {
 		return nil, err
 	}
@@ -94,7 +96,7 @@ func (c *conn) runCombined(u rewrite.Upstream) ([][]byte, error) {
 		cb.queues[key] = nil
 		cb.mu.Unlock()
 	}
-	reply, err := c.leadCombined(key, me)
+	reply, err := t.leadCombined(r, key, me)
 	if err != nil {
 		return nil, err
 	}
@@ -103,8 +105,8 @@ func (c *conn) runCombined(u rewrite.Upstream) ([][]byte, error) {
 
 // leadCombined sends me and the inserts waiting behind it as one insert,
 // answers them, and hands the key to the next waiting insert.
-func (c *conn) leadCombined(key string, me *combined) (reply []byte, err error) {
-	cb := &c.s.combiner
+func (t *Tier) leadCombined(r exec.Runner, key string, me *combined) (reply []byte, err error) {
+	cb := &t.combiner
 	flight := cb.board(key, me)
 	delivered := 1 // flight[0] is me: answered by the return
 	defer func() {
@@ -117,7 +119,7 @@ func (c *conn) leadCombined(key string, me *combined) (reply []byte, err error) 
 		cb.handOver(key)
 	}()
 	if len(flight) == 1 {
-		replies, err := c.RunStep(rewrite.Step{{Body: me.u.Body, Seq: me.u.Seq}})
+		replies, err := r.RunStep(rewrite.Step{{Body: me.u.Body, Seq: me.u.Seq}})
 		if err != nil {
 			return nil, err
 		}
@@ -130,7 +132,7 @@ func (c *conn) leadCombined(key string, me *combined) (reply []byte, err error) 
 	}
 	cb.shared.Add(1)
 	cb.riders.Add(int64(len(flight) - 1))
-	replies, err := c.RunStep(rewrite.Step{stage.Combine(me.u.Body, parts)})
+	replies, err := r.RunStep(rewrite.Step{stage.Combine(me.u.Body, parts)})
 	var split [][]byte
 	if err == nil {
 		split = stage.SplitReply(replies[0], sizes)
@@ -182,4 +184,11 @@ func (cb *combiner) handOver(key string) {
 	next := queue[0]
 	cb.queues[key] = queue[1:]
 	next.wake <- struct{}{}
+}
+
+// SharedInserts counts, since the start, the upstream inserts that
+// carried more than one client's staged insert, and the client inserts
+// that rode along in one another led.
+func (t *Tier) SharedInserts() (inserts, riders int64) {
+	return t.combiner.shared.Load(), t.combiner.riders.Load()
 }

@@ -14,7 +14,7 @@ import (
 // own (rewrite/stage.Stager). Only a running proxy freezes its own
 // staging collections; once its announcement lapsed, the holder of the
 // rule's writer lease takes them over. An announcement is a document
-// {_id: "stager:<coll>:<tag>", ns: "stager:<coll>", owner, expires} in
+// {_id: "Stager:<coll>:<tag>", ns: "Stager:<coll>", owner, expires} in
 // the rule database's lease collection, renewed once half of it is used,
 // before an insert into a collection it announces.
 type Presence struct {
