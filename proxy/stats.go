@@ -37,3 +37,7 @@ func (s *Server) Stats() Stats {
 	}
 	return st
 }
+
+// ReadySpares is how many spare staging collections the proxy holds
+// cleaned, for an insert to take.
+func (s *Server) ReadySpares() int { return s.tier.ReadySpares() }
