@@ -220,8 +220,8 @@ func (s *Server) upstreamCapsOn(up *upstream.Conn) (caps.Upstream, error) {
 		return caps.Upstream{}, fmt.Errorf("upstream capabilities: buildInfo: %w", r)
 	}
 	caps := caps.Detect(reply)
-	if caps.StmtIDs {
-		caps.StmtIDs = s.probeRetryableWrites()
+	if caps.StmtIDs && !s.probeRetryableWrites() {
+		caps = caps.WithoutRetryableWrites()
 	}
 	st.mu.Lock()
 	st.caps = &caps

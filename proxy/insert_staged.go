@@ -19,7 +19,7 @@ func (c *conn) stagedRule(rule *rules.Rule) (bool, caps.Upstream, error) {
 	if err != nil {
 		return false, caps, err
 	}
-	return rule.Staged(caps.CostlyUpdates), caps, nil
+	return rule.Staged(caps.StagesEvents()), caps, nil
 }
 
 // stagedInsert stores an insert's events in the rule's staging tier: no

@@ -87,7 +87,7 @@ func (t *Tier) mergeOnce(up *upstream.Conn, rule *rules.Rule) (stage.Stats, erro
 	if err != nil {
 		return stage.Stats{}, UpstreamFailure{Err: err}
 	}
-	if !rule.Staged(upCaps.CostlyUpdates) {
+	if !rule.Staged(upCaps.StagesEvents()) {
 		return stage.Stats{}, nil
 	}
 	list, work, err := t.listings.stagedWork(exec.OnConn{Up: up}, rule, time.Now())

@@ -17,7 +17,7 @@ func (t *Tier) EnsureWriter(cl Client, rule *rules.Rule, caps caps.Upstream) err
 	if !caps.SingleWriter {
 		return nil
 	}
-	if rule.Staged(caps.CostlyUpdates) {
+	if rule.Staged(caps.StagesEvents()) {
 		// A staged rule's first lease holder makes its format record
 		// before its lease shows that a proxy worked on the rule.
 		t.StagingFormat(cl.Upstream(), rule)

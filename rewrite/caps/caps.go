@@ -82,6 +82,26 @@ func Detect(buildInfo []byte) Upstream {
 	return Upstream{StmtIDs: true, FullAggregation: true, UnwindKeepsFields: true}
 }
 
+// WithoutRetryableWrites is u for an upstream found to keep no retryable
+// writes although its buildInfo says MongoDB (FerretDB 2.x refuses
+// stmtIds; a standalone MongoDB has no sessions to keep them in): its
+// writes go as FerretDB v1.24's do, under the rule's writer lease, events
+// staged into each proxy's own staging collections and retries
+// recognised by the proxy's own records (rewrite/stage). Without stmtIds
+// a retry of an insert that reached the upstream through another proxy
+// is not recognised by the upstream, and a proxy that does not hold the
+// lease cannot know that no other proxy wrote the buckets it fills.
+func (u Upstream) WithoutRetryableWrites() Upstream {
+	u.StmtIDs, u.SingleWriter = false, true
+	return u
+}
+
+// StagesEvents says whether an events rule without an ingest setting is
+// staged on this upstream: where updates are costly (FerretDB v1.24),
+// and where the upstream keeps no retryable writes of its own, so that
+// the staging tier's records keep a retried insert exactly once.
+func (u Upstream) StagesEvents() bool { return u.CostlyUpdates || !u.StmtIDs }
+
 // FerretDBMaxUpdateStatements is Caps.MaxUpdateStatements for FerretDB:
 // with at most FerretDBWriteSlots such commands at once, their open queries
 // stay well under its 100 SQLite connections.
