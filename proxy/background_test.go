@@ -65,10 +65,10 @@ func TestBackgroundConnsPooled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{background: exec.NewPool(d.Dial, backgroundMaxIdle)}
-	defer s.background.Close()
+	pool := exec.NewPool(d.Dial, 4)
+	defer pool.Close()
 	ctx, cancel := context.WithCancel(context.Background())
-	b := exec.NewBackground(ctx, s.background)
+	b := exec.NewBackground(ctx, pool)
 	round := func() *upstream.Conn {
 		t.Helper()
 		up, err := b.Get()
@@ -91,11 +91,11 @@ func TestBackgroundConnsPooled(t *testing.T) {
 	if n := accepted.Load(); n != 1 {
 		t.Fatalf("%d connections for 6 rounds, want 1", n)
 	}
-	if n := s.BackgroundConns(); n != 1 {
+	if n := pool.Open(); n != 1 {
 		t.Fatalf("BackgroundConns %d, want the 1 pooled", n)
 	}
 	// Two loops at once: a second connection, both pooled after.
-	other := exec.NewBackground(ctx, s.background)
+	other := exec.NewBackground(ctx, pool)
 	round()
 	if _, err := other.Get(); err != nil {
 		t.Fatal(err)
@@ -105,12 +105,12 @@ func TestBackgroundConnsPooled(t *testing.T) {
 	if n := accepted.Load(); n != 2 {
 		t.Fatalf("%d connections for two loops, want 2", n)
 	}
-	if n := s.BackgroundConns(); n != 2 {
+	if n := pool.Open(); n != 2 {
 		t.Fatalf("BackgroundConns %d, want 2", n)
 	}
 	round()
 	b.Fail()
-	if got, n := s.background.Idle(), s.BackgroundConns(); got != 0 || n != 0 {
+	if got, n := pool.Idle(), pool.Open(); got != 0 || n != 0 {
 		t.Fatalf("%d idle connections and %d open after a failed round, want none", got, n)
 	}
 	round()
@@ -119,12 +119,12 @@ func TestBackgroundConnsPooled(t *testing.T) {
 	}
 	cancel() // the loop ends: its connection closes, and is not pooled
 	b.Release()
-	if got := s.background.Idle(); got != 0 {
+	if got := pool.Idle(); got != 0 {
 		t.Fatalf("%d idle connections after the loop ended, want none", got)
 	}
-	for deadline := time.Now().Add(5 * time.Second); s.BackgroundConns() != 0; time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(5 * time.Second); pool.Open() != 0; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) { // the close runs in a goroutine of its own
-			t.Fatalf("BackgroundConns %d after the loop ended, want 0", s.BackgroundConns())
+			t.Fatalf("BackgroundConns %d after the loop ended, want 0", pool.Open())
 		}
 	}
 }

@@ -90,9 +90,7 @@ func (w *clientWatch) watch() {
 		return // forceClose closed both sides
 	}
 	w.c.clientLeft.Store(true)
-	if up := w.c.upRef.Load(); up != nil {
-		up.Close()
-	}
+	w.c.h.Abort()
 }
 
 func (w *clientWatch) stop() { w.timer.Stop() }

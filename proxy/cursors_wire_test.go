@@ -32,7 +32,7 @@ func TestConnForgetsEndedCursors(t *testing.T) {
 	s.mu.Lock()
 	var held int
 	for cn := range s.conns {
-		held += len(cn.cursors) // read while the connection is idle, waiting for a request
+		held += cn.h.TrackedCursors() // read while the connection is idle, waiting for a request
 	}
 	s.mu.Unlock()
 	if held > 0 {

@@ -1,28 +1,14 @@
-// Package proxy is the front door: it accepts client connections, reads
-// their frames, routes each message (through unchanged, or rewritten for
-// a bucketed namespace) and answers, and it keeps the state that spans
-// messages: one upstream connection per client, the cursor registry, what
-// the upstream supports. It holds no bucket math: rewrite/ plans every
-// rewritten command, and proxy/exec runs the plans (exec.Drive) and the
-// proxy's own single commands.
+// Package proxy is the front door: it accepts client connections (TCP,
+// TLS, Unix sockets), bounds them (connections, frame sizes, frame and
+// write timeouts), reads each client's frames and hands each to the
+// connection's handler (package proxy/handler), writes the replies the
+// handler gives it, and watches for a client that leaves while its
+// request waits on the upstream. It holds no command logic: Server is the
+// listeners, the connections and the engine they share (handler.Engine),
+// and Shutdown drains them in order.
 //
-// A connection's messages are handled one at a time by its conn, so
-// per-connection state (the upstream connection, the authorization
-// verdicts, the reply being built) needs no locks; state shared between
-// connections (cursors, the reply cache, the open-bucket fills, the writer
-// leases, the staging tier, proxy/tier) lives in the Server and
-// is safe for concurrent use. Nothing is process-wide: two Servers in one
-// process share nothing, and the metrics a Server registers end at its
-// Shutdown.
-//
-// route looks a command up in frontCommands (hello, create, listCollections
-// and the others the front door serves itself), else routes it by the rule
-// it names (routeByRule). A command on a bucketed namespace passes the
-// gates (catalog, authorization, cursor owner, retry cache, staging
-// settled), each of which returns one error (errAnswered when it answered
-// the request itself), then its handler. The rules a request is routed by
-// are the config file's and those of the time-series collections apps
-// created (proxy/catalog); each conn takes a fresh enough rule set per
-// request, and the background loops (merges in proxy/tier,
-// retention in proxy/retention) follow the set as it changes.
+// A connection's frames are handled one at a time on its own goroutine;
+// the one recover of the proxy is at that boundary, and closes only that
+// connection. Nothing is process-wide: two Servers in one process share
+// nothing, and the metrics a Server registers end at its Shutdown.
 package proxy

@@ -48,12 +48,12 @@ func mergeWith(t *testing.T, s *Server, wrap func(exec.Runner) exec.Runner, opts
 		t.Fatal(err)
 	}
 	defer up.Close()
-	caps, err := s.upstreamCapsOn(up)
+	caps, err := s.eng.CapsOn(up)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rule := s.opts.Rules.Lookup("db", "readings")
-	_, err = s.tier.RunMerge(wrap(exec.OnConn{Up: up}), up, rule, caps, opts, background)
+	_, err = s.eng.Tier().RunMerge(wrap(exec.OnConn{Up: up}), up, rule, caps, opts, background)
 	return err
 }
 
@@ -84,7 +84,7 @@ func TestMergedCountsRetiredFirstPass(t *testing.T) {
 	if n := wireCount(t, c); n != 3 {
 		t.Fatalf("count: %d, want 3", n)
 	}
-	st := s.merges.Snapshot()["db.readings"]
+	st := s.eng.Tier().State().Snapshot()["db.readings"]
 	t.Logf("figures: %+v", st)
 	if st.Merged != 3 || st.Buckets != 1 || st.Collections != 1 {
 		t.Fatalf("after every staged event was merged (count 3): staged %d, merged %d, buckets %d, collections %d; want merged 3, buckets 1, collections 1",
@@ -105,7 +105,7 @@ func TestLagKeptWhileMergeFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(1100 * time.Millisecond)
-	before := s.merges.Snapshot()["db.readings"]
+	before := s.eng.Tier().State().Snapshot()["db.readings"]
 	if before.Pending != 1 || before.Oldest.IsZero() || time.Since(before.Oldest) < time.Second {
 		t.Fatalf("precondition: pending %d, oldest %v", before.Pending, before.Oldest)
 	}
@@ -113,7 +113,7 @@ func TestLagKeptWhileMergeFails(t *testing.T) {
 	if err := mergeWith(t, s, func(r exec.Runner) exec.Runner { return &failBucketInsert{r: r} }, stage.MergeOptions{All: true, Now: time.Now()}, true); err == nil {
 		t.Fatal("the merge with a failed bucket insert succeeded")
 	}
-	st := s.merges.Snapshot()["db.readings"]
+	st := s.eng.Tier().State().Snapshot()["db.readings"]
 	t.Logf("figures after the failed merge: %+v", st)
 	if st.Staged-st.Merged != 3 {
 		t.Fatalf("precondition: %d staged, %d merged", st.Staged, st.Merged)
@@ -185,7 +185,7 @@ func TestCollectionsReadNeverNegative(t *testing.T) {
 	}
 	// This server's figures, which its metrics export (Collections -
 	// Kept for from="read"; a process's other servers export theirs).
-	st := s.merges.Snapshot()["db.readings"]
+	st := s.eng.Tier().State().Snapshot()["db.readings"]
 	if read := st.Collections - st.Kept; read < 0 || st.Kept != 0 {
 		t.Fatalf("after a merge that merged no collection (it failed): collections{from=read} = %d, {from=kept} = %d; want 0 and 0 (a counter is never negative)", read, st.Kept)
 	}
@@ -216,10 +216,10 @@ func TestDroppedCollectionsLeaveNoRuleLabels(t *testing.T) {
 		}
 	}
 	t.Logf("series of tsproxy.staging.events: %v", rulesSeen)
-	t.Logf("rules in the proxy's staging figures: %d", len(s.merges.Snapshot()))
-	if len(rulesSeen) > 0 || len(s.merges.Snapshot()) > 0 {
+	t.Logf("rules in the proxy's staging figures: %d", len(s.eng.Tier().State().Snapshot()))
+	if len(rulesSeen) > 0 || len(s.eng.Tier().State().Snapshot()) > 0 {
 		t.Fatalf("after %d time-series collections were created and dropped (none exists), the staging metrics still export %d series (%d rules' figures kept); each new name a client invents adds series forever",
-			n, len(rulesSeen), len(s.merges.Snapshot()))
+			n, len(rulesSeen), len(s.eng.Tier().State().Snapshot()))
 	}
 }
 
@@ -257,7 +257,7 @@ func TestSlotsBucketsWritten(t *testing.T) {
 	ins(10)
 	r := c.cmd(bson.D{{Key: "count", Value: "cpu"}, {Key: "$db", Value: "db"}})
 	t.Logf("count: %s", r)
-	st := s.merges.Snapshot()["db.cpu"]
+	st := s.eng.Tier().State().Snapshot()["db.cpu"]
 	t.Logf("figures: %+v", st)
 	if st.Merged != 20 || st.Buckets != 1 {
 		t.Fatalf("20 events of one host in one hour (one bucket): merged %d, buckets written %d, mean fill %.1f; want merged 20, 1 bucket, fill 20",
@@ -275,7 +275,7 @@ func TestEventsBucketsWrittenContrast(t *testing.T) {
 	mustOK(t, "flush", c.cmd(bson.D{{Key: "tsproxyFlush", Value: 1}, {Key: "$db", Value: "admin"}}))
 	wireInsert(t, c, ev[3:]...)
 	mustOK(t, "flush", c.cmd(bson.D{{Key: "tsproxyFlush", Value: 1}, {Key: "$db", Value: "admin"}}))
-	if st := s.merges.Snapshot()["db.readings"]; st.Merged != 6 || st.Buckets != 1 {
+	if st := s.eng.Tier().State().Snapshot()["db.readings"]; st.Merged != 6 || st.Buckets != 1 {
 		t.Fatalf("6 events of one series in one hour, merged in two flushes (the second tops the bucket up): %+v, want merged 6, 1 bucket", st)
 	}
 }

@@ -1,8 +1,6 @@
 package proxy
 
 import (
-	"go.mongodb.org/mongo-driver/v2/bson"
-
 	"context"
 	"crypto/tls"
 	"errors"
@@ -13,123 +11,23 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tsproxy/tsproxy/proxy/catalog"
-	"github.com/tsproxy/tsproxy/proxy/cursors"
-	"github.com/tsproxy/tsproxy/proxy/exec"
-	"github.com/tsproxy/tsproxy/proxy/retention"
-	"github.com/tsproxy/tsproxy/proxy/tier"
-
-	"github.com/tsproxy/tsproxy/proxy/replycache"
+	"github.com/tsproxy/tsproxy/proxy/handler"
 	"github.com/tsproxy/tsproxy/proxy/telemetry"
-	"github.com/tsproxy/tsproxy/proxy/tier/lease"
-
-	"github.com/tsproxy/tsproxy/rules"
-	"github.com/tsproxy/tsproxy/upstream"
 )
 
-// Options configures a Server.
-type Options struct {
-	// Dialer opens the upstream connection of each client connection.
-	Dialer *upstream.Dialer
-	// Rules says which namespaces are bucketed; nil means none.
-	Rules *rules.Set
-	// TLS, when non-nil, is required of every client.
-	TLS *tls.Config
-	// MaxConnections bounds concurrent client connections (0: 10000).
-	MaxConnections int
-	// MaxMessageBytes bounds one client message (0: 48,000,000).
-	MaxMessageBytes int
-	// FrameTimeout bounds a client frame's arrival once its first byte
-	// came, and a TLS handshake; WriteTimeout the write of a reply (0:
-	// 2 minutes each: a 48 MB frame over a 400 KB/s link). An idle client
-	// is never timed out.
-	FrameTimeout, WriteTimeout time.Duration
-	// ClientWatchAfter is how long a request runs before the proxy
-	// watches for its client leaving, to end the request's wait on the
-	// upstream (0: 1s).
-	ClientWatchAfter time.Duration
-	// MaxCursors bounds the cursor registry of rewritten reads (0: 100000).
-	MaxCursors int
-	// AggregateMemory bounds each blocking stage of an aggregation the
-	// proxy runs itself (0: 100 MiB).
-	AggregateMemory int
-	// StagedMemory bounds the bytes of staged documents the proxy keeps
-	// to merge its staging collections without reading them back
-	// (0: 64 MiB; negative: none).
-	StagedMemory int64
-	// CursorTTL forgets registered cursors idle this long (0: 10m).
-	CursorTTL time.Duration
-	// RetryCacheSize bounds the sessions whose last retryable rewritten
-	// write the proxy remembers, to answer a driver's retry with its reply
-	// (0: 100,000).
-	RetryCacheSize int
-	// RetryCacheTTL forgets such a record after this long (0: 30m).
-	RetryCacheTTL time.Duration
-	// Logger receives structured logs; slog.Default() when nil.
-	Logger *slog.Logger
-	// Tracing makes a span per command; off by default because a span per
-	// command costs microseconds the proxy otherwise does not spend.
-	Tracing bool
-	// IndexIDs, when set, is called once for each bucket collection after
-	// the proxy created its index; the embedded upstream uses it to make
-	// point reads and updates by _id index lookups (see
-	// upstream.Embedded.IndexIDs). Other upstreams need nothing.
-	IndexIDs func(ctx context.Context, db, coll string) error
-	// DropOrphanedTable, when set, drops table from db's storage if the
-	// upstream's catalog names no collection stored there, and says
-	// whether it did: the embedded upstream's mend for a collection whose
-	// create a crash cut after its table (upstream.Embedded.
-	// DropOrphanedTable), which no create of that name gets past. Merges
-	// use it. Other upstreams offer none.
-	DropOrphanedTable func(ctx context.Context, db, table string) (bool, error)
-	// WriterLease is how long a writer lease lasts without renewal, on
-	// upstreams whose updates are not isolated (0: 30s).
-	WriterLease time.Duration
-	// WriterID names this proxy in writer leases; empty means its host and
-	// listen address.
-	WriterID string
-	// CreateTimeseries says who serves a create with the timeseries option
-	// on a namespace without a rule: rules.CreateTimeseriesAuto (""), ...Proxy
-	// or ...Upstream (see rules.Config.CreateTimeseries).
-	CreateTimeseries string
-	// CatalogLease is how old a catalog snapshot may be when the proxy
-	// routes by it (0: catalog.DefaultLease).
-	CatalogLease time.Duration
-	// CatalogTimeout bounds one read or write of the catalog on its
-	// connection (0: catalog.DefaultTimeout).
-	CatalogTimeout time.Duration
-}
+// Options configures a Server (handler.Options: the engine's settings
+// and the front door's).
+type Options = handler.Options
 
-// Server is a running proxy.
+// Server is a running proxy: the front door, which accepts client
+// connections, reads their frames and hands each to its connection's
+// handler (handler.Conn), and the engine the connections share
+// (handler.Engine).
 type Server struct {
 	opts Options
 	log  *slog.Logger
 	tel  *telemetry.Instruments
-	// stopMetrics ends the staging figures' reports on the global meter.
-	stopMetrics func() error
-	state       *upstreamState
-	cursors     *cursors.Registry
-	replies     *replycache.Cache
-	life        *lifecycleState
-	sweep       *sweeper
-	retention   *retention.Retainer
-	leases      *lease.Set // writer leases (package lease)
-	tier        *tier.Tier
-	merges      *tier.State // tier.State(), used on every staged insert
-	once        *onceSteps
-	shells      *shellMemory
-	writes      *writeIDs
-	// idIndexOff: bucket namespace -> the writer-lease term (its start;
-	// zero without leases) in which this proxy stopped the event-id
-	// index before writing directly.
-	idIndexOff sync.Map
-	idIndexes  *idIndexCache
-	cat        *catalog.Catalog
-	served     sync.Map   // namespace → struct{}: created rules served here
-	background *exec.Pool // connections of the background loops' rounds
-	// serviceID names this proxy to drivers in load-balanced mode: one per
-	// process, as a mongos behind a balancer has.
-	serviceID bson.ObjectID
+	eng  *handler.Engine
 
 	mu       sync.Mutex
 	ln       net.Listener
@@ -143,76 +41,12 @@ type Server struct {
 
 // New checks opts and returns a Server ready to Serve.
 func New(opts Options) (*Server, error) {
-	if opts.Dialer == nil {
-		return nil, errors.New("proxy: Options.Dialer is required")
-	}
-	if opts.Rules == nil {
-		opts.Rules = rules.NewSet(nil)
-	}
-	if opts.MaxConnections <= 0 {
-		opts.MaxConnections = rules.DefaultMaxConnections
-	}
-	if opts.MaxMessageBytes <= 0 || opts.MaxMessageBytes > maxMsgLen {
-		opts.MaxMessageBytes = maxMsgLen
-	}
-	if opts.FrameTimeout <= 0 {
-		opts.FrameTimeout = rules.DefaultFrameTimeout
-	}
-	if opts.WriteTimeout <= 0 {
-		opts.WriteTimeout = rules.DefaultWriteTimeout
-	}
-	if opts.ClientWatchAfter <= 0 {
-		opts.ClientWatchAfter = time.Second
-	}
-	if opts.MaxCursors <= 0 {
-		opts.MaxCursors = rules.DefaultMaxCursors
-	}
-	if opts.CursorTTL <= 0 {
-		opts.CursorTTL = rules.DefaultCursorTTL
-	}
-	if opts.RetryCacheSize <= 0 {
-		opts.RetryCacheSize = replycache.DefaultSize
-	}
-	if opts.RetryCacheTTL <= 0 {
-		opts.RetryCacheTTL = replycache.DefaultTTL
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	tel, err := telemetry.New(opts.Tracing, commandNames())
+	eng, err := handler.NewEngine(opts)
 	if err != nil {
-		return nil, fmt.Errorf("proxy: telemetry: %w", err)
+		return nil, err
 	}
-	s := &Server{
-		opts:       opts,
-		log:        opts.Logger,
-		tel:        tel,
-		state:      newUpstreamState(),
-		cursors:    cursors.New(opts.MaxCursors, opts.CursorTTL),
-		replies:    replycache.New(opts.RetryCacheSize, opts.RetryCacheTTL),
-		life:       newLifecycleState(),
-		leases:     lease.NewSet(opts.WriterLease, opts.WriterID),
-		once:       newOnceSteps(),
-		shells:     newShellMemory(),
-		writes:     newWriteIDs(time.Now()),
-		idIndexes:  newIDIndexCache(),
-		serviceID:  bson.NewObjectID(),
-		conns:      make(map[*conn]struct{}),
-		background: exec.NewPool(opts.Dialer.Dial, backgroundMaxIdle),
-	}
-	s.tier = tier.New(tier.Config{Host: tierHost{s}, Log: s.log, Leases: s.leases, Presence: lease.NewPresence(opts.WriterLease),
-		Helpers: exec.NewPool(opts.Dialer.Dial, exec.HelperMaxIdle), Background: s.background,
-		StagedMemory: opts.StagedMemory, DropOrphanedTable: opts.DropOrphanedTable})
-	s.merges = s.tier.State()
-	s.cat = catalog.New(catalog.Config{Pool: s.background, Log: s.log, Rules: opts.Rules, OnRules: s.syncLoops,
-		Lease: opts.CatalogLease, Timeout: opts.CatalogTimeout, Mode: opts.CreateTimeseries})
-	s.retention = retention.New(retentionHost{s}, s.log)
-	stop, err := telemetry.ObserveStaging(s.merges.Snapshot)
-	if err != nil {
-		return nil, fmt.Errorf("proxy: telemetry: %w", err)
-	}
-	s.stopMetrics = stop
-	return s, nil
+	opts = eng.Options()
+	return &Server{opts: opts, log: opts.Logger, tel: eng.Telemetry(), eng: eng, conns: make(map[*conn]struct{})}, nil
 }
 
 // Serve accepts clients on ln, and on the listeners of more (Unix
@@ -239,10 +73,7 @@ func (s *Server) Serve(ln net.Listener, more ...net.Listener) error {
 		return nil
 	}
 	s.mu.Unlock()
-	if s.opts.WriterID == "" {
-		s.leases.SetIdentity(ln.Addr().String())
-	}
-	s.startSweeper()
+	s.eng.Start(ln.Addr().String())
 	for _, l := range more {
 		go func() {
 			if err := s.accept(l); err != nil {
@@ -336,12 +167,8 @@ func (s *Server) Addr() net.Addr {
 // it closes the rest).
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.closing.Store(true)
-	s.stopSweeper()
-	defer s.stopMetrics()
-	s.merges.Close() // nothing merges now: inserts waiting for room are refused
-	defer s.cat.Close()
-	defer s.tier.Close()
-	defer s.background.Close()
+	s.eng.Stop()
+	defer s.eng.Close()
 	s.mu.Lock()
 	if s.ln != nil {
 		s.ln.Close()
@@ -354,15 +181,15 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.mu.Unlock()
 	done := make(chan struct{})
-	go func() { s.connWG.Wait(); s.tier.ReleaseLeases(ctx, s.opts.Dialer.Dial); close(done) }()
+	go func() { s.connWG.Wait(); s.eng.ReleaseLeases(ctx); close(done) }()
 	select {
 	case <-done:
 		return nil
 	case <-ctx.Done():
-		// A connection may wait on cat.mu behind a catalog read the
+		// A connection may wait on the catalog behind a read the
 		// upstream stopped answering: ending the catalog's context closes
 		// its connection, which ends that read.
-		s.cat.Cancel()
+		s.eng.CancelCatalog()
 		s.mu.Lock()
 		for c := range s.conns {
 			c.forceClose()
@@ -381,26 +208,11 @@ func (s *Server) Ready(ctx context.Context) error {
 	if s.closing.Load() {
 		return errors.New("shutting down")
 	}
-	up, err := s.opts.Dialer.Dial(ctx)
-	if err != nil {
-		return err
-	}
-	if err := up.Close(); err != nil {
-		return err
-	}
-	if _, err := s.cat.Fresh(); err != nil {
-		return err
-	}
-	return nil
+	return s.eng.Ready(ctx)
 }
 
 // OpenCursors is the number of rewritten-read cursors the proxy tracks.
-func (s *Server) OpenCursors() int { return s.cursors.Len() }
+func (s *Server) OpenCursors() int { return s.eng.OpenCursors() }
 
 // Connections is the number of open client connections.
 func (s *Server) Connections() int { return int(s.numConns.Load()) }
-
-// backgroundMaxIdle is how many background connections stay open between
-// rounds: the rules' rounds start at random points of their second, so a few
-// serve them all.
-const backgroundMaxIdle = 4

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/upstream"
 )
 
@@ -41,26 +40,5 @@ func TestShutdownBeforeServe(t *testing.T) {
 	if c, err := net.DialTimeout("tcp", ln.Addr().String(), time.Second); err == nil {
 		c.Close()
 		t.Fatal("listener still accepts after Shutdown")
-	}
-}
-
-// TestIDIndexCacheBound: the kept indexes stay within their bound, the
-// oldest go first, and nil forgets.
-func TestIDIndexCacheBound(t *testing.T) {
-	c := newIDIndexCache()
-	big := maxIDIndexCacheBytes / 3
-	for _, ns := range []string{"a", "b", "c", "d"} {
-		c.Put(ns, &bucket.IDIndexSnapshot{V: 1, Bytes: big})
-	}
-	if c.Get("a") != nil || c.Get("d") == nil || c.bytes > maxIDIndexCacheBytes {
-		t.Fatalf("after 4 puts of a third: a=%v d=%v bytes=%d", c.Get("a"), c.Get("d"), c.bytes)
-	}
-	c.Put("d", nil)
-	if c.Get("d") != nil || c.bytes != 2*big {
-		t.Fatalf("after forgetting d: %v, %d bytes", c.Get("d"), c.bytes)
-	}
-	c.Put("huge", &bucket.IDIndexSnapshot{Bytes: maxIDIndexCacheBytes + 1})
-	if c.Get("huge") != nil {
-		t.Fatal("kept an index past the bound")
 	}
 }

@@ -51,7 +51,7 @@ func TestRestartedGuestsStaging(t *testing.T) {
 	time.Sleep(10 * time.Millisecond) // the next run's generation is later
 	// ... and comes back on the same address, and stages again.
 	s1b, addr1b := startWireProxy(t, stagedWireRule, uri, named("host/p1"))
-	t.Logf("first run since %d, second run since %d", s1a.tier.Since(), s1b.tier.Since())
+	t.Logf("first run since %d, second run since %d", s1a.eng.Tier().Since(), s1b.eng.Tier().Since())
 	c1b := dialWire(t, addr1b)
 	wireInsert(t, c1b, ev(6))
 

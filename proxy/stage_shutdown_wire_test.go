@@ -16,7 +16,7 @@ import (
 func TestShutdownWithInsertWaitingForRoom(t *testing.T) {
 	s, addr := startWireProxy(t, stagedWireRule+"    maxStaged: 1000\n", "", nil)
 	// The merges are behind (here: stopped, as Shutdown stops them first).
-	s.stopSweeper()
+	s.eng.StopLoops()
 	c := dialWire(t, addr)
 	t0 := time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC)
 	docs := bson.A{}

@@ -16,22 +16,22 @@ type Stats struct {
 // carried more than one client's staged insert, and the client inserts
 // that rode along in one another led.
 func (s *Server) SharedInserts() (inserts, riders int64) {
-	return s.tier.SharedInserts()
+	return s.eng.SharedInserts()
 }
 
 // BackgroundConns is the number of upstream connections of the proxy's
 // background work (merges, retention) open now, in use or kept between
 // rounds: the proxy's own, which outlive its clients.
-func (s *Server) BackgroundConns() int { return s.background.Open() }
+func (s *Server) BackgroundConns() int { return s.eng.BackgroundConns() }
 
 // Stats returns the current counts.
 func (s *Server) Stats() Stats {
-	st := Stats{Cursors: s.cursors.Len()}
+	st := Stats{Cursors: s.eng.OpenCursors()}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st.ClientConns = len(s.conns)
 	for c := range s.conns {
-		if c.upRef.Load() != nil && !c.closed.Load() {
+		if c.h.HasUpstream() && !c.closed.Load() {
 			st.UpstreamConns++
 		}
 	}
@@ -40,4 +40,4 @@ func (s *Server) Stats() Stats {
 
 // ReadySpares is how many spare staging collections the proxy holds
 // cleaned, for an insert to take.
-func (s *Server) ReadySpares() int { return s.tier.ReadySpares() }
+func (s *Server) ReadySpares() int { return s.eng.ReadySpares() }

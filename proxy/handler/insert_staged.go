@@ -1,0 +1,130 @@
+package handler
+
+import (
+	"time"
+
+	"github.com/tsproxy/tsproxy/proxy/tier"
+	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+	"github.com/tsproxy/tsproxy/rewrite/insert"
+	"github.com/tsproxy/tsproxy/rewrite/layout"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rewrite/stage"
+	"github.com/tsproxy/tsproxy/rules"
+	"go.mongodb.org/mongo-driver/v2/bson"
+)
+
+func (c *Conn) stagedRule(rule *rules.Rule) (bool, caps.Upstream, error) {
+	caps, err := c.upstreamCaps()
+	if err != nil {
+		return false, caps, err
+	}
+	return rule.Staged(caps.StagesEvents()), caps, nil
+}
+
+// stagedInsert stores an insert's events in the rule's staging tier: no
+// key lock, no fills, no update, and no writer lease. On an upstream
+// whose rename changes only its catalog (FerretDB) the proxy inserts
+// into staging collections of its own (stage.Stager), which only it
+// freezes while it runs, holding its own inserts off: another proxy's
+// insert that looked a staging collection up before a merge renamed it
+// would commit into the renamed collection after the merge read it, and
+// be lost (TestStageThreeProxies found 51 of 22,926 events so on the
+// stock ferretdb command, when the proxies shared staging collections).
+// Before its first insert into a rule, and then every half lease, it
+// announces that it runs (lease.Presence): the holder of the rule's
+// writer lease takes its collections over once that lapsed.
+func (c *Conn) stagedInsert(req *request, rule *rules.Rule) error {
+	caps, err := c.upstreamCaps()
+	if err != nil {
+		return err
+	}
+	// Before the announcement: a rule's first Stager makes its format
+	// record before it leaves any trace of staging it.
+	format := c.s.tier.StagingFormat(c.up, rule)
+	if err := c.s.tier.AnnounceStaging(c, rule, caps); err != nil {
+		return err
+	}
+	cmd := commandOf(req)
+	identity, err := c.identity()
+	if err != nil {
+		return err
+	}
+	prepared, err := prepareStaged(cmd, rule)
+	c.ensureLifecycle(rule)
+	if err == nil {
+		// Backpressure: wait for room in staging (before the insert holds
+		// off the freeze that makes it).
+		if _, full := c.s.merges.Admit(rule, waitDeadline(req, stagedWait)); full != nil {
+			code := mongoerr.MaxTimeMSExpired
+			if full == tier.ErrShuttingDown {
+				code = mongoerr.InterruptedAtShutdown
+			}
+			return c.replyError(req, code, full.Error())
+		}
+	}
+	// Held from the generation read to the reply: a freeze of this
+	// proxy's collections (which moves it on) waits for it.
+	inflight := c.s.merges.Inserts(rule.Namespace)
+	inflight.RLock()
+	var p rewrite.Plan
+	// An upstream that keeps no session state (no stmtIds: FerretDB)
+	// takes concurrent clients' staged inserts as one.
+	env := stage.InsertEnv{Identity: identity, NewObjectID: bson.NewObjectID,
+		Combinable: !caps.StmtIDs, Stager: c.s.tier.Stager(rule, caps), Retry: req.retry, Format: format}
+	if rule.Layout == rules.LayoutSlots {
+		env.Stamp = c.s.tier.Stamp // the last write of a slot wins
+	}
+	planned := err == nil
+	if planned {
+		p = stage.Insert(cmd, prepared, env)
+	} else {
+		p = rewrite.Fail(mongoerr.Errorf(mongoerr.FailedToParse, "%s", err.Error()))
+	}
+	res, err := c.runPlan(req, rule, routeRewrite, p)
+	if err == nil && planned && c.s.tier.MendOrphanedStaging(c, rule, caps, res.Reply, inflight) {
+		env.Stager = c.s.tier.Stager(rule, caps)
+		res, err = c.runPlan(req, rule, routeRewrite, stage.Insert(cmd, prepared, env))
+		if err == nil {
+			c.s.tier.LogOrphanedIndex(c, rule, res.Reply)
+		}
+	}
+	if err == nil && mongoerr.IsOK(res.Reply) {
+		n, _ := bson.Raw(res.Reply).Lookup("n").AsInt64OK()
+		// Its rollups count these events when they are merged
+		// (stage.Merge), not here. Counted before the insert lets a
+		// freeze go: a count after it (once the client had its reply)
+		// could land after a freeze that took the events and reset the
+		// backlog, and leave it counting events nothing staged, which
+		// no freeze then reset: every later insert waited for room.
+		c.s.merges.Staged(rule, n)
+	}
+	inflight.RUnlock()
+	if err == nil {
+		err = c.answer(req, rule, res)
+	}
+	return err
+}
+
+// prepareStaged validates and prepares the events of an insert into a
+// staged rule, with its layout's checks.
+func prepareStaged(cmd rewrite.Command, rule *rules.Rule) (*insert.Prepared, error) {
+	if rule.Layout != rules.LayoutEvents {
+		return layout.PrepareStaged(cmd, rule, bson.NewObjectID)
+	}
+	return insert.Prepare(cmd, rule, bson.NewObjectID)
+}
+
+// stagedWait is how long a staged insert without maxTimeMS waits for
+// room in staging (rules.Rule.MaxStaged) before it fails.
+const stagedWait = time.Minute
+
+// waitDeadline is when req stops waiting (for room in staging, for a
+// writer lease): after its maxTimeMS when it has one above zero, else
+// after fallback.
+func waitDeadline(req *request, fallback time.Duration) time.Time {
+	if ms, ok := bson.Raw(req.msg.Body).Lookup("maxTimeMS").AsInt64OK(); ok && ms > 0 {
+		return time.Now().Add(time.Duration(ms) * time.Millisecond)
+	}
+	return time.Now().Add(fallback)
+}

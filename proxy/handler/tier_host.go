@@ -1,0 +1,43 @@
+package handler
+
+import (
+	"github.com/tsproxy/tsproxy/proxy/exec"
+	"github.com/tsproxy/tsproxy/proxy/tier/lease"
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+	"github.com/tsproxy/tsproxy/rewrite/read"
+	"github.com/tsproxy/tsproxy/rules"
+	"github.com/tsproxy/tsproxy/upstream"
+)
+
+// tierHost is what the staging tier asks of the Server (tier.Host).
+type tierHost struct{ s *Engine }
+
+func (h tierHost) CapsOn(up *upstream.Conn) (caps.Upstream, error) { return h.s.upstreamCapsOn(up) }
+
+func (h tierHost) RoutesRule(rule *rules.Rule) bool { return h.s.routesRule(rule) }
+
+func (h tierHost) ServedHere(rule *rules.Rule) bool { return h.s.servedHere(rule) }
+
+func (h tierHost) EnsureBucketIndex(r exec.Runner, rule *rules.Rule, caps caps.Upstream) error {
+	return h.s.ensureIndexOn(r, rule, rule.BucketCollection, bucketIndexFailure, caps)
+}
+
+func (h tierHost) IDLookupCost(up lease.Commander, rule *rules.Rule, caps caps.Upstream) read.IDLookupCost {
+	return h.s.idLookupCost(up, h.s.log, rule, caps)
+}
+
+func (h tierHost) LockBuckets(bucketNS string, keys []bucket.Key) func() {
+	l := h.s.state.bucketCache().Lock(bucketNS, keys)
+	return func() {
+		l.ForgetAll() // the direct path's fills of these keys changed
+		l.Unlock()
+	}
+}
+
+func (h tierHost) ClaimShells(bucketNS string, keys []bucket.Key) []bucket.Key {
+	return h.s.shells.claim(bucketNS, keys)
+}
+
+// Upstream is the client's upstream connection (tier.Client).
+func (c *Conn) Upstream() *upstream.Conn { return c.up }
