@@ -1,17 +1,12 @@
 package handler
 
 import (
-	"context"
-	"crypto/rand"
 	"fmt"
 	"time"
 
-	"github.com/tsproxy/tsproxy/proxy/catalog"
 	"github.com/tsproxy/tsproxy/proxy/exec"
-	"github.com/tsproxy/tsproxy/rewrite/admin"
 	"github.com/tsproxy/tsproxy/rewrite/fanout"
 	"github.com/tsproxy/tsproxy/rewrite/insert"
-	"github.com/tsproxy/tsproxy/upstream"
 
 	"github.com/tsproxy/tsproxy/rewrite/caps"
 
@@ -147,8 +142,7 @@ func (c *Conn) roundTripBody(frame []byte) ([]byte, error) {
 // (upstreamState.writeSlots).
 func (c *Conn) roundTripInSlot(frame []byte, slotted bool) ([]byte, error) {
 	if slotted {
-		c.s.state.writeSlots <- struct{}{}
-		defer func() { <-c.s.state.writeSlots }()
+		defer c.s.abilities.Slot()()
 	}
 	return c.roundTripBody(frame)
 }
@@ -197,66 +191,5 @@ func commandOf(req *request) rewrite.Command {
 // upstreamCaps detects once what the upstream supports, on this client's
 // connection (so with its privileges: buildInfo needs none on MongoDB).
 func (c *Conn) upstreamCaps() (caps.Upstream, error) {
-	return c.s.upstreamCapsOn(c.up)
-}
-
-// upstreamCapsOn is what the upstream can do, detected once (buildInfo on
-// up) and then known for the proxy's life.
-func (s *Engine) upstreamCapsOn(up *upstream.Conn) (caps.Upstream, error) {
-	st := s.state
-	st.mu.Lock()
-	if st.caps != nil {
-		caps := *st.caps
-		st.mu.Unlock()
-		return caps, nil
-	}
-	st.mu.Unlock()
-	reply, err := exec.CommandDoc(up, bson.D{{Key: "buildInfo", Value: 1}, {Key: "$db", Value: "admin"}})
-	if err != nil {
-		return caps.Upstream{}, err
-	}
-	if r := upstream.RefusalOf(reply); r != nil {
-		// Not cached: an error reply says nothing of what the upstream is.
-		return caps.Upstream{}, fmt.Errorf("upstream capabilities: buildInfo: %w", r)
-	}
-	caps := caps.Detect(reply)
-	if caps.StmtIDs && !s.probeRetryableWrites() {
-		caps = caps.WithoutRetryableWrites()
-	}
-	st.mu.Lock()
-	st.caps = &caps
-	st.mu.Unlock()
-	s.log.Info("upstream capabilities detected", "caps", fmt.Sprintf("%+v", caps))
-	return caps, nil
-}
-
-// probeRetryableWrites says whether the upstream keeps retryable writes
-// with stmtIds (admin.RetryableWritesProbe), on a connection of the
-// proxy's own: servers that claim MongoDB's version may not (FerretDB
-// 2.x refuses stmtIds). A probe that cannot run says yes, as the
-// upstream's buildInfo does, and is logged.
-func (s *Engine) probeRetryableWrites() bool {
-	up, err := s.background.Take(context.Background())
-	if err != nil {
-		s.log.Warn("retryable writes not probed: no upstream connection; taken as kept", "err", err.Error())
-		return true
-	}
-	var lsid [16]byte
-	_, _ = rand.Read(lsid[:])
-	res, err := exec.Drive(exec.OnConn{Up: up}, admin.RetryableWritesProbe(rules.CatalogDB, "tsproxy_probe_"+catalog.NewNonce(), lsid))
-	if err != nil {
-		s.background.Discard(up)
-		s.log.Warn("retryable writes not probed; taken as kept", "err", err.Error())
-		return true
-	}
-	s.background.Put(up)
-	retryable, err := admin.Retryable(res.Reply)
-	if err != nil {
-		s.log.Warn("retryable writes not probed; taken as kept", "err", err.Error())
-		return true
-	}
-	if !retryable {
-		s.log.Info("the upstream does not keep retryable writes with stmtIds: the proxy numbers no statements")
-	}
-	return retryable
+	return c.s.abilities.Caps(c.up)
 }

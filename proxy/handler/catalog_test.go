@@ -5,7 +5,6 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/wire"
 )
 
@@ -36,14 +35,5 @@ func TestRequestNamespace(t *testing.T) {
 		if ns != c.ns || named != c.named {
 			t.Errorf("%s: %q %v, want %q %v", c.req.name, ns, named, c.ns, c.named)
 		}
-	}
-}
-
-func TestLoopFingerprint(t *testing.T) {
-	r := rules.NewCreatedRule(rules.Created{DB: "db", Collection: "w", TimeField: "t", SpanSeconds: 3600})
-	same := r
-	longer := rules.NewCreatedRule(rules.Created{DB: "db", Collection: "w", TimeField: "t", SpanSeconds: 3600, ExpireAfterSeconds: 60})
-	if loopFingerprint(&r) != loopFingerprint(&same) || loopFingerprint(&r) == loopFingerprint(&longer) {
-		t.Fatal("a rule's loops restart when, and only when, what they run by changes")
 	}
 }

@@ -57,7 +57,7 @@ type heldLocks struct {
 
 // lock takes the locks of keys of the bucket namespace ns.
 func (h *heldLocks) lock(ns string, keys []bucket.Key) *fills.Locked {
-	l := h.c.s.state.bucketCache().Lock(ns, keys)
+	l := h.c.s.fills.Lock(ns, keys)
 	h.c.s.tier.Directories().Wrote(ns) // under the keys' locks, before the write
 	h.held = append(h.held, l)
 	return l

@@ -132,14 +132,14 @@ func (c *Conn) runStepAsIs(step rewrite.Step) ([][]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		body, err := c.roundTripInSlot(frame, step[0].Update && c.slotsUpdates())
+		body, err := c.roundTripInSlot(frame, step[0].Update && c.s.abilities.SlotsUpdates())
 		if err != nil {
 			return nil, err
 		}
 		return [][]byte{body}, nil
 	}
 	for _, u := range step {
-		if u.Update && c.slotsUpdates() {
+		if u.Update && c.s.abilities.SlotsUpdates() {
 			// Slotted updates are sent one by one, each in its slot.
 			return c.runEach(step)
 		}
@@ -157,14 +157,6 @@ func (c *Conn) runEach(step rewrite.Step) ([][]byte, error) {
 		out = append(out, replies[0])
 	}
 	return out, nil
-}
-
-// slotsUpdates says whether the upstream's updates hold write slots.
-func (c *Conn) slotsUpdates() bool {
-	st := c.s.state
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return st.caps != nil && st.caps.MaxUpdateStatements > 0
 }
 
 // upstreamFrame frames u in the connection's out buffer; the frame is

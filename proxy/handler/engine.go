@@ -12,9 +12,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tsproxy/tsproxy/proxy/abilities"
 	"github.com/tsproxy/tsproxy/proxy/catalog"
 	"github.com/tsproxy/tsproxy/proxy/cursors"
 	"github.com/tsproxy/tsproxy/proxy/exec"
+	"github.com/tsproxy/tsproxy/proxy/fills"
+	"github.com/tsproxy/tsproxy/proxy/loops"
 	"github.com/tsproxy/tsproxy/proxy/retention"
 	"github.com/tsproxy/tsproxy/proxy/tier"
 	"github.com/tsproxy/tsproxy/rewrite/caps"
@@ -113,12 +116,14 @@ type Engine struct {
 	tel  *telemetry.Instruments
 	// stopMetrics ends the staging figures' reports on the global meter.
 	stopMetrics func() error
-	state       *upstreamState
+	abilities   *abilities.Upstream // what the upstream can do, learned once
+	fills       *fills.Cache        // the open buckets' fills
 	cursors     *cursors.Registry
 	replies     *replycache.Cache
 	life        *lifecycleState
 	retention   *retention.Retainer
-	leases      *lease.Set // writer leases (package lease)
+	loops       *loops.Loops // the rules' background loops, from Start to Stop
+	leases      *lease.Set   // writer leases (package lease)
 	tier        *tier.Tier
 	merges      *tier.State // tier.State(), used on every staged insert
 	once        *onceSteps
@@ -136,8 +141,6 @@ type Engine struct {
 	// process, as a mongos behind a balancer has.
 	serviceID bson.ObjectID
 
-	mu      sync.Mutex
-	sweep   *sweeper // the background loops, from Start to Stop
 	closing atomic.Bool
 }
 
@@ -188,7 +191,7 @@ func NewEngine(opts Options) (*Engine, error) {
 		opts:       opts,
 		log:        opts.Logger,
 		tel:        tel,
-		state:      newUpstreamState(),
+		fills:      fills.New(fills.DefaultSize),
 		cursors:    cursors.New(opts.MaxCursors, opts.CursorTTL),
 		replies:    replycache.New(opts.RetryCacheSize, opts.RetryCacheTTL),
 		life:       newLifecycleState(),
@@ -200,13 +203,15 @@ func NewEngine(opts Options) (*Engine, error) {
 		serviceID:  bson.NewObjectID(),
 		background: exec.NewPool(opts.Dialer.Dial, backgroundMaxIdle),
 	}
+	s.abilities = abilities.New(s.background, s.log, opts.IndexIDs != nil)
 	s.tier = tier.New(tier.Config{Host: tierHost{s}, Log: s.log, Leases: s.leases, Presence: lease.NewPresence(opts.WriterLease),
 		Helpers: exec.NewPool(opts.Dialer.Dial, exec.HelperMaxIdle), Background: s.background,
 		StagedMemory: opts.StagedMemory, DropOrphanedTable: opts.DropOrphanedTable})
 	s.merges = s.tier.State()
+	s.retention = retention.New(retentionHost{s}, s.log)
+	s.loops = s.newLoops()
 	s.cat = catalog.New(catalog.Config{Pool: s.background, Log: s.log, Rules: opts.Rules, OnRules: s.syncLoops,
 		Lease: opts.CatalogLease, Timeout: opts.CatalogTimeout, Mode: opts.CreateTimeseries})
-	s.retention = retention.New(retentionHost{s}, s.log)
 	stop, err := telemetry.ObserveStaging(s.merges.Snapshot)
 	if err != nil {
 		return nil, fmt.Errorf("proxy: telemetry: %w", err)
@@ -229,14 +234,14 @@ func (s *Engine) Start(addr string) {
 	if s.opts.WriterID == "" {
 		s.leases.SetIdentity(addr)
 	}
-	s.startSweeper()
+	s.loops.Start(s.rules())
 }
 
 // Stop is the first step of a shutdown: the background loops stop and
 // nothing merges now (inserts waiting for room in staging are refused).
 func (s *Engine) Stop() {
 	s.closing.Store(true)
-	s.stopSweeper()
+	s.loops.Stop()
 	s.merges.Close()
 }
 
@@ -305,8 +310,8 @@ func (c *Conn) TrackedCursors() int { return len(c.cursors) }
 func (s *Engine) Tier() *tier.Tier { return s.tier }
 
 // CapsOn is what the upstream supports, detected on up once.
-func (s *Engine) CapsOn(up *upstream.Conn) (caps.Upstream, error) { return s.upstreamCapsOn(up) }
+func (s *Engine) CapsOn(up *upstream.Conn) (caps.Upstream, error) { return s.abilities.Caps(up) }
 
 // StopLoops stops the background loops (merges, retention) and waits for
 // them; Stop does it first.
-func (s *Engine) StopLoops() { s.stopSweeper() }
+func (s *Engine) StopLoops() { s.loops.Stop() }

@@ -70,7 +70,7 @@ func (o *onceSteps) forget(ns string) {
 // the shells it preallocated.
 func (s *Engine) forgetNamespace(ns string) {
 	s.once.forget(ns)
-	s.state.forgetBuckets(ns)
+	s.fills.Forget(ns)
 	s.tier.Directories().Wrote(ns)
 	s.shells.forget(ns)
 	s.idIndexOff.Delete(ns)

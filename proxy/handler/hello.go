@@ -39,7 +39,7 @@ func (c *Conn) handleHello(req *request) error {
 		// the commands that follow fail at once with the upstream error,
 		// instead of each waiting out server selection.
 		c.log.Warn("upstream unreachable; answering hello alone", "err", err.Error())
-		reply := hello.RouterHello(req.name != "hello", c.s.state.helloLimits(), time.Now().UnixMilli(), opts)
+		reply := hello.RouterHello(req.name != "hello", c.s.abilities.HelloLimits(), time.Now().UnixMilli(), opts)
 		return c.replyBody(req, c.capHelloLimits(reply))
 	}
 	frame := wire.AppendMsg(c.outBuf[:0], req.h.RequestID, 0, 0, hs.Body)
@@ -55,7 +55,7 @@ func (c *Conn) handleHello(req *request) error {
 	if err := m.Decode(rf); err != nil {
 		return fmt.Errorf("upstream hello reply: %w", err)
 	}
-	c.s.state.rememberHello(bson.Raw(m.Body))
+	c.s.abilities.RememberHello(bson.Raw(m.Body))
 	reply, err := hello.Reply(m.Body, opts)
 	if err != nil {
 		return fmt.Errorf("upstream hello reply: %w", err)
@@ -75,12 +75,4 @@ func (c *Conn) replyUpstreamDown(req *request, err error) error {
 func (c *Conn) replyError(req *request, code mongoerr.Code, msg string) error {
 	c.s.tel.ErrorSeen(code.Name())
 	return c.replyBody(req, mongoerr.ReplyNamed(code, "", msg))
-}
-
-// routerLimits is what a synthetic hello says before any upstream hello
-// was seen: MongoDB 7.0's values (what FerretDB 1.24 also reports).
-var defaultLimits = hello.RouterHelloLimits{
-	MinWireVersion: 0, MaxWireVersion: 21,
-	MaxBSONObjectSize: 16 * 1024 * 1024, MaxMessageSizeBytes: 48_000_000,
-	MaxWriteBatchSize: 100_000, LogicalSessionTimeoutMinutes: 30,
 }

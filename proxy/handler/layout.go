@@ -36,7 +36,7 @@ func (c *Conn) layoutInsert(req *request, rule *rules.Rule) error {
 	if err != nil {
 		return c.refuseBeforeWrite(req, rule, err, c.replyRewriteError)
 	}
-	locked := c.s.state.bucketCache().Lock(rule.BucketNamespace(), keys)
+	locked := c.s.fills.Lock(rule.BucketNamespace(), keys)
 	c.s.tier.Directories().Wrote(rule.BucketNamespace())
 	defer locked.Unlock()
 	// A write id this proxy has not seen may also be a retry of a write

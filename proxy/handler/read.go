@@ -2,13 +2,10 @@ package handler
 
 import (
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
-	"strings"
 
 	"github.com/tsproxy/tsproxy/proxy/cursors"
 	"github.com/tsproxy/tsproxy/proxy/exec"
-	"github.com/tsproxy/tsproxy/proxy/tier/lease"
 
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/admin"
@@ -187,79 +184,5 @@ func (c *Conn) rewriteListCollections(req *request) error {
 // unless the proxy added the index SQLite can use (the embedded
 // upstream). The upstream's plan of a probe tells, once per upstream.
 func (c *Conn) idLookupCost(rule *rules.Rule, caps caps.Upstream) read.IDLookupCost {
-	return c.s.idLookupCost(c.up, c.log, rule, caps)
-}
-
-// idLookupCost is conn.idLookupCost on any upstream connection (a
-// merge's). What a lookup costs is the storage's, not the collection's:
-// where the rule's bucket collection does not exist yet (a rule's first
-// merge), FerretDB explains no plan, and the probe asks about the
-// rule's lease collection, which a merging proxy has made. Without
-// that, a new rule's first merge on the stock command looked each of
-// its buckets up one by one, 172 lookups for 10,000 events of
-// 1-minute slots (tsbench layouts).
-func (s *Engine) idLookupCost(up lease.Commander, log *slog.Logger, rule *rules.Rule, caps caps.Upstream) read.IDLookupCost {
-	if !caps.IDOnlyFilters || s.opts.IndexIDs != nil {
-		return read.IDLookupIndexed
-	}
-	st := s.state
-	st.mu.Lock()
-	known := st.idLookups
-	st.mu.Unlock()
-	if known != nil {
-		return *known
-	}
-	var cost read.IDLookupCost
-	probed := false
-	for _, coll := range []string{rule.BucketCollection, rules.LeaseCollection} {
-		if cost, probed = probeIDLookup(up, rule.DB, coll); probed {
-			break
-		}
-	}
-	if !probed {
-		return read.IDLookupIndexed // asked again on the next read or merge
-	}
-	st.mu.Lock()
-	st.idLookups = &cost
-	st.mu.Unlock()
-	log.Info("upstream lookups by _id probed", "rule", rule.Namespace, "cost", int(cost))
-	return cost
-}
-
-// probeIDLookup explains a find by _id on db.coll; false when the
-// upstream gives no plan (no such collection) or refuses.
-func probeIDLookup(up lease.Commander, db, coll string) (read.IDLookupCost, bool) {
-	reply, err := exec.CommandDoc(up, bson.D{
-		{Key: "explain", Value: bson.D{{Key: "find", Value: coll}, {Key: "filter", Value: bson.D{{Key: "_id", Value: bson.NilObjectID}}}}},
-		{Key: "$db", Value: db},
-	})
-	if err != nil || upstream.RefusalOf(reply) != nil {
-		return read.IDLookupIndexed, false
-	}
-	plan, _ := reply.Lookup("queryPlanner").DocumentOK()
-	if elems, _ := plan.Elements(); len(elems) == 0 {
-		return read.IDLookupIndexed, false
-	}
-	return lookupCostOf(plan), true
-}
-
-// lookupCostOf reads FerretDB's explain of a find by _id: SQLite's steps
-// name a full scan "SCAN <table>" (and it parses each row's JSON),
-// PostgreSQL's plan is a "Seq Scan" node (whose jsonb filter runs in
-// storage).
-func lookupCostOf(queryPlanner bson.Raw) read.IDLookupCost {
-	switch plan := queryPlanner.Lookup("Plan"); plan.Type {
-	case bson.TypeArray:
-		vals, _ := plan.Array().Values()
-		for _, v := range vals {
-			if s, ok := v.StringValueOK(); ok && strings.Contains(s, "detail=SCAN ") {
-				return read.IDLookupScansParsed
-			}
-		}
-	case bson.TypeEmbeddedDocument:
-		if node, _ := plan.Document().Lookup("Node Type").StringValueOK(); node == "Seq Scan" {
-			return read.IDLookupScansFiltered
-		}
-	}
-	return read.IDLookupIndexed
+	return c.s.abilities.IDLookupCost(c.up, rule, caps)
 }

@@ -13,7 +13,7 @@ import (
 // tierHost is what the staging tier asks of the Server (tier.Host).
 type tierHost struct{ s *Engine }
 
-func (h tierHost) CapsOn(up *upstream.Conn) (caps.Upstream, error) { return h.s.upstreamCapsOn(up) }
+func (h tierHost) CapsOn(up *upstream.Conn) (caps.Upstream, error) { return h.s.abilities.Caps(up) }
 
 func (h tierHost) RoutesRule(rule *rules.Rule) bool { return h.s.routesRule(rule) }
 
@@ -24,11 +24,11 @@ func (h tierHost) EnsureBucketIndex(r exec.Runner, rule *rules.Rule, caps caps.U
 }
 
 func (h tierHost) IDLookupCost(up lease.Commander, rule *rules.Rule, caps caps.Upstream) read.IDLookupCost {
-	return h.s.idLookupCost(up, h.s.log, rule, caps)
+	return h.s.abilities.IDLookupCost(up, rule, caps)
 }
 
 func (h tierHost) LockBuckets(bucketNS string, keys []bucket.Key) func() {
-	l := h.s.state.bucketCache().Lock(bucketNS, keys)
+	l := h.s.fills.Lock(bucketNS, keys)
 	return func() {
 		l.ForgetAll() // the direct path's fills of these keys changed
 		l.Unlock()

@@ -7,15 +7,15 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/tsproxy/tsproxy/proxy/exec"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/upstream"
 )
 
-// Commander runs one command upstream (an *upstream.Conn).
-type Commander interface {
-	Command(cmd any) (bson.Raw, error)
-}
+// Commander runs one command upstream (an *upstream.Conn), through
+// proxy/exec.
+type Commander = exec.Commander
 
 // Client runs the lease commands of one namespace on one upstream
 // connection.
@@ -220,7 +220,7 @@ func (c Client) upsertByID(id string, set bson.D) error {
 // run sends cmd to the lease database and returns the reply, or the
 // upstream's refusal as an error.
 func (c Client) run(cmd bson.D) (bson.Raw, error) {
-	reply, err := c.Up.Command(append(cmd, bson.E{Key: "$db", Value: c.DB}))
+	reply, err := exec.CommandDoc(c.Up, append(cmd, bson.E{Key: "$db", Value: c.DB}))
 	if err != nil {
 		return nil, err
 	}

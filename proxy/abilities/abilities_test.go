@@ -1,4 +1,4 @@
-package handler
+package abilities
 
 import (
 	"log/slog"
@@ -71,15 +71,15 @@ func TestIDLookupCostBeforeTheFirstBucket(t *testing.T) {
 		{"lease collection", map[string]bool{rules.LeaseCollection: true}, read.IDLookupScansParsed, true, []string{"m.buckets", rules.LeaseCollection}},
 		{"neither: asked again later", nil, read.IDLookupIndexed, false, []string{"m.buckets", rules.LeaseCollection}},
 	} {
-		s := &Engine{state: newUpstreamState(), log: slog.New(slog.DiscardHandler)}
+		s := New(nil, slog.New(slog.DiscardHandler), false)
 		up := &explainReplies{exists: c.exists}
-		if got := s.idLookupCost(up, s.log, rule, ferret); got != c.want {
+		if got := s.IDLookupCost(up, rule, ferret); got != c.want {
 			t.Errorf("%s: %v, want %v", c.name, got, c.want)
 		}
 		if !slices.Equal(up.asked, c.asked) {
 			t.Errorf("%s: explained %v, want %v", c.name, up.asked, c.asked)
 		}
-		if kept := s.state.idLookups != nil; kept != c.kept {
+		if kept := s.idLookups != nil; kept != c.kept {
 			t.Errorf("%s: kept %v, want %v", c.name, kept, c.kept)
 		}
 	}
