@@ -16,6 +16,7 @@ import (
 
 	"github.com/tsproxy/tsproxy/proxy/catalog"
 	"github.com/tsproxy/tsproxy/proxy/exec"
+	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/admin"
 	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rewrite/hello"
@@ -106,6 +107,9 @@ func (u *Upstream) Caps(up *upstream.Conn) (caps.Upstream, error) {
 	if caps.StmtIDs && !u.probeRetryableWrites() {
 		caps = caps.WithoutRetryableWrites()
 	}
+	if caps.FullAggregation && !u.probeExactSums() {
+		caps.FullAggregation = false
+	}
 	st.mu.Lock()
 	st.caps = &caps
 	st.mu.Unlock()
@@ -114,34 +118,52 @@ func (u *Upstream) Caps(up *upstream.Conn) (caps.Upstream, error) {
 }
 
 // probeRetryableWrites says whether the upstream keeps retryable writes
-// with stmtIds (admin.RetryableWritesProbe), on a connection of the
-// proxy's own: servers that claim MongoDB's version may not (FerretDB
-// 2.x refuses stmtIds). A probe that cannot run says yes, as the
-// upstream's buildInfo does, and is logged.
+// with stmtIds (admin.RetryableWritesProbe): servers that claim MongoDB's
+// version may not (FerretDB 2.x refuses stmtIds).
 func (u *Upstream) probeRetryableWrites() bool {
-	up, err := u.pool.Take(context.Background())
-	if err != nil {
-		u.log.Warn("retryable writes not probed: no upstream connection; taken as kept", "err", err.Error())
-		return true
-	}
 	var lsid [16]byte
 	_, _ = rand.Read(lsid[:])
-	res, err := exec.Drive(exec.OnConn{Up: up}, admin.RetryableWritesProbe(rules.CatalogDB, "tsproxy_probe_"+catalog.NewNonce(), lsid))
+	kept := u.probe("retryable writes", admin.RetryableWritesProbe(rules.CatalogDB, "tsproxy_probe_"+catalog.NewNonce(), lsid), admin.Retryable)
+	if !kept {
+		u.log.Info("the upstream does not keep retryable writes with stmtIds: the proxy keeps its own records of them")
+	}
+	return kept
+}
+
+// probeExactSums says whether the upstream's $group sums doubles as
+// MongoDB does (admin.ExactSumsProbe); where it does not (DocumentDB),
+// the proxy groups events itself rather than run unwound pipelines
+// upstream.
+func (u *Upstream) probeExactSums() bool {
+	exact := u.probe("exact sums", admin.ExactSumsProbe(rules.CatalogDB, "tsproxy_probe_"+catalog.NewNonce()), admin.Exact)
+	if !exact {
+		u.log.Info("the upstream's $sum and $avg of doubles differ from MongoDB's: the proxy runs aggregations of events itself")
+	}
+	return exact
+}
+
+// probe runs plan on a connection of the proxy's own and reads its
+// answer. A probe that cannot run says yes, as the upstream's buildInfo
+// does, and is logged.
+func (u *Upstream) probe(what string, plan rewrite.Plan, read func([]byte) (bool, error)) bool {
+	up, err := u.pool.Take(context.Background())
+	if err != nil {
+		u.log.Warn(what+" not probed: no upstream connection; taken as MongoDB's", "err", err.Error())
+		return true
+	}
+	res, err := exec.Drive(exec.OnConn{Up: up}, plan)
 	if err != nil {
 		u.pool.Discard(up)
-		u.log.Warn("retryable writes not probed; taken as kept", "err", err.Error())
+		u.log.Warn(what+" not probed; taken as MongoDB's", "err", err.Error())
 		return true
 	}
 	u.pool.Put(up)
-	retryable, err := admin.Retryable(res.Reply)
+	yes, err := read(res.Reply)
 	if err != nil {
-		u.log.Warn("retryable writes not probed; taken as kept", "err", err.Error())
+		u.log.Warn(what+" not probed; taken as MongoDB's", "err", err.Error())
 		return true
 	}
-	if !retryable {
-		u.log.Info("the upstream does not keep retryable writes with stmtIds: the proxy numbers no statements")
-	}
-	return retryable
+	return yes
 }
 
 // probeIDLookup explains a find by _id on db.coll; false when the

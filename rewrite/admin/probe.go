@@ -158,3 +158,66 @@ func probeFlag(reply []byte, key string) (bool, error) {
 	v, _ := bsoncore.Document(reply).Lookup(key).BooleanOK()
 	return v, nil
 }
+
+// ExactSumsProbe is the plan that finds whether the upstream's $group
+// sums and averages doubles as MongoDB does, with compensated summation
+// (0.1 + 0.2 + 0.3 is 0.6 to the last bit, and their $avg
+// 0.19999999999999998): it inserts the three into db.coll, groups them
+// and drops the collection. DocumentDB (FerretDB 2.x) sums naively
+// (0.6000000000000001); where the sums differ the proxy groups the
+// events itself rather than let the upstream run an unwound pipeline.
+// Its reply is {ok: 1, exact: <bool>} (Exact reads it), or {ok: 1,
+// unauthorized: true}.
+func ExactSumsProbe(db, coll string) rewrite.Plan {
+	return rewrite.Script(func(x *rewrite.Exec) (rewrite.Result, error) {
+		docs := bsoncore.NewArrayBuilder()
+		for i, v := range []float64{0.1, 0.2, 0.3} {
+			docs.AppendDocument(bsoncore.NewDocumentBuilder().AppendInt32("_id", int32(i)).AppendDouble("v", v).Build())
+		}
+		insert := bsoncore.NewDocumentBuilder().AppendString("insert", coll).
+			AppendArray("documents", docs.Build()).AppendString("$db", db).Build()
+		inserted, ok := x.One(insert)
+		if !ok {
+			return rewrite.Result{}, rewrite.ErrAborted
+		}
+		if err := mongoerr.ReplyError(inserted); err != nil {
+			if mongoerr.CodeOf(err) == mongoerr.Unauthorized {
+				return flagResult("unauthorized", true), nil
+			}
+			return rewrite.Result{}, fmt.Errorf("tsproxy: probing sums: insert: %w", err)
+		}
+		group := bsoncore.NewDocumentBuilder().AppendString("aggregate", coll).
+			AppendArray("pipeline", bsoncore.NewArrayBuilder().AppendDocument(
+				bsoncore.NewDocumentBuilder().AppendDocument("$group", bsoncore.NewDocumentBuilder().
+					AppendNull("_id").
+					AppendDocument("s", bsoncore.NewDocumentBuilder().AppendString("$sum", "$v").Build()).
+					AppendDocument("a", bsoncore.NewDocumentBuilder().AppendString("$avg", "$v").Build()).
+					Build()).Build()).Build()).
+			AppendDocument("cursor", bsoncore.NewDocumentBuilder().Build()).
+			AppendString("$db", db).Build()
+		grouped, ok := x.One(group)
+		if !ok {
+			return rewrite.Result{}, rewrite.ErrAborted
+		}
+		drop := bsoncore.NewDocumentBuilder().AppendString("drop", coll).AppendString("$db", db).Build()
+		if _, ok := x.One(drop); !ok {
+			return rewrite.Result{}, rewrite.ErrAborted
+		}
+		if err := mongoerr.ReplyError(grouped); err != nil {
+			// An upstream that cannot group runs no unwound $group either.
+			return flagResult("exact", false), nil
+		}
+		batch, _ := bsoncore.Document(grouped).Lookup("cursor", "firstBatch").ArrayOK()
+		vals, _ := batch.Values()
+		if len(vals) != 1 {
+			return flagResult("exact", false), nil
+		}
+		d, _ := vals[0].DocumentOK()
+		s, sok := d.Lookup("s").DoubleOK()
+		a, aok := d.Lookup("a").DoubleOK()
+		return flagResult("exact", sok && aok && s == 0.6 && a == 0.19999999999999998), nil
+	})
+}
+
+// Exact reads an ExactSumsProbe's reply.
+func Exact(reply []byte) (bool, error) { return probeFlag(reply, "exact") }

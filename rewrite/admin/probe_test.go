@@ -127,3 +127,53 @@ func TestRetryableWritesProbe(t *testing.T) {
 		}
 	}
 }
+
+func TestExactSumsProbe(t *testing.T) {
+	ok := bsoncore.NewDocumentBuilder().AppendDouble("ok", 1).Build()
+	grouped := func(s, a float64) []byte {
+		row := bsoncore.NewDocumentBuilder().AppendNull("_id").AppendDouble("s", s).AppendDouble("a", a).Build()
+		return bsoncore.NewDocumentBuilder().AppendDocument("cursor", bsoncore.NewDocumentBuilder().
+			AppendInt64("id", 0).AppendArray("firstBatch", bsoncore.NewArrayBuilder().AppendDocument(row).Build()).Build()).
+			AppendDouble("ok", 1).Build()
+	}
+	refused := func(code int32) []byte {
+		return bsoncore.NewDocumentBuilder().AppendDouble("ok", 0).AppendInt32("code", code).AppendString("errmsg", "no").Build()
+	}
+	for _, c := range []struct {
+		name          string
+		insert, group []byte
+		want          bool
+		err           error
+		commands      []string
+	}{
+		{"compensated (MongoDB)", ok, grouped(0.6, 0.19999999999999998), true, nil, []string{"insert", "aggregate", "drop"}},
+		{"naive (DocumentDB)", ok, grouped(0.6000000000000001, 0.20000000000000004), false, nil, []string{"insert", "aggregate", "drop"}},
+		{"no $group", ok, refused(238), false, nil, []string{"insert", "aggregate", "drop"}},
+		{"no privilege", refused(13), nil, false, ErrProbeUnauthorized, []string{"insert"}},
+	} {
+		p := ExactSumsProbe("tsproxy", "tsproxy_probe_x")
+		var sent []string
+		for {
+			step, done := p.Next()
+			if done {
+				break
+			}
+			name := bsoncore.Document(step[0].Body).Index(0).Key()
+			sent = append(sent, name)
+			reply := ok
+			switch name {
+			case "insert":
+				reply = c.insert
+			case "aggregate":
+				reply = c.group
+			}
+			if err := p.Feed([][]byte{reply}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got, err := Exact(p.Result().Reply)
+		if got != c.want || !errors.Is(err, c.err) || !slices.Equal(sent, c.commands) {
+			t.Errorf("%s: %v, %v, %v; want %v, %v, %v", c.name, got, err, sent, c.want, c.err, c.commands)
+		}
+	}
+}
