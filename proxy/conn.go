@@ -159,11 +159,10 @@ func (c *conn) refuse(msg string) {
 	defer c.forceClose()
 	c.log.Warn("refusing client connection", "reason", msg)
 	_ = c.nc.SetDeadline(time.Now().Add(5 * time.Second))
-	h, frame, err := wire.ReadMessage(c.r, nil, c.s.opts.MaxMessageBytes)
+	h, _, err := wire.ReadMessage(c.r, nil, c.s.opts.MaxMessageBytes)
 	if err != nil {
 		return
 	}
-	_ = frame
 	_ = c.h.Refuse(h, mongoerr.TooManyConnections, msg)
 }
 
