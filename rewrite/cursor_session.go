@@ -7,13 +7,13 @@ import (
 )
 
 // CursorSession is the session a client's command runs in, as the
-// upstream's getMore and killCursors of a cursor that command's plan
-// opened must carry it: lsid, and inside a transaction txnNumber and
-// autocommit too. A server binds a cursor to the session that opened it
-// and refuses to continue it in another or in none (MongoDB; FerretDB 2.x
-// answers Unauthorized "Cursor session id ... is not the same as the
-// operation context's session id (none)"), and the plans build their
-// getMores without the client's fields. Nil: the command has no session.
+// upstream's getMore and killCursors of a cursor opened in it must carry
+// it: lsid, and inside a transaction txnNumber and autocommit too. A
+// server binds a cursor to the session that opened it and refuses to
+// continue it in another or in none (MongoDB; FerretDB 2.x answers
+// Unauthorized "Cursor session id ... is not the same as the operation
+// context's session id (none)"), and the plans build their getMores
+// without the client's fields. Nil: the command has no session.
 type CursorSession []bsoncore.Element
 
 // ReadCursorSession reads the session of a client's command body.
@@ -76,4 +76,98 @@ func (s CursorSession) AddTo(body []byte) ([]byte, bool) {
 		return body, false
 	}
 	return out, true
+}
+
+// CursorSessions gives the getMores and killCursors of one plan's run
+// the session their cursor was opened in: the client's where the plan's
+// own command that opened it carried the client's lsid, or where the
+// cursor was opened before this run (a client's getMore of a rewritten
+// read, whose first command carried the client's fields); none where
+// the plan opened it without a session (the proxy's own scans).
+type CursorSessions struct {
+	session CursorSession
+	opened  map[int64]bool // cursor id → whether its opening command had an lsid
+}
+
+// NewCursorSessions is the sessions of a run for a client's command of
+// body.
+func NewCursorSessions(body []byte) *CursorSessions {
+	return &CursorSessions{session: ReadCursorSession(body)}
+}
+
+// Prepare is step with the session added to each getMore and killCursors
+// that needs it; step itself when none does.
+func (c *CursorSessions) Prepare(step Step) Step {
+	if c == nil || c.session == nil {
+		return step
+	}
+	var out Step
+	for i, u := range step {
+		if id, ok := continuedCursor(u.Body); ok {
+			if had, known := c.opened[id]; known && !had {
+				continue
+			}
+		}
+		body, changed := c.session.AddTo(u.Body)
+		if !changed {
+			continue
+		}
+		if out == nil {
+			out = append(Step(nil), step...)
+		}
+		out[i].Body = body
+	}
+	if out == nil {
+		return step
+	}
+	return out
+}
+
+// Note records the cursors step's commands opened, from their replies.
+func (c *CursorSessions) Note(step Step, replies [][]byte) {
+	if c == nil || c.session == nil {
+		return
+	}
+	for i, u := range step {
+		if i >= len(replies) {
+			return
+		}
+		if _, cont := continuedCursor(u.Body); cont {
+			continue
+		}
+		id, ok := bsoncore.Document(replies[i]).Lookup("cursor", "id").AsInt64OK()
+		if !ok || id == 0 {
+			continue
+		}
+		_, err := bsoncore.Document(u.Body).LookupErr("lsid")
+		if c.opened == nil {
+			c.opened = map[int64]bool{}
+		}
+		c.opened[id] = err == nil
+	}
+}
+
+// continuedCursor is the cursor a getMore or killCursors names (the
+// first of a killCursors' list).
+func continuedCursor(body []byte) (int64, bool) {
+	first, err := bsoncore.Document(body).IndexErr(0)
+	if err != nil {
+		return 0, false
+	}
+	switch first.Key() {
+	case "getMore":
+		return first.Value().AsInt64OK()
+	case "killCursors":
+		ids, ok := bsoncore.Document(body).Lookup("cursors").ArrayOK()
+		if !ok {
+			return 0, true
+		}
+		v, err := ids.IndexErr(0)
+		if err != nil {
+			return 0, true
+		}
+		id, _ := v.AsInt64OK()
+		return id, true
+	}
+	return 0, false
 }

@@ -15,46 +15,25 @@ import (
 // timedRunner runs steps on the connection and adds up the time spent
 // waiting on the upstream, for the command's metrics; it keeps the
 // replies' latest operationTime and $clusterTime for the client's reply.
-// Its getMores and killCursors carry the client's session (session), as
-// the cursors they continue were opened in it.
+// Its getMores and killCursors carry the session their cursor was
+// opened in (sessions).
 type timedRunner struct {
-	c       *Conn
-	session rewrite.CursorSession
-	wait    time.Duration
-	gossip  rewrite.Gossip
+	c        *Conn
+	sessions *rewrite.CursorSessions
+	wait     time.Duration
+	gossip   rewrite.Gossip
 }
 
 func (t *timedRunner) RunStep(step rewrite.Step) ([][]byte, error) {
 	t0 := time.Now()
 	defer func() { t.wait += time.Since(t0) }()
-	if t.session != nil {
-		step = withSession(step, t.session)
-	}
+	step = t.sessions.Prepare(step)
 	replies, err := t.c.RunStep(step)
+	t.sessions.Note(step, replies)
 	for _, r := range replies {
 		t.gossip.Note(r)
 	}
 	return replies, err
-}
-
-// withSession is step with session added to its getMores and
-// killCursors (rewrite.CursorSession); step itself when none changes.
-func withSession(step rewrite.Step, session rewrite.CursorSession) rewrite.Step {
-	var out rewrite.Step
-	for i, u := range step {
-		body, changed := session.AddTo(u.Body)
-		if !changed {
-			continue
-		}
-		if out == nil {
-			out = append(rewrite.Step(nil), step...)
-		}
-		out[i].Body = body
-	}
-	if out == nil {
-		return step
-	}
-	return out
 }
 
 // servePlan runs the plan of req on rule's namespace and answers the
@@ -72,7 +51,7 @@ func (c *Conn) servePlan(req *request, rule *rules.Rule, r route, p rewrite.Plan
 // and killCursors (a cursor over the limit is released and refused).
 func (c *Conn) runPlan(req *request, rule *rules.Rule, r route, p rewrite.Plan) (rewrite.Result, error) {
 	span := c.s.tel.Start(req.name, req.db, r.String(), req.start)
-	tr := &timedRunner{c: c, session: rewrite.ReadCursorSession(req.msg.Body)}
+	tr := &timedRunner{c: c, sessions: rewrite.NewCursorSessions(req.msg.Body)}
 	res, err := exec.Drive(tr, p)
 	c.endAfterReply(span, tr.wait, err)
 	if err != nil {
