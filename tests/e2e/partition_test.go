@@ -383,15 +383,7 @@ func TestPartitionRetention(t *testing.T) {
 	if len(mustGo) < 2 {
 		t.Fatalf("test data should span at least 2 expired months, got %v", mustGo)
 	}
-	wait := 20 * time.Second
-	if env.external {
-		// The partly expired partition's expired buckets go by the
-		// upstream's own TTL index there, whose monitor runs once a
-		// minute (MongoDB's; DocumentDB's is a pg_cron job of the same
-		// period).
-		wait = 150 * time.Second
-	}
-	deadline := time.Now().Add(wait)
+	deadline := time.Now().Add(ttlWait(20 * time.Second))
 	for {
 		parts := partitionNames(t, ctx, db)
 		gone := true

@@ -70,3 +70,15 @@ func upstreamSumsExact(t *testing.T) bool {
 	})
 	return sumsExact.exact
 }
+
+// ttlWait is how long a test waits for expired events to go: within
+// wait where the proxy's sweeper removes them (this run's FerretDBs), or
+// up to 150 s on an external upstream, where a TTL index may remove them
+// and its monitor runs once a minute (MongoDB's; DocumentDB's is a
+// pg_cron job of the same period).
+func ttlWait(wait time.Duration) time.Duration {
+	if env.external {
+		return max(wait, 150*time.Second)
+	}
+	return wait
+}

@@ -157,7 +157,8 @@ func TestTimeseriesOptionsTTLZero(t *testing.T) {
 	if got, want := tsOptions(t, ctx, d, "c"), `{"expireAfterSeconds": {"$numberLong":"0"},"timeseries": {"timeField": "t","metaField": "m","granularity": "seconds","bucketMaxSpanSeconds": {"$numberInt":"3600"}}}`; got != want {
 		t.Fatalf("after collMod: listed %s, want %s", got, want)
 	}
-	deadline := time.Now().Add(30 * time.Second)
+	wait := ttlWait(30 * time.Second)
+	deadline := time.Now().Add(wait)
 	for {
 		old, err := coll.CountDocuments(ctx, bson.D{{Key: "m", Value: "old"}})
 		if err != nil {
@@ -167,7 +168,7 @@ func TestTimeseriesOptionsTTLZero(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("after 30s %d events 10 days old are left with expireAfterSeconds 0", old)
+			t.Fatalf("after %s %d events 10 days old are left with expireAfterSeconds 0", wait, old)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
