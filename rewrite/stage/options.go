@@ -55,7 +55,7 @@ type MergeOptions struct {
 	// merges what is retired. The zero value is the holder's merge.
 	Guest bool
 	// TakeOver: the holder takes over the staging collections of the
-	// proxies whose announcements lapsed (presence.go); it reads them
+	// proxies whose announcements lapsed (PresenceID); it reads them
 	// once a merge, for the owners of the collections it lists.
 	TakeOver bool
 	// RollupStatements bounds the statements of one rollup update, and of
