@@ -85,30 +85,42 @@ func (s CursorSession) AddTo(body []byte) ([]byte, bool) {
 // read, whose first command carried the client's fields); none where
 // the plan opened it without a session (the proxy's own scans).
 type CursorSessions struct {
+	body    []byte // the client's command
+	read    bool   // session is read from body
 	session CursorSession
 	opened  map[int64]bool // cursor id → whether its opening command had an lsid
 }
 
 // NewCursorSessions is the sessions of a run for a client's command of
-// body.
+// body. Nothing is read from body until a command of the run opens or
+// continues a cursor: most runs (inserts) never do.
 func NewCursorSessions(body []byte) *CursorSessions {
-	return &CursorSessions{session: ReadCursorSession(body)}
+	return &CursorSessions{body: body}
+}
+
+func (c *CursorSessions) clientSession() CursorSession {
+	if !c.read {
+		c.session, c.read = ReadCursorSession(c.body), true
+	}
+	return c.session
 }
 
 // Prepare is step with the session added to each getMore and killCursors
 // that needs it; step itself when none does.
 func (c *CursorSessions) Prepare(step Step) Step {
-	if c == nil || c.session == nil {
+	if c == nil {
 		return step
 	}
 	var out Step
 	for i, u := range step {
-		if id, ok := continuedCursor(u.Body); ok {
-			if had, known := c.opened[id]; known && !had {
-				continue
-			}
+		id, cont := continuedCursor(u.Body)
+		if !cont {
+			continue
 		}
-		body, changed := c.session.AddTo(u.Body)
+		if had, known := c.opened[id]; known && !had {
+			continue
+		}
+		body, changed := c.clientSession().AddTo(u.Body)
 		if !changed {
 			continue
 		}
@@ -125,7 +137,7 @@ func (c *CursorSessions) Prepare(step Step) Step {
 
 // Note records the cursors step's commands opened, from their replies.
 func (c *CursorSessions) Note(step Step, replies [][]byte) {
-	if c == nil || c.session == nil {
+	if c == nil {
 		return
 	}
 	for i, u := range step {
@@ -136,7 +148,7 @@ func (c *CursorSessions) Note(step Step, replies [][]byte) {
 			continue
 		}
 		id, ok := bsoncore.Document(replies[i]).Lookup("cursor", "id").AsInt64OK()
-		if !ok || id == 0 {
+		if !ok || id == 0 || c.clientSession() == nil {
 			continue
 		}
 		_, err := bsoncore.Document(u.Body).LookupErr("lsid")
