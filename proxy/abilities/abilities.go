@@ -102,7 +102,7 @@ func (u *Upstream) Caps(up *upstream.Conn) (caps.Upstream, error) {
 		caps = caps.WithoutRetryableWrites()
 	}
 	if caps.FullAggregation && !u.probeExactSums() {
-		caps.FullAggregation = false
+		caps.InexactSums = true
 	}
 	st.mu.Lock()
 	st.caps = &caps

@@ -17,6 +17,12 @@ type Upstream struct {
 	// with stages the proxy cannot translate can run upstream on the
 	// rebuilt events. FerretDB v1.24 cannot.
 	FullAggregation bool
+	// InexactSums: the upstream's $sum and $avg of doubles differ from
+	// MongoDB's compensated summation in the last bits (DocumentDB under
+	// FerretDB 2.x; admin.ExactSumsProbe finds it). The proxy then runs
+	// an aggregation of events in its own engine rather than upstream
+	// after the unwind, even where the upstream runs every stage.
+	InexactSums bool
 	// UnwindKeepsFields: $unwind keeps the other fields of the document
 	// (MongoDB). FerretDB v1.24 keeps only _id and the unwound field, so
 	// there the bucket's meta is looked up by bucket _id, and filters and

@@ -70,7 +70,7 @@ func (a *aggregateRewrite) translate() (*Command, error) {
 		return nil, err
 	}
 	for ; i < len(stages); i++ {
-		if err := a.addStage(i); err == errNeedsFullAggregation && opts.Caps.FullAggregation {
+		if err := a.addStage(i); err == errNeedsFullAggregation && opts.Caps.FullAggregation && !opts.Caps.InexactSums {
 			return a.fullAggregate(), nil
 		} else if err == errNeedsFullAggregation {
 			return nil, a.refusal(i)

@@ -317,6 +317,19 @@ func TestOtherReads(t *testing.T) {
 	if p.MetaPrefetch() != nil {
 		t.Fatal("MongoDB keeps meta through $unwind: no prefetch")
 	}
+	// An upstream whose sums are not MongoDB's (DocumentDB) runs every
+	// stage but is not given the $group: the proxy's engine groups the
+	// events it scans.
+	inexact := rwtest.MongoCaps
+	inexact.InexactSums = true
+	p, err = rdPlan(t, inexact, D{{Key: "aggregate", Value: "readings"}, {Key: "pipeline", Value: A{
+		D{{Key: "$match", Value: D{{Key: "sensorId", Value: "a"}}}}, D{{Key: "$group", Value: D{{Key: "_id", Value: "$v"}}}}}}, {Key: "cursor", Value: D{}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rwtest.JSON(p.Command); strings.Contains(got, "$group") {
+		t.Fatalf("inexact sums: the $group went upstream: %s", got)
+	}
 }
 
 func TestListCollectionsAndAdmin(t *testing.T) {

@@ -95,9 +95,9 @@ func TestTwoProxiesOneSeries(t *testing.T) {
 	sent = append(first, sent...)
 	checkStored(t, readBuckets(t, ctx, db), sent, 100)
 	t.Logf("acknowledged %d events, %d batches refused for the writer lease", len(sent), refused)
-	if env.external {
+	if !leasedWrites(t) {
 		if refused != 0 {
-			t.Fatalf("%d batches refused on an upstream with isolated updates", refused)
+			t.Fatalf("%d batches refused on an upstream with isolated updates and retryable writes", refused)
 		}
 		return
 	}
@@ -147,8 +147,8 @@ func TestTwoProxiesOneSeries(t *testing.T) {
 // another proxy takes it; the old holder, writing again, finds it lost and
 // is refused rather than writing beside the new one.
 func TestWriterLeaseLapses(t *testing.T) {
-	if env.external {
-		t.Skip("writer leases are taken only on upstreams whose updates are not isolated")
+	if !leasedWrites(t) {
+		t.Skip("writer leases are taken only on upstreams whose updates are not isolated or that keep no retryable writes")
 	}
 	t.Parallel()
 	db := uniqueDB(t)
@@ -236,11 +236,11 @@ func TestTwoProxiesOneCounter(t *testing.T) {
 			switch {
 			case err == nil:
 				acked = append(acked, chunk...)
-			case leaseRefusal(err) && !env.external:
+			case leaseRefusal(err) && leasedWrites(t):
 				refused++
 			}
 			mu.Unlock()
-			if err != nil && (env.external || !leaseRefusal(err)) {
+			if err != nil && (!leasedWrites(t) || !leaseRefusal(err)) {
 				return err
 			}
 		}

@@ -82,3 +82,32 @@ func ttlWait(wait time.Duration) time.Duration {
 	}
 	return wait
 }
+
+var ferretKind struct {
+	once   sync.Once
+	ferret bool
+}
+
+// leasedWrites says whether the proxy writes buckets under writer leases
+// on this run's upstream: on every FerretDB (v1.24: updates not isolated;
+// 2.x: no retryable writes, which the proxy probes), not on a MongoDB
+// replica set. The test tells a FerretDB by its buildInfo (a test may
+// know what it runs on; the proxy probes). A MongoDB standalone, which
+// keeps no retryable writes either, is not told apart here.
+func leasedWrites(t *testing.T) bool {
+	if !env.external {
+		return true
+	}
+	ferretKind.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		var info bson.M
+		if err := direct(t).Database("admin").RunCommand(ctx, bson.D{{Key: "buildInfo", Value: 1}}).Decode(&info); err != nil {
+			return
+		}
+		_, v1 := info["ferretdbVersion"]
+		_, v2 := info["ferretdb"]
+		ferretKind.ferret = v1 || v2
+	})
+	return ferretKind.ferret
+}
