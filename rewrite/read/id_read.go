@@ -78,6 +78,13 @@ func EventIDs(rc *query.Ctx, filter bsoncore.Document) []bsoncore.Value {
 // is the fallback. Only the merges of a staged rule keep the index (a
 // partitioned rule's do not stage; the read of one of its partitions
 // finds no marker and scans).
+//
+// Where the upstream's $unwind keeps the meta (MongoDB, FerretDB 2.x) a
+// read of events is otherwise the upstream's own, but the upstream has
+// no index on the events' ids and scans every bucket for one (FerretDB
+// 2.x: 62 ms for a findOne over 240 buckets, against 1.3 ms on a plain
+// collection): a staged rule's index names the few buckets to read whole
+// instead. Elsewhere there is no index, and the upstream's read stays.
 func idIndexRead(rc *query.Ctx, filter, sortDoc bsoncore.Document, proj *query.Projection, pg query.Paging) *PointRead {
 	if rc.Rule.Partitioned() {
 		return nil
@@ -85,6 +92,14 @@ func idIndexRead(rc *query.Ctx, filter, sortDoc bsoncore.Document, proj *query.P
 	ids := EventIDs(rc, filter)
 	if ids == nil {
 		return nil
+	}
+	if rc.Caps.UnwindKeepsFields {
+		if !rc.Rule.Staged(rc.Caps.StagesEvents()) {
+			return nil
+		}
+		scanRC := *rc
+		scanRC.Caps.UnwindKeepsFields = false
+		rc = &scanRC
 	}
 	pr := eventScanRead(rc, filter, sortDoc, proj, pg)
 	if pr == nil {

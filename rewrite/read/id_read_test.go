@@ -11,6 +11,7 @@ import (
 
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/internal/rwtest"
+	"github.com/tsproxy/tsproxy/rules"
 )
 
 // indexedBuckets serves an index read: the event-id index (with or
@@ -248,5 +249,23 @@ func TestIDIndexCache(t *testing.T) {
 	}
 	if cache[rwtest.Rule().DB+"."+rwtest.Rule().IDIndexCollection()] != nil {
 		t.Fatalf("cache after the marker went: %v", cache)
+	}
+}
+
+// TestIDIndexReadWhereUnwindKeepsFields: on an upstream whose $unwind
+// keeps the meta (MongoDB, FerretDB 2.x) a staged rule's find by event
+// _id reads the buckets its index names; a direct rule's stays the
+// upstream's unwound read (no index there).
+func TestIDIndexReadWhereUnwindKeepsFields(t *testing.T) {
+	cmd := rwtest.Doc(t, D{{Key: "find", Value: "readings"}, {Key: "filter", Value: D{{Key: "_id", Value: int32(17)}}}, {Key: "$db", Value: "iot"}})
+	staged := rwtest.Rule()
+	staged.Layout, staged.Ingest = rules.LayoutEvents, rules.IngestStaged
+	p, err := PlanRead(cmd, staged, Options{Caps: rwtest.MongoCaps})
+	if err != nil || p.Point == nil {
+		t.Fatalf("staged rule: %v, point read %v; want the event-id index's point read", err, p != nil && p.Point != nil)
+	}
+	p, err = PlanRead(cmd, rwtest.Rule(), Options{Caps: rwtest.MongoCaps})
+	if err != nil || p.Point != nil {
+		t.Fatalf("direct rule: %v, point read %v; want the upstream's read", err, p != nil && p.Point != nil)
 	}
 }
