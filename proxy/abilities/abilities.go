@@ -104,6 +104,9 @@ func (u *Upstream) Caps(up *upstream.Conn) (caps.Upstream, error) {
 	if caps.FullAggregation && !u.probeExactSums() {
 		caps.InexactSums = true
 	}
+	if !caps.UnusedIndexes && !u.probeIndexUse() {
+		caps.UnusedIndexes = true
+	}
 	st.mu.Lock()
 	st.caps = &caps
 	st.mu.Unlock()
@@ -134,6 +137,17 @@ func (u *Upstream) probeExactSums() bool {
 		u.log.Info("the upstream's $sum and $avg of doubles differ from MongoDB's: the proxy runs aggregations of events itself")
 	}
 	return exact
+}
+
+// probeIndexUse says whether the upstream's queries use a secondary
+// index (admin.IndexUseProbe, by explain); where none does, the proxy
+// makes no {meta: 1, start: 1} index of its own.
+func (u *Upstream) probeIndexUse() bool {
+	used := u.probe("index use", admin.IndexUseProbe(rules.CatalogDB, "tsproxy_probe_"+catalog.NewNonce()), admin.Used)
+	if !used {
+		u.log.Info("the upstream's queries use no secondary index: the proxy makes none of its own")
+	}
+	return used
 }
 
 // probe runs plan on a connection of the proxy's own and reads its

@@ -221,3 +221,94 @@ func ExactSumsProbe(db, coll string) rewrite.Plan {
 
 // Exact reads an ExactSumsProbe's reply.
 func Exact(reply []byte) (bool, error) { return probeFlag(reply, "exact") }
+
+// indexProbeName names the probe's index, so that its explain can be
+// searched for it whatever shape the upstream's plan has.
+const indexProbeName = "tsproxy_probe_idx"
+
+// IndexUseProbe is the plan that finds whether the upstream's queries
+// use a secondary index: it creates db.coll with an index on a, inserts
+// three documents, explains a find by a and drops the collection. The
+// index is used when the explain names it anywhere (MongoDB's IXSCAN
+// stage has its indexName; DocumentDB's PostgreSQL plan its "Index
+// Name"); FerretDB v1.24 explains a scan ("SCAN", "Seq Scan"). Where no
+// index serves a read, the proxy makes none of its own
+// (caps.UnusedIndexes). Its reply is {ok: 1, used: <bool>} (Used reads
+// it), or {ok: 1, unauthorized: true}.
+func IndexUseProbe(db, coll string) rewrite.Plan {
+	return rewrite.Script(func(x *rewrite.Exec) (rewrite.Result, error) {
+		index := bsoncore.NewDocumentBuilder().AppendString("createIndexes", coll).
+			AppendArray("indexes", bsoncore.NewArrayBuilder().AppendDocument(bsoncore.NewDocumentBuilder().
+				AppendDocument("key", bsoncore.NewDocumentBuilder().AppendInt32("a", 1).Build()).
+				AppendString("name", indexProbeName).Build()).Build()).
+			AppendString("$db", db).Build()
+		made, ok := x.One(index)
+		if !ok {
+			return rewrite.Result{}, rewrite.ErrAborted
+		}
+		drop := bsoncore.NewDocumentBuilder().AppendString("drop", coll).AppendString("$db", db).Build()
+		if err := mongoerr.ReplyError(made); err != nil {
+			if mongoerr.CodeOf(err) == mongoerr.Unauthorized {
+				return flagResult("unauthorized", true), nil
+			}
+			if _, ok := x.One(drop); !ok { // the create may have made the collection
+				return rewrite.Result{}, rewrite.ErrAborted
+			}
+			return flagResult("used", false), nil
+		}
+		docs := bsoncore.NewArrayBuilder()
+		for i := int32(1); i <= 3; i++ {
+			docs.AppendDocument(bsoncore.NewDocumentBuilder().AppendInt32("_id", i).AppendInt32("a", i).Build())
+		}
+		insert := bsoncore.NewDocumentBuilder().AppendString("insert", coll).
+			AppendArray("documents", docs.Build()).AppendString("$db", db).Build()
+		if _, ok := x.One(insert); !ok {
+			return rewrite.Result{}, rewrite.ErrAborted
+		}
+		explain := bsoncore.NewDocumentBuilder().AppendDocument("explain", bsoncore.NewDocumentBuilder().
+			AppendString("find", coll).
+			AppendDocument("filter", bsoncore.NewDocumentBuilder().AppendInt32("a", 2).Build()).Build()).
+			AppendString("verbosity", "queryPlanner").
+			AppendString("$db", db).Build()
+		explained, ok := x.One(explain)
+		if !ok {
+			return rewrite.Result{}, rewrite.ErrAborted
+		}
+		if _, ok := x.One(drop); !ok {
+			return rewrite.Result{}, rewrite.ErrAborted
+		}
+		if err := mongoerr.ReplyError(explained); err != nil {
+			return flagResult("used", false), nil
+		}
+		plan, _ := bsoncore.Document(explained).Lookup("queryPlanner").DocumentOK()
+		return flagResult("used", namesString(plan, indexProbeName, 0)), nil
+	})
+}
+
+// namesString says whether doc holds the string s as a value, at any
+// depth (arrays included).
+func namesString(doc bsoncore.Document, s string, depth int) bool {
+	if depth > 64 {
+		return false
+	}
+	vals, err := doc.Values()
+	if err != nil {
+		return false
+	}
+	for _, v := range vals {
+		switch v.Type {
+		case bsoncore.TypeString:
+			if str, _ := v.StringValueOK(); str == s {
+				return true
+			}
+		case bsoncore.TypeEmbeddedDocument, bsoncore.TypeArray:
+			if namesString(v.Data, s, depth+1) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Used reads an IndexUseProbe's reply.
+func Used(reply []byte) (bool, error) { return probeFlag(reply, "used") }

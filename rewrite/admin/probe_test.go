@@ -177,3 +177,61 @@ func TestExactSumsProbe(t *testing.T) {
 		}
 	}
 }
+
+func TestIndexUseProbe(t *testing.T) {
+	ok := bsoncore.NewDocumentBuilder().AppendDouble("ok", 1).Build()
+	refused := func(code int32) []byte {
+		return bsoncore.NewDocumentBuilder().AppendDouble("ok", 0).AppendInt32("code", code).AppendString("errmsg", "no").Build()
+	}
+	explain := func(plan bsoncore.Document) []byte {
+		return bsoncore.NewDocumentBuilder().AppendDocument("queryPlanner", plan).AppendDouble("ok", 1).Build()
+	}
+	mongo := explain(bsoncore.NewDocumentBuilder().AppendDocument("winningPlan", bsoncore.NewDocumentBuilder().
+		AppendString("stage", "FETCH").AppendDocument("inputStage", bsoncore.NewDocumentBuilder().
+		AppendString("stage", "IXSCAN").AppendString("indexName", indexProbeName).Build()).Build()).Build())
+	documentDB := explain(bsoncore.NewDocumentBuilder().AppendDocument("Plan", bsoncore.NewDocumentBuilder().
+		AppendString("Node Type", "Bitmap Heap Scan").AppendArray("Plans", bsoncore.NewArrayBuilder().AppendDocument(
+		bsoncore.NewDocumentBuilder().AppendString("Node Type", "Bitmap Index Scan").AppendString("Index Name", indexProbeName).Build()).Build()).Build()).Build())
+	ferretSQLite := explain(bsoncore.NewDocumentBuilder().AppendArray("Plan", bsoncore.NewArrayBuilder().
+		AppendString("id=2 parent=0 notused=0 detail=SCAN c_1").Build()).Build())
+	all := []string{"createIndexes", "insert", "explain", "drop"}
+	for _, c := range []struct {
+		name     string
+		index    []byte
+		explain  []byte
+		want     bool
+		err      error
+		commands []string
+	}{
+		{"MongoDB: IXSCAN", ok, mongo, true, nil, all},
+		{"DocumentDB: Bitmap Index Scan", ok, documentDB, true, nil, all},
+		{"FerretDB v1.24: a scan", ok, ferretSQLite, false, nil, all},
+		{"no createIndexes", refused(115), nil, false, nil, []string{"createIndexes", "drop"}},
+		{"no privilege", refused(13), nil, false, ErrProbeUnauthorized, []string{"createIndexes"}},
+	} {
+		p := IndexUseProbe("tsproxy", "tsproxy_probe_x")
+		var sent []string
+		for {
+			step, done := p.Next()
+			if done {
+				break
+			}
+			name := bsoncore.Document(step[0].Body).Index(0).Key()
+			sent = append(sent, name)
+			reply := ok
+			switch name {
+			case "createIndexes":
+				reply = c.index
+			case "explain":
+				reply = c.explain
+			}
+			if err := p.Feed([][]byte{reply}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got, err := Used(p.Result().Reply)
+		if got != c.want || !errors.Is(err, c.err) || !slices.Equal(sent, c.commands) {
+			t.Errorf("%s: %v, %v, %v; want %v, %v, %v", c.name, got, err, sent, c.want, c.err, c.commands)
+		}
+	}
+}
