@@ -18,10 +18,6 @@ import (
 // readAhead is the client read buffer's size; see conn's buffer sizes.
 const readAhead = 4 << 10
 
-// maxKeptBuf is the largest frame buffer a connection keeps between
-// requests; see conn's buffer sizes.
-const maxKeptBuf = 1 << 20
-
 // conn is the front door's side of one client connection: it reads the
 // client's frames, with their timeouts and limits, hands each to its
 // handler (handler.Conn) and writes the replies the handler gives it
@@ -34,7 +30,7 @@ const maxKeptBuf = 1 << 20
 // a body larger than its buffer straight into the frame, so a large
 // buffer would only copy. Replies are whole frames written with one
 // Write, so there is no write buffer at all. c.inBuf starts empty, grows
-// to the largest frame seen and is kept only up to maxKeptBuf; a larger
+// to the largest frame seen and is kept only up to handler.MaxKeptBuf; a larger
 // frame gets memory of its own that is dropped after its request. A
 // request frame aliases c.inBuf and is valid until the next client read.
 // An idle connection therefore holds about 4 KiB of read-ahead per side
@@ -120,7 +116,7 @@ func (c *conn) serve() {
 			c.logReadError(err)
 			return
 		}
-		if cap(frame) > cap(c.inBuf) && cap(frame) <= maxKeptBuf {
+		if cap(frame) > cap(c.inBuf) && cap(frame) <= handler.MaxKeptBuf {
 			c.inBuf = frame[:0] // keep ordinary buffers; let huge ones go
 		}
 		c.busy.Store(true)

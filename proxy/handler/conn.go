@@ -20,9 +20,10 @@ import (
 	"github.com/tsproxy/tsproxy/wire"
 )
 
-// maxKeptBuf is the largest frame buffer a connection keeps between
-// requests; see conn's buffer sizes.
-const maxKeptBuf = 1 << 20
+// MaxKeptBuf is the largest frame buffer a connection keeps between
+// requests, on either side: a larger one gets memory of its own that is
+// dropped after its request.
+const MaxKeptBuf = 1 << 20
 
 // Conn handles the commands of one client connection: the front door
 // (package proxy) reads each frame and hands it to Handle, which answers
@@ -37,7 +38,7 @@ const maxKeptBuf = 1 << 20
 // connection's buffer and is valid until the next upstream read. A reply
 // is written to the client before either is reused. c.outBuf starts
 // empty, grows to the largest frame seen and is kept only up to
-// maxKeptBuf (ShrinkBuffers); the upstream connection follows the same
+// MaxKeptBuf (ShrinkBuffers); the upstream connection follows the same
 // rules.
 type Conn struct {
 	s     *Engine
@@ -100,7 +101,7 @@ func (c *Conn) Abort() {
 
 // ShrinkBuffers lets a huge reply's buffer go while the connection idles.
 func (c *Conn) ShrinkBuffers() {
-	if cap(c.outBuf) > maxKeptBuf {
+	if cap(c.outBuf) > MaxKeptBuf {
 		c.outBuf = nil
 	}
 }
