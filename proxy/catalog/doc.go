@@ -1,6 +1,10 @@
 // Package catalog keeps the catalog of time-series collections apps
-// created (rewrite/admin has its documents). Every proxy on one upstream
-// reads it, and the rules it holds join the config's.
+// created (rewrite/admin has its documents) and serves MongoDB's
+// time-series API on them: create with the timeseries option, collMod,
+// drop and dropDatabase (ServeCreate, ServeCollMod, ServeDrop,
+// ServeDropDatabase), each run on the client's connection as the handler
+// gives it (Client). Every proxy on one upstream reads the catalog, and
+// the rules it holds join the config's.
 //
 // The promise: no event inserted through any proxy after a create was
 // acknowledged is stored unbucketed, and none inserted after a drop was

@@ -99,7 +99,7 @@ var commands = map[string]commandSpec{
 	"getMore":       {by: map[string]handler{anyLayout: (*Conn).rewriteGetMore}},
 	"killCursors":   {by: map[string]handler{anyLayout: (*Conn).rewriteKillCursors}},
 	"drop":          {by: map[string]handler{anyLayout: serveDrop}},
-	"collMod":       {unpartitioned: true, by: map[string]handler{rules.LayoutEvents: (*Conn).collModTimeseries}},
+	"collMod":       {unpartitioned: true, by: map[string]handler{rules.LayoutEvents: serveCollMod}},
 	"collStats":     {unpartitioned: true, by: map[string]handler{rules.LayoutEvents: plan(admin.CollStats)}},
 	"create":        {unpartitioned: true, by: map[string]handler{rules.LayoutEvents: serveCreate}},
 	"createIndexes": {unpartitioned: true, by: map[string]handler{rules.LayoutEvents: withOwnIndex(admin.CreateIndexes)}},
@@ -114,7 +114,7 @@ var commands = map[string]commandSpec{
 // collection's through the catalog.
 func serveDrop(c *Conn, req *request, rule *rules.Rule) error {
 	if rule.Declared != nil {
-		return c.dropTimeseries(req, rule)
+		return c.s.cat.ServeDrop(c.catalogClient(req), rule)
 	}
 	return plan(admin.Drop)(c, req, rule)
 }
@@ -122,7 +122,7 @@ func serveDrop(c *Conn, req *request, rule *rules.Rule) error {
 // serveCreate answers a create of a rule's namespace.
 func serveCreate(c *Conn, req *request, rule *rules.Rule) error {
 	if rule.Declared != nil {
-		return c.createdRuleCreate(req, rule)
+		return c.s.cat.ServeCreateOfRule(c.catalogClient(req), rule)
 	}
 	return c.rewriteCreate(req, rule)
 }
@@ -146,4 +146,9 @@ func commandNames() []string {
 		names = append(names, n)
 	}
 	return names
+}
+
+// serveCollMod changes a created time-series collection (the catalog's).
+func serveCollMod(c *Conn, req *request, rule *rules.Rule) error {
+	return c.s.cat.ServeCollMod(c.catalogClient(req), rule)
 }

@@ -118,7 +118,7 @@ var frontCommands = map[string]func(*Conn, *request) error{
 
 func (c *Conn) routeCreate(req *request) error {
 	if c.createsTimeseries(req) {
-		return c.createTimeseries(req)
+		return c.s.cat.ServeCreate(c.catalogClient(req))
 	}
 	return c.routeByRule(req)
 }
@@ -135,7 +135,7 @@ func (c *Conn) routeListCollections(req *request) error {
 
 func (c *Conn) routeDropDatabase(req *request) error {
 	if created := createdInDB(c.rules, req.db); len(created) > 0 {
-		return c.dropDatabaseTimeseries(req, created)
+		return c.s.cat.ServeDropDatabase(c.catalogClient(req), created)
 	}
 	return c.routeByRule(req)
 }
