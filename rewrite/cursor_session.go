@@ -78,6 +78,19 @@ func (s CursorSession) AddTo(body []byte) ([]byte, bool) {
 	return out, true
 }
 
+// Clone is s with elements of its own (ReadCursorSession's alias the
+// command's buffer), to keep past the command.
+func (s CursorSession) Clone() CursorSession {
+	if s == nil {
+		return nil
+	}
+	out := make(CursorSession, len(s))
+	for i, e := range s {
+		out[i] = append(bsoncore.Element(nil), e...)
+	}
+	return out
+}
+
 // CursorSessions gives the getMores and killCursors of one plan's run
 // the session their cursor was opened in: the client's where the plan's
 // own command that opened it carried the client's lsid, or where the
@@ -96,6 +109,12 @@ type CursorSessions struct {
 // continues a cursor: most runs (inserts) never do.
 func NewCursorSessions(body []byte) *CursorSessions {
 	return &CursorSessions{body: body}
+}
+
+// SessionsOf is the sessions of a run for a client whose session is s
+// (kept from an earlier command: a cursor's release).
+func SessionsOf(s CursorSession) *CursorSessions {
+	return &CursorSessions{read: true, session: s}
 }
 
 func (c *CursorSessions) clientSession() CursorSession {

@@ -34,6 +34,10 @@ type Entry struct {
 	// Mu makes the getMores of one cursor take turns (a client may send
 	// them on several connections at once).
 	Mu sync.Mutex
+	// CursorSession is the session fields of the read that opened the
+	// cursor, which its release's killCursors carries: the upstream binds
+	// the cursor to that session.
+	CursorSession rewrite.CursorSession
 	// Session is the lsid of the read that opened the cursor ("" for
 	// none): endSessions of that session kills and forgets it, and
 	// getMores in another session are refused.

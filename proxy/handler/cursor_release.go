@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/tsproxy/tsproxy/proxy/cursors"
+	"github.com/tsproxy/tsproxy/rewrite"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
@@ -21,6 +22,7 @@ const cursorKillTimeout = 2 * time.Second
 // (limits.maxCursors); the caller then releases the cursor and refuses.
 func (c *Conn) registerCursor(req *request, id int64, e *cursors.Entry) bool {
 	e.Session = requestSession(req)
+	e.CursorSession = rewrite.ReadCursorSession(req.msg.Body).Clone()
 	users, err := c.users()
 	if err != nil {
 		// Who opened it is unknown: nobody may continue it, this client

@@ -65,7 +65,7 @@ func (c *Conn) runPlan(req *request, rule *rules.Rule, r route, p rewrite.Plan) 
 		c.log.Info("retried insert: events an earlier attempt stored are not written again", "rule", rule.Namespace, "events", res.StoredBefore)
 	}
 	if res.Cursor != nil && !c.registerCursor(req, res.Cursor.ID(), &cursors.Entry{Rule: rule, Cursor: res.Cursor}) {
-		_ = c.releaseCursor(rule, res.Cursor)
+		_ = c.releaseCursor(rule, res.Cursor, rewrite.ReadCursorSession(req.msg.Body))
 		res = rewrite.Result{Reply: c.tooManyCursors(rule)}
 	}
 	return res, nil
@@ -98,19 +98,34 @@ func (c *Conn) answer(req *request, rule *rules.Rule, res rewrite.Result) error 
 	return nil
 }
 
-// releaseCursor runs a cursor's Close plan. A failure (the upstream
-// connection's) is logged and leaves the upstream cursor to the
+// releaseCursor runs a cursor's Close plan, its killCursors in session
+// (the session's of the read that opened the cursor). A failure (the
+// upstream connection's) is logged and leaves the upstream cursor to the
 // upstream's timeout.
-func (c *Conn) releaseCursor(rule *rules.Rule, cur rewrite.Cursor) error {
+func (c *Conn) releaseCursor(rule *rules.Rule, cur rewrite.Cursor, session rewrite.CursorSession) error {
 	p := cur.Close()
 	if p == nil {
 		return nil
 	}
-	_, err := exec.Drive(c, p)
+	_, err := exec.Drive(sessionRunner{c: c, sessions: rewrite.SessionsOf(session)}, p)
 	if err != nil {
 		c.log.Debug("releasing a cursor upstream failed; the upstream times it out", "rule", rule.Namespace, "cursor", cur.ID(), "err", err.Error())
 	}
 	return err
+}
+
+// sessionRunner runs steps on c, their getMores and killCursors in
+// sessions'.
+type sessionRunner struct {
+	c        *Conn
+	sessions *rewrite.CursorSessions
+}
+
+func (r sessionRunner) RunStep(step rewrite.Step) ([][]byte, error) {
+	step = r.sessions.Prepare(step)
+	replies, err := r.c.RunStep(step)
+	r.sessions.Note(step, replies)
+	return replies, err
 }
 
 // runStep sends a step on the client's upstream connection (pipeline). An

@@ -150,7 +150,7 @@ func (c *Conn) rewriteKillCursors(req *request, rule *rules.Rule) error {
 func (c *Conn) releaseEntry(e *cursors.Entry) error {
 	e.Mu.Lock()
 	defer e.Mu.Unlock()
-	return c.releaseCursor(e.Rule, e.Cursor)
+	return c.releaseCursor(e.Rule, e.Cursor, e.CursorSession)
 }
 
 // rewriteListCollections lists a database holding bucketed namespaces as
