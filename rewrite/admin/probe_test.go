@@ -5,6 +5,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/tsproxy/tsproxy/rewrite"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
@@ -152,25 +153,7 @@ func TestExactSumsProbe(t *testing.T) {
 		{"no privilege", refused(13), nil, false, ErrProbeUnauthorized, []string{"insert"}},
 	} {
 		p := ExactSumsProbe("tsproxy", "tsproxy_probe_x")
-		var sent []string
-		for {
-			step, done := p.Next()
-			if done {
-				break
-			}
-			name := bsoncore.Document(step[0].Body).Index(0).Key()
-			sent = append(sent, name)
-			reply := ok
-			switch name {
-			case "insert":
-				reply = c.insert
-			case "aggregate":
-				reply = c.group
-			}
-			if err := p.Feed([][]byte{reply}); err != nil {
-				t.Fatal(err)
-			}
-		}
+		sent := driveProbe(t, p, map[string][]byte{"insert": c.insert, "aggregate": c.group}, ok)
 		got, err := Exact(p.Result().Reply)
 		if got != c.want || !errors.Is(err, c.err) || !slices.Equal(sent, c.commands) {
 			t.Errorf("%s: %v, %v, %v; want %v, %v, %v", c.name, got, err, sent, c.want, c.err, c.commands)
@@ -210,28 +193,32 @@ func TestIndexUseProbe(t *testing.T) {
 		{"no privilege", refused(13), nil, false, ErrProbeUnauthorized, []string{"createIndexes"}},
 	} {
 		p := IndexUseProbe("tsproxy", "tsproxy_probe_x")
-		var sent []string
-		for {
-			step, done := p.Next()
-			if done {
-				break
-			}
-			name := bsoncore.Document(step[0].Body).Index(0).Key()
-			sent = append(sent, name)
-			reply := ok
-			switch name {
-			case "createIndexes":
-				reply = c.index
-			case "explain":
-				reply = c.explain
-			}
-			if err := p.Feed([][]byte{reply}); err != nil {
-				t.Fatal(err)
-			}
-		}
+		sent := driveProbe(t, p, map[string][]byte{"createIndexes": c.index, "explain": c.explain}, ok)
 		got, err := Used(p.Result().Reply)
 		if got != c.want || !errors.Is(err, c.err) || !slices.Equal(sent, c.commands) {
 			t.Errorf("%s: %v, %v, %v; want %v, %v, %v", c.name, got, err, sent, c.want, c.err, c.commands)
+		}
+	}
+}
+
+// driveProbe runs p one command at a time, answering each by its name
+// from answers (others get fallback), and returns the names it sent.
+func driveProbe(t *testing.T, p rewrite.Plan, answers map[string][]byte, fallback []byte) []string {
+	t.Helper()
+	var sent []string
+	for {
+		step, done := p.Next()
+		if done {
+			return sent
+		}
+		name := bsoncore.Document(step[0].Body).Index(0).Key()
+		sent = append(sent, name)
+		reply, ok := answers[name]
+		if !ok {
+			reply = fallback
+		}
+		if err := p.Feed([][]byte{reply}); err != nil {
+			t.Fatal(err)
 		}
 	}
 }
