@@ -128,12 +128,3 @@ func TestBackgroundConnsPooled(t *testing.T) {
 		}
 	}
 }
-
-func doc(t *testing.T, d bson.D) []byte {
-	t.Helper()
-	b, err := bson.Marshal(d)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}

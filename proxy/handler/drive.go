@@ -27,9 +27,7 @@ type timedRunner struct {
 func (t *timedRunner) RunStep(step rewrite.Step) ([][]byte, error) {
 	t0 := time.Now()
 	defer func() { t.wait += time.Since(t0) }()
-	step = t.sessions.Prepare(step)
-	replies, err := t.c.RunStep(step)
-	t.sessions.Note(step, replies)
+	replies, err := sessionRunner{c: t.c, sessions: t.sessions}.RunStep(step)
 	for _, r := range replies {
 		t.gossip.Note(r)
 	}

@@ -122,11 +122,6 @@ func (t *Tier) State() *State { return t.state }
 // Directories is what the merges know of their rules' buckets.
 func (t *Tier) Directories() *Directories { return t.dirs }
 
-// Forget forgets what the tier keeps of a namespace dropped or emptied.
-func (t *Tier) Forget(ns string) {
-	t.dirs.Wrote(ns)
-}
-
 // Close closes the connections of the merges' parallel inserts.
 func (t *Tier) Close() { t.helpers.Close() }
 
