@@ -169,12 +169,6 @@ func (c *Conn) refuseBeforeWrite(req *request, rule *rules.Rule, err error, answ
 	return answer(req, err)
 }
 
-// replyParseError answers with FailedToParse (9), as MongoDB answers a
-// document it cannot take.
-func (c *Conn) replyParseError(req *request, err error) error {
-	return c.replyError(req, mongoerr.FailedToParse, err.Error())
-}
-
 // commandOf is the request as rewrite takes it.
 func commandOf(req *request) rewrite.Command {
 	cmd := rewrite.Command{Body: req.msg.Body}

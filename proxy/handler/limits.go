@@ -48,12 +48,6 @@ func (c *Conn) capHelloLimits(reply []byte) []byte {
 	return out
 }
 
-// replyTooManyCursors refuses a read whose cursor would pass
-// limits.maxCursors.
-func (c *Conn) replyTooManyCursors(req *request, rule *rules.Rule) error {
-	return c.replyBody(req, c.tooManyCursors(rule))
-}
-
 // tooManyCursors is the refusal of a cursor over limits.maxCursors.
 func (c *Conn) tooManyCursors(rule *rules.Rule) []byte {
 	c.log.Warn("open cursor limit reached", "rule", rule.Namespace, "limit", c.s.opts.MaxCursors)

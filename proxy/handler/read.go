@@ -71,14 +71,6 @@ func (c *Conn) rewriteRead(req *request, rule *rules.Rule) error {
 // ids a collision has a 2^-62 chance.
 func newCursorID() int64 { return rand.Int64()>>2 | 1<<62 }
 
-// killUpstreamCursor kills a cursor the app will never read on; a failure
-// only leaves it to the upstream's timeout.
-func (c *Conn) killUpstreamCursor(rule *rules.Rule, id int64) {
-	if _, err := c.upCommand(query.KillCursorsCommand(rule, id)); err != nil {
-		c.log.Debug("killCursors of a cursor nobody reads failed", "rule", rule.Namespace, "err", err.Error())
-	}
-}
-
 // rewriteGetMore continues a cursor a rewritten read left open: the
 // cursor's own plan gives the next batch, and the cursor is forgotten once
 // it is exhausted.
