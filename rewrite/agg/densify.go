@@ -6,6 +6,8 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
+	"github.com/tsproxy/tsproxy/rewrite/expr"
+	"github.com/tsproxy/tsproxy/rewrite/expr/value"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 )
 
@@ -26,7 +28,7 @@ type densifyStage struct {
 	// stepKind and loKind are the number types of the step and of an
 	// explicit lower bound: a generated number has the type $add gives
 	// the grid's start plus the step, as MongoDB makes it.
-	stepKind, loKind numKind
+	stepKind, loKind value.NumKind
 	in               buffer
 	next             processor
 	// generatedDocs counts what the stage made (maxDensifyDocs at most).
@@ -37,10 +39,10 @@ type densifyStage struct {
 // MongoDB's internalQueryMaxDensifyDocs (500,000) does.
 const maxDensifyDocs = 500_000
 
-func compileDensify(v Value, next processor, opts Options) (processor, error) {
+func compileDensify(v value.Value, next processor, opts Options) (processor, error) {
 	d, ok := v.DocumentOK()
 	if !ok {
-		return nil, badValue(mongoerr.FailedToParse, "the $densify stage specification must be an object")
+		return nil, value.BadValue(mongoerr.FailedToParse, "the $densify stage specification must be an object")
 	}
 	s := &densifyStage{in: buffer{stage: "$densify", max: opts.MaxMemory}, next: next}
 	elems, _ := d.Elements()
@@ -50,7 +52,7 @@ func compileDensify(v Value, next processor, opts Options) (processor, error) {
 		case "field":
 			f, ok := e.Value().StringValueOK()
 			if !ok || f == "" || f[0] == '$' {
-				return nil, badValue(mongoerr.FailedToParse, "$densify 'field' must be a field path without '$'")
+				return nil, value.BadValue(mongoerr.FailedToParse, "$densify 'field' must be a field path without '$'")
 			}
 			s.field = splitPath(f)
 		case "partitionByFields":
@@ -62,80 +64,80 @@ func compileDensify(v Value, next processor, opts Options) (processor, error) {
 		case "range":
 			r, ok := e.Value().DocumentOK()
 			if !ok {
-				return nil, badValue(mongoerr.TypeMismatch, "$densify 'range' must be an object")
+				return nil, value.BadValue(mongoerr.TypeMismatch, "$densify 'range' must be an object")
 			}
 			rangeDoc = r
 		default:
-			return nil, badValue(mongoerr.IDLUnknownField, "BSON field '$densify.%s' is an unknown field.", e.Key())
+			return nil, value.BadValue(mongoerr.IDLUnknownField, "BSON field '$densify.%s' is an unknown field.", e.Key())
 		}
 	}
 	if s.field == nil || rangeDoc == nil {
-		return nil, badValue(mongoerr.IDLFailedToParse, "$densify needs 'field' and 'range'")
+		return nil, value.BadValue(mongoerr.IDLFailedToParse, "$densify needs 'field' and 'range'")
 	}
 	if len(s.field) > 1 {
-		return nil, unsupported("$densify of a dotted field")
+		return nil, value.Unsupported("$densify of a dotted field")
 	}
 	for _, p := range s.by.fields {
 		if len(p) > 1 {
-			return nil, unsupported("$densify partitioned by a dotted field")
+			return nil, value.Unsupported("$densify partitioned by a dotted field")
 		}
 	}
-	var boundsV Value
+	var boundsV value.Value
 	re, _ := rangeDoc.Elements()
 	for _, e := range re {
 		switch e.Key() {
 		case "step":
-			k, i, f, ok := number(e.Value())
-			if !ok || k == kindDecimal {
-				return nil, badValue(5733401, "the step parameter in a range statement must be a whole number when densifying a date range")
+			k, i, f, ok := value.Number(e.Value())
+			if !ok || k == value.KindDecimal {
+				return nil, value.BadValue(5733401, "the step parameter in a range statement must be a whole number when densifying a date range")
 			}
-			if k != kindDouble {
+			if k != value.KindDouble {
 				f = float64(i)
 			}
 			if f <= 0 {
-				return nil, badValue(5733401, "the step parameter in a range statement must be a strictly positive numeric value")
+				return nil, value.BadValue(5733401, "the step parameter in a range statement must be a strictly positive numeric value")
 			}
 			s.step, s.stepKind = f, k
 		case "unit":
 			u, ok := e.Value().StringValueOK()
 			ms, known := windowUnits[u]
 			if !ok || !known {
-				return nil, unsupported("the $densify unit %s", e.Value())
+				return nil, value.Unsupported("the $densify unit %s", e.Value())
 			}
 			s.unitMs = ms
 		case "bounds":
 			boundsV = e.Value()
 		default:
-			return nil, badValue(mongoerr.IDLUnknownField, "BSON field '$densify.range.%s' is an unknown field.", e.Key())
+			return nil, value.BadValue(mongoerr.IDLUnknownField, "BSON field '$densify.range.%s' is an unknown field.", e.Key())
 		}
 	}
 	if s.step == 0 || boundsV.Type == 0 {
-		return nil, badValue(mongoerr.IDLFailedToParse, "$densify 'range' needs 'step' and 'bounds'")
+		return nil, value.BadValue(mongoerr.IDLFailedToParse, "$densify 'range' needs 'step' and 'bounds'")
 	}
 	if s.unitMs > 0 && s.step != math.Trunc(s.step) {
-		return nil, badValue(5733401, "the step parameter in a range statement must be a whole number when densifying a date range")
+		return nil, value.BadValue(5733401, "the step parameter in a range statement must be a whole number when densifying a date range")
 	}
 	if b, ok := boundsV.StringValueOK(); ok {
 		if b != "full" && b != "partition" {
-			return nil, badValue(5946802, "$densify bounds must be 'full', 'partition' or an array of two values, not %q", b)
+			return nil, value.BadValue(5946802, "$densify bounds must be 'full', 'partition' or an array of two values, not %q", b)
 		}
 		s.bounds = b
 	} else {
 		arr, ok := boundsV.ArrayOK()
 		vals, _ := arr.Values()
 		if !ok || len(vals) != 2 {
-			return nil, badValue(5733403, "a bounding array in a range statement must have exactly two elements")
+			return nil, value.BadValue(5733403, "a bounding array in a range statement must have exactly two elements")
 		}
 		var err error
 		if s.lo, err = s.position(vals[0]); err != nil {
 			return nil, err
 		}
-		s.loKind, _, _, _ = number(vals[0])
+		s.loKind, _, _, _ = value.Number(vals[0])
 		if s.hi, err = s.position(vals[1]); err != nil {
 			return nil, err
 		}
 		if s.lo > s.hi {
-			return nil, badValue(5733402, "a bounding array must be an ascending array of either two dates or two numbers")
+			return nil, value.BadValue(5733402, "a bounding array must be an ascending array of either two dates or two numbers")
 		}
 		s.bounds = "explicit"
 	}
@@ -144,51 +146,51 @@ func compileDensify(v Value, next processor, opts Options) (processor, error) {
 
 // position is a field value on the grid's axis: ms for dates, the number
 // otherwise; a value of the other kind is an error.
-func (s *densifyStage) position(v Value) (float64, error) {
+func (s *densifyStage) position(v value.Value) (float64, error) {
 	if s.unitMs > 0 {
 		if v.Type != bsoncore.TypeDateTime {
-			return 0, badValue(5733409, "$densify: a value of %q is a %s, expected a date (the range has a unit)", s.field[0], typeAlias(v))
+			return 0, value.BadValue(5733409, "$densify: a value of %q is a %s, expected a date (the range has a unit)", s.field[0], expr.TypeAlias(v))
 		}
 		return float64(v.DateTime()), nil
 	}
-	k, i, f, ok := number(v)
-	if !ok || k == kindDecimal {
-		return 0, badValue(5733201, "$densify: a value of %q is a %s, expected a number (the range has no unit)", s.field[0], typeAlias(v))
+	k, i, f, ok := value.Number(v)
+	if !ok || k == value.KindDecimal {
+		return 0, value.BadValue(5733201, "$densify: a value of %q is a %s, expected a number (the range has no unit)", s.field[0], expr.TypeAlias(v))
 	}
-	if k != kindDouble {
+	if k != value.KindDouble {
 		f = float64(i)
 	}
 	return f, nil
 }
 
 // value is a generated value at pos of a grid of numbers of kind.
-func (s *densifyStage) value(pos float64, kind numKind) Value {
+func (s *densifyStage) value(pos float64, kind value.NumKind) value.Value {
 	switch {
 	case s.unitMs > 0:
-		return dateValue(int64(pos))
-	case kind == kindInt32 && math.Abs(pos) < 1<<31:
-		return int32Value(int32(pos))
-	case kind == kindInt32 || kind == kindInt64:
+		return value.DateValue(int64(pos))
+	case kind == value.KindInt32 && math.Abs(pos) < 1<<31:
+		return value.Int32Value(int32(pos))
+	case kind == value.KindInt32 || kind == value.KindInt64:
 		// $add of int32s past int32's range gives a long.
-		return Value{Type: bsoncore.TypeInt64, Data: bsoncore.AppendInt64(nil, int64(pos))}
+		return value.Value{Type: bsoncore.TypeInt64, Data: bsoncore.AppendInt64(nil, int64(pos))}
 	}
-	return doubleValue(pos)
+	return value.DoubleValue(pos)
 }
 
 // gridKind is the number type of a grid starting at a value of kind
 // start: what $add of it and the step gives (a double with either, else
 // a long with either, else an int32).
-func (s *densifyStage) gridKind(start numKind) numKind {
+func (s *densifyStage) gridKind(start value.NumKind) value.NumKind {
 	switch {
-	case start == kindDouble || s.stepKind == kindDouble:
-		return kindDouble
-	case start == kindInt64 || s.stepKind == kindInt64:
-		return kindInt64
+	case start == value.KindDouble || s.stepKind == value.KindDouble:
+		return value.KindDouble
+	case start == value.KindInt64 || s.stepKind == value.KindInt64:
+		return value.KindInt64
 	}
-	return kindInt32
+	return value.KindInt32
 }
 
-func (s *densifyStage) push(doc bsoncore.Document) error { return s.in.add(doc) }
+func (s *densifyStage) push(doc bsoncore.Document) error { return s.in.Add(doc) }
 
 func (s *densifyStage) flush() error {
 	docs := s.in.take()
@@ -197,18 +199,18 @@ func (s *densifyStage) flush() error {
 		return err
 	}
 	gmin, gmax := math.Inf(1), math.Inf(-1)
-	var gminKind numKind
+	var gminKind value.NumKind
 	items := make([][]densifyItem, len(parts))
 	for pi, p := range parts {
 		for _, d := range p.docs {
 			it := densifyItem{doc: d}
-			if v := lookupPath(Value{Type: bsoncore.TypeEmbeddedDocument, Data: d}, s.field); !isNullish(v) {
+			if v := expr.LookupPath(value.Value{Type: bsoncore.TypeEmbeddedDocument, Data: d}, s.field); !value.IsNullish(v) {
 				pos, err := s.position(v)
 				if err != nil {
 					return err
 				}
 				it.pos, it.has = pos, true
-				it.kind, _, _, _ = number(v)
+				it.kind, _, _, _ = value.Number(v)
 				if pos < gmin {
 					gminKind = it.kind
 				}
@@ -258,27 +260,27 @@ func (s *densifyStage) flush() error {
 type densifyItem struct {
 	doc  bsoncore.Document
 	pos  float64
-	kind numKind // of a number
-	has  bool    // the field holds a value (else it sorts first, untouched)
+	kind value.NumKind // of a number
+	has  bool          // the field holds a value (else it sorts first, untouched)
 }
 
 // grid is the values a partition's documents are densified to: start,
 // then each value plus step, up to end.
 type grid struct {
 	start, end, step float64
-	inclusive        bool    // end is a value of the grid
-	kind             numKind // of its numbers
+	inclusive        bool          // end is a value of the grid
+	kind             value.NumKind // of its numbers
 }
 
 // mergeGrid pushes a partition's documents (sorted) with a generated
 // document for each grid value up to end that none has. Values are made
 // by adding the step to the one before, as MongoDB does: start + k*step
 // differs from it in doubles (0.1 ten times is not 1).
-func (s *densifyStage) mergeGrid(key Value, items []densifyItem, g grid) error {
+func (s *densifyStage) mergeGrid(key value.Value, items []densifyItem, g grid) error {
 	start, end, inclusive, step := g.start, g.end, g.inclusive, g.step
 	hasGrid := !math.IsInf(start, 0)
 	if hasGrid && start+step == start {
-		return badValue(5733401, "$densify: the step %v is too small for values around %v (adding it changes nothing)", step, start)
+		return value.BadValue(5733401, "$densify: the step %v is too small for values around %v (adding it changes nothing)", step, start)
 	}
 	next := start
 	inRange := func() bool { return hasGrid && (next < end || (inclusive && next == end)) }
@@ -290,7 +292,7 @@ func (s *densifyStage) mergeGrid(key Value, items []densifyItem, g grid) error {
 			return exceeded("$densify", s.in.max)
 		}
 		if s.generatedDocs > maxDensifyDocs {
-			return badValue(5897900, "$densify would generate more than %d documents", maxDensifyDocs)
+			return value.BadValue(5897900, "$densify would generate more than %d documents", maxDensifyDocs)
 		}
 		err := s.generated(key, s.value(next, g.kind))
 		advance()
@@ -321,11 +323,11 @@ func (s *densifyStage) mergeGrid(key Value, items []densifyItem, g grid) error {
 
 // generated pushes {<field>: pos, <partition fields>...}, the order of
 // the generated documents in MongoDB's $densify examples.
-func (s *densifyStage) generated(key Value, v Value) error {
+func (s *densifyStage) generated(key value.Value, v value.Value) error {
 	idx, out := bsoncore.AppendDocumentStart(nil)
 	out = bsoncore.AppendValueElement(out, s.field[0], v)
 	for i, p := range s.by.fields {
-		if v := s.by.field(key, i); !isNullish(v) {
+		if v := s.by.field(key, i); !value.IsNullish(v) {
 			out = bsoncore.AppendValueElement(out, p[0], v)
 		}
 	}

@@ -4,12 +4,10 @@
 // computed $project fields, $bucket and more, and answers a $group with
 // two accumulators wrongly).
 //
-// Values are bsoncore values throughout (a zero Type is a missing
-// field), so the BSON types of MongoDB's answers are kept: $sum of int32
-// values stays int32 until it overflows, $avg is a double, $dateTrunc a
-// date. Doubles are summed in double-double precision, as MongoDB's
-// DoubleDoubleSummation does, so sums of ordinary decimal readings come
-// out as MongoDB's do, not as a naive loop's.
+// The stages are here; expressions and $group's accumulators are
+// rewrite/expr, the values they compute with (MongoDB's numeric
+// widening, comparison order and double-double sums) rewrite/expr/value,
+// and $project/$addFields specs rewrite/agg/projection.
 //
 // A stage, operator or option outside the supported set is refused at
 // Compile with an error naming it: the engine never answers what it does

@@ -4,6 +4,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+	"github.com/tsproxy/tsproxy/rewrite/expr"
+	"github.com/tsproxy/tsproxy/rewrite/expr/value"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 )
 
@@ -18,17 +20,17 @@ type facetStage struct {
 // maxDocumentBytes is MongoDB's largest document.
 const maxDocumentBytes = 16 << 20
 
-func compileFacet(v Value, next processor, opts Options) (processor, error) {
+func compileFacet(v value.Value, next processor, opts Options) (processor, error) {
 	d, ok := v.DocumentOK()
 	if !ok {
-		return nil, badValue(15947, "$facet requires an object as its argument")
+		return nil, value.BadValue(15947, "$facet requires an object as its argument")
 	}
 	f := &facetStage{next: next}
 	elems, _ := d.Elements()
 	for _, e := range elems {
 		arr, ok := e.Value().ArrayOK()
 		if !ok {
-			return nil, badValue(40170, "arguments to $facet must be arrays, %s is type %s", e.Key(), typeAlias(e.Value()))
+			return nil, value.BadValue(40170, "arguments to $facet must be arrays, %s is type %s", e.Key(), expr.TypeAlias(e.Value()))
 		}
 		vals, _ := arr.Values()
 		var stages []Stage
@@ -36,11 +38,11 @@ func compileFacet(v Value, next processor, opts Options) (processor, error) {
 			sd, ok := sv.DocumentOK()
 			first, err := sd.IndexErr(0)
 			if !ok || err != nil {
-				return nil, badValue(40171, "specification must be an object of one stage in $facet's %s", e.Key())
+				return nil, value.BadValue(40171, "specification must be an object of one stage in $facet's %s", e.Key())
 			}
 			switch first.Key() {
 			case "$facet", "$out", "$merge":
-				return nil, badValue(40600, "%s is not allowed to be used within a $facet stage", first.Key())
+				return nil, value.BadValue(40600, "%s is not allowed to be used within a $facet stage", first.Key())
 			}
 			stages = append(stages, Stage{Name: first.Key(), Value: first.Value()})
 		}
@@ -51,7 +53,7 @@ func compileFacet(v Value, next processor, opts Options) (processor, error) {
 		f.names, f.pipes = append(f.names, e.Key()), append(f.pipes, p)
 	}
 	if len(f.names) == 0 {
-		return nil, badValue(40169, "the $facet specification must be a non-empty object")
+		return nil, value.BadValue(40169, "the $facet specification must be a non-empty object")
 	}
 	return f, nil
 }

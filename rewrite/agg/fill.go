@@ -3,6 +3,8 @@ package agg
 import (
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
+	"github.com/tsproxy/tsproxy/rewrite/expr"
+	"github.com/tsproxy/tsproxy/rewrite/expr/value"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 )
 
@@ -21,13 +23,13 @@ type fillStage struct {
 type fillOutput struct {
 	field  string
 	method string // "locf", "linear", or "" for value
-	value  expr
+	value  expr.Expr
 }
 
-func compileFill(v Value, next processor, opts Options) (processor, error) {
+func compileFill(v value.Value, next processor, opts Options) (processor, error) {
 	d, ok := v.DocumentOK()
 	if !ok {
-		return nil, badValue(mongoerr.FailedToParse, "the $fill stage specification must be an object")
+		return nil, value.BadValue(mongoerr.FailedToParse, "the $fill stage specification must be an object")
 	}
 	spec, err := readPartitioned("$fill", d, true)
 	if err != nil {
@@ -40,37 +42,37 @@ func compileFill(v Value, next processor, opts Options) (processor, error) {
 		o := fillOutput{field: e.Key()}
 		spec, ok := e.Value().DocumentOK()
 		if !ok {
-			return nil, badValue(mongoerr.TypeMismatch, "$fill output field '%s' must be an object", e.Key())
+			return nil, value.BadValue(mongoerr.TypeMismatch, "$fill output field '%s' must be an object", e.Key())
 		}
 		if m, err := spec.LookupErr("method"); err == nil {
 			o.method, _ = m.StringValueOK()
 			if o.method != "locf" && o.method != "linear" {
-				return nil, badValue(6050202, "Method must be either locf or linear")
+				return nil, value.BadValue(6050202, "Method must be either locf or linear")
 			}
 			if f.keys == nil {
-				return nil, badValue(6050203, "sortBy required if any output field specifies a 'method'")
+				return nil, value.BadValue(6050203, "sortBy required if any output field specifies a 'method'")
 			}
 			if o.method == "linear" && len(f.keys) != 1 {
-				return nil, unsupported("a linear $fill with a sortBy of more than one field")
+				return nil, value.Unsupported("a linear $fill with a sortBy of more than one field")
 			}
 		} else if val, err := spec.LookupErr("value"); err == nil {
-			x, err := compileTop(val, 1)
+			x, err := expr.CompileTop(val, 1)
 			if err != nil {
 				return nil, err
 			}
 			o.value = x
 		} else {
-			return nil, badValue(6050203, "Each fill output specification must have either 'method' or 'value'")
+			return nil, value.BadValue(6050203, "Each fill output specification must have either 'method' or 'value'")
 		}
 		if len(splitPath(o.field)) > 1 {
-			return nil, unsupported("$fill of a dotted field")
+			return nil, value.Unsupported("$fill of a dotted field")
 		}
 		f.outputs = append(f.outputs, o)
 	}
 	return f, nil
 }
 
-func (f *fillStage) push(doc bsoncore.Document) error { return f.in.add(doc) }
+func (f *fillStage) push(doc bsoncore.Document) error { return f.in.Add(doc) }
 
 func (f *fillStage) flush() error {
 	by := f.by
@@ -100,28 +102,28 @@ func (f *fillStage) flush() error {
 
 // fill replaces the null and missing values of o's field in docs.
 func (o fillOutput) fill(docs []bsoncore.Document, keys []sortKey) error {
-	vals := make([]Value, len(docs))
+	vals := make([]value.Value, len(docs))
 	for i, d := range docs {
-		vals[i] = lookupPath(Value{Type: bsoncore.TypeEmbeddedDocument, Data: d}, []string{o.field})
+		vals[i] = expr.LookupPath(value.Value{Type: bsoncore.TypeEmbeddedDocument, Data: d}, []string{o.field})
 	}
 	switch o.method {
 	case "":
 		for i, d := range docs {
-			if isNullish(vals[i]) {
-				v, err := o.value.eval(d)
+			if value.IsNullish(vals[i]) {
+				v, err := o.value.Eval(d)
 				if err != nil {
 					return err
 				}
 				if v.Type == 0 {
-					v = null
+					v = value.Null
 				}
 				docs[i] = setTopField(d, o.field, v)
 			}
 		}
 	case "locf":
-		last := null
+		last := value.Null
 		for i, d := range docs {
-			if isNullish(vals[i]) {
+			if value.IsNullish(vals[i]) {
 				docs[i] = setTopField(d, o.field, last)
 			} else {
 				last = vals[i]
@@ -130,46 +132,46 @@ func (o fillOutput) fill(docs []bsoncore.Document, keys []sortKey) error {
 	case "linear":
 		pos := make([]float64, len(docs))
 		for i, d := range docs {
-			v := lookupPath(Value{Type: bsoncore.TypeEmbeddedDocument, Data: d}, keys[0].path)
+			v := expr.LookupPath(value.Value{Type: bsoncore.TypeEmbeddedDocument, Data: d}, keys[0].path)
 			switch {
 			case v.Type == bsoncore.TypeDateTime:
 				pos[i] = float64(v.DateTime())
 			default:
-				k, iv, fv, ok := number(v)
-				if !ok || k == kindDecimal {
-					return badValue(6050106, "There can be no repeated values in the sort field, and it must be a number or a date; found a %s", typeAlias(v))
+				k, iv, fv, ok := value.Number(v)
+				if !ok || k == value.KindDecimal {
+					return value.BadValue(6050106, "There can be no repeated values in the sort field, and it must be a number or a date; found a %s", expr.TypeAlias(v))
 				}
-				if k != kindDouble {
+				if k != value.KindDouble {
 					fv = float64(iv)
 				}
 				pos[i] = fv
 			}
 			if i > 0 && pos[i] == pos[i-1] {
-				return badValue(6050106, "There can be no repeated values in the sort field")
+				return value.BadValue(6050106, "There can be no repeated values in the sort field")
 			}
 		}
 		prev := -1
 		for i := range docs {
-			if isNullish(vals[i]) {
+			if value.IsNullish(vals[i]) {
 				continue
 			}
-			_, _, y1, ok1 := number(vals[i])
+			_, _, y1, ok1 := value.Number(vals[i])
 			if !ok1 {
-				return badValue(mongoerr.TypeMismatch, "Value to be filled must be numeric or nullish: found a %s", typeAlias(vals[i]))
+				return value.BadValue(mongoerr.TypeMismatch, "Value to be filled must be numeric or nullish: found a %s", expr.TypeAlias(vals[i]))
 			}
 			if prev >= 0 && i-prev > 1 {
-				_, _, y0, _ := number(vals[prev])
+				_, _, y0, _ := value.Number(vals[prev])
 				for j := prev + 1; j < i; j++ {
 					y := y0 + (pos[j]-pos[prev])*(y1-y0)/(pos[i]-pos[prev])
-					docs[j] = setTopField(docs[j], o.field, doubleValue(y))
+					docs[j] = setTopField(docs[j], o.field, value.DoubleValue(y))
 				}
 			}
 			prev = i
 		}
 		// Before the first value and after the last one: null.
 		for i := range docs {
-			if isNullish(vals[i]) && docs[i].Lookup(o.field).Type != bsoncore.TypeDouble {
-				docs[i] = setTopField(docs[i], o.field, null)
+			if value.IsNullish(vals[i]) && docs[i].Lookup(o.field).Type != bsoncore.TypeDouble {
+				docs[i] = setTopField(docs[i], o.field, value.Null)
 			}
 		}
 	}

@@ -1,10 +1,13 @@
 package agg
 
 import (
-	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
-	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 	"slices"
 
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+	"github.com/tsproxy/tsproxy/rewrite/expr"
+	"github.com/tsproxy/tsproxy/rewrite/expr/value"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 )
 
@@ -70,10 +73,10 @@ type lookupStage struct {
 	next         processor
 }
 
-func compileLookup(v Value, next processor, opts Options) (processor, error) {
+func compileLookup(v value.Value, next processor, opts Options) (processor, error) {
 	d, ok := v.DocumentOK()
 	if !ok {
-		return nil, badValue(mongoerr.FailedToParse, "the $lookup stage specification must be an object")
+		return nil, value.BadValue(mongoerr.FailedToParse, "the $lookup stage specification must be an object")
 	}
 	l := &lookupStage{foreign: opts.Foreign, next: next}
 	elems, _ := d.Elements()
@@ -82,12 +85,12 @@ func compileLookup(v Value, next processor, opts Options) (processor, error) {
 		switch e.Key() {
 		case "from", "as", "localField", "foreignField":
 			if !isString || s == "" {
-				return nil, badValue(mongoerr.FailedToParse, "$lookup argument '%s' must be a non-empty string", e.Key())
+				return nil, value.BadValue(mongoerr.FailedToParse, "$lookup argument '%s' must be a non-empty string", e.Key())
 			}
 		case "pipeline", "let":
-			return nil, unsupported("$lookup with %s", e.Key())
+			return nil, value.Unsupported("$lookup with %s", e.Key())
 		default:
-			return nil, badValue(mongoerr.FailedToParse, "unknown argument to $lookup: %s", e.Key())
+			return nil, value.BadValue(mongoerr.FailedToParse, "unknown argument to $lookup: %s", e.Key())
 		}
 		switch e.Key() {
 		case "from":
@@ -101,29 +104,29 @@ func compileLookup(v Value, next processor, opts Options) (processor, error) {
 		}
 	}
 	if l.from == "" || l.as == "" || l.local == nil || l.foreignField == nil {
-		return nil, badValue(mongoerr.FailedToParse, "$lookup requires 'from', 'localField', 'foreignField' and 'as'")
+		return nil, value.BadValue(mongoerr.FailedToParse, "$lookup requires 'from', 'localField', 'foreignField' and 'as'")
 	}
 	if len(splitPath(l.as)) > 1 {
-		return nil, unsupported("$lookup 'as' a dotted field")
+		return nil, value.Unsupported("$lookup 'as' a dotted field")
 	}
 	if l.foreign == nil {
-		return nil, unsupported("$lookup here")
+		return nil, value.Unsupported("$lookup here")
 	}
 	return l, nil
 }
 
 // matchKeys are the keys a value matches by: each element of an array,
 // null for null and missing.
-func matchKeys(v Value) []string {
+func matchKeys(v value.Value) []string {
 	if v.Type == bsoncore.TypeArray {
 		vals, _ := v.Array().Values()
 		var keys []string
 		for _, el := range vals {
-			keys = append(keys, string(groupKey(nil, el)))
+			keys = append(keys, string(value.GroupKey(nil, el)))
 		}
 		return keys
 	}
-	return []string{string(groupKey(nil, v))}
+	return []string{string(value.GroupKey(nil, v))}
 }
 
 func (l *lookupStage) push(doc bsoncore.Document) error {
@@ -131,7 +134,7 @@ func (l *lookupStage) push(doc bsoncore.Document) error {
 		l.docs = l.foreign.Docs[l.from]
 		l.index = map[string][]int{}
 		for i, fd := range l.docs {
-			for _, k := range matchKeys(lookupPath(Value{Type: bsoncore.TypeEmbeddedDocument, Data: fd}, l.foreignField)) {
+			for _, k := range matchKeys(expr.LookupPath(value.Value{Type: bsoncore.TypeEmbeddedDocument, Data: fd}, l.foreignField)) {
 				if n := len(l.index[k]); n == 0 || l.index[k][n-1] != i {
 					l.index[k] = append(l.index[k], i)
 				}
@@ -140,7 +143,7 @@ func (l *lookupStage) push(doc bsoncore.Document) error {
 	}
 	seen := map[int]bool{}
 	var matched []int
-	for _, k := range matchKeys(lookupPath(Value{Type: bsoncore.TypeEmbeddedDocument, Data: doc}, l.local)) {
+	for _, k := range matchKeys(expr.LookupPath(value.Value{Type: bsoncore.TypeEmbeddedDocument, Data: doc}, l.local)) {
 		for _, i := range l.index[k] {
 			if !seen[i] {
 				seen[i] = true
@@ -154,7 +157,7 @@ func (l *lookupStage) push(doc bsoncore.Document) error {
 		arr = bsoncore.AppendDocumentElement(arr, bsonutil.Itoa(j), l.docs[i])
 	}
 	arr, _ = bsoncore.AppendArrayEnd(arr, aidx)
-	return l.next.push(setTopField(doc, l.as, Value{Type: bsoncore.TypeArray, Data: arr}))
+	return l.next.push(setTopField(doc, l.as, value.Value{Type: bsoncore.TypeArray, Data: arr}))
 }
 
 func (l *lookupStage) flush() error { return l.next.flush() }

@@ -7,6 +7,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
+	"github.com/tsproxy/tsproxy/rewrite/expr"
+	"github.com/tsproxy/tsproxy/rewrite/expr/value"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 )
 
@@ -23,7 +25,7 @@ type Output struct {
 
 // ReadOutput reads a $out or $merge stage of a pipeline run on db: a
 // collection name, or a document of options.
-func ReadOutput(name string, v Value, db string) (*Output, error) {
+func ReadOutput(name string, v value.Value, db string) (*Output, error) {
 	o := &Output{Stage: name, DB: db}
 	var readDoc func(bsoncore.Element) error
 	switch name {
@@ -33,7 +35,7 @@ func ReadOutput(name string, v Value, db string) (*Output, error) {
 		o.WhenMatched, o.WhenNotMatched = "merge", "insert"
 		readDoc = o.mergeOption
 	default:
-		return nil, unsupported("the output stage %q", name)
+		return nil, value.Unsupported("the output stage %q", name)
 	}
 	if s, ok := v.StringValueOK(); ok {
 		o.Coll = s
@@ -45,10 +47,10 @@ func ReadOutput(name string, v Value, db string) (*Output, error) {
 			}
 		}
 	} else {
-		return nil, badValue(16990, "%s only supports a string or object argument, not %s", name, typeAlias(v))
+		return nil, value.BadValue(16990, "%s only supports a string or object argument, not %s", name, expr.TypeAlias(v))
 	}
 	if o.Coll == "" || o.DB == "" {
-		return nil, badValue(mongoerr.InvalidNamespace, "%s needs a collection name", name)
+		return nil, value.BadValue(mongoerr.InvalidNamespace, "%s needs a collection name", name)
 	}
 	return o, nil
 }
@@ -57,15 +59,15 @@ func (o *Output) outOption(e bsoncore.Element) error {
 	s, ok := e.Value().StringValueOK()
 	switch {
 	case e.Key() == "timeseries":
-		return unsupported("$out with timeseries")
+		return value.Unsupported("$out with timeseries")
 	case !ok:
-		return badValue(mongoerr.TypeMismatch, "$out's %q must be a string", e.Key())
+		return value.BadValue(mongoerr.TypeMismatch, "$out's %q must be a string", e.Key())
 	case e.Key() == "db":
 		o.DB = s
 	case e.Key() == "coll":
 		o.Coll = s
 	default:
-		return badValue(mongoerr.IDLUnknownField, "BSON field '$out.%s' is an unknown field.", e.Key())
+		return value.BadValue(mongoerr.IDLUnknownField, "BSON field '$out.%s' is an unknown field.", e.Key())
 	}
 	return nil
 }
@@ -80,7 +82,7 @@ func (o *Output) mergeOption(e bsoncore.Element) error {
 		}
 		d, ok := e.Value().DocumentOK()
 		if !ok {
-			return badValue(mongoerr.TypeMismatch, "$merge 'into' must be a string or an object")
+			return value.BadValue(mongoerr.TypeMismatch, "$merge 'into' must be a string or an object")
 		}
 		if db, ok := d.Lookup("db").StringValueOK(); ok {
 			o.DB = db
@@ -88,30 +90,30 @@ func (o *Output) mergeOption(e bsoncore.Element) error {
 		o.Coll, _ = d.Lookup("coll").StringValueOK()
 	case "on":
 		if !isString || s != "_id" {
-			return unsupported("$merge 'on' fields other than _id")
+			return value.Unsupported("$merge 'on' fields other than _id")
 		}
 	case "whenMatched":
 		switch {
 		case !isString:
-			return unsupported("a $merge whenMatched pipeline")
+			return value.Unsupported("a $merge whenMatched pipeline")
 		case s == "replace" || s == "merge" || s == "keepExisting" || s == "fail":
 			o.WhenMatched = s
 		default:
-			return badValue(mongoerr.BadValue, "Enumeration value '%s' for field '$merge.whenMatched' is not a valid value.", s)
+			return value.BadValue(mongoerr.BadValue, "Enumeration value '%s' for field '$merge.whenMatched' is not a valid value.", s)
 		}
 	case "whenNotMatched":
 		switch s {
 		case "insert", "discard":
 			o.WhenNotMatched = s
 		case "fail":
-			return unsupported("$merge whenNotMatched: \"fail\"")
+			return value.Unsupported("$merge whenNotMatched: \"fail\"")
 		default:
-			return badValue(mongoerr.BadValue, "Enumeration value '%s' for field '$merge.whenNotMatched' is not a valid value.", s)
+			return value.BadValue(mongoerr.BadValue, "Enumeration value '%s' for field '$merge.whenNotMatched' is not a valid value.", s)
 		}
 	case "let":
-		return unsupported("$merge with let")
+		return value.Unsupported("$merge with let")
 	default:
-		return badValue(mongoerr.IDLUnknownField, "BSON field '$merge.%s' is an unknown field.", e.Key())
+		return value.BadValue(mongoerr.IDLUnknownField, "BSON field '$merge.%s' is an unknown field.", e.Key())
 	}
 	return nil
 }

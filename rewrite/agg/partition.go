@@ -6,6 +6,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+	"github.com/tsproxy/tsproxy/rewrite/expr"
+	"github.com/tsproxy/tsproxy/rewrite/expr/value"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 )
 
@@ -21,7 +23,7 @@ type buffer struct {
 	max   int
 }
 
-func (b *buffer) add(doc bsoncore.Document) error {
+func (b *buffer) Add(doc bsoncore.Document) error {
 	b.bytes += 2*len(doc) + 48
 	if b.bytes > b.max {
 		return exceeded(b.stage, b.max)
@@ -40,41 +42,41 @@ func (b *buffer) take() []bsoncore.Document {
 // partitionKey says which partition a document is in: an expression
 // (partitionBy), fields (partitionByFields), or neither (one partition).
 type partitionKey struct {
-	expr   expr
+	expr   expr.Expr
 	fields [][]string
 }
 
-func (k partitionKey) of(doc bsoncore.Document) (Value, error) {
+func (k partitionKey) of(doc bsoncore.Document) (value.Value, error) {
 	switch {
 	case k.expr != nil:
-		v, err := k.expr.eval(doc)
+		v, err := k.expr.Eval(doc)
 		if err != nil || v.Type == 0 {
-			return null, err
+			return value.Null, err
 		}
-		return clone(v), nil
+		return value.Clone(v), nil
 	case k.fields != nil:
 		idx, arr := bsoncore.AppendArrayStart(nil)
 		for i, p := range k.fields {
-			v := lookupPath(Value{Type: bsoncore.TypeEmbeddedDocument, Data: doc}, p)
+			v := expr.LookupPath(value.Value{Type: bsoncore.TypeEmbeddedDocument, Data: doc}, p)
 			if v.Type == 0 {
-				v = null
+				v = value.Null
 			}
 			arr = bsoncore.AppendValueElement(arr, bsonutil.Itoa(i), v)
 		}
 		arr, _ = bsoncore.AppendArrayEnd(arr, idx)
-		return Value{Type: bsoncore.TypeArray, Data: arr}, nil
+		return value.Value{Type: bsoncore.TypeArray, Data: arr}, nil
 	}
-	return null, nil
+	return value.Null, nil
 }
 
 // field is the value of partitionByFields' i-th field in key.
-func (k partitionKey) field(key Value, i int) Value {
+func (k partitionKey) field(key value.Value, i int) value.Value {
 	v, _ := key.Array().IndexErr(uint(i))
 	return v
 }
 
 type partition struct {
-	key  Value
+	key  value.Value
 	docs []bsoncore.Document
 }
 
@@ -90,7 +92,7 @@ func (k partitionKey) partitions(docs []bsoncore.Document, keys []sortKey) ([]*p
 		if err := checkSortPaths("sortBy", keys, d); err != nil {
 			return nil, err
 		}
-		gk := string(groupKey(nil, key))
+		gk := string(value.GroupKey(nil, key))
 		i, ok := byKey[gk]
 		if !ok {
 			i = len(parts)
@@ -99,7 +101,7 @@ func (k partitionKey) partitions(docs []bsoncore.Document, keys []sortKey) ([]*p
 		}
 		parts[i].docs = append(parts[i].docs, d)
 	}
-	slices.SortStableFunc(parts, func(a, b *partition) int { return compare(a.key, b.key) })
+	slices.SortStableFunc(parts, func(a, b *partition) int { return value.Compare(a.key, b.key) })
 	if len(keys) > 0 {
 		sorter := &sortStage{keys: keys}
 		for _, p := range parts {
@@ -110,17 +112,17 @@ func (k partitionKey) partitions(docs []bsoncore.Document, keys []sortKey) ([]*p
 }
 
 // readPartitionFields reads a partitionByFields array of field paths.
-func readPartitionFields(stage string, v Value) ([][]string, error) {
+func readPartitionFields(stage string, v value.Value) ([][]string, error) {
 	arr, ok := v.ArrayOK()
 	vals, _ := arr.Values()
 	if !ok {
-		return nil, badValue(mongoerr.TypeMismatch, "%s 'partitionByFields' must be an array of field paths", stage)
+		return nil, value.BadValue(mongoerr.TypeMismatch, "%s 'partitionByFields' must be an array of field paths", stage)
 	}
 	var out [][]string
 	for _, pv := range vals {
 		s, ok := pv.StringValueOK()
 		if !ok || s == "" || s[0] == '$' {
-			return nil, badValue(mongoerr.TypeMismatch, "%s 'partitionByFields' must be an array of field paths", stage)
+			return nil, value.BadValue(mongoerr.TypeMismatch, "%s 'partitionByFields' must be an array of field paths", stage)
 		}
 		out = append(out, splitPath(s))
 	}
@@ -128,7 +130,7 @@ func readPartitionFields(stage string, v Value) ([][]string, error) {
 }
 
 // readSortBy reads a sortBy document as $sort's keys.
-func readSortBy(v Value) ([]sortKey, error) {
+func readSortBy(v value.Value) ([]sortKey, error) {
 	s, err := compileSort(v, nil, Options{})
 	if err != nil {
 		return nil, err
@@ -152,7 +154,7 @@ func readPartitioned(stage string, d bsoncore.Document, fields bool) (partitione
 		var err error
 		switch k := e.Key(); {
 		case k == "partitionBy":
-			p.by.expr, err = compileTop(e.Value(), 1)
+			p.by.expr, err = expr.CompileTop(e.Value(), 1)
 		case k == "partitionByFields" && fields:
 			p.by.fields, err = readPartitionFields(stage, e.Value())
 		case k == "sortBy":
@@ -160,21 +162,21 @@ func readPartitioned(stage string, d bsoncore.Document, fields bool) (partitione
 		case k == "output":
 			o, ok := e.Value().DocumentOK()
 			if !ok {
-				return p, badValue(mongoerr.TypeMismatch, "%s 'output' must be an object", stage)
+				return p, value.BadValue(mongoerr.TypeMismatch, "%s 'output' must be an object", stage)
 			}
 			p.output = o
 		default:
-			return p, badValue(mongoerr.IDLUnknownField, "BSON field '%s.%s' is an unknown field.", stage, k)
+			return p, value.BadValue(mongoerr.IDLUnknownField, "BSON field '%s.%s' is an unknown field.", stage, k)
 		}
 		if err != nil {
 			return p, err
 		}
 	}
 	if p.output == nil {
-		return p, badValue(mongoerr.IDLFailedToParse, "BSON field '%s.output' is missing but a required field", stage)
+		return p, value.BadValue(mongoerr.IDLFailedToParse, "BSON field '%s.output' is missing but a required field", stage)
 	}
 	if p.by.expr != nil && p.by.fields != nil {
-		return p, badValue(6050204, "Maximum one of 'partitionBy' and 'partitionByFields' can be specified in '%s'", stage)
+		return p, value.BadValue(6050204, "Maximum one of 'partitionBy' and 'partitionByFields' can be specified in '%s'", stage)
 	}
 	return p, nil
 }

@@ -1,12 +1,14 @@
 package agg
 
 import (
-	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"slices"
 	"strings"
 
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+	"github.com/tsproxy/tsproxy/rewrite/expr"
+	"github.com/tsproxy/tsproxy/rewrite/expr/value"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
 )
@@ -28,7 +30,7 @@ type Options struct {
 // Stage is one stage as the client sent it.
 type Stage struct {
 	Name  string
-	Value Value
+	Value value.Value
 }
 
 // Pipeline is a compiled pipeline: Push every input document, then
@@ -53,7 +55,7 @@ func Supported(name string) bool {
 	return ok
 }
 
-type stageCompiler func(v Value, next processor, opts Options) (processor, error)
+type stageCompiler func(v value.Value, next processor, opts Options) (processor, error)
 
 var stageCompilers map[string]stageCompiler
 
@@ -96,7 +98,7 @@ func Compile(stages []Stage, opts Options) (*Pipeline, error) {
 		st := stages[i]
 		c, ok := stageCompilers[st.Name]
 		if !ok {
-			return nil, unsupported("the aggregation stage %q", st.Name)
+			return nil, value.Unsupported("the aggregation stage %q", st.Name)
 		}
 		proc, err := c(st.Value, next, opts)
 		if err != nil {
@@ -156,21 +158,21 @@ func exceeded(stage string, limit int) error {
 // $exists, $not, $and, $or, $nor), refused by name beyond it.
 type matchStage struct {
 	pred  query.DocPred
-	exprs []expr // $expr: each must be truthy
+	exprs []expr.Expr // $expr: each must be truthy
 	next  processor
 }
 
-func compileMatch(v Value, next processor, _ Options) (processor, error) {
+func compileMatch(v value.Value, next processor, _ Options) (processor, error) {
 	d, ok := v.DocumentOK()
 	if !ok {
-		return nil, badValue(15959, "the match filter must be an expression in an object")
+		return nil, value.BadValue(15959, "the match filter must be an expression in an object")
 	}
-	rest, exprs, err := splitExpr(d)
+	rest, exprs, err := expr.SplitExpr(d)
 	if err != nil {
 		return nil, err
 	}
 	fc := query.Compiler{Unsupported: func(format string, args ...any) error {
-		return unsupported("in $match, "+format, args...)
+		return value.Unsupported("in $match, "+format, args...)
 	}}
 	pred, err := fc.Compile(rest, 0)
 	if err != nil {
@@ -183,7 +185,7 @@ func (m *matchStage) push(doc bsoncore.Document) error {
 	if !m.pred(doc) {
 		return nil
 	}
-	ok, err := exprsTrue(m.exprs, doc)
+	ok, err := expr.ExprsTrue(m.exprs, doc)
 	if err != nil || !ok {
 		return err
 	}
@@ -197,18 +199,18 @@ type skipStage struct {
 	next processor
 }
 
-func wholeNumber(stage string, v Value, positive bool) (int64, error) {
+func wholeNumber(stage string, v value.Value, positive bool) (int64, error) {
 	i, ok := bsonutil.WholeNumber(v)
 	if !ok {
-		return 0, badValue(15957, "the %s must be specified as a number", stage)
+		return 0, value.BadValue(15957, "the %s must be specified as a number", stage)
 	}
 	if i < 0 || (positive && i == 0) {
-		return 0, badValue(15958, "the %s must be positive", stage)
+		return 0, value.BadValue(15958, "the %s must be positive", stage)
 	}
 	return i, nil
 }
 
-func compileSkip(v Value, next processor, _ Options) (processor, error) {
+func compileSkip(v value.Value, next processor, _ Options) (processor, error) {
 	n, err := wholeNumber("$skip", v, false)
 	if err != nil {
 		return nil, err
@@ -231,7 +233,7 @@ type limitStage struct {
 	next processor
 }
 
-func compileLimit(v Value, next processor, _ Options) (processor, error) {
+func compileLimit(v value.Value, next processor, _ Options) (processor, error) {
 	n, err := wholeNumber("$limit", v, true)
 	if err != nil {
 		return nil, err
@@ -256,17 +258,17 @@ type countStage struct {
 	next processor
 }
 
-func compileCount(v Value, next processor, _ Options) (processor, error) {
+func compileCount(v value.Value, next processor, _ Options) (processor, error) {
 	name, ok := v.StringValueOK()
 	switch {
 	case !ok:
-		return nil, badValue(40156, "the count field must be a non-empty string")
+		return nil, value.BadValue(40156, "the count field must be a non-empty string")
 	case name == "":
-		return nil, badValue(40157, "the count field must be a non-empty string")
+		return nil, value.BadValue(40157, "the count field must be a non-empty string")
 	case strings.HasPrefix(name, "$"):
-		return nil, badValue(40158, "the count field cannot be a $-prefixed path")
+		return nil, value.BadValue(40158, "the count field cannot be a $-prefixed path")
 	case strings.Contains(name, "."):
-		return nil, badValue(40160, "the count field cannot contain '.'")
+		return nil, value.BadValue(40160, "the count field cannot contain '.'")
 	}
 	return &countStage{name: name, next: next}, nil
 }
@@ -275,7 +277,7 @@ func (c *countStage) push(bsoncore.Document) error { c.n++; return nil }
 
 func (c *countStage) flush() error {
 	if c.n > 0 {
-		d := bsoncore.NewDocumentBuilder().AppendValue(c.name, intValue(c.n)).Build()
+		d := bsoncore.NewDocumentBuilder().AppendValue(c.name, value.IntValue(c.n)).Build()
 		if err := c.next.push(d); err != nil {
 			return err
 		}

@@ -7,6 +7,8 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
+	"github.com/tsproxy/tsproxy/rewrite/expr"
+	"github.com/tsproxy/tsproxy/rewrite/expr/value"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 )
 
@@ -31,8 +33,8 @@ type windowBound struct {
 
 type windowOutput struct {
 	field   string
-	acc     accumulatorSpec // an accumulator's; for the other functions, acc.arg is their input
-	fn      string          // "" for an accumulator, else the window-only function
+	acc     expr.AccumulatorSpec // an accumulator's; for the other functions, acc.arg is their input
+	fn      string               // "" for an accumulator, else the window-only function
 	byRange bool
 	bounded bool // a documents or range window (else the whole partition)
 	lo, hi  windowBound
@@ -41,17 +43,17 @@ type windowOutput struct {
 	// $derivative's and $integral's unit (0: the sortBy is a number),
 	// $expMovingAvg's alpha.
 	shiftBy  int
-	shiftDef expr
+	shiftDef expr.Expr
 	fnUnitMs int64
 	alpha    float64
 }
 
 var windowUnits = map[string]int64{"millisecond": 1, "second": 1000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000, "week": 7 * 86_400_000}
 
-func compileWindowFields(v Value, next processor, opts Options) (processor, error) {
+func compileWindowFields(v value.Value, next processor, opts Options) (processor, error) {
 	d, ok := v.DocumentOK()
 	if !ok {
-		return nil, badValue(mongoerr.FailedToParse, "the $setWindowFields stage specification must be an object")
+		return nil, value.BadValue(mongoerr.FailedToParse, "the $setWindowFields stage specification must be an object")
 	}
 	spec, err := readPartitioned("$setWindowFields", d, false)
 	if err != nil {
@@ -70,14 +72,14 @@ func compileWindowFields(v Value, next processor, opts Options) (processor, erro
 	return w, nil
 }
 
-func compileWindowOutput(field string, v Value, keys []sortKey) (windowOutput, error) {
+func compileWindowOutput(field string, v value.Value, keys []sortKey) (windowOutput, error) {
 	out := windowOutput{field: field}
 	if strings.Contains(field, ".") || strings.HasPrefix(field, "$") {
-		return out, unsupported("a $setWindowFields output field named %q", field)
+		return out, value.Unsupported("a $setWindowFields output field named %q", field)
 	}
 	d, ok := v.DocumentOK()
 	if !ok {
-		return out, badValue(mongoerr.FailedToParse, "$setWindowFields output field '%s' must be an object", field)
+		return out, value.BadValue(mongoerr.FailedToParse, "$setWindowFields output field '%s' must be an object", field)
 	}
 	var accElem *bsoncore.Element
 	elems, _ := d.Elements()
@@ -89,24 +91,24 @@ func compileWindowOutput(field string, v Value, keys []sortKey) (windowOutput, e
 			}
 		case strings.HasPrefix(e.Key(), "$"):
 			if accElem != nil {
-				return out, badValue(mongoerr.FailedToParse, "$setWindowFields output field '%s' names two functions", field)
+				return out, value.BadValue(mongoerr.FailedToParse, "$setWindowFields output field '%s' names two functions", field)
 			}
 			accElem = &elems[i]
 		default:
-			return out, badValue(mongoerr.FailedToParse, "'window' field is the only allowed field in a $setWindowFields output besides the function, found %q", e.Key())
+			return out, value.BadValue(mongoerr.FailedToParse, "'window' field is the only allowed field in a $setWindowFields output besides the function, found %q", e.Key())
 		}
 	}
 	if accElem == nil {
-		return out, badValue(mongoerr.FailedToParse, "$setWindowFields output field '%s' needs a window function", field)
+		return out, value.BadValue(mongoerr.FailedToParse, "$setWindowFields output field '%s' needs a window function", field)
 	}
 	if windowFunctions[accElem.Key()] {
 		return out, out.readFunction(accElem.Key(), accElem.Value(), keys)
 	}
 	accDoc := bsoncore.NewDocumentBuilder().AppendValue(accElem.Key(), accElem.Value()).Build()
-	spec, err := compileAccumulator(field, Value{Type: bsoncore.TypeEmbeddedDocument, Data: accDoc})
+	spec, err := expr.CompileAccumulator(field, value.Value{Type: bsoncore.TypeEmbeddedDocument, Data: accDoc})
 	if err != nil {
 		if mongoerr.CodeOf(err) == mongoerr.NotImplemented {
-			return out, unsupported("the window function %q", accElem.Key())
+			return out, value.Unsupported("the window function %q", accElem.Key())
 		}
 		return out, err
 	}
@@ -114,10 +116,10 @@ func compileWindowOutput(field string, v Value, keys []sortKey) (windowOutput, e
 	return out, nil
 }
 
-func (o *windowOutput) readWindow(v Value, keys []sortKey) error {
+func (o *windowOutput) readWindow(v value.Value, keys []sortKey) error {
 	d, ok := v.DocumentOK()
 	if !ok {
-		return badValue(mongoerr.FailedToParse, "'window' field must be an object")
+		return value.BadValue(mongoerr.FailedToParse, "'window' field must be an object")
 	}
 	var unit string
 	elems, _ := d.Elements()
@@ -125,13 +127,13 @@ func (o *windowOutput) readWindow(v Value, keys []sortKey) error {
 		switch e.Key() {
 		case "documents", "range":
 			if o.bounded {
-				return badValue(mongoerr.FailedToParse, "'window' field can only specify one of 'documents' or 'range'")
+				return value.BadValue(mongoerr.FailedToParse, "'window' field can only specify one of 'documents' or 'range'")
 			}
 			o.bounded, o.byRange = true, e.Key() == "range"
 			arr, ok := e.Value().ArrayOK()
 			vals, _ := arr.Values()
 			if !ok || len(vals) != 2 {
-				return badValue(mongoerr.FailedToParse, "Window bounds must be a 2-element array: %s", e.Value())
+				return value.BadValue(mongoerr.FailedToParse, "Window bounds must be a 2-element array: %s", e.Value())
 			}
 			var err error
 			if o.lo, err = readBound(vals[0], o.byRange); err != nil {
@@ -143,29 +145,29 @@ func (o *windowOutput) readWindow(v Value, keys []sortKey) error {
 		case "unit":
 			s, ok := e.Value().StringValueOK()
 			if _, known := windowUnits[s]; !ok || !known {
-				return unsupported("the window unit %s", e.Value())
+				return value.Unsupported("the window unit %s", e.Value())
 			}
 			unit = s
 		default:
-			return badValue(mongoerr.FailedToParse, "'window' has an unexpected field %q", e.Key())
+			return value.BadValue(mongoerr.FailedToParse, "'window' has an unexpected field %q", e.Key())
 		}
 	}
 	if unit != "" {
 		if !o.byRange {
-			return badValue(mongoerr.FailedToParse, "Window bounds can only specify 'unit' with range-based bounds.")
+			return value.BadValue(mongoerr.FailedToParse, "Window bounds can only specify 'unit' with range-based bounds.")
 		}
 		o.unitMs = windowUnits[unit]
 	}
 	if o.bounded && !(o.lo.unbounded && o.hi.unbounded) && len(keys) == 0 {
-		return badValue(5339901, "Document-based bounds require a sortBy")
+		return value.BadValue(5339901, "Document-based bounds require a sortBy")
 	}
 	if o.byRange && (len(keys) != 1 || keys[0].desc) {
-		return unsupported("a range window without exactly one ascending sortBy field")
+		return value.Unsupported("a range window without exactly one ascending sortBy field")
 	}
 	return nil
 }
 
-func readBound(v Value, byRange bool) (windowBound, error) {
+func readBound(v value.Value, byRange bool) (windowBound, error) {
 	if s, ok := v.StringValueOK(); ok {
 		switch s {
 		case "unbounded":
@@ -173,21 +175,21 @@ func readBound(v Value, byRange bool) (windowBound, error) {
 		case "current":
 			return windowBound{current: true}, nil
 		}
-		return windowBound{}, badValue(mongoerr.FailedToParse, "Window bounds must be 'unbounded', 'current', or a number: %q", s)
+		return windowBound{}, value.BadValue(mongoerr.FailedToParse, "Window bounds must be 'unbounded', 'current', or a number: %q", s)
 	}
-	k, i, f, ok := number(v)
-	if !ok || k == kindDecimal {
-		return windowBound{}, badValue(mongoerr.FailedToParse, "Window bounds must be 'unbounded', 'current', or a number: %s", v)
+	k, i, f, ok := value.Number(v)
+	if !ok || k == value.KindDecimal {
+		return windowBound{}, value.BadValue(mongoerr.FailedToParse, "Window bounds must be 'unbounded', 'current', or a number: %s", v)
 	}
-	if k != kindDouble {
+	if k != value.KindDouble {
 		f = float64(i)
 	} else if !byRange && f != math.Trunc(f) {
-		return windowBound{}, badValue(mongoerr.FailedToParse, "Numeric document-based bounds must be an integer: %v", f)
+		return windowBound{}, value.BadValue(mongoerr.FailedToParse, "Numeric document-based bounds must be an integer: %v", f)
 	}
 	return windowBound{n: f}, nil
 }
 
-func (w *windowStage) push(doc bsoncore.Document) error { return w.in.add(doc) }
+func (w *windowStage) push(doc bsoncore.Document) error { return w.in.Add(doc) }
 
 func (w *windowStage) flush() error {
 	parts, err := w.by.partitions(w.in.take(), w.keys)
@@ -195,18 +197,18 @@ func (w *windowStage) flush() error {
 		return err
 	}
 	for _, p := range parts {
-		cols := make([][]Value, len(w.outputs))
+		cols := make([][]value.Value, len(w.outputs))
 		for j, o := range w.outputs {
-			cols[j] = make([]Value, len(p.docs))
+			cols[j] = make([]value.Value, len(p.docs))
 			for i, d := range p.docs {
-				v, err := o.acc.arg.eval(d)
+				v, err := o.acc.Arg.Eval(d)
 				if err != nil {
 					return err
 				}
 				cols[j][i] = v
 			}
 		}
-		results := make([][]Value, len(w.outputs))
+		results := make([][]value.Value, len(w.outputs))
 		for j, o := range w.outputs {
 			res, err := o.compute(p.docs, cols[j], w.keys)
 			if err != nil {
@@ -228,18 +230,18 @@ func (w *windowStage) flush() error {
 }
 
 // compute is the output's value for each document of one partition.
-func (o windowOutput) compute(docs []bsoncore.Document, vals []Value, keys []sortKey) ([]Value, error) {
+func (o windowOutput) compute(docs []bsoncore.Document, vals []value.Value, keys []sortKey) ([]value.Value, error) {
 	if o.fn != "" {
 		return o.computeFunction(docs, vals, keys)
 	}
 	n := len(docs)
-	out := make([]Value, n)
-	window := func(a, b int) (Value, error) {
-		acc := o.acc.make()
+	out := make([]value.Value, n)
+	window := func(a, b int) (value.Value, error) {
+		acc := o.acc.Make()
 		for j := max(a, 0); j <= min(b, n-1); j++ {
-			acc.add(vals[j])
+			acc.Add(vals[j])
 		}
-		return acc.result()
+		return acc.Result()
 	}
 	if !o.bounded || (o.lo.unbounded && o.hi.unbounded) {
 		v, err := window(0, n-1)
@@ -252,23 +254,23 @@ func (o windowOutput) compute(docs []bsoncore.Document, vals []Value, keys []sor
 	if o.byRange {
 		pos = make([]float64, n)
 		for i, d := range docs {
-			v := lookupPath(Value{Type: bsoncore.TypeEmbeddedDocument, Data: d}, keys[0].path)
+			v := expr.LookupPath(value.Value{Type: bsoncore.TypeEmbeddedDocument, Data: d}, keys[0].path)
 			switch {
 			case o.unitMs > 0 && v.Type == bsoncore.TypeDateTime:
 				pos[i] = float64(v.DateTime()) / float64(o.unitMs)
 			case o.unitMs == 0 && v.Type != bsoncore.TypeDateTime:
-				k, iv, f, ok := number(v)
-				if !ok || k == kindDecimal {
-					return nil, badValue(5429414, "Invalid range: Expected the sortBy field to be a number, but it was %s", typeAlias(v))
+				k, iv, f, ok := value.Number(v)
+				if !ok || k == value.KindDecimal {
+					return nil, value.BadValue(5429414, "Invalid range: Expected the sortBy field to be a number, but it was %s", expr.TypeAlias(v))
 				}
-				if k != kindDouble {
+				if k != value.KindDouble {
 					f = float64(iv)
 				}
 				pos[i] = f
 			case o.unitMs > 0:
-				return nil, badValue(5429513, "Invalid range: Expected the sortBy field to be a Date, but it was %s", typeAlias(v))
+				return nil, value.BadValue(5429513, "Invalid range: Expected the sortBy field to be a Date, but it was %s", expr.TypeAlias(v))
 			default:
-				return nil, badValue(5429414, "Invalid range: Expected the sortBy field to be a number, but it was %s", typeAlias(v))
+				return nil, value.BadValue(5429414, "Invalid range: Expected the sortBy field to be a number, but it was %s", expr.TypeAlias(v))
 			}
 		}
 	}
@@ -294,7 +296,7 @@ func upperBound(sorted []float64, x float64) int {
 
 // setTopField is doc with field set to v: in place where it is, else
 // appended.
-func setTopField(doc bsoncore.Document, field string, v Value) bsoncore.Document {
+func setTopField(doc bsoncore.Document, field string, v value.Value) bsoncore.Document {
 	idx, out := bsoncore.AppendDocumentStart(nil)
 	elems, _ := doc.Elements()
 	set := false

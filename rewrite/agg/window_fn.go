@@ -6,6 +6,8 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
+	"github.com/tsproxy/tsproxy/rewrite/expr"
+	"github.com/tsproxy/tsproxy/rewrite/expr/value"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 )
 
@@ -18,64 +20,64 @@ var windowFunctions = map[string]bool{
 	"$expMovingAvg": true, "$derivative": true, "$integral": true,
 }
 
-func (o *windowOutput) readFunction(name string, v Value, keys []sortKey) error {
+func (o *windowOutput) readFunction(name string, v value.Value, keys []sortKey) error {
 	o.fn = name
-	o.acc.arg = literal{v: missing}
+	o.acc.Arg = expr.Literal{V: value.Missing}
 	args, isDoc := v.DocumentOK()
 	if !isDoc {
-		return badValue(mongoerr.FailedToParse, "%s must be specified with an object", name)
+		return value.BadValue(mongoerr.FailedToParse, "%s must be specified with an object", name)
 	}
 	switch name {
 	case "$documentNumber", "$rank", "$denseRank":
 		if len(args) != 5 {
-			return badValue(mongoerr.FailedToParse, "%s takes no arguments", name)
+			return value.BadValue(mongoerr.FailedToParse, "%s takes no arguments", name)
 		}
 		if name != "$documentNumber" && len(keys) != 1 {
-			return badValue(5371602, "%s must be specified with a top level sortBy expression with exactly one element", name)
+			return value.BadValue(5371602, "%s must be specified with a top level sortBy expression with exactly one element", name)
 		}
 		if o.bounded {
-			return badValue(5371601, "Rank style window functions take no other arguments")
+			return value.BadValue(5371601, "Rank style window functions take no other arguments")
 		}
 		return nil
 	}
 	if len(keys) == 0 {
-		return badValue(mongoerr.FailedToParse, "%s requires a sortBy", name)
+		return value.BadValue(mongoerr.FailedToParse, "%s requires a sortBy", name)
 	}
 	elems, _ := args.Elements()
 	for _, e := range elems {
 		var err error
 		switch k := e.Key(); {
 		case k == "output" && name == "$shift", k == "input" && name != "$shift":
-			o.acc.arg, err = compileTop(e.Value(), 1)
+			o.acc.Arg, err = expr.CompileTop(e.Value(), 1)
 		case k == "by" && name == "$shift":
-			kind, i, _, ok := number(e.Value())
-			if !ok || kind == kindDouble || kind == kindDecimal || i < math.MinInt32 || i > math.MaxInt32 {
-				return badValue(mongoerr.FailedToParse, "$shift's 'by' field must be an integer, but found %s", e.Value())
+			kind, i, _, ok := value.Number(e.Value())
+			if !ok || kind == value.KindDouble || kind == value.KindDecimal || i < math.MinInt32 || i > math.MaxInt32 {
+				return value.BadValue(mongoerr.FailedToParse, "$shift's 'by' field must be an integer, but found %s", e.Value())
 			}
 			o.shiftBy = int(i)
 		case k == "default" && name == "$shift":
-			o.shiftDef, err = compileTop(e.Value(), 1)
+			o.shiftDef, err = expr.CompileTop(e.Value(), 1)
 		case k == "unit" && (name == "$derivative" || name == "$integral"):
 			u, ok := e.Value().StringValueOK()
 			ms, known := windowUnits[u]
 			if !ok || !known {
-				return unsupported("the %s unit %s", name, e.Value())
+				return value.Unsupported("the %s unit %s", name, e.Value())
 			}
 			o.fnUnitMs = ms
 		case k == "N" && name == "$expMovingAvg":
-			kind, i, _, ok := number(e.Value())
-			if !ok || kind == kindDouble || kind == kindDecimal || i <= 0 {
-				return badValue(mongoerr.FailedToParse, "'N' field must be an integer greater than zero, but found %s", e.Value())
+			kind, i, _, ok := value.Number(e.Value())
+			if !ok || kind == value.KindDouble || kind == value.KindDecimal || i <= 0 {
+				return value.BadValue(mongoerr.FailedToParse, "'N' field must be an integer greater than zero, but found %s", e.Value())
 			}
 			o.alpha = 2 / (float64(i) + 1)
 		case k == "alpha" && name == "$expMovingAvg":
-			_, _, f, ok := number(e.Value())
+			_, _, f, ok := value.Number(e.Value())
 			if !ok || f <= 0 || f >= 1 {
-				return badValue(mongoerr.FailedToParse, "'alpha' must be between 0 and 1 (exclusive), found %s", e.Value())
+				return value.BadValue(mongoerr.FailedToParse, "'alpha' must be between 0 and 1 (exclusive), found %s", e.Value())
 			}
 			o.alpha = f
 		default:
-			return badValue(mongoerr.FailedToParse, "%s got an unexpected argument: %s", name, k)
+			return value.BadValue(mongoerr.FailedToParse, "%s got an unexpected argument: %s", name, k)
 		}
 		if err != nil {
 			return err
@@ -83,40 +85,40 @@ func (o *windowOutput) readFunction(name string, v Value, keys []sortKey) error 
 	}
 	switch name {
 	case "$shift":
-		if _, ok := o.acc.arg.(literal); ok && o.acc.arg.(literal).v.Type == 0 {
-			return badValue(mongoerr.FailedToParse, "$shift requires an 'output' expression")
+		if _, ok := o.acc.Arg.(expr.Literal); ok && o.acc.Arg.(expr.Literal).V.Type == 0 {
+			return value.BadValue(mongoerr.FailedToParse, "$shift requires an 'output' expression")
 		}
 		if o.bounded {
-			return badValue(5424801, "$shift does not accept a 'window' field")
+			return value.BadValue(5424801, "$shift does not accept a 'window' field")
 		}
 	case "$expMovingAvg":
 		if o.alpha == 0 {
-			return badValue(mongoerr.FailedToParse, "$expMovingAvg requires either 'N' or 'alpha'")
+			return value.BadValue(mongoerr.FailedToParse, "$expMovingAvg requires either 'N' or 'alpha'")
 		}
 		if o.bounded {
-			return badValue(5433602, "$expMovingAvg does not accept a 'window' field")
+			return value.BadValue(5433602, "$expMovingAvg does not accept a 'window' field")
 		}
 	case "$derivative":
 		if !o.bounded {
-			return badValue(5624901, "$derivative requires explicit window bounds")
+			return value.BadValue(5624901, "$derivative requires explicit window bounds")
 		}
 	}
 	if (name == "$derivative" || name == "$integral") && (len(keys) != 1 || keys[0].desc) {
-		return unsupported("%s without exactly one ascending sortBy field", name)
+		return value.Unsupported("%s without exactly one ascending sortBy field", name)
 	}
 	return nil
 }
 
 // computeFunction is a window-only function's value for each document
 // of one partition, sorted.
-func (o windowOutput) computeFunction(docs []bsoncore.Document, vals []Value, keys []sortKey) ([]Value, error) {
+func (o windowOutput) computeFunction(docs []bsoncore.Document, vals []value.Value, keys []sortKey) ([]value.Value, error) {
 	n := len(docs)
-	out := make([]Value, n)
+	out := make([]value.Value, n)
 	sorter := &sortStage{keys: keys}
 	switch o.fn {
 	case "$documentNumber":
 		for i := range out {
-			out[i] = int32Value(int32(i + 1))
+			out[i] = value.Int32Value(int32(i + 1))
 		}
 	case "$rank", "$denseRank":
 		rank, dense := 1, 1
@@ -125,9 +127,9 @@ func (o windowOutput) computeFunction(docs []bsoncore.Document, vals []Value, ke
 				rank, dense = i+1, dense+1
 			}
 			if o.fn == "$rank" {
-				out[i] = int32Value(int32(rank))
+				out[i] = value.Int32Value(int32(rank))
 			} else {
-				out[i] = int32Value(int32(dense))
+				out[i] = value.Int32Value(int32(dense))
 			}
 		}
 	case "$shift":
@@ -137,25 +139,25 @@ func (o windowOutput) computeFunction(docs []bsoncore.Document, vals []Value, ke
 			case j >= 0 && j < n:
 				out[i] = vals[j]
 				if out[i].Type == 0 {
-					out[i] = null
+					out[i] = value.Null
 				}
 			case o.shiftDef != nil:
-				v, err := o.shiftDef.eval(d)
+				v, err := o.shiftDef.Eval(d)
 				if err != nil {
 					return nil, err
 				}
 				out[i] = v
 			default:
-				out[i] = null
+				out[i] = value.Null
 			}
 		}
 	case "$expMovingAvg":
 		var ema float64
 		started := false
 		for i, v := range vals {
-			_, iv, f, ok := number(v)
+			_, iv, f, ok := value.Number(v)
 			if !ok {
-				out[i] = null
+				out[i] = value.Null
 				continue
 			}
 			if v.Type != bsoncore.TypeDouble {
@@ -166,7 +168,7 @@ func (o windowOutput) computeFunction(docs []bsoncore.Document, vals []Value, ke
 			} else {
 				ema = o.alpha*f + (1-o.alpha)*ema
 			}
-			out[i] = doubleValue(ema)
+			out[i] = value.DoubleValue(ema)
 		}
 	case "$derivative", "$integral":
 		return o.rateOrArea(docs, vals, keys)
@@ -177,53 +179,53 @@ func (o windowOutput) computeFunction(docs []bsoncore.Document, vals []Value, ke
 // rateOrArea is $derivative ((y_last - y_first) / (x_last - x_first)
 // over the window) or $integral (the trapezoidal rule over the window),
 // x being the sortBy value: ms over the unit for dates, else the number.
-func (o windowOutput) rateOrArea(docs []bsoncore.Document, vals []Value, keys []sortKey) ([]Value, error) {
+func (o windowOutput) rateOrArea(docs []bsoncore.Document, vals []value.Value, keys []sortKey) ([]value.Value, error) {
 	n := len(docs)
 	xs := make([]float64, n)
 	ys := make([]float64, n)
 	for i, d := range docs {
-		xv := lookupPath(Value{Type: bsoncore.TypeEmbeddedDocument, Data: d}, keys[0].path)
+		xv := expr.LookupPath(value.Value{Type: bsoncore.TypeEmbeddedDocument, Data: d}, keys[0].path)
 		switch {
 		case xv.Type == bsoncore.TypeDateTime && o.fnUnitMs > 0:
 			xs[i] = float64(xv.DateTime()) / float64(o.fnUnitMs)
 		case xv.Type == bsoncore.TypeDateTime:
-			return nil, badValue(5624900, "%s where the sortBy is a Date requires a 'unit'", o.fn)
+			return nil, value.BadValue(5624900, "%s where the sortBy is a Date requires a 'unit'", o.fn)
 		default:
-			k, iv, f, ok := number(xv)
-			if !ok || k == kindDecimal || o.fnUnitMs > 0 {
-				return nil, badValue(5624900, "%s with a 'unit' requires the sortBy to be a Date, and without one a number; found %s", o.fn, typeAlias(xv))
+			k, iv, f, ok := value.Number(xv)
+			if !ok || k == value.KindDecimal || o.fnUnitMs > 0 {
+				return nil, value.BadValue(5624900, "%s with a 'unit' requires the sortBy to be a Date, and without one a number; found %s", o.fn, expr.TypeAlias(xv))
 			}
-			if k != kindDouble {
+			if k != value.KindDouble {
 				f = float64(iv)
 			}
 			xs[i] = f
 		}
-		k, iv, f, ok := number(vals[i])
-		if !ok || k == kindDecimal {
-			return nil, badValue(5423901, "%s input must be numeric, found %s", o.fn, typeAlias(vals[i]))
+		k, iv, f, ok := value.Number(vals[i])
+		if !ok || k == value.KindDecimal {
+			return nil, value.BadValue(5423901, "%s input must be numeric, found %s", o.fn, expr.TypeAlias(vals[i]))
 		}
-		if k != kindDouble {
+		if k != value.KindDouble {
 			f = float64(iv)
 		}
 		ys[i] = f
 	}
-	out := make([]Value, n)
+	out := make([]value.Value, n)
 	for i := range docs {
 		a, b := o.windowAt(i, n, xs)
 		a, b = max(a, 0), min(b, n-1)
 		if o.fn == "$derivative" {
 			if b <= a || xs[b] == xs[a] {
-				out[i] = null
+				out[i] = value.Null
 				continue
 			}
-			out[i] = doubleValue((ys[b] - ys[a]) / (xs[b] - xs[a]))
+			out[i] = value.DoubleValue((ys[b] - ys[a]) / (xs[b] - xs[a]))
 			continue
 		}
 		area := 0.0
 		for j := a; j < b; j++ {
 			area += (xs[j+1] - xs[j]) * (ys[j] + ys[j+1]) / 2
 		}
-		out[i] = doubleValue(area)
+		out[i] = value.DoubleValue(area)
 	}
 	return out, nil
 }

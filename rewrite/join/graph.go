@@ -7,7 +7,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
-	"github.com/tsproxy/tsproxy/rewrite/agg"
+	"github.com/tsproxy/tsproxy/rewrite/expr"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 )
 
@@ -19,7 +19,7 @@ import (
 type graphLookupStage struct {
 	rt          *runtime
 	from        string
-	startWith   agg.Expression
+	startWith   expr.Expression
 	fromPath    []string
 	toField     string
 	toPath      []string
@@ -70,7 +70,7 @@ func compileGraphLookup(v bsoncore.Value, next step, rt *runtime) (step, error) 
 				g.depthField = splitPath(s)
 			}
 		case "startWith":
-			x, err := agg.CompileExpression(ev)
+			x, err := expr.CompileExpression(ev)
 			if err != nil {
 				return nil, err
 			}
@@ -132,7 +132,7 @@ type search struct {
 }
 
 func (s *search) queue(v bsoncore.Value) {
-	k := agg.Key(v)
+	k := expr.Key(v)
 	if !s.seen[k] {
 		s.seen[k] = true
 		s.frontier = append(s.frontier, v)
@@ -182,7 +182,7 @@ func (g *graphLookupStage) runBatch() error {
 			frontier := s.frontier
 			s.frontier = nil
 			for _, v := range frontier {
-				for _, idx := range st.byTo[agg.Key(v)] {
+				for _, idx := range st.byTo[expr.Key(v)] {
 					if s.visited[idx] {
 						continue
 					}
@@ -221,7 +221,7 @@ func (g *graphLookupStage) fetch(st *graphStore, searches []*search) error {
 	var need keySet
 	for _, s := range searches {
 		for _, v := range s.frontier {
-			if !st.queried[agg.Key(v)] {
+			if !st.queried[expr.Key(v)] {
 				need.add(v)
 			}
 		}
@@ -233,7 +233,7 @@ func (g *graphLookupStage) fetch(st *graphStore, searches []*search) error {
 		st.queried[k] = true
 	}
 	return g.rt.read(g.from, inFilter(g.toField, need.values, g.restrict), func(fd bsoncore.Document) error {
-		idKey := agg.Key(fd.Lookup("_id"))
+		idKey := expr.Key(fd.Lookup("_id"))
 		idx, ok := st.byID[idKey]
 		if !ok {
 			st.bytes += len(fd)

@@ -5,7 +5,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
-	"github.com/tsproxy/tsproxy/rewrite/agg"
+	"github.com/tsproxy/tsproxy/rewrite/expr"
 )
 
 var nullValue = bsoncore.Value{Type: bsoncore.TypeNull}
@@ -67,17 +67,17 @@ func foreignKeys(doc bsoncore.Document, path []string) []string {
 			if v.Type == bsoncore.TypeArray {
 				vals, _ := v.Array().Values()
 				for _, el := range vals {
-					out = append(out, agg.Key(el))
+					out = append(out, expr.Key(el))
 				}
 			}
-			out = append(out, agg.Key(v))
+			out = append(out, expr.Key(v))
 			return
 		}
 		switch v.Type {
 		case bsoncore.TypeEmbeddedDocument:
 			next, err := v.Document().LookupErr(parts[0])
 			if err != nil {
-				out = append(out, agg.Key(nullValue))
+				out = append(out, expr.Key(nullValue))
 				return
 			}
 			walk(next, parts[1:], false)
@@ -90,7 +90,7 @@ func foreignKeys(doc bsoncore.Document, path []string) []string {
 			}
 		default:
 			if !inArray {
-				out = append(out, agg.Key(nullValue))
+				out = append(out, expr.Key(nullValue))
 			}
 		}
 	}
@@ -98,7 +98,7 @@ func foreignKeys(doc bsoncore.Document, path []string) []string {
 	return out
 }
 
-// keySet is a set of values by agg.Key, keeping the first value of each
+// keySet is a set of values by expr.Key, keeping the first value of each
 // key in order (the $in list of a foreign read).
 type keySet struct {
 	has    map[string]bool
@@ -106,7 +106,7 @@ type keySet struct {
 }
 
 func (s *keySet) add(v bsoncore.Value) string {
-	k := agg.Key(v)
+	k := expr.Key(v)
 	if s.has == nil {
 		s.has = map[string]bool{}
 	}

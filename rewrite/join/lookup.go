@@ -7,6 +7,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite/agg"
+	"github.com/tsproxy/tsproxy/rewrite/expr"
 )
 
 // batchDocs is how many input documents share one foreign read.
@@ -25,7 +26,7 @@ type lookupStage struct {
 	foreign      []string
 	eq           bool
 	letNames     []string
-	letExprs     []agg.Expression
+	letExprs     []expr.Expression
 	pipeline     []agg.Stage
 	hasPipeline  bool
 	pre          bsoncore.Document // the pipeline's leading binding-free $match
@@ -84,7 +85,7 @@ func compileLookup(v bsoncore.Value, next step, rt *runtime) (step, error) {
 				if err := checkVarName(le.Key()); err != nil {
 					return nil, err
 				}
-				x, err := agg.CompileExpression(le.Value())
+				x, err := expr.CompileExpression(le.Value())
 				if err != nil {
 					return nil, err
 				}

@@ -6,6 +6,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite/agg"
+	"github.com/tsproxy/tsproxy/rewrite/expr"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 )
 
@@ -162,7 +163,7 @@ func bindExpr(v bsoncore.Value, vars map[string]bsoncore.Value) (bsoncore.Value,
 			return v, nil
 		}
 		if dotted {
-			val = agg.FieldPath(val, strings.Split(rest, "."))
+			val = expr.FieldPath(val, strings.Split(rest, "."))
 		}
 		if val.Type == 0 {
 			return bsoncore.Value{Type: bsoncore.TypeString, Data: bsoncore.AppendString(nil, "$$REMOVE")}, nil

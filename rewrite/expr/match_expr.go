@@ -1,28 +1,30 @@
-package agg
+package expr
 
 import (
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rewrite/expr/value"
 )
 
 // $expr in $match: the top-level $expr keys are taken out of the filter
 // and evaluated by the engine's expressions (a document matches when each
 // is truthy); the rest is the ordinary query predicate.
 
-// splitExpr returns d without its top-level $expr keys, and those
+// SplitExpr returns d without its top-level $expr keys, and those
 // compiled.
-func splitExpr(d bsoncore.Document) (bsoncore.Document, []expr, error) {
+func SplitExpr(d bsoncore.Document) (bsoncore.Document, []Expr, error) {
 	elems, err := d.Elements()
 	if err != nil {
-		return nil, nil, badValue(15959, "the match filter is not valid BSON: %v", err)
+		return nil, nil, value.BadValue(15959, "the match filter is not valid BSON: %v", err)
 	}
-	var exprs []expr
+	var exprs []Expr
 	idx, rest := bsoncore.AppendDocumentStart(nil)
 	for _, e := range elems {
 		if e.Key() != "$expr" {
 			rest = append(rest, e...)
 			continue
 		}
-		x, err := compileTop(e.Value(), 0)
+		x, err := CompileTop(e.Value(), 0)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -32,14 +34,14 @@ func splitExpr(d bsoncore.Document) (bsoncore.Document, []expr, error) {
 	return rest, exprs, nil
 }
 
-// exprsTrue says whether every one of exprs is truthy on doc.
-func exprsTrue(exprs []expr, doc bsoncore.Document) (bool, error) {
+// ExprsTrue says whether every one of exprs is truthy on doc.
+func ExprsTrue(exprs []Expr, doc bsoncore.Document) (bool, error) {
 	for _, x := range exprs {
-		v, err := x.eval(doc)
+		v, err := x.Eval(doc)
 		if err != nil {
 			return false, err
 		}
-		if !truthy(v) {
+		if !value.Truthy(v) {
 			return false, nil
 		}
 	}

@@ -1,4 +1,4 @@
-package agg
+package value
 
 import (
 	"math"
@@ -12,88 +12,88 @@ import (
 type Value = bsoncore.Value
 
 var (
-	missing = Value{}
-	null    = Value{Type: bsoncore.TypeNull}
+	Missing = Value{}
+	Null    = Value{Type: bsoncore.TypeNull}
 )
 
-func isNullish(v Value) bool {
+func IsNullish(v Value) bool {
 	return v.Type == 0 || v.Type == bsoncore.TypeNull || v.Type == bsoncore.TypeUndefined
 }
 
-func int32Value(i int32) Value {
+func Int32Value(i int32) Value {
 	return Value{Type: bsoncore.TypeInt32, Data: bsoncore.AppendInt32(nil, i)}
 }
-func int64Value(i int64) Value {
+func Int64Value(i int64) Value {
 	return Value{Type: bsoncore.TypeInt64, Data: bsoncore.AppendInt64(nil, i)}
 }
-func doubleValue(f float64) Value {
+func DoubleValue(f float64) Value {
 	return Value{Type: bsoncore.TypeDouble, Data: bsoncore.AppendDouble(nil, f)}
 }
-func boolValue(b bool) Value {
+func BoolValue(b bool) Value {
 	return Value{Type: bsoncore.TypeBoolean, Data: bsoncore.AppendBoolean(nil, b)}
 }
-func stringValue(s string) Value {
+func StringValue(s string) Value {
 	return Value{Type: bsoncore.TypeString, Data: bsoncore.AppendString(nil, s)}
 }
-func dateValue(ms int64) Value {
+func DateValue(ms int64) Value {
 	return Value{Type: bsoncore.TypeDateTime, Data: bsoncore.AppendDateTime(nil, ms)}
 }
 
-// intValue is n as the narrowest of int32 and int64 that holds it.
-func intValue(n int64) Value {
+// IntValue is n as the narrowest of int32 and int64 that holds it.
+func IntValue(n int64) Value {
 	if n >= math.MinInt32 && n <= math.MaxInt32 {
-		return int32Value(int32(n))
+		return Int32Value(int32(n))
 	}
-	return int64Value(n)
+	return Int64Value(n)
 }
 
-// numKind orders the numeric types by how MongoDB widens them.
-type numKind int
+// NumKind orders the numeric types by how MongoDB widens them.
+type NumKind int
 
 const (
-	kindInt32 numKind = iota + 1
-	kindInt64
-	kindDouble
-	kindDecimal
+	KindInt32 NumKind = iota + 1
+	KindInt64
+	KindDouble
+	KindDecimal
 )
 
-// number reads v as a number: its kind, and its value as an int64 (for
+// Number reads v as a number: its kind, and its value as an int64 (for
 // int32 and int64) and as a float64.
-func number(v Value) (k numKind, i int64, f float64, ok bool) {
+func Number(v Value) (k NumKind, i int64, f float64, ok bool) {
 	switch v.Type {
 	case bsoncore.TypeInt32:
 		n := v.Int32()
-		return kindInt32, int64(n), float64(n), true
+		return KindInt32, int64(n), float64(n), true
 	case bsoncore.TypeInt64:
 		n := v.Int64()
-		return kindInt64, n, float64(n), true
+		return KindInt64, n, float64(n), true
 	case bsoncore.TypeDouble:
 		d := v.Double()
-		return kindDouble, 0, d, true
+		return KindDouble, 0, d, true
 	case bsoncore.TypeDecimal128:
-		return kindDecimal, 0, 0, true
+		return KindDecimal, 0, 0, true
 	}
 	return 0, 0, 0, false
 }
 
-// truthy is MongoDB's coercion to boolean: false, null, missing,
+// Truthy is MongoDB's coercion to boolean: false, null, missing,
 // undefined and numeric zero are false; everything else is true.
-func truthy(v Value) bool {
+func Truthy(v Value) bool {
 	switch v.Type {
 	case 0, bsoncore.TypeNull, bsoncore.TypeUndefined:
 		return false
 	case bsoncore.TypeBoolean:
 		return v.Boolean()
 	case bsoncore.TypeInt32, bsoncore.TypeInt64, bsoncore.TypeDouble:
-		_, i, f, _ := number(v)
+		_, i, f, _ := Number(v)
 		return i != 0 || f != 0
 	}
 	return true
 }
 
-// compare orders values as MongoDB's aggregation does: a missing value
+// Compare orders values as MongoDB's aggregation does: a missing value
 // before every other, then bsonutil.Compare's BSON order.
-func compare(a, b Value) int {
+func Compare(a, b Value) int {
 	switch {
 	case a.Type == 0 && b.Type == 0:
 		return 0
@@ -105,16 +105,16 @@ func compare(a, b Value) int {
 	return bsonutil.Compare(a, b)
 }
 
-// canonicalRank is the BSON type class of v (numbers are one class).
-func canonicalRank(v Value) int { return bsonutil.CanonicalOrder(v.Type) }
+// CanonicalRank is the BSON type class of v (numbers are one class).
+func CanonicalRank(v Value) int { return bsonutil.CanonicalOrder(v.Type) }
 
-// groupKey is the map key of a value as $group and $addToSet tell values
+// GroupKey is the map key of a value as $group and $addToSet tell values
 // apart: numbers by value (1, 1.0 and NumberLong(1) are one group), every
 // other value by type and bytes, documents and arrays element by element.
-func groupKey(dst []byte, v Value) []byte {
+func GroupKey(dst []byte, v Value) []byte {
 	switch v.Type {
 	case bsoncore.TypeInt32, bsoncore.TypeInt64, bsoncore.TypeDouble:
-		_, i, f, _ := number(v)
+		_, i, f, _ := Number(v)
 		if v.Type == bsoncore.TypeDouble {
 			if f == math.Trunc(f) && math.Abs(f) < 1<<63 {
 				i = int64(f)
@@ -136,7 +136,7 @@ func groupKey(dst []byte, v Value) []byte {
 				dst = append(dst, e.Key()...)
 			}
 			dst = append(dst, 0)
-			dst = groupKey(dst, e.Value())
+			dst = GroupKey(dst, e.Value())
 		}
 		return append(dst, 0xff)
 	}
@@ -144,7 +144,15 @@ func groupKey(dst []byte, v Value) []byte {
 	return append(dst, v.Data...)
 }
 
-// clone copies v's bytes: values taken from an event outlive its buffer.
-func clone(v Value) Value {
+// Clone copies v's bytes: values taken from an event outlive its buffer.
+func Clone(v Value) Value {
 	return Value{Type: v.Type, Data: append([]byte(nil), v.Data...)}
+}
+
+// Describe is v as a message shows it: MISSING, or its extended JSON.
+func Describe(v Value) string {
+	if v.Type == 0 {
+		return "MISSING"
+	}
+	return v.String()
 }

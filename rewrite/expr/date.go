@@ -1,8 +1,7 @@
-package agg
+package expr
 
 import (
 	"fmt"
-	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"regexp"
 	"strconv"
 	"strings"
@@ -11,6 +10,9 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+	"github.com/tsproxy/tsproxy/rewrite/expr/value"
 )
 
 var utc = time.UTC
@@ -36,15 +38,15 @@ var dateOperators = map[string]func(t time.Time) int64{
 
 // zoneExpr is a date and its time zone ("UTC" when none is given).
 type zoneExpr struct {
-	date, zone expr
+	date, zone Expr
 }
 
-func (z zoneExpr) eval(doc bsoncore.Document) (t time.Time, isNull bool, err error) {
-	d, err := z.date.eval(doc)
+func (z zoneExpr) Eval(doc bsoncore.Document) (t time.Time, isNull bool, err error) {
+	d, err := z.date.Eval(doc)
 	if err != nil {
 		return time.Time{}, false, err
 	}
-	if isNullish(d) {
+	if value.IsNullish(d) {
 		return time.Time{}, true, nil
 	}
 	ms, err := dateOf(d)
@@ -53,11 +55,11 @@ func (z zoneExpr) eval(doc bsoncore.Document) (t time.Time, isNull bool, err err
 	}
 	loc := utc
 	if z.zone != nil {
-		zv, err := z.zone.eval(doc)
+		zv, err := z.zone.Eval(doc)
 		if err != nil {
 			return time.Time{}, false, err
 		}
-		if isNullish(zv) {
+		if value.IsNullish(zv) {
 			return time.Time{}, true, nil
 		}
 		if loc, err = location(zv); err != nil {
@@ -68,7 +70,7 @@ func (z zoneExpr) eval(doc bsoncore.Document) (t time.Time, isNull bool, err err
 }
 
 // dateOf reads a date, a Timestamp or an ObjectId's time, in ms.
-func dateOf(v Value) (int64, error) {
+func dateOf(v value.Value) (int64, error) {
 	switch v.Type {
 	case bsoncore.TypeDateTime:
 		return v.DateTime(), nil
@@ -78,15 +80,15 @@ func dateOf(v Value) (int64, error) {
 		t, _ := v.Timestamp()
 		return int64(t) * 1000, nil
 	}
-	return 0, badValue(16006, "can't convert from BSON type %s to Date", typeAlias(v))
+	return 0, value.BadValue(16006, "can't convert from BSON type %s to Date", TypeAlias(v))
 }
 
 var offsetZone = regexp.MustCompile(`^([+-])(\d{2}):?(\d{2})?$`)
 
 // location reads a time zone: an Olson name or a UTC offset.
-func location(v Value) (*time.Location, error) {
+func location(v value.Value) (*time.Location, error) {
 	if v.Type != bsoncore.TypeString {
-		return nil, badValue(40517, "timezone must evaluate to a string, found %s", typeAlias(v))
+		return nil, value.BadValue(40517, "timezone must evaluate to a string, found %s", TypeAlias(v))
 	}
 	s := v.StringValue()
 	if m := offsetZone.FindStringSubmatch(s); m != nil {
@@ -103,7 +105,7 @@ func location(v Value) (*time.Location, error) {
 	}
 	loc, err := time.LoadLocation(s)
 	if err != nil || s == "" || s == "Local" {
-		return nil, badValue(40485, "unrecognized time zone identifier: \"%s\"", s)
+		return nil, value.BadValue(40485, "unrecognized time zone identifier: \"%s\"", s)
 	}
 	return loc, nil
 }
@@ -111,12 +113,12 @@ func location(v Value) (*time.Location, error) {
 // compileZoned reads a date operator's argument: a date expression, or
 // {date, timezone} (and, for $dateTrunc and $dateToString, more fields,
 // returned in extra).
-func compileZoned(name string, v Value, depth level, allowed ...string) (zoneExpr, map[string]expr, error) {
+func compileZoned(name string, v value.Value, depth level, allowed ...string) (zoneExpr, map[string]Expr, error) {
 	var z zoneExpr
 	if v.Type == bsoncore.TypeEmbeddedDocument {
 		elems, _ := bsoncore.Document(v.Data).Elements()
 		if len(elems) > 0 && !strings.HasPrefix(elems[0].Key(), "$") {
-			extra := map[string]expr{}
+			extra := map[string]Expr{}
 			for _, e := range elems {
 				x, err := compileExpr(e.Value(), depth.next())
 				if err != nil {
@@ -130,17 +132,17 @@ func compileZoned(name string, v Value, depth level, allowed ...string) (zoneExp
 				case contains(allowed, k):
 					extra[k] = x
 				default:
-					return z, nil, badValue(40535, "unrecognized option to %s: \"%s\"", name, k)
+					return z, nil, value.BadValue(40535, "unrecognized option to %s: \"%s\"", name, k)
 				}
 			}
 			if z.date == nil {
-				return z, nil, badValue(40539, "missing 'date' argument to %s, provided: %s", name, bsoncore.Document(v.Data))
+				return z, nil, value.BadValue(40539, "missing 'date' argument to %s, provided: %s", name, bsoncore.Document(v.Data))
 			}
 			return z, extra, nil
 		}
 	}
 	if len(allowed) > 0 {
-		return z, nil, badValue(18628, "%s only supports an object as its argument", name)
+		return z, nil, value.BadValue(18628, "%s only supports an object as its argument", name)
 	}
 	if v.Type == bsoncore.TypeArray {
 		args, err := operatorArgs(name, v, depth)
@@ -172,15 +174,15 @@ type datePart struct {
 	f func(time.Time) int64
 }
 
-func (p datePart) eval(doc bsoncore.Document) (Value, error) {
-	t, isNull, err := p.z.eval(doc)
+func (p datePart) Eval(doc bsoncore.Document) (value.Value, error) {
+	t, isNull, err := p.z.Eval(doc)
 	if err != nil || isNull {
-		return null, err
+		return value.Null, err
 	}
-	return int32Value(int32(p.f(t))), nil
+	return value.Int32Value(int32(p.f(t))), nil
 }
 
-func compileDatePart(name string, v Value, depth level, f func(time.Time) int64) (expr, error) {
+func compileDatePart(name string, v value.Value, depth level, f func(time.Time) int64) (Expr, error) {
 	z, _, err := compileZoned(name, v, depth)
 	if err != nil {
 		return nil, err
@@ -192,77 +194,77 @@ func compileDatePart(name string, v Value, depth level, f func(time.Time) int64)
 // aligns them (on 2000-01-01T00:00:00 in the time zone).
 type dateTrunc struct {
 	z                          zoneExpr
-	unit, binSize, startOfWeek expr
+	unit, binSize, startOfWeek Expr
 }
 
-func compileDateTrunc(v Value, depth level) (expr, error) {
+func compileDateTrunc(v value.Value, depth level) (Expr, error) {
 	z, extra, err := compileZoned("$dateTrunc", v, depth, "unit", "binSize", "startOfWeek")
 	if err != nil {
 		return nil, err
 	}
 	if extra["unit"] == nil {
-		return nil, badValue(5439101, "$dateTrunc requires 'unit' parameter")
+		return nil, value.BadValue(5439101, "$dateTrunc requires 'unit' parameter")
 	}
 	return dateTrunc{z: z, unit: extra["unit"], binSize: extra["binSize"], startOfWeek: extra["startOfWeek"]}, nil
 }
 
-func (d dateTrunc) eval(doc bsoncore.Document) (Value, error) {
-	t, isNull, err := d.z.eval(doc)
+func (d dateTrunc) Eval(doc bsoncore.Document) (value.Value, error) {
+	t, isNull, err := d.z.Eval(doc)
 	if err != nil || isNull {
-		return null, err
+		return value.Null, err
 	}
-	uv, err := d.unit.eval(doc)
+	uv, err := d.unit.Eval(doc)
 	if err != nil {
-		return missing, err
+		return value.Missing, err
 	}
-	if isNullish(uv) {
-		return null, nil
+	if value.IsNullish(uv) {
+		return value.Null, nil
 	}
 	if uv.Type != bsoncore.TypeString {
-		return missing, badValue(5439103, "$dateTrunc parameter 'unit' value must be a string")
+		return value.Missing, value.BadValue(5439103, "$dateTrunc parameter 'unit' value must be a string")
 	}
 	unit := uv.StringValue()
 	bin := int64(1)
 	if d.binSize != nil {
-		bv, err := d.binSize.eval(doc)
+		bv, err := d.binSize.Eval(doc)
 		if err != nil {
-			return missing, err
+			return value.Missing, err
 		}
-		if isNullish(bv) {
-			return null, nil
+		if value.IsNullish(bv) {
+			return value.Null, nil
 		}
 		i, ok := bsonutil.WholeNumber(bv)
 		if !ok {
-			return missing, badValue(5439017, "$dateTrunc requires 'binSize' to be a 64-bit integer, but got value '%s' of type %s", bv, typeAlias(bv))
+			return value.Missing, value.BadValue(5439017, "$dateTrunc requires 'binSize' to be a 64-bit integer, but got value '%s' of type %s", bv, TypeAlias(bv))
 		}
 		if i <= 0 || i > maxBinSize {
-			return missing, badValue(5439018, "$dateTrunc requires 'binSize' to be greater than 0 and at most %d, but got value %d", int64(maxBinSize), i)
+			return value.Missing, value.BadValue(5439018, "$dateTrunc requires 'binSize' to be greater than 0 and at most %d, but got value %d", int64(maxBinSize), i)
 		}
 		bin = i
 	}
 	startOfWeek := time.Sunday
 	if d.startOfWeek != nil && unit == "week" {
-		sv, err := d.startOfWeek.eval(doc)
+		sv, err := d.startOfWeek.Eval(doc)
 		if err != nil {
-			return missing, err
+			return value.Missing, err
 		}
-		if isNullish(sv) {
-			return null, nil
+		if value.IsNullish(sv) {
+			return value.Null, nil
 		}
 		w, ok := weekday(sv)
 		if !ok {
-			return missing, badValue(5439016, "$dateTrunc parameter 'startOfWeek' value cannot be recognized as a day of a week: %s", sv)
+			return value.Missing, value.BadValue(5439016, "$dateTrunc parameter 'startOfWeek' value cannot be recognized as a day of a week: %s", sv)
 		}
 		startOfWeek = w
 	}
 	ms, err := truncate(t, unit, bin, startOfWeek)
 	if err != nil {
-		return missing, err
+		return value.Missing, err
 	}
-	return dateValue(ms), nil
+	return value.DateValue(ms), nil
 }
 
-func weekday(v Value) (time.Weekday, bool) {
+func weekday(v value.Value) (time.Weekday, bool) {
 	if v.Type != bsoncore.TypeString {
 		return 0, false
 	}
@@ -306,7 +308,7 @@ func truncate(t time.Time, unit string, bin int64, startOfWeek time.Weekday) (in
 	// A bin of many days or years may start before the dates a BSON date
 	// holds: MongoDB's dateAdd of the bin start fails (5166406), and the
 	// start wrapped.
-	overflowed := badValue(5166406, "$dateTrunc: the bin start is outside the range of dates (dateAdd overflowed)")
+	overflowed := value.BadValue(5166406, "$dateTrunc: the bin start is outside the range of dates (dateAdd overflowed)")
 	dayStart := func(days int64) (int64, error) {
 		if days < (minDateYear-2000)*366 || days > (maxDateYear-2000)*366 {
 			return 0, overflowed
@@ -332,7 +334,7 @@ func truncate(t time.Time, unit string, bin int64, startOfWeek time.Weekday) (in
 		}
 		return time.Date(int(year), time.Month(n-floorDiv(n, 12)*12+1), 1, 0, 0, 0, 0, loc).UnixMilli(), nil
 	}
-	return 0, badValue(5439014, "$dateTrunc parameter 'unit' value cannot be recognized as a time unit: %s", unit)
+	return 0, value.BadValue(5439014, "$dateTrunc parameter 'unit' value cannot be recognized as a time unit: %s", unit)
 }
 
 func floorDiv(a, b int64) int64 {
@@ -348,10 +350,10 @@ const defaultDateFormat = "%Y-%m-%dT%H:%M:%S.%LZ"
 // dateToString is $dateToString.
 type dateToString struct {
 	z              zoneExpr
-	format, onNull expr
+	format, onNull Expr
 }
 
-func compileDateToString(v Value, depth level) (expr, error) {
+func compileDateToString(v value.Value, depth level) (Expr, error) {
 	z, extra, err := compileZoned("$dateToString", v, depth, "format", "onNull")
 	if err != nil {
 		return nil, err
@@ -359,38 +361,38 @@ func compileDateToString(v Value, depth level) (expr, error) {
 	return dateToString{z: z, format: extra["format"], onNull: extra["onNull"]}, nil
 }
 
-func (d dateToString) eval(doc bsoncore.Document) (Value, error) {
-	t, isNull, err := d.z.eval(doc)
+func (d dateToString) Eval(doc bsoncore.Document) (value.Value, error) {
+	t, isNull, err := d.z.Eval(doc)
 	if err != nil {
-		return missing, err
+		return value.Missing, err
 	}
 	if isNull {
 		if d.onNull != nil {
-			return d.onNull.eval(doc)
+			return d.onNull.Eval(doc)
 		}
-		return null, nil
+		return value.Null, nil
 	}
 	format := defaultDateFormat
 	if d.z.zone != nil && d.format == nil {
 		format = "%Y-%m-%dT%H:%M:%S.%L"
 	}
 	if d.format != nil {
-		fv, err := d.format.eval(doc)
+		fv, err := d.format.Eval(doc)
 		if err != nil {
-			return missing, err
+			return value.Missing, err
 		}
-		if isNullish(fv) {
-			return null, nil
+		if value.IsNullish(fv) {
+			return value.Null, nil
 		}
 		if fv.Type != bsoncore.TypeString {
-			return missing, badValue(18533, "$dateToString requires that 'format' be a string, found: %s with value %s", typeAlias(fv), fv)
+			return value.Missing, value.BadValue(18533, "$dateToString requires that 'format' be a string, found: %s with value %s", TypeAlias(fv), fv)
 		}
 		format = fv.StringValue()
 	}
 	if err := checkDateFormat(format); err != nil {
-		return missing, err
+		return value.Missing, err
 	}
-	return stringValue(formatDate(t.UnixMilli(), format, t.Location())), nil
+	return value.StringValue(formatDate(t.UnixMilli(), format, t.Location())), nil
 }
 
 func checkDateFormat(format string) error {
@@ -399,11 +401,11 @@ func checkDateFormat(format string) error {
 			continue
 		}
 		if i+1 >= len(format) {
-			return badValue(18535, "Unmatched '%%' at end of format string")
+			return value.BadValue(18535, "Unmatched '%%' at end of format string")
 		}
 		i++
 		if !strings.ContainsRune("dGHjLmMSuUVwYzZ%", rune(format[i])) {
-			return badValue(18536, "Invalid format character '%%%c' in format string", format[i])
+			return value.BadValue(18536, "Invalid format character '%%%c' in format string", format[i])
 		}
 	}
 	return nil

@@ -1,4 +1,4 @@
-package agg_test
+package expr_test
 
 import (
 	"bytes"
@@ -8,9 +8,12 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
-	"github.com/tsproxy/tsproxy/rewrite/agg"
+	"github.com/tsproxy/tsproxy/rewrite/expr"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 )
+
+type D = bson.D
+type A = bson.A
 
 // exprCase is one expression, evaluated against exprDoc, and MongoDB's
 // documented answer: want (missingV: no value), or the error code.
@@ -66,7 +69,7 @@ func evalExpr(e any, doc []byte) (bsoncore.Value, error) {
 	if err != nil {
 		return bsoncore.Value{}, err
 	}
-	x, err := agg.CompileExpression(bsoncore.Document(raw).Lookup("e"))
+	x, err := expr.CompileExpression(bsoncore.Document(raw).Lookup("e"))
 	if err != nil {
 		return bsoncore.Value{}, err
 	}

@@ -1,4 +1,4 @@
-package agg
+package expr
 
 import (
 	"strings"
@@ -6,6 +6,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+	"github.com/tsproxy/tsproxy/rewrite/expr/value"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 )
 
@@ -15,7 +16,7 @@ import (
 // nested and recursive bindings see their own value. The compile-time
 // scope travels with the nesting level through every compile function.
 
-type varSlot struct{ v Value }
+type varSlot struct{ v value.Value }
 
 type binding struct {
 	name string
@@ -43,13 +44,13 @@ func (l level) lookup(name string) *varSlot {
 	return nil
 }
 
-// compileTop compiles a top-level expression with an empty variable scope.
-func compileTop(v Value, depth int) (expr, error) {
+// CompileTop compiles a top-level expression with an empty variable scope.
+func CompileTop(v value.Value, depth int) (Expr, error) {
 	return compileExpr(v, level{n: depth, scope: new([]binding)})
 }
 
 // withVars compiles v with names bound to fresh slots, returned in order.
-func withVars(v Value, depth level, names ...string) (expr, []*varSlot, error) {
+func withVars(v value.Value, depth level, names ...string) (Expr, []*varSlot, error) {
 	if depth.scope == nil {
 		depth.scope = new([]binding)
 	}
@@ -70,13 +71,13 @@ type varRef struct {
 	parts []string
 }
 
-func (r varRef) eval(bsoncore.Document) (Value, error) {
-	return lookupPath(r.slot.v, r.parts), nil
+func (r varRef) Eval(bsoncore.Document) (value.Value, error) {
+	return LookupPath(r.slot.v, r.parts), nil
 }
 
 // bindEval evaluates body with the slots set to vals, restoring them after.
-func bindEval(body expr, doc bsoncore.Document, slots []*varSlot, vals ...Value) (Value, error) {
-	saved := make([]Value, len(slots))
+func bindEval(body Expr, doc bsoncore.Document, slots []*varSlot, vals ...value.Value) (value.Value, error) {
+	saved := make([]value.Value, len(slots))
 	for i, s := range slots {
 		saved[i], s.v = s.v, vals[i]
 	}
@@ -85,7 +86,7 @@ func bindEval(body expr, doc bsoncore.Document, slots []*varSlot, vals ...Value)
 			s.v = saved[i]
 		}
 	}()
-	return body.eval(doc)
+	return body.Eval(doc)
 }
 
 func validVarName(name string) bool {
@@ -97,38 +98,38 @@ func validVarName(name string) bool {
 
 // $let: {vars: {name: expr}, in: expr}.
 type letExpr struct {
-	exprs []expr
+	exprs []Expr
 	slots []*varSlot
-	in    expr
+	in    Expr
 }
 
-func (l letExpr) eval(doc bsoncore.Document) (Value, error) {
+func (l letExpr) Eval(doc bsoncore.Document) (value.Value, error) {
 	vals, err := evalAll(l.exprs, doc)
 	if err != nil {
-		return missing, err
+		return value.Missing, err
 	}
 	return bindEval(l.in, doc, l.slots, vals...)
 }
 
-func compileLet(v Value, depth level) (expr, error) {
+func compileLet(v value.Value, depth level) (Expr, error) {
 	d, ok := v.DocumentOK()
 	if !ok {
-		return nil, badValue(16874, "$let only supports an object as its argument")
+		return nil, value.BadValue(16874, "$let only supports an object as its argument")
 	}
 	vars, okVars := d.Lookup("vars").DocumentOK()
 	in, err := d.LookupErr("in")
 	if !okVars {
-		return nil, badValue(16876, "Missing 'vars' parameter to $let")
+		return nil, value.BadValue(16876, "Missing 'vars' parameter to $let")
 	}
 	if err != nil {
-		return nil, badValue(16877, "Missing 'in' parameter to $let")
+		return nil, value.BadValue(16877, "Missing 'in' parameter to $let")
 	}
 	var l letExpr
 	var names []string
 	elems, _ := vars.Elements()
 	for _, e := range elems {
 		if !validVarName(e.Key()) {
-			return nil, badValue(16867, "$let: '%s' is not a valid variable name", e.Key())
+			return nil, value.BadValue(16867, "$let: '%s' is not a valid variable name", e.Key())
 		}
 		x, err := compileExpr(e.Value(), depth.next())
 		if err != nil {
@@ -145,63 +146,63 @@ func compileLet(v Value, depth level) (expr, error) {
 
 // arrayArg evaluates e as the array input of op: its values, isNull for
 // null or missing, an error for any other type.
-func arrayArg(op string, code mongoerr.Code, e expr, doc bsoncore.Document) (vals []Value, isNull bool, err error) {
-	v, err := e.eval(doc)
+func arrayArg(op string, code mongoerr.Code, e Expr, doc bsoncore.Document) (vals []value.Value, isNull bool, err error) {
+	v, err := e.Eval(doc)
 	if err != nil {
 		return nil, false, err
 	}
-	if isNullish(v) {
+	if value.IsNullish(v) {
 		return nil, true, nil
 	}
 	arr, ok := v.ArrayOK()
 	if !ok {
-		return nil, false, badValue(code, "input to %s must be an array not %s", op, typeAlias(v))
+		return nil, false, value.BadValue(code, "input to %s must be an array not %s", op, TypeAlias(v))
 	}
 	vals, err = arr.Values()
 	if err != nil {
-		return nil, false, badValue(mongoerr.BadValue, "%s: input is not valid BSON: %v", op, err)
+		return nil, false, value.BadValue(mongoerr.BadValue, "%s: input is not valid BSON: %v", op, err)
 	}
 	return vals, false, nil
 }
 
-func arrayValue(vals []Value) Value {
+func arrayValue(vals []value.Value) value.Value {
 	idx, out := bsoncore.AppendArrayStart(nil)
 	for i, v := range vals {
 		if v.Type == 0 {
-			v = null
+			v = value.Null
 		}
 		out = bsoncore.AppendValueElement(out, bsonutil.Itoa(i), v)
 	}
 	out, _ = bsoncore.AppendArrayEnd(out, idx)
-	return Value{Type: bsoncore.TypeArray, Data: out}
+	return value.Value{Type: bsoncore.TypeArray, Data: out}
 }
 
 // iterSpec reads $map's or $filter's {input, as, in|cond, ...}.
 type iterSpec struct {
-	input expr
-	body  expr
+	input Expr
+	body  Expr
 	slot  *varSlot
-	limit expr
+	limit Expr
 }
 
-func compileIter(op, bodyKey string, v Value, depth level) (iterSpec, error) {
+func compileIter(op, bodyKey string, v value.Value, depth level) (iterSpec, error) {
 	var s iterSpec
 	d, ok := v.DocumentOK()
 	if !ok {
-		return s, badValue(16878, "%s only supports an object as its argument", op)
+		return s, value.BadValue(16878, "%s only supports an object as its argument", op)
 	}
 	inV, err := d.LookupErr("input")
 	if err != nil {
-		return s, badValue(16880, "Missing 'input' parameter to %s", op)
+		return s, value.BadValue(16880, "Missing 'input' parameter to %s", op)
 	}
 	bodyV, err := d.LookupErr(bodyKey)
 	if err != nil {
-		return s, badValue(16882, "Missing '%s' parameter to %s", bodyKey, op)
+		return s, value.BadValue(16882, "Missing '%s' parameter to %s", bodyKey, op)
 	}
 	as := "this"
 	if a, err := d.LookupErr("as"); err == nil {
 		if as, ok = a.StringValueOK(); !ok || !validVarName(as) {
-			return s, badValue(16867, "%s: 'as' must be a valid variable name", op)
+			return s, value.BadValue(16867, "%s: 'as' must be a valid variable name", op)
 		}
 	}
 	elems, _ := d.Elements()
@@ -210,13 +211,13 @@ func compileIter(op, bodyKey string, v Value, depth level) (iterSpec, error) {
 		case "input", "as", bodyKey:
 		case "limit":
 			if op != "$filter" {
-				return s, badValue(16879, "Unrecognized parameter to %s: %s", op, e.Key())
+				return s, value.BadValue(16879, "Unrecognized parameter to %s: %s", op, e.Key())
 			}
 			if s.limit, err = compileExpr(e.Value(), depth.next()); err != nil {
 				return s, err
 			}
 		default:
-			return s, badValue(16879, "Unrecognized parameter to %s: %s", op, e.Key())
+			return s, value.BadValue(16879, "Unrecognized parameter to %s: %s", op, e.Key())
 		}
 	}
 	if s.input, err = compileExpr(inV, depth.next()); err != nil {
@@ -232,15 +233,15 @@ func compileIter(op, bodyKey string, v Value, depth level) (iterSpec, error) {
 
 type mapExpr struct{ iterSpec }
 
-func (m mapExpr) eval(doc bsoncore.Document) (Value, error) {
+func (m mapExpr) Eval(doc bsoncore.Document) (value.Value, error) {
 	vals, isNull, err := arrayArg("$map", 16883, m.input, doc)
 	if err != nil || isNull {
-		return null, err
+		return value.Null, err
 	}
-	out := make([]Value, len(vals))
+	out := make([]value.Value, len(vals))
 	for i, el := range vals {
 		if out[i], err = bindEval(m.body, doc, []*varSlot{m.slot}, el); err != nil {
-			return missing, err
+			return value.Missing, err
 		}
 	}
 	return arrayValue(out), nil
@@ -248,35 +249,35 @@ func (m mapExpr) eval(doc bsoncore.Document) (Value, error) {
 
 type filterExpr struct{ iterSpec }
 
-func (f filterExpr) eval(doc bsoncore.Document) (Value, error) {
+func (f filterExpr) Eval(doc bsoncore.Document) (value.Value, error) {
 	vals, isNull, err := arrayArg("$filter", 28651, f.input, doc)
 	if err != nil || isNull {
-		return null, err
+		return value.Null, err
 	}
 	limit := int64(len(vals))
 	if f.limit != nil {
-		lv, err := f.limit.eval(doc)
+		lv, err := f.limit.Eval(doc)
 		if err != nil {
-			return missing, err
+			return value.Missing, err
 		}
-		if !isNullish(lv) {
+		if !value.IsNullish(lv) {
 			n, ok := bsonutil.WholeNumber(lv)
 			if !ok || n <= 0 {
-				return missing, badValue(327391, "$filter: limit must be a positive whole number, found: %s", typeAlias(lv))
+				return value.Missing, value.BadValue(327391, "$filter: limit must be a positive whole number, found: %s", TypeAlias(lv))
 			}
 			limit = n
 		}
 	}
-	var out []Value
+	var out []value.Value
 	for _, el := range vals {
 		if int64(len(out)) >= limit {
 			break
 		}
 		keep, err := bindEval(f.body, doc, []*varSlot{f.slot}, el)
 		if err != nil {
-			return missing, err
+			return value.Missing, err
 		}
-		if truthy(keep) {
+		if value.Truthy(keep) {
 			out = append(out, el)
 		}
 	}
@@ -285,34 +286,34 @@ func (f filterExpr) eval(doc bsoncore.Document) (Value, error) {
 
 // $reduce: {input, initialValue, in} with $$value and $$this.
 type reduceExpr struct {
-	input, initial, in expr
+	input, initial, in Expr
 	slots              []*varSlot
 }
 
-func (r reduceExpr) eval(doc bsoncore.Document) (Value, error) {
+func (r reduceExpr) Eval(doc bsoncore.Document) (value.Value, error) {
 	vals, isNull, err := arrayArg("$reduce", 40080, r.input, doc)
 	if err != nil || isNull {
-		return null, err
+		return value.Null, err
 	}
-	acc, err := r.initial.eval(doc)
+	acc, err := r.initial.Eval(doc)
 	if err != nil {
-		return missing, err
+		return value.Missing, err
 	}
 	for _, el := range vals {
 		if acc, err = bindEval(r.in, doc, r.slots, acc, el); err != nil {
-			return missing, err
+			return value.Missing, err
 		}
 	}
 	return acc, nil
 }
 
-func compileReduce(v Value, depth level) (expr, error) {
+func compileReduce(v value.Value, depth level) (Expr, error) {
 	d, ok := v.DocumentOK()
 	if !ok {
-		return nil, badValue(40075, "$reduce only supports an object as its argument, found: %s", typeAlias(v))
+		return nil, value.BadValue(40075, "$reduce only supports an object as its argument, found: %s", TypeAlias(v))
 	}
 	var r reduceExpr
-	var inV Value
+	var inV value.Value
 	elems, _ := d.Elements()
 	for _, e := range elems {
 		var err error
@@ -324,7 +325,7 @@ func compileReduce(v Value, depth level) (expr, error) {
 		case "in":
 			inV = e.Value()
 		default:
-			return nil, badValue(40076, "$reduce found an unknown argument: %s", e.Key())
+			return nil, value.BadValue(40076, "$reduce found an unknown argument: %s", e.Key())
 		}
 		if err != nil {
 			return nil, err
@@ -332,11 +333,11 @@ func compileReduce(v Value, depth level) (expr, error) {
 	}
 	switch {
 	case r.input == nil:
-		return nil, badValue(40077, "$reduce requires 'input' to be specified")
+		return nil, value.BadValue(40077, "$reduce requires 'input' to be specified")
 	case r.initial == nil:
-		return nil, badValue(40078, "$reduce requires 'initialValue' to be specified")
+		return nil, value.BadValue(40078, "$reduce requires 'initialValue' to be specified")
 	case inV.Type == 0:
-		return nil, badValue(40079, "$reduce requires 'in' to be specified")
+		return nil, value.BadValue(40079, "$reduce requires 'in' to be specified")
 	}
 	var err error
 	r.in, r.slots, err = withVars(inV, depth, "value", "this")
@@ -348,7 +349,7 @@ func compileReduce(v Value, depth level) (expr, error) {
 
 // compileBinding compiles the operators that bind variables; ok is false
 // for any other name.
-func compileBinding(name string, v Value, depth level) (e expr, ok bool, err error) {
+func compileBinding(name string, v value.Value, depth level) (e Expr, ok bool, err error) {
 	switch name {
 	case "$let":
 		e, err = compileLet(v, depth)
@@ -370,17 +371,17 @@ func compileBinding(name string, v Value, depth level) (e expr, ok bool, err err
 
 // rawOperators compile their argument themselves (named arguments,
 // lazily evaluated): filled by the ops_*.go files.
-var rawOperators = map[string]func(name string, v Value, depth level) (expr, error){}
+var rawOperators = map[string]func(name string, v value.Value, depth level) (Expr, error){}
 
 // namedArgs compiles an operator's object of named arguments: each key of
 // slots into its slot, in the object's order; a key not in slots is
 // refused with code unknown, as MongoDB refuses it.
-func namedArgs(name string, d bsoncore.Document, depth level, unknown mongoerr.Code, slots map[string]*expr) error {
+func namedArgs(name string, d bsoncore.Document, depth level, unknown mongoerr.Code, slots map[string]*Expr) error {
 	elems, _ := d.Elements()
 	for _, e := range elems {
 		slot, ok := slots[e.Key()]
 		if !ok {
-			return badValue(unknown, "%s found an unknown argument: %s", name, e.Key())
+			return value.BadValue(unknown, "%s found an unknown argument: %s", name, e.Key())
 		}
 		x, err := compileExpr(e.Value(), depth.next())
 		if err != nil {

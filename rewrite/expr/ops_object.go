@@ -1,10 +1,11 @@
-package agg
+package expr
 
 import (
 	"strings"
 
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
+	"github.com/tsproxy/tsproxy/rewrite/expr/value"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 )
 
@@ -25,22 +26,22 @@ func init() {
 type fieldArgs struct {
 	name  string
 	field string
-	input expr // nil: $$CURRENT
-	value expr // $setField only
+	input Expr // nil: $$CURRENT
+	value Expr // $setField only
 }
 
-func compileFieldArgs(name string, v Value, depth level, allowed ...string) (fieldArgs, error) {
+func compileFieldArgs(name string, v value.Value, depth level, allowed ...string) (fieldArgs, error) {
 	a := fieldArgs{name: name}
 	if s, ok := v.StringValueOK(); ok && name == "$getField" {
 		if strings.HasPrefix(s, "$") {
-			return a, badValue(5654602, "%s requires 'field' to evaluate to a constant string, found a field path", name)
+			return a, value.BadValue(5654602, "%s requires 'field' to evaluate to a constant string, found a field path", name)
 		}
 		a.field = s
 		return a, nil
 	}
 	d, ok := v.DocumentOK()
 	if !ok {
-		return a, badValue(3041703, "%s requires an object or a string as its argument, found: %s", name, typeAlias(v))
+		return a, value.BadValue(3041703, "%s requires an object or a string as its argument, found: %s", name, TypeAlias(v))
 	}
 	elems, _ := d.Elements()
 	haveField := false
@@ -50,7 +51,7 @@ func compileFieldArgs(name string, v Value, depth level, allowed ...string) (fie
 		case e.Key() == "field":
 			f, ok := fieldConstant(e.Value())
 			if !ok {
-				return a, badValue(4161106, "%s requires 'field' to evaluate to a constant of type string", name)
+				return a, value.BadValue(4161106, "%s requires 'field' to evaluate to a constant of type string", name)
 			}
 			a.field, haveField = f, true
 		case e.Key() == "input":
@@ -58,7 +59,7 @@ func compileFieldArgs(name string, v Value, depth level, allowed ...string) (fie
 		case e.Key() == "value" && contains(allowed, "value"):
 			a.value, err = compileExpr(e.Value(), depth.next())
 		default:
-			return a, badValue(3041701, "%s found an unknown argument: %s", name, e.Key())
+			return a, value.BadValue(3041701, "%s found an unknown argument: %s", name, e.Key())
 		}
 		if err != nil {
 			return a, err
@@ -66,17 +67,17 @@ func compileFieldArgs(name string, v Value, depth level, allowed ...string) (fie
 	}
 	switch {
 	case !haveField:
-		return a, badValue(3041702, "%s requires 'field' to be specified", name)
+		return a, value.BadValue(3041702, "%s requires 'field' to be specified", name)
 	case a.input == nil && name != "$getField":
-		return a, badValue(4161102, "%s requires 'input' to be specified", name)
+		return a, value.BadValue(4161102, "%s requires 'input' to be specified", name)
 	case a.value == nil && name == "$setField":
-		return a, badValue(4161103, "%s requires 'value' to be specified", name)
+		return a, value.BadValue(4161103, "%s requires 'value' to be specified", name)
 	}
 	return a, nil
 }
 
 // fieldConstant is 'field' as a string: a string, or {$literal: string}.
-func fieldConstant(v Value) (string, bool) {
+func fieldConstant(v value.Value) (string, bool) {
 	if d, ok := v.DocumentOK(); ok {
 		lit, err := d.LookupErr("$literal")
 		if err != nil {
@@ -89,64 +90,64 @@ func fieldConstant(v Value) (string, bool) {
 	return v.StringValueOK()
 }
 
-func (a fieldArgs) inputDoc(doc bsoncore.Document) (Value, error) {
+func (a fieldArgs) inputDoc(doc bsoncore.Document) (value.Value, error) {
 	if a.input == nil {
-		return Value{Type: bsoncore.TypeEmbeddedDocument, Data: doc}, nil
+		return value.Value{Type: bsoncore.TypeEmbeddedDocument, Data: doc}, nil
 	}
-	return a.input.eval(doc)
+	return a.input.Eval(doc)
 }
 
 type getField struct{ fieldArgs }
 
-func compileGetField(name string, v Value, depth level) (expr, error) {
+func compileGetField(name string, v value.Value, depth level) (Expr, error) {
 	a, err := compileFieldArgs(name, v, depth)
 	return getField{a}, err
 }
 
-func (g getField) eval(doc bsoncore.Document) (Value, error) {
+func (g getField) Eval(doc bsoncore.Document) (value.Value, error) {
 	in, err := g.inputDoc(doc)
 	if err != nil {
-		return missing, err
+		return value.Missing, err
 	}
-	if isNullish(in) {
-		return null, nil
+	if value.IsNullish(in) {
+		return value.Null, nil
 	}
 	d, ok := in.DocumentOK()
 	if !ok {
-		return missing, badValue(3041705, "%s requires 'input' to evaluate to type Object, but got %s", g.name, typeAlias(in))
+		return value.Missing, value.BadValue(3041705, "%s requires 'input' to evaluate to type Object, but got %s", g.name, TypeAlias(in))
 	}
 	v, err := d.LookupErr(g.field)
 	if err != nil {
-		return missing, nil
+		return value.Missing, nil
 	}
 	return v, nil
 }
 
 type setField struct{ fieldArgs }
 
-func compileSetField(name string, v Value, depth level) (expr, error) {
+func compileSetField(name string, v value.Value, depth level) (Expr, error) {
 	a, err := compileFieldArgs(name, v, depth, "value")
 	return setField{a}, err
 }
 
-// eval is the input with field set to value (removed when value is
+// Eval is the input with field set to value (removed when value is
 // missing, as $$REMOVE makes it, and always for $unsetField).
-func (s setField) eval(doc bsoncore.Document) (Value, error) {
+func (s setField) Eval(doc bsoncore.Document) (value.Value, error) {
 	in, err := s.inputDoc(doc)
 	if err != nil {
-		return missing, err
+		return value.Missing, err
 	}
-	if isNullish(in) {
-		return null, nil
+	if value.IsNullish(in) {
+		return value.Null, nil
 	}
 	d, ok := in.DocumentOK()
 	if !ok {
-		return missing, badValue(4161105, "%s requires 'input' to evaluate to type Object", s.name)
+		return value.Missing, value.BadValue(4161105, "%s requires 'input' to evaluate to type Object", s.name)
 	}
-	val := missing
+	val := value.Missing
 	if s.value != nil {
-		if val, err = s.value.eval(doc); err != nil {
-			return missing, err
+		if val, err = s.value.Eval(doc); err != nil {
+			return value.Missing, err
 		}
 	}
 	elems, _ := d.Elements()
@@ -166,19 +167,19 @@ func (s setField) eval(doc bsoncore.Document) (Value, error) {
 		out = bsoncore.AppendValueElement(out, s.field, val)
 	}
 	out, _ = bsoncore.AppendDocumentEnd(out, idx)
-	return Value{Type: bsoncore.TypeEmbeddedDocument, Data: out}, nil
+	return value.Value{Type: bsoncore.TypeEmbeddedDocument, Data: out}, nil
 }
 
 // orderedDoc builds a document whose later values for a key replace the
 // earlier in place.
 type orderedDoc struct {
 	keys []string
-	vals map[string]Value
+	vals map[string]value.Value
 }
 
-func (o *orderedDoc) set(k string, v Value) {
+func (o *orderedDoc) set(k string, v value.Value) {
 	if o.vals == nil {
-		o.vals = map[string]Value{}
+		o.vals = map[string]value.Value{}
 	}
 	if _, ok := o.vals[k]; !ok {
 		o.keys = append(o.keys, k)
@@ -186,25 +187,25 @@ func (o *orderedDoc) set(k string, v Value) {
 	o.vals[k] = v
 }
 
-func (o *orderedDoc) value() Value {
+func (o *orderedDoc) value() value.Value {
 	idx, out := bsoncore.AppendDocumentStart(nil)
 	for _, k := range o.keys {
 		out = bsoncore.AppendValueElement(out, k, o.vals[k])
 	}
 	out, _ = bsoncore.AppendDocumentEnd(out, idx)
-	return Value{Type: bsoncore.TypeEmbeddedDocument, Data: out}
+	return value.Value{Type: bsoncore.TypeEmbeddedDocument, Data: out}
 }
 
-func mergeObjects(name string, args []expr) (expr, error) {
-	return opFunc{name: name, args: args, f: func(v []Value) (Value, error) {
+func mergeObjects(name string, args []Expr) (Expr, error) {
+	return opFunc{name: name, args: args, f: func(v []value.Value) (value.Value, error) {
 		var o orderedDoc
 		for _, a := range v {
-			if isNullish(a) {
+			if value.IsNullish(a) {
 				continue
 			}
 			d, ok := a.DocumentOK()
 			if !ok {
-				return missing, badValue(40400, "%s requires object inputs, but input %s is of type %s", name, describe(a), typeAlias(a))
+				return value.Missing, value.BadValue(40400, "%s requires object inputs, but input %s is of type %s", name, value.Describe(a), TypeAlias(a))
 			}
 			elems, _ := d.Elements()
 			for _, e := range elems {
@@ -215,36 +216,36 @@ func mergeObjects(name string, args []expr) (expr, error) {
 	}}, nil
 }
 
-func objectToArray(name string, v Value) (Value, error) {
-	if isNullish(v) {
-		return null, nil
+func objectToArray(name string, v value.Value) (value.Value, error) {
+	if value.IsNullish(v) {
+		return value.Null, nil
 	}
 	d, ok := v.DocumentOK()
 	if !ok {
-		return missing, badValue(40390, "%s requires a document input, found: %s", name, typeAlias(v))
+		return value.Missing, value.BadValue(40390, "%s requires a document input, found: %s", name, TypeAlias(v))
 	}
 	elems, _ := d.Elements()
-	out := make([]Value, len(elems))
+	out := make([]value.Value, len(elems))
 	for i, e := range elems {
 		kv := bsoncore.NewDocumentBuilder().AppendString("k", e.Key()).AppendValue("v", e.Value()).Build()
-		out[i] = Value{Type: bsoncore.TypeEmbeddedDocument, Data: kv}
+		out[i] = value.Value{Type: bsoncore.TypeEmbeddedDocument, Data: kv}
 	}
 	return arrayValue(out), nil
 }
 
-func arrayToObject(name string, v Value) (Value, error) {
-	if isNullish(v) {
-		return null, nil
+func arrayToObject(name string, v value.Value) (value.Value, error) {
+	if value.IsNullish(v) {
+		return value.Null, nil
 	}
 	vals, ok := arrayOf(v)
 	if !ok {
-		return missing, badValue(40386, "%s requires an array input, found: %s", name, typeAlias(v))
+		return value.Missing, value.BadValue(40386, "%s requires an array input, found: %s", name, TypeAlias(v))
 	}
 	var o orderedDoc
 	for _, el := range vals {
 		k, val, err := pairOf(name, el)
 		if err != nil {
-			return missing, err
+			return value.Missing, err
 		}
 		o.set(k, val)
 	}
@@ -252,31 +253,31 @@ func arrayToObject(name string, v Value) (Value, error) {
 }
 
 // pairOf reads one of $arrayToObject's elements: [k, v] or {k, v}.
-func pairOf(name string, el Value) (string, Value, error) {
-	var k, v Value
+func pairOf(name string, el value.Value) (string, value.Value, error) {
+	var k, v value.Value
 	if pair, ok := arrayOf(el); ok {
 		if len(pair) != 2 {
-			return "", missing, badValue(40397, "%s requires an array of size 2 arrays,found array of size: %d", name, len(pair))
+			return "", value.Missing, value.BadValue(40397, "%s requires an array of size 2 arrays,found array of size: %d", name, len(pair))
 		}
 		k, v = pair[0], pair[1]
 	} else if d, ok := el.DocumentOK(); ok {
 		elems, _ := d.Elements()
 		if len(elems) != 2 {
-			return "", missing, badValue(40392, "%s requires an object keys of 'k' and 'v'. Found incorrect number of keys:%d", name, len(elems))
+			return "", value.Missing, value.BadValue(40392, "%s requires an object keys of 'k' and 'v'. Found incorrect number of keys:%d", name, len(elems))
 		}
 		k, v = d.Lookup("k"), d.Lookup("v")
 		if k.Type == 0 || v.Type == 0 {
-			return "", missing, badValue(40393, "%s requires an object with keys 'k' and 'v'.", name)
+			return "", value.Missing, value.BadValue(40393, "%s requires an object with keys 'k' and 'v'.", name)
 		}
 	} else {
-		return "", missing, badValue(40398, "Unrecognised input type format for %s: %s", name, typeAlias(el))
+		return "", value.Missing, value.BadValue(40398, "Unrecognised input type format for %s: %s", name, TypeAlias(el))
 	}
 	s, ok := k.StringValueOK()
 	if !ok {
-		return "", missing, badValue(40394, "%s requires a string 'k' value, found: %s", name, typeAlias(k))
+		return "", value.Missing, value.BadValue(40394, "%s requires a string 'k' value, found: %s", name, TypeAlias(k))
 	}
 	if strings.ContainsRune(s, 0) {
-		return "", missing, badValue(mongoerr.Code(4940400), "Key field cannot contain an embedded null byte")
+		return "", value.Missing, value.BadValue(mongoerr.Code(4940400), "Key field cannot contain an embedded null byte")
 	}
 	return s, v, nil
 }

@@ -1,4 +1,4 @@
-package agg_test
+package expr_test
 
 import "testing"
 

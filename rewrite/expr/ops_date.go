@@ -1,4 +1,4 @@
-package agg
+package expr
 
 import (
 	"time"
@@ -6,6 +6,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+	"github.com/tsproxy/tsproxy/rewrite/expr/value"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 )
 
@@ -26,19 +27,19 @@ var (
 
 type dateFromParts struct {
 	iso   bool
-	parts []expr // in calendarParts or isoParts order; nil: default
-	zone  expr
+	parts []Expr // in calendarParts or isoParts order; nil: default
+	zone  Expr
 }
 
-func compileDateFromParts(name string, v Value, depth level) (expr, error) {
+func compileDateFromParts(name string, v value.Value, depth level) (Expr, error) {
 	d, ok := v.DocumentOK()
 	if !ok {
-		return nil, badValue(40519, "%s only supports an object as its argument", name)
+		return nil, value.BadValue(40519, "%s only supports an object as its argument", name)
 	}
-	f := dateFromParts{parts: make([]expr, len(calendarParts))}
+	f := dateFromParts{parts: make([]Expr, len(calendarParts))}
 	_, f.iso = lookupAny(d, "isoWeekYear", "isoWeek", "isoDayOfWeek")
 	if _, cal := lookupAny(d, "year", "month", "day"); cal && f.iso {
-		return nil, badValue(40489, "%s does not allow mixing natural dates with ISO dates", name)
+		return nil, value.BadValue(40489, "%s does not allow mixing natural dates with ISO dates", name)
 	}
 	names := calendarParts
 	if f.iso {
@@ -56,12 +57,12 @@ func compileDateFromParts(name string, v Value, depth level) (expr, error) {
 		}
 		i := indexOfString(names, e.Key())
 		if i < 0 {
-			return nil, badValue(40518, "Unrecognized argument to %s: %s", name, e.Key())
+			return nil, value.BadValue(40518, "Unrecognized argument to %s: %s", name, e.Key())
 		}
 		f.parts[i] = x
 	}
 	if f.parts[0] == nil {
-		return nil, badValue(40516, "%s requires either 'year' or 'isoWeekYear' to be present", name)
+		return nil, value.BadValue(40516, "%s requires either 'year' or 'isoWeekYear' to be present", name)
 	}
 	return f, nil
 }
@@ -84,7 +85,7 @@ func indexOfString(list []string, s string) int {
 	return -1
 }
 
-func (f dateFromParts) eval(doc bsoncore.Document) (Value, error) {
+func (f dateFromParts) Eval(doc bsoncore.Document) (value.Value, error) {
 	names := calendarParts
 	if f.iso {
 		names = isoParts
@@ -95,46 +96,46 @@ func (f dateFromParts) eval(doc bsoncore.Document) (Value, error) {
 		if p == nil {
 			continue
 		}
-		v, err := p.eval(doc)
+		v, err := p.Eval(doc)
 		if err != nil {
-			return missing, err
+			return value.Missing, err
 		}
-		if isNullish(v) {
-			return null, nil
+		if value.IsNullish(v) {
+			return value.Null, nil
 		}
 		n, ok := bsonutil.WholeNumber(v)
 		if !ok {
-			return missing, badValue(40515, "'%s' must evaluate to an integer, found %s with value %s", names[i], typeAlias(v), describe(v))
+			return value.Missing, value.BadValue(40515, "'%s' must evaluate to an integer, found %s with value %s", names[i], TypeAlias(v), value.Describe(v))
 		}
 		if err := checkPartRange(names[i], n, i == 0); err != nil {
-			return missing, err
+			return value.Missing, err
 		}
 		vals[i] = n
 	}
 	loc := utc
 	if f.zone != nil {
-		zv, err := f.zone.eval(doc)
+		zv, err := f.zone.Eval(doc)
 		if err != nil {
-			return missing, err
+			return value.Missing, err
 		}
-		if isNullish(zv) {
-			return null, nil
+		if value.IsNullish(zv) {
+			return value.Null, nil
 		}
 		if loc, err = location(zv); err != nil {
-			return missing, err
+			return value.Missing, err
 		}
 	}
-	return dateValue(partsTime(f.iso, vals, loc).UnixMilli()), nil
+	return value.DateValue(partsTime(f.iso, vals, loc).UnixMilli()), nil
 }
 
 // checkPartRange applies MongoDB's bounds: the year 1 to 9999, the other
 // parts a 16-bit integer.
 func checkPartRange(name string, n int64, year bool) error {
 	if year && (n < 1 || n > 9999) {
-		return badValue(mongoerr.Code(40523), "'%s' must evaluate to an integer in the range 1 to 9999, found %d", name, n)
+		return value.BadValue(mongoerr.Code(40523), "'%s' must evaluate to an integer in the range 1 to 9999, found %d", name, n)
 	}
 	if !year && (n < -32768 || n > 32767) {
-		return badValue(mongoerr.Code(31034), "'%s' must evaluate to a value in the range [-32768, 32767]; value %d is not in range", name, n)
+		return value.BadValue(mongoerr.Code(31034), "'%s' must evaluate to a value in the range [-32768, 32767]; value %d is not in range", name, n)
 	}
 	return nil
 }
@@ -154,10 +155,10 @@ func partsTime(iso bool, v []int64, loc *time.Location) time.Time {
 // $dateToParts: {date, timezone?, iso8601?}.
 type dateToParts struct {
 	z   zoneExpr
-	iso expr
+	iso Expr
 }
 
-func compileDateToParts(name string, v Value, depth level) (expr, error) {
+func compileDateToParts(name string, v value.Value, depth level) (Expr, error) {
 	z, extra, err := compileZoned(name, v, depth, "iso8601")
 	if err != nil {
 		return nil, err
@@ -165,22 +166,22 @@ func compileDateToParts(name string, v Value, depth level) (expr, error) {
 	return dateToParts{z: z, iso: extra["iso8601"]}, nil
 }
 
-func (p dateToParts) eval(doc bsoncore.Document) (Value, error) {
-	t, isNull, err := p.z.eval(doc)
+func (p dateToParts) Eval(doc bsoncore.Document) (value.Value, error) {
+	t, isNull, err := p.z.Eval(doc)
 	if err != nil || isNull {
-		return null, err
+		return value.Null, err
 	}
 	iso := false
 	if p.iso != nil {
-		v, err := p.iso.eval(doc)
+		v, err := p.iso.Eval(doc)
 		if err != nil {
-			return missing, err
+			return value.Missing, err
 		}
-		if isNullish(v) {
-			return null, nil
+		if value.IsNullish(v) {
+			return value.Null, nil
 		}
 		if v.Type != bsoncore.TypeBoolean {
-			return missing, badValue(40521, "iso8601 must evaluate to a bool, found %s", typeAlias(v))
+			return value.Missing, value.BadValue(40521, "iso8601 must evaluate to a bool, found %s", TypeAlias(v))
 		}
 		iso = v.Boolean()
 	}
@@ -193,5 +194,5 @@ func (p dateToParts) eval(doc bsoncore.Document) (Value, error) {
 	}
 	b.AppendInt32("hour", int32(t.Hour())).AppendInt32("minute", int32(t.Minute())).
 		AppendInt32("second", int32(t.Second())).AppendInt32("millisecond", int32(t.Nanosecond()/1e6))
-	return Value{Type: bsoncore.TypeEmbeddedDocument, Data: b.Build()}, nil
+	return value.Value{Type: bsoncore.TypeEmbeddedDocument, Data: b.Build()}, nil
 }

@@ -1,4 +1,4 @@
-package agg
+package expr
 
 import (
 	"strings"
@@ -6,43 +6,35 @@ import (
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+	"github.com/tsproxy/tsproxy/rewrite/expr/value"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 )
 
-// expr is a compiled expression, evaluated against one document.
-type expr interface {
-	eval(doc bsoncore.Document) (Value, error)
+// Expr is a compiled expression, evaluated against one document.
+type Expr interface {
+	Eval(doc bsoncore.Document) (value.Value, error)
 }
 
-// unsupported is the error for what the engine does not implement.
-func unsupported(format string, args ...any) error {
-	return mongoerr.Errorf(mongoerr.NotImplemented, format+" is not supported by the proxy's aggregation engine", args...)
-}
+type Literal struct{ V value.Value }
 
-func badValue(code mongoerr.Code, format string, args ...any) error {
-	return mongoerr.Errorf(code, format, args...)
-}
-
-type literal struct{ v Value }
-
-func (l literal) eval(bsoncore.Document) (Value, error) { return l.v, nil }
+func (l Literal) Eval(bsoncore.Document) (value.Value, error) { return l.V, nil }
 
 // fieldPath is "$a.b.c": the value at that path, through arrays as
 // MongoDB goes through them (an array of documents gives the array of
 // their values).
 type fieldPath struct{ parts []string }
 
-func (p fieldPath) eval(doc bsoncore.Document) (Value, error) {
-	return lookupPath(Value{Type: bsoncore.TypeEmbeddedDocument, Data: doc}, p.parts), nil
+func (p fieldPath) Eval(doc bsoncore.Document) (value.Value, error) {
+	return LookupPath(value.Value{Type: bsoncore.TypeEmbeddedDocument, Data: doc}, p.parts), nil
 }
 
-func lookupPath(v Value, parts []string) Value {
+func LookupPath(v value.Value, parts []string) value.Value {
 	for i, part := range parts {
 		switch v.Type {
 		case bsoncore.TypeEmbeddedDocument:
 			next, err := bsoncore.Document(v.Data).LookupErr(part)
 			if err != nil {
-				return missing
+				return value.Missing
 			}
 			v = next
 		case bsoncore.TypeArray:
@@ -53,7 +45,7 @@ func lookupPath(v Value, parts []string) Value {
 				if el.Type != bsoncore.TypeEmbeddedDocument && el.Type != bsoncore.TypeArray {
 					continue
 				}
-				got := lookupPath(el, parts[i:])
+				got := LookupPath(el, parts[i:])
 				if got.Type == 0 {
 					continue
 				}
@@ -61,9 +53,9 @@ func lookupPath(v Value, parts []string) Value {
 				n++
 			}
 			arr, _ = bsoncore.AppendArrayEnd(arr, idx)
-			return Value{Type: bsoncore.TypeArray, Data: arr}
+			return value.Value{Type: bsoncore.TypeArray, Data: arr}
 		default:
-			return missing
+			return value.Missing
 		}
 	}
 	return v
@@ -72,58 +64,58 @@ func lookupPath(v Value, parts []string) Value {
 // root is $$ROOT (and $$CURRENT): the whole document.
 type root struct{ parts []string }
 
-func (r root) eval(doc bsoncore.Document) (Value, error) {
-	return lookupPath(Value{Type: bsoncore.TypeEmbeddedDocument, Data: doc}, r.parts), nil
+func (r root) Eval(doc bsoncore.Document) (value.Value, error) {
+	return LookupPath(value.Value{Type: bsoncore.TypeEmbeddedDocument, Data: doc}, r.parts), nil
 }
 
-// objectExpr is {a: <expr>, b: <expr>}: a document of the values, fields
+// ObjectExpr is {a: <expr>, b: <expr>}: a document of the values, fields
 // whose value is missing left out.
-type objectExpr struct {
-	keys  []string
-	exprs []expr
+type ObjectExpr struct {
+	Keys  []string
+	Exprs []Expr
 }
 
-func (o objectExpr) eval(doc bsoncore.Document) (Value, error) {
+func (o ObjectExpr) Eval(doc bsoncore.Document) (value.Value, error) {
 	idx, out := bsoncore.AppendDocumentStart(nil)
-	for i, e := range o.exprs {
-		v, err := e.eval(doc)
+	for i, e := range o.Exprs {
+		v, err := e.Eval(doc)
 		if err != nil {
-			return missing, err
+			return value.Missing, err
 		}
 		if v.Type != 0 {
-			out = bsoncore.AppendValueElement(out, o.keys[i], v)
+			out = bsoncore.AppendValueElement(out, o.Keys[i], v)
 		}
 	}
 	out, _ = bsoncore.AppendDocumentEnd(out, idx)
-	return Value{Type: bsoncore.TypeEmbeddedDocument, Data: out}, nil
+	return value.Value{Type: bsoncore.TypeEmbeddedDocument, Data: out}, nil
 }
 
 // arrayExpr is [<expr>, ...]; a missing element becomes null.
-type arrayExpr struct{ exprs []expr }
+type arrayExpr struct{ exprs []Expr }
 
-func (a arrayExpr) eval(doc bsoncore.Document) (Value, error) {
+func (a arrayExpr) Eval(doc bsoncore.Document) (value.Value, error) {
 	idx, out := bsoncore.AppendArrayStart(nil)
 	for i, e := range a.exprs {
-		v, err := e.eval(doc)
+		v, err := e.Eval(doc)
 		if err != nil {
-			return missing, err
+			return value.Missing, err
 		}
 		if v.Type == 0 {
-			v = null
+			v = value.Null
 		}
 		out = bsoncore.AppendValueElement(out, bsonutil.Itoa(i), v)
 	}
 	out, _ = bsoncore.AppendArrayEnd(out, idx)
-	return Value{Type: bsoncore.TypeArray, Data: out}, nil
+	return value.Value{Type: bsoncore.TypeArray, Data: out}, nil
 }
 
 // maxExprDepth bounds how deeply expressions nest.
 const maxExprDepth = 64
 
 // compileExpr compiles an aggregation expression.
-func compileExpr(v Value, depth level) (expr, error) {
+func compileExpr(v value.Value, depth level) (Expr, error) {
 	if depth.n > maxExprDepth {
-		return nil, unsupported("an expression nested deeper than %d levels", maxExprDepth)
+		return nil, value.Unsupported("an expression nested deeper than %d levels", maxExprDepth)
 	}
 	switch v.Type {
 	case bsoncore.TypeString:
@@ -133,38 +125,38 @@ func compileExpr(v Value, depth level) (expr, error) {
 			return compileVariable(s, depth)
 		case strings.HasPrefix(s, "$"):
 			if len(s) == 1 {
-				return nil, badValue(16872, "'$' by itself is not a valid FieldPath")
+				return nil, value.BadValue(16872, "'$' by itself is not a valid FieldPath")
 			}
 			return fieldPath{parts: strings.Split(s[1:], ".")}, nil
 		}
-		return literal{v: clone(v)}, nil
+		return Literal{V: value.Clone(v)}, nil
 	case bsoncore.TypeEmbeddedDocument:
 		elems, err := bsoncore.Document(v.Data).Elements()
 		if err != nil {
-			return nil, badValue(mongoerr.BadValue, "expression is not valid BSON: %v", err)
+			return nil, value.BadValue(mongoerr.BadValue, "expression is not valid BSON: %v", err)
 		}
 		if len(elems) == 1 && strings.HasPrefix(elems[0].Key(), "$") {
 			return compileOperator(elems[0].Key(), elems[0].Value(), depth)
 		}
-		o := objectExpr{}
+		o := ObjectExpr{}
 		for _, e := range elems {
 			if strings.HasPrefix(e.Key(), "$") {
-				return nil, badValue(mongoerr.Code(16410), "FieldPath field names may not start with '$'. Consider using $getField or $setField.")
+				return nil, value.BadValue(mongoerr.Code(16410), "FieldPath field names may not start with '$'. Consider using $getField or $setField.")
 			}
 			if strings.Contains(e.Key(), ".") {
-				return nil, badValue(mongoerr.Code(16412), "FieldPath field names may not contain '.'. Consider using $getField or $setField.")
+				return nil, value.BadValue(mongoerr.Code(16412), "FieldPath field names may not contain '.'. Consider using $getField or $setField.")
 			}
 			c, err := compileExpr(e.Value(), depth.next())
 			if err != nil {
 				return nil, err
 			}
-			o.keys, o.exprs = append(o.keys, e.Key()), append(o.exprs, c)
+			o.Keys, o.Exprs = append(o.Keys, e.Key()), append(o.Exprs, c)
 		}
 		return o, nil
 	case bsoncore.TypeArray:
 		vals, err := bsoncore.Array(v.Data).Values()
 		if err != nil {
-			return nil, badValue(mongoerr.BadValue, "expression is not valid BSON: %v", err)
+			return nil, value.BadValue(mongoerr.BadValue, "expression is not valid BSON: %v", err)
 		}
 		a := arrayExpr{}
 		for _, el := range vals {
@@ -176,10 +168,10 @@ func compileExpr(v Value, depth level) (expr, error) {
 		}
 		return a, nil
 	}
-	return literal{v: clone(v)}, nil
+	return Literal{V: value.Clone(v)}, nil
 }
 
-func compileVariable(s string, depth level) (expr, error) {
+func compileVariable(s string, depth level) (Expr, error) {
 	name, rest, _ := strings.Cut(s[2:], ".")
 	var parts []string
 	if rest != "" {
@@ -189,33 +181,33 @@ func compileVariable(s string, depth level) (expr, error) {
 	case "ROOT", "CURRENT":
 		return root{parts: parts}, nil
 	case "REMOVE":
-		return literal{v: missing}, nil
+		return Literal{V: value.Missing}, nil
 	}
 	if slot := depth.lookup(name); slot != nil {
 		return varRef{slot: slot, parts: parts}, nil
 	}
 	if strings.ToUpper(name) == name {
 		// $$NOW, $$CLUSTER_TIME and the other system variables.
-		return nil, unsupported("the variable %q", "$$"+name)
+		return nil, value.Unsupported("the variable %q", "$$"+name)
 	}
-	return nil, badValue(17276, "Use of undefined variable: %s", name)
+	return nil, value.BadValue(17276, "Use of undefined variable: %s", name)
 }
 
 // operatorArgs reads an operator's arguments: an array, or one value
 // taken as an array of one.
-func operatorArgs(name string, v Value, depth level) ([]expr, error) {
+func operatorArgs(name string, v value.Value, depth level) ([]Expr, error) {
 	if v.Type != bsoncore.TypeArray {
 		e, err := compileExpr(v, depth.next())
 		if err != nil {
 			return nil, err
 		}
-		return []expr{e}, nil
+		return []Expr{e}, nil
 	}
 	vals, err := bsoncore.Array(v.Data).Values()
 	if err != nil {
-		return nil, badValue(mongoerr.BadValue, "%s: arguments are not valid BSON: %v", name, err)
+		return nil, value.BadValue(mongoerr.BadValue, "%s: arguments are not valid BSON: %v", name, err)
 	}
-	out := make([]expr, 0, len(vals))
+	out := make([]Expr, 0, len(vals))
 	for _, el := range vals {
 		e, err := compileExpr(el, depth.next())
 		if err != nil {
@@ -226,18 +218,18 @@ func operatorArgs(name string, v Value, depth level) ([]expr, error) {
 	return out, nil
 }
 
-func wantArgs(name string, args []expr, n int) error {
+func wantArgs(name string, args []Expr, n int) error {
 	if len(args) != n {
-		return badValue(16020, "Expression %s takes exactly %d arguments. %d were passed in.", name, n, len(args))
+		return value.BadValue(16020, "Expression %s takes exactly %d arguments. %d were passed in.", name, n, len(args))
 	}
 	return nil
 }
 
 // evalAll evaluates each of args.
-func evalAll(args []expr, doc bsoncore.Document) ([]Value, error) {
-	out := make([]Value, len(args))
+func evalAll(args []Expr, doc bsoncore.Document) ([]value.Value, error) {
+	out := make([]value.Value, len(args))
 	for i, a := range args {
-		v, err := a.eval(doc)
+		v, err := a.Eval(doc)
 		if err != nil {
 			return nil, err
 		}
@@ -249,20 +241,20 @@ func evalAll(args []expr, doc bsoncore.Document) ([]Value, error) {
 // opFunc is an operator over its evaluated arguments.
 type opFunc struct {
 	name string
-	args []expr
-	f    func(vals []Value) (Value, error)
+	args []Expr
+	f    func(vals []value.Value) (value.Value, error)
 }
 
-func (o opFunc) eval(doc bsoncore.Document) (Value, error) {
+func (o opFunc) Eval(doc bsoncore.Document) (value.Value, error) {
 	vals, err := evalAll(o.args, doc)
 	if err != nil {
-		return missing, err
+		return value.Missing, err
 	}
 	return o.f(vals)
 }
 
 // compileOperator compiles {$op: args}.
-func compileOperator(name string, v Value, depth level) (expr, error) {
+func compileOperator(name string, v value.Value, depth level) (Expr, error) {
 	if e, ok, err := compileBinding(name, v, depth); ok {
 		return e, err
 	}
@@ -271,7 +263,7 @@ func compileOperator(name string, v Value, depth level) (expr, error) {
 	}
 	switch name {
 	case "$literal", "$const":
-		return literal{v: clone(v)}, nil
+		return Literal{V: value.Clone(v)}, nil
 	case "$cond":
 		return compileCond(v, depth)
 	case "$ifNull":
@@ -280,7 +272,7 @@ func compileOperator(name string, v Value, depth level) (expr, error) {
 			return nil, err
 		}
 		if len(args) < 2 {
-			return nil, badValue(mongoerr.Code(1257300), "$ifNull needs at least two arguments, had: %d", len(args))
+			return nil, value.BadValue(mongoerr.Code(1257300), "$ifNull needs at least two arguments, had: %d", len(args))
 		}
 		return ifNull{args: args}, nil
 	case "$and", "$or":
@@ -303,7 +295,7 @@ func compileOperator(name string, v Value, depth level) (expr, error) {
 	}
 	mk, ok := operators[name]
 	if !ok {
-		return nil, unsupported("the expression operator %q", name)
+		return nil, value.Unsupported("the expression operator %q", name)
 	}
 	args, err := operatorArgs(name, v, depth)
 	if err != nil {
@@ -313,10 +305,10 @@ func compileOperator(name string, v Value, depth level) (expr, error) {
 }
 
 // operators build the operators that take their arguments evaluated.
-var operators map[string]func(name string, args []expr) (expr, error)
+var operators map[string]func(name string, args []Expr) (Expr, error)
 
 func init() {
-	operators = map[string]func(string, []expr) (expr, error){}
+	operators = map[string]func(string, []Expr) (Expr, error){}
 	for _, n := range []string{"$add", "$subtract", "$multiply", "$divide", "$mod"} {
 		operators[n] = arithmetic
 	}
@@ -326,26 +318,26 @@ func init() {
 	for _, n := range []string{"$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$cmp"} {
 		operators[n] = comparison
 	}
-	operators["$not"] = func(name string, args []expr) (expr, error) {
+	operators["$not"] = func(name string, args []Expr) (Expr, error) {
 		if err := wantArgs(name, args, 1); err != nil {
 			return nil, err
 		}
-		return opFunc{name: name, args: args, f: func(v []Value) (Value, error) { return boolValue(!truthy(v[0])), nil }}, nil
+		return opFunc{name: name, args: args, f: func(v []value.Value) (value.Value, error) { return value.BoolValue(!value.Truthy(v[0])), nil }}, nil
 	}
 	for _, n := range []string{"$toDouble", "$toInt", "$toLong", "$toString", "$toBool", "$toDate"} {
 		operators[n] = conversion
 	}
 	operators["$concat"] = concat
-	operators["$type"] = func(name string, args []expr) (expr, error) {
+	operators["$type"] = func(name string, args []Expr) (Expr, error) {
 		if err := wantArgs(name, args, 1); err != nil {
 			return nil, err
 		}
-		return opFunc{name: name, args: args, f: func(v []Value) (Value, error) { return stringValue(typeAlias(v[0])), nil }}, nil
+		return opFunc{name: name, args: args, f: func(v []value.Value) (value.Value, error) { return value.StringValue(TypeAlias(v[0])), nil }}, nil
 	}
 }
 
-// typeAlias is $type's name of v's type ("missing" for a missing value).
-func typeAlias(v Value) string {
+// TypeAlias is $type's name of v's type ("missing" for a missing value).
+func TypeAlias(v value.Value) string {
 	if v.Type == 0 {
 		return "missing"
 	}
