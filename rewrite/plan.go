@@ -1,8 +1,9 @@
 package rewrite
 
 import (
-	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 )
 
 // The seam between the proxy and the rewrites. A rewrite turns a client's
@@ -55,7 +56,7 @@ type Upstream struct {
 	// Parallel marks a command that may run at the same time as the
 	// other Parallel commands of its step, each on an upstream connection
 	// of its own: an unordered insert of documents that stand alone (a
-	// merge's buckets, stage.MergeOptions.InsertStreams). Replies are
+	// merge's buckets, merge.MergeOptions.InsertStreams). Replies are
 	// still one per command, in the step's order.
 	Parallel bool
 }

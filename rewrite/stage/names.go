@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
-
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
@@ -148,17 +147,17 @@ func Parse(rule *rules.Rule, name string) (Collection, bool) {
 	}
 	var w string
 	w, rest = leadingDigits(rest)
-	if c.Window, ok = number(sign + w); !ok {
+	if c.Window, ok = Number(sign + w); !ok {
 		return Collection{}, false
 	}
 	if tail, owned := strings.CutPrefix(rest, ownerInfix); owned {
-		if len(tail) < 10 || tail[8] != '_' || !isHex(tail[:8]) {
+		if len(tail) < 10 || tail[8] != '_' || !IsHex(tail[:8]) {
 			return Collection{}, false
 		}
 		c.Owner = tail[:8]
 		var g string
 		g, rest = leadingDigits(tail[9:])
-		if c.Gen, ok = number(g); !ok {
+		if c.Gen, ok = Number(g); !ok {
 			return Collection{}, false
 		}
 	}
@@ -172,7 +171,7 @@ func Parse(rule *rules.Rule, name string) (Collection, bool) {
 	default:
 		return Collection{}, false
 	}
-	t, ok := number(rest[len(retiredInfix):])
+	t, ok := Number(rest[len(retiredInfix):])
 	if !ok || t <= 0 {
 		return Collection{}, false
 	}
@@ -189,13 +188,13 @@ func leadingDigits(s string) (digits, rest string) {
 	return s[:i], s[i:]
 }
 
-// number reads a canonical decimal (no plus sign, no leading zero).
-func number(s string) (int64, bool) {
+// Number reads a canonical decimal (no plus sign, no leading zero).
+func Number(s string) (int64, bool) {
 	n, err := strconv.ParseInt(s, 10, 64)
 	return n, err == nil && strconv.FormatInt(n, 10) == s
 }
 
-func isHex(s string) bool {
+func IsHex(s string) bool {
 	for i := 0; i < len(s); i++ {
 		if !(s[i] >= '0' && s[i] <= '9' || s[i] >= 'a' && s[i] <= 'f') {
 			return false

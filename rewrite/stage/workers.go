@@ -18,10 +18,10 @@ const maxMergeWorkers = 4
 // minPerWorker is the least work (documents, buckets) worth a goroutine.
 const minPerWorker = 16
 
-// eachInParallel calls f(i) for every i in [0, n), on up to
+// EachInParallel calls f(i) for every i in [0, n), on up to
 // maxMergeWorkers goroutines (GOMAXPROCS, and n/minPerWorker); f must
 // touch only what is its i's.
-func eachInParallel(n int, f func(i int)) {
+func EachInParallel(n int, f func(i int)) {
 	workers := min(runtime.GOMAXPROCS(0), maxMergeWorkers, n/minPerWorker)
 	if workers < 2 {
 		for i := range n {

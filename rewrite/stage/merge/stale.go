@@ -1,0 +1,63 @@
+package merge
+
+import (
+	"fmt"
+
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rewrite"
+)
+
+// Stale event-id index entries. A top-up writes its bucket's new entry
+// and leaves the old one stale. Deleting it is a delete by
+// {_id: {$in}} on the event-id index collection, which FerretDB pushes
+// down on no backend: it decodes every entry of the rule, one per bucket,
+// on all three upstreams (about 20 ms at 240 buckets, `tsbench dashboard
+// -prefill 100000`), and a merge that tops up runs before every read of a
+// rule that takes inserts. So the merge hands the old entries to
+// MergeOptions.Stale, which deletes them in one command once
+// staleEntriesBatch are waiting, and at a flush.
+//
+// Why leaving one waiting is safe: a stale entry names the same bucket
+// as the entry that replaced it, with a subset of its ids (a top-up only
+// adds events), so a read that meets it looks up a bucket it would look
+// up anyway, or one more at worst ("stale entries cost a lookup, never an
+// answer"). What is not safe is deleting a
+// waiting entry that has become some bucket's live entry again (an
+// entry's _id names its bucket and its ids, and a bucket that lost events
+// to a delete can take the same ids again). Merges are the only writers
+// of entries (deletes, drops and sweeps write none); every entry a merge
+// writes is first taken off the list (writeIDIndex); and the proxy
+// starts the list over in each term of the writer lease it holds, since
+// another proxy's merges may have written entries in between, leaving
+// what waited in place.
+
+// deleteEntries deletes the event-id index entries ids, in one command;
+// if it fails, they wait again (MergeOptions.Stale).
+func (m *Merge) deleteEntries(x *rewrite.Exec, ids []bsoncore.Value) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	in := bsoncore.NewArrayBuilder()
+	for _, id := range ids {
+		in.AppendValue(id)
+	}
+	q := bsoncore.NewDocumentBuilder().AppendDocument("_id", bsoncore.NewDocumentBuilder().AppendArray("$in", in.Build()).Build()).Build()
+	if err := m.deleteMany(x, m.rule.IDIndexCollection(), q); err != nil {
+		if m.opts.Stale != nil {
+			m.opts.Stale.PutBack(ids)
+		}
+		return fmt.Errorf("drop stale event-id index entries: %w", err)
+	}
+	m.Stats.StaleDropped += len(ids)
+	return nil
+}
+
+// dropStaleEntries deletes the stale entries waiting (MergeOptions
+// DropStale: a flush settles the index too).
+func (m *Merge) dropStaleEntries(x *rewrite.Exec) error {
+	if m.opts.Stale == nil || m.opts.Guest {
+		return nil
+	}
+	return m.deleteEntries(x, m.opts.Stale.Take())
+}

@@ -1,0 +1,357 @@
+package merge
+
+import (
+	"fmt"
+	"math/rand/v2"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rewrite/rollup"
+	"github.com/tsproxy/tsproxy/rewrite/stage"
+)
+
+// The merge's writes: inserts (over several connections when large:
+// nextInserts), their outcomes, and what follows them (rollups, the
+// event-id index).
+
+// deleteMany deletes every document of coll that q matches.
+func (m *Merge) deleteMany(x *rewrite.Exec, coll string, q bsoncore.Document) error {
+	reply, ok := x.One(stage.DeleteManyCommand(m.rule.DB, coll, q))
+	if !ok {
+		return rewrite.ErrAborted
+	}
+	return mongoerr.ReplyError(reply)
+}
+
+// insertOne inserts doc into coll; a duplicate key (an earlier run of
+// the same merge wrote it) is no failure.
+func (m *Merge) insertOne(x *rewrite.Exec, coll string, doc bsoncore.Document) error {
+	reply, ok := x.Do(rewrite.Step{insertStep(m.rule.DB, coll, []bsoncore.Document{doc})})
+	if !ok {
+		return rewrite.ErrAborted
+	}
+	_, err := insertOutcome(reply[0])
+	return err
+}
+
+// insertStep is an unordered insert of docs into db.coll.
+func insertStep(db, coll string, docs []bsoncore.Document) rewrite.Upstream {
+	body := bsoncore.NewDocumentBuilder().AppendString("insert", coll).AppendBoolean("ordered", false).AppendString("$db", db).Build()
+	return rewrite.Upstream{Body: body, Seq: &rewrite.Sequence{Identifier: "documents", Documents: docs}}
+}
+
+// insertOutcome reads an insert's reply: the indexes that met a duplicate
+// key, or the first other failure.
+func insertOutcome(reply []byte) ([]int, error) {
+	doc := bsoncore.Document(reply)
+	if err := mongoerr.ReplyError(doc); err != nil {
+		return nil, err
+	}
+	if wce, err := doc.LookupErr("writeConcernError"); err == nil {
+		return nil, mongoerr.Errorf(mongoerr.InternalError, "write concern: %s", wce)
+	}
+	var dups []int
+	arr, ok := doc.Lookup("writeErrors").ArrayOK()
+	if !ok {
+		return nil, nil
+	}
+	vals, _ := arr.Values()
+	for _, v := range vals {
+		e, _ := v.DocumentOK()
+		code, _ := e.Lookup("code").AsInt64OK()
+		idx, _ := e.Lookup("index").AsInt64OK()
+		if mongoerr.Code(code) != mongoerr.DuplicateKey {
+			msg, _ := e.Lookup("errmsg").StringValueOK()
+			return nil, mongoerr.Errorf(mongoerr.Code(code), "%s", msg)
+		}
+		dups = append(dups, int(idx))
+	}
+	return dups, nil
+}
+
+// maxInsertBytes bounds the documents of one merged insert, under the
+// 48MB message limit with room to spare.
+const maxInsertBytes = 8 << 20
+
+// insertBatchLen is how many of n documents (size gives each one's bytes)
+// the next insert of a merge takes: at least one, at most 1,000 and
+// maxInsertBytes.
+func insertBatchLen(n int, size func(i int) int) int {
+	k, total := 0, 0
+	for k < n && k < maxInsertDocs && (k == 0 || total+size(k) <= maxInsertBytes) {
+		total += size(k)
+		k++
+	}
+	return k
+}
+
+// insertBuckets inserts the merged buckets. A duplicate key is a bucket
+// an earlier run of this merge wrote: accepted when it holds the same
+// events (count and first event), an error otherwise (a bucket written
+// outside the merge). Large inserts go as several Parallel commands
+// (nextInserts); each one's outcome is taken after the step, so a
+// failure of one still counts the others' events into the rollups.
+func (m *Merge) insertBuckets(x *rewrite.Exec, buckets []builtBucket) error {
+	docs := make([]bsoncore.Document, len(buckets))
+	for i, b := range buckets {
+		docs[i] = b.doc
+	}
+	return m.insertAll(x, docs, func(from, n int, reply []byte) error {
+		return m.insertedBuckets(x, buckets[from:from+n], reply)
+	})
+}
+
+// insertAll inserts docs into the bucket collection, a step at a time
+// (nextInsertStep), and gives each insert's reply to outcome with the
+// index of its first document and how many it took. Every insert of a
+// step is given to outcome before the first failure is returned, so
+// that what the others stored is accounted for.
+func (m *Merge) insertAll(x *rewrite.Exec, docs []bsoncore.Document, outcome func(from, n int, reply []byte) error) error {
+	for from := 0; from < len(docs); {
+		step := nextInsertStep(m.rule.DB, m.rule.BucketCollection, docs[from:], m.opts.InsertStreams)
+		replies, ok := x.Do(step)
+		if !ok {
+			return rewrite.ErrAborted
+		}
+		if len(step) > 1 {
+			m.Stats.ParallelInserts += len(step)
+		}
+		var failed error
+		for i, u := range step {
+			n := len(u.Seq.Documents)
+			if err := outcome(from, n, replies[i]); err != nil && failed == nil {
+				failed = err
+			}
+			from += n
+		}
+		if failed != nil {
+			return failed
+		}
+	}
+	return nil
+}
+
+// insertedBuckets checks the outcome of the insert of batch (reply) and
+// counts what it inserted into the rollups.
+func (m *Merge) insertedBuckets(x *rewrite.Exec, batch []builtBucket, reply []byte) error {
+	dups, err := insertOutcome(reply)
+	if err != nil {
+		return fmt.Errorf("insert buckets: %w", err)
+	}
+	if err := m.verifyExisting(x, batch, dups); err != nil {
+		return err
+	}
+	return m.countRollups(x, batch, dups)
+}
+
+// parallelInsertBytes is the size of buckets from which a merge spreads
+// their insert over MergeOptions.InsertStreams commands: below it, the
+// second connection costs about what it saves.
+const parallelInsertBytes = 1 << 20
+
+// maxInsertDocs bounds the documents of one merged insert.
+const maxInsertDocs = 1000
+
+// nextInserts cuts the next step's inserts from n documents (size gives
+// each one's bytes) and returns how many each insert takes: one insert
+// of what fits one (insertBatchLen), or, when streams > 1 and what fits
+// streams inserts holds parallelInsertBytes or more, up to streams
+// inserts of about the same bytes each.
+func nextInserts(n int, size func(i int) int, streams int) []int {
+	one := []int{insertBatchLen(n, size)}
+	if streams < 2 {
+		return one
+	}
+	k, total := 0, 0
+	for k < n && k < streams*maxInsertDocs && total+size(k) <= streams*maxInsertBytes {
+		total += size(k)
+		k++
+	}
+	if k < 2 || total < parallelInsertBytes {
+		return one
+	}
+	// An insert ends where the bytes so far reach its share.
+	lens := make([]int, 0, streams)
+	from, sum, bytes := 0, 0, 0
+	for i := range k {
+		sum += size(i)
+		bytes += size(i)
+		if sum*streams >= (len(lens)+1)*total || i == k-1 {
+			if i+1-from > maxInsertDocs || bytes > maxInsertBytes {
+				return one // sizes too uneven to share: one at a time
+			}
+			lens = append(lens, i+1-from)
+			from, bytes = i+1, 0
+		}
+	}
+	return lens
+}
+
+// nextInsertStep is the step of inserts into db.coll of the next documents
+// of docs (nextInserts).
+func nextInsertStep(db, coll string, docs []bsoncore.Document, streams int) rewrite.Step {
+	lens := nextInserts(len(docs), func(i int) int { return len(docs[i]) }, streams)
+	step := make(rewrite.Step, len(lens))
+	from := 0
+	for i, n := range lens {
+		step[i] = insertStep(db, coll, docs[from:from+n])
+		step[i].Parallel = len(lens) > 1
+		from += n
+	}
+	return step
+}
+
+// countRollups counts the events of the buckets of batch this merge
+// inserted (not those found there already: a repeated merge's) into the
+// rule's rollups, right after their insert. A rollup write is never
+// repeated, so an event is counted at most once: a merge cut between the
+// two writes, or a failed rollup write (recorded in Stats.RollupErrors),
+// leaves it uncounted, and the next run of the merge meets its bucket as
+// a duplicate. The merge runs under the rule's writer lease, so one proxy
+// at a time updates the rollup documents, which is what FerretDB, whose
+// updates are not isolated, needs.
+func (m *Merge) countRollups(x *rewrite.Exec, batch []builtBucket, dups []int) error {
+	if len(m.rule.Rollups) == 0 {
+		return nil
+	}
+	existing := map[int]bool{}
+	for _, i := range dups {
+		existing[i] = true
+	}
+	var evs []bucket.Event
+	for i, b := range batch {
+		if !existing[i] {
+			evs = append(evs, b.evs...)
+		}
+	}
+	w, err := rollup.OfMerged(m.rule, evs, rollup.Options{MaxStatements: m.opts.RollupStatements})
+	if err != nil || w == nil {
+		return err
+	}
+	for _, cmd := range w.Commands {
+		reply, ok := x.Do(rewrite.Step{{Body: cmd, Update: true}})
+		if !ok {
+			return rewrite.ErrAborted
+		}
+		if err := rollup.ReplyError(cmd, reply[0]); err != nil && len(m.Stats.RollupErrors) < maxRollupErrors {
+			m.Stats.RollupErrors = append(m.Stats.RollupErrors, err.Error())
+		}
+	}
+	m.Stats.Counted += w.Events
+	return nil
+}
+
+// maxRollupErrors bounds the rollup failures one merge reports.
+const maxRollupErrors = 8
+
+// verifyExisting checks that the buckets that met a duplicate key hold
+// what this merge would have written.
+func (m *Merge) verifyExisting(x *rewrite.Exec, batch []builtBucket, dups []int) error {
+	if len(dups) == 0 {
+		return nil
+	}
+	want := map[bson.ObjectID]builtBucket{}
+	ids := make([]bson.ObjectID, 0, len(dups))
+	for _, i := range dups {
+		want[batch[i].id] = batch[i]
+		ids = append(ids, batch[i].id)
+	}
+	found, err := drainAll(x, m.rule.DB, m.rule.BucketCollection, findBatched(m.rule.DB, m.rule.BucketCollection, idsIn(ids), m.readBatch()), m.readBatch())
+	if err != nil {
+		return err
+	}
+	for _, d := range found {
+		id, _ := idOf(d)
+		b := want[id]
+		var firstID bsoncore.Value
+		if evs, _ := bucket.EventValues(d); len(evs) > 0 {
+			if fd, ok := evs[0].DocumentOK(); ok {
+				firstID = fd.Lookup("_id")
+			}
+		}
+		if bucketCount(d) != b.count || !firstID.Equal(b.first) {
+			return mongoerr.Errorf(mongoerr.InternalError, "bucket %s exists with other events than the merge's (was it written outside the staging tier?)", id.Hex())
+		}
+		delete(want, id)
+	}
+	if len(want) > 0 {
+		return mongoerr.Errorf(mongoerr.InternalError, "%d buckets met a duplicate key but are not there", len(want))
+	}
+	return nil
+}
+
+func bucketCount(d bsoncore.Document) int {
+	v, ok := bsonutil.Lookup(d, "count")
+	if !ok {
+		return -1
+	}
+	n, _ := v.AsInt64OK()
+	return int(n)
+}
+
+// writeIDIndex writes the event-id index entries of buckets before the
+// buckets, so a crash between leaves an entry without a bucket (a wasted
+// lookup), never a bucket without an entry. The first merge into an
+// empty bucket collection starts the index with its marker; one into a
+// collection that already holds buckets without entries (written before
+// the index existed) leaves the marker out, and finds by _id keep reading
+// every bucket there.
+func (m *Merge) writeIDIndex(x *rewrite.Exec, buckets []builtBucket) error {
+	coll := m.rule.IDIndexCollection()
+	if !m.idIndexListed {
+		n, err := m.countOf(x, m.rule.BucketCollection)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			if err := m.insertOne(x, coll, bucket.IDIndexMarkerDoc(rand.Int64())); err != nil {
+				return fmt.Errorf("start the event-id index: %w", err)
+			}
+		}
+		m.idIndexListed = true
+	}
+	if len(buckets) == 0 {
+		return nil
+	}
+	if m.opts.Stale != nil {
+		// An entry written again is live, whatever a top-up left waiting
+		// under its _id.
+		entries := make([]bsoncore.Document, len(buckets))
+		for i, b := range buckets {
+			entries[i] = b.entry
+		}
+		m.opts.Stale.Revive(entries)
+	}
+	for len(buckets) > 0 {
+		n := min(len(buckets), 1000)
+		docs := make([]bsoncore.Document, n)
+		for i, b := range buckets[:n] {
+			docs[i] = b.entry
+		}
+		buckets = buckets[n:]
+		reply, ok := x.Do(rewrite.Step{insertStep(m.rule.DB, coll, docs)})
+		if !ok {
+			return rewrite.ErrAborted
+		}
+		// A duplicate key is the same entry, written by an earlier run.
+		if _, err := insertOutcome(reply[0]); err != nil {
+			return fmt.Errorf("write event-id index: %w", err)
+		}
+	}
+	// A new version (random: two proxies' merges never share one):
+	// readers that kept the index re-read it.
+	body := bsoncore.NewDocumentBuilder().AppendString("update", coll).AppendBoolean("ordered", false).AppendString("$db", m.rule.DB).Build()
+	reply, ok := x.Do(rewrite.Step{{Body: body, Seq: &rewrite.Sequence{Identifier: "updates", Documents: []bsoncore.Document{bucket.IDIndexBumpUpdate(rand.Int64())}}}})
+	if !ok {
+		return rewrite.ErrAborted
+	}
+	if err := mongoerr.ReplyError(reply[0]); err != nil {
+		return fmt.Errorf("version the event-id index: %w", err)
+	}
+	return nil
+}
