@@ -16,7 +16,7 @@ import (
 
 	"github.com/tsproxy/tsproxy/proxy/exec"
 	"github.com/tsproxy/tsproxy/rewrite"
-	"github.com/tsproxy/tsproxy/rewrite/stage"
+	"github.com/tsproxy/tsproxy/rewrite/stage/merge"
 )
 
 // failBucketInsert fails the first insert into the rule's bucket
@@ -39,7 +39,7 @@ func (f *failBucketInsert) RunStep(step rewrite.Step) ([][]byte, error) {
 
 // mergeWith runs a merge of db.readings on s with opts, as the
 // background merger (background) or a flush would.
-func mergeWith(t *testing.T, s *Server, wrap func(exec.Runner) exec.Runner, opts stage.MergeOptions, background bool) error {
+func mergeWith(t *testing.T, s *Server, wrap func(exec.Runner) exec.Runner, opts merge.MergeOptions, background bool) error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -75,10 +75,10 @@ func TestMergedCountsRetiredFirstPass(t *testing.T) {
 	s, addr := startWireProxy(t, stagedWireRule, "", nil)
 	c := dialWire(t, addr)
 	wireInsert(t, c, sensorEvents(3)...)
-	if err := mergeWith(t, s, func(r exec.Runner) exec.Runner { return &failBucketInsert{r: r} }, stage.MergeOptions{All: true}, false); err == nil {
+	if err := mergeWith(t, s, func(r exec.Runner) exec.Runner { return &failBucketInsert{r: r} }, merge.MergeOptions{All: true}, false); err == nil {
 		t.Fatal("the merge with a failed bucket insert succeeded")
 	}
-	if err := mergeWith(t, s, func(r exec.Runner) exec.Runner { return r }, stage.MergeOptions{All: true}, false); err != nil {
+	if err := mergeWith(t, s, func(r exec.Runner) exec.Runner { return r }, merge.MergeOptions{All: true}, false); err != nil {
 		t.Fatal(err)
 	}
 	if n := wireCount(t, c); n != 3 {
@@ -100,8 +100,7 @@ func TestLagKeptWhileMergeFails(t *testing.T) {
 	c := dialWire(t, addr)
 	wireInsert(t, c, sensorEvents(3)...)
 	// A background round that finds the collection not due yet: pending.
-	never := func(stage.Collection) bool { return false }
-	if err := mergeWith(t, s, func(r exec.Runner) exec.Runner { return r }, stage.MergeOptions{Due: never, Now: time.Now()}, true); err != nil {
+	if err := mergeWith(t, s, func(r exec.Runner) exec.Runner { return r }, merge.MergeOptions{Now: time.Now()}, true); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(1100 * time.Millisecond)
@@ -110,7 +109,7 @@ func TestLagKeptWhileMergeFails(t *testing.T) {
 		t.Fatalf("precondition: pending %d, oldest %v", before.Pending, before.Oldest)
 	}
 	// The next background round merges it, and fails after the freeze.
-	if err := mergeWith(t, s, func(r exec.Runner) exec.Runner { return &failBucketInsert{r: r} }, stage.MergeOptions{All: true, Now: time.Now()}, true); err == nil {
+	if err := mergeWith(t, s, func(r exec.Runner) exec.Runner { return &failBucketInsert{r: r} }, merge.MergeOptions{All: true, Now: time.Now()}, true); err == nil {
 		t.Fatal("the merge with a failed bucket insert succeeded")
 	}
 	st := s.eng.Tier().State().Snapshot()["db.readings"]
@@ -180,7 +179,7 @@ func TestCollectionsReadNeverNegative(t *testing.T) {
 	s, addr := startWireProxy(t, stagedWireRule, "", nil)
 	c := dialWire(t, addr)
 	wireInsert(t, c, sensorEvents(3)...)
-	if err := mergeWith(t, s, func(r exec.Runner) exec.Runner { return &failBucketInsert{r: r} }, stage.MergeOptions{All: true}, false); err == nil {
+	if err := mergeWith(t, s, func(r exec.Runner) exec.Runner { return &failBucketInsert{r: r} }, merge.MergeOptions{All: true}, false); err == nil {
 		t.Fatal("the merge with a failed bucket insert succeeded")
 	}
 	// This server's figures, which its metrics export (Collections -

@@ -9,7 +9,7 @@ import (
 
 	"github.com/tsproxy/tsproxy/proxy/exec"
 	"github.com/tsproxy/tsproxy/rewrite"
-	"github.com/tsproxy/tsproxy/rewrite/stage"
+	"github.com/tsproxy/tsproxy/rewrite/stage/merge"
 )
 
 const stagedWireRule = `rules:
@@ -97,7 +97,7 @@ func TestFreezeCutAfterFirstRename(t *testing.T) {
 // would, with its steps run by wrap of an upstream connection's runner.
 func mergeThrough(t *testing.T, s *Server, wrap func(exec.Runner) exec.Runner) error {
 	t.Helper()
-	return mergeWith(t, s, wrap, stage.MergeOptions{All: true}, false)
+	return mergeWith(t, s, wrap, merge.MergeOptions{All: true}, false)
 }
 
 func bsonOK(r bson.Raw) bool {

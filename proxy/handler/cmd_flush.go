@@ -7,11 +7,13 @@ import (
 	"slices"
 	"strings"
 
+	"go.mongodb.org/mongo-driver/v2/bson"
+
 	"github.com/tsproxy/tsproxy/proxy/tier"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
+	"github.com/tsproxy/tsproxy/rewrite/stage/merge"
 	"github.com/tsproxy/tsproxy/rules"
-	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
 // handleFlush answers tsproxyFlush: {tsproxyFlush: 1} merges every staged
@@ -27,7 +29,7 @@ func (c *Conn) handleFlush(req *request) error {
 	if err != nil {
 		return c.replyError(req, mongoerr.CodeOf(err), err.Error())
 	}
-	var total stage.Stats
+	var total merge.Stats
 	rulesMerged := 0
 	for _, rule := range targets {
 		staged, caps, err := c.stagedRule(rule)

@@ -5,13 +5,14 @@ import (
 	"fmt"
 	"time"
 
+	"go.mongodb.org/mongo-driver/v2/bson"
+
 	"github.com/tsproxy/tsproxy/proxy/tier"
 	"github.com/tsproxy/tsproxy/proxy/tier/lease"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
-	"github.com/tsproxy/tsproxy/rewrite/stage"
+	"github.com/tsproxy/tsproxy/rewrite/stage/merge"
 	"github.com/tsproxy/tsproxy/rules"
-	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
 // handleStagingFormat answers tsproxyStagingFormat: {tsproxyStagingFormat:
@@ -68,7 +69,7 @@ func (c *Conn) handleStagingFormat(req *request) error {
 		entry = append(entry, bson.E{Key: "format", Value: n}, bson.E{Key: "recorded", Value: ok})
 		out = append(out, entry)
 	}
-	var total stage.Stats
+	var total merge.Stats
 	if len(lowered) > 0 {
 		// Every proxy stages by a read of the record at most
 		// tier.FormatRecheck old, and an insert planned by one is sent at once.

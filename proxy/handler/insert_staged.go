@@ -3,6 +3,8 @@ package handler
 import (
 	"time"
 
+	"go.mongodb.org/mongo-driver/v2/bson"
+
 	"github.com/tsproxy/tsproxy/proxy/tier"
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/caps"
@@ -11,7 +13,6 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
 	"github.com/tsproxy/tsproxy/rules"
-	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
 func (c *Conn) stagedRule(rule *rules.Rule) (bool, caps.Upstream, error) {
@@ -92,7 +93,7 @@ func (c *Conn) stagedInsert(req *request, rule *rules.Rule) error {
 	if err == nil && mongoerr.IsOK(res.Reply) {
 		n, _ := bson.Raw(res.Reply).Lookup("n").AsInt64OK()
 		// Its rollups count these events when they are merged
-		// (stage.Merge), not here. Counted before the insert lets a
+		// (merge.Merge), not here. Counted before the insert lets a
 		// freeze go: a count after it (once the client had its reply)
 		// could land after a freeze that took the events and reset the
 		// backlog, and leave it counting events nothing staged, which

@@ -175,54 +175,66 @@ func (d *Directories) StaleWaiting(bucketNS string) bool {
 // Known is the stage.Known of bucketNS for a merge whose proxy holds
 // term number term() (0: none) of the rule's writer lease.
 func (d *Directories) Known(bucketNS string, term func() int64) *stage.Known {
-	return &stage.Known{
-		Of: func(coll string, keys []bucket.Key) (map[string]stage.KnownKey, bool, bool) {
-			d.mu.Lock()
-			defer d.mu.Unlock()
-			dir := d.Valid(bucketNS, term(), coll)
-			if dir == nil {
-				return nil, false, false
-			}
-			return stage.KnownOf(dir.keys, dir.complete, keys), dir.complete, dir.read
-		},
-		Load: func(coll string, keys map[string]stage.KnownKey, complete bool) {
-			d.mu.Lock()
-			defer d.mu.Unlock()
-			if t := term(); t > 0 {
-				if keys == nil {
-					keys = map[string]stage.KnownKey{}
-				}
-				d.dirs[bucketNS] = &directory{term: t, epoch: d.epochs[bucketNS], coll: coll, complete: complete, read: true, keys: keys}
-			}
-		},
-		Learn: func(coll string, keys map[string]stage.KnownKey) {
-			d.mu.Lock()
-			defer d.mu.Unlock()
-			t := term()
-			dir := d.dirs[bucketNS]
-			// A directory of no collection stays whole when the merge made
-			// it: every bucket in it is this merge's.
-			if t == 0 || dir == nil || dir.term != t || dir.epoch != d.epochs[bucketNS] || dir.coll != coll && dir.coll != "" {
-				// Only what this merge wrote, under its key locks, is known.
-				dir = &directory{term: t, epoch: d.epochs[bucketNS], keys: map[string]stage.KnownKey{}}
-				if t == 0 {
-					return
-				}
-				d.dirs[bucketNS] = dir
-			}
-			dir.coll = coll
-			for k, kk := range keys {
-				dir.bytes -= len(dir.keys[k].Last)
-				if dir.bytes+len(kk.Last) > maxDirectoryBytes {
-					kk.Last = nil
-				}
-				dir.bytes += len(kk.Last)
-				dir.keys[k] = kk
-			}
-			if len(dir.keys) > stage.MaxDirectoryKeys {
-				delete(d.dirs, bucketNS)
-			}
-		},
+	return &stage.Known{Dir: knownDir{d: d, bucketNS: bucketNS, term: term}}
+}
+
+// knownDir is the stage.Directory of one rule's merges.
+type knownDir struct {
+	d        *Directories
+	bucketNS string
+	term     func() int64
+}
+
+func (k knownDir) Of(coll string, keys []bucket.Key) (map[string]stage.KnownKey, bool, bool) {
+	d, bucketNS, term := k.d, k.bucketNS, k.term
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	dir := d.Valid(bucketNS, term(), coll)
+	if dir == nil {
+		return nil, false, false
+	}
+	return stage.KnownOf(dir.keys, dir.complete, keys), dir.complete, dir.read
+}
+
+func (k knownDir) Load(coll string, keys map[string]stage.KnownKey, complete bool) {
+	d, bucketNS, term := k.d, k.bucketNS, k.term
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if t := term(); t > 0 {
+		if keys == nil {
+			keys = map[string]stage.KnownKey{}
+		}
+		d.dirs[bucketNS] = &directory{term: t, epoch: d.epochs[bucketNS], coll: coll, complete: complete, read: true, keys: keys}
+	}
+}
+
+func (k knownDir) Learn(coll string, keys map[string]stage.KnownKey) {
+	d, bucketNS, term := k.d, k.bucketNS, k.term
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	t := term()
+	dir := d.dirs[bucketNS]
+	// A directory of no collection stays whole when the merge made
+	// it: every bucket in it is this merge's.
+	if t == 0 || dir == nil || dir.term != t || dir.epoch != d.epochs[bucketNS] || dir.coll != coll && dir.coll != "" {
+		// Only what this merge wrote, under its key locks, is known.
+		dir = &directory{term: t, epoch: d.epochs[bucketNS], keys: map[string]stage.KnownKey{}}
+		if t == 0 {
+			return
+		}
+		d.dirs[bucketNS] = dir
+	}
+	dir.coll = coll
+	for k, kk := range keys {
+		dir.bytes -= len(dir.keys[k].Last)
+		if dir.bytes+len(kk.Last) > maxDirectoryBytes {
+			kk.Last = nil
+		}
+		dir.bytes += len(kk.Last)
+		dir.keys[k] = kk
+	}
+	if len(dir.keys) > stage.MaxDirectoryKeys {
+		delete(d.dirs, bucketNS)
 	}
 }
 

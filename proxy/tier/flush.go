@@ -17,6 +17,7 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/source"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
+	"github.com/tsproxy/tsproxy/rewrite/stage/merge"
 	"github.com/tsproxy/tsproxy/rules"
 )
 
@@ -49,7 +50,7 @@ const (
 // It merges only when something staged may hold an event at or before
 // through (ms; AllStaged: anything staged), and then everything. spares
 // says whether it makes a spare or drops the one there is.
-func (t *Tier) Flush(cl Client, rule *rules.Rule, caps caps.Upstream, total *stage.Stats, through int64, spares SpareUse) (err error) {
+func (t *Tier) Flush(cl Client, rule *rules.Rule, caps caps.Upstream, total *merge.Stats, through int64, spares SpareUse) (err error) {
 	defer func() {
 		if err != nil {
 			t.state.Failed(rule) // the metric of merges that failed
@@ -59,11 +60,14 @@ func (t *Tier) Flush(cl Client, rule *rules.Rule, caps caps.Upstream, total *sta
 	// event-id index too, with nothing staged as well: the merges before
 	// reads leave its stale entries waiting.
 	dropStale := total != nil
-	opts := stage.MergeOptions{All: true, DropStale: dropStale}
+	opts := merge.MergeOptions{All: true, DropStale: dropStale}
 	if spares == MakeSpare {
 		// Before a read (or a delete): the collections merged become
 		// spares, which the next inserts take rather than create one.
-		opts.Recycle = t.recycler(rule, caps.SingleWriter)
+		// (Only where staging names carry their owner: SingleWriter.)
+		h := t.hostOf(&opts, rule)
+		h.recycle = caps.SingleWriter
+		defer h.cleanRenamed()
 	} else {
 		defer func() {
 			if err == nil {
@@ -189,7 +193,7 @@ func (l *dbListings) stagedWork(r exec.Runner, rule *rules.Rule, now time.Time) 
 	return list, work, nil
 }
 
-func addStats(total *stage.Stats, st stage.Stats) {
+func addStats(total *merge.Stats, st merge.Stats) {
 	total.Collections += st.Collections
 	total.Events += st.Events
 	total.Buckets += st.Buckets
@@ -252,7 +256,7 @@ func (t *Tier) requestFlush(cl Client, rule *rules.Rule, caps caps.Upstream, wai
 			var held *lease.HeldError
 			switch {
 			case err == nil:
-				if _, err := t.mergeStaged(cl, rule, caps, stage.MergeOptions{All: true}); err != nil {
+				if _, err := t.mergeStaged(cl, rule, caps, merge.MergeOptions{All: true}); err != nil {
 					return err
 				}
 			case !errors.As(err, &held):

@@ -13,6 +13,7 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/source"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
+	"github.com/tsproxy/tsproxy/rewrite/stage/merge"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/upstream"
 )
@@ -82,31 +83,33 @@ func (t *Tier) MergeLoop(ctx context.Context, rule *rules.Rule) {
 }
 
 // mergeOnce is one background round: merge the due staging collections.
-func (t *Tier) mergeOnce(up *upstream.Conn, rule *rules.Rule) (stage.Stats, error) {
+func (t *Tier) mergeOnce(up *upstream.Conn, rule *rules.Rule) (merge.Stats, error) {
 	upCaps, err := t.host.CapsOn(up)
 	if err != nil {
-		return stage.Stats{}, UpstreamFailure{Err: err}
+		return merge.Stats{}, UpstreamFailure{Err: err}
 	}
 	if !rule.Staged(upCaps.StagesEvents()) {
-		return stage.Stats{}, nil
+		return merge.Stats{}, nil
 	}
 	list, work, err := t.listings.stagedWork(exec.OnConn{Up: up}, rule, time.Now())
 	if err == nil && upCaps.SingleWriter {
 		err = t.tidySpares(exec.OnConn{Up: up}, rule, list, time.Now())
 	}
 	if err != nil || !work {
-		return stage.Stats{}, err
+		return merge.Stats{}, err
 	}
 	if !t.host.RoutesRule(rule) {
 		// A created collection being dropped: merging now would write
 		// buckets the drop has removed, or is about to (the read of the
 		// catalog this needed also stops this loop).
-		return stage.Stats{}, nil
+		return merge.Stats{}, nil
 	}
 	now := time.Now()
 	requests := stage.FlushRequests(rule, list)
-	opts := stage.MergeOptions{Due: t.state.Due(rule, now), Now: now, CheckLate: t.lateDocsPossible(rule, upCaps),
+	opts := merge.MergeOptions{Now: now, CheckLate: t.lateDocsPossible(rule, upCaps),
 		AllMine: len(requests) > 0} // a flush asked for: this proxy's own staging, whatever is due
+	due := t.state.Due(rule, now)
+	t.hostOf(&opts, rule).due = due
 	if upCaps.SingleWriter {
 		err := t.leases.Ensure(up, rule.DB, rule.Collection, t.log)
 		var held *lease.HeldError
@@ -114,12 +117,12 @@ func (t *Tier) mergeOnce(up *upstream.Conn, rule *rules.Rule) (stage.Stats, erro
 		case errors.As(err, &held):
 			opts.Guest = true // freezes its own; the holder merges
 		case err != nil:
-			return stage.Stats{}, err
+			return merge.Stats{}, err
 		}
 	}
 	runner := exec.OnConn{Up: up}
-	var st stage.Stats
-	if pending, idle := t.idleRound(rule, upCaps, list, opts.Due); idle {
+	var st merge.Stats
+	if pending, idle := t.idleRound(rule, upCaps, list, due); idle {
 		st.Pending = pending
 		t.state.Record(rule, st, true)
 	} else if st, err = t.RunMerge(runner, up, rule, upCaps, opts, true); err != nil {
@@ -145,7 +148,7 @@ func (t *Tier) mergeOnce(up *upstream.Conn, rule *rules.Rule) (stage.Stats, erro
 	// other proxies freeze their own on seeing the requests; a requester
 	// drops its request when what it waits for is merged). Requests whose
 	// requester went away are dropped here.
-	if _, err := t.RunMerge(runner, up, rule, upCaps, stage.MergeOptions{All: true, CheckLate: t.lateDocsPossible(rule, upCaps)}, false); err != nil {
+	if _, err := t.RunMerge(runner, up, rule, upCaps, merge.MergeOptions{All: true, CheckLate: t.lateDocsPossible(rule, upCaps)}, false); err != nil {
 		return st, err
 	}
 	for _, name := range requests {
@@ -157,7 +160,7 @@ func (t *Tier) mergeOnce(up *upstream.Conn, rule *rules.Rule) (stage.Stats, erro
 			if mongoerr.DroppedUnderQueryReply(res.Reply) {
 				// Its table lost: it would be a
 				// request forever, and the rule never idle.
-				if _, err := exec.Drive(runner, rewrite.Passthrough(stage.SetAsideCommand(rule, name), nil)); err != nil {
+				if _, err := exec.Drive(runner, rewrite.Passthrough(merge.SetAsideCommand(rule, name), nil)); err != nil {
 					return st, UpstreamFailure{Err: err}
 				}
 				t.log.Warn("staging: a flush request had lost its table (FerretDB on PostgreSQL killed while dropping it) and was set aside", "rule", rule.Namespace, "collection", name)

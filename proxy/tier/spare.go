@@ -49,33 +49,39 @@ func newSpareCollections() *spareCollections {
 
 // reserve gives a merge of rule at now the name of a new spare
 // collection of the proxy tagged tag, unless the rule has one (made or on
-// its way); renamed says whether the merge made it, and clean cleans it
-// then (cleanSpare).
-func (s *spareCollections) reserve(rule *rules.Rule, tag string, now time.Time, clean func(name, marker string)) (name string, renamed func(ok bool, marker string), ok bool) {
+// its way); renamed then says whether the merge made it.
+func (s *spareCollections) reserve(rule *rules.Rule, tag string, now time.Time) (name string, ok bool) {
 	key := stage.RuleSpareKey(rule)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if sp := s.byRule[key]; sp != nil && (sp.made || now.Sub(sp.at) < spareReserveFor) {
-		return "", nil, false
+		return "", false
 	}
 	// Tokens increase: a name is never given twice by one run, and a
 	// run's start (in ms) is past the previous run's tokens.
 	s.seq = max(s.seq+1, now.UnixMilli())
 	sp := &spareCollection{name: stage.SpareName(rule, tag, s.seq), at: now}
 	s.byRule[key] = sp
-	return sp.name, func(ok bool, marker string) {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if s.byRule[key] != sp {
-			return
-		}
-		if !ok {
-			delete(s.byRule, key)
-			return
-		}
-		sp.renamed, sp.marker, sp.at = true, marker, time.Now()
-		go clean(sp.name, marker)
-	}, true
+	return sp.name, true
+}
+
+// renamed settles the reservation of spare name of rule: ok says whether
+// a merge renamed a collection to it, with marker. It says whether the
+// spare is now to be cleaned (cleanSpare).
+func (s *spareCollections) renamed(rule *rules.Rule, name string, ok bool, marker string) bool {
+	key := stage.RuleSpareKey(rule)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sp := s.byRule[key]
+	if sp == nil || sp.name != name {
+		return false
+	}
+	if !ok {
+		delete(s.byRule, key)
+		return false
+	}
+	sp.renamed, sp.marker, sp.at = true, marker, time.Now()
+	return true
 }
 
 // cleaned settles the cleaning of rule's spare name: ready for an
@@ -150,18 +156,6 @@ func (s *spareCollections) kept(rule *rules.Rule, name string) bool {
 	defer s.mu.Unlock()
 	sp := s.byRule[stage.RuleSpareKey(rule)]
 	return sp != nil && sp.name == name
-}
-
-// recycler is the stage.MergeOptions.Recycle of a merge before a read of
-// rule: nil where the proxy keeps nothing of its inserts (no marker to
-// reuse) or the staging names carry no owner.
-func (t *Tier) recycler(rule *rules.Rule, singleWriter bool) func(stage.Collection) (string, func(bool, string), bool) {
-	if t.kept == nil || !singleWriter {
-		return nil
-	}
-	return func(stage.Collection) (string, func(bool, string), bool) {
-		return t.spares.reserve(rule, t.StagerTag(), time.Now(), func(name, marker string) { t.cleanSpare(rule, name, marker) })
-	}
 }
 
 // cleanSpare deletes every document of rule's spare name but its marker,

@@ -31,11 +31,21 @@ func TestSpareCollections(t *testing.T) {
 		}
 	}
 
-	name, renamed, ok := s.reserve(rule, "0123abcd", t0, clean)
+	// reserve reserves a spare as a merge does; renamed settles it as the
+	// merge's rename does, and cleans it when it is to be cleaned.
+	reserve := func(now time.Time) (string, func(ok bool, marker string), bool) {
+		name, ok := s.reserve(rule, "0123abcd", now)
+		return name, func(ok bool, marker string) {
+			if s.renamed(rule, name, ok, marker) {
+				go clean(name, marker)
+			}
+		}, ok
+	}
+	name, renamed, ok := reserve(t0)
 	if !ok || !s.kept(rule, name) {
 		t.Fatalf("reserve: %q %v", name, ok)
 	}
-	if _, _, again := s.reserve(rule, "0123abcd", t0.Add(time.Second), clean); again {
+	if _, _, again := reserve(t0.Add(time.Second)); again {
 		t.Fatal("a second spare reserved while one is on its way")
 	}
 	if _, ok := s.take(key); ok {
@@ -60,17 +70,17 @@ func TestSpareCollections(t *testing.T) {
 	}
 
 	// A reservation never settled (its merge was cut) is given up.
-	name2, _, ok := s.reserve(rule, "0123abcd", t0, clean)
+	name2, _, ok := reserve(t0)
 	if !ok || name2 == name {
 		t.Fatalf("second reserve %q %v (first %q)", name2, ok, name)
 	}
-	if _, _, ok := s.reserve(rule, "0123abcd", t0.Add(spareReserveFor+time.Second), clean); !ok {
+	if _, _, ok := reserve(t0.Add(spareReserveFor + time.Second)); !ok {
 		t.Fatal("a reservation older than spareReserveFor still held")
 	}
 
 	// A flush takes a spare being cleaned; its cleaning then finds it gone.
 	s = newSpareCollections()
-	name, renamed, _ = s.reserve(rule, "0123abcd", t0, clean)
+	name, renamed, _ = reserve(t0)
 	renamed(true, "m2")
 	if sp, ok := s.takeRenamed(rule); !ok || sp.name != name {
 		t.Fatalf("takeRenamed: %+v %v", sp, ok)
@@ -82,19 +92,19 @@ func TestSpareCollections(t *testing.T) {
 
 	// Failures forget it; an idle one goes to the background.
 	s = newSpareCollections()
-	_, renamed, _ = s.reserve(rule, "0123abcd", t0, clean)
+	_, renamed, _ = reserve(t0)
 	renamed(false, "")
-	if _, _, ok := s.reserve(rule, "0123abcd", t0, clean); !ok {
+	if _, _, ok := reserve(t0); !ok {
 		t.Fatal("a failed rename kept its reservation")
 	}
 	s = newSpareCollections()
-	name, renamed, _ = s.reserve(rule, "0123abcd", t0, clean)
+	name, renamed, _ = reserve(t0)
 	renamed(true, "m3")
 	s.cleaned(rule, name, false)
 	if s.kept(rule, name) {
 		t.Fatal("a spare whose cleaning failed is still kept")
 	}
-	name, renamed, _ = s.reserve(rule, "0123abcd", t0, clean)
+	name, renamed, _ = reserve(t0)
 	renamed(true, "m4")
 	s.cleaned(rule, name, true)
 	if _, ok := s.takeIdle(rule, time.Now().Add(-time.Minute)); ok {

@@ -11,11 +11,11 @@ import (
 	"github.com/tsproxy/tsproxy/proxy/exec"
 	"github.com/tsproxy/tsproxy/proxy/tier/lease"
 	"github.com/tsproxy/tsproxy/rewrite"
-	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/read"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
+	"github.com/tsproxy/tsproxy/rewrite/stage/merge"
 	"github.com/tsproxy/tsproxy/rules"
 )
 
@@ -154,14 +154,14 @@ func (u UpstreamFailure) Error() string { return u.Err.Error() }
 // mergeStaged runs one merge of rule on the client's connection: as the
 // holder of the rule's writer lease when it can take it, else as a guest
 // (its own staging collections frozen, nothing merged).
-func (t *Tier) mergeStaged(cl Client, rule *rules.Rule, caps caps.Upstream, opts stage.MergeOptions) (stage.Stats, error) {
+func (t *Tier) mergeStaged(cl Client, rule *rules.Rule, caps caps.Upstream, opts merge.MergeOptions) (merge.Stats, error) {
 	err := t.EnsureWriter(cl, rule, caps)
 	var held *lease.HeldError
 	switch {
 	case errors.As(err, &held):
 		opts.Guest = true
 	case err != nil:
-		return stage.Stats{}, err
+		return merge.Stats{}, err
 	}
 	opts.CheckLate = t.lateDocsPossible(rule, caps)
 	return t.RunMerge(cl, cl.Upstream(), rule, caps, opts, false)
@@ -173,7 +173,7 @@ func (t *Tier) mergeStaged(cl Client, rule *rules.Rule, caps caps.Upstream, opts
 const lateGuard = time.Minute
 
 // lateDocsPossible says whether a retired collection of rule may take
-// documents after its freeze (stage.MergeOptions.CheckLate). Only where
+// documents after its freeze (merge.MergeOptions.CheckLate). Only where
 // a rename changes nothing but the upstream's catalog (FerretDB, whose
 // staged inserts need the writer lease): this proxy holds its own
 // inserts off during a freeze, so only an insert begun under an earlier
@@ -188,7 +188,7 @@ func (t *Tier) lateDocsPossible(rule *rules.Rule, caps caps.Upstream) bool {
 
 // RunMerge runs a merge plan on r under the rule's merge lock; up asks
 // whether other proxies' announcements lapsed.
-func (t *Tier) RunMerge(r exec.Runner, up lease.Commander, rule *rules.Rule, caps caps.Upstream, opts stage.MergeOptions, background bool) (stage.Stats, error) {
+func (t *Tier) RunMerge(r exec.Runner, up lease.Commander, rule *rules.Rule, caps caps.Upstream, opts merge.MergeOptions, background bool) (merge.Stats, error) {
 	l := t.state.Lock(rule.Namespace)
 	l.Lock()
 	defer l.Unlock()
@@ -201,23 +201,24 @@ func (t *Tier) RunMerge(r exec.Runner, up lease.Commander, rule *rules.Rule, cap
 }
 
 // runMergeLocked is RunMerge under the rule's merge lock.
-func (t *Tier) runMergeLocked(r exec.Runner, up lease.Commander, rule *rules.Rule, caps caps.Upstream, opts stage.MergeOptions, background bool) (st stage.Stats, err error) {
+func (t *Tier) runMergeLocked(r exec.Runner, up lease.Commander, rule *rules.Rule, caps caps.Upstream, opts merge.MergeOptions, background bool) (st merge.Stats, err error) {
 	if opts.Now.IsZero() {
 		opts.Now = time.Now()
 	}
 	opts.RetryHorizon = RetryHorizon
+	h := t.hostOf(&opts, rule)
 	lookups := read.IDLookupIndexed
 	if !opts.Guest {
 		// How the merge reads the buckets it writes or probes.
 		lookups = t.host.IDLookupCost(up, rule, caps)
-		opts.OneScanBeats = lookups.OneScanBeats
+		h.lookups, h.hasLookups = lookups, true
 	}
 	opts.RollupStatements = caps.MaxUpdateStatements
 	opts.PackedEvents = caps.PackedEvents
 	if caps.SingleWriter {
 		opts.Self, opts.Since = t.StagerTag(), t.since
 		if t.kept != nil {
-			opts.Kept = func(r stage.Collection) ([][]byte, string, bool) { return t.kept.take(rule.DB + "." + r.OpenName()) }
+			h.kept = true
 			// What a freeze took and no merge asked for (a guest's, a
 			// merge that failed) is read back when it is merged.
 			defer func() { t.kept.forgetFrozen(rule, t.state.Gen(rule.Namespace, t.since)) }()
@@ -226,8 +227,7 @@ func (t *Tier) runMergeLocked(r exec.Runner, up lease.Commander, rule *rules.Rul
 		// Deletes run under the writer lease here, as the merge does,
 		// and lock the keys they rewrite as the merge's top-ups do.
 		opts.TopUp = true
-		opts.Shells = func(keys []bucket.Key) []bucket.Key { return t.host.ClaimShells(rule.BucketNamespace(), keys) }
-		opts.Lock = func(keys []bucket.Key) func() { return t.host.LockBuckets(rule.BucketNamespace(), keys) }
+		h.locks = true // and claim shells
 		if !opts.Guest {
 			// The holder knows its rule's buckets instead of probing
 			// them: its merges are their only writers while it holds its
@@ -284,7 +284,7 @@ func (t *Tier) runMergeLocked(r exec.Runner, up lease.Commander, rule *rules.Rul
 	// The freeze, with this proxy's inserts into the rule held off.
 	freezeOpts := opts
 	freezeOpts.FreezeOnly = true
-	freeze := stage.NewMerge(rule, freezeOpts)
+	freeze := merge.NewMerge(rule, freezeOpts)
 	inflight := t.state.Inserts(rule.Namespace)
 	inflight.Lock()
 	res, err := exec.Drive(r, freeze)
@@ -350,9 +350,10 @@ func (t *Tier) heldTerm(rule *rules.Rule) func() int64 {
 // over the buckets, 100 ms for 50,000 events on the embedded upstream),
 // else once something was merged: a create or drop of the namespace
 // settles first, and must not find the collection made by that.
-func (t *Tier) mergeRetiredOnly(r exec.Runner, rule *rules.Rule, caps caps.Upstream, opts stage.MergeOptions, retired bool) (stage.Stats, error) {
-	opts.All, opts.Due, opts.RetiredOnly = false, nil, true
-	m := stage.NewMerge(rule, opts)
+func (t *Tier) mergeRetiredOnly(r exec.Runner, rule *rules.Rule, caps caps.Upstream, opts merge.MergeOptions, retired bool) (merge.Stats, error) {
+	opts.All, opts.RetiredOnly = false, true
+	opts.Host = t.hostOf(&opts, rule).withoutDue()
+	m := merge.NewMerge(rule, opts)
 	if retired {
 		_ = t.host.EnsureBucketIndex(r, rule, caps) // logged; the merge works without it
 	}

@@ -5,10 +5,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
-
 	"github.com/tsproxy/tsproxy/proxy/telemetry"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
+	"github.com/tsproxy/tsproxy/rewrite/stage/merge"
 	"github.com/tsproxy/tsproxy/rules"
 )
 
@@ -33,7 +33,7 @@ type State struct {
 	// the rule's inflight lock.
 	gens map[string]int64
 	// series is how many series the rule's last merge that wrote buckets
-	// took (stage.Stats.Series), by namespace: the measure of how many
+	// took (merge.Stats.Series), by namespace: the measure of how many
 	// events a merge should take to fill its buckets (mergeBatch).
 	series map[string]int
 	// kicks wakes a rule's background merger, by namespace, when its
@@ -283,7 +283,7 @@ func (m *State) FrozeAll(rule *rules.Rule) {
 
 // Record adds a merge's figures to the rule's and sets its backlog
 // gauges (pending, lag) from it.
-func (m *State) Record(rule *rules.Rule, st stage.Stats, background bool) {
+func (m *State) Record(rule *rules.Rule, st merge.Stats, background bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.countLocked(rule, st, false)
@@ -307,7 +307,7 @@ func (m *State) ForgetFigures(ns string) {
 // read 0 while every merge failed), and what it took from what the proxy
 // kept (Kept) was merged by nobody (collections{from="read"}, which is
 // Collections - Kept, went negative).
-func (m *State) RecordFailed(rule *rules.Rule, st stage.Stats) {
+func (m *State) RecordFailed(rule *rules.Rule, st merge.Stats) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.countLocked(rule, st, true)
@@ -315,13 +315,13 @@ func (m *State) RecordFailed(rule *rules.Rule, st stage.Stats) {
 
 // RecordCounts adds the figures of a pass of a merge that goes on,
 // without its gauges.
-func (m *State) RecordCounts(rule *rules.Rule, st stage.Stats) {
+func (m *State) RecordCounts(rule *rules.Rule, st merge.Stats) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.countLocked(rule, st, false)
 }
 
-func (m *State) countLocked(rule *rules.Rule, st stage.Stats, failed bool) {
+func (m *State) countLocked(rule *rules.Rule, st merge.Stats, failed bool) {
 	r := m.ruleStats(rule)
 	if st.Series > 0 {
 		m.series[rule.Namespace] = st.Series
@@ -335,7 +335,7 @@ func (m *State) countLocked(rule *rules.Rule, st stage.Stats, failed bool) {
 	}
 }
 
-func (m *State) gaugesLocked(rule *rules.Rule, st stage.Stats, background bool) {
+func (m *State) gaugesLocked(rule *rules.Rule, st merge.Stats, background bool) {
 	r := m.ruleStats(rule)
 	if background || st.Pending == 0 {
 		r.Pending, r.PendingEvents = int64(st.Pending), m.stagedSince(rule).events

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tsproxy/tsproxy/rewrite/stage"
+	"github.com/tsproxy/tsproxy/rewrite/stage/merge"
 	"github.com/tsproxy/tsproxy/rules"
 )
 
@@ -63,13 +64,13 @@ func TestMergeDuePolicy(t *testing.T) {
 			t.Fatalf("%+v left after a freeze of everything", got)
 		}
 		// A merge that took 8 series: a full bucket each.
-		m.Record(rule, stage.Stats{Events: 2000, Buckets: 8, Keys: 8, Series: 8}, true)
+		m.Record(rule, merge.Stats{Events: 2000, Buckets: 8, Keys: 8, Series: 8}, true)
 		dueAtDocs(8000, "series × maxEvents documents")
 		m.FrozeAll(rule)
 		// A backfill's merge: 4 series over a day of windows, 96 keys.
 		// The live inserts after it merge at 4 buckets' worth, not 96
 		// (were the windows counted as series, it would not be due).
-		m.Record(rule, stage.Stats{Events: 96_000, Buckets: 96, Keys: 96, Series: 4}, true)
+		m.Record(rule, merge.Stats{Events: 96_000, Buckets: 96, Keys: 96, Series: 4}, true)
 		dueAtDocs(4000, "series × maxEvents documents after a backfill")
 	})
 	t.Run("counter and slots: no merge batch, the backlog bound", func(t *testing.T) {

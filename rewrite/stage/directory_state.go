@@ -27,18 +27,8 @@ type KnownKey struct {
 // Known is the merging proxy's directory of the rule's buckets
 // (MergeOptions.Known).
 type Known struct {
-	// Of returns what is known of keys while the bucket collection is
-	// coll (its uuid; "": it does not exist). complete: the directory
-	// holds every key of the collection, so a key it lacks has no bucket
-	// (Next 0, in known). read: the keys were read this term (a read that
-	// could not make it complete is not tried again until the directory
-	// starts over).
-	Of func(coll string, keys []bucket.Key) (known map[string]KnownKey, complete, read bool)
-	// Load gives the directory the keys of collection coll
-	// (scanDirectory); complete: every one of them.
-	Load func(coll string, keys map[string]KnownKey, complete bool)
-	// Learn records what a merge left in keys of collection coll.
-	Learn func(coll string, keys map[string]KnownKey)
+	// Dir holds the directory.
+	Dir Directory
 	// NoRead: the directory is only what this proxy's merges learned;
 	// keys it lacks are probed, and the buckets' keys are never read
 	// (scanDirectory). Where a probe is an indexed lookup (the embedded
@@ -46,6 +36,23 @@ type Known struct {
 	// every bucket of the rule: at each term's first merge, and again
 	// after each direct insert, delete or sweep.
 	NoRead bool
+}
+
+// Directory is what a merge asks of the proxy's directory of a rule's
+// buckets. It answers from memory.
+type Directory interface {
+	// Of returns what is known of keys while the bucket collection is
+	// coll (its uuid; "": it does not exist). complete: the directory
+	// holds every key of the collection, so a key it lacks has no bucket
+	// (Next 0, in known). read: the keys were read this term (a read that
+	// could not make it complete is not tried again until the directory
+	// starts over).
+	Of(coll string, keys []bucket.Key) (known map[string]KnownKey, complete, read bool)
+	// Load gives the directory the keys of collection coll
+	// (scanDirectory); complete: every one of them.
+	Load(coll string, keys map[string]KnownKey, complete bool)
+	// Learn records what a merge left in keys of collection coll.
+	Learn(coll string, keys map[string]KnownKey)
 }
 
 // MaxDirectoryKeys bounds the keys one directory read takes in: past it

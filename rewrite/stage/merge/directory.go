@@ -50,13 +50,13 @@ func (m *Merge) knownKeys(x *rewrite.Exec, keys []bucket.Key) (map[string]stage.
 	}
 	m.planColl = coll
 	keys = slices.DeleteFunc(slices.Clone(keys), m.sweepable)
-	known, complete, read := m.opts.Known.Of(coll, keys)
+	known, complete, read := m.opts.Known.Dir.Of(coll, keys)
 	if complete || read {
 		return known, nil
 	}
 	if coll == "" {
 		// No bucket collection: no bucket, nothing to read.
-		m.opts.Known.Load(coll, map[string]stage.KnownKey{}, true)
+		m.opts.Known.Dir.Load(coll, map[string]stage.KnownKey{}, true)
 		return stage.KnownOf(nil, true, keys), nil
 	}
 	if m.opts.Known.NoRead {
@@ -66,7 +66,7 @@ func (m *Merge) knownKeys(x *rewrite.Exec, keys []bucket.Key) (map[string]stage.
 	if err != nil {
 		return known, err
 	}
-	m.opts.Known.Load(coll, dir, complete)
+	m.opts.Known.Dir.Load(coll, dir, complete)
 	m.Stats.DirectoryReads++
 	return stage.KnownOf(dir, complete, keys), nil
 }
@@ -218,7 +218,7 @@ func (m *Merge) learn(x *rewrite.Exec) error {
 	if m.planColl != "" && coll != m.planColl {
 		return nil
 	}
-	m.opts.Known.Learn(coll, m.last)
+	m.opts.Known.Dir.Learn(coll, m.last)
 	return nil
 }
 

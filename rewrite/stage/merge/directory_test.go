@@ -25,31 +25,31 @@ type dir struct {
 	loads    int
 }
 
-func (d *dir) known() *stage.Known {
-	return &stage.Known{
-		Of: func(coll string, keys []bucket.Key) (map[string]stage.KnownKey, bool, bool) {
-			if coll != d.coll {
-				d.keys, d.complete, d.read = nil, false, false
-			}
-			return stage.KnownOf(d.keys, d.complete, keys), d.complete, d.read
-		},
-		Load: func(coll string, keys map[string]stage.KnownKey, complete bool) {
-			d.loads++
-			d.coll, d.keys, d.complete, d.read = coll, keys, complete, true
-		},
-		Learn: func(coll string, keys map[string]stage.KnownKey) {
-			if d.keys == nil || d.coll != coll && d.coll != "" {
-				d.keys, d.complete = map[string]stage.KnownKey{}, false
-			}
-			maps.Copy(d.keys, keys)
-			d.coll = coll
-		},
+func (d *dir) known() *stage.Known { return &stage.Known{Dir: d} }
+
+func (d *dir) Of(coll string, keys []bucket.Key) (map[string]stage.KnownKey, bool, bool) {
+	if coll != d.coll {
+		d.keys, d.complete, d.read = nil, false, false
 	}
+	return stage.KnownOf(d.keys, d.complete, keys), d.complete, d.read
+}
+
+func (d *dir) Load(coll string, keys map[string]stage.KnownKey, complete bool) {
+	d.loads++
+	d.coll, d.keys, d.complete, d.read = coll, keys, complete, true
+}
+
+func (d *dir) Learn(coll string, keys map[string]stage.KnownKey) {
+	if d.keys == nil || d.coll != coll && d.coll != "" {
+		d.keys, d.complete = map[string]stage.KnownKey{}, false
+	}
+	maps.Copy(d.keys, keys)
+	d.coll = coll
 }
 
 func TestMergeDirectory(t *testing.T) {
 	opts := func(now int64, d *dir) merge.MergeOptions {
-		o := merge.MergeOptions{All: true, TopUp: true, Now: time.UnixMilli(now), OneScanBeats: func(n int) bool { return n > 1 }}
+		o := merge.MergeOptions{All: true, TopUp: true, Now: time.UnixMilli(now), Host: &hooks{oneScanBeats: func(n int) bool { return n > 1 }}}
 		if d != nil {
 			o.Known = d.known()
 		}
@@ -168,7 +168,7 @@ func TestMergeDirectory(t *testing.T) {
 		rule := rwtest.InsertRule()
 		rule.ExpireAfter = 24 * time.Hour
 		o := func(now time.Time) merge.MergeOptions {
-			return merge.MergeOptions{All: true, TopUp: true, Now: now, OneScanBeats: func(n int) bool { return n > 1 }, Known: d.known()}
+			return merge.MergeOptions{All: true, TopUp: true, Now: now, Host: &hooks{oneScanBeats: func(n int) bool { return n > 1 }}, Known: d.known()}
 		}
 		window := time.UnixMilli(36_000_000) // the events' window, of an hour
 		stagedInsert(t, m, events("a", 0, 4))
@@ -313,7 +313,7 @@ func TestMergeClosingTopUp(t *testing.T) {
 		return out
 	}
 	opts := func(now int64, d *dir) merge.MergeOptions {
-		o := merge.MergeOptions{All: true, TopUp: true, TopUpFloor: 2, Now: time.UnixMilli(now), OneScanBeats: func(n int) bool { return n > 1 }}
+		o := merge.MergeOptions{All: true, TopUp: true, TopUpFloor: 2, Now: time.UnixMilli(now), Host: &hooks{oneScanBeats: func(n int) bool { return n > 1 }}}
 		if d != nil {
 			o.Known = d.known()
 		}

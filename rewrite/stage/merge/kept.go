@@ -37,8 +37,8 @@ func (m *Merge) stagedOf(x *rewrite.Exec, r stage.Collection) ([]bsoncore.Docume
 
 // readStaged is stagedOf before its error is read.
 func (m *Merge) readStaged(x *rewrite.Exec, r stage.Collection) ([]bsoncore.Document, error) {
-	if m.opts.Kept != nil && m.own(r) && !r.TakenOver {
-		if docs, marker, ok := m.opts.Kept(r); ok {
+	if m.own(r) && !r.TakenOver {
+		if docs, marker, ok := m.host().TakeKept(r); ok {
 			found, err := drainAll(x, m.rule.DB, r.Name, stage.MarkerFind(m.rule.DB, r.Name, marker), 0)
 			if err != nil {
 				return nil, err

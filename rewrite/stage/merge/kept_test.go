@@ -166,7 +166,7 @@ func TestMergeKept(t *testing.T) {
 		return &n
 	}
 	holder := func(k *keeper) merge.MergeOptions {
-		return merge.MergeOptions{All: true, Self: a.Tag, Since: 100, Kept: k.take}
+		return merge.MergeOptions{All: true, Self: a.Tag, Since: 100, Host: &hooks{kept: k.take}}
 	}
 
 	t.Run("kept: not read back", func(t *testing.T) {
@@ -280,7 +280,7 @@ func TestMergeKept(t *testing.T) {
 			}
 			return false
 		}
-		st := mergeRule(t, m, counter, merge.MergeOptions{All: true, Self: a.Tag, Since: 100, Kept: k.take, RollupStatements: 1})
+		st := mergeRule(t, m, counter, merge.MergeOptions{All: true, Self: a.Tag, Since: 100, Host: &hooks{kept: k.take}, RollupStatements: 1})
 		if st.Kept != 1 || n != 1 {
 			t.Fatalf("stats %+v, %d finds", st, n)
 		}

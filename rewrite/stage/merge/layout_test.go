@@ -190,7 +190,7 @@ func TestMergeLayoutCounter(t *testing.T) {
 
 func testMergeLayoutCounter(t *testing.T, lookups read.IDLookupCost) {
 	rule := hitsRule(rules.LayoutCounter)
-	opts := merge.MergeOptions{All: true, RollupStatements: 1, OneScanBeats: lookups.OneScanBeats}
+	opts := merge.MergeOptions{All: true, RollupStatements: 1, Host: &hooks{oneScanBeats: lookups.OneScanBeats}}
 	stageTwo := func(t *testing.T, m *mem) {
 		stageLayout(t, m, rule, append(hits("/a", 1, 0, 0, 5), hits("/b", 1, 61)...), bson.NewObjectID, nil)
 		stageLayout(t, m, rule, append(hits("/a", 1, 5, 70), hits("/b", 1, 61)...), bson.NewObjectID, nil)
@@ -421,7 +421,7 @@ func TestMergeLayoutDirectory(t *testing.T) {
 				return false
 			}
 			opts := func(known *stage.Known) merge.MergeOptions {
-				return merge.MergeOptions{All: true, TopUp: true, PackedEvents: tc.packed, OneScanBeats: read.IDLookupScansParsed.OneScanBeats, Known: known}
+				return merge.MergeOptions{All: true, TopUp: true, PackedEvents: tc.packed, Host: &hooks{oneScanBeats: read.IDLookupScansParsed.OneScanBeats}, Known: known}
 			}
 			for i, evs := range rounds {
 				stageLayout(t, with, rule, evs, bson.NewObjectID, nil)

@@ -16,11 +16,12 @@ import (
 // _id is indexed (the embedded upstream), or filtered in storage
 // (FerretDB on PostgreSQL, up to some dozens), the merge looks each one
 // up instead, the lookups of a step sent together
-// (MergeOptions.OneScanBeats says which).
+// (Host.OneScanBeats says which).
 
 // pointLookups says whether n lookups by _id cost less than one scan.
 func (m *Merge) pointLookups(n int) bool {
-	return m.opts.OneScanBeats != nil && !m.opts.OneScanBeats(n)
+	beats, known := m.host().OneScanBeats(n)
+	return known && !beats
 }
 
 // bucketsByID reads the buckets of ids that exist (projection nil: whole),
@@ -47,4 +48,12 @@ func (m *Merge) bucketsByID(x *rewrite.Exec, ids []bson.ObjectID, projection bso
 		return nil, err
 	}
 	return slices.DeleteFunc(found, func(d bsoncore.Document) bool { return d == nil }), nil
+}
+
+// host is the merge's Host (NoHost when the caller gave none).
+func (m *Merge) host() Host {
+	if m.opts.Host == nil {
+		return NoHost{}
+	}
+	return m.opts.Host
 }

@@ -316,7 +316,7 @@ func (m *Merge) due(x *rewrite.Exec, open []stage.Collection) ([]stage.Collectio
 	for _, c := range open {
 		switch {
 		case m.own(c):
-			if m.opts.All || m.opts.AllMine || m.opts.Due != nil && m.opts.Due(c) {
+			if m.opts.All || m.opts.AllMine || m.host().Due(c) {
 				due = append(due, c)
 			} else {
 				m.Stats.Pending++
@@ -334,7 +334,7 @@ func (m *Merge) due(x *rewrite.Exec, open []stage.Collection) ([]stage.Collectio
 			// Another proxy's or the holder's: the holder's to take over.
 			m.Stats.Others = append(m.Stats.Others, c.Name)
 		case c.Owner == "":
-			if m.opts.All || m.opts.Due != nil && m.opts.Due(c) {
+			if m.opts.All || m.host().Due(c) {
 				due = append(due, c)
 			} else {
 				m.Stats.Pending++

@@ -111,7 +111,7 @@ func (m *Merge) mergeLayoutOne(x *rewrite.Exec, r stage.Collection, staged []bso
 			return fmt.Errorf("write buckets: %w", err)
 		}
 	}
-	shells, shellKeys := layout.ShellsAfter(m.rule, keys, m.opts.Shells, m.opts.PackedEvents)
+	shells, shellKeys := layout.ShellsAfter(m.rule, keys, m.host().ClaimShells, m.opts.PackedEvents)
 	if shells != nil {
 		// A duplicate key is a shell there already; anything else only
 		// costs the next window its preallocation.
@@ -180,12 +180,12 @@ func (m *Merge) lookupBuckets(x *rewrite.Exec, keys []bucket.Key, projection bso
 
 // readLayoutBuckets reads the buckets of keys of a layout rule: a lookup
 // by _id each, or one find of them all where each lookup would scan the
-// collection anyway (MergeOptions.OneScanBeats).
+// collection anyway (Host.OneScanBeats).
 func (m *Merge) readLayoutBuckets(x *rewrite.Exec, keys []bucket.Key, projection bsoncore.Document) (layout.StoredBucket, error) {
 	if len(keys) == 0 {
 		return func(bucket.Key) (bsoncore.Document, bool) { return nil, false }, nil
 	}
-	if m.opts.OneScanBeats == nil || !m.opts.OneScanBeats(len(keys)) {
+	if beats, known := m.host().OneScanBeats(len(keys)); !known || !beats {
 		return layout.ReadBuckets(x, m.rule, keys, projection)
 	}
 	batch := m.layoutReadBatch(projection)

@@ -11,7 +11,7 @@ import (
 type MergeOptions struct {
 	// All merges every staging collection (a flush). Otherwise only the
 	// retired ones (an earlier merge was cut, or a freeze ran) and those
-	// Due says.
+	// Host.Due says.
 	All bool
 	// FreezeOnly freezes (renames) the staging collections to merge and
 	// merges nothing: the caller holds off its own inserts into the rule
@@ -22,11 +22,10 @@ type MergeOptions struct {
 	// With neither option a merge does both: the retired collections
 	// left before, the freeze, what it froze.
 	RetiredOnly bool
-	// Due says whether staging collection c is due for merging (it took
-	// nothing new for long enough, or holds enough). Nil: none is. The
-	// merge does not count staged documents to decide: a count decodes
-	// every document on FerretDB, and the caller knows what it staged.
-	Due func(c stage.Collection) bool
+	// Host answers what the merge asks of the proxy running it (which
+	// staging collections are due, locks, what it kept, spares). Nil:
+	// NoHost.
+	Host Host
 	// CheckLate looks for documents that reached a retired collection
 	// after the merge read it, and moves them back to staging (see
 	// moveLate). Only an upstream whose rename changes nothing but its
@@ -43,13 +42,13 @@ type MergeOptions struct {
 
 	// Self and Since name the merging proxy: its Stager tag and the
 	// first generation of its current run. Its own staging collections
-	// of this run are frozen as All, AllMine or Due say; those of its
+	// of this run are frozen as All, AllMine or Host.Due say; those of its
 	// tag and an older generation are a previous run's, which stopped:
 	// taken over.
 	Self  string
 	Since int64
 	// AllMine freezes every staging collection of this proxy's own,
-	// whatever Due says (another proxy asked for a flush).
+	// whatever Host.Due says (another proxy asked for a flush).
 	AllMine bool
 	// Guest: the proxy does not hold the rule's writer lease. It freezes
 	// only its own staging collections, and merges nothing: the holder
@@ -75,25 +74,6 @@ type MergeOptions struct {
 	// it holds at most topUpRatio times what the merge adds.
 	// 0: DefaultTopUpFloor.
 	TopUpFloor int
-	// Lock locks bucket keys as a delete locks them, for a top-up's read
-	// and rewrite of a bucket; the returned func unlocks them. Nil:
-	// nothing to lock (no concurrent delete on this proxy).
-	Lock func(keys []bucket.Key) func()
-	// OneScanBeats says whether one find of n buckets by {_id: {$in}}
-	// costs less than n lookups by _id (read.IDLookupCost.OneScanBeats):
-	// how a counter or slots merge reads the buckets it writes. Nil: the
-	// lookups.
-	OneScanBeats func(n int) bool
-	// Shells claims the preallocated shells of a slots rule not tried yet
-	// among keys (rewrite/layout's ShellsAfter); nil: none are written.
-	Shells func(keys []bucket.Key) []bucket.Key
-	// Kept gives, once, what this proxy kept of its inserts into the
-	// staging collection that retired collection r was frozen from: the
-	// staged documents, and the _id of the marker document that proves r
-	// is where they went. ok is false when it kept nothing
-	// whole. Asked only for this proxy's own collections of this run. Nil:
-	// every retired collection is read back.
-	Kept func(r stage.Collection) (docs [][]byte, marker string, ok bool)
 	// Known is the proxy's directory of the rule's buckets, which the
 	// events merges use instead of asking the upstream, for where
 	// lookups by _id scan the bucket collection: the merge reads every
@@ -112,13 +92,6 @@ type MergeOptions struct {
 	// DropStale deletes every stale entry Stale keeps at the end of the
 	// merge: a flush settles the event-id index too.
 	DropStale bool
-	// Recycle, when set, names the spare collection that retired
-	// collection r becomes once merged, rather than being dropped: asked only
-	// for a collection of this proxy's run that
-	// the merge read from what the proxy kept. made is called with
-	// whether r became the spare, and its marker's _id. ok false: r is
-	// dropped. The proxy asks for spares in its merges before reads.
-	Recycle func(r stage.Collection) (spare string, made func(ok bool, marker string), ok bool)
 	// InsertStreams is how many insert commands, run at once, a merge's
 	// buckets are split into when they are large (parallelInsertBytes):
 	// FerretDB encodes every document, and on PostgreSQL a second
@@ -126,3 +99,53 @@ type MergeOptions struct {
 	// 1: one command at a time.
 	InsertStreams int
 }
+
+// Host is what a merge asks of the proxy that runs it, between its
+// steps. Its answers come from the proxy's memory, never from I/O: the
+// merge's I/O is its own steps, which the caller's runner runs. Embed
+// NoHost for the defaults of what a host does not keep.
+type Host interface {
+	// Due says whether staging collection c is due for merging (it took
+	// nothing new for long enough, or holds enough). The merge does not
+	// count staged documents to decide: a count decodes every document
+	// on FerretDB, and the proxy knows what it staged.
+	Due(c stage.Collection) bool
+	// LockBuckets locks bucket keys as a delete locks them, for a
+	// top-up's read and rewrite of a bucket, until unlock.
+	LockBuckets(keys []bucket.Key) (unlock func())
+	// OneScanBeats says whether one find of n buckets by {_id: {$in}}
+	// costs less than n lookups by _id (read.IDLookupCost.OneScanBeats):
+	// how a merge reads the buckets it writes. known false: not
+	// measured, and a counter or slots merge looks them up.
+	OneScanBeats(n int) (beats, known bool)
+	// ClaimShells claims the preallocated shells of a slots rule not
+	// tried yet among keys (rewrite/layout's ShellsAfter).
+	ClaimShells(keys []bucket.Key) []bucket.Key
+	// TakeKept gives, once, what the proxy kept of its inserts into the
+	// staging collection that retired collection r was frozen from: the
+	// staged documents, and the _id of the marker document that proves
+	// r is where they went. ok is false when it kept nothing whole (r is
+	// read back). Asked only for the proxy's own collections of this
+	// run.
+	TakeKept(r stage.Collection) (docs [][]byte, marker string, ok bool)
+	// ReserveSpare names the spare collection that retired collection r
+	// becomes once merged, rather than being dropped (ok false: r is
+	// dropped). Asked only for a collection the merge read from what the
+	// proxy kept; SpareRenamed then says whether r became it.
+	ReserveSpare(r stage.Collection) (spare string, ok bool)
+	// SpareRenamed says whether a collection became spare, with its
+	// marker's _id.
+	SpareRenamed(spare string, ok bool, marker string)
+}
+
+// NoHost is a host that keeps nothing: no collection is due, nothing is
+// locked, kept or recycled, no shell claimed, lookup costs unknown.
+type NoHost struct{}
+
+func (NoHost) Due(stage.Collection) bool                          { return false }
+func (NoHost) LockBuckets([]bucket.Key) func()                    { return func() {} }
+func (NoHost) OneScanBeats(int) (beats, known bool)               { return false, false }
+func (NoHost) ClaimShells([]bucket.Key) []bucket.Key              { return nil }
+func (NoHost) TakeKept(stage.Collection) ([][]byte, string, bool) { return nil, "", false }
+func (NoHost) ReserveSpare(stage.Collection) (string, bool)       { return "", false }
+func (NoHost) SpareRenamed(string, bool, string)                  {}

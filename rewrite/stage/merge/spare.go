@@ -14,7 +14,7 @@ import (
 // inserts, every few inserts paid that create (tsbench dashboard: inserts
 // at 0.38 of direct with a read every 4).
 //
-// So the merge before a read (MergeOptions.Recycle) keeps the retired
+// So the merge before a read (Host.ReserveSpare) keeps the retired
 // collection it merged instead of dropping it: it renames it to a spare
 // name of its proxy's (SpareName), one command as the drop was. The proxy
 // then deletes every document of the spare but its marker
@@ -36,20 +36,20 @@ import (
 // unused.
 
 // recycle makes retired collection r, merged, the spare that
-// MergeOptions.Recycle names, when it asks for one and the merge read r
+// Host.ReserveSpare names, when it asks for one and the merge read r
 // from what the proxy kept (so its marker is known); done says whether
 // r is gone so. A rename that fails (the spare's name is taken) leaves r
 // to be dropped.
 func (m *Merge) recycle(x *rewrite.Exec, r stage.Collection) (done bool, err error) {
 	marker := m.keptMarkers[r.Name]
-	if m.opts.Recycle == nil || marker == "" {
+	if marker == "" {
 		return false, nil
 	}
-	name, made, ok := m.opts.Recycle(r)
+	name, ok := m.host().ReserveSpare(r)
 	if !ok {
 		return false, nil
 	}
-	defer func() { made(done, marker) }()
+	defer func() { m.host().SpareRenamed(name, done, marker) }()
 	reply, ok := x.One(stage.RenameCommand(m.rule.DB, r.Name, name))
 	if !ok {
 		return false, rewrite.ErrAborted

@@ -29,11 +29,11 @@ func TestMergeRecycle(t *testing.T) {
 		marker      string
 	}
 	recycling := func(k *keeper, o *outcome) merge.MergeOptions {
-		return merge.MergeOptions{All: true, Self: a.Tag, Since: 100, Kept: k.take, Now: time.UnixMilli(1_000_000),
-			Recycle: func(stage.Collection) (string, func(bool, string), bool) {
+		return merge.MergeOptions{All: true, Self: a.Tag, Since: 100, Now: time.UnixMilli(1_000_000),
+			Host: &hooks{kept: k.take, reserve: func(stage.Collection) (string, bool) {
 				o.asked = true
-				return spare, func(ok bool, marker string) { o.made, o.marker = ok, marker }, true
-			}}
+				return spare, true
+			}, renamed: func(_ string, ok bool, marker string) { o.made, o.marker = ok, marker }}}
 	}
 	stagingLeft := func(m *mem) []string {
 		var out []string
@@ -75,7 +75,7 @@ func TestMergeRecycle(t *testing.T) {
 		}
 		// Its merge takes what was kept (the marker is there), and a
 		// merge without Recycle drops it.
-		st = mergeRule(t, m, rule, merge.MergeOptions{All: true, Self: a.Tag, Since: 100, Kept: k.take, Now: time.UnixMilli(1_000_100)})
+		st = mergeRule(t, m, rule, merge.MergeOptions{All: true, Self: a.Tag, Since: 100, Host: &hooks{kept: k.take}, Now: time.UnixMilli(1_000_100)})
 		if st.Kept != 1 || st.Events != 3 || st.Spares != 0 {
 			t.Fatalf("stats %+v: want the 3 events merged from what was kept", st)
 		}
@@ -108,7 +108,7 @@ func TestMergeRecycle(t *testing.T) {
 		k.stage(t, events("a", 0, 2), a)
 		var o outcome
 		opts := recycling(k, &o)
-		opts.Kept = nil
+		opts.Host.(*hooks).kept = nil
 		if st := mergeRule(t, m, rule, opts); st.Spares != 0 || o.asked || st.Events != 2 {
 			t.Fatalf("stats %+v, outcome %+v", st, o)
 		}

@@ -950,11 +950,11 @@ func TestMerge(t *testing.T) {
 	t.Run("only due collections in the background", func(t *testing.T) {
 		m := newMem(t)
 		stagedInsert(t, m, events("a", 0, 1))
-		st := runMerge(t, m, merge.MergeOptions{Due: func(stage.Collection) bool { return false }})
+		st := runMerge(t, m, merge.MergeOptions{Host: &hooks{due: func(stage.Collection) bool { return false }}})
 		if st.Pending != 1 || st.Events != 0 {
 			t.Fatalf("stats %+v, want 1 pending", st)
 		}
-		st = runMerge(t, m, merge.MergeOptions{Due: func(stage.Collection) bool { return true }})
+		st = runMerge(t, m, merge.MergeOptions{Host: &hooks{due: func(stage.Collection) bool { return true }}})
 		if st.Events != 1 {
 			t.Fatalf("stats %+v, want 1 merged", st)
 		}
@@ -1198,10 +1198,10 @@ func TestMergeTopUp(t *testing.T) {
 func testMergeTopUp(t *testing.T, oneScanBeats func(int) bool) {
 	locked := 0
 	opts := func(now int64) merge.MergeOptions {
-		return merge.MergeOptions{All: true, TopUp: true, OneScanBeats: oneScanBeats, Now: time.UnixMilli(now), Lock: func(keys []bucket.Key) func() {
+		return merge.MergeOptions{All: true, TopUp: true, Now: time.UnixMilli(now), Host: &hooks{oneScanBeats: oneScanBeats, lock: func(keys []bucket.Key) func() {
 			locked += len(keys)
 			return func() {}
-		}}
+		}}}
 	}
 	onceEach := func(t *testing.T, m *mem, n int) {
 		t.Helper()
@@ -1425,10 +1425,10 @@ func testMergeTopUp(t *testing.T, oneScanBeats func(int) bool) {
 		stagedInsert(t, m, events("a", 1, 1))
 		held := 0
 		mp := merge.NewMerge(rwtest.InsertRule(), merge.MergeOptions{All: true, TopUp: true, Now: time.UnixMilli(1_000_100), RetryHorizon: time.Hour,
-			Lock: func(keys []bucket.Key) func() {
+			Host: &hooks{lock: func(keys []bucket.Key) func() {
 				held++
 				return func() { held-- }
-			}})
+			}}})
 		// Drive it until it holds the lock, as the proxy's driver does,
 		// then give it up as the driver does when the upstream fails.
 		for held == 0 {

@@ -139,12 +139,12 @@ func groupKeys(groups []group) []bucket.Key {
 	return keys
 }
 
-// lockKeys locks keys through MergeOptions.Lock (none: nothing to lock).
+// lockKeys locks keys through Host.LockBuckets.
 func (m *Merge) lockKeys(keys []bucket.Key) func() {
-	if len(keys) == 0 || m.opts.Lock == nil {
+	if len(keys) == 0 {
 		return func() {}
 	}
-	return m.opts.Lock(keys)
+	return m.host().LockBuckets(keys)
 }
 
 // readTopUps reads the last bucket of each key whose base is past seq 0
