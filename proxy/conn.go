@@ -59,7 +59,7 @@ func newConn(s *Server, nc net.Conn, id uint64) *conn {
 		r:   bufio.NewReaderSize(nc, readAhead),
 		log: s.log.With("conn", id, "client", nc.RemoteAddr().String()),
 	}
-	c.h = s.eng.NewConn(c, id, c.log)
+	c.h = handler.NewConn(s.eng, c, id, c.log)
 	c.watch = newClientWatch(c, s.opts.ClientWatchAfter)
 	return c
 }

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tsproxy/tsproxy/proxy/engine"
 	"github.com/tsproxy/tsproxy/proxy/handler"
 	"github.com/tsproxy/tsproxy/proxy/telemetry"
 )
@@ -27,7 +28,7 @@ type Server struct {
 	opts Options
 	log  *slog.Logger
 	tel  *telemetry.Instruments
-	eng  *handler.Engine
+	eng  *engine.Engine
 
 	mu       sync.Mutex
 	ln       net.Listener

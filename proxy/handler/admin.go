@@ -4,10 +4,9 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/tsproxy/tsproxy/rewrite/admin"
-
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/tsproxy/tsproxy/rewrite/admin"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/wire"
@@ -107,7 +106,7 @@ func (c *Conn) endCursorSessions(req *request) {
 			ended[sessionKey(doc)] = true
 		}
 	}
-	if len(ended) == 0 || c.s.cursors.Len() == 0 || c.ensureUpstream() != nil {
+	if len(ended) == 0 || c.s.Cursors.Len() == 0 || c.ensureUpstream() != nil {
 		return
 	}
 	users, err := c.users()
@@ -122,7 +121,7 @@ func (c *Conn) endCursorSessions(req *request) {
 		denied, err := c.authorize(req, rule)
 		return err == nil && denied == nil
 	}
-	for _, cur := range c.s.cursors.ForgetSessions(ended, users, may) {
+	for _, cur := range c.s.Cursors.ForgetSessions(ended, users, may) {
 		_ = c.releaseEntry(cur.Entry)
 	}
 }

@@ -4,15 +4,13 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/tsproxy/tsproxy/proxy/exec"
-	"github.com/tsproxy/tsproxy/rewrite/fanout"
-	"github.com/tsproxy/tsproxy/rewrite/insert"
-
-	"github.com/tsproxy/tsproxy/rewrite/caps"
-
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/tsproxy/tsproxy/proxy/exec"
 	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+	"github.com/tsproxy/tsproxy/rewrite/fanout"
+	"github.com/tsproxy/tsproxy/rewrite/insert"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/wire"
@@ -25,7 +23,7 @@ func (c *Conn) handleBucketed(req *request, rule *rules.Rule, r route) error {
 	if err := c.ensureUpstream(); err != nil {
 		return c.replyUpstreamDown(req, err)
 	}
-	c.s.noteServed(rule)
+	c.s.NoteServed(rule)
 	// The server authorizes the client before the proxy answers anything
 	// of its own, and a cursor it holds is read only by the
 	// users, and in the session, that opened it.
@@ -142,7 +140,7 @@ func (c *Conn) roundTripBody(frame []byte) ([]byte, error) {
 // (upstreamState.writeSlots).
 func (c *Conn) roundTripInSlot(frame []byte, slotted bool) ([]byte, error) {
 	if slotted {
-		defer c.s.abilities.Slot()()
+		defer c.s.Abilities.Slot()()
 	}
 	return c.roundTripBody(frame)
 }
@@ -155,7 +153,7 @@ func (c *Conn) startWrite(rule *rules.Rule) (caps.Upstream, error) {
 	if err != nil {
 		return caps, err
 	}
-	return caps, c.s.tier.EnsureWriter(c, rule, caps)
+	return caps, c.s.Tier().EnsureWriter(c, rule, caps)
 }
 
 // refuseBeforeWrite answers a write refused before anything was written, with
@@ -185,5 +183,5 @@ func commandOf(req *request) rewrite.Command {
 // upstreamCaps detects once what the upstream supports, on this client's
 // connection (so with its privileges: buildInfo needs none on MongoDB).
 func (c *Conn) upstreamCaps() (caps.Upstream, error) {
-	return c.s.abilities.Caps(c.up)
+	return c.s.Abilities.Caps(c.up)
 }

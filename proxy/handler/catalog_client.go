@@ -3,16 +3,19 @@ package handler
 import (
 	"log/slog"
 
+	"github.com/tsproxy/tsproxy/proxy/admin"
 	"github.com/tsproxy/tsproxy/proxy/catalog"
 	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/upstream"
 	"github.com/tsproxy/tsproxy/wire"
 )
 
-// catalogClient is a request on c as the time-series API
-// (catalog.Client) sees it.
+// catalogClient is a request on c as the packages that serve whole
+// commands see it: the time-series API (catalog.Client) and the proxy's
+// own commands (admin.Client).
 type catalogClient struct {
 	c   *Conn
 	req *request
@@ -44,7 +47,18 @@ func (k catalogClient) Answer(rule *rules.Rule, res rewrite.Result) error {
 func (k catalogClient) UpCommand(body []byte) ([]byte, error) { return k.c.upCommand(body) }
 func (k catalogClient) AuthInfo() (rewrite.AuthInfo, error)   { return k.c.authInfo() }
 func (k catalogClient) EnsureBucketIndex(rule *rules.Rule)    { k.c.ensureBucketIndex(rule) }
-func (k catalogClient) ForgetNamespace(ns string)             { k.c.s.forgetNamespace(ns) }
+func (k catalogClient) ForgetNamespace(ns string)             { k.c.s.ForgetNamespace(ns) }
 func (k catalogClient) Log() *slog.Logger                     { return k.c.log }
 
-var _ catalog.Client = catalogClient{}
+func (k catalogClient) Rules() *rules.Set { return k.c.rules }
+func (k catalogClient) Authorize(rule *rules.Rule) ([]byte, error) {
+	return k.c.authorize(k.req, rule)
+}
+func (k catalogClient) StagedRule(rule *rules.Rule) (bool, caps.Upstream, error) {
+	return k.c.stagedRule(rule)
+}
+
+var (
+	_ catalog.Client = catalogClient{}
+	_ admin.Client   = catalogClient{}
+)

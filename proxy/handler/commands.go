@@ -1,6 +1,7 @@
 package handler
 
 import (
+	"github.com/tsproxy/tsproxy/proxy/engine"
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/admin"
 	"github.com/tsproxy/tsproxy/rewrite/fanout"
@@ -114,7 +115,7 @@ var commands = map[string]commandSpec{
 // collection's through the catalog.
 func serveDrop(c *Conn, req *request, rule *rules.Rule) error {
 	if rule.Declared != nil {
-		return c.s.cat.ServeDrop(c.catalogClient(req), rule)
+		return c.s.Cat.ServeDrop(c.catalogClient(req), rule)
 	}
 	return plan(admin.Drop)(c, req, rule)
 }
@@ -122,7 +123,7 @@ func serveDrop(c *Conn, req *request, rule *rules.Rule) error {
 // serveCreate answers a create of a rule's namespace.
 func serveCreate(c *Conn, req *request, rule *rules.Rule) error {
 	if rule.Declared != nil {
-		return c.s.cat.ServeCreateOfRule(c.catalogClient(req), rule)
+		return c.s.Cat.ServeCreateOfRule(c.catalogClient(req), rule)
 	}
 	return c.rewriteCreate(req, rule)
 }
@@ -150,5 +151,12 @@ func commandNames() []string {
 
 // serveCollMod changes a created time-series collection (the catalog's).
 func serveCollMod(c *Conn, req *request, rule *rules.Rule) error {
-	return c.s.cat.ServeCollMod(c.catalogClient(req), rule)
+	return c.s.Cat.ServeCollMod(c.catalogClient(req), rule)
 }
+
+// NewEngine is the engine of a proxy whose connections this package
+// serves (NewConn): its telemetry counts the commands of this registry.
+func NewEngine(opts Options) (*engine.Engine, error) { return engine.New(opts, commandNames()) }
+
+// Options configures a proxy (engine.Options).
+type Options = engine.Options

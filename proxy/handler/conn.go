@@ -8,11 +8,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tsproxy/tsproxy/proxy/replycache"
-	"github.com/tsproxy/tsproxy/proxy/telemetry"
-
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/tsproxy/tsproxy/proxy/authz"
+	"github.com/tsproxy/tsproxy/proxy/engine"
+	"github.com/tsproxy/tsproxy/proxy/replycache"
+	"github.com/tsproxy/tsproxy/proxy/telemetry"
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
@@ -41,7 +42,7 @@ const MaxKeptBuf = 1 << 20
 // MaxKeptBuf (ShrinkBuffers); the upstream connection follows the same
 // rules.
 type Conn struct {
-	s     *Engine
+	s     *engine.Engine
 	front Front
 	id    uint64
 	log   *slog.Logger
@@ -56,7 +57,7 @@ type Conn struct {
 	cursors      map[int64]struct{}
 	cursorsPrune int
 	// auth is what the connection knows of its client's authentication.
-	auth connAuth
+	auth authz.Verdicts
 	// upAuth: an authentication command went over c.up, so the client's
 	// authentication may live on it (a new link would not have it).
 	upAuth bool
@@ -87,7 +88,7 @@ type Front interface {
 
 // NewConn is the handler of client connection id, answering through
 // front.
-func (s *Engine) NewConn(front Front, id uint64, log *slog.Logger) *Conn {
+func NewConn(s *engine.Engine, front Front, id uint64, log *slog.Logger) *Conn {
 	return &Conn{s: s, front: front, id: id, log: log}
 }
 
@@ -169,7 +170,7 @@ func (c *Conn) Handle(h wire.Header, frame []byte) error {
 				return fmt.Errorf("OP_COMPRESSED with compressor %d, which was not negotiated", cm.CompressorID)
 			}
 		}
-		inner, err := wire.DecompressLimit(frame, c.s.opts.MaxMessageBytes)
+		inner, err := wire.DecompressLimit(frame, c.s.Opts.MaxMessageBytes)
 		if err != nil {
 			c.refuseDecompressed(h, err)
 			return fmt.Errorf("OP_COMPRESSED: %w", err)
@@ -183,7 +184,7 @@ func (c *Conn) Handle(h wire.Header, frame []byte) error {
 	switch req.h.OpCode {
 	case wire.OpMsg:
 		if err := req.msg.Decode(req.frame); err != nil {
-			c.s.tel.ErrorSeen("bad_message")
+			c.s.Tel.ErrorSeen("bad_message")
 			c.log.Warn("rejected message", "reason", err.Error())
 			if req.msg.Flags&wire.MoreToCome != 0 {
 				return nil // the client reads no reply
@@ -194,7 +195,7 @@ func (c *Conn) Handle(h wire.Header, frame []byte) error {
 		// A legacy client reads only OP_REPLY, error replies included.
 		req.legacy = true
 		if err := c.decodeQuery(req); err != nil {
-			c.s.tel.ErrorSeen("bad_message")
+			c.s.Tel.ErrorSeen("bad_message")
 			c.log.Warn("rejected message", "reason", err.Error())
 			return c.replyError(req, mongoerr.InvalidBSON, "tsproxy: "+err.Error())
 		}
@@ -275,3 +276,12 @@ func (c *Conn) rollupTarget(req *request) *rules.Rule {
 	}
 	return c.rules.ByRollupCollection(req.db, coll)
 }
+
+// HasUpstream says whether the connection holds an upstream connection.
+func (c *Conn) HasUpstream() bool { return c.upRef.Load() != nil }
+
+// TrackedCursors is how many cursor ids the connection tracks.
+func (c *Conn) TrackedCursors() int { return len(c.cursors) }
+
+// Upstream is the client's upstream connection (tier.Client).
+func (c *Conn) Upstream() *upstream.Conn { return c.up }

@@ -3,11 +3,11 @@ package handler
 import (
 	"time"
 
-	"github.com/tsproxy/tsproxy/proxy/cursors"
-	"github.com/tsproxy/tsproxy/rewrite"
-
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/tsproxy/tsproxy/proxy/authz"
+	"github.com/tsproxy/tsproxy/proxy/cursors"
+	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/wire"
 )
@@ -30,7 +30,7 @@ func (c *Conn) registerCursor(req *request, id int64, e *cursors.Entry) bool {
 		users = []string{"\x00unknown"}
 	}
 	e.Users = users
-	if !c.s.cursors.Add(id, e) {
+	if !c.s.Cursors.Add(id, e) {
 		return false
 	}
 	c.ownCursor(id)
@@ -40,7 +40,7 @@ func (c *Conn) registerCursor(req *request, id int64, e *cursors.Entry) bool {
 // ownCursor makes this connection the owner of a registered cursor: the
 // last connection to use a cursor is the one the app reads it through.
 func (c *Conn) ownCursor(id int64) {
-	e := c.s.cursors.Peek(id)
+	e := c.s.Cursors.Peek(id)
 	if e == nil {
 		return
 	}
@@ -65,7 +65,7 @@ const minCursorsPrune = 64
 // set of about what it owns at a constant cost a cursor.
 func (c *Conn) pruneCursors() {
 	for id := range c.cursors {
-		if e := c.s.cursors.Peek(id); e == nil || e.Owner.Load() != c.id {
+		if e := c.s.Cursors.Peek(id); e == nil || e.Owner.Load() != c.id {
 			delete(c.cursors, id)
 		}
 	}
@@ -75,7 +75,7 @@ func (c *Conn) pruneCursors() {
 // forgetCursor forgets a cursor this connection ended (exhausted, killed,
 // failed).
 func (c *Conn) forgetCursor(id int64) {
-	c.s.cursors.Forget(id)
+	c.s.Cursors.Forget(id)
 	delete(c.cursors, id)
 }
 
@@ -96,11 +96,11 @@ func (c *Conn) releaseCursors() {
 		_ = up.SetDeadline(time.Now().Add(cursorKillTimeout))
 	}
 	for id := range c.cursors {
-		e := c.s.cursors.Peek(id)
+		e := c.s.Cursors.Peek(id)
 		if e == nil || e.Owner.Load() != c.id {
 			continue
 		}
-		c.s.cursors.Forget(id)
+		c.s.Cursors.Forget(id)
 		if !usable {
 			continue
 		}
@@ -142,15 +142,15 @@ func (c *Conn) checkCursorOwner(req *request, rule *rules.Rule) error {
 		return err
 	}
 	for _, id := range ids {
-		e := c.s.cursors.Peek(id)
+		e := c.s.Cursors.Peek(id)
 		if e == nil {
 			continue
 		}
 		var refusal error
 		if req.name == "getMore" {
-			refusal = cursorOwnerError(id, e, users, requestSession(req))
+			refusal = authz.CursorOwnerError(id, e, users, requestSession(req))
 		} else {
-			refusal = cursorUserError(id, e, users)
+			refusal = authz.CursorUserError(id, e, users)
 		}
 		if refusal == nil {
 			continue

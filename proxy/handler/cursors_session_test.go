@@ -4,8 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tsproxy/tsproxy/proxy/authz"
 	"github.com/tsproxy/tsproxy/proxy/cursors"
-
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 )
@@ -63,7 +63,7 @@ func TestCursorOwnership(t *testing.T) {
 		{alice, "t", 50738},
 	}
 	for _, tc := range cases {
-		err := cursorOwnerError(1, e, tc.users, tc.session)
+		err := authz.CursorOwnerError(1, e, tc.users, tc.session)
 		var code mongoerr.Code
 		if err != nil {
 			code = mongoerr.CodeOf(err)
@@ -72,13 +72,13 @@ func TestCursorOwnership(t *testing.T) {
 			t.Errorf("users %v session %q: code %d (%v), want %d", tc.users, tc.session, code, err, tc.code)
 		}
 	}
-	if err := cursorOwnerError(2, &cursors.Entry{Rule: rule}, nil, "s"); err == nil || err.(*mongoerr.Error).Code != 50736 {
+	if err := authz.CursorOwnerError(2, &cursors.Entry{Rule: rule}, nil, "s"); err == nil || err.(*mongoerr.Error).Code != 50736 {
 		t.Errorf("a session's getMore of a cursor opened outside sessions: %v, want 50736", err)
 	}
-	if err := cursorUserError(1, e, alice); err != nil {
+	if err := authz.CursorUserError(1, e, alice); err != nil {
 		t.Errorf("killCursors by its user: %v", err)
 	}
-	if err := cursorUserError(1, e, nil); err == nil {
+	if err := authz.CursorUserError(1, e, nil); err == nil {
 		t.Error("killCursors of alice's cursor without credentials was allowed")
 	}
 }

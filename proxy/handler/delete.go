@@ -7,12 +7,10 @@ import (
 	"github.com/tsproxy/tsproxy/proxy/fills"
 	"github.com/tsproxy/tsproxy/proxy/tier/lease"
 	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rewrite/deletes"
 	"github.com/tsproxy/tsproxy/rewrite/fanout"
-
-	"github.com/tsproxy/tsproxy/rewrite/bucket"
-
 	"github.com/tsproxy/tsproxy/rules"
 )
 
@@ -43,7 +41,7 @@ func (c *Conn) rewriteDelete(req *request, rule *rules.Rule) error {
 			l := held.lock(r.BucketNamespace(), keys)
 			return func() { held.release(l, true) }
 		}
-		return deletes.Plan(cmd, r, deletes.Env{Caps: caps, Lock: lock, IDIndex: c.s.idIndexes})
+		return deletes.Plan(cmd, r, deletes.Env{Caps: caps, Lock: lock, IDIndex: c.s.IdIndexes})
 	}
 	return c.servePlan(req, rule, routeRewrite, fanout.Delete(cmd, rule, part))
 }
@@ -57,8 +55,8 @@ type heldLocks struct {
 
 // lock takes the locks of keys of the bucket namespace ns.
 func (h *heldLocks) lock(ns string, keys []bucket.Key) *fills.Locked {
-	l := h.c.s.fills.Lock(ns, keys)
-	h.c.s.tier.Directories().Wrote(ns) // under the keys' locks, before the write
+	l := h.c.s.Fills.Lock(ns, keys)
+	h.c.s.Tier().Directories().Wrote(ns) // under the keys' locks, before the write
 	h.held = append(h.held, l)
 	return l
 }
@@ -98,7 +96,7 @@ func (h *heldLocks) releaseAll() {
 // and lets the lease lapse. It waits up to the command's maxTimeMS, or
 // two lease lifetimes; then the refusal names the holder.
 func (c *Conn) startDelete(req *request, rule *rules.Rule) (caps.Upstream, error) {
-	deadline := waitDeadline(req, 2*c.s.leases.TTL())
+	deadline := waitDeadline(req, 2*c.s.Leases.TTL())
 	for {
 		caps, err := c.startWrite(rule)
 		var held *lease.HeldError

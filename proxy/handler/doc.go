@@ -16,9 +16,10 @@
 // and the background loops (merges in proxy/tier, retention in
 // proxy/retention) follow the set as it changes.
 //
-// Engine is what the connections share: the upstream's abilities,
-// cursors, the reply cache, the open-bucket fills, the writer leases, the
-// staging tier (proxy/tier) and the catalog, all safe for concurrent use.
+// What the connections share (the upstream's abilities, cursors, the
+// reply cache, the open-bucket fills, the writer leases, the staging tier
+// and the catalog) is the engine (proxy/engine), safe for concurrent use;
+// the proxy's own commands are proxy/admin's, authorization proxy/authz's.
 // A Conn's own state (its upstream connection, its authorization
 // verdicts, the reply being built) needs no locks.
 package handler

@@ -5,7 +5,6 @@ import (
 
 	"github.com/tsproxy/tsproxy/proxy/cursors"
 	"github.com/tsproxy/tsproxy/proxy/exec"
-
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
@@ -48,7 +47,7 @@ func (c *Conn) servePlan(req *request, rule *rules.Rule, r route, p rewrite.Plan
 // result invalidates is forgotten and its cursor remembered for getMore
 // and killCursors (a cursor over the limit is released and refused).
 func (c *Conn) runPlan(req *request, rule *rules.Rule, r route, p rewrite.Plan) (rewrite.Result, error) {
-	span := c.s.tel.Start(req.name, req.db, r.String(), req.start)
+	span := c.s.Tel.Start(req.name, req.db, r.String(), req.start)
 	tr := &timedRunner{c: c, sessions: rewrite.NewCursorSessions(req.msg.Body)}
 	res, err := exec.Drive(tr, p)
 	c.endAfterReply(span, tr.wait, err)
@@ -57,7 +56,7 @@ func (c *Conn) runPlan(req *request, rule *rules.Rule, r route, p rewrite.Plan) 
 	}
 	res.Reply = tr.gossip.AddTo(res.Reply)
 	for _, ns := range res.Forget {
-		c.s.forgetNamespace(ns)
+		c.s.ForgetNamespace(ns)
 	}
 	if res.StoredBefore > 0 {
 		c.log.Info("retried insert: events an earlier attempt stored are not written again", "rule", rule.Namespace, "events", res.StoredBefore)
@@ -126,11 +125,11 @@ func (r sessionRunner) RunStep(step rewrite.Step) ([][]byte, error) {
 	return replies, err
 }
 
-// runStep sends a step on the client's upstream connection (pipeline). An
+// RunStep sends a step on the client's upstream connection (pipeline). An
 // update on an upstream that bounds them holds a write slot meanwhile.
 func (c *Conn) RunStep(step rewrite.Step) ([][]byte, error) {
-	if len(step) == 1 && step[0].Keep && c.s.tier.Keeps() {
-		return c.s.tier.RunKept(asIs{c}, step[0])
+	if len(step) == 1 && step[0].Keep && c.s.Tier().Keeps() {
+		return c.s.Tier().RunKept(asIs{c}, step[0])
 	}
 	return c.runStepAsIs(step)
 }
@@ -143,21 +142,21 @@ func (a asIs) RunStep(step rewrite.Step) ([][]byte, error) { return a.c.runStepA
 // runStepAsIs is runStep without keeping what a staged insert stored.
 func (c *Conn) runStepAsIs(step rewrite.Step) ([][]byte, error) {
 	if len(step) == 1 && step[0].Combine {
-		return c.s.tier.RunCombined(c, c.identity, step[0])
+		return c.s.Tier().RunCombined(c, c.identity, step[0])
 	}
 	if len(step) == 1 {
 		frame, err := c.upstreamFrame(step[0])
 		if err != nil {
 			return nil, err
 		}
-		body, err := c.roundTripInSlot(frame, step[0].Update && c.s.abilities.SlotsUpdates())
+		body, err := c.roundTripInSlot(frame, step[0].Update && c.s.Abilities.SlotsUpdates())
 		if err != nil {
 			return nil, err
 		}
 		return [][]byte{body}, nil
 	}
 	for _, u := range step {
-		if u.Update && c.s.abilities.SlotsUpdates() {
+		if u.Update && c.s.Abilities.SlotsUpdates() {
 			// Slotted updates are sent one by one, each in its slot.
 			return c.runEach(step)
 		}

@@ -4,11 +4,10 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/tsproxy/tsproxy/proxy/exec"
-	"github.com/tsproxy/tsproxy/rewrite/hello"
-
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/tsproxy/tsproxy/proxy/exec"
+	"github.com/tsproxy/tsproxy/rewrite/hello"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/wire"
 )
@@ -32,19 +31,19 @@ func (c *Conn) handleHello(req *request) error {
 	if hs.LoadBalanced {
 		// This proxy is the service behind the client's load balancer;
 		// the driver pins cursors and transactions to this connection.
-		opts.ServiceID = &c.s.serviceID
+		opts.ServiceID = &c.s.ServiceID
 	}
 	if err := c.ensureUpstream(); err != nil {
 		// Answer as a router anyway so that drivers select the proxy and
 		// the commands that follow fail at once with the upstream error,
 		// instead of each waiting out server selection.
 		c.log.Warn("upstream unreachable; answering hello alone", "err", err.Error())
-		reply := hello.RouterHello(req.name != "hello", c.s.abilities.HelloLimits(), time.Now().UnixMilli(), opts)
-		return c.replyBody(req, c.capHelloLimits(reply))
+		reply := hello.RouterHello(req.name != "hello", c.s.Abilities.HelloLimits(), time.Now().UnixMilli(), opts)
+		return c.replyBody(req, hello.CapLimits(reply, c.s.Opts.MaxMessageBytes))
 	}
 	frame := wire.AppendMsg(c.outBuf[:0], req.h.RequestID, 0, 0, hs.Body)
 	c.outBuf = frame[:0]
-	span := c.s.tel.Start(req.name, req.db, routePassthrough.String(), req.start)
+	span := c.s.Tel.Start(req.name, req.db, routePassthrough.String(), req.start)
 	upStart := time.Now()
 	_, rf, err := exec.RoundTrip(c.up, frame)
 	c.endAfterReply(span, time.Since(upStart), err)
@@ -55,12 +54,12 @@ func (c *Conn) handleHello(req *request) error {
 	if err := m.Decode(rf); err != nil {
 		return fmt.Errorf("upstream hello reply: %w", err)
 	}
-	c.s.abilities.RememberHello(bson.Raw(m.Body))
+	c.s.Abilities.RememberHello(bson.Raw(m.Body))
 	reply, err := hello.Reply(m.Body, opts)
 	if err != nil {
 		return fmt.Errorf("upstream hello reply: %w", err)
 	}
-	return c.replyBody(req, c.capHelloLimits(reply))
+	return c.replyBody(req, hello.CapLimits(reply, c.s.Opts.MaxMessageBytes))
 }
 
 // replyUpstreamDown answers a request the upstream could not be reached for.
@@ -73,6 +72,6 @@ func (c *Conn) replyUpstreamDown(req *request, err error) error {
 
 // replyError answers req with {ok: 0, errmsg, code, codeName}.
 func (c *Conn) replyError(req *request, code mongoerr.Code, msg string) error {
-	c.s.tel.ErrorSeen(code.Name())
+	c.s.Tel.ErrorSeen(code.Name())
 	return c.replyBody(req, mongoerr.ReplyNamed(code, "", msg))
 }

@@ -42,8 +42,8 @@ func (c *Conn) stagedInsert(req *request, rule *rules.Rule) error {
 	}
 	// Before the announcement: a rule's first Stager makes its format
 	// record before it leaves any trace of staging it.
-	format := c.s.tier.StagingFormat(c.up, rule)
-	if err := c.s.tier.AnnounceStaging(c, rule, caps); err != nil {
+	format := c.s.Tier().StagingFormat(c.up, rule)
+	if err := c.s.Tier().AnnounceStaging(c, rule, caps); err != nil {
 		return err
 	}
 	cmd := commandOf(req)
@@ -56,7 +56,7 @@ func (c *Conn) stagedInsert(req *request, rule *rules.Rule) error {
 	if err == nil {
 		// Backpressure: wait for room in staging (before the insert holds
 		// off the freeze that makes it).
-		if _, full := c.s.merges.Admit(rule, waitDeadline(req, stagedWait)); full != nil {
+		if _, full := c.s.Merges.Admit(rule, waitDeadline(req, stagedWait)); full != nil {
 			code := mongoerr.MaxTimeMSExpired
 			if full == tier.ErrShuttingDown {
 				code = mongoerr.InterruptedAtShutdown
@@ -66,15 +66,15 @@ func (c *Conn) stagedInsert(req *request, rule *rules.Rule) error {
 	}
 	// Held from the generation read to the reply: a freeze of this
 	// proxy's collections (which moves it on) waits for it.
-	inflight := c.s.merges.Inserts(rule.Namespace)
+	inflight := c.s.Merges.Inserts(rule.Namespace)
 	inflight.RLock()
 	var p rewrite.Plan
 	// An upstream that keeps no session state (no stmtIds: FerretDB)
 	// takes concurrent clients' staged inserts as one.
 	env := stage.InsertEnv{Identity: identity, NewObjectID: bson.NewObjectID,
-		Combinable: !caps.StmtIDs, Stager: c.s.tier.Stager(rule, caps), Retry: req.retry, Format: format}
+		Combinable: !caps.StmtIDs, Stager: c.s.Tier().Stager(rule, caps), Retry: req.retry, Format: format}
 	if rule.Layout == rules.LayoutSlots {
-		env.Stamp = c.s.tier.Stamp // the last write of a slot wins
+		env.Stamp = c.s.Tier().Stamp // the last write of a slot wins
 	}
 	planned := err == nil
 	if planned {
@@ -83,11 +83,11 @@ func (c *Conn) stagedInsert(req *request, rule *rules.Rule) error {
 		p = rewrite.Fail(mongoerr.Errorf(mongoerr.FailedToParse, "%s", err.Error()))
 	}
 	res, err := c.runPlan(req, rule, routeRewrite, p)
-	if err == nil && planned && c.s.tier.MendOrphanedStaging(c, rule, caps, res.Reply, inflight) {
-		env.Stager = c.s.tier.Stager(rule, caps)
+	if err == nil && planned && c.s.Tier().MendOrphanedStaging(c, rule, caps, res.Reply, inflight) {
+		env.Stager = c.s.Tier().Stager(rule, caps)
 		res, err = c.runPlan(req, rule, routeRewrite, stage.Insert(cmd, prepared, env))
 		if err == nil {
-			c.s.tier.LogOrphanedIndex(c, rule, res.Reply)
+			c.s.Tier().LogOrphanedIndex(c, rule, res.Reply)
 		}
 	}
 	if err == nil && mongoerr.IsOK(res.Reply) {
@@ -98,7 +98,7 @@ func (c *Conn) stagedInsert(req *request, rule *rules.Rule) error {
 		// could land after a freeze that took the events and reset the
 		// backlog, and leave it counting events nothing staged, which
 		// no freeze then reset: every later insert waited for room.
-		c.s.merges.Staged(rule, n)
+		c.s.Merges.Staged(rule, n)
 	}
 	inflight.RUnlock()
 	if err == nil {

@@ -89,7 +89,7 @@ func (c *Conn) serveJoin(req *request, joined []*rules.Rule) error {
 		return c.replyUpstreamDown(req, err)
 	}
 	for _, rule := range joined {
-		c.s.noteServed(rule)
+		c.s.NoteServed(rule)
 		if err := c.gate(req, rule); err != nil {
 			return err
 		}
@@ -114,7 +114,7 @@ func (c *Conn) serveJoin(req *request, joined []*rules.Rule) error {
 		if !ok {
 			// Not found by joinedRules (a nesting it does not follow):
 			// still read from buckets, never as the empty collection.
-			opts = read.Options{Caps: caps, AggregateMemory: c.s.opts.AggregateMemory, IDIndex: c.s.idIndexes, Bucketed: c.isBucketedNS}
+			opts = read.Options{Caps: caps, AggregateMemory: c.s.Opts.AggregateMemory, IDIndex: c.s.IdIndexes, Bucketed: c.isBucketedNS}
 		}
 		single := func(r *rules.Rule, body []byte) rewrite.Plan {
 			return summary.Plan(body, r, opts, func() rewrite.Plan { return read.Plan(body, r, opts, newCursorID) })
@@ -122,14 +122,14 @@ func (c *Conn) serveJoin(req *request, joined []*rules.Rule) error {
 		return fanout.Read(find, rule, opts, newCursorID, single)
 	}
 	p := read.JoinAggregate(req.msg.Body, req.db, read.JoinOptions{
-		Bucketed: bucketed, IsBucketed: c.isBucketedNS, MaxMemory: c.s.opts.AggregateMemory, MaxUpdates: caps.MaxUpdateStatements,
+		Bucketed: bucketed, IsBucketed: c.isBucketedNS, MaxMemory: c.s.Opts.AggregateMemory, MaxUpdates: caps.MaxUpdateStatements,
 	}, newCursorID)
 	return c.servePlan(req, joined[0], routeRewrite, p)
 }
 
 // readOptions are the options of a read of rule's events.
 func (c *Conn) readOptions(rule *rules.Rule, caps caps.Upstream) read.Options {
-	return read.Options{Caps: caps, IDLookups: c.idLookupCost(rule, caps), IDIndex: c.s.idIndexes, AggregateMemory: c.s.opts.AggregateMemory,
+	return read.Options{Caps: caps, IDLookups: c.idLookupCost(rule, caps), IDIndex: c.s.IdIndexes, AggregateMemory: c.s.Opts.AggregateMemory,
 		Bucketed: c.isBucketedNS}
 }
 

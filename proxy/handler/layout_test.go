@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tsproxy/tsproxy/proxy/engine"
 	"github.com/tsproxy/tsproxy/rewrite/layout"
 )
 
@@ -13,8 +14,8 @@ import (
 // attempt (just started).
 func TestWriteIDs(t *testing.T) {
 	start := time.Now()
-	w := newWriteIDs(start)       // as at a proxy's start
-	later := start.Add(time.Hour) // past the start-up window
+	w := engine.NewWriteIDs(start) // as at a proxy's start
+	later := start.Add(time.Hour)  // past the start-up window
 	life := layout.MarkerLife
 	cases := []struct {
 		name      string
@@ -31,7 +32,7 @@ func TestWriteIDs(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			check, late := w.attempt(tc.id+"@"+start.String(), tc.at)
+			check, late := w.Attempt(tc.id+"@"+start.String(), tc.at)
 			if check != tc.wantCheck || (late > 0) != tc.wantLate {
 				t.Fatalf("check %v late %v, want check %v late %v", check, late, tc.wantCheck, tc.wantLate)
 			}

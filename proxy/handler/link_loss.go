@@ -29,7 +29,7 @@ const redialTimeout = 2 * time.Second
 // reconnects and authenticates again).
 func (c *Conn) afterLinkLoss(req *request, err error) error {
 	var link *upstream.LinkError
-	if !errors.As(err, &link) || req.replied || c.front.Left() || c.front.Closed() || c.s.closing.Load() {
+	if !errors.As(err, &link) || req.replied || c.front.Left() || c.front.Closed() || c.s.Closing.Load() {
 		return err
 	}
 	// Only a known cause in the client's own message: a link cut on the
@@ -42,11 +42,11 @@ func (c *Conn) afterLinkLoss(req *request, err error) error {
 	c.dropUpstream()
 	ctx, cancel := context.WithTimeout(context.Background(), redialTimeout)
 	defer cancel()
-	up, derr := c.s.opts.Dialer.Dial(ctx)
+	up, derr := c.s.Opts.Dialer.Dial(ctx)
 	if derr != nil {
 		return err // the upstream is down, not just this link
 	}
-	c.s.tel.ErrorSeen("upstream_dropped_link")
+	c.s.Tel.ErrorSeen("upstream_dropped_link")
 	c.log.Warn("the upstream closed the connection on a command, and serves a new one", "command", req.name, "db", req.db, "reason", err.Error())
 	if c.upAuth {
 		up.Close()

@@ -17,9 +17,9 @@ func (c *Conn) ensureUpstream() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	up, err := c.s.opts.Dialer.Dial(ctx)
+	up, err := c.s.Opts.Dialer.Dial(ctx)
 	if err != nil {
-		c.s.tel.ErrorSeen("upstream_unreachable")
+		c.s.Tel.ErrorSeen("upstream_unreachable")
 		return err
 	}
 	c.up = up
@@ -56,7 +56,7 @@ func (c *Conn) passthrough(req *request) error {
 		}
 		fwd = f
 	}
-	span := c.s.tel.Start(req.name, req.db, routePassthrough.String(), req.start)
+	span := c.s.Tel.Start(req.name, req.db, routePassthrough.String(), req.start)
 	upStart := time.Now()
 	_, reply, err := exec.RoundTrip(c.up, fwd)
 	c.endAfterReply(span, time.Since(upStart), err)

@@ -6,11 +6,12 @@ import (
 	"fmt"
 	"strings"
 
+	"go.mongodb.org/mongo-driver/v2/bson"
+
 	"github.com/tsproxy/tsproxy/proxy/exec"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/upstream"
 	"github.com/tsproxy/tsproxy/wire"
-	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
 // FerretDB 1.x on SQLite cannot create a collection whose name holds '"'

@@ -4,21 +4,19 @@ import (
 	"fmt"
 	"math/rand/v2"
 
+	"go.mongodb.org/mongo-driver/v2/bson"
+
 	"github.com/tsproxy/tsproxy/proxy/cursors"
 	"github.com/tsproxy/tsproxy/proxy/exec"
-
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/admin"
 	"github.com/tsproxy/tsproxy/rewrite/caps"
-	"github.com/tsproxy/tsproxy/rewrite/fanout"
-	"github.com/tsproxy/tsproxy/rewrite/read"
-	"github.com/tsproxy/tsproxy/rewrite/summary"
-
-	"go.mongodb.org/mongo-driver/v2/bson"
-
 	"github.com/tsproxy/tsproxy/rewrite/cursor"
+	"github.com/tsproxy/tsproxy/rewrite/fanout"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
+	"github.com/tsproxy/tsproxy/rewrite/read"
+	"github.com/tsproxy/tsproxy/rewrite/summary"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/upstream"
 	"github.com/tsproxy/tsproxy/wire"
@@ -47,7 +45,7 @@ func (c *Conn) commandFrame(cmd []byte) []byte {
 
 // replyRewriteError answers with a rewrite error (its own code).
 func (c *Conn) replyRewriteError(req *request, err error) error {
-	c.s.tel.ErrorSeen("unsupported")
+	c.s.Tel.ErrorSeen("unsupported")
 	return c.replyBody(req, mongoerr.Reply(err))
 }
 
@@ -80,14 +78,14 @@ func (c *Conn) rewriteGetMore(req *request, rule *rules.Rule) error {
 	if !ok {
 		return c.replyError(req, mongoerr.TypeMismatch, fmt.Sprintf("Field 'getMore' must be of type long, not %s", v.Type))
 	}
-	e := c.s.cursors.Get(id)
+	e := c.s.Cursors.Get(id)
 	if e == nil {
 		return c.replyError(req, mongoerr.CursorNotFound, fmt.Sprintf("tsproxy rule %s: cursor id %d not found", rule.Namespace, id))
 	}
 	c.ownCursor(id)
 	e.Mu.Lock()
 	defer e.Mu.Unlock()
-	span := c.s.tel.Start(req.name, req.db, routeCursor.String(), req.start)
+	span := c.s.Tel.Start(req.name, req.db, routeCursor.String(), req.start)
 	tr := &timedRunner{c: c}
 	res, err := exec.Drive(tr, e.Cursor.More(req.msg.Body))
 	c.endAfterReply(span, tr.wait, err)
@@ -112,7 +110,7 @@ func (c *Conn) rewriteKillCursors(req *request, rule *rules.Rule) error {
 	}
 	var known []int64
 	for _, id := range ids {
-		e := c.s.cursors.Get(id)
+		e := c.s.Cursors.Get(id)
 		if e == nil {
 			continue
 		}
@@ -176,5 +174,5 @@ func (c *Conn) rewriteListCollections(req *request) error {
 // unless the proxy added the index SQLite can use (the embedded
 // upstream). The upstream's plan of a probe tells, once per upstream.
 func (c *Conn) idLookupCost(rule *rules.Rule, caps caps.Upstream) read.IDLookupCost {
-	return c.s.abilities.IDLookupCost(c.up, rule, caps)
+	return c.s.Abilities.IDLookupCost(c.up, rule, caps)
 }

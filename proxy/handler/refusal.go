@@ -29,6 +29,6 @@ func (c *Conn) answerRefusal(req *request, err error) error {
 		c.log.Warn("unacknowledged command refused by the upstream", "err", err.Error())
 		return nil
 	}
-	c.s.tel.ErrorSeen(r.CodeName)
+	c.s.Tel.ErrorSeen(r.CodeName)
 	return c.replyBody(req, mongoerr.ReplyNamed(r.Code, r.CodeName, err.Error()))
 }

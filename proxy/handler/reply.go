@@ -16,9 +16,9 @@ import (
 // than the server announced ("length of read message too large") and
 // retried until its deadline.
 func (c *Conn) writeFrame(req *request, frame []byte) error {
-	if len(frame) > c.s.opts.MaxMessageBytes {
-		msg := fmt.Sprintf("tsproxy: the reply of %d bytes is larger than the limit of %d bytes (limits.maxMessageBytes, announced as maxMessageSizeBytes); ask for smaller batches (batchSize)", len(frame), c.s.opts.MaxMessageBytes)
-		c.log.Warn("refusing an oversized reply", "command", req.name, "size", len(frame), "limit", c.s.opts.MaxMessageBytes)
+	if len(frame) > c.s.Opts.MaxMessageBytes {
+		msg := fmt.Sprintf("tsproxy: the reply of %d bytes is larger than the limit of %d bytes (limits.maxMessageBytes, announced as maxMessageSizeBytes); ask for smaller batches (batchSize)", len(frame), c.s.Opts.MaxMessageBytes)
+		c.log.Warn("refusing an oversized reply", "command", req.name, "size", len(frame), "limit", c.s.Opts.MaxMessageBytes)
 		body := mongoerr.Reply(mongoerr.Errorf(mongoerr.BSONObjectTooLarge, "%s", msg))
 		if req.legacy {
 			frame = wire.AppendReply(nil, upstream.NextRequestID(), req.h.RequestID, body)
@@ -40,7 +40,7 @@ func (c *Conn) writeFrame(req *request, frame []byte) error {
 		return err
 	}
 	req.replied = true
-	c.s.tel.BytesOut(len(frame))
+	c.s.Tel.BytesOut(len(frame))
 	return nil
 }
 

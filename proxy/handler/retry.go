@@ -1,12 +1,8 @@
 package handler
 
 import (
-	"time"
-
 	"github.com/tsproxy/tsproxy/proxy/fills"
 	"github.com/tsproxy/tsproxy/proxy/replycache"
-	"github.com/tsproxy/tsproxy/proxy/tier/lease"
-
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/caps"
@@ -39,7 +35,7 @@ func (c *Conn) retriedReply(req *request, rule *rules.Rule) error {
 		if err != nil {
 			return answered(err)
 		}
-		out = c.s.replies.Begin(key.OwnedBy(identity), rule.Namespace+" "+req.name)
+		out = c.s.Replies.Begin(key.OwnedBy(identity), rule.Namespace+" "+req.name)
 	}
 	switch {
 	case out.Attempt != nil:
@@ -83,31 +79,8 @@ func (c *Conn) endRetryable(req *request) {
 // keysToCheck are the locked keys whose buckets a retry may have been
 // stored in already.
 func (c *Conn) keysToCheck(req *request, rule *rules.Rule, caps caps.Upstream, l *fills.Locked) []bucket.Key {
-	if req.txn != nil && (req.txn.Check || c.s.earlierTermRetryPossible(rule, caps, req.txn.Previous)) {
+	if req.txn != nil && (req.txn.Check || c.s.EarlierTermRetryPossible(rule, caps, req.txn.Previous)) {
 		return l.Keys()
 	}
 	return l.Unknown()
-}
-
-// earlierTermRetryPossible says whether a retryable write of a session
-// whose last write this proxy recorded at previous (zero: none) may be a
-// retry of one that went through an earlier term of rule's writer lease.
-// Only where writes need the lease (elsewhere the upstream recognises
-// retries itself); without a lease held, it cannot be ruled out.
-func (s *Engine) earlierTermRetryPossible(rule *rules.Rule, caps caps.Upstream, previous time.Time) bool {
-	if !caps.SingleWriter {
-		return false
-	}
-	term, held := s.leases.Current(rule.DB, rule.Collection)
-	return retryOfEarlierTerm(term, held, previous, time.Now())
-}
-
-func retryOfEarlierTerm(term lease.Term, held bool, previous, now time.Time) bool {
-	switch {
-	case !held:
-		return true
-	case term.EarlierWritesBefore.IsZero() || now.Sub(term.EarlierWritesBefore) >= replycache.RetryWindow:
-		return false
-	}
-	return previous.IsZero() || previous.Before(term.Since)
 }

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tsproxy/tsproxy/proxy/engine"
 	"github.com/tsproxy/tsproxy/proxy/replycache"
 	"github.com/tsproxy/tsproxy/proxy/tier/lease"
 )
@@ -26,7 +27,7 @@ func TestRetryOfEarlierTerm(t *testing.T) {
 		{"just took over, session last recorded in the earlier term", recent, true, took.Add(-5 * time.Second), true},
 		{"just took over, session recorded in this term", recent, true, took.Add(time.Second), false},
 	} {
-		if got := retryOfEarlierTerm(tc.term, tc.held, tc.previous, now); got != tc.want {
+		if got := engine.RetryOfEarlierTerm(tc.term, tc.held, tc.previous, now); got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 	}

@@ -1,13 +1,10 @@
 package handler
 
 import (
-	"sync"
-
 	"github.com/tsproxy/tsproxy/proxy/exec"
+	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/rollup"
-
-	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rules"
 )
 
@@ -38,7 +35,7 @@ func (c *Conn) maintainRollups(rule *rules.Rule, cmd rewrite.Command, reply []by
 		// Inserts into different windows of one series hold different
 		// series locks but $inc the same coarser rollup documents; on an
 		// upstream whose updates are not isolated, one would be lost.
-		mu := c.s.life.rollupWriter(rule.Namespace)
+		mu := c.s.Life.RollupWriter(rule.Namespace)
 		mu.Lock()
 		defer mu.Unlock()
 	}
@@ -51,26 +48,4 @@ func (c *Conn) maintainRollups(rule *rules.Rule, cmd rewrite.Command, reply []by
 		c.log.Error(mongoerr.FromReply(res.Reply, "rollups not updated").Msg, "rule", rule.Namespace)
 	}
 	return nil
-}
-
-// lifecycleState remembers which rules' one-time lifecycle steps ran.
-type lifecycleState struct {
-	mu      sync.Mutex
-	writers map[string]*sync.Mutex // rule namespace -> serializes its rollup writes
-}
-
-// rollupWriter is the mutex that serializes a rule's rollup writes.
-func (l *lifecycleState) rollupWriter(ns string) *sync.Mutex {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	m := l.writers[ns]
-	if m == nil {
-		m = &sync.Mutex{}
-		l.writers[ns] = m
-	}
-	return m
-}
-
-func newLifecycleState() *lifecycleState {
-	return &lifecycleState{writers: make(map[string]*sync.Mutex)}
 }

@@ -5,6 +5,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/tsproxy/tsproxy/proxy/admin"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/wire"
@@ -51,7 +52,7 @@ func (c *Conn) bucketedTarget(req *request) (*rules.Rule, route) {
 		if !ok {
 			return nil, routePassthrough
 		}
-		if rule := c.s.cursors.Rule(id); rule != nil {
+		if rule := c.s.Cursors.Rule(id); rule != nil {
 			return rule, routeCursor
 		}
 		// A cursor on a rule's namespace that this proxy does not hold
@@ -112,13 +113,13 @@ var frontCommands = map[string]func(*Conn, *request) error{
 	"dropDatabase":         (*Conn).routeDropDatabase,
 	"endSessions":          (*Conn).routeEndSessions,
 	"renameCollection":     (*Conn).routeRename,
-	"tsproxyFlush":         (*Conn).handleFlush,
-	"tsproxyStagingFormat": (*Conn).handleStagingFormat,
+	"tsproxyFlush":         (*Conn).serveFlush,
+	"tsproxyStagingFormat": (*Conn).serveStagingFormat,
 }
 
 func (c *Conn) routeCreate(req *request) error {
 	if c.createsTimeseries(req) {
-		return c.s.cat.ServeCreate(c.catalogClient(req))
+		return c.s.Cat.ServeCreate(c.catalogClient(req))
 	}
 	return c.routeByRule(req)
 }
@@ -127,7 +128,7 @@ func (c *Conn) routeCreate(req *request) error {
 // collection, and hides the proxy's own collections (a database whose
 // time-series collections were all dropped keeps its writer leases).
 func (c *Conn) routeListCollections(req *request) error {
-	if c.rules.InDB(req.db) || !c.s.cat.Load().Static {
+	if c.rules.InDB(req.db) || !c.s.Cat.Load().Static {
 		return c.rewriteListCollections(req)
 	}
 	return c.routeByRule(req)
@@ -135,7 +136,7 @@ func (c *Conn) routeListCollections(req *request) error {
 
 func (c *Conn) routeDropDatabase(req *request) error {
 	if created := createdInDB(c.rules, req.db); len(created) > 0 {
-		return c.s.cat.ServeDropDatabase(c.catalogClient(req), created)
+		return c.s.Cat.ServeDropDatabase(c.catalogClient(req), created)
 	}
 	return c.routeByRule(req)
 }
@@ -202,4 +203,12 @@ func (c *Conn) serveCrossRef(req *request, rule *rules.Rule, what string) error 
 	}
 	return c.replyError(req, mongoerr.NotImplemented, fmt.Sprintf(
 		"tsproxy rule %s: %s naming a bucketed namespace from a command on another collection is not supported (its events are in %s, which the upstream would read or write as it is)", rule.Namespace, what, rule.BucketNamespace()))
+}
+
+func (c *Conn) serveFlush(req *request) error {
+	return admin.ServeFlush(c.s.Tier(), c.catalogClient(req))
+}
+
+func (c *Conn) serveStagingFormat(req *request) error {
+	return admin.ServeStagingFormat(c.s.Tier(), c.catalogClient(req))
 }

@@ -18,7 +18,7 @@ func (c *Conn) settleStaged(req *request, rule *rules.Rule) error {
 	if err != nil || !staged {
 		return nil // no caps: the command itself meets the upstream's error
 	}
-	if err := c.s.tier.Flush(c, rule, caps, nil, readThrough(req, rule), tier.MakeSpare); err != nil {
+	if err := c.s.Tier().Flush(c, rule, caps, nil, readThrough(req, rule), tier.MakeSpare); err != nil {
 		var up tier.UpstreamFailure
 		if errors.As(err, &up) {
 			return answered(up.Err)

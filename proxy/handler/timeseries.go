@@ -27,10 +27,10 @@ const pendingWait = 10 * time.Second
 func (c *Conn) catalogGate(req *request) error {
 	ns, named := requestNamespace(req)
 	if !named {
-		c.rules = c.s.rules()
+		c.rules = c.s.Rules()
 		return nil
 	}
-	snap, err := c.s.cat.Fresh()
+	snap, err := c.s.Cat.Fresh()
 	if err != nil {
 		return answered(c.replyCatalogDown(req, err))
 	}
@@ -40,7 +40,7 @@ func (c *Conn) catalogGate(req *request) error {
 		if !busy {
 			break
 		}
-		if req.name == "drop" && c.s.cat.StuckDrop(e) {
+		if req.name == "drop" && c.s.Cat.StuckDrop(e) {
 			rule := rules.NewCreatedRule(e.Created)
 			if err := c.ensureUpstream(); err != nil {
 				return answered(c.replyUpstreamDown(req, err))
@@ -48,7 +48,7 @@ func (c *Conn) catalogGate(req *request) error {
 			if err := c.gate(req, &rule); err != nil {
 				return err
 			}
-			return answered(c.s.cat.FinishDrop(c.catalogClient(req), &rule, e))
+			return answered(c.s.Cat.FinishDrop(c.catalogClient(req), &rule, e))
 		}
 		if time.Now().After(deadline) {
 			if req.msg.Flags&wire.MoreToCome != 0 {
@@ -59,7 +59,7 @@ func (c *Conn) catalogGate(req *request) error {
 		}
 		time.Sleep(50 * time.Millisecond)
 		// refresh(snap): the connections waiting here share one read.
-		if snap, err = c.s.cat.Refresh(snap); err != nil {
+		if snap, err = c.s.Cat.Refresh(snap); err != nil {
 			return answered(c.replyCatalogDown(req, err))
 		}
 	}
@@ -110,7 +110,7 @@ func (c *Conn) createsTimeseries(req *request) bool {
 	if req.name != "create" || !admin.HasTimeseries(req.msg.Body) {
 		return false
 	}
-	snap := c.s.cat.Load()
+	snap := c.s.Cat.Load()
 	if snap.Static {
 		return false
 	}
@@ -127,21 +127,4 @@ func createdInDB(set *rules.Set, db string) []rules.Rule {
 		}
 	}
 	return out
-}
-
-// rules is the latest rule set (maybe stale: for background work, which
-// re-reads it every round).
-func (s *Engine) rules() *rules.Set { return s.cat.Load().Rules }
-
-// routesRule reports whether the proxy still routes rule's namespace by a
-// rule (true when the catalog cannot be read: nothing says otherwise).
-func (s *Engine) routesRule(rule *rules.Rule) bool {
-	if rule.Declared == nil {
-		return true // config rules change with the config file only
-	}
-	snap, err := s.cat.Fresh()
-	if err != nil {
-		return true
-	}
-	return snap.Rules.Lookup(rule.DB, rule.Collection) != nil
 }

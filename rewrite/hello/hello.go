@@ -179,3 +179,40 @@ func helloReplyOK(reply bsoncore.Document) bool {
 	}
 	return false
 }
+
+// helloEnvelope is the room left in a message for the command around the
+// largest document a driver may send (insert, lsid, $clusterTime...).
+const helloEnvelope = 4096
+
+// CapLimits lowers the sizes a hello reply announces to the proxy's own
+// message limit (maxMessageBytes), so that drivers split batches and refuse documents
+// under it instead of sending messages the proxy must refuse.
+func CapLimits(reply []byte, maxMessageBytes int) []byte {
+	limits := map[string]int64{
+		"maxMessageSizeBytes": int64(maxMessageBytes),
+		// A document must fit in a message with its command around it.
+		"maxBsonObjectSize": int64(maxMessageBytes) - helloEnvelope,
+	}
+	raw := bson.Raw(reply)
+	over := func(key string) bool {
+		v, ok := raw.Lookup(key).AsInt64OK()
+		return ok && v > limits[key]
+	}
+	if !over("maxMessageSizeBytes") && !over("maxBsonObjectSize") {
+		return reply
+	}
+	var d bson.D
+	if err := bson.Unmarshal(reply, &d); err != nil {
+		return reply
+	}
+	for i, e := range d {
+		if limit, ok := limits[e.Key]; ok && over(e.Key) {
+			d[i].Value = int32(limit)
+		}
+	}
+	out, err := bson.Marshal(d)
+	if err != nil {
+		return reply
+	}
+	return out
+}

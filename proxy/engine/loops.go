@@ -1,4 +1,4 @@
-package handler
+package engine
 
 import (
 	"github.com/tsproxy/tsproxy/proxy/loops"
@@ -16,8 +16,8 @@ func (s *Engine) servedHere(rule *rules.Rule) bool {
 	return ok
 }
 
-// noteServed records that the proxy serves commands on rule's namespace.
-func (s *Engine) noteServed(rule *rules.Rule) {
+// NoteServed records that the proxy serves commands on rule's namespace.
+func (s *Engine) NoteServed(rule *rules.Rule) {
 	if rule.Declared != nil {
 		if _, ok := s.served.Load(rule.Namespace); !ok {
 			s.served.Store(rule.Namespace, struct{}{})
@@ -37,7 +37,7 @@ func (s *Engine) newLoops() *loops.Loops {
 		loops.Kind{Name: "merge", For: func(r *rules.Rule) bool { return r.Staged(true) }, Run: s.tier.MergeLoop,
 			// A rule gone (a created collection dropped): its figures go,
 			// or every name a client ever created kept its series.
-			Gone: s.merges.ForgetFigures},
+			Gone: s.Merges.ForgetFigures},
 		loops.Kind{Name: "retain", For: (*rules.Rule).Expires, Run: s.retention.Run},
 	)
 }

@@ -1,4 +1,4 @@
-package handler
+package admin
 
 import (
 	"errors"
@@ -16,37 +16,37 @@ import (
 	"github.com/tsproxy/tsproxy/rules"
 )
 
-// handleFlush answers tsproxyFlush: {tsproxyFlush: 1} merges every staged
+// ServeFlush answers tsproxyFlush: {tsproxyFlush: 1} merges every staged
 // rule, {tsproxyFlush: "db.coll"} one; the reply counts what was merged.
-func (c *Conn) handleFlush(req *request) error {
-	if err := c.ensureUpstream(); err != nil {
-		return c.replyUpstreamDown(req, err)
+func ServeFlush(t *tier.Tier, c Client) error {
+	if err := c.EnsureUpstream(); err != nil {
+		return c.ReplyUpstreamDown(err)
 	}
-	targets, denied, err := c.ruleTargets(req, "tsproxyFlush")
+	targets, denied, err := ruleTargets(c, "tsproxyFlush")
 	if denied != nil {
-		return c.replyBody(req, denied)
+		return c.Reply(denied)
 	}
 	if err != nil {
-		return c.replyError(req, mongoerr.CodeOf(err), err.Error())
+		return c.ReplyError(mongoerr.CodeOf(err), err.Error())
 	}
 	var total merge.Stats
 	rulesMerged := 0
 	for _, rule := range targets {
-		staged, caps, err := c.stagedRule(rule)
+		staged, caps, err := c.StagedRule(rule)
 		if err != nil {
-			return c.replyError(req, mongoerr.HostUnreachable, fmt.Sprintf("tsproxyFlush: %v", err))
+			return c.ReplyError(mongoerr.HostUnreachable, fmt.Sprintf("tsproxyFlush: %v", err))
 		}
 		if !staged {
 			continue
 		}
 		// What the holder merges for this flush is not counted here.
-		err = c.s.tier.Flush(c, rule, caps, &total, tier.AllStaged, tier.NoSpare)
+		err = t.Flush(c, rule, caps, &total, tier.AllStaged, tier.NoSpare)
 		var up tier.UpstreamFailure
 		if errors.As(err, &up) {
 			return up.Err
 		}
 		if err != nil {
-			return c.replyError(req, mongoerr.CodeOf(err), fmt.Sprintf("tsproxyFlush %s: %v", rule.Namespace, err))
+			return c.ReplyError(mongoerr.CodeOf(err), fmt.Sprintf("tsproxyFlush %s: %v", rule.Namespace, err))
 		}
 		rulesMerged++
 	}
@@ -69,7 +69,7 @@ func (c *Conn) handleFlush(req *request) error {
 	if err != nil {
 		return err
 	}
-	return c.replyBody(req, reply)
+	return c.Reply(reply)
 }
 
 // upstreamMs is the flush reply's account of the time its merges waited
@@ -93,19 +93,19 @@ func upstreamMs(times map[string]stage.StepTime) bson.D {
 // The server authorizes the client on each first (denied is its refusal,
 // for the client): whether a namespace has a rule is told only to whom
 // it lets read the namespace.
-func (c *Conn) ruleTargets(req *request, name string) (targets []*rules.Rule, denied []byte, err error) {
-	v := bson.Raw(req.msg.Body).Lookup(name)
+func ruleTargets(c Client, name string) (targets []*rules.Rule, denied []byte, err error) {
+	v := bson.Raw(c.Body()).Lookup(name)
 	if ns, ok := v.StringValueOK(); ok {
 		db, coll, _ := strings.Cut(ns, ".")
-		rule := c.rules.Lookup(db, coll)
+		rule := c.Rules().Lookup(db, coll)
 		if rule == nil {
 			probe := &rules.Rule{Namespace: ns, DB: db, Collection: coll}
-			if denied, err := c.authorize(req, probe); denied != nil || err != nil {
+			if denied, err := c.Authorize(probe); denied != nil || err != nil {
 				return nil, denied, err
 			}
 			return nil, nil, mongoerr.Errorf(mongoerr.NamespaceNotFound, "%s: no rule for namespace %q", name, ns)
 		}
-		if denied, err := c.authorize(req, rule); denied != nil || err != nil {
+		if denied, err := c.Authorize(rule); denied != nil || err != nil {
 			return nil, denied, err
 		}
 		return []*rules.Rule{rule}, nil, nil
@@ -113,8 +113,8 @@ func (c *Conn) ruleTargets(req *request, name string) (targets []*rules.Rule, de
 	if n, ok := v.AsInt64OK(); !ok || n != 1 {
 		return nil, nil, mongoerr.Errorf(mongoerr.BadValue, "%s takes 1 (every rule) or a namespace \"db.collection\", not %s", name, v)
 	}
-	for _, r := range c.rules.All() {
-		if denied, err := c.authorize(req, &r); denied != nil || err != nil {
+	for _, r := range c.Rules().All() {
+		if denied, err := c.Authorize(&r); denied != nil || err != nil {
 			return nil, denied, err
 		}
 		targets = append(targets, &r)

@@ -1,8 +1,6 @@
-package handler
+package engine
 
 import (
-	"go.mongodb.org/mongo-driver/v2/bson"
-
 	"context"
 	"crypto/tls"
 	"errors"
@@ -12,23 +10,23 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.mongodb.org/mongo-driver/v2/bson"
+
 	"github.com/tsproxy/tsproxy/proxy/abilities"
 	"github.com/tsproxy/tsproxy/proxy/catalog"
 	"github.com/tsproxy/tsproxy/proxy/cursors"
 	"github.com/tsproxy/tsproxy/proxy/exec"
 	"github.com/tsproxy/tsproxy/proxy/fills"
 	"github.com/tsproxy/tsproxy/proxy/loops"
-	"github.com/tsproxy/tsproxy/proxy/retention"
-	"github.com/tsproxy/tsproxy/proxy/tier"
-	"github.com/tsproxy/tsproxy/rewrite/caps"
-	"github.com/tsproxy/tsproxy/wire"
-
 	"github.com/tsproxy/tsproxy/proxy/replycache"
+	"github.com/tsproxy/tsproxy/proxy/retention"
 	"github.com/tsproxy/tsproxy/proxy/telemetry"
+	"github.com/tsproxy/tsproxy/proxy/tier"
 	"github.com/tsproxy/tsproxy/proxy/tier/lease"
-
+	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/upstream"
+	"github.com/tsproxy/tsproxy/wire"
 )
 
 // Options configures a proxy (proxy.Options): the front door reads its
@@ -109,44 +107,44 @@ type Options struct {
 // the rules and the catalog, the cursor registry, the reply cache, the
 // staging tier, the writer leases and the background loops. It holds no
 // listener: the front door (package proxy) accepts connections and gives
-// each a Conn (NewConn).
+// each a handler.Conn (handler.NewConn).
 type Engine struct {
-	opts Options
+	Opts Options
 	log  *slog.Logger
-	tel  *telemetry.Instruments
+	Tel  *telemetry.Instruments
 	// stopMetrics ends the staging figures' reports on the global meter.
 	stopMetrics func() error
-	abilities   *abilities.Upstream // what the upstream can do, learned once
-	fills       *fills.Cache        // the open buckets' fills
-	cursors     *cursors.Registry
-	replies     *replycache.Cache
-	life        *lifecycleState
+	Abilities   *abilities.Upstream // what the upstream can do, learned once
+	Fills       *fills.Cache        // the open buckets' fills
+	Cursors     *cursors.Registry
+	Replies     *replycache.Cache
+	Life        *lifecycleState
 	retention   *retention.Retainer
 	loops       *loops.Loops // the rules' background loops, from Start to Stop
-	leases      *lease.Set   // writer leases (package lease)
+	Leases      *lease.Set   // writer leases (package lease)
 	tier        *tier.Tier
-	merges      *tier.State // tier.State(), used on every staged insert
-	once        *onceSteps
-	shells      *shellMemory
-	writes      *writeIDs
+	Merges      *tier.State // tier.State(), used on every staged insert
+	Once        *onceSteps
+	Shells      *shellMemory
+	Writes      *writeIDs
 	// idIndexOff: bucket namespace -> the writer-lease term (its start;
 	// zero without leases) in which this proxy stopped the event-id
 	// index before writing directly.
-	idIndexOff sync.Map
-	idIndexes  *idIndexCache
-	cat        *catalog.Catalog
+	IdIndexOff sync.Map
+	IdIndexes  *idIndexCache
+	Cat        *catalog.Catalog
 	served     sync.Map   // namespace → struct{}: created rules served here
 	background *exec.Pool // connections of the background loops' rounds
-	// serviceID names this proxy to drivers in load-balanced mode: one per
+	// ServiceID names this proxy to drivers in load-balanced mode: one per
 	// process, as a mongos behind a balancer has.
-	serviceID bson.ObjectID
+	ServiceID bson.ObjectID
 
-	closing atomic.Bool
+	Closing atomic.Bool
 }
 
 // NewEngine checks opts, sets its defaults, and returns an Engine ready
 // to Start.
-func NewEngine(opts Options) (*Engine, error) {
+func New(opts Options, commands []string) (*Engine, error) {
 	if opts.Dialer == nil {
 		return nil, errors.New("proxy: Options.Dialer is required")
 	}
@@ -183,36 +181,36 @@ func NewEngine(opts Options) (*Engine, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	tel, err := telemetry.New(opts.Tracing, commandNames())
+	tel, err := telemetry.New(opts.Tracing, commands)
 	if err != nil {
 		return nil, fmt.Errorf("proxy: telemetry: %w", err)
 	}
 	s := &Engine{
-		opts:       opts,
+		Opts:       opts,
 		log:        opts.Logger,
-		tel:        tel,
-		fills:      fills.New(fills.DefaultSize),
-		cursors:    cursors.New(opts.MaxCursors, opts.CursorTTL),
-		replies:    replycache.New(opts.RetryCacheSize, opts.RetryCacheTTL),
-		life:       newLifecycleState(),
-		leases:     lease.NewSet(opts.WriterLease, opts.WriterID),
-		once:       newOnceSteps(),
-		shells:     newShellMemory(),
-		writes:     newWriteIDs(time.Now()),
-		idIndexes:  newIDIndexCache(),
-		serviceID:  bson.NewObjectID(),
+		Tel:        tel,
+		Fills:      fills.New(fills.DefaultSize),
+		Cursors:    cursors.New(opts.MaxCursors, opts.CursorTTL),
+		Replies:    replycache.New(opts.RetryCacheSize, opts.RetryCacheTTL),
+		Life:       newLifecycleState(),
+		Leases:     lease.NewSet(opts.WriterLease, opts.WriterID),
+		Once:       newOnceSteps(),
+		Shells:     newShellMemory(),
+		Writes:     NewWriteIDs(time.Now()),
+		IdIndexes:  NewIDIndexCache(),
+		ServiceID:  bson.NewObjectID(),
 		background: exec.NewPool(opts.Dialer.Dial, backgroundMaxIdle),
 	}
-	s.abilities = abilities.New(s.background, s.log, opts.IndexIDs != nil)
-	s.tier = tier.New(tier.Config{Host: tierHost{s}, Log: s.log, Leases: s.leases, Presence: lease.NewPresence(opts.WriterLease),
+	s.Abilities = abilities.New(s.background, s.log, opts.IndexIDs != nil)
+	s.tier = tier.New(tier.Config{Host: tierHost{s}, Log: s.log, Leases: s.Leases, Presence: lease.NewPresence(opts.WriterLease),
 		Helpers: exec.NewPool(opts.Dialer.Dial, exec.HelperMaxIdle), Background: s.background,
 		StagedMemory: opts.StagedMemory, DropOrphanedTable: opts.DropOrphanedTable})
-	s.merges = s.tier.State()
+	s.Merges = s.tier.State()
 	s.retention = retention.New(retentionHost{s}, s.log)
 	s.loops = s.newLoops()
-	s.cat = catalog.New(catalog.Config{Pool: s.background, Log: s.log, Rules: opts.Rules, OnRules: s.syncLoops,
+	s.Cat = catalog.New(catalog.Config{Pool: s.background, Log: s.log, Rules: opts.Rules, OnRules: s.syncLoops,
 		Lease: opts.CatalogLease, Timeout: opts.CatalogTimeout, Mode: opts.CreateTimeseries})
-	stop, err := telemetry.ObserveStaging(s.merges.Snapshot)
+	stop, err := telemetry.ObserveStaging(s.Merges.Snapshot)
 	if err != nil {
 		return nil, fmt.Errorf("proxy: telemetry: %w", err)
 	}
@@ -221,71 +219,68 @@ func NewEngine(opts Options) (*Engine, error) {
 }
 
 // Options is the engine's options, with their defaults set.
-func (s *Engine) Options() Options { return s.opts }
+func (s *Engine) Options() Options { return s.Opts }
 
 // Telemetry is the proxy's metrics and spans.
-func (s *Engine) Telemetry() *telemetry.Instruments { return s.tel }
+func (s *Engine) Telemetry() *telemetry.Instruments { return s.Tel }
 
 // Start starts the background loops; addr names the proxy in writer
 // leases unless Options.WriterID does. It runs before any listener
 // accepts, so that every client's staged inserts go to collections of
 // the same name.
 func (s *Engine) Start(addr string) {
-	if s.opts.WriterID == "" {
-		s.leases.SetIdentity(addr)
+	if s.Opts.WriterID == "" {
+		s.Leases.SetIdentity(addr)
 	}
-	s.loops.Start(s.rules())
+	s.loops.Start(s.Rules())
 }
 
 // Stop is the first step of a shutdown: the background loops stop and
 // nothing merges now (inserts waiting for room in staging are refused).
 func (s *Engine) Stop() {
-	s.closing.Store(true)
+	s.Closing.Store(true)
 	s.loops.Stop()
-	s.merges.Close()
+	s.Merges.Close()
 }
 
 // ReleaseLeases gives up every writer lease this proxy holds, on a
 // connection of its own within ctx, once its clients are gone.
 func (s *Engine) ReleaseLeases(ctx context.Context) {
-	s.tier.ReleaseLeases(ctx, s.opts.Dialer.Dial)
+	s.tier.ReleaseLeases(ctx, s.Opts.Dialer.Dial)
 }
 
 // Close is the last step of a shutdown: the metrics' reports, the
 // catalog and the pools end.
 func (s *Engine) Close() {
 	_ = s.stopMetrics()
-	s.cat.Close()
+	s.Cat.Close()
 	s.tier.Close()
 	s.background.Close()
 }
 
 // CancelCatalog ends a catalog read the upstream stopped answering (a
 // shutdown out of time: a connection may wait behind it).
-func (s *Engine) CancelCatalog() { s.cat.Cancel() }
+func (s *Engine) CancelCatalog() { s.Cat.Cancel() }
 
 // Ready reports whether the engine can serve now (for /readyz): the
 // upstream reachable, and the time-series catalog read (commands on
 // namespaces wait for it otherwise).
 func (s *Engine) Ready(ctx context.Context) error {
-	up, err := s.opts.Dialer.Dial(ctx)
+	up, err := s.Opts.Dialer.Dial(ctx)
 	if err != nil {
 		return err
 	}
 	if err := up.Close(); err != nil {
 		return err
 	}
-	if _, err := s.cat.Fresh(); err != nil {
+	if _, err := s.Cat.Fresh(); err != nil {
 		return err
 	}
 	return nil
 }
 
 // OpenCursors is the number of rewritten-read cursors the proxy tracks.
-func (s *Engine) OpenCursors() int { return s.cursors.Len() }
-
-// HasUpstream says whether the connection holds an upstream connection.
-func (c *Conn) HasUpstream() bool { return c.upRef.Load() != nil }
+func (s *Engine) OpenCursors() int { return s.Cursors.Len() }
 
 // backgroundMaxIdle is how many background connections stay open between
 // rounds: the rules' rounds start at random points of their second, so a few
@@ -303,14 +298,11 @@ func (s *Engine) BackgroundConns() int { return s.background.Open() }
 // ReadySpares is how many spare staging collections wait for an insert.
 func (s *Engine) ReadySpares() int { return s.tier.ReadySpares() }
 
-// TrackedCursors is how many cursor ids the connection tracks.
-func (c *Conn) TrackedCursors() int { return len(c.cursors) }
-
 // Tier is the proxy's staging tier.
 func (s *Engine) Tier() *tier.Tier { return s.tier }
 
 // CapsOn is what the upstream supports, detected on up once.
-func (s *Engine) CapsOn(up *upstream.Conn) (caps.Upstream, error) { return s.abilities.Caps(up) }
+func (s *Engine) CapsOn(up *upstream.Conn) (caps.Upstream, error) { return s.Abilities.Caps(up) }
 
 // StopLoops stops the background loops (merges, retention) and waits for
 // them; Stop does it first.

@@ -1,4 +1,4 @@
-package handler
+package admin
 
 import (
 	"errors"
@@ -15,7 +15,7 @@ import (
 	"github.com/tsproxy/tsproxy/rules"
 )
 
-// handleStagingFormat answers tsproxyStagingFormat: {tsproxyStagingFormat:
+// ServeStagingFormat answers tsproxyStagingFormat: {tsproxyStagingFormat:
 // 1} reports every staged rule's recorded form, {tsproxyStagingFormat:
 // "db.coll"} one's; with set: N it records N first (bucket.StagedFormat:
 // 1 is read by every version, 2 since the format record exists). A form
@@ -23,37 +23,37 @@ import (
 // proxy's read of the record before the change has expired, then merges
 // what was staged in the higher form, so that a proxy of an older
 // version may join.
-func (c *Conn) handleStagingFormat(req *request) error {
+func ServeStagingFormat(t *tier.Tier, c Client) error {
 	const name = "tsproxyStagingFormat"
-	if err := c.ensureUpstream(); err != nil {
-		return c.replyUpstreamDown(req, err)
+	if err := c.EnsureUpstream(); err != nil {
+		return c.ReplyUpstreamDown(err)
 	}
-	targets, denied, err := c.ruleTargets(req, name)
+	targets, denied, err := ruleTargets(c, name)
 	if denied != nil {
-		return c.replyBody(req, denied)
+		return c.Reply(denied)
 	}
 	if err != nil {
-		return c.replyError(req, mongoerr.CodeOf(err), err.Error())
+		return c.ReplyError(mongoerr.CodeOf(err), err.Error())
 	}
-	set, err := formatToSet(bson.Raw(req.msg.Body))
+	set, err := formatToSet(bson.Raw(c.Body()))
 	if err != nil {
-		return c.replyError(req, mongoerr.BadValue, fmt.Sprintf("%s: %v", name, err))
+		return c.ReplyError(mongoerr.BadValue, fmt.Sprintf("%s: %v", name, err))
 	}
 	out := bson.A{} // an empty array, not null, when no rule is staged
 	var lowered []*rules.Rule
 	for _, rule := range targets {
-		staged, _, err := c.stagedRule(rule)
+		staged, _, err := c.StagedRule(rule)
 		if err != nil {
-			return c.replyError(req, mongoerr.HostUnreachable, fmt.Sprintf("%s: %v", name, err))
+			return c.ReplyError(mongoerr.HostUnreachable, fmt.Sprintf("%s: %v", name, err))
 		}
 		if !staged {
 			continue
 		}
 		entry := bson.D{{Key: "ns", Value: rule.Namespace}}
 		if set != 0 {
-			was, err := c.s.tier.SetFormat(c.up, rule, set)
+			was, err := t.SetFormat(c.Upstream(), rule, set)
 			if err != nil {
-				return c.replyError(req, mongoerr.CodeOf(err), fmt.Sprintf("%s %s: %v", name, rule.Namespace, err))
+				return c.ReplyError(mongoerr.CodeOf(err), fmt.Sprintf("%s %s: %v", name, rule.Namespace, err))
 			}
 			entry = append(entry, bson.E{Key: "was", Value: was})
 			// Nothing recorded (was 0): no proxy of this version staged
@@ -62,9 +62,9 @@ func (c *Conn) handleStagingFormat(req *request) error {
 				lowered = append(lowered, rule)
 			}
 		}
-		n, ok, err := lease.ReadFormat(c.up, rule.DB, rule.BucketCollection)
+		n, ok, err := lease.ReadFormat(c.Upstream(), rule.DB, rule.BucketCollection)
 		if err != nil {
-			return c.replyError(req, mongoerr.CodeOf(err), fmt.Sprintf("%s %s: %v", name, rule.Namespace, err))
+			return c.ReplyError(mongoerr.CodeOf(err), fmt.Sprintf("%s %s: %v", name, rule.Namespace, err))
 		}
 		entry = append(entry, bson.E{Key: "format", Value: n}, bson.E{Key: "recorded", Value: ok})
 		out = append(out, entry)
@@ -75,16 +75,16 @@ func (c *Conn) handleStagingFormat(req *request) error {
 		// tier.FormatRecheck old, and an insert planned by one is sent at once.
 		time.Sleep(tier.FormatRecheck + time.Second)
 		for _, rule := range lowered {
-			_, caps, err := c.stagedRule(rule)
+			_, caps, err := c.StagedRule(rule)
 			if err == nil {
-				err = c.s.tier.Flush(c, rule, caps, &total, tier.AllStaged, tier.NoSpare)
+				err = t.Flush(c, rule, caps, &total, tier.AllStaged, tier.NoSpare)
 			}
 			var up tier.UpstreamFailure
 			if errors.As(err, &up) {
 				return up.Err
 			}
 			if err != nil {
-				return c.replyError(req, mongoerr.CodeOf(err), fmt.Sprintf("%s %s: the format is lowered, and merging what was staged in the higher one failed (run tsproxyFlush before a proxy of an older version joins): %v", name, rule.Namespace, err))
+				return c.ReplyError(mongoerr.CodeOf(err), fmt.Sprintf("%s %s: the format is lowered, and merging what was staged in the higher one failed (run tsproxyFlush before a proxy of an older version joins): %v", name, rule.Namespace, err))
 			}
 		}
 	}
@@ -96,7 +96,7 @@ func (c *Conn) handleStagingFormat(req *request) error {
 	if err != nil {
 		return err
 	}
-	return c.replyBody(req, reply)
+	return c.Reply(reply)
 }
 
 // formatToSet reads the command's set: 0 when it has none.

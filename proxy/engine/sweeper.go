@@ -1,4 +1,4 @@
-package handler
+package engine
 
 import (
 	"context"
@@ -17,7 +17,7 @@ func (h retentionHost) Background(ctx context.Context) *exec.Background {
 }
 
 func (h retentionHost) TakeLease(up *upstream.Conn, db, name string) error {
-	return h.s.leases.Ensure(up, db, name, h.s.log)
+	return h.s.Leases.Ensure(up, db, name, h.s.log)
 }
 
 func (h retentionHost) Routes(rule *rules.Rule) bool { return h.s.routesRule(rule) }
@@ -25,12 +25,12 @@ func (h retentionHost) Routes(rule *rules.Rule) bool { return h.s.routesRule(rul
 func (h retentionHost) BucketsDeleted(up *upstream.Conn, rule *rules.Rule, cutoff time.Time) {
 	// The fills of the swept (series, window) keys are stale; the next
 	// insert of any key loads its fill again.
-	h.s.fills.Forget(rule.BucketNamespace())
+	h.s.Fills.Forget(rule.BucketNamespace())
 	h.s.tier.Directories().Wrote(rule.BucketNamespace())
 	h.s.sweepIDIndex(up, rule, cutoff)
 }
 
-func (h retentionHost) NamespaceDropped(ns string) { h.s.forgetNamespace(ns) }
+func (h retentionHost) NamespaceDropped(ns string) { h.s.ForgetNamespace(ns) }
 
 func (h retentionHost) LogDue(key string, every time.Duration) bool {
 	return h.s.tier.OrphanLogDue(key, every)

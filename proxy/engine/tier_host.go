@@ -1,4 +1,4 @@
-package handler
+package engine
 
 import (
 	"github.com/tsproxy/tsproxy/proxy/exec"
@@ -13,22 +13,22 @@ import (
 // tierHost is what the staging tier asks of the Server (tier.Host).
 type tierHost struct{ s *Engine }
 
-func (h tierHost) CapsOn(up *upstream.Conn) (caps.Upstream, error) { return h.s.abilities.Caps(up) }
+func (h tierHost) CapsOn(up *upstream.Conn) (caps.Upstream, error) { return h.s.Abilities.Caps(up) }
 
 func (h tierHost) RoutesRule(rule *rules.Rule) bool { return h.s.routesRule(rule) }
 
 func (h tierHost) ServedHere(rule *rules.Rule) bool { return h.s.servedHere(rule) }
 
 func (h tierHost) EnsureBucketIndex(r exec.Runner, rule *rules.Rule, caps caps.Upstream) error {
-	return h.s.ensureIndexOn(r, rule, rule.BucketCollection, bucketIndexFailure, caps)
+	return h.s.EnsureIndexOn(r, rule, rule.BucketCollection, BucketIndexFailure, caps)
 }
 
 func (h tierHost) IDLookupCost(up lease.Commander, rule *rules.Rule, caps caps.Upstream) read.IDLookupCost {
-	return h.s.abilities.IDLookupCost(up, rule, caps)
+	return h.s.Abilities.IDLookupCost(up, rule, caps)
 }
 
 func (h tierHost) LockBuckets(bucketNS string, keys []bucket.Key) func() {
-	l := h.s.fills.Lock(bucketNS, keys)
+	l := h.s.Fills.Lock(bucketNS, keys)
 	return func() {
 		l.ForgetAll() // the direct path's fills of these keys changed
 		l.Unlock()
@@ -36,8 +36,5 @@ func (h tierHost) LockBuckets(bucketNS string, keys []bucket.Key) func() {
 }
 
 func (h tierHost) ClaimShells(bucketNS string, keys []bucket.Key) []bucket.Key {
-	return h.s.shells.claim(bucketNS, keys)
+	return h.s.Shells.Claim(bucketNS, keys)
 }
-
-// Upstream is the client's upstream connection (tier.Client).
-func (c *Conn) Upstream() *upstream.Conn { return c.up }
