@@ -1,13 +1,14 @@
 package deletes
 
 import (
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
-	"github.com/tsproxy/tsproxy/rewrite/read"
-	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+	"github.com/tsproxy/tsproxy/rewrite/read/point"
 )
 
 // Candidate is a bucket holding events a delete statement matched.
@@ -28,7 +29,7 @@ type Candidates struct {
 	whole bool
 	// scan, when set, matches the events of the whole buckets the match
 	// command lists (Statement.Scan); with limitOne it stops at the first.
-	scan     *read.EventMatcher
+	scan     *point.EventMatcher
 	limitOne bool
 	List     []*Candidate
 	byID     map[bson.ObjectID]*Candidate
@@ -94,7 +95,7 @@ func (c *Candidates) scanBuckets(buckets []bsoncore.Document) error {
 
 // addMatches adds the events of bucket b that m matches (the first one
 // only, with limitOne).
-func (c *Candidates) addMatches(m *read.EventMatcher, b bsoncore.Document, limitOne bool) error {
+func (c *Candidates) addMatches(m *point.EventMatcher, b bsoncore.Document, limitOne bool) error {
 	var addErr error
 	err := m.Match(b, func(stored bsoncore.Document) bool {
 		addErr = c.AddEvent(b, stored)

@@ -10,17 +10,17 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
-	"github.com/tsproxy/tsproxy/rewrite/read"
+	"github.com/tsproxy/tsproxy/rewrite/read/point"
 )
 
 // matchByIndex lists the candidates of a statement that names event _ids
 // from the event-id index (see bucket.IDIndexEntry): the buckets whose
 // entries may hold an id are read by _id and their events matched by the
 // proxy. ok is false when the index cannot answer (no marker, or more
-// buckets than read.MaxIDCandidates): the match aggregate then runs.
+// buckets than point.MaxIDCandidates): the match aggregate then runs.
 func (d *deleter) matchByIndex(st *Statement) (cands *Candidates, ok bool, err error) {
 	scan, err := d.readIDIndex(st.IDs)
-	if err != nil || !scan.Complete() || len(scan.Candidates()) > read.MaxIDCandidates {
+	if err != nil || !scan.Complete() || len(scan.Candidates()) > point.MaxIDCandidates {
 		return nil, false, err
 	}
 	ids := scan.Candidates()
@@ -73,7 +73,7 @@ func (d *deleter) readIDIndex(set *bucket.IDSet) (*bucket.IDIndexScan, error) {
 		}
 		return nil
 	}
-	res, ok := d.x.Run(rewrite.DrainBatched(read.IDIndexFind(coll, rule.DB), rule.DB, coll, read.IDIndexBatch, take, func() rewrite.Result { return rewrite.Result{} }))
+	res, ok := d.x.Run(rewrite.DrainBatched(point.IDIndexFind(coll, rule.DB), rule.DB, coll, point.IDIndexBatch, take, func() rewrite.Result { return rewrite.Result{} }))
 	if !ok {
 		return nil, rewrite.ErrAborted
 	}

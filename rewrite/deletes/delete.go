@@ -4,6 +4,9 @@ import (
 	"slices"
 	"strconv"
 
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
@@ -11,10 +14,8 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/insert"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
-	"github.com/tsproxy/tsproxy/rewrite/read"
+	"github.com/tsproxy/tsproxy/rewrite/read/point"
 	"github.com/tsproxy/tsproxy/rules"
-	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
 // DeleteOptions are what PlanDelete needs besides the command.
@@ -55,7 +56,7 @@ type Statement struct {
 	// candidates then come from the event-id index where it answers, Match
 	// where it does not.
 	IDs    *bucket.IDSet
-	Events *read.EventMatcher
+	Events *point.EventMatcher
 	// Scan: Match lists whole buckets, whose events Events matches
 	// (an upstream that cannot see events, caps.Upstream.PackedEvents).
 	Scan bool
@@ -181,8 +182,8 @@ func (p *Request) planStatement(i int, d bsoncore.Document, caps caps.Upstream) 
 	}
 	st.Whole = sf.Event == nil
 	st.Match = p.matchCommand(sf, st.Whole, st.LimitOne, caps)
-	if ids := read.EventIDs(rc, filter); ids != nil && !caps.UnwindKeepsFields && !st.Whole {
-		if m, err := read.NewEventMatcher(rc, filter); err == nil {
+	if ids := point.EventIDs(rc, filter); ids != nil && !caps.UnwindKeepsFields && !st.Whole {
+		if m, err := point.NewEventMatcher(rc, filter); err == nil {
 			st.IDs, st.Events = bucket.NewIDSet(ids), m
 		}
 	}
@@ -215,13 +216,13 @@ func (p *Request) checkStatementFields(i int, d bsoncore.Document) (simpleCollat
 // proxy matches their events itself (Candidates.Feed).
 //
 // The upstream gets only the conditions that select buckets exactly on
-// every upstream (read.BucketPushDown): FerretDB evaluates other
+// every upstream (point.BucketPushDown): FerretDB evaluates other
 // operators on a bucket's meta unlike MongoDB, and a delete that let it
 // choose the buckets (whole, by the split filter's bucket part) deleted
 // events MongoDB keeps ({"sensor.tags.k": {$ne: "a"}} over arrays, a
 // $elemMatch range, a regex with $ before a final newline) and kept others.
 func (p *Request) planScanStatement(st *Statement, rc *query.Ctx, filter bsoncore.Document) (*Statement, error) {
-	safe, whole := read.BucketPushDown(rc, filter)
+	safe, whole := point.BucketPushDown(rc, filter)
 	var sf query.SplitFilter
 	if len(safe) > 5 {
 		sf.Bucket = safe
@@ -231,13 +232,13 @@ func (p *Request) planScanStatement(st *Statement, rc *query.Ctx, filter bsoncor
 		st.Match = p.matchCommand(sf, true, st.LimitOne, rc.Caps)
 		return st, nil
 	}
-	m, err := read.NewEventMatcher(rc, filter)
+	m, err := point.NewEventMatcher(rc, filter)
 	if err != nil {
 		st.Err = query.RuleErrorf(p.rule, mongoerr.NotImplemented, "delete filter: %v", err)
 		return st, nil
 	}
 	st.Events, st.Scan = m, true
-	if ids := read.EventIDs(rc, filter); ids != nil {
+	if ids := point.EventIDs(rc, filter); ids != nil {
 		st.IDs = bucket.NewIDSet(ids)
 	}
 	st.Match = p.scanCommand(sf, st.LimitOne)

@@ -4,11 +4,13 @@ import (
 	"errors"
 	"strings"
 
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
-	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+	"github.com/tsproxy/tsproxy/rewrite/read/point"
 )
 
 // planAggregate rewrites an aggregate on the app's namespace. A pipeline
@@ -19,7 +21,7 @@ import (
 // events are rebuilt upstream with $replaceWith and the app's pipeline
 // runs unchanged after it; elsewhere it is refused by name.
 func planAggregate(rc *query.Ctx, body bsoncore.Document, opts Options, forExplain bool) (*Command, error) {
-	body, err := naturalAggregate(rc, body)
+	body, err := point.NaturalAggregate(rc, body)
 	if err != nil {
 		return nil, err
 	}
@@ -53,14 +55,14 @@ func (a *aggregateRewrite) translate() (*Command, error) {
 	}
 	a.stages = stages
 	// countDocuments by event _id: from the index.
-	if p := a.countBy(idIndexRead); p != nil {
+	if p := a.countBy(point.IDIndexRead); p != nil {
 		return p, nil
 	}
 	i, err := a.splitLeadingMatches()
 	if err != nil {
 		// countDocuments of what the upstream cannot filter on unwound
 		// events: counted by the proxy.
-		if p := a.countBy(eventScanRead); p != nil {
+		if p := a.countBy(point.EventScanRead); p != nil {
 			return p, nil
 		}
 		// A find-shaped pipeline: the proxy runs it as a find.
@@ -97,7 +99,7 @@ type aggregateRewrite struct {
 	stages              []PipelineStage
 	split               query.SplitFilter
 	pipeline            []bsoncore.Document
-	shape               *CursorShape
+	shape               *point.CursorShape
 	// last is the stage that ends what the event read can express.
 	last string
 }
@@ -170,7 +172,7 @@ func (a *aggregateRewrite) splitLeadingMatches() (int, error) {
 	}
 	a.split = sf
 	a.pipeline = query.EventPipeline(sf, a.rc.Caps)
-	a.shape = &CursorShape{ns: a.rc.NS, metaField: a.rc.MetaField, mode: shapeEvent, metas: newMetaResolver(a.rc)}
+	a.shape = &point.CursorShape{Ns: a.rc.NS, MetaField: a.rc.MetaField, Mode: point.ShapeEvent, Metas: point.NewMetaResolver(a.rc)}
 	return i, nil
 }
 
@@ -235,7 +237,7 @@ func (a *aggregateRewrite) addStage(i int) error {
 			return rc.BadValue(mongoerr.BadValue, "the $count field name must be a non-empty string without '.' or a leading '$'")
 		}
 		a.pipeline = append(a.pipeline, bsonutil.Stage("$count", bsonutil.StringValue(name)))
-		a.shape.mode = shapeAsIs
+		a.shape.Mode = point.ShapeAsIs
 	case "$project", "$unset":
 		if !lastStage {
 			return errNeedsFullAggregation
@@ -248,7 +250,7 @@ func (a *aggregateRewrite) addStage(i int) error {
 		if err != nil {
 			return err
 		}
-		a.shape.proj = proj
+		a.shape.Proj = proj
 	case "$group":
 		key, ok := CountGroup(st.Value)
 		if !ok || !lastStage {
@@ -256,9 +258,9 @@ func (a *aggregateRewrite) addStage(i int) error {
 		}
 		gid, _ := st.Value.Document().LookupErr("_id")
 		a.pipeline = append(a.pipeline, bsonutil.Stage("$count", bsonutil.StringValue(key)))
-		a.shape.mode = shapeGroupCount
-		a.shape.groupID = bsoncore.Value{Type: gid.Type, Data: append([]byte(nil), gid.Data...)}
-		a.shape.groupKey = key
+		a.shape.Mode = point.ShapeGroupCount
+		a.shape.GroupID = bsoncore.Value{Type: gid.Type, Data: append([]byte(nil), gid.Data...)}
+		a.shape.GroupKey = key
 	default:
 		return errNeedsFullAggregation
 	}
@@ -269,7 +271,7 @@ func (a *aggregateRewrite) addStage(i int) error {
 	return nil
 }
 
-func aggregatePlan(rc *query.Ctx, body bsoncore.Document, pipeline []bsoncore.Document, batchSize int64, shape *CursorShape, explain, forExplain bool) *Command {
+func aggregatePlan(rc *query.Ctx, body bsoncore.Document, pipeline []bsoncore.Document, batchSize int64, shape *point.CursorShape, explain, forExplain bool) *Command {
 	extra := bsonutil.Pick(body, []string{"allowDiskUse"})
 	p := &Command{rc: rc, Cursor: shape}
 	if explain && !forExplain {
@@ -298,7 +300,7 @@ func (a *aggregateRewrite) fullAggregate() *Command {
 	for _, st := range a.stages {
 		pipeline = append(pipeline, st.Doc)
 	}
-	shape := &CursorShape{ns: rc.NS, metaField: rc.MetaField, mode: shapeAsIs}
+	shape := &point.CursorShape{Ns: rc.NS, MetaField: rc.MetaField, Mode: point.ShapeAsIs}
 	return aggregatePlan(rc, a.body, pipeline, a.batchSize, shape, a.explain, a.forExplain)
 }
 
@@ -386,7 +388,7 @@ func projectSpec(rc *query.Ctx, st PipelineStage) (bsoncore.Document, error) {
 	return b.Build(), nil
 }
 
-// countGroup recognises {_id: <constant>, <key>: {$sum: 1}}, the stage
+// CountGroup recognises {_id: <constant>, <key>: {$sum: 1}}, the stage
 // drivers end countDocuments with, and returns key.
 func CountGroup(v bsoncore.Value) (string, bool) {
 	d, ok := v.DocumentOK()

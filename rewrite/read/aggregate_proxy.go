@@ -4,13 +4,15 @@ import (
 	"slices"
 	"strings"
 
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/agg"
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
-	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+	"github.com/tsproxy/tsproxy/rewrite/read/point"
 )
 
 // The aggregates the proxy runs itself, over the events of one of its own
@@ -23,7 +25,7 @@ import (
 // as a read of the proxy's own (an event scan, an index read) that it
 // counts; nil when the pipeline has another shape or read cannot serve
 // the filter.
-func (a *aggregateRewrite) countBy(read func(rc *query.Ctx, filter, sortDoc bsoncore.Document, proj *query.Projection, pg query.Paging) *PointRead) *Command {
+func (a *aggregateRewrite) countBy(read func(rc *query.Ctx, filter, sortDoc bsoncore.Document, proj *query.Projection, pg query.Paging) *point.PointRead) *Command {
 	filters, i, err := a.leadingMatches()
 	if err != nil {
 		return nil
@@ -141,7 +143,7 @@ func (a *aggregateRewrite) findShaped() *Command {
 	if i != len(a.stages) {
 		return nil
 	}
-	pr := eventScanRead(a.rc, query.AndOf(filters), sortDoc, proj, pg)
+	pr := point.EventScanRead(a.rc, query.AndOf(filters), sortDoc, proj, pg)
 	if pr == nil {
 		return nil
 	}
@@ -159,10 +161,10 @@ func (a *aggregateRewrite) proxyOnly() (*Command, error) {
 		return nil, err
 	}
 	a.stages = stages
-	if p := a.countBy(idIndexRead); p != nil {
+	if p := a.countBy(point.IDIndexRead); p != nil {
 		return p, nil
 	}
-	if p := a.countBy(eventScanRead); p != nil {
+	if p := a.countBy(point.EventScanRead); p != nil {
 		return p, nil
 	}
 	if p := a.findShaped(); p != nil {
@@ -238,7 +240,7 @@ func (a *aggregateRewrite) engineShaped() (*Command, error) {
 	// whose $unwind drops the meta).
 	scanRC := *a.rc
 	scanRC.Caps.UnwindKeepsFields = false
-	pr := eventScanRead(&scanRC, query.AndOf(filters), nil, nil, query.Paging{})
+	pr := point.EventScanRead(&scanRC, query.AndOf(filters), nil, nil, query.Paging{})
 	if pr == nil {
 		return nil, nil
 	}
@@ -263,7 +265,7 @@ func (a *aggregateRewrite) engineShaped() (*Command, error) {
 		if err != nil {
 			return rewrite.Result{Reply: mongoerr.Reply(err)}
 		}
-		return heldResult(docs, ns, batchSize, newID)
+		return point.HeldResult(docs, ns, batchSize, newID)
 	}
 	if output != nil {
 		maxUpdates := a.opts.Caps.MaxUpdateStatements

@@ -4,9 +4,11 @@ import (
 	"sort"
 	"strconv"
 
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
-	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+	"github.com/tsproxy/tsproxy/rewrite/read/point"
 )
 
 // maxDistinctBytes bounds the values of a distinct, as the server's
@@ -20,13 +22,13 @@ const maxDistinctBytes = 16 << 20
 type distinctDrain struct {
 	path      []string
 	metaField string
-	metas     *metaResolver
+	metas     *point.MetaResolver
 	values    []bsoncore.Value
 	bytes     int
 }
 
 func (d *distinctDrain) feed(unwound bsoncore.Document) error {
-	ev, err := reshapeEvent(unwound, d.metaField, d.metas)
+	ev, err := point.ReshapeEvent(unwound, d.metaField, d.metas)
 	if err != nil {
 		return err
 	}
@@ -44,13 +46,13 @@ func (d *distinctDrain) addEvent(ev bsoncore.Document) error {
 	var ferr error
 	collectPath(bsoncore.Value{Type: bsoncore.TypeEmbeddedDocument, Data: ev}, d.path, 0, func(v bsoncore.Value) {
 		if ferr == nil {
-			ferr = d.add(v)
+			ferr = d.Add(v)
 		}
 	})
 	return ferr
 }
 
-func (d *distinctDrain) add(v bsoncore.Value) error {
+func (d *distinctDrain) Add(v bsoncore.Value) error {
 	i := sort.Search(len(d.values), func(i int) bool { return bsonutil.Compare(d.values[i], v) >= 0 })
 	if i < len(d.values) && bsonutil.Compare(d.values[i], v) == 0 {
 		return nil

@@ -15,6 +15,7 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/internal/rwtest"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rewrite/read/point"
 )
 
 // sortedBuckets answers an event scan's find and getMores as a server
@@ -51,7 +52,7 @@ func (sb *sortedBuckets) reply(t *testing.T, cmd []byte) []byte {
 		slices.SortStableFunc(sb.rest, func(a, b bsoncore.Document) int {
 			for _, k := range keys {
 				path := strings.Split(k.Key(), ".")
-				if c := bsonutil.Compare(sortValue(a, path), sortValue(b, path)); c != 0 {
+				if c := bsonutil.Compare(point.SortValue(a, path), point.SortValue(b, path)); c != 0 {
 					return c * int(k.Value().Int32())
 				}
 			}
@@ -195,10 +196,10 @@ func TestEventScanResults(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if plan.Point == nil || plan.Point.scan == nil || plan.Point.spec.order == nil {
+			if plan.Point == nil || plan.Point.Scan == nil || plan.Point.Spec.Order == nil {
 				t.Fatal("not an event scan")
 			}
-			if got := plan.Point.scan.orderExplain(); !strings.Contains(got, c.order) {
+			if got := plan.Point.Scan.OrderExplain(); !strings.Contains(got, c.order) {
 				t.Fatalf("order %q, want %q", got, c.order)
 			}
 			got := drainPoint(t, plan.Point, sb, c.batch)
@@ -268,7 +269,7 @@ func TestEventScanRefusals(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := strings.Join(strings.Fields(rwtest.JSON(plan.Point.scanFind())), "")
+		got := strings.Join(strings.Fields(rwtest.JSON(plan.Point.ScanFind())), "")
 		if !strings.Contains(got, `"filter":{"meta":{"$in":["a","b"]}}`) || !strings.Contains(got, `"sort":{"meta":{"$numberInt":"-1"},"start":{"$numberInt":"-1"}}`) {
 			t.Fatalf("find %s", got)
 		}
@@ -276,7 +277,7 @@ func TestEventScanRefusals(t *testing.T) {
 }
 
 // feedAll runs a point read's lookups until it ends or fails.
-func feedAll(t *testing.T, pr *PointRead, src bucketSource) error {
+func feedAll(t *testing.T, pr *point.PointRead, src bucketSource) error {
 	for cmds := pr.Lookups(); cmds != nil; cmds = pr.Lookups() {
 		var replies [][]byte
 		for _, c := range cmds {
@@ -342,11 +343,11 @@ func TestPointShapeWhereIDLookupsScan(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if plan.Point == nil || (plan.Point.scan != nil) != scan {
-			t.Fatalf("IDLookupsScan %v: scan %v", scan, plan.Point != nil && plan.Point.scan != nil)
+		if plan.Point == nil || (plan.Point.Scan != nil) != scan {
+			t.Fatalf("IDLookupsScan %v: scan %v", scan, plan.Point != nil && plan.Point.Scan != nil)
 		}
 		if scan {
-			got := strings.Join(strings.Fields(rwtest.JSON(plan.Point.scanFind())), "")
+			got := strings.Join(strings.Fields(rwtest.JSON(plan.Point.ScanFind())), "")
 			if !strings.Contains(got, `"filter":{"meta":"a",`) || !strings.Contains(got, `"start":{"$gte":{"$date":{"$numberLong":"0"}},"$lt":{"$date":{"$numberLong":"7200000"}}}`) {
 				t.Fatalf("find %s", got)
 			}
@@ -406,8 +407,8 @@ func TestPointOrScan(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if plan.Point == nil || (plan.Point.scan != nil) != c.scan {
-			t.Errorf("%s: scan %v, want %v", c.name, plan.Point != nil && plan.Point.scan != nil, c.scan)
+		if plan.Point == nil || (plan.Point.Scan != nil) != c.scan {
+			t.Errorf("%s: scan %v, want %v", c.name, plan.Point != nil && plan.Point.Scan != nil, c.scan)
 		}
 	}
 }

@@ -5,6 +5,8 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rewrite/read/point"
 )
 
 func TestHeldCursor(t *testing.T) {
@@ -14,10 +16,10 @@ func TestHeldCursor(t *testing.T) {
 	}
 	ids := int64(0)
 	newID := func() int64 { ids++; return 77 }
-	res := heldResult(docs, "iot.readings", -1, newID)
+	res := point.HeldResult(docs, "iot.readings", -1, newID)
 	first := bson.Raw(res.Reply)
 	arr, _ := first.Lookup("cursor", "firstBatch").Array().Values()
-	if len(arr) != defaultFirstBatch || first.Lookup("cursor", "id").Int64() != 77 || res.Cursor == nil {
+	if len(arr) != point.DefaultFirstBatch || first.Lookup("cursor", "id").Int64() != 77 || res.Cursor == nil {
 		t.Fatalf("first batch of %d, id %v, cursor %v", len(arr), first.Lookup("cursor", "id"), res.Cursor)
 	}
 	seen := len(arr)
@@ -43,7 +45,7 @@ func TestHeldCursor(t *testing.T) {
 	if seen != 250 || ids != 1 {
 		t.Fatalf("%d documents read, %d ids made", seen, ids)
 	}
-	small := heldResult(docs[:3], "iot.readings", -1, newID)
+	small := point.HeldResult(docs[:3], "iot.readings", -1, newID)
 	if small.Cursor != nil || bson.Raw(small.Reply).Lookup("cursor", "id").Int64() != 0 {
 		t.Fatal("a result of one batch holds a cursor")
 	}

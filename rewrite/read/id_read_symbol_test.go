@@ -29,7 +29,7 @@ func TestIDIndexReadSymbolID(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if plan.Point == nil || plan.Point.ids == nil {
+		if plan.Point == nil || plan.Point.Ids == nil {
 			t.Fatal("not an index read")
 		}
 		ib := newIndexedBuckets(t, sb, marker)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/internal/rwtest"
+	"github.com/tsproxy/tsproxy/rewrite/read/point"
 	"github.com/tsproxy/tsproxy/rules"
 )
 
@@ -107,7 +108,7 @@ func TestIDIndexRead(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if plan.Point == nil || plan.Point.ids == nil {
+				if plan.Point == nil || plan.Point.Ids == nil {
 					t.Fatal("not an index read")
 				}
 				ib := newIndexedBuckets(t, sb, marker)
@@ -176,7 +177,7 @@ func TestEventIDs(t *testing.T) {
 		{D{{Key: "$or", Value: A{D{{Key: "_id", Value: 1}}, D{{Key: "v", Value: 1}}}}}, -1},
 		{D{{Key: "v", Value: 1}}, -1},
 	} {
-		ids := EventIDs(rc, rwtest.Doc(t, c.filter))
+		ids := point.EventIDs(rc, rwtest.Doc(t, c.filter))
 		if (c.n < 0) != (ids == nil) || (c.n >= 0 && len(ids) != c.n) {
 			t.Errorf("%v: %d ids, want %d", c.filter, len(ids), c.n)
 		}

@@ -10,6 +10,7 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/join"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rewrite/read/point"
 )
 
 // JoinOptions are what an aggregate on a plain collection that joins a
@@ -84,7 +85,7 @@ func JoinAggregate(body []byte, db string, opts JoinOptions, newID func() int64)
 			reply, err := writeOutput(x, output, docs, j.ns, opts.MaxUpdates)
 			return rewrite.Result{Reply: reply}, err
 		}
-		return heldResult(docs, j.ns, j.batchSize, newID), nil
+		return point.HeldResult(docs, j.ns, j.batchSize, newID), nil
 	})
 }
 

@@ -4,9 +4,11 @@ import (
 	"strings"
 	"testing"
 
+	"go.mongodb.org/mongo-driver/v2/bson"
+
 	"github.com/tsproxy/tsproxy/rewrite/internal/rwtest"
 	"github.com/tsproxy/tsproxy/rewrite/query"
-	"go.mongodb.org/mongo-driver/v2/bson"
+	"github.com/tsproxy/tsproxy/rewrite/read/point"
 )
 
 func TestNaturalOrder(t *testing.T) {
@@ -44,9 +46,9 @@ func TestNaturalOrder(t *testing.T) {
 		{"aggregate index hint", agg("ts_1", match), `"pipeline": [{"$match": {"v": {"$numberInt":"1"}}}]`},
 	} {
 		body := rwtest.Doc(t, tc.cmd)
-		out, err := naturalFind(rc, body)
+		out, err := point.NaturalFind(rc, body)
 		if tc.cmd[0].Key == "aggregate" {
-			out, err = naturalAggregate(rc, body)
+			out, err = point.NaturalAggregate(rc, body)
 		}
 		got := ""
 		if err != nil {

@@ -3,9 +3,11 @@ package read
 import (
 	"errors"
 
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
-	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+	"github.com/tsproxy/tsproxy/rewrite/read/point"
 )
 
 // Reads on an upstream that cannot see the events (caps.Upstream.
@@ -17,15 +19,15 @@ import (
 // time filter names, a time-range scan, or an event scan, every one
 // filtered, sorted and projected by the proxy.
 func planFindScan(rc *query.Ctx, filter, sortDoc bsoncore.Document, proj *query.Projection, pg query.Paging, opts Options) (*Command, error) {
-	var pr *PointRead
-	if spec, _ := planPoint(rc, filter, sortDoc); spec != nil {
+	var pr *point.PointRead
+	if spec, _ := point.PlanPoint(rc, filter, sortDoc); spec != nil {
 		if spec, sc := pointOrScan(rc, spec, filter, sortDoc, opts); sc != nil {
-			pr = newScanRead(rc, spec, sc, proj, pg.Skip, pg.Limit, pg.Single)
+			pr = point.NewScanRead(rc, spec, sc, proj, pg.Skip, pg.Limit, pg.Single)
 		} else {
-			pr = newPointRead(rc, spec, proj, pg.Skip, pg.Limit, pg.Single)
+			pr = point.NewPointRead(rc, spec, proj, pg.Skip, pg.Limit, pg.Single)
 		}
-	} else if spec, sc, _ := planScan(rc, filter, sortDoc); spec != nil {
-		pr = newScanRead(rc, spec, sc, proj, pg.Skip, pg.Limit, pg.Single)
+	} else if spec, sc, _ := point.PlanScan(rc, filter, sortDoc); spec != nil {
+		pr = point.NewScanRead(rc, spec, sc, proj, pg.Skip, pg.Limit, pg.Single)
 	} else {
 		var err error
 		if pr, err = scanOrRefuse(rc, "find", filter, sortDoc, proj, pg); err != nil {
@@ -40,8 +42,8 @@ func planFindScan(rc *query.Ctx, filter, sortDoc bsoncore.Document, proj *query.
 // see the events, or the error naming what the proxy cannot evaluate.
 // A malformed filter gets the server's error and code; what the proxy
 // does not evaluate, a refusal naming it.
-func scanOrRefuse(rc *query.Ctx, cmd string, filter, sortDoc bsoncore.Document, proj *query.Projection, pg query.Paging) (*PointRead, error) {
-	spec, sc, err := planEventScan(rc, filter, sortDoc)
+func scanOrRefuse(rc *query.Ctx, cmd string, filter, sortDoc bsoncore.Document, proj *query.Projection, pg query.Paging) (*point.PointRead, error) {
+	spec, sc, err := point.PlanEventScan(rc, filter, sortDoc)
 	var malformed *mongoerr.Error
 	switch {
 	case errors.As(err, &malformed):
@@ -49,5 +51,5 @@ func scanOrRefuse(rc *query.Ctx, cmd string, filter, sortDoc bsoncore.Document, 
 	case err != nil:
 		return nil, rc.Unsupported("%s on a bucketed namespace on this upstream is evaluated by the proxy, which does not support it: %v", cmd, err)
 	}
-	return newScanRead(rc, spec, sc, proj, pg.Skip, pg.Limit, pg.Single), nil
+	return point.NewScanRead(rc, spec, sc, proj, pg.Skip, pg.Limit, pg.Single), nil
 }

@@ -2,12 +2,15 @@ package read
 
 import (
 	"errors"
+
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
+	"github.com/tsproxy/tsproxy/rewrite/read/point"
 	"github.com/tsproxy/tsproxy/rules"
-	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
 // Plan is the plan of a find, aggregate, count, distinct or explain on
@@ -131,7 +134,7 @@ func (a *upstreamRead) Result() rewrite.Result { return a.res }
 type shapeCursor struct {
 	id    int64
 	rule  *rules.Rule
-	shape *CursorShape
+	shape *point.CursorShape
 }
 
 func (c *shapeCursor) ID() int64   { return c.id }
@@ -207,7 +210,7 @@ func (m *shapeMore) Result() rewrite.Result { return m.res }
 // cursor left open by an error or by the end of the read is killed before
 // the plan answers.
 type pointPlan struct {
-	pr   *PointRead
+	pr   *point.PointRead
 	rule *rules.Rule
 	id   int64
 	res  rewrite.Result
@@ -218,7 +221,7 @@ type pointPlan struct {
 
 // newPointPlan is the plan of the first batch of pr, the cursor the client
 // will know as id.
-func newPointPlan(pr *PointRead, rule *rules.Rule, id int64) *pointPlan {
+func newPointPlan(pr *point.PointRead, rule *rules.Rule, id int64) *pointPlan {
 	return &pointPlan{pr: pr, rule: rule, id: id}
 }
 
@@ -279,7 +282,7 @@ func (p *pointPlan) Result() rewrite.Result { return p.res }
 type pointCursor struct {
 	id   int64
 	rule *rules.Rule
-	pr   *PointRead
+	pr   *point.PointRead
 }
 
 func (c *pointCursor) ID() int64   { return c.id }
@@ -308,7 +311,7 @@ func (c *pointCursor) Close() rewrite.Plan {
 // drainPointRead serves a count or distinct from a point read, read to
 // its end batch by batch (or until d.take says errEnough): each event
 // goes to d.take, then d.result answers.
-func drainPointRead(pr *PointRead, rule *rules.Rule, d *PointDrain, newID func() int64) rewrite.Plan {
+func drainPointRead(pr *point.PointRead, rule *rules.Rule, d *PointDrain, newID func() int64) rewrite.Plan {
 	return rewrite.Script(func(x *rewrite.Exec) (rewrite.Result, error) {
 		if d.prepare != nil {
 			if err := d.prepare(x); err == rewrite.ErrAborted {
@@ -330,7 +333,7 @@ func drainPointRead(pr *PointRead, rule *rules.Rule, d *PointDrain, newID func()
 				}
 			}
 			enough := false
-			for _, ev := range pr.out {
+			for _, ev := range pr.Out {
 				if err := d.take(ev); err == errEnough {
 					enough = true
 					break
@@ -339,8 +342,8 @@ func drainPointRead(pr *PointRead, rule *rules.Rule, d *PointDrain, newID func()
 					return rewrite.Result{}, err
 				}
 			}
-			pr.out, pr.outSize = pr.out[:0], 0
-			if enough || pr.exhausted() {
+			pr.Out, pr.OutSize = pr.Out[:0], 0
+			if enough || pr.Exhausted() {
 				break
 			}
 		}
@@ -369,7 +372,7 @@ var errEnough = errors.New("enough events")
 
 // closeUpstream kills the point read's upstream cursor if it is still
 // open (a limit reached, an error); its outcome does not change the answer.
-func closeUpstream(x *rewrite.Exec, pr *PointRead, rule *rules.Rule) {
+func closeUpstream(x *rewrite.Exec, pr *point.PointRead, rule *rules.Rule) {
 	if id := pr.OpenUpstreamCursor(); id != 0 {
 		pr.UpstreamCursorClosed()
 		x.Do(rewrite.Step{{Body: query.KillCursorsCommand(rule, id)}})

@@ -7,14 +7,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tsproxy/tsproxy/rewrite/internal/rwtest"
-
-	"github.com/tsproxy/tsproxy/rewrite/cursor"
-
-	"github.com/tsproxy/tsproxy/rewrite/bucket"
-
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
+	"github.com/tsproxy/tsproxy/rewrite/cursor"
+	"github.com/tsproxy/tsproxy/rewrite/internal/rwtest"
+	"github.com/tsproxy/tsproxy/rewrite/read/point"
 )
 
 func TestPointPlan(t *testing.T) {
@@ -77,7 +76,7 @@ func TestPointPlan(t *testing.T) {
 			if c.sort != nil {
 				s = rwtest.Doc(t, c.sort)
 			}
-			spec, why := planPoint(rc, f, s)
+			spec, why := point.PlanPoint(rc, f, s)
 			if c.why != "" {
 				if spec != nil || !strings.Contains(why, c.why) {
 					t.Fatalf("got plan %v, why %q; want a fallback because %q", spec, why, c.why)
@@ -87,8 +86,8 @@ func TestPointPlan(t *testing.T) {
 			if spec == nil {
 				t.Fatalf("no point plan: %s", why)
 			}
-			if len(spec.metas) != c.metas || fmt.Sprint(spec.windows) != fmt.Sprint(c.windows) {
-				t.Fatalf("metas %d windows %v; want %d %v", len(spec.metas), spec.windows, c.metas, c.windows)
+			if len(spec.Metas) != c.metas || fmt.Sprint(spec.Windows) != fmt.Sprint(c.windows) {
+				t.Fatalf("metas %d windows %v; want %d %v", len(spec.Metas), spec.Windows, c.metas, c.windows)
 			}
 		})
 	}
@@ -105,11 +104,11 @@ func hours(a, b int64) []int64 {
 // The ids a point read names are the ones the insert path writes.
 func TestPointLookupIDs(t *testing.T) {
 	rc := rwtest.Ctx(t, rwtest.FerretCaps)
-	spec, why := planPoint(rc, rwtest.Doc(t, D{{Key: "sensorId", Value: D{{Key: "$in", Value: A{"a", nil}}}}, {Key: "ts", Value: D{{Key: "$gte", Value: rwtest.DT(rwtest.Hour)}, {Key: "$lte", Value: rwtest.DT(2 * rwtest.Hour)}}}}), nil)
+	spec, why := point.PlanPoint(rc, rwtest.Doc(t, D{{Key: "sensorId", Value: D{{Key: "$in", Value: A{"a", nil}}}}, {Key: "ts", Value: D{{Key: "$gte", Value: rwtest.DT(rwtest.Hour)}, {Key: "$lte", Value: rwtest.DT(2 * rwtest.Hour)}}}}), nil)
 	if spec == nil {
 		t.Fatal(why)
 	}
-	pr := newPointRead(rc, spec, nil, 0, 0, false)
+	pr := point.NewPointRead(rc, spec, nil, 0, 0, false)
 	cmds := pr.Lookups()
 	if len(cmds) != 4 {
 		t.Fatalf("%d lookups, want 4 (2 metas x 2 windows)", len(cmds))
@@ -240,7 +239,7 @@ func TestPointReadResults(t *testing.T) {
 
 // drainPoint runs a point read to the end as the proxy does and returns
 // the _ids of the events it returned (checking each event's meta).
-func drainPoint(t *testing.T, pr *PointRead, fb bucketSource, batch int64) []int32 {
+func drainPoint(t *testing.T, pr *point.PointRead, fb bucketSource, batch int64) []int32 {
 	t.Helper()
 	var ids []int32
 	for round := 0; ; round++ {

@@ -1,16 +1,18 @@
 package read
 
 import (
-	"github.com/tsproxy/tsproxy/rewrite"
 	"strings"
 
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
+	"github.com/tsproxy/tsproxy/rewrite/read/point"
 	"github.com/tsproxy/tsproxy/rules"
-	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
 // ReadPlan is the rewrite of one read command on a bucketed namespace: an
@@ -29,10 +31,10 @@ type Command struct {
 	Command     []byte
 	Drain       bool
 	Passthrough bool
-	Cursor      *CursorShape
+	Cursor      *point.CursorShape
 	// Point, when set, serves the find from bucket point lookups instead
 	// of Command (see PointRead).
-	Point *PointRead
+	Point *point.PointRead
 	// PointDrain, when set, makes Point serve a count or a distinct:
 	// every event it yields goes to PointDrain.take, then
 	// PointDrain.result answers.
@@ -46,7 +48,7 @@ type Command struct {
 
 	rc    *query.Ctx
 	drain drainer
-	metas *metaResolver
+	metas *point.MetaResolver
 	// bucketFilter is the bucket-level filter, for MetaPrefetch.
 	bucketFilter bsoncore.Document
 }
@@ -61,21 +63,21 @@ func (p *Command) MetaPrefetch() []byte {
 	}
 	m := p.metas
 	if p.Cursor != nil {
-		if p.Cursor.mode != shapeEvent {
+		if p.Cursor.Mode != point.ShapeEvent {
 			return nil
 		}
-		m = p.Cursor.metas
+		m = p.Cursor.Metas
 	}
-	return m.prefetch(p.bucketFilter)
+	return m.Prefetch(p.bucketFilter)
 }
 
 // AddPrefetched learns a reply to MetaPrefetch (or its getMore) and
 // returns the next getMore, or nil.
 func (p *Command) AddPrefetched(reply []byte) []byte {
 	if p.Cursor != nil {
-		return p.Cursor.metas.addPrefetched(reply)
+		return p.Cursor.Metas.AddPrefetched(reply)
 	}
-	return p.metas.addPrefetched(reply)
+	return p.metas.AddPrefetched(reply)
 }
 
 // MetaQuery and AddMetas: as CursorShape's, for a Drain plan's replies.
@@ -83,7 +85,7 @@ func (p *Command) MetaQuery(reply []byte) [][]byte {
 	if p.Cursor != nil {
 		return p.Cursor.MetaQuery(reply)
 	}
-	return p.metas.query(reply)
+	return p.metas.Query(reply)
 }
 
 // AddMetas learns the metas from the reply to MetaQuery.
@@ -91,7 +93,7 @@ func (p *Command) AddMetas(reply []byte) error {
 	if p.Cursor != nil {
 		return p.Cursor.AddMetas(reply)
 	}
-	return p.metas.add(reply)
+	return p.metas.Add(reply)
 }
 
 // drainer accumulates the batches of a count or distinct.
@@ -155,15 +157,15 @@ func (c IDLookupCost) OneScanBeats(n int) bool {
 
 // pointOrScan picks, for a find the point lookups can serve, between
 // them and one event scan, by what a lookup costs on the upstream.
-func pointOrScan(rc *query.Ctx, spec *pointSpec, filter, sortDoc bsoncore.Document, opts Options) (*pointSpec, *bucketScan) {
+func pointOrScan(rc *query.Ctx, spec *point.PointSpec, filter, sortDoc bsoncore.Document, opts Options) (*point.PointSpec, *point.BucketScan) {
 	if opts.IDLookups == IDLookupIndexed {
 		return spec, nil
 	}
-	es, sc, _ := planEventScan(rc, filter, sortDoc)
+	es, sc, _ := point.PlanEventScan(rc, filter, sortDoc)
 	switch {
 	case es == nil:
 		return spec, nil
-	case opts.IDLookups == IDLookupScansParsed, len(sc.metaIn) == 1, len(spec.windows) == 1, spec.keys() > maxFilteredLookups:
+	case opts.IDLookups == IDLookupScansParsed, len(sc.MetaIn) == 1, len(spec.Windows) == 1, spec.Keys() > maxFilteredLookups:
 		// One meta, or one window: the scan's equality on it is filtered
 		// in storage too.
 		return es, sc
@@ -205,7 +207,7 @@ func PlanRead(body []byte, rule *rules.Rule, opts Options) (p *Command, err erro
 // planFind rewrites find into an aggregate of events.
 func planFind(rc *query.Ctx, body bsoncore.Document, opts Options, forExplain bool) (*Command, error) {
 	const cmd = "find"
-	body, err := naturalFind(rc, body)
+	body, err := point.NaturalFind(rc, body)
 	if err != nil {
 		return nil, err
 	}
@@ -236,7 +238,7 @@ func planFind(rc *query.Ctx, body bsoncore.Document, opts Options, forExplain bo
 	if err != nil {
 		return nil, err
 	}
-	if pr := idIndexRead(rc, filter, sortDoc, proj, pg); pr != nil {
+	if pr := point.IDIndexRead(rc, filter, sortDoc, proj, pg); pr != nil {
 		pr.Want(pg.FirstBatch())
 		return &Command{rc: rc, Point: pr}, nil
 	}
@@ -247,7 +249,7 @@ func planFind(rc *query.Ctx, body bsoncore.Document, opts Options, forExplain bo
 	if err != nil {
 		// What the upstream cannot run on unwound events, the proxy may
 		// run itself on whole buckets.
-		pr := eventScanRead(rc, filter, sortDoc, proj, pg)
+		pr := point.EventScanRead(rc, filter, sortDoc, proj, pg)
 		if pr == nil {
 			return nil, err
 		}
@@ -259,20 +261,20 @@ func planFind(rc *query.Ctx, body bsoncore.Document, opts Options, forExplain bo
 	}
 	extra := bsonutil.Pick(body, []string{"allowDiskUse"})
 	p := &Command{rc: rc, bucketFilter: sf.Bucket}
-	if spec, _ := planPoint(rc, filter, sortDoc); spec != nil {
+	if spec, _ := point.PlanPoint(rc, filter, sortDoc); spec != nil {
 		if spec, sc := pointOrScan(rc, spec, filter, sortDoc, opts); sc != nil {
-			p.Point = newScanRead(rc, spec, sc, proj, skip, limit, single)
+			p.Point = point.NewScanRead(rc, spec, sc, proj, skip, limit, single)
 		} else {
-			p.Point = newPointRead(rc, spec, proj, skip, limit, single)
+			p.Point = point.NewPointRead(rc, spec, proj, skip, limit, single)
 		}
-	} else if spec, sc, _ := planScan(rc, filter, sortDoc); spec != nil {
-		p.Point = newScanRead(rc, spec, sc, proj, skip, limit, single)
+	} else if spec, sc, _ := point.PlanScan(rc, filter, sortDoc); spec != nil {
+		p.Point = point.NewScanRead(rc, spec, sc, proj, skip, limit, single)
 	}
 	if p.Point != nil {
 		p.Point.Want(pg.FirstBatch())
 	}
 	p.Command = rc.AggregateCommand(pipeline, batchSize, body, extra, forExplain)
-	p.Cursor = &CursorShape{ns: rc.NS, metaField: rc.MetaField, mode: shapeEvent, proj: proj, SingleBatch: single, metas: newMetaResolver(rc)}
+	p.Cursor = &point.CursorShape{Ns: rc.NS, MetaField: rc.MetaField, Mode: point.ShapeEvent, Proj: proj, SingleBatch: single, Metas: point.NewMetaResolver(rc)}
 	return p, nil
 }
 
@@ -320,14 +322,14 @@ func planCount(rc *query.Ctx, body bsoncore.Document, forExplain bool) (*Command
 	// By event _id, from the index; else what the upstream cannot filter
 	// on unwound events, counted by the proxy as a find's.
 	sf, err := rc.Split(filter)
-	pr := idIndexRead(rc, filter, nil, nil, pg)
+	pr := point.IDIndexRead(rc, filter, nil, nil, pg)
 	if pr == nil && rc.Caps.PackedEvents {
 		if pr, err = scanOrRefuse(rc, cmd, filter, nil, nil, pg); err != nil {
 			return nil, err
 		}
 	}
 	if pr == nil && err != nil {
-		if pr = eventScanRead(rc, filter, nil, nil, pg); pr == nil {
+		if pr = point.EventScanRead(rc, filter, nil, nil, pg); pr == nil {
 			return nil, err
 		}
 	}
@@ -373,14 +375,14 @@ func planDistinct(rc *query.Ctx, body bsoncore.Document, forExplain bool) (*Comm
 	// As a count's: by event _id from the index, or collected by the
 	// proxy where the upstream cannot filter.
 	sf, err := rc.Split(filter)
-	pr := idIndexRead(rc, filter, nil, nil, query.Paging{})
+	pr := point.IDIndexRead(rc, filter, nil, nil, query.Paging{})
 	if pr == nil && rc.Caps.PackedEvents {
 		if pr, err = scanOrRefuse(rc, cmd, filter, nil, nil, query.Paging{}); err != nil {
 			return nil, err
 		}
 	}
 	if pr == nil && err != nil {
-		if pr = eventScanRead(rc, filter, nil, nil, query.Paging{}); pr == nil {
+		if pr = point.EventScanRead(rc, filter, nil, nil, query.Paging{}); pr == nil {
 			return nil, err
 		}
 	}
@@ -388,7 +390,7 @@ func planDistinct(rc *query.Ctx, body bsoncore.Document, forExplain bool) (*Comm
 		d := &distinctDrain{path: strings.Split(key, ".")}
 		return &Command{rc: rc, Point: pr, PointDrain: d.pointDrain()}, nil
 	}
-	metas := newMetaResolver(rc)
+	metas := point.NewMetaResolver(rc)
 	p := &Command{rc: rc, Drain: true, metas: metas, bucketFilter: sf.Bucket, drain: &distinctDrain{path: strings.Split(key, "."), metaField: rc.MetaField, metas: metas}}
 	p.Command = rc.AggregateCommand(query.EventPipeline(sf, rc.Caps), -1, body, nil, forExplain)
 	return p, nil
@@ -427,7 +429,7 @@ func planExplain(rc *query.Ctx, body bsoncore.Document, opts Options) (*Command,
 		return nil, err
 	}
 	if ip.Point != nil {
-		return &Command{rc: rc, Local: ip.Point.explain(), LocalExplain: ip.Point.explainTarget()}, nil
+		return &Command{rc: rc, Local: ip.Point.Explain(), LocalExplain: ip.Point.ExplainTarget()}, nil
 	}
 	idx, d := bsoncore.AppendDocumentStart(nil)
 	d = bsoncore.AppendDocumentElement(d, "explain", ip.Command)

@@ -6,18 +6,17 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tsproxy/tsproxy/wire"
-
-	"github.com/tsproxy/tsproxy/rewrite/admin"
-	"github.com/tsproxy/tsproxy/rewrite/internal/rwtest"
-
-	"github.com/tsproxy/tsproxy/rewrite/caps"
-	"github.com/tsproxy/tsproxy/rewrite/query"
-
-	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
-	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rewrite/admin"
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+	"github.com/tsproxy/tsproxy/rewrite/internal/rwtest"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rewrite/query"
+	"github.com/tsproxy/tsproxy/rewrite/read/point"
+	"github.com/tsproxy/tsproxy/rules"
+	"github.com/tsproxy/tsproxy/wire"
 )
 
 func TestReshape(t *testing.T) {
@@ -40,7 +39,7 @@ func TestReshape(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			got, err := reshapeEvent(rwtest.Unwound(t, c.meta, c.ev), "sensorId", nil)
+			got, err := point.ReshapeEvent(rwtest.Unwound(t, c.meta, c.ev), "sensorId", nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -50,24 +49,24 @@ func TestReshape(t *testing.T) {
 		})
 	}
 	// FerretDB's $unwind drops meta: it comes from the resolver by bucket _id.
-	m := &metaResolver{bucketColl: "readings.buckets", db: "iot", cache: map[string]bsoncore.Value{}}
+	m := &point.MetaResolver{BucketColl: "readings.buckets", Db: "iot", Cache: map[string]bsoncore.Value{}}
 	doc := rwtest.Unwound(t, "<absent>", D{{Key: "_id", Value: 1}, {Key: "sensorId", Value: nil}})
-	if _, err := reshapeEvent(doc, "sensorId", m); err == nil || !strings.Contains(err.Error(), "unknown") {
+	if _, err := point.ReshapeEvent(doc, "sensorId", m); err == nil || !strings.Contains(err.Error(), "unknown") {
 		t.Fatalf("unknown meta: %v", err)
 	}
 	reply := rwtest.Doc(t, D{{Key: "cursor", Value: D{{Key: "firstBatch", Value: A{bson.Raw(doc)}}, {Key: "id", Value: int64(0)}}}, {Key: "ok", Value: 1.0}})
-	qs := m.query(reply)
+	qs := m.Query(reply)
 	if len(qs) != 1 || !strings.Contains(rwtest.JSON(qs[0]), `"filter": {"_id": {"$oid"`) {
 		t.Fatalf("meta queries: %d %s", len(qs), rwtest.JSON(qs[0]))
 	}
-	if err := m.add(rwtest.Doc(t, D{{Key: "cursor", Value: D{{Key: "firstBatch", Value: A{D{{Key: "_id", Value: bson.ObjectID{1}}, {Key: "meta", Value: "s9"}}}}, {Key: "id", Value: int64(0)}}}, {Key: "ok", Value: 1.0}})); err != nil {
+	if err := m.Add(rwtest.Doc(t, D{{Key: "cursor", Value: D{{Key: "firstBatch", Value: A{D{{Key: "_id", Value: bson.ObjectID{1}}, {Key: "meta", Value: "s9"}}}}, {Key: "id", Value: int64(0)}}}, {Key: "ok", Value: 1.0}})); err != nil {
 		t.Fatal(err)
 	}
-	got, err := reshapeEvent(doc, "sensorId", m)
+	got, err := point.ReshapeEvent(doc, "sensorId", m)
 	if err != nil || rwtest.JSON(got) != rwtest.JSON(rwtest.Doc(t, D{{Key: "_id", Value: 1}, {Key: "sensorId", Value: "s9"}})) {
 		t.Fatalf("resolved: %s %v", rwtest.JSON(got), err)
 	}
-	if len(m.query(reply)) != 0 {
+	if len(m.Query(reply)) != 0 {
 		t.Fatal("known meta queried again")
 	}
 }
@@ -421,7 +420,7 @@ func FuzzFindRewrite(f *testing.F) {
 			return
 		}
 		u := bsoncore.NewDocumentBuilder().AppendNull("meta").AppendDocument("events", body).Build()
-		ev, err := reshapeEvent(u, "", nil)
+		ev, err := point.ReshapeEvent(u, "", nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -7,14 +7,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tsproxy/tsproxy/rewrite/internal/rwtest"
-
-	"github.com/tsproxy/tsproxy/rewrite/cursor"
-
-	"github.com/tsproxy/tsproxy/rewrite/caps"
-
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
+	"github.com/tsproxy/tsproxy/rewrite/caps"
+	"github.com/tsproxy/tsproxy/rewrite/cursor"
+	"github.com/tsproxy/tsproxy/rewrite/internal/rwtest"
+	"github.com/tsproxy/tsproxy/rewrite/read/point"
 )
 
 func TestScanPlan(t *testing.T) {
@@ -73,7 +72,7 @@ func TestScanPlan(t *testing.T) {
 			if c.sort != nil {
 				s = rwtest.Doc(t, c.sort)
 			}
-			spec, sc, why := planScan(rc, f, s)
+			spec, sc, why := point.PlanScan(rc, f, s)
 			if c.why != "" {
 				if spec != nil || !strings.Contains(why, c.why) {
 					t.Fatalf("got a plan, why %q; want a fallback because %q", why, c.why)
@@ -83,10 +82,10 @@ func TestScanPlan(t *testing.T) {
 			if spec == nil {
 				t.Fatalf("no scan plan: %s", why)
 			}
-			pr := newScanRead(rc, spec, sc, nil, 0, 0, false)
+			pr := point.NewScanRead(rc, spec, sc, nil, 0, 0, false)
 			cmds := pr.Lookups()
 			if c.empty {
-				if cmds != nil || !pr.exhausted() {
+				if cmds != nil || !pr.Exhausted() {
 					t.Fatalf("an empty range sends %d commands", len(cmds))
 				}
 				return
@@ -280,7 +279,7 @@ func TestScanReadResults(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if plan.Point == nil || plan.Point.scan == nil {
+			if plan.Point == nil || plan.Point.Scan == nil {
 				t.Fatal("no scan plan")
 			}
 			sb.batches = 0

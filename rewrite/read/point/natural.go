@@ -1,10 +1,11 @@
-package read
+package point
 
 import (
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
-	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
 // A time-series collection's natural order is its buckets' order, and a
@@ -12,9 +13,9 @@ import (
 // order, its backward scan the reverse. The proxy's buckets are not kept
 // in that order, so $natural is read as the time order it stands for.
 
-// naturalFind rewrites a find's $natural sort keys to the timeField, and a
+// NaturalFind rewrites a find's $natural sort keys to the timeField, and a
 // hint of {$natural: d} with no sort to a sort on the timeField.
-func naturalFind(rc *query.Ctx, body bsoncore.Document) (bsoncore.Document, error) {
+func NaturalFind(rc *query.Ctx, body bsoncore.Document) (bsoncore.Document, error) {
 	dir, hinted, err := naturalHint(rc, body)
 	if err != nil {
 		return nil, err
@@ -45,10 +46,10 @@ func naturalFind(rc *query.Ctx, body bsoncore.Document) (bsoncore.Document, erro
 	return bsonutil.AppendField(body, "sort", bsonutil.DocValue(byTime)), nil
 }
 
-// naturalAggregate puts a hint of {$natural: d} in an aggregate's
+// NaturalAggregate puts a hint of {$natural: d} in an aggregate's
 // pipeline as a time sort after its leading $match stages: the order the
 // stages after them see events in.
-func naturalAggregate(rc *query.Ctx, body bsoncore.Document) (bsoncore.Document, error) {
+func NaturalAggregate(rc *query.Ctx, body bsoncore.Document) (bsoncore.Document, error) {
 	dir, hinted, err := naturalHint(rc, body)
 	if err != nil || !hinted {
 		return body, err

@@ -1,14 +1,15 @@
-package read
+package point
 
 import (
 	"fmt"
 	"slices"
 
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
-	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
 // A find by event _id (findOne({_id: X}) after an insert, $in of ids)
@@ -85,7 +86,7 @@ func EventIDs(rc *query.Ctx, filter bsoncore.Document) []bsoncore.Value {
 // 2.x: 62 ms for a findOne over 240 buckets, against 1.3 ms on a plain
 // collection): a staged rule's index names the few buckets to read whole
 // instead. Elsewhere there is no index, and the upstream's read stays.
-func idIndexRead(rc *query.Ctx, filter, sortDoc bsoncore.Document, proj *query.Projection, pg query.Paging) *PointRead {
+func IDIndexRead(rc *query.Ctx, filter, sortDoc bsoncore.Document, proj *query.Projection, pg query.Paging) *PointRead {
 	if rc.Rule.Partitioned() {
 		return nil
 	}
@@ -101,7 +102,7 @@ func idIndexRead(rc *query.Ctx, filter, sortDoc bsoncore.Document, proj *query.P
 		scanRC.Caps.UnwindKeepsFields = false
 		rc = &scanRC
 	}
-	pr := eventScanRead(rc, filter, sortDoc, proj, pg)
+	pr := EventScanRead(rc, filter, sortDoc, proj, pg)
 	if pr == nil {
 		return nil
 	}
@@ -111,12 +112,12 @@ func idIndexRead(rc *query.Ctx, filter, sortDoc bsoncore.Document, proj *query.P
 		r.cache, r.cacheKey = rc.IDIndex, rc.Rule.DB+"."+r.coll
 		r.cached = r.cache.Get(r.cacheKey)
 	}
-	pr.ids = r
+	pr.Ids = r
 	return pr
 }
 
 // idFind is the find of the whole index.
-func (p *PointRead) idFind() []byte { return IDIndexFind(p.ids.coll, p.db) }
+func (p *PointRead) idFind() []byte { return IDIndexFind(p.Ids.coll, p.db) }
 
 // IDIndexFind is the find of a whole event-id index, coll in db, and
 // IDIndexBatch its batch size.
@@ -129,7 +130,7 @@ func IDIndexFind(coll, db string) []byte {
 // idLookups is Lookups of an index read: the index find and its
 // getMores, then the candidates' lookups, pipelined.
 func (p *PointRead) idLookups() [][]byte {
-	r := p.ids
+	r := p.Ids
 	switch {
 	case r.cached != nil && !r.checking:
 		r.checking = true
@@ -150,7 +151,7 @@ func (p *PointRead) idLookups() [][]byte {
 	// candidates up one at a time, likely ones first; on the stock
 	// upstreams each lookup scans the bucket collection.
 	inFlight := maxPipelined
-	if p.limited && p.spec.order == nil {
+	if p.limited && p.Spec.Order == nil {
 		inFlight = 1
 	}
 	var cmds [][]byte
@@ -164,7 +165,7 @@ func (p *PointRead) idLookups() [][]byte {
 
 // idFeed takes the replies to the last idLookups.
 func (p *PointRead) idFeed(replies [][]byte) error {
-	r := p.ids
+	r := p.Ids
 	for _, reply := range replies {
 		doc := bsoncore.Document(reply)
 		if err := doc.Validate(); err != nil {
@@ -183,7 +184,7 @@ func (p *PointRead) idFeed(replies [][]byte) error {
 		}
 		for _, b := range batchDocs(doc) {
 			p.BucketsRead++
-			if p.spec.order == nil {
+			if p.Spec.Order == nil {
 				// Unsorted: each bucket's events go out as they come.
 				if err := p.emitBuckets([]bsoncore.Document{b}); err != nil {
 					return err
@@ -210,7 +211,7 @@ func (p *PointRead) idFeed(replies [][]byte) error {
 
 // idIndexBatch takes one batch of the index.
 func (p *PointRead) idIndexBatch(reply bsoncore.Document) error {
-	r := p.ids
+	r := p.Ids
 	for _, d := range batchDocs(reply) {
 		r.scan.Take(d)
 	}
@@ -228,7 +229,7 @@ func (p *PointRead) idIndexBatch(reply bsoncore.Document) error {
 // snapshot: no marker, the index cannot answer; the snapshot's version,
 // the snapshot is the index; another, the index is read again.
 func (p *PointRead) idMarker(reply bsoncore.Document) error {
-	r := p.ids
+	r := p.Ids
 	if r.scan.CheckKept(batchDocs(reply), r.cached) {
 		if !r.scan.Complete() {
 			r.cache.Put(r.cacheKey, nil)
@@ -242,11 +243,11 @@ func (p *PointRead) idMarker(reply bsoncore.Document) error {
 // idListed: the index is read. The read looks the candidates up or, when
 // the index cannot answer, becomes its event scan.
 func (p *PointRead) idListed() error {
-	r := p.ids
+	r := p.Ids
 	r.listed = true
 	r.candidates = r.scan.Candidates()
 	if !r.scan.Complete() || len(r.candidates) > MaxIDCandidates {
-		p.ids = nil // the event scan reads every bucket instead
+		p.Ids = nil // the event scan reads every bucket instead
 		return nil
 	}
 	if len(r.candidates) == 0 {
@@ -260,13 +261,13 @@ func (p *PointRead) idExplain() bsoncore.Document {
 	nb := bsoncore.NewDocumentBuilder
 	tp := nb().AppendString("stage", "TSPROXY_EVENT_ID_INDEX").
 		AppendString("bucketCollection", p.bucketNS).
-		AppendString("indexCollection", p.ids.coll).
+		AppendString("indexCollection", p.Ids.coll).
 		AppendDocument("indexFind", p.idFind()).
 		AppendString("lookup", "find {_id: <bucket _id>} for each bucket whose entry's Bloom filter may hold an id").
 		AppendInt64("maxBuckets", MaxIDCandidates).
-		AppendString("eventFilter", p.spec.filterExplain()).
+		AppendString("eventFilter", p.Spec.filterExplain()).
 		AppendString("fallback", "TSPROXY_BUCKET_SCAN when the index does not cover every bucket or names more buckets").
-		AppendDocument("fallbackFind", p.scanFind())
+		AppendDocument("fallbackFind", p.ScanFind())
 	return nb().AppendDocument("queryPlanner", nb().
 		AppendString("namespace", p.ns).
 		AppendDocument("winningPlan", tp.Build()).Build()).

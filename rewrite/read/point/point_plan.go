@@ -1,22 +1,23 @@
-package read
+package point
 
 import (
 	"fmt"
-	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"math"
 	"strings"
 
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/query"
 	"github.com/tsproxy/tsproxy/rules"
-	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
-// pointSpec is what a point read needs from the find: the keys it names,
+// PointSpec is what a point read needs from the find: the keys it names,
 // the time bounds of the events and the order.
-type pointSpec struct {
-	metas              []bsoncore.Value
-	windows            []int64 // window starts, in output order
+type PointSpec struct {
+	Metas              []bsoncore.Value
+	Windows            []int64 // window starts, in output order
 	lo, hi             int64   // event time bounds (ms)
 	loStrict, hiStrict bool
 	sortDir            int // 0: no sort; 1 or -1 on the timeField
@@ -26,23 +27,23 @@ type pointSpec struct {
 	// it names, and the sort, applied by the proxy to events with their
 	// meta restored.
 	pred  query.DocPred
-	order eventOrder
+	Order eventOrder
 }
 
-// keys is the number of (meta, window) keys.
-func (s *pointSpec) keys() int { return len(s.metas) * len(s.windows) }
+// Keys is the number of (meta, window) keys.
+func (s *PointSpec) Keys() int { return len(s.Metas) * len(s.Windows) }
 
 // inRange reports whether an event time is inside the bounds.
-func (s *pointSpec) inRange(ms int64) bool {
+func (s *PointSpec) inRange(ms int64) bool {
 	if ms < s.lo || (s.loStrict && ms == s.lo) {
 		return false
 	}
 	return ms < s.hi || (!s.hiStrict && ms == s.hi)
 }
 
-// planPoint returns the point spec of a find, or why it has none (then the
+// PlanPoint returns the point spec of a find, or why it has none (then the
 // aggregate path serves it).
-func planPoint(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*pointSpec, string) {
+func PlanPoint(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*PointSpec, string) {
 	if rc.MetaField == "" {
 		return nil, "the rule has no metaField"
 	}
@@ -53,7 +54,7 @@ func planPoint(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*pointSpec, st
 	if err != nil {
 		return nil, err.Error()
 	}
-	s := &pointSpec{}
+	s := &PointSpec{}
 	var hasLo, hasHi, hasMeta bool
 	for _, e := range conj {
 		switch e.Key() {
@@ -65,7 +66,7 @@ func planPoint(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*pointSpec, st
 			if why != "" {
 				return nil, why
 			}
-			s.metas, hasMeta = metas, true
+			s.Metas, hasMeta = metas, true
 		case rc.TimeField:
 			if why := s.addTimeBounds(e.Value(), &hasLo, &hasHi); why != "" {
 				return nil, why
@@ -83,10 +84,10 @@ func planPoint(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*pointSpec, st
 	if why := s.setSort(sortDoc, rc.TimeField); why != "" {
 		return nil, why
 	}
-	if len(s.metas) > maxPointMetas {
+	if len(s.Metas) > maxPointMetas {
 		return nil, fmt.Sprintf("more than %d metas", maxPointMetas)
 	}
-	if why := s.setWindows(rc.Span, len(s.metas)); why != "" {
+	if why := s.setWindows(rc.Span, len(s.Metas)); why != "" {
 		return nil, why
 	}
 	return s, ""
@@ -178,7 +179,7 @@ func byteEqualValue(v bsoncore.Value, depth int) bool {
 }
 
 // addTimeBounds reads one predicate on the timeField.
-func (s *pointSpec) addTimeBounds(v bsoncore.Value, hasLo, hasHi *bool) string {
+func (s *PointSpec) addTimeBounds(v bsoncore.Value, hasLo, hasHi *bool) string {
 	if ms, ok := v.DateTimeOK(); ok {
 		s.lower(ms, false, hasLo)
 		s.upper(ms, false, hasHi)
@@ -209,14 +210,14 @@ func (s *pointSpec) addTimeBounds(v bsoncore.Value, hasLo, hasHi *bool) string {
 	return ""
 }
 
-func (s *pointSpec) lower(ms int64, strict bool, has *bool) {
+func (s *PointSpec) lower(ms int64, strict bool, has *bool) {
 	if !*has || ms > s.lo || (ms == s.lo && strict) {
 		s.lo, s.loStrict = ms, strict
 	}
 	*has = true
 }
 
-func (s *pointSpec) upper(ms int64, strict bool, has *bool) {
+func (s *PointSpec) upper(ms int64, strict bool, has *bool) {
 	if !*has || ms < s.hi || (ms == s.hi && strict) {
 		s.hi, s.hiStrict = ms, strict
 	}
@@ -224,7 +225,7 @@ func (s *pointSpec) upper(ms int64, strict bool, has *bool) {
 }
 
 // setSort accepts no sort, {time: ±1} or {time: ±1, _id: ±1}.
-func (s *pointSpec) setSort(sortDoc bsoncore.Document, timeField string) string {
+func (s *PointSpec) setSort(sortDoc bsoncore.Document, timeField string) string {
 	if len(sortDoc) == 0 {
 		return ""
 	}
@@ -256,7 +257,7 @@ func (s *pointSpec) setSort(sortDoc bsoncore.Document, timeField string) string 
 }
 
 // setWindows lists the window starts the bounds cover, in output order.
-func (s *pointSpec) setWindows(span int64, metas int) string {
+func (s *PointSpec) setWindows(span int64, metas int) string {
 	if s.lo > s.hi || (s.lo == s.hi && (s.loStrict || s.hiStrict)) {
 		return "" // an empty range: no keys
 	}
@@ -280,13 +281,13 @@ func (s *pointSpec) setWindows(span int64, metas int) string {
 	if n > uint64(maxPointKeys/max(metas, 1)) {
 		return fmt.Sprintf("more than %d (meta, window) keys", maxPointKeys)
 	}
-	s.windows = make([]int64, 0, n)
+	s.Windows = make([]int64, 0, n)
 	for i := range int64(n) {
-		s.windows = append(s.windows, first+i*span)
+		s.Windows = append(s.Windows, first+i*span)
 	}
 	if s.sortDir < 0 {
-		for i, j := 0, len(s.windows)-1; i < j; i, j = i+1, j-1 {
-			s.windows[i], s.windows[j] = s.windows[j], s.windows[i]
+		for i, j := 0, len(s.Windows)-1; i < j; i, j = i+1, j-1 {
+			s.Windows[i], s.Windows[j] = s.Windows[j], s.Windows[i]
 		}
 	}
 	return ""

@@ -1,4 +1,4 @@
-package read
+package point
 
 import (
 	"errors"
@@ -7,11 +7,12 @@ import (
 	"slices"
 	"strings"
 
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
-	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
 // An event scan serves a find the upstream cannot run on the unwound
@@ -53,16 +54,16 @@ type eventOrder []sortKey
 
 func (o eventOrder) compare(a, b bsoncore.Document) int {
 	for _, k := range o {
-		if c := bsonutil.Compare(sortValue(a, k.path), sortValue(b, k.path)); c != 0 {
+		if c := bsonutil.Compare(SortValue(a, k.path), SortValue(b, k.path)); c != 0 {
 			return c * k.dir
 		}
 	}
 	return 0
 }
 
-// sortValue is a document's value at path as a sort sees it: a missing
+// SortValue is a document's value at path as a sort sees it: a missing
 // field sorts as null.
-func sortValue(doc bsoncore.Document, path []string) bsoncore.Value {
+func SortValue(doc bsoncore.Document, path []string) bsoncore.Value {
 	v, err := doc.LookupErr(path...)
 	if err != nil {
 		return bsoncore.Value{Type: bsoncore.TypeNull}
@@ -70,16 +71,16 @@ func sortValue(doc bsoncore.Document, path []string) bsoncore.Value {
 	return v
 }
 
-// planEventScan returns the spec and the upstream side of an event scan
+// PlanEventScan returns the spec and the upstream side of an event scan
 // of a find, or why the find has none: a *mongoerr.Error for a malformed
 // filter (the server's code and message), another error for what the
 // proxy does not evaluate.
-func planEventScan(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*pointSpec, *bucketScan, error) {
+func PlanEventScan(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*PointSpec, *BucketScan, error) {
 	if rc.Caps.UnwindKeepsFields {
 		return nil, nil, errors.New("the upstream's $unwind keeps the meta")
 	}
-	s := &pointSpec{lo: math.MinInt64, hi: math.MaxInt64}
-	sc := &bucketScan{dir: 1}
+	s := &PointSpec{lo: math.MinInt64, hi: math.MaxInt64}
+	sc := &BucketScan{dir: 1}
 	if len(filter) > 0 {
 		// The compiled filter outlives the command: the cursor's getMores
 		// evaluate it after the request's buffer is reused.
@@ -96,7 +97,7 @@ func planEventScan(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*pointSpec
 	if why != "" {
 		return nil, nil, errors.New(why)
 	}
-	s.order = order
+	s.Order = order
 	sc.setRuns(order, rc.TimeField)
 	if s.lo > s.hi || (s.lo == s.hi && (s.loStrict || s.hiStrict)) {
 		sc.done = true // an empty range: nothing to read
@@ -104,27 +105,27 @@ func planEventScan(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*pointSpec
 	return s, sc, nil
 }
 
-// eventScanRead is the read of an event scan of filter and sortDoc with
+// EventScanRead is the read of an event scan of filter and sortDoc with
 // the given projection and paging, or nil when the scan cannot serve
 // them: the fallback of the reads the upstream cannot run on unwound
 // events.
-func eventScanRead(rc *query.Ctx, filter, sortDoc bsoncore.Document, proj *query.Projection, pg query.Paging) *PointRead {
-	spec, sc, _ := planEventScan(rc, filter, sortDoc)
+func EventScanRead(rc *query.Ctx, filter, sortDoc bsoncore.Document, proj *query.Projection, pg query.Paging) *PointRead {
+	spec, sc, _ := PlanEventScan(rc, filter, sortDoc)
 	if spec == nil {
 		return nil
 	}
-	return newScanRead(rc, spec, sc, proj, pg.Skip, pg.Limit, pg.Single)
+	return NewScanRead(rc, spec, sc, proj, pg.Skip, pg.Limit, pg.Single)
 }
 
 // pushDown narrows the upstream find by the filter's top-level conditions
 // that name buckets exactly: time bounds (on start) and an equality or
 // $in on the metaField. The proxy applies the whole filter all the same.
-func pushDown(rc *query.Ctx, filter bsoncore.Document, s *pointSpec, sc *bucketScan) {
+func pushDown(rc *query.Ctx, filter bsoncore.Document, s *PointSpec, sc *BucketScan) {
 	conj, err := rc.Conjuncts(filter, 0, nil)
 	if err != nil {
 		return
 	}
-	bounds := pointSpec{}
+	bounds := PointSpec{}
 	var hasLo, hasHi, timeOK = false, false, true
 	for _, e := range conj {
 		switch e.Key() {
@@ -133,8 +134,8 @@ func pushDown(rc *query.Ctx, filter bsoncore.Document, s *pointSpec, sc *bucketS
 				timeOK = false
 			}
 		case rc.MetaField:
-			if metas, why := pointMetas(e.Value()); why == "" && sc.metaIn == nil {
-				sc.metaIn = metas
+			if metas, why := pointMetas(e.Value()); why == "" && sc.MetaIn == nil {
+				sc.MetaIn = metas
 			}
 		}
 	}
@@ -182,7 +183,7 @@ func parseOrder(rc *query.Ctx, sortDoc bsoncore.Document) (eventOrder, string) {
 }
 
 // setRuns picks how the buckets are sorted upstream and cut into runs.
-func (sc *bucketScan) setRuns(order eventOrder, timeField string) {
+func (sc *BucketScan) setRuns(order eventOrder, timeField string) {
 	m := 0
 	for m < len(order) && order[m].bucketPath != nil {
 		m++
@@ -208,7 +209,7 @@ type runKey struct {
 }
 
 // runKeyOf reads a bucket's run key.
-func (sc *bucketScan) runKeyOf(b bsoncore.Document, ns string) (runKey, error) {
+func (sc *BucketScan) runKeyOf(b bsoncore.Document, ns string) (runKey, error) {
 	start, ok := b.Lookup(bucket.FieldStart).DateTimeOK()
 	if !ok {
 		return runKey{}, mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: bucket %s has no date start", ns, b.Lookup(bucket.FieldID).String())
@@ -218,14 +219,14 @@ func (sc *bucketScan) runKeyOf(b bsoncore.Document, ns string) (runKey, error) {
 		if query.ArrayOnPath(b, mk.bucketPath) {
 			return runKey{}, mongoerr.Errorf(mongoerr.NotImplemented, "tsproxy rule %s: sort on %q: a series holds an array there, which MongoDB sorts element-wise; the proxy does not", ns, mk.field)
 		}
-		k.metas = append(k.metas, sortValue(b, mk.bucketPath))
+		k.metas = append(k.metas, SortValue(b, mk.bucketPath))
 	}
 	return k, nil
 }
 
 // step compares a bucket's run key with the current run's: 0 the same
 // run, 1 a later one, -1 out of the scan's order.
-func (sc *bucketScan) step(k runKey) int {
+func (sc *BucketScan) step(k runKey) int {
 	for i, mk := range sc.metaKeys {
 		if c := bsonutil.Compare(k.metas[i], sc.run.metas[i]) * mk.dir; c != 0 {
 			return min(max(c, -1), 1)
@@ -241,7 +242,7 @@ func (sc *bucketScan) step(k runKey) int {
 }
 
 // upstreamSort is the sort of the scan's find.
-func (sc *bucketScan) upstreamSort() bsoncore.Document {
+func (sc *BucketScan) upstreamSort() bsoncore.Document {
 	b := bsoncore.NewDocumentBuilder()
 	for _, mk := range sc.metaKeys {
 		b.AppendInt32(strings.Join(mk.bucketPath, "."), int32(mk.dir))
@@ -265,12 +266,12 @@ func (p *PointRead) eventsOfBuckets(buckets []bsoncore.Document) ([]bsoncore.Doc
 		if err := p.checkArrays(doc); err != nil {
 			return nil, err
 		}
-		if p.spec.pred == nil || p.spec.pred(doc) {
+		if p.Spec.pred == nil || p.Spec.pred(doc) {
 			docs = append(docs, doc)
 		}
 	}
-	if len(p.spec.order) > 0 {
-		slices.SortStableFunc(docs, p.spec.order.compare)
+	if len(p.Spec.Order) > 0 {
+		slices.SortStableFunc(docs, p.Spec.Order.compare)
 	}
 	return docs, nil
 }
@@ -279,7 +280,7 @@ func (p *PointRead) eventsOfBuckets(buckets []bsoncore.Document) ([]bsoncore.Doc
 // query.ArrayOnPath); the filter matches arrays element-wise as MongoDB
 // does.
 func (p *PointRead) checkArrays(doc bsoncore.Document) error {
-	for _, k := range p.spec.order {
+	for _, k := range p.Spec.Order {
 		if query.ArrayOnPath(doc, k.path) {
 			return mongoerr.Errorf(mongoerr.NotImplemented, "tsproxy rule %s: the sort names %q, which holds an array in a stored event: MongoDB sorts arrays by their least or greatest element, and the proxy, which sorts this find itself, does not", p.ns, k.field)
 		}
@@ -297,7 +298,7 @@ func bucketEvents(b bsoncore.Document, ns string) ([]bsoncore.Value, error) {
 }
 
 // runTooLarge is the error of a run past maxRunBytes.
-func runTooLarge(ns string, sc *bucketScan) error {
+func runTooLarge(ns string, sc *BucketScan) error {
 	what := "the whole result (the sort is led by neither the timeField nor the metaField)"
 	switch {
 	case len(sc.metaKeys) > 0 && sc.byStart:
@@ -311,15 +312,15 @@ func runTooLarge(ns string, sc *bucketScan) error {
 }
 
 // filterExplain says how a scan filters events.
-func (s *pointSpec) filterExplain() string {
+func (s *PointSpec) filterExplain() string {
 	if s.pred != nil {
 		return "the find's filter, applied by the proxy to each event with its meta"
 	}
 	return "time range, applied by the proxy"
 }
 
-// orderExplain says how a scan orders events.
-func (sc *bucketScan) orderExplain() string {
+// OrderExplain says how a scan orders events.
+func (sc *BucketScan) OrderExplain() string {
 	switch {
 	case sc.oneRun:
 		return "all matching events, sorted by the proxy"
@@ -341,8 +342,8 @@ func (sc *bucketScan) orderExplain() string {
 // lists, null through arrays): a delete that let it choose the buckets
 // deleted events MongoDB keeps, and kept others.
 func BucketPushDown(rc *query.Ctx, filter bsoncore.Document) (bsoncore.Document, bool) {
-	var s pointSpec
-	sc := &bucketScan{dir: 1}
+	var s PointSpec
+	sc := &BucketScan{dir: 1}
 	pushDown(rc, filter, &s, sc)
 	conj, err := rc.Conjuncts(filter, 0, nil)
 	whole := err == nil && len(conj) <= 1

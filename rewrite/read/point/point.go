@@ -1,15 +1,16 @@
-package read
+package point
 
 import (
 	"slices"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
-	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
 // PointRead is a find served from bucket point lookups: a cursor the proxy
@@ -22,9 +23,9 @@ import (
 // replies, in the same order, to Feed, until Lookups returns nil; then
 // Batch builds the reply.
 type PointRead struct {
-	spec      *pointSpec
-	scan      *bucketScan // set: the buckets come from a scan, not keys
-	ids       *idRead     // set: from the event-id index first
+	Spec      *PointSpec
+	Scan      *BucketScan // set: the buckets come from a scan, not keys
+	Ids       *idRead     // set: from the event-id index first
 	bucketNS  string
 	coll, db  string
 	ns        string
@@ -40,8 +41,8 @@ type PointRead struct {
 	keys    []pointKey // window-major, metas in the filter's order
 	head    int        // the first key not yet flushed to out
 	pending []pointLookup
-	out     []bsoncore.Document
-	outSize int
+	Out     []bsoncore.Document
+	OutSize int
 	want    int64 // documents the next batch wants; -1: as many as fit
 	started bool
 
@@ -64,26 +65,26 @@ type pointLookup struct{ key, seq int }
 // maxPipelined bounds the lookups in flight on the upstream connection.
 const maxPipelined = 16
 
-func newPointRead(rc *query.Ctx, s *pointSpec, proj *query.Projection, skip, limit int64, single bool) *PointRead {
+func NewPointRead(rc *query.Ctx, s *PointSpec, proj *query.Projection, skip, limit int64, single bool) *PointRead {
 	p := &PointRead{
-		spec: s, bucketNS: rc.Rule.BucketNamespace(), coll: rc.Rule.BucketCollection, db: rc.Rule.DB,
+		Spec: s, bucketNS: rc.Rule.BucketNamespace(), coll: rc.Rule.BucketCollection, db: rc.Rule.DB,
 		ns: rc.NS, metaField: rc.MetaField, timeField: rc.TimeField, span: rc.Rule.SpanMillis(),
 		proj: proj, skip: skip, limited: limit > 0, limit: limit, single: single, want: -1,
 	}
-	p.keys = make([]pointKey, 0, s.keys())
-	for _, w := range s.windows {
-		for _, m := range s.metas {
+	p.keys = make([]pointKey, 0, s.Keys())
+	for _, w := range s.Windows {
+		for _, m := range s.Metas {
 			p.keys = append(p.keys, pointKey{window: w, meta: m})
 		}
 	}
 	return p
 }
 
-// newScanRead is a PointRead whose buckets come from one sorted upstream
+// NewScanRead is a PointRead whose buckets come from one sorted upstream
 // find instead of _id lookups.
-func newScanRead(rc *query.Ctx, s *pointSpec, sc *bucketScan, proj *query.Projection, skip, limit int64, single bool) *PointRead {
-	p := newPointRead(rc, s, proj, skip, limit, single)
-	p.scan = sc
+func NewScanRead(rc *query.Ctx, s *PointSpec, sc *BucketScan, proj *query.Projection, skip, limit int64, single bool) *PointRead {
+	p := NewPointRead(rc, s, proj, skip, limit, single)
+	p.Scan = sc
 	return p
 }
 
@@ -97,15 +98,15 @@ func (p *PointRead) NS() string { return p.ns }
 func (p *PointRead) Want(n int64) { p.want = n }
 
 // exhausted: every key flushed (or the limit reached).
-func (p *PointRead) exhausted() bool {
+func (p *PointRead) Exhausted() bool {
 	if p.limited && p.limit == 0 {
 		return true
 	}
-	if p.ids != nil {
-		return p.ids.emitted
+	if p.Ids != nil {
+		return p.Ids.emitted
 	}
-	if p.scan != nil {
-		return p.scan.exhausted()
+	if p.Scan != nil {
+		return p.Scan.Exhausted()
 	}
 	return p.head >= len(p.keys)
 }
@@ -113,13 +114,13 @@ func (p *PointRead) exhausted() bool {
 // Lookups returns the next upstream finds to send, or nil when the batch
 // can be built.
 func (p *PointRead) Lookups() [][]byte {
-	if p.exhausted() || p.batchFull() {
+	if p.Exhausted() || p.batchFull() {
 		return nil
 	}
-	if p.ids != nil {
+	if p.Ids != nil {
 		return p.idLookups()
 	}
-	if p.scan != nil {
+	if p.Scan != nil {
 		return p.scanLookups()
 	}
 	p.pending = p.pending[:0]
@@ -137,7 +138,7 @@ func (p *PointRead) Lookups() [][]byte {
 }
 
 func (p *PointRead) batchFull() bool {
-	return p.outSize >= query.MaxBatchBytes || (p.want > 0 && int64(len(p.out)) >= p.want) || p.want == 0
+	return p.OutSize >= query.MaxBatchBytes || (p.want > 0 && int64(len(p.Out)) >= p.want) || p.want == 0
 }
 
 // lookupCommand is the find of one bucket by _id.
@@ -157,10 +158,10 @@ func (p *PointRead) bucketLookup(id bson.ObjectID) []byte {
 
 // Feed takes the replies to the last Lookups, in order.
 func (p *PointRead) Feed(replies [][]byte) error {
-	if p.ids != nil {
+	if p.Ids != nil {
 		return p.idFeed(replies)
 	}
-	if p.scan != nil {
+	if p.Scan != nil {
 		return p.scanFeed(replies)
 	}
 	if len(replies) != len(p.pending) {
@@ -201,8 +202,8 @@ func lookupError(ns string, reply bsoncore.Document) error {
 
 // flush moves every complete leading window to out.
 func (p *PointRead) flush() error {
-	per := len(p.spec.metas)
-	for p.head < len(p.keys) && !p.exhausted() {
+	per := len(p.Spec.Metas)
+	for p.head < len(p.keys) && !p.Exhausted() {
 		win := p.keys[p.head : p.head+per]
 		for _, k := range win {
 			if !k.done {
@@ -235,7 +236,7 @@ type pointEvent struct {
 // events of one window's buckets. Windows are disjoint in time, so a sort
 // on time needs only the window's own events.
 func (p *PointRead) emitBuckets(buckets []bsoncore.Document) error {
-	if p.spec.pred != nil || p.spec.order != nil {
+	if p.Spec.pred != nil || p.Spec.Order != nil {
 		docs, err := p.eventsOfBuckets(buckets)
 		if err != nil {
 			return err
@@ -251,7 +252,7 @@ func (p *PointRead) emitBuckets(buckets []bsoncore.Document) error {
 	if err != nil {
 		return err
 	}
-	if p.spec.sortDir != 0 {
+	if p.Spec.sortDir != 0 {
 		slices.SortStableFunc(evs, p.compare)
 	}
 	for _, e := range evs {
@@ -286,8 +287,8 @@ func (p *PointRead) take(doc bsoncore.Document) (done bool, err error) {
 	if doc, err = p.proj.Apply(doc); err != nil {
 		return false, err
 	}
-	p.out = append(p.out, doc)
-	p.outSize += len(doc)
+	p.Out = append(p.Out, doc)
+	p.OutSize += len(doc)
 	if p.limited {
 		p.limit--
 	}
@@ -315,7 +316,7 @@ func (p *PointRead) eventsInRange(buckets []bsoncore.Document) ([]pointEvent, er
 			// A stored time that is not a date (never written by the
 			// proxy) cannot match a date range, as in MongoDB.
 			ms, ok := ev.Lookup(p.timeField).DateTimeOK()
-			if !ok || !p.spec.inRange(ms) {
+			if !ok || !p.Spec.inRange(ms) {
 				continue
 			}
 			evs = append(evs, pointEvent{ev: ev, ms: ms, meta: meta})
@@ -332,10 +333,10 @@ func (p *PointRead) compare(a, b pointEvent) int {
 	case a.ms > b.ms:
 		c = 1
 	}
-	if c == 0 && p.spec.idDir != 0 {
-		return p.spec.idDir * bsonutil.Compare(a.ev.Lookup("_id"), b.ev.Lookup("_id"))
+	if c == 0 && p.Spec.idDir != 0 {
+		return p.Spec.idDir * bsonutil.Compare(a.ev.Lookup("_id"), b.ev.Lookup("_id"))
 	}
-	return p.spec.sortDir * c
+	return p.Spec.sortDir * c
 }
 
 // Batch builds the reply: a find's firstBatch the first time, a getMore's
@@ -343,9 +344,9 @@ func (p *PointRead) compare(a, b pointEvent) int {
 // exhausted or single-batch). more tells whether the proxy must keep the
 // cursor.
 func (p *PointRead) Batch(id int64) (reply []byte, more bool) {
-	n, size := cursor.BatchLen(p.out, p.want)
-	batch := p.out[:n]
-	more = !p.single && (n < len(p.out) || !p.exhausted())
+	n, size := cursor.BatchLen(p.Out, p.want)
+	batch := p.Out[:n]
+	more = !p.single && (n < len(p.Out) || !p.Exhausted())
 	if !more {
 		id = 0
 	}
@@ -355,34 +356,34 @@ func (p *PointRead) Batch(id int64) (reply []byte, more bool) {
 	}
 	p.started = true
 	d := cursor.Reply{Key: key, Batch: batch, NS: p.ns}.WithID(id)
-	p.out = append(p.out[:0:0], p.out[n:]...)
-	p.outSize -= size
+	p.Out = append(p.Out[:0:0], p.Out[n:]...)
+	p.OutSize -= size
 	return d, more
 }
 
 // explainPoint is what explain shows of a point plan: what the proxy
 // sends upstream, and what it does itself.
-func (p *PointRead) explain() bsoncore.Document {
-	if p.ids != nil {
+func (p *PointRead) Explain() bsoncore.Document {
+	if p.Ids != nil {
 		return p.idExplain()
 	}
-	if p.scan != nil {
+	if p.Scan != nil {
 		return p.scanExplain()
 	}
 	nb := bsoncore.NewDocumentBuilder
 	metas := bsoncore.NewArrayBuilder()
-	for _, m := range p.spec.metas {
+	for _, m := range p.Spec.Metas {
 		metas.AppendValue(m)
 	}
 	tp := nb().AppendString("stage", "TSPROXY_BUCKET_ID_LOOKUPS").
 		AppendString("bucketCollection", p.bucketNS).
 		AppendArray("metas", metas.Build()).
-		AppendInt64("windows", int64(len(p.spec.windows))).
+		AppendInt64("windows", int64(len(p.Spec.Windows))).
 		AppendInt64("keys", int64(len(p.keys))).
 		AppendString("lookup", "find {_id: BucketID(meta, window, seq)} for seq 0, 1, ... until the first missing id").
 		AppendString("eventFilter", "time range, applied by the proxy").
-		AppendInt32("sortTime", int32(p.spec.sortDir)).
-		AppendInt32("sortID", int32(p.spec.idDir))
+		AppendInt32("sortTime", int32(p.Spec.sortDir)).
+		AppendInt32("sortID", int32(p.Spec.idDir))
 	if len(p.keys) > 0 {
 		tp.AppendDocument("firstLookup", p.lookupCommand(p.keys[0], 0))
 	}
@@ -392,16 +393,16 @@ func (p *PointRead) explain() bsoncore.Document {
 		AppendDouble("ok", 1).Build()
 }
 
-// explainTarget is the explain command of the first command the plan
+// ExplainTarget is the explain command of the first command the plan
 // sends upstream (the first lookup, or the scan's find), so that explain
 // can show the upstream's own plan of it; nil when nothing is sent.
-func (p *PointRead) explainTarget() []byte {
+func (p *PointRead) ExplainTarget() []byte {
 	var cmd []byte
 	switch {
-	case p.ids != nil:
+	case p.Ids != nil:
 		cmd = p.idFind()
-	case p.scan != nil:
-		cmd = p.scanFind()
+	case p.Scan != nil:
+		cmd = p.ScanFind()
 	case len(p.keys) > 0:
 		cmd = p.lookupCommand(p.keys[0], 0)
 	default:

@@ -1,9 +1,10 @@
-package read
+package point
 
 import (
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/cursor"
-	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
 // heldCursor is a cursor over documents the proxy computed and holds
@@ -14,16 +15,16 @@ type heldCursor struct {
 	docs []bsoncore.Document
 }
 
-// defaultFirstBatch is MongoDB's first batch of an aggregate without a
+// DefaultFirstBatch is MongoDB's first batch of an aggregate without a
 // batchSize.
-const defaultFirstBatch = 101
+const DefaultFirstBatch = 101
 
-// heldResult answers with docs: a first batch of want documents
+// HeldResult answers with docs: a first batch of want documents
 // (defaultFirstBatch when want < 0), and a cursor named by newID over
 // the rest.
-func heldResult(docs []bsoncore.Document, ns string, want int64, newID func() int64) rewrite.Result {
+func HeldResult(docs []bsoncore.Document, ns string, want int64, newID func() int64) rewrite.Result {
 	if want < 0 {
-		want = defaultFirstBatch
+		want = DefaultFirstBatch
 	}
 	c := &heldCursor{ns: ns, docs: docs}
 	n, _ := cursor.BatchLen(docs, want)

@@ -1,10 +1,11 @@
-package read
+package point
 
 import (
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
-	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
 type shapeMode uint8
@@ -13,34 +14,34 @@ type shapeMode uint8
 // into the app's: kept with the cursor so getMore batches come out as the
 // first did.
 type CursorShape struct {
-	ns        string
-	metaField string
-	mode      shapeMode
-	proj      *query.Projection
-	groupID   bsoncore.Value // shapeGroupCount: the $group _id
-	groupKey  string         // shapeGroupCount: the counted field
-	metas     *metaResolver
+	Ns        string
+	MetaField string
+	Mode      shapeMode
+	Proj      *query.Projection
+	GroupID   bsoncore.Value // shapeGroupCount: the $group _id
+	GroupKey  string         // shapeGroupCount: the counted field
+	Metas     *MetaResolver
 	// SingleBatch: the app asked for one batch; the proxy kills the
 	// upstream cursor after the first and answers with id 0.
 	SingleBatch bool
 }
 
 // NS is the app's namespace, the cursor's ns in replies.
-func (s *CursorShape) NS() string { return s.ns }
+func (s *CursorShape) NS() string { return s.Ns }
 
 // MetaQuery returns the upstream find of the metas the reply's unwound
 // buckets lack (FerretDB's $unwind drops them), or nil when none is
 // needed. The proxy sends it and gives the reply to AddMetas before
 // MapReply.
 func (s *CursorShape) MetaQuery(reply []byte) [][]byte {
-	if s.mode != shapeEvent {
+	if s.Mode != ShapeEvent {
 		return nil
 	}
-	return s.metas.query(reply)
+	return s.Metas.Query(reply)
 }
 
 // AddMetas learns the metas from the reply to MetaQuery.
-func (s *CursorShape) AddMetas(reply []byte) error { return s.metas.add(reply) }
+func (s *CursorShape) AddMetas(reply []byte) error { return s.Metas.Add(reply) }
 
 // MapReply maps an aggregate or getMore reply from the bucket collection
 // to the app's: batches reshaped, ns the app's. It returns the upstream
@@ -116,7 +117,7 @@ func (s *CursorShape) appendCursor(dst []byte, cur bsoncore.Document) ([]byte, i
 			}
 			dst = bsoncore.AppendInt64Element(dst, "id", out)
 		case "ns":
-			dst = bsoncore.AppendStringElement(dst, "ns", s.ns)
+			dst = bsoncore.AppendStringElement(dst, "ns", s.Ns)
 		default:
 			dst = append(dst, e...)
 		}
@@ -126,21 +127,21 @@ func (s *CursorShape) appendCursor(dst []byte, cur bsoncore.Document) ([]byte, i
 }
 
 func (s *CursorShape) mapDoc(d bsoncore.Document) (bsoncore.Document, error) {
-	switch s.mode {
-	case shapeEvent:
-		ev, err := reshapeEvent(d, s.metaField, s.metas)
+	switch s.Mode {
+	case ShapeEvent:
+		ev, err := ReshapeEvent(d, s.MetaField, s.Metas)
 		if err != nil {
 			return nil, err
 		}
-		return s.proj.Apply(ev)
-	case shapeGroupCount:
+		return s.Proj.Apply(ev)
+	case ShapeGroupCount:
 		v, err := d.LookupErr("n")
 		if err != nil {
 			return nil, mongoerr.Errorf(mongoerr.InternalError, "upstream $count gave no n")
 		}
 		idx, out := bsoncore.AppendDocumentStart(nil)
-		out = bsoncore.AppendValueElement(out, "_id", s.groupID)
-		out = bsoncore.AppendValueElement(out, s.groupKey, v)
+		out = bsoncore.AppendValueElement(out, "_id", s.GroupID)
+		out = bsoncore.AppendValueElement(out, s.GroupKey, v)
 		return bsoncore.AppendDocumentEnd(out, idx)
 	default:
 		return d, nil
@@ -148,7 +149,7 @@ func (s *CursorShape) mapDoc(d bsoncore.Document) (bsoncore.Document, error) {
 }
 
 const (
-	shapeEvent      shapeMode = iota // unwound bucket → event, then projection
-	shapeAsIs                        // documents the pipeline computed ($count, full aggregation)
-	shapeGroupCount                  // {n: N} from $count → {_id: C, n: N} as $group gave
+	ShapeEvent      shapeMode = iota // unwound bucket → event, then projection
+	ShapeAsIs                        // documents the pipeline computed ($count, full aggregation)
+	ShapeGroupCount                  // {n: N} from $count → {_id: C, n: N} as $group gave
 )

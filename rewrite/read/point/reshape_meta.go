@@ -1,19 +1,20 @@
-package read
+package point
 
 import (
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
-	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
 // FerretDB v1.24's $unwind keeps only _id and the unwound field of each
 // document, so an unwound bucket there has no meta. The proxy then looks
 // the metas up by bucket _id, once per batch for the buckets it has not
 // seen: metaResolver holds what it learnt.
-type metaResolver struct {
-	bucketColl, db string
-	cache          map[string]bsoncore.Value // bucket _id (type byte + bytes) -> meta
+type MetaResolver struct {
+	BucketColl, Db string
+	Cache          map[string]bsoncore.Value // bucket _id (type byte + bytes) -> meta
 	fixed          *bsoncore.Value           // the meta of every bucket read, when the filter pins it
 }
 
@@ -21,11 +22,11 @@ type metaResolver struct {
 // starts again (batches come bucket by bucket, so little is lost).
 const maxMetaCache = 100_000
 
-func newMetaResolver(rc *query.Ctx) *metaResolver {
+func NewMetaResolver(rc *query.Ctx) *MetaResolver {
 	if rc.MetaField == "" {
 		return nil
 	}
-	return &metaResolver{bucketColl: rc.Rule.BucketCollection, db: rc.Rule.DB, cache: map[string]bsoncore.Value{}, fixed: rc.FixedMeta}
+	return &MetaResolver{BucketColl: rc.Rule.BucketCollection, Db: rc.Rule.DB, Cache: map[string]bsoncore.Value{}, fixed: rc.FixedMeta}
 }
 
 func idKey(v bsoncore.Value) string { return string(rune(v.Type)) + string(v.Data) }
@@ -60,27 +61,27 @@ func batchDocs(reply bsoncore.Document) []bsoncore.Document {
 	return out
 }
 
-// prefetch is a find of the _id and meta of every bucket the read's
+// Prefetch is a find of the _id and meta of every bucket the read's
 // bucket-level filter selects: one scan up front instead of a lookup per
 // bucket (FerretDB reads by _id through its index only for plain finds).
-func (m *metaResolver) prefetch(bucketFilter bsoncore.Document) []byte {
+func (m *MetaResolver) Prefetch(bucketFilter bsoncore.Document) []byte {
 	if m == nil || m.fixed != nil {
 		return nil
 	}
 	nb := bsoncore.NewDocumentBuilder
-	b := nb().AppendString("find", m.bucketColl)
+	b := nb().AppendString("find", m.BucketColl)
 	if bucketFilter != nil {
 		b.AppendDocument("filter", bucketFilter)
 	}
 	return b.AppendDocument("projection", nb().AppendInt32(bucket.FieldMeta, 1).Build()).
 		AppendInt64("batchSize", 100_000).
-		AppendString("$db", m.db).Build()
+		AppendString("$db", m.Db).Build()
 }
 
-// addPrefetched learns a prefetch batch and returns the getMore for the
+// AddPrefetched learns a prefetch batch and returns the getMore for the
 // next one, or nil.
-func (m *metaResolver) addPrefetched(reply []byte) []byte {
-	if m == nil || m.add(reply) != nil {
+func (m *MetaResolver) AddPrefetched(reply []byte) []byte {
+	if m == nil || m.Add(reply) != nil {
 		return nil
 	}
 	cur, err := bsoncore.Document(reply).LookupErr("cursor")
@@ -89,21 +90,21 @@ func (m *metaResolver) addPrefetched(reply []byte) []byte {
 	}
 	cd, _ := cur.DocumentOK()
 	id, _ := cd.Lookup("id").AsInt64OK()
-	if id == 0 || len(m.cache) >= maxMetaCache {
+	if id == 0 || len(m.Cache) >= maxMetaCache {
 		if id != 0 {
 			return nil // the rest is looked up per batch
 		}
 		return nil
 	}
 	return bsoncore.NewDocumentBuilder().AppendInt64("getMore", id).
-		AppendString("collection", m.bucketColl).AppendInt64("batchSize", 100_000).
-		AppendString("$db", m.db).Build()
+		AppendString("collection", m.BucketColl).AppendInt64("batchSize", 100_000).
+		AppendString("$db", m.Db).Build()
 }
 
-// query returns the finds of the metas of the reply's buckets that are
+// Query returns the finds of the metas of the reply's buckets that are
 // not known and not in their unwound documents: one per bucket, by _id
 // alone, the one filter FerretDB reads through its index.
-func (m *metaResolver) query(reply []byte) [][]byte {
+func (m *MetaResolver) Query(reply []byte) [][]byte {
 	if m == nil || m.fixed != nil {
 		return nil
 	}
@@ -122,7 +123,7 @@ func (m *metaResolver) query(reply []byte) [][]byte {
 			continue
 		}
 		k := idKey(id)
-		if _, ok := m.cache[k]; ok || seen[k] {
+		if _, ok := m.Cache[k]; ok || seen[k] {
 			continue
 		}
 		seen[k] = true
@@ -134,18 +135,18 @@ func (m *metaResolver) query(reply []byte) [][]byte {
 	nb := bsoncore.NewDocumentBuilder
 	out := make([][]byte, 0, len(ids))
 	for _, id := range ids {
-		out = append(out, nb().AppendString("find", m.bucketColl).
+		out = append(out, nb().AppendString("find", m.BucketColl).
 			AppendDocument("filter", nb().AppendValue(bucket.FieldID, id).Build()).
 			AppendDocument("projection", nb().AppendInt32(bucket.FieldMeta, 1).Build()).
 			AppendInt64("limit", 1).
 			AppendBoolean("singleBatch", true).
-			AppendString("$db", m.db).Build())
+			AppendString("$db", m.Db).Build())
 	}
 	return out
 }
 
-// add learns the metas of a reply to query.
-func (m *metaResolver) add(reply []byte) error {
+// Add learns the metas of a reply to query.
+func (m *MetaResolver) Add(reply []byte) error {
 	if m == nil {
 		return nil
 	}
@@ -158,8 +159,8 @@ func (m *metaResolver) add(reply []byte) error {
 		return mongoerr.Errorf(mongoerr.InternalError, "looking up bucket metas: %s", msg)
 	}
 	docs := batchDocs(doc)
-	if len(m.cache)+len(docs) > maxMetaCache && len(docs) < maxMetaCache {
-		m.cache = map[string]bsoncore.Value{}
+	if len(m.Cache)+len(docs) > maxMetaCache && len(docs) < maxMetaCache {
+		m.Cache = map[string]bsoncore.Value{}
 	}
 	for _, d := range docs {
 		id, err := d.LookupErr(bucket.FieldID)
@@ -170,13 +171,13 @@ func (m *metaResolver) add(reply []byte) error {
 		if err != nil {
 			meta = bsoncore.Value{Type: bsoncore.TypeNull}
 		}
-		m.cache[idKey(id)] = bsoncore.Value{Type: meta.Type, Data: append([]byte(nil), meta.Data...)}
+		m.Cache[idKey(id)] = bsoncore.Value{Type: meta.Type, Data: append([]byte(nil), meta.Data...)}
 	}
 	return nil
 }
 
 // metaOf is the meta of an unwound bucket: its own, or the one looked up.
-func (m *metaResolver) metaOf(unwound bsoncore.Document) (bsoncore.Value, error) {
+func (m *MetaResolver) metaOf(unwound bsoncore.Document) (bsoncore.Value, error) {
 	if v, err := unwound.LookupErr(bucket.FieldMeta); err == nil {
 		return v, nil
 	}
@@ -185,7 +186,7 @@ func (m *metaResolver) metaOf(unwound bsoncore.Document) (bsoncore.Value, error)
 	}
 	if m != nil {
 		if id, err := unwound.LookupErr(bucket.FieldID); err == nil {
-			if v, ok := m.cache[idKey(id)]; ok {
+			if v, ok := m.Cache[idKey(id)]; ok {
 				return v, nil
 			}
 		}

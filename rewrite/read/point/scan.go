@@ -1,14 +1,15 @@
-package read
+package point
 
 import (
 	"fmt"
 	"math"
 
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
 	"github.com/tsproxy/tsproxy/rules"
-	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
 // scanBatchBuckets is the batchSize of the upstream find and getMores: a
@@ -16,8 +17,8 @@ import (
 // on top of the window being collected.
 const scanBatchBuckets = 64
 
-// bucketScan is the upstream side of a scan read.
-type bucketScan struct {
+// BucketScan is the upstream side of a scan read.
+type BucketScan struct {
 	// Bucket start bounds of the upstream filter.
 	startLo, startHi       int64
 	hasStartLo, hasStartHi bool
@@ -35,7 +36,7 @@ type bucketScan struct {
 	byStart  bool
 	oneRun   bool
 	// metaIn, when set, narrows the find to these metas.
-	metaIn []bsoncore.Value
+	MetaIn []bsoncore.Value
 
 	hasWin   bool
 	run      runKey              // the run being collected
@@ -43,9 +44,9 @@ type bucketScan struct {
 	curBytes int
 }
 
-// planScan returns the spec and the upstream bounds of a scan read, or
+// PlanScan returns the spec and the upstream bounds of a scan read, or
 // why the find has none (then the aggregate path serves it).
-func planScan(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*pointSpec, *bucketScan, string) {
+func PlanScan(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*PointSpec, *BucketScan, string) {
 	if rc.Caps.UnwindKeepsFields {
 		// The aggregate reads each bucket once there, with the upstream's
 		// own indexes and sort.
@@ -58,7 +59,7 @@ func planScan(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*pointSpec, *bu
 	if err != nil {
 		return nil, nil, err.Error()
 	}
-	s := &pointSpec{}
+	s := &PointSpec{}
 	var hasLo, hasHi bool
 	for _, e := range conj {
 		if e.Key() != rc.TimeField {
@@ -74,7 +75,7 @@ func planScan(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*pointSpec, *bu
 	if why := s.setSort(sortDoc, rc.TimeField); why != "" {
 		return nil, nil, why
 	}
-	sc := &bucketScan{dir: 1, byStart: true}
+	sc := &BucketScan{dir: 1, byStart: true}
 	if s.sortDir < 0 {
 		sc.dir = -1
 	}
@@ -100,7 +101,7 @@ func planScan(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*pointSpec, *bu
 // admit one (an exact time, or a range inside one window): an equality
 // on start, which FerretDB on PostgreSQL filters in storage, where a
 // range is filtered by FerretDB after decoding every bucket.
-func (sc *bucketScan) oneStart(span int64) (int64, bool) {
+func (sc *BucketScan) oneStart(span int64) (int64, bool) {
 	if !sc.hasStartLo || !sc.hasStartHi || span <= 0 {
 		return 0, false
 	}
@@ -112,16 +113,16 @@ func (sc *bucketScan) oneStart(span int64) (int64, bool) {
 }
 
 // scanFilter is the bucket-level filter of the upstream find.
-func (sc *bucketScan) scanFilter(span int64) bsoncore.Document {
+func (sc *BucketScan) scanFilter(span int64) bsoncore.Document {
 	nb := bsoncore.NewDocumentBuilder
 	f := nb()
 	switch {
-	case len(sc.metaIn) == 1:
+	case len(sc.MetaIn) == 1:
 		// An equality FerretDB pushes down to its storage.
-		f.AppendValue(bucket.FieldMeta, sc.metaIn[0])
-	case sc.metaIn != nil:
+		f.AppendValue(bucket.FieldMeta, sc.MetaIn[0])
+	case sc.MetaIn != nil:
 		in := bsoncore.NewArrayBuilder()
-		for _, m := range sc.metaIn {
+		for _, m := range sc.MetaIn {
 			in.AppendValue(m)
 		}
 		f.AppendDocument(bucket.FieldMeta, nb().AppendArray("$in", in.Build()).Build())
@@ -148,7 +149,7 @@ func (sc *bucketScan) scanFilter(span int64) bsoncore.Document {
 
 // scanExhausted: the upstream is read to the end and the last window
 // emitted.
-func (sc *bucketScan) exhausted() bool { return sc.done && !sc.hasWin }
+func (sc *BucketScan) Exhausted() bool { return sc.done && !sc.hasWin }
 
 // scanError is an upstream's error reply to the scan as the proxy's own.
 func scanError(ns string, reply bsoncore.Document) error {
@@ -156,9 +157,9 @@ func scanError(ns string, reply bsoncore.Document) error {
 	return mongoerr.Errorf(e.Code, "tsproxy rule %s: bucket scan failed upstream: %s", ns, e.Msg)
 }
 
-// scanFind is the upstream find of a scan read.
-func (p *PointRead) scanFind() []byte {
-	sc := p.scan
+// ScanFind is the upstream find of a scan read.
+func (p *PointRead) ScanFind() []byte {
+	sc := p.Scan
 	nb := bsoncore.NewDocumentBuilder
 	return nb().AppendString("find", p.coll).
 		AppendDocument("filter", sc.scanFilter(p.span)).
@@ -168,7 +169,7 @@ func (p *PointRead) scanFind() []byte {
 }
 
 func (p *PointRead) scanGetMore() []byte {
-	return bsoncore.NewDocumentBuilder().AppendInt64("getMore", p.scan.cursor).
+	return bsoncore.NewDocumentBuilder().AppendInt64("getMore", p.Scan.cursor).
 		AppendString("collection", p.coll).
 		AppendInt32("batchSize", scanBatchBuckets).
 		AppendString("$db", p.db).Build()
@@ -176,14 +177,14 @@ func (p *PointRead) scanGetMore() []byte {
 
 // scanLookups is Lookups of a scan: the find, then one getMore at a time.
 func (p *PointRead) scanLookups() [][]byte {
-	sc := p.scan
+	sc := p.Scan
 	if sc.done {
 		return nil
 	}
 	if !sc.sent {
 		sc.sent = true
 		p.LookupsSent++
-		return [][]byte{p.scanFind()}
+		return [][]byte{p.ScanFind()}
 	}
 	p.LookupsSent++
 	return [][]byte{p.scanGetMore()}
@@ -193,7 +194,7 @@ func (p *PointRead) scanLookups() [][]byte {
 // its window, and a window is emitted once the next one starts (or the
 // upstream cursor ends).
 func (p *PointRead) scanFeed(replies [][]byte) error {
-	sc := p.scan
+	sc := p.Scan
 	if len(replies) != 1 {
 		return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: %d replies to one bucket scan command", p.ns, len(replies))
 	}
@@ -243,7 +244,7 @@ func (p *PointRead) scanFeed(replies [][]byte) error {
 }
 
 func (p *PointRead) emitScanWindow() error {
-	sc := p.scan
+	sc := p.Scan
 	err := p.emitBuckets(sc.cur)
 	sc.cur, sc.hasWin, sc.curBytes = nil, false, 0
 	return err
@@ -253,17 +254,17 @@ func (p *PointRead) emitScanWindow() error {
 // (0 if none): the proxy kills it when the read ends before the upstream
 // cursor does (a limit, a single batch, killCursors).
 func (p *PointRead) OpenUpstreamCursor() int64 {
-	if p.scan == nil || p.scan.done {
+	if p.Scan == nil || p.Scan.done {
 		return 0
 	}
-	return p.scan.cursor
+	return p.Scan.cursor
 }
 
 // UpstreamCursorClosed records that the proxy killed the upstream cursor:
 // the read is over, and the cursor is not killed twice.
 func (p *PointRead) UpstreamCursorClosed() {
-	if p.scan != nil {
-		p.scan.done, p.scan.cursor = true, 0
+	if p.Scan != nil {
+		p.Scan.done, p.Scan.cursor = true, 0
 	}
 }
 
@@ -272,11 +273,11 @@ func (p *PointRead) scanExplain() bsoncore.Document {
 	nb := bsoncore.NewDocumentBuilder
 	tp := nb().AppendString("stage", "TSPROXY_BUCKET_SCAN").
 		AppendString("bucketCollection", p.bucketNS).
-		AppendDocument("find", p.scanFind()).
-		AppendString("eventFilter", p.spec.filterExplain()).
-		AppendString("order", p.scan.orderExplain())
-	if p.spec.order == nil {
-		tp.AppendInt32("sortTime", int32(p.spec.sortDir)).AppendInt32("sortID", int32(p.spec.idDir))
+		AppendDocument("find", p.ScanFind()).
+		AppendString("eventFilter", p.Spec.filterExplain()).
+		AppendString("order", p.Scan.OrderExplain())
+	if p.Spec.Order == nil {
+		tp.AppendInt32("sortTime", int32(p.Spec.sortDir)).AppendInt32("sortID", int32(p.Spec.idDir))
 	}
 	return nb().AppendDocument("queryPlanner", nb().
 		AppendString("namespace", p.ns).
