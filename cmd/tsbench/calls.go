@@ -11,6 +11,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/tsproxy/tsproxy/cmd/tsbench/internal/benchenv"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rules"
 )
@@ -23,7 +24,7 @@ func callsRules() ([]rules.Rule, error) {
 	var b strings.Builder
 	b.WriteString("rules:\n")
 	writeIngestRule(&b, callsDB+"."+ingestColl, "")
-	return rulesFromYAML(b.String())
+	return benchenv.RulesFromYAML(b.String())
 }
 
 // callKinds are the five inserts of a calls round, in the order sent.
@@ -41,14 +42,14 @@ var callKinds = []struct{ name, what string }{
 // differences measured). Figures are each kind's p50, medians of runs.
 // The staged document is the one the proxy wrote, in the form of the
 // rule's format record; the fifth kind is the same events in form 1.
-func benchCalls(e *benchEnv, runs, n int) error {
+func benchCalls(e *benchenv.Env, runs, n int) error {
 	ctx := context.Background()
-	direct, err := mongo.Connect(options.Client().ApplyURI(e.upstreamURI))
+	direct, err := mongo.Connect(options.Client().ApplyURI(e.UpstreamURI))
 	if err != nil {
 		return err
 	}
 	defer direct.Disconnect(ctx)
-	proxied, err := mongo.Connect(options.Client().ApplyURI(e.proxyURI))
+	proxied, err := mongo.Connect(options.Client().ApplyURI(e.ProxyURI))
 	if err != nil {
 		return err
 	}
@@ -80,12 +81,12 @@ func benchCalls(e *benchEnv, runs, n int) error {
 		proxied.Database(callsDB).Collection("plain_proxied"),
 		direct.Database(callsDB).Collection(strings.Replace(stagingColl, "tsproxy_stage", "tsbench_stagek", 1)),
 	}
-	if e.indexIDs != nil {
+	if e.IndexIDs != nil {
 		for _, c := range []*mongo.Collection{colls[0], colls[1], colls[3], colls[4]} {
 			if err := c.Database().CreateCollection(ctx, c.Name()); err != nil {
 				return err
 			}
-			if err := e.indexIDs(ctx, callsDB, c.Name()); err != nil {
+			if err := e.IndexIDs(ctx, callsDB, c.Name()); err != nil {
 				return err
 			}
 		}
@@ -115,7 +116,7 @@ func benchCalls(e *benchEnv, runs, n int) error {
 		}
 		for k := range times {
 			slices.Sort(times[k])
-			p50s[k] = append(p50s[k], percentile(times[k], 0.5))
+			p50s[k] = append(p50s[k], benchenv.Percentile(times[k], 0.5))
 		}
 		fmt.Printf("run %d/%d done\n", r+1, runs)
 	}
@@ -213,7 +214,7 @@ func printCalls(runs, n int, docs [2]bson.D, p50s [][]time.Duration) {
 	fmt.Println()
 	fmt.Printf("| kind | what | p50 µs (median of runs) | runs' p50s |\n|---|---|---:|---|\n")
 	for k, kind := range callKinds {
-		fmt.Printf("| %s | %s | %.0f | %s |\n", kind.name, kind.what, median(field(p50s[k], micros)), joinRuns(p50s[k], func(d time.Duration) string { return fmt.Sprint(d.Microseconds()) }))
+		fmt.Printf("| %s | %s | %.0f | %s |\n", kind.name, kind.what, benchenv.Median(field(p50s[k], micros)), joinRuns(p50s[k], func(d time.Duration) string { return fmt.Sprint(d.Microseconds()) }))
 	}
 	// Each part is a difference of two p50s of the same run, then the
 	// median of the runs' differences.
@@ -233,7 +234,7 @@ func printCalls(runs, n int, docs [2]bson.D, p50s [][]time.Duration) {
 		for r := range diffs {
 			diffs[r] = p50s[pt.of][r] - p50s[pt.minus][r]
 		}
-		fmt.Printf("| %s | %+.0f | %s | %s |\n", pt.what, median(field(diffs, micros)),
+		fmt.Printf("| %s | %+.0f | %s | %s |\n", pt.what, benchenv.Median(field(diffs, micros)),
 			joinRuns(diffs, func(d time.Duration) string { return fmt.Sprintf("%+d", d.Microseconds()) }), pt.how)
 	}
 	ratios := make([]float64, runs)
@@ -241,7 +242,7 @@ func printCalls(runs, n int, docs [2]bson.D, p50s [][]time.Duration) {
 		ratios[r] = float64(p50s[2][r]) / float64(p50s[0][r])
 	}
 	fmt.Printf("\ncalls through the proxy, staged / plain direct, at p50: %.2fx (runs %s; issue 13's target: 1.3x)\n",
-		median(ratios), joinRuns(ratios, func(x float64) string { return fmt.Sprintf("%.2f", x) }))
+		benchenv.Median(ratios), joinRuns(ratios, func(x float64) string { return fmt.Sprintf("%.2f", x) }))
 }
 
 func micros(d time.Duration) float64 { return float64(d.Microseconds()) }

@@ -12,6 +12,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
+	"github.com/tsproxy/tsproxy/cmd/tsbench/internal/benchenv"
 	"github.com/tsproxy/tsproxy/rules"
 )
 
@@ -40,7 +41,7 @@ func dashboardRules(runs int) ([]rules.Rule, error) {
 	for r := 1; r <= max(runs, 1); r++ {
 		writeIngestRule(&b, dashboardDB(r)+"."+ingestColl, "")
 	}
-	return rulesFromYAML(b.String())
+	return benchenv.RulesFromYAML(b.String())
 }
 
 // dashboardPath is what one path (direct or proxy) measured in a run.
@@ -115,24 +116,24 @@ func dashboardRun(ctx context.Context, coll *mongo.Collection, batches [][]any, 
 	return p, nil
 }
 
-func benchDashboard(e *benchEnv, runs, events, every int) error {
+func benchDashboard(e *benchenv.Env, runs, events, every int) error {
 	if every <= 0 {
 		return fmt.Errorf("-read-every must be positive")
 	}
 	ctx := context.Background()
-	cs, err := e.connectBoth(10*time.Minute, 4)
+	cs, err := e.ConnectBoth(10*time.Minute, 4)
 	if err != nil {
 		return err
 	}
-	defer cs.close()
-	if _, _, err := tsproxyFlush(ctx, cs.proxy); err != nil {
+	defer cs.Close()
+	if _, _, err := tsproxyFlush(ctx, cs.Proxy); err != nil {
 		return fmt.Errorf("warm-up tsproxyFlush: %w", err)
 	}
 	batches := ingestBatches(events, 1)
 	var direct, proxied []dashboardPath
 	for r := 1; r <= runs; r++ {
 		db := dashboardDB(r)
-		if err := prefillRun(ctx, cs.direct, cs.proxy, db); err != nil {
+		if err := prefillRun(ctx, cs.Direct, cs.Proxy, db); err != nil {
 			return err
 		}
 		// Alternate which path goes first: the machine drifts.
@@ -142,8 +143,8 @@ func benchDashboard(e *benchEnv, runs, events, every int) error {
 			out   *[]dashboardPath
 			reads int
 		}{
-			{"direct", cs.direct.Database(db).Collection(plainColl), &direct, dashboardDirectReads},
-			{"proxy", cs.proxy.Database(db).Collection(ingestColl), &proxied, len(batches)},
+			{"direct", cs.Direct.Database(db).Collection(plainColl), &direct, dashboardDirectReads},
+			{"proxy", cs.Proxy.Database(db).Collection(ingestColl), &proxied, len(batches)},
 		}
 		if r%2 == 0 {
 			paths[0], paths[1] = paths[1], paths[0]
@@ -170,12 +171,12 @@ func benchDashboard(e *benchEnv, runs, events, every int) error {
 				return fmt.Errorf("run %d, %s: %w", r, p.name, err)
 			}
 		}
-		fr, fd, err := tsproxyFlush(ctx, cs.proxy)
+		fr, fd, err := tsproxyFlush(ctx, cs.Proxy)
 		if err != nil {
 			return fmt.Errorf("run %d: tsproxyFlush: %w", r, err)
 		}
 		fmt.Fprintf(os.Stderr, "  run %d: a flush of %d more inserts (and of the stale event-id index entries the reads' merges left waiting) took %.1f ms: %d events into %d buckets; %s\n", r, every, ms(fd), fr.events, fr.buckets, slowestSteps(fr.steps, 6))
-		st, err := settled(ctx, cs.direct.Database(db), e.indexBytes)
+		st, err := settled(ctx, cs.Direct.Database(db), e.IndexBytes)
 		if err != nil {
 			return fmt.Errorf("run %d: %w", r, err)
 		}
@@ -183,7 +184,7 @@ func benchDashboard(e *benchEnv, runs, events, every int) error {
 		if st.stored != want || st.plainN != want || len(st.leftover) > 0 {
 			return fmt.Errorf("run %d: %d events in all; stored: %d in buckets, %d plain, staging left: %v", r, want, st.stored, st.plainN, st.leftover)
 		}
-		buckets := cs.direct.Database(db).Collection(bucketColl)
+		buckets := cs.Direct.Database(db).Collection(bucketColl)
 		nBuckets, err := buckets.CountDocuments(ctx, bson.D{})
 		if err != nil {
 			return fmt.Errorf("run %d: count buckets: %w", r, err)
@@ -195,7 +196,7 @@ func benchDashboard(e *benchEnv, runs, events, every int) error {
 		d, p := direct[len(direct)-1], proxied[len(proxied)-1]
 		fmt.Fprintf(os.Stderr, "  run %d: inserts direct %.0f ev/s, proxy %.0f ev/s; read p50 ms direct %.1f / %.1f, proxy %.1f / %.1f (first / again); %d buckets, %d of them with fewer than 100 events (%d documents with the event-id index and the records of merged retryable writes)\n",
 			r, d.rate(events), p.rate(events), ms(p50(d.first)), ms(p50(d.again)), ms(p50(p.first)), ms(p50(p.again)), nBuckets, small, st.bucketN)
-		if err := cs.direct.Database(db).Drop(ctx); err != nil {
+		if err := cs.Direct.Database(db).Drop(ctx); err != nil {
 			return fmt.Errorf("drop %s: %w", db, err)
 		}
 	}
@@ -204,7 +205,7 @@ func benchDashboard(e *benchEnv, runs, events, every int) error {
 		for i, p := range ps {
 			xs[i] = f(p)
 		}
-		return median(xs)
+		return benchenv.Median(xs)
 	}
 	first := func(p dashboardPath) float64 { return ms(p50(p.first)) }
 	firstP95 := func(p dashboardPath) float64 { return ms(percentileOf(p.first, 0.95)) }
@@ -265,7 +266,7 @@ func fillQuarters(ps []dashboardPath) [4]float64 {
 	for q := range by {
 		out[q] = math.NaN()
 		if len(by[q]) > 0 {
-			out[q] = median(by[q])
+			out[q] = benchenv.Median(by[q])
 		}
 	}
 	return out
@@ -275,7 +276,7 @@ func p50(ds []time.Duration) time.Duration { return percentileOf(ds, 0.5) }
 
 // percentileOf is percentile of ds, unsorted.
 func percentileOf(ds []time.Duration, q float64) time.Duration {
-	return percentile(slices.Sorted(slices.Values(ds)), q)
+	return benchenv.Percentile(slices.Sorted(slices.Values(ds)), q)
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -16,6 +16,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/tsproxy/tsproxy/cmd/tsbench/internal/benchenv"
 	"github.com/tsproxy/tsproxy/rules"
 )
 
@@ -61,7 +62,7 @@ func ingestRules(threshold int) ([]rules.Rule, error) {
 			writeIngestRule(&b, ns, extra)
 		}
 	}
-	return rulesFromYAML(b.String())
+	return benchenv.RulesFromYAML(b.String())
 }
 
 // ingestMaxEvents is the ingest rule's maxEvents.
@@ -128,7 +129,7 @@ type ingestSample struct {
 // ingest through the proxy (inserts, then tsproxyFlush) against plain
 // inserts of the same events straight to the upstream, and what each
 // stores, and checks that every event sent is stored once.
-func benchIngest(e *benchEnv, runs, events int, only string) error {
+func benchIngest(e *benchenv.Env, runs, events int, only string) error {
 	cases, err := parseCases(only)
 	if err != nil {
 		return err
@@ -141,12 +142,12 @@ func benchIngest(e *benchEnv, runs, events int, only string) error {
 		}
 	}
 	ctx := context.Background()
-	cs, err := e.connectBoth(10*time.Minute, 32)
+	cs, err := e.ConnectBoth(10*time.Minute, 32)
 	if err != nil {
 		return err
 	}
-	defer cs.close()
-	proxyC, directC := cs.proxy, cs.direct
+	defer cs.Close()
+	proxyC, directC := cs.Proxy, cs.Direct
 
 	// The first tsproxyFlush does every rule's one-time steps (bucket
 	// index, writer lease); then time one with nothing staged: the fixed
@@ -200,7 +201,7 @@ func benchIngest(e *benchEnv, runs, events int, only string) error {
 			if err != nil {
 				fail("run %d batch %d clients %d: %v", r, c.batch, c.conc, err)
 			} else {
-				st, err := settled(ctx, directC.Database(db), e.indexBytes)
+				st, err := settled(ctx, directC.Database(db), e.IndexBytes)
 				s.st = st
 				switch {
 				case err != nil:
@@ -224,7 +225,7 @@ func benchIngest(e *benchEnv, runs, events int, only string) error {
 	}
 
 	report(cases, samples, runs, events, ingestSetup{nRules: len(ingestNamespaces), warm: warm, warmTime: warmTime,
-		idleFlush: median(idle), idleOthers: idleOthers, forms: forms})
+		idleFlush: benchenv.Median(idle), idleOthers: idleOthers, forms: forms})
 	left, err := directC.ListDatabaseNames(ctx, bson.D{{Key: "name", Value: bson.D{{Key: "$regex", Value: "^tsbench_ingest_"}}}})
 	if err != nil {
 		fail("listDatabases: %v", err)
@@ -242,7 +243,7 @@ func benchIngest(e *benchEnv, runs, events int, only string) error {
 	if ingestArgs.png != "" {
 		ratios := map[ingestCase]float64{}
 		for i, c := range cases {
-			ratios[c] = median(field(samples[i], func(s ingestSample) float64 { return s.proxy / s.direct }))
+			ratios[c] = benchenv.Median(field(samples[i], func(s ingestSample) float64 { return s.proxy / s.direct }))
 		}
 		title := fmt.Sprintf("tsbench ingest on %s: sustained proxy/direct (median of %d runs)", ingestBackend(), runs)
 		if err := writeIngestPNG(ingestArgs.png, title, ratios); err != nil {
@@ -433,7 +434,7 @@ func summarizeCalls(calls []time.Duration) callTimes {
 	for _, d := range sorted {
 		sum += d
 	}
-	t := callTimes{p50: percentile(sorted, 0.5), p99: percentile(sorted, 0.99)}
+	t := callTimes{p50: benchenv.Percentile(sorted, 0.5), p99: benchenv.Percentile(sorted, 0.99)}
 	if len(sorted) > 0 {
 		t.mean = sum / time.Duration(len(sorted))
 	}

@@ -6,6 +6,8 @@ import (
 	"runtime"
 	"strings"
 	"time"
+
+	"github.com/tsproxy/tsproxy/cmd/tsbench/internal/benchenv"
 )
 
 // What tsbench ingest prints: its Markdown tables and the targets missed.
@@ -26,7 +28,7 @@ type ingestSetup struct {
 // report prints the Markdown tables.
 func report(cases []ingestCase, samples [][]ingestSample, runs, events int, setup ingestSetup) {
 	nRules, warm, warmTime, idleFlush, idleOthers := setup.nRules, setup.warm, setup.warmTime, setup.idleFlush, setup.idleOthers
-	med := func(i int, f func(ingestSample) float64) float64 { return median(field(samples[i], f)) }
+	med := func(i int, f func(ingestSample) float64) float64 { return benchenv.Median(field(samples[i], f)) }
 	num := func(v float64, format string) string {
 		if v == 0 {
 			return "–"

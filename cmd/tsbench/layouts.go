@@ -9,6 +9,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
+	"github.com/tsproxy/tsproxy/cmd/tsbench/internal/benchenv"
 	"github.com/tsproxy/tsproxy/rules"
 )
 
@@ -49,7 +50,7 @@ func layoutRules() ([]rules.Rule, error) {
     window: minute
     slot: second
 `
-	return rulesFromYAML(yaml)
+	return benchenv.RulesFromYAML(yaml)
 }
 
 // layoutCase is one layout and its events: the k-th event of n.
@@ -84,14 +85,14 @@ var layoutCases = []layoutCase{
 // (layoutRun), and reports events/s, documents and sizes. With prefill,
 // each run's collections first get that many events, the ones before
 // the timed events (at batch 1000, flushed): a rule with history.
-func benchLayouts(e *benchEnv, runs, events, batch, prefill int) error {
+func benchLayouts(e *benchenv.Env, runs, events, batch, prefill int) error {
 	ctx := context.Background()
-	cs, err := e.connectBoth(10*time.Minute, 0)
+	cs, err := e.ConnectBoth(10*time.Minute, 0)
 	if err != nil {
 		return err
 	}
-	defer cs.close()
-	proxyC, directC := cs.proxy, cs.direct
+	defer cs.Close()
+	proxyC, directC := cs.Proxy, cs.Direct
 	db := func(c *mongo.Client) *mongo.Database { return c.Database("tsbench") }
 	rates := map[string][]float64{}
 	flushes := map[string][]float64{} // seconds
@@ -124,8 +125,8 @@ func benchLayouts(e *benchEnv, runs, events, batch, prefill int) error {
 		for i := range min(len(ds), len(ps)) {
 			ratios = append(ratios, ps[i]/ds[i])
 		}
-		d, p := median(ds), median(ps)
-		fmt.Printf("| %s | %.0f | %.0f | %.2f | %.2f | %.2f |\n", lc.name, d, p, p/d, median(ratios), median(flushes[lc.name]))
+		d, p := benchenv.Median(ds), benchenv.Median(ps)
+		fmt.Printf("| %s | %.0f | %.0f | %.2f | %.2f | %.2f |\n", lc.name, d, p, p/d, benchenv.Median(ratios), benchenv.Median(flushes[lc.name]))
 	}
 	fmt.Printf("\nstorage after %d events (collStats), and the proxy's count of them:\n\n", events)
 	fmt.Println("| layout | plain documents | bucket documents | plain data bytes | bucket data bytes | plain index bytes | bucket index bytes | count via proxy |")

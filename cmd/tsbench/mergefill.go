@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/tsproxy/tsproxy/cmd/tsbench/internal/benchenv"
 )
 
 // mergeFills are the slots per series written before the timed merge: an
@@ -19,14 +21,14 @@ var mergeFills = []int{0, 900, 1800, 3590}
 // rewrites a whole document on every update, a merge that rewrites the
 // stored window costs more the fuller it is, and a merge runs before every read of a staged rule, so a
 // dashboard reading while events arrive pays it on every read.
-func benchMergeFill(e *benchEnv, runs int) error {
+func benchMergeFill(e *benchenv.Env, runs int) error {
 	ctx := context.Background()
-	cs, err := e.connectBoth(10*time.Minute, 0)
+	cs, err := e.ConnectBoth(10*time.Minute, 0)
 	if err != nil {
 		return err
 	}
-	defer cs.close()
-	db := cs.proxy.Database("tsbench")
+	defer cs.Close()
+	db := cs.Proxy.Database("tsbench")
 	const probe = 10 // one event per host
 	var cases []layoutCase
 	for _, lc := range layoutCases {
@@ -53,14 +55,14 @@ func benchMergeFill(e *benchEnv, runs int) error {
 					if _, err := insertLayout(ctx, coll, lc, 0, from, 1000); err != nil {
 						return fmt.Errorf("%s: fill: %w", lc.name, err)
 					}
-					if _, _, err := tsproxyFlush(ctx, cs.proxy); err != nil {
+					if _, _, err := tsproxyFlush(ctx, cs.Proxy); err != nil {
 						return fmt.Errorf("%s: tsproxyFlush: %w", lc.name, err)
 					}
 				}
 				if _, err := insertLayout(ctx, coll, lc, from, from+probe, 1); err != nil {
 					return fmt.Errorf("%s: probe: %w", lc.name, err)
 				}
-				fr, d, err := tsproxyFlush(ctx, cs.proxy)
+				fr, d, err := tsproxyFlush(ctx, cs.Proxy)
 				if err != nil {
 					return fmt.Errorf("%s: tsproxyFlush: %w", lc.name, err)
 				}
@@ -87,7 +89,7 @@ func benchMergeFill(e *benchEnv, runs int) error {
 	for _, lc := range cases {
 		fmt.Printf("| %s |", lc.name)
 		for _, f := range mergeFills {
-			fmt.Printf(" %.1f |", median(took[fmt.Sprintf("%s/%d", lc.coll, f)]))
+			fmt.Printf(" %.1f |", benchenv.Median(took[fmt.Sprintf("%s/%d", lc.coll, f)]))
 		}
 		fmt.Println()
 	}

@@ -11,6 +11,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/tsproxy/tsproxy/cmd/tsbench/internal/benchenv"
 )
 
 type latencyResult struct{ p50, p99 []float64 } // microseconds, one per run
@@ -19,10 +21,10 @@ type latencyResult struct{ p50, p99 []float64 } // microseconds, one per run
 // _id, which FerretDB answers with an indexed lookup)
 // direct and through the proxy, runs interleaved so that both see the same
 // machine load.
-func benchPassthrough(e *benchEnv, runs, n int, dur time.Duration) error {
+func benchPassthrough(e *benchenv.Env, runs, n int, dur time.Duration) error {
 	ctx := context.Background()
 	clients := map[string]*mongo.Client{}
-	for name, uri := range map[string]string{"direct": e.upstreamURI, "proxy": e.proxyURI} {
+	for name, uri := range map[string]string{"direct": e.UpstreamURI, "proxy": e.ProxyURI} {
 		c, err := mongo.Connect(options.Client().ApplyURI(uri).SetMaxPoolSize(64))
 		if err != nil {
 			return err
@@ -84,7 +86,7 @@ func benchPassthrough(e *benchEnv, runs, n int, dur time.Duration) error {
 	for _, op := range []string{"ping", "find"} {
 		for _, t := range targets {
 			k := op + "/" + t
-			fmt.Printf("| %s | %s | %.0f | %.0f | %.0f |\n", op, t, median(lat[k].p50), median(lat[k].p99), median(thr[k]))
+			fmt.Printf("| %s | %s | %.0f | %.0f | %.0f |\n", op, t, benchenv.Median(lat[k].p50), benchenv.Median(lat[k].p99), benchenv.Median(thr[k]))
 		}
 	}
 	fmt.Println()
@@ -92,8 +94,8 @@ func benchPassthrough(e *benchEnv, runs, n int, dur time.Duration) error {
 	fmt.Println("|---|---:|---:|---:|")
 	for _, op := range []string{"ping", "find"} {
 		d, p := lat[op+"/direct"], lat[op+"/proxy"]
-		fmt.Printf("| %s | %+.0f | %+.0f | %.2f |\n", op, median(p.p50)-median(d.p50), median(p.p99)-median(d.p99),
-			median(thr[op+"/proxy"])/median(thr[op+"/direct"]))
+		fmt.Printf("| %s | %+.0f | %+.0f | %.2f |\n", op, benchenv.Median(p.p50)-benchenv.Median(d.p50), benchenv.Median(p.p99)-benchenv.Median(d.p99),
+			benchenv.Median(thr[op+"/proxy"])/benchenv.Median(thr[op+"/direct"]))
 	}
 	return nil
 }
@@ -108,7 +110,7 @@ func measureLatency(c *mongo.Client, op func(*mongo.Client, int) error, n int) (
 		ds[i] = time.Since(t0)
 	}
 	sort.Slice(ds, func(a, b int) bool { return ds[a] < ds[b] })
-	return float64(percentile(ds, 0.50).Microseconds()), float64(percentile(ds, 0.99).Microseconds()), nil
+	return float64(benchenv.Percentile(ds, 0.50).Microseconds()), float64(benchenv.Percentile(ds, 0.99).Microseconds()), nil
 }
 
 func measureThroughput(c *mongo.Client, op func(*mongo.Client, int) error, conc int, dur time.Duration) (float64, error) {

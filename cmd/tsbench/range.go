@@ -12,6 +12,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/tsproxy/tsproxy/cmd/tsbench/internal/benchenv"
 	"github.com/tsproxy/tsproxy/rules"
 )
 
@@ -45,7 +46,7 @@ func rangeRules(span time.Duration) ([]rules.Rule, error) {
     bucket: {span: %s, maxEvents: 3600}
     aggregates: [value]
 `, span)
-	return rulesFromYAML(yaml)
+	return benchenv.RulesFromYAML(yaml)
 }
 
 type rangeQuery struct {
@@ -103,18 +104,18 @@ func rangeQueries(o *rangeOptions) []rangeQuery {
 // benchRange loads the same events into a plain collection directly and
 // into buckets through the proxy, then times each range query on both,
 // interleaved, and reports medians, ratios and documents examined.
-func benchRange(e *benchEnv, o *rangeOptions) error {
+func benchRange(e *benchenv.Env, o *rangeOptions) error {
 	ctx := context.Background()
-	cs, err := e.connectBoth(30*time.Minute, 0)
+	cs, err := e.ConnectBoth(30*time.Minute, 0)
 	if err != nil {
 		return err
 	}
-	defer cs.close()
-	db := cs.direct.Database("tsbench")
+	defer cs.Close()
+	db := cs.Direct.Database("tsbench")
 	r := &rangeRun{
-		o: o, proxyC: cs.proxy, db: db,
+		o: o, proxyC: cs.Proxy, db: db,
 		plain: db.Collection("plain"), buckets: db.Collection("events.buckets"),
-		proxied: cs.proxy.Database("tsbench").Collection("events"),
+		proxied: cs.Proxy.Database("tsbench").Collection("events"),
 		qs:      rangeQueries(o),
 	}
 	if err := r.load(ctx); err != nil {
@@ -238,7 +239,7 @@ func (r *rangeRun) report(ctx context.Context) error {
 	fmt.Println("| query | docs returned | direct ms | proxy ms | direct/proxy | direct docs examined | proxy buckets read (lookups) | proxy plan |")
 	fmt.Println("|---|---:|---:|---:|---:|---:|---:|---|")
 	for i, q := range r.qs {
-		d, p := median(r.directMS[i]), median(r.proxyMS[i])
+		d, p := benchenv.Median(r.directMS[i]), benchenv.Median(r.proxyMS[i])
 		read, lookups, plan, err := proxyExamined(ctx, r.proxyC, r.buckets, q, r.nBuckets)
 		if err != nil {
 			return err

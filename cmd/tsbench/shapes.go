@@ -9,6 +9,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/tsproxy/tsproxy/cmd/tsbench/internal/benchenv"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/layout"
 )
@@ -59,14 +60,14 @@ func shapeValue(s int) float64 { return float64((s*37)%1000) / 10 }
 // one slots bucket of a full hour in each stored form, straight on the
 // upstream (no proxy): FerretDB's cost of a document is per field, which
 // is why the proxy packs slots there (rewrite/layout's packed slots).
-func benchShapes(e *benchEnv, runs int) error {
+func benchShapes(e *benchenv.Env, runs int) error {
 	ctx := context.Background()
-	cs, err := e.connectBoth(10*time.Minute, 0)
+	cs, err := e.ConnectBoth(10*time.Minute, 0)
 	if err != nil {
 		return err
 	}
-	defer cs.close()
-	db := cs.direct.Database("tsbench")
+	defer cs.Close()
+	db := cs.Direct.Database("tsbench")
 	const docs = 10
 	fmt.Printf("\nmedians of %d runs x %d documents, ms; one hour of one-second doubles (3,600 values) a document, in a collection of %d\n\n", runs, docs, docs)
 	fmt.Println("| stored form | document bytes | insert | find by _id | replace by _id |")
@@ -79,11 +80,11 @@ func benchShapes(e *benchEnv, runs int) error {
 			if err := coll.Drop(ctx); err != nil {
 				return err
 			}
-			if e.indexIDs != nil {
+			if e.IndexIDs != nil {
 				if _, err := coll.InsertOne(ctx, bson.D{{Key: "_id", Value: -1}}); err != nil {
 					return err
 				}
-				if err := e.indexIDs(ctx, "tsbench", coll.Name()); err != nil {
+				if err := e.IndexIDs(ctx, "tsbench", coll.Name()); err != nil {
 					return err
 				}
 			}
@@ -121,7 +122,7 @@ func benchShapes(e *benchEnv, runs int) error {
 			}
 		}
 		_ = coll.Drop(ctx)
-		fmt.Printf("| %s | %d | %.1f | %.1f | %.1f |\n", sh.name, size, median(slices.Clone(ins)), median(slices.Clone(find)), median(slices.Clone(rep)))
+		fmt.Printf("| %s | %d | %.1f | %.1f | %.1f |\n", sh.name, size, benchenv.Median(slices.Clone(ins)), benchenv.Median(slices.Clone(find)), benchenv.Median(slices.Clone(rep)))
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/tsproxy/tsproxy/cmd/tsbench/internal/benchenv"
 	"github.com/tsproxy/tsproxy/rules"
 )
 
@@ -23,7 +24,7 @@ func summaryRules() ([]rules.Rule, error) {
     bucket: {span: 1h, maxEvents: 3600}
     aggregates: [value]
 `
-	return rulesFromYAML(yaml)
+	return benchenv.RulesFromYAML(yaml)
 }
 
 // hourStats is one hour of the benchmark's answer.
@@ -46,14 +47,14 @@ type hourStats struct {
 // The values are in steps of 1/64, so every sum is exact in doubles: the
 // summaries answer (they decline sums that could round, see
 // rewrite/summary) and the answers agree to the last bit.
-func benchSummary(e *benchEnv, runs int) error {
+func benchSummary(e *benchenv.Env, runs int) error {
 	ctx := context.Background()
-	cs, err := e.connectBoth(10*time.Minute, 0)
+	cs, err := e.ConnectBoth(10*time.Minute, 0)
 	if err != nil {
 		return err
 	}
-	defer cs.close()
-	proxyC, directC := cs.proxy, cs.direct
+	defer cs.Close()
+	proxyC, directC := cs.Proxy, cs.Direct
 	bucketed := proxyC.Database("tsbench").Collection("summary")
 	plain := directC.Database("tsbench").Collection("summary_plain")
 	day := time.Date(2026, 3, 2, 0, 0, 0, 0, time.UTC)
@@ -130,10 +131,10 @@ func benchSummary(e *benchEnv, runs int) error {
 		}
 	}
 	fmt.Printf("a day of 1-second data (86400 events, 24 buckets), %d runs, medians:\n", runs)
-	fmt.Printf("  hourly count/sum/min/max/avg proxy (summaries) %8.1f ms   direct scan + Go %8.1f ms   ratio %.3f\n", median(tProxy), median(tScan), median(tProxy)/median(tScan))
-	fmt.Printf("  same, value filter           proxy (engine)    %8.1f ms   direct scan + Go %8.1f ms   ratio %.3f\n", median(tEngine), median(tScan), median(tEngine)/median(tScan))
-	fmt.Printf("  day $sum                     proxy (summaries) %8.1f ms   direct $group    %8.1f ms   ratio %.3f\n", median(tProxyTotal), median(tDirectTotal), median(tProxyTotal)/median(tDirectTotal))
-	fmt.Printf("  day $avg                     proxy (summaries) %8.1f ms   direct $sum+count %7.1f ms   ratio %.3f\n", median(tProxyAvg), median(tDirectAvg), median(tProxyAvg)/median(tDirectAvg))
+	fmt.Printf("  hourly count/sum/min/max/avg proxy (summaries) %8.1f ms   direct scan + Go %8.1f ms   ratio %.3f\n", benchenv.Median(tProxy), benchenv.Median(tScan), benchenv.Median(tProxy)/benchenv.Median(tScan))
+	fmt.Printf("  same, value filter           proxy (engine)    %8.1f ms   direct scan + Go %8.1f ms   ratio %.3f\n", benchenv.Median(tEngine), benchenv.Median(tScan), benchenv.Median(tEngine)/benchenv.Median(tScan))
+	fmt.Printf("  day $sum                     proxy (summaries) %8.1f ms   direct $group    %8.1f ms   ratio %.3f\n", benchenv.Median(tProxyTotal), benchenv.Median(tDirectTotal), benchenv.Median(tProxyTotal)/benchenv.Median(tDirectTotal))
+	fmt.Printf("  day $avg                     proxy (summaries) %8.1f ms   direct $sum+count %7.1f ms   ratio %.3f\n", benchenv.Median(tProxyAvg), benchenv.Median(tDirectAvg), benchenv.Median(tProxyAvg)/benchenv.Median(tDirectAvg))
 	return nil
 }
 

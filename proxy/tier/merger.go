@@ -160,7 +160,7 @@ func (t *Tier) mergeOnce(up *upstream.Conn, rule *rules.Rule) (merge.Stats, erro
 			if mongoerr.DroppedUnderQueryReply(res.Reply) {
 				// Its table lost: it would be a
 				// request forever, and the rule never idle.
-				if _, err := exec.Drive(runner, rewrite.Passthrough(merge.SetAsideCommand(rule, name), nil)); err != nil {
+				if _, err := exec.Drive(runner, rewrite.Passthrough(stage.SetAsideCommand(rule, name), nil)); err != nil {
 					return st, UpstreamFailure{Err: err}
 				}
 				t.log.Warn("staging: a flush request had lost its table (FerretDB on PostgreSQL killed while dropping it) and was set aside", "rule", rule.Namespace, "collection", name)

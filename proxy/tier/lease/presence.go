@@ -7,7 +7,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/tsproxy/tsproxy/rewrite/stage/merge"
+	"github.com/tsproxy/tsproxy/rewrite/stage"
 )
 
 // Presence is what a proxy says of itself to the others on one upstream:
@@ -34,9 +34,9 @@ func NewPresence(ttl time.Duration) *Presence {
 	return &Presence{ttl: ttl, announced: map[string]time.Time{}}
 }
 
-func presenceNS(coll string) string { return merge.PresenceNS(coll) }
+func presenceNS(coll string) string { return stage.PresenceNS(coll) }
 
-func presenceID(coll, tag string) string { return merge.PresenceID(coll, tag) }
+func presenceID(coll, tag string) string { return stage.PresenceID(coll, tag) }
 
 // Announce says that the proxy tagged tag (named owner) stages db.coll's
 // events, unless it said so less than half a lifetime ago.

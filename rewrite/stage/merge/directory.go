@@ -140,7 +140,7 @@ func (m *Merge) scanDirectory(x *rewrite.Exec) (dir map[string]stage.KnownKey, c
 	// Batch by batch: a rule past the bound stops the read there.
 	take := func(docs []bsoncore.Document) error {
 		for _, d := range docs {
-			id, ok := idOf(d)
+			id, ok := stage.IdOf(d)
 			meta, start, err := bucket.KeyFields(d)
 			if !ok || err != nil {
 				complete = false // not a bucket this proxy wrote: its key is not known
@@ -160,7 +160,7 @@ func (m *Merge) scanDirectory(x *rewrite.Exec) (dir map[string]stage.KnownKey, c
 		}
 		return nil
 	}
-	res, ok := x.Run(rewrite.DrainBatched(findCommand(db, coll, nil, projection), db, coll, 0, take, func() rewrite.Result { return rewrite.Result{} }))
+	res, ok := x.Run(rewrite.DrainBatched(stage.FindCommand(db, coll, nil, projection), db, coll, 0, take, func() rewrite.Result { return rewrite.Result{} }))
 	switch {
 	case !ok:
 		return nil, false, rewrite.ErrAborted

@@ -65,7 +65,7 @@ func (m *Merge) readStaged(x *rewrite.Exec, r stage.Collection) ([]bsoncore.Docu
 // SQLite), so it counts a retired collection, or the bucket collection
 // once, before the event-id index exists.
 func (m *Merge) countOf(x *rewrite.Exec, coll string) (int64, error) {
-	reply, ok := x.One(countCommand(m.rule.DB, coll))
+	reply, ok := x.One(stage.CountCommand(m.rule.DB, coll))
 	if !ok {
 		return 0, rewrite.ErrAborted
 	}
@@ -80,7 +80,7 @@ func (m *Merge) countOf(x *rewrite.Exec, coll string) (int64, error) {
 // counted first: a count decodes every document on FerretDB, as the read
 // does again.
 func (m *Merge) readRetired(x *rewrite.Exec, coll string) ([]bsoncore.Document, error) {
-	return drainAll(x, m.rule.DB, coll, findBatched(m.rule.DB, coll, nil, m.readBatch()), m.readBatch())
+	return drainAll(x, m.rule.DB, coll, stage.FindBatched(m.rule.DB, coll, nil, m.readBatch()), m.readBatch())
 }
 
 // readBatch is how many staged documents (or buckets) one reply may hold

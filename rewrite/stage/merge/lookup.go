@@ -8,6 +8,7 @@ import (
 
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/source"
+	"github.com/tsproxy/tsproxy/rewrite/stage"
 )
 
 // Reading buckets by _id. A find of {_id: {$in}} makes FerretDB decode
@@ -30,9 +31,9 @@ func (m *Merge) bucketsByID(x *rewrite.Exec, ids []bson.ObjectID, projection bso
 	db, coll := m.rule.DB, m.rule.BucketCollection
 	if !m.pointLookups(len(ids)) {
 		if projection != nil {
-			return drainAll(x, db, coll, findCommand(db, coll, idsIn(ids), projection), 0)
+			return drainAll(x, db, coll, stage.FindCommand(db, coll, stage.IdsIn(ids), projection), 0)
 		}
-		return drainAll(x, db, coll, findBatched(db, coll, idsIn(ids), m.readBatch()), m.readBatch())
+		return drainAll(x, db, coll, stage.FindBatched(db, coll, stage.IdsIn(ids), m.readBatch()), m.readBatch())
 	}
 	finds := make([]bsoncore.Document, len(ids))
 	for i, id := range ids {

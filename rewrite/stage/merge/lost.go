@@ -7,7 +7,6 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
-	"github.com/tsproxy/tsproxy/rules"
 )
 
 // FerretDB v1.24 on PostgreSQL drops a collection in two statements that
@@ -56,7 +55,7 @@ func (m *Merge) setAsideLost(x *rewrite.Exec, r stage.Collection, err error) err
 	if !errors.As(err, &lost) || lost.coll != r.Name {
 		return err
 	}
-	reply, ok := x.One(SetAsideCommand(m.rule, r.Name))
+	reply, ok := x.One(stage.SetAsideCommand(m.rule, r.Name))
 	if !ok {
 		return rewrite.ErrAborted
 	}
@@ -68,10 +67,4 @@ func (m *Merge) setAsideLost(x *rewrite.Exec, r stage.Collection, err error) err
 	}
 	m.Stats.Lost = append(m.Stats.Lost, r.Name)
 	return nil
-}
-
-// SetAsideCommand renames name, a collection of rule's staging tier whose
-// table the upstream lost, to its LostName.
-func SetAsideCommand(rule *rules.Rule, name string) []byte {
-	return stage.RenameCommand(rule.DB, name, stage.LostName(rule, name))
 }

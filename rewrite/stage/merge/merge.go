@@ -1,11 +1,9 @@
 package merge
 
 import (
-	"bytes"
 	"fmt"
 	"slices"
 
-	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite"
@@ -235,7 +233,7 @@ func (m *Merge) mergeRetired(x *rewrite.Exec, retired []stage.Collection) error 
 		if len(retired) == 1 {
 			break // nothing to order (and the check scans it on FerretDB)
 		}
-		docs, err := drainAll(x, m.rule.DB, r.Name, findCommand(m.rule.DB, r.Name, bsoncore.NewDocumentBuilder().AppendString("_id", planID).Build(), bsoncore.NewDocumentBuilder().AppendInt32("_id", 1).Build()), 0)
+		docs, err := drainAll(x, m.rule.DB, r.Name, stage.FindCommand(m.rule.DB, r.Name, bsoncore.NewDocumentBuilder().AppendString("_id", planID).Build(), bsoncore.NewDocumentBuilder().AppendInt32("_id", 1).Build()), 0)
 		if err != nil {
 			if err := m.setAsideLost(x, r, lostIn(r.Name, err)); err != nil {
 				return fmt.Errorf("merge %s: %s: %w", m.rule.Namespace, r.Name, err)
@@ -363,11 +361,6 @@ func (m *Merge) othersToCheck(open []stage.Collection) []string {
 	return owners
 }
 
-// countCommand counts db.coll's documents.
-func countCommand(db, coll string) []byte {
-	return bsoncore.NewDocumentBuilder().AppendString("count", coll).AppendString("$db", db).Build()
-}
-
 // drainAll reads every document of find (a find command on coll), with
 // getMores of batch documents (0: the upstream's default).
 func drainAll(x *rewrite.Exec, db, coll string, find []byte, batch int32) ([]bsoncore.Document, error) {
@@ -381,50 +374,6 @@ func drainAll(x *rewrite.Exec, db, coll string, find []byte, batch int32) ([]bso
 		return nil, fmt.Errorf("read %s: %w", coll, mongoerr.ReplyError(res.Reply))
 	}
 	return out, nil
-}
-
-// findCommand finds filter's documents of coll (projection may be nil).
-func findCommand(db, coll string, filter, projection bsoncore.Document) []byte {
-	return findProjected(db, coll, filter, projection, 10_000)
-}
-
-// findBatched is findCommand of whole documents, batchSize at a time.
-func findBatched(db, coll string, filter bsoncore.Document, batchSize int32) []byte {
-	return findProjected(db, coll, filter, nil, batchSize)
-}
-
-func findProjected(db, coll string, filter, projection bsoncore.Document, batchSize int32) []byte {
-	b := bsoncore.NewDocumentBuilder().AppendString("find", coll)
-	if filter != nil {
-		b.AppendDocument("filter", filter)
-	}
-	if projection != nil {
-		b.AppendDocument("projection", projection)
-	}
-	return b.AppendInt32("batchSize", batchSize).AppendString("$db", db).Build()
-}
-
-// idsIn is the filter {_id: {$in: ids}}.
-func idsIn(ids []bson.ObjectID) bsoncore.Document {
-	arr := bsoncore.NewArrayBuilder()
-	for _, id := range ids {
-		arr.AppendObjectID(id)
-	}
-	in := bsoncore.NewDocumentBuilder().AppendArray("$in", arr.Build()).Build()
-	return bsoncore.NewDocumentBuilder().AppendDocument("_id", in).Build()
-}
-
-// idOf reads a document's ObjectID _id; ok is false for another type.
-func idOf(d bsoncore.Document) (bson.ObjectID, bool) {
-	return d.Lookup("_id").ObjectIDOK()
-}
-
-// sortByID orders documents by their _id's bytes: the order a merge
-// reads staged documents in, the same on every run.
-func sortByID(docs []bsoncore.Document) {
-	slices.SortStableFunc(docs, func(a, b bsoncore.Document) int {
-		return bytes.Compare(a.Lookup("_id").Data, b.Lookup("_id").Data)
-	})
 }
 
 // seriesOf counts the distinct series among keys.

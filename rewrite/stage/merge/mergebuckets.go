@@ -65,7 +65,7 @@ func (m *Merge) probeBases(x *rewrite.Exec, groups []group, known map[string]sta
 		}
 		have := map[bson.ObjectID]bool{}
 		for _, d := range found {
-			if id, ok := idOf(d); ok {
+			if id, ok := stage.IdOf(d); ok {
 				have[id] = true
 			}
 		}

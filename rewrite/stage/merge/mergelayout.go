@@ -28,7 +28,7 @@ func (m *Merge) mergeLayoutOne(x *rewrite.Exec, r stage.Collection, staged []bso
 	var evs []bucket.Event
 	var recorded []bson.ObjectID
 	for _, d := range staged {
-		id, isOID := idOf(d)
+		id, isOID := stage.IdOf(d)
 		if isOID && plan.skip[id] {
 			continue
 		}
@@ -195,7 +195,7 @@ func (m *Merge) readLayoutBuckets(x *rewrite.Exec, keys []bucket.Key, projection
 	}
 	byID := make(map[bson.ObjectID]bsoncore.Document, len(docs))
 	for _, d := range docs {
-		if id, ok := idOf(d); ok {
+		if id, ok := stage.IdOf(d); ok {
 			byID[id] = d
 		}
 	}

@@ -74,20 +74,20 @@ func (m *Merge) moveLate(x *rewrite.Exec, r stage.Collection, merged map[string]
 	if n <= int64(len(merged)+1+markers) { // the staged documents, the plan and the markers
 		return nil
 	}
-	all, err := drainAll(x, m.rule.DB, coll, findCommand(m.rule.DB, coll, nil, bsoncore.NewDocumentBuilder().AppendInt32("_id", 1).Build()), 0)
+	all, err := drainAll(x, m.rule.DB, coll, stage.FindCommand(m.rule.DB, coll, nil, bsoncore.NewDocumentBuilder().AppendInt32("_id", 1).Build()), 0)
 	if err != nil {
 		return err
 	}
 	var late []bson.ObjectID
 	for _, d := range all {
-		if id, ok := idOf(d); ok && !merged[idKey(d)] {
+		if id, ok := stage.IdOf(d); ok && !merged[idKey(d)] {
 			late = append(late, id)
 		}
 	}
 	if len(late) == 0 {
 		return nil
 	}
-	docs, err := drainAll(x, m.rule.DB, coll, findBatched(m.rule.DB, coll, idsIn(late), m.readBatch()), m.readBatch())
+	docs, err := drainAll(x, m.rule.DB, coll, stage.FindBatched(m.rule.DB, coll, stage.IdsIn(late), m.readBatch()), m.readBatch())
 	if err != nil {
 		return err
 	}
@@ -123,7 +123,7 @@ func markMovedLate(d bsoncore.Document) bsoncore.Document {
 // same derived id), or a document moved back to staging (a copy of the
 // move may land after the merge).
 func recordedID(d bsoncore.Document) (bson.ObjectID, bool) {
-	id, ok := idOf(d)
+	id, ok := stage.IdOf(d)
 	if !ok {
 		return id, false
 	}
@@ -267,7 +267,7 @@ func splitRetired(docs []bsoncore.Document) (plan *mergePlan, staged []bsoncore.
 		}
 		staged = append(staged, d)
 	}
-	sortByID(staged)
+	stage.SortByID(staged)
 	// Two staged documents of one _id are one write's two attempts: the
 	// collection lacked its unique _id index, which FerretDB on
 	// PostgreSQL leaves out when it is killed between creating a
@@ -346,7 +346,7 @@ func (m *Merge) groups(staged []bsoncore.Document, skip map[bson.ObjectID]bool) 
 		if id, ok := recordedID(d); ok && !skip[id] {
 			recorded = append(recorded, id)
 		}
-		id, isOID := idOf(d)
+		id, isOID := stage.IdOf(d)
 		return isOID && skip[id]
 	})
 	decoded := make([][]bucket.Event, len(staged))

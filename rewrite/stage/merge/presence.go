@@ -8,6 +8,7 @@ import (
 
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
+	"github.com/tsproxy/tsproxy/rewrite/stage"
 	"github.com/tsproxy/tsproxy/rules"
 )
 
@@ -22,12 +23,6 @@ import (
 // announcement counts that much longer than it says.
 const PresenceSkew = 5 * time.Second
 
-// PresenceNS groups the announcements of the proxies staging coll.
-func PresenceNS(coll string) string { return "stager:" + coll }
-
-// PresenceID is the _id of the announcement of the proxy tagged tag.
-func PresenceID(coll, tag string) string { return PresenceNS(coll) + ":" + tag }
-
 // goneOwners reads the announcements of owners and returns those that
 // lapsed (missing, or expired more than PresenceSkew before the merge's
 // time). An announcement that cannot be read keeps its owner's staging
@@ -40,7 +35,7 @@ func (m *Merge) goneOwners(x *rewrite.Exec, owners []string) (map[string]bool, e
 	b := bsoncore.NewDocumentBuilder().AppendString("find", rules.LeaseCollection)
 	ids := bsoncore.NewArrayBuilder()
 	for _, o := range owners {
-		ids.AppendString(PresenceID(m.rule.BucketCollection, o))
+		ids.AppendString(stage.PresenceID(m.rule.BucketCollection, o))
 		gone[o] = true
 	}
 	b.AppendDocument("filter", bsoncore.NewDocumentBuilder().AppendDocument("_id",
@@ -56,7 +51,7 @@ func (m *Merge) goneOwners(x *rewrite.Exec, owners []string) (map[string]bool, e
 	}
 	batch, _ := bsoncore.Document(reply).Lookup("cursor", "firstBatch").ArrayOK()
 	docs, _ := batch.Values()
-	prefix := PresenceID(m.rule.BucketCollection, "")
+	prefix := stage.PresenceID(m.rule.BucketCollection, "")
 	for _, v := range docs {
 		d, _ := v.DocumentOK()
 		id, _ := d.Lookup("_id").StringValueOK()

@@ -220,7 +220,7 @@ func (m *Merge) records(x *rewrite.Exec) (*stage.RecordSet, error) {
 // whether older records are there to expire (expireRecords).
 func (m *Merge) loadRecords(x *rewrite.Exec, cut int64) (*stage.RecordSet, error) {
 	coll := stage.TxnsCollection(m.rule)
-	docs, err := drainAll(x, m.rule.DB, coll, findCommand(m.rule.DB, coll, nil, nil), 0)
+	docs, err := drainAll(x, m.rule.DB, coll, stage.FindCommand(m.rule.DB, coll, nil, nil), 0)
 	if err != nil {
 		return nil, err
 	}

@@ -598,12 +598,12 @@ func announce(m *mem, rule *rules.Rule, tag string, live bool) {
 	if !live {
 		expires = time.UnixMilli(1_000_000).Add(-merge.PresenceSkew - time.Second)
 	}
-	id := merge.PresenceID(rule.BucketCollection, tag)
+	id := stage.PresenceID(rule.BucketCollection, tag)
 	docs := slices.DeleteFunc(m.colls[rules.LeaseCollection], func(d bsoncore.Document) bool {
 		s, _ := d.Lookup("_id").StringValueOK()
 		return s == id
 	})
-	m.colls[rules.LeaseCollection] = append(docs, doc(bson.D{{Key: "_id", Value: id}, {Key: "ns", Value: merge.PresenceNS(rule.BucketCollection)}, {Key: "owner", Value: tag}, {Key: "expires", Value: expires}}))
+	m.colls[rules.LeaseCollection] = append(docs, doc(bson.D{{Key: "_id", Value: id}, {Key: "ns", Value: stage.PresenceNS(rule.BucketCollection)}, {Key: "owner", Value: tag}, {Key: "expires", Value: expires}}))
 }
 
 // mergeRule runs a merge of rule's staging tier that must succeed.

@@ -192,11 +192,11 @@ func (m *Merge) readTopUps(x *rewrite.Exec, groups []group, bases map[string]int
 	if len(found) == 0 {
 		return nil, nil
 	}
-	sortByID(found)
+	stage.SortByID(found)
 	tops := map[string]*topUp{}
 	total := 0
 	for _, d := range found {
-		id, _ := idOf(d)
+		id, _ := stage.IdOf(d)
 		k, ok := byID[id]
 		if !ok || total+len(d) > maxTopUpBytes {
 			continue
@@ -347,12 +347,12 @@ func (m *Merge) verifyToppedUp(x *rewrite.Exec, topped []builtBucket) error {
 		want[b.id] = b
 		ids = append(ids, b.id)
 	}
-	found, err := drainAll(x, m.rule.DB, m.rule.BucketCollection, findBatched(m.rule.DB, m.rule.BucketCollection, idsIn(ids), m.readBatch()), m.readBatch())
+	found, err := drainAll(x, m.rule.DB, m.rule.BucketCollection, stage.FindBatched(m.rule.DB, m.rule.BucketCollection, stage.IdsIn(ids), m.readBatch()), m.readBatch())
 	if err != nil {
 		return err
 	}
 	for _, d := range found {
-		id, _ := idOf(d)
+		id, _ := stage.IdOf(d)
 		b, ok := want[id]
 		if !ok {
 			continue

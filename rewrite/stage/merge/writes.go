@@ -261,12 +261,12 @@ func (m *Merge) verifyExisting(x *rewrite.Exec, batch []builtBucket, dups []int)
 		want[batch[i].id] = batch[i]
 		ids = append(ids, batch[i].id)
 	}
-	found, err := drainAll(x, m.rule.DB, m.rule.BucketCollection, findBatched(m.rule.DB, m.rule.BucketCollection, idsIn(ids), m.readBatch()), m.readBatch())
+	found, err := drainAll(x, m.rule.DB, m.rule.BucketCollection, stage.FindBatched(m.rule.DB, m.rule.BucketCollection, stage.IdsIn(ids), m.readBatch()), m.readBatch())
 	if err != nil {
 		return err
 	}
 	for _, d := range found {
-		id, _ := idOf(d)
+		id, _ := stage.IdOf(d)
 		b := want[id]
 		var firstID bsoncore.Value
 		if evs, _ := bucket.EventValues(d); len(evs) > 0 {
