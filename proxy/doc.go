@@ -4,7 +4,7 @@
 // connection's handler (package proxy/handler), writes the replies the
 // handler gives it, and watches for a client that leaves while its
 // request waits on the upstream. It holds no command logic: Server is the
-// listeners, the connections and the engine they share (handler.Engine),
+// listeners, the connections and the engine they share (engine.Engine),
 // and Shutdown drains them in order.
 //
 // A connection's frames are handled one at a time on its own goroutine;

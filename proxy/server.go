@@ -23,7 +23,7 @@ type Options = handler.Options
 // Server is a running proxy: the front door, which accepts client
 // connections, reads their frames and hands each to its connection's
 // handler (handler.Conn), and the engine the connections share
-// (handler.Engine).
+// (engine.Engine).
 type Server struct {
 	opts Options
 	log  *slog.Logger

@@ -93,11 +93,18 @@ type Config struct {
 	Timeout time.Duration    // 0: DefaultTimeout
 	// Mode is rules.CreateTimeseriesAuto (""), ...Proxy or ...Upstream.
 	Mode string
+	// Now is the catalog's clock: snapshot ages, entries seen stuck,
+	// warnings (nil: time.Now). Deadlines on the upstream connection
+	// are the real clock's.
+	Now func() time.Time
 }
 
 // New is the catalog of cfg's upstream; Close ends it.
 func New(cfg Config) *Catalog {
 	mode := cfg.Mode
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	cat := &Catalog{cfg: cfg, lease: cmp.Or(cfg.Lease, DefaultLease), timeout: cmp.Or(cfg.Timeout, DefaultTimeout), stuck: map[string]stuckEntry{}, warned: map[string]warning{}}
 	cat.ctx, cat.Cancel = context.WithCancel(context.Background())
 	if mode == rules.CreateTimeseriesUpstream {
@@ -124,7 +131,7 @@ func (cat *Catalog) Fresh() (*Snap, error) {
 	if snap.Static {
 		return snap, nil
 	}
-	age := time.Since(snap.readAt)
+	age := cat.cfg.Now().Sub(snap.readAt)
 	if age < cat.lease/2 {
 		return snap, nil
 	}
@@ -174,7 +181,7 @@ func (cat *Catalog) up() (*upstream.Conn, error) {
 	if cat.conn == nil {
 		cat.conn = exec.NewBackground(cat.ctx, cat.cfg.Pool)
 	}
-	cat.lastUse = time.Now()
+	cat.lastUse = cat.cfg.Now()
 	if cat.idle == nil {
 		cat.idle = time.AfterFunc(catalogIdleClose, cat.closeIdle)
 	} else {
@@ -199,7 +206,7 @@ const DefaultTimeout = 10 * time.Second
 func (cat *Catalog) closeIdle() {
 	cat.mu.Lock()
 	defer cat.mu.Unlock()
-	if time.Since(cat.lastUse) >= catalogIdleClose {
+	if cat.cfg.Now().Sub(cat.lastUse) >= catalogIdleClose {
 		cat.closeConn()
 	}
 }
@@ -228,11 +235,11 @@ func (cat *Catalog) warn(kind, msg string, err error) {
 	cat.warnMu.Lock()
 	last := cat.warned[kind]
 	text := msg + ": " + err.Error()
-	if last.msg == text && time.Since(last.at) < warnEvery {
+	if last.msg == text && cat.cfg.Now().Sub(last.at) < warnEvery {
 		cat.warnMu.Unlock()
 		return
 	}
-	cat.warned[kind] = warning{msg: text, at: time.Now()}
+	cat.warned[kind] = warning{msg: text, at: cat.cfg.Now()}
 	cat.warnMu.Unlock()
 	cat.cfg.Log.Warn(msg, "err", err.Error())
 }
@@ -252,7 +259,7 @@ func (cat *Catalog) read() (*Snap, error) {
 	if cat.mode == rules.CreateTimeseriesUpstream {
 		return &Snap{Rules: cat.cfg.Rules, Static: true}, nil
 	}
-	sent := time.Now()
+	sent := cat.cfg.Now()
 	entries, err := cat.readAll(up)
 	if errors.Is(err, errCatalogUnauthorized) {
 		// Without the right to read it, this proxy's credentials cannot
@@ -365,7 +372,7 @@ func (cat *Catalog) StuckDrop(e admin.CatalogEntry) bool {
 	cat.mu.Lock()
 	defer cat.mu.Unlock()
 	st, ok := cat.stuck[e.Namespace()]
-	return ok && e.State == admin.StateDropping && st.nonce == e.Nonce && time.Since(st.since) >= catalogStuckAfter
+	return ok && e.State == admin.StateDropping && st.nonce == e.Nonce && cat.cfg.Now().Sub(st.since) >= catalogStuckAfter
 }
 
 // Write runs one catalog write and returns its n (cat.mu not held).

@@ -1,7 +1,9 @@
 package catalog
 
 import (
+	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/tsproxy/tsproxy/rewrite/admin"
 	"github.com/tsproxy/tsproxy/rules"
@@ -39,5 +41,48 @@ func TestSameReady(t *testing.T) {
 	}
 	if rs := readyRules(set(a, entry("b", admin.StateCreating, "2"))); len(rs) != 1 || rs[0].Namespace != "db.a" || rs[0].Declared == nil {
 		t.Fatalf("readyRules: %+v", rs)
+	}
+}
+
+// TestStuckDrop: a drop is stuck once one proxy has seen its entry
+// unchanged for catalogStuckAfter, on the catalog's clock; a new nonce
+// (the drop moved on) starts the wait again, and a create in progress is
+// never a stuck drop.
+func TestStuckDrop(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	cat := New(Config{Log: slog.New(slog.DiscardHandler), Now: func() time.Time { return now }})
+	entry := func(state, nonce string) admin.CatalogEntry {
+		return admin.CatalogEntry{Created: rules.Created{DB: "db", Collection: "w", TimeField: "t", SpanSeconds: 3600}, State: state, Nonce: nonce}
+	}
+	seen := func(e admin.CatalogEntry) {
+		// Only a "creating" entry past the wait is written (deleted);
+		// none here, so no upstream connection is needed.
+		cat.abortStuck(nil, map[string]admin.CatalogEntry{e.Namespace(): e}, now)
+	}
+	drop := entry(admin.StateDropping, "1")
+	seen(drop)
+	if cat.StuckDrop(drop) {
+		t.Fatal("a drop seen just now is stuck")
+	}
+	now = now.Add(catalogStuckAfter - time.Second)
+	seen(drop)
+	if cat.StuckDrop(drop) {
+		t.Fatal("stuck before catalogStuckAfter")
+	}
+	now = now.Add(time.Second)
+	if !cat.StuckDrop(drop) {
+		t.Fatal("not stuck after catalogStuckAfter unchanged")
+	}
+	moved := entry(admin.StateDropping, "2")
+	seen(moved)
+	if cat.StuckDrop(moved) {
+		t.Fatal("a drop whose entry changed is stuck at once")
+	}
+	now = now.Add(catalogStuckAfter)
+	if !cat.StuckDrop(moved) {
+		t.Fatal("the changed drop is not stuck after its own wait")
+	}
+	if cat.StuckDrop(entry(admin.StateCreating, "2")) {
+		t.Fatal("a create in progress reported as a stuck drop")
 	}
 }

@@ -28,7 +28,7 @@ import (
 // the one the kept documents went to, all of them, and nothing else.
 
 // stagedOf reads what retired collection r holds: what this proxy kept of
-// its inserts into it (MergeOptions.Kept) when its marker is there, with
+// its inserts into it (Host.TakeKept) when its marker is there, with
 // the marker; else the collection's documents, read back.
 func (m *Merge) stagedOf(x *rewrite.Exec, r stage.Collection) ([]bsoncore.Document, error) {
 	docs, err := m.readStaged(x, r)

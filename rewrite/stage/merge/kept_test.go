@@ -111,7 +111,7 @@ func (k *keeper) run(p rewrite.Plan) rewrite.Result {
 	return k.m.runWith(p, k.answer)
 }
 
-// take is MergeOptions.Kept.
+// take is a Host's TakeKept.
 func (k *keeper) take(r stage.Collection) ([][]byte, string, bool) {
 	name := r.OpenName()
 	docs, marker, spoiled := k.docs[name], k.marker[name], k.spoiled[name]

@@ -50,7 +50,7 @@ type Stats struct {
 	// (MergeOptions.Stale).
 	StaleDropped int
 	// Spares counts the retired collections kept as spare collections
-	// (MergeOptions.Recycle).
+	// (Host.ReserveSpare).
 	Spares int
 	// ParallelInserts counts the bucket inserts sent as a step of
 	// Parallel commands (MergeOptions.InsertStreams).

@@ -24,7 +24,7 @@ import (
 //
 // Why it is safe:
 //   - The merge reads the last bucket under the key's lock (the lock a
-//     delete takes for its read and rewrite of a bucket: MergeOptions.Lock)
+//     delete takes for its read and rewrite of a bucket: Host.LockBuckets)
 //     and rewrites it before releasing it, so a delete on this proxy never
 //     interleaves. A delete needs the rule's writer lease where topping up
 //     runs (FerretDB), and settles the staging tier first, which finishes a
