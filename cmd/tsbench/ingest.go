@@ -76,8 +76,8 @@ func writeIngestRule(b *strings.Builder, ns, extra string) {
     metaField: sensor
     bucket: {span: 1h, maxEvents: %d%s}
     aggregates: [value]
-    ingest: staged
-`, ns, ingestMaxEvents, extra)
+    ingest: %s
+`, ns, ingestMaxEvents, extra, ingestArgs.mode)
 }
 
 type ingestCase struct{ batch, conc int }

@@ -14,4 +14,5 @@ var ingestArgs = struct {
 	custom  bool   // -upstream is set: the backend is a running server
 	prefill int    // -prefill: events each case's rule and plain collection hold before it is timed
 	records int    // -records: derived ids each case's rule has recorded as merged before it is timed
-}{runs: 5, backend: backend.KindEmbedded}
+	mode    string // -ingest: the rule's ingest setting (staged, direct)
+}{runs: 5, backend: backend.KindEmbedded, mode: "staged"}

@@ -44,7 +44,7 @@ func report(cases []ingestCase, samples [][]ingestSample, runs, events int, setu
 		}
 	}
 	fmt.Printf("\n## tsbench ingest, backend %s\n\n", ingestBackend())
-	fmt.Printf("- rule: %d series of 1-second data, `bucket: {span: 1h, maxEvents: 1000}`, `aggregates: [value]`, `ingest: staged`; one database per run and case (%d rules)\n", ingestSeries, nRules)
+	fmt.Printf("- rule: %d series of 1-second data, `bucket: {span: 1h, maxEvents: 1000}`, `aggregates: [value]`, `ingest: %s`; one database per run and case (%d rules)\n", ingestSeries, ingestArgs.mode, nRules)
 	fmt.Printf("- events per case: %s; unordered insertMany (insertOne for batch 1), the clients take batches of consecutive events from one queue\n", strings.Join(counts, ", "))
 	if ingestArgs.records > 0 {
 		fmt.Printf("- `-records %d`: before each case, its rule's records of merged retryable writes held %d derived ids (written straight to the upstream, as 10 minutes, the retry horizon, of %d retryable inserts a second leave them)\n", ingestArgs.records, ingestArgs.records, ingestArgs.records/600)

@@ -23,6 +23,7 @@ func main() {
 	batch := fs.Int("batch", 1000, "layouts: events per insertMany")
 	cases := fs.String("cases", "", "ingest: batch/clients pairs to run, e.g. 1000/1,1000/16 (default: all six)")
 	threshold := fs.Int("insert-threshold", 0, "ingest: the rule's bucket.insertThreshold (0: the default)")
+	ingestMode := fs.String("ingest", "staged", "ingest: the rule's ingest setting, staged or direct (into open buckets)")
 	records := fs.Int("records", 0, "ingest: derived ids of merged retryable writes recorded in each case's rule before it is timed, as 10 minutes (the retry horizon) of records/600 retryable inserts a second leave them")
 	prefill := fs.Int("prefill", 0, "ingest, layouts, dashboard: events written into each case's rule (through the proxy, batch 1000, flushed) and plain collection before it is timed (ingest: in the day before its events; layouts: the events before them): a rule with history, whose merges must not cost more for it")
 	png := fs.String("png", "", "ingest: write a chart of the proxy/direct ratios to `file` (PNG)")
@@ -75,7 +76,11 @@ func main() {
 	case "passthrough":
 		err = benchenv.WithEnv(up, nil, func(e *benchenv.Env) error { return benchPassthrough(e, *runs, *n, *dur) })
 	case "ingest":
-		ingestArgs.png, ingestArgs.runs, ingestArgs.cases, ingestArgs.prefill, ingestArgs.records = *png, *runs, *cases, *prefill, *records
+		ingestArgs.png, ingestArgs.runs, ingestArgs.cases, ingestArgs.prefill, ingestArgs.records, ingestArgs.mode = *png, *runs, *cases, *prefill, *records, *ingestMode
+		if *ingestMode != "staged" && *ingestMode != "direct" {
+			fmt.Fprintf(os.Stderr, "tsbench: -ingest is staged or direct, not %q\n", *ingestMode)
+			os.Exit(2)
+		}
 		ingestArgs.backend, ingestArgs.custom = up.Name(), *upstreamURI != ""
 		var rs []rules.Rule
 		if rs, err = ingestRules(*threshold); err == nil {
