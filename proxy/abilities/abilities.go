@@ -5,8 +5,12 @@ import (
 	"crypto/rand"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/tsproxy/tsproxy/proxy/catalog"
 	"github.com/tsproxy/tsproxy/proxy/exec"
@@ -17,7 +21,6 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/read"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/upstream"
-	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
 // Upstream is what the proxy learns about its upstream and shares
@@ -107,6 +110,9 @@ func (u *Upstream) Caps(up *upstream.Conn) (caps.Upstream, error) {
 	if !caps.UnusedIndexes && !u.probeIndexUse() {
 		caps.UnusedIndexes = true
 	}
+	if !caps.CostlyUpdates && u.probeCostlyUpdates() {
+		caps.CostlyUpdates = true
+	}
 	st.mu.Lock()
 	st.caps = &caps
 	st.mu.Unlock()
@@ -148,6 +154,68 @@ func (u *Upstream) probeIndexUse() bool {
 		u.log.Info("the upstream's queries use no secondary index: the proxy makes none of its own")
 	}
 	return used
+}
+
+// probeCostlyUpdates says whether an update of a bucket-sized document
+// costs the upstream many inserts (admin.UpdatesCostly): DocumentDB
+// writes a new version of the whole document, as FerretDB v1.24 does,
+// whatever its buildInfo says. There rules stage by default (ingest:
+// auto) and small groups do not join full buckets. A probe that cannot
+// run says no, as MongoDB's buildInfo would.
+func (u *Upstream) probeCostlyUpdates() bool {
+	up, err := u.pool.Take(context.Background())
+	if err != nil {
+		u.log.Warn("update cost not probed: no upstream connection; taken as MongoDB's", "err", err.Error())
+		return false
+	}
+	db, coll := rules.CatalogDB, "tsproxy_probe_"+catalog.NewNonce()
+	updates, inserts, err := timeUpdateCost(up, db, coll)
+	if _, derr := exec.Command(up, admin.UpdateCostDrop(db, coll)); derr != nil && err == nil {
+		err = derr
+	}
+	if err != nil {
+		u.pool.Discard(up)
+		u.log.Warn("update cost not probed; taken as MongoDB's", "err", err.Error())
+		return false
+	}
+	u.pool.Put(up)
+	costly := admin.UpdatesCostly(updates, inserts)
+	u.log.Info("update cost probed", "update", slices.Min(updates), "insert", slices.Min(inserts), "costly", costly)
+	if costly {
+		u.log.Info("the upstream rewrites a whole document on each update: rules stage their events by default")
+	}
+	return costly
+}
+
+// timeUpdateCost runs the update-cost probe's commands on up, timing the
+// update and insert commands of each round.
+func timeUpdateCost(up *upstream.Conn, db, coll string) (updates, inserts []time.Duration, err error) {
+	run := func(cmd []byte) (time.Duration, error) {
+		start := time.Now()
+		reply, err := exec.Command(up, cmd)
+		if err != nil {
+			return 0, err
+		}
+		if err := upstream.RefusalOf(reply); err != nil {
+			return 0, err
+		}
+		return time.Since(start), nil
+	}
+	if _, err := run(admin.UpdateCostSetup(db, coll)); err != nil {
+		return nil, nil, err
+	}
+	for round := range admin.UpdateCostRounds() {
+		d, err := run(admin.UpdateCostUpdate(db, coll))
+		if err != nil {
+			return nil, nil, err
+		}
+		updates = append(updates, d)
+		if d, err = run(admin.UpdateCostInsert(db, coll, round)); err != nil {
+			return nil, nil, err
+		}
+		inserts = append(inserts, d)
+	}
+	return updates, inserts, nil
 }
 
 // probe runs plan on a connection of the proxy's own and reads its

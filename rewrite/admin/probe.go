@@ -3,6 +3,8 @@ package admin
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"time"
 
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
@@ -312,3 +314,82 @@ func namesString(doc bsoncore.Document, s string, depth int) bool {
 
 // Used reads an IndexUseProbe's reply.
 func Used(reply []byte) (bool, error) { return probeFlag(reply, "used") }
+
+// The cost of an update. Joining open buckets (ingest: direct) is an
+// update of a bucket per series and window an insert touches; where the
+// upstream rewrites the whole document on each update (FerretDB v1.24's
+// JSON; DocumentDB's PostgreSQL value, compressed out of line past 2 KB)
+// that costs 2–10x staging the events (docs/how-it-works.md, "The write
+// path on FerretDB 2.x"). The probe times an update command of
+// costProbeStatements $push statements on one document of
+// costProbeEvents elements, a bucket's size, against an insert command of
+// as many small documents, on one connection, each costProbeRounds
+// times; UpdatesCostly decides on the fastest of each. The commands are
+// here and the clock is the executor's: a plan does no timing.
+const (
+	costProbeEvents     = 1000
+	costProbeStatements = 20
+	costProbeRounds     = 3
+	// costlyUpdateRatio: updates are costly when an update command takes
+	// more than this many times an insert command. DocumentDB measured
+	// 20–30x, FerretDB v1.24 more; MongoDB modifies a document in place.
+	costlyUpdateRatio = 6
+)
+
+// UpdateCostRounds is how many times the probe times each command.
+func UpdateCostRounds() int { return costProbeRounds }
+
+// UpdateCostSetup inserts the probe's document into db.coll: {_id: 0,
+// e: [{t, v}, ...]} of costProbeEvents elements.
+func UpdateCostSetup(db, coll string) []byte {
+	e := bsoncore.NewArrayBuilder()
+	for i := int32(0); i < costProbeEvents; i++ {
+		e.AppendDocument(bsoncore.NewDocumentBuilder().AppendInt32("t", i).AppendDouble("v", float64(i)*1.5).Build())
+	}
+	doc := bsoncore.NewDocumentBuilder().AppendInt32("_id", 0).AppendArray("e", e.Build()).Build()
+	return bsoncore.NewDocumentBuilder().AppendString("insert", coll).
+		AppendArray("documents", bsoncore.NewArrayBuilder().AppendDocument(doc).Build()).
+		AppendString("$db", db).Build()
+}
+
+// UpdateCostUpdate is the timed update: costProbeStatements $push
+// statements on the setup's document.
+func UpdateCostUpdate(db, coll string) []byte {
+	stmts := bsoncore.NewArrayBuilder()
+	for i := int32(0); i < costProbeStatements; i++ {
+		stmts.AppendDocument(bsoncore.NewDocumentBuilder().
+			AppendDocument("q", bsoncore.NewDocumentBuilder().AppendInt32("_id", 0).Build()).
+			AppendDocument("u", bsoncore.NewDocumentBuilder().AppendDocument("$push", bsoncore.NewDocumentBuilder().
+				AppendDocument("e", bsoncore.NewDocumentBuilder().AppendInt32("t", -i).AppendDouble("v", 0.5).Build()).Build()).Build()).
+			Build())
+	}
+	return bsoncore.NewDocumentBuilder().AppendString("update", coll).AppendArray("updates", stmts.Build()).
+		AppendBoolean("ordered", true).AppendString("$db", db).Build()
+}
+
+// UpdateCostInsert is round's timed insert: costProbeStatements small
+// documents, of _ids no other round uses.
+func UpdateCostInsert(db, coll string, round int) []byte {
+	docs := bsoncore.NewArrayBuilder()
+	for i := 0; i < costProbeStatements; i++ {
+		docs.AppendDocument(bsoncore.NewDocumentBuilder().AppendInt64("_id", int64(round*costProbeStatements+i+1)).
+			AppendInt32("t", int32(i)).AppendDouble("v", 0.5).Build())
+	}
+	return bsoncore.NewDocumentBuilder().AppendString("insert", coll).AppendArray("documents", docs.Build()).
+		AppendBoolean("ordered", true).AppendString("$db", db).Build()
+}
+
+// UpdateCostDrop drops the probe's collection.
+func UpdateCostDrop(db, coll string) []byte {
+	return bsoncore.NewDocumentBuilder().AppendString("drop", coll).AppendString("$db", db).Build()
+}
+
+// UpdatesCostly decides from the probe's timings: the fastest update
+// command against the fastest insert command (the least disturbed by
+// other work on the machine).
+func UpdatesCostly(updates, inserts []time.Duration) bool {
+	if len(updates) == 0 || len(inserts) == 0 {
+		return false
+	}
+	return slices.Min(updates) > costlyUpdateRatio*slices.Min(inserts)
+}

@@ -4,9 +4,11 @@ import (
 	"errors"
 	"slices"
 	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite"
-	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
 // runProbe runs a TimeseriesProbe against answers (by command name) and
@@ -219,6 +221,62 @@ func driveProbe(t *testing.T, p rewrite.Plan, answers map[string][]byte, fallbac
 		}
 		if err := p.Feed([][]byte{reply}); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// TestUpdatesCostly: the fastest update command against the fastest
+// insert command, past costlyUpdateRatio; no timings decide nothing.
+func TestUpdatesCostly(t *testing.T) {
+	ms := func(fs ...float64) []time.Duration {
+		var out []time.Duration
+		for _, f := range fs {
+			out = append(out, time.Duration(f*float64(time.Millisecond)))
+		}
+		return out
+	}
+	cases := []struct {
+		name             string
+		updates, inserts []time.Duration
+		costly           bool
+	}{
+		{"DocumentDB, as probed (16 ms against 0.9)", ms(19.4, 16.2, 19.1), ms(1.4, 0.9, 1.0), true},
+		{"MongoDB-like: a few times an insert", ms(1.2, 0.9, 1.0), ms(0.5, 0.4, 0.45), false},
+		{"one slow insert does not make updates cheap", ms(16, 17, 18), ms(30, 1, 1), true},
+		{"one slow update does not make them costly", ms(40, 1, 1.1), ms(0.5, 0.5, 0.6), false},
+		{"at the ratio: not costly", ms(6), ms(1), false},
+		{"no timings", nil, nil, false},
+	}
+	for _, c := range cases {
+		if got := UpdatesCostly(c.updates, c.inserts); got != c.costly {
+			t.Errorf("%s: UpdatesCostly %v, want %v", c.name, got, c.costly)
+		}
+	}
+}
+
+// TestUpdateCostCommands: the setup's document is a bucket's size, the
+// update pushes costProbeStatements times onto it, and no two rounds'
+// inserts share an _id.
+func TestUpdateCostCommands(t *testing.T) {
+	setup := bsoncore.Document(UpdateCostSetup("tsproxy", "p"))
+	docs, _ := setup.Lookup("documents").Array().Values()
+	e, _ := docs[0].Document().Lookup("e").Array().Values()
+	if len(docs) != 1 || len(e) != costProbeEvents {
+		t.Fatalf("setup: %d documents, %d elements", len(docs), len(e))
+	}
+	stmts, _ := bsoncore.Document(UpdateCostUpdate("tsproxy", "p")).Lookup("updates").Array().Values()
+	if len(stmts) != costProbeStatements {
+		t.Fatalf("update: %d statements", len(stmts))
+	}
+	seen := map[int64]bool{}
+	for round := range UpdateCostRounds() {
+		ins, _ := bsoncore.Document(UpdateCostInsert("tsproxy", "p", round)).Lookup("documents").Array().Values()
+		for _, d := range ins {
+			id := d.Document().Lookup("_id").Int64()
+			if seen[id] || id == 0 {
+				t.Fatalf("round %d: _id %d used twice (or the setup's)", round, id)
+			}
+			seen[id] = true
 		}
 	}
 }
