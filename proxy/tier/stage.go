@@ -200,75 +200,20 @@ func (t *Tier) RunMerge(r exec.Runner, up lease.Commander, rule *rules.Rule, cap
 	return st, err
 }
 
-// runMergeLocked is RunMerge under the rule's merge lock.
+// runMergeLocked is RunMerge under the rule's merge lock: its options
+// (mergeOptions), its runner (mergeRunner), then three passes: the
+// retired collections left before, the freeze with this proxy's inserts
+// held off, and what the freeze retired.
 func (t *Tier) runMergeLocked(r exec.Runner, up lease.Commander, rule *rules.Rule, caps caps.Upstream, opts merge.MergeOptions, background bool) (st merge.Stats, err error) {
-	if opts.Now.IsZero() {
-		opts.Now = time.Now()
-	}
-	opts.RetryHorizon = RetryHorizon
-	h := t.hostOf(&opts, rule)
-	lookups := read.IDLookupIndexed
-	if !opts.Guest {
-		// How the merge reads the buckets it writes or probes.
-		lookups = t.host.IDLookupCost(up, rule, caps)
-		h.lookups, h.hasLookups = lookups, true
-	}
-	opts.RollupStatements = caps.MaxUpdateStatements
-	opts.PackedEvents = caps.PackedEvents
-	if caps.SingleWriter {
-		opts.Self, opts.Since = t.StagerTag(), t.since
-		if t.kept != nil {
-			h.kept = true
-			// What a freeze took and no merge asked for (a guest's, a
-			// merge that failed) is read back when it is merged.
-			defer func() { t.kept.forgetFrozen(rule, t.state.Gen(rule.Namespace, t.since)) }()
-		}
-		opts.TakeOver = true
-		// Deletes run under the writer lease here, as the merge does,
-		// and lock the keys they rewrite as the merge's top-ups do.
-		opts.TopUp = true
-		h.locks = true // and claim shells
-		if !opts.Guest {
-			// The holder knows its rule's buckets instead of probing
-			// them: its merges are their only writers while it holds its
-			// term. Where lookups by _id scan (the stock
-			// command, PostgreSQL) a probe scans, so the directory reads
-			// every bucket's key once instead. Where they are indexed
-			// (the embedded upstream) FerretDB still decodes each bucket
-			// a probe finds, so probing a key at each merge before a read
-			// cost every event its window held; there the directory is
-			// what the merges learn, and a key it lacks is probed once
-			// (a read of every bucket would cost the whole rule).
-			// A counter or slots rule has no delete through the proxy;
-			// its direct inserts and retention sweeps count as writes.
-			opts.Known = t.dirs.Known(rule.BucketNamespace(), t.heldTerm(rule))
-			opts.Known.NoRead = lookups == read.IDLookupIndexed
-			// The holder's merges are the only writers of the records of
-			// merged retryable writes too, on every upstream: it keeps
-			// them between merges rather than read them all at each.
-			opts.Records = t.dirs.RecordCache(rule.BucketNamespace(), t.heldTerm(rule))
-			// And it leaves the entries its top-ups made stale to be
-			// deleted many at a time.
-			opts.Stale = t.dirs.StaleEntries(rule.BucketNamespace(), t.heldTerm(rule)())
-		}
-	}
-	if !opts.Guest {
-		opts.InsertStreams = exec.MergeInsertStreams
-		r = exec.Parallel{R: r, Helpers: t.helpers}
-		if t.dropOrphan != nil {
-			r = orphanMender{r: r, t: t}
-		}
+	opts = t.mergeOptions(up, rule, caps, opts)
+	if caps.SingleWriter && t.kept != nil {
+		// What a freeze took and no merge asked for (a guest's, a
+		// merge that failed) is read back when it is merged.
+		defer func() { t.kept.forgetFrozen(rule, t.state.Gen(rule.Namespace, t.since)) }()
 	}
 	times := map[string]stage.StepTime{}
-	r = exec.Timed{R: r, Rule: rule, Times: times}
 	defer func() { stage.AddStepTimes(&st.Upstream, times) }()
-	if !opts.Guest && caps.SingleWriter {
-		// Every step of the holder's merge runs under the writer lease,
-		// renewed as it goes: a merge of many collections outlasts a
-		// lease, and two proxies merging at once would give different
-		// buckets the same ids.
-		r = leasedRunner{r: r, renew: func() error { return t.leases.Ensure(up, rule.DB, rule.Collection, t.log) }}
-	}
+	r = t.mergeRunner(r, up, rule, caps, opts, times)
 	if !opts.Guest {
 		// Retired collections left before (a merge cut short, another
 		// proxy's freeze) are merged first, with inserts going on.
@@ -330,6 +275,86 @@ func (t *Tier) runMergeLocked(r exec.Runner, up lease.Commander, rule *rules.Rul
 			"slowestStep", slowest, "slowestStepMs", took.Milliseconds())
 	}
 	return st, nil
+}
+
+// mergeOptions completes opts for a merge of rule on an upstream with
+// caps: what the upstream lets it do, and what the tier keeps for it
+// (its Host, the directory, the records, the stale entries).
+func (t *Tier) mergeOptions(up lease.Commander, rule *rules.Rule, caps caps.Upstream, opts merge.MergeOptions) merge.MergeOptions {
+	if opts.Now.IsZero() {
+		opts.Now = time.Now()
+	}
+	opts.RetryHorizon = RetryHorizon
+	h := t.hostOf(&opts, rule)
+	lookups := read.IDLookupIndexed
+	if !opts.Guest {
+		// How the merge reads the buckets it writes or probes.
+		lookups = t.host.IDLookupCost(up, rule, caps)
+		h.lookups, h.hasLookups = lookups, true
+	}
+	opts.RollupStatements = caps.MaxUpdateStatements
+	opts.PackedEvents = caps.PackedEvents
+	if caps.SingleWriter {
+		opts.Self, opts.Since = t.StagerTag(), t.since
+		if t.kept != nil {
+			h.kept = true
+		}
+		opts.TakeOver = true
+		// Deletes run under the writer lease here, as the merge does,
+		// and lock the keys they rewrite as the merge's top-ups do.
+		opts.TopUp = true
+		h.locks = true // and claim shells
+		if !opts.Guest {
+			// The holder knows its rule's buckets instead of probing
+			// them: its merges are their only writers while it holds its
+			// term. Where lookups by _id scan (the stock
+			// command, PostgreSQL) a probe scans, so the directory reads
+			// every bucket's key once instead. Where they are indexed
+			// (the embedded upstream) FerretDB still decodes each bucket
+			// a probe finds, so probing a key at each merge before a read
+			// cost every event its window held; there the directory is
+			// what the merges learn, and a key it lacks is probed once
+			// (a read of every bucket would cost the whole rule).
+			// A counter or slots rule has no delete through the proxy;
+			// its direct inserts and retention sweeps count as writes.
+			opts.Known = t.dirs.Known(rule.BucketNamespace(), t.heldTerm(rule))
+			opts.Known.NoRead = lookups == read.IDLookupIndexed
+			// The holder's merges are the only writers of the records of
+			// merged retryable writes too, on every upstream: it keeps
+			// them between merges rather than read them all at each.
+			opts.Records = t.dirs.RecordCache(rule.BucketNamespace(), t.heldTerm(rule))
+			// And it leaves the entries its top-ups made stale to be
+			// deleted many at a time.
+			opts.Stale = t.dirs.StaleEntries(rule.BucketNamespace(), t.heldTerm(rule)())
+		}
+	}
+	if !opts.Guest {
+		opts.InsertStreams = exec.MergeInsertStreams
+	}
+	return opts
+}
+
+// mergeRunner is the runner every step of a merge of rule goes through,
+// composed here once, innermost first: r (the merge's connection), the
+// bucket inserts spread over helper connections, the mend of an orphaned
+// table, the step timings (into times), and the writer lease renewed as
+// the holder's merge goes.
+func (t *Tier) mergeRunner(r exec.Runner, up lease.Commander, rule *rules.Rule, caps caps.Upstream, opts merge.MergeOptions, times map[string]stage.StepTime) exec.Runner {
+	if !opts.Guest {
+		r = exec.Parallel{R: r, Helpers: t.helpers}
+		if t.dropOrphan != nil {
+			r = orphanMender{r: r, t: t}
+		}
+	}
+	r = exec.Timed{R: r, Rule: rule, Times: times}
+	if !opts.Guest && caps.SingleWriter {
+		// Every step of the holder's merge runs under the writer lease,
+		// renewed as it goes: a merge of many collections outlasts a
+		// lease, and two proxies merging at once would give different
+		// buckets the same ids.
+		r = leasedRunner{r: r, renew: func() error { return t.leases.Ensure(up, rule.DB, rule.Collection, t.log) }}
+	}
+	return r
 }
 
 // heldTerm is the number of the term of rule's writer lease this proxy
