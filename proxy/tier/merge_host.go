@@ -27,8 +27,8 @@ type mergeHost struct {
 	kept, locks bool
 	// recycle: the merge keeps the collections it merged as spares.
 	recycle bool
-	// renamed collects the spares made, with the callbacks that settle
-	// their reservations (shared by copies of the host).
+	// renamed collects the spares the merge made, for cleanRenamed
+	// (shared by copies of the host).
 	renamed *[]spareMade
 }
 
