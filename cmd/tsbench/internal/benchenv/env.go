@@ -24,7 +24,6 @@ import (
 type Env struct {
 	UpstreamURI string // what the direct path dials
 	ProxyURI    string
-	stop        func()
 	// IndexIDs adds the embedded upstream's _id index to a collection
 	// (nil elsewhere), as the proxy does to the collections it creates.
 	IndexIDs func(ctx context.Context, db, coll string) error
