@@ -21,6 +21,8 @@ import (
 	"github.com/tsproxy/tsproxy/upstream"
 )
 
+// Env is one tsbench run's environment: the URIs of the direct path and
+// of the proxy in front of the same upstream, and what the upstream offers.
 type Env struct {
 	UpstreamURI string // what the direct path dials
 	ProxyURI    string
