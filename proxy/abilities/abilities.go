@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -156,63 +157,77 @@ func (u *Upstream) probeIndexUse() bool {
 }
 
 // probeCostlyUpdates says whether an update of a bucket-sized document
-// costs the upstream many inserts (admin.UpdateCostProbe): DocumentDB
+// costs the upstream many inserts (admin.UpdatesCostly): DocumentDB
 // writes a new version of the whole document, as FerretDB v1.24 does,
 // whatever its buildInfo says. There rules stage by default (ingest:
 // auto) and small groups do not join full buckets. A probe that cannot
 // run says no, as MongoDB's buildInfo would.
 func (u *Upstream) probeCostlyUpdates() bool {
-	clock := &stepClock{}
-	cheap := u.probeWith("update cost", admin.UpdateCostProbe(rules.CatalogDB, "tsproxy_probe_"+catalog.NewNonce()),
-		func(r exec.Runner) exec.Runner { clock.r = r; return clock },
-		func(reply []byte) (bool, error) {
-			if _, err := admin.Ran(reply); err != nil {
-				return false, err
-			}
-			costly, update, insert := admin.UpdatesCostlyOf(clock.took)
-			u.log.Info("update cost probed", "update", update, "insert", insert, "costly", costly)
-			return !costly, nil
-		})
-	if !cheap {
+	up, err := u.pool.Take(context.Background())
+	if err != nil {
+		u.log.Warn("update cost not probed: no upstream connection; taken as MongoDB's", "err", err.Error())
+		return false
+	}
+	db, coll := rules.CatalogDB, "tsproxy_probe_"+catalog.NewNonce()
+	updates, inserts, err := timeUpdateCost(up, db, coll)
+	if _, derr := exec.Command(up, admin.UpdateCostDrop(db, coll)); derr != nil && err == nil {
+		err = derr
+	}
+	if err != nil {
+		u.pool.Discard(up)
+		u.log.Warn("update cost not probed; taken as MongoDB's", "err", err.Error())
+		return false
+	}
+	u.pool.Put(up)
+	costly := admin.UpdatesCostly(updates, inserts)
+	u.log.Info("update cost probed", "update", slices.Min(updates), "insert", slices.Min(inserts), "costly", costly)
+	if costly {
 		u.log.Info("the upstream rewrites a whole document on each update: rules stage their events by default")
 	}
-	return !cheap
+	return costly
 }
 
-// stepClock runs steps on r and keeps how long each took, for a probe
-// that decides by time (the plan does no timing).
-type stepClock struct {
-	r    exec.Runner
-	took []time.Duration
-}
-
-func (c *stepClock) RunStep(step rewrite.Step) ([][]byte, error) {
-	start := time.Now()
-	replies, err := c.r.RunStep(step)
-	c.took = append(c.took, time.Since(start))
-	return replies, err
+// timeUpdateCost runs the update-cost probe's commands on up, timing the
+// update and insert commands of each round.
+func timeUpdateCost(up *upstream.Conn, db, coll string) (updates, inserts []time.Duration, err error) {
+	run := func(cmd []byte) (time.Duration, error) {
+		start := time.Now()
+		reply, err := exec.Command(up, cmd)
+		if err != nil {
+			return 0, err
+		}
+		if err := upstream.RefusalOf(reply); err != nil {
+			return 0, err
+		}
+		return time.Since(start), nil
+	}
+	if _, err := run(admin.UpdateCostSetup(db, coll)); err != nil {
+		return nil, nil, err
+	}
+	for round := range admin.UpdateCostRounds() {
+		d, err := run(admin.UpdateCostUpdate(db, coll))
+		if err != nil {
+			return nil, nil, err
+		}
+		updates = append(updates, d)
+		if d, err = run(admin.UpdateCostInsert(db, coll, round)); err != nil {
+			return nil, nil, err
+		}
+		inserts = append(inserts, d)
+	}
+	return updates, inserts, nil
 }
 
 // probe runs plan on a connection of the proxy's own and reads its
 // answer. A probe that cannot run says yes, as the upstream's buildInfo
 // does, and is logged.
 func (u *Upstream) probe(what string, plan rewrite.Plan, read func([]byte) (bool, error)) bool {
-	return u.probeWith(what, plan, nil, read)
-}
-
-// probeWith is probe with the runner the plan's steps go through made by
-// wrap from the connection's (nil: as it is).
-func (u *Upstream) probeWith(what string, plan rewrite.Plan, wrap func(exec.Runner) exec.Runner, read func([]byte) (bool, error)) bool {
 	up, err := u.pool.Take(context.Background())
 	if err != nil {
 		u.log.Warn(what+" not probed: no upstream connection; taken as MongoDB's", "err", err.Error())
 		return true
 	}
-	var r exec.Runner = exec.OnConn{Up: up}
-	if wrap != nil {
-		r = wrap(r)
-	}
-	res, err := exec.Drive(r, plan)
+	res, err := exec.Drive(exec.OnConn{Up: up}, plan)
 	if err != nil {
 		u.pool.Discard(up)
 		u.log.Warn(what+" not probed; taken as MongoDB's", "err", err.Error())
