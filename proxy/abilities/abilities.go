@@ -101,6 +101,7 @@ func (u *Upstream) Caps(up *upstream.Conn) (caps.Upstream, error) {
 		return caps.Upstream{}, fmt.Errorf("upstream capabilities: buildInfo: %w", r)
 	}
 	caps := caps.Detect(reply)
+	u.sweepStaleProbes()
 	if caps.StmtIDs && !u.probeRetryableWrites() {
 		caps = caps.WithoutRetryableWrites()
 	}
@@ -120,13 +121,43 @@ func (u *Upstream) Caps(up *upstream.Conn) (caps.Upstream, error) {
 	return caps, nil
 }
 
+// probeName is the name of a new probe's scratch collection.
+func probeName() string { return admin.ProbeName(time.Now(), catalog.NewNonce()) }
+
+// sweepStaleProbes drops the probe collections that proxies killed or
+// shut down mid-probe left behind (admin.StaleProbeSweep), before this
+// one probes: an upstream several proxies restart on would otherwise
+// gather them. A sweep that cannot run is logged, and the next proxy's
+// takes them.
+func (u *Upstream) sweepStaleProbes() {
+	up, err := u.pool.Take(context.Background())
+	if err != nil {
+		u.log.Warn("stale probe collections not swept: no upstream connection", "err", err.Error())
+		return
+	}
+	res, err := exec.Drive(exec.OnConn{Up: up}, admin.StaleProbeSweep(rules.CatalogDB, time.Now()))
+	if err != nil {
+		u.pool.Discard(up)
+		u.log.Warn("stale probe collections not swept", "err", err.Error())
+		return
+	}
+	u.pool.Put(up)
+	n, err := admin.Dropped(res.Reply)
+	switch {
+	case err != nil:
+		u.log.Warn("stale probe collections not swept", "err", err.Error())
+	case n > 0:
+		u.log.Info("dropped probe collections left by proxies stopped mid-probe", "db", rules.CatalogDB, "dropped", n)
+	}
+}
+
 // probeRetryableWrites says whether the upstream keeps retryable writes
 // with stmtIds (admin.RetryableWritesProbe): servers that claim MongoDB's
 // version may not (FerretDB 2.x refuses stmtIds).
 func (u *Upstream) probeRetryableWrites() bool {
 	var lsid [16]byte
 	_, _ = rand.Read(lsid[:])
-	kept := u.probe("retryable writes", admin.RetryableWritesProbe(rules.CatalogDB, "tsproxy_probe_"+catalog.NewNonce(), lsid), admin.Retryable)
+	kept := u.probe("retryable writes", admin.RetryableWritesProbe(rules.CatalogDB, probeName(), lsid), admin.Retryable)
 	if !kept {
 		u.log.Info("the upstream does not keep retryable writes with stmtIds: the proxy keeps its own records of them")
 	}
@@ -138,7 +169,7 @@ func (u *Upstream) probeRetryableWrites() bool {
 // the proxy groups events itself rather than run unwound pipelines
 // upstream.
 func (u *Upstream) probeExactSums() bool {
-	exact := u.probe("exact sums", admin.ExactSumsProbe(rules.CatalogDB, "tsproxy_probe_"+catalog.NewNonce()), admin.Exact)
+	exact := u.probe("exact sums", admin.ExactSumsProbe(rules.CatalogDB, probeName()), admin.Exact)
 	if !exact {
 		u.log.Info("the upstream's $sum and $avg of doubles differ from MongoDB's: the proxy runs aggregations of events itself")
 	}
@@ -149,7 +180,7 @@ func (u *Upstream) probeExactSums() bool {
 // index (admin.IndexUseProbe, by explain); where none does, the proxy
 // makes no {meta: 1, start: 1} index of its own.
 func (u *Upstream) probeIndexUse() bool {
-	used := u.probe("index use", admin.IndexUseProbe(rules.CatalogDB, "tsproxy_probe_"+catalog.NewNonce()), admin.Used)
+	used := u.probe("index use", admin.IndexUseProbe(rules.CatalogDB, probeName()), admin.Used)
 	if !used {
 		u.log.Info("the upstream's queries use no secondary index: the proxy makes none of its own")
 	}
@@ -168,7 +199,7 @@ func (u *Upstream) probeCostlyUpdates() bool {
 		u.log.Warn("update cost not probed: no upstream connection; taken as MongoDB's", "err", err.Error())
 		return false
 	}
-	db, coll := rules.CatalogDB, "tsproxy_probe_"+catalog.NewNonce()
+	db, coll := rules.CatalogDB, probeName()
 	updates, inserts, err := timeUpdateCost(up, db, coll)
 	if _, derr := exec.Command(up, admin.UpdateCostDrop(db, coll)); derr != nil && err == nil {
 		err = derr

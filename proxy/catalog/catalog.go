@@ -285,7 +285,7 @@ func (cat *Catalog) read() (*Snap, error) {
 // time-series collections where it makes them (admin.TimeseriesProbe, in
 // the catalog's database, under a name of this probe's own).
 func (cat *Catalog) detectMode(up *upstream.Conn) error {
-	res, err := exec.Drive(exec.OnConn{Up: up}, admin.TimeseriesProbe(rules.CatalogDB, "tsproxy_probe_"+NewNonce()))
+	res, err := exec.Drive(exec.OnConn{Up: up}, admin.TimeseriesProbe(rules.CatalogDB, admin.ProbeName(cat.cfg.Now(), NewNonce())))
 	if err != nil {
 		return fmt.Errorf("tsproxy: probing time-series collections: %w", err)
 	}

@@ -16,6 +16,9 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/tsproxy/tsproxy/rewrite/admin"
+	"github.com/tsproxy/tsproxy/rules"
 )
 
 // MongoDB's time-series API through the proxy on a namespace no config
@@ -466,11 +469,20 @@ func TestTimeseriesMongoose(t *testing.T) {
 // makes time-series collections by making one (never from the version
 // buildInfo claims: FerretDB 2.x claims MongoDB 7.0 and makes a plain
 // collection), then drops it; the collections it served a create with
-// are listed as time-series ones. Not parallel: no other proxy's probe
-// runs meanwhile.
+// are listed as time-series ones. Its probes drop their scratch
+// collections, and it sweeps those that proxies stopped mid-probe left
+// (kill -9 leaves them whatever a proxy does at exit): a planted one of
+// an hour ago is gone. Probe collections younger than the test may be
+// another test's proxy's, killed or mid-probe; only this proxy's probes,
+// begun after the test began, are counted.
 func TestTimeseriesProbeLeavesNothing(t *testing.T) {
 	ctx := ctxFor(t)
 	db := uniqueDB(t)
+	began := time.Now().Add(-time.Second) // names carry whole seconds
+	left := admin.ProbeName(time.Now().Add(-time.Hour), "e2e"+strings.ReplaceAll(db, "_", ""))
+	if err := direct(t).Database(rules.CatalogDB).CreateCollection(ctx, left); err != nil {
+		t.Fatalf("planting a probe collection left behind: %v", err)
+	}
 	p := startProxy(t, proxyOptions{})
 	c := connect(t, p.URI())
 	dropAtEnd(t, c, db)
@@ -480,13 +492,21 @@ func TestTimeseriesProbeLeavesNothing(t *testing.T) {
 	if w := tsCollections(t, ctx, c, db)["probe"]; w == nil || w["type"] != "timeseries" {
 		t.Fatalf("listed %v, want a time-series collection", w)
 	}
-	names, err := direct(t).Database("tsproxy").ListCollectionNames(ctx, bson.D{})
+	// An insert on the collection needs the upstream's abilities: the
+	// proxy probes them (and sweeps) before it answers.
+	if _, err := c.Database(db).Collection("probe").InsertOne(ctx, bson.D{{Key: "t", Value: time.Now()}}); err != nil {
+		t.Fatalf("insert: %v", err)
+	}
+	names, err := direct(t).Database(rules.CatalogDB).ListCollectionNames(ctx, bson.D{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range names {
-		if strings.HasPrefix(n, "tsproxy_probe_") {
-			t.Errorf("the probe left %s.%s", "tsproxy", n)
+		if n == left {
+			t.Errorf("the probe collection left an hour ago, %s.%s, was not swept", rules.CatalogDB, n)
+		}
+		if strings.HasPrefix(n, admin.ProbePrefix) && !admin.StaleProbe(n, began.Add(admin.StaleProbeAge)) {
+			t.Errorf("the probe left %s.%s", rules.CatalogDB, n)
 		}
 	}
 }
