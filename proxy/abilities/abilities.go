@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -130,19 +129,11 @@ func probeName() string { return admin.ProbeName(time.Now(), catalog.NewNonce())
 // gather them. A sweep that cannot run is logged, and the next proxy's
 // takes them.
 func (u *Upstream) sweepStaleProbes() {
-	up, err := u.pool.Take(context.Background())
-	if err != nil {
-		u.log.Warn("stale probe collections not swept: no upstream connection", "err", err.Error())
-		return
+	reply, err := u.drive(admin.StaleProbeSweep(rules.CatalogDB, time.Now()), nil)
+	var n int
+	if err == nil {
+		n, err = admin.Dropped(reply)
 	}
-	res, err := exec.Drive(exec.OnConn{Up: up}, admin.StaleProbeSweep(rules.CatalogDB, time.Now()))
-	if err != nil {
-		u.pool.Discard(up)
-		u.log.Warn("stale probe collections not swept", "err", err.Error())
-		return
-	}
-	u.pool.Put(up)
-	n, err := admin.Dropped(res.Reply)
 	switch {
 	case err != nil:
 		u.log.Warn("stale probe collections not swept", "err", err.Error())
@@ -188,89 +179,85 @@ func (u *Upstream) probeIndexUse() bool {
 }
 
 // probeCostlyUpdates says whether an update of a bucket-sized document
-// costs the upstream many inserts (admin.UpdatesCostly): DocumentDB
+// costs the upstream many inserts (admin.UpdateCostProbe): DocumentDB
 // writes a new version of the whole document, as FerretDB v1.24 does,
 // whatever its buildInfo says. There rules stage by default (ingest:
 // auto) and small groups do not join full buckets. A probe that cannot
 // run says no, as MongoDB's buildInfo would.
 func (u *Upstream) probeCostlyUpdates() bool {
-	up, err := u.pool.Take(context.Background())
-	if err != nil {
-		u.log.Warn("update cost not probed: no upstream connection; taken as MongoDB's", "err", err.Error())
-		return false
-	}
-	db, coll := rules.CatalogDB, probeName()
-	updates, inserts, err := timeUpdateCost(up, db, coll)
-	if _, derr := exec.Command(up, admin.UpdateCostDrop(db, coll)); derr != nil && err == nil {
-		err = derr
-	}
-	if err != nil {
-		u.pool.Discard(up)
-		u.log.Warn("update cost not probed; taken as MongoDB's", "err", err.Error())
-		return false
-	}
-	u.pool.Put(up)
-	costly := admin.UpdatesCostly(updates, inserts)
-	u.log.Info("update cost probed", "update", slices.Min(updates), "insert", slices.Min(inserts), "costly", costly)
-	if costly {
+	clock := &stepClock{}
+	cheap := u.probeWith("update cost", admin.UpdateCostProbe(rules.CatalogDB, probeName()),
+		func(r exec.Runner) exec.Runner { clock.r = r; return clock },
+		func(reply []byte) (bool, error) {
+			if _, err := admin.Ran(reply); err != nil {
+				return false, err
+			}
+			costly, update, insert := admin.UpdatesCostlyOf(clock.took)
+			u.log.Info("update cost probed", "update", update, "insert", insert, "costly", costly)
+			return !costly, nil
+		})
+	if !cheap {
 		u.log.Info("the upstream rewrites a whole document on each update: rules stage their events by default")
 	}
-	return costly
+	return !cheap
 }
 
-// timeUpdateCost runs the update-cost probe's commands on up, timing the
-// update and insert commands of each round.
-func timeUpdateCost(up *upstream.Conn, db, coll string) (updates, inserts []time.Duration, err error) {
-	run := func(cmd []byte) (time.Duration, error) {
-		start := time.Now()
-		reply, err := exec.Command(up, cmd)
-		if err != nil {
-			return 0, err
-		}
-		if err := upstream.RefusalOf(reply); err != nil {
-			return 0, err
-		}
-		return time.Since(start), nil
-	}
-	if _, err := run(admin.UpdateCostSetup(db, coll)); err != nil {
-		return nil, nil, err
-	}
-	for round := range admin.UpdateCostRounds() {
-		d, err := run(admin.UpdateCostUpdate(db, coll))
-		if err != nil {
-			return nil, nil, err
-		}
-		updates = append(updates, d)
-		if d, err = run(admin.UpdateCostInsert(db, coll, round)); err != nil {
-			return nil, nil, err
-		}
-		inserts = append(inserts, d)
-	}
-	return updates, inserts, nil
+// stepClock runs steps on r and keeps how long each took, for a probe
+// that decides by time (the plan does no timing).
+type stepClock struct {
+	r    exec.Runner
+	took []time.Duration
+}
+
+func (c *stepClock) RunStep(step rewrite.Step) ([][]byte, error) {
+	start := time.Now()
+	replies, err := c.r.RunStep(step)
+	c.took = append(c.took, time.Since(start))
+	return replies, err
 }
 
 // probe runs plan on a connection of the proxy's own and reads its
 // answer. A probe that cannot run says yes, as the upstream's buildInfo
 // does, and is logged.
 func (u *Upstream) probe(what string, plan rewrite.Plan, read func([]byte) (bool, error)) bool {
-	up, err := u.pool.Take(context.Background())
+	return u.probeWith(what, plan, nil, read)
+}
+
+// probeWith is probe with the runner the plan's steps go through made by
+// wrap from the connection's (nil: as it is).
+func (u *Upstream) probeWith(what string, plan rewrite.Plan, wrap func(exec.Runner) exec.Runner, read func([]byte) (bool, error)) bool {
+	reply, err := u.drive(plan, wrap)
 	if err != nil {
-		u.log.Warn(what+" not probed: no upstream connection; taken as MongoDB's", "err", err.Error())
-		return true
-	}
-	res, err := exec.Drive(exec.OnConn{Up: up}, plan)
-	if err != nil {
-		u.pool.Discard(up)
 		u.log.Warn(what+" not probed; taken as MongoDB's", "err", err.Error())
 		return true
 	}
-	u.pool.Put(up)
-	yes, err := read(res.Reply)
+	yes, err := read(reply)
 	if err != nil {
 		u.log.Warn(what+" not probed; taken as MongoDB's", "err", err.Error())
 		return true
 	}
 	return yes
+}
+
+// drive runs plan on a connection of the proxy's own, through the runner
+// wrap makes of the connection's (nil: as it is), and returns its reply.
+// A connection the plan failed on is discarded, not put back.
+func (u *Upstream) drive(plan rewrite.Plan, wrap func(exec.Runner) exec.Runner) ([]byte, error) {
+	up, err := u.pool.Take(context.Background())
+	if err != nil {
+		return nil, fmt.Errorf("no upstream connection: %w", err)
+	}
+	var r exec.Runner = exec.OnConn{Up: up}
+	if wrap != nil {
+		r = wrap(r)
+	}
+	res, err := exec.Drive(r, plan)
+	if err != nil {
+		u.pool.Discard(up)
+		return nil, err
+	}
+	u.pool.Put(up)
+	return res.Reply, nil
 }
 
 // probeIDLookup explains a find by _id on db.coll; false when the

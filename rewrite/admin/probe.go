@@ -320,28 +320,81 @@ func Used(reply []byte) (bool, error) { return probeFlag(reply, "used") }
 // upstream rewrites the whole document on each update (FerretDB v1.24's
 // JSON; DocumentDB's PostgreSQL value, compressed out of line past 2 KB)
 // that costs 2–10x staging the events (docs/how-it-works.md, "The write
-// path on FerretDB 2.x"). The probe times an update command of
+// path on FerretDB 2.x"). UpdateCostProbe times an update command of
 // costProbeStatements $push statements on one document of
 // costProbeEvents elements, a bucket's size, against an insert command of
-// as many small documents, on one connection, each costProbeRounds
-// times; UpdatesCostly decides on the fastest of each. The commands are
-// here and the clock is the executor's: a plan does no timing.
+// as many small documents, costProbeRounds times each; UpdatesCostlyOf
+// decides on the fastest of each. The plan sends the commands and the
+// executor's runner times its steps: a plan does no timing.
 const (
 	costProbeEvents     = 1000
 	costProbeStatements = 20
 	costProbeRounds     = 3
 	// costlyUpdateRatio: updates are costly when an update command takes
 	// more than this many times an insert command. DocumentDB measured
-	// 20–30x, FerretDB v1.24 more; MongoDB modifies a document in place.
+	// 15–20x, FerretDB v1.24 more; MongoDB modifies a document in place.
 	costlyUpdateRatio = 6
 )
 
-// UpdateCostRounds is how many times the probe times each command.
-func UpdateCostRounds() int { return costProbeRounds }
+// UpdateCostProbe is the plan of the update-cost probe on db.coll, one
+// command a step: the setup's insert, then each round's update and
+// insert, then the drop (UpdatesCostlyOf reads the steps' times in that
+// order). Its reply is {ok: 1, ran: true} (Ran reads it), or {ok: 1,
+// unauthorized: true}.
+func UpdateCostProbe(db, coll string) rewrite.Plan {
+	return rewrite.Script(func(x *rewrite.Exec) (rewrite.Result, error) {
+		drop := bsoncore.NewDocumentBuilder().AppendString("drop", coll).AppendString("$db", db).Build()
+		failed := func(reply []byte) (rewrite.Result, error) {
+			if mongoerr.CodeOf(mongoerr.ReplyError(reply)) == mongoerr.Unauthorized {
+				return flagResult("unauthorized", true), nil
+			}
+			if _, ok := x.One(drop); !ok {
+				return rewrite.Result{}, rewrite.ErrAborted
+			}
+			return rewrite.Result{}, mongoerr.ReplyError(reply)
+		}
+		cmds := [][]byte{costProbeSetup(db, coll)}
+		for round := range costProbeRounds {
+			cmds = append(cmds, costProbeUpdate(db, coll), costProbeInsert(db, coll, round))
+		}
+		for _, cmd := range cmds {
+			reply, ok := x.One(cmd)
+			if !ok {
+				return rewrite.Result{}, rewrite.ErrAborted
+			}
+			if mongoerr.ReplyError(reply) != nil {
+				return failed(reply)
+			}
+		}
+		if _, ok := x.One(drop); !ok {
+			return rewrite.Result{}, rewrite.ErrAborted
+		}
+		return flagResult("ran", true), nil
+	})
+}
 
-// UpdateCostSetup inserts the probe's document into db.coll: {_id: 0,
-// e: [{t, v}, ...]} of costProbeEvents elements.
-func UpdateCostSetup(db, coll string) []byte {
+// Ran reads an UpdateCostProbe's reply.
+func Ran(reply []byte) (bool, error) { return probeFlag(reply, "ran") }
+
+// UpdatesCostlyOf decides from the times of an UpdateCostProbe's steps,
+// in its order (setup, then update and insert per round, then drop);
+// fewer steps than that decide nothing. It returns the fastest update and
+// insert it compared.
+func UpdatesCostlyOf(steps []time.Duration) (costly bool, update, insert time.Duration) {
+	if len(steps) < 1+2*costProbeRounds {
+		return false, 0, 0
+	}
+	var updates, inserts []time.Duration
+	for round := range costProbeRounds {
+		updates = append(updates, steps[1+2*round])
+		inserts = append(inserts, steps[2+2*round])
+	}
+	return updatesCostly(updates, inserts), slices.Min(updates), slices.Min(inserts)
+}
+
+// costProbeSetup inserts the probe's document into db.coll: {_id: 0, e:
+// [{t, v}, ...]} of costProbeEvents elements.
+func costProbeSetup(db, coll string) []byte {
 	e := bsoncore.NewArrayBuilder()
 	for i := int32(0); i < costProbeEvents; i++ {
 		e.AppendDocument(bsoncore.NewDocumentBuilder().AppendInt32("t", i).AppendDouble("v", float64(i)*1.5).Build())
@@ -352,9 +405,9 @@ func UpdateCostSetup(db, coll string) []byte {
 		AppendString("$db", db).Build()
 }
 
-// UpdateCostUpdate is the timed update: costProbeStatements $push
+// costProbeUpdate is the timed update: costProbeStatements $push
 // statements on the setup's document.
-func UpdateCostUpdate(db, coll string) []byte {
+func costProbeUpdate(db, coll string) []byte {
 	stmts := bsoncore.NewArrayBuilder()
 	for i := int32(0); i < costProbeStatements; i++ {
 		stmts.AppendDocument(bsoncore.NewDocumentBuilder().
@@ -367,9 +420,9 @@ func UpdateCostUpdate(db, coll string) []byte {
 		AppendBoolean("ordered", true).AppendString("$db", db).Build()
 }
 
-// UpdateCostInsert is round's timed insert: costProbeStatements small
+// costProbeInsert is round's timed insert: costProbeStatements small
 // documents, of _ids no other round uses.
-func UpdateCostInsert(db, coll string, round int) []byte {
+func costProbeInsert(db, coll string, round int) []byte {
 	docs := bsoncore.NewArrayBuilder()
 	for i := 0; i < costProbeStatements; i++ {
 		docs.AppendDocument(bsoncore.NewDocumentBuilder().AppendInt64("_id", int64(round*costProbeStatements+i+1)).
@@ -379,15 +432,10 @@ func UpdateCostInsert(db, coll string, round int) []byte {
 		AppendBoolean("ordered", true).AppendString("$db", db).Build()
 }
 
-// UpdateCostDrop drops the probe's collection.
-func UpdateCostDrop(db, coll string) []byte {
-	return bsoncore.NewDocumentBuilder().AppendString("drop", coll).AppendString("$db", db).Build()
-}
-
-// UpdatesCostly decides from the probe's timings: the fastest update
-// command against the fastest insert command (the least disturbed by
-// other work on the machine).
-func UpdatesCostly(updates, inserts []time.Duration) bool {
+// updatesCostly is the decision: the fastest update command against the
+// fastest insert command (the least disturbed by other work on the
+// machine).
+func updatesCostly(updates, inserts []time.Duration) bool {
 	if len(updates) == 0 || len(inserts) == 0 {
 		return false
 	}

@@ -248,8 +248,8 @@ func TestUpdatesCostly(t *testing.T) {
 		{"no timings", nil, nil, false},
 	}
 	for _, c := range cases {
-		if got := UpdatesCostly(c.updates, c.inserts); got != c.costly {
-			t.Errorf("%s: UpdatesCostly %v, want %v", c.name, got, c.costly)
+		if got := updatesCostly(c.updates, c.inserts); got != c.costly {
+			t.Errorf("%s: updatesCostly %v, want %v", c.name, got, c.costly)
 		}
 	}
 }
@@ -258,19 +258,19 @@ func TestUpdatesCostly(t *testing.T) {
 // update pushes costProbeStatements times onto it, and no two rounds'
 // inserts share an _id.
 func TestUpdateCostCommands(t *testing.T) {
-	setup := bsoncore.Document(UpdateCostSetup("tsproxy", "p"))
+	setup := bsoncore.Document(costProbeSetup("tsproxy", "p"))
 	docs, _ := setup.Lookup("documents").Array().Values()
 	e, _ := docs[0].Document().Lookup("e").Array().Values()
 	if len(docs) != 1 || len(e) != costProbeEvents {
 		t.Fatalf("setup: %d documents, %d elements", len(docs), len(e))
 	}
-	stmts, _ := bsoncore.Document(UpdateCostUpdate("tsproxy", "p")).Lookup("updates").Array().Values()
+	stmts, _ := bsoncore.Document(costProbeUpdate("tsproxy", "p")).Lookup("updates").Array().Values()
 	if len(stmts) != costProbeStatements {
 		t.Fatalf("update: %d statements", len(stmts))
 	}
 	seen := map[int64]bool{}
-	for round := range UpdateCostRounds() {
-		ins, _ := bsoncore.Document(UpdateCostInsert("tsproxy", "p", round)).Lookup("documents").Array().Values()
+	for round := range costProbeRounds {
+		ins, _ := bsoncore.Document(costProbeInsert("tsproxy", "p", round)).Lookup("documents").Array().Values()
 		for _, d := range ins {
 			id := d.Document().Lookup("_id").Int64()
 			if seen[id] || id == 0 {
@@ -278,5 +278,65 @@ func TestUpdateCostCommands(t *testing.T) {
 			}
 			seen[id] = true
 		}
+	}
+}
+
+// TestUpdateCostProbe: one command a step in the order UpdatesCostlyOf
+// reads their times; a refused command drops the collection and fails
+// the probe; a refusal for want of rights says so and sends nothing more.
+func TestUpdateCostProbe(t *testing.T) {
+	ok := bsoncore.NewDocumentBuilder().AppendDouble("ok", 1).Build()
+	refused := func(code int32) []byte {
+		return bsoncore.NewDocumentBuilder().AppendDouble("ok", 0).AppendInt32("code", code).AppendString("errmsg", "no").Build()
+	}
+	run := func(answer func(name string, i int) []byte) (bool, error, []string) {
+		p := UpdateCostProbe("tsproxy", "tsproxy_probe_x")
+		var sent []string
+		for {
+			step, done := p.Next()
+			if done {
+				ran, err := Ran(p.Result().Reply)
+				return ran, err, sent
+			}
+			if len(step) != 1 {
+				t.Fatalf("a step of %d commands: its time would not be one command's", len(step))
+			}
+			name := bsoncore.Document(step[0].Body).Index(0).Key()
+			sent = append(sent, name)
+			if err := p.Feed([][]byte{answer(name, len(sent)-1)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	ran, err, sent := run(func(string, int) []byte { return ok })
+	want := []string{"insert", "update", "insert", "update", "insert", "update", "insert", "drop"}
+	if !ran || err != nil || !slices.Equal(sent, want) {
+		t.Fatalf("ran %v, err %v, sent %v; want %v", ran, err, sent, want)
+	}
+	ran, err, sent = run(func(name string, i int) []byte {
+		if i == 3 {
+			return refused(2)
+		}
+		return ok
+	})
+	if ran || err == nil || !slices.Equal(sent, []string{"insert", "update", "insert", "update", "drop"}) {
+		t.Fatalf("a refused update: ran %v, err %v, sent %v", ran, err, sent)
+	}
+	_, err, sent = run(func(string, int) []byte { return refused(13) })
+	if !errors.Is(err, ErrProbeUnauthorized) || !slices.Equal(sent, []string{"insert"}) {
+		t.Fatalf("unauthorized: err %v, sent %v", err, sent)
+	}
+}
+
+// TestUpdatesCostlyOf: the steps' times are read as the probe sends them.
+func TestUpdatesCostlyOf(t *testing.T) {
+	ms := time.Millisecond
+	steps := []time.Duration{50 * ms, 16 * ms, 1 * ms, 19 * ms, 2 * ms, 18 * ms, 1 * ms, 5 * ms}
+	costly, update, insert := UpdatesCostlyOf(steps)
+	if !costly || update != 16*ms || insert != ms {
+		t.Fatalf("costly %v, fastest update %v, insert %v", costly, update, insert)
+	}
+	if costly, _, _ := UpdatesCostlyOf(steps[:4]); costly {
+		t.Fatal("a probe cut short decided")
 	}
 }
