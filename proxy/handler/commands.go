@@ -106,7 +106,11 @@ var commands = map[string]commandSpec{
 	"createIndexes": {unpartitioned: true, by: map[string]handler{rules.LayoutEvents: withOwnIndex(admin.CreateIndexes)}},
 	"listIndexes":   {unpartitioned: true, by: map[string]handler{rules.LayoutEvents: withOwnIndex(admin.ListIndexes)}},
 	"dropIndexes":   {unpartitioned: true, by: map[string]handler{rules.LayoutEvents: (*Conn).rewriteDropIndexes}},
-	"update":        {by: map[string]handler{rules.LayoutEvents: (*Conn).refuseWrite}},
+	"update": {retryable: true, unpartitioned: true, by: map[string]handler{
+		rules.LayoutEvents: func(c *Conn, req *request, rule *rules.Rule) error {
+			return c.answerRefusal(req, c.rewriteUpdate(req, rule))
+		},
+	}},
 	"findAndModify": {by: map[string]handler{rules.LayoutEvents: (*Conn).refuseWrite}},
 	"findandmodify": {by: map[string]handler{rules.LayoutEvents: (*Conn).refuseWrite}},
 }

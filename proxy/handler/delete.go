@@ -37,11 +37,7 @@ func (c *Conn) rewriteDelete(req *request, rule *rules.Rule) error {
 	defer held.releaseAll()
 	cmd := commandOf(req)
 	part := func(r *rules.Rule) rewrite.Plan {
-		lock := func(keys []bucket.Key) func() {
-			l := held.lock(r.BucketNamespace(), keys)
-			return func() { held.release(l, true) }
-		}
-		return deletes.Plan(cmd, r, deletes.Env{Caps: caps, Lock: lock, IDIndex: c.s.IdIndexes})
+		return deletes.Plan(cmd, r, deletes.Env{Caps: caps, Lock: held.locker(r), IDIndex: c.s.IdIndexes})
 	}
 	return c.servePlan(req, rule, routeRewrite, fanout.Delete(cmd, rule, part))
 }
@@ -59,6 +55,16 @@ func (h *heldLocks) lock(ns string, keys []bucket.Key) *fills.Locked {
 	h.c.s.Tier().Directories().Wrote(ns) // under the keys' locks, before the write
 	h.held = append(h.held, l)
 	return l
+}
+
+// locker is a plan's Lock of rule's bucket keys: each call locks keys
+// and returns their release, which forgets their fills (the plan changed
+// their buckets, or may have).
+func (h *heldLocks) locker(rule *rules.Rule) func(keys []bucket.Key) func() {
+	return func(keys []bucket.Key) func() {
+		l := h.lock(rule.BucketNamespace(), keys)
+		return func() { h.release(l, true) }
+	}
 }
 
 // release unlocks l, forgetting its keys' fills when forget says so.

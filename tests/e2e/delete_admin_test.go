@@ -4,7 +4,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -35,10 +34,8 @@ func TestBucketedWritesRefused(t *testing.T) {
 		name, want string
 		run        func() error
 	}{
-		{"updateOne", "update is not supported", func() error { _, err := coll.UpdateOne(ctx, one, set); return err }},
-		{"updateMany", "update is not supported", func() error { _, err := coll.UpdateMany(ctx, bson.D{}, set); return err }},
-		{"replaceOne", "update is not supported", func() error {
-			_, err := coll.ReplaceOne(ctx, one, bson.D{{Key: "ts", Value: time.Now()}})
+		{"updateOne with let", `update option "let"`, func() error {
+			_, err := coll.UpdateOne(ctx, one, set, options.UpdateOne().SetLet(bson.D{{Key: "x", Value: 1}}))
 			return err
 		}},
 		{"findOneAndUpdate", "findAndModify is not supported", func() error { return coll.FindOneAndUpdate(ctx, one, set).Err() }},

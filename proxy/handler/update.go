@@ -1,0 +1,33 @@
+package handler
+
+import (
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/tsproxy/tsproxy/rewrite/deletes"
+	"github.com/tsproxy/tsproxy/rewrite/updates"
+	"github.com/tsproxy/tsproxy/rules"
+)
+
+// rewriteUpdate serves update on a bucketed namespace of the events
+// layout (rewrite/updates): as a delete, it waits for the writer lease,
+// and its plan locks the buckets it rewrites (and those its moved events
+// go to) as inserts lock them, through heldLocks. Staging was settled
+// before (handleBucketed), so every matched event is in a bucket. An
+// unacknowledged update (moreToCome) runs acknowledged upstream all the
+// same, without answering the client.
+func (c *Conn) rewriteUpdate(req *request, rule *rules.Rule) error {
+	caps, err := c.startDelete(req, rule)
+	if err != nil {
+		return err
+	}
+	held := &heldLocks{c: c}
+	defer held.releaseAll()
+	env := updates.Env{
+		Env:         deletes.Env{Caps: caps, Lock: held.locker(rule), IDIndex: c.s.IdIndexes},
+		NewObjectID: bson.NewObjectID,
+		Now:         time.Now,
+	}
+	return c.servePlan(req, rule, routeRewrite, updates.Plan(commandOf(req), rule, env))
+}
