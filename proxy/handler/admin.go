@@ -13,9 +13,8 @@ import (
 )
 
 // This file serves the admin commands of a bucketed namespace (create,
-// createIndexes, listIndexes, dropIndexes), refuses update and
-// findAndModify clearly, keeps renameCollection away from rule
-// namespaces, and ends the rewritten cursors of sessions the client ends.
+// createIndexes, listIndexes, dropIndexes), keeps renameCollection away
+// from rule namespaces, and ends the rewritten cursors of sessions the client ends.
 
 // rewriteCreate creates the bucket collection (and its index) for a
 // create of the app's namespace.
@@ -41,16 +40,6 @@ func (c *Conn) rewriteDropIndexes(req *request, rule *rules.Rule) error {
 		c.ensureBucketIndex(rule)
 	}
 	return c.answer(req, rule, res)
-}
-
-// refuseWrite answers update and findAndModify on a bucketed namespace.
-func (c *Conn) refuseWrite(req *request, rule *rules.Rule) error {
-	err := admin.RefuseWrite(rule, req.name)
-	if req.msg.Flags&wire.MoreToCome != 0 {
-		c.log.Warn("unacknowledged write refused", "rule", rule.Namespace, "err", err.Error())
-		return nil
-	}
-	return c.replyRewriteError(req, err)
 }
 
 // renameTouchesRule reports the rule whose namespace a renameCollection

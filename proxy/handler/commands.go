@@ -111,9 +111,17 @@ var commands = map[string]commandSpec{
 			return c.answerRefusal(req, c.rewriteUpdate(req, rule))
 		},
 	}},
-	"findAndModify": {by: map[string]handler{rules.LayoutEvents: (*Conn).refuseWrite}},
-	"findandmodify": {by: map[string]handler{rules.LayoutEvents: (*Conn).refuseWrite}},
+	"findAndModify": findAndModify,
+	"findandmodify": findAndModify,
 }
+
+// findAndModify is the row of findAndModify, which old drivers spell
+// findandmodify.
+var findAndModify = commandSpec{retryable: true, unpartitioned: true, by: map[string]handler{
+	rules.LayoutEvents: func(c *Conn, req *request, rule *rules.Rule) error {
+		return c.answerRefusal(req, c.rewriteFindAndModify(req, rule))
+	},
+}}
 
 // serveDrop drops a rule's collections; a created time-series
 // collection's through the catalog.

@@ -5,6 +5,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/deletes"
 	"github.com/tsproxy/tsproxy/rewrite/updates"
 	"github.com/tsproxy/tsproxy/rules"
@@ -18,6 +19,19 @@ import (
 // unacknowledged update (moreToCome) runs acknowledged upstream all the
 // same, without answering the client.
 func (c *Conn) rewriteUpdate(req *request, rule *rules.Rule) error {
+	return c.serveUpdatePlan(req, rule, updates.Plan)
+}
+
+// rewriteFindAndModify serves findAndModify on a bucketed namespace of
+// the events layout as an update of one event (updates.FindAndModify).
+func (c *Conn) rewriteFindAndModify(req *request, rule *rules.Rule) error {
+	return c.serveUpdatePlan(req, rule, updates.FindAndModify)
+}
+
+// serveUpdatePlan runs the plan build makes of an update or a
+// findAndModify, under the writer lease and with the plan's locks held
+// until it ends.
+func (c *Conn) serveUpdatePlan(req *request, rule *rules.Rule, build func(rewrite.Command, *rules.Rule, updates.Env) rewrite.Plan) error {
 	caps, err := c.startDelete(req, rule)
 	if err != nil {
 		return err
@@ -29,5 +43,5 @@ func (c *Conn) rewriteUpdate(req *request, rule *rules.Rule) error {
 		NewObjectID: bson.NewObjectID,
 		Now:         time.Now,
 	}
-	return c.servePlan(req, rule, routeRewrite, updates.Plan(commandOf(req), rule, env))
+	return c.servePlan(req, rule, routeRewrite, build(commandOf(req), rule, env))
 }

@@ -263,15 +263,3 @@ func TestPlanDropIndexes(t *testing.T) {
 	}
 }
 
-func TestRefuseWrite(t *testing.T) {
-	for cmd, want := range map[string]string{
-		"update":        "tsproxy rule iot.readings: update is not supported on a bucketed namespace (its events are stored in buckets of iot.readings.buckets",
-		"findAndModify": "tsproxy rule iot.readings: findAndModify is not supported",
-	} {
-		err := RefuseWrite(rwtest.Rule(), cmd)
-		ce, ok := err.(*mongoerr.Error)
-		if !ok || ce.Code != mongoerr.NotImplemented || !strings.HasPrefix(err.Error(), want) || !strings.Contains(err.Error(), "delete the events and insert") {
-			t.Fatalf("%s: %v", cmd, err)
-		}
-	}
-}

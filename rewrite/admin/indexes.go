@@ -14,20 +14,6 @@ import (
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
-// RefuseWrite is the error for a write command a bucketed namespace does
-// not support (update, findAndModify): events live inside bucket documents
-// whose _id is derived from the metaField and the time window, so changing
-// an event in place is not a plain update of one document.
-func RefuseWrite(rule *rules.Rule, cmd string) error {
-	what := "update"
-	if cmd == "findAndModify" || cmd == "findandmodify" {
-		what = "findAndModify"
-	}
-	return query.RuleErrorf(rule, mongoerr.NotImplemented,
-		"%s is not supported on a bucketed namespace (its events are stored in buckets of %s keyed by metaField %q and timeField %q); delete the events and insert the changed ones instead",
-		what, rule.BucketNamespace(), rule.MetaField, rule.TimeField)
-}
-
 // adminCarried are the generic arguments carried by a rewritten admin
 // command.
 var adminCarried = []string{"lsid", "txnNumber", "writeConcern", "comment", "maxTimeMS", "$clusterTime", "$readPreference", "apiVersion", "apiStrict", "apiDeprecationErrors"}

@@ -82,6 +82,8 @@ type updater struct {
 	// indexStopped: the event-id index was marked incomplete, before the
 	// first new bucket (which gets no entry).
 	indexStopped bool
+	// images, for a findAndModify, keep its event before and after.
+	images *images
 }
 
 // outcome is what the reply reports.
@@ -266,6 +268,14 @@ func (u *updater) edit(st *Statement, cand *deletes.Candidate, bdoc bsoncore.Doc
 			continue
 		}
 		e.matched++
+		if st.remove {
+			if err := u.keepRemoved(sd, meta); err != nil {
+				return bucketEdit{}, err
+			}
+			e.modified++
+			changed = true
+			continue
+		}
 		ev, moved, modified, err := u.updateEvent(st, sd, meta, key)
 		if err != nil {
 			return bucketEdit{}, err
@@ -305,14 +315,30 @@ func (u *updater) updateEvent(st *Statement, stored bsoncore.Document, meta bson
 		return bucket.Event{}, false, false, err
 	}
 	updated, changed, err := st.Update.Apply(doc, updateop.Options{Now: u.now})
-	if err != nil || !changed {
+	if err != nil {
 		return bucket.Event{}, false, false, err
+	}
+	if u.images != nil {
+		u.images.before, u.images.after = doc, updated
+	}
+	if !changed {
+		return bucket.Event{}, false, false, nil
 	}
 	ev, err := u.prepare(st, updated)
 	if err != nil {
 		return bucket.Event{}, false, false, err
 	}
 	return ev, bucket.KeyOf(ev.Meta, ev.Start).String() != key.String(), true, nil
+}
+
+// keepRemoved keeps, for a findAndModify's reply, the event it removes.
+func (u *updater) keepRemoved(stored bsoncore.Document, meta bsoncore.Value) error {
+	if u.images == nil {
+		return nil
+	}
+	doc, err := bucket.RestoreMeta(stored, u.rule().MetaField, func() (bsoncore.Value, error) { return meta, nil })
+	u.images.before = doc
+	return err
 }
 
 // prepare validates an updated or upserted event and builds its stored
@@ -469,6 +495,9 @@ func (u *updater) upsert(st *Statement) error {
 	}
 	u.out.n++
 	u.out.upserted = append(u.out.upserted, upsertedID{index: st.Index, id: id})
+	if u.images != nil {
+		u.images.after = doc
+	}
 	return nil
 }
 

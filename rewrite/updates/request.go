@@ -38,6 +38,9 @@ type Statement struct {
 	// find is the statement's match, as a delete statement.
 	find      *deletes.Statement
 	collation bsoncore.Value
+	// remove: a findAndModify's remove, which takes the matched event
+	// out rather than update it.
+	remove bool
 }
 
 // statementFields are the fields an update statement may have

@@ -38,8 +38,9 @@ func TestBucketedWritesRefused(t *testing.T) {
 			_, err := coll.UpdateOne(ctx, one, set, options.UpdateOne().SetLet(bson.D{{Key: "x", Value: 1}}))
 			return err
 		}},
-		{"findOneAndUpdate", "findAndModify is not supported", func() error { return coll.FindOneAndUpdate(ctx, one, set).Err() }},
-		{"findOneAndDelete", "findAndModify is not supported", func() error { return coll.FindOneAndDelete(ctx, one).Err() }},
+		{"findOneAndUpdate with a sort", `findAndModify option "sort"`, func() error {
+			return coll.FindOneAndUpdate(ctx, one, set, options.FindOneAndUpdate().SetSort(bson.D{{Key: "ts", Value: 1}})).Err()
+		}},
 		{"renameCollection", "renameCollection", func() error {
 			return connect(t, p.URI()).Database("admin").RunCommand(ctx, bson.D{{Key: "renameCollection", Value: db + ".readings"}, {Key: "to", Value: db + ".other"}}).Err()
 		}},

@@ -443,7 +443,7 @@ func TestTimeseriesMongoose(t *testing.T) {
 	}
 	want := `{"count":601,"sensor5":101,"latest":{"temp":99,"timestamp":"2026-01-01T10:00:00.000Z","sensorId":5},` +
 		`"firstHour":60,"firstTemps":[10,10.5,11],"sensors":[0,1,2,3,4,5],` +
-		`"lastThree":[23.5,20.5,17.5],"inRange":60,"deleted":100,"after":501,` +
+		`"lastThree":[23.5,20.5,17.5],"inRange":60,"deleted":100,"after":501,"fixed":98,"warmer":100,` +
 		`"type":"timeseries","timeseries":{"timeField":"timestamp","metaField":"metadata","granularity":"hours","bucketMaxSpanSeconds":2592000},` +
 		`"expireAfterSeconds":315360000,"noDate":"2 'timestamp' must be present and contain a valid BSON UTC datetime value"}`
 	if got := strings.TrimSpace(string(out)); got != want {

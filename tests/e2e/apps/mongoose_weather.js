@@ -1,7 +1,8 @@
 // A small Mongoose app written for MongoDB's native time-series
 // collections, run unchanged through tsproxy (TestTimeseriesMongoose): a
 // schema with the timeseries option and autoCreate, inserts, reads,
-// aggregates, a delete, the collection's listing, and MongoDB's error for
+// aggregates, a delete, a findOneAndUpdate and an updateMany, the
+// collection's listing, and MongoDB's error for
 // a measurement without a date. It prints one JSON line of what it saw.
 //
 //   TSPROXY_URI=mongodb://127.0.0.1:27017/weatherdb node mongoose_weather.js
@@ -59,6 +60,10 @@ async function main() {
   const del = await Reading.deleteMany({ 'metadata.sensorId': 0 });
   out.deleted = del.deletedCount;
   out.after = await Reading.countDocuments();
+  const fixed = await Reading.findOneAndUpdate({ 'metadata.sensorId': 5, temp: 99 }, { $set: { temp: 98 } }, { returnDocument: 'after' }).lean();
+  out.fixed = fixed.temp;
+  const warmer = await Reading.updateMany({ 'metadata.sensorId': 1 }, { $inc: { temp: 1 } });
+  out.warmer = warmer.modifiedCount;
 
   const [info] = await mongoose.connection.db.listCollections({ name: 'readings' }).toArray();
   out.type = info.type;
