@@ -100,6 +100,10 @@ func stagePrefixOf(bucketCollection string) string {
 // dropped with them.
 func (r *Rule) IDIndexCollection() string { return r.StagePrefix() + "ids" }
 
+// UpdateJournalCollection holds the rule's update journal (rewrite/updates):
+// in the staging tier's names, so it is hidden and dropped with them.
+func (r *Rule) UpdateJournalCollection() string { return r.StagePrefix() + "journal" }
+
 // ingest decodes ingest, mergeAfter and maxStaged of the rule at path p.
 func (d *decoder) ingest(p string, m map[string]any, r *Rule) {
 	k := func(name string) string { return p + "." + name }

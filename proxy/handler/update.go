@@ -1,6 +1,10 @@
 package handler
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"math/rand/v2"
+	"strconv"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -42,6 +46,26 @@ func (c *Conn) serveUpdatePlan(req *request, rule *rules.Rule, build func(rewrit
 		Env:         deletes.Env{Caps: caps, Lock: held.locker(rule), IDIndex: c.s.IdIndexes},
 		NewObjectID: bson.NewObjectID,
 		Now:         time.Now,
+		Sweep:       rand.IntN(journalSweepEvery) == 0,
+	}
+	if req.retry != nil && req.retry.Retryable {
+		identity, err := c.identity()
+		if err != nil {
+			return err
+		}
+		env.RetryKey = journalKey(req.retry.Key.OwnedBy(identity))
 	}
 	return c.servePlan(req, rule, routeRewrite, build(commandOf(req), rule, env))
+}
+
+// journalSweepEvery: about one update in this many also sweeps the
+// update journal's old records.
+const journalSweepEvery = 64
+
+// journalKey names a retryable write in the update journal: a digest of
+// its session and owner (which the journal need not hold) and its
+// txnNumber.
+func journalKey(k rewrite.RetryKey) string {
+	sum := sha256.Sum256([]byte(k.Session))
+	return hex.EncodeToString(sum[:12]) + "-" + strconv.FormatInt(k.TxnNumber, 10)
 }

@@ -262,4 +262,3 @@ func TestPlanDropIndexes(t *testing.T) {
 		})
 	}
 }
-

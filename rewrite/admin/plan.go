@@ -170,7 +170,7 @@ func Drop(body []byte, rule *rules.Rule) rewrite.Plan {
 			d.rollups = append(d.rollups, rule.RollupCollection(res))
 		}
 		if rule.Layout == rules.LayoutEvents {
-			d.rollups = append(d.rollups, stage.TxnsCollection(rule), rule.IDIndexCollection())
+			d.rollups = append(d.rollups, stage.TxnsCollection(rule), rule.IDIndexCollection(), rule.UpdateJournalCollection())
 		}
 		return d
 	})

@@ -44,6 +44,12 @@ func FindAndModify(cmd rewrite.Command, rule *rules.Rule, env Env) rewrite.Plan 
 	}
 	return rewrite.Script(func(x *rewrite.Exec) (rewrite.Result, error) {
 		u := &updater{x: x, req: f.req, env: env, now: env.Now(), images: &images{}}
+		if err := u.openJournal(); err != nil {
+			return rewrite.Result{}, err
+		}
+		if u.jr.reply != nil {
+			return rewrite.Result{Reply: u.jr.reply}, nil
+		}
 		st := f.req.Statements[0]
 		st.remove = f.remove
 		err := st.Err
@@ -53,7 +59,11 @@ func FindAndModify(cmd rewrite.Command, rule *rules.Rule, env Env) rewrite.Plan 
 		if err != nil {
 			return rewrite.Result{}, err
 		}
-		return rewrite.Result{Reply: f.reply(u)}, nil
+		reply := f.reply(u)
+		if err := u.recordReply(reply); err != nil {
+			return rewrite.Result{}, err
+		}
+		return rewrite.Result{Reply: reply}, nil
 	})
 }
 

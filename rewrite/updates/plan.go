@@ -22,6 +22,14 @@ type Env struct {
 	deletes.Env
 	NewObjectID func() bson.ObjectID
 	Now         func() time.Time
+	// RetryKey names a retryable update (its session, owner and
+	// txnNumber; "" for one that is not): its rounds are journaled and
+	// its reply kept, so a retry is answered once, whichever proxy it
+	// reaches.
+	RetryKey string
+	// Sweep: the update also deletes journal records older than the
+	// retention (the caller asks now and then, not on every update).
+	Sweep bool
 }
 
 // updateChunk bounds the buckets one round locks, reads and rewrites,
@@ -53,6 +61,12 @@ func Plan(cmd rewrite.Command, rule *rules.Rule, env Env) rewrite.Plan {
 	}
 	return rewrite.Script(func(x *rewrite.Exec) (rewrite.Result, error) {
 		u := &updater{x: x, req: req, env: env, now: env.Now()}
+		if err := u.openJournal(); err != nil {
+			return rewrite.Result{}, err
+		}
+		if u.jr.reply != nil {
+			return rewrite.Result{Reply: u.jr.reply}, nil
+		}
 		for _, st := range req.Statements {
 			err := st.Err
 			if err == nil {
@@ -69,7 +83,11 @@ func Plan(cmd rewrite.Command, rule *rules.Rule, env Env) rewrite.Plan {
 				break
 			}
 		}
-		return rewrite.Result{Reply: req.reply(u.out)}, nil
+		reply := req.reply(u.out)
+		if err := u.recordReply(reply); err != nil {
+			return rewrite.Result{}, err
+		}
+		return rewrite.Result{Reply: reply}, nil
 	})
 }
 
@@ -84,6 +102,10 @@ type updater struct {
 	indexStopped bool
 	// images, for a findAndModify, keep its event before and after.
 	images *images
+	jr     *journal
+	// skip are the events earlier attempts of this update already
+	// updated, for the statement running (idKey of their _ids).
+	skip map[string]bool
 }
 
 // outcome is what the reply reports.
@@ -102,6 +124,19 @@ func (u *updater) rule() *rules.Rule { return u.req.rule }
 
 // statement runs one statement.
 func (u *updater) statement(st *Statement) error {
+	u.skip = nil
+	if done := u.jr.done[st.Index]; done != nil {
+		u.out.n += done.matched
+		u.out.modified += done.modified
+		if done.upserted.Type != 0 {
+			u.out.upserted = append(u.out.upserted, upsertedID{index: st.Index, id: done.upserted})
+			return nil
+		}
+		if !st.Multi && done.matched > 0 {
+			return nil
+		}
+		u.skip = done.ids
+	}
 	cands, err := u.req.find.Matches(u.x, st.find, u.env.Env)
 	if err != nil {
 		return err
@@ -202,7 +237,7 @@ func (u *updater) lockedRound(st *Statement, list []*deletes.Candidate, ids []bs
 		n += e.matched
 		modified += e.modified
 	}
-	if err := u.write(edits); err != nil {
+	if err := u.write(st, edits); err != nil {
 		return 0, nil, err
 	}
 	u.out.n += n
@@ -219,6 +254,8 @@ type bucketEdit struct {
 	replacement       bsoncore.Document
 	matched, modified int
 	moved             []bucket.Event
+	// ids are the _ids of the events matched.
+	ids []bsoncore.Value
 }
 
 // edits applies the statement's update to the matched events of the
@@ -263,11 +300,12 @@ func (u *updater) edit(st *Statement, cand *deletes.Candidate, bdoc bsoncore.Doc
 	var keep []bucket.Event
 	changed := false
 	for _, sd := range stored {
-		if (limitOne && e.matched == 1) || !matched.Take(sd) {
+		if (limitOne && e.matched == 1) || !matched.Take(sd) || u.skip[idKey(sd.Lookup("_id"))] {
 			keep = append(keep, u.req.find.StoredToEvent(sd, meta, start))
 			continue
 		}
 		e.matched++
+		e.ids = append(e.ids, sd.Lookup("_id"))
 		if st.remove {
 			if err := u.keepRemoved(sd, meta); err != nil {
 				return bucketEdit{}, err
@@ -354,29 +392,98 @@ func (u *updater) prepare(st *Statement, doc bsoncore.Document) (bucket.Event, e
 	return ev, nil
 }
 
-// write stores a round's edits: the buckets of moved events first, then
-// the replacements of the buckets they left. A replacement that fails
-// removes the new buckets again, so that no event is left in both; only
-// a proxy killed between the two leaves the moved events' old versions
-// too (docs/how-it-works.md, "Updates").
-func (u *updater) write(edits []bucketEdit) error {
+// write stores a round's edits, in journal records of at most
+// maxRecordBytes of buckets.
+func (u *updater) write(st *Statement, edits []bucketEdit) error {
+	for len(edits) > 0 {
+		k, size := 0, 0
+		for k < len(edits) && (k == 0 || size+editBytes(edits[k]) <= maxRecordBytes) {
+			size += editBytes(edits[k])
+			k++
+		}
+		if err := u.writeRound(st, edits[:k]); err != nil {
+			return err
+		}
+		edits = edits[k:]
+	}
+	return nil
+}
+
+func editBytes(e bucketEdit) int {
+	n := len(e.replacement)
+	for _, ev := range e.moved {
+		n += len(ev.Stored)
+	}
+	return n
+}
+
+// writeRound writes some edits: journaled where it must be (beginRound),
+// the buckets of moved events first, then the replacements of the
+// buckets they left. A replacement that fails removes the new buckets
+// again and the record with them, so that no event is left in both; a
+// proxy stopped part way leaves the record pending, and the next update
+// finishes it (openJournal).
+func (u *updater) writeRound(st *Statement, edits []bucketEdit) error {
 	var moved []bucket.Event
-	var replace []deletes.BucketEdit
+	var r round
 	for _, e := range edits {
 		moved = append(moved, e.moved...)
+		r.matched += e.matched
+		r.modified += e.modified
+		r.ids = append(r.ids, e.ids...)
 		if e.replacement != nil {
-			replace = append(replace, deletes.BucketEdit{ID: e.id, Replacement: e.replacement})
+			r.replaces = append(r.replaces, replaced{id: e.id, doc: e.replacement})
 		}
 	}
-	added, err := u.insertEvents(moved)
+	news, err := u.newBuckets(moved)
 	if err != nil {
 		return err
 	}
-	if err := u.replace(replace); err != nil {
-		u.removeBuckets(added)
+	r.news = news
+	return u.runRound(st, r)
+}
+
+// runRound journals and writes one round.
+func (u *updater) runRound(st *Statement, r round) error {
+	id, err := u.beginRound(st, r)
+	if err != nil {
 		return err
 	}
-	return nil
+	if err := u.insertBuckets(r.news); err != nil {
+		u.abandonRound(id)
+		return err
+	}
+	if err := u.replace(replacementsOf(r.replaces)); err != nil {
+		u.removeBuckets(bucketIDs(r.news))
+		u.abandonRound(id)
+		return err
+	}
+	return u.endRound(id)
+}
+
+// abandonRound deletes the record of a round whose writes were undone.
+func (u *updater) abandonRound(id string) {
+	if id != "" {
+		_ = u.journalWrite(u.deleteCommand(bsoncore.NewDocumentBuilder().AppendString("_id", id).Build()))
+	}
+}
+
+func replacementsOf(rs []replaced) []deletes.BucketEdit {
+	out := make([]deletes.BucketEdit, len(rs))
+	for i, r := range rs {
+		out[i] = deletes.BucketEdit{ID: r.id, Replacement: r.doc}
+	}
+	return out
+}
+
+func bucketIDs(docs []bsoncore.Document) []bson.ObjectID {
+	ids := make([]bson.ObjectID, 0, len(docs))
+	for _, d := range docs {
+		if id, ok := d.Lookup(bucket.FieldID).ObjectIDOK(); ok {
+			ids = append(ids, id)
+		}
+	}
+	return ids
 }
 
 // replace runs the bucket replacements in batches.
@@ -395,38 +502,40 @@ func (u *updater) replace(replace []deletes.BucketEdit) error {
 	return nil
 }
 
-// insertEvents stores events in new buckets of their keys (each key's
-// first free seqs) and returns the buckets' _ids. The caller holds the
-// keys' locks.
-func (u *updater) insertEvents(events []bucket.Event) ([]bson.ObjectID, error) {
-	if len(events) == 0 {
-		return nil, nil
-	}
-	if err := u.stopIDIndex(); err != nil {
-		return nil, err
-	}
+// newBuckets are the new buckets of events, at their keys' first free
+// seqs (read, not written: the caller holds the keys' locks).
+func (u *updater) newBuckets(events []bucket.Event) ([]bsoncore.Document, error) {
 	rule, lim := u.rule(), u.req.find.Limits()
 	ns := rule.BucketNamespace()
-	var added []bson.ObjectID
+	var docs []bsoncore.Document
 	for _, group := range bucket.GroupEvents(events) {
 		key := bucket.KeyOf(group[0].Meta, group[0].Start)
 		seq, err := u.freeSeq(key)
 		if err != nil {
-			return added, err
+			return nil, err
 		}
-		var docs []bsoncore.Document
 		for _, chunk := range bucket.ChunkEvents(group, lim) {
-			id := key.ID(ns, seq)
+			docs = append(docs, bucket.Complete(key.ID(ns, seq), chunk, rule, lim))
 			seq++
-			docs = append(docs, bucket.Complete(id, chunk, rule, lim))
-			added = append(added, id)
-		}
-		if _, err := u.req.find.Write(u.x, u.env.Env, u.req.find.InsertCommand(docs), len(docs)); err != nil {
-			u.removeBuckets(added)
-			return nil, mongoerr.Errorf(mongoerr.CodeOf(err), "tsproxy rule %s: writing the buckets of updated events: %v", rule.Namespace, err)
 		}
 	}
-	return added, nil
+	return docs, nil
+}
+
+// insertBuckets writes new buckets; one that fails removes those written.
+func (u *updater) insertBuckets(docs []bsoncore.Document) error {
+	if len(docs) == 0 {
+		return nil
+	}
+	if err := u.stopIDIndex(); err != nil {
+		return err
+	}
+	done, err := u.req.find.Write(u.x, u.env.Env, u.req.find.InsertCommand(docs), len(docs))
+	if err != nil {
+		u.removeBuckets(bucketIDs(docs[:min(done, len(docs))]))
+		return mongoerr.Errorf(mongoerr.CodeOf(err), "tsproxy rule %s: writing the buckets of updated events: %v", u.rule().Namespace, err)
+	}
+	return nil
 }
 
 // freeSeq is the first seq of key with no bucket.
@@ -490,7 +599,11 @@ func (u *updater) upsert(st *Statement) error {
 	}
 	unlock := u.env.Lock([]bucket.Key{bucket.KeyOf(ev.Meta, ev.Start)})
 	defer unlock()
-	if _, err := u.insertEvents([]bucket.Event{ev}); err != nil {
+	news, err := u.newBuckets([]bucket.Event{ev})
+	if err != nil {
+		return err
+	}
+	if err := u.runRound(st, round{news: news, matched: 1, upserted: id}); err != nil {
 		return err
 	}
 	u.out.n++
