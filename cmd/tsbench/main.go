@@ -35,7 +35,7 @@ func main() {
 	every := fs.Int("read-every", 50, "dashboard: per-event inserts between two reads")
 	ro := addRangeFlags(fs)
 	fs.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: tsbench [flags] passthrough|ingest|calls|layouts|mergefill|shapes|range|summary|dashboard")
+		fmt.Fprintln(os.Stderr, "usage: tsbench [flags] passthrough|ingest|calls|layouts|mergefill|shapes|range|summary|dashboard|update")
 		fs.PrintDefaults()
 	}
 	_ = fs.Parse(os.Args[1:])
@@ -114,6 +114,11 @@ func main() {
 		var rs []rules.Rule
 		if rs, err = rangeRules(ro.span); err == nil {
 			err = benchenv.WithEnv(up, rs, func(e *benchenv.Env) error { return benchRange(e, ro) })
+		}
+	case "update":
+		var rs []rules.Rule
+		if rs, err = updateRules(); err == nil {
+			err = benchenv.WithEnv(up, rs, func(e *benchenv.Env) error { return benchUpdate(e, *runs) })
 		}
 	case "summary":
 		var rs []rules.Rule

@@ -76,6 +76,9 @@ type journal struct {
 	rounds int
 	// attempt tells this attempt's records from earlier attempts'.
 	attempt string
+	// open is this attempt's last record, its writes done, not yet
+	// marked done (endRound).
+	open string
 }
 
 // doneStatement is what earlier attempts did of one statement.
@@ -226,8 +229,13 @@ func (u *updater) beginRound(st *Statement, r round) (string, error) {
 	return id, nil
 }
 
-// endRound marks a round's record done (deletes it, for an update that
-// cannot be retried: it was only there in case the proxy stopped).
+// endRound ends a round whose writes are done: its record is deleted,
+// for an update that cannot be retried (it was only there in case the
+// proxy stopped); a retryable update's is marked done when the next
+// round begins, or with the reply (recordReply), which spares the last
+// round a write of its own. Left pending meanwhile, the record is at
+// worst finished again: its writes are done, and finishing changes
+// nothing.
 func (u *updater) endRound(id string) error {
 	if id == "" {
 		return nil
@@ -236,14 +244,23 @@ func (u *updater) endRound(id string) error {
 	if !u.journals() {
 		return u.journalWrite(u.deleteCommand(filter))
 	}
-	return u.journalWrite(u.markDone(filter))
+	prev := u.jr.open
+	u.jr.open = id
+	if prev == "" {
+		return nil
+	}
+	return u.journalWrite(u.markDone(bsoncore.NewDocumentBuilder().AppendString("_id", prev).Build(), nil))
 }
 
 // recordReply keeps a retryable update's reply in the journal, for a
-// retry that reaches a proxy which did not run it.
+// retry that reaches a proxy which did not run it: in its last round's
+// record, or one of its own.
 func (u *updater) recordReply(reply bsoncore.Document) error {
 	if !u.journals() {
 		return nil
+	}
+	if u.jr.open != "" {
+		return u.journalWrite(u.markDone(bsoncore.NewDocumentBuilder().AppendString("_id", u.jr.open).Build(), reply))
 	}
 	rec := bsoncore.NewDocumentBuilder().AppendString("_id", u.env.RetryKey+".reply").
 		AppendString(jCmd, u.env.RetryKey).AppendString(jState, stateDone).
@@ -257,10 +274,14 @@ func (u *updater) recordReply(reply bsoncore.Document) error {
 }
 
 // markDone is the update that marks the records filter selects done,
-// without their buckets.
-func (u *updater) markDone(filter bsoncore.Document) []byte {
+// without their buckets, and with the command's reply where given.
+func (u *updater) markDone(filter, reply bsoncore.Document) []byte {
+	set := bsoncore.NewDocumentBuilder().AppendString(jState, stateDone)
+	if reply != nil {
+		set.AppendDocument(jReply, reply)
+	}
 	upd := bsoncore.NewDocumentBuilder().
-		AppendDocument("$set", bsoncore.NewDocumentBuilder().AppendString(jState, stateDone).Build()).
+		AppendDocument("$set", set.Build()).
 		AppendDocument("$unset", bsoncore.NewDocumentBuilder().AppendString(jBuckets, "").AppendString(jNew, "").Build()).Build()
 	return bsoncore.NewDocumentBuilder().AppendString("update", u.journalColl()).
 		AppendArray("updates", bsoncore.NewArrayBuilder().AppendDocument(bsoncore.NewDocumentBuilder().
@@ -337,7 +358,7 @@ func (u *updater) finishRecord(rec bsoncore.Document) error {
 			return err
 		}
 	}
-	return u.journalWrite(u.markDone(filter))
+	return u.journalWrite(u.markDone(filter, nil))
 }
 
 // recordDocs are the documents of a record's array field.
