@@ -261,7 +261,8 @@ func TestAuthorizationBeforeRefusals(t *testing.T) {
 	errorReply(t, anon.command(rename), 13, "Unauthorized")
 	// The authenticated user still gets the rule's refusal.
 	err := s.alice.Database(db).RunCommand(ctx, bson.D{{Key: "update", Value: "readings"},
-		{Key: "updates", Value: bson.A{bson.D{{Key: "q", Value: bson.D{}}, {Key: "u", Value: bson.D{{Key: "$set", Value: bson.D{{Key: "v", Value: 1}}}}}}}}}).Err()
+		{Key: "updates", Value: bson.A{bson.D{{Key: "q", Value: bson.D{}}, {Key: "u", Value: bson.D{{Key: "$set", Value: bson.D{{Key: "v", Value: 1}}}}}}}},
+		{Key: "let", Value: bson.D{{Key: "x", Value: 1}}}}).Err()
 	if err == nil || !strings.Contains(err.Error(), "tsproxy rule") {
 		t.Fatalf("alice's update: %v, want the rule's refusal", err)
 	}

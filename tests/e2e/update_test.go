@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -155,6 +156,14 @@ func TestUpdateRefusals(t *testing.T) {
 	var back bson.M
 	if err := coll.FindOne(ctx, one).Decode(&back); err != nil || back["ts"] == nil {
 		t.Fatalf("the event after refused updates: %v, %v", back, err)
+	}
+	// A value the upstream cannot take (FerretDB v1.x closes its link on
+	// a NaN): an error naming it, or stored where the upstream takes it;
+	// either way the connection goes on serving and no event is lost.
+	_, nanErr := coll.UpdateOne(ctx, bson.D{{Key: "_id", Value: sent[1].id}}, bson.D{{Key: "$set", Value: bson.D{{Key: "value", Value: math.NaN()}}}})
+	t.Logf("an update to NaN: %v", nanErr)
+	if n, err := coll.CountDocuments(ctx, bson.D{}); err != nil || n != int64(len(sent)) {
+		t.Fatalf("after an update to NaN (%v): %d events, %v", nanErr, n, err)
 	}
 	// Unordered: the bad statement fails at its index, the good one runs.
 	res, err := coll.BulkWrite(ctx, []mongo.WriteModel{
