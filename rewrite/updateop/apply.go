@@ -118,8 +118,11 @@ type change func(old any, exists bool) (any, action, error)
 // walk applies fn at path in cur and returns cur changed. create says
 // missing documents on the way are made (as $set makes them); without
 // it a missing or unfit step leaves cur as it is.
-func walk(cur any, path []string, fn change, create bool, full string) (any, error) {
+func walk(cur any, path []string, fn change, create bool, full string, af arrayFilters) (any, error) {
 	key, last := path[0], len(path) == 1
+	if id, ok := positional(key); ok {
+		return walkElements(cur, path, fn, create, full, af, id)
+	}
 	switch v := cur.(type) {
 	case bson.D:
 		idx := -1
@@ -152,13 +155,13 @@ func walk(cur any, path []string, fn change, create bool, full string) (any, err
 			if !create {
 				return v, nil
 			}
-			child, err := walk(bson.D{}, path[1:], fn, create, full)
+			child, err := walk(bson.D{}, path[1:], fn, create, full, af)
 			if err != nil {
 				return nil, err
 			}
 			return append(v, bson.E{Key: key, Value: child}), nil
 		}
-		child, err := walk(v[idx].Value, path[1:], fn, create, full)
+		child, err := walk(v[idx].Value, path[1:], fn, create, full, af)
 		if err != nil {
 			return nil, err
 		}
@@ -202,7 +205,7 @@ func walk(cur any, path []string, fn change, create bool, full string) (any, err
 			}
 			v[n] = bson.D{}
 		}
-		child, err := walk(v[n], path[1:], fn, create, full)
+		child, err := walk(v[n], path[1:], fn, create, full, af)
 		if err != nil {
 			return nil, err
 		}
@@ -245,29 +248,29 @@ func (o op) apply(root any, opts Options) (any, error) {
 		if !opts.Insert {
 			return root, nil
 		}
-		return walk(root, o.path, setTo(clone(o.arg)), true, o.dotted)
+		return walk(root, o.path, setTo(clone(o.arg)), true, o.dotted, o.af)
 	case "$set":
-		return walk(root, o.path, setTo(clone(o.arg)), true, o.dotted)
+		return walk(root, o.path, setTo(clone(o.arg)), true, o.dotted, o.af)
 	case "$unset":
-		return walk(root, o.path, func(any, bool) (any, action, error) { return nil, actRemove, nil }, false, o.dotted)
+		return walk(root, o.path, func(any, bool) (any, action, error) { return nil, actRemove, nil }, false, o.dotted, o.af)
 	case "$inc", "$mul":
-		return walk(root, o.path, o.arithmetic, true, o.dotted)
+		return walk(root, o.path, o.arithmetic, true, o.dotted, o.af)
 	case "$min", "$max":
-		return walk(root, o.path, o.minMax, true, o.dotted)
+		return walk(root, o.path, o.minMax, true, o.dotted, o.af)
 	case "$currentDate":
-		return walk(root, o.path, setTo(currentDate(o.arg, opts.Now)), true, o.dotted)
+		return walk(root, o.path, setTo(currentDate(o.arg, opts.Now)), true, o.dotted, o.af)
 	case "$rename":
 		return o.rename(root)
 	case "$push":
-		return walk(root, o.path, o.push, true, o.dotted)
+		return walk(root, o.path, o.push, true, o.dotted, o.af)
 	case "$addToSet":
-		return walk(root, o.path, o.addToSet, true, o.dotted)
+		return walk(root, o.path, o.addToSet, true, o.dotted, o.af)
 	case "$pop":
-		return walk(root, o.path, o.pop, false, o.dotted)
+		return walk(root, o.path, o.pop, false, o.dotted, o.af)
 	case "$pull", "$pullAll":
-		return walk(root, o.path, o.pull, false, o.dotted)
+		return walk(root, o.path, o.pull, false, o.dotted, o.af)
 	case "$bit":
-		return walk(root, o.path, o.bit, true, o.dotted)
+		return walk(root, o.path, o.bit, true, o.dotted, o.af)
 	}
 	return nil, mongoerr.Errorf(mongoerr.FailedToParse, "Unknown modifier: %s", o.name)
 }
@@ -307,11 +310,11 @@ func (o op) rename(root any) (any, error) {
 	if !ok {
 		return root, nil
 	}
-	root, err := walk(root, o.from, func(any, bool) (any, action, error) { return nil, actRemove, nil }, false, o.fromDotted)
+	root, err := walk(root, o.from, func(any, bool) (any, action, error) { return nil, actRemove, nil }, false, o.fromDotted, nil)
 	if err != nil {
 		return nil, err
 	}
-	return walk(root, o.path, setTo(v), true, o.dotted)
+	return walk(root, o.path, setTo(v), true, o.dotted, o.af)
 }
 
 // throughArray refuses a $rename path that passes through an array, as
@@ -384,4 +387,42 @@ func (o op) nonInteger(old any) error {
 // not an array.
 func (o op) notArray(old any) error {
 	return mongoerr.Errorf(mongoerr.BadValue, "The field '%s' must be an array but is of type %s in document", o.dotted, typeName(old))
+}
+
+// walkElements applies fn at the rest of path in each element of the
+// array cur that the positional component selects: every element ($[]),
+// or those the array filter of its identifier matches ($[<id>]).
+func walkElements(cur any, path []string, fn change, create bool, full string, af arrayFilters, id string) (any, error) {
+	arr, ok := cur.(bson.A)
+	if !ok {
+		return nil, mongoerr.Errorf(mongoerr.BadValue, "The path '%s' must exist in the document in order to apply array updates.", full)
+	}
+	match := func(any) bool { return true }
+	if id != "" {
+		match = af[id]
+	}
+	for i, e := range arr {
+		if !match(e) {
+			continue
+		}
+		if len(path) == 1 {
+			nv, act, err := fn(e, true)
+			if err != nil {
+				return nil, err
+			}
+			switch act {
+			case actSet:
+				arr[i] = nv
+			case actRemove:
+				arr[i] = nil
+			}
+			continue
+		}
+		child, err := walk(e, path[1:], fn, create, full, af)
+		if err != nil {
+			return nil, err
+		}
+		arr[i] = child
+	}
+	return arr, nil
 }

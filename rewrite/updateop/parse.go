@@ -59,6 +59,8 @@ type op struct {
 	// from is $rename's source (path is its target).
 	from       []string
 	fromDotted string
+	// af are the update's array filters, by identifier.
+	af arrayFilters
 }
 
 // operators are the update operators MongoDB has, each applying to the
@@ -77,7 +79,26 @@ var pipelineStages = map[string]bool{
 
 // Parse reads a statement's u: a replacement, a document of operators,
 // or a pipeline. Errors are MongoDB's for the same u.
-func Parse(u bsoncore.Value) (*Update, error) {
+func Parse(u bsoncore.Value) (*Update, error) { return ParseWithFilters(u, bsoncore.Value{}) }
+
+// ParseWithFilters is Parse with the statement's arrayFilters (Type 0:
+// none), which the $[<identifier>] components of its paths name.
+func ParseWithFilters(u bsoncore.Value, filters bsoncore.Value) (*Update, error) {
+	af, err := parseArrayFilters(filters)
+	if err != nil {
+		return nil, err
+	}
+	up, err := parse(u)
+	if err != nil {
+		return nil, err
+	}
+	if len(af) > 0 && up.kind != Operators {
+		return nil, mongoerr.Errorf(mongoerr.FailedToParse, "arrayFilters may not be specified for pipeline-style or replacement-style updates")
+	}
+	return up, up.useFilters(af)
+}
+
+func parse(u bsoncore.Value) (*Update, error) {
 	switch u.Type {
 	case bsoncore.TypeArray:
 		return parsePipeline(u.Array())
@@ -188,8 +209,12 @@ func splitPath(field string) ([]string, error) {
 		switch {
 		case p == "":
 			return nil, mongoerr.Errorf(mongoerr.EmptyFieldName, "The update path '%s' contains an empty field name, which is not allowed.", field)
-		case p == "$" || strings.HasPrefix(p, "$["):
-			return nil, mongoerr.Errorf(mongoerr.NotImplemented, "tsproxy: the positional operator %q (in %q) is not supported in updates of a time-series collection", p, field)
+		case p == "$":
+			return nil, mongoerr.Errorf(mongoerr.NotImplemented, "tsproxy: the positional operator %q (in %q) is not supported in updates of a time-series collection; $[] and $[<identifier>] are", p, field)
+		case strings.HasPrefix(p, "$["):
+			if _, ok := positional(p); !ok {
+				return nil, mongoerr.Errorf(mongoerr.BadValue, "Error parsing array filter :: caused by :: The top-level field name must be an alphanumeric string beginning with a lowercase letter, found '%s'", strings.TrimSuffix(strings.TrimPrefix(p, "$["), "]"))
+			}
 		case strings.HasPrefix(p, "$"):
 			return nil, mongoerr.Errorf(mongoerr.DollarPrefixedFieldName, "The dollar ($) prefixed field '%s' in '%s' is not valid for storage.", p, field)
 		}

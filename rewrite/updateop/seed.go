@@ -72,7 +72,7 @@ func equalities(filter bsoncore.Document) (bson.D, error) {
 			if err != nil {
 				return err
 			}
-			if root, err = walk(root, path, setTo(clone(v)), true, e.Key); err != nil {
+			if root, err = walk(root, path, setTo(clone(v)), true, e.Key, nil); err != nil {
 				return err
 			}
 		}

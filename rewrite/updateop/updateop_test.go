@@ -233,3 +233,58 @@ func TestNumberTypes(t *testing.T) {
 		}
 	}
 }
+
+// TestArrayFilters: $[] updates every element, $[<id>] those its filter
+// matches; an identifier without a filter, or a filter no path uses, is
+// MongoDB's error.
+func TestArrayFilters(t *testing.T) {
+	filters := func(s string) bsoncore.Value { return ext(t, `{"f": `+s+`}`).Lookup("f") }
+	for _, c := range []struct{ name, doc, u, af, want string }{
+		{"$[] of scalars", `{"_id": 1, "a": [1, 2, 3]}`, `{"$inc": {"a.$[]": 10}}`, ``, `{"_id":1,"a":[11,12,13]}`},
+		{"$[] into documents", `{"_id": 1, "a": [{"v": 1}, {"v": 2}]}`, `{"$set": {"a.$[].ok": true}}`, ``, `{"_id":1,"a":[{"v":1,"ok":true},{"v":2,"ok":true}]}`},
+		{"$[x] of scalars", `{"_id": 1, "a": [1, 5, 9]}`, `{"$set": {"a.$[big]": 0}}`, `[{"big": {"$gte": 5}}]`, `{"_id":1,"a":[1,0,0]}`},
+		{"$[x] of documents", `{"_id": 1, "r": [{"k": "t", "v": 1}, {"k": "h", "v": 2}]}`, `{"$mul": {"r.$[e].v": 10}}`, `[{"e.k": "h"}]`, `{"_id":1,"r":[{"k":"t","v":1},{"k":"h","v":20}]}`},
+	} {
+		var af bsoncore.Value
+		if c.af != "" {
+			af = filters(c.af)
+		}
+		u, err := ParseWithFilters(value(t, c.u), af)
+		if err != nil {
+			t.Errorf("%s: parse: %v", c.name, err)
+			continue
+		}
+		out, _, err := u.Apply(ext(t, c.doc), Options{})
+		if err != nil {
+			t.Errorf("%s: %v", c.name, err)
+			continue
+		}
+		if got := relaxed(t, out); got != c.want {
+			t.Errorf("%s:\n got %s\nwant %s", c.name, got, c.want)
+		}
+	}
+	for _, c := range []struct {
+		name, doc, u, af string
+		code             mongoerr.Code
+	}{
+		{"no filter for the identifier", `{"_id": 1}`, `{"$set": {"a.$[x]": 1}}`, `[]`, mongoerr.BadValue},
+		{"a filter not used", `{"_id": 1}`, `{"$set": {"a": 1}}`, `[{"x": 1}]`, mongoerr.FailedToParse},
+		{"two identifiers in one filter", `{"_id": 1}`, `{"$set": {"a.$[x]": 1}}`, `[{"x": 1, "y": 2}]`, mongoerr.FailedToParse},
+		{"a bad identifier", `{"_id": 1}`, `{"$set": {"a.$[X]": 1}}`, `[{"X": 1}]`, mongoerr.BadValue},
+		{"$[] on a missing array", `{"_id": 1}`, `{"$set": {"a.$[]": 1}}`, ``, mongoerr.BadValue},
+		{"$[] on a scalar", `{"_id": 1, "a": 3}`, `{"$set": {"a.$[]": 1}}`, ``, mongoerr.BadValue},
+		{"filters on a replacement", `{"_id": 1}`, `{"a": 1}`, `[{"x": 1}]`, mongoerr.FailedToParse},
+	} {
+		var af bsoncore.Value
+		if c.af != "" {
+			af = filters(c.af)
+		}
+		u, err := ParseWithFilters(value(t, c.u), af)
+		if err == nil {
+			_, _, err = u.Apply(ext(t, c.doc), Options{})
+		}
+		if got := mongoerr.CodeOf(err); got != c.code {
+			t.Errorf("%s: code %v (%v), want %v", c.name, got, err, c.code)
+		}
+	}
+}

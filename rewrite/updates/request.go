@@ -125,7 +125,8 @@ func (r *Request) parseStatement(i int, d bsoncore.Document) (*Statement, error)
 	if st.Upsert, err = bsonutil.Bool(d, "upsert", false); err != nil {
 		return nil, err
 	}
-	if st.Update, err = updateop.Parse(u); err != nil {
+	af, _ := bsonutil.Lookup(d, "arrayFilters")
+	if st.Update, err = updateop.ParseWithFilters(u, af); err != nil {
 		st.Err = err
 		return st, nil
 	}
@@ -133,22 +134,13 @@ func (r *Request) parseStatement(i int, d bsoncore.Document) (*Statement, error)
 		st.Err = mongoerr.Errorf(mongoerr.FailedToParse, "multi update is not supported for replacement-style update")
 		return st, nil
 	}
-	for _, name := range []string{"arrayFilters", "hint", "c", "sort"} {
-		if v, ok := bsonutil.Lookup(d, name); ok && v.Type != bsoncore.TypeNull && !emptyArray(v) {
+	for _, name := range []string{"hint", "c", "sort"} {
+		if v, ok := bsonutil.Lookup(d, name); ok && v.Type != bsoncore.TypeNull {
 			st.Err = query.RuleErrorf(r.rule, mongoerr.NotImplemented, "update option %q is not supported on a time-series collection through the proxy", name)
 			return st, nil
 		}
 	}
 	return st, nil
-}
-
-func emptyArray(v bsoncore.Value) bool {
-	arr, ok := v.ArrayOK()
-	if !ok {
-		return false
-	}
-	vals, _ := arr.Values()
-	return len(vals) == 0
 }
 
 // findStatement is the delete statement that finds st's events: its

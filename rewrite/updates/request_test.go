@@ -45,7 +45,8 @@ func TestNewRequest(t *testing.T) {
 		{"unknown field", update(t, A{D{{Key: "q", Value: D{}}, {Key: "u", Value: set}, {Key: "x", Value: 1}}}), mongoerr.IDLUnknownField, ""},
 		{"q not a document", update(t, A{D{{Key: "q", Value: 1}, {Key: "u", Value: set}}}), mongoerr.TypeMismatch, ""},
 		{"multi replacement", update(t, A{D{{Key: "q", Value: D{}}, {Key: "u", Value: D{{Key: "v", Value: 1}}}, {Key: "multi", Value: true}}}), 0, "multi update is not supported for replacement-style update"},
-		{"arrayFilters", update(t, A{D{{Key: "q", Value: D{}}, {Key: "u", Value: set}, {Key: "arrayFilters", Value: A{D{{Key: "x", Value: 1}}}}}}), 0, `update option "arrayFilters"`},
+		{"an array filter not used", update(t, A{D{{Key: "q", Value: D{}}, {Key: "u", Value: set}, {Key: "arrayFilters", Value: A{D{{Key: "x", Value: 1}}}}}}), 0, `The array filter for identifier 'x' was not used`},
+		{"hint", update(t, A{D{{Key: "q", Value: D{}}, {Key: "u", Value: set}, {Key: "hint", Value: D{{Key: "ts", Value: 1}}}}}), 0, `update option "hint"`},
 		{"unknown modifier", update(t, A{D{{Key: "q", Value: D{}}, {Key: "u", Value: D{{Key: "$foo", Value: D{{Key: "v", Value: 1}}}}}}}), 0, "Unknown modifier: $foo"},
 		{"valid", update(t, A{D{{Key: "q", Value: D{{Key: "sensorId", Value: "a"}}}, {Key: "u", Value: set}, {Key: "multi", Value: true}, {Key: "arrayFilters", Value: A{}}}}), 0, ""},
 	} {

@@ -282,3 +282,51 @@ print(JSON.stringify({a: [a.matchedCount, a.modifiedCount], b: [b.matchedCount, 
 		t.Fatalf("%d events checked, want %d", m, n)
 	}
 }
+
+// TestUpdateArrayFilters: $[] and $[<identifier>] with arrayFilters
+// update the elements of events' arrays as MongoDB does (FerretDB v1.24
+// refuses arrayFilters on a plain collection, so the expected documents
+// are written here).
+func TestUpdateArrayFilters(t *testing.T) {
+	t.Parallel()
+	ctx := ctxFor(t)
+	db := uniqueDB(t)
+	p := startProxy(t, proxyOptions{yaml: readingsRule(db, 10)})
+	coll := connect(t, p.URI()).Database(db).Collection("readings")
+	base := time.Date(2026, 7, 1, 0, 0, 0, 0, time.UTC)
+	var docs []any
+	for i := range 12 {
+		docs = append(docs, bson.D{{Key: "_id", Value: int32(i)}, {Key: "ts", Value: base.Add(time.Duration(i) * time.Minute)}, {Key: "sensorId", Value: "s"},
+			{Key: "probes", Value: bson.A{bson.D{{Key: "k", Value: "t"}, {Key: "v", Value: int32(i)}}, bson.D{{Key: "k", Value: "h"}, {Key: "v", Value: int32(2 * i)}}}},
+			{Key: "flags", Value: bson.A{int32(1), int32(2)}}})
+	}
+	if _, err := coll.InsertMany(ctx, docs); err != nil {
+		t.Fatal(err)
+	}
+	res, err := coll.UpdateMany(ctx, bson.D{{Key: "ts", Value: bson.D{{Key: "$lt", Value: base.Add(6 * time.Minute)}}}},
+		bson.D{{Key: "$mul", Value: bson.D{{Key: "probes.$[p].v", Value: int32(100)}}}, {Key: "$inc", Value: bson.D{{Key: "flags.$[]", Value: int32(10)}}}},
+		options.UpdateMany().SetArrayFilters([]any{bson.D{{Key: "p.k", Value: "h"}}}))
+	if err != nil || res.MatchedCount != 6 || res.ModifiedCount != 6 {
+		t.Fatalf("updateMany with arrayFilters: %+v, %v", res, err)
+	}
+	cur, err := coll.Find(ctx, bson.D{}, options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []bson.D
+	if err := cur.All(ctx, &got); err != nil {
+		t.Fatal(err)
+	}
+	for i, d := range got {
+		h, flag := int32(2*i), int32(1)
+		if i < 6 {
+			h, flag = 200*int32(i), 11
+		}
+		want := bson.D{{Key: "_id", Value: int32(i)}, {Key: "ts", Value: bson.NewDateTimeFromTime(base.Add(time.Duration(i) * time.Minute))}, {Key: "sensorId", Value: "s"},
+			{Key: "probes", Value: bson.A{bson.D{{Key: "k", Value: "t"}, {Key: "v", Value: int32(i)}}, bson.D{{Key: "k", Value: "h"}, {Key: "v", Value: h}}}},
+			{Key: "flags", Value: bson.A{flag, flag + 1}}}
+		if fmt.Sprint(d) != fmt.Sprint(want) {
+			t.Fatalf("event %d: %v, want %v", i, d, want)
+		}
+	}
+}
