@@ -1,6 +1,8 @@
 package updates
 
 import (
+	"strings"
+
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite"
@@ -102,9 +104,17 @@ func parseFindAndModify(cmd rewrite.Command, rule *rules.Rule, env Env) (*fam, e
 			return nil, err
 		}
 	}
+	var sortSpec bsoncore.Document
 	if v, ok := bsonutil.Lookup(body, "sort"); ok && v.Type != bsoncore.TypeNull {
-		if d, ok := v.DocumentOK(); !ok || !emptyDocument(d) {
-			return nil, query.RuleErrorf(rule, mongoerr.NotImplemented, "findAndModify option \"sort\" is not supported on a time-series collection through the proxy")
+		d, ok := v.DocumentOK()
+		if !ok {
+			return nil, mongoerr.Errorf(mongoerr.TypeMismatch, "BSON field 'findAndModify.sort' is the wrong type '%s', expected type 'object'", bsonutil.TypeName(v.Type))
+		}
+		if err := checkSort(d); err != nil {
+			return nil, err
+		}
+		if !emptyDocument(d) {
+			sortSpec = d
 		}
 	}
 	stmt := bsoncore.NewDocumentBuilder()
@@ -125,8 +135,31 @@ func parseFindAndModify(cmd rewrite.Command, rule *rules.Rule, env Env) (*fam, e
 			stmt.AppendValue(name, v)
 		}
 	}
+	if sortSpec != nil {
+		// Every match is read, to update the first in sort order.
+		stmt.AppendBoolean("multi", true)
+	}
 	f.req, err = NewRequest(rewrite.Command{Body: asUpdate(body, stmt.Build())}, rule, env.Caps)
+	if err == nil && sortSpec != nil {
+		st := f.req.Statements[0]
+		st.sort, st.Multi = sortSpec, false
+		if st.Err != nil && strings.Contains(st.Err.Error(), "multi update is not supported for replacement-style") {
+			st.Err = nil // the statement is not a multi update: one event is replaced
+		}
+	}
 	return f, err
+}
+
+// checkSort refuses a sort MongoDB refuses: each value 1 or -1.
+func checkSort(d bsoncore.Document) error {
+	elems, _ := d.Elements()
+	for _, e := range elems {
+		n, ok := e.Value().AsFloat64OK()
+		if !ok || (n != 1 && n != -1) {
+			return mongoerr.Errorf(mongoerr.BadValue, "$sort key ordering must be 1 (for ascending) or -1 (for descending): %s: %s", e.Key(), e.Value().String())
+		}
+	}
+	return nil
 }
 
 // asUpdate is the update command of one statement that carries the

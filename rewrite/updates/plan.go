@@ -106,6 +106,9 @@ type updater struct {
 	// skip are the events earlier attempts of this update already
 	// updated, for the statement running (idKey of their _ids).
 	skip map[string]bool
+	// pick, for a findAndModify with a sort, is the one event (as
+	// stored) it changes.
+	pick bsoncore.Document
 }
 
 // outcome is what the reply reports.
@@ -141,7 +144,11 @@ func (u *updater) statement(st *Statement) error {
 	if err != nil {
 		return err
 	}
-	if !st.Multi {
+	if st.sort != nil {
+		if cands.List, err = u.firstInOrder(st, cands.List); err != nil {
+			return err
+		}
+	} else if !st.Multi {
 		cands.KeepFirst()
 	}
 	matched := 0
@@ -300,7 +307,7 @@ func (u *updater) edit(st *Statement, cand *deletes.Candidate, bdoc bsoncore.Doc
 	var keep []bucket.Event
 	changed := false
 	for _, sd := range stored {
-		if (limitOne && e.matched == 1) || !matched.Take(sd) || u.skip[idKey(sd.Lookup("_id"))] {
+		if (limitOne && e.matched == 1) || !matched.Take(sd) || u.skip[idKey(sd.Lookup("_id"))] || (u.pick != nil && string(sd) != string(u.pick)) {
 			keep = append(keep, u.req.find.StoredToEvent(sd, meta, start))
 			continue
 		}

@@ -41,6 +41,9 @@ type Statement struct {
 	// remove: a findAndModify's remove, which takes the matched event
 	// out rather than update it.
 	remove bool
+	// sort, for a findAndModify, orders its matches: the first is the
+	// one changed (every match is read to find it).
+	sort bsoncore.Document
 }
 
 // statementFields are the fields an update statement may have

@@ -38,8 +38,8 @@ func TestBucketedWritesRefused(t *testing.T) {
 			_, err := coll.UpdateOne(ctx, one, set, options.UpdateOne().SetLet(bson.D{{Key: "x", Value: 1}}))
 			return err
 		}},
-		{"findOneAndUpdate with a sort", `findAndModify option "sort"`, func() error {
-			return coll.FindOneAndUpdate(ctx, one, set, options.FindOneAndUpdate().SetSort(bson.D{{Key: "ts", Value: 1}})).Err()
+		{"findOneAndUpdate with a hint", `update option "hint"`, func() error {
+			return coll.FindOneAndUpdate(ctx, one, set, options.FindOneAndUpdate().SetHint(bson.D{{Key: "ts", Value: 1}})).Err()
 		}},
 		{"renameCollection", "renameCollection", func() error {
 			return connect(t, p.URI()).Database("admin").RunCommand(ctx, bson.D{{Key: "renameCollection", Value: db + ".readings"}, {Key: "to", Value: db + ".other"}}).Err()

@@ -226,6 +226,13 @@ func TestFindAndModifyDifferential(t *testing.T) {
 		{"replace, after", func(c *mongo.Collection) *mongo.SingleResult {
 			return c.FindOneAndReplace(ctx, bson.D{{Key: "_id", Value: sent[4].id}}, bson.D{{Key: "ts", Value: sent[4].ts}, {Key: "sensorId", Value: sent[4].sensor}, {Key: "value", Value: 0.5}}, options.FindOneAndReplace().SetReturnDocument(after))
 		}, nil},
+		{"update the latest of a series (sort), after", func(c *mongo.Collection) *mongo.SingleResult {
+			return c.FindOneAndUpdate(ctx, bson.D{{Key: "sensorId", Value: "sensor-01"}}, bson.D{{Key: "$set", Value: bson.D{{Key: "value", Value: -9.0}}}},
+				options.FindOneAndUpdate().SetSort(bson.D{{Key: "ts", Value: -1}}).SetReturnDocument(after))
+		}, nil},
+		{"delete the earliest (sort)", func(c *mongo.Collection) *mongo.SingleResult {
+			return c.FindOneAndDelete(ctx, bson.D{{Key: "sensorId", Value: "sensor-02"}}, options.FindOneAndDelete().SetSort(bson.D{{Key: "ts", Value: 1}}))
+		}, nil},
 		{"delete", func(c *mongo.Collection) *mongo.SingleResult {
 			return c.FindOneAndDelete(ctx, bson.D{{Key: "_id", Value: sent[6].id}})
 		}, nil},
