@@ -179,12 +179,21 @@ func (u *updater) round(st *Statement, list []*deletes.Candidate) (int, error) {
 		ids[i] = c.Bucket()
 	}
 	// Unlocked first: the keys to lock are the buckets' and, where the
-	// update may move events, those the updated events go to.
-	docs, err := u.req.find.ReadBuckets(u.x, ids, st.Update.Touches(u.rule().MetaField) || st.Update.Touches(u.rule().TimeField))
+	// update may move events, those the updated events go to. An update
+	// that moves none, of buckets whose keys the match reported (an
+	// upstream whose $unwind keeps them), reads nothing before it locks.
+	mayMove := st.Update.Touches(u.rule().MetaField) || st.Update.Touches(u.rule().TimeField)
+	keys := map[string]bucket.Key{}
+	if !mayMove && allKeyed(list) {
+		for _, c := range list {
+			keys[c.Key.String()] = c.Key
+		}
+		return u.lockedRounds(st, list, ids, keys)
+	}
+	docs, err := u.req.find.ReadBuckets(u.x, ids, mayMove)
 	if err != nil {
 		return 0, err
 	}
-	keys := map[string]bucket.Key{}
 	for _, doc := range docs {
 		if doc != nil {
 			if k, err := keyOf(doc); err == nil {
@@ -192,13 +201,30 @@ func (u *updater) round(st *Statement, list []*deletes.Candidate) (int, error) {
 			}
 		}
 	}
-	if st.Update.Touches(u.rule().MetaField) || st.Update.Touches(u.rule().TimeField) {
+	if mayMove {
 		edits, err := u.edits(st, list, docs)
 		if err != nil {
 			return 0, err
 		}
 		addMovedKeys(keys, edits)
 	}
+	return u.lockedRounds(st, list, ids, keys)
+}
+
+// allKeyed says whether the match reported every candidate's key.
+func allKeyed(list []*deletes.Candidate) bool {
+	for _, c := range list {
+		if !c.HasKey {
+			return false
+		}
+	}
+	return true
+}
+
+// lockedRounds runs lockedRound under the locks of keys, locking again
+// (with the keys it missed) while its moved events go to keys it did not
+// lock.
+func (u *updater) lockedRounds(st *Statement, list []*deletes.Candidate, ids []bson.ObjectID, keys map[string]bucket.Key) (int, error) {
 	for round := 0; ; round++ {
 		unlock := u.env.Lock(keyList(keys))
 		n, missing, err := u.lockedRound(st, list, ids, keys)
