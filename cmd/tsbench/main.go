@@ -34,8 +34,9 @@ func main() {
 	clientLink := fs.String("client-link", "tcp", "how the clients dial: tcp (loopback), or socket: the proxy path's clients its Unix socket (listenUnix) and the direct path's the upstream's, as apps on the host of both would (needs an upstream tsbench starts)")
 	every := fs.Int("read-every", 50, "dashboard: per-event inserts between two reads")
 	ro := addRangeFlags(fs)
+	sizes := fs.String("sizes", "100k,1M", "grow: the rule's sizes (events) to measure at, ascending; k and M suffixes")
 	fs.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: tsbench [flags] passthrough|ingest|calls|layouts|mergefill|shapes|range|summary|dashboard|update")
+		fmt.Fprintln(os.Stderr, "usage: tsbench [flags] passthrough|ingest|calls|layouts|mergefill|shapes|range|summary|dashboard|update|grow")
 		fs.PrintDefaults()
 	}
 	_ = fs.Parse(os.Args[1:])
@@ -114,6 +115,14 @@ func main() {
 		var rs []rules.Rule
 		if rs, err = rangeRules(ro.span); err == nil {
 			err = benchenv.WithEnv(up, rs, func(e *benchenv.Env) error { return benchRange(e, ro) })
+		}
+	case "grow":
+		var sz []int
+		if sz, err = parseSizes(*sizes); err == nil {
+			var rs []rules.Rule
+			if rs, err = growRules(); err == nil {
+				err = benchenv.WithEnv(up, rs, func(e *benchenv.Env) error { return benchGrow(e, sz) })
+			}
 		}
 	case "update":
 		var rs []rules.Rule
