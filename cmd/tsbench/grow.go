@@ -125,7 +125,7 @@ func benchGrow(e *benchenv.Env, sizes []int) error {
 		if err != nil {
 			return fmt.Errorf("at %d events: %w", size, err)
 		}
-		buckets, _ := cs.Direct.Database("tsbench").Collection("grow"+rules.BucketCollectionSuffix).EstimatedDocumentCount(ctx)
+		buckets, _ := cs.Direct.Database("tsbench").Collection("grow" + rules.BucketCollectionSuffix).EstimatedDocumentCount(ctx)
 		fmt.Printf("| %d | %.0f | %.0f | %.2fx | %.2fx | %.1f / %.1f | %.1f / %.1f | %.1f / %.1f | %d | %.0f |\n", r.next,
 			row.proxyRate, row.directRate, row.proxyRate/row.directRate, row.batch1,
 			row.latest[0], row.latest[1], row.byID[0], row.byID[1], row.hour[0], row.hour[1], buckets, load.Seconds())

@@ -9,6 +9,7 @@ import (
 
 	"github.com/tsproxy/tsproxy/rewrite/agg"
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+	"github.com/tsproxy/tsproxy/rewrite/join"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 )
 
@@ -31,6 +32,23 @@ type Update struct {
 	replacement bson.D
 	ops         []op
 	pipeline    []agg.Stage
+}
+
+// Bind gives a pipeline update the values of its let variables (the
+// command's let and the statement's c); the other kinds use none.
+func (u *Update) Bind(vars map[string]bsoncore.Value) error {
+	if u.kind != Pipeline {
+		return nil
+	}
+	bound, err := join.BindStages(u.pipeline, vars)
+	if err != nil {
+		return err
+	}
+	if _, err := agg.Compile(bound, agg.Options{}); err != nil {
+		return err
+	}
+	u.pipeline = bound
+	return nil
 }
 
 // Touches says whether the update may change field (a top-level name):
@@ -385,8 +403,7 @@ func parsePipeline(arr bsoncore.Array) (*Update, error) {
 		ev := elems[0].Value()
 		u.pipeline = append(u.pipeline, agg.Stage{Name: name, Value: bsoncore.Value{Type: ev.Type, Data: slices.Clone(ev.Data)}})
 	}
-	if _, err := agg.Compile(u.pipeline, agg.Options{}); err != nil {
-		return nil, err
-	}
+	// Compiled by Bind, once the let variables are known (an
+	// expression's $$x is an error until then), or by Apply.
 	return u, nil
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rewrite/deletes"
+	"github.com/tsproxy/tsproxy/rewrite/join"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
 	"github.com/tsproxy/tsproxy/rewrite/updateop"
@@ -23,6 +24,8 @@ type Request struct {
 	// events and builds the bucket reads and writes.
 	find       *deletes.Request
 	Statements []*Statement
+	// vars are the command's let variables.
+	vars map[string]bsoncore.Value
 }
 
 // Statement is one entry of the update's "updates".
@@ -64,8 +67,9 @@ func NewRequest(cmd rewrite.Command, rule *rules.Rule, upstream caps.Upstream) (
 	if rewrite.InTransaction(cmd.Body) {
 		return nil, mongoerr.Errorf(mongoerr.OperationNotSupportedInTransaction, "Cannot perform a multi-document transaction on a time-series collection: %s", rule.Namespace)
 	}
-	if v, ok := bsonutil.Lookup(cmd.Body, "let"); ok && v.Type != bsoncore.TypeNull {
-		return nil, query.RuleErrorf(rule, mongoerr.NotImplemented, "update option \"let\" is not supported on a time-series collection through the proxy")
+	vars, err := letVars(cmd.Body, "let", nil)
+	if err != nil {
+		return nil, err
 	}
 	ordered, err := bsonutil.Bool(cmd.Body, "ordered", true)
 	if err != nil {
@@ -75,7 +79,7 @@ func NewRequest(cmd rewrite.Command, rule *rules.Rule, upstream caps.Upstream) (
 	if err != nil {
 		return nil, err
 	}
-	r := &Request{rule: rule, ordered: ordered}
+	r := &Request{rule: rule, ordered: ordered, vars: vars}
 	var filters []bsoncore.Document
 	for i, d := range docs {
 		st, err := r.parseStatement(i, d)
@@ -133,17 +137,50 @@ func (r *Request) parseStatement(i int, d bsoncore.Document) (*Statement, error)
 		st.Err = err
 		return st, nil
 	}
+	vars, err := letVars(d, "c", r.vars)
+	if err != nil {
+		return nil, err
+	}
+	if err := st.Update.Bind(vars); err != nil {
+		st.Err = err
+		return st, nil
+	}
 	if st.Multi && st.Update.Kind() == updateop.Replacement {
 		st.Err = mongoerr.Errorf(mongoerr.FailedToParse, "multi update is not supported for replacement-style update")
 		return st, nil
 	}
-	for _, name := range []string{"hint", "c", "sort"} {
+	for _, name := range []string{"hint", "sort"} {
 		if v, ok := bsonutil.Lookup(d, name); ok && v.Type != bsoncore.TypeNull {
 			st.Err = query.RuleErrorf(r.rule, mongoerr.NotImplemented, "update option %q is not supported on a time-series collection through the proxy", name)
 			return st, nil
 		}
 	}
 	return st, nil
+}
+
+// letVars are the variables of doc's field (a command's let, a
+// statement's c) over those of outer.
+func letVars(doc bsoncore.Document, field string, outer map[string]bsoncore.Value) (map[string]bsoncore.Value, error) {
+	v, ok := bsonutil.Lookup(doc, field)
+	if !ok || v.Type == bsoncore.TypeNull {
+		return outer, nil
+	}
+	d, ok := v.DocumentOK()
+	if !ok {
+		return nil, mongoerr.Errorf(mongoerr.TypeMismatch, "BSON field 'update.%s' is the wrong type '%s', expected type 'object'", field, bsonutil.TypeName(v.Type))
+	}
+	vars := make(map[string]bsoncore.Value, len(outer))
+	for k, x := range outer {
+		vars[k] = x
+	}
+	elems, _ := d.Elements()
+	for _, e := range elems {
+		if err := join.CheckVarName(e.Key()); err != nil {
+			return nil, err
+		}
+		vars[e.Key()] = e.Value()
+	}
+	return vars, nil
 }
 
 // findStatement is the delete statement that finds st's events: its

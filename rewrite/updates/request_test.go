@@ -40,7 +40,8 @@ func TestNewRequest(t *testing.T) {
 		stmtErr string        // else statement 0's error
 	}{
 		{"in a transaction", update(t, A{D{{Key: "q", Value: D{}}, {Key: "u", Value: set}}}, bson.E{Key: "autocommit", Value: false}), mongoerr.OperationNotSupportedInTransaction, ""},
-		{"let", update(t, A{D{{Key: "q", Value: D{}}, {Key: "u", Value: set}}}, bson.E{Key: "let", Value: D{{Key: "x", Value: 1}}}), mongoerr.NotImplemented, ""},
+		{"let of a bad name", update(t, A{D{{Key: "q", Value: D{}}, {Key: "u", Value: set}}}, bson.E{Key: "let", Value: D{{Key: "X", Value: 1}}}), mongoerr.FailedToParse, ""},
+		{"let bound into a pipeline", update(t, A{D{{Key: "q", Value: D{}}, {Key: "u", Value: A{D{{Key: "$set", Value: D{{Key: "v", Value: "$$x"}}}}}}}}, bson.E{Key: "let", Value: D{{Key: "x", Value: 1}}}), 0, ""},
 		{"missing u", update(t, A{D{{Key: "q", Value: D{}}}}), mongoerr.IDLFailedToParse, ""},
 		{"unknown field", update(t, A{D{{Key: "q", Value: D{}}, {Key: "u", Value: set}, {Key: "x", Value: 1}}}), mongoerr.IDLUnknownField, ""},
 		{"q not a document", update(t, A{D{{Key: "q", Value: 1}, {Key: "u", Value: set}}}), mongoerr.TypeMismatch, ""},

@@ -34,8 +34,8 @@ func TestBucketedWritesRefused(t *testing.T) {
 		name, want string
 		run        func() error
 	}{
-		{"updateOne with let", `update option "let"`, func() error {
-			_, err := coll.UpdateOne(ctx, one, set, options.UpdateOne().SetLet(bson.D{{Key: "x", Value: 1}}))
+		{"updateOne with a hint", `update option "hint"`, func() error {
+			_, err := coll.UpdateOne(ctx, one, set, options.UpdateOne().SetHint(bson.D{{Key: "ts", Value: 1}}))
 			return err
 		}},
 		{"findOneAndUpdate with a hint", `update option "hint"`, func() error {

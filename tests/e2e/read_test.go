@@ -596,7 +596,6 @@ func TestReadDifferential(t *testing.T) {
 			{bson.D{{Key: "find", Value: "readings"}, {Key: "filter", Value: bson.D{{Key: "$where", Value: "1"}}}}, `filter operator "$where"`},
 			{bson.D{{Key: "find", Value: "readings"}, {Key: "collation", Value: bson.D{{Key: "locale", Value: "fr"}}}}, `find option "collation"`},
 			{bson.D{{Key: "aggregate", Value: "readings"}, {Key: "pipeline", Value: bson.A{bson.D{{Key: "$graphLookup", Value: bson.D{{Key: "from", Value: "x"}}}}}}, {Key: "cursor", Value: bson.D{}}}, `"$graphLookup"`},
-			{bson.D{{Key: "update", Value: "readings"}, {Key: "updates", Value: bson.A{bson.D{{Key: "q", Value: bson.D{}}, {Key: "u", Value: bson.D{{Key: "$set", Value: bson.D{{Key: "x", Value: 1}}}}}}}}, {Key: "let", Value: bson.D{{Key: "v", Value: 1}}}}, `update option "let"`},
 			{bson.D{{Key: "createIndexes", Value: "readings"}, {Key: "indexes", Value: bson.A{bson.D{{Key: "key", Value: bson.D{{Key: "x", Value: 1}}}, {Key: "name", Value: "x"}}}}}, `an index on "x" is not supported`},
 		} {
 			err := proxied.Database().RunCommand(ctx, c.cmd).Err()
