@@ -76,9 +76,6 @@ type journal struct {
 	rounds int
 	// attempt tells this attempt's records from earlier attempts'.
 	attempt string
-	// open is this attempt's last record, its writes done, not yet
-	// marked done (endRound).
-	open string
 }
 
 // doneStatement is what earlier attempts did of one statement.
@@ -229,13 +226,11 @@ func (u *updater) beginRound(st *Statement, r round) (string, error) {
 	return id, nil
 }
 
-// endRound ends a round whose writes are done: its record is deleted,
-// for an update that cannot be retried (it was only there in case the
-// proxy stopped); a retryable update's is marked done when the next
-// round begins, or with the reply (recordReply), which spares the last
-// round a write of its own. Left pending meanwhile, the record is at
-// worst finished again: its writes are done, and finishing changes
-// nothing.
+// endRound marks a round's record done, under the round's locks: a
+// record left pending once its locks are released could be finished by
+// a later update after another update changed the same events, and put
+// them back. For an update that cannot be retried the record is
+// deleted instead (it was only there in case the proxy stopped).
 func (u *updater) endRound(id string) error {
 	if id == "" {
 		return nil
@@ -244,23 +239,14 @@ func (u *updater) endRound(id string) error {
 	if !u.journals() {
 		return u.journalWrite(u.deleteCommand(filter))
 	}
-	prev := u.jr.open
-	u.jr.open = id
-	if prev == "" {
-		return nil
-	}
-	return u.journalWrite(u.markDone(bsoncore.NewDocumentBuilder().AppendString("_id", prev).Build(), nil))
+	return u.journalWrite(u.markDone(filter))
 }
 
 // recordReply keeps a retryable update's reply in the journal, for a
-// retry that reaches a proxy which did not run it: in its last round's
-// record, or one of its own.
+// retry that reaches a proxy which did not run it.
 func (u *updater) recordReply(reply bsoncore.Document) error {
 	if !u.journals() {
 		return nil
-	}
-	if u.jr.open != "" {
-		return u.journalWrite(u.markDone(bsoncore.NewDocumentBuilder().AppendString("_id", u.jr.open).Build(), reply))
 	}
 	rec := bsoncore.NewDocumentBuilder().AppendString("_id", u.env.RetryKey+".reply").
 		AppendString(jCmd, u.env.RetryKey).AppendString(jState, stateDone).
@@ -274,14 +260,10 @@ func (u *updater) recordReply(reply bsoncore.Document) error {
 }
 
 // markDone is the update that marks the records filter selects done,
-// without their buckets, and with the command's reply where given.
-func (u *updater) markDone(filter, reply bsoncore.Document) []byte {
-	set := bsoncore.NewDocumentBuilder().AppendString(jState, stateDone)
-	if reply != nil {
-		set.AppendDocument(jReply, reply)
-	}
+// without their buckets.
+func (u *updater) markDone(filter bsoncore.Document) []byte {
 	upd := bsoncore.NewDocumentBuilder().
-		AppendDocument("$set", set.Build()).
+		AppendDocument("$set", bsoncore.NewDocumentBuilder().AppendString(jState, stateDone).Build()).
 		AppendDocument("$unset", bsoncore.NewDocumentBuilder().AppendString(jBuckets, "").AppendString(jNew, "").Build()).Build()
 	return bsoncore.NewDocumentBuilder().AppendString("update", u.journalColl()).
 		AppendArray("updates", bsoncore.NewArrayBuilder().AppendDocument(bsoncore.NewDocumentBuilder().
@@ -342,6 +324,12 @@ func (u *updater) finishRecord(rec bsoncore.Document) error {
 	}
 	unlock := u.env.Lock(keyList(keys))
 	defer unlock()
+	// Read under the locks: an update still running when the journal
+	// was read may have finished it since, and later updates changed its
+	// events; finishing it again would put them back.
+	if pending, err := u.stillPending(filter); err != nil || !pending {
+		return err
+	}
 	updated := map[string]bool{}
 	ids, _ := rec.Lookup(jIDs).ArrayOK()
 	vals, _ := ids.Values()
@@ -358,7 +346,25 @@ func (u *updater) finishRecord(rec bsoncore.Document) error {
 			return err
 		}
 	}
-	return u.journalWrite(u.markDone(filter, nil))
+	return u.journalWrite(u.markDone(filter))
+}
+
+// stillPending reads whether the record filter selects is pending.
+func (u *updater) stillPending(filter bsoncore.Document) (bool, error) {
+	find := bsoncore.NewDocumentBuilder().AppendString("find", u.journalColl()).
+		AppendDocument("filter", filter).AppendInt32("limit", 1).AppendBoolean("singleBatch", true).
+		AppendDocument("projection", bsoncore.NewDocumentBuilder().AppendInt32(jState, 1).Build()).
+		AppendString("$db", u.rule().DB).Build()
+	reply, ok := u.x.One(find)
+	if !ok {
+		return false, rewrite.ErrAborted
+	}
+	docs, _, err := cursor.Docs(reply)
+	if err != nil || len(docs) == 0 {
+		return false, err
+	}
+	st, _ := docs[0].Lookup(jState).StringValueOK()
+	return st == statePend, nil
 }
 
 // recordDocs are the documents of a record's array field.
