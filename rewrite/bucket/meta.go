@@ -106,12 +106,16 @@ func metaNeedsRewrite(v bsoncore.Value, sorted bool, depth int) bool {
 			}
 		}
 	case bsoncore.TypeArray:
-		vals, err := bsoncore.Array(v.Data).Values()
+		// An array's keys are its positions: one sent with other keys
+		// ("00", "x") is stored re-keyed by every upstream, so the meta
+		// is re-keyed here too, or its bytes would differ from what
+		// the bucket's meta reads back as.
+		elems, err := bsoncore.Document(v.Data).Elements()
 		if err != nil {
 			return false
 		}
-		for _, x := range vals {
-			if metaNeedsRewrite(x, sorted, depth+1) {
+		for i, e := range elems {
+			if e.Key() != strconv.Itoa(i) || metaNeedsRewrite(e.Value(), sorted, depth+1) {
 				return true
 			}
 		}
