@@ -356,10 +356,7 @@ type flushReply struct {
 
 // tsproxyFlush merges everything staged, through the proxy, and times it.
 func tsproxyFlush(ctx context.Context, proxyC *mongo.Client) (flushReply, time.Duration, error) {
-	t0 := time.Now()
-	var r bson.Raw
-	err := proxyC.Database("admin").RunCommand(ctx, bson.D{{Key: "tsproxyFlush", Value: 1}}).Decode(&r)
-	d := time.Since(t0)
+	r, d, err := benchenv.Flush(ctx, proxyC)
 	if err != nil {
 		return flushReply{}, d, err
 	}

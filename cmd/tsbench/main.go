@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/tsproxy/tsproxy/cmd/tsbench/internal/benchenv"
+	"github.com/tsproxy/tsproxy/cmd/tsbench/internal/grow"
+	"github.com/tsproxy/tsproxy/cmd/tsbench/internal/update"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/tests/backend"
 )
@@ -118,16 +120,16 @@ func main() {
 		}
 	case "grow":
 		var sz []int
-		if sz, err = parseSizes(*sizes); err == nil {
+		if sz, err = grow.ParseSizes(*sizes); err == nil {
 			var rs []rules.Rule
-			if rs, err = growRules(); err == nil {
-				err = benchenv.WithEnv(up, rs, func(e *benchenv.Env) error { return benchGrow(e, sz) })
+			if rs, err = grow.Rules(); err == nil {
+				err = benchenv.WithEnv(up, rs, func(e *benchenv.Env) error { return grow.Run(e, sz) })
 			}
 		}
 	case "update":
 		var rs []rules.Rule
-		if rs, err = updateRules(); err == nil {
-			err = benchenv.WithEnv(up, rs, func(e *benchenv.Env) error { return benchUpdate(e, *runs) })
+		if rs, err = update.Rules(); err == nil {
+			err = benchenv.WithEnv(up, rs, func(e *benchenv.Env) error { return update.Run(e, *runs) })
 		}
 	case "summary":
 		var rs []rules.Rule

@@ -84,15 +84,15 @@ func (c *Conn) rewriteInsert(req *request, rule *rules.Rule) error {
 		return c.refuseBeforeWrite(req, rule, err, c.replyRewriteError)
 	}
 	cmd := commandOf(req)
-	held := &heldLocks{c: c}
-	defer held.releaseAll()
+	held := c.heldLocks()
+	defer held.ReleaseAll()
 	part := func(r *rules.Rule, cmd rewrite.Command, indexes []int) rewrite.Plan {
 		prepared, err := insert.Prepare(cmd, r, bson.NewObjectID)
 		if err != nil {
 			// As MongoDB answers a document it cannot take.
 			return rewrite.Fail(mongoerr.Errorf(mongoerr.FailedToParse, "%s", err.Error()))
 		}
-		locked := held.lock(r.BucketNamespace(), prepared.Keys())
+		locked := held.Lock(r.BucketNamespace(), prepared.Keys())
 		return insert.Plan(cmd, prepared, insert.Env{Caps: caps, NewObjectID: bson.NewObjectID, Fills: locked, Check: c.keysToCheck(req, rule, caps, locked), StmtIDs: indexes})
 	}
 	var p rewrite.Plan
@@ -115,7 +115,7 @@ func (c *Conn) rewriteInsert(req *request, rule *rules.Rule) error {
 		err = c.answer(req, rule, res)
 	}
 	if err != nil {
-		held.forgetAll()
+		held.ForgetAll()
 	}
 	return err
 }

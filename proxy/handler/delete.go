@@ -7,7 +7,6 @@ import (
 	"github.com/tsproxy/tsproxy/proxy/fills"
 	"github.com/tsproxy/tsproxy/proxy/tier/lease"
 	"github.com/tsproxy/tsproxy/rewrite"
-	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rewrite/deletes"
 	"github.com/tsproxy/tsproxy/rewrite/fanout"
@@ -23,7 +22,7 @@ import (
 
 // rewriteDelete serves delete (rewrite/deletes), on every partition of a
 // partitioned rule (rewrite/fanout): the plan locks the buckets it
-// rewrites as inserts lock them, through heldLocks, which releases
+// rewrites as inserts lock them, through fills.Held, which releases
 // whatever the plan still holds when it ends, however it ends, and forgets
 // their fills (their buckets changed, or may have). An unacknowledged
 // delete (moreToCome) runs acknowledged upstream all the same, without
@@ -33,66 +32,20 @@ func (c *Conn) rewriteDelete(req *request, rule *rules.Rule) error {
 	if err != nil {
 		return err
 	}
-	held := &heldLocks{c: c}
-	defer held.releaseAll()
+	held := c.heldLocks()
+	defer held.ReleaseAll()
 	cmd := commandOf(req)
 	part := func(r *rules.Rule) rewrite.Plan {
-		return deletes.Plan(cmd, r, deletes.Env{Caps: caps, Lock: held.locker(r), IDIndex: c.s.IdIndexes})
+		return deletes.Plan(cmd, r, deletes.Env{Caps: caps, Lock: held.Locker(r.BucketNamespace()), IDIndex: c.s.IdIndexes})
 	}
 	return c.servePlan(req, rule, routeRewrite, fanout.Delete(cmd, rule, part))
 }
 
-// heldLocks are the bucket keys a running plan locked, released when the
-// command ends.
-type heldLocks struct {
-	c    *Conn
-	held []*fills.Locked
-}
-
-// lock takes the locks of keys of the bucket namespace ns.
-func (h *heldLocks) lock(ns string, keys []bucket.Key) *fills.Locked {
-	l := h.c.s.Fills.Lock(ns, keys)
-	h.c.s.Tier().Directories().Wrote(ns) // under the keys' locks, before the write
-	h.held = append(h.held, l)
-	return l
-}
-
-// locker is a plan's Lock of rule's bucket keys: each call locks keys
-// and returns their release, which forgets their fills (the plan changed
-// their buckets, or may have).
-func (h *heldLocks) locker(rule *rules.Rule) func(keys []bucket.Key) func() {
-	return func(keys []bucket.Key) func() {
-		l := h.lock(rule.BucketNamespace(), keys)
-		return func() { h.release(l, true) }
-	}
-}
-
-// release unlocks l, forgetting its keys' fills when forget says so.
-func (h *heldLocks) release(l *fills.Locked, forget bool) {
-	for i, x := range h.held {
-		if x == l {
-			h.held = append(h.held[:i], h.held[i+1:]...)
-			if forget {
-				l.ForgetAll()
-			}
-			l.Unlock()
-			return
-		}
-	}
-}
-
-// forgetAll forgets the fills of every key held.
-func (h *heldLocks) forgetAll() {
-	for _, l := range h.held {
-		l.ForgetAll()
-	}
-}
-
-// releaseAll unlocks every key still held.
-func (h *heldLocks) releaseAll() {
-	for len(h.held) > 0 {
-		h.release(h.held[0], false)
-	}
+// heldLocks are the bucket keys a running command locked, released
+// when it ends (fills.Held), its locks marking their namespace written
+// in the staging tier's directories.
+func (c *Conn) heldLocks() *fills.Held {
+	return fills.NewHeld(c.s.Fills, c.s.Tier().Directories().Wrote)
 }
 
 // startDelete is startWrite for a delete, which waits for a writer lease

@@ -1,10 +1,7 @@
 package handler
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"math/rand/v2"
-	"strconv"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -18,7 +15,7 @@ import (
 // rewriteUpdate serves update on a bucketed namespace of the events
 // layout (rewrite/updates): as a delete, it waits for the writer lease,
 // and its plan locks the buckets it rewrites (and those its moved events
-// go to) as inserts lock them, through heldLocks. Staging was settled
+// go to) as inserts lock them, through fills.Held. Staging was settled
 // before (handleBucketed), so every matched event is in a bucket. An
 // unacknowledged update (moreToCome) runs acknowledged upstream all the
 // same, without answering the client.
@@ -40,10 +37,10 @@ func (c *Conn) serveUpdatePlan(req *request, rule *rules.Rule, build func(rewrit
 	if err != nil {
 		return err
 	}
-	held := &heldLocks{c: c}
-	defer held.releaseAll()
+	held := c.heldLocks()
+	defer held.ReleaseAll()
 	env := updates.Env{
-		Env:         deletes.Env{Caps: caps, Lock: held.locker(rule), IDIndex: c.s.IdIndexes},
+		Env:         deletes.Env{Caps: caps, Lock: held.Locker(rule.BucketNamespace()), IDIndex: c.s.IdIndexes},
 		NewObjectID: bson.NewObjectID,
 		Now:         time.Now,
 		Sweep:       rand.IntN(journalSweepEvery) == 0,
@@ -53,7 +50,7 @@ func (c *Conn) serveUpdatePlan(req *request, rule *rules.Rule, build func(rewrit
 		if err != nil {
 			return err
 		}
-		env.RetryKey = journalKey(req.retry.Key.OwnedBy(identity))
+		env.RetryKey = updates.JournalKey(req.retry.Key.OwnedBy(identity))
 	}
 	return c.servePlan(req, rule, routeRewrite, build(commandOf(req), rule, env))
 }
@@ -61,11 +58,3 @@ func (c *Conn) serveUpdatePlan(req *request, rule *rules.Rule, build func(rewrit
 // journalSweepEvery: about one update in this many also sweeps the
 // update journal's old records.
 const journalSweepEvery = 64
-
-// journalKey names a retryable write in the update journal: a digest of
-// its session and owner (which the journal need not hold) and its
-// txnNumber.
-func journalKey(k rewrite.RetryKey) string {
-	sum := sha256.Sum256([]byte(k.Session))
-	return hex.EncodeToString(sum[:12]) + "-" + strconv.FormatInt(k.TxnNumber, 10)
-}

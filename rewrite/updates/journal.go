@@ -1,6 +1,8 @@
 package updates
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"strconv"
 	"time"
@@ -83,6 +85,14 @@ type doneStatement struct {
 	matched, modified int
 	ids               map[string]bool // matched event _ids, as value bytes
 	upserted          bsoncore.Value
+}
+
+// JournalKey names a retryable write in the update journal (Env.RetryKey):
+// a digest of its session and owner, which the journal need not hold,
+// and its txnNumber.
+func JournalKey(k rewrite.RetryKey) string {
+	sum := sha256.Sum256([]byte(k.Session))
+	return hex.EncodeToString(sum[:12]) + "-" + strconv.FormatInt(k.TxnNumber, 10)
 }
 
 func (u *updater) journalColl() string { return u.rule().UpdateJournalCollection() }

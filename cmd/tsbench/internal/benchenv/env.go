@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
@@ -225,4 +226,13 @@ func (e *Env) ConnectBoth(timeout time.Duration, maxPool uint64) (*clients, erro
 func (c *clients) Close() {
 	_ = c.Proxy.Disconnect(context.Background())
 	_ = c.Direct.Disconnect(context.Background())
+}
+
+// Flush runs tsproxyFlush through the proxy (every staged event merged
+// into its bucket) and returns its reply and how long it took.
+func Flush(ctx context.Context, proxyC *mongo.Client) (bson.Raw, time.Duration, error) {
+	t0 := time.Now()
+	var r bson.Raw
+	err := proxyC.Database("admin").RunCommand(ctx, bson.D{{Key: "tsproxyFlush", Value: 1}}).Decode(&r)
+	return r, time.Since(t0), err
 }

@@ -1,4 +1,6 @@
-package main
+// Package grow is `tsbench grow` (issue 59): does a cost of the proxy grow
+// with what the rule holds?
+package grow
 
 import (
 	"context"
@@ -39,7 +41,8 @@ const (
 
 var growBase = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 
-func growRules() ([]rules.Rule, error) {
+// Rules are the rule the run writes through the proxy.
+func Rules() ([]rules.Rule, error) {
 	return benchenv.RulesFromYAML(`rules:
   - namespace: tsbench.grow
     timeField: ts
@@ -48,9 +51,9 @@ func growRules() ([]rules.Rule, error) {
 `)
 }
 
-// parseSizes reads -sizes: event counts, ascending, with k and M
+// ParseSizes reads -sizes: event counts, ascending, with k and M
 // suffixes.
-func parseSizes(s string) ([]int, error) {
+func ParseSizes(s string) ([]int, error) {
 	var out []int
 	for _, f := range strings.Split(s, ",") {
 		f = strings.TrimSpace(f)
@@ -95,7 +98,9 @@ func growEvent(i int) bson.D {
 		{Key: "sensor", Value: fmt.Sprintf("s%02d", i%growSeries)}, {Key: "value", Value: float64(i % 1000)}}
 }
 
-func benchGrow(e *benchenv.Env, sizes []int) error {
+// Run loads the rule and the plain collection up to each of sizes in
+// turn and prints a row of timings at each.
+func Run(e *benchenv.Env, sizes []int) error {
 	ctx := context.Background()
 	cs, err := e.ConnectBoth(time.Hour, 0)
 	if err != nil {
@@ -117,7 +122,7 @@ func benchGrow(e *benchenv.Env, sizes []int) error {
 		if err := r.load(ctx, size-growTimed-growTimed1); err != nil {
 			return err
 		}
-		if _, _, err := tsproxyFlush(ctx, r.proxyC); err != nil {
+		if _, _, err := benchenv.Flush(ctx, r.proxyC); err != nil {
 			return err
 		}
 		load := time.Since(loadStart)
@@ -195,7 +200,7 @@ func (r *growRun) timeSize(ctx context.Context) (growRow, error) {
 	if err := insertParallel(ctx, r.proxied, from, growTimed, 100, 4); err != nil {
 		return row, err
 	}
-	if _, _, err := tsproxyFlush(ctx, r.proxyC); err != nil {
+	if _, _, err := benchenv.Flush(ctx, r.proxyC); err != nil {
 		return row, err
 	}
 	proxy := time.Since(t)
@@ -210,7 +215,7 @@ func (r *growRun) timeSize(ctx context.Context) (growRow, error) {
 	if err := insertParallel(ctx, r.proxied, from, growTimed1, 1, 1); err != nil {
 		return row, err
 	}
-	if _, _, err := tsproxyFlush(ctx, r.proxyC); err != nil {
+	if _, _, err := benchenv.Flush(ctx, r.proxyC); err != nil {
 		return row, err
 	}
 	row.batch1 = direct1.Seconds() / time.Since(t).Seconds()

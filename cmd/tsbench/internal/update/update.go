@@ -1,4 +1,6 @@
-package main
+// Package update is `tsbench update`: what an update costs per matched
+// event through the proxy.
+package update
 
 import (
 	"context"
@@ -28,7 +30,8 @@ const (
 
 var updBase = time.Date(2026, 2, 1, 0, 0, 0, 0, time.UTC)
 
-func updateRules() ([]rules.Rule, error) {
+// Rules are the rule the run writes through the proxy.
+func Rules() ([]rules.Rule, error) {
 	return benchenv.RulesFromYAML(`rules:
   - namespace: tsbench.upd
     timeField: ts
@@ -64,7 +67,9 @@ func updateCases() []updateCase {
 	}
 }
 
-func benchUpdate(e *benchenv.Env, runs int) error {
+// Run loads both sides and prints the table of updateCases, medians of
+// runs.
+func Run(e *benchenv.Env, runs int) error {
 	ctx := context.Background()
 	cs, err := e.ConnectBoth(30*time.Minute, 0)
 	if err != nil {
@@ -94,7 +99,7 @@ func benchUpdate(e *benchenv.Env, runs int) error {
 			return fmt.Errorf("load directly: %w", err)
 		}
 	}
-	if _, _, err := tsproxyFlush(ctx, cs.Proxy); err != nil {
+	if _, _, err := benchenv.Flush(ctx, cs.Proxy); err != nil {
 		return fmt.Errorf("tsproxyFlush: %w", err)
 	}
 	fmt.Fprintf(os.Stderr, "loaded %d events both ways and merged in %v\n", len(docs), time.Since(loadStart).Round(time.Millisecond))
