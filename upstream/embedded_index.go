@@ -21,6 +21,10 @@ import (
 // use, on the exact expression FerretDB queries with.
 const idExpr = `_ferretdb_sjson->'$._id'`
 
+// ErrNoSuchCollection: IndexIDs was asked for a collection the embedded
+// upstream does not hold.
+var ErrNoSuchCollection = errors.New("no such collection")
+
 // IndexIDs makes point reads and updates by _id of db.coll an index lookup
 // in the embedded upstream's storage. The collection must exist. It is safe
 // to call more than once.
@@ -38,7 +42,7 @@ func (e *Embedded) IndexIDs(ctx context.Context, db, coll string) error {
 	var table string
 	err = sdb.QueryRowContext(ctx, `SELECT table_name FROM "_ferretdb_collections" WHERE name = ?`, coll).Scan(&table)
 	if errors.Is(err, sql.ErrNoRows) {
-		return fmt.Errorf("embedded upstream: index _id of %s.%s: no such collection", db, coll)
+		return fmt.Errorf("embedded upstream: index _id of %s.%s: %w", db, coll, ErrNoSuchCollection)
 	}
 	if err != nil {
 		return fmt.Errorf("embedded upstream: index _id of %s.%s: %w", db, coll, err)

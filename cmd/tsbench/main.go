@@ -37,6 +37,7 @@ func main() {
 	every := fs.Int("read-every", 50, "dashboard: per-event inserts between two reads")
 	ro := addRangeFlags(fs)
 	sizes := fs.String("sizes", "100k,1M", "grow: the rule's sizes (events) to measure at, ascending; k and M suffixes")
+	directReads := fs.String("direct-reads-up-to", "1M", "grow: time the plain collection's reads up to this size only (each scans it on FerretDB v1.24)")
 	fs.Usage = func() {
 		fmt.Fprintln(os.Stderr, "usage: tsbench [flags] passthrough|ingest|calls|layouts|mergefill|shapes|range|summary|dashboard|update|grow")
 		fs.PrintDefaults()
@@ -120,10 +121,17 @@ func main() {
 		}
 	case "grow":
 		var sz []int
-		if sz, err = grow.ParseSizes(*sizes); err == nil {
+		var upTo []int
+		if upTo, err = grow.ParseSizes(*directReads); err == nil && len(upTo) != 1 {
+			err = fmt.Errorf("-direct-reads-up-to: one size, got %q", *directReads)
+		}
+		if err == nil {
+			sz, err = grow.ParseSizes(*sizes)
+		}
+		if err == nil {
 			var rs []rules.Rule
 			if rs, err = grow.Rules(); err == nil {
-				err = benchenv.WithEnv(up, rs, func(e *benchenv.Env) error { return grow.Run(e, sz) })
+				err = benchenv.WithEnv(up, rs, func(e *benchenv.Env) error { return grow.Run(e, sz, upTo[0]) })
 			}
 		}
 	case "update":

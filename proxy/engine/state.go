@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"sync"
@@ -42,6 +43,13 @@ func (o *onceSteps) Begin(kind, ns string) bool {
 	}
 	o.last[key] = time.Now()
 	return true
+}
+
+// Abort forgets an attempt, so the step runs again at the next Begin.
+func (o *onceSteps) Abort(kind, ns string) {
+	o.mu.Lock()
+	delete(o.last, kind+"\x00"+ns)
+	o.mu.Unlock()
 }
 
 func (o *onceSteps) Done(kind, ns string) {
@@ -105,6 +113,29 @@ func (s *Engine) EnsureIndexOn(r exec.Runner, rule *rules.Rule, coll, failure st
 	s.Once.Done("index", ns)
 	s.log.Info("index ensured", "rule", rule.Namespace, "collection", ns, "proxy index", !caps.UnusedIndexes)
 	return nil
+}
+
+// indexIDIndexLookups makes lookups by _id of rule's event-id index an
+// index lookup on the embedded upstream (Options.IndexIDs), once the
+// index exists: the reads of one series look up its series entry and
+// the marker there, which would otherwise scan an entry a bucket. Keyed
+// by the bucket namespace, so a drop of the rule forgets it.
+func (s *Engine) indexIDIndexLookups(rule *rules.Rule) {
+	if s.Opts.IndexIDs == nil || rule.Layout != rules.LayoutEvents || !s.Once.Begin("id-index lookups", rule.BucketNamespace()) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := s.Opts.IndexIDs(ctx, rule.DB, rule.IDIndexCollection()); err != nil {
+		if errors.Is(err, upstream.ErrNoSuchCollection) {
+			// No merge wrote the index yet: the next merge tries again.
+			s.Once.Abort("id-index lookups", rule.BucketNamespace())
+			return
+		}
+		s.log.Error("event-id index lookups not indexed", "rule", rule.Namespace, "err", err.Error())
+		return // tried again after indexRetry
+	}
+	s.Once.Done("id-index lookups", rule.BucketNamespace())
 }
 
 // BucketIndexFailure is what a missing bucket index is logged as.

@@ -20,7 +20,9 @@ func (h tierHost) RoutesRule(rule *rules.Rule) bool { return h.s.routesRule(rule
 func (h tierHost) ServedHere(rule *rules.Rule) bool { return h.s.servedHere(rule) }
 
 func (h tierHost) EnsureBucketIndex(r exec.Runner, rule *rules.Rule, caps caps.Upstream) error {
-	return h.s.EnsureIndexOn(r, rule, rule.BucketCollection, BucketIndexFailure, caps)
+	err := h.s.EnsureIndexOn(r, rule, rule.BucketCollection, BucketIndexFailure, caps)
+	h.s.indexIDIndexLookups(rule)
+	return err
 }
 
 func (h tierHost) IDLookupCost(up lease.Commander, rule *rules.Rule, caps caps.Upstream) read.IDLookupCost {

@@ -25,7 +25,10 @@ type Directories struct {
 	records map[string]*keptRecords
 	// stale are the stale event-id index entries the merges leave
 	// waiting, by bucket namespace (stage.StaleEntries).
-	stale map[string]*keptStale
+	stale map[string]*ofTerm[stage.StaleEntries]
+	// series are what the merges of a term wrote of the rules' series
+	// entries (stage.SeriesSeen), by bucket namespace.
+	series map[string]*ofTerm[stage.SeriesSeen]
 	// maxRecordIDs bounds the derived ids kept for all rules
 	// (maxKeptRecordIDs; the tests set less).
 	maxRecordIDs int
@@ -43,12 +46,24 @@ type keptRecords struct {
 	used uint64 // d.uses when last got or put: the least recent go first
 }
 
-// keptStale is one rule's stale entries waiting: valid while the proxy
-// holds the same term of the rule's writer lease, in which its merges
-// are the only writers of the rule's event-id index.
-type keptStale struct {
-	term    int64
-	entries *stage.StaleEntries
+// ofTerm is what one rule's merges keep of its event-id index (the
+// stale entries waiting, the series entries written): valid while the
+// proxy holds the same term of the rule's writer lease, in which its
+// merges are the only writers of the index.
+type ofTerm[T any] struct {
+	term int64
+	kept *T
+}
+
+// keptOfTerm is m's value for bucketNS in term: a new one when the
+// value kept is another term's (or none). Called with d.mu held.
+func keptOfTerm[T any](m map[string]*ofTerm[T], bucketNS string, term int64) *T {
+	k := m[bucketNS]
+	if k == nil || k.term != term {
+		k = &ofTerm[T]{term: term, kept: new(T)}
+		m[bucketNS] = k
+	}
+	return k.kept
 }
 
 // maxKeptRecordIDs bounds the derived ids kept for all rules (12 bytes
@@ -74,7 +89,7 @@ type directory struct {
 const maxDirectoryBytes = 32 << 20
 
 func NewDirectories() *Directories {
-	return &Directories{epochs: map[string]uint64{}, dirs: map[string]*directory{}, records: map[string]*keptRecords{}, stale: map[string]*keptStale{}, maxRecordIDs: maxKeptRecordIDs}
+	return &Directories{epochs: map[string]uint64{}, dirs: map[string]*directory{}, records: map[string]*keptRecords{}, stale: map[string]*ofTerm[stage.StaleEntries]{}, series: map[string]*ofTerm[stage.SeriesSeen]{}, maxRecordIDs: maxKeptRecordIDs}
 }
 
 // Wrote says that something other than a merge wrote the buckets of
@@ -155,12 +170,20 @@ func (d *Directories) StaleEntries(bucketNS string, term int64) *stage.StaleEntr
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	k := d.stale[bucketNS]
-	if k == nil || k.term != term {
-		k = &keptStale{term: term, entries: &stage.StaleEntries{}}
-		d.stale[bucketNS] = k
+	return keptOfTerm(d.stale, bucketNS, term)
+}
+
+// SeriesSeen is the stage.SeriesSeen of bucketNS for a merge of this
+// proxy in term number term (0: none, and nil). A new term starts it
+// empty: while another proxy held the lease, the rule may have been
+// dropped and its series entries with it.
+func (d *Directories) SeriesSeen(bucketNS string, term int64) *stage.SeriesSeen {
+	if term == 0 {
+		return nil
 	}
-	return k.entries
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return keptOfTerm(d.series, bucketNS, term)
 }
 
 // StaleWaiting says whether stale event-id index entries of bucketNS
@@ -169,7 +192,7 @@ func (d *Directories) StaleWaiting(bucketNS string) bool {
 	d.mu.Lock()
 	k := d.stale[bucketNS]
 	d.mu.Unlock()
-	return k != nil && k.entries.Len() > 0
+	return k != nil && k.kept.Len() > 0
 }
 
 // Known is the stage.Known of bucketNS for a merge whose proxy holds

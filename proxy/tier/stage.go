@@ -326,6 +326,9 @@ func (t *Tier) mergeOptions(up lease.Commander, rule *rules.Rule, caps caps.Upst
 			// And it leaves the entries its top-ups made stale to be
 			// deleted many at a time.
 			opts.Stale = t.dirs.StaleEntries(rule.BucketNamespace(), t.heldTerm(rule)())
+			// It widens the series entries only past what its term's
+			// merges wrote.
+			opts.Series = t.dirs.SeriesSeen(rule.BucketNamespace(), t.heldTerm(rule)())
 		}
 	}
 	if !opts.Guest {

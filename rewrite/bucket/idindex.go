@@ -91,8 +91,10 @@ func IDIndexEntry(id bson.ObjectID, start int64, events []Event) bsoncore.Docume
 // IDIndexMarkerDoc is the marker document at version v. Each merge that
 // adds entries sets a new version, so a reader that kept the index of a
 // version (IDIndexSnapshot) knows it is whole while the marker shows it.
+// The marker also says the series entries bound every series
+// (SeriesComplete): the merges that write it write those too.
 func IDIndexMarkerDoc(v int64) bsoncore.Document {
-	return bsoncore.NewDocumentBuilder().AppendString("_id", IDIndexMarker).AppendInt64(idIndexVersion, v).Build()
+	return bsoncore.NewDocumentBuilder().AppendString("_id", IDIndexMarker).AppendInt64(idIndexVersion, v).AppendBoolean(markerSeries, true).Build()
 }
 
 // idIndexVersion is the marker's version field.

@@ -18,6 +18,14 @@ import (
 // itself, or an aggregate on the bucket collection whose batches it maps
 // (see PlanRead). newID names a cursor the proxy holds.
 func Plan(body []byte, rule *rules.Rule, opts Options, newID func() int64) rewrite.Plan {
+	if rc, metas := seriesToBound(body, rule, opts); metas != nil {
+		return seriesBounded(body, rule, opts, newID, rc, metas)
+	}
+	return plan(body, rule, opts, newID)
+}
+
+// plan is Plan of a read planned as it comes.
+func plan(body []byte, rule *rules.Rule, opts Options, newID func() int64) rewrite.Plan {
 	p, err := PlanRead(body, rule, opts)
 	if err != nil {
 		return rewrite.Fail(err)

@@ -32,6 +32,7 @@ type relay struct {
 	conns   map[net.Conn]struct{}
 	wg      sync.WaitGroup
 	accepts atomic.Int64 // connections accepted over the relay's life
+	down    atomic.Int64 // bytes relayed from the upstream to its clients
 
 	// cut, when set, picks client→upstream messages whose reply is never
 	// delivered: the message reaches the upstream, and when its reply
@@ -172,6 +173,7 @@ func (r *relay) pipe(dst, src net.Conn, quit chan struct{}, pair *relayPair) {
 			return // the reply is lost with the connection
 		}
 		if n > 0 {
+			r.down.Add(int64(n))
 			if d := time.Duration(r.delay.Load()); quit != nil && d > 0 {
 				select {
 				case <-time.After(d):

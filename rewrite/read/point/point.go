@@ -44,6 +44,7 @@ type PointRead struct {
 	Out     []bsoncore.Document
 	OutSize int
 	want    int64 // documents the next batch wants; -1: as many as fit
+	ramp    int   // lookups of the head window's last round (headLookups)
 	started bool
 
 	// BucketsRead and Lookups count the buckets fetched and the lookups
@@ -125,6 +126,9 @@ func (p *PointRead) Lookups() [][]byte {
 	}
 	p.pending = p.pending[:0]
 	var cmds [][]byte
+	if p.fewWanted() {
+		return p.headLookups()
+	}
 	for i := p.head; i < len(p.keys) && len(cmds) < maxPipelined; i++ {
 		k := &p.keys[i]
 		if k.done {
@@ -136,6 +140,58 @@ func (p *PointRead) Lookups() [][]byte {
 	p.LookupsSent += len(cmds)
 	return cmds
 }
+
+// fewWanted: the batch being built (or what the limit leaves) wants at
+// most fewEvents events, as the latest reading of a series does, which
+// the first buckets of the first window usually hold: then only the
+// head window is looked up (headLookups), not maxPipelined windows of
+// which all but the first are read for nothing.
+func (p *PointRead) fewWanted() bool {
+	need := p.want
+	if p.limited && (need < 0 || p.limit < need) {
+		need = p.limit
+	}
+	return need > 0 && need <= fewEvents
+}
+
+// fewEvents bounds the events a read wants for headLookups.
+const fewEvents = 1000
+
+// headLookups looks up the next buckets of the head window's keys only:
+// several seqs of each at once, a number that starts at headFirst and
+// doubles each round the window is not done (a lookup past a key's last
+// seq finds nothing and ends the key).
+func (p *PointRead) headLookups() [][]byte {
+	if p.ramp == 0 {
+		p.ramp = headFirst
+	} else {
+		p.ramp = min(2*p.ramp, maxPipelined)
+	}
+	win := p.keys[p.head:min(p.head+len(p.Spec.Metas), len(p.keys))]
+	open := 0
+	for _, k := range win {
+		if !k.done {
+			open++
+		}
+	}
+	var cmds [][]byte
+	for i := range win {
+		k := &win[i]
+		if k.done {
+			continue
+		}
+		for seq := k.seq; seq < k.seq+max(1, p.ramp/open); seq++ {
+			p.pending = append(p.pending, pointLookup{key: p.head + i, seq: seq})
+			cmds = append(cmds, p.lookupCommand(*k, seq))
+		}
+	}
+	p.LookupsSent += len(cmds)
+	return cmds
+}
+
+// headFirst is how many lookups the head window's first round sends: a
+// window of 1-second data in buckets of 1,000 events has 4.
+const headFirst = 4
 
 func (p *PointRead) batchFull() bool {
 	return p.OutSize >= query.MaxBatchBytes || (p.want > 0 && int64(len(p.Out)) >= p.want) || p.want == 0

@@ -44,40 +44,10 @@ func (s *PointSpec) inRange(ms int64) bool {
 // PlanPoint returns the point spec of a find, or why it has none (then the
 // aggregate path serves it).
 func PlanPoint(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*PointSpec, string) {
-	if rc.MetaField == "" {
-		return nil, "the rule has no metaField"
-	}
-	if len(filter) == 0 {
-		return nil, "no filter"
-	}
-	conj, err := rc.Conjuncts(filter, 0, nil)
-	if err != nil {
-		return nil, err.Error()
-	}
-	s := &PointSpec{}
-	var hasLo, hasHi, hasMeta bool
-	for _, e := range conj {
-		switch e.Key() {
-		case rc.MetaField:
-			if hasMeta {
-				return nil, "more than one condition on the metaField"
-			}
-			metas, why := pointMetas(e.Value())
-			if why != "" {
-				return nil, why
-			}
-			s.Metas, hasMeta = metas, true
-		case rc.TimeField:
-			if why := s.addTimeBounds(e.Value(), &hasLo, &hasHi); why != "" {
-				return nil, why
-			}
-		default:
-			return nil, fmt.Sprintf("a condition on %q", e.Key())
-		}
-	}
+	s, hasLo, hasHi, why := parsePoint(rc, filter)
 	switch {
-	case !hasMeta:
-		return nil, "the metaField is not fixed"
+	case why != "":
+		return nil, why
 	case !hasLo || !hasHi:
 		return nil, "the time range is not bounded on both sides"
 	}
@@ -91,6 +61,59 @@ func PlanPoint(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*PointSpec, st
 		return nil, why
 	}
 	return s, ""
+}
+
+// SeriesToBound says whether a find of filter and sortDoc is one
+// PlanPoint would serve but for a time bound it lacks (the latest events
+// of a series: {meta: X} sorted by time): the metas it fixes, in their
+// stored form, or nil. Bounded by the windows of those series, it is
+// (see rewrite/read's seriesBounded).
+func SeriesToBound(rc *query.Ctx, filter, sortDoc bsoncore.Document) []bsoncore.Value {
+	s, hasLo, hasHi, why := parsePoint(rc, filter)
+	if why != "" || (hasLo && hasHi) || s.setSort(sortDoc, rc.TimeField) != "" || len(s.Metas) > maxPointMetas {
+		return nil
+	}
+	return s.Metas
+}
+
+// parsePoint reads a filter of the metaField's values and the
+// timeField's bounds, or says why it is not one.
+func parsePoint(rc *query.Ctx, filter bsoncore.Document) (s *PointSpec, hasLo, hasHi bool, why string) {
+	if rc.MetaField == "" {
+		return nil, false, false, "the rule has no metaField"
+	}
+	if len(filter) == 0 {
+		return nil, false, false, "no filter"
+	}
+	conj, err := rc.Conjuncts(filter, 0, nil)
+	if err != nil {
+		return nil, false, false, err.Error()
+	}
+	s = &PointSpec{}
+	hasMeta := false
+	for _, e := range conj {
+		switch e.Key() {
+		case rc.MetaField:
+			if hasMeta {
+				return nil, false, false, "more than one condition on the metaField"
+			}
+			metas, why := pointMetas(e.Value())
+			if why != "" {
+				return nil, false, false, why
+			}
+			s.Metas, hasMeta = metas, true
+		case rc.TimeField:
+			if why := s.addTimeBounds(e.Value(), &hasLo, &hasHi); why != "" {
+				return nil, false, false, why
+			}
+		default:
+			return nil, false, false, fmt.Sprintf("a condition on %q", e.Key())
+		}
+	}
+	if !hasMeta {
+		return nil, false, false, "the metaField is not fixed"
+	}
+	return s, hasLo, hasHi, ""
 }
 
 // equalityValues reads a condition on a field (what names it) that is an

@@ -178,6 +178,12 @@ func (m *Merge) mergeOne(x *rewrite.Exec, r stage.Collection, records *stage.Rec
 		return err
 	}
 	buckets, topped, events := m.buckets(groups, plan)
+	if err := m.startIDIndex(x); err != nil {
+		return err
+	}
+	if err := m.writeSeries(x, groupKeys(groups)); err != nil {
+		return err
+	}
 	if err := m.writeIDIndex(x, append(slices.Clip(buckets), topped...)); err != nil {
 		return err
 	}

@@ -89,6 +89,10 @@ type MergeOptions struct {
 	// until enough wait to delete them in one command. Nil:
 	// each merge deletes its own.
 	Stale *stage.StaleEntries
+	// Series keeps what this term's merges wrote of the event-id index's
+	// series entries, so a merge widens only those its windows fall
+	// outside of. Nil: each merge widens the entries of all its keys.
+	Series *stage.SeriesSeen
 	// DropStale deletes every stale entry Stale keeps at the end of the
 	// merge: a flush settles the event-id index too.
 	DropStale bool

@@ -219,6 +219,10 @@ func (m *mem) answer(u rewrite.Upstream) []byte {
 			}
 			return doc(bson.D{{Key: "n", Value: n}, {Key: "nModified", Value: n}, {Key: "ok", Value: 1.0}})
 		}
+		if id, _ := bsoncore.Document(u.Seq.Documents[0]).Lookup("q", "_id").StringValueOK(); strings.HasPrefix(id, "series:") {
+			m.upsertSeries(coll, u.Seq.Documents)
+			return doc(bson.D{{Key: "n", Value: len(u.Seq.Documents)}, {Key: "ok", Value: 1.0}})
+		}
 		// Otherwise only the event-id index marker's version: {$set: {v: n}}.
 		for _, st := range u.Seq.Documents {
 			id := bsoncore.Document(st).Lookup("q", "_id")
@@ -1207,7 +1211,7 @@ func testMergeTopUp(t *testing.T, oneScanBeats func(int) bool) {
 		t.Helper()
 		onceEachStored(t, m, n)
 		// One entry a bucket, and the marker: none left stale.
-		if e, b := len(m.colls[rwtest.Rule().IDIndexCollection()]), len(m.colls["readings.buckets"]); e != b+1 {
+		if e, b := idEntries(m, rwtest.Rule().IDIndexCollection()), len(m.colls["readings.buckets"]); e != b+1 {
 			t.Fatalf("%d event-id index entries for %d buckets, want one each and the marker", e, b)
 		}
 	}
@@ -1304,7 +1308,7 @@ func testMergeTopUp(t *testing.T, oneScanBeats func(int) bool) {
 		if deletes != 0 || stale.Len() != 40 {
 			t.Fatalf("%d deletes of the index, %d entries waiting; want none and 40", deletes, stale.Len())
 		}
-		if e, b := len(m.colls[index]), len(m.colls["readings.buckets"]); e != b+1+40 {
+		if e, b := idEntries(m, index), len(m.colls["readings.buckets"]); e != b+1+40 {
 			t.Fatalf("%d event-id index entries for %d buckets, want one each, the marker and the 40 waiting", e, b)
 		}
 		stagedInsert(t, m, round(2))
@@ -1470,4 +1474,35 @@ func testMergeTopUp(t *testing.T, oneScanBeats func(int) bool) {
 			t.Fatalf("rollup count %d, want 2", got)
 		}
 	})
+}
+
+// upsertSeries applies series entry upserts ($min first, $max last).
+func (m *mem) upsertSeries(coll string, stmts []bsoncore.Document) {
+	for _, st := range stmts {
+		id := st.Lookup("q", "_id")
+		first, last := st.Lookup("u", "$min", "first").DateTime(), st.Lookup("u", "$max", "last").DateTime()
+		i := slices.IndexFunc(m.colls[coll], func(d bsoncore.Document) bool { return d.Lookup("_id").Equal(id) })
+		if i >= 0 {
+			f, l, _ := bucket.SeriesBoundsOf(m.colls[coll][i])
+			first, last = min(first, f), max(last, l)
+		}
+		d := bsoncore.NewDocumentBuilder().AppendValue("_id", id).AppendDateTime("first", first).AppendDateTime("last", last).Build()
+		if i >= 0 {
+			m.colls[coll][i] = d
+		} else {
+			m.colls[coll] = append(m.colls[coll], d)
+		}
+	}
+}
+
+// idEntries counts the documents of event-id index coll but its series
+// entries: the bucket entries and the marker.
+func idEntries(m *mem, coll string) int {
+	n := 0
+	for _, d := range m.colls[coll] {
+		if !bucket.IsSeriesEntry(d) {
+			n++
+		}
+	}
+	return n
 }

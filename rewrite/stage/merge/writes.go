@@ -294,27 +294,65 @@ func bucketCount(d bsoncore.Document) int {
 	return int(n)
 }
 
+// startIDIndex writes the event-id index's marker when the index did
+// not exist when the merge listed the collections and the bucket
+// collection is empty: every bucket written from now has an entry and
+// its series' entry. A marker written anew starts Series over (the rule
+// was dropped since what it holds was written).
+func (m *Merge) startIDIndex(x *rewrite.Exec) error {
+	if m.idIndexListed {
+		return nil
+	}
+	n, err := m.countOf(x, m.rule.BucketCollection)
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		m.opts.Series.Reset()
+		if err := m.insertOne(x, m.rule.IDIndexCollection(), bucket.IDIndexMarkerDoc(rand.Int64())); err != nil {
+			return fmt.Errorf("start the event-id index: %w", err)
+		}
+	}
+	m.idIndexListed = true
+	return nil
+}
+
+// writeSeries widens the event-id index's series entries (bucket
+// SeriesUpdates) to the windows of keys, before their buckets are
+// written: a read of a series' latest events looks up the windows the
+// entry bounds.
+func (m *Merge) writeSeries(x *rewrite.Exec, keys []bucket.Key) error {
+	keys = m.opts.Series.Need(keys)
+	stmts := bucket.SeriesUpdates(keys)
+	per := m.opts.RollupStatements // as rewriteTopUps, for FerretDB's pool
+	if per <= 0 {
+		per = 1000
+	}
+	for len(stmts) > 0 {
+		n := min(len(stmts), per)
+		body := bsoncore.NewDocumentBuilder().AppendString("update", m.rule.IDIndexCollection()).AppendBoolean("ordered", false).AppendString("$db", m.rule.DB).Build()
+		reply, ok := x.Do(rewrite.Step{{Body: body, Seq: &rewrite.Sequence{Identifier: "updates", Documents: stmts[:n]}, Update: true}})
+		if !ok {
+			return rewrite.ErrAborted
+		}
+		if _, err := insertOutcome(reply[0]); err != nil {
+			return fmt.Errorf("bound the series in the event-id index: %w", err)
+		}
+		stmts = stmts[n:]
+	}
+	m.opts.Series.Wrote(keys)
+	return nil
+}
+
 // writeIDIndex writes the event-id index entries of buckets before the
 // buckets, so a crash between leaves an entry without a bucket (a wasted
 // lookup), never a bucket without an entry. The first merge into an
-// empty bucket collection starts the index with its marker; one into a
-// collection that already holds buckets without entries (written before
-// the index existed) leaves the marker out, and finds by _id keep reading
-// every bucket there.
+// empty bucket collection starts the index with its marker
+// (startIDIndex); one into a collection that already holds buckets
+// without entries (written before the index existed) leaves the marker
+// out, and finds by _id keep reading every bucket there.
 func (m *Merge) writeIDIndex(x *rewrite.Exec, buckets []builtBucket) error {
 	coll := m.rule.IDIndexCollection()
-	if !m.idIndexListed {
-		n, err := m.countOf(x, m.rule.BucketCollection)
-		if err != nil {
-			return err
-		}
-		if n == 0 {
-			if err := m.insertOne(x, coll, bucket.IDIndexMarkerDoc(rand.Int64())); err != nil {
-				return fmt.Errorf("start the event-id index: %w", err)
-			}
-		}
-		m.idIndexListed = true
-	}
 	if len(buckets) == 0 {
 		return nil
 	}
