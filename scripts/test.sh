@@ -78,7 +78,7 @@ rm -f "$e2elog"
 # there in full runs (README, Tests). Left out, everywhere: the rest of the
 # suite (passthrough, summaries, most of partitions, rollups, security,
 # limits), for time.
-E2E_SUBSET='^(TestReadDifferential|TestLayout.*|TestCountMetaInOr|TestReadHintIgnored|TestReadByEventID.*|TestStage.*|TestInsert.*|TestDelete.*|TestUpdate.*|TestFindAndModify.*|TestFault.*|TestReplyCache.*|TestTwoProxies.*|TestWriterLeaseLapses|TestTimeseries.*|TestLoadBalanced.*|TestRetryOnAnotherProxy|TestCursorOnAnotherProxy|TestRollupsThreeProxies|TestRetentionOneSweeper|TestDashboardAggregations|TestDashboardMongosh|TestSummaryNotExact|TestPartitionRetention|TestRetentionLostPartition|TestUnpack|TestUpstreamQuirks.*)$'
+E2E_SUBSET='^(TestReadDifferential|TestLayout.*|TestCountMetaInOr|TestReadHintIgnored|TestReadByEventID.*|TestLatestOfSeries|TestStage.*|TestInsert.*|TestDelete.*|TestUpdate.*|TestFindAndModify.*|TestFault.*|TestReplyCache.*|TestTwoProxies.*|TestWriterLeaseLapses|TestTimeseries.*|TestLoadBalanced.*|TestRetryOnAnotherProxy|TestCursorOnAnotherProxy|TestRollupsThreeProxies|TestRetentionOneSweeper|TestDashboardAggregations|TestDashboardMongosh|TestSummaryNotExact|TestPartitionRetention|TestRetentionLostPartition|TestUnpack|TestUpstreamQuirks.*)$'
 # On ferretdb, of the differential's queries only the point and scan ones
 # (the paths that differ without the _id index): each other query scans the
 # 50,000 plain events at about 3 s a side.

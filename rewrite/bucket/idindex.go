@@ -5,6 +5,7 @@ import (
 	"hash/fnv"
 	"math"
 	"slices"
+	"strconv"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -19,9 +20,9 @@ import (
 // only a find by a document's own _id is cheap.
 //
 // One entry per bucket, written before the bucket by the merge that writes
-// it (rewrite/stage): {_id: {b: bucket _id, h: hash of the rest}, s:
-// window start, n: events, u: true when some event _id is not hashed, f:
-// a Bloom filter of the hashed ids}. An entry's _id names its content, so
+// it (rewrite/stage): {_id: "b:<bucket _id>:<hash of the rest>", b:
+// bucket _id, s: window start, n: events, u: true when some event _id
+// is not hashed, f: a Bloom filter of the hashed ids}. An entry's _id names its content, so
 // a stale entry (its bucket was deleted, or rewritten by a delete with a
 // subset of its events) never stops the entry of a new bucket with the
 // same _id from being written; stale entries cost a lookup, never an
@@ -52,7 +53,6 @@ const IDIndexStartField = "s"
 // Entry fields.
 const (
 	idEntryBucket   = "b"
-	idEntryHash     = "h"
 	idEntryStart    = "s"
 	idEntryCount    = "n"
 	idEntryUnhashed = "u"
@@ -80,12 +80,22 @@ func IDIndexEntry(id bson.ObjectID, start int64, events []Event) bsoncore.Docume
 	}
 	nb := bsoncore.NewDocumentBuilder
 	return nb().
-		AppendDocument("_id", nb().AppendObjectID(idEntryBucket, id).AppendInt64(idEntryHash, int64(h.Sum64())).Build()).
+		AppendString("_id", idEntryID(id, h.Sum64())).
+		AppendObjectID(idEntryBucket, id).
 		AppendDateTime(idEntryStart, start).
 		AppendInt32(idEntryCount, int32(len(events))).
 		AppendBoolean(idEntryUnhashed, unhashed).
 		AppendBinary(idEntryFilter, 0, filter).
 		Build()
+}
+
+// idEntryID is the _id of an entry: its bucket's _id and the hash of the
+// rest, as a string, the one kind of _id besides an ObjectID that
+// FerretDB v1.24 pushes down, so a stale entry is deleted by a lookup
+// rather than a scan of the index (entries written before 2026-12-04
+// have {b, h} there, and MayHold reads both).
+func idEntryID(bucketID bson.ObjectID, hash uint64) string {
+	return "b:" + bucketID.Hex() + ":" + strconv.FormatUint(hash, 16)
 }
 
 // IDIndexMarkerDoc is the marker document at version v. Each merge that
@@ -177,15 +187,7 @@ func NewIDSet(ids []bsoncore.Value) *IDSet {
 // ids, and returns the bucket's _id; ok is false for a document that is
 // not an entry (the marker).
 func (s *IDSet) MayHold(doc bsoncore.Document) (id bson.ObjectID, may, ok bool) {
-	key, err := doc.LookupErr("_id")
-	if err != nil {
-		return id, false, false
-	}
-	kd, isDoc := key.DocumentOK()
-	if !isDoc {
-		return id, false, false
-	}
-	if id, ok = kd.Lookup(idEntryBucket).ObjectIDOK(); !ok {
+	if id, ok = entryBucket(doc); !ok {
 		return id, false, false
 	}
 	unhashed, _ := doc.Lookup(idEntryUnhashed).BooleanOK()
@@ -200,6 +202,25 @@ func (s *IDSet) MayHold(doc bsoncore.Document) (id bson.ObjectID, may, ok bool) 
 		}
 	}
 	return id, false, true
+}
+
+// entryBucket is the _id of the bucket of entry doc: its b field, or its
+// _id's in an entry written before entries had string _ids; ok is false
+// for a document that is not a bucket's entry (the marker, a series
+// entry).
+func entryBucket(doc bsoncore.Document) (bson.ObjectID, bool) {
+	if id, ok := doc.Lookup(idEntryBucket).ObjectIDOK(); ok {
+		return id, true
+	}
+	key, err := doc.LookupErr("_id")
+	if err != nil {
+		return bson.ObjectID{}, false
+	}
+	kd, isDoc := key.DocumentOK()
+	if !isDoc {
+		return bson.ObjectID{}, false
+	}
+	return kd.Lookup(idEntryBucket).ObjectIDOK()
 }
 
 // Likely says whether index entry doc is of a bucket whose window (of

@@ -2,6 +2,7 @@ package bucket
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -92,6 +93,18 @@ func TestIDIndexMayHold(t *testing.T) {
 	}
 	if _, _, ok := NewIDSet(oids[:1]).MayHold(IDIndexMarkerDoc(3)); ok {
 		t.Fatal("the marker read as an entry")
+	}
+	// An entry written before entries had string _ids: {_id: {b, h}}.
+	if s, _ := oidEntry.Lookup("_id").StringValueOK(); !strings.HasPrefix(s, "b:"+bid.Hex()+":") {
+		t.Fatalf("entry _id %s, want b:<bucket _id>:<hash>", oidEntry.Lookup("_id"))
+	}
+	nb := bsoncore.NewDocumentBuilder
+	legacy := nb().AppendDocument("_id", nb().AppendObjectID("b", bid).AppendInt64("h", 7).Build())
+	for _, e := range []string{"s", "n", "u", "f"} {
+		legacy.AppendValue(e, oidEntry.Lookup(e))
+	}
+	if got, may, ok := NewIDSet(oids[:1]).MayHold(legacy.Build()); !ok || !may || got != bid {
+		t.Fatalf("an entry of the older _id: %v %v %v", got, may, ok)
 	}
 	if !IsIDIndexMarker(IDIndexMarkerDoc(3)) || IsIDIndexMarker(oidEntry) {
 		t.Fatal("IsIDIndexMarker")

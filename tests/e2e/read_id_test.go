@@ -341,8 +341,8 @@ func TestReadByEventIDAfterTopUps(t *testing.T) {
 		if err != nil || len(names) != 1 {
 			t.Fatalf("the event-id index: %v %v", names, err)
 		}
-		// Entries of buckets: an _id {b, h} (not the marker's nor a series entry's string).
-		n, err := raw.Collection(names[0]).CountDocuments(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$type", Value: "object"}}}})
+		// Entries of buckets: those with a window start (not the marker nor a series entry).
+		n, err := raw.Collection(names[0]).CountDocuments(ctx, bson.D{{Key: "s", Value: bson.D{{Key: "$exists", Value: true}}}})
 		if err != nil {
 			t.Fatal(err)
 		}

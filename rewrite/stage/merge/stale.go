@@ -33,24 +33,79 @@ import (
 // what waited in place.
 
 // deleteEntries deletes the event-id index entries ids, in one command;
-// if it fails, they wait again (MergeOptions.Stale).
+// if it fails, they wait again (MergeOptions.Stale). Where a lookup by
+// _id is an index lookup (the embedded upstream indexes the event-id
+// index's _id too), entries with a string _id go one statement each,
+// each a lookup: a {_id: {$in}} is pushed down on no FerretDB backend
+// and decodes every entry of the rule, a cost that grew with the rule
+// (issue 59). Elsewhere, and for entries of the older {b, h} _id, the
+// one $in.
 func (m *Merge) deleteEntries(x *rewrite.Exec, ids []bsoncore.Value) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	in := bsoncore.NewArrayBuilder()
-	for _, id := range ids {
-		in.AppendValue(id)
-	}
-	q := bsoncore.NewDocumentBuilder().AppendDocument("_id", bsoncore.NewDocumentBuilder().AppendArray("$in", in.Build()).Build()).Build()
-	if err := m.deleteMany(x, m.rule.IDIndexCollection(), q); err != nil {
-		if m.opts.Stale != nil {
-			m.opts.Stale.PutBack(ids)
+	var byLookup, byScan []bsoncore.Value
+	if beats, known := m.host().OneScanBeats(len(ids)); known && !beats {
+		for _, id := range ids {
+			if id.Type == bsoncore.TypeString {
+				byLookup = append(byLookup, id)
+			} else {
+				byScan = append(byScan, id)
+			}
 		}
-		return fmt.Errorf("drop stale event-id index entries: %w", err)
+	} else {
+		byScan = ids
+	}
+	if err := m.deleteEntriesByID(x, byLookup); err != nil {
+		return m.entriesWaitAgain(ids, err)
+	}
+	if len(byScan) > 0 {
+		in := bsoncore.NewArrayBuilder()
+		for _, id := range byScan {
+			in.AppendValue(id)
+		}
+		q := bsoncore.NewDocumentBuilder().AppendDocument("_id", bsoncore.NewDocumentBuilder().AppendArray("$in", in.Build()).Build()).Build()
+		if err := m.deleteMany(x, m.rule.IDIndexCollection(), q); err != nil {
+			return m.entriesWaitAgain(byScan, err)
+		}
 	}
 	m.Stats.StaleDropped += len(ids)
 	return nil
+}
+
+// deleteEntriesByID deletes entries ids with a statement each (at most
+// RollupStatements a command, as the top-ups' updates).
+func (m *Merge) deleteEntriesByID(x *rewrite.Exec, ids []bsoncore.Value) error {
+	per := m.opts.RollupStatements
+	if per <= 0 {
+		per = 1000
+	}
+	nb := bsoncore.NewDocumentBuilder
+	for len(ids) > 0 {
+		n := min(len(ids), per)
+		stmts := make([]bsoncore.Document, n)
+		for i, id := range ids[:n] {
+			stmts[i] = nb().AppendDocument("q", nb().AppendValue("_id", id).Build()).AppendInt32("limit", 1).Build()
+		}
+		body := nb().AppendString("delete", m.rule.IDIndexCollection()).AppendBoolean("ordered", false).AppendString("$db", m.rule.DB).Build()
+		reply, ok := x.Do(rewrite.Step{{Body: body, Seq: &rewrite.Sequence{Identifier: "deletes", Documents: stmts}}})
+		if !ok {
+			return rewrite.ErrAborted
+		}
+		if _, err := insertOutcome(reply[0]); err != nil { // the reply's error and write errors
+			return err
+		}
+		ids = ids[n:]
+	}
+	return nil
+}
+
+// entriesWaitAgain puts ids back on the list after a failed delete.
+func (m *Merge) entriesWaitAgain(ids []bsoncore.Value, err error) error {
+	if m.opts.Stale != nil {
+		m.opts.Stale.PutBack(ids)
+	}
+	return fmt.Errorf("drop stale event-id index entries: %w", err)
 }
 
 // dropStaleEntries deletes the stale entries waiting (MergeOptions
