@@ -235,6 +235,20 @@ func TestPointReadResults(t *testing.T) {
 			}
 		})
 	}
+	// The latest event of a series reads the head window's buckets
+	// (3 seqs, and one lookup past them), not 16 windows' first ones.
+	filter := D{{Key: "sensorId", Value: "a"}, {Key: "ts", Value: D{{Key: "$gte", Value: rwtest.DT(0)}, {Key: "$lt", Value: rwtest.DT(4 * rwtest.Hour)}}}}
+	plan, err := rdPlan(t, rwtest.FerretCaps, pagedFind(filter, -1, 0, 1, 0, false))
+	if err != nil || plan.Point == nil {
+		t.Fatalf("no point plan: %v", err)
+	}
+	got := drainPoint(t, plan.Point, fb, 0)
+	if want := expectPoint(all, A{"a"}, 0, 4*rwtest.Hour, -1, 0, 1); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("latest: got %v, want %v", got, want)
+	}
+	if plan.Point.BucketsRead != 3 || plan.Point.LookupsSent != 4 {
+		t.Fatalf("the latest event read %d buckets in %d lookups, want the head window's 3 in 4", plan.Point.BucketsRead, plan.Point.LookupsSent)
+	}
 }
 
 // drainPoint runs a point read to the end as the proxy does and returns

@@ -174,6 +174,9 @@ func (p *PointRead) headLookups() [][]byte {
 			open++
 		}
 	}
+	if open == 0 {
+		return nil // flush moves a done window out: not reached
+	}
 	var cmds [][]byte
 	for i := range win {
 		k := &win[i]
