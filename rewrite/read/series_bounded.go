@@ -26,15 +26,21 @@ import (
 // whatever the rule holds. Without the marker's word (an index that
 // does not cover every bucket) the find is planned as it was.
 //
-// Only where a lookup by _id is an index lookup and a series filter is
-// otherwise a scan of every bucket: FerretDB's packed buckets (the
-// embedded upstream indexes _id itself). MongoDB and FerretDB 2.x have
-// the {meta, start} index.
+// Only where a lookup by _id is an index lookup (the embedded upstream
+// indexes _id itself; MongoDB, FerretDB 2.x) and the rule is staged: on
+// FerretDB v1.24 the series filter is otherwise a scan of every bucket;
+// on FerretDB 2.x an aggregate that unwinds every bucket of the series
+// before its sort and limit ({meta, start} index or not).
 
 // seriesToBound is the metas a find on rule fixes when it is a series
 // read to bound (point.SeriesToBound), or nil.
 func seriesToBound(body []byte, rule *rules.Rule, opts Options) (*query.Ctx, []bsoncore.Value) {
-	if !opts.Caps.PackedEvents || opts.IDLookups != IDLookupIndexed || rule.Layout != rules.LayoutEvents || rule.Partitioned() || rule.MetaField == "" {
+	// Merges write the series entries: only a staged rule has them. Where
+	// buckets are not packed (MongoDB, FerretDB 2.x) the point lookups
+	// are dropped for a read the server must guarantee (plan), and the
+	// entries would be read outside its session.
+	if opts.IDLookups != IDLookupIndexed || !rule.Staged(opts.Caps.StagesEvents()) || rule.MetaField == "" ||
+		(!opts.Caps.PackedEvents && serverGuarantees(body)) {
 		return nil, nil
 	}
 	doc := bsoncore.Document(body)

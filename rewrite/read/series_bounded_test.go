@@ -6,6 +6,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rewrite/internal/rwtest"
@@ -76,6 +77,11 @@ func TestSeriesToBound(t *testing.T) {
 		}
 		return b
 	}
+	transaction := func(body []byte) []byte {
+		d := bsoncore.Document(body)
+		return bsonutil.AppendField(bsonutil.AppendField(d, "txnNumber", bsoncore.Value{Type: bsoncore.TypeInt64, Data: bsoncore.AppendInt64(nil, 1)}),
+			"autocommit", bsoncore.Value{Type: bsoncore.TypeBoolean, Data: bsoncore.AppendBoolean(nil, false)})
+	}
 	meta, tf := rule.MetaField, rule.TimeField
 	desc := bson.D{{Key: tf, Value: -1}}
 	for _, c := range []struct {
@@ -91,7 +97,9 @@ func TestSeriesToBound(t *testing.T) {
 		{"another condition", find(bson.D{{Key: meta, Value: "a"}, {Key: "value", Value: 3}}, desc), packed, 0},
 		{"sorted by another field", find(bson.D{{Key: meta, Value: "a"}}, bson.D{{Key: "value", Value: 1}}), packed, 0},
 		{"no series", find(bson.D{{Key: tf, Value: bson.D{{Key: "$lt", Value: bson.DateTime(5)}}}}, desc), packed, 0},
-		{"unpacked buckets", find(bson.D{{Key: meta, Value: "a"}}, desc), Options{IDLookups: IDLookupIndexed}, 0},
+		{"unpacked buckets of a staged rule (FerretDB 2.x)", find(bson.D{{Key: meta, Value: "a"}}, desc), Options{Caps: caps.Upstream{CostlyUpdates: true}, IDLookups: IDLookupIndexed}, 1},
+		{"a rule not staged (MongoDB)", find(bson.D{{Key: meta, Value: "a"}}, desc), Options{Caps: rwtest.MongoCaps, IDLookups: IDLookupIndexed}, 0},
+		{"in a transaction, unpacked", transaction(find(bson.D{{Key: meta, Value: "a"}}, desc)), Options{Caps: caps.Upstream{CostlyUpdates: true}, IDLookups: IDLookupIndexed}, 0},
 		{"lookups that scan", find(bson.D{{Key: meta, Value: "a"}}, desc), Options{Caps: caps.Upstream{PackedEvents: true}, IDLookups: IDLookupScansParsed}, 0},
 	} {
 		_, metas := seriesToBound(c.body, rule, c.opts)
