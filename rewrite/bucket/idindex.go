@@ -422,10 +422,14 @@ func (s *IDIndexScan) Kept() *IDIndexSnapshot {
 }
 
 // IDIndexMarkerFind finds the marker of the index coll in db alone.
-func IDIndexMarkerFind(coll, db string) []byte {
+func IDIndexMarkerFind(coll, db string) []byte { return IDIndexFind(coll, db, IDIndexMarker) }
+
+// IDIndexFind finds the document of string _id id (the marker, a series
+// entry) of the index coll in db.
+func IDIndexFind(coll, db, id string) []byte {
 	nb := bsoncore.NewDocumentBuilder
 	return nb().AppendString("find", coll).
-		AppendDocument("filter", nb().AppendString("_id", IDIndexMarker).Build()).
+		AppendDocument("filter", nb().AppendString("_id", id).Build()).
 		AppendInt32("limit", 1).
 		AppendBoolean("singleBatch", true).
 		AppendString("$db", db).Build()

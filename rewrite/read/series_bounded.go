@@ -68,9 +68,9 @@ func seriesToBound(body []byte, rule *rules.Rule, opts Options) (*query.Ctx, []b
 // filter bounded, or as it was when the index cannot say.
 func seriesBounded(body []byte, rule *rules.Rule, opts Options, newID func() int64, rc *query.Ctx, metas []bsoncore.Value) rewrite.Plan {
 	coll := rule.IDIndexCollection()
-	lookups := [][]byte{idIndexLookup(rule.DB, coll, bucket.IDIndexMarker)}
+	lookups := [][]byte{bucket.IDIndexMarkerFind(coll, rule.DB)}
 	for _, m := range metas {
-		lookups = append(lookups, idIndexLookup(rule.DB, coll, bucket.SeriesEntryID(bucket.KeyOf(m, 0).Meta)))
+		lookups = append(lookups, bucket.IDIndexFind(coll, rule.DB, bucket.SeriesEntryID(bucket.KeyOf(m, 0).Meta)))
 	}
 	return rewrite.Script(func(x *rewrite.Exec) (rewrite.Result, error) {
 		replies, ok := x.Do(rewrite.StepOf(lookups))
@@ -132,15 +132,4 @@ func withTimeBounds(body []byte, timeField string, lo, hi int64) []byte {
 	return bsonutil.ReplaceField(doc, "filter", func(dst []byte) []byte {
 		return bsoncore.AppendDocumentElement(dst, "filter", nb().AppendArray("$and", and).Build())
 	})
-}
-
-// idIndexLookup is the find of the document _id of the event-id index
-// coll in db.
-func idIndexLookup(db, coll, id string) []byte {
-	nb := bsoncore.NewDocumentBuilder
-	return nb().AppendString("find", coll).
-		AppendDocument("filter", nb().AppendString("_id", id).Build()).
-		AppendInt32("limit", 1).
-		AppendBoolean("singleBatch", true).
-		AppendString("$db", db).Build()
 }

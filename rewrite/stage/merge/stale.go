@@ -73,31 +73,14 @@ func (m *Merge) deleteEntries(x *rewrite.Exec, ids []bsoncore.Value) error {
 	return nil
 }
 
-// deleteEntriesByID deletes entries ids with a statement each (at most
-// RollupStatements a command, as the top-ups' updates).
+// deleteEntriesByID deletes entries ids with a statement each.
 func (m *Merge) deleteEntriesByID(x *rewrite.Exec, ids []bsoncore.Value) error {
-	per := m.opts.RollupStatements
-	if per <= 0 {
-		per = 1000
-	}
 	nb := bsoncore.NewDocumentBuilder
-	for len(ids) > 0 {
-		n := min(len(ids), per)
-		stmts := make([]bsoncore.Document, n)
-		for i, id := range ids[:n] {
-			stmts[i] = nb().AppendDocument("q", nb().AppendValue("_id", id).Build()).AppendInt32("limit", 1).Build()
-		}
-		body := nb().AppendString("delete", m.rule.IDIndexCollection()).AppendBoolean("ordered", false).AppendString("$db", m.rule.DB).Build()
-		reply, ok := x.Do(rewrite.Step{{Body: body, Seq: &rewrite.Sequence{Identifier: "deletes", Documents: stmts}}})
-		if !ok {
-			return rewrite.ErrAborted
-		}
-		if _, err := insertOutcome(reply[0]); err != nil { // the reply's error and write errors
-			return err
-		}
-		ids = ids[n:]
+	stmts := make([]bsoncore.Document, len(ids))
+	for i, id := range ids {
+		stmts[i] = nb().AppendDocument("q", nb().AppendValue("_id", id).Build()).AppendInt32("limit", 1).Build()
 	}
-	return nil
+	return m.statements(x, "delete", m.rule.IDIndexCollection(), stmts)
 }
 
 // entriesWaitAgain puts ids back on the list after a failed delete.

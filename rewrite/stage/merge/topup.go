@@ -267,12 +267,8 @@ func (m *Merge) rewriteTopUps(x *rewrite.Exec, topped []builtBucket, repeated bo
 	// command of many statements beside other clients' work exhausts the
 	// pool and FerretDB stops answering anyone (CI met that with 47). So
 	// at most MaxUpdateStatements a command, as the rollups do.
-	per := m.opts.RollupStatements
-	if per <= 0 {
-		per = 1000
-	}
 	for len(topped) > 0 {
-		n := min(len(topped), per)
+		n := min(len(topped), m.statementsPer())
 		if err := m.rewriteTopUpBatch(x, topped[:n], repeated); err != nil {
 			return err
 		}

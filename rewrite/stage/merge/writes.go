@@ -317,28 +317,43 @@ func (m *Merge) startIDIndex(x *rewrite.Exec) error {
 	return nil
 }
 
+// statementsPer is how many statements one update or delete command
+// of the merge holds: FerretDB keeps each statement's query open until
+// its command ends, one pool connection each (see rewriteTopUps).
+func (m *Merge) statementsPer() int {
+	if m.opts.RollupStatements > 0 {
+		return m.opts.RollupStatements
+	}
+	return 1000
+}
+
+// statements sends stmts as unordered commands cmd ("update" or
+// "delete") on coll of the rule's database, statementsPer a command,
+// and returns the first failure (the reply's error, a write error).
+func (m *Merge) statements(x *rewrite.Exec, cmd, coll string, stmts []bsoncore.Document) error {
+	for len(stmts) > 0 {
+		n := min(len(stmts), m.statementsPer())
+		body := bsoncore.NewDocumentBuilder().AppendString(cmd, coll).AppendBoolean("ordered", false).AppendString("$db", m.rule.DB).Build()
+		reply, ok := x.Do(rewrite.Step{{Body: body, Seq: &rewrite.Sequence{Identifier: cmd + "s", Documents: stmts[:n]}, Update: cmd == "update"}})
+		if !ok {
+			return rewrite.ErrAborted
+		}
+		if _, err := insertOutcome(reply[0]); err != nil {
+			return err
+		}
+		stmts = stmts[n:]
+	}
+	return nil
+}
+
 // writeSeries widens the event-id index's series entries (bucket
 // SeriesUpdates) to the windows of keys, before their buckets are
 // written: a read of a series' latest events looks up the windows the
 // entry bounds.
 func (m *Merge) writeSeries(x *rewrite.Exec, keys []bucket.Key) error {
 	keys = m.opts.Series.Need(keys)
-	stmts := bucket.SeriesUpdates(keys)
-	per := m.opts.RollupStatements // as rewriteTopUps, for FerretDB's pool
-	if per <= 0 {
-		per = 1000
-	}
-	for len(stmts) > 0 {
-		n := min(len(stmts), per)
-		body := bsoncore.NewDocumentBuilder().AppendString("update", m.rule.IDIndexCollection()).AppendBoolean("ordered", false).AppendString("$db", m.rule.DB).Build()
-		reply, ok := x.Do(rewrite.Step{{Body: body, Seq: &rewrite.Sequence{Identifier: "updates", Documents: stmts[:n]}, Update: true}})
-		if !ok {
-			return rewrite.ErrAborted
-		}
-		if _, err := insertOutcome(reply[0]); err != nil {
-			return fmt.Errorf("bound the series in the event-id index: %w", err)
-		}
-		stmts = stmts[n:]
+	if err := m.statements(x, "update", m.rule.IDIndexCollection(), bucket.SeriesUpdates(keys)); err != nil {
+		return fmt.Errorf("bound the series in the event-id index: %w", err)
 	}
 	m.opts.Series.Wrote(keys)
 	return nil
