@@ -102,9 +102,12 @@ func idEntryID(bucketID bson.ObjectID, hash uint64) string {
 // adds entries sets a new version, so a reader that kept the index of a
 // version (IDIndexSnapshot) knows it is whole while the marker shows it.
 // The marker also says the series entries bound every series
-// (SeriesComplete): the merges that write it write those too.
+// (SeriesComplete) and that the id-time documents hold every bucket's
+// ObjectID _ids (IDTimesComplete): the merges that write it write those
+// too.
 func IDIndexMarkerDoc(v int64) bsoncore.Document {
-	return bsoncore.NewDocumentBuilder().AppendString("_id", IDIndexMarker).AppendInt64(idIndexVersion, v).AppendBoolean(markerSeries, true).Build()
+	return bsoncore.NewDocumentBuilder().AppendString("_id", IDIndexMarker).AppendInt64(idIndexVersion, v).
+		AppendBoolean(markerSeries, true).AppendBoolean(markerTimes, true).Build()
 }
 
 // idIndexVersion is the marker's version field.
@@ -325,15 +328,21 @@ func IDIndexStopCommand(rule *rules.Rule) bson.D {
 }
 
 // IDIndexSweepCommand deletes the entries of rule's event-id index whose
-// buckets start before cutoff.
+// buckets start before cutoff, and the id-time documents whose buckets
+// all end before it.
 func IDIndexSweepCommand(rule *rules.Rule, cutoff time.Time) bson.D {
-	return idIndexDelete(rule, bson.D{{Key: IDIndexStartField, Value: bson.D{{Key: "$lt", Value: bson.NewDateTimeFromTime(cutoff)}}}})
+	before := bson.D{{Key: "$lt", Value: bson.NewDateTimeFromTime(cutoff)}}
+	return idIndexDelete(rule, bson.D{{Key: IDIndexStartField, Value: before}}, bson.D{{Key: IDTimeWindowEnd, Value: before}})
 }
 
-func idIndexDelete(rule *rules.Rule, q bson.D) bson.D {
+func idIndexDelete(rule *rules.Rule, qs ...bson.D) bson.D {
+	deletes := bson.A{}
+	for _, q := range qs {
+		deletes = append(deletes, bson.D{{Key: "q", Value: q}, {Key: "limit", Value: 0}})
+	}
 	return bson.D{
 		{Key: "delete", Value: rule.IDIndexCollection()},
-		{Key: "deletes", Value: bson.A{bson.D{{Key: "q", Value: q}, {Key: "limit", Value: 0}}}},
+		{Key: "deletes", Value: deletes},
 		{Key: "$db", Value: rule.DB},
 	}
 }

@@ -48,6 +48,9 @@ func (d *deleter) readIDIndex(set *bucket.IDSet) (*bucket.IDIndexScan, error) {
 	rule, cache := d.rule(), d.env.IDIndex
 	coll := rule.IDIndexCollection()
 	key := rule.DB + "." + coll
+	if scan, err := d.lookupIDTimes(set); scan != nil || err != nil {
+		return scan, err
+	}
 	scan := bucket.NewIDIndexScan(set, rule.SpanMillis(), cache != nil)
 	if cache != nil {
 		if kept := cache.Get(key); kept != nil {
@@ -84,6 +87,36 @@ func (d *deleter) readIDIndex(set *bucket.IDSet) (*bucket.IDIndexScan, error) {
 		cache.Put(key, kept)
 	}
 	return scan, nil
+}
+
+// lookupIDTimes finds the buckets of ObjectID ids by the index's
+// id-time documents, or returns nil when they cannot answer.
+func (d *deleter) lookupIDTimes(set *bucket.IDSet) (*bucket.IDIndexScan, error) {
+	l := bucket.NewIDTimeLookup(set)
+	if l == nil {
+		return nil, nil
+	}
+	rule := d.rule()
+	for cmds := l.Finds(rule.IDIndexCollection(), rule.DB); len(cmds) > 0; cmds = l.Finds(rule.IDIndexCollection(), rule.DB) {
+		step := make(rewrite.Step, len(cmds))
+		for i, c := range cmds {
+			step[i] = rewrite.Upstream{Body: c}
+		}
+		replies, ok := d.x.Do(step)
+		if !ok {
+			return nil, rewrite.ErrAborted
+		}
+		found := make([][]bsoncore.Document, len(replies))
+		for i, r := range replies {
+			docs, _, err := cursor.Docs(r)
+			if err != nil {
+				return nil, fmt.Errorf("read the event-id index: %w", err)
+			}
+			found[i] = docs
+		}
+		l.Take(found)
+	}
+	return l.Scan(), nil
 }
 
 // matchBuckets reads buckets ids and adds their events that match st.

@@ -15,9 +15,51 @@ import (
 // starts the index anew (its marker written on an empty bucket
 // collection: the rule was dropped) starts it over (Reset). A nil
 // SeriesSeen knows nothing.
+//
+// It also keeps what the term knows of the id-time documents
+// (bucket.IDTimes): how many events each holds and whether it is full,
+// as written or as found, so a merge finds a document at most once a
+// term.
 type SeriesSeen struct {
 	mu     sync.Mutex
-	bounds map[string][2]int64 // series entry _id → [first, last]
+	bounds map[string][2]int64    // series entry _id → [first, last]
+	times  map[string]IDTimeKnown // id-time document _id → what it holds
+}
+
+// IDTimeKnown is what a term knows of an id-time document: the events
+// it holds, whether it is full.
+type IDTimeKnown struct {
+	N    int64
+	Full bool
+}
+
+// maxIDTimesKnown bounds the id-time documents kept: forgetting them
+// costs a merge a find of each it writes again.
+const maxIDTimesKnown = 10_000
+
+// IDTime is what the term knows of id-time document id; ok is false
+// when nothing.
+func (s *SeriesSeen) IDTime(id string) (k IDTimeKnown, ok bool) {
+	if s == nil {
+		return k, false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k, ok = s.times[id]
+	return k, ok
+}
+
+// NoteIDTime records what id-time document id holds.
+func (s *SeriesSeen) NoteIDTime(id string, k IDTimeKnown) {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.times == nil || len(s.times) >= maxIDTimesKnown {
+		s.times = map[string]IDTimeKnown{}
+	}
+	s.times[id] = k
 }
 
 // Need returns the keys whose window their series' entry is not known
@@ -65,6 +107,6 @@ func (s *SeriesSeen) Reset() {
 		return
 	}
 	s.mu.Lock()
-	s.bounds = nil
+	s.bounds, s.times = nil, nil
 	s.mu.Unlock()
 }

@@ -393,3 +393,84 @@ func TestReadByEventIDAfterTopUps(t *testing.T) {
 		}
 	}
 }
+
+// TestReadByEventIDTimes: finds and deletes by ObjectID _id go through
+// the event-id index's id-time documents, on the upstream as it is: a
+// minute whose document fills up (bulk ingest) is split by second, by the
+// duplicate key the upstream answers the capped upsert with, and the ids
+// of both halves are found as a plain collection finds them.
+func TestReadByEventIDTimes(t *testing.T) {
+	t.Parallel()
+	ctx := ctxFor(t)
+	db := uniqueDB(t)
+	p := startProxy(t, proxyOptions{yaml: readingsRule(db, 1000)})
+	coll := connect(t, p.URI()).Database(db).Collection("readings")
+	plain := direct(t).Database(db).Collection("plain")
+	minute := time.Date(2026, 4, 1, 10, 7, 0, 0, time.UTC)
+	base := time.Date(2026, 4, 1, 0, 0, 0, 0, time.UTC)
+	n := 0
+	idOf := func(sec, i int) bson.ObjectID {
+		id := bson.NewObjectIDFromTimestamp(minute.Add(time.Duration(sec) * time.Second))
+		id[8], id[9], id[10], id[11] = byte(i>>24), byte(i>>16), byte(i>>8), byte(i)
+		return id
+	}
+	var ids []bson.ObjectID
+	insert := func(count, sec int) {
+		t.Helper()
+		var docs []any
+		for range count {
+			id := idOf(sec+n%7, n)
+			ids = append(ids, id)
+			docs = append(docs, bson.D{{Key: "_id", Value: id}, {Key: "ts", Value: base.Add(time.Duration(n) * time.Second)}, {Key: "sensorId", Value: fmt.Sprintf("s%d", n%3)}, {Key: "value", Value: float64(n)}})
+			n++
+		}
+		for i := 0; i < len(docs); i += 1000 {
+			batch := docs[i:min(i+1000, len(docs))]
+			if _, err := coll.InsertMany(ctx, batch); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := plain.InsertMany(ctx, batch); err != nil {
+				t.Fatal(err)
+			}
+		}
+		flush(t, ctx, coll.Database().Client(), 1)
+	}
+	insert(20_500, 0) // more than a minute's document takes: split, by second
+	insert(300, 20)   // into the split minute
+	insert(50, 70)    // another minute
+	idx := direct(t).Database(db).Collection(idIndexCollection(t, ctx, db))
+	var doc bson.M
+	if err := idx.FindOne(ctx, bson.D{{Key: "_id", Value: fmt.Sprintf("m:%d", minute.Unix()/60)}}).Decode(&doc); err != nil {
+		t.Fatalf("the minute's id-time document: %v", err)
+	}
+	if doc["x"] != true {
+		t.Fatalf("the full minute's document is not split: n=%v", doc["n"])
+	}
+	seconds, err := idx.CountDocuments(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$regex", Value: "^s:"}}}})
+	if err != nil || seconds == 0 {
+		t.Fatalf("no id-time documents by second after the split (%v)", err)
+	}
+	same := func(what string, filter bson.D) {
+		t.Helper()
+		got, want := findAll(t, ctx, coll, filter), findAll(t, ctx, plain, filter)
+		if fmt.Sprint(got) != fmt.Sprint(want) || len(want) == 0 && what != "an id no event has" {
+			t.Fatalf("%s: proxy %v\nplain %v", what, got, want)
+		}
+	}
+	for i := 0; i < len(ids); i += 1013 {
+		same(fmt.Sprintf("the id of event %d", i), bson.D{{Key: "_id", Value: ids[i]}})
+	}
+	same("an id after the split", bson.D{{Key: "_id", Value: ids[20_600]}})
+	same("an id of the next minute", bson.D{{Key: "_id", Value: ids[len(ids)-1]}})
+	same("ids of both halves and the next minute", bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: bson.A{ids[5], ids[20_700], ids[len(ids)-2]}}}}})
+	same("an id no event has", bson.D{{Key: "_id", Value: idOf(30, 1<<30)}})
+	for _, c := range []*mongo.Collection{coll, plain} {
+		if r, err := c.DeleteOne(ctx, bson.D{{Key: "_id", Value: ids[20_650]}}); err != nil || r.DeletedCount != 1 {
+			t.Fatalf("delete by an id after the split: %+v, %v", r, err)
+		}
+	}
+	same("ids around the deleted one", bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: bson.A{ids[20_649], ids[20_650], ids[20_651]}}}}})
+	if got, err := coll.CountDocuments(ctx, bson.D{}); err != nil || got != int64(len(ids)-1) {
+		t.Fatalf("count %d (%v), want %d", got, err, len(ids)-1)
+	}
+}

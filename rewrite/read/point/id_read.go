@@ -31,6 +31,10 @@ const IDIndexBatch = 4096
 type idRead struct {
 	coll string // the index collection
 	scan *bucket.IDIndexScan
+	// times, while set: the read first tries the id-time documents
+	// (ObjectID ids), whose finds are in flight when timesSent.
+	times     *bucket.IDTimeLookup
+	timesSent bool
 
 	// With a cache, the read first finds the marker alone: at the
 	// version of the cached snapshot, the snapshot is the index. Else it
@@ -107,7 +111,9 @@ func IDIndexRead(rc *query.Ctx, filter, sortDoc bsoncore.Document, proj *query.P
 		return nil
 	}
 	r := &idRead{coll: rc.Rule.IDIndexCollection()}
-	r.scan = bucket.NewIDIndexScan(bucket.NewIDSet(ids), rc.Span, rc.IDIndex != nil)
+	set := bucket.NewIDSet(ids)
+	r.scan = bucket.NewIDIndexScan(set, rc.Span, rc.IDIndex != nil)
+	r.times = bucket.NewIDTimeLookup(set)
 	if rc.IDIndex != nil {
 		r.cache, r.cacheKey = rc.IDIndex, rc.Rule.DB+"."+r.coll
 		r.cached = r.cache.Get(r.cacheKey)
@@ -131,6 +137,13 @@ func IDIndexFind(coll, db string) []byte {
 // getMores, then the candidates' lookups, pipelined.
 func (p *PointRead) idLookups() [][]byte {
 	r := p.Ids
+	if r.times != nil {
+		if cmds := r.times.Finds(r.coll, p.db); len(cmds) > 0 {
+			r.timesSent = true
+			p.LookupsSent += len(cmds)
+			return cmds
+		}
+	}
 	switch {
 	case r.cached != nil && !r.checking:
 		r.checking = true
@@ -166,6 +179,9 @@ func (p *PointRead) idLookups() [][]byte {
 // idFeed takes the replies to the last idLookups.
 func (p *PointRead) idFeed(replies [][]byte) error {
 	r := p.Ids
+	if r.timesSent {
+		return p.idTimesFeed(replies)
+	}
 	for _, reply := range replies {
 		doc := bsoncore.Document(reply)
 		if err := doc.Validate(); err != nil {
@@ -207,6 +223,37 @@ func (p *PointRead) idFeed(replies [][]byte) error {
 		return nil
 	}
 	return p.emitBuckets(buckets)
+}
+
+// idTimesFeed takes what the id-time documents' finds found: the
+// candidates once they are all read, or, where they cannot answer, the
+// read goes on to the whole index.
+func (p *PointRead) idTimesFeed(replies [][]byte) error {
+	r := p.Ids
+	r.timesSent = false
+	found := make([][]bsoncore.Document, len(replies))
+	for i, reply := range replies {
+		doc := bsoncore.Document(reply)
+		if err := doc.Validate(); err != nil {
+			return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: upstream reply is not valid BSON: %v", p.ns, err)
+		}
+		if !mongoerr.IsOK(doc) {
+			return lookupError(p.ns, doc)
+		}
+		found[i] = batchDocs(doc)
+	}
+	r.times.Take(found)
+	scan := r.times.Scan()
+	if scan == nil {
+		r.times = nil // the whole index next
+		return nil
+	}
+	if r.times.Pending() {
+		return nil
+	}
+	r.times, r.cached = nil, nil // answered: no kept snapshot to check
+	r.scan = scan
+	return p.idListed()
 }
 
 // idIndexBatch takes one batch of the index.
@@ -263,6 +310,7 @@ func (p *PointRead) idExplain() bsoncore.Document {
 		AppendString("bucketCollection", p.bucketNS).
 		AppendString("indexCollection", p.Ids.coll).
 		AppendDocument("indexFind", p.idFind()).
+		AppendString("idTimeLookup", "ObjectID ids: find the marker and {_id: \"m:<minute of the id>\"} (then \"s:<second>\" of a split minute), whose Bloom filters name the buckets; else the whole index").
 		AppendString("lookup", "find {_id: <bucket _id>} for each bucket whose entry's Bloom filter may hold an id").
 		AppendInt64("maxBuckets", MaxIDCandidates).
 		AppendString("eventFilter", p.Spec.filterExplain()).

@@ -11,6 +11,7 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/source"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
+	"github.com/tsproxy/tsproxy/rewrite/stage/idindex"
 	"github.com/tsproxy/tsproxy/rules"
 )
 
@@ -86,9 +87,8 @@ type Merge struct {
 	rule  *rules.Rule
 	lim   bucket.Limits
 	opts  MergeOptions
-	// idIndexListed: the rule's event-id index collection existed when
-	// the merge listed the collections (see writeIDIndex).
-	idIndexListed bool
+	// ids writes the rule's event-id index.
+	ids *idindex.Writer
 	// next is the first free seq of each key (by Key.String()) after the
 	// retired collections this merge planned so far: the next one's
 	// buckets go after them without probing the bucket collection again
@@ -123,6 +123,8 @@ func (m *Merge) Release() { rewrite.ReleasePlan(m.Plan) }
 // NewMerge plans a merge of rule's staging tier.
 func NewMerge(rule *rules.Rule, opts MergeOptions) *Merge {
 	m := &Merge{rule: rule, opts: opts}
+	m.ids = &idindex.Writer{Rule: rule, Series: opts.Series, Stale: opts.Stale, Per: m.statementsPer(),
+		Lookups: func(n int) (bool, bool) { return m.host().OneScanBeats(n) }, Dropped: &m.Stats.StaleDropped}
 	lim, err := bucket.LimitsOf(rule)
 	if err != nil {
 		m.Plan = rewrite.Fail(fmt.Errorf("merge %s: %w", rule.Namespace, err))
@@ -275,7 +277,7 @@ func (m *Merge) list(x *rewrite.Exec) (open, retired []stage.Collection, err err
 		for _, d := range docs {
 			name, _ := d.Lookup("name").StringValueOK()
 			if name == m.rule.IDIndexCollection() {
-				m.idIndexListed = true
+				m.ids.Listed = true
 			}
 			if stage.IsFlushMarker(m.rule, name) {
 				m.Stats.Markers = append(m.Stats.Markers, name)
@@ -383,4 +385,13 @@ func seriesOf(keys []bucket.Key) int {
 		seen[string(k.Meta)] = struct{}{}
 	}
 	return len(seen)
+}
+
+// dropStaleEntries deletes the stale event-id index entries waiting
+// (MergeOptions.DropStale), but in a guest's merge.
+func (m *Merge) dropStaleEntries(x *rewrite.Exec) error {
+	if m.opts.Guest {
+		return nil
+	}
+	return m.ids.DropStale(x)
 }

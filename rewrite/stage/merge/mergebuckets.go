@@ -93,6 +93,7 @@ type builtBucket struct {
 	count int
 	first bsoncore.Value    // the first event's _id
 	entry bsoncore.Document // its event-id index entry
+	start int64             // its window's start (ms)
 	evs   []bucket.Event    // its new events, for the rule's rollups
 	// A topped-up bucket: its count when the merge read it,
 	// all its events, and the _id of its event-id index entry before.
@@ -116,7 +117,6 @@ func (m *Merge) buckets(groups []group, plan *mergePlan) (inserts, topped []buil
 		topped bool
 	}
 	var notes []note
-	var starts []int64 // each insert's window start
 	for _, g := range groups {
 		k := g.key.String()
 		evs := g.events
@@ -125,7 +125,7 @@ func (m *Merge) buckets(groups []group, plan *mergePlan) (inserts, topped []buil
 			if added > 0 {
 				id := g.key.ID(ns, t.seq)
 				topped = append(topped, builtBucket{
-					id: id, doc: bucket.Complete(id, all, m.rule, m.lim), count: len(all), first: all[0].Stored.Lookup("_id"),
+					id: id, doc: bucket.Complete(id, all, m.rule, m.lim), count: len(all), first: all[0].Stored.Lookup("_id"), start: g.key.Start,
 					entry: bucket.IDIndexEntry(id, g.key.Start, all), evs: evs[:added], oldCount: len(t.old), all: all,
 					oldEntry: bucket.IDIndexEntry(id, g.key.Start, t.old).Lookup("_id"),
 				})
@@ -139,8 +139,7 @@ func (m *Merge) buckets(groups []group, plan *mergePlan) (inserts, topped []buil
 		}
 		for _, chunk := range bucket.ChunkEvents(evs, m.lim) {
 			notes = append(notes, note{key: k, seq: seq, i: len(inserts)})
-			inserts = append(inserts, builtBucket{id: g.key.ID(ns, seq), count: len(chunk), first: chunk[0].Stored.Lookup("_id"), evs: chunk})
-			starts = append(starts, g.key.Start)
+			inserts = append(inserts, builtBucket{id: g.key.ID(ns, seq), count: len(chunk), first: chunk[0].Stored.Lookup("_id"), evs: chunk, start: g.key.Start})
 			seq++
 			events += len(chunk)
 		}
@@ -151,7 +150,7 @@ func (m *Merge) buckets(groups []group, plan *mergePlan) (inserts, topped []buil
 	stage.EachInParallel(len(inserts), func(i int) {
 		b := &inserts[i]
 		b.doc = bucket.Complete(b.id, b.evs, m.rule, m.lim)
-		b.entry = bucket.IDIndexEntry(b.id, starts[i], b.evs)
+		b.entry = bucket.IDIndexEntry(b.id, b.start, b.evs)
 	})
 	for _, n := range notes {
 		if n.topped {

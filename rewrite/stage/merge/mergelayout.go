@@ -107,7 +107,7 @@ func (m *Merge) mergeLayoutOne(x *rewrite.Exec, r stage.Collection, staged []bso
 		if !ok {
 			return rewrite.ErrAborted
 		}
-		if _, err := insertOutcome(reply[0]); err != nil {
+		if _, err := stage.WriteOutcome(reply[0]); err != nil {
 			return fmt.Errorf("write buckets: %w", err)
 		}
 	}
@@ -248,7 +248,7 @@ func (m *Merge) insertNewBuckets(x *rewrite.Exec, buckets []layout.MergeStatemen
 		docs[i] = b.Doc
 	}
 	return m.insertAll(x, docs, func(_, _ int, reply []byte) error {
-		dups, err := insertOutcome(reply)
+		dups, err := stage.WriteOutcome(reply)
 		if err == nil && len(dups) > 0 {
 			err = fmt.Errorf("%d buckets appeared while the merge wrote them", len(dups))
 		}

@@ -178,13 +178,13 @@ func (m *Merge) mergeOne(x *rewrite.Exec, r stage.Collection, records *stage.Rec
 		return err
 	}
 	buckets, topped, events := m.buckets(groups, plan)
-	if err := m.startIDIndex(x); err != nil {
+	if err := m.ids.Start(x); err != nil {
 		return err
 	}
-	if err := m.writeSeries(x, groupKeys(groups)); err != nil {
+	if err := m.ids.WriteSeries(x, groupKeys(groups)); err != nil {
 		return err
 	}
-	if err := m.writeIDIndex(x, append(slices.Clip(buckets), topped...)); err != nil {
+	if err := m.ids.WriteBuckets(x, idIndexBuckets(append(slices.Clip(buckets), topped...))); err != nil {
 		return err
 	}
 	if err := m.insertBuckets(x, buckets); err != nil {

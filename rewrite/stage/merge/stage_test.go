@@ -240,9 +240,14 @@ func (m *mem) answer(u rewrite.Upstream) []byte {
 			m.upsertSeries(coll, u.Seq.Documents)
 			return doc(bson.D{{Key: "n", Value: len(u.Seq.Documents)}, {Key: "ok", Value: 1.0}})
 		}
-		// Otherwise only the event-id index marker's version: {$set: {v: n}}.
+		// Otherwise the id-time documents' and the event-id index
+		// marker's version: {$set: {v: n}}.
 		for _, st := range u.Seq.Documents {
 			id := bsoncore.Document(st).Lookup("q", "_id")
+			if s, _ := id.StringValueOK(); strings.HasPrefix(s, "m:") || strings.HasPrefix(s, "s:") {
+				m.upsertIDTime(coll, st)
+				continue
+			}
 			v := bsoncore.Document(st).Lookup("u", "$set", "v").Int64()
 			for i, d := range m.colls[coll] {
 				if d.Lookup("_id").Equal(id) {
@@ -1518,11 +1523,11 @@ func (m *mem) upsertSeries(coll string, stmts []bsoncore.Document) {
 }
 
 // idEntries counts the documents of event-id index coll but its series
-// entries: the bucket entries and the marker.
+// entries and id-time documents: the bucket entries and the marker.
 func idEntries(m *mem, coll string) int {
 	n := 0
 	for _, d := range m.colls[coll] {
-		if !bucket.IsSeriesEntry(d) {
+		if !bucket.IsSeriesEntry(d) && !bucket.IsIDTimeDoc(d) {
 			n++
 		}
 	}

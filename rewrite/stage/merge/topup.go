@@ -293,7 +293,7 @@ func (m *Merge) rewriteTopUpBatch(x *rewrite.Exec, topped []builtBucket, repeate
 		return rewrite.ErrAborted
 	}
 	doc := bsoncore.Document(reply[0])
-	if _, err := insertOutcome(reply[0]); err != nil { // the reply's error, write errors and write concern
+	if _, err := stage.WriteOutcome(reply[0]); err != nil { // the reply's error, write errors and write concern
 		return fmt.Errorf("top up buckets: %w", err)
 	}
 	var err error
@@ -312,10 +312,7 @@ func (m *Merge) rewriteTopUpBatch(x *rewrite.Exec, topped []builtBucket, repeate
 }
 
 // dropOldEntries deletes the event-id index entries the topped-up
-// buckets had before: stale, they would cost a lookup each, and one entry
-// a top-up would add up. After the rewrite, so an entry never lacks for
-// a bucket. With MergeOptions.Stale, they wait to be deleted with
-// others.
+// buckets had before (idindex.Writer.DropOld).
 func (m *Merge) dropOldEntries(x *rewrite.Exec, topped []builtBucket) error {
 	var old []bsoncore.Value
 	for _, b := range topped {
@@ -325,13 +322,7 @@ func (m *Merge) dropOldEntries(x *rewrite.Exec, topped []builtBucket) error {
 			old = append(old, b.oldEntry)
 		}
 	}
-	if len(old) == 0 {
-		return nil
-	}
-	if m.opts.Stale != nil {
-		old = m.opts.Stale.Add(old) // most merges leave them waiting
-	}
-	return m.deleteEntries(x, old)
+	return m.ids.DropOld(x, old)
 }
 
 // verifyToppedUp checks that each of topped holds the merge's events, in

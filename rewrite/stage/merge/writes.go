@@ -2,7 +2,6 @@ package merge
 
 import (
 	"fmt"
-	"math/rand/v2"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
@@ -13,6 +12,7 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/rollup"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
+	"github.com/tsproxy/tsproxy/rewrite/stage/idindex"
 )
 
 // The merge's writes: inserts (over several connections when large:
@@ -21,57 +21,13 @@ import (
 
 // deleteMany deletes every document of coll that q matches.
 func (m *Merge) deleteMany(x *rewrite.Exec, coll string, q bsoncore.Document) error {
-	reply, ok := x.One(stage.DeleteManyCommand(m.rule.DB, coll, q))
-	if !ok {
-		return rewrite.ErrAborted
-	}
-	return mongoerr.ReplyError(reply)
+	return stage.DeleteMany(x, m.rule.DB, coll, q)
 }
 
 // insertOne inserts doc into coll; a duplicate key (an earlier run of
 // the same merge wrote it) is no failure.
 func (m *Merge) insertOne(x *rewrite.Exec, coll string, doc bsoncore.Document) error {
-	reply, ok := x.Do(rewrite.Step{insertStep(m.rule.DB, coll, []bsoncore.Document{doc})})
-	if !ok {
-		return rewrite.ErrAborted
-	}
-	_, err := insertOutcome(reply[0])
-	return err
-}
-
-// insertStep is an unordered insert of docs into db.coll.
-func insertStep(db, coll string, docs []bsoncore.Document) rewrite.Upstream {
-	body := bsoncore.NewDocumentBuilder().AppendString("insert", coll).AppendBoolean("ordered", false).AppendString("$db", db).Build()
-	return rewrite.Upstream{Body: body, Seq: &rewrite.Sequence{Identifier: "documents", Documents: docs}}
-}
-
-// insertOutcome reads an insert's reply: the indexes that met a duplicate
-// key, or the first other failure.
-func insertOutcome(reply []byte) ([]int, error) {
-	doc := bsoncore.Document(reply)
-	if err := mongoerr.ReplyError(doc); err != nil {
-		return nil, err
-	}
-	if wce, err := doc.LookupErr("writeConcernError"); err == nil {
-		return nil, mongoerr.Errorf(mongoerr.InternalError, "write concern: %s", wce)
-	}
-	var dups []int
-	arr, ok := doc.Lookup("writeErrors").ArrayOK()
-	if !ok {
-		return nil, nil
-	}
-	vals, _ := arr.Values()
-	for _, v := range vals {
-		e, _ := v.DocumentOK()
-		code, _ := e.Lookup("code").AsInt64OK()
-		idx, _ := e.Lookup("index").AsInt64OK()
-		if mongoerr.Code(code) != mongoerr.DuplicateKey {
-			msg, _ := e.Lookup("errmsg").StringValueOK()
-			return nil, mongoerr.Errorf(mongoerr.Code(code), "%s", msg)
-		}
-		dups = append(dups, int(idx))
-	}
-	return dups, nil
+	return stage.InsertOne(x, m.rule.DB, coll, doc)
 }
 
 // maxInsertBytes bounds the documents of one merged insert, under the
@@ -139,7 +95,7 @@ func (m *Merge) insertAll(x *rewrite.Exec, docs []bsoncore.Document, outcome fun
 // insertedBuckets checks the outcome of the insert of batch (reply) and
 // counts what it inserted into the rollups.
 func (m *Merge) insertedBuckets(x *rewrite.Exec, batch []builtBucket, reply []byte) error {
-	dups, err := insertOutcome(reply)
+	dups, err := stage.WriteOutcome(reply)
 	if err != nil {
 		return fmt.Errorf("insert buckets: %w", err)
 	}
@@ -199,7 +155,7 @@ func nextInsertStep(db, coll string, docs []bsoncore.Document, streams int) rewr
 	step := make(rewrite.Step, len(lens))
 	from := 0
 	for i, n := range lens {
-		step[i] = insertStep(db, coll, docs[from:from+n])
+		step[i] = stage.InsertStep(db, coll, docs[from:from+n])
 		step[i].Parallel = len(lens) > 1
 		from += n
 	}
@@ -294,29 +250,6 @@ func bucketCount(d bsoncore.Document) int {
 	return int(n)
 }
 
-// startIDIndex writes the event-id index's marker when the index did
-// not exist when the merge listed the collections and the bucket
-// collection is empty: every bucket written from now has an entry and
-// its series' entry. A marker written anew starts Series over (the rule
-// was dropped since what it holds was written).
-func (m *Merge) startIDIndex(x *rewrite.Exec) error {
-	if m.idIndexListed {
-		return nil
-	}
-	n, err := m.countOf(x, m.rule.BucketCollection)
-	if err != nil {
-		return err
-	}
-	if n == 0 {
-		m.opts.Series.Reset()
-		if err := m.insertOne(x, m.rule.IDIndexCollection(), bucket.IDIndexMarkerDoc(rand.Int64())); err != nil {
-			return fmt.Errorf("start the event-id index: %w", err)
-		}
-	}
-	m.idIndexListed = true
-	return nil
-}
-
 // statementsPer is how many statements one update or delete command
 // of the merge holds: FerretDB keeps each statement's query open until
 // its command ends, one pool connection each (see rewriteTopUps).
@@ -331,80 +264,15 @@ func (m *Merge) statementsPer() int {
 // "delete") on coll of the rule's database, statementsPer a command,
 // and returns the first failure (the reply's error, a write error).
 func (m *Merge) statements(x *rewrite.Exec, cmd, coll string, stmts []bsoncore.Document) error {
-	for len(stmts) > 0 {
-		n := min(len(stmts), m.statementsPer())
-		body := bsoncore.NewDocumentBuilder().AppendString(cmd, coll).AppendBoolean("ordered", false).AppendString("$db", m.rule.DB).Build()
-		reply, ok := x.Do(rewrite.Step{{Body: body, Seq: &rewrite.Sequence{Identifier: cmd + "s", Documents: stmts[:n]}, Update: cmd == "update"}})
-		if !ok {
-			return rewrite.ErrAborted
-		}
-		if _, err := insertOutcome(reply[0]); err != nil {
-			return err
-		}
-		stmts = stmts[n:]
-	}
-	return nil
+	_, err := stage.Statements(x, m.rule.DB, cmd, coll, m.statementsPer(), stmts)
+	return err
 }
 
-// writeSeries widens the event-id index's series entries (bucket
-// SeriesUpdates) to the windows of keys, before their buckets are
-// written: a read of a series' latest events looks up the windows the
-// entry bounds.
-func (m *Merge) writeSeries(x *rewrite.Exec, keys []bucket.Key) error {
-	keys = m.opts.Series.Need(keys)
-	if err := m.statements(x, "update", m.rule.IDIndexCollection(), bucket.SeriesUpdates(keys)); err != nil {
-		return fmt.Errorf("bound the series in the event-id index: %w", err)
+// idIndexBuckets are buckets as the event-id index's writer takes them.
+func idIndexBuckets(buckets []builtBucket) []idindex.Bucket {
+	out := make([]idindex.Bucket, len(buckets))
+	for i, b := range buckets {
+		out[i] = idindex.Bucket{ID: b.id, Start: b.start, Entry: b.entry, All: b.all, Added: b.evs}
 	}
-	m.opts.Series.Wrote(keys)
-	return nil
-}
-
-// writeIDIndex writes the event-id index entries of buckets before the
-// buckets, so a crash between leaves an entry without a bucket (a wasted
-// lookup), never a bucket without an entry. The first merge into an
-// empty bucket collection starts the index with its marker
-// (startIDIndex); one into a collection that already holds buckets
-// without entries (written before the index existed) leaves the marker
-// out, and finds by _id keep reading every bucket there.
-func (m *Merge) writeIDIndex(x *rewrite.Exec, buckets []builtBucket) error {
-	coll := m.rule.IDIndexCollection()
-	if len(buckets) == 0 {
-		return nil
-	}
-	if m.opts.Stale != nil {
-		// An entry written again is live, whatever a top-up left waiting
-		// under its _id.
-		entries := make([]bsoncore.Document, len(buckets))
-		for i, b := range buckets {
-			entries[i] = b.entry
-		}
-		m.opts.Stale.Revive(entries)
-	}
-	for len(buckets) > 0 {
-		n := min(len(buckets), 1000)
-		docs := make([]bsoncore.Document, n)
-		for i, b := range buckets[:n] {
-			docs[i] = b.entry
-		}
-		buckets = buckets[n:]
-		reply, ok := x.Do(rewrite.Step{insertStep(m.rule.DB, coll, docs)})
-		if !ok {
-			return rewrite.ErrAborted
-		}
-		// A duplicate key is the same entry, written by an earlier run.
-		if _, err := insertOutcome(reply[0]); err != nil {
-			return fmt.Errorf("write event-id index: %w", err)
-		}
-	}
-	// A new version (random: two proxies' merges never share one):
-	// readers that kept the index re-read it.
-	body := bsoncore.NewDocumentBuilder().AppendString("update", coll).AppendBoolean("ordered", false).AppendString("$db", m.rule.DB).Build()
-	reply, ok := x.Do(rewrite.Step{{Body: body, Seq: &rewrite.Sequence{Identifier: "updates", Documents: []bsoncore.Document{bucket.IDIndexBumpUpdate(rand.Int64())}}}})
-	if !ok {
-		return rewrite.ErrAborted
-	}
-	if err := mongoerr.ReplyError(reply[0]); err != nil {
-		return fmt.Errorf("version the event-id index: %w", err)
-	}
-	return nil
+	return out
 }
