@@ -131,10 +131,14 @@ type Engine struct {
 	// zero without leases) in which this proxy stopped the event-id
 	// index before writing directly.
 	IdIndexOff sync.Map
-	IdIndexes  *idIndexCache
-	Cat        *catalog.Catalog
-	served     sync.Map   // namespace → struct{}: created rules served here
-	background *exec.Pool // connections of the background loops' rounds
+	// JournalSettled: bucket namespace -> the writer-lease term (its
+	// start) in which this proxy finished the update journal's pending
+	// records (handler settleJournal).
+	JournalSettled sync.Map
+	IdIndexes      *idIndexCache
+	Cat            *catalog.Catalog
+	served         sync.Map   // namespace → struct{}: created rules served here
+	background     *exec.Pool // connections of the background loops' rounds
 	// ServiceID names this proxy to drivers in load-balanced mode: one per
 	// process, as a mongos behind a balancer has.
 	ServiceID bson.ObjectID

@@ -8,6 +8,7 @@ import (
 
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/deletes"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/updates"
 	"github.com/tsproxy/tsproxy/rules"
 )
@@ -52,7 +53,15 @@ func (c *Conn) serveUpdatePlan(req *request, rule *rules.Rule, build func(rewrit
 		}
 		env.RetryKey = updates.JournalKey(req.retry.Key.OwnedBy(identity))
 	}
-	return c.servePlan(req, rule, routeRewrite, build(commandOf(req), rule, env))
+	res, err := c.runPlan(req, rule, routeRewrite, build(commandOf(req), rule, env))
+	if err != nil || !mongoerr.IsOK(res.Reply) || mongoerr.HasWriteErrors(res.Reply) {
+		// It may have left a round pending: the next read looks.
+		c.s.JournalSettled.Delete(rule.BucketNamespace())
+	}
+	if err != nil {
+		return err
+	}
+	return c.answer(req, rule, res)
 }
 
 // journalSweepEvery: about one update in this many also sweeps the

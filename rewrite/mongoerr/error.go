@@ -89,6 +89,12 @@ func ReplyError(reply bsoncore.Document) error {
 	return FromReply(reply, "upstream error")
 }
 
+// HasWriteErrors says whether reply reports write errors.
+func HasWriteErrors(reply bsoncore.Document) bool {
+	_, err := reply.LookupErr("writeErrors")
+	return err == nil
+}
+
 // IsOK says whether reply is a command's success ({ok: 1}).
 func IsOK(reply bsoncore.Document) bool {
 	v, err := reply.LookupErr("ok")

@@ -65,59 +65,73 @@ func TestFinishRecord(t *testing.T) {
 	var locked []bucket.Key
 	env := Env{Env: deletes.Env{Caps: rwtest.MongoCaps, Lock: func(keys []bucket.Key) func() { locked = keys; return func() {} }},
 		NewObjectID: bson.NewObjectID, Now: func() time.Time { return time.Unix(0, 0) }}
-	p := rewrite.Script(func(x *rewrite.Exec) (rewrite.Result, error) {
-		u := &updater{x: x, req: req, env: env, now: env.Now()}
-		return rewrite.Result{Reply: rwtest.Doc(t, D{{Key: "ok", Value: 1.0}})}, u.openJournal()
-	})
-	ok := rwtest.Doc(t, D{{Key: "n", Value: 1}, {Key: "ok", Value: 1.0}})
-	var replaced bsoncore.Document
-	var inserted, markedDone bool
-	for {
-		step, done := p.Next()
-		if done {
-			break
-		}
-		var replies [][]byte
-		for _, s := range step {
-			body := bsoncore.Document(s.Body)
-			name := body.Index(0).Key()
-			coll, _ := body.Index(0).Value().StringValueOK()
-			switch {
-			case name == "find" && coll == rule.UpdateJournalCollection():
-				replies = append(replies, rwtest.CursorReply(t, 0, mustD(t, rec)))
-			case name == "find":
-				id := body.Lookup("filter", "_id").ObjectID()
-				var docs []D
-				if id == srcID {
-					docs = append(docs, mustD(t, src))
+	plans := []struct {
+		name string
+		plan func() rewrite.Plan
+	}{
+		{"at an update's start", func() rewrite.Plan {
+			return rewrite.Script(func(x *rewrite.Exec) (rewrite.Result, error) {
+				u := &updater{x: x, req: req, env: env, now: env.Now()}
+				return rewrite.Result{Reply: rwtest.Doc(t, D{{Key: "ok", Value: 1.0}})}, u.openJournal()
+			})
+		}},
+		// A read's, once a term (proxy/handler settleJournal).
+		{"by Recover", func() rewrite.Plan { return Recover(rule, env) }},
+	}
+	for _, pc := range plans {
+		t.Run(pc.name, func(t *testing.T) {
+			p := pc.plan()
+			ok := rwtest.Doc(t, D{{Key: "n", Value: 1}, {Key: "ok", Value: 1.0}})
+			var replaced bsoncore.Document
+			var inserted, markedDone bool
+			for {
+				step, done := p.Next()
+				if done {
+					break
 				}
-				replies = append(replies, rwtest.CursorReply(t, 0, docs...))
-			case name == "insert":
-				inserted = true
-				replies = append(replies, ok)
-			case name == "update" && coll == rule.BucketCollection:
-				u, _ := body.Lookup("updates").Array().Index(0).Document().Lookup("u").DocumentOK()
-				replaced = u
-				replies = append(replies, ok)
-			case name == "update":
-				markedDone = body.Lookup("updates").Array().Index(0).Document().Lookup("u", "$set", jState).StringValue() == stateDone
-				replies = append(replies, ok)
-			default:
-				replies = append(replies, ok)
+				var replies [][]byte
+				for _, s := range step {
+					body := bsoncore.Document(s.Body)
+					name := body.Index(0).Key()
+					coll, _ := body.Index(0).Value().StringValueOK()
+					switch {
+					case name == "find" && coll == rule.UpdateJournalCollection():
+						replies = append(replies, rwtest.CursorReply(t, 0, mustD(t, rec)))
+					case name == "find":
+						id := body.Lookup("filter", "_id").ObjectID()
+						var docs []D
+						if id == srcID {
+							docs = append(docs, mustD(t, src))
+						}
+						replies = append(replies, rwtest.CursorReply(t, 0, docs...))
+					case name == "insert":
+						inserted = true
+						replies = append(replies, ok)
+					case name == "update" && coll == rule.BucketCollection:
+						u, _ := body.Lookup("updates").Array().Index(0).Document().Lookup("u").DocumentOK()
+						replaced = u
+						replies = append(replies, ok)
+					case name == "update":
+						markedDone = body.Lookup("updates").Array().Index(0).Document().Lookup("u", "$set", jState).StringValue() == stateDone
+						replies = append(replies, ok)
+					default:
+						replies = append(replies, ok)
+					}
+				}
+				if err := p.Feed(replies); err != nil {
+					t.Fatal(err)
+				}
 			}
-		}
-		if err := p.Feed(replies); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if !mongoerr.IsOK(p.Result().Reply) {
-		t.Fatalf("finishing failed: %s", rwtest.JSON(p.Result().Reply))
-	}
-	if got := eventsOf(t, replaced); !slices.Equal(got, [][2]int{{1, 10}, {2, 2}, {3, 3}}) {
-		t.Fatalf("the bucket after finishing: %v", got)
-	}
-	if !inserted || !markedDone || len(locked) != 2 {
-		t.Fatalf("inserted %v, marked done %v, locked %d keys", inserted, markedDone, len(locked))
+			if !mongoerr.IsOK(p.Result().Reply) {
+				t.Fatalf("finishing failed: %s", rwtest.JSON(p.Result().Reply))
+			}
+			if got := eventsOf(t, replaced); !slices.Equal(got, [][2]int{{1, 10}, {2, 2}, {3, 3}}) {
+				t.Fatalf("the bucket after finishing: %v", got)
+			}
+			if !inserted || !markedDone || len(locked) != 2 {
+				t.Fatalf("inserted %v, marked done %v, locked %d keys", inserted, markedDone, len(locked))
+			}
+		})
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/tsproxy/tsproxy/proxy"
+	"github.com/tsproxy/tsproxy/wire"
 )
 
 // TestUpdateRetryOnAnotherProxy: a retryable update (lsid, txnNumber)
@@ -119,8 +120,12 @@ func TestFaultKillDuringUpdates(t *testing.T) {
 				i := c + clients*(k%(events/clients))
 				series := []string{"a", "b"}[(k/(events/clients))%2]
 				sentN[i]++
-				_, err := coll.UpdateOne(ctx, bson.D{{Key: "_id", Value: ids[i]}}, bson.D{
+				// Bounded, so that the clients stop soon after the last
+				// kill, before the proxy is back.
+				opCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				_, err := coll.UpdateOne(opCtx, bson.D{{Key: "_id", Value: ids[i]}}, bson.D{
 					{Key: "$inc", Value: bson.D{{Key: "n", Value: 1}}}, {Key: "$set", Value: bson.D{{Key: "sensorId", Value: series}}}})
+				cancel()
 				if err == nil {
 					acked[i]++
 				}
@@ -133,13 +138,13 @@ func TestFaultKillDuringUpdates(t *testing.T) {
 		pp.start()
 		time.Sleep(1500 * time.Millisecond)
 	}
+	// The last kill under the updates, and no update after it: the
+	// proxy's first read finishes what the kill left in the journal
+	// (settleJournal), or the finds below meet moved events twice.
+	pp.kill()
 	close(stop)
 	wg.Wait()
-	// An update finishes what a proxy killed part way left in the
-	// journal before it runs.
-	if _, err := coll.UpdateMany(ctx, bson.D{{Key: "sensorId", Value: "nobody"}}, bson.D{{Key: "$set", Value: bson.D{{Key: "x", Value: 1}}}}); err != nil {
-		t.Fatal(err)
-	}
+	pp.start()
 	totalAcked := 0
 	for i, id := range ids {
 		var got []bson.M
@@ -160,4 +165,63 @@ func TestFaultKillDuringUpdates(t *testing.T) {
 		t.Fatalf("%d events after the kills, want %d", total, events)
 	}
 	t.Logf("5 × kill -9 under %d clients moving events between series: %d updates acknowledged, every event stored once, none counted twice", clients, totalAcked)
+}
+
+// TestUpdateJournalSettledByRead: an update that moves an event loses its
+// upstream link between writing the event's new bucket and replacing the
+// bucket it left (the relay cuts the replacement), so its round is left
+// pending in the journal with the event in both buckets. No update
+// follows: the next read finishes the round first (settleJournal) and
+// finds the event once, as updated, and every other event once.
+func TestUpdateJournalSettledByRead(t *testing.T) {
+	t.Parallel()
+	ctx := ctxFor(t)
+	db := uniqueDB(t)
+	rl := newRelay(t, upstreamAddr(t))
+	p := startProxy(t, proxyOptions{yaml: readingsRule(db, 10), upstreamURI: rl.URI()})
+	client, err := mongo.Connect(options.Client().ApplyURI(p.URI()).SetRetryWrites(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Disconnect(context.Background()) })
+	coll := client.Database(db).Collection("readings")
+	base := time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC)
+	var docs []any
+	ids := make([]bson.ObjectID, 8)
+	for i := range ids {
+		ids[i] = bson.NewObjectID()
+		docs = append(docs, bson.D{{Key: "_id", Value: ids[i]}, {Key: "ts", Value: base.Add(time.Duration(i) * time.Minute)}, {Key: "sensorId", Value: "a"}, {Key: "n", Value: 0}})
+	}
+	if _, err := coll.InsertMany(ctx, docs); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, ctx, client, 1)
+	replacement := func(frame []byte) bool {
+		var m wire.Msg
+		if m.Decode(frame) != nil || m.CommandName() != "update" {
+			return false
+		}
+		target, _ := bson.Raw(m.Body).Lookup("update").StringValueOK()
+		return target == "readings.buckets"
+	}
+	rl.Refuse(replacement)
+	_, err = coll.UpdateOne(ctx, bson.D{{Key: "_id", Value: ids[3]}}, bson.D{{Key: "$set", Value: bson.D{{Key: "sensorId", Value: "b"}}}, {Key: "$inc", Value: bson.D{{Key: "n", Value: 1}}}})
+	rl.Refuse(nil)
+	if err == nil {
+		t.Fatal("the update whose bucket replacement the relay cut succeeded")
+	}
+	var got []bson.M
+	cur, err := coll.Find(ctx, bson.D{{Key: "_id", Value: ids[3]}})
+	if err != nil || cur.All(ctx, &got) != nil {
+		t.Fatalf("find the moved event: %v", err)
+	}
+	if len(got) != 1 {
+		t.Fatalf("the moved event read %d times after the cut update: %v", len(got), got)
+	}
+	if got[0]["sensorId"] != "b" || got[0]["n"] != int32(1) {
+		t.Fatalf("the moved event after its round was finished: %v, want it as updated", got[0])
+	}
+	if n, err := coll.CountDocuments(ctx, bson.D{}); err != nil || n != int64(len(ids)) {
+		t.Fatalf("%d events (%v), want %d", n, err, len(ids))
+	}
 }
