@@ -270,6 +270,12 @@ func planFind(rc *query.Ctx, body bsoncore.Document, opts Options, forExplain bo
 	} else if spec, sc, _ := point.PlanScan(rc, filter, sortDoc); spec != nil {
 		p.Point = point.NewScanRead(rc, spec, sc, proj, skip, limit, single)
 	}
+	if p.Point == nil {
+		if pr := point.StagedScanRead(rc, filter, sortDoc, proj, pg); pr != nil {
+			pr.Want(pg.FirstBatch())
+			return &Command{rc: rc, Point: pr}, nil
+		}
+	}
 	if p.Point != nil {
 		p.Point.Want(pg.FirstBatch())
 	}

@@ -117,6 +117,32 @@ func EventScanRead(rc *query.Ctx, filter, sortDoc bsoncore.Document, proj *query
 	return NewScanRead(rc, spec, sc, proj, pg.Skip, pg.Limit, pg.Single)
 }
 
+// StagedScanRead is the read of a find on a staged rule where the
+// upstream's $unwind keeps the meta (FerretDB 2.x), by the proxy's own
+// event scan rather than the upstream's aggregate, or nil. Measured on
+// FerretDB 2.7 over DocumentDB 0.107 (tsbench range, 20 series of
+// 1-minute data over 3 days): a whole day of every series 466 ms by the
+// aggregate ($match, $unwind, $match, $sort), 187 ms by the scan, whose
+// find uses the {meta, start} index and whose events the proxy unpacks;
+// the plain collection's 265 ms. Only for an unsorted find or one
+// sorted by time (with the metaField first or not), whose buckets are
+// read in runs of a window: a sort on measurements would hold every
+// bucket (up to 100 MB) where the upstream's aggregate sorts its own
+// way. Not on MongoDB's default direct rules (not staged), whose
+// aggregate is MongoDB's own.
+func StagedScanRead(rc *query.Ctx, filter, sortDoc bsoncore.Document, proj *query.Projection, pg query.Paging) *PointRead {
+	if !rc.Caps.UnwindKeepsFields || rc.Rule.Partitioned() || !rc.Rule.Staged(rc.Caps.StagesEvents()) {
+		return nil
+	}
+	scanRC := *rc
+	scanRC.Caps.UnwindKeepsFields = false
+	spec, sc, _ := PlanEventScan(&scanRC, filter, sortDoc)
+	if spec == nil || sc.oneRun {
+		return nil
+	}
+	return NewScanRead(&scanRC, spec, sc, proj, pg.Skip, pg.Limit, pg.Single)
+}
+
 // pushDown narrows the upstream find by the filter's top-level conditions
 // that name buckets exactly: time bounds (on start) and an equality or
 // $in on the metaField. The proxy applies the whole filter all the same.
