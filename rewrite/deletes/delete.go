@@ -158,9 +158,10 @@ func (p *Request) planStatement(i int, d bsoncore.Document, caps caps.Upstream) 
 		st.Err = err
 		return st, nil
 	}
-	if _, ok := bsonutil.Lookup(d, "hint"); ok {
-		st.Err = query.RuleErrorf(p.rule, mongoerr.NotImplemented, "delete option \"hint\" is not supported on a bucketed namespace")
-		return st, nil
+	if v, ok := bsonutil.Lookup(d, "hint"); ok {
+		if st.Err = query.CheckHint(p.rule, v); st.Err != nil {
+			return st, nil
+		}
 	}
 	if !simple {
 		if st.Err = collationRefusal(p.rule, filter); st.Err != nil {

@@ -64,12 +64,15 @@ func TestPlanDelete(t *testing.T) {
 			E{Key: "lsid", Value: D{{Key: "id", Value: "x"}}}, E{Key: "txnNumber", Value: int64(3)}, E{Key: "writeConcern", Value: D{{Key: "w", Value: 1}}}, E{Key: "comment", Value: "c"}),
 			whole: []bool{true}, one: []bool{true},
 			match: []string{`"lsid": {"id": "x"},"comment": "c","$db": "iot"}`}},
-		{name: "statement errors: unsupported operator, hint", cmd: delCmd(t, A{
+		{name: "statement errors: unsupported operator, a hint not a name or a key", cmd: delCmd(t, A{
 			stmt(D{{Key: "$where", Value: "1"}}, 0),
-			D{{Key: "q", Value: D{}}, {Key: "limit", Value: 0}, {Key: "hint", Value: "x"}},
+			D{{Key: "q", Value: D{}}, {Key: "limit", Value: 0}, {Key: "hint", Value: 1}},
 			stmt(D{{Key: "sensorId", Value: "s"}}, 0)}),
 			whole: []bool{false, false, true}, one: []bool{false, false, false},
-			serr: []string{`"$where" (JavaScript) is not supported`, `delete option "hint" is not supported`, ""}},
+			serr: []string{`"$where" (JavaScript) is not supported`, `hint must be either a string or nested object`, ""}},
+		{name: "a hint, accepted and ignored", cmd: delCmd(t, A{
+			D{{Key: "q", Value: D{{Key: "sensorId", Value: "s"}}}, {Key: "limit", Value: 0}, {Key: "hint", Value: "sensorId_1_ts_1"}}}),
+			whole: []bool{true}, one: []bool{false}, serr: []string{""}},
 		{name: "metaField inside $or on FerretDB", ferret: true,
 			cmd:   delCmd(t, A{stmt(D{{Key: "$or", Value: A{D{{Key: "sensorId", Value: "a"}}, D{{Key: "value", Value: 1}}}}}, 0)}),
 			whole: []bool{false}, one: []bool{false}, serr: []string{"inside \"$or\""}},

@@ -5,9 +5,11 @@ import (
 	"strconv"
 	"strings"
 
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
-	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
+	"github.com/tsproxy/tsproxy/rules"
 )
 
 // checkOptions refuses every field of body not in known (nor carried).
@@ -29,11 +31,8 @@ func (rc *Ctx) CheckOptions(body bsoncore.Document, cmd string, known ...string)
 			continue
 		}
 		if k == "hint" {
-			// Accepted and ignored, as the server ignores a hint on a
-			// view: the app's index names do not name the bucket
-			// collection's indexes, and the proxy plans the read itself.
-			if t := e.Value().Type; t != bsoncore.TypeString && t != bsoncore.TypeEmbeddedDocument {
-				return rc.BadValue(mongoerr.FailedToParse, "hint must be either a string or nested object")
+			if err := CheckHint(rc.Rule, e.Value()); err != nil {
+				return err
 			}
 			continue
 		}
@@ -196,4 +195,15 @@ func (rc *Ctx) AggregateCommand(pipeline []bsoncore.Document, batchSize int64, b
 	}
 	d, _ = bsoncore.AppendDocumentEnd(d, idx)
 	return d
+}
+
+// CheckHint checks a command's or a statement's hint, which the proxy
+// accepts and ignores, as the server ignores a hint on a view: the app's
+// index names do not name the bucket collection's indexes, and the proxy
+// plans its reads, deletes and updates itself.
+func CheckHint(rule *rules.Rule, v bsoncore.Value) error {
+	if t := v.Type; t != bsoncore.TypeString && t != bsoncore.TypeEmbeddedDocument {
+		return RuleErrorf(rule, mongoerr.FailedToParse, "hint must be either a string or nested object")
+	}
+	return nil
 }

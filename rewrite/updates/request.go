@@ -149,11 +149,14 @@ func (r *Request) parseStatement(i int, d bsoncore.Document) (*Statement, error)
 		st.Err = mongoerr.Errorf(mongoerr.FailedToParse, "multi update is not supported for replacement-style update")
 		return st, nil
 	}
-	for _, name := range []string{"hint", "sort"} {
-		if v, ok := bsonutil.Lookup(d, name); ok && v.Type != bsoncore.TypeNull {
-			st.Err = query.RuleErrorf(r.rule, mongoerr.NotImplemented, "update option %q is not supported on a time-series collection through the proxy", name)
+	if v, ok := bsonutil.Lookup(d, "hint"); ok && v.Type != bsoncore.TypeNull {
+		if st.Err = query.CheckHint(r.rule, v); st.Err != nil {
 			return st, nil
 		}
+	}
+	if v, ok := bsonutil.Lookup(d, "sort"); ok && v.Type != bsoncore.TypeNull {
+		st.Err = query.RuleErrorf(r.rule, mongoerr.NotImplemented, "update option %q is not supported on a time-series collection through the proxy", "sort")
+		return st, nil
 	}
 	return st, nil
 }

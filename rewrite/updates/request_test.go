@@ -47,7 +47,9 @@ func TestNewRequest(t *testing.T) {
 		{"q not a document", update(t, A{D{{Key: "q", Value: 1}, {Key: "u", Value: set}}}), mongoerr.TypeMismatch, ""},
 		{"multi replacement", update(t, A{D{{Key: "q", Value: D{}}, {Key: "u", Value: D{{Key: "v", Value: 1}}}, {Key: "multi", Value: true}}}), 0, "multi update is not supported for replacement-style update"},
 		{"an array filter not used", update(t, A{D{{Key: "q", Value: D{}}, {Key: "u", Value: set}, {Key: "arrayFilters", Value: A{D{{Key: "x", Value: 1}}}}}}), 0, `The array filter for identifier 'x' was not used`},
-		{"hint", update(t, A{D{{Key: "q", Value: D{}}, {Key: "u", Value: set}, {Key: "hint", Value: D{{Key: "ts", Value: 1}}}}}), 0, `update option "hint"`},
+		{"a hint, accepted and ignored", update(t, A{D{{Key: "q", Value: D{}}, {Key: "u", Value: set}, {Key: "hint", Value: D{{Key: "ts", Value: 1}}}}}), 0, ""},
+		{"a hint not a name or a key", update(t, A{D{{Key: "q", Value: D{}}, {Key: "u", Value: set}, {Key: "hint", Value: 1}}}), 0, "hint must be either a string or nested object"},
+		{"sort", update(t, A{D{{Key: "q", Value: D{}}, {Key: "u", Value: set}, {Key: "sort", Value: D{{Key: "ts", Value: 1}}}}}), 0, `update option "sort"`},
 		{"unknown modifier", update(t, A{D{{Key: "q", Value: D{}}, {Key: "u", Value: D{{Key: "$foo", Value: D{{Key: "v", Value: 1}}}}}}}), 0, "Unknown modifier: $foo"},
 		{"valid", update(t, A{D{{Key: "q", Value: D{{Key: "sensorId", Value: "a"}}}, {Key: "u", Value: set}, {Key: "multi", Value: true}, {Key: "arrayFilters", Value: A{}}}}), 0, ""},
 	} {

@@ -10,9 +10,10 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
 
-// TestBucketedWritesRefused: update, replace and findAndModify on a
-// bucketed namespace get an error naming the rule and the command, change
-// nothing, and nothing reaches the upstream collection of the app's name.
+// TestBucketedWritesRefused: the writes a bucketed namespace refuses get
+// an error naming the rule and what is refused, change nothing, and
+// nothing reaches the upstream collection of the app's name; updates,
+// findAndModify and deletes with a hint run, the hint ignored.
 func TestBucketedWritesRefused(t *testing.T) {
 	t.Parallel()
 	ctx := ctxFor(t)
@@ -34,12 +35,9 @@ func TestBucketedWritesRefused(t *testing.T) {
 		name, want string
 		run        func() error
 	}{
-		{"updateOne with a hint", `update option "hint"`, func() error {
-			_, err := coll.UpdateOne(ctx, one, set, options.UpdateOne().SetHint(bson.D{{Key: "ts", Value: 1}}))
-			return err
-		}},
-		{"findOneAndUpdate with a hint", `update option "hint"`, func() error {
-			return coll.FindOneAndUpdate(ctx, one, set, options.FindOneAndUpdate().SetHint(bson.D{{Key: "ts", Value: 1}})).Err()
+		{"updateOne with a hint that is not a name or a key", `hint must be either a string or nested object`, func() error {
+			return coll.Database().RunCommand(ctx, bson.D{{Key: "update", Value: "readings"},
+				{Key: "updates", Value: bson.A{bson.D{{Key: "q", Value: one}, {Key: "u", Value: set}, {Key: "hint", Value: 1}}}}}).Err()
 		}},
 		{"renameCollection", "renameCollection", func() error {
 			return connect(t, p.URI()).Database("admin").RunCommand(ctx, bson.D{{Key: "renameCollection", Value: db + ".readings"}, {Key: "to", Value: db + ".other"}}).Err()
@@ -57,6 +55,21 @@ func TestBucketedWritesRefused(t *testing.T) {
 	if n, err := coll.CountDocuments(ctx, bson.D{{Key: "value", Value: -1.0}}); err != nil || n != 0 {
 		t.Fatalf("refused updates changed %d events (%v)", n, err)
 	}
+	// A hint is accepted and ignored, as on a find: the proxy plans the
+	// write itself.
+	if r, err := coll.UpdateOne(ctx, one, set, options.UpdateOne().SetHint(bson.D{{Key: "ts", Value: 1}})); err != nil || r.ModifiedCount != 1 {
+		t.Fatalf("updateOne with a hint: %+v, %v", r, err)
+	}
+	if err := coll.FindOneAndUpdate(ctx, one, bson.D{{Key: "$set", Value: bson.D{{Key: "value", Value: -2.0}}}}, options.FindOneAndUpdate().SetHint("sensor_1_ts_1")).Err(); err != nil {
+		t.Fatalf("findOneAndUpdate with a hint: %v", err)
+	}
+	if r, err := coll.DeleteOne(ctx, one, options.DeleteOne().SetHint(bson.D{{Key: "ts", Value: 1}})); err != nil || r.DeletedCount != 1 {
+		t.Fatalf("deleteOne with a hint: %+v, %v", r, err)
+	}
+	if n, err := coll.CountDocuments(ctx, bson.D{}); err != nil || n != int64(len(sent)-1) {
+		t.Fatalf("%d events after the hinted delete (%v), want %d", n, err, len(sent)-1)
+	}
+	sent = sent[1:]
 	if n, err := coll.CountDocuments(ctx, bson.D{}); err != nil || n != int64(len(sent)) {
 		t.Fatalf("%d events after refused writes, %v; want %d", n, err, len(sent))
 	}

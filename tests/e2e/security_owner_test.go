@@ -259,11 +259,10 @@ func TestAuthorizationBeforeRefusals(t *testing.T) {
 	}
 	rename := bson.D{{Key: "renameCollection", Value: db + ".other"}, {Key: "to", Value: db + ".readings"}, {Key: "$db", Value: "admin"}}
 	errorReply(t, anon.command(rename), 13, "Unauthorized")
-	// The authenticated user still gets the rule's refusal.
+	// The authenticated user still gets the proxy's refusal.
 	err := s.alice.Database(db).RunCommand(ctx, bson.D{{Key: "findAndModify", Value: "readings"},
-		{Key: "query", Value: bson.D{}}, {Key: "update", Value: bson.D{{Key: "$set", Value: bson.D{{Key: "v", Value: 1}}}}},
-		{Key: "hint", Value: bson.D{{Key: "ts", Value: 1}}}}).Err()
-	if err == nil || !strings.Contains(err.Error(), "tsproxy rule") {
-		t.Fatalf("alice's findAndModify with a hint: %v, want the rule's refusal", err)
+		{Key: "query", Value: bson.D{{Key: "tags", Value: "x"}}}, {Key: "update", Value: bson.D{{Key: "$set", Value: bson.D{{Key: "tags.$", Value: 1}}}}}}).Err()
+	if err == nil || !strings.Contains(err.Error(), "tsproxy") || !strings.Contains(err.Error(), "positional") {
+		t.Fatalf("alice's findAndModify with the positional $: %v, want the proxy's refusal", err)
 	}
 }
