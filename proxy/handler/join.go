@@ -5,6 +5,7 @@ import (
 
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/caps"
+	"github.com/tsproxy/tsproxy/rewrite/crossref"
 	"github.com/tsproxy/tsproxy/rewrite/fanout"
 	"github.com/tsproxy/tsproxy/rewrite/read"
 	"github.com/tsproxy/tsproxy/rewrite/summary"
@@ -28,7 +29,7 @@ func (c *Conn) joinedRules(req *request) []*rules.Rule {
 	seen := map[*rules.Rule]bool{}
 	var walk func(p bson.RawArray, depth int)
 	walk = func(p bson.RawArray, depth int) {
-		if depth > maxPipelineDepth {
+		if depth > crossref.MaxPipelineDepth {
 			return
 		}
 		stages, _ := p.Values()

@@ -10,7 +10,6 @@ import (
 	"github.com/tsproxy/tsproxy/proxy/tier"
 	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rewrite/cursor"
-	"github.com/tsproxy/tsproxy/rewrite/deletes"
 	"github.com/tsproxy/tsproxy/rewrite/fanout"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/updates"
@@ -110,12 +109,7 @@ func (c *Conn) recoverJournal(rule *rules.Rule, caps caps.Upstream) error {
 	}
 	locks := c.heldLocks()
 	defer locks.ReleaseAll()
-	env := updates.Env{
-		Env:         deletes.Env{Caps: caps, Lock: locks.Locker(rule.BucketNamespace()), IDIndex: c.s.IdIndexes},
-		NewObjectID: bson.NewObjectID,
-		Now:         time.Now,
-	}
-	res, err := exec.Drive(c, updates.Recover(rule, env))
+	res, err := exec.Drive(c, updates.Recover(rule, c.updateEnv(rule, caps, locks)))
 	if err == nil && !mongoerr.IsOK(res.Reply) {
 		err = mongoerr.FromReply(res.Reply, "refused")
 	}

@@ -6,7 +6,9 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/tsproxy/tsproxy/proxy/fills"
 	"github.com/tsproxy/tsproxy/rewrite"
+	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rewrite/deletes"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/updates"
@@ -40,12 +42,8 @@ func (c *Conn) serveUpdatePlan(req *request, rule *rules.Rule, build func(rewrit
 	}
 	held := c.heldLocks()
 	defer held.ReleaseAll()
-	env := updates.Env{
-		Env:         deletes.Env{Caps: caps, Lock: held.Locker(rule.BucketNamespace()), IDIndex: c.s.IdIndexes},
-		NewObjectID: bson.NewObjectID,
-		Now:         time.Now,
-		Sweep:       rand.IntN(journalSweepEvery) == 0,
-	}
+	env := c.updateEnv(rule, caps, held)
+	env.Sweep = rand.IntN(journalSweepEvery) == 0
 	if req.retry != nil && req.retry.Retryable {
 		identity, err := c.identity()
 		if err != nil {
@@ -67,3 +65,13 @@ func (c *Conn) serveUpdatePlan(req *request, rule *rules.Rule, build func(rewrit
 // journalSweepEvery: about one update in this many also sweeps the
 // update journal's old records.
 const journalSweepEvery = 64
+
+// updateEnv is what an update plan on rule needs of the proxy, its locks
+// taken through held.
+func (c *Conn) updateEnv(rule *rules.Rule, caps caps.Upstream, held *fills.Held) updates.Env {
+	return updates.Env{
+		Env:         deletes.Env{Caps: caps, Lock: held.Locker(rule.BucketNamespace()), IDIndex: c.s.IdIndexes},
+		NewObjectID: bson.NewObjectID,
+		Now:         time.Now,
+	}
+}
