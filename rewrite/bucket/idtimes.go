@@ -293,7 +293,7 @@ func NewIDTimeLookup(set *IDSet) *IDTimeLookup {
 
 // Finds are the finds to send next, in coll of db (nil: done): the
 // marker and the minutes' documents, then the seconds' of split ones.
-func (l *IDTimeLookup) Finds(coll, db string) [][]byte {
+func (l *IDTimeLookup) Finds(coll, db string) []bsoncore.Document {
 	if l.cannot {
 		return nil
 	}
@@ -312,32 +312,33 @@ func (l *IDTimeLookup) Finds(coll, db string) [][]byte {
 		l.seconds = nil
 	}
 	l.sent = ids
-	cmds := make([][]byte, len(ids))
+	cmds := make([]bsoncore.Document, len(ids))
 	for i, id := range ids {
 		cmds[i] = IDIndexFind(coll, db, id)
 	}
 	return cmds
 }
 
-// Take takes what the last Finds found, a document list each.
-func (l *IDTimeLookup) Take(found [][]bsoncore.Document) {
-	for i, docs := range found {
+// Take takes what the last Finds found: the document of each, nil where
+// none.
+func (l *IDTimeLookup) Take(found []bsoncore.Document) {
+	for i, doc := range found {
 		if i >= len(l.sent) {
 			break
 		}
 		id := l.sent[i]
 		if id == IDIndexMarker {
-			l.marker = len(docs) > 0 && IDTimesComplete(docs[0])
+			l.marker = doc != nil && IDTimesComplete(doc)
 			if !l.marker {
 				l.cannot = true
 				return
 			}
 			continue
 		}
-		if len(docs) == 0 {
+		if doc == nil {
 			continue // nothing came in that minute or second
 		}
-		l.takeDoc(id, docs[0])
+		l.takeDoc(id, doc)
 	}
 	l.sent = nil
 }

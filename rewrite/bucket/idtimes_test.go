@@ -45,13 +45,13 @@ func TestIDTimeLookupServes(t *testing.T) {
 		t.Fatalf("%d finds, want the marker's and two minutes'", len(cmds))
 	}
 	oldMarker := bsoncore.NewDocumentBuilder().AppendString("_id", bucket.IDIndexMarker).AppendInt64("v", 1).Build()
-	l.Take([][]bsoncore.Document{{oldMarker}, nil, nil})
+	l.Take([]bsoncore.Document{oldMarker, nil, nil})
 	if _, ok := l.Candidates(); ok || l.Pending() {
 		t.Fatal("answered under a marker that does not vouch for the id-time documents")
 	}
 	l = bucket.NewIDTimeLookup(bucket.NewIDSet(spread[:2]))
 	l.Finds("ids", "iot")
-	l.Take([][]bsoncore.Document{{bucket.IDIndexMarkerDoc(1)}, nil, nil})
+	l.Take([]bsoncore.Document{bucket.IDIndexMarkerDoc(1), nil, nil})
 	if ids, ok := l.Candidates(); !ok || len(ids) != 0 || l.Pending() {
 		t.Fatalf("no documents for the minutes: candidates %v ok=%v, want none, answered", ids, ok)
 	}

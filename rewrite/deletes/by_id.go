@@ -11,6 +11,7 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/cursor"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/read/point"
+	"github.com/tsproxy/tsproxy/rewrite/source"
 )
 
 // matchByIndex lists the candidates of a statement that names event _ids
@@ -97,22 +98,10 @@ func (d *deleter) lookupIDTimes(set *bucket.IDSet) (*bucket.IDIndexScan, error) 
 		return nil, nil
 	}
 	rule := d.rule()
-	for cmds := l.Finds(rule.IDIndexCollection(), rule.DB); len(cmds) > 0; cmds = l.Finds(rule.IDIndexCollection(), rule.DB) {
-		step := make(rewrite.Step, len(cmds))
-		for i, c := range cmds {
-			step[i] = rewrite.Upstream{Body: c}
-		}
-		replies, ok := d.x.Do(step)
-		if !ok {
-			return nil, rewrite.ErrAborted
-		}
-		found := make([][]bsoncore.Document, len(replies))
-		for i, r := range replies {
-			docs, _, err := cursor.Docs(r)
-			if err != nil {
-				return nil, fmt.Errorf("read the event-id index: %w", err)
-			}
-			found[i] = docs
+	for finds := l.Finds(rule.IDIndexCollection(), rule.DB); len(finds) > 0; finds = l.Finds(rule.IDIndexCollection(), rule.DB) {
+		found, err := source.Lookups(d.x, finds, "read the event-id index")
+		if err != nil {
+			return nil, err
 		}
 		l.Take(found)
 	}

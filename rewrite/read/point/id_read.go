@@ -138,9 +138,13 @@ func IDIndexFind(coll, db string) []byte {
 func (p *PointRead) idLookups() [][]byte {
 	r := p.Ids
 	if r.times != nil {
-		if cmds := r.times.Finds(r.coll, p.db); len(cmds) > 0 {
+		if finds := r.times.Finds(r.coll, p.db); len(finds) > 0 {
 			r.timesSent = true
-			p.LookupsSent += len(cmds)
+			p.LookupsSent += len(finds)
+			cmds := make([][]byte, len(finds))
+			for i, f := range finds {
+				cmds[i] = f
+			}
 			return cmds
 		}
 	}
@@ -231,16 +235,15 @@ func (p *PointRead) idFeed(replies [][]byte) error {
 func (p *PointRead) idTimesFeed(replies [][]byte) error {
 	r := p.Ids
 	r.timesSent = false
-	found := make([][]bsoncore.Document, len(replies))
+	found := make([]bsoncore.Document, len(replies))
 	for i, reply := range replies {
-		doc := bsoncore.Document(reply)
-		if err := doc.Validate(); err != nil {
-			return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: upstream reply is not valid BSON: %v", p.ns, err)
+		doc, err := p.lookupReply(reply)
+		if err != nil {
+			return err
 		}
-		if !mongoerr.IsOK(doc) {
-			return lookupError(p.ns, doc)
+		if docs := batchDocs(doc); len(docs) > 0 {
+			found[i] = docs[0]
 		}
-		found[i] = batchDocs(doc)
 	}
 	r.times.Take(found)
 	scan := r.times.Scan()

@@ -228,12 +228,9 @@ func (p *PointRead) Feed(replies [][]byte) error {
 	}
 	for i, r := range replies {
 		l := p.pending[i]
-		doc := bsoncore.Document(r)
-		if err := doc.Validate(); err != nil {
-			return mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: upstream reply is not valid BSON: %v", p.ns, err)
-		}
-		if !mongoerr.IsOK(doc) {
-			return lookupError(p.ns, doc)
+		doc, err := p.lookupReply(r)
+		if err != nil {
+			return err
 		}
 		k := &p.keys[l.key]
 		if k.done || k.seq != l.seq {
@@ -254,6 +251,19 @@ func (p *PointRead) Feed(replies [][]byte) error {
 }
 
 // lookupError is an upstream's error reply as the proxy's own.
+// lookupReply is the reply to a lookup, or the error it is (not BSON, or
+// the upstream's failure).
+func (p *PointRead) lookupReply(r []byte) (bsoncore.Document, error) {
+	doc := bsoncore.Document(r)
+	if err := doc.Validate(); err != nil {
+		return nil, mongoerr.Errorf(mongoerr.InternalError, "tsproxy rule %s: upstream reply is not valid BSON: %v", p.ns, err)
+	}
+	if !mongoerr.IsOK(doc) {
+		return nil, lookupError(p.ns, doc)
+	}
+	return doc, nil
+}
+
 func lookupError(ns string, reply bsoncore.Document) error {
 	e := mongoerr.FromReply(reply, "")
 	return mongoerr.Errorf(e.Code, "tsproxy rule %s: bucket lookup failed upstream: %s", ns, e.Msg)

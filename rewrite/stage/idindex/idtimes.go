@@ -9,7 +9,7 @@ import (
 
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
-	"github.com/tsproxy/tsproxy/rewrite/cursor"
+	"github.com/tsproxy/tsproxy/rewrite/source"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
 )
 
@@ -23,12 +23,13 @@ import (
 func (w *Writer) writeIDTimes(x *rewrite.Exec, buckets []Bucket) error {
 	split := func(minute int64) bool { return w.known(bucket.IDTimeTarget{Second: minute}).Full }
 	times := w.idTimes(buckets, split)
-	if err := w.learn(x, times.Targets()); err != nil {
+	targets := times.Targets()
+	if err := w.learn(x, targets); err != nil {
 		return err
 	}
 	var marks []bucket.IDTimeTarget
 	filling := map[int64]bool{}
-	for _, t := range times.Targets() {
+	for _, t := range targets {
 		if k := w.known(t); !t.BySecond && (k.Full || k.N+int64(t.Added) > t.Cap()) {
 			filling[t.Second] = true
 			if !k.Full {
@@ -38,14 +39,15 @@ func (w *Writer) writeIDTimes(x *rewrite.Exec, buckets []Bucket) error {
 	}
 	if len(filling) > 0 {
 		times = w.idTimes(buckets, func(minute int64) bool { return split(minute) || filling[minute] })
-		if err := w.learn(x, times.Targets()); err != nil {
+		targets = times.Targets()
+		if err := w.learn(x, targets); err != nil {
 			return err
 		}
 	}
 	stmts := times.Updates()
 	var writes []bsoncore.Document
 	var wrote []bucket.IDTimeTarget
-	for i, t := range times.Targets() {
+	for i, t := range targets {
 		switch k := w.known(t); {
 		case k.Full: // a full second: finds of its ids read the whole index
 		case t.BySecond && k.N+int64(t.Added) > t.Cap():
@@ -86,29 +88,22 @@ func (w *Writer) known(t bucket.IDTimeTarget) stage.IDTimeKnown {
 // learn finds the documents of targets the term knows nothing of, in
 // one step.
 func (w *Writer) learn(x *rewrite.Exec, targets []bucket.IDTimeTarget) error {
-	var step rewrite.Step
 	var ids []string
+	var finds []bsoncore.Document
 	for _, t := range targets {
 		if _, ok := w.Series.IDTime(t.ID()); !ok && !slices.Contains(ids, t.ID()) {
 			ids = append(ids, t.ID())
-			step = append(step, rewrite.Upstream{Body: bucket.IDIndexFind(w.coll(), w.Rule.DB, t.ID())})
+			finds = append(finds, bucket.IDIndexFind(w.coll(), w.Rule.DB, t.ID()))
 		}
 	}
-	if len(step) == 0 {
-		return nil
+	found, err := source.Lookups(x, finds, "read the event-id index's id-time documents")
+	if err != nil {
+		return err
 	}
-	replies, ok := x.Do(step)
-	if !ok {
-		return rewrite.ErrAborted
-	}
-	for i, reply := range replies {
-		docs, _, err := cursor.Docs(reply)
-		if err != nil {
-			return fmt.Errorf("read the event-id index's id-time documents: %w", err)
-		}
+	for i, doc := range found {
 		var k stage.IDTimeKnown
-		if len(docs) > 0 {
-			k.N, k.Full = bucket.IDTimeState(docs[0])
+		if doc != nil {
+			k.N, k.Full = bucket.IDTimeState(doc)
 		}
 		w.Series.NoteIDTime(ids[i], k)
 	}

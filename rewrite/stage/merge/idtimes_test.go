@@ -152,12 +152,12 @@ func lookupIDTimes(t *testing.T, m *mem, ids ...bson.ObjectID) ([]bson.ObjectID,
 	rounds := 0
 	for cmds := l.Finds(coll, "iot"); len(cmds) > 0; cmds = l.Finds(coll, "iot") {
 		rounds++
-		found := make([][]bsoncore.Document, len(cmds))
+		found := make([]bsoncore.Document, len(cmds))
 		for i, c := range cmds {
-			want := bsoncore.Document(c).Lookup("filter", "_id")
+			want := c.Lookup("filter", "_id")
 			for _, d := range m.colls[coll] {
 				if d.Lookup("_id").Equal(want) {
-					found[i] = append(found[i], d)
+					found[i] = d
 				}
 			}
 		}
