@@ -25,7 +25,7 @@ func (s *Server) CheckRules(ctx context.Context) {
 		_ = up.SetDeadline(dl)
 	}
 	for _, r := range s.opts.Rules.All() {
-		reply, err := exec.CommandDoc(up, bson.D{{Key: "count", Value: r.Collection}, {Key: "$db", Value: r.DB}})
+		reply, err := exec.RunDoc(up, bson.D{{Key: "count", Value: r.Collection}, {Key: "$db", Value: r.DB}})
 		if err != nil {
 			s.log.Warn("could not check rule namespace for plain documents", "rule", r.Namespace, "err", err.Error())
 			return

@@ -2,7 +2,9 @@ package proxy
 
 import (
 	"bufio"
+	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -178,4 +180,50 @@ func (c *conn) forceClose() {
 	}
 	c.nc.Close()
 	c.h.Abort()
+}
+
+func (s *Server) startConn(nc net.Conn) {
+	if tc, ok := nc.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true)
+	}
+	c := newConn(s, nc, s.nextID.Add(1))
+	over := s.numConns.Add(1) > int64(s.opts.MaxConnections)
+	s.mu.Lock()
+	if s.closing.Load() {
+		s.mu.Unlock()
+		s.numConns.Add(-1)
+		nc.Close()
+		return
+	}
+	s.conns[c] = struct{}{}
+	s.connWG.Add(1)
+	s.mu.Unlock()
+	s.tel.ConnOpened()
+	go func() {
+		defer func() {
+			s.mu.Lock()
+			delete(s.conns, c)
+			s.mu.Unlock()
+			s.numConns.Add(-1)
+			s.tel.ConnClosed()
+			s.connWG.Done()
+		}()
+		if tc, ok := nc.(*tls.Conn); ok {
+			// The handshake, bounded: run by the first read otherwise,
+			// a client that never sent its hello held a slot for good.
+			_ = tc.SetDeadline(time.Now().Add(s.opts.FrameTimeout))
+			if err := tc.Handshake(); err != nil {
+				c.log.Warn("closing client connection: TLS handshake failed", "err", err.Error())
+				s.tel.ErrorSeen("tls_handshake")
+				nc.Close()
+				return
+			}
+			_ = tc.SetDeadline(time.Time{})
+		}
+		if over {
+			c.refuse(fmt.Sprintf("tsproxy: connection limit of %d reached", s.opts.MaxConnections))
+			return
+		}
+		c.serve()
+	}()
 }

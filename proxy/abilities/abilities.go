@@ -91,7 +91,7 @@ func (u *Upstream) Caps(up *upstream.Conn) (caps.Upstream, error) {
 		return caps, nil
 	}
 	st.mu.Unlock()
-	reply, err := exec.CommandDoc(up, bson.D{{Key: "buildInfo", Value: 1}, {Key: "$db", Value: "admin"}})
+	reply, err := exec.RunDoc(up, bson.D{{Key: "buildInfo", Value: 1}, {Key: "$db", Value: "admin"}})
 	if err != nil {
 		return caps.Upstream{}, err
 	}
@@ -263,7 +263,7 @@ func (u *Upstream) drive(plan rewrite.Plan, wrap func(exec.Runner) exec.Runner) 
 // probeIDLookup explains a find by _id on db.coll; false when the
 // upstream gives no plan (no such collection) or refuses.
 func probeIDLookup(up exec.Commander, db, coll string) (read.IDLookupCost, bool) {
-	reply, err := exec.CommandDoc(up, bson.D{
+	reply, err := exec.RunDoc(up, bson.D{
 		{Key: "explain", Value: bson.D{{Key: "find", Value: coll}, {Key: "filter", Value: bson.D{{Key: "_id", Value: bson.NilObjectID}}}}},
 		{Key: "$db", Value: db},
 	})

@@ -172,7 +172,7 @@ func (cat *Catalog) createRace(cl Client, created rules.Created, err error) erro
 func (cat *Catalog) checkNameFree(cl Client, rule *rules.Rule) error {
 	for _, name := range []string{rule.Collection, rule.BucketCollection} {
 		cmd := bson.D{{Key: "listCollections", Value: 1}, {Key: "filter", Value: bson.D{{Key: "name", Value: name}}}, {Key: "nameOnly", Value: true}, {Key: "$db", Value: rule.DB}}
-		reply, err := exec.CommandDoc(cl.Upstream(), cmd)
+		reply, err := exec.RunDoc(cl.Upstream(), cmd)
 		if err != nil {
 			return mongoerr.Errorf(mongoerr.HostUnreachable, "tsproxy: create of %s: %v", rule.Namespace, err)
 		}
@@ -186,7 +186,7 @@ func (cat *Catalog) checkNameFree(cl Client, rule *rules.Rule) error {
 		if name == rule.Collection {
 			return admin.PlainExistsError(rule.Namespace)
 		}
-		count, err := exec.CommandDoc(cl.Upstream(), bson.D{{Key: "count", Value: name}, {Key: "$db", Value: rule.DB}})
+		count, err := exec.RunDoc(cl.Upstream(), bson.D{{Key: "count", Value: name}, {Key: "$db", Value: rule.DB}})
 		if err != nil {
 			return mongoerr.Errorf(mongoerr.HostUnreachable, "tsproxy: create of %s: %v", rule.Namespace, err)
 		}

@@ -313,7 +313,7 @@ func (cat *Catalog) readAll(up *upstream.Conn) (map[string]admin.CatalogEntry, e
 	entries := map[string]admin.CatalogEntry{}
 	cmd := admin.CatalogFind()
 	for {
-		reply, err := exec.Command(up, cmd)
+		reply, err := exec.Run(up, cmd)
 		if err != nil {
 			return nil, fmt.Errorf("tsproxy: reading the time-series catalog: %w", err)
 		}
@@ -395,7 +395,7 @@ func (cat *Catalog) Write(cmd []byte) (int64, error) {
 // catalogWrite runs an insert, update or delete of the catalog: its n,
 // or the upstream's refusal (a duplicate key among them).
 func catalogWrite(up *upstream.Conn, cmd []byte) (int64, error) {
-	reply, err := exec.Command(up, cmd)
+	reply, err := exec.Run(up, cmd)
 	if err != nil {
 		return 0, err
 	}

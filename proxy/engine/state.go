@@ -145,7 +145,7 @@ const BucketIndexFailure = "could not create the bucket index {meta: 1, start: 1
 // sweeper deleted (those whose window starts before cutoff). A failure
 // only leaves stale entries, which cost a lookup and never an answer.
 func (s *Engine) sweepIDIndex(up *upstream.Conn, rule *rules.Rule, cutoff time.Time) {
-	reply, err := exec.CommandDoc(up, bucket.IDIndexSweepCommand(rule, cutoff))
+	reply, err := exec.RunDoc(up, bucket.IDIndexSweepCommand(rule, cutoff))
 	if err == nil {
 		err = upstream.CommandError(reply)
 	}

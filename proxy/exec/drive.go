@@ -7,6 +7,7 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/upstream"
 	"github.com/tsproxy/tsproxy/wire"
+	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
 // Runner sends one plan step upstream and returns copies of the
@@ -97,4 +98,30 @@ func AppendFrame(dst []byte, u rewrite.Upstream) ([]byte, error) {
 		return nil, fmt.Errorf("encode upstream command: %w", err)
 	}
 	return frame, nil
+}
+
+// The proxy's single commands and raw round trips go through here too,
+// so that every upstream byte of the proxy has one way out.
+
+// Commander runs a command the proxy itself builds (*upstream.Conn
+// does).
+type Commander interface {
+	Command(cmd any) (bson.Raw, error)
+}
+
+// Run runs one command body on up, an upstream connection of the
+// proxy's own, as a one-step plan, and returns its reply.
+func Run(up *upstream.Conn, body []byte) (bson.Raw, error) {
+	res, err := Drive(OnConn{Up: up}, rewrite.Passthrough(body, nil))
+	return bson.Raw(res.Reply), err
+}
+
+// RunDoc runs cmd, a document the proxy built, on up; the reply
+// aliases up's buffer.
+func RunDoc(up Commander, cmd any) (bson.Raw, error) { return up.Command(cmd) }
+
+// Forward sends a client's frame on up as it is and returns the reply
+// frame (passthrough).
+func Forward(up *upstream.Conn, frame []byte) (wire.Header, []byte, error) {
+	return up.RoundTrip(frame)
 }

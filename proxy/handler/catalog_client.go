@@ -62,3 +62,11 @@ var (
 	_ catalog.Client = catalogClient{}
 	_ admin.Client   = catalogClient{}
 )
+
+func (c *Conn) serveFlush(req *request) error {
+	return admin.ServeFlush(c.s.Tier(), c.catalogClient(req))
+}
+
+func (c *Conn) serveStagingFormat(req *request) error {
+	return admin.ServeStagingFormat(c.s.Tier(), c.catalogClient(req))
+}

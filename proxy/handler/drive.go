@@ -1,6 +1,7 @@
 package handler
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/tsproxy/tsproxy/proxy/cursors"
@@ -185,4 +186,29 @@ func (c *Conn) upstreamFrame(u rewrite.Upstream) ([]byte, error) {
 	}
 	c.outBuf = frame[:0]
 	return frame, nil
+}
+
+// roundTripBody sends a frame the proxy built and returns a copy of the
+// reply's body (the frame's buffer is reused by the next read).
+func (c *Conn) roundTripBody(frame []byte) ([]byte, error) {
+	_, rf, err := exec.Forward(c.up, frame)
+	if err != nil {
+		return nil, err
+	}
+	var m wire.Msg
+	if err := m.Decode(rf); err != nil {
+		return nil, fmt.Errorf("upstream reply: %w", err)
+	}
+	return append([]byte(nil), m.Body...), nil
+}
+
+// roundTripInSlot is roundTripBody holding one of the upstream's write
+// slots while the command runs, when slotted: FerretDB hangs on about 100
+// update statements at once, so bucket updates there are bounded
+// (upstreamState.writeSlots).
+func (c *Conn) roundTripInSlot(frame []byte, slotted bool) ([]byte, error) {
+	if slotted {
+		defer c.s.Abilities.Slot()()
+	}
+	return c.roundTripBody(frame)
 }

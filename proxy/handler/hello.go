@@ -45,7 +45,7 @@ func (c *Conn) handleHello(req *request) error {
 	c.outBuf = frame[:0]
 	span := c.s.Tel.Start(req.name, req.db, routePassthrough.String(), req.start)
 	upStart := time.Now()
-	_, rf, err := exec.RoundTrip(c.up, frame)
+	_, rf, err := exec.Forward(c.up, frame)
 	c.endAfterReply(span, time.Since(upStart), err)
 	if err != nil {
 		return err

@@ -26,7 +26,7 @@ func (c *Conn) stopIDIndex(rule *rules.Rule) error {
 	if v, ok := c.s.IdIndexOff.Load(ns); ok && v.(time.Time).Equal(term.Since) {
 		return nil
 	}
-	reply, err := exec.CommandDoc(c.up, bucket.IDIndexStopCommand(rule))
+	reply, err := exec.RunDoc(c.up, bucket.IDIndexStopCommand(rule))
 	if err != nil {
 		return err
 	}

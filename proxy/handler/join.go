@@ -12,12 +12,6 @@ import (
 	"github.com/tsproxy/tsproxy/rules"
 )
 
-// isJoinStage says whether crossRefRule's stage is one the proxy runs
-// itself when it names a bucketed namespace from a plain collection.
-func isJoinStage(what string) bool {
-	return what == "$lookup" || what == "$graphLookup" || what == "$unionWith"
-}
-
 // joinedRules are the rules whose namespaces an aggregate's join stages
 // name, at any depth ($lookup and $unionWith pipelines, $facet).
 func (c *Conn) joinedRules(req *request) []*rules.Rule {
@@ -25,60 +19,7 @@ func (c *Conn) joinedRules(req *request) []*rules.Rule {
 	if !ok {
 		return nil
 	}
-	var out []*rules.Rule
-	seen := map[*rules.Rule]bool{}
-	var walk func(p bson.RawArray, depth int)
-	walk = func(p bson.RawArray, depth int) {
-		if depth > crossref.MaxPipelineDepth {
-			return
-		}
-		stages, _ := p.Values()
-		for _, sv := range stages {
-			stage, ok := sv.DocumentOK()
-			if !ok {
-				continue
-			}
-			elems, _ := stage.Elements()
-			if len(elems) != 1 {
-				continue
-			}
-			arg := elems[0].Value()
-			var names []string
-			var subs []bson.RawArray
-			if s, ok := arg.StringValueOK(); ok && elems[0].Key() == "$unionWith" {
-				names = append(names, s)
-			}
-			if d, ok := arg.DocumentOK(); ok {
-				for _, k := range []string{"from", "coll"} {
-					if s, ok := d.Lookup(k).StringValueOK(); ok {
-						names = append(names, s)
-					}
-				}
-				if sp, ok := d.Lookup("pipeline").ArrayOK(); ok {
-					subs = append(subs, sp)
-				}
-				if elems[0].Key() == "$facet" {
-					fe, _ := d.Elements()
-					for _, f := range fe {
-						if fp, ok := f.Value().ArrayOK(); ok {
-							subs = append(subs, fp)
-						}
-					}
-				}
-			}
-			for _, n := range names {
-				if r := c.rules.Lookup(req.db, n); r != nil && !seen[r] {
-					seen[r] = true
-					out = append(out, r)
-				}
-			}
-			for _, sp := range subs {
-				walk(sp, depth+1)
-			}
-		}
-	}
-	walk(arr, 0)
-	return out
+	return crossref.JoinedRules(c.rules, req.db, arr)
 }
 
 // serveJoin runs an aggregate on a plain collection that joins bucketed

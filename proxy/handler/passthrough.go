@@ -58,7 +58,7 @@ func (c *Conn) passthrough(req *request) error {
 	}
 	span := c.s.Tel.Start(req.name, req.db, routePassthrough.String(), req.start)
 	upStart := time.Now()
-	_, reply, err := exec.RoundTrip(c.up, fwd)
+	_, reply, err := exec.Forward(c.up, fwd)
 	c.endAfterReply(span, time.Since(upStart), err)
 	if err != nil {
 		return err // afterLinkLoss decides whether the client keeps its connection

@@ -68,7 +68,7 @@ func (c *Conn) createQuoted(req *request, coll string, failed, fwd []byte) (body
 	if req.name == "create" {
 		return okReply(), nil, nil
 	}
-	_, retried, err = exec.RoundTrip(c.up, fwd)
+	_, retried, err = exec.Forward(c.up, fwd)
 	return nil, retried, err
 }
 
@@ -79,12 +79,12 @@ func (c *Conn) makeQuoted(db, coll string, opts bson.D) error {
 	_, _ = rand.Read(b[:])
 	tmp := "tsproxy_quoted_" + hex.EncodeToString(b[:])
 	create := append(append(bson.D{{Key: "create", Value: tmp}}, opts...), bson.E{Key: "$db", Value: db})
-	if err := commandOK(exec.CommandDoc(c.up, create)); err != nil {
+	if err := commandOK(exec.RunDoc(c.up, create)); err != nil {
 		return fmt.Errorf("create %s: %w", tmp, err)
 	}
 	rename := bson.D{{Key: "renameCollection", Value: db + "." + tmp}, {Key: "to", Value: db + "." + coll}, {Key: "$db", Value: "admin"}}
-	if err := commandOK(exec.CommandDoc(c.up, rename)); err != nil {
-		_ = commandOK(exec.CommandDoc(c.up, bson.D{{Key: "drop", Value: tmp}, {Key: "$db", Value: db}}))
+	if err := commandOK(exec.RunDoc(c.up, rename)); err != nil {
+		_ = commandOK(exec.RunDoc(c.up, bson.D{{Key: "drop", Value: tmp}, {Key: "$db", Value: db}}))
 		return fmt.Errorf("renameCollection %s: %w", tmp, err)
 	}
 	return nil

@@ -90,7 +90,7 @@ type journalCheck struct {
 // journalPending says whether rule's update journal holds a pending
 // record.
 func (c *Conn) journalPending(rule *rules.Rule) (bool, error) {
-	reply, err := exec.CommandDoc(c.up, bson.Raw(updates.PendingFind(rule)))
+	reply, err := exec.RunDoc(c.up, bson.Raw(updates.PendingFind(rule)))
 	if err != nil {
 		return false, err
 	}

@@ -178,7 +178,7 @@ func (r *Retainer) retainCollection(up *upstream.Conn, rule *rules.Rule, e rollu
 // options, or no privilege) gets swept instead, which removes exactly the
 // same documents; why is returned for the log.
 func ensureTTL(up *upstream.Conn, rule *rules.Rule, e rollup.Expiry) (mode retentionMode, why string, err error) {
-	reply, err := exec.CommandDoc(up, rollup.TTLIndexCommand(rule, e))
+	reply, err := exec.RunDoc(up, rollup.TTLIndexCommand(rule, e))
 	if err != nil {
 		return modeUnknown, "", fmt.Errorf("create TTL index on %s.%s: %w", rule.DB, e.Collection, err)
 	}
@@ -190,7 +190,7 @@ func ensureTTL(up *upstream.Conn, rule *rules.Rule, e rollup.Expiry) (mode reten
 
 // sweepOnce deletes e's expired documents and returns how many.
 func sweepOnce(up *upstream.Conn, rule *rules.Rule, e rollup.Expiry, now time.Time) (int64, error) {
-	reply, err := exec.CommandDoc(up, rollup.SweepCommand(rule, e, e.Cutoff(rule, now)))
+	reply, err := exec.RunDoc(up, rollup.SweepCommand(rule, e, e.Cutoff(rule, now)))
 	if err != nil {
 		return 0, fmt.Errorf("sweep %s.%s: %w", rule.DB, e.Collection, err)
 	}

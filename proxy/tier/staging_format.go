@@ -137,7 +137,7 @@ func ruleUsed(up lease.Commander, rule *rules.Rule) (bool, error) {
 		{{Key: "find", Value: rule.BucketCollection}, {Key: "projection", Value: bson.D{{Key: "_id", Value: 1}}},
 			{Key: "limit", Value: 1}, {Key: "singleBatch", Value: true}, {Key: "$db", Value: rule.DB}},
 	} {
-		reply, err := exec.CommandDoc(up, cmd)
+		reply, err := exec.RunDoc(up, cmd)
 		if err == nil {
 			err = upstream.CommandError(reply)
 		}

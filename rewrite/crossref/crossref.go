@@ -7,6 +7,7 @@
 package crossref
 
 import (
+	"slices"
 	"strings"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -52,15 +53,69 @@ func Find(rs *rules.Set, name, db string, body bson.Raw, nsInfo [][]byte) (*rule
 	return nil, ""
 }
 
-// MaxPipelineDepth bounds the nesting pipelineRef follows ($lookup and
+// MaxPipelineDepth bounds the nesting the walk follows ($lookup and
 // $unionWith pipelines, $facet): past it the upstream refuses anyway.
 const MaxPipelineDepth = 20
+
+// Ref is a namespace a pipeline stage names: the stage ("$lookup",
+// "$graphLookup", "$unionWith", "$out" or "$merge") and its database and
+// collection.
+type Ref struct {
+	Stage    string
+	DB, Coll string
+}
+
+// PipelineRefs lists, in order, every namespace that pipeline (run on
+// db) names in a stage, at any depth of its nested pipelines.
+func PipelineRefs(db string, pipeline bson.RawArray) []Ref {
+	var out []Ref
+	walkPipeline(db, pipeline, 0, func(r Ref) bool { out = append(out, r); return true })
+	return out
+}
+
+// JoinedRules are the distinct rules of rs whose namespaces a pipeline's
+// join stages ($lookup, $graphLookup, $unionWith) name, at any depth.
+func JoinedRules(rs *rules.Set, db string, pipeline bson.RawArray) []*rules.Rule {
+	var out []*rules.Rule
+	for _, ref := range PipelineRefs(db, pipeline) {
+		if !IsJoinStage(ref.Stage) {
+			continue
+		}
+		if r := rs.Lookup(ref.DB, ref.Coll); r != nil && !slices.Contains(out, r) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// IsJoinStage says whether stage only reads the namespace it names: the
+// proxy runs such a stage itself when it names a bucketed namespace
+// from a plain collection.
+func IsJoinStage(stage string) bool {
+	return stage == "$lookup" || stage == "$graphLookup" || stage == "$unionWith"
+}
 
 // pipelineRef finds a stage of pipeline (of database db) that names a
 // rule's namespace.
 func pipelineRef(rs *rules.Set, db string, pipeline bson.RawArray, depth int) (*rules.Rule, string) {
+	var rule *rules.Rule
+	var what string
+	walkPipeline(db, pipeline, depth, func(r Ref) bool {
+		if rule = rs.Lookup(r.DB, r.Coll); rule != nil {
+			what = r.Stage
+			return false
+		}
+		return true
+	})
+	return rule, what
+}
+
+// walkPipeline calls visit with each namespace a stage of pipeline
+// names (a stage's own before those of its nested pipelines), until
+// visit returns false; it returns false when stopped.
+func walkPipeline(db string, pipeline bson.RawArray, depth int, visit func(Ref) bool) bool {
 	if depth > MaxPipelineDepth {
-		return nil, ""
+		return true
 	}
 	stages, _ := pipeline.Values()
 	for _, sv := range stages {
@@ -72,78 +127,84 @@ func pipelineRef(rs *rules.Set, db string, pipeline bson.RawArray, depth int) (*
 		if len(elems) != 1 {
 			continue
 		}
-		name, arg := elems[0].Key(), elems[0].Value()
-		var colls []string
-		var subs []bson.RawArray
-		switch name {
-		case "$lookup", "$graphLookup":
-			if d, ok := arg.DocumentOK(); ok {
-				if from, ok := d.Lookup("from").StringValueOK(); ok {
-					colls = append(colls, from)
-				}
-				if p, ok := d.Lookup("pipeline").ArrayOK(); ok {
-					subs = append(subs, p)
-				}
-			}
-		case "$unionWith":
-			if s, ok := arg.StringValueOK(); ok {
-				colls = append(colls, s)
-			} else if d, ok := arg.DocumentOK(); ok {
-				if coll, ok := d.Lookup("coll").StringValueOK(); ok {
-					colls = append(colls, coll)
-				}
-				if p, ok := d.Lookup("pipeline").ArrayOK(); ok {
-					subs = append(subs, p)
-				}
-			}
-		case "$out":
-			if s, ok := arg.StringValueOK(); ok {
-				colls = append(colls, s)
-			} else if d, ok := arg.DocumentOK(); ok {
-				if rule := rulesOf(rs, d); rule != nil {
-					return rule, name
-				}
-			}
-		case "$merge":
-			if s, ok := arg.StringValueOK(); ok {
-				colls = append(colls, s)
-			} else if d, ok := arg.DocumentOK(); ok {
-				into := d.Lookup("into")
-				if s, ok := into.StringValueOK(); ok {
-					colls = append(colls, s)
-				} else if id, ok := into.DocumentOK(); ok {
-					if rule := rulesOf(rs, id); rule != nil {
-						return rule, name
-					}
-				}
-			}
-		case "$facet":
-			if d, ok := arg.DocumentOK(); ok {
-				fe, _ := d.Elements()
-				for _, f := range fe {
-					if p, ok := f.Value().ArrayOK(); ok {
-						subs = append(subs, p)
-					}
-				}
-			}
-		}
-		for _, coll := range colls {
-			if rule := rs.Lookup(db, coll); rule != nil {
-				return rule, name
+		name := elems[0].Key()
+		refs, subs := stageRefs(db, name, elems[0].Value())
+		for _, r := range refs {
+			if !visit(r) {
+				return false
 			}
 		}
 		for _, p := range subs {
-			if rule, what := pipelineRef(rs, db, p, depth+1); rule != nil {
-				return rule, what
+			if !walkPipeline(db, p, depth+1, visit) {
+				return false
 			}
 		}
 	}
-	return nil, ""
+	return true
 }
 
-// rulesOf is the rule of a stage's {db, coll} target, or nil.
-func rulesOf(rs *rules.Set, d bson.Raw) *rules.Rule {
-	db, _ := d.Lookup("db").StringValueOK()
-	coll, _ := d.Lookup("coll").StringValueOK()
-	return rs.Lookup(db, coll)
+// stageRefs are the namespaces one stage names and its nested pipelines.
+func stageRefs(db, name string, arg bson.RawValue) ([]Ref, []bson.RawArray) {
+	var refs []Ref
+	var subs []bson.RawArray
+	in := func(coll string) { refs = append(refs, Ref{Stage: name, DB: db, Coll: coll}) }
+	target := func(d bson.Raw) {
+		tdb, ok := d.Lookup("db").StringValueOK()
+		if !ok {
+			tdb = db // $merge's into may leave out db
+		}
+		coll, _ := d.Lookup("coll").StringValueOK()
+		refs = append(refs, Ref{Stage: name, DB: tdb, Coll: coll})
+	}
+	d, isDoc := arg.DocumentOK()
+	switch name {
+	case "$lookup", "$graphLookup":
+		if !isDoc {
+			break
+		}
+		if from, ok := d.Lookup("from").StringValueOK(); ok {
+			in(from)
+		}
+		if p, ok := d.Lookup("pipeline").ArrayOK(); ok {
+			subs = append(subs, p)
+		}
+	case "$unionWith":
+		if s, ok := arg.StringValueOK(); ok {
+			in(s)
+		} else if isDoc {
+			if coll, ok := d.Lookup("coll").StringValueOK(); ok {
+				in(coll)
+			}
+			if p, ok := d.Lookup("pipeline").ArrayOK(); ok {
+				subs = append(subs, p)
+			}
+		}
+	case "$out":
+		if s, ok := arg.StringValueOK(); ok {
+			in(s)
+		} else if isDoc {
+			target(d)
+		}
+	case "$merge":
+		if s, ok := arg.StringValueOK(); ok {
+			in(s)
+		} else if isDoc {
+			into := d.Lookup("into")
+			if s, ok := into.StringValueOK(); ok {
+				in(s)
+			} else if id, ok := into.DocumentOK(); ok {
+				target(id)
+			}
+		}
+	case "$facet":
+		if isDoc {
+			fe, _ := d.Elements()
+			for _, f := range fe {
+				if p, ok := f.Value().ArrayOK(); ok {
+					subs = append(subs, p)
+				}
+			}
+		}
+	}
+	return refs, subs
 }

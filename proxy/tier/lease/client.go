@@ -220,7 +220,7 @@ func (c Client) upsertByID(id string, set bson.D) error {
 // run sends cmd to the lease database and returns the reply, or the
 // upstream's refusal as an error.
 func (c Client) run(cmd bson.D) (bson.Raw, error) {
-	reply, err := exec.CommandDoc(c.Up, append(cmd, bson.E{Key: "$db", Value: c.DB}))
+	reply, err := exec.RunDoc(c.Up, append(cmd, bson.E{Key: "$db", Value: c.DB}))
 	if err != nil {
 		return nil, err
 	}

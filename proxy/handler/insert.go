@@ -8,12 +8,75 @@ import (
 	"github.com/tsproxy/tsproxy/proxy/tier"
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/caps"
+	"github.com/tsproxy/tsproxy/rewrite/fanout"
 	"github.com/tsproxy/tsproxy/rewrite/insert"
 	"github.com/tsproxy/tsproxy/rewrite/layout"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/stage"
 	"github.com/tsproxy/tsproxy/rules"
 )
+
+// rewriteInsert stores the events of an insert as buckets (rewrite/insert),
+// per partition for a partitioned rule (rewrite/fanout), then counts
+// them into the rule's rollups. Each part prepares its events (validation,
+// stored forms, grouping) before locking, so that inserts into the same
+// series overlap that work with each other's upstream round trips, then
+// runs under the locks of its (series, window) keys, which are held until
+// the client has its reply: a reply that could not be delivered, or an
+// outcome not known, makes the proxy forget those keys' fills.
+//
+// An unacknowledged insert (moreToCome) is run acknowledged upstream all
+// the same, without answering the client: the proxy needs the replies to
+// keep its fills exact and to retry duplicate keys.
+func (c *Conn) rewriteInsert(req *request, rule *rules.Rule) error {
+	if staged, _, err := c.stagedRule(rule); err != nil {
+		return err
+	} else if staged {
+		return c.stagedInsert(req, rule)
+	}
+	caps, err := c.startWrite(rule)
+	if err != nil {
+		return err
+	}
+	if err := c.stopIDIndex(rule); err != nil {
+		return c.refuseBeforeWrite(req, rule, err, c.replyRewriteError)
+	}
+	cmd := commandOf(req)
+	held := c.heldLocks()
+	defer held.ReleaseAll()
+	part := func(r *rules.Rule, cmd rewrite.Command, indexes []int) rewrite.Plan {
+		prepared, err := insert.Prepare(cmd, r, bson.NewObjectID)
+		if err != nil {
+			// As MongoDB answers a document it cannot take.
+			return rewrite.Fail(mongoerr.Errorf(mongoerr.FailedToParse, "%s", err.Error()))
+		}
+		locked := held.Lock(r.BucketNamespace(), prepared.Keys())
+		return insert.Plan(cmd, prepared, insert.Env{Caps: caps, NewObjectID: bson.NewObjectID, Fills: locked, Check: c.keysToCheck(req, rule, caps, locked), StmtIDs: indexes})
+	}
+	var p rewrite.Plan
+	if rule.Partitioned() {
+		parts, ordered := fanout.SplitInsert(cmd, rule, time.Now().UnixMilli())
+		for _, pt := range parts {
+			c.ensureBucketIndex(fanout.Rule(rule, pt.Collection))
+		}
+		p = fanout.Insert(parts, ordered, rule, part)
+	} else {
+		c.ensureBucketIndex(rule)
+		p = part(rule, cmd, nil)
+	}
+	c.ensureLifecycle(rule)
+	res, err := c.runPlan(req, rule, routeRewrite, p)
+	if err == nil && mongoerr.IsOK(res.Reply) {
+		err = c.maintainRollups(rule, cmd, res.Reply)
+	}
+	if err == nil {
+		err = c.answer(req, rule, res)
+	}
+	if err != nil {
+		held.ForgetAll()
+	}
+	return err
+}
 
 func (c *Conn) stagedRule(rule *rules.Rule) (bool, caps.Upstream, error) {
 	caps, err := c.upstreamCaps()
