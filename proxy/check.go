@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/tsproxy/tsproxy/proxy/exec"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
@@ -30,7 +31,7 @@ func (s *Server) CheckRules(ctx context.Context) {
 			s.log.Warn("could not check rule namespace for plain documents", "rule", r.Namespace, "err", err.Error())
 			return
 		}
-		if ok, _ := reply.Lookup("ok").AsFloat64OK(); ok != 1 {
+		if !mongoerr.IsOK(reply) {
 			s.log.Warn("could not check rule namespace for plain documents", "rule", r.Namespace, "err", reply.Lookup("errmsg").StringValue())
 			continue
 		}

@@ -215,7 +215,7 @@ func NotAuthorized(db, command string) error {
 // as the upstream gave it.
 func IsUnauthorized(reply []byte) bool {
 	doc := bsoncore.Document(reply)
-	if ok, _ := doc.Lookup("ok").AsFloat64OK(); ok == 1 {
+	if mongoerr.IsOK(doc) {
 		return false
 	}
 	code, _ := doc.Lookup("code").AsInt64OK()

@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"slices"
 	"time"
 )
 
@@ -107,6 +108,10 @@ type Created struct {
 	// ExpireAtWindowEnd: expireAfterSeconds 0 was given (MongoDB's "once
 	// the bucket's whole time range has passed"), with ExpireAfterSeconds 0.
 	ExpireAtWindowEnd bool
+	// Aggregates are the measurements an index was created on: every
+	// bucket written since keeps their min and max (MongoDB keeps
+	// control.min/max of every field).
+	Aggregates []string
 }
 
 // Expires reports whether c's events expire at all.
@@ -132,6 +137,7 @@ func NewCreatedRule(c Created) Rule {
 		MaxStaged:   DefaultMaxStaged,
 		ExpireAfter: time.Duration(c.ExpireAfterSeconds) * time.Second,
 		Declared:    &declared,
+		Aggregates:  slices.Clone(c.Aggregates),
 	}
 	r.ExpireAtWindowEnd = c.ExpireAtWindowEnd && r.ExpireAfter == 0
 	if r.Expires() {
@@ -149,6 +155,7 @@ func (r *Rule) CreatedOf() Created {
 		SpanSeconds:        int64(r.Span / time.Second),
 		ExpireAfterSeconds: int64(r.ExpireAfter / time.Second),
 		ExpireAtWindowEnd:  r.ExpireAtWindowEnd && r.ExpireAfter == 0,
+		Aggregates:         slices.Clone(r.Aggregates),
 	}
 	if r.Declared != nil {
 		c.Declared = *r.Declared

@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"reflect"
 	"testing"
 	"time"
 )
@@ -54,7 +55,7 @@ func TestNewCreatedRule(t *testing.T) {
 	}
 	back := r.CreatedOf()
 	c.Declared.BucketMaxSpanSeconds, c.Declared.BucketRoundingSeconds = 86400, 3600
-	if back != c {
+	if !reflect.DeepEqual(back, c) {
 		t.Fatalf("CreatedOf: %+v, want %+v", back, c)
 	}
 	// Config rules come first: a created rule of the same name is not

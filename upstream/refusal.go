@@ -26,7 +26,7 @@ func (e *Refusal) Error() string { return e.Msg }
 // RefusalOf returns the refusal in an {ok: 0} reply, or nil when the reply
 // is not one.
 func RefusalOf(reply bson.Raw) *Refusal {
-	if ok, _ := reply.Lookup("ok").AsFloat64OK(); ok == 1 {
+	if mongoerr.IsOK(reply) {
 		return nil
 	}
 	r := &Refusal{Code: mongoerr.UnknownError, CodeName: mongoerr.UnknownError.Name()}

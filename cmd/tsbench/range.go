@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"time"
 
@@ -92,6 +93,15 @@ func rangeQueries(o *rangeOptions) []rangeQuery {
 			bucketFilter: bson.D{}, // the aggregate path decodes every bucket on FerretDB
 		},
 		{
+			// A measurement filter, with an index on it on both sides
+			// (createIndex({value: 1}): on the buckets' min and max of
+			// value through the proxy), which reads only the buckets
+			// whose min and max admit a match.
+			name:         "value ≥ 89 over a day, all series",
+			filter:       append(bson.D{{Key: "value", Value: bson.D{{Key: "$gte", Value: 89.0}}}}, dayRange...),
+			bucketFilter: bson.D{{Key: "start", Value: bson.D{{Key: "$gte", Value: day}, {Key: "$lt", Value: day.Add(24 * time.Hour)}}}, {Key: "max.value", Value: bson.D{{Key: "$gte", Value: 89.0}}}},
+		},
+		{
 			name:         "findOne by event _id",
 			filter:       bson.D{{Key: "_id", Value: rangeEventID(o.series/2, int(mid.Sub(rangeBase)/o.every), mid)}},
 			bucketFilter: bson.D{{Key: "meta", Value: series}, {Key: "start", Value: mid.Truncate(o.span)}},
@@ -172,7 +182,12 @@ func (r *rangeRun) load(ctx context.Context) error {
 	if r.nBuckets, err = r.buckets.CountDocuments(ctx, bson.D{}); err != nil {
 		return err
 	}
-	fmt.Printf("stored: %d plain documents, %d buckets\n", r.nPlain, r.nBuckets)
+	for _, c := range []*mongo.Collection{r.plain, r.proxied} {
+		if _, err := c.Indexes().CreateOne(ctx, mongo.IndexModel{Keys: bson.D{{Key: "value", Value: 1}}}); err != nil {
+			return fmt.Errorf("createIndex({value: 1}) on %s: %w", c.Name(), err)
+		}
+	}
+	fmt.Printf("stored: %d plain documents, %d buckets; both indexed on {value: 1}\n", r.nPlain, r.nBuckets)
 	return nil
 }
 
@@ -265,7 +280,7 @@ func loadRange(ctx context.Context, coll *mongo.Collection, o *rangeOptions, per
 				{Key: "_id", Value: rangeEventID(s, i, ts)},
 				{Key: "ts", Value: ts},
 				{Key: "sensor", Value: sensor},
-				{Key: "value", Value: float64((i*7+s)%1000) / 10},
+				{Key: "value", Value: rangeValue(s, i, o)},
 			})
 			if len(batch) == cap(batch) {
 				if _, err := coll.InsertMany(ctx, batch); err != nil {
@@ -280,6 +295,16 @@ func loadRange(ctx context.Context, coll *mongo.Collection, o *rangeOptions, per
 		return err
 	}
 	return nil
+}
+
+// rangeValue is the i-th reading of series s: a daily cycle between 10
+// and 90, each series' shifted, with a little noise, as temperatures or
+// loads go; a filter on high values selects some hours of each series'
+// day.
+func rangeValue(s, i int, o *rangeOptions) float64 {
+	day := float64(24 * time.Hour / o.every)
+	phase := float64(i)/day + float64(s)/float64(o.series)
+	return math.Round((50+40*math.Sin(2*math.Pi*phase)+float64((i*7+s)%10)/10)*10) / 10
 }
 
 // rangeEventID is the _id a driver would have given the i-th event of

@@ -17,6 +17,7 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/admin"
 	"github.com/tsproxy/tsproxy/rewrite/caps"
 	"github.com/tsproxy/tsproxy/rewrite/hello"
+	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/read"
 	"github.com/tsproxy/tsproxy/rules"
 	"github.com/tsproxy/tsproxy/upstream"
@@ -53,7 +54,7 @@ func New(pool *exec.Pool, log *slog.Logger, indexIDs bool) *Upstream {
 
 // RememberHello keeps the limits of the upstream's hello reply r.
 func (u *Upstream) RememberHello(r bson.Raw) {
-	if ok, _ := r.Lookup("ok").AsFloat64OK(); ok != 1 {
+	if !mongoerr.IsOK(r) {
 		return
 	}
 	l := u.HelloLimits()

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 
 	"github.com/tsproxy/tsproxy/proxy/exec"
@@ -447,4 +448,48 @@ func QuotedCreateFailed(coll string, reply []byte) bool {
 	}
 	r := upstream.RefusalOf(reply)
 	return r != nil && r.Code == mongoerr.InternalError
+}
+
+// AddAggregates makes a created rule keep the min and max of fields in
+// every bucket written from now on, for an index on them (MongoDB keeps
+// control.min and max of every field): the entry gets them, every
+// proxy's snapshot from before is waited out, as for a collMod, and the
+// rule that has them is returned. Buckets written before keep no
+// summaries of the fields and say so (bucket.FieldSummed), so reads
+// never prune by them and the summaries never answer for them.
+func (cat *Catalog) AddAggregates(rule *rules.Rule, fields []string) (*rules.Rule, error) {
+	changed := func() error {
+		return mongoerr.Errorf(mongoerr.ConflictingOperationInProgress, "tsproxy: the time-series collection %s changed meanwhile; retry", rule.Namespace)
+	}
+	old, ok := cat.Load().Entries[rule.Namespace]
+	if !ok || old.State != admin.StateReady {
+		return nil, changed()
+	}
+	created := old.Created
+	created.Aggregates = slices.Clone(created.Aggregates)
+	for _, f := range fields {
+		if !slices.Contains(created.Aggregates, f) {
+			created.Aggregates = append(created.Aggregates, f)
+		}
+	}
+	entry := admin.CatalogEntry{Created: created, State: admin.StateReady, Nonce: NewNonce()}
+	n, err := cat.Write(admin.CatalogReplace(entry, old.Nonce, admin.StateReady))
+	if err != nil {
+		return nil, mongoerr.Errorf(mongoerr.HostUnreachable, "tsproxy: createIndexes on %s: writing the catalog: %v", rule.Namespace, err)
+	}
+	if n != 1 {
+		return nil, changed()
+	}
+	cat.WaitOut()
+	cat.Reread("createIndexes")
+	r := cat.Load().Rules.Lookup(rule.DB, rule.Collection)
+	if r == nil {
+		return nil, changed()
+	}
+	for _, f := range fields {
+		if !slices.Contains(r.Aggregates, f) {
+			return nil, changed()
+		}
+	}
+	return r, nil
 }

@@ -110,7 +110,7 @@ var commands = map[string]commandSpec{
 	"collMod":       {unpartitioned: true, by: map[string]handler{rules.LayoutEvents: serveCollMod}},
 	"collStats":     {unpartitioned: true, by: map[string]handler{rules.LayoutEvents: plan(admin.CollStats)}},
 	"create":        {unpartitioned: true, by: map[string]handler{rules.LayoutEvents: serveCreate}},
-	"createIndexes": {unpartitioned: true, by: map[string]handler{rules.LayoutEvents: withOwnIndex(admin.CreateIndexes)}},
+	"createIndexes": {unpartitioned: true, by: map[string]handler{rules.LayoutEvents: serveCreateIndexes}},
 	"listIndexes":   {unpartitioned: true, by: map[string]handler{rules.LayoutEvents: withOwnIndex(admin.ListIndexes)}},
 	"dropIndexes":   {unpartitioned: true, by: map[string]handler{rules.LayoutEvents: (*Conn).rewriteDropIndexes}},
 	"update": {retryable: true, unpartitioned: true, by: map[string]handler{
@@ -166,6 +166,21 @@ func commandNames() []string {
 		names = append(names, n)
 	}
 	return names
+}
+
+// serveCreateIndexes creates indexes on a rule's buckets; on a created
+// time-series collection, an index on a measurement it keeps no
+// summaries of first makes its catalog entry keep them
+// (catalog.AddAggregates).
+func serveCreateIndexes(c *Conn, req *request, rule *rules.Rule) error {
+	if fields := admin.NewMeasurements(req.msg.Body, rule); len(fields) > 0 {
+		r, err := c.s.Cat.AddAggregates(rule, fields)
+		if err != nil {
+			return c.replyRewriteError(req, err)
+		}
+		rule = r
+	}
+	return withOwnIndex(admin.CreateIndexes)(c, req, rule)
 }
 
 // serveCollMod changes a created time-series collection (the catalog's).

@@ -262,3 +262,50 @@ func TestPlanDropIndexes(t *testing.T) {
 		})
 	}
 }
+
+// TestMeasurementIndexes: an index on one of the rule's aggregates is,
+// as MongoDB makes a time-series collection's, an index on the buckets'
+// min and max of the field (max first when descending), alone or after
+// the metaField; listIndexes shows it as the app made it, and a pair
+// that is not one field's min and max is left out.
+func TestMeasurementIndexes(t *testing.T) {
+	rule := rwtest.Rule()
+	rule.Aggregates = []string{"value", "env.temp"}
+	idx := func(name string, key D) D { return D{{Key: "key", Value: key}, {Key: "name", Value: name}} }
+	cases := []struct {
+		name string
+		app  D
+		up   D
+		err  string
+	}{
+		{"ascending", D{{Key: "value", Value: 1}}, D{{Key: "min.value", Value: 1}, {Key: "max.value", Value: 1}}, ""},
+		{"descending", D{{Key: "value", Value: -1}}, D{{Key: "max.value", Value: -1}, {Key: "min.value", Value: -1}}, ""},
+		{"after the metaField", D{{Key: "sensorId", Value: 1}, {Key: "value", Value: 1}}, D{{Key: "meta", Value: 1}, {Key: "min.value", Value: 1}, {Key: "max.value", Value: 1}}, ""},
+		{"with the timeField", D{{Key: "value", Value: 1}, {Key: "ts", Value: -1}}, D{{Key: "min.value", Value: 1}, {Key: "max.value", Value: 1}, {Key: "start", Value: -1}}, ""},
+		{"a dotted aggregate", D{{Key: "env.temp", Value: 1}}, nil, `only top-level fields can be indexed`},
+		{"not an aggregate", D{{Key: "other", Value: 1}}, nil, `add a measurement to the rule's aggregates`},
+		{"hashed", D{{Key: "value", Value: "hashed"}}, nil, "only 1 and -1"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			body := rwtest.Doc(t, D{{Key: "createIndexes", Value: "readings"}, {Key: "indexes", Value: A{idx("n", c.app)}}, {Key: "$db", Value: "iot"}})
+			got, err := PlanCreateIndexes(body, rule, false)
+			if c.err != "" {
+				if err == nil || !strings.Contains(err.Error(), c.err) {
+					t.Fatalf("err %v, want %q", err, c.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			rwtest.AssertDoc(t, "createIndexes", got, D{{Key: "createIndexes", Value: "readings.buckets"}, {Key: "indexes", Value: A{idx("n", c.up)}}, {Key: "$db", Value: "iot"}})
+			listed := ListIndexesReply(rwtest.CursorReply(t, 0, append(D{{Key: "v", Value: 2}}, idx("n", c.up)...)), rule, false)
+			rwtest.AssertDoc(t, "listIndexes", listed, D{{Key: "cursor", Value: D{{Key: "id", Value: int64(0)}, {Key: "ns", Value: "iot.readings"}, {Key: "firstBatch", Value: A{
+				append(D{{Key: "v", Value: 2}}, idx("n", c.app)...),
+			}}}}, {Key: "ok", Value: 1.0}})
+		})
+	}
+	odd := ListIndexesReply(rwtest.CursorReply(t, 0, D{{Key: "v", Value: 2}, {Key: "key", Value: D{{Key: "min.value", Value: 1}}}, {Key: "name", Value: "half"}}), rule, false)
+	rwtest.AssertDoc(t, "listIndexes of a min alone", odd, D{{Key: "cursor", Value: D{{Key: "id", Value: int64(0)}, {Key: "ns", Value: "iot.readings"}, {Key: "firstBatch", Value: A{}}}}, {Key: "ok", Value: 1.0}})
+}

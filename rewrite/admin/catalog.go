@@ -2,6 +2,7 @@ package admin
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/cursor"
@@ -60,6 +61,13 @@ func (e CatalogEntry) Document() bsoncore.Document {
 		// as "never", and keeps events rather than deleting them.
 		b.AppendBoolean("expireAtWindowEnd", true)
 	}
+	if len(c.Aggregates) > 0 {
+		arr := bsoncore.NewArrayBuilder()
+		for _, a := range c.Aggregates {
+			arr.AppendString(a)
+		}
+		b.AppendArray("aggregates", arr.Build())
+	}
 	return b.AppendString("state", e.State).
 		AppendString("nonce", e.Nonce).
 		Build()
@@ -86,6 +94,14 @@ func ParseCatalogEntry(d bsoncore.Document) (CatalogEntry, error) {
 	}
 	if atEnd, _ := d.Lookup("expireAtWindowEnd").BooleanOK(); atEnd && e.Created.ExpireAfterSeconds == 0 {
 		e.Created.ExpireAtWindowEnd = true
+	}
+	if arr, ok := d.Lookup("aggregates").ArrayOK(); ok {
+		vals, _ := arr.Values()
+		for _, v := range vals {
+			if a, ok := v.StringValueOK(); ok && a != "" && !slices.Contains(e.Created.Aggregates, a) {
+				e.Created.Aggregates = append(e.Created.Aggregates, a)
+			}
+		}
 	}
 	id, _ := d.Lookup("_id").StringValueOK()
 	c := e.Created

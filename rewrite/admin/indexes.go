@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 
@@ -111,6 +112,38 @@ func indexField(rule *rules.Rule, path string) (string, bool) {
 	return "", false
 }
 
+// isIndexedAggregate reports whether path is one of rule's aggregates
+// that an index may name: a top-level field, whose min and max every
+// bucket keeps (rewrite/bucket), as MongoDB keeps control.min and
+// control.max of each field for a time-series collection's secondary
+// indexes.
+func isIndexedAggregate(rule *rules.Rule, path string) bool {
+	return !strings.ContainsRune(path, '.') && slices.Contains(rule.Aggregates, path)
+}
+
+// appendSummaryKey appends the bucket keys of an index on aggregate
+// field f, as MongoDB makes them: {min.f: 1, max.f: 1} ascending,
+// {max.f: -1, min.f: -1} descending.
+func appendSummaryKey(dst []byte, f string, dir bsoncore.Value, desc bool) []byte {
+	first, second := bucket.FieldMin, bucket.FieldMax
+	if desc {
+		first, second = second, first
+	}
+	dst = bsoncore.AppendValueElement(dst, first+"."+f, dir)
+	return bsoncore.AppendValueElement(dst, second+"."+f, dir)
+}
+
+// summaryKeyField is the aggregate field of a bucket index key's
+// min.f or max.f, or "".
+func summaryKeyField(rule *rules.Rule, path string) string {
+	for _, p := range []string{bucket.FieldMin + ".", bucket.FieldMax + "."} {
+		if f, ok := strings.CutPrefix(path, p); ok && isIndexedAggregate(rule, f) {
+			return f
+		}
+	}
+	return ""
+}
+
 // appField maps a bucket path of an index key back to the event path.
 func appField(rule *rules.Rule, path string) (string, bool) {
 	switch {
@@ -139,12 +172,23 @@ func translateIndexKey(rule *rules.Rule, key bsoncore.Document) (bsoncore.Docume
 	}
 	idx, d := bsoncore.AppendDocumentStart(nil)
 	for _, e := range elems {
+		if isIndexedAggregate(rule, e.Key()) {
+			dir, ok := e.Value().AsFloat64OK()
+			if !ok || (dir != 1 && dir != -1) {
+				return nil, query.RuleErrorf(rule, mongoerr.NotImplemented, "index type %s on %q is not supported on a bucketed namespace: only 1 and -1", e.Value().String(), e.Key())
+			}
+			d = appendSummaryKey(d, e.Key(), e.Value(), dir < 0)
+			continue
+		}
 		f, ok := indexField(rule, e.Key())
 		if !ok && e.Key() == "" && rule.Declared != nil && rule.Declared.EmptyMetaField {
 			return nil, query.RuleErrorf(rule, mongoerr.NotImplemented, "an index on the metaField \"\" is not supported: tsproxy stores the \"\" field in each event, not as the buckets' meta; only the timeField %q can be indexed", rule.TimeField)
 		}
+		if !ok && slices.Contains(rule.Aggregates, e.Key()) {
+			return nil, query.RuleErrorf(rule, mongoerr.NotImplemented, "an index on %q is not supported on a bucketed namespace: of the rule's aggregates, only top-level fields can be indexed", e.Key())
+		}
 		if !ok {
-			return nil, query.RuleErrorf(rule, mongoerr.NotImplemented, "an index on %q is not supported on a bucketed namespace: only the metaField %q (and fields inside it) and the timeField %q can be indexed", e.Key(), rule.MetaField, rule.TimeField)
+			return nil, query.RuleErrorf(rule, mongoerr.NotImplemented, "an index on %q is not supported on a bucketed namespace: only the metaField %q (and fields inside it), the timeField %q and the rule's aggregates %q (whose min and max every bucket keeps; add a measurement to the rule's aggregates to index it) can be indexed", e.Key(), rule.MetaField, rule.TimeField, rule.Aggregates)
 		}
 		dir, ok := e.Value().AsFloat64OK()
 		if !ok || (dir != 1 && dir != -1) {
@@ -372,7 +416,17 @@ func appIndexSpec(spec bsoncore.Document, rule *rules.Rule) (bsoncore.Document, 
 			}
 			kes, _ := kd.Elements()
 			kidx, k := bsoncore.AppendDocumentElementStart(d, "key")
-			for _, ke := range kes {
+			for i := 0; i < len(kes); i++ {
+				ke := kes[i]
+				if f := summaryKeyField(rule, ke.Key()); f != "" {
+					// min.f and max.f (or max.f and min.f) are one key on f.
+					if i+1 >= len(kes) || summaryKeyField(rule, kes[i+1].Key()) != f || kes[i+1].Key() == ke.Key() {
+						return nil, false
+					}
+					k = bsoncore.AppendValueElement(k, f, ke.Value())
+					i++
+					continue
+				}
 				f, ok := appField(rule, ke.Key())
 				if !ok {
 					return nil, false
@@ -492,4 +546,40 @@ func isBucketIndexKey(key bsoncore.Document) bool {
 		}
 	}
 	return true
+}
+
+// NewMeasurements are the fields the indexes of a createIndexes name
+// that a created time-series collection (rule.Declared) does not keep
+// summaries of yet: top-level fields other than its metaField, timeField
+// and aggregates, with an ascending or descending key. Its catalog entry
+// takes them as aggregates before the indexes are made (MongoDB indexes
+// any measurement, by each bucket's control.min and max). None for a
+// config rule, whose aggregates are config.yaml's.
+func NewMeasurements(body []byte, rule *rules.Rule) []string {
+	if rule.Declared == nil {
+		return nil
+	}
+	specs, err := rewrite.ArrayDocuments(bsoncore.Document(body).Lookup("indexes"), "indexes")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, s := range specs {
+		key, ok := s.Lookup("key").DocumentOK()
+		if !ok {
+			continue
+		}
+		elems, _ := key.Elements()
+		for _, e := range elems {
+			f := e.Key()
+			dir, isNum := e.Value().AsFloat64OK()
+			if _, isEvent := indexField(rule, f); isEvent || f == "" || f == bucket.FieldID ||
+				strings.ContainsAny(f, ".$") || !isNum || (dir != 1 && dir != -1) ||
+				slices.Contains(rule.Aggregates, f) || slices.Contains(out, f) {
+				continue
+			}
+			out = append(out, f)
+		}
+	}
+	return out
 }

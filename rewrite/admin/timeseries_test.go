@@ -2,6 +2,7 @@ package admin
 
 import (
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -74,7 +75,7 @@ func TestParseTimeseriesCreate(t *testing.T) {
 				}
 				return
 			}
-			if err != nil || got != c.want {
+			if err != nil || !reflect.DeepEqual(got, c.want) {
 				t.Fatalf("got %+v, %v\nwant %+v", got, err, c.want)
 			}
 		})
@@ -158,6 +159,7 @@ func TestCatalogEntryRoundTrip(t *testing.T) {
 		{DB: "db", Collection: "w", TimeField: "t", Declared: rules.Timeseries{BucketMaxSpanSeconds: 600, BucketRoundingSeconds: 600}, SpanSeconds: 600},
 		{DB: "db", Collection: "z", TimeField: "t", Declared: rules.Timeseries{BucketMaxSpanSeconds: 600, BucketRoundingSeconds: 600}, SpanSeconds: 600, ExpireAtWindowEnd: true},
 		{DB: "db", Collection: "e", TimeField: "t", Declared: rules.Timeseries{Granularity: "minutes", BucketMaxSpanSeconds: 86400, BucketRoundingSeconds: 3600, EmptyMetaField: true}, SpanSeconds: 86400},
+		{DB: "db", Collection: "i", TimeField: "t", MetaField: "m", Declared: rules.Timeseries{BucketMaxSpanSeconds: 600, BucketRoundingSeconds: 600}, SpanSeconds: 600, Aggregates: []string{"value", "temp"}},
 	} {
 		e := CatalogEntry{Created: c, State: StateCreating, Nonce: "n1"}
 		got, err := ParseCatalogEntry(e.Document())
@@ -165,7 +167,7 @@ func TestCatalogEntryRoundTrip(t *testing.T) {
 			// Stored by name; the spans come from the name when listed.
 			e.Created.Declared.BucketMaxSpanSeconds, e.Created.Declared.BucketRoundingSeconds = 0, 0
 		}
-		if err != nil || got != e {
+		if err != nil || !reflect.DeepEqual(got, e) {
 			t.Fatalf("round trip of %+v: %+v, %v", e, got, err)
 		}
 	}
@@ -227,7 +229,7 @@ func TestParseCatalogBatch(t *testing.T) {
 		D{{Key: "_id", Value: "db.x"}, {Key: "db", Value: "db"}, {Key: "coll", Value: "x"}}, // no timeField
 	}}, {Key: "id", Value: int64(7)}, {Key: "ns", Value: "tsproxy.catalog"}}}, {Key: "ok", Value: 1.0}})
 	entries, id, bad, err := ParseCatalogBatch(reply)
-	if err != nil || id != 7 || len(entries) != 1 || entries[0] != good || len(bad) != 1 {
+	if err != nil || id != 7 || len(entries) != 1 || !reflect.DeepEqual(entries[0], good) || len(bad) != 1 {
 		t.Fatalf("%+v %d %v %v", entries, id, bad, err)
 	}
 	refused := rwtest.Doc(t, D{{Key: "ok", Value: 0.0}, {Key: "errmsg", Value: "not authorized"}, {Key: "code", Value: 13}})

@@ -160,6 +160,9 @@ func Complete(id bson.ObjectID, chunk []Event, rule *rules.Rule, lim Limits) bso
 	doc, _ = bsoncore.AppendDocumentEnd(doc, sub)
 	if len(lim.Aggregates) > 0 {
 		doc = bsoncore.AppendInt32Element(doc, FieldCounted, int32(s.Count))
+		sub, doc = bsoncore.AppendDocumentElementStart(doc, FieldSummed)
+		doc = AppendSummed(doc, "", lim)
+		doc, _ = bsoncore.AppendDocumentEnd(doc, sub)
 	}
 	if hasAggregates(s) {
 		sub, doc = bsoncore.AppendDocumentElementStart(doc, FieldSum)
@@ -231,6 +234,7 @@ func UpsertStatement(id bson.ObjectID, chunk []Event, lim Limits, timeField stri
 		doc = bsoncore.AppendValueElement(doc, FieldMeta, meta)
 	}
 	doc = bsoncore.AppendDateTimeElement(doc, FieldStart, chunk[0].Start)
+	doc = AppendSummed(doc, FieldSummed+".", lim)
 	doc, _ = bsoncore.AppendDocumentEnd(doc, op)
 
 	op, doc = bsoncore.AppendDocumentElementStart(doc, "$push")

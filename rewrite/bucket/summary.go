@@ -249,7 +249,23 @@ const (
 	FieldMixed  = "mixed"
 	FieldCounts = "counts" // {<aggregate field>: values summed}
 	FieldLowBit = "lowBit" // {<aggregate field>: $min of LowBitOf}
+	// FieldSummed is {<aggregate field>: true} for the fields whose min,
+	// max and mixed cover every event of the bucket: the aggregates of
+	// the rule that created it. A field added to a rule's aggregates
+	// later is not in its older buckets' (nor in those the newer upserts
+	// joined), so a read prunes buckets by a field's summaries only where
+	// this says they are whole (rewrite/query, Prune).
+	FieldSummed = "summed"
 )
+
+// AppendSummed appends <prefix><field>: true for each aggregate field of
+// lim (see FieldSummed).
+func AppendSummed(dst []byte, prefix string, lim Limits) []byte {
+	for _, a := range lim.Aggregates {
+		dst = bsoncore.AppendBooleanElement(dst, prefix+a, true)
+	}
+	return dst
+}
 
 // AppendMixed appends <prefix><field>: true for each aggregate field the
 // chunk holds a non-number in (see FieldMixed).

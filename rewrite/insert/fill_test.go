@@ -58,6 +58,7 @@ func TestInsertFills(t *testing.T) {
 		{Key: "count", Value: int32(3)}, {Key: "bytes", Value: sz(3, 4, 5)},
 		{Key: "min", Value: bson.D{{Key: "ts", Value: rwtest.DT(3)}}}, {Key: "max", Value: bson.D{{Key: "ts", Value: rwtest.DT(5)}}},
 		{Key: "counted", Value: int32(3)},
+		{Key: "summed", Value: bson.D{{Key: "value", Value: true}}},
 		{Key: "events", Value: bson.A{se(3), se(4), se(5)}},
 	}
 	assertCommands(t, p,

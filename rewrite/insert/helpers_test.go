@@ -74,7 +74,7 @@ func upsertAt(seq int, idOnly bool, maxEvents, maxBytes int32, meta any, start i
 			bson.E{Key: "bytes", Value: bson.D{{Key: "$lte", Value: maxBytes - nbytes}}})
 	}
 	var u bson.D
-	onInsert := bson.D{{Key: "meta", Value: meta}, {Key: "start", Value: rwtest.DT(start)}}
+	onInsert := bson.D{{Key: "meta", Value: meta}, {Key: "start", Value: rwtest.DT(start)}, {Key: "summed.value", Value: true}}
 	if meta == nil {
 		u = append(u, bson.E{Key: "$set", Value: bson.D{{Key: "meta", Value: nil}}})
 		onInsert = onInsert[1:]

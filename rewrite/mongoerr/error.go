@@ -83,7 +83,7 @@ func ReplyError(reply bsoncore.Document) error {
 	if err := reply.Validate(); err != nil {
 		return Errorf(InternalError, "upstream reply is not valid BSON: %v", err)
 	}
-	if ok, _ := reply.Lookup("ok").AsFloat64OK(); ok == 1 {
+	if IsOK(reply) {
 		return nil
 	}
 	return FromReply(reply, "upstream error")
@@ -96,10 +96,13 @@ func HasWriteErrors(reply bsoncore.Document) bool {
 }
 
 // IsOK says whether reply is a command's success ({ok: 1}).
-func IsOK(reply bsoncore.Document) bool {
-	v, err := reply.LookupErr("ok")
-	if err != nil || !v.IsNumber() {
+func IsOK(reply []byte) bool {
+	v, err := bsoncore.Document(reply).LookupErr("ok")
+	if err != nil {
 		return false
+	}
+	if b, isBool := v.BooleanOK(); isBool {
+		return b // FerretDB 2.x answers dropIndexes with ok: true
 	}
 	f, ok := v.AsFloat64OK()
 	return ok && f == 1

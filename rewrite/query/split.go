@@ -223,6 +223,7 @@ func (rc *Ctx) Split(filter bsoncore.Document) (SplitFilter, error) {
 	if !tb.Empty() {
 		bucketDocs = append(bucketDocs, StartFilter(&tb))
 	}
+	bucketDocs = append(bucketDocs, rc.PlanPrune(filter).BucketFilters()...)
 	sf.Bucket = AndOf(bucketDocs)
 	sf.Event = AndOf(eventDocs)
 	return sf, nil

@@ -60,6 +60,7 @@ func (p *Aggregation) readBucket(d bsoncore.Document) (bucketSummary, error) {
 	b.counts = subDoc(d, bucket.FieldCounts)
 	b.lowBit = subDoc(d, bucket.FieldLowBit)
 	b.mixed = subDoc(d, bucket.FieldMixed)
+	b.summed = subDoc(d, bucket.FieldSummed)
 	return b, nil
 }
 
@@ -174,6 +175,9 @@ func (p *Aggregation) addBucket(g *groupState, b *bucketSummary) bool {
 		if _, mixed := bsonutil.Lookup(b.mixed, a.field); mixed && a.field != "" {
 			return false // the summaries leave the field's non-numbers out
 		}
+		if a.field != "" && !p.summedWhole(b, a.field) {
+			return false
+		}
 		switch a.kind {
 		case accSum, accAvg:
 			if !g.sums[i].add(b, a.field) {
@@ -195,6 +199,19 @@ func (p *Aggregation) addBucket(g *groupState, b *bucketSummary) bool {
 		}
 	}
 	return true
+}
+
+// summedWhole reports whether b's summaries of field cover all its
+// events (bucket.FieldSummed): a bucket that names the rule's aggregates
+// must name the field; one from before they were named is trusted for a
+// config rule's, whose aggregates were there from its start, and not
+// for a created collection's, which get theirs from an index made later.
+func (p *Aggregation) summedWhole(b *bucketSummary, field string) bool {
+	if b.summed == nil {
+		return p.rule.Declared == nil
+	}
+	v, ok := bsonutil.Lookup(b.summed, field)
+	return ok && v.Type == bsoncore.TypeBoolean && v.Boolean()
 }
 
 func (p *Aggregation) output(g *groupState) (bsoncore.Document, bool) {
@@ -282,6 +299,9 @@ type bucketSummary struct {
 	// mixed names the aggregate fields some event holds a non-number in,
 	// which the summaries leave out (bucket.FieldMixed).
 	mixed bsoncore.Document
+	// summed names the fields whose summaries cover every event; nil in
+	// buckets from before it was written (bucket.FieldSummed).
+	summed bsoncore.Document
 }
 
 // complete reports whether counts and lowBit cover every event.

@@ -110,6 +110,7 @@ func (p *Aggregation) findCommand(filter bsoncore.Document, carried []bsoncore.E
 		AppendInt32(bucket.FieldSum, 1).
 		AppendInt32(bucket.FieldCounted, 1).
 		AppendInt32(bucket.FieldMixed, 1).
+		AppendInt32(bucket.FieldSummed, 1).
 		AppendInt32(bucket.FieldCounts, 1).
 		AppendInt32(bucket.FieldLowBit, 1).
 		Build()

@@ -137,7 +137,7 @@ func TestSummaryFindCommand(t *testing.T) {
 	if !ok {
 		t.Fatal("refused")
 	}
-	want := `{"find": "readings.buckets","filter": {"start": {"$gte": {"$date":{"$numberLong":"1767571200000"}},"$lt": {"$date":{"$numberLong":"1767578400000"}}},"meta": "s1"},"projection": {"meta": {"$numberInt":"1"},"start": {"$numberInt":"1"},"count": {"$numberInt":"1"},"min": {"$numberInt":"1"},"max": {"$numberInt":"1"},"sum": {"$numberInt":"1"},"counted": {"$numberInt":"1"},"mixed": {"$numberInt":"1"},"counts": {"$numberInt":"1"},"lowBit": {"$numberInt":"1"}},"maxTimeMS": {"$numberInt":"500"},"$db": "iot"}`
+	want := `{"find": "readings.buckets","filter": {"start": {"$gte": {"$date":{"$numberLong":"1767571200000"}},"$lt": {"$date":{"$numberLong":"1767578400000"}}},"meta": "s1"},"projection": {"meta": {"$numberInt":"1"},"start": {"$numberInt":"1"},"count": {"$numberInt":"1"},"min": {"$numberInt":"1"},"max": {"$numberInt":"1"},"sum": {"$numberInt":"1"},"counted": {"$numberInt":"1"},"mixed": {"$numberInt":"1"},"summed": {"$numberInt":"1"},"counts": {"$numberInt":"1"},"lowBit": {"$numberInt":"1"}},"maxTimeMS": {"$numberInt":"500"},"$db": "iot"}`
 	if got := rwtest.JSON(p.Command); got != want {
 		t.Fatalf("got  %s\nwant %s", got, want)
 	}
@@ -363,6 +363,11 @@ func TestSummaryCompute(t *testing.T) {
 			[]A{{bkt(nil, h(0), 1, mm(0, 1), mm(0, 1), nil)}}, ""},
 		{"metas 1 and 1.0 are one group: not exact", A{grp("$sensorId", acc("n", "$count", D{}))},
 			[]A{{bkt(int32(1), h(0), 1, mm(0, 1), mm(0, 1), nil), bkt(1.0, h(0), 1, mm(0, 1), mm(0, 1), nil)}}, ""},
+		{"a bucket whose summaries leave the field out (summed names others): not exact", A{grp(nil, acc("hi", "$max", "$v"))},
+			[]A{{append(bkt("a", h(0), 1, mm(0, int32(4)), mm(0, int32(4)), sumV(int32(4))), E{Key: "summed", Value: D{{Key: "w", Value: true}}})}}, ""},
+		{"a bucket whose summaries name the field", A{grp(nil, acc("hi", "$max", "$v"))},
+			[]A{{append(bkt("a", h(0), 1, mm(0, int32(4)), mm(0, int32(4)), sumV(int32(4))), E{Key: "summed", Value: D{{Key: "v", Value: true}}})}},
+			`{"_id": null,"hi": {"$numberInt":"4"}}`},
 		{"no buckets, no groups", sumOnly, []A{{}}, ""},
 	}
 	for _, c := range cases {

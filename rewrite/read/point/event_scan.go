@@ -84,13 +84,13 @@ func PlanEventScan(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*PointSpec
 	if len(filter) > 0 {
 		// The compiled filter outlives the command: the cursor's getMores
 		// evaluate it after the request's buffer is reused.
-		filter = slices.Clone(filter)
-		fc := &query.Compiler{Unsupported: func(format string, args ...any) error { return fmt.Errorf(format, args...) }}
-		pred, err := fc.Compile(filter, 0)
+		pred, err := compileFilter(filter)
 		if err != nil {
 			return nil, nil, err
 		}
 		s.pred = pred
+		s.prune = rc.PlanPrune(filter)
+		sc.prune = s.prune
 		pushDown(rc, filter, s, sc)
 	}
 	order, why := parseOrder(rc, sortDoc)
@@ -103,6 +103,14 @@ func PlanEventScan(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*PointSpec
 		sc.done = true // an empty range: nothing to read
 	}
 	return s, sc, nil
+}
+
+// compileFilter is filter as the proxy applies it to events. The
+// compiled filter outlives the command (a cursor's getMores evaluate it
+// after the request's buffer is reused), so it compiles a copy.
+func compileFilter(filter bsoncore.Document) (query.DocPred, error) {
+	fc := &query.Compiler{Unsupported: func(format string, args ...any) error { return fmt.Errorf(format, args...) }}
+	return fc.Compile(slices.Clone(filter), 0)
 }
 
 // EventScanRead is the read of an event scan of filter and sortDoc with
@@ -282,6 +290,9 @@ func (p *PointRead) eventsOfBuckets(buckets []bsoncore.Document) ([]bsoncore.Doc
 	evs, err := p.eventsInRange(buckets)
 	if err != nil {
 		return nil, err
+	}
+	if len(p.Spec.Order) == 0 && p.Spec.sortDir != 0 {
+		slices.SortStableFunc(evs, p.compare) // a point read's sort on time
 	}
 	var docs []bsoncore.Document
 	for _, e := range evs {

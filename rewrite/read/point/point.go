@@ -369,6 +369,9 @@ func (p *PointRead) take(doc bsoncore.Document) (done bool, err error) {
 func (p *PointRead) eventsInRange(buckets []bsoncore.Document) ([]pointEvent, error) {
 	var evs []pointEvent
 	for _, b := range buckets {
+		if !p.Spec.prune.MayMatch(b) {
+			continue
+		}
 		meta, err := b.LookupErr(bucket.FieldMeta)
 		if err != nil {
 			meta = bsoncore.Value{Type: bsoncore.TypeNull}

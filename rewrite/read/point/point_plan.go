@@ -28,6 +28,9 @@ type PointSpec struct {
 	// meta restored.
 	pred  query.DocPred
 	Order eventOrder
+	// prune skips the buckets whose summaries say they hold no match
+	// (query.Prune), before their events are unpacked.
+	prune *query.Prune
 }
 
 // Keys is the number of (meta, window) keys.
@@ -70,7 +73,9 @@ func PlanPoint(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*PointSpec, st
 // (see rewrite/read's seriesBounded).
 func SeriesToBound(rc *query.Ctx, filter, sortDoc bsoncore.Document) []bsoncore.Value {
 	s, hasLo, hasHi, why := parsePoint(rc, filter)
-	if why != "" || (hasLo && hasHi) || s.setSort(sortDoc, rc.TimeField) != "" || len(s.Metas) > maxPointMetas {
+	// Not with conditions on measurements (s.pred): the latest matching
+	// event may be in any window, so bounding the read saves nothing.
+	if why != "" || s.pred != nil || (hasLo && hasHi) || s.setSort(sortDoc, rc.TimeField) != "" || len(s.Metas) > maxPointMetas {
 		return nil
 	}
 	return s.Metas
@@ -90,7 +95,7 @@ func parsePoint(rc *query.Ctx, filter bsoncore.Document) (s *PointSpec, hasLo, h
 		return nil, false, false, err.Error()
 	}
 	s = &PointSpec{}
-	hasMeta := false
+	hasMeta, others := false, false
 	for _, e := range conj {
 		switch e.Key() {
 		case rc.MetaField:
@@ -107,11 +112,21 @@ func parsePoint(rc *query.Ctx, filter bsoncore.Document) (s *PointSpec, hasLo, h
 				return nil, false, false, why
 			}
 		default:
-			return nil, false, false, fmt.Sprintf("a condition on %q", e.Key())
+			others = true
 		}
 	}
 	if !hasMeta {
 		return nil, false, false, "the metaField is not fixed"
+	}
+	if others {
+		// Conditions on measurements: the proxy applies the whole filter
+		// to the events of the buckets it looks up, and skips the buckets
+		// whose summaries rule them out.
+		pred, err := compileFilter(filter)
+		if err != nil {
+			return nil, false, false, err.Error()
+		}
+		s.pred, s.prune = pred, rc.PlanPrune(filter)
 	}
 	return s, hasLo, hasHi, ""
 }

@@ -3,9 +3,11 @@ package point
 import (
 	"fmt"
 	"math"
+	"strconv"
 
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
@@ -37,6 +39,8 @@ type BucketScan struct {
 	oneRun   bool
 	// metaIn, when set, narrows the find to these metas.
 	MetaIn []bsoncore.Value
+	// prune, when set, narrows it by the buckets' summaries.
+	prune *query.Prune
 
 	hasWin   bool
 	run      runKey              // the run being collected
@@ -112,8 +116,33 @@ func (sc *BucketScan) oneStart(span int64) (int64, bool) {
 	return sc.startLo, last == sc.startLo
 }
 
-// scanFilter is the bucket-level filter of the upstream find.
+// scanFilter is the bucket-level filter of the upstream find: the
+// conditions on meta and start at its top level (where FerretDB pushes
+// an equality down to its storage), and the prune's after them.
 func (sc *BucketScan) scanFilter(span int64) bsoncore.Document {
+	f := sc.startFilter(span)
+	pf := sc.prune.BucketFilters()
+	if len(pf) == 0 {
+		return f
+	}
+	elems, _ := f.Elements()
+	idx, d := bsoncore.AppendDocumentStart(nil)
+	d = bsonutil.AppendElems(d, elems)
+	if len(pf) == 1 {
+		d = append(d, pf[0][4:len(pf[0])-1]...) // its one $or
+	} else {
+		aidx, a := bsoncore.AppendArrayElementStart(d, "$and")
+		for i, x := range pf {
+			a = bsoncore.AppendDocumentElement(a, strconv.Itoa(i), x)
+		}
+		d, _ = bsoncore.AppendArrayEnd(a, aidx)
+	}
+	d, _ = bsoncore.AppendDocumentEnd(d, idx)
+	return d
+}
+
+// startFilter is scanFilter's conditions on meta and start.
+func (sc *BucketScan) startFilter(span int64) bsoncore.Document {
 	nb := bsoncore.NewDocumentBuilder
 	f := nb()
 	switch {
