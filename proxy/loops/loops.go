@@ -71,7 +71,7 @@ func (l *Loops) Stop() {
 
 // fingerprint is what, changed, restarts a rule's loops.
 func fingerprint(r *rules.Rule) string {
-	return fmt.Sprintf("%s|%s|%s|%d|%d|%t|%d|%d|%d|%s|%s", r.Namespace, r.BucketCollection, r.Layout, r.Span, r.ExpireAfter, r.ExpireAtWindowEnd, r.SweepInterval, r.MergeAfter, r.MaxStaged, r.Ingest, r.PartitionBy)
+	return fmt.Sprintf("%s|%s|%s|%d|%d|%t|%d|%d|%d|%s|%s|%q", r.Namespace, r.BucketCollection, r.Layout, r.Span, r.ExpireAfter, r.ExpireAtWindowEnd, r.SweepInterval, r.MergeAfter, r.MaxStaged, r.Ingest, r.PartitionBy, r.Aggregates)
 }
 
 // Sync makes the running loops those of set's rules (nothing before

@@ -13,8 +13,14 @@ func TestLoopFingerprint(t *testing.T) {
 	r := rules.NewCreatedRule(rules.Created{DB: "db", Collection: "w", TimeField: "t", SpanSeconds: 3600})
 	same := r
 	longer := rules.NewCreatedRule(rules.Created{DB: "db", Collection: "w", TimeField: "t", SpanSeconds: 3600, ExpireAfterSeconds: 60})
+	indexed := rules.NewCreatedRule(rules.Created{DB: "db", Collection: "w", TimeField: "t", SpanSeconds: 3600, Aggregates: []string{"value"}})
 	if fingerprint(&r) != fingerprint(&same) || fingerprint(&r) == fingerprint(&longer) {
 		t.Fatal("a rule's loops restart when, and only when, what they run by changes")
+	}
+	// An index on a measurement: the merges must write its summaries
+	// (a loop that kept the rule it started with wrote buckets without).
+	if fingerprint(&r) == fingerprint(&indexed) {
+		t.Fatal("a rule's loops do not restart when its aggregates change")
 	}
 }
 
