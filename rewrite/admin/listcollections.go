@@ -5,9 +5,10 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/match"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
-	"github.com/tsproxy/tsproxy/rewrite/query"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -36,7 +37,7 @@ type ListCollectionsPlan struct {
 	// upstream ({type: "timeseries"} found nothing, {type: "collection"}
 	// the time-series collections), so the upstream gets its name part
 	// alone and the proxy filters what it shows.
-	post query.DocPred
+	post match.DocPred
 }
 
 // PlanListCollections rewrites listCollections on db, where rs are the
@@ -69,7 +70,7 @@ func PlanListCollectionsPartitioned(body []byte, db string, rs []*rules.Rule, fi
 				continue
 			}
 			if hasOtherThanName(f) {
-				fc := query.Compiler{Unsupported: func(format string, args ...any) error {
+				fc := match.Compiler{Unsupported: func(format string, args ...any) error {
 					return p.refuse("filter: "+format+" is not supported on a database with bucketed namespaces", args...)
 				}}
 				post, err := fc.Compile(f, 0)

@@ -4,13 +4,14 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/match"
+
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/expr"
 	"github.com/tsproxy/tsproxy/rewrite/expr/value"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
-	"github.com/tsproxy/tsproxy/rewrite/query"
 )
 
 // DefaultMaxMemory is how much a $group or $sort may hold, as MongoDB's
@@ -157,7 +158,7 @@ func exceeded(stage string, limit int) error {
 // $match: the query subset of rewrite/query (comparisons, $in, $nin,
 // $exists, $not, $and, $or, $nor), refused by name beyond it.
 type matchStage struct {
-	pred  query.DocPred
+	pred  match.DocPred
 	exprs []expr.Expr // $expr: each must be truthy
 	next  processor
 }
@@ -171,7 +172,7 @@ func compileMatch(v value.Value, next processor, _ Options) (processor, error) {
 	if err != nil {
 		return nil, err
 	}
-	fc := query.Compiler{Unsupported: func(format string, args ...any) error {
+	fc := match.Compiler{Unsupported: func(format string, args ...any) error {
 		return value.Unsupported("in $match, "+format, args...)
 	}}
 	pred, err := fc.Compile(rest, 0)

@@ -4,13 +4,14 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/tsproxy/tsproxy/rewrite/match"
+
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite"
 	"github.com/tsproxy/tsproxy/rewrite/agg"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
-	"github.com/tsproxy/tsproxy/rewrite/query"
 )
 
 type D = bson.D
@@ -27,7 +28,7 @@ func (m *memReader) Read(_ *rewrite.Exec, db, coll string, filter bsoncore.Docum
 	m.reads = append(m.reads, coll+" "+bson.Raw(filter).String())
 	pred := func(bsoncore.Document) bool { return true }
 	if filter != nil {
-		fc := query.Compiler{Unsupported: func(f string, a ...any) error { return fmt.Errorf(f, a...) }}
+		fc := match.Compiler{Unsupported: func(f string, a ...any) error { return fmt.Errorf(f, a...) }}
 		p, err := fc.Compile(filter, 0)
 		if err != nil {
 			return err

@@ -5,10 +5,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tsproxy/tsproxy/rewrite/match"
+
 	"github.com/tsproxy/tsproxy/rewrite/internal/rwtest"
 
 	"github.com/tsproxy/tsproxy/rewrite/caps"
-	"github.com/tsproxy/tsproxy/rewrite/query"
 
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 
@@ -320,7 +321,7 @@ func TestCounterRead(t *testing.T) {
 
 func TestLayoutFilter(t *testing.T) {
 	d := rwtest.Doc(t, bson.D{{Key: "page", Value: bson.D{{Key: "site", Value: "n"}}}, {Key: "ts", Value: rwtest.DT(5000)}, {Key: "count", Value: int32(3)}})
-	fc := &query.Compiler{Unsupported: func(f string, a ...any) error { return mongoerr.Errorf(mongoerr.NotImplemented, f, a...) }}
+	fc := &match.Compiler{Unsupported: func(f string, a ...any) error { return mongoerr.Errorf(mongoerr.NotImplemented, f, a...) }}
 	for _, tc := range []struct {
 		filter bson.D
 		want   bool

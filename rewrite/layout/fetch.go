@@ -7,11 +7,12 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/tsproxy/tsproxy/rewrite/match"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/insert"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
-	"github.com/tsproxy/tsproxy/rewrite/query"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -86,7 +87,7 @@ func (r *Read) bounds(filter bsoncore.Document, b *fetchBounds, depth int) {
 				}
 			}
 		case key == r.rule.TimeField:
-			ops, isOps := query.IsOperatorDoc(v)
+			ops, isOps := match.IsOperatorDoc(v)
 			if !isOps {
 				b.timeOp("$eq", v)
 				continue
@@ -96,7 +97,7 @@ func (r *Read) bounds(filter bsoncore.Document, b *fetchBounds, depth int) {
 				b.timeOp(oe.Key(), oe.Value())
 			}
 		case key == r.rule.MetaField && r.rule.MetaField != "":
-			if ops, isOps := query.IsOperatorDoc(v); isOps {
+			if ops, isOps := match.IsOperatorDoc(v); isOps {
 				if eq, err := ops.LookupErr("$eq"); err == nil {
 					v = eq
 				} else {

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/match"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
@@ -37,7 +39,7 @@ type layoutDoc struct {
 type Read struct {
 	rule    *rules.Rule
 	kind    string // find, aggregate, count
-	match   query.DocPred
+	match   match.DocPred
 	stages  []layoutStage
 	fetch   []bsoncore.Document // point lookups still to send
 	scan    bool
@@ -99,7 +101,7 @@ func PlanRead(body bsoncore.Document, rule *rules.Rule) (*Read, error) {
 	if err != nil {
 		return nil, err
 	}
-	fc := &query.Compiler{Unsupported: r.unsupported}
+	fc := &match.Compiler{Unsupported: r.unsupported}
 	if r.match, err = fc.Compile(filter, 0); err != nil {
 		return nil, err
 	}

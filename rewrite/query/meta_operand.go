@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"strconv"
 
+	"github.com/tsproxy/tsproxy/rewrite/match"
+
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
@@ -23,7 +25,7 @@ func storedMetaPath(rest string) string {
 // or an operator document) with the values it compares in the stored
 // form; v itself when none changes.
 func storedMetaOperand(v bsoncore.Value) bsoncore.Value {
-	ops, isOps := IsOperatorDoc(v)
+	ops, isOps := match.IsOperatorDoc(v)
 	if !isOps {
 		return bucket.EscapeMeta(v)
 	}
@@ -67,7 +69,7 @@ func storedOperatorValue(op string, v bsoncore.Value) bsoncore.Value {
 		out, _ = bsoncore.AppendArrayEnd(out, idx)
 		return bsoncore.Value{Type: bsoncore.TypeArray, Data: out}
 	case "$not":
-		if _, isOps := IsOperatorDoc(v); isOps {
+		if _, isOps := match.IsOperatorDoc(v); isOps {
 			return storedMetaOperand(v)
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/match"
+
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
@@ -96,7 +98,7 @@ func comparisonBounds(v bsoncore.Value) (lo, hi bsoncore.Value) {
 	if pruneNumber(v) {
 		return v, v // {f: 5}
 	}
-	ops, ok := IsOperatorDoc(v)
+	ops, ok := match.IsOperatorDoc(v)
 	if !ok {
 		return
 	}

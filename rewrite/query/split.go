@@ -4,6 +4,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/match"
+
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
@@ -74,7 +76,7 @@ func (rc *Ctx) AddTime(tb *TimeBounds, v bsoncore.Value) {
 		}
 		return
 	}
-	ops, ok := IsOperatorDoc(v)
+	ops, ok := match.IsOperatorDoc(v)
 	if !ok {
 		return
 	}
@@ -187,7 +189,7 @@ func (rc *Ctx) Split(filter bsoncore.Document) (SplitFilter, error) {
 		}
 		if rest, isMeta := rc.MetaPath(k); isMeta && rest == "" {
 			v := e.Value()
-			if eq, ok := IsOperatorDoc(v); ok {
+			if eq, ok := match.IsOperatorDoc(v); ok {
 				if ee, err := eq.Elements(); err == nil && len(ee) == 1 && ee[0].Key() == "$eq" {
 					v = ee[0].Value()
 				}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
+	"github.com/tsproxy/tsproxy/rewrite/match"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
@@ -28,30 +29,6 @@ var refusedOperators = map[string]string{
 	"$alwaysFalse":   "internal operators",
 }
 
-// fieldOperators are the operators allowed under a field path; their
-// operands do not name fields of the event, so renaming the path keeps
-// their meaning ($elemMatch and $not are checked inside).
-var fieldOperators = map[string]bool{
-	"$eq": true, "$ne": true, "$gt": true, "$gte": true, "$lt": true, "$lte": true,
-	"$in": true, "$nin": true, "$exists": true, "$not": true, "$regex": true, "$options": true,
-	"$type": true, "$size": true, "$all": true, "$elemMatch": true, "$mod": true,
-	"$bitsAllSet": true, "$bitsAllClear": true, "$bitsAnySet": true, "$bitsAnyClear": true,
-}
-
-// IsOperatorDoc reports whether v is a document whose first key is an
-// operator ({$gt: 1}), which MongoDB reads as operators, not as a literal.
-func IsOperatorDoc(v bsoncore.Value) (bsoncore.Document, bool) {
-	d, ok := v.DocumentOK()
-	if !ok {
-		return nil, false
-	}
-	elems, err := d.Elements()
-	if err != nil || len(elems) == 0 {
-		return nil, false
-	}
-	return d, strings.HasPrefix(elems[0].Key(), "$")
-}
-
 // checkFieldOperators validates an operator document under a field path.
 func (rc *Ctx) checkFieldOperators(ops bsoncore.Document, depth int) error {
 	if depth > bsonutil.MaxDepth {
@@ -66,7 +43,7 @@ func (rc *Ctx) checkFieldOperators(ops bsoncore.Document, depth int) error {
 		if why, ok := refusedOperators[op]; ok {
 			return rc.Unsupported("filter operator %q (%s) is not supported on a bucketed namespace", op, why)
 		}
-		if !fieldOperators[op] {
+		if !match.FieldOperators[op] {
 			return rc.Unsupported("filter operator %q is not supported on a bucketed namespace", op)
 		}
 		v := e.Value()
@@ -86,7 +63,7 @@ func (rc *Ctx) checkFieldOperators(ops bsoncore.Document, depth int) error {
 			}
 			// Its operand is either operators on the element or a filter
 			// whose paths are relative to the element: neither is renamed.
-			if _, isOps := IsOperatorDoc(v); isOps && !startsWithLogical(d) {
+			if _, isOps := match.IsOperatorDoc(v); isOps && !startsWithLogical(d) {
 				if err := rc.checkFieldOperators(d, depth+1); err != nil {
 					return err
 				}
@@ -97,7 +74,7 @@ func (rc *Ctx) checkFieldOperators(ops bsoncore.Document, depth int) error {
 			if arr, ok := v.ArrayOK(); ok {
 				vals, _ := arr.Values()
 				for _, item := range vals {
-					if d, ok := IsOperatorDoc(item); ok {
+					if d, ok := match.IsOperatorDoc(item); ok {
 						if err := rc.checkFieldOperators(d, depth+1); err != nil {
 							return err
 						}
@@ -151,7 +128,7 @@ func (rc *Ctx) checkRelativeFilter(f bsoncore.Document, depth int) error {
 			}
 			return rc.Unsupported("filter operator %q is not supported on a bucketed namespace", k)
 		default:
-			if d, ok := IsOperatorDoc(e.Value()); ok {
+			if d, ok := match.IsOperatorDoc(e.Value()); ok {
 				if err := rc.checkFieldOperators(d, depth+1); err != nil {
 					return err
 				}
@@ -242,7 +219,7 @@ func (rc *Ctx) appendTranslatedElem(dst []byte, e bsoncore.Element, depth int) (
 		return nil, rc.BadValue(mongoerr.BadValue, "empty field name in filter")
 	}
 	v := e.Value()
-	ops, isOps := IsOperatorDoc(v)
+	ops, isOps := match.IsOperatorDoc(v)
 	if isOps {
 		if err := rc.checkFieldOperators(ops, depth+1); err != nil {
 			return nil, err

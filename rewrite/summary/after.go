@@ -1,8 +1,9 @@
 package summary
 
 import (
-	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"strings"
+
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 
 	"github.com/tsproxy/tsproxy/rewrite/read"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"

@@ -1,9 +1,10 @@
 package summary
 
 import (
-	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"strings"
 	"time"
+
+	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )

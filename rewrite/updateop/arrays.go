@@ -4,11 +4,12 @@ import (
 	"math"
 	"slices"
 
+	"github.com/tsproxy/tsproxy/rewrite/match"
+
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
-	"github.com/tsproxy/tsproxy/rewrite/query"
 )
 
 // arithmetic is $inc and $mul: a missing field becomes the argument
@@ -231,7 +232,7 @@ func (o op) pullMatcher() (func(any) bool, error) {
 	if !ok {
 		return func(e any) bool { return sameValue(e, o.arg) }, nil
 	}
-	fc := &query.Compiler{Unsupported: func(format string, args ...any) error {
+	fc := &match.Compiler{Unsupported: func(format string, args ...any) error {
 		return mongoerr.Errorf(mongoerr.NotImplemented, "tsproxy: $pull condition: "+format, args...)
 	}}
 	if len(cond) > 0 && len(cond[0].Key) > 0 && cond[0].Key[0] == '$' {

@@ -4,12 +4,13 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/match"
+
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
-	"github.com/tsproxy/tsproxy/rewrite/query"
 )
 
 // arrayFilters match array elements for the $[<identifier>] components
@@ -80,7 +81,7 @@ func parseArrayFilters(v bsoncore.Value) (arrayFilters, error) {
 		if _, dup := af[id]; dup {
 			return nil, mongoerr.Errorf(mongoerr.FailedToParse, "Found multiple array filters with the same top-level field name %s", id)
 		}
-		fc := &query.Compiler{Unsupported: func(format string, args ...any) error {
+		fc := &match.Compiler{Unsupported: func(format string, args ...any) error {
 			return mongoerr.Errorf(mongoerr.NotImplemented, "tsproxy: array filter: "+format, args...)
 		}}
 		pred, err := fc.Compile(append(bsoncore.Document(nil), f...), 0)

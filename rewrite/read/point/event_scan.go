@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/match"
+
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
@@ -108,8 +110,8 @@ func PlanEventScan(rc *query.Ctx, filter, sortDoc bsoncore.Document) (*PointSpec
 // compileFilter is filter as the proxy applies it to events. The
 // compiled filter outlives the command (a cursor's getMores evaluate it
 // after the request's buffer is reused), so it compiles a copy.
-func compileFilter(filter bsoncore.Document) (query.DocPred, error) {
-	fc := &query.Compiler{Unsupported: func(format string, args ...any) error { return fmt.Errorf(format, args...) }}
+func compileFilter(filter bsoncore.Document) (match.DocPred, error) {
+	fc := &match.Compiler{Unsupported: func(format string, args ...any) error { return fmt.Errorf(format, args...) }}
 	return fc.Compile(slices.Clone(filter), 0)
 }
 
@@ -250,7 +252,7 @@ func (sc *BucketScan) runKeyOf(b bsoncore.Document, ns string) (runKey, error) {
 	}
 	k := runKey{start: start}
 	for _, mk := range sc.metaKeys {
-		if query.ArrayOnPath(b, mk.bucketPath) {
+		if match.ArrayOnPath(b, mk.bucketPath) {
 			return runKey{}, mongoerr.Errorf(mongoerr.NotImplemented, "tsproxy rule %s: sort on %q: a series holds an array there, which MongoDB sorts element-wise; the proxy does not", ns, mk.field)
 		}
 		k.metas = append(k.metas, SortValue(b, mk.bucketPath))
@@ -314,11 +316,11 @@ func (p *PointRead) eventsOfBuckets(buckets []bsoncore.Document) ([]bsoncore.Doc
 }
 
 // checkArrays refuses an event whose sorted fields hold an array (see
-// query.ArrayOnPath); the filter matches arrays element-wise as MongoDB
+// match.ArrayOnPath); the filter matches arrays element-wise as MongoDB
 // does.
 func (p *PointRead) checkArrays(doc bsoncore.Document) error {
 	for _, k := range p.Spec.Order {
-		if query.ArrayOnPath(doc, k.path) {
+		if match.ArrayOnPath(doc, k.path) {
 			return mongoerr.Errorf(mongoerr.NotImplemented, "tsproxy rule %s: the sort names %q, which holds an array in a stored event: MongoDB sorts arrays by their least or greatest element, and the proxy, which sorts this find itself, does not", p.ns, k.field)
 		}
 	}

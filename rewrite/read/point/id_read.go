@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/tsproxy/tsproxy/rewrite/match"
+
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
@@ -328,7 +330,7 @@ func (p *PointRead) idExplain() bsoncore.Document {
 // EventMatcher evaluates a filter on the stored events of whole buckets,
 // as an event scan does (meta restored): the delete path uses it.
 type EventMatcher struct {
-	pred      query.DocPred
+	pred      match.DocPred
 	ns        string
 	metaField string
 }
@@ -337,7 +339,7 @@ type EventMatcher struct {
 // evaluate it.
 func NewEventMatcher(rc *query.Ctx, filter bsoncore.Document) (*EventMatcher, error) {
 	filter = slices.Clone(filter) // the matcher outlives the request buffer
-	fc := &query.Compiler{Unsupported: func(format string, args ...any) error { return fmt.Errorf(format, args...) }}
+	fc := &match.Compiler{Unsupported: func(format string, args ...any) error { return fmt.Errorf(format, args...) }}
 	pred, err := fc.Compile(filter, 0)
 	if err != nil {
 		return nil, err

@@ -5,6 +5,8 @@ import (
 	"math"
 	"strings"
 
+	"github.com/tsproxy/tsproxy/rewrite/match"
+
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
@@ -26,7 +28,7 @@ type PointSpec struct {
 	// An event scan's: the app's filter, the field paths
 	// it names, and the sort, applied by the proxy to events with their
 	// meta restored.
-	pred  query.DocPred
+	pred  match.DocPred
 	Order eventOrder
 	// prune skips the buckets whose summaries say they hold no match
 	// (query.Prune), before their events are unpacked.
@@ -135,7 +137,7 @@ func parsePoint(rc *query.Ctx, filter bsoncore.Document) (s *PointSpec, hasLo, h
 // equality, one $eq or one $in: the values it names, or why it is none of
 // those.
 func equalityValues(v bsoncore.Value, what string) ([]bsoncore.Value, string) {
-	ops, ok := query.IsOperatorDoc(v)
+	ops, ok := match.IsOperatorDoc(v)
 	if !ok {
 		return []bsoncore.Value{v}, ""
 	}
@@ -223,7 +225,7 @@ func (s *PointSpec) addTimeBounds(v bsoncore.Value, hasLo, hasHi *bool) string {
 		s.upper(ms, false, hasHi)
 		return ""
 	}
-	ops, ok := query.IsOperatorDoc(v)
+	ops, ok := match.IsOperatorDoc(v)
 	if !ok {
 		return fmt.Sprintf("timeField equality to a %s", bsonutil.TypeName(v.Type))
 	}

@@ -1,4 +1,4 @@
-package query_test
+package match_test
 
 import (
 	"errors"
@@ -7,11 +7,15 @@ import (
 	"testing"
 
 	"github.com/tsproxy/tsproxy/rewrite/internal/rwtest"
+	"github.com/tsproxy/tsproxy/rewrite/match"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
-	"github.com/tsproxy/tsproxy/rewrite/query"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
+
+type D = bson.D
+type E = bson.E
+type A = bson.A
 
 // d builds a document from key, value pairs.
 func d(kv ...any) D {
@@ -32,8 +36,8 @@ func dec(t *testing.T, s string) bson.Decimal128 {
 	return v
 }
 
-func compiler() *query.Compiler {
-	return &query.Compiler{Unsupported: func(f string, a ...any) error {
+func compiler() *match.Compiler {
+	return &match.Compiler{Unsupported: func(f string, a ...any) error {
 		return mongoerr.Errorf(mongoerr.NotImplemented, f, a...)
 	}}
 }

@@ -1,4 +1,4 @@
-package query
+package match
 
 import "go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 

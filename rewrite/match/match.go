@@ -1,4 +1,4 @@
-package query
+package match
 
 import (
 	"math"
@@ -8,21 +8,6 @@ import (
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
-
-// The documents a counter or slots read returns are made by the proxy
-// from the buckets, and the proxy's aggregation engine runs $match itself,
-// so the proxy evaluates an app's filter on documents with MongoDB's find
-// semantics: comparisons ($eq $ne $gt $gte $lt $lte $in $nin) with type
-// bracketing and BSON order (bsonutil.Compare), $exists, $type, $regex
-// (PCRE translated to Go's RE2, refused by name where RE2 cannot follow),
-// $mod, $size, $all, $elemMatch (value and query forms), the bit tests, and
-// $not/$and/$or/$nor, on top-level or dotted fields. Arrays are matched
-// element-wise as MongoDB does: a dotted path looks into each document of
-// an array on its way (a numeric component also indexes the array), and a
-// leaf array matches when the array itself or any of its elements does.
-// Operators MongoDB has but the proxy cannot evaluate
-// ($where, $expr, $text, geo, $jsonSchema) are refused by name; $comment
-// is accepted and ignored.
 
 // DocPred is a compiled filter.
 type DocPred func(doc bsoncore.Document) bool
@@ -400,7 +385,7 @@ func isPathOperatorDoc(v bsoncore.Value) bool {
 		return false
 	}
 	elems, _ := d.Elements()
-	return len(elems) > 0 && fieldOperators[elems[0].Key()]
+	return len(elems) > 0 && FieldOperators[elems[0].Key()]
 }
 
 // pathlessOperators are the top-level operators that name no field: an
@@ -543,4 +528,28 @@ func rangePred(arg bsoncore.Value, ok func(int) bool) valuePred {
 		}
 		return ok(bsonutil.Compare(v, arg))
 	}
+}
+
+// FieldOperators are the operators allowed under a field path; their
+// operands do not name fields of the event, so renaming the path keeps
+// their meaning ($elemMatch and $not are checked inside).
+var FieldOperators = map[string]bool{
+	"$eq": true, "$ne": true, "$gt": true, "$gte": true, "$lt": true, "$lte": true,
+	"$in": true, "$nin": true, "$exists": true, "$not": true, "$regex": true, "$options": true,
+	"$type": true, "$size": true, "$all": true, "$elemMatch": true, "$mod": true,
+	"$bitsAllSet": true, "$bitsAllClear": true, "$bitsAnySet": true, "$bitsAnyClear": true,
+}
+
+// IsOperatorDoc reports whether v is a document whose first key is an
+// operator ({$gt: 1}), which MongoDB reads as operators, not as a literal.
+func IsOperatorDoc(v bsoncore.Value) (bsoncore.Document, bool) {
+	d, ok := v.DocumentOK()
+	if !ok {
+		return nil, false
+	}
+	elems, err := d.Elements()
+	if err != nil || len(elems) == 0 {
+		return nil, false
+	}
+	return d, strings.HasPrefix(elems[0].Key(), "$")
 }
