@@ -5,6 +5,8 @@
 //	tsproxy --config FILE [--listen HOST:PORT] [--listen-unix PATH] [--upstream URI|embedded] [--data DIR]
 //	tsproxy migrate --config FILE --rule NAMESPACE --from DB.COLLECTION [--batch N]
 //	tsproxy rollups rebuild --config FILE --rule NAMESPACE
+//	tsproxy unpack --config FILE --rule NAMESPACE [--dry-run]
+//	tsproxy summaries --config FILE --rule NAMESPACE [--dry-run]
 //
 // It loads config.yaml (with flags and TSPROXY_* environment variables over
 // it), starts the embedded FerretDB when no upstream URI is configured, and

@@ -31,6 +31,8 @@ func main() {
 		err = runRollups(ctx, os.Args[2:], os.Stdout, os.Stderr)
 	case len(os.Args) > 1 && os.Args[1] == "unpack":
 		err = runUnpack(ctx, os.Args[2:], os.Stdout, os.Stderr)
+	case len(os.Args) > 1 && os.Args[1] == "summaries":
+		err = runSummaries(ctx, os.Args[2:], os.Stdout, os.Stderr)
 	default:
 		err = run(ctx, os.Args[1:], os.Stderr, nil)
 	}

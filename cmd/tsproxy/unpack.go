@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -58,21 +57,13 @@ type unpackStats struct {
 
 // runUnpack is the unpack subcommand.
 func runUnpack(ctx context.Context, args []string, out, logOut io.Writer) error {
-	fs := pflag.NewFlagSet("tsproxy unpack", pflag.ContinueOnError)
-	rules.RegisterFlags(fs)
-	ruleNS := fs.String("rule", "", "`namespace` of the rule whose buckets are unpacked")
-	dryRun := fs.Bool("dry-run", false, "count the packed buckets, change nothing")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if *ruleNS == "" {
-		return errors.New("unpack: --rule <namespace> is required")
-	}
-	cfg, err := rules.Load(rules.LoadOptions{Flags: fs})
+	rc, err := openRuleCommand(ctx, "unpack", args, logOut, "`namespace` of the rule whose buckets are unpacked", "count the packed buckets, change nothing")
 	if err != nil {
 		return err
 	}
-	rule, err := ruleOf(cfg, *ruleNS, "unpack")
+	defer rc.up.close()
+	dryRun := &rc.dryRun
+	rule, err := ruleOf(rc.cfg, rc.ns, "unpack")
 	if err != nil {
 		return err
 	}
@@ -80,12 +71,7 @@ func runUnpack(ctx context.Context, args []string, out, logOut io.Writer) error 
 	if err != nil {
 		return err
 	}
-	log := newLogger(rules.Telemetry{LogLevel: "warn", LogFormat: cfg.Telemetry.LogFormat}, logOut)
-	up, err := openUpstream(ctx, cfg, log, "unpack")
-	if err != nil {
-		return err
-	}
-	defer up.close()
+	up := rc.up
 	db := up.Database(rule.DB)
 	colls, err := bucketCollections(ctx, db, rule)
 	if err != nil {
@@ -181,4 +167,40 @@ func ruleOf(cfg *rules.Config, ns, cmd string) (*rules.Rule, error) {
 		names = append(names, r.Namespace)
 	}
 	return nil, fmt.Errorf("%s: no rule for namespace %q in the config (rules: %s)", cmd, ns, strings.Join(names, ", "))
+}
+
+// ruleCommand is what a subcommand on one rule's buckets (unpack,
+// summaries) starts with: the config, an upstream client, the rule's
+// namespace and --dry-run.
+type ruleCommand struct {
+	cfg    *rules.Config
+	up     *upstreamClient
+	ns     string
+	dryRun bool
+}
+
+// openRuleCommand parses the flags of subcommand name (--rule, with
+// ruleHelp, and --dry-run, with dryHelp), loads the config and opens the
+// upstream.
+func openRuleCommand(ctx context.Context, name string, args []string, logOut io.Writer, ruleHelp, dryHelp string) (*ruleCommand, error) {
+	fs := pflag.NewFlagSet("tsproxy "+name, pflag.ContinueOnError)
+	rules.RegisterFlags(fs)
+	ruleNS := fs.String("rule", "", ruleHelp)
+	dryRun := fs.Bool("dry-run", false, dryHelp)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if *ruleNS == "" {
+		return nil, fmt.Errorf("%s: --rule <namespace> is required", name)
+	}
+	cfg, err := rules.Load(rules.LoadOptions{Flags: fs})
+	if err != nil {
+		return nil, err
+	}
+	log := newLogger(rules.Telemetry{LogLevel: "warn", LogFormat: cfg.Telemetry.LogFormat}, logOut)
+	up, err := openUpstream(ctx, cfg, log, name)
+	if err != nil {
+		return nil, err
+	}
+	return &ruleCommand{cfg: cfg, up: up, ns: *ruleNS, dryRun: *dryRun}, nil
 }

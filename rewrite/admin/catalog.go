@@ -73,6 +73,20 @@ func (e CatalogEntry) Document() bsoncore.Document {
 		Build()
 }
 
+// CreatedRuleOf is the rule of a ready catalog document (raw BSON), as
+// a proxy routes by it; an error names what is wrong with it.
+func CreatedRuleOf(raw []byte) (*rules.Rule, error) {
+	e, err := ParseCatalogEntry(bsoncore.Document(raw))
+	if err != nil {
+		return nil, err
+	}
+	if e.State != StateReady {
+		return nil, fmt.Errorf("catalog document %q is %s, not ready", e.Namespace(), e.State)
+	}
+	r := rules.NewCreatedRule(e.Created)
+	return &r, nil
+}
+
 // ParseCatalogEntry decodes a catalog document, checking what a proxy
 // needs to route by it.
 func ParseCatalogEntry(d bsoncore.Document) (CatalogEntry, error) {

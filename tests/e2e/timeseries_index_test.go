@@ -2,6 +2,9 @@ package e2e
 
 import (
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -346,5 +349,51 @@ func TestTimeseriesCreatedMeasurementIndex(t *testing.T) {
 	}
 	if n, err := w1.CountDocuments(ctx, bson.D{{Key: "value", Value: bson.D{{Key: "$gte", Value: 2000}}}}); err != nil || n != 0 {
 		t.Fatalf("count by value over buckets whose summaries rule it out: %d (%v), want 0: the reads do not prune", n, err)
+	}
+
+	// tsproxy summaries gives the buckets from before the index theirs,
+	// beside serving proxies; a second run finds nothing to do.
+	cfg := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("upstream:\n  uri: %q\ntelemetry:\n  metricsListen: \"\"\n", env.upstreamURI)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	summaries := func(args ...string) string {
+		t.Helper()
+		out, err := exec.CommandContext(ctx, tsproxyBinary(t), append([]string{"summaries", "--config", cfg, "--rule", db + ".weather"}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("tsproxy summaries %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	if out := summaries("--dry-run"); !strings.Contains(out, db+".weather.buckets: 72 buckets without the summaries") {
+		t.Fatalf("summaries --dry-run: %s", out)
+	}
+	if out := summaries(); !strings.Contains(out, db+".weather.buckets: 72 buckets given the summaries") {
+		t.Fatalf("summaries: %s", out)
+	}
+	if out := summaries(); !strings.Contains(out, db+".weather.buckets: 0 buckets given") {
+		t.Fatalf("summaries run again: %s", out)
+	}
+	day0 := bson.D{{Key: "start", Value: bson.D{{Key: "$lt", Value: base.Add(24 * time.Hour)}}}}
+	if n, err := buckets.CountDocuments(ctx, append(day0, bson.E{Key: "summed.value", Value: true})); err != nil || n != 72 {
+		t.Fatalf("buckets from before the index with value's summaries after the run: %d (%v), want 72", n, err)
+	}
+	// Their summaries are those of their events: the day-0 filters and
+	// the daily min and max still answer as the plain collection.
+	for _, f := range []bson.D{
+		{{Key: "value", Value: bson.D{{Key: "$gte", Value: 100}, {Key: "$lt", Value: 110}}}},
+		{{Key: "value", Value: bson.D{{Key: "$lte", Value: 3}}}},
+	} {
+		got, want := findAll(t, ctx, w1, f, byTime), findAll(t, ctx, plain, f, byTime)
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("find %v after tsproxy summaries: proxy %d events, plain %d", f, len(got), len(want))
+		}
+	}
+	// ... and they prune now: made to rule a filter out, day 0 is skipped.
+	if _, err := buckets.UpdateMany(ctx, day0, bson.D{{Key: "$set", Value: bson.D{{Key: "max.value", Value: -1.0}, {Key: "min.value", Value: -1.0}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := w1.CountDocuments(ctx, bson.D{{Key: "value", Value: bson.D{{Key: "$gte", Value: 0}, {Key: "$lt", Value: 200}}}}); err != nil || n != 0 {
+		t.Fatalf("count over the summarized day 0, made to rule it out: %d (%v), want 0", n, err)
 	}
 }
