@@ -5,13 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"os"
+	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
+	"github.com/tsproxy/tsproxy/proxy/tier/lease"
 	"github.com/tsproxy/tsproxy/rewrite/admin"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
 	"github.com/tsproxy/tsproxy/rules"
+	"github.com/tsproxy/tsproxy/upstream"
 )
 
 // Summaries: tsproxy summaries --rule <namespace> [--dry-run].
@@ -56,9 +61,19 @@ func runSummaries(ctx context.Context, args []string, out, logOut io.Writer) err
 	if err != nil {
 		return err
 	}
+	// FerretDB applies an update to the document it read, not to the one
+	// it finds when it writes, so a merge's top-up of a bucket between the
+	// two would be undone: the updates are made under the rule's writer
+	// lease, which every merge, update and delete there takes too (on
+	// MongoDB, whose updates are atomic, it costs one insert).
+	wl, err := openWriterLease(ctx, rc, rule, rc.log)
+	if err != nil {
+		return err
+	}
+	defer wl.release()
 	var changed int64
 	for _, coll := range colls {
-		st, err := summarizeCollection(ctx, db, coll, rule, lim, *dryRun, out)
+		st, err := summarizeCollection(ctx, db, coll, rule, lim, *dryRun, out, wl.ensure)
 		if err != nil {
 			return fmt.Errorf("summaries %s.%s: %w", rule.DB, coll, err)
 		}
@@ -102,7 +117,7 @@ func summariesRule(ctx context.Context, cfg *rules.Config, c *mongo.Client, ns s
 // summarizeCollection gives each bucket of coll that lacks the
 // summaries of an aggregate those summaries (bucket.SummariesUpdate),
 // printing its progress every 1,000 buckets.
-func summarizeCollection(ctx context.Context, db *mongo.Database, coll string, rule *rules.Rule, lim bucket.Limits, dryRun bool, out io.Writer) (summariesStats, error) {
+func summarizeCollection(ctx context.Context, db *mongo.Database, coll string, rule *rules.Rule, lim bucket.Limits, dryRun bool, out io.Writer, ensureLease func() error) (summariesStats, error) {
 	var st summariesStats
 	var lacking bson.A
 	for _, f := range lim.Aggregates {
@@ -125,6 +140,9 @@ func summarizeCollection(ctx context.Context, db *mongo.Database, coll string, r
 			st.summed++
 			continue
 		}
+		if err := ensureLease(); err != nil {
+			return st, err
+		}
 		var reply struct {
 			N int64 `bson:"n"`
 		}
@@ -141,4 +159,41 @@ func summarizeCollection(ctx context.Context, db *mongo.Database, coll string, r
 		}
 	}
 	return st, cur.Err()
+}
+
+// writerLease is a subcommand's hold of a rule's writer lease.
+type writerLease struct {
+	ensure  func() error
+	release func()
+}
+
+// openWriterLease dials the upstream for rule's writer lease, under a
+// name of the subcommand's own: taken by the first ensure, renewed by
+// the later ones, released at the end. While a proxy writes the rule
+// (its merges), ensure fails naming it.
+func openWriterLease(ctx context.Context, rc *ruleCommand, rule *rules.Rule, log *slog.Logger) (*writerLease, error) {
+	dialer, err := upstream.NewDialer(upstream.Options{URI: rc.up.handle.uri, DialTimeout: rc.cfg.Upstream.DialTimeout, TLS: rc.up.tls})
+	if err != nil {
+		return nil, err
+	}
+	conn, err := dialer.Dial(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("summaries: dial the upstream for the writer lease: %w", err)
+	}
+	host, _ := os.Hostname()
+	set := lease.NewSet(0, host+"/tsproxy summaries")
+	return &writerLease{
+		ensure: func() error {
+			if err := set.Ensure(conn, rule.DB, rule.Collection, log); err != nil {
+				return fmt.Errorf("summaries: %w; run it again when no proxy merges the rule (its writes are staged meanwhile), or stop them", err)
+			}
+			return nil
+		},
+		release: func() {
+			for _, h := range set.TakeHeld() {
+				_ = set.Client(conn, h.DB, h.Coll).Release(h.Term, time.Now())
+			}
+			conn.Close()
+		},
+	}, nil
 }

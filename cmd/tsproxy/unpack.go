@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"strings"
 
 	"github.com/spf13/pflag"
@@ -177,6 +178,7 @@ type ruleCommand struct {
 	up     *upstreamClient
 	ns     string
 	dryRun bool
+	log    *slog.Logger
 }
 
 // openRuleCommand parses the flags of subcommand name (--rule, with
@@ -202,5 +204,5 @@ func openRuleCommand(ctx context.Context, name string, args []string, logOut io.
 	if err != nil {
 		return nil, err
 	}
-	return &ruleCommand{cfg: cfg, up: up, ns: *ruleNS, dryRun: *dryRun}, nil
+	return &ruleCommand{cfg: cfg, up: up, ns: *ruleNS, dryRun: *dryRun, log: log}, nil
 }
