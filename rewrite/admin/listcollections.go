@@ -5,9 +5,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/tsproxy/tsproxy/rewrite/match"
-
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+	"github.com/tsproxy/tsproxy/rewrite/match"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rules"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"

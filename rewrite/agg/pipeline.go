@@ -4,13 +4,12 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/tsproxy/tsproxy/rewrite/match"
-
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/expr"
 	"github.com/tsproxy/tsproxy/rewrite/expr/value"
+	"github.com/tsproxy/tsproxy/rewrite/match"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 )
 

@@ -5,9 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tsproxy/tsproxy/rewrite/match"
-
 	"github.com/tsproxy/tsproxy/rewrite/internal/rwtest"
+	"github.com/tsproxy/tsproxy/rewrite/match"
 
 	"github.com/tsproxy/tsproxy/rewrite/caps"
 

@@ -4,9 +4,8 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/tsproxy/tsproxy/rewrite/match"
-
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+	"github.com/tsproxy/tsproxy/rewrite/match"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
 	"github.com/tsproxy/tsproxy/rules"

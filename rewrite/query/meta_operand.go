@@ -4,11 +4,10 @@ import (
 	"bytes"
 	"strconv"
 
-	"github.com/tsproxy/tsproxy/rewrite/match"
-
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
+	"github.com/tsproxy/tsproxy/rewrite/match"
 )
 
 // A bucket keeps its series' meta in the stored form (bucket.StoredMeta:

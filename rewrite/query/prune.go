@@ -5,12 +5,11 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/tsproxy/tsproxy/rewrite/match"
-
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
+	"github.com/tsproxy/tsproxy/rewrite/match"
 )
 
 // Prune is what a filter's top-level numeric comparisons on a rule's

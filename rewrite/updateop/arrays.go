@@ -4,11 +4,10 @@ import (
 	"math"
 	"slices"
 
-	"github.com/tsproxy/tsproxy/rewrite/match"
-
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
+	"github.com/tsproxy/tsproxy/rewrite/match"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 )
 

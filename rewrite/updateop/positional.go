@@ -4,12 +4,11 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/tsproxy/tsproxy/rewrite/match"
-
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite/bsonutil"
+	"github.com/tsproxy/tsproxy/rewrite/match"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 )
 

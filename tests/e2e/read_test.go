@@ -258,6 +258,9 @@ func rdQueries(edges []time.Time) []rdQuery {
 		{name: "point $gt $lte edges desc", filter: doc(bson.E{Key: "sensor", Value: "s-a"}, bson.E{Key: "ts", Value: bson.D{{Key: "$gt", Value: h(5)}, {Key: "$lte", Value: h(8)}}}), sort: bson.D{{Key: "ts", Value: -1}}, sorted: true, min: 10},
 		{name: "point projection", filter: doc(bson.E{Key: "sensor", Value: "s-b"}, rng(1, 3)), sort: bson.D{{Key: "ts", Value: 1}}, proj: bson.D{{Key: "_id", Value: 0}, {Key: "sensor", Value: 1}, {Key: "value", Value: 1}}, sorted: true, min: 10},
 		{name: "point exact edge", filter: doc(bson.E{Key: "sensor", Value: bson.D{{Key: "$in", Value: bson.A{"s-a", "s-b", "s-c", "s-d", nil}}}}, bson.E{Key: "ts", Value: edge}), min: 1},
+		{name: "point with a measurement, desc skip limit", filter: doc(bson.E{Key: "sensor", Value: bson.D{{Key: "$in", Value: bson.A{"s-a", "s-c"}}}}, rng(0, 48), bson.E{Key: "value", Value: bson.D{{Key: "$gte", Value: 90}}}), sort: bson.D{{Key: "ts", Value: -1}, {Key: "_id", Value: 1}}, skip: 3, limit: 40, sorted: true, min: 40},
+		{name: "point with a measurement, ts asc", filter: doc(bson.E{Key: "sensor", Value: "s-b"}, rng(2, 30), bson.E{Key: "value", Value: bson.D{{Key: "$lt", Value: 5}}}, bson.E{Key: "status", Value: "ok"}), sort: bson.D{{Key: "ts", Value: 1}}, sorted: true, min: 3},
+		{name: "point with a measurement, unsorted", filter: doc(bson.E{Key: "sensor", Value: "s-d"}, rng(0, 100), bson.E{Key: "value", Value: bson.D{{Key: "$in", Value: bson.A{7, int64(507), 7.5}}}}), min: 1},
 		{name: "point large unsorted", filter: doc(bson.E{Key: "sensor", Value: bson.D{{Key: "$in", Value: bson.A{"s-a", "s-b"}}}}, rng(0, 1000)), min: 1000},
 		// Scans: a time range only, over every series, so the proxy
 		// reads the buckets with one find sorted by start and orders each

@@ -1,15 +1,13 @@
 package point
 
 import (
-	"fmt"
 	"slices"
-
-	"github.com/tsproxy/tsproxy/rewrite/match"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/tsproxy/tsproxy/rewrite/bucket"
+	"github.com/tsproxy/tsproxy/rewrite/match"
 	"github.com/tsproxy/tsproxy/rewrite/mongoerr"
 	"github.com/tsproxy/tsproxy/rewrite/query"
 )
@@ -338,9 +336,7 @@ type EventMatcher struct {
 // NewEventMatcher compiles filter, or says why the proxy cannot
 // evaluate it.
 func NewEventMatcher(rc *query.Ctx, filter bsoncore.Document) (*EventMatcher, error) {
-	filter = slices.Clone(filter) // the matcher outlives the request buffer
-	fc := &match.Compiler{Unsupported: func(format string, args ...any) error { return fmt.Errorf(format, args...) }}
-	pred, err := fc.Compile(filter, 0)
+	pred, err := compileFilter(filter) // a copy: the matcher outlives the request buffer
 	if err != nil {
 		return nil, err
 	}
