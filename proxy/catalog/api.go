@@ -227,24 +227,33 @@ func (cat *Catalog) ServeCollMod(cl Client, rule *rules.Rule) error {
 	if err != nil {
 		return cl.ReplyRewriteError(err)
 	}
-	snap := cat.Load()
-	old, ok := snap.Entries[rule.Namespace]
-	if !ok || old.State != admin.StateReady {
-		return cl.ReplyError(mongoerr.ConflictingOperationInProgress, fmt.Sprintf("tsproxy: the time-series collection %s changed meanwhile; retry", rule.Namespace))
+	if err := cat.replaceReady(rule.Namespace, func(rules.Created) rules.Created { return created }, "collMod"); err != nil {
+		return cl.ReplyRewriteError(err)
 	}
-	entry := admin.CatalogEntry{Created: created, State: admin.StateReady, Nonce: NewNonce()}
+	return cl.Reply(okReply())
+}
+
+// replaceReady replaces the ready catalog entry of ns by what change
+// makes of its Created, then waits out every proxy's snapshot from
+// before and reads the catalog again: once it returns, the change is
+// what every proxy lists, sweeps and writes by. what names the command.
+func (cat *Catalog) replaceReady(ns string, change func(rules.Created) rules.Created, what string) error {
+	changed := mongoerr.Errorf(mongoerr.ConflictingOperationInProgress, "tsproxy: the time-series collection %s changed meanwhile; retry", ns)
+	old, ok := cat.Load().Entries[ns]
+	if !ok || old.State != admin.StateReady {
+		return changed
+	}
+	entry := admin.CatalogEntry{Created: change(old.Created), State: admin.StateReady, Nonce: NewNonce()}
 	n, err := cat.Write(admin.CatalogReplace(entry, old.Nonce, admin.StateReady))
 	if err != nil {
-		return cl.ReplyError(mongoerr.HostUnreachable, fmt.Sprintf("tsproxy: collMod of %s: writing the catalog: %v", rule.Namespace, err))
+		return mongoerr.Errorf(mongoerr.HostUnreachable, "tsproxy: %s of %s: writing the catalog: %v", what, ns, err)
 	}
 	if n != 1 {
-		return cl.ReplyError(mongoerr.ConflictingOperationInProgress, fmt.Sprintf("tsproxy: the time-series collection %s changed meanwhile; retry", rule.Namespace))
+		return changed
 	}
-	// Once acknowledged, the change is what every proxy lists and
-	// sweeps by.
 	cat.WaitOut()
-	cat.Reread("collMod")
-	return cl.Reply(okReply())
+	cat.Reread(what)
+	return nil
 }
 
 // ServeDrop drops a created rule's namespace: the entry goes
@@ -458,37 +467,22 @@ func QuotedCreateFailed(coll string, reply []byte) bool {
 // summaries of the fields and say so (bucket.FieldSummed), so reads
 // never prune by them and the summaries never answer for them.
 func (cat *Catalog) AddAggregates(rule *rules.Rule, fields []string) (*rules.Rule, error) {
-	changed := func() error {
-		return mongoerr.Errorf(mongoerr.ConflictingOperationInProgress, "tsproxy: the time-series collection %s changed meanwhile; retry", rule.Namespace)
-	}
-	old, ok := cat.Load().Entries[rule.Namespace]
-	if !ok || old.State != admin.StateReady {
-		return nil, changed()
-	}
-	created := old.Created
-	created.Aggregates = slices.Clone(created.Aggregates)
-	for _, f := range fields {
-		if !slices.Contains(created.Aggregates, f) {
-			created.Aggregates = append(created.Aggregates, f)
+	add := func(c rules.Created) rules.Created {
+		c.Aggregates = slices.Clone(c.Aggregates)
+		for _, f := range fields {
+			if !slices.Contains(c.Aggregates, f) {
+				c.Aggregates = append(c.Aggregates, f)
+			}
 		}
+		return c
 	}
-	entry := admin.CatalogEntry{Created: created, State: admin.StateReady, Nonce: NewNonce()}
-	n, err := cat.Write(admin.CatalogReplace(entry, old.Nonce, admin.StateReady))
-	if err != nil {
-		return nil, mongoerr.Errorf(mongoerr.HostUnreachable, "tsproxy: createIndexes on %s: writing the catalog: %v", rule.Namespace, err)
+	if err := cat.replaceReady(rule.Namespace, add, "createIndexes"); err != nil {
+		return nil, err
 	}
-	if n != 1 {
-		return nil, changed()
-	}
-	cat.WaitOut()
-	cat.Reread("createIndexes")
 	r := cat.Load().Rules.Lookup(rule.DB, rule.Collection)
-	if r == nil {
-		return nil, changed()
-	}
 	for _, f := range fields {
-		if !slices.Contains(r.Aggregates, f) {
-			return nil, changed()
+		if r == nil || !slices.Contains(r.Aggregates, f) {
+			return nil, mongoerr.Errorf(mongoerr.ConflictingOperationInProgress, "tsproxy: the time-series collection %s changed meanwhile; retry", rule.Namespace)
 		}
 	}
 	return r, nil

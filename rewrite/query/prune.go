@@ -83,11 +83,17 @@ func (p *Prune) add(f string, lo, hi bsoncore.Value) {
 		i = len(p.Fields) - 1
 	}
 	r := &p.Fields[i]
-	if lo.Type != 0 && (r.Lo.Type == 0 || bsonutil.Compare(lo, r.Lo) > 0) {
-		r.Lo = lo
+	narrow(&r.Lo, &r.Hi, lo, hi)
+}
+
+// narrow narrows the range [*lo, *hi] by [l, h]; an absent bound (Type
+// 0) bounds nothing.
+func narrow(lo, hi *bsoncore.Value, l, h bsoncore.Value) {
+	if l.Type != 0 && (lo.Type == 0 || bsonutil.Compare(l, *lo) > 0) {
+		*lo = l
 	}
-	if hi.Type != 0 && (r.Hi.Type == 0 || bsonutil.Compare(hi, r.Hi) < 0) {
-		r.Hi = hi
+	if h.Type != 0 && (hi.Type == 0 || bsonutil.Compare(h, *hi) < 0) {
+		*hi = h
 	}
 }
 
@@ -102,33 +108,25 @@ func comparisonBounds(v bsoncore.Value) (lo, hi bsoncore.Value) {
 		return
 	}
 	elems, _ := ops.Elements()
-	narrow := func(l, h bsoncore.Value) {
-		if l.Type != 0 && (lo.Type == 0 || bsonutil.Compare(l, lo) > 0) {
-			lo = l
-		}
-		if h.Type != 0 && (hi.Type == 0 || bsonutil.Compare(h, hi) < 0) {
-			hi = h
-		}
-	}
 	none := bsoncore.Value{}
 	for _, op := range elems {
 		x := op.Value()
 		switch op.Key() {
 		case "$eq":
 			if pruneNumber(x) {
-				narrow(x, x)
+				narrow(&lo, &hi, x, x)
 			}
 		case "$gt", "$gte":
 			if pruneNumber(x) {
-				narrow(x, none)
+				narrow(&lo, &hi, x, none)
 			}
 		case "$lt", "$lte":
 			if pruneNumber(x) {
-				narrow(none, x)
+				narrow(&lo, &hi, none, x)
 			}
 		case "$in":
 			if l, h, ok := inBounds(x); ok {
-				narrow(l, h)
+				narrow(&lo, &hi, l, h)
 			}
 		}
 	}
